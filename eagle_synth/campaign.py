@@ -1,0 +1,272 @@
+"""A campaign: its settings, fixed at first enqueue, and its progress, kept in Redis.
+
+Exactly one of these holds for every prompt key ever enqueued: it is pending, its record is
+on disk (`done`), or its failure is recorded (`failed`). The producer adds keys; workers move
+them to done or failed; `retry-failed` moves failed keys back to pending.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import redis
+
+from eagle_synth.keys import CAMPAIGNS, CampaignKeys
+from eagle_synth.payload import PromptItem
+
+# Completion events kept per campaign for throughput figures (about the last few minutes).
+EVENTS_MAXLEN = 20_000
+# Settings fields that do not change what a campaign generates, so they may differ.
+_IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path"})
+
+
+class CampaignMismatch(ValueError):
+    """Enqueuing into a campaign whose stored settings differ; the message lists each field."""
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignSettings:
+    """What every prompt of a campaign is made with.
+
+    Parameters:
+        name: campaign name.
+        tokenizer_path: where the producer loaded the tokenizer from (informational).
+        tokenizer_fingerprint: hash of the tokenizer's vocabulary and special tokens.
+        chat_template_hash: hash of the chat template text used.
+        chat_template_kwargs: extra template arguments (e.g. enable_thinking).
+        system_prompt: the default system prompt, if any.
+        sampling: SamplingParams.to_dict().
+        vocab_size: ids must be below this; workers never send a larger one.
+        eos_token_ids: ids that end a generation.
+        think_open_id, think_close_id: ids of `<think>` and `</think>` if the tokenizer has them.
+        max_prompt_tokens: longer prompts were skipped by the producer.
+        created_at: unix time of the first enqueue.
+    """
+
+    name: str
+    tokenizer_path: str
+    tokenizer_fingerprint: str
+    chat_template_hash: str
+    chat_template_kwargs: dict = field(default_factory=dict)
+    system_prompt: str | None = None
+    sampling: dict = field(default_factory=dict)
+    vocab_size: int = 0
+    eos_token_ids: list[int] = field(default_factory=list)
+    think_open_id: int | None = None
+    think_close_id: int | None = None
+    max_prompt_tokens: int | None = None
+    created_at: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> CampaignSettings:
+        data = json.loads(raw)
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def differences(self, other: CampaignSettings) -> list[str]:
+        """Human lines `field: stored X, given Y` for every field that changes the output."""
+        mine, theirs = asdict(self), asdict(other)
+        return [
+            f"{name}: campaign has {mine[name]!r}, this run has {theirs[name]!r}"
+            for name in sorted(mine)
+            if name not in _IGNORED_IN_DIFF and mine[name] != theirs[name]
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A prompt that will not be retried automatically.
+
+    Parameters:
+        reason: stable slug (`invalid-token-id`, `prompt-too-long`, `bad-request`, `server-error`...).
+        message: the server's or our own message.
+        item: the prompt, enough to enqueue it again.
+        sampling: the batch's sampling_params.
+        at: unix time.
+        worker: node that recorded it.
+    """
+
+    reason: str
+    message: str
+    item: dict
+    sampling: dict
+    at: float
+    worker: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Failure:
+        return cls(**json.loads(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Counts of one campaign. `pending` includes prompts being generated right now."""
+
+    enqueued: int
+    done: int
+    failed: int
+    counters: dict
+
+    @property
+    def pending(self) -> int:
+        return max(self.enqueued - self.done - self.failed, 0)
+
+
+class Campaign:
+    """One campaign's state in Redis.
+
+    Parameters:
+        client: a redis-py client (eagle_synth.redis_client.connect).
+        name: campaign name.
+    """
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        if not name or any(c in name for c in "/\\:* \t\n") or name.startswith("."):
+            raise ValueError(
+                f"campaign name {name!r} is not usable: use letters, digits, '-', '_' and '.'"
+            )
+        self.client = client
+        self.name = name
+        self.keys = CampaignKeys(name)
+
+    # settings -----------------------------------------------------------------
+    def register(self, settings: CampaignSettings) -> CampaignSettings:
+        """Store settings on first use; afterwards refuse different ones (CampaignMismatch)."""
+        created = self.client.set(self.keys.settings, settings.to_json(), nx=True)
+        self.client.sadd(CAMPAIGNS, self.name)
+        if created:
+            return settings
+        stored = self.settings()
+        assert stored is not None
+        diff = stored.differences(settings)
+        if diff:
+            raise CampaignMismatch(
+                f"campaign {self.name!r} was created with other settings:\n  "
+                + "\n  ".join(diff)
+                + "\nUse a new --campaign name, or the original settings."
+            )
+        return stored
+
+    def settings(self) -> CampaignSettings | None:
+        raw = self.client.get(self.keys.settings)
+        return CampaignSettings.from_json(raw) if raw else None
+
+    def exists(self) -> bool:
+        return bool(self.client.exists(self.keys.settings))
+
+    # producer side ------------------------------------------------------------
+    def claim_new(self, keys: list[str]) -> list[bool]:
+        """Add keys to the enqueued set; True for each key that was not there before."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.sadd(self.keys.enqueued, key)
+        return [bool(added) for added in pipe.execute()]
+
+    def release(self, keys: list[str]) -> None:
+        """Forget claimed keys whose task could not be published, so a rerun enqueues them."""
+        if keys:
+            self.client.srem(self.keys.enqueued, *keys)
+
+    def count(self, **increments: int) -> None:
+        """Add to the campaign's integer counters (names with '_' become '-')."""
+        pipe = self.client.pipeline(transaction=False)
+        for name, value in increments.items():
+            if value:
+                pipe.hincrby(self.keys.counters, name.replace("_", "-"), value)
+        pipe.execute()
+
+    def count_skipped(self, reasons: dict[str, int]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for reason, value in reasons.items():
+            pipe.hincrby(self.keys.skipped, reason, value)
+        pipe.execute()
+
+    # worker side --------------------------------------------------------------
+    def finished_keys(self, keys: list[str]) -> set[str]:
+        """Keys among these that already have a record or a recorded failure."""
+        if not keys:
+            return set()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.smismember(self.keys.done, keys)
+        pipe.hmget(self.keys.failed, keys)
+        done, failed = pipe.execute()
+        return {k for k, d, f in zip(keys, done, failed) if d or f is not None}
+
+    def mark_done(self, keys: list[str], *, tokens_in: int, tokens_out: int, repaired: int = 0) -> int:
+        """Record that these keys' records are on disk; returns how many were new."""
+        if not keys:
+            return 0
+        pipe = self.client.pipeline(transaction=True)
+        pipe.sadd(self.keys.done, *keys)
+        pipe.hdel(self.keys.failed, *keys)
+        added, _ = pipe.execute()
+        if added:
+            self.count(records=added, tokens_in=tokens_in, tokens_out=tokens_out, repaired_prefix=repaired)
+            self.client.xadd(
+                self.keys.events,
+                {"records": added, "tokens_out": tokens_out, "tokens_in": tokens_in},
+                maxlen=EVENTS_MAXLEN,
+                approximate=True,
+            )
+        return int(added)
+
+    def record_failure(self, item: PromptItem, *, reason: str, message: str, sampling: dict,
+                       worker: str = "") -> None:
+        """Keep a prompt that failed for good, with what is needed to replay it."""
+        failure = Failure(reason=reason, message=message[:2000], item=item.to_replay(),
+                          sampling=sampling, at=time.time(), worker=worker)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(self.keys.failed, item.key, failure.to_json())
+        pipe.hincrby(self.keys.counters, f"failed-{reason}", 1)
+        pipe.execute()
+
+    def note_server(self, url: str, info: dict) -> None:
+        self.client.hset(self.keys.servers, url, json.dumps(info, sort_keys=True))
+
+    def servers(self) -> dict[str, dict]:
+        return {k.decode(): json.loads(v) for k, v in self.client.hgetall(self.keys.servers).items()}
+
+    # reading ------------------------------------------------------------------
+    def failures(self) -> dict[str, Failure]:
+        return {k.decode(): Failure.from_json(v) for k, v in self.client.hscan_iter(self.keys.failed)}
+
+    def forget_failures(self, keys: list[str]) -> None:
+        if keys:
+            self.client.hdel(self.keys.failed, *keys)
+
+    def progress(self) -> Progress:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.scard(self.keys.enqueued)
+        pipe.scard(self.keys.done)
+        pipe.hlen(self.keys.failed)
+        pipe.hgetall(self.keys.counters)
+        enqueued, done, failed, counters = pipe.execute()
+        return Progress(
+            enqueued=int(enqueued), done=int(done), failed=int(failed),
+            counters={k.decode(): int(v) for k, v in counters.items()},
+        )
+
+    def skipped(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.client.hgetall(self.keys.skipped).items()}
+
+    def recent_events(self, *, seconds: float) -> list[dict]:
+        """Completion events of the last `seconds`, oldest first."""
+        since_ms = int((time.time() - seconds) * 1000)
+        entries = self.client.xrange(self.keys.events, min=since_ms)
+        return [
+            {"at": int(eid.decode().split("-")[0]) / 1000,
+             **{k.decode(): int(v) for k, v in fields.items()}}
+            for eid, fields in entries
+        ]
+
+
+def campaign_names(client: redis.Redis) -> list[str]:
+    return sorted(n.decode() for n in client.smembers(CAMPAIGNS))

@@ -1,0 +1,287 @@
+"""The `eagle-synth` command: a thin layer over producer/, workers/ and eagle_synth.tools."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from eagle_synth.settings import broker_settings, export_to_environment
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Regenerate prompt sets through a target model served by SGLang, keeping exact token ids.",
+)
+
+RedisOpt = Annotated[
+    Optional[str],
+    typer.Option("--redis", help="Redis URL (redis://[user:pass@]host:port/db or rediss://). Default: $REDIS_URL, then redis://127.0.0.1:6379/0."),
+]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(code)
+
+
+def _client(redis_url: str | None):
+    from eagle_synth.redis_client import connect
+
+    return connect(broker_settings(redis_url=redis_url))
+
+
+@app.command()
+def enqueue(
+    files: Annotated[list[str], typer.Argument(help="JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin.")],
+    campaign: Annotated[str, typer.Option("--campaign", help="Campaign name; records go to OUT/NAME/.")],
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="Tokenizer folder with the model's chat template.")],
+    max_new_tokens: Annotated[int, typer.Option(help="Cap on generated tokens per prompt.")] = 2048,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.6,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 0.95,
+    top_k: Annotated[int, typer.Option(help="Top-k sampling (-1 = off).")] = -1,
+    min_p: Annotated[float, typer.Option(help="Min-p sampling.")] = 0.0,
+    repetition_penalty: Annotated[float, typer.Option(help="Repetition penalty (1 = off).")] = 1.0,
+    stop_token_ids: Annotated[Optional[str], typer.Option(help="Extra stop ids, comma-separated (EOS always stops).")] = None,
+    n: Annotated[int, typer.Option("--n", help="Samples per prompt; each is its own record.")] = 1,
+    seed: Annotated[Optional[int], typer.Option(help="Base seed: each sample gets a stable sampling_seed.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Prompts per task.")] = 16,
+    turns: Annotated[str, typer.Option(help="'last': regenerate the answer to the last user turn; 'all': one prompt per user turn.")] = "last",
+    system: Annotated[Optional[str], typer.Option(help="Default system prompt for rows without one.")] = None,
+    chat_template: Annotated[Optional[Path], typer.Option(help="Jinja chat template file overriding the tokenizer's.")] = None,
+    chat_template_kwargs: Annotated[Optional[str], typer.Option(help='Extra template arguments as JSON, e.g. \'{"enable_thinking": false}\'.')] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow tokenizers that ship their own code.")] = False,
+    max_prompt_tokens: Annotated[Optional[int], typer.Option(help="Skip prompts longer than this many tokens.")] = None,
+    max_backlog: Annotated[int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")] = 200_000,
+    strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Template and count, print a length histogram, enqueue nothing.")] = False,
+    processes: Annotated[Optional[int], typer.Option(help="Templating processes (default: all cores).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+    redis: RedisOpt = None,
+) -> None:
+    """Template prompt rows with the model's chat template and enqueue their token ids."""
+    from eagle_synth.campaign import CampaignMismatch
+    from eagle_synth.sampling import SamplingError, SamplingParams
+    from eagle_synth.templating import TemplateError
+    from producer.enqueue import EnqueueOptions, StrictModeError, enqueue as run_enqueue, print_summary
+    from producer.progress import EnqueueProgress
+    from producer.sources import InputError
+
+    if turns not in ("last", "all"):
+        _fail("--turns must be 'last' or 'all'")
+    try:
+        kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else {}
+        if not isinstance(kwargs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        _fail(f"--chat-template-kwargs must be a JSON object: {exc}")
+    try:
+        stops = tuple(int(s) for s in stop_token_ids.split(",") if s.strip()) if stop_token_ids else ()
+        sampling = SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, repetition_penalty=repetition_penalty, stop_token_ids=stops, n=n, seed=seed,
+        )
+    except (SamplingError, ValueError) as exc:
+        _fail(str(exc))
+    if batch_size < 1:
+        _fail("--batch-size must be at least 1")
+    options = EnqueueOptions(
+        inputs=files, campaign=campaign, tokenizer=tokenizer, sampling=sampling, batch_size=batch_size,
+        turns=turns, system=system, chat_template=str(chat_template) if chat_template else None,
+        chat_template_kwargs=kwargs, trust_remote_code=trust_remote_code,
+        max_prompt_tokens=max_prompt_tokens, max_backlog=max_backlog, strict=strict, dry_run=dry_run,
+        processes=processes,
+    )
+    broker = None if dry_run else broker_settings(redis_url=redis)
+    progress = EnqueueProgress(enabled=not as_json)
+    try:
+        with progress:
+            summary = run_enqueue(options, broker=broker, stdin=sys.stdin.buffer,
+                                  on_rows=progress.update, on_wait=progress.waiting)
+    except (CampaignMismatch, InputError, TemplateError, StrictModeError) as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(summary.to_dict()))
+    else:
+        print_summary(summary)
+    if not summary.accounted:
+        _fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
+
+
+@app.command()
+def worker(
+    server: Annotated[list[str], typer.Option("--server", help="SGLang base URL; repeat for several servers.")],
+    out: Annotated[Path, typer.Option("--out", help="Records go to OUT/<campaign>/.")],
+    concurrency: Annotated[Optional[int], typer.Option(help="Batches in flight (pool processes). Default: inflight x servers / 16.")] = None,
+    inflight: Annotated[int, typer.Option(help="Prompts to keep in flight per server.")] = 256,
+    allow_server_parsers: Annotated[bool, typer.Option(help="Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init.")] = False,
+    max_attempts: Annotated[int, typer.Option(help="Attempts per prompt on transient errors while the server is healthy.")] = 6,
+    timeout_base: Annotated[float, typer.Option(help="Request timeout = this + timeout-per-token x max_new_tokens (s).")] = 120.0,
+    timeout_per_token: Annotated[float, typer.Option(help="Seconds of request timeout per max_new_tokens.")] = 0.1,
+    name: Annotated[Optional[str], typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+    redis: RedisOpt = None,
+) -> None:
+    """Run a Celery worker that generates queued batches on SGLang and writes records."""
+    settings = broker_settings(redis_url=redis)
+    export_to_environment(settings)
+    from workers.client import SGLangClient, ServerDown, TransientError
+    from workers.config import WorkerConfig, default_concurrency
+    from workers.preflight import PreflightError, check_server
+
+    servers = tuple(s.rstrip("/") for s in server)
+    config = WorkerConfig(
+        servers=servers, out=out, allow_server_parsers=allow_server_parsers, max_attempts=max_attempts,
+        timeout_base=timeout_base, timeout_per_token=timeout_per_token,
+    )
+    # Preflight the servers that already answer; the others are checked when they come up.
+    refused = []
+    for url in servers:
+        try:
+            check_server(SGLangClient(url).facts(), allow_server_parsers=allow_server_parsers)
+        except PreflightError as exc:
+            refused.append(str(exc))
+        except (ServerDown, TransientError) as exc:
+            typer.echo(f"server {url} not answering yet ({exc}); the worker will wait for it")
+    if refused and len(refused) == len(servers):
+        _fail("\n".join(refused))
+    for message in refused:
+        typer.secho(message, err=True, fg=typer.colors.YELLOW)
+    from workers.app import run_worker
+
+    run_worker(
+        config=config,
+        concurrency=concurrency or default_concurrency(inflight=inflight, servers=len(servers)),
+        loglevel=loglevel, name=name,
+    )
+
+
+@app.command()
+def status(
+    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh a live view until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
+    redis: RedisOpt = None,
+) -> None:
+    """Where a campaign stands: enqueued, queued, in flight, done, failed, throughput, workers."""
+    from eagle_synth.tools.status import campaign_status
+    from eagle_synth.tools.status_view import render_status, watch_status
+
+    client = _client(redis)
+    try:
+        data = campaign_status(client, campaign)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    if watch:
+        watch_status(client, campaign, interval=interval, as_json=as_json)
+    elif as_json:
+        print(json.dumps(data))
+    else:
+        render_status(data)
+
+
+@app.command()
+def campaigns(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    redis: RedisOpt = None,
+) -> None:
+    """List campaigns with their progress."""
+    from eagle_synth.campaign import campaign_names
+    from eagle_synth.tools.status import campaign_status
+
+    client = _client(redis)
+    rows = [campaign_status(client, name) for name in campaign_names(client)]
+    if as_json:
+        print(json.dumps([{k: r[k] for k in ("campaign", "enqueued", "queued", "inflight", "done", "failed", "records_per_s", "eta_seconds")} for r in rows]))
+        return
+    if not rows:
+        typer.echo("no campaigns")
+    for r in rows:
+        share = 100.0 * (r["done"] + r["failed"]) / r["enqueued"] if r["enqueued"] else 0.0
+        typer.echo(f"{r['campaign']:<30} {share:5.1f}%  done {r['done']}  failed {r['failed']}  queued {r['queued']}  in flight {r['inflight']}")
+
+
+@app.command()
+def failed(
+    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    limit: Annotated[int, typer.Option(help="Examples shown per reason.")] = 5,
+    redis: RedisOpt = None,
+) -> None:
+    """List a campaign's failed prompts by reason."""
+    from eagle_synth.campaign import Campaign
+
+    failures = Campaign(_client(redis), campaign).failures()
+    by_reason: dict[str, list] = {}
+    for key, failure in sorted(failures.items()):
+        by_reason.setdefault(failure.reason, []).append({
+            "key": key, "id": failure.item.get("row_id"), "source": failure.item.get("source"),
+            "message": failure.message, "at": failure.at, "worker": failure.worker,
+        })
+    if as_json:
+        print(json.dumps({"campaign": campaign, "failed": len(failures),
+                          "by_reason": {r: {"count": len(v), "prompts": v} for r, v in by_reason.items()}}))
+        return
+    typer.echo(f"{len(failures)} failed prompts in {campaign}")
+    for reason, entries in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        typer.echo(f"  {reason}: {len(entries)}")
+        for entry in entries[:limit]:
+            typer.echo(f"    {entry['key']} ({entry['source']}): {entry['message'][:200]}")
+
+
+@app.command("retry-failed")
+def retry_failed(
+    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    reason: Annotated[Optional[str], typer.Option(help="Only failures with this reason.")] = None,
+    redis: RedisOpt = None,
+) -> None:
+    """Enqueue a campaign's failed prompts again."""
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.queue import make_celery
+    from producer.retry import retry_failed as run_retry
+
+    settings = broker_settings(redis_url=redis)
+    client = _client(redis)
+    count = run_retry(Campaign(client, campaign), app=make_celery(settings), queue=settings.queue, reason=reason)
+    typer.echo(f"re-enqueued {count} failed prompts of {campaign}" + (f" (reason {reason})" if reason else ""))
+
+
+@app.command()
+def export(
+    campaign_dir: Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")],
+    out: Annotated[Path, typer.Option("--out", help="Output file (.jsonl, or .parquet with --format parquet).")],
+    format: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
+    drop_truncated: Annotated[bool, typer.Option(help="Skip records that hit max_new_tokens.")] = False,
+    min_output_tokens: Annotated[int, typer.Option(help="Skip records with fewer output ids.")] = 0,
+    max_length: Annotated[Optional[int], typer.Option(help="Skip records longer than this (prompt + output).")] = None,
+    shard_rows: Annotated[Optional[int], typer.Option(help="Rows per output shard (default: one file).")] = None,
+) -> None:
+    """Export records as training rows: input_ids, loss_mask and provenance."""
+    from eagle_synth.tools.export import ExportFilters, export_records
+
+    filters = ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens, max_length=max_length)
+    try:
+        written = export_records(campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(f"exported {written.rows} rows to {', '.join(str(p) for p in written.paths)}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def devserver(ctx: typer.Context) -> None:
+    """Run the SGLang stand-in (no GPU) for tests, the demo and benchmarks. `eagle-synth devserver --help` lists its flags."""
+    from eagle_synth.devserver.__main__ import main as devserver_main
+
+    raise typer.Exit(devserver_main(list(ctx.args)) or 0)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

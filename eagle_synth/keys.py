@@ -1,0 +1,85 @@
+"""Redis key names: the one place producer, workers and tools agree on them.
+
+Everything eagle-synth keeps in Redis starts with KEY_PREFIX, so an operator can see (and
+back up) it with one SCAN pattern. Celery's own keys (the queue list, `unacked`, ...) are
+Celery's business and are not named here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Prefix of every key eagle-synth writes.
+KEY_PREFIX = "eagle-synth"
+# Set of campaign names, for `eagle-synth campaigns`.
+CAMPAIGNS = f"{KEY_PREFIX}:campaigns"
+# How long a worker's heartbeat hash lives without being refreshed, seconds.
+WORKER_TTL = 60
+
+
+def worker_key(node: str) -> str:
+    """Hash of one worker's heartbeat: host, servers, their health state, in-flight prompts."""
+    return f"{KEY_PREFIX}:worker:{node}"
+
+
+WORKER_PATTERN = f"{KEY_PREFIX}:worker:*"
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignKeys:
+    """Key names of one campaign's state.
+
+    Parameters:
+        name: the campaign name given to `enqueue --campaign`.
+    """
+
+    name: str
+
+    @property
+    def _base(self) -> str:
+        return f"{KEY_PREFIX}:campaign:{self.name}"
+
+    @property
+    def settings(self) -> str:
+        """String: the campaign's settings as JSON, written once by the first enqueue."""
+        return f"{self._base}:settings"
+
+    @property
+    def enqueued(self) -> str:
+        """Set of every prompt key ever enqueued: the producer's duplicate check."""
+        return f"{self._base}:enqueued"
+
+    @property
+    def done(self) -> str:
+        """Set of prompt keys whose record is on disk."""
+        return f"{self._base}:done"
+
+    @property
+    def failed(self) -> str:
+        """Hash prompt key -> failure JSON (reason, message, the item to replay)."""
+        return f"{self._base}:failed"
+
+    @property
+    def counters(self) -> str:
+        """Hash of integer counters (rows read, prompts enqueued, tokens in/out, repairs...)."""
+        return f"{self._base}:counters"
+
+    @property
+    def events(self) -> str:
+        """Stream of completions (records, tokens) for throughput over the last minute."""
+        return f"{self._base}:events"
+
+    @property
+    def servers(self) -> str:
+        """Hash server URL -> server info JSON seen by the workers (provenance)."""
+        return f"{self._base}:servers"
+
+    @property
+    def outbox(self) -> str:
+        """Hash of claimed-but-not-yet-published prompt chunks, replayed after a killed enqueue."""
+        return f"{self._base}:outbox"
+
+    @property
+    def skipped(self) -> str:
+        """Hash reason -> count of input rows the producer skipped."""
+        return f"{self._base}:skipped"

@@ -1,0 +1,25 @@
+"""A campaign folder's manifest.json: what made its records, and how many there are."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from eagle_synth.campaign import Campaign
+from eagle_synth.records import FORMAT_NAME, FORMAT_VERSION, ID_CODEC
+
+
+def build_manifest(campaign: Campaign) -> dict:
+    """Settings (tokenizer fingerprint, template hash, sampling), servers, counts."""
+    settings = campaign.settings()
+    progress = campaign.progress()
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "id_codec": ID_CODEC,
+        "campaign": campaign.name,
+        "settings": asdict(settings) if settings else None,
+        "servers": campaign.servers(),
+        "counts": {"enqueued": progress.enqueued, "done": progress.done, "failed": progress.failed},
+        "updated_at": time.time(),
+    }

@@ -1,0 +1,177 @@
+"""A worker node's shared state in Redis: what its pool children and `status` read.
+
+The health gate (in the worker's main process) writes each server's state here; pool
+children read it before every batch, report suspect servers and successful generations, and
+count prompts in flight. One hash per node, expiring unless refreshed, so a dead worker
+vanishes from `eagle-synth status` by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import asdict, dataclass
+
+import redis
+
+from eagle_synth.keys import WORKER_TTL, worker_key
+
+HEALTHY = "healthy"
+LOADING = "loading"        # connection refused: weights loading, restarting or dead
+WARMING = "warming"        # listening, /health not yet 200
+UNHEALTHY = "unhealthy"    # was healthy, then failed probes (timeouts, errors)
+REFUSED = "refused"        # preflight refused its configuration; never used
+UNKNOWN = "unknown"        # not probed yet
+
+
+@dataclass(slots=True)
+class ServerState:
+    """One server as this node sees it.
+
+    Parameters:
+        state: one of the module's state names.
+        since: unix time the state began.
+        detail: the last probe's message.
+        context_length: from preflight, if known.
+        provenance: preflight's provenance dict (version, model, launch args).
+    """
+
+    state: str = UNKNOWN
+    since: float = 0.0
+    detail: str = ""
+    context_length: int | None = None
+    provenance: dict | None = None
+
+
+class NodeState:
+    """Read and write one worker node's hash.
+
+    Parameters:
+        client: redis-py client.
+        node: the Celery node name (e.g. eagle-synth@gpu-host-1).
+    """
+
+    def __init__(self, client: redis.Redis, node: str) -> None:
+        self.client = client
+        self.node = node
+        self.key = worker_key(node)
+
+    def reset(self, servers: list[str]) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(self.key)
+        pipe.hset(self.key, mapping={
+            "node": self.node, "host": socket.gethostname(), "started": time.time(),
+            "servers": json.dumps(servers),
+        })
+        pipe.expire(self.key, WORKER_TTL)
+        pipe.execute()
+
+    def publish(self, states: dict[str, ServerState], *, consuming: bool) -> None:
+        """Write every server's state and refresh the heartbeat."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.key, mapping={
+            "updated": time.time(),
+            "consuming": int(consuming),
+            **{f"state:{url}": json.dumps(asdict(s)) for url, s in states.items()},
+        })
+        pipe.expire(self.key, WORKER_TTL)
+        pipe.execute()
+
+    def server_states(self) -> dict[str, ServerState]:
+        raw = self.client.hgetall(self.key)
+        states = {}
+        for field, value in raw.items():
+            name = field.decode()
+            if name.startswith("state:"):
+                states[name[len("state:"):]] = ServerState(**json.loads(value))
+        return states
+
+    def snapshot(self) -> dict:
+        """Everything in the hash, decoded (for status)."""
+        out: dict = {}
+        for field, value in self.client.hgetall(self.key).items():
+            name, text = field.decode(), value.decode()
+            if name.startswith("state:"):
+                out.setdefault("server_states", {})[name[6:]] = json.loads(text)
+            elif name.startswith("inflight:"):
+                _, _pid, campaign, url = name.split(":", 3)
+                by_server = out.setdefault("inflight_by_server", {})
+                by_server[url] = by_server.get(url, 0) + int(text)
+                by_campaign = out.setdefault("inflight_by_campaign", {})
+                by_campaign[campaign] = by_campaign.get(campaign, 0) + int(text)
+            else:
+                out[name] = text
+        return out
+
+    def suspect(self, url: str, detail: str) -> None:
+        """A child saw the server fail; the gate probes it at once."""
+        self.client.hset(self.key, f"suspect:{url}", json.dumps({"at": time.time(), "detail": detail}))
+
+    def take_suspects(self) -> dict[str, dict]:
+        raw = self.client.hgetall(self.key)
+        suspects = {
+            f.decode()[len("suspect:"):]: json.loads(v) for f, v in raw.items()
+            if f.decode().startswith("suspect:")
+        }
+        if suspects:
+            self.client.hdel(self.key, *[f"suspect:{u}" for u in suspects])
+        return suspects
+
+    def suspected_since(self, url: str) -> float | None:
+        raw = self.client.hget(self.key, f"suspect:{url}")
+        return json.loads(raw)["at"] if raw else None
+
+    def generated_ok(self, url: str) -> None:
+        """A /generate succeeded: as good as a health probe."""
+        self.client.hset(self.key, f"ok:{url}", time.time())
+
+    def last_ok(self, url: str) -> float:
+        raw = self.client.hget(self.key, f"ok:{url}")
+        return float(raw) if raw else 0.0
+
+    def set_inflight(self, *, pid: int, url: str, campaign: str, prompts: int) -> None:
+        """A pool child (one batch at a time) says how many prompts it has at a server."""
+        field = f"inflight:{pid}:{campaign}:{url}"
+        if prompts:
+            self.client.hset(self.key, field, prompts)
+        else:
+            self.client.hdel(self.key, field)
+
+    def _inflight_fields(self) -> list[tuple[int, str, str, int]]:
+        rows = []
+        for field, value in self.client.hgetall(self.key).items():
+            name = field.decode()
+            if name.startswith("inflight:"):
+                _, pid, campaign, url = name.split(":", 3)
+                rows.append((int(pid), campaign, url, int(value)))
+        return rows
+
+    def inflight_by_server(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for _, _, url, n in self._inflight_fields():
+            totals[url] = totals.get(url, 0) + n
+        return totals
+
+    def inflight_by_campaign(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for _, campaign, _, n in self._inflight_fields():
+            totals[campaign] = totals.get(campaign, 0) + n
+        return totals
+
+    def prune_dead_children(self, is_alive) -> None:
+        """Drop in-flight counts of pool children that died (SIGKILL leaves them behind)."""
+        dead = [f"inflight:{pid}:{c}:{u}" for pid, c, u, _ in self._inflight_fields() if not is_alive(pid)]
+        if dead:
+            self.client.hdel(self.key, *dead)
+
+
+def all_nodes(client: redis.Redis) -> list[dict]:
+    """Snapshots of every live worker node."""
+    from eagle_synth.keys import WORKER_PATTERN
+
+    nodes = []
+    for key in client.scan_iter(match=WORKER_PATTERN, count=100):
+        node = key.decode().split(":", 2)[2]
+        nodes.append(NodeState(client, node).snapshot())
+    return sorted(nodes, key=lambda n: n.get("node", ""))

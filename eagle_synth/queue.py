@@ -1,0 +1,69 @@
+"""The Celery app both sides use: the producer publishes with it, workers consume with it.
+
+Every choice in celery_config answers a trap of Celery on Redis for campaigns that run for
+days (docs/reliability.md): late acks so a crash never loses a batch, no pickle, one
+reserved task per slot, a visibility timeout longer than any task, no stored results.
+The producer never imports worker code: it publishes by task name (payload.TASK_NAME).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from eagle_synth.settings import BrokerSettings, broker_settings
+
+# Seconds a SIGTERMed worker may spend finishing batches before it puts the rest back.
+SOFT_SHUTDOWN_SECONDS = 30.0
+# Batches a pool child runs before it is replaced, to cap slow leaks over a days-long run.
+MAX_TASKS_PER_CHILD = 1000
+
+
+def celery_config(settings: BrokerSettings) -> dict:
+    """Celery settings for these broker settings (celeryconfig.py exposes the same)."""
+    config: dict = {
+        "broker_url": settings.redis_url,
+        "broker_connection_retry_on_startup": True,
+        # Retry a lost broker forever: a Redis restart must not end a days-long worker.
+        "broker_connection_max_retries": None,
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout,
+            "unacked_restore_interval": settings.restore_interval,
+            # Scan on every sweep so restore_interval is the real redelivery latency.
+            "unacked_restore_throttle": 1,
+            "socket_timeout": 30,
+            "socket_connect_timeout": 10,
+            "socket_keepalive": True,
+            "health_check_interval": 10,
+        },
+        # No result backend: campaign state lives in our own keys.
+        "result_backend": None,
+        "task_ignore_result": True,
+        # msgpack carries the binary id blob; json is for control and events. Never pickle.
+        "task_serializer": "msgpack",
+        "accept_content": ["msgpack", "json"],
+        "result_accept_content": ["msgpack", "json"],
+        "event_serializer": "json",
+        "task_default_queue": settings.queue,
+        "task_create_missing_queues": True,
+        # A batch is acknowledged only once its records are written or its failures recorded.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_soft_shutdown_timeout": SOFT_SHUTDOWN_SECONDS,
+        "worker_enable_soft_shutdown_on_idle": True,
+        # Flower shows what runs where from task events.
+        "worker_send_task_events": True,
+        "worker_hijack_root_logger": False,
+        "worker_max_tasks_per_child": MAX_TASKS_PER_CHILD,
+    }
+    if settings.uses_tls:
+        config["broker_use_ssl"] = settings.ssl_options()
+    return config
+
+
+def make_celery(settings: BrokerSettings | None = None) -> Celery:
+    """A Celery app for these settings (default: resolved from the environment)."""
+    app = Celery("eagle_synth")
+    app.conf.update(celery_config(settings or broker_settings()))
+    return app

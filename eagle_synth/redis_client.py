@@ -1,0 +1,26 @@
+"""One way to open a Redis connection from settings, with TLS and ACL users honoured."""
+
+from __future__ import annotations
+
+import redis
+
+from eagle_synth.settings import BrokerSettings
+
+# Seconds a Redis command may block before the caller sees an error instead of hanging.
+SOCKET_TIMEOUT = 30
+# Seconds to wait for a TCP connection to Redis.
+CONNECT_TIMEOUT = 10
+
+
+def connect(settings: BrokerSettings) -> redis.Redis:
+    """A redis-py client for campaign state; users and passwords come from the URL."""
+    kwargs: dict = {
+        "socket_timeout": SOCKET_TIMEOUT,
+        "socket_connect_timeout": CONNECT_TIMEOUT,
+        "health_check_interval": 30,
+        "retry_on_timeout": True,
+    }
+    ssl_options = settings.ssl_options()
+    if ssl_options:
+        kwargs.update(ssl_options)
+    return redis.Redis.from_url(settings.redis_url, **kwargs)

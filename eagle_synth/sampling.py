@@ -1,0 +1,126 @@
+"""Sampling parameters: only keys SGLang's `sampling_params` accepts, checked before enqueue.
+
+SGLang raises a TypeError (an HTTP 500, not a clean 400) on an unknown key and answers 400
+on out-of-range values, failing a whole batch. Checking here turns both into a message at
+enqueue time, before any GPU time is spent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+
+# Keys SGLang's SamplingParams accepts (sglang/srt/sampling/sampling_params.py).
+SGLANG_SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+        "presence_penalty", "repetition_penalty", "min_new_tokens", "stop", "stop_token_ids",
+        "stop_regex", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+        "no_stop_trim", "n", "json_schema", "regex", "ebnf", "logit_bias", "sampling_seed",
+        "custom_params",
+    }
+)
+# Largest seed SGLang's sampler takes without overflow.
+MAX_SEED = 2**31 - 1
+
+
+class SamplingError(ValueError):
+    """A sampling parameter is out of range; the message names the flag and the range."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What the server samples with, identical for every prompt of a campaign.
+
+    Parameters:
+        max_new_tokens: cap on generated tokens per prompt.
+        temperature: 0 is greedy; SGLang treats values below 1e-6 as greedy.
+        top_p, top_k, min_p, repetition_penalty: as SGLang defines them (-1 top_k = off).
+        stop_token_ids: extra ids that end a generation (EOS always does).
+        n: samples per prompt; each sample is its own prompt key and record.
+        seed: base of each sample's `sampling_seed`; None leaves sampling unseeded.
+    """
+
+    max_new_tokens: int = 2048
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    n: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 1 <= self.max_new_tokens <= 1_000_000:
+            problems.append(f"--max-new-tokens {self.max_new_tokens}: must be 1..1000000")
+        if not 0.0 <= self.temperature <= 100.0:
+            problems.append(f"--temperature {self.temperature}: must be 0..100")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"--top-p {self.top_p}: must be in (0, 1]")
+        if self.top_k != -1 and self.top_k < 1:
+            problems.append(f"--top-k {self.top_k}: must be -1 (off) or >= 1")
+        if not 0.0 <= self.min_p <= 1.0:
+            problems.append(f"--min-p {self.min_p}: must be 0..1")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            problems.append(f"--repetition-penalty {self.repetition_penalty}: must be in (0, 2]")
+        if not 1 <= self.n <= 1024:
+            problems.append(f"--n {self.n}: must be 1..1024")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            problems.append(f"--seed {self.seed}: must be 0..{MAX_SEED}")
+        if any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids):
+            problems.append(f"--stop-token-ids {list(self.stop_token_ids)}: ids must be >= 0")
+        if problems:
+            raise SamplingError("; ".join(problems))
+
+    def to_dict(self) -> dict:
+        """Plain JSON form, stored in the campaign settings and every record."""
+        data = asdict(self)
+        data["stop_token_ids"] = list(self.stop_token_ids)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SamplingParams:
+        data = dict(data)
+        data["stop_token_ids"] = tuple(data.get("stop_token_ids") or ())
+        return cls(**data)
+
+    def for_server(self) -> dict:
+        """The `sampling_params` sent to SGLang, without the per-sample seed (n is 1: samples
+        are separate prompts so each gets its own key, record and retry)."""
+        params: dict = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            # Special tokens only affect `text`, which we never use; ids are kept whole.
+            "skip_special_tokens": False,
+        }
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        unknown = set(params) - SGLANG_SAMPLING_KEYS
+        assert not unknown, f"not SGLang sampling keys: {unknown}"
+        return params
+
+    def sample_seed(self, *, prompt_key_material: bytes, sample: int) -> int | None:
+        """The `sampling_seed` of one sample: a stable function of the base seed, the prompt and
+        the sample index, so K samples of one prompt differ and a rerun reproduces them."""
+        if self.seed is None:
+            return None
+        digest = hashlib.blake2b(
+            prompt_key_material + f"|{self.seed}|{sample}".encode(), digest_size=8
+        ).digest()
+        return int.from_bytes(digest, "little") % MAX_SEED
+
+
+def validate_server_params(params: dict) -> None:
+    """Refuse a `sampling_params` dict with keys SGLang would crash on (HTTP 500)."""
+    unknown = sorted(set(params) - SGLANG_SAMPLING_KEYS)
+    if unknown:
+        raise SamplingError(
+            f"sampling_params has keys SGLang does not accept: {unknown}; "
+            f"accepted keys are {sorted(SGLANG_SAMPLING_KEYS)}"
+        )

@@ -1,0 +1,132 @@
+"""Chat templating: the model's own template, applied by transformers, and nothing else.
+
+Kept in the shared core so that a worker can template a follow-up turn later (multi-turn
+regeneration on the model's own answers) with exactly the code the producer uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# Tokens a reasoning template opens and closes its think block with.
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+class TemplateError(ValueError):
+    """The chat template rejected a conversation; the message is the template's own."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerFacts:
+    """What a campaign records about its tokenizer.
+
+    Parameters:
+        fingerprint: hash of the vocabulary, added tokens and special tokens.
+        chat_template_hash: hash of the chat template text.
+        vocab_size: len(tokenizer): every id it can produce is below this.
+        eos_token_ids: the EOS id(s).
+        think_open_id, think_close_id: `<think>` / `</think>` ids, if the tokenizer has them.
+    """
+
+    fingerprint: str
+    chat_template_hash: str
+    vocab_size: int
+    eos_token_ids: list[int]
+    think_open_id: int | None
+    think_close_id: int | None
+
+
+def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False,
+                   chat_template_file: str | os.PathLike | None = None):
+    """Load a tokenizer from a local folder (or hub name, where a hub is reachable)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer  # heavy import: only the paths that template pay it
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
+        raise TemplateError(
+            f"cannot load a tokenizer from {path}: {exc}. Pass --tokenizer a folder with "
+            "tokenizer.json / tokenizer_config.json (add --trust-remote-code if it needs custom code)."
+        ) from exc
+    if chat_template_file is not None:
+        tokenizer.chat_template = Path(chat_template_file).read_text()
+    if not tokenizer.chat_template:
+        raise TemplateError(
+            f"the tokenizer at {path} has no chat template; pass --chat-template FILE"
+        )
+    return tokenizer
+
+
+def _token_id(tokenizer, token: str) -> int | None:
+    ids = tokenizer.convert_tokens_to_ids([token])
+    unk = tokenizer.unk_token_id
+    return ids[0] if ids and ids[0] is not None and ids[0] != unk else None
+
+
+def tokenizer_facts(tokenizer) -> TokenizerFacts:
+    """Fingerprints and special ids, computed once per run."""
+    vocab = tokenizer.get_vocab()
+    material = json.dumps(
+        {
+            "vocab": sorted(vocab.items(), key=lambda kv: kv[1]),
+            "special": tokenizer.special_tokens_map,
+            "class": type(tokenizer).__name__,
+        },
+        sort_keys=True,
+        default=str,
+    ).encode()
+    template = tokenizer.chat_template
+    if isinstance(template, dict):
+        template = json.dumps(template, sort_keys=True)
+    eos = tokenizer.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    return TokenizerFacts(
+        fingerprint=hashlib.sha256(material).hexdigest()[:16],
+        chat_template_hash=hashlib.sha256((template or "").encode()).hexdigest()[:16],
+        vocab_size=len(tokenizer),
+        eos_token_ids=eos_ids,
+        think_open_id=_token_id(tokenizer, THINK_OPEN),
+        think_close_id=_token_id(tokenizer, THINK_CLOSE),
+    )
+
+
+def render_prompt_ids(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
+                      template_kwargs: dict | None = None) -> list[int]:
+    """The prompt ids of one conversation, exactly as `apply_chat_template` gives them."""
+    return render_prompt_ids_batch(tokenizer, [messages], tools=tools, template_kwargs=template_kwargs)[0]
+
+
+def render_prompt_ids_batch(tokenizer, conversations: Sequence[list[dict]], *,
+                            tools: list[dict] | None = None,
+                            template_kwargs: dict | None = None) -> list[list[int]]:
+    """Prompt ids of several conversations that share `tools`, in one batched call.
+
+    This is transformers' own `apply_chat_template(..., add_generation_prompt=True,
+    tokenize=True)`, batched, so the ids are the library's by construction; the batch lets
+    the Rust tokenizer encode in parallel. Raises TemplateError with the template's message.
+    """
+    try:
+        encoded = tokenizer.apply_chat_template(
+            list(conversations),
+            tools=tools,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **(template_kwargs or {}),
+        )
+    except Exception as exc:  # jinja2 TemplateError, TypeError from templates, ...
+        raise TemplateError(f"chat template rejected the conversation: {exc}") from exc
+    return [list(ids) for ids in encoded["input_ids"]]
+
+
+def decode_with_specials(tokenizer, ids: Sequence[int]) -> str:
+    """Text with special tokens left visible, for people reading records."""
+    return tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -1,0 +1,1 @@
+"""Tools over campaigns and their records: status, failures, export, verify, inspect, compact."""

@@ -1,0 +1,324 @@
+"""`eagle-synth enqueue`: rows in, templated prompt ids on the queue, every row accounted for.
+
+The flow: sources (files, streamed) -> rows (normalized conversations) -> tokenize (chat
+template, on every core) -> keys (stable, from what determines the output) -> publisher
+(claim new keys, publish batches). Every row read ends as exactly one of: enqueued (at least
+one of its prompts was new), duplicate (all its prompts were enqueued before), or skipped
+(with its `file:line` and a reason).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Literal
+
+from eagle_synth.campaign import Campaign, CampaignSettings
+from eagle_synth.ids import pack_ids
+from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, prompt_key
+from eagle_synth.sampling import SamplingParams
+from eagle_synth.settings import BrokerSettings
+from eagle_synth.templating import load_tokenizer, tokenizer_facts
+from producer.rows import RowError, conversations_from_row
+from producer.sources import BadRow, iter_source_rows
+from producer.tokenize import TemplateJob, TemplatingPool
+
+# Rows templated together in one pool job.
+ROWS_PER_CHUNK = 256
+# Examples of each skip reason kept for the summary.
+EXAMPLES_PER_REASON = 3
+# Default cap on pending prompts before enqueue waits (keeps Redis memory bounded).
+DEFAULT_MAX_BACKLOG = 200_000
+
+
+class StrictModeError(RuntimeError):
+    """--strict and a row was skipped; the message names the row and the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOptions:
+    """Everything `enqueue` needs.
+
+    Parameters:
+        inputs: files, globs, or "-" for JSONL on stdin.
+        campaign: campaign name.
+        tokenizer: tokenizer folder (or hub name where reachable).
+        sampling: sampling parameters.
+        batch_size: prompts per task.
+        turns: "last" (default) or "all" user turns.
+        system: default system prompt for rows that have none.
+        chat_template: a template file overriding the tokenizer's.
+        chat_template_kwargs: extra template arguments, e.g. {"enable_thinking": False}.
+        trust_remote_code: allow tokenizers that ship code.
+        max_prompt_tokens: skip prompts longer than this.
+        max_backlog: wait while more prompts than this are pending (0 = never).
+        strict: stop at the first skipped row.
+        dry_run: template and count, enqueue nothing (Redis not needed).
+        processes: templating processes (default: every core).
+    """
+
+    inputs: Sequence[str]
+    campaign: str
+    tokenizer: str
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    batch_size: int = DEFAULT_BATCH_SIZE
+    turns: Literal["last", "all"] = "last"
+    system: str | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict = field(default_factory=dict)
+    trust_remote_code: bool = False
+    max_prompt_tokens: int | None = None
+    max_backlog: int = DEFAULT_MAX_BACKLOG
+    strict: bool = False
+    dry_run: bool = False
+    processes: int | None = None
+
+
+@dataclass(slots=True)
+class EnqueueSummary:
+    """What one enqueue did. rows_read == rows_enqueued + rows_duplicate + rows_skipped."""
+
+    campaign: str
+    rows_read: int = 0
+    rows_enqueued: int = 0
+    rows_duplicate: int = 0
+    rows_skipped: int = 0
+    prompts_enqueued: int = 0
+    prompts_duplicate: int = 0
+    prompts_skipped: int = 0
+    prompts_recovered: int = 0
+    tasks: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    length_buckets: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+    dry_run: bool = False
+
+    @property
+    def accounted(self) -> bool:
+        return self.rows_read == self.rows_enqueued + self.rows_duplicate + self.rows_skipped
+
+    def skip(self, where: str, reason: str, detail: str) -> None:
+        self.rows_skipped += 1
+        self.skipped[reason] += 1
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < EXAMPLES_PER_REASON:
+            examples.append(f"{where}: {detail}")
+
+    def histogram(self) -> list[tuple[str, int]]:
+        """Prompt lengths in power-of-two buckets: [("<=128", n), ...]."""
+        return [(f"<={b}", self.length_buckets[b]) for b in sorted(self.length_buckets)]
+
+    def count_length(self, length: int) -> None:
+        bound = 16
+        while bound < length:
+            bound *= 2
+        self.length_buckets[bound] += 1
+
+    def to_dict(self) -> dict:
+        return {
+            "campaign": self.campaign, "dry_run": self.dry_run,
+            "rows_read": self.rows_read, "rows_enqueued": self.rows_enqueued,
+            "rows_duplicate": self.rows_duplicate, "rows_skipped": self.rows_skipped,
+            "prompts_enqueued": self.prompts_enqueued, "prompts_duplicate": self.prompts_duplicate,
+            "prompts_skipped": self.prompts_skipped, "prompts_recovered": self.prompts_recovered,
+            "tasks": self.tasks, "skipped_by_reason": dict(self.skipped), "examples": self.examples,
+            "prompt_length_histogram": dict(self.histogram()), "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(slots=True)
+class _RowPlan:
+    where: str
+    conversations: list = field(default_factory=list)
+
+
+def _plans(options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | None
+           ) -> Iterator[tuple[list[_RowPlan], list]]:
+    """Chunks of (row plans, flat list of (messages, tools)) for the templating pool."""
+    plans: list[_RowPlan] = []
+    flat: list = []
+    for row in iter_source_rows(options.inputs, stdin=stdin):
+        summary.rows_read += 1
+        where = f"{row.source}:{row.line}"
+        if isinstance(row, BadRow):
+            _skip(options, summary, where, row.reason, row.detail)
+            continue
+        try:
+            conversations = conversations_from_row(
+                row.data, source=row.source, line=row.line, turns=options.turns,
+                default_system=options.system,
+            )
+        except RowError as exc:
+            _skip(options, summary, where, exc.reason, str(exc))
+            continue
+        plan = _RowPlan(where=where, conversations=conversations)
+        plans.append(plan)
+        flat.extend((c.messages, c.tools) for c in conversations)
+        if len(plans) >= ROWS_PER_CHUNK:
+            yield plans, flat
+            plans, flat = [], []
+    if plans:
+        yield plans, flat
+
+
+def _skip(options: EnqueueOptions, summary: EnqueueSummary, where: str, reason: str, detail: str) -> None:
+    summary.skip(where, reason, detail)
+    if options.strict:
+        raise StrictModeError(f"{where}: {reason}: {detail} (--strict stops at the first skipped row)")
+
+
+def campaign_settings(options: EnqueueOptions, tokenizer) -> CampaignSettings:
+    facts = tokenizer_facts(tokenizer)
+    return CampaignSettings(
+        name=options.campaign,
+        tokenizer_path=str(options.tokenizer),
+        tokenizer_fingerprint=facts.fingerprint,
+        chat_template_hash=facts.chat_template_hash,
+        chat_template_kwargs=dict(options.chat_template_kwargs),
+        system_prompt=options.system,
+        sampling=options.sampling.to_dict(),
+        vocab_size=facts.vocab_size,
+        eos_token_ids=facts.eos_token_ids,
+        think_open_id=facts.think_open_id,
+        think_close_id=facts.think_close_id,
+        max_prompt_tokens=options.max_prompt_tokens,
+        created_at=time.time(),
+    )
+
+
+def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
+            stdin: IO[bytes] | None = None,
+            on_rows: Callable[[EnqueueSummary], None] | None = None,
+            on_wait: Callable[[int], None] | None = None) -> EnqueueSummary:
+    """Template every row of the inputs and enqueue new prompts; returns the summary.
+
+    Raises CampaignMismatch if the campaign exists with other settings, InputError for an
+    unusable input, StrictModeError under --strict, TemplateError if the tokenizer won't load.
+    """
+    started = time.monotonic()
+    summary = EnqueueSummary(campaign=options.campaign, dry_run=options.dry_run)
+    tokenizer = load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code,
+                               chat_template_file=options.chat_template)
+    settings = campaign_settings(options, tokenizer)
+    del tokenizer  # the pool processes load their own
+
+    publisher = None
+    if not options.dry_run:
+        from eagle_synth.queue import make_celery
+        from eagle_synth.redis_client import connect
+        from eagle_synth.settings import broker_settings
+        from producer.publisher import Publisher
+
+        broker = broker or broker_settings()
+        campaign = Campaign(connect(broker), options.campaign)
+        campaign.register(settings)
+        publisher = Publisher(
+            campaign=campaign, app=make_celery(broker), queue=broker.queue,
+            sampling=options.sampling.for_server(), batch_size=options.batch_size,
+            max_backlog=options.max_backlog, on_wait=on_wait,
+        )
+        summary.prompts_recovered = publisher.recover()
+
+    key_sampling = {k: v for k, v in options.sampling.to_dict().items() if k != "n"}
+    seen_in_dry_run: set[str] = set()
+    job = TemplateJob(
+        tokenizer=str(options.tokenizer), trust_remote_code=options.trust_remote_code,
+        chat_template_file=options.chat_template,
+        template_kwargs=tuple(sorted(options.chat_template_kwargs.items())),
+    )
+    pool = TemplatingPool(job, processes=options.processes)
+    try:
+        for plans, results in pool.map(_plans(options, summary, stdin)):
+            items_per_row: list[list[PromptItem]] = []
+            cursor = 0
+            for plan in plans:
+                row_results = results[cursor: cursor + len(plan.conversations)]
+                cursor += len(plan.conversations)
+                items_per_row.append(_row_items(options, summary, plan, row_results, key_sampling))
+            flat = [item for items in items_per_row for item in items]
+            if publisher is not None:
+                new = publisher.claim(flat)
+            else:
+                new = [item.key not in seen_in_dry_run for item in flat]
+                seen_in_dry_run.update(item.key for item in flat)
+            position = 0
+            for plan, items in zip(plans, items_per_row):
+                if not items:
+                    continue  # skipped above
+                flags = new[position: position + len(items)]
+                position += len(items)
+                summary.prompts_enqueued += sum(flags)
+                summary.prompts_duplicate += len(flags) - sum(flags)
+                if any(flags):
+                    summary.rows_enqueued += 1
+                else:
+                    summary.rows_duplicate += 1
+            if on_rows:
+                on_rows(summary)
+    finally:
+        pool.close()
+        if publisher is not None:
+            summary.tasks = publisher.tasks
+            publisher.campaign.count(rows_read=summary.rows_read, rows_skipped=summary.rows_skipped,
+                                     prompts_enqueued=summary.prompts_enqueued)
+            publisher.campaign.count_skipped(dict(summary.skipped))
+        summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _row_items(options: EnqueueOptions, summary: EnqueueSummary, plan: _RowPlan,
+               results: list, key_sampling: dict) -> list[PromptItem]:
+    """Prompt items of one row; [] (and the row counted skipped) if none is usable."""
+    items: list[PromptItem] = []
+    first_problem: tuple[str, str] | None = None
+    for conversation, result in zip(plan.conversations, results):
+        if isinstance(result, str):
+            first_problem = first_problem or ("template-error", result)
+            summary.prompts_skipped += options.sampling.n
+            continue
+        if options.max_prompt_tokens and len(result) > options.max_prompt_tokens:
+            first_problem = first_problem or (
+                "prompt-too-long", f"{len(result)} tokens > --max-prompt-tokens {options.max_prompt_tokens}"
+            )
+            summary.prompts_skipped += options.sampling.n
+            continue
+        summary.count_length(len(result))
+        packed = pack_ids(result)
+        for sample in range(options.sampling.n):
+            items.append(PromptItem(
+                key=prompt_key(prompt_ids=packed, sampling=key_sampling, sample=sample),
+                row_id=conversation.row_id, sample=sample, ids=result,
+                seed=options.sampling.sample_seed(prompt_key_material=packed, sample=sample),
+                source=plan.where, turn=conversation.turn,
+            ))
+    if not items and first_problem:
+        _skip(options, summary, plan.where, *first_problem)
+    return items
+
+
+def print_summary(summary: EnqueueSummary, *, file=sys.stdout) -> None:
+    """The plain-text summary `enqueue` prints at the end."""
+    verb = "would enqueue" if summary.dry_run else "enqueued"
+    print(
+        f"rows read {summary.rows_read} / {verb} {summary.rows_enqueued} / duplicate "
+        f"{summary.rows_duplicate} / skipped {summary.rows_skipped}", file=file,
+    )
+    print(
+        f"prompts {verb} {summary.prompts_enqueued} in {summary.tasks} tasks, duplicate "
+        f"{summary.prompts_duplicate}, skipped {summary.prompts_skipped}"
+        + (f", republished after a killed run {summary.prompts_recovered}" if summary.prompts_recovered else "")
+        + f" ({summary.seconds:.1f} s)", file=file,
+    )
+    for reason, count in summary.skipped.most_common():
+        print(f"  skipped {reason}: {count}", file=file)
+        for example in summary.examples.get(reason, []):
+            print(f"    {example}", file=file)
+    if summary.dry_run and summary.length_buckets:
+        print("prompt length histogram (tokens):", file=file)
+        peak = max(count for _, count in summary.histogram())
+        for label, count in summary.histogram():
+            print(f"  {label:>8} {count:>8} {'#' * max(1, round(40 * count / peak))}", file=file)

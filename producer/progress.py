@@ -1,0 +1,60 @@
+"""The progress line `enqueue` shows on a terminal: rows read, rows/s, backlog waits."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+# Seconds between redraws; enqueue calls update once per chunk of rows.
+REFRESH_PER_SECOND = 4
+
+
+class EnqueueProgress:
+    """A live line on stderr when it is a terminal; silent otherwise (logs, CI, --json).
+
+    Parameters:
+        enabled: False to show nothing whatever the terminal.
+    """
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self._progress: Progress | None = None
+        self._task = None
+        self._started = time.monotonic()
+
+    def __enter__(self) -> EnqueueProgress:
+        if self.enabled:
+            self._progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                console=Console(stderr=True), refresh_per_second=REFRESH_PER_SECOND, transient=True,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("reading rows", total=None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def update(self, summary) -> None:
+        if self._progress is None:
+            return
+        elapsed = max(time.monotonic() - self._started, 1e-6)
+        self._progress.update(
+            self._task,
+            description=(
+                f"rows {summary.rows_read:,} ({summary.rows_read / elapsed:,.0f}/s) | enqueued "
+                f"{summary.prompts_enqueued:,} | duplicate {summary.prompts_duplicate:,} | skipped "
+                f"{summary.rows_skipped:,}"
+            ),
+        )
+
+    def waiting(self, pending: int) -> None:
+        message = f"backlog {pending:,} prompts is over --max-backlog: waiting for workers"
+        if self._progress is not None:
+            self._progress.update(self._task, description=message)
+        else:
+            print(message, file=sys.stderr, flush=True)

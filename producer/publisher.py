@@ -1,0 +1,161 @@
+"""Claim prompt keys and publish their batches, so that a killed enqueue loses nothing.
+
+Claiming keys and recording what was claimed (the outbox) happen in one Lua script; the
+outbox entry is deleted only after every batch made from it is published. A run that finds
+outbox entries (its predecessor was killed in between) publishes them first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import msgpack
+from celery import Celery
+
+from eagle_synth.campaign import Campaign
+from eagle_synth.ids import pack_ids, unpack_ids
+from eagle_synth.payload import TASK_NAME, PromptItem, TaskPayload, batch_id
+
+log = logging.getLogger("eagle_synth.producer")
+
+# Seconds between backlog checks while waiting for the queue to drain.
+BACKLOG_POLL = 2.0
+
+# KEYS: enqueued set, outbox hash. ARGV: outbox field, chunk blob, then prompt keys.
+# Returns the 0-based indices of keys that were new; records them with the chunk.
+_CLAIM_SCRIPT = """
+local new = {}
+for i = 3, #ARGV do
+  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then new[#new + 1] = i - 3 end
+end
+if #new > 0 then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  redis.call('HSET', KEYS[2], ARGV[1] .. ':new', cjson.encode(new))
+end
+return new
+"""
+
+
+def _pack_items(items: list[PromptItem]) -> bytes:
+    return msgpack.packb(
+        [[i.key, i.row_id, i.sample, pack_ids(i.ids), i.seed, i.source, i.turn] for i in items],
+        use_bin_type=True,
+    )
+
+
+def _unpack_items(blob: bytes) -> list[PromptItem]:
+    return [
+        PromptItem(key=k, row_id=r, sample=s, ids=unpack_ids(ids), seed=seed, source=src, turn=t)
+        for k, r, s, ids, seed, src, t in msgpack.unpackb(blob, raw=False)
+    ]
+
+
+class Publisher:
+    """Turns prompt items into queued batches for one campaign.
+
+    Parameters:
+        campaign: the campaign's state.
+        app: the Celery app to publish with.
+        queue: queue name.
+        sampling: SGLang sampling_params for every batch.
+        batch_size: prompts per task.
+        max_backlog: wait while more prompts than this are pending (0 = never wait).
+        on_wait: called with the pending count while waiting (for the progress display).
+    """
+
+    def __init__(self, *, campaign: Campaign, app: Celery, queue: str, sampling: dict,
+                 batch_size: int, max_backlog: int = 0,
+                 on_wait: Callable[[int], None] | None = None) -> None:
+        self.campaign = campaign
+        self.app = app
+        self.queue = queue
+        self.sampling = sampling
+        self.batch_size = batch_size
+        self.max_backlog = max_backlog
+        self.on_wait = on_wait
+        self.tasks = 0
+        self._claim = campaign.client.register_script(_CLAIM_SCRIPT)
+        self._chunk_serial = 0
+        self._run_id = f"{time.time_ns():x}"
+        self._buffer: list[PromptItem] = []
+
+    def claim(self, items: list[PromptItem]) -> list[bool]:
+        """Claim a chunk of items; returns, per item, whether it was new. New items are
+        buffered and published in batches of batch_size."""
+        if not items:
+            return []
+        self._chunk_serial += 1
+        field = f"{self._run_id}:{self._chunk_serial}"
+        keys = self.campaign.keys
+        new_indices = self._claim(
+            keys=[keys.enqueued, keys.outbox],
+            args=[field, _pack_items(items), *[item.key for item in items]],
+        )
+        new = [False] * len(items)
+        for index in new_indices:
+            new[int(index)] = True
+        fresh = [item for item, is_new in zip(items, new) if is_new]
+        if fresh:
+            self._publish_all(fresh, outbox_field=field)
+        return new
+
+    def republish(self, items: list[PromptItem]) -> None:
+        """Queue failed prompts again: they leave `failed` and enter the outbox atomically."""
+        if not items:
+            return
+        self._chunk_serial += 1
+        field = f"{self._run_id}:{self._chunk_serial}"
+        keys = self.campaign.keys
+        pipe = self.campaign.client.pipeline(transaction=True)
+        pipe.hset(keys.outbox, field, _pack_items(items))
+        pipe.hdel(keys.failed, *[item.key for item in items])
+        pipe.execute()
+        self._publish_all(items, outbox_field=field)
+
+    def _publish_all(self, items: list[PromptItem], *, outbox_field: str) -> None:
+        for start in range(0, len(items), self.batch_size):
+            self._wait_for_backlog()
+            self._publish(items[start: start + self.batch_size])
+        self.campaign.client.hdel(self.campaign.keys.outbox, outbox_field, f"{outbox_field}:new")
+
+    def _publish(self, items: list[PromptItem]) -> None:
+        payload = TaskPayload(
+            campaign=self.campaign.name, batch=batch_id([i.key for i in items]),
+            sampling=self.sampling, items=items,
+        )
+        self.app.send_task(TASK_NAME, args=[payload.encode()], queue=self.queue, serializer="msgpack")
+        self.tasks += 1
+
+    def _wait_for_backlog(self) -> None:
+        if not self.max_backlog:
+            return
+        while True:
+            pending = self.campaign.progress().pending
+            if pending <= self.max_backlog:
+                return
+            if self.on_wait:
+                self.on_wait(pending)
+            time.sleep(BACKLOG_POLL)
+
+    def recover(self) -> int:
+        """Publish what a killed run claimed but did not publish; returns prompts published."""
+        outbox = self.campaign.client.hgetall(self.campaign.keys.outbox)
+        total = 0
+        for field, blob in outbox.items():
+            name = field.decode()
+            if name.endswith(":new"):
+                continue
+            new_raw = outbox.get(f"{name}:new".encode())
+            items = _unpack_items(blob)
+            if new_raw is not None:
+                indices = set(json.loads(new_raw))
+                items = [item for i, item in enumerate(items) if i in indices]
+            finished = self.campaign.finished_keys([i.key for i in items])
+            items = [i for i in items if i.key not in finished]
+            log.warning("republishing %d prompts a killed enqueue had claimed", len(items))
+            self._publish_all(items, outbox_field=name)
+            total += len(items)
+        return total

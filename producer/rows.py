@@ -1,0 +1,266 @@
+"""Normalize one input row into the conversation(s) whose next answer is regenerated.
+
+A row is a dict as yielded by ``producer.sources`` and comes in one of three
+shapes (checked in this order, first non-null wins):
+
+* ``messages``: OpenAI-style ``[{"role", "content", ...}]``;
+* ``conversations``: ShareGPT ``[{"from", "value"}]`` (or ``role``/``content``
+  entries);
+* ``prompt``: a plain string, which becomes one user message.
+
+Optional row fields: ``id`` (any scalar), ``system`` (string) and ``tools``
+(a list of OpenAI function schemas or a JSON string of one).  Anything that
+does not fit raises RowError with a stable ``reason`` slug and the path of
+the offending ``field``.  The role mapping and every slug are documented in
+docs/inputs.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+__all__ = ["ROLE_ALIASES", "Conversation", "RowError", "conversations_from_row"]
+
+# Accepted role names (lower-cased before lookup) -> OpenAI role.
+ROLE_ALIASES: Mapping[str, str] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+    "chatgpt": "assistant",
+    "function_call": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+    "function_response": "tool",
+}
+
+# RowError.reason slugs.  Stable: callers count and report by them.
+NO_MESSAGES = "no-messages"
+EMPTY_CONVERSATION = "empty-conversation"
+NO_USER_TURN = "no-user-turn"
+WRONG_TYPE = "wrong-type"
+MISSING_FIELD = "missing-field"
+EMPTY_CONTENT = "empty-content"
+UNSUPPORTED_CONTENT = "unsupported-content"
+UNKNOWN_ROLE = "unknown-role"
+BAD_JSON = "bad-json"
+
+_SHAPE_KEYS = ("messages", "conversations")
+_ENTRY_KEYS = frozenset({"role", "from", "content", "value"})
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A prompt to regenerate an answer for.
+
+    ``messages`` are fresh dicts (safe to mutate), OpenAI style, ending with
+    the user turn to answer.  ``turn`` is that user turn's 0-based index
+    among the row's user turns.
+    """
+
+    messages: list[dict]
+    tools: list[dict] | None
+    row_id: str
+    turn: int
+
+
+class RowError(Exception):
+    """A row that cannot become a conversation.
+
+    ``reason`` is a stable slug; ``field`` is the path of the offending value
+    (e.g. ``"messages[2].content"``) or None when the row as a whole is at fault.
+    """
+
+    def __init__(self, reason: str, field: str | None, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.reason = reason
+        self.field = field
+
+
+def conversations_from_row(
+    data: dict,
+    *,
+    source: str,
+    line: int,
+    turns: Literal["last", "all"] = "last",
+    default_system: str | None = None,
+) -> list[Conversation]:
+    """Turn one row into the conversation(s) to regenerate.
+
+    ``turns="last"`` gives one Conversation ending at the last user turn
+    (later assistant/tool messages are the old answer and are dropped);
+    ``turns="all"`` gives one per user turn, each with the history before it.
+    A row without a system message gets one from its ``system`` field, or
+    else from ``default_system``; empty strings count as absent.  Content
+    strings are kept exactly as given; text-part lists are joined with no
+    separator.  Keys whose value is null are dropped from messages, since
+    Parquet/Arrow rows carry null for every field another row has.
+
+    Raises RowError (see module docstring); ValueError for a bad ``turns``.
+    """
+    if turns not in ("last", "all"):
+        raise ValueError(f"turns must be 'last' or 'all', got {turns!r}")
+    if not isinstance(data, dict):
+        raise RowError(WRONG_TYPE, None, f"row must be an object, got {type(data).__name__}")
+    row_id = _row_id(data.get("id"), source=source, line=line)
+    messages, fields = _messages(data)
+    tools = _tools(data.get("tools"))
+    system = _optional_string(data.get("system"), field="system")
+
+    if not any(m["role"] == "system" for m in messages):
+        prompt_system = system or default_system
+        if prompt_system:
+            messages.insert(0, {"role": "system", "content": prompt_system})
+            fields.insert(0, "system" if system else "default_system")
+
+    user_positions = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if not user_positions:
+        raise RowError(NO_USER_TURN, _shape_field(fields), "conversation has no user turn to answer")
+    chosen = list(enumerate(user_positions))
+    if turns == "last":
+        chosen = chosen[-1:]
+
+    out = []
+    for turn, position in chosen:
+        if not messages[position]["content"].strip():
+            raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
+        out.append(Conversation([dict(m) for m in messages[: position + 1]], tools, row_id, turn))
+    return out
+
+
+def _row_id(value: object, *, source: str, line: int) -> str:
+    if value is None or value == "":
+        return f"{os.path.basename(source)}:{line}"
+    if isinstance(value, (str, int, float)):  # bool is an int
+        return str(value)
+    raise RowError(WRONG_TYPE, "id", f"expected a string or number, got {_type_name(value)}")
+
+
+def _messages(data: dict) -> tuple[list[dict], list[str]]:
+    """Normalized messages and, in parallel, each one's field path in the row."""
+    for key in _SHAPE_KEYS:
+        entries = data.get(key)
+        if entries is None:
+            continue
+        if not isinstance(entries, list):
+            raise RowError(WRONG_TYPE, key, f"expected a list of messages, got {_type_name(entries)}")
+        if not entries:
+            raise RowError(EMPTY_CONVERSATION, key, "conversation has no messages")
+        messages = [_message(entry, field=f"{key}[{i}]") for i, entry in enumerate(entries)]
+        return messages, [f"{key}[{i}].{_content_key(e)}" for i, e in enumerate(entries)]
+    prompt = data.get("prompt")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise RowError(WRONG_TYPE, "prompt", f"expected a string, got {_type_name(prompt)}")
+        return [{"role": "user", "content": prompt}], ["prompt"]
+    keys = ", ".join(sorted(map(str, data))[:12]) or "none"
+    raise RowError(NO_MESSAGES, None, f"row has no 'messages', 'conversations' or 'prompt' (its keys: {keys})")
+
+
+def _content_key(entry: dict) -> str:
+    if entry.get("content") is None and entry.get("value") is not None:
+        return "value"
+    return "content"
+
+
+def _message(entry: object, *, field: str) -> dict:
+    if not isinstance(entry, dict):
+        raise RowError(WRONG_TYPE, field, f"expected a message object, got {_type_name(entry)}")
+    role_key = "role" if entry.get("role") is not None else "from"
+    raw_role = entry.get(role_key)
+    if raw_role is None:
+        raise RowError(MISSING_FIELD, f"{field}.role", "message has no 'role' (or ShareGPT 'from')")
+    if not isinstance(raw_role, str):
+        raise RowError(WRONG_TYPE, f"{field}.{role_key}", f"expected a string, got {_type_name(raw_role)}")
+    role = ROLE_ALIASES.get(raw_role.lower())
+    if role is None:
+        raise RowError(UNKNOWN_ROLE, f"{field}.{role_key}", f"unknown role {raw_role!r}; known: {', '.join(ROLE_ALIASES)}")
+
+    content_key = _content_key(entry)
+    raw_content = entry.get(content_key)
+    if raw_content is None:
+        # OpenAI sends null content on assistant tool-call turns; "" renders the same in templates.
+        if role != "assistant":
+            raise RowError(MISSING_FIELD, f"{field}.{content_key}", f"{role} message has no content")
+        content = ""
+    else:
+        content = _content(raw_content, field=f"{field}.{content_key}")
+
+    message = {"role": role, "content": content}
+    message.update((k, v) for k, v in entry.items() if k not in _ENTRY_KEYS and v is not None)
+    return message
+
+
+def _content(value: object, *, field: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise RowError(WRONG_TYPE, field, f"expected a string or a list of text parts, got {_type_name(value)}")
+    texts = []
+    for i, part in enumerate(value):
+        part_field = f"{field}[{i}]"
+        if not isinstance(part, dict):
+            raise RowError(WRONG_TYPE, part_field, f"expected a content part object, got {_type_name(part)}")
+        kind = part.get("type")
+        if kind is None:
+            raise RowError(MISSING_FIELD, f"{part_field}.type", "content part has no 'type'")
+        if kind != "text":
+            raise RowError(UNSUPPORTED_CONTENT, f"{part_field}.type", f"only text parts are supported, got {kind!r}")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise RowError(WRONG_TYPE, f"{part_field}.text", f"expected a string, got {_type_name(text)}")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _tools(value: object) -> list[dict] | None:
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RowError(BAD_JSON, "tools", f"string is not valid JSON: {exc}") from None
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise RowError(WRONG_TYPE, "tools", f"expected a list of function schemas, got {_type_name(value)}")
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict):
+            raise RowError(WRONG_TYPE, f"tools[{i}]", f"expected a function schema object, got {_type_name(tool)}")
+    return value or None
+
+
+def _optional_string(value: object, *, field: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value or None
+    raise RowError(WRONG_TYPE, field, f"expected a string, got {_type_name(value)}")
+
+
+def _shape_field(fields: list[str]) -> str:
+    # "messages[0].content" -> "messages"; "prompt" stays.
+    return fields[-1].split("[", 1)[0]
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__

@@ -1,0 +1,111 @@
+"""Template conversations into prompt ids on every core.
+
+Jinja rendering is Python and single-threaded, so chunks of rows are templated in a pool of
+processes that each load the tokenizer once; inside a chunk, conversations sharing their
+tools are templated in one batched `apply_chat_template` call so the Rust tokenizer encodes
+them together. A chunk whose batched call fails is redone one conversation at a time, so
+only the conversation the template rejects is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import groupby
+
+from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_ids_batch
+
+# Chunks submitted to the pool ahead of the one being consumed (bounds memory).
+CHUNKS_AHEAD_PER_PROCESS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateJob:
+    """How to load and apply the template; sent once to each pool process."""
+
+    tokenizer: str
+    trust_remote_code: bool = False
+    chat_template_file: str | None = None
+    template_kwargs: tuple[tuple[str, object], ...] = ()
+
+
+_tokenizer = None
+_job: TemplateJob | None = None
+
+
+def _init(job: TemplateJob) -> None:
+    global _tokenizer, _job
+    # One process per core already: the Rust tokenizer's own threads would oversubscribe.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _job = job
+    _tokenizer = load_tokenizer(job.tokenizer, trust_remote_code=job.trust_remote_code,
+                                chat_template_file=job.chat_template_file)
+
+
+def template_chunk(conversations: list[tuple[list[dict], list[dict] | None]]) -> list[list[int] | str]:
+    """Ids for each (messages, tools) pair, or the template's error message for it."""
+    assert _tokenizer is not None and _job is not None
+    kwargs = dict(_job.template_kwargs)
+    out: list[list[int] | str] = [""] * len(conversations)
+    indexed = sorted(range(len(conversations)), key=lambda i: _tools_key(conversations[i][1]))
+    for _, group in groupby(indexed, key=lambda i: _tools_key(conversations[i][1])):
+        members = list(group)
+        tools = conversations[members[0]][1]
+        try:
+            ids = render_prompt_ids_batch(_tokenizer, [conversations[i][0] for i in members],
+                                          tools=tools, template_kwargs=kwargs)
+            for i, row_ids in zip(members, ids):
+                out[i] = row_ids
+        except TemplateError:
+            for i in members:
+                try:
+                    out[i] = render_prompt_ids_batch(_tokenizer, [conversations[i][0]], tools=tools,
+                                                     template_kwargs=kwargs)[0]
+                except TemplateError as exc:
+                    out[i] = str(exc)
+    return out
+
+
+def _tools_key(tools: list[dict] | None) -> str:
+    return json.dumps(tools, sort_keys=True) if tools else ""
+
+
+class TemplatingPool:
+    """Templates chunks in order, `processes` at a time (1 = in this process).
+
+    Parameters:
+        job: tokenizer and template settings.
+        processes: pool size; defaults to the machine's cores.
+    """
+
+    def __init__(self, job: TemplateJob, *, processes: int | None = None) -> None:
+        self.processes = processes or os.cpu_count() or 1
+        self.job = job
+        self._pool: ProcessPoolExecutor | None = None
+        if self.processes > 1:
+            self._pool = ProcessPoolExecutor(max_workers=self.processes, initializer=_init, initargs=(job,))
+        else:
+            _init(job)
+
+    def map(self, chunks: Iterable[tuple[object, list]]) -> Iterator[tuple[object, list[list[int] | str]]]:
+        """For each (context, conversations) chunk, yield (context, results) in input order."""
+        if self._pool is None:
+            for context, conversations in chunks:
+                yield context, template_chunk(conversations)
+            return
+        window: list[tuple[object, Future]] = []
+        ahead = self.processes * CHUNKS_AHEAD_PER_PROCESS
+        for context, conversations in chunks:
+            window.append((context, self._pool.submit(template_chunk, conversations)))
+            if len(window) >= ahead:
+                context0, future = window.pop(0)
+                yield context0, future.result()
+        for context0, future in window:
+            yield context0, future.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)

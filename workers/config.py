@@ -1,0 +1,92 @@
+"""Worker settings, passed from the CLI to pool children through the environment."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle_synth.payload import DEFAULT_BATCH_SIZE
+
+ENV_SERVERS = "EAGLE_SYNTH_SERVERS"
+ENV_OUT = "EAGLE_SYNTH_OUT"
+ENV_ALLOW_PARSERS = "EAGLE_SYNTH_ALLOW_SERVER_PARSERS"
+ENV_MAX_ATTEMPTS = "EAGLE_SYNTH_MAX_ATTEMPTS"
+ENV_TIMEOUT_BASE = "EAGLE_SYNTH_TIMEOUT_BASE"
+ENV_TIMEOUT_PER_TOKEN = "EAGLE_SYNTH_TIMEOUT_PER_TOKEN"
+ENV_BACKOFF_MAX = "EAGLE_SYNTH_BACKOFF_MAX"
+ENV_PROBE_TIMEOUT = "EAGLE_SYNTH_PROBE_TIMEOUT"
+
+# Prompts kept in flight per server by default: enough to fill a server with up to ~200
+# running slots while batches finish unevenly (benchmarks/ measures slot occupancy).
+DEFAULT_INFLIGHT = 256
+# Attempts per prompt on transient errors (timeouts, 5xx, 429) while the server is healthy.
+DEFAULT_MAX_ATTEMPTS = 6
+# A /generate request may take this long plus TIMEOUT_PER_TOKEN per max_new_tokens, seconds.
+DEFAULT_TIMEOUT_BASE = 120.0
+DEFAULT_TIMEOUT_PER_TOKEN = 0.1
+# Longest wait between transient-error retries, seconds (backoff doubles up to it, jittered).
+DEFAULT_BACKOFF_MAX = 30.0
+
+
+def default_concurrency(*, inflight: int, servers: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
+    """Pool children needed to keep `inflight` prompts in flight per server."""
+    return max(1, math.ceil(inflight * servers / batch_size))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """What every pool child needs to run a batch.
+
+    Parameters:
+        servers: SGLang base URLs.
+        out: records go to OUT/<campaign>/.
+        allow_server_parsers: accept servers preflight would refuse.
+        max_attempts: transient-error attempts per prompt.
+        timeout_base, timeout_per_token: request timeout = base + per_token * max_new_tokens.
+        backoff_max: longest wait between retries.
+        probe_timeout: seconds a /health probe may take.
+    """
+
+    servers: tuple[str, ...]
+    out: Path
+    allow_server_parsers: bool = False
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    timeout_base: float = DEFAULT_TIMEOUT_BASE
+    timeout_per_token: float = DEFAULT_TIMEOUT_PER_TOKEN
+    backoff_max: float = DEFAULT_BACKOFF_MAX
+    probe_timeout: float = 25.0
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            ENV_SERVERS: ",".join(self.servers),
+            ENV_OUT: str(self.out),
+            ENV_ALLOW_PARSERS: "1" if self.allow_server_parsers else "0",
+            ENV_MAX_ATTEMPTS: str(self.max_attempts),
+            ENV_TIMEOUT_BASE: str(self.timeout_base),
+            ENV_TIMEOUT_PER_TOKEN: str(self.timeout_per_token),
+            ENV_BACKOFF_MAX: str(self.backoff_max),
+            ENV_PROBE_TIMEOUT: str(self.probe_timeout),
+        }
+
+    @classmethod
+    def from_env(cls) -> WorkerConfig:
+        servers = tuple(s.strip().rstrip("/") for s in os.environ.get(ENV_SERVERS, "").split(",") if s.strip())
+        if not servers:
+            raise RuntimeError(
+                f"no SGLang server configured: set {ENV_SERVERS} or start with `eagle-synth worker --server URL`"
+            )
+        return cls(
+            servers=servers,
+            out=Path(os.environ.get(ENV_OUT, "out")),
+            allow_server_parsers=os.environ.get(ENV_ALLOW_PARSERS) == "1",
+            max_attempts=int(os.environ.get(ENV_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS)),
+            timeout_base=float(os.environ.get(ENV_TIMEOUT_BASE, DEFAULT_TIMEOUT_BASE)),
+            timeout_per_token=float(os.environ.get(ENV_TIMEOUT_PER_TOKEN, DEFAULT_TIMEOUT_PER_TOKEN)),
+            backoff_max=float(os.environ.get(ENV_BACKOFF_MAX, DEFAULT_BACKOFF_MAX)),
+            probe_timeout=float(os.environ.get(ENV_PROBE_TIMEOUT, 25.0)),
+        )
+
+    def request_timeout(self, max_new_tokens: int) -> float:
+        return self.timeout_base + self.timeout_per_token * max_new_tokens

@@ -1,0 +1,212 @@
+"""The health gate: a worker takes batches only while a server it serves is healthy.
+
+A thread in the worker's main process probes each server's /health. The worker consumes the
+queue while at least one server is healthy and stops consuming when none is, so a loading,
+warming or dead server costs no batch, no /generate call and no retry budget; within about
+a second of the first 200 the worker consumes again.
+
+Hysteresis: a refused connection means nothing listens, so it counts at once; timeouts and
+503s from a server that was healthy must repeat FAILURES_TO_UNHEALTHY times in a row, since
+SGLang's /health answers 503 on a healthy server busy with a long prefill. A successful
+/generate reported by a pool child counts as a passed probe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from eagle_synth.node_state import (
+    HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState,
+)
+from workers.client import SGLangClient, ServerDown, TransientError
+from workers.preflight import PreflightError, check_server, provenance
+
+log = logging.getLogger("eagle_synth.health")
+
+# Consecutive failed probes (not refusals) before a healthy server counts as unhealthy.
+FAILURES_TO_UNHEALTHY = 3
+# Seconds between probes of a healthy server (skipped while /generate keeps succeeding).
+HEALTHY_PROBE_INTERVAL = 5.0
+# First and longest wait between probes of a server that is not healthy, seconds.
+BACKOFF_START = 0.2
+BACKOFF_MAX = 1.0
+# How much the wait grows after each failed probe.
+BACKOFF_FACTOR = 1.5
+# Seconds between heartbeat refreshes of the node's hash when nothing changed.
+HEARTBEAT_INTERVAL = 10.0
+# Seconds between sweeps for in-flight counts left by pool children that died.
+PRUNE_INTERVAL = 5.0
+# How often the gate loop wakes to read hints from pool children, seconds.
+TICK = 0.1
+
+
+@dataclass(slots=True)
+class _Tracked:
+    client: SGLangClient
+    state: ServerState = field(default_factory=ServerState)
+    failures: int = 0
+    wait: float = BACKOFF_START
+    next_probe: float = 0.0
+    preflighted: bool = False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class HealthGate:
+    """Probe servers, keep their states in the node's hash, open and close the gate.
+
+    Parameters:
+        servers: base URLs of the servers this worker serves.
+        node_state: where states are published for pool children and `status`.
+        on_open: called (from the gate thread) when the first server turns healthy.
+        on_close: called when no server is healthy any more.
+        allow_server_parsers: accept servers preflight would refuse.
+        probe_timeout: seconds a /health probe may take.
+    """
+
+    def __init__(self, *, servers: list[str], node_state: NodeState,
+                 on_open: Callable[[], None], on_close: Callable[[], None],
+                 allow_server_parsers: bool = False, probe_timeout: float = 25.0) -> None:
+        self.node_state = node_state
+        self.on_open = on_open
+        self.on_close = on_close
+        self.allow_server_parsers = allow_server_parsers
+        self.probe_timeout = probe_timeout
+        self.tracked = {url: _Tracked(client=SGLangClient(url, pool_connections=2)) for url in servers}
+        self.is_open = False
+        self._last_prune = 0.0
+        self._last_publish = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="eagle-synth-health", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        self._publish()
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # a Redis blip must not kill the gate; it retries next tick
+                log.exception("health gate tick failed")
+                self._stop.wait(1.0)
+            self._stop.wait(TICK)
+
+    # one round ------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        for url, detail in self.node_state.take_suspects().items():
+            tracked = self.tracked.get(url)
+            if tracked and tracked.state.state != REFUSED:
+                log.info("server %s reported failing by a batch (%s): probing now", url, detail.get("detail"))
+                tracked.next_probe = 0.0
+        changed = False
+        for url, tracked in self.tracked.items():
+            if tracked.state.state == REFUSED or now < tracked.next_probe:
+                continue
+            if tracked.state.state == HEALTHY and now - self.node_state.last_ok(url) < HEALTHY_PROBE_INTERVAL:
+                tracked.failures = 0
+                tracked.next_probe = now + HEALTHY_PROBE_INTERVAL
+                continue
+            changed |= self._probe(url, tracked)
+        if now - self._last_prune > PRUNE_INTERVAL:
+            self._last_prune = now
+            self.node_state.prune_dead_children(_pid_alive)
+        if changed:
+            self._publish()
+        elif now - self._last_publish > HEARTBEAT_INTERVAL:
+            self._publish()
+        self._update_gate()
+
+    def _set(self, tracked: _Tracked, state: str, detail: str) -> bool:
+        if tracked.state.state == state:
+            tracked.state.detail = detail
+            return False
+        log.warning("server %s: %s -> %s (%s)", tracked.client.url, tracked.state.state, state, detail)
+        tracked.state.state = state
+        tracked.state.since = time.time()
+        tracked.state.detail = detail
+        return True
+
+    def _probe(self, url: str, tracked: _Tracked) -> bool:
+        now = time.time()
+        try:
+            ok, detail = tracked.client.health(timeout=self.probe_timeout)
+        except ServerDown as exc:
+            # Nothing listens: certain, no hysteresis; it must pass preflight again when back.
+            tracked.preflighted = False
+            return self._failed(tracked, LOADING, str(exc), certain=True, now=now)
+        if not ok:
+            state = WARMING if tracked.state.state in (UNKNOWN, LOADING, WARMING) else UNHEALTHY
+            return self._failed(tracked, state, detail, certain=False, now=now)
+        if not tracked.preflighted:
+            try:
+                facts = tracked.client.facts()
+                overridden = check_server(facts, allow_server_parsers=self.allow_server_parsers)
+            except PreflightError as exc:
+                log.error("%s", exc)
+                tracked.next_probe = float("inf")
+                return self._set(tracked, REFUSED, str(exc))
+            except (ServerDown, TransientError) as exc:
+                return self._failed(tracked, WARMING, f"preflight: {exc}", certain=False, now=now)
+            for problem in overridden:
+                log.warning("server %s accepted despite: %s", url, problem)
+            tracked.state.context_length = facts.context_length
+            tracked.state.provenance = provenance(facts)
+            tracked.preflighted = True
+        tracked.failures = 0
+        tracked.wait = BACKOFF_START
+        tracked.next_probe = now + HEALTHY_PROBE_INTERVAL
+        return self._set(tracked, HEALTHY, "ok")
+
+    def _failed(self, tracked: _Tracked, state: str, detail: str, *, certain: bool, now: float) -> bool:
+        tracked.failures += 1
+        if tracked.state.state == HEALTHY and not certain and tracked.failures < FAILURES_TO_UNHEALTHY:
+            # One slow probe on a busy server: look again soon, keep serving meanwhile.
+            tracked.next_probe = now + BACKOFF_START
+            log.info("server %s: probe failed (%d/%d): %s", tracked.client.url, tracked.failures,
+                     FAILURES_TO_UNHEALTHY, detail)
+            return False
+        tracked.next_probe = now + tracked.wait
+        tracked.wait = min(tracked.wait * BACKOFF_FACTOR, BACKOFF_MAX)
+        return self._set(tracked, state, detail)
+
+    def _publish(self) -> None:
+        self._last_publish = time.time()
+        self.node_state.publish({u: t.state for u, t in self.tracked.items()}, consuming=self.is_open)
+
+    def _update_gate(self) -> None:
+        any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values())
+        if any_healthy and not self.is_open:
+            self.is_open = True
+            log.warning("a server is healthy: taking batches")
+            self.on_open()
+            self._publish()
+        elif not any_healthy and self.is_open:
+            self.is_open = False
+            log.warning("no healthy server: not taking batches")
+            self.on_close()
+            self._publish()
+
+    def all_refused(self) -> bool:
+        return all(t.state.state == REFUSED for t in self.tracked.values())
