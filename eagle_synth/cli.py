@@ -271,12 +271,26 @@ def export(
     typer.echo(f"exported {written.rows} rows to {', '.join(str(p) for p in written.paths)}")
 
 
+@app.command()
+def demo(
+    folder: Annotated[Path, typer.Option("--dir", help="Working folder for the demo's Redis, logs, tokenizer and records.")] = Path("demo-run"),
+) -> None:
+    """Run a whole campaign locally on embedded defaults: Redis, devserver, worker, prompts."""
+    from eagle_synth.demo.run import run_demo
+
+    raise typer.Exit(run_demo(folder))
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def devserver(ctx: typer.Context) -> None:
     """Run the SGLang stand-in (no GPU) for tests, the demo and benchmarks. `eagle-synth devserver --help` lists its flags."""
     from eagle_synth.devserver.__main__ import main as devserver_main
 
     raise typer.Exit(devserver_main(list(ctx.args)) or 0)
+
+
+# Command groups that live in their own modules register themselves on `app`.
+from eagle_synth import cli_ops, cli_records  # noqa: E402,F401
 
 
 def main() -> None:

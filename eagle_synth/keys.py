@@ -14,7 +14,7 @@ KEY_PREFIX = "eagle-synth"
 # Set of campaign names, for `eagle-synth campaigns`.
 CAMPAIGNS = f"{KEY_PREFIX}:campaigns"
 # How long a worker's heartbeat hash lives without being refreshed, seconds.
-WORKER_TTL = 60
+WORKER_TTL = 30
 
 
 def worker_key(node: str) -> str:
@@ -78,6 +78,10 @@ class CampaignKeys:
     def outbox(self) -> str:
         """Hash of claimed-but-not-yet-published prompt chunks, replayed after a killed enqueue."""
         return f"{self._base}:outbox"
+
+    def lease(self, batch: str) -> str:
+        """String: which pool child runs a batch right now (a renewed, expiring lease)."""
+        return f"{self._base}:lease:{batch}"
 
     @property
     def skipped(self) -> str:

@@ -138,7 +138,7 @@ class NodeState:
         else:
             self.client.hdel(self.key, field)
 
-    def _inflight_fields(self) -> list[tuple[int, str, str, int]]:
+    def inflight_children(self) -> list[tuple[int, str, str, int]]:
         rows = []
         for field, value in self.client.hgetall(self.key).items():
             name = field.decode()
@@ -149,19 +149,19 @@ class NodeState:
 
     def inflight_by_server(self) -> dict[str, int]:
         totals: dict[str, int] = {}
-        for _, _, url, n in self._inflight_fields():
+        for _, _, url, n in self.inflight_children():
             totals[url] = totals.get(url, 0) + n
         return totals
 
     def inflight_by_campaign(self) -> dict[str, int]:
         totals: dict[str, int] = {}
-        for _, campaign, _, n in self._inflight_fields():
+        for _, campaign, _, n in self.inflight_children():
             totals[campaign] = totals.get(campaign, 0) + n
         return totals
 
     def prune_dead_children(self, is_alive) -> None:
         """Drop in-flight counts of pool children that died (SIGKILL leaves them behind)."""
-        dead = [f"inflight:{pid}:{c}:{u}" for pid, c, u, _ in self._inflight_fields() if not is_alive(pid)]
+        dead = [f"inflight:{pid}:{c}:{u}" for pid, c, u, _ in self.inflight_children() if not is_alive(pid)]
         if dead:
             self.client.hdel(self.key, *dead)
 

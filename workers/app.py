@@ -25,11 +25,16 @@ from eagle_synth.settings import broker_settings
 from workers.batch import BatchRunner, Requeue
 from workers.config import WorkerConfig
 from workers.health import HealthGate
+from workers.lease import BatchBusy
 
 log = logging.getLogger("eagle_synth.worker")
 
 # Seconds before a batch that failed on a worker bug or a Redis outage is tried again.
 UNEXPECTED_ERROR_RETRY_DELAY = 15
+# Seconds before a copy of a batch that another child holds is looked at again.
+BUSY_RETRY_DELAY = 10
+# Such looks are not failures; this only bounds a batch whose lease never lapses.
+BUSY_RETRIES_MAX = 100_000
 # Times such a batch is retried before its messages are dropped with an error logged.
 UNEXPECTED_ERROR_RETRIES = 20
 
@@ -71,6 +76,11 @@ def generate_batch(self, payload: dict) -> dict:
     except Requeue as exc:
         log.info("batch %s back to the queue: %s", batch.batch, exc)
         raise Reject(str(exc), requeue=True) from exc
+    except BatchBusy as exc:
+        # A second copy of a batch another child is running (after a broker reconnection):
+        # look again later, when the holder has finished or its lease has lapsed.
+        log.info("batch %s: %s; trying again in %d s", batch.batch, exc, BUSY_RETRY_DELAY)
+        raise self.retry(exc=exc, countdown=BUSY_RETRY_DELAY, max_retries=BUSY_RETRIES_MAX)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         # Campaign state is unreachable: the batch is intact, try it again later.
         raise self.retry(exc=exc, countdown=UNEXPECTED_ERROR_RETRY_DELAY)

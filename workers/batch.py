@@ -32,6 +32,7 @@ from eagle_synth.records import (
 from eagle_synth.manifest import build_manifest
 from workers.client import BadRequest, SGLangClient, ServerDown, TransientError
 from workers.config import WorkerConfig
+from workers.lease import BatchLease
 
 log = logging.getLogger("eagle_synth.batch")
 
@@ -90,8 +91,13 @@ class BatchRunner:
 
     # entry point ------------------------------------------------------------------
     def run(self, payload: TaskPayload) -> BatchOutcome:
-        outcome = BatchOutcome()
+        """Run a batch; raises Requeue (give it back) or BatchBusy (another child runs it)."""
         campaign = Campaign(self.redis, payload.campaign)
+        with BatchLease(self.redis, campaign.keys.lease(payload.batch)):
+            return self._run(campaign, payload)
+
+    def _run(self, campaign: Campaign, payload: TaskPayload) -> BatchOutcome:
+        outcome = BatchOutcome()
         settings = self._campaign_settings(campaign)
         folder = campaign_dir(self.config.out, payload.campaign)
         items = self._unfinished(campaign, payload, folder, outcome)

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import redis
+
 from eagle_synth.node_state import (
     HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState,
 )
@@ -107,7 +109,11 @@ class HealthGate:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except Exception:  # a Redis blip must not kill the gate; it retries next tick
+            except redis.RedisError as exc:
+                # Redis away (restarting?): the gate keeps its state and tries again.
+                log.warning("health gate cannot reach Redis: %s", exc)
+                self._stop.wait(1.0)
+            except Exception:  # a bug must not silently stop the gate
                 log.exception("health gate tick failed")
                 self._stop.wait(1.0)
             self._stop.wait(TICK)

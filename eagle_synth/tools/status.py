@@ -1,51 +1,52 @@
 """Where a campaign stands: counts from Redis, in-flight prompts and server states from the
-workers' heartbeats, throughput over the last minute and an ETA."""
+workers' heartbeats, throughput over the last minute and an ETA.
+
+`campaign_status` returns one JSON-ready dict; its keys are the contract of
+`eagle-synth status --json` (STATUS_KEYS, WORKER_KEYS) and only ever gain new members.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 
 import redis
 
-from eagle_synth.campaign import Campaign
-from eagle_synth.node_state import all_nodes
+from eagle_synth.campaign import Campaign, campaign_names
+from eagle_synth.node_state import UNKNOWN, all_nodes
 
 # Window for records/s and tokens/s, seconds.
 RATE_WINDOW = 60.0
+# Shortest span a rate is divided by, so a burst right after start does not read as a huge rate.
+MIN_RATE_SPAN = 1.0
+
+# Top-level keys of campaign_status(), in the order `status --json` documents them.
+STATUS_KEYS = (
+    "campaign", "enqueued", "queued", "inflight", "done", "failed", "finished_share",
+    "failed_by_reason", "failures_recorded_by_reason", "rows_read", "rows_skipped", "skipped_by_reason",
+    "tokens_in", "tokens_out", "repaired_prefix", "records_per_s", "tokens_per_s", "rate_window_s",
+    "eta_seconds", "workers", "at",
+)
+# Keys of each entry of "workers": one per (worker node, server) pair.
+WORKER_KEYS = ("node", "host", "server", "state", "since", "detail", "consuming", "inflight", "heartbeat_at")
+# Keys of each row of `eagle-synth campaigns --json`.
+CAMPAIGN_ROW_KEYS = ("campaign", "enqueued", "queued", "inflight", "done", "failed", "records_per_s", "eta_seconds")
 
 
 def campaign_status(client: redis.Redis, name: str) -> dict:
-    """One JSON-ready dict: enqueued, queued, inflight, done, failed and the rest."""
+    """One JSON-ready dict with STATUS_KEYS; KeyError (with a hint) if the campaign is unknown."""
     campaign = Campaign(client, name)
     if not campaign.exists():
         raise KeyError(f"no campaign named {name!r} in this Redis; `eagle-synth campaigns` lists them")
     progress = campaign.progress()
     nodes = all_nodes(client)
+    # Heartbeats can lag a finished batch by a moment; never show more in flight than pending.
     inflight = sum(n.get("inflight_by_campaign", {}).get(name, 0) for n in nodes)
     inflight = min(inflight, progress.pending)
-    events = campaign.recent_events(seconds=RATE_WINDOW)
     now = time.time()
-    if events:
-        span = max(now - events[0]["at"], 1.0) if len(events) > 1 else RATE_WINDOW
-        span = min(span, RATE_WINDOW)
-        records_per_s = sum(e["records"] for e in events) / span
-        tokens_per_s = sum(e["tokens_out"] for e in events) / span
-    else:
-        records_per_s = tokens_per_s = 0.0
+    records_per_s, tokens_per_s = _rates(campaign.recent_events(seconds=RATE_WINDOW), now=now)
     eta = progress.pending / records_per_s if records_per_s > 0 else None
-    failures: dict[str, int] = {}
-    for key, value in progress.counters.items():
-        if key.startswith("failed-"):
-            failures[key[len("failed-"):]] = value
-    workers = []
-    for node in nodes:
-        for url, state in node.get("server_states", {}).items():
-            workers.append({
-                "node": node.get("node"), "host": node.get("host"), "server": url,
-                "state": state.get("state"), "since": state.get("since"), "detail": state.get("detail"),
-                "consuming": node.get("consuming") == "1",
-                "inflight": node.get("inflight_by_server", {}).get(url, 0),
-            })
+    finished = progress.done + progress.failed
     return {
         "campaign": name,
         "enqueued": progress.enqueued,
@@ -53,8 +54,11 @@ def campaign_status(client: redis.Redis, name: str) -> dict:
         "inflight": inflight,
         "done": progress.done,
         "failed": progress.failed,
+        "finished_share": round(finished / progress.enqueued, 4) if progress.enqueued else 0.0,
         "failed_by_reason": _current_failures(campaign),
-        "failures_recorded_by_reason": failures,
+        "failures_recorded_by_reason": {
+            key[len("failed-"):]: value for key, value in progress.counters.items() if key.startswith("failed-")
+        },
         "rows_read": progress.counters.get("rows-read", 0),
         "rows_skipped": progress.counters.get("rows-skipped", 0),
         "skipped_by_reason": campaign.skipped(),
@@ -63,10 +67,66 @@ def campaign_status(client: redis.Redis, name: str) -> dict:
         "repaired_prefix": progress.counters.get("repaired-prefix", 0),
         "records_per_s": round(records_per_s, 3),
         "tokens_per_s": round(tokens_per_s, 1),
+        "rate_window_s": RATE_WINDOW,
         "eta_seconds": round(eta, 1) if eta is not None else None,
-        "workers": workers,
+        "workers": _workers(nodes),
         "at": now,
     }
+
+
+def campaigns_overview(client: redis.Redis) -> list[dict]:
+    """Every campaign's row for `eagle-synth campaigns` (CAMPAIGN_ROW_KEYS plus finished_share)."""
+    rows = []
+    for name in campaign_names(client):
+        try:
+            data = campaign_status(client, name)
+        except KeyError:
+            continue  # listed but its settings are gone (deleted by hand): nothing to show
+        rows.append({key: data[key] for key in (*CAMPAIGN_ROW_KEYS, "finished_share")})
+    return rows
+
+
+def _rates(events: list[dict], *, now: float) -> tuple[float, float]:
+    """Records/s and output tokens/s over the events of the last RATE_WINDOW seconds."""
+    if not events:
+        return 0.0, 0.0
+    # A single event says nothing about its span, so it is spread over the whole window.
+    span = now - events[0]["at"] if len(events) > 1 else RATE_WINDOW
+    span = min(max(span, MIN_RATE_SPAN), RATE_WINDOW)
+    return sum(e["records"] for e in events) / span, sum(e["tokens_out"] for e in events) / span
+
+
+def _workers(nodes: list[dict]) -> list[dict]:
+    rows = []
+    for node in nodes:
+        states = dict(node.get("server_states", {}))
+        # A node that has not published yet still lists its servers; show them as unknown.
+        for url in _json_list(node.get("servers")):
+            states.setdefault(url, {"state": UNKNOWN, "since": None, "detail": "not probed yet"})
+        for url, state in sorted(states.items()):
+            rows.append({
+                "node": node.get("node"), "host": node.get("host"), "server": url,
+                "state": state.get("state"), "since": state.get("since") or None, "detail": state.get("detail"),
+                "consuming": node.get("consuming") == "1",
+                "inflight": node.get("inflight_by_server", {}).get(url, 0),
+                "heartbeat_at": _float(node.get("updated") or node.get("started")),
+            })
+    return rows
+
+
+def _json_list(raw: str | None) -> list[str]:
+    try:
+        value = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _float(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def _current_failures(campaign: Campaign) -> dict[str, int]:

@@ -1,86 +1,196 @@
-"""How `eagle-synth status` looks: a table for people, refreshed with --watch."""
+"""How `eagle-synth status` looks: tables for people, refreshed in place with --watch.
+
+The view shows every figure of tools.status.campaign_status: counts, failures by reason,
+tokens, throughput over the last minute, ETA, and one row per worker and server with the
+server's state and since when. --watch keeps going through Redis outages and says so,
+because an operator watches exactly when things go wrong.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
+from collections.abc import Callable
 
-from rich.console import Console, Group
+import redis
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
+from eagle_synth.node_state import HEALTHY, LOADING, UNKNOWN, WARMING
 from eagle_synth.tools.status import campaign_status
 
+# Colour of each server state; anything else (unhealthy, refused) is red.
+STATE_STYLES = {HEALTHY: "green", LOADING: "yellow", WARMING: "yellow", UNKNOWN: "dim"}
+# Seconds without a heartbeat after which a worker row is flagged stale (heartbeats come every few s).
+STALE_HEARTBEAT_S = 30.0
+# Width of the progress bar in the title line.
+PROGRESS_BAR_WIDTH = 40
+# Errors that mean "Redis is not answering right now" rather than a bug: --watch waits them out.
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
-def _ago(since: float | None, now: float) -> str:
-    if not since:
+
+def format_duration(seconds: float | None) -> str:
+    """A short human duration: 45s, 12m, 3h05m, 2d04h; '-' for unknown."""
+    if seconds is None:
         return "-"
-    seconds = int(now - since)
+    seconds = max(int(seconds), 0)
     if seconds < 120:
         return f"{seconds}s"
     if seconds < 7200:
         return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    if seconds < 2 * 86400:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d{(seconds % 86400) // 3600:02d}h"
 
 
-def _eta(seconds: float | None) -> str:
-    if seconds is None:
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def _since(since: float | None, now: float) -> str:
+    if not since:
         return "-"
-    return _ago(time.time() - seconds, time.time())
+    return f"{format_duration(now - since)} (since {_clock(since)})"
 
 
-def status_renderable(data: dict) -> Group:
-    now = data["at"]
-    counts = Table(title=f"campaign {data['campaign']}", show_header=True, header_style="bold")
-    for column in ("enqueued", "queued", "in flight", "done", "failed", "records/s", "tokens/s", "ETA"):
-        counts.add_column(column, justify="right")
-    counts.add_row(
-        f"{data['enqueued']:,}", f"{data['queued']:,}", f"{data['inflight']:,}", f"{data['done']:,}",
-        f"{data['failed']:,}", f"{data['records_per_s']:.2f}", f"{data['tokens_per_s']:,.0f}", _eta(data["eta_seconds"]),
+def _header(data: dict) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_row(
+        Text(f"campaign {data['campaign']}", style="bold"),
+        ProgressBar(total=1.0, completed=data["finished_share"], width=PROGRESS_BAR_WIDTH),
+        Text(f"{100 * data['finished_share']:.1f}% finished"),
+        Text(f"at {_clock(data['at'])}", style="dim"),
     )
-    parts = [counts]
-    tokens = Table(show_header=True, header_style="bold")
-    for column in ("tokens in", "tokens out", "rows read", "rows skipped", "prefix repairs"):
-        tokens.add_column(column, justify="right")
-    tokens.add_row(f"{data['tokens_in']:,}", f"{data['tokens_out']:,}", f"{data['rows_read']:,}",
-                   f"{data['rows_skipped']:,}", f"{data['repaired_prefix']:,}")
-    parts.append(tokens)
-    if data["failed_by_reason"]:
-        failed = Table(title="failed by reason", show_header=True, header_style="bold")
-        failed.add_column("reason")
-        failed.add_column("prompts", justify="right")
-        for reason, count in sorted(data["failed_by_reason"].items(), key=lambda kv: -kv[1]):
-            failed.add_row(reason, f"{count:,}")
-        parts.append(failed)
-    workers = Table(title="workers", show_header=True, header_style="bold")
-    for column in ("node", "host", "server", "state", "since", "in flight", "taking batches"):
-        workers.add_column(column)
+    return grid
+
+
+def _counts(data: dict) -> Table:
+    window = format_duration(data["rate_window_s"])
+    table = Table(show_header=True, header_style="bold", title_justify="left")
+    columns = ("enqueued", "queued", "in flight", "done", "failed",
+               "tokens in", "tokens out", f"records/s ({window})", f"tokens/s ({window})", "ETA")
+    for column in columns:
+        table.add_column(column, justify="right")
+    table.add_row(
+        f"{data['enqueued']:,}", f"{data['queued']:,}", f"{data['inflight']:,}", f"{data['done']:,}",
+        Text(f"{data['failed']:,}", style="red" if data["failed"] else ""),
+        f"{data['tokens_in']:,}", f"{data['tokens_out']:,}",
+        f"{data['records_per_s']:,.2f}", f"{data['tokens_per_s']:,.0f}", format_duration(data["eta_seconds"]),
+    )
+    return table
+
+
+def _input(data: dict) -> Table:
+    table = Table(show_header=True, header_style="bold")
+    for column in ("rows read", "rows skipped", "skipped by reason", "prefix repairs"):
+        table.add_column(column, justify="right")
+    skipped = ", ".join(f"{r} {c:,}" for r, c in sorted(data["skipped_by_reason"].items(), key=lambda kv: -kv[1]))
+    table.add_row(f"{data['rows_read']:,}", f"{data['rows_skipped']:,}", skipped or "-", f"{data['repaired_prefix']:,}")
+    return table
+
+
+def _failures(data: dict) -> Table:
+    table = Table(title="failed by reason", title_justify="left", show_header=True, header_style="bold")
+    table.add_column("reason")
+    table.add_column("prompts now", justify="right")
+    table.add_column("ever recorded", justify="right")
+    reasons = set(data["failed_by_reason"]) | set(data["failures_recorded_by_reason"])
+    for reason in sorted(reasons, key=lambda r: (-data["failed_by_reason"].get(r, 0), r)):
+        table.add_row(reason, f"{data['failed_by_reason'].get(reason, 0):,}",
+                      f"{data['failures_recorded_by_reason'].get(reason, 0):,}")
+    if not reasons:
+        table.add_row("(none)", "0", "0")
+    return table
+
+
+def _workers(data: dict) -> Table:
+    now = data["at"]
+    table = Table(title="workers", title_justify="left", show_header=True, header_style="bold")
+    for column in ("node", "host", "server", "state", "for", "in flight", "taking batches", "last heartbeat", "detail"):
+        table.add_column(column, overflow="fold")
     for w in data["workers"]:
-        style = {"healthy": "green", "loading": "yellow", "warming": "yellow"}.get(w["state"], "red")
-        workers.add_row(
-            str(w["node"]), str(w["host"]), w["server"], f"[{style}]{w['state']}[/{style}]",
-            _ago(w["since"], now), str(w["inflight"]), "yes" if w["consuming"] else "no",
+        style = STATE_STYLES.get(w["state"], "red")
+        beat = w.get("heartbeat_at")
+        beat_age = now - beat if beat else None
+        table.add_row(
+            str(w["node"]), str(w["host"]), w["server"], Text(str(w["state"]), style=style),
+            _since(w["since"], now), f"{w['inflight']:,}", "yes" if w["consuming"] else Text("no", style="yellow"),
+            Text(f"{format_duration(beat_age)} ago", style="red" if (beat_age or 0) > STALE_HEARTBEAT_S else "")
+            if beat_age is not None else "-",
+            Text(w.get("detail") or "", style="dim"),
         )
     if not data["workers"]:
-        workers.add_row("(no live worker)", "", "", "", "", "", "")
-    parts.append(workers)
+        table.add_row(Text("(no live worker)", style="yellow"), *[""] * 8)
+    return table
+
+
+def status_renderable(data: dict, *, footer: str | None = None) -> Group:
+    """The whole view of one campaign_status() dict; footer is a dim last line (e.g. watch hints)."""
+    parts: list[RenderableType] = [_header(data), _counts(data), _input(data), _failures(data), _workers(data)]
+    if footer:
+        parts.append(Text(footer, style="dim"))
     return Group(*parts)
 
 
-def render_status(data: dict) -> None:
-    Console().print(status_renderable(data))
+def render_status(data: dict, *, console: Console | None = None) -> None:
+    (console or Console()).print(status_renderable(data))
 
 
-def watch_status(client, campaign: str, *, interval: float, as_json: bool) -> None:
-    """Refresh until Ctrl-C; with as_json, print one JSON line per refresh."""
+def _problem(message: str) -> Text:
+    return Text(message, style="bold red")
+
+
+def watch_status(client: redis.Redis, campaign: str, *, interval: float, as_json: bool,
+                 console: Console | None = None, refreshes: int | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """Refresh every `interval` s until Ctrl-C (or `refreshes` times); with as_json, one JSON line each.
+
+    Redis errors and a vanished campaign are shown (on stderr with as_json) and retried at the
+    next refresh instead of ending the watch.
+    """
+    footer = f"every {interval:g}s; Ctrl-C to stop"
+    count = 0
+    last_good: dict | None = None
+
+    def snapshot() -> tuple[dict | None, str | None]:
+        try:
+            return campaign_status(client, campaign), None
+        except REDIS_ERRORS as exc:
+            return None, f"Redis not answering ({exc}); retrying every {interval:g}s"
+        except KeyError as exc:
+            return None, str(exc.args[0])
+
     try:
         if as_json:
-            while True:
-                print(json.dumps(campaign_status(client, campaign)), flush=True)
-                time.sleep(interval)
-        with Live(status_renderable(campaign_status(client, campaign)), refresh_per_second=4) as live:
-            while True:
-                time.sleep(interval)
-                live.update(status_renderable(campaign_status(client, campaign)))
+            while refreshes is None or count < refreshes:
+                data, problem = snapshot()
+                if data is not None:
+                    print(json.dumps(data), flush=True)
+                else:
+                    print(f"eagle-synth status: {problem}", file=sys.stderr, flush=True)
+                count += 1
+                if refreshes is None or count < refreshes:
+                    sleep(interval)
+            return
+        console = console or Console()
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            while refreshes is None or count < refreshes:
+                data, problem = snapshot()
+                if data is not None:
+                    last_good = data
+                    live.update(status_renderable(data, footer=footer), refresh=True)
+                elif last_good is not None:
+                    # Keep the last figures on screen, marked stale, so the operator keeps context.
+                    live.update(Group(_problem(f"{problem} — figures below are from {_clock(last_good['at'])}"),
+                                      status_renderable(last_good, footer=footer)), refresh=True)
+                else:
+                    live.update(_problem(problem or "no data"), refresh=True)
+                count += 1
+                if refreshes is None or count < refreshes:
+                    sleep(interval)
     except KeyboardInterrupt:
         pass

@@ -1,0 +1,33 @@
+# The two set-up commands of the README, plus benchmarks. Each installs what it needs.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench redis-server clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $@
+
+# redis-server must be on the machine: the demo and the tests start private instances.
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q redis-server; \
+	  else echo "install redis-server (e.g. sudo apt-get install redis-server, brew install redis)"; exit 1; fi; }
+
+demo: $(VENV)/.installed redis-server
+	$(BIN)/eagle-synth demo
+
+test: $(VENV)/.installed redis-server
+	$(BIN)/python -m pytest
+
+bench: $(VENV)/.installed redis-server
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) demo-run .pytest_cache

@@ -1,0 +1,122 @@
+"""`eagle-synth demo`: a whole campaign on this machine, on embedded defaults.
+
+A private redis-server, the devserver standing in for SGLang, one real Celery worker, the
+bundled prompt set and a tokenizer trained on the spot; then the campaign's status and one
+record decoded. Everything lives under one folder, which is left behind for a look.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from pathlib import Path
+
+from eagle_synth.local import RedisServer, start_devserver, start_worker, wait_for
+
+# Devserver pace: slow enough to watch the worker's progress, fast enough to finish in seconds.
+DEMO_TOKEN_LATENCY = "0.002"
+DEMO_MEAN_OUTPUT_TOKENS = "120"
+DEMO_CAMPAIGN = "demo"
+# Seconds the demo waits for its campaign before it gives up and shows the logs.
+DEMO_TIMEOUT = 300
+
+
+def bundled_prompts() -> Path:
+    return Path(str(resources.files("eagle_synth.demo") / "prompts.jsonl"))
+
+
+def run_demo(folder: Path) -> int:
+    """Run the demo in `folder`; returns a process exit code."""
+    from rich.console import Console
+
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.demo.tokenizer import build_demo_tokenizer
+    from eagle_synth.redis_client import connect
+    from eagle_synth.records import iter_records
+    from eagle_synth.sampling import SamplingParams
+    from eagle_synth.settings import broker_settings
+    from eagle_synth.tools.status import campaign_status
+    from eagle_synth.tools.status_view import render_status
+    from producer.enqueue import EnqueueOptions, enqueue, print_summary
+
+    console = Console()
+    folder = Path(folder).resolve()
+    logs = folder / "logs"
+    console.rule("eagle-synth demo")
+    console.print(f"working folder: {folder}")
+    tokenizer = build_demo_tokenizer(folder / "tokenizer")
+    console.print(f"1. tokenizer with a reasoning chat template: {tokenizer}")
+
+    redis_server = RedisServer(workdir=folder / "redis").start()
+    processes = []
+    try:
+        console.print(f"2. private redis-server: {redis_server.url}")
+        devserver, url = start_devserver(
+            tokenizer=tokenizer, logdir=logs,
+            args=["--token-latency", DEMO_TOKEN_LATENCY, "--mean-output-tokens", DEMO_MEAN_OUTPUT_TOKENS],
+        )
+        processes.append(devserver)
+        console.print(f"3. devserver (SGLang's /generate contract, no GPU): {url}")
+
+        broker = broker_settings(redis_url=redis_server.url)
+        options = EnqueueOptions(
+            inputs=[str(bundled_prompts())], campaign=DEMO_CAMPAIGN, tokenizer=str(tokenizer),
+            sampling=SamplingParams(max_new_tokens=256, temperature=0.7, top_p=0.95), batch_size=8,
+        )
+        console.print(f"4. eagle-synth enqueue {bundled_prompts().name} --campaign {DEMO_CAMPAIGN} ...")
+        summary = enqueue(options, broker=broker)
+        print_summary(summary)
+
+        out = folder / "out"
+        worker = start_worker(servers=[url], out=out, redis_url=redis_server.url, logdir=logs, concurrency=2)
+        processes.append(worker)
+        console.print(f"5. eagle-synth worker --server {url} --out {out} (a real Celery worker)")
+        campaign = Campaign(connect(broker), DEMO_CAMPAIGN)
+        expected = summary.prompts_enqueued + campaign.progress().done
+        started = time.monotonic()
+        with console.status("generating...") as spinner:
+            def finished() -> bool:
+                progress = campaign.progress()
+                spinner.update(f"generating... {progress.done}/{progress.enqueued} records")
+                return progress.done + progress.failed >= expected or not worker.alive()
+
+            try:
+                wait_for(finished, timeout=DEMO_TIMEOUT, interval=0.25, what="the demo campaign")
+            except TimeoutError:
+                console.print(f"[red]the campaign did not finish; worker log:[/red]\n{worker.log()[-3000:]}")
+                return 1
+        console.print(f"   finished in {time.monotonic() - started:.1f} s")
+
+        console.rule("eagle-synth status demo")
+        render_status(campaign_status(campaign.client, DEMO_CAMPAIGN))
+
+        console.rule("one record, decoded (eagle-synth inspect)")
+        record = next(iter_records(out / DEMO_CAMPAIGN))
+        show_record(record, tokenizer_path=tokenizer, console=console)
+        console.rule()
+        console.print(f"records: {out / DEMO_CAMPAIGN}  (export: eagle-synth export {out / DEMO_CAMPAIGN} --out train.jsonl)")
+        return 0
+    finally:
+        for process in reversed(processes):
+            process.stop(timeout=20)
+        redis_server.stop()
+
+
+def show_record(record, *, tokenizer_path: Path, console) -> None:
+    """Print one record decoded with special tokens visible (the inspect tool's view)."""
+    try:
+        from eagle_synth.tools.inspect import render_record
+    except ImportError:
+        render_record = None
+    from eagle_synth.templating import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_path)
+    if render_record is not None:
+        render_record(record, tokenizer=tokenizer, console=console)
+        return
+    console.print(f"key {record.key}  id {record.id}  finish {record.finish_reason}  "
+                  f"prompt {len(record.prompt_ids)} + output {len(record.output_ids)} tokens")
+    console.print("[bold]prompt[/bold]")
+    console.print(tokenizer.decode(record.prompt_ids, skip_special_tokens=False), markup=False)
+    console.print("[bold]output[/bold]")
+    console.print(tokenizer.decode(record.output_ids, skip_special_tokens=False), markup=False)

@@ -1,0 +1,79 @@
+"""`python -m eagle_synth.devserver --tokenizer DIR [--port P] ...`: run a devserver.
+
+Flags are generated from DevServerConfig's fields (name with dashes, help from metadata), so
+the CLI and the dataclass cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import types
+import typing
+from collections.abc import Sequence
+
+from eagle_synth.devserver.config import DevServerConfig
+from eagle_synth.devserver.server import run_devserver
+
+# Log line format on stderr (stdout carries only the "listening" line).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+def _scalar_type(hint: typing.Any) -> type:
+    """int for `int | None`, str for `str`, ..."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0]
+    return hint
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser for every CLI-visible DevServerConfig field."""
+    parser = argparse.ArgumentParser(
+        prog="python -m eagle_synth.devserver",
+        description="SGLang stand-in for tests, demos and benchmarks (no GPU needed).",
+    )
+    hints = typing.get_type_hints(DevServerConfig)
+    for f in dataclasses.fields(DevServerConfig):
+        if not f.metadata.get("cli", True):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = _scalar_type(hints[f.name])
+        help_text = f.metadata.get("help", "")
+        if f.default is dataclasses.MISSING:
+            parser.add_argument(flag, type=kind, required=True, help=help_text)
+        elif kind is bool:
+            parser.add_argument(flag, action="store_true", help=help_text)
+        else:
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=f.default,
+                help=help_text if f.default is None else f"{help_text} (default: {f.default})",
+            )
+    return parser
+
+
+def config_from_argv(argv: Sequence[str] | None = None) -> DevServerConfig:
+    """Parse CLI arguments into a validated DevServerConfig (exits with usage on errors)."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        return DevServerConfig(**vars(ns))
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the process exit status."""
+    config = config_from_argv(argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    run_devserver(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

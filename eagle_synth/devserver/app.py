@@ -1,0 +1,386 @@
+"""DevServerApp: what each devserver endpoint answers, independent of the HTTP transport.
+
+Every endpoint method takes the raw request body and returns a Reply; the transport
+(`server.py`) writes it, drops the connection, or lets the app die afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from eagle_synth.devserver.config import DevServerConfig
+from eagle_synth.devserver.faults import DROP, FAIL, FaultPlan, GenerateFate
+from eagle_synth.devserver.generation import Generator
+from eagle_synth.devserver.prefix_cache import PrefixCache
+from eagle_synth.devserver.protocol import ProtocolError, parse_generate_request
+from eagle_synth.devserver.scheduler import (
+    ABORTED_RUNNING,
+    ABORTED_WAITING,
+    KILLED,
+    QueueFullError,
+    SlotJob,
+    SlotScheduler,
+)
+from eagle_synth.devserver.stats import DevStats
+from eagle_synth.devserver.vocab import ModelVocab
+
+log = logging.getLogger("eagle_synth.devserver")
+
+# Body of an uncaught exception in SGLang's FastAPI server (unknown sampling key, ...).
+INTERNAL_ERROR_BODY = b"Internal Server Error"
+# What /flush_cache says on success (SGLang's wording).
+FLUSH_OK_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+    "waiting requests, the operation will not be performed.)\n"
+)
+# meta_info.weight_version of newer SGLang versions; clients must tolerate such extra fields.
+WEIGHT_VERSION = "default"
+
+
+@dataclass(slots=True)
+class Reply:
+    """What the transport does with a request.
+
+    Parameters:
+        status: HTTP status.
+        body: response bytes.
+        content_type: response content type.
+        drop: close the connection without any response instead.
+        die_reason: after replying (or dropping), the server dies with this log message.
+    """
+
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    drop: bool = False
+    die_reason: str | None = None
+
+
+def json_reply(obj: Any, status: int = 200) -> Reply:
+    """A JSON response."""
+    return Reply(status=status, body=json.dumps(obj, separators=(",", ":")).encode())
+
+
+def text_reply(text: str, status: int = 200) -> Reply:
+    """A plain-text response."""
+    return Reply(status=status, body=text.encode(), content_type="text/plain; charset=utf-8")
+
+
+def error_reply(err: ProtocolError) -> Reply:
+    """SGLang's answer to a ValueError (400 JSON) or an uncaught exception (500 text)."""
+    if err.status == 500:
+        return Reply(status=500, body=INTERNAL_ERROR_BODY, content_type="text/plain")
+    return json_reply({"error": {"message": err.message}}, status=err.status)
+
+
+class DevServerApp:
+    """The emulated SGLang server behind HTTP: info, health, /generate, faults, death.
+
+    Behaviour: /generate validates like SGLang, dies on an out-of-vocabulary id, generates
+    deterministic completions (Generator), holds a slot per prompt for the emulated time
+    (SlotScheduler) and answers in SGLang's shape. Health answers 503 until `warmup` seconds
+    after `mark_listening()`. Faults come from a seeded FaultPlan. `die()` calls `on_death`
+    (the transport stops listening) and then, if config.exit_on_death, ends the process.
+
+    Parameters:
+        config: launch arguments.
+        vocab: the loaded token space.
+        on_death: called once when the server dies, before the process exits.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: DevServerConfig,
+        vocab: ModelVocab,
+        on_death: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.config = config
+        self.vocab = vocab
+        self.generator = Generator(
+            vocab=vocab, mean_output_tokens=config.mean_output_tokens, seed=config.seed
+        )
+        self.cache = PrefixCache()
+        self.stats = DevStats()
+        self.faults = FaultPlan(
+            fail_rate=config.fail_rate,
+            drop_rate=config.drop_rate,
+            health_fail_rate=config.health_fail_rate,
+            die_after=config.die_after,
+            seed=config.seed,
+        )
+        self.scheduler = SlotScheduler(
+            slots=config.slots,
+            max_queued=config.max_queued_requests,
+            token_latency=config.token_latency,
+            prefill_latency=config.prefill_latency,
+            on_done=lambda job, held: self.stats.slot_released(held),
+            on_load=self.stats.load,
+        )
+        self.dead = False
+        self._on_death = on_death
+        self._death_lock = threading.Lock()
+        self._listening_mono: float | None = None
+        self._listening_at: float | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def mark_listening(self) -> None:
+        """The port is bound: the warm-up clock starts now."""
+        self._listening_mono = time.monotonic()
+        self._listening_at = time.time()
+
+    def healthy(self) -> bool:
+        """True once listening for at least `warmup` seconds."""
+        if self._listening_mono is None:
+            return False
+        return time.monotonic() - self._listening_mono >= self.config.warmup
+
+    def die(self, reason: str) -> None:
+        """Die like SGLang after a fatal GPU error: log, stop listening, exit (or stop)."""
+        with self._death_lock:
+            if self.dead:
+                return
+            self.dead = True
+        log.error("devserver dying: %s", reason)
+        self.scheduler.kill_all()
+        self._on_death()
+        if self.config.exit_on_death:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
+    # ---- health and information ----------------------------------------------------------
+
+    def health(self, body: bytes) -> Reply:
+        """/health and /health_generate: 503 while warming up (or on a seeded false alarm)."""
+        self.stats.count("health_requests")
+        if not self.healthy() or self.faults.health_flake():
+            self.stats.count("health_unavailable")
+            return Reply(status=503)
+        return Reply(status=200)
+
+    def model_info(self, body: bytes) -> Reply:
+        """/get_model_info: answers during warm-up too, as in SGLang."""
+        return json_reply(
+            {
+                "model_path": self.config.effective_model_path,
+                "tokenizer_path": self.config.tokenizer,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": WEIGHT_VERSION,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+            }
+        )
+
+    def server_info(self, body: bytes) -> Reply:
+        """/get_server_info and /server_info: launch arguments plus version."""
+        c = self.config
+        return json_reply(
+            {
+                "model_path": c.effective_model_path,
+                "tokenizer_path": c.tokenizer,
+                "served_model_name": c.effective_model_path,
+                "host": c.host,
+                "port": c.port,
+                "context_length": c.context_length,
+                "skip_tokenizer_init": c.skip_tokenizer_init,
+                "reasoning_parser": c.reasoning_parser,
+                "tool_call_parser": c.tool_call_parser,
+                "tp_size": 1,
+                "dp_size": 1,
+                "page_size": 1,
+                "max_running_requests": c.slots,
+                "max_queued_requests": c.max_queued_requests,
+                "random_seed": c.seed,
+                "vocab_size": self.vocab.size,
+                "version": c.sglang_version,
+                "devserver": True,
+            }
+        )
+
+    def models(self, body: bytes) -> Reply:
+        """/v1/models: `data[0].max_model_len` is the effective context length."""
+        path = self.config.effective_model_path
+        return json_reply(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": path,
+                        "object": "model",
+                        "created": int(self.stats.started_at),
+                        "owned_by": "sglang",
+                        "root": path,
+                        "max_model_len": self.config.effective_context_length,
+                    }
+                ],
+            }
+        )
+
+    def flush_cache(self, body: bytes) -> Reply:
+        """/flush_cache: refused while requests run or wait, as in SGLang."""
+        running, waiting = self.scheduler.load
+        if running or waiting:
+            return text_reply(
+                "Cache not flushed because there are pending requests. "
+                f"#queue-req: {waiting}, #running-req: {running}",
+                status=400,
+            )
+        self.cache.flush()
+        return text_reply(FLUSH_OK_TEXT)
+
+    def abort_request(self, body: bytes) -> Reply:
+        """/abort_request {"rid": str | [str], "abort_all": bool}: aborted prompts answer 200
+        with finish_reason abort."""
+        try:
+            req = json.loads(body or b"{}")
+        except ValueError:
+            return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
+        if not isinstance(req, dict):
+            return json_reply({"error": {"message": "The body must be a JSON object."}}, status=400)
+        if req.get("abort_all"):
+            self.scheduler.abort(rids=None)
+        else:
+            rid = req.get("rid")
+            rids = {rid} if isinstance(rid, str) else {r for r in rid or [] if isinstance(r, str)}
+            if rids:
+                self.scheduler.abort(rids=rids)
+        return Reply(status=200)
+
+    def dev_stats(self, body: bytes) -> Reply:
+        """/dev/stats: devserver-only counters for benchmarks and fault tests."""
+        running, waiting = self.scheduler.load
+        healthy_at = None
+        if self._listening_at is not None and self.healthy():
+            healthy_at = self._listening_at + self.config.warmup
+        return json_reply(
+            self.stats.snapshot(
+                slots=self.config.slots,
+                running=running,
+                waiting=waiting,
+                healthy=self.healthy(),
+                listening_at=self._listening_at,
+                healthy_at=healthy_at,
+            )
+        )
+
+    def dev_reset_stats(self, body: bytes) -> Reply:
+        """/dev/reset_stats: zero the counters of /dev/stats."""
+        self.stats.reset()
+        return json_reply({"ok": True})
+
+    # ---- generation ----------------------------------------------------------------------
+
+    def generate(self, body: bytes) -> Reply:
+        """/generate: SGLang's native generation endpoint, with faults applied."""
+        received = time.monotonic()
+        self.stats.generate_received(healthy=self.healthy())
+        fate = self.faults.next_generate()
+        reply = self._generate(body, fate, received)
+        if fate.die_after_response and reply.die_reason is None:
+            reply.die_reason = f"--die-after {fate.number}: answered the last allowed /generate"
+        return reply
+
+    def _generate(self, body: bytes, fate: GenerateFate, received: float) -> Reply:
+        if fate.action == FAIL:
+            self.stats.count("injected_failures")
+            return Reply(status=500, body=INTERNAL_ERROR_BODY, content_type="text/plain")
+        try:
+            req = parse_generate_request(
+                json.loads(body),
+                context_length=self.config.effective_context_length,
+                tokenize=None if self.config.skip_tokenizer_init else self.vocab.encode,
+            )
+        except ValueError:
+            self.stats.count("client_errors")
+            return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
+        except ProtocolError as err:
+            self.stats.count("client_errors")
+            if err.status == 500:
+                log.error("/generate raised %s", err.message)
+            return error_reply(err)
+
+        size = self.vocab.size
+        for prompt in req.prompts:
+            bad = next((i for i in prompt.input_ids if not 0 <= i < size), None)
+            if bad is not None:
+                return Reply(
+                    drop=True,
+                    die_reason=(
+                        f"input id {bad} outside the vocabulary [0, {size}): device-side assert "
+                        "(real SGLang dies the same way)"
+                    ),
+                )
+
+        completions = [self.generator.complete(p) for p in req.prompts]
+        cached = [self.cache.lookup(p.input_ids) for p in req.prompts]
+        jobs = [
+            SlotJob(rid=p.rid, group_rid=p.group_rid, output_tokens=len(c.output_ids))
+            for p, c in zip(req.prompts, completions)
+        ]
+        try:
+            self.scheduler.submit(jobs)
+        except QueueFullError as err:
+            self.stats.count("queue_full")
+            return json_reply(
+                {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503},
+                status=503,
+            )
+        for job in jobs:
+            job.done.wait()
+        if any(job.outcome == KILLED for job in jobs):
+            return Reply(drop=True)
+
+        items = [
+            self._item(prompt, completion, job, cached_tokens, received)
+            for prompt, completion, job, cached_tokens in zip(req.prompts, completions, jobs, cached)
+        ]
+        if fate.action == DROP:
+            self.stats.count("injected_drops")
+            return Reply(drop=True)
+        return json_reply(items[0] if req.single else items)
+
+    def _item(self, prompt, completion, job: SlotJob, cached_tokens: int, received: float) -> dict:
+        output_ids = completion.output_ids
+        finish: dict[str, Any] = completion.finish_reason
+        if job.outcome == ABORTED_WAITING:
+            output_ids, finish = [], {"type": "abort", "message": "Abort in waiting queue"}
+        elif job.outcome == ABORTED_RUNNING:
+            output_ids = output_ids[: job.tokens_done]
+            finish = {"type": "abort", "message": "Aborted"}
+        else:
+            self.cache.insert(prompt.input_ids + output_ids)
+        aborted = job.outcome in (ABORTED_WAITING, ABORTED_RUNNING)
+        self.stats.prompt_done(output_tokens=len(output_ids), aborted=aborted)
+        shown = output_ids
+        if self.config.prefix_bug:
+            shown = prompt.input_ids[-self.config.prefix_bug :] + output_ids
+        item: dict[str, Any] = {}
+        if not self.config.skip_tokenizer_init:
+            if not aborted:
+                item["text"] = self.generator.render_text(completion, prompt.params)
+            else:
+                item["text"] = self.vocab.decode(
+                    output_ids, skip_special_tokens=prompt.params.skip_special_tokens
+                )
+        item["output_ids"] = shown
+        item["meta_info"] = {
+            "id": prompt.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(prompt.input_ids),
+            "completion_tokens": len(output_ids),
+            "cached_tokens": cached_tokens,
+            "e2e_latency": time.monotonic() - received,
+            "weight_version": WEIGHT_VERSION,
+        }
+        return item

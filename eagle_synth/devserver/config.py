@@ -1,0 +1,148 @@
+"""DevServerConfig: every knob of the devserver, with its default and its help text.
+
+The help text lives in each field's metadata so the argparse front end (`__main__`) and any
+other front end (the project's typer CLI) describe the same flags from one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# SGLang's default port, so a client configured for a real server finds the devserver too.
+DEFAULT_PORT = 30000
+# Context length when --context-length is not given (real SGLang reads it from the model).
+DEFAULT_CONTEXT_LENGTH = 32768
+# Running slots when --slots is not given (SGLang sizes this from KV-cache memory).
+DEFAULT_SLOTS = 64
+# Mean of the natural (uncapped) output length distribution, in tokens.
+DEFAULT_MEAN_OUTPUT_TOKENS = 200
+# Version reported by /get_server_info; recent enough to be past the output_ids prefix bug.
+DEFAULT_SGLANG_VERSION = "0.5.6"
+# Largest --prefix-bug we emulate; the real bug leaked at most 5 tokens, leave some headroom.
+MAX_PREFIX_BUG_TOKENS = 64
+
+
+def _opt(default, help_text: str, **extra):
+    """A dataclass field carrying its CLI help (and optional `cli: False` to hide it)."""
+    return field(default=default, metadata={"help": help_text, **extra})
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevServerConfig:
+    """Launch arguments of one devserver: what it emulates and which faults it injects.
+
+    Parameters (CLI flag = field name with dashes, e.g. `--token-latency`):
+        tokenizer: Hugging Face tokenizer directory (required); its ids are the model's ids.
+        host, port: where to listen; port 0 picks a free port (the printed line tells which).
+        model_path: reported as the model path; defaults to the tokenizer directory.
+        context_length: model context length; None reports null in server_info (like SGLang
+            when the flag is not given) and uses DEFAULT_CONTEXT_LENGTH.
+        vocab_size: ids >= this kill the server; defaults to len(tokenizer).
+        slots: prompts generating at once; further prompts wait in an internal FIFO queue.
+        max_queued_requests: waiting prompts beyond this are refused with 503; None = no cap.
+        token_latency: seconds per output token while a prompt holds its slot.
+        prefill_latency: seconds per prompt before its first token, slot held.
+        mean_output_tokens: mean of the seeded natural output length.
+        startup_delay: seconds before the port is bound (emulates weight loading).
+        warmup: seconds after binding during which /health and /health_generate answer 503.
+        fail_rate: fraction of /generate requests answered HTTP 500.
+        drop_rate: fraction of /generate requests whose connection closes without a response.
+        health_fail_rate: fraction of post-warm-up health probes answered 503 (false alarms).
+        die_after: the process exits right after answering its N-th /generate request.
+        prefix_bug: emulate the pre-0.5.5 bug: output_ids start with K prompt-tail tokens.
+        reasoning_parser, tool_call_parser, skip_tokenizer_init: reported in server_info;
+            skip_tokenizer_init also drops `text` from responses.
+        sglang_version: the `version` reported by /get_server_info.
+        seed: seeds the fault RNG and temperature>0 sampling.
+        access_log: log every HTTP request to stderr.
+        exit_on_death: a fatal fault ends the process (os._exit); False only stops serving,
+            which is what an in-process (thread) server needs.
+    """
+
+    tokenizer: str = field(metadata={"help": "Hugging Face tokenizer directory (required)."})
+    host: str = _opt("127.0.0.1", "Address to listen on.")
+    port: int = _opt(DEFAULT_PORT, "Port to listen on; 0 picks a free one.")
+    model_path: str | None = _opt(None, "Model path to report (default: the tokenizer dir).")
+    context_length: int | None = _opt(
+        None, f"Model context length (default {DEFAULT_CONTEXT_LENGTH}; server_info reports null)."
+    )
+    vocab_size: int | None = _opt(None, "Vocabulary size; ids outside it kill the server.")
+    slots: int = _opt(DEFAULT_SLOTS, "Prompts generating at once; the rest queue.")
+    max_queued_requests: int | None = _opt(
+        None, "Queued prompts beyond this get 503 'The request queue is full.'"
+    )
+    token_latency: float = _opt(0.0, "Seconds per output token while holding a slot.")
+    prefill_latency: float = _opt(0.0, "Seconds per prompt before its first token.")
+    mean_output_tokens: int = _opt(
+        DEFAULT_MEAN_OUTPUT_TOKENS, "Mean natural output length in tokens."
+    )
+    startup_delay: float = _opt(0.0, "Seconds before the port is bound (weight loading).")
+    warmup: float = _opt(0.0, "Seconds after binding during which health answers 503.")
+    fail_rate: float = _opt(0.0, "Fraction of /generate requests answered HTTP 500.")
+    drop_rate: float = _opt(0.0, "Fraction of /generate requests dropped without a response.")
+    health_fail_rate: float = _opt(0.0, "Fraction of health probes answered 503 after warm-up.")
+    die_after: int | None = _opt(None, "Exit right after answering the N-th /generate request.")
+    prefix_bug: int = _opt(0, "Prepend K prompt-tail tokens to output_ids (old SGLang bug).")
+    reasoning_parser: str | None = _opt(None, "Reported in server_info only.")
+    tool_call_parser: str | None = _opt(None, "Reported in server_info only.")
+    skip_tokenizer_init: bool = _opt(False, "Omit `text` from responses; reported in server_info.")
+    sglang_version: str = _opt(DEFAULT_SGLANG_VERSION, "Version reported by server_info.")
+    seed: int = _opt(0, "Seed of the fault RNG and of temperature>0 sampling.")
+    access_log: bool = _opt(False, "Log every HTTP request to stderr.")
+    exit_on_death: bool = _opt(True, "Fatal faults end the process.", cli=False)
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid devserver config: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every out-of-range knob, as `--flag value: reason` strings."""
+        out: list[str] = []
+
+        def bad(name: str, reason: str) -> None:
+            out.append(f"--{name.replace('_', '-')} {getattr(self, name)!r}: {reason}")
+
+        if not self.tokenizer:
+            out.append("--tokenizer: required")
+        if not 0 <= self.port <= 65535:
+            bad("port", "must be 0..65535")
+        if self.context_length is not None and self.context_length < 2:
+            bad("context_length", "must be at least 2")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            bad("vocab_size", "must be at least 1")
+        if self.slots < 1:
+            bad("slots", "must be at least 1")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            bad("max_queued_requests", "must be >= 0")
+        for name in ("token_latency", "prefill_latency", "startup_delay", "warmup"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0")
+        if self.mean_output_tokens < 1:
+            bad("mean_output_tokens", "must be at least 1")
+        for name in ("fail_rate", "drop_rate", "health_fail_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                bad(name, "must be in [0, 1]")
+        if self.fail_rate + self.drop_rate > 1.0:
+            out.append("--fail-rate + --drop-rate: must not exceed 1")
+        if self.die_after is not None and self.die_after < 1:
+            bad("die_after", "must be at least 1")
+        if not 0 <= self.prefix_bug <= MAX_PREFIX_BUG_TOKENS:
+            bad("prefix_bug", f"must be 0..{MAX_PREFIX_BUG_TOKENS}")
+        return out
+
+    @property
+    def effective_context_length(self) -> int:
+        """The context length the server enforces (what /v1/models reports)."""
+        return self.context_length if self.context_length is not None else DEFAULT_CONTEXT_LENGTH
+
+    @property
+    def effective_model_path(self) -> str:
+        """The model path reported by the info endpoints."""
+        return self.model_path if self.model_path is not None else str(Path(self.tokenizer))
+
+    def replace(self, **changes) -> DevServerConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,195 @@
+"""Deterministic, GPU-free generation: what the emulated model answers to a prompt.
+
+A completion is a pure function of the prompt ids and the sampling parameters (for
+temperature > 0 also of the sample index within `n`, the `sampling_seed` and the server
+seed). Greedy output depends on the prompt alone, so, as with a real model, a greedy
+completion capped at 10 tokens is a prefix of the same prompt capped at 100.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eagle_synth.devserver.protocol import PromptRequest, SamplingParams
+from eagle_synth.devserver.vocab import ModelVocab
+
+# Shape of the gamma distribution of natural output lengths: 2 gives few very short answers
+# and a long right tail, roughly what chat models produce.
+LENGTH_GAMMA_SHAPE = 2.0
+# Natural lengths are cut at this multiple of the mean so one prompt cannot be absurdly long.
+LENGTH_MAX_FACTOR = 20
+# Share of a reasoning completion spent before `</think>`, drawn uniformly in this range.
+REASONING_SHARE = (0.45, 0.8)
+# Output bodies are runs of consecutive corpus tokens of this many tokens, from random offsets.
+SEGMENT_TOKENS = (12, 80)
+# Tokens generated per step once the natural answer is over (ignore_eos / min_new_tokens).
+CONTINUATION_TOKENS = 256
+# A stop token masked by min_new_tokens is replaced by the next stream token; after this
+# many in a row (a client stopping on every corpus token) it is emitted anyway.
+MAX_MASKED_STOPS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One generated sample before transport concerns (prefix bug, text, timing).
+
+    Parameters:
+        output_ids: the generated ids; a matched stop token is the last id.
+        finish_reason: SGLang's finish_reason object.
+    """
+
+    output_ids: list[int]
+    finish_reason: dict[str, Any]
+
+
+class Generator:
+    """Turns prompts into completions with the shape of a real chat model's output.
+
+    Behaviour: a prompt ending in `<think>` (+ newline) gets reasoning tokens, `</think>`,
+    a blank line and answer tokens; any other prompt gets answer tokens. Then EOS. Body
+    tokens are seeded slices of the tokenized corpus; the natural length is gamma-distributed
+    with mean `mean_output_tokens`. The stream is then cut by SGLang's stop rules: EOS and
+    `stop_token_ids` end it (the matched id included) unless `ignore_eos`; stop tokens are
+    masked until `min_new_tokens`, then the first masked one is emitted; `stop` strings end
+    it at the first token completing one; `max_new_tokens` ends it with finish_reason length.
+
+    Parameters:
+        vocab: the model's token space.
+        mean_output_tokens: mean natural output length.
+        seed: the server seed, mixed into temperature>0 sampling only.
+    """
+
+    def __init__(self, *, vocab: ModelVocab, mean_output_tokens: int, seed: int) -> None:
+        self.vocab = vocab
+        self.mean_output_tokens = mean_output_tokens
+        self.seed = seed
+
+    def complete(self, prompt: PromptRequest) -> Completion:
+        """The completion of one (expanded) prompt."""
+        params = prompt.params
+        rng = random.Random(self._stream_seed(prompt))
+        reasoning = self.vocab.prompt_opens_reasoning(prompt.input_ids)
+        out, finish = self._cut(self._stream(rng, reasoning=reasoning), params, prompt.max_new_tokens)
+        if params.stop and out:
+            out, finish = self._cut_at_stop_string(out, finish, params)
+        return Completion(output_ids=out, finish_reason=finish)
+
+    def render_text(self, completion: Completion, params: SamplingParams) -> str:
+        """The response `text`: decoded ids, the matched stop trimmed unless no_stop_trim."""
+        ids = completion.output_ids
+        matched = completion.finish_reason.get("matched")
+        if isinstance(matched, int) and not params.no_stop_trim and ids:
+            ids = ids[:-1]
+        text = self.vocab.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        if isinstance(matched, str) and not params.no_stop_trim:
+            cut = text.find(matched)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    def _stream_seed(self, prompt: PromptRequest) -> int:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(array("q", prompt.input_ids).tobytes())
+        p = prompt.params
+        if p.greedy:
+            h.update(b"greedy")
+        else:
+            key = [
+                "sample", p.temperature, p.top_p, p.top_k, p.min_p, p.frequency_penalty,
+                p.presence_penalty, p.repetition_penalty, p.sampling_seed, list(p.extra),
+                prompt.sample_index, self.seed,
+            ]
+            h.update(json.dumps(key).encode())
+        return int.from_bytes(h.digest(), "big")
+
+    def _natural_length(self, rng: random.Random) -> int:
+        mean = self.mean_output_tokens
+        draw = rng.gammavariate(LENGTH_GAMMA_SHAPE, mean / LENGTH_GAMMA_SHAPE)
+        return max(1, min(round(draw), mean * LENGTH_MAX_FACTOR))
+
+    def _body(self, rng: random.Random, count: int) -> Iterator[int]:
+        corpus = self.vocab.corpus_ids
+        size = len(corpus)
+        while count > 0:
+            run = min(count, rng.randint(*SEGMENT_TOKENS))
+            start = rng.randrange(size)
+            for k in range(run):
+                yield corpus[(start + k) % size]
+            count -= run
+
+    def _stream(self, rng: random.Random, *, reasoning: bool) -> Iterator[int]:
+        """The model's uncut token stream: natural completion, EOS, then endless continuation."""
+        total = self._natural_length(rng)
+        if reasoning:
+            thinking = max(1, round(total * rng.uniform(*REASONING_SHARE)))
+            yield from self._body(rng, thinking)
+            yield self.vocab.think_close_id
+            yield from self.vocab.separator_ids
+            yield from self._body(rng, max(1, total - thinking))
+        else:
+            yield from self._body(rng, total)
+        if self.vocab.eos_id is not None:
+            yield self.vocab.eos_id
+        while True:
+            yield from self._body(rng, CONTINUATION_TOKENS)
+
+    def _cut(
+        self, stream: Iterator[int], params: SamplingParams, cap: int
+    ) -> tuple[list[int], dict[str, Any]]:
+        eos = self.vocab.eos_id
+        stoppers: set[int] = set()
+        if not params.ignore_eos:
+            stoppers.update(params.stop_token_ids)
+            if eos is not None:
+                stoppers.add(eos)
+        out: list[int] = []
+        masked = 0
+        wanted_stop: int | None = None  # a stop masked by min_new_tokens, emitted once allowed
+        for tok in stream:
+            if len(out) >= cap:
+                break
+            if wanted_stop is not None and len(out) >= params.min_new_tokens:
+                out.append(wanted_stop)
+                return out, {"type": "stop", "matched": wanted_stop}
+            if tok in stoppers:
+                if len(out) >= params.min_new_tokens or masked >= MAX_MASKED_STOPS:
+                    out.append(tok)
+                    return out, {"type": "stop", "matched": tok}
+                masked += 1
+                if wanted_stop is None:
+                    wanted_stop = tok
+                continue
+            if tok == eos:
+                # ignore_eos: the model writes on instead of ending.
+                continue
+            out.append(tok)
+        return out, {"type": "length", "length": cap}
+
+    def _cut_at_stop_string(
+        self, out: list[int], finish: dict[str, Any], params: SamplingParams
+    ) -> tuple[list[int], dict[str, Any]]:
+        skip = params.skip_special_tokens
+
+        def first_match(ids: Sequence[int]) -> str | None:
+            text = self.vocab.decode(ids, skip_special_tokens=skip)
+            found = [(text.find(s), s) for s in params.stop if s in text]
+            return min(found)[1] if found else None
+
+        if first_match(out) is None:
+            return out, finish
+        # Containment only grows with the prefix, so the first completing token is found by
+        # bisection instead of decoding every prefix.
+        lo, hi = 1, len(out)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if first_match(out[:mid]) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        return out[:lo], {"type": "stop", "matched": first_match(out[:lo])}

@@ -1,0 +1,211 @@
+"""SlotScheduler: SGLang's running batch and waiting queue, reduced to slot timing.
+
+Each prompt is a SlotJob whose generation time is known in advance (prefill latency plus
+one token latency per output token), so one thread can run the whole "GPU": it admits waiting
+jobs into free slots in FIFO order and completes each when its time is up. Handler threads
+just wait on their job's event, so hundreds of queued prompts cost no extra threads.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+# Outcomes a waiting handler can find on its job.
+PENDING = "pending"
+FINISHED = "finished"
+ABORTED_WAITING = "aborted_waiting"
+ABORTED_RUNNING = "aborted_running"
+KILLED = "killed"
+
+
+class QueueFullError(Exception):
+    """More prompts would wait than --max-queued-requests allows."""
+
+
+@dataclass(eq=False)
+class SlotJob:
+    """One prompt's stay on the emulated GPU.
+
+    Parameters:
+        rid: the prompt's meta_info id.
+        group_rid: the client's rid, which /abort_request may name.
+        output_tokens: tokens it generates (each costs one token latency).
+    Set by the scheduler: `outcome`, `tokens_done` (for a running abort), `done` (event).
+    """
+
+    rid: str
+    group_rid: str
+    output_tokens: int
+    outcome: str = PENDING
+    tokens_done: int = 0
+    admitted_at: float = 0.0
+    decode_start: float = 0.0
+    finish_at: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class SlotScheduler:
+    """At most `slots` jobs run at once; the rest wait in arrival order.
+
+    Behaviour: a job admitted at time t holds its slot until
+    t + prefill_latency + output_tokens * token_latency. Jobs of zero duration with a free
+    slot and nobody waiting complete in the caller's thread. `abort` ends matching jobs
+    (waiting ones with no tokens, running ones with the tokens generated so far); `kill_all`
+    ends every job as if the GPU died.
+
+    Parameters:
+        slots: running slots.
+        max_queued: waiting jobs allowed beyond free slots; None = unbounded.
+        token_latency, prefill_latency: seconds, see above.
+        on_done: called (outside the lock) with each job that leaves a slot and the seconds
+            it held it; the stats use it for busy slot-seconds.
+        on_load: called with (running, waiting) after every change, for peak counters.
+    """
+
+    def __init__(
+        self,
+        *,
+        slots: int,
+        max_queued: int | None,
+        token_latency: float,
+        prefill_latency: float,
+        on_done: Callable[[SlotJob, float], None] = lambda job, held: None,
+        on_load: Callable[[int, int], None] = lambda running, waiting: None,
+    ) -> None:
+        self.slots = slots
+        self.max_queued = max_queued
+        self.token_latency = token_latency
+        self.prefill_latency = prefill_latency
+        self._on_done = on_done
+        self._on_load = on_load
+        self._cond = threading.Condition()
+        self._waiting: deque[SlotJob] = deque()
+        self._running: list[tuple[float, int, SlotJob]] = []  # heap by finish time
+        self._tie = itertools.count()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="devserver-scheduler", daemon=True)
+        self._thread.start()
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) right now."""
+        with self._cond:
+            return len(self._running), len(self._waiting)
+
+    def duration(self, output_tokens: int) -> float:
+        """Seconds a job of `output_tokens` tokens holds its slot."""
+        return self.prefill_latency + output_tokens * self.token_latency
+
+    def submit(self, jobs: Iterable[SlotJob]) -> None:
+        """Queue jobs (all or none); raises QueueFullError past --max-queued-requests."""
+        jobs = list(jobs)
+        finished: list[tuple[SlotJob, float]] = []
+        with self._cond:
+            if self._stopped:
+                for job in jobs:
+                    job.outcome = KILLED
+                    job.done.set()
+                return
+            if self.max_queued is not None:
+                free = self.slots - len(self._running)
+                would_wait = len(self._waiting) + max(0, len(jobs) - max(free, 0))
+                if would_wait > self.max_queued:
+                    raise QueueFullError("The request queue is full.")
+            for job in jobs:
+                if (
+                    not self._waiting
+                    and len(self._running) < self.slots
+                    and self.duration(job.output_tokens) == 0
+                ):
+                    job.admitted_at = job.decode_start = job.finish_at = time.monotonic()
+                    job.outcome = FINISHED
+                    job.tokens_done = job.output_tokens
+                    finished.append((job, 0.0))
+                else:
+                    self._waiting.append(job)
+            self._on_load(len(self._running), len(self._waiting))
+            self._cond.notify()
+        self._finish(finished)
+
+    def abort(self, *, rids: set[str] | None) -> int:
+        """End jobs whose rid or group rid is in `rids` (None = all); returns how many."""
+        ended: list[tuple[SlotJob, float]] = []
+        now = time.monotonic()
+        with self._cond:
+            keep: deque[SlotJob] = deque()
+            for job in self._waiting:
+                if rids is None or job.rid in rids or job.group_rid in rids:
+                    job.outcome = ABORTED_WAITING
+                    ended.append((job, 0.0))
+                else:
+                    keep.append(job)
+            self._waiting = keep
+            still: list[tuple[float, int, SlotJob]] = []
+            for entry in self._running:
+                job = entry[2]
+                if rids is None or job.rid in rids or job.group_rid in rids:
+                    job.outcome = ABORTED_RUNNING
+                    job.tokens_done = self._tokens_at(job, now)
+                    ended.append((job, now - job.admitted_at))
+                else:
+                    still.append(entry)
+            heapq.heapify(still)
+            self._running = still
+            self._on_load(len(self._running), len(self._waiting))
+            self._cond.notify()
+        self._finish(ended)
+        return len(ended)
+
+    def kill_all(self) -> None:
+        """The GPU died: every job ends as KILLED and later submissions are killed at once."""
+        with self._cond:
+            self._stopped = True
+            jobs = list(self._waiting) + [entry[2] for entry in self._running]
+            self._waiting.clear()
+            self._running.clear()
+            self._cond.notify()
+        for job in jobs:
+            job.outcome = KILLED
+            job.done.set()
+
+    def _tokens_at(self, job: SlotJob, now: float) -> int:
+        if self.token_latency <= 0:
+            return job.output_tokens if now >= job.decode_start else 0
+        return max(0, min(job.output_tokens, int((now - job.decode_start) / self.token_latency)))
+
+    def _finish(self, jobs: list[tuple[SlotJob, float]]) -> None:
+        for job, held in jobs:
+            self._on_done(job, held)
+            job.done.set()
+
+    def _loop(self) -> None:
+        while True:
+            finished: list[tuple[SlotJob, float]] = []
+            with self._cond:
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                while self._waiting and len(self._running) < self.slots:
+                    job = self._waiting.popleft()
+                    job.admitted_at = now
+                    job.decode_start = now + self.prefill_latency
+                    job.finish_at = now + self.duration(job.output_tokens)
+                    heapq.heappush(self._running, (job.finish_at, next(self._tie), job))
+                while self._running and self._running[0][0] <= now:
+                    job = heapq.heappop(self._running)[2]
+                    job.outcome = FINISHED
+                    job.tokens_done = job.output_tokens
+                    finished.append((job, job.finish_at - job.admitted_at))
+                self._on_load(len(self._running), len(self._waiting))
+                if not finished:
+                    if self._waiting and len(self._running) < self.slots:
+                        continue
+                    timeout = self._running[0][0] - now if self._running else None
+                    self._cond.wait(timeout)
+            self._finish(finished)

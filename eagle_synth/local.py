@@ -1,0 +1,184 @@
+"""Start the local pieces of a campaign as real processes: redis-server, devserver, worker.
+
+The demo, the end-to-end and fault tests and the benchmarks all run the real thing on one
+machine; this module is the one place that knows how to start, wait for and stop them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Seconds to wait for a process to start listening before giving up.
+START_TIMEOUT = 60.0
+# Seconds a process gets to exit after SIGTERM before it is killed.
+STOP_TIMEOUT = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float = 0.05,
+             what: str = "condition") -> object:
+    """Poll until predicate() is truthy; raise TimeoutError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _stop(proc: subprocess.Popen | None, *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@dataclass
+class RedisServer:
+    """A private redis-server on a free port.
+
+    Parameters:
+        workdir: where its data and log live.
+        password: `requirepass` for the default user.
+        acl_user: (name, password) of an extra ACL user with full access.
+        appendonly: persist every write (survives restarts).
+        port: 0 picks a free one.
+    """
+
+    workdir: Path
+    password: str | None = None
+    acl_user: tuple[str, str] | None = None
+    appendonly: bool = False
+    port: int = 0
+    proc: subprocess.Popen | None = field(default=None, init=False)
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
+        self.port = self.port or free_port()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        args = [
+            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
+            "--maxmemory-policy", "noeviction", "--logfile", str(self.workdir / "redis.log"),
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        if self.acl_user:
+            name, secret = self.acl_user
+            args += ["--user", f"{name} on >{secret} ~* &* +@all"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for(lambda: port_open(self.port), timeout=START_TIMEOUT, what=f"redis-server on {self.port}")
+        return self
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def stop(self, *, sig: int = signal.SIGTERM) -> None:
+        _stop(self.proc, sig=sig)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@dataclass
+class ManagedProcess:
+    """A child process in its own session, with its output in a log file."""
+
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
+        _stop(self.proc, sig=sig, timeout=timeout)
+
+    def kill(self) -> None:
+        self.stop(sig=signal.SIGKILL, timeout=10)
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+def start_devserver(*, tokenizer: str | os.PathLike, logdir: Path, port: int = 0, args: list[str] = (),
+                    env: dict[str, str] | None = None, wait: bool = True) -> tuple[ManagedProcess, str]:
+    """Start a devserver; returns (process, base URL). With wait, returns once it listens."""
+    port = port or free_port()
+    process = ManagedProcess(
+        args=[sys.executable, "-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer),
+              "--host", "127.0.0.1", "--port", str(port), *args],
+        env=_env(env), log_path=logdir / f"devserver-{port}.log",
+    ).start()
+    if wait:
+        wait_for(lambda: port_open(port) or not process.alive(), timeout=START_TIMEOUT, what="the devserver")
+        if not process.alive():
+            raise RuntimeError(f"devserver exited:\n{process.log()}")
+    return process, f"http://127.0.0.1:{port}"
+
+
+def start_worker(*, servers: list[str], out: Path, redis_url: str, logdir: Path, concurrency: int = 2,
+                 args: list[str] = (), env: dict[str, str] | None = None, name: str | None = None) -> ManagedProcess:
+    """Start `eagle-synth worker` as a child process (a real Celery worker)."""
+    name = name or f"w{free_port()}@{socket.gethostname()}"
+    argv = [sys.executable, "-m", "eagle_synth.cli", "worker", "--out", str(out), "--redis", redis_url,
+            "--concurrency", str(concurrency), "--name", name, *args]
+    for url in servers:
+        argv += ["--server", url]
+    return ManagedProcess(args=argv, env=_env(env), log_path=logdir / f"worker-{name.split('@')[0]}.log").start()
+
+
+def scratch_dir(prefix: str = "eagle-synth-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

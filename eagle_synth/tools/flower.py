@@ -1,0 +1,159 @@
+"""Run Flower against eagle-synth's broker, with basic auth unless explicitly turned off.
+
+Flower is started in this process through Celery's own command line (`celery -A ... flower`),
+on a Celery app built from eagle_synth.settings, so it sees the same Redis URL, TLS options
+and queue as the producer and workers. Because that app declares our queue as
+`task_default_queue`, Flower's `/api/queues/length` and Broker page report the backlog even
+while no worker is connected (Flower falls back to the app's queues when no worker reports any).
+
+Credentials travel in FLOWER_BASIC_AUTH (Flower reads its options from FLOWER_* variables),
+never on a command line where `ps` would show them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+
+from celery import Celery
+
+from eagle_synth.queue import make_celery
+from eagle_synth.settings import BrokerSettings, broker_settings, export_to_environment
+
+# Port Flower listens on unless told otherwise (Flower's own default).
+DEFAULT_PORT = 5555
+# Loopback by default: a dashboard that can revoke tasks is exposed only when asked to.
+DEFAULT_ADDRESS = "127.0.0.1"
+# Environment variable holding `user:password[,user2:password2]`; Flower reads it natively.
+ENV_BASIC_AUTH = "FLOWER_BASIC_AUTH"
+# The placeholder .env.example ships; refused so a copied example never goes live.
+PLACEHOLDER_PASSWORD = "change-me"
+# Seconds after which Flower forgets a worker that went offline: hosts come and go in a campaign.
+PURGE_OFFLINE_WORKERS_S = 3600
+# Tasks Flower keeps in memory (its default is 100,000); a campaign has far more batches.
+MAX_TASKS_IN_MEMORY = 20_000
+# Where Celery's command line finds the app (resolved lazily by this module's __getattr__).
+APP_SYMBOL = "eagle_synth.tools.flower:celery_app"
+# Celery reads these before its configuration; a stale one would point Flower at another Redis.
+_CELERY_URL_OVERRIDES = ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL", "CELERY_BROKER_READ_URL")
+
+_app: Celery | None = None
+
+
+class FlowerAuthError(ValueError):
+    """Flower's credentials are missing, malformed or a placeholder; the message says what to do."""
+
+
+def parse_basic_auth(raw: str) -> list[str]:
+    """Split `user:pw[,user2:pw2]` into credentials, refusing empty parts and the placeholder."""
+    credentials = [c.strip() for c in raw.split(",") if c.strip()]
+    if not credentials:
+        raise FlowerAuthError(f"basic auth is empty: give user:password via --basic-auth or ${ENV_BASIC_AUTH}")
+    for credential in credentials:
+        user, sep, password = credential.partition(":")
+        if not sep or not user or not password:
+            raise FlowerAuthError(
+                f"basic auth entry {user or credential!r} is not user:password "
+                f"(several are separated by commas, so a password cannot contain ',')"
+            )
+        if password == PLACEHOLDER_PASSWORD:
+            raise FlowerAuthError(
+                f"the password of Flower user {user!r} is still the placeholder {PLACEHOLDER_PASSWORD!r}: "
+                f"set {ENV_BASIC_AUTH} to a real secret (e.g. `openssl rand -hex 16`)"
+            )
+    return credentials
+
+
+def resolve_auth(*, basic_auth: str | None, no_auth: bool, environ: Mapping[str, str]) -> list[str] | None:
+    """Credentials to run Flower with, or None when the operator explicitly chose --no-auth.
+
+    Precedence: --basic-auth, then $FLOWER_BASIC_AUTH. With neither, Flower does not start
+    unless no_auth is set; giving credentials together with no_auth is a contradiction and
+    refused rather than guessed.
+    """
+    raw = basic_auth if basic_auth is not None else environ.get(ENV_BASIC_AUTH) or None
+    if raw is not None and no_auth:
+        raise FlowerAuthError(
+            f"--no-auth contradicts the credentials given (--basic-auth or ${ENV_BASIC_AUTH}): drop one of them"
+        )
+    if raw is None:
+        if no_auth:
+            return None
+        raise FlowerAuthError(
+            f"Flower needs basic auth: pass --basic-auth user:password or set {ENV_BASIC_AUTH}=user:password; "
+            "--no-auth starts it open (its web UI only; its API then answers 401)"
+        )
+    return parse_basic_auth(raw)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlowerOptions:
+    """How to run Flower.
+
+    Parameters:
+        credentials: `user:password` entries for basic auth, or None for no auth (explicit).
+        port: TCP port of the web UI and API.
+        address: interface to bind; 0.0.0.0 to serve other hosts (e.g. in a container).
+        extra_args: further Flower options passed through unchanged (e.g. --url_prefix=flower).
+    """
+
+    credentials: tuple[str, ...] | None
+    port: int = DEFAULT_PORT
+    address: str = DEFAULT_ADDRESS
+    extra_args: tuple[str, ...] = ()
+
+    def celery_argv(self) -> list[str]:
+        """Arguments of Celery's command line that start Flower on our app."""
+        return [
+            "-A", APP_SYMBOL, "flower",
+            f"--port={self.port}",
+            f"--address={self.address}",
+            f"--purge_offline_workers={PURGE_OFFLINE_WORKERS_S}",
+            f"--max_tasks={MAX_TASKS_IN_MEMORY}",
+            *self.extra_args,
+        ]
+
+    def apply_environment(self, environ: MutableMapping[str, str]) -> None:
+        """Make the environment Flower reads hold our credentials and no stale Celery URL."""
+        for name in (*_CELERY_URL_OVERRIDES, ENV_BASIC_AUTH):
+            environ.pop(name, None)
+        if self.credentials:
+            environ[ENV_BASIC_AUTH] = ",".join(self.credentials)
+
+
+def run_flower(*, settings: BrokerSettings, options: FlowerOptions) -> int:
+    """Run Flower in this process until it is stopped; returns its exit code."""
+    from celery.bin.celery import celery as celery_command
+
+    export_to_environment(settings)
+    options.apply_environment(os.environ)
+    try:
+        celery_command.main(args=options.celery_argv(), prog_name="eagle-synth flower",
+                            auto_envvar_prefix="CELERY", standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+def flower_app() -> Celery:
+    """The Celery app Flower runs on, from the environment that run_flower exported."""
+    global _app
+    if _app is None:
+        _app = make_celery(broker_settings())
+    return _app
+
+
+def __getattr__(name: str) -> Celery:
+    # Celery resolves APP_SYMBOL with getattr; building the app on first use keeps imports free
+    # of side effects and lets run_flower export the settings first.
+    if name == "celery_app":
+        return flower_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def flower_urls(*, address: str, port: int) -> Sequence[str]:
+    """Where an operator opens Flower and its queue API (for the start-up message)."""
+    host = "127.0.0.1" if address in ("", "0.0.0.0") else address
+    base = f"http://{host}:{port}"
+    return (f"{base}/broker", f"{base}/api/queues/length")

@@ -1,0 +1,93 @@
+"""Shared fixtures: real redis-server, devserver and worker processes on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from eagle_synth.local import RedisServer, start_devserver, start_worker
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = (ROOT.parent / "shared" / "fixtures" / "tokenizers" / "qwen3.5").resolve()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path() -> Path:
+    if not (TOKENIZER / "tokenizer.json").exists():
+        pytest.fail(f"the qwen3.5 fixture tokenizer is missing at {TOKENIZER} (tests expect ../shared/ beside the repo)")
+    return TOKENIZER
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_path):
+    from eagle_synth.templating import load_tokenizer
+
+    return load_tokenizer(tokenizer_path)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A private redis-server for one test (never the shared instance)."""
+    server = RedisServer(workdir=tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def stack(tmp_path, tokenizer_path):
+    """Starts devservers and workers for a test and stops them all afterwards."""
+
+    class Stack:
+        def __init__(self) -> None:
+            self.processes = []
+            self.logdir = tmp_path / "logs"
+
+        def devserver(self, *args: str, wait: bool = True, port: int = 0):
+            process, url = start_devserver(tokenizer=tokenizer_path, logdir=self.logdir, args=list(args),
+                                           wait=wait, port=port)
+            self.processes.append(process)
+            return process, url
+
+        def worker(self, *, servers, out, redis_url, concurrency=2, args=(), env=None, name=None):
+            env = {"EAGLE_SYNTH_RESTORE_INTERVAL": "1", **(env or {})}
+            process = start_worker(servers=servers, out=out, redis_url=redis_url, logdir=self.logdir,
+                                   concurrency=concurrency, args=list(args), env=env, name=name)
+            self.processes.append(process)
+            return process
+
+        def logs(self) -> str:
+            return "\n".join(f"--- {p.log_path.name}\n{p.log()[-4000:]}" for p in self.processes)
+
+    s = Stack()
+    yield s
+    for process in reversed(s.processes):
+        process.stop(timeout=15)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def chat_rows(count: int) -> list[dict]:
+    """Rows with system messages, multi-turn histories and single questions."""
+    rows = []
+    for i in range(count):
+        if i % 3 == 0:
+            messages = [{"role": "system", "content": "You answer in one sentence."},
+                        {"role": "user", "content": f"What is {i} times {i + 1}?"}]
+        elif i % 3 == 1:
+            messages = [{"role": "user", "content": f"Name a city starting with letter #{i}."},
+                        {"role": "assistant", "content": "Amsterdam."},
+                        {"role": "user", "content": "Another one, and why it is known."},
+                        {"role": "assistant", "content": "an old answer to be regenerated"}]
+        else:
+            messages = [{"role": "user", "content": f"Write a haiku about the number {i}."}]
+        rows.append({"id": f"row-{i}", "messages": messages})
+    return rows
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,99 @@
+"""Helpers for tests that drive the CLI and inspect campaign state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from eagle_synth.campaign import Campaign
+from eagle_synth.local import wait_for
+from eagle_synth.redis_client import connect
+from eagle_synth.settings import broker_settings
+
+
+def cli(*args: str, input: bytes | None = None, check: bool = True, env: dict | None = None,
+        timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run `eagle-synth ARGS` as a user would (a separate process)."""
+    import os
+
+    result = subprocess.run([sys.executable, "-m", "eagle_synth.cli", *args], input=input,
+                            capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"eagle-synth {' '.join(args)} exited {result.returncode}\nstdout:\n{result.stdout.decode()}\n"
+            f"stderr:\n{result.stderr.decode()}"
+        )
+    return result
+
+
+def campaign(redis_url: str, name: str) -> Campaign:
+    return Campaign(connect(broker_settings(redis_url=redis_url)), name)
+
+
+def wait_finished(redis_url: str, name: str, *, expected: int, timeout: float = 120, stack=None) -> None:
+    """Wait until done + failed == expected."""
+    c = campaign(redis_url, name)
+
+    def finished():
+        p = c.progress()
+        return p.done + p.failed >= expected
+
+    try:
+        wait_for(finished, timeout=timeout, interval=0.2, what=f"{expected} prompts of {name} to finish")
+    except TimeoutError:
+        p = c.progress()
+        raise AssertionError(f"progress {p}; logs:\n{stack.logs() if stack else ''}") from None
+
+
+def status_json(redis_url: str, name: str) -> dict:
+    return json.loads(cli("status", name, "--json", "--redis", redis_url).stdout)
+
+
+def enqueue_rows(tmp_path, redis_url: str, name: str, rows: list[dict], *, tokenizer, batch_size: int = 8,
+                 max_new_tokens: int = 64, **options):
+    """Enqueue rows with the real producer, in this process (one templating process)."""
+    from eagle_synth.sampling import SamplingParams
+    from producer.enqueue import EnqueueOptions, enqueue
+    from tests.conftest import write_jsonl
+
+    path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+    summary = enqueue(
+        EnqueueOptions(inputs=[str(path)], campaign=name, tokenizer=str(tokenizer), batch_size=batch_size,
+                       sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0), processes=1,
+                       **options),
+        broker=broker_settings(redis_url=redis_url),
+    )
+    assert summary.accounted
+    return summary
+
+
+def records_by_key(campaign_dir) -> dict:
+    """Every record on disk, keyed; fails the test if a key appears twice."""
+    from eagle_synth.records import iter_records
+
+    seen: dict = {}
+    for record in iter_records(campaign_dir, dedupe=False):
+        assert record.key not in seen, f"record {record.key} written twice"
+        seen[record.key] = record
+    return seen
+
+
+def assert_exactly_once(redis_url: str, name: str, campaign_dir, *, expected: int) -> dict:
+    """Every enqueued key has exactly one record or one recorded failure: none lost, none doubled."""
+    c = campaign(redis_url, name)
+    enqueued = {k.decode() for k in c.client.smembers(c.keys.enqueued)}
+    done = {k.decode() for k in c.client.smembers(c.keys.done)}
+    failed = set(c.failures())
+    records = records_by_key(campaign_dir) if (campaign_dir / "records").exists() else {}
+    assert len(enqueued) == expected
+    assert not (done & failed), "a key is both done and failed"
+    assert done | failed == enqueued, f"lost: {sorted(enqueued - done - failed)[:5]}"
+    assert set(records) == done, f"records without done mark or vice versa: {sorted(set(records) ^ done)[:5]}"
+    return records
+
+
+def devserver_stats(url: str) -> dict:
+    import requests
+
+    return requests.get(f"{url}/dev/stats", timeout=10).json()

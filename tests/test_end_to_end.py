@@ -1,0 +1,58 @@
+"""The whole path for real: producer -> Redis -> Celery worker -> /generate -> records -> export."""
+
+from __future__ import annotations
+
+import json
+
+import requests
+
+from tests.conftest import chat_rows, write_jsonl
+from tests.helpers import cli, status_json, wait_finished
+
+
+def test_fifty_prompts_end_to_end(tmp_path, redis_server, stack, tokenizer, tokenizer_path):
+    rows = chat_rows(50)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    _, url = stack.devserver("--token-latency", "0.001", "--mean-output-tokens", "60")
+    out = tmp_path / "out"
+
+    enqueued = cli("enqueue", str(prompts), "--campaign", "e2e", "--tokenizer", str(tokenizer_path),
+                   "--max-new-tokens", "128", "--temperature", "0.7", "--top-p", "0.9",
+                   "--batch-size", "8", "--redis", redis_server.url)
+    assert "rows read 50 / enqueued 50 / duplicate 0 / skipped 0" in enqueued.stdout.decode()
+
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, concurrency=2)
+    wait_finished(redis_server.url, "e2e", expected=50, stack=stack)
+
+    status = status_json(redis_server.url, "e2e")
+    assert {k: status[k] for k in ("enqueued", "queued", "done", "failed")} == \
+        {"enqueued": 50, "queued": 0, "done": 50, "failed": 0}
+
+    exported = tmp_path / "train.jsonl"
+    cli("export", str(out / "e2e"), "--out", str(exported))
+    records = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert len(records) == 50
+    assert len({r["key"] for r in records}) == 50
+
+    by_id = {row["id"]: row for row in rows}
+    for record in records:
+        row = by_id[record["id"]]
+        messages = row["messages"]
+        while messages[-1]["role"] != "user":
+            messages = messages[:-1]
+        expected_prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+        prompt_len = record["prompt_tokens"]
+        assert record["input_ids"][:prompt_len] == expected_prompt
+        # The template's trailing "<think>\n" is part of the prompt, not of the output.
+        assert tokenizer.convert_ids_to_tokens(expected_prompt[-2]) == "<think>"
+        assert record["loss_mask"] == [0] * prompt_len + [1] * record["completion_tokens"]
+        assert len(record["input_ids"]) == prompt_len + record["completion_tokens"]
+
+        # The output is exactly what the server returns for these ids and sampling parameters.
+        response = requests.post(f"{url}/generate", json={
+            "input_ids": expected_prompt,
+            "sampling_params": {"max_new_tokens": 128, "temperature": 0.7, "top_p": 0.9, "top_k": -1,
+                                "min_p": 0.0, "repetition_penalty": 1.0, "skip_special_tokens": False},
+        }, timeout=30).json()
+        assert record["input_ids"][prompt_len:] == response["output_ids"]
+        assert record["finish_reason"] == response["meta_info"]["finish_reason"]["type"]

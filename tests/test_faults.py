@@ -1,0 +1,166 @@
+"""Fault tests with real processes: every one ends with each prompt key having exactly one
+record or one recorded failure (docs/reliability.md lists them)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psutil
+import pytest
+
+from eagle_synth.local import free_port, wait_for
+from eagle_synth.node_state import NodeState, all_nodes
+from tests.conftest import chat_rows
+from tests.helpers import (
+    assert_exactly_once, campaign, devserver_stats, enqueue_rows, status_json, wait_finished,
+)
+
+# Short visibility timeout so a SIGKILLed worker's batches come back within the test.
+FAST_REDELIVERY = {"EAGLE_SYNTH_VISIBILITY_TIMEOUT": "10", "EAGLE_SYNTH_RESTORE_INTERVAL": "1",
+                   "EAGLE_SYNTH_BACKOFF_MAX": "0.5"}
+
+
+def test_worker_sigkilled_mid_batch_another_worker_finishes(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "kill", chat_rows(24), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "60", "--slots", "8")
+    out = tmp_path / "out"
+    first = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY, name="first@test")
+    c = campaign(redis_server.url, "kill")
+
+    def busy() -> bool:
+        return any(n.get("inflight_by_campaign", {}).get("kill") for n in all_nodes(c.client))
+
+    wait_for(busy, timeout=60, what="a batch in flight")
+    first.kill()  # the whole worker, main process and pool, mid-batch
+    assert c.progress().done < 24
+
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY, name="second@test")
+    wait_finished(redis_server.url, "kill", expected=24, stack=stack, timeout=120)
+    records = assert_exactly_once(redis_server.url, "kill", out / "kill", expected=24)
+    assert c.progress().failed == 0
+    assert {r.worker for r in records.values()} >= {"second@test"}
+
+
+def test_pool_child_killed_batch_is_redone_at_once(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "child", chat_rows(16), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "80")
+    out = tmp_path / "out"
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY)
+    c = campaign(redis_server.url, "child")
+
+    def busy_child():
+        for node in all_nodes(c.client):
+            state = NodeState(c.client, node["node"])
+            for pid, name, _url, prompts in state.inflight_children():
+                if name == "child" and prompts:
+                    return pid
+        return None
+
+    pid = wait_for(busy_child, timeout=60, what="a pool child with a batch in flight")
+    psutil.Process(pid).send_signal(signal.SIGKILL)
+    wait_finished(redis_server.url, "child", expected=16, stack=stack, timeout=90)
+    assert_exactly_once(redis_server.url, "child", out / "child", expected=16)
+    assert c.progress().failed == 0
+    assert "WorkerLostError" in worker.log() or "exited with 'signal 9" in worker.log()
+
+
+def test_server_down_at_start_then_warming_then_up(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "late", chat_rows(16), tokenizer=tokenizer_path)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    out = tmp_path / "out"
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url)
+    c = campaign(redis_server.url, "late")
+
+    def state_is(wanted: str):
+        workers = status_json(redis_server.url, "late")["workers"]
+        return workers and workers[0]["state"] == wanted and workers[0]["since"]
+
+    wait_for(lambda: state_is("loading"), timeout=60, interval=0.3, what="status to show the server loading")
+    queued_tasks = c.client.llen("eagle-synth")
+    assert queued_tasks == 2, "no batch may be taken while the server refuses connections"
+
+    stack.devserver("--startup-delay", "2", "--warmup", "3", port=port, wait=False)
+    wait_for(lambda: state_is("warming"), timeout=60, interval=0.2, what="status to show the server warming")
+    assert c.client.llen("eagle-synth") == 2
+    wait_finished(redis_server.url, "late", expected=16, stack=stack, timeout=90)
+
+    stats = devserver_stats(url)
+    assert stats["generate_calls_before_healthy"] == 0
+    assert c.progress().failed == 0
+    assert_exactly_once(redis_server.url, "late", out / "late", expected=16)
+
+
+def test_injected_500s_and_dropped_connections(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "flaky", chat_rows(40), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--fail-rate", "0.2", "--drop-rate", "0.2", "--health-fail-rate", "0.3",
+                             "--seed", "3")
+    out = tmp_path / "out"
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY)
+    wait_finished(redis_server.url, "flaky", expected=40, stack=stack, timeout=180)
+    stats = devserver_stats(url)
+    assert stats["injected_failures"] + stats["injected_drops"] > 0
+    assert campaign(redis_server.url, "flaky").progress().failed == 0
+    assert_exactly_once(redis_server.url, "flaky", out / "flaky", expected=40)
+
+
+def test_redis_restarted_mid_campaign(tmp_path, stack, tokenizer_path):
+    from eagle_synth.local import RedisServer
+
+    redis_server = RedisServer(workdir=tmp_path / "redis", appendonly=True).start()
+    try:
+        enqueue_rows(tmp_path, redis_server.url, "rr", chat_rows(32), tokenizer=tokenizer_path, batch_size=4)
+        _, url = stack.devserver("--token-latency", "0.005", "--mean-output-tokens", "80")
+        out = tmp_path / "out"
+        stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY)
+        c = campaign(redis_server.url, "rr")
+        wait_for(lambda: c.progress().done >= 4, timeout=60, what="the first records")
+        redis_server.restart()
+        wait_finished(redis_server.url, "rr", expected=32, stack=stack, timeout=180)
+        assert_exactly_once(redis_server.url, "rr", out / "rr", expected=32)
+        assert campaign(redis_server.url, "rr").progress().failed == 0
+    finally:
+        redis_server.stop()
+
+
+def test_prompt_over_context_length_inside_a_batch(tmp_path, redis_server, stack, tokenizer_path):
+    rows = chat_rows(7)
+    rows.insert(3, {"id": "long", "messages": [{"role": "user", "content": "word " * 400}]})
+    enqueue_rows(tmp_path, redis_server.url, "ctx", rows, tokenizer=tokenizer_path, batch_size=8)
+    _, url = stack.devserver("--context-length", "300")
+    out = tmp_path / "out"
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url)
+    wait_finished(redis_server.url, "ctx", expected=8, stack=stack)
+    c = campaign(redis_server.url, "ctx")
+    failures = c.failures()
+    assert [f.reason for f in failures.values()] == ["prompt-too-long"]
+    assert [f.item["row_id"] for f in failures.values()] == ["long"]
+    records = assert_exactly_once(redis_server.url, "ctx", out / "ctx", expected=8)
+    assert len(records) == 7
+
+
+def test_pickle_message_is_rejected_never_run(tmp_path, redis_server, stack, tokenizer_path):
+    from eagle_synth.payload import TASK_NAME
+    from eagle_synth.queue import make_celery
+    from eagle_synth.settings import broker_settings
+
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    app = make_celery(broker_settings(redis_url=redis_server.url))
+    app.send_task(TASK_NAME, args=[Exploit()], serializer="pickle", queue="eagle-synth")
+    _, url = stack.devserver()
+    out = tmp_path / "out"
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url)
+    c = campaign(redis_server.url, "after")
+    wait_for(lambda: "disallowed" in worker.log().lower(), timeout=60, what="the worker to refuse the pickle message")
+    # The worker goes on: a real campaign after it completes.
+    enqueue_rows(tmp_path, redis_server.url, "after", chat_rows(8), tokenizer=tokenizer_path)
+    wait_finished(redis_server.url, "after", expected=8, stack=stack)
+    assert not marker.exists()
+    assert c.client.llen("eagle-synth") == 0
+    assert worker.alive()

@@ -1,0 +1,113 @@
+"""A batch lease: at most one pool child generates a given batch at a time.
+
+Redis can hold two copies of one batch message: after a broker connection loss Celery
+restores unacked messages while the tasks that held them still run or retry. Without a
+lease both copies would generate and write the same prompts. The holder renews the lease
+from a background thread; if it dies the lease expires within LEASE_TTL, and on the same
+host a dead holder is recognised at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import redis
+
+# Seconds a lease lives without renewal: how long a batch whose holder died stays blocked.
+LEASE_TTL = float(os.environ.get("EAGLE_SYNTH_LEASE_TTL", "60"))
+# Renew this often (a third of the TTL leaves two chances to renew before it lapses).
+RENEW_EVERY = LEASE_TTL / 3
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_TAKEOVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+class BatchBusy(Exception):
+    """Another live pool child holds this batch; try the message again later."""
+
+
+def _holder_dead(holder: str) -> bool:
+    """True if the holder is a process on this host that no longer exists."""
+    try:
+        host, pid = holder.rsplit("|", 1)
+        pid_number = int(pid)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid_number, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return pid_number == os.getpid()
+
+
+class BatchLease:
+    """Hold `key` while a batch runs.
+
+    Parameters:
+        client: redis-py client.
+        key: CampaignKeys.lease(batch).
+        ttl: seconds the lease lives without renewal.
+    """
+
+    def __init__(self, client: redis.Redis, key: str, *, ttl: float = LEASE_TTL) -> None:
+        self.client = client
+        self.key = key
+        self.ttl_ms = int(ttl * 1000)
+        self.holder = f"{socket.gethostname()}|{os.getpid()}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> BatchLease:
+        if not self._acquire():
+            raise BatchBusy(f"batch lease {self.key} is held by {self.client.get(self.key)!r}")
+        self._thread = threading.Thread(target=self._renew_loop, name="eagle-synth-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self.client.eval(_RELEASE, 1, self.key, self.holder)
+        except redis.RedisError:
+            pass  # it expires by itself
+
+    def _acquire(self) -> bool:
+        if self.client.set(self.key, self.holder, nx=True, px=self.ttl_ms):
+            return True
+        current = self.client.get(self.key)
+        if current is None:
+            return bool(self.client.set(self.key, self.holder, nx=True, px=self.ttl_ms))
+        current_text = current.decode()
+        if _holder_dead(current_text):
+            return bool(self.client.eval(_TAKEOVER, 1, self.key, current_text, self.holder, self.ttl_ms))
+        return False
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(RENEW_EVERY):
+            try:
+                self.client.eval(_RENEW, 1, self.key, self.holder, self.ttl_ms)
+            except redis.RedisError:
+                continue  # Redis away: try again; the lease may lapse, which is safe
