@@ -99,9 +99,13 @@ class RedisServer:
             args += ["--requirepass", self.password]
         if self.acl_user:
             name, secret = self.acl_user
-            args += ["--user", f"{name} on >{secret} ~* &* +@all"]
+            args += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: port_open(self.port), timeout=START_TIMEOUT, what=f"redis-server on {self.port}")
+        wait_for(lambda: port_open(self.port) or self.proc.poll() is not None, timeout=START_TIMEOUT,
+                 what=f"redis-server on {self.port}")
+        if self.proc.poll() is not None:
+            log = self.workdir / "redis.log"
+            raise RuntimeError(f"redis-server exited: {log.read_text()[-2000:] if log.exists() else ''}")
         return self
 
     @property

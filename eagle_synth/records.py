@@ -2,11 +2,14 @@
 
 Layout under `OUT/<campaign>/`:
 
-    manifest.json                  campaign settings, server provenance, counts
-    records/<batch>-<nonce>.zst    a zstd frame: a header map, then one map per record
+    manifest.json                          campaign settings, server provenance, counts
+    records/<batch>-<nonce>.zst            a batch file: what one worker commit wrote
+    records/shard-<time>-<nonce>.zst       a shard: many batch files merged by `eagle-synth compact`
 
-A record file appears whole or not at all: it is written to a temporary name, fsynced and
-renamed. Readers stream: one file at a time, one record at a time. See docs/records.md.
+Every file is one zstd frame holding a msgpack header map, then one map per record. A file
+appears whole or not at all: it is written to a dot-named temporary file, fsynced and
+renamed. Readers stream: one file at a time, one record at a time. See docs/records.md for
+every field, the id codecs and the measurements behind them.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import msgpack
 import zstandard
@@ -26,19 +31,93 @@ import zstandard
 from eagle_synth.ids import pack_ids, unpack_ids
 
 FORMAT_NAME = "eagle-synth-records"
-# Version of the record layout; readers refuse newer versions rather than misread them.
-FORMAT_VERSION = 1
-# Name of the id encoding inside a record file (see docs/records.md).
-ID_CODEC = "u32le"
-# zstd level for record files: records are written once and read for weeks.
+# Version of the record layout written now; readers refuse newer versions rather than misread them.
+FORMAT_VERSION = 2
+# Versions this module reads: 1 (u32le ids, batch files only) and 2 (u24le ids, shards).
+READABLE_VERSIONS = frozenset({1, 2})
+# Id encoding written by default: 3 bytes per id, little-endian (docs/records.md, "Choosing the encoding").
+ID_CODEC = "u24le"
+# Encoding of a record holding an id that does not fit in 24 bits (vocabularies over 16.7M).
+WIDE_ID_CODEC = "u32le"
+# Bytes per id of each codec this module reads.
+ID_CODEC_WIDTH = {"u24le": 3, "u32le": 4}
+# zstd level of batch files: cheap enough for the worker's commit path.
 RECORD_ZSTD_LEVEL = 9
+# zstd level of shards: written once by `compact`, read for weeks; 8-10% smaller than level 9.
+SHARD_ZSTD_LEVEL = 19
 RECORDS_DIR = "records"
 RECORD_SUFFIX = ".zst"
 MANIFEST_NAME = "manifest.json"
+# Shards are named `shard-...`: never a batch id (hex digits), so `batch_files` cannot match one.
+SHARD_PREFIX = "shard-"
+# Temporary files start with a dot, which every reader skips.
+TMP_PREFIX = ".tmp-"
+# Compressed bytes read per step while streaming a file.
+READ_CHUNK = 1 << 18
+# Largest single msgpack object (header or record) a reader accepts.
+MAX_OBJECT_BYTES = 1 << 30
+
+_U24_LIMIT = 1 << 24
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 class RecordFormatError(ValueError):
     """A record file is damaged or of an unknown format; the message names the file."""
+
+
+# ----------------------------------------------------------------------------- id codecs
+
+
+def _u32le_to_u24le(data: bytes) -> bytes:
+    out = bytearray(data)
+    del out[3::4]
+    return bytes(out)
+
+
+def encode_ids(ids: Sequence[int], codec: str) -> bytes:
+    """Ids as bytes in `codec` ("u24le" needs every id below 2**24)."""
+    u32 = pack_ids(ids)
+    if codec == "u32le":
+        return u32
+    if codec == "u24le":
+        return _u32le_to_u24le(u32)
+    raise ValueError(f"unknown id codec {codec!r}")
+
+
+def ids_as_u32le(data: bytes, codec: str) -> bytes:
+    """Encoded ids as little-endian uint32 bytes: what numpy/pyarrow can view without a copy per id."""
+    if codec == "u32le":
+        if len(data) % 4:
+            raise ValueError(f"u32le id bytes of length {len(data)} are not a multiple of 4")
+        return bytes(data)
+    if codec == "u24le":
+        count, rest = divmod(len(data), 3)
+        if rest:
+            raise ValueError(f"u24le id bytes of length {len(data)} are not a multiple of 3")
+        out = bytearray(4 * count)
+        # Three strided copies in C; the fourth byte of each id stays 0.
+        out[0::4] = data[0::3]
+        out[1::4] = data[1::3]
+        out[2::4] = data[2::3]
+        return bytes(out)
+    raise ValueError(f"unknown id codec {codec!r}")
+
+
+def decode_ids(data: bytes, codec: str) -> list[int]:
+    """The inverse of encode_ids."""
+    return unpack_ids(ids_as_u32le(data, codec))
+
+
+def _codec_for_u32(*u32_arrays: bytes) -> str:
+    """ID_CODEC when every id fits in 24 bits, else WIDE_ID_CODEC."""
+    for u32 in u32_arrays:
+        # The high byte of every little-endian uint32 must be 0.
+        if u32[3::4].count(0) != len(u32) // 4:
+            return WIDE_ID_CODEC
+    return ID_CODEC
+
+
+# ----------------------------------------------------------------------------- records
 
 
 @dataclass(slots=True)
@@ -63,6 +142,7 @@ class Record:
         e2e_latency: server-side latency in seconds.
         created_at: unix time the record was written.
         repaired_prefix: ids dropped from the front of output_ids by the prompt-tail repair.
+        batch: the batch id the record was generated in (filled in by readers).
     """
 
     key: str
@@ -84,6 +164,7 @@ class Record:
     e2e_latency: float | None = None
     created_at: float = 0.0
     repaired_prefix: int = 0
+    batch: str = ""
 
     @property
     def input_ids(self) -> list[int]:
@@ -95,19 +176,102 @@ class Record:
         """0 over the prompt, 1 over the output."""
         return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
 
-    def to_wire(self) -> dict:
-        data = asdict(self)
-        data["prompt_ids"] = pack_ids(self.prompt_ids)
-        data["output_ids"] = pack_ids(self.output_ids)
+    def to_wire(self, *, codec: str = ID_CODEC) -> dict:
+        """The msgpack map stored for this record; ids in `codec` unless they need WIDE_ID_CODEC."""
+        data = {name: getattr(self, name) for name in _FIELD_NAMES}
+        if codec == "u24le" and max(max(self.prompt_ids, default=0), max(self.output_ids, default=0)) >= _U24_LIMIT:
+            data["id_codec"] = codec = WIDE_ID_CODEC
+        data["prompt_ids"] = encode_ids(self.prompt_ids, codec)
+        data["output_ids"] = encode_ids(self.output_ids, codec)
         return data
 
     @classmethod
-    def from_wire(cls, data: dict) -> Record:
-        data = dict(data)
-        data["prompt_ids"] = unpack_ids(data["prompt_ids"])
-        data["output_ids"] = unpack_ids(data["output_ids"])
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_wire(cls, data: dict, *, codec: str = "u32le") -> Record:
+        """A record from its stored map; `codec` is the file's (a record's own `id_codec` wins)."""
+        codec = data.get("id_codec", codec)
+        values = {k: v for k, v in data.items() if k in _FIELD_SET}
+        values["prompt_ids"] = decode_ids(data["prompt_ids"], codec)
+        values["output_ids"] = decode_ids(data["output_ids"], codec)
+        return cls(**values)
+
+
+_FIELD_NAMES = tuple(Record.__dataclass_fields__)
+_FIELD_SET = frozenset(_FIELD_NAMES)
+_META_FIELDS = tuple(n for n in _FIELD_NAMES if n not in ("prompt_ids", "output_ids"))
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """A record whose ids stay little-endian uint32 bytes: the fast path for columnar code.
+
+    `numpy.frombuffer(raw.prompt_u32, "<u4")` or a pyarrow buffer views the ids without
+    building a Python int per id; export and compact use this form.
+
+    Parameters:
+        meta: every Record field except the ids (key, id, sample, ..., batch).
+        prompt_u32, output_u32: the ids as little-endian uint32 bytes.
+        src: in a shard, the index in the shard's `sources` of the file the record came from.
+    """
+
+    meta: dict
+    prompt_u32: bytes
+    output_u32: bytes
+    src: int | None = None
+
+    @property
+    def key(self) -> str:
+        return self.meta["key"]
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_u32) // 4
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_u32) // 4
+
+    def to_record(self) -> Record:
+        return Record(prompt_ids=unpack_ids(self.prompt_u32), output_ids=unpack_ids(self.output_u32),
+                      **{k: v for k, v in self.meta.items() if k in _FIELD_SET})
+
+    def to_wire(self) -> dict:
+        """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
+        data = dict(self.meta)
+        codec = _codec_for_u32(self.prompt_u32, self.output_u32)
+        if codec == ID_CODEC:
+            data["prompt_ids"] = _u32le_to_u24le(self.prompt_u32)
+            data["output_ids"] = _u32le_to_u24le(self.output_u32)
+        else:
+            data["id_codec"] = codec
+            data["prompt_ids"] = self.prompt_u32
+            data["output_ids"] = self.output_u32
+        if self.src is not None:
+            data["src"] = self.src
+        return data
+
+
+def _raw_from_wire(data: dict, header: dict) -> RawRecord:
+    codec = data.get("id_codec") or header["id_codec"]
+    meta = {k: data[k] for k in _META_FIELDS if k in data}
+    # Version 1 files keep the batch id and campaign in the header only.
+    if not meta.get("batch"):
+        meta["batch"] = header.get("batch", "")
+    if not meta.get("campaign"):
+        meta["campaign"] = header.get("campaign", "")
+    return RawRecord(meta=meta, prompt_u32=ids_as_u32le(data["prompt_ids"], codec),
+                     output_u32=ids_as_u32le(data["output_ids"], codec), src=data.get("src"))
+
+
+def _record_from_wire(data: dict, header: dict) -> Record:
+    record = Record.from_wire(data, codec=header["id_codec"])
+    if not record.batch:
+        record.batch = header.get("batch", "")
+    if not record.campaign:
+        record.campaign = header.get("campaign", "")
+    return record
+
+
+# ----------------------------------------------------------------------------- paths
 
 
 def campaign_dir(out: str | os.PathLike, campaign: str) -> Path:
@@ -116,6 +280,15 @@ def campaign_dir(out: str | os.PathLike, campaign: str) -> Path:
 
 def records_dir(campaign_path: str | os.PathLike) -> Path:
     return Path(campaign_path) / RECORDS_DIR
+
+
+def is_shard(path: str | os.PathLike) -> bool:
+    return Path(path).name.startswith(SHARD_PREFIX)
+
+
+def batch_of_file(path: str | os.PathLike) -> str:
+    """The batch id a batch file's name carries (`<batch>-<nonce>.zst`)."""
+    return Path(path).name[: -len(RECORD_SUFFIX)].rsplit("-", 1)[0]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -129,7 +302,7 @@ def _fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write a file so that it appears whole or not at all, even across a power cut."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -143,15 +316,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+# ----------------------------------------------------------------------------- writing
+
+
+def _header(*, campaign: str, **extra: Any) -> dict:
+    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "id_codec": ID_CODEC,
+            "campaign": campaign, "created_at": time.time(), **extra}
+
+
 def encode_record_file(records: Iterable[Record], *, campaign: str, batch: str) -> bytes:
-    """The bytes of one record file: header then records, in one zstd frame."""
+    """The bytes of one batch file: header then records, in one zstd frame."""
     packer = msgpack.Packer(use_bin_type=True)
-    header = {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "id_codec": ID_CODEC,
-        "campaign": campaign, "batch": batch, "created_at": time.time(),
-    }
-    raw = packer.pack(header) + b"".join(packer.pack(r.to_wire()) for r in records)
-    return zstandard.ZstdCompressor(level=RECORD_ZSTD_LEVEL).compress(raw)
+    parts = [packer.pack(_header(campaign=campaign, kind="batch", batch=batch))]
+    for record in records:
+        wire = record.to_wire()
+        wire["batch"] = batch
+        parts.append(packer.pack(wire))
+    compressor = zstandard.ZstdCompressor(level=RECORD_ZSTD_LEVEL, write_checksum=True)
+    return compressor.compress(b"".join(parts))
 
 
 def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch: str,
@@ -161,71 +343,311 @@ def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch:
     Each write gets a fresh nonce so a batch that is partly redone never overwrites the
     records an earlier attempt already committed.
     """
+    if batch.startswith(SHARD_PREFIX.rstrip("-")) or "/" in batch or batch.startswith("."):
+        raise ValueError(f"batch id {batch!r} is reserved or not a plain name")
     path = records_dir(campaign_path) / f"{batch}-{secrets.token_hex(4)}{RECORD_SUFFIX}"
     atomic_write_bytes(path, encode_record_file(records, campaign=campaign, batch=batch))
     return path
 
 
+class ShardWriter:
+    """Streams records into a new shard; the shard becomes visible only on `commit()`.
+
+    The data goes to a dot-named temporary file in the records folder; `commit` fsyncs it and
+    renames it to `shard-<utc time>-<nonce>.zst`. Leaving the `with` block without a commit
+    (an exception, a kill) leaves no shard, only a temporary file readers ignore.
+
+    Parameters:
+        campaign_path: the campaign folder.
+        campaign: campaign name, kept in the header.
+        sources: names of the batch files this shard absorbs; a record's `src` is the index of
+            its file here, and readers skip a listed file that still exists.
+        level: zstd level.
+        threads: zstd worker threads (0 = compress in the calling thread).
+    """
+
+    def __init__(self, campaign_path: str | os.PathLike, *, campaign: str, sources: Sequence[str],
+                 level: int = SHARD_ZSTD_LEVEL, threads: int = 0) -> None:
+        self.folder = records_dir(campaign_path)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
+        self.tmp = Path(tmp)
+        self.records = 0
+        self._handle = os.fdopen(fd, "wb")
+        compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=threads)
+        self._stream = compressor.stream_writer(self._handle, closefd=False)
+        self._packer = msgpack.Packer(use_bin_type=True)
+        self._stream.write(self._packer.pack(_header(campaign=campaign, kind="shard", sources=list(sources))))
+        self._done = False
+
+    def add(self, record: RawRecord) -> None:
+        """Append one record (its `src` must index `sources`)."""
+        self._stream.write(self._packer.pack(record.to_wire()))
+        self.records += 1
+
+    def commit(self) -> Path:
+        """Make the shard visible under its final name; returns that path."""
+        self._stream.close()
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        path = self.folder / f"{SHARD_PREFIX}{stamp}-{secrets.token_hex(4)}{RECORD_SUFFIX}"
+        os.replace(self.tmp, path)
+        _fsync_dir(self.folder)
+        self._done = True
+        return path
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._stream.close()
+        except zstandard.ZstdError:
+            pass
+        self._handle.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.abort()
+
+
+# ----------------------------------------------------------------------------- reading files
+
+
+def _iter_objects(path: Path) -> Iterator[Any]:
+    """The msgpack objects of one file, streamed; a truncated or corrupt file raises."""
+    decompressor = zstandard.ZstdDecompressor().decompressobj()
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_OBJECT_BYTES)
+    fed = 0
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(READ_CHUNK)
+            if not chunk:
+                break
+            data = decompressor.decompress(chunk)
+            if data:
+                unpacker.feed(data)
+                fed += len(data)
+                yield from unpacker
+            if decompressor.eof:
+                if decompressor.unused_data or handle.read(1):
+                    raise RecordFormatError(f"{path}: damaged record file (bytes after the end of its zstd frame)")
+                break
+    if not decompressor.eof:
+        raise RecordFormatError(f"{path}: damaged record file (truncated: its zstd frame does not end)")
+    if unpacker.tell() != fed:
+        raise RecordFormatError(f"{path}: damaged record file (truncated inside a record)")
+
+
+def _check_header(path: Path, header: Any) -> dict:
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        raise RecordFormatError(f"{path}: not an eagle-synth record file")
+    version = header.get("version", 0)
+    codec = header.get("id_codec")
+    if version not in READABLE_VERSIONS or codec not in ID_CODEC_WIDTH:
+        raise RecordFormatError(
+            f"{path}: format version {version} / codec {codec} is newer than this eagle-synth "
+            f"reads (versions {sorted(READABLE_VERSIONS)}); upgrade eagle-synth"
+        )
+    header.setdefault("kind", "batch")
+    return header
+
+
+_T = TypeVar("_T")
+
+
+def _iter_file(path: str | os.PathLike, make: Callable[[dict, dict], _T], *,
+               accept: Callable[[dict, dict], bool] | None = None) -> Iterator[_T]:
+    """Stream one file through `make(wire, header)`, skipping maps `accept` refuses; errors name the file."""
+    path = Path(path)
+    try:
+        objects = _iter_objects(path)
+        header = _check_header(path, next(objects, None))
+        for data in objects:
+            if not isinstance(data, dict):
+                raise RecordFormatError(f"{path}: damaged record file (a record is not a map)")
+            if accept is None or accept(data, header):
+                yield make(data, header)
+    except RecordFormatError:
+        raise
+    except (zstandard.ZstdError, msgpack.UnpackException, ValueError, KeyError, TypeError) as exc:
+        raise RecordFormatError(f"{path}: damaged record file ({exc!r})") from exc
+
+
+def read_file_header(path: str | os.PathLike) -> dict:
+    """The header map of one record file (format, version, id_codec, kind, batch or sources)."""
+    path = Path(path)
+    try:
+        return _check_header(path, next(_iter_objects(path), None))
+    except RecordFormatError:
+        raise
+    except (zstandard.ZstdError, msgpack.UnpackException, ValueError) as exc:
+        raise RecordFormatError(f"{path}: damaged record file ({exc!r})") from exc
+
+
+def read_record_file(path: str | os.PathLike) -> Iterator[Record]:
+    """Stream the records of one file (a batch file or a shard)."""
+    return _iter_file(path, _record_from_wire)
+
+
+def read_raw_file(path: str | os.PathLike) -> Iterator[RawRecord]:
+    """Stream the records of one file with ids left as uint32 bytes (see RawRecord)."""
+    return _iter_file(path, _raw_from_wire)
+
+
+# ----------------------------------------------------------------------------- campaigns
+
+
 def batch_files(campaign_path: str | os.PathLike, batch: str) -> list[Path]:
-    """Record files already written for a batch (by this host's earlier attempts)."""
+    """Batch files already written for a batch (by this host's earlier attempts).
+
+    Shards never match: a record that compaction moved into a shard was committed and marked
+    done before, so there is nothing to adopt.
+    """
     folder = records_dir(campaign_path)
     if not folder.is_dir():
         return []
-    return sorted(folder.glob(f"{batch}-*{RECORD_SUFFIX}"))
+    return sorted(p for p in folder.glob(f"{batch}-*{RECORD_SUFFIX}")
+                  if not is_shard(p) and batch_of_file(p) == batch)
 
 
 def record_files(campaign_path: str | os.PathLike) -> list[Path]:
-    """Every complete record file of a campaign, in a stable order."""
+    """Every complete record file of a campaign (batch files, then shards), in a stable order."""
     folder = records_dir(campaign_path)
     if not folder.is_dir():
         raise FileNotFoundError(
             f"{folder} does not exist: is {campaign_path} a campaign folder (OUT/<campaign>)?"
         )
-    return sorted(p for p in folder.iterdir() if p.suffix == RECORD_SUFFIX and not p.name.startswith("."))
+    files = [p for p in folder.iterdir() if p.suffix == RECORD_SUFFIX and not p.name.startswith(".")]
+    return sorted(files, key=lambda p: (is_shard(p), p.name))
 
 
-def read_record_file(path: str | os.PathLike) -> Iterator[Record]:
-    """Stream the records of one file."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as handle:
-            reader = zstandard.ZstdDecompressor().stream_reader(handle)
-            unpacker = msgpack.Unpacker(reader, raw=False, max_buffer_size=1 << 30)
-            header = next(unpacker, None)
-            if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-                raise RecordFormatError(f"{path}: not an eagle-synth record file")
-            if header.get("version", 0) > FORMAT_VERSION or header.get("id_codec") != ID_CODEC:
-                raise RecordFormatError(
-                    f"{path}: format version {header.get('version')} / codec "
-                    f"{header.get('id_codec')} is newer than this eagle-synth reads; upgrade it"
-                )
-            for data in unpacker:
-                yield Record.from_wire(data)
-    except (zstandard.ZstdError, msgpack.UnpackException, ValueError) as exc:
-        if isinstance(exc, RecordFormatError):
-            raise
-        raise RecordFormatError(f"{path}: damaged record file ({exc})") from exc
+@dataclass(frozen=True, slots=True)
+class CampaignFiles:
+    """A snapshot of a campaign's record files and how they overlap.
+
+    Parameters:
+        batch_files: batch files whose records no shard holds yet.
+        shards: shard files, oldest first.
+        absorbed: batch files a shard already holds (left by a compaction that was stopped
+            before it deleted them); readers skip them, the next `compact` deletes them.
+        shard_sources: for each shard, the names of the batch files it absorbed.
+        repeated_batches: batch ids whose records sit in more than one file: the only records
+            a repeated key can come from, so the only ones readers track keys of.
+    """
+
+    batch_files: list[Path]
+    shards: list[Path]
+    absorbed: list[Path]
+    shard_sources: dict[Path, list[str]]
+    repeated_batches: frozenset[str]
+
+    @property
+    def live(self) -> list[Path]:
+        """The files that hold every record exactly once (up to repeated keys): batch files, then shards."""
+        return self.batch_files + self.shards
+
+
+def scan_campaign(campaign_path: str | os.PathLike) -> CampaignFiles:
+    """List a campaign's files and read shard headers (not records): cheap, bounded by file count."""
+    files = record_files(campaign_path)
+    shards = [p for p in files if is_shard(p)]
+    sources = {p: list(read_file_header(p).get("sources", [])) for p in shards}
+    absorbed_names = {name for names in sources.values() for name in names}
+    batch_list, absorbed = [], []
+    for path in files:
+        if not is_shard(path):
+            (absorbed if path.name in absorbed_names else batch_list).append(path)
+    places: dict[str, int] = {}
+    for path in batch_list:
+        batch = batch_of_file(path)
+        places[batch] = places.get(batch, 0) + 1
+    for names in sources.values():
+        for batch in {batch_of_file(name) for name in names}:
+            places[batch] = places.get(batch, 0) + 1
+    repeated = frozenset(b for b, count in places.items() if count > 1)
+    return CampaignFiles(batch_files=batch_list, shards=shards, absorbed=absorbed,
+                         shard_sources=sources, repeated_batches=repeated)
+
+
+def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool,
+                   make: Callable[[dict, dict], _T]) -> Iterator[_T]:
+    scan = scan_campaign(campaign_path)
+    seen: set[str] = set()
+
+    def fresh(data: dict, header: dict) -> bool:
+        # Decided on the stored map, before any id is decoded.
+        if not dedupe or (data.get("batch") or header.get("batch")) not in scan.repeated_batches:
+            return True
+        key = data.get("key")
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    missing: list[str] = []
+    for path in scan.batch_files:
+        try:
+            # A vanished file raises on open, before any record is yielded.
+            yield from _iter_file(path, make, accept=fresh)
+        except FileNotFoundError:
+            missing.append(path.name)
+    for path in scan.shards:
+        yield from _iter_file(path, make, accept=fresh)
+    if missing:
+        yield from _iter_moved(campaign_path, scan, missing, make, fresh)
+
+
+def _iter_moved(campaign_path: str | os.PathLike, scan: CampaignFiles, missing: list[str],
+                make: Callable[[dict, dict], _T], fresh: Callable[[dict, dict], bool]) -> Iterator[_T]:
+    """Records of batch files that a concurrent `compact` moved into a shard after our scan."""
+    wanted = set(missing)
+    for path in record_files(campaign_path):
+        if not wanted:
+            break
+        if not is_shard(path) or path in scan.shard_sources:
+            continue
+        names = read_file_header(path).get("sources", [])
+        indices = {i for i, name in enumerate(names) if name in wanted}
+        if not indices:
+            continue
+        wanted -= {names[i] for i in indices}
+        yield from _iter_file(path, make, accept=lambda d, h: d.get("src") in indices and fresh(d, h))
+    if wanted:
+        raise FileNotFoundError(
+            f"record files {sorted(wanted)[:3]} vanished from {records_dir(campaign_path)} and no shard "
+            "holds them: something other than `eagle-synth compact` deleted them"
+        )
 
 
 def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[Record]:
     """Stream every record of a campaign folder, file by file, without loading it whole.
 
-    With `dedupe` (the default) a key seen before is skipped, so a training job sees exactly
-    one record per prompt sample even in the rare window where a crash left two.
-    Usage from training code:
+    With `dedupe` (the default) a repeated key is skipped, so a training job sees one record
+    per prompt sample even where a crash (or a stopped `compact`) left two. Repeats can only
+    come from a batch whose records sit in more than one file, so only those batches' keys
+    are remembered: memory stays flat however large the campaign. Safe to run while workers
+    write and while `eagle-synth compact` runs (a batch file compacted away mid-read is read
+    from its shard). Usage from training code:
 
         from eagle_synth.records import iter_records
         for record in iter_records("out/my-campaign"):
             train_on(record.input_ids, record.loss_mask)
     """
-    seen: set[str] = set()
-    for path in record_files(campaign_path):
-        for record in read_record_file(path):
-            if dedupe:
-                if record.key in seen:
-                    continue
-                seen.add(record.key)
-            yield record
+    return _iter_campaign(campaign_path, dedupe=dedupe, make=_record_from_wire)
+
+
+def iter_raw_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[RawRecord]:
+    """iter_records with ids as uint32 bytes (RawRecord): the fast path for columnar code."""
+    return _iter_campaign(campaign_path, dedupe=dedupe, make=_raw_from_wire)
+
+
+# ----------------------------------------------------------------------------- manifest
 
 
 def write_manifest(campaign_path: str | os.PathLike, manifest: dict) -> Path:

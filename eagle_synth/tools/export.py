@@ -1,14 +1,39 @@
-"""`eagle-synth export`: records to training rows (input_ids, loss_mask, provenance)."""
+"""`eagle-synth export`: records to training rows (input_ids, loss_mask, provenance).
+
+Rows stream from the records through a bounded buffer into JSONL or Parquet, so memory stays
+flat whatever the campaign's size. Parquet is built from the ids' uint32 bytes without a
+Python int per id (RawRecord), which is what makes it fast. Conventions: docs/records.md, "Export".
+"""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import re
+import sys
+import time
+from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
-from eagle_synth.records import Record, iter_records
+from eagle_synth.ids import unpack_ids
+from eagle_synth.records import RawRecord, iter_raw_records
+
+FORMATS = ("jsonl", "parquet")
+# Rows per Parquet row group (and per JSONL write): big enough for fast scans, small enough for flat memory.
+ROW_GROUP_ROWS = 2048
+# A row group is also closed once its rows hold this many ids, so long records keep memory flat too.
+ROW_GROUP_TOKENS = 8 << 20
+# Parquet page compression: zstd reads fast and pyarrow, datasets and Spark all support it.
+PARQUET_COMPRESSION = "zstd"
+# Digits of the shard index in sharded output names (`out-00000.parquet`).
+SHARD_DIGITS = 5
+# Columns of an exported row, in order.
+COLUMNS = ("key", "id", "sample", "turn", "input_ids", "loss_mask", "prompt_tokens", "completion_tokens",
+           "finish_reason")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,63 +50,288 @@ class ExportFilters:
     min_output_tokens: int = 0
     max_length: int | None = None
 
-    def keep(self, record: Record) -> bool:
-        if self.drop_truncated and record.finish_reason == "length":
-            return False
-        if len(record.output_ids) < self.min_output_tokens:
-            return False
-        if self.max_length is not None and len(record.prompt_ids) + len(record.output_ids) > self.max_length:
-            return False
-        return True
+    def reason_to_drop(self, raw: RawRecord) -> str | None:
+        """None to keep the record, else the filter that drops it."""
+        if self.drop_truncated and raw.meta.get("finish_reason") == "length":
+            return "truncated"
+        if raw.output_len < self.min_output_tokens:
+            return "short_output"
+        if self.max_length is not None and raw.prompt_len + raw.output_len > self.max_length:
+            return "too_long"
+        return None
+
+    def keep(self, raw: RawRecord) -> bool:
+        return self.reason_to_drop(raw) is None
 
 
-def training_row(record: Record) -> dict:
-    """The exported row of one record (docs/records.md, "Export")."""
+@dataclass(slots=True)
+class ExportResult:
+    """What an export wrote.
+
+    Parameters:
+        rows: rows written.
+        paths: the output files, in order.
+        tokens: ids written (sum of input_ids lengths).
+        dropped: records left out, by filter (truncated, short_output, too_long).
+        seconds: wall time.
+    """
+
+    rows: int = 0
+    paths: list[Path] = field(default_factory=list)
+    tokens: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def training_row(raw: RawRecord) -> dict:
+    """The exported row of one record, with Python lists (docs/records.md, "Export")."""
+    meta = raw.meta
+    prompt, output = raw.prompt_len, raw.output_len
     return {
-        "key": record.key,
-        "id": record.id,
-        "sample": record.sample,
-        "turn": record.turn,
-        "input_ids": record.input_ids,
-        "loss_mask": record.loss_mask,
-        "prompt_tokens": len(record.prompt_ids),
-        "completion_tokens": len(record.output_ids),
-        "finish_reason": record.finish_reason,
+        "key": meta["key"],
+        "id": str(meta.get("id", "")),
+        "sample": int(meta.get("sample", 0)),
+        "turn": int(meta.get("turn", 0)),
+        "input_ids": unpack_ids(raw.prompt_u32 + raw.output_u32),
+        "loss_mask": [0] * prompt + [1] * output,
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "finish_reason": meta.get("finish_reason", ""),
     }
 
 
-def training_rows(campaign_path: str | os.PathLike, filters: ExportFilters) -> Iterator[dict]:
-    for record in iter_records(campaign_path):
-        if filters.keep(record):
-            yield training_row(record)
+def _kept(campaign_path: str | os.PathLike, filters: ExportFilters, result: ExportResult) -> Iterator[RawRecord]:
+    for raw in iter_raw_records(campaign_path):
+        reason = filters.reason_to_drop(raw)
+        if reason is None:
+            yield raw
+        else:
+            result.dropped[reason] = result.dropped.get(reason, 0) + 1
+
+
+def _row_groups(records: Iterator[RawRecord]) -> Iterator[list[RawRecord]]:
+    group: list[RawRecord] = []
+    tokens = 0
+    for raw in records:
+        group.append(raw)
+        tokens += raw.prompt_len + raw.output_len
+        if len(group) >= ROW_GROUP_ROWS or tokens >= ROW_GROUP_TOKENS:
+            yield group
+            group, tokens = [], 0
+    if group:
+        yield group
+
+
+# ----------------------------------------------------------------------------- output files
+
+
+class _Outputs:
+    """Output files: one, or shards of `shard_rows` rows; each appears only when complete.
+
+    `out.parquet` with shards becomes `out-00000.parquet`, `out-00001.parquet`, ...; a
+    folder (an existing one, or a name without a suffix) gets `part-00000.<format>`, ...
+    """
+
+    def __init__(self, out: Path, *, suffix: str, shard_rows: int | None) -> None:
+        self.shard_rows = shard_rows
+        if shard_rows and (out.is_dir() or not out.suffix):
+            out.mkdir(parents=True, exist_ok=True)
+            self.folder, self.stem, self.suffix = out, "part", suffix
+        else:
+            name = out.name
+            gz = out.suffix == ".gz" and len(out.suffixes) > 1
+            full_suffix = "".join(out.suffixes[-2:]) if gz else (out.suffix or suffix)
+            self.folder, self.stem, self.suffix = out.parent, name[: len(name) - len(full_suffix)], full_suffix
+        self.single = out
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.done: list[Path] = []
+
+    def path(self, index: int) -> Path:
+        if not self.shard_rows:
+            return self.single
+        return self.folder / f"{self.stem}-{index:0{SHARD_DIGITS}d}{self.suffix}"
+
+    @staticmethod
+    def tmp(path: Path) -> Path:
+        return path.with_name(f".{path.name}.tmp")
+
+    def publish(self, index: int) -> None:
+        path = self.path(index)
+        os.replace(self.tmp(path), path)
+        self.done.append(path)
+
+    def remove_stale_shards(self) -> None:
+        """Shards of an earlier, larger export to the same name would be read as part of this one."""
+        if not self.shard_rows:
+            return
+        pattern = re.compile(rf"{re.escape(self.stem)}-\d{{{SHARD_DIGITS}}}{re.escape(self.suffix)}")
+        for path in self.folder.iterdir():
+            if pattern.fullmatch(path.name) and path not in self.done:
+                path.unlink()
+
+    def discard(self, index: int) -> None:
+        self.tmp(self.path(index)).unlink(missing_ok=True)
+        for path in self.done:
+            path.unlink(missing_ok=True)
+
+
+def _shards_of(groups: Iterator[list[RawRecord]], shard_rows: int | None) -> Iterator[tuple[int, list[RawRecord]]]:
+    """(shard index, row group) pairs; a row group never spans two shards."""
+    if not shard_rows:
+        for group in groups:
+            yield 0, group
+        return
+    index, in_shard = 0, 0
+    for group in groups:
+        while group:
+            take = group[: shard_rows - in_shard]
+            group = group[len(take):]
+            yield index, take
+            in_shard += len(take)
+            if in_shard >= shard_rows:
+                index, in_shard = index + 1, 0
+
+
+def _open_jsonl(path: Path) -> IO[str]:
+    if path.name.endswith(".gz.tmp"):
+        return gzip.open(path, "wt", compresslevel=6)
+    return open(path, "w")
+
+
+# ----------------------------------------------------------------------------- parquet
+
+
+def parquet_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("key", pa.string()), ("id", pa.string()), ("sample", pa.int32()), ("turn", pa.int32()),
+        ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+        ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("finish_reason", pa.string()),
+    ])
+
+
+def _arrow_batch(group: list[RawRecord], schema):
+    """One record batch from a row group: the ids' bytes become the list values buffer as they are."""
+    import pyarrow as pa
+
+    offsets = array("i", [0])
+    total = 0
+    for raw in group:
+        total += raw.prompt_len + raw.output_len
+        offsets.append(total)
+    ids = b"".join(raw.prompt_u32 + raw.output_u32 for raw in group)
+    if sys.byteorder != "little":
+        swapped = array("I")
+        swapped.frombytes(ids)
+        swapped.byteswap()
+        ids = swapped.tobytes()
+    mask = b"".join(b"\x00" * raw.prompt_len + b"\x01" * raw.output_len for raw in group)
+    offsets_array = pa.array(offsets, type=pa.int32())
+    input_ids = pa.ListArray.from_arrays(offsets_array, pa.Array.from_buffers(pa.int32(), total, [None, pa.py_buffer(ids)]))
+    loss_mask = pa.ListArray.from_arrays(offsets_array, pa.Array.from_buffers(pa.int8(), total, [None, pa.py_buffer(mask)]))
+    metas = [raw.meta for raw in group]
+    columns = [
+        pa.array([m["key"] for m in metas], pa.string()),
+        pa.array([str(m.get("id", "")) for m in metas], pa.string()),
+        pa.array([int(m.get("sample", 0)) for m in metas], pa.int32()),
+        pa.array([int(m.get("turn", 0)) for m in metas], pa.int32()),
+        input_ids, loss_mask,
+        pa.array([raw.prompt_len for raw in group], pa.int32()),
+        pa.array([raw.output_len for raw in group], pa.int32()),
+        pa.array([m.get("finish_reason", "") for m in metas], pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _write_parquet(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult) -> None:
+    import pyarrow.parquet as pq
+
+    schema = parquet_schema()
+    writer, index = None, 0
+    try:
+        for index_now, group in shards:
+            if writer is not None and index_now != index:
+                writer.close()
+                outputs.publish(index)
+                writer = None
+            index = index_now
+            if writer is None:
+                writer = pq.ParquetWriter(outputs.tmp(outputs.path(index)), schema, compression=PARQUET_COMPRESSION)
+            writer.write_batch(_arrow_batch(group, schema), row_group_size=len(group))
+            result.rows += len(group)
+            result.tokens += sum(raw.prompt_len + raw.output_len for raw in group)
+        if writer is None:
+            # No rows: still write a file with the schema, so readers find the columns.
+            writer = pq.ParquetWriter(outputs.tmp(outputs.path(index)), schema, compression=PARQUET_COMPRESSION)
+        writer.close()
+        writer = None
+        outputs.publish(index)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        outputs.discard(index)
+        raise
+
+
+def _write_jsonl(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult) -> None:
+    handle, index = None, 0
+    try:
+        for index_now, group in shards:
+            if handle is not None and index_now != index:
+                handle.close()
+                outputs.publish(index)
+                handle = None
+            index = index_now
+            if handle is None:
+                handle = _open_jsonl(outputs.tmp(outputs.path(index)))
+            handle.write("".join(json.dumps(training_row(raw), separators=(",", ":")) + "\n" for raw in group))
+            result.rows += len(group)
+            result.tokens += sum(raw.prompt_len + raw.output_len for raw in group)
+        if handle is None:
+            handle = _open_jsonl(outputs.tmp(outputs.path(index)))
+        handle.close()
+        handle = None
+        outputs.publish(index)
+    except BaseException:
+        if handle is not None:
+            handle.close()
+        outputs.discard(index)
+        raise
+
+
+def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, format: str = "jsonl",
+                   filters: ExportFilters = ExportFilters(), shard_rows: int | None = None) -> ExportResult:
+    """Export a campaign's records as training rows; streams, so memory stays flat.
+
+    Parameters:
+        campaign_path: the campaign folder (OUT/<campaign>).
+        out: output file (`.jsonl`, `.jsonl.gz` or `.parquet`), or with shard_rows a file name
+            to number (`out-00000.parquet`) or a folder (`part-00000.parquet`).
+        format: "jsonl" or "parquet".
+        filters: which records to keep.
+        shard_rows: rows per output file (None: one file).
+    """
+    if format not in FORMATS:
+        raise ValueError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
+    if shard_rows is not None and shard_rows < 1:
+        raise ValueError("--shard-rows must be at least 1")
+    started = time.perf_counter()
+    result = ExportResult()
+    outputs = _Outputs(Path(out), suffix=f".{format}", shard_rows=shard_rows)
+    shards = _shards_of(_row_groups(_kept(campaign_path, filters, result)), shard_rows)
+    (_write_parquet if format == "parquet" else _write_jsonl)(shards, outputs, result)
+    outputs.remove_stale_shards()
+    result.paths = list(outputs.done)
+    result.seconds = time.perf_counter() - started
+    return result
 
 
 def export_jsonl(campaign_path: str | os.PathLike, out: str | os.PathLike, *,
                  filters: ExportFilters = ExportFilters()) -> int:
     """Write one JSON object per line and per kept record; returns rows written."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    count = 0
-    with open(tmp, "w") as handle:
-        for row in training_rows(campaign_path, filters):
-            handle.write(json.dumps(row, separators=(",", ":")))
-            handle.write("\n")
-            count += 1
-    os.replace(tmp, out)
-    return count
-
-
-@dataclass(frozen=True, slots=True)
-class ExportResult:
-    rows: int
-    paths: list[Path]
-
-
-def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, format: str = "jsonl",
-                   filters: ExportFilters = ExportFilters(), shard_rows: int | None = None) -> ExportResult:
-    """Export in the given format; see export_jsonl."""
-    if format != "jsonl":
-        raise ValueError(f"--format {format!r}: supported formats are jsonl")
-    rows = export_jsonl(campaign_path, out, filters=filters)
-    return ExportResult(rows=rows, paths=[Path(out)])
+    return export_records(campaign_path, out, format="jsonl", filters=filters).rows

@@ -25,7 +25,7 @@ from eagle_synth.tools.status import campaign_status
 
 # Colour of each server state; anything else (unhealthy, refused) is red.
 STATE_STYLES = {HEALTHY: "green", LOADING: "yellow", WARMING: "yellow", UNKNOWN: "dim"}
-# Seconds without a heartbeat after which a worker row is flagged stale (heartbeats come every few s).
+# Seconds without a heartbeat after which a worker row is flagged stale (workers beat every 10 s).
 STALE_HEARTBEAT_S = 30.0
 # Width of the progress bar in the title line.
 PROGRESS_BAR_WIDTH = 40
@@ -61,7 +61,8 @@ def _header(data: dict) -> Table:
     grid = Table.grid(padding=(0, 1))
     grid.add_row(
         Text(f"campaign {data['campaign']}", style="bold"),
-        ProgressBar(total=1.0, completed=data["finished_share"], width=PROGRESS_BAR_WIDTH),
+        ProgressBar(total=1.0, completed=data["finished_share"], width=PROGRESS_BAR_WIDTH,
+                    complete_style="green", finished_style="bold green"),
         Text(f"{100 * data['finished_share']:.1f}% finished"),
         Text(f"at {_clock(data['at'])}", style="dim"),
     )

@@ -1,0 +1,230 @@
+"""`eagle-synth compact`: merge many small batch files into large shards, safely while workers write.
+
+The order of steps is what makes it safe to stop at any point:
+
+1. a shard is written under a dot name (invisible to readers), fsynced, then renamed;
+   its header lists the batch files it absorbed;
+2. only then are those batch files deleted.
+
+Stopped during 1: a temporary file is left, which the next run deletes; no record moved.
+Stopped during 2: some absorbed batch files are left; readers skip any file a shard lists,
+and the next run deletes them. So no record is lost or seen twice, whenever it stops.
+Workers keep writing new batch files meanwhile; a run only takes files that existed (and
+were old enough) when it started.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle_synth.records import (
+    SHARD_PREFIX, SHARD_ZSTD_LEVEL, TMP_PREFIX, CampaignFiles, RawRecord, RecordFormatError, ShardWriter,
+    batch_of_file, read_file_header, read_raw_file, records_dir, scan_campaign,
+)
+
+# Compressed bytes of batch files gathered into one shard (the shard comes out ~25% smaller).
+DEFAULT_SHARD_BYTES = 256 << 20
+# Batch files younger than this (seconds) are left alone, so a worker re-reading its own
+# batch's files after a redelivery does not see them vanish under it.
+DEFAULT_MIN_AGE = 300.0
+# A run that finds fewer batch files than this writes no shard: nothing worth merging.
+MIN_FILES = 2
+# Lock file (a dot name readers ignore) that keeps two compactions of one folder apart.
+LOCK_NAME = ".compact.lock"
+
+
+class CompactBusy(RuntimeError):
+    """Another `eagle-synth compact` holds this campaign folder."""
+
+
+@dataclass(slots=True)
+class CompactResult:
+    """What one compaction run did.
+
+    Parameters:
+        shards: the shards written.
+        files_compacted: batch files merged into them (and deleted).
+        records: records written into the shards.
+        duplicates_dropped: repeated keys left out.
+        bytes_before, bytes_after: size of the merged batch files, and of the shards.
+        leftovers_deleted: batch files an earlier stopped run had already merged.
+        young_skipped: batch files left for a later run because they are newer than min_age.
+        damaged: batch files that could not be read, left in place (run `eagle-synth verify`).
+    """
+
+    shards: list[Path] = field(default_factory=list)
+    files_compacted: int = 0
+    records: int = 0
+    duplicates_dropped: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    leftovers_deleted: int = 0
+    young_skipped: int = 0
+    damaged: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "shards": [str(p) for p in self.shards], "files_compacted": self.files_compacted,
+            "records": self.records, "duplicates_dropped": self.duplicates_dropped,
+            "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
+            "leftovers_deleted": self.leftovers_deleted, "young_skipped": self.young_skipped,
+            "damaged": self.damaged,
+        }
+
+
+@contextmanager
+def _exclusive(folder: Path) -> Iterator[None]:
+    with open(folder / LOCK_NAME, "a+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CompactBusy(
+                f"another `eagle-synth compact` is running on {folder.parent}; wait for it to finish"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _plan(files: list[Path], *, shard_bytes: int) -> list[list[tuple[Path, int]]]:
+    """Groups of (file, size) of about shard_bytes; files of one batch never straddle two groups,
+    so a key repeated within a batch is dropped inside one shard."""
+    groups: list[list[tuple[Path, int]]] = []
+    current: list[tuple[Path, int]] = []
+    size = 0
+    previous_batch = None
+    for path in files:  # sorted by name, so one batch's files are adjacent
+        try:
+            length = path.stat().st_size
+        except FileNotFoundError:
+            continue
+        batch = batch_of_file(path)
+        if current and size >= shard_bytes and batch != previous_batch:
+            groups.append(current)
+            current, size = [], 0
+        current.append((path, length))
+        size += length
+        previous_batch = batch
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _readable(path: Path) -> bool:
+    try:
+        for _ in read_raw_file(path):
+            pass
+    except RecordFormatError:
+        return False
+    return True
+
+
+def _keys_already_sharded(scan: CampaignFiles, batches: set[str]) -> set[str]:
+    """Keys of these batches that existing shards hold (a batch redone after an earlier compaction)."""
+    keys: set[str] = set()
+    for shard, names in scan.shard_sources.items():
+        if batches & {batch_of_file(name) for name in names}:
+            keys.update(r.key for r in read_raw_file(shard) if r.meta.get("batch") in batches)
+    return keys
+
+
+def compact(campaign_path: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHARD_BYTES,
+            min_age: float = DEFAULT_MIN_AGE, level: int = SHARD_ZSTD_LEVEL, threads: int = 0,
+            on_shard: Callable[[Path, int], None] | None = None) -> CompactResult:
+    """Merge a campaign's batch files into shards of about `shard_bytes`; see the module docstring.
+
+    Parameters:
+        campaign_path: the campaign folder (OUT/<campaign>).
+        shard_bytes: compressed batch-file bytes gathered into one shard.
+        min_age: only batch files at least this many seconds old are merged.
+        level: zstd level of the shards.
+        threads: zstd worker threads (0 = the calling thread only).
+        on_shard: called with (shard path, records) after each shard is committed.
+    """
+    folder = records_dir(campaign_path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} does not exist: is {campaign_path} a campaign folder (OUT/<campaign>)?")
+    result = CompactResult()
+    with _exclusive(folder):
+        # Our own temporary shards: only a stopped run (we hold the lock) can have left them.
+        for stale in folder.glob(f"{TMP_PREFIX}{SHARD_PREFIX}*"):
+            stale.unlink(missing_ok=True)
+        scan = scan_campaign(campaign_path)
+        for path in scan.absorbed:
+            path.unlink(missing_ok=True)
+            result.leftovers_deleted += 1
+        if scan.absorbed:
+            _fsync_dir(folder)
+        cutoff = time.time() - min_age
+        candidates = []
+        for path in scan.batch_files:
+            try:
+                old = path.stat().st_mtime <= cutoff
+            except FileNotFoundError:
+                continue
+            if old:
+                candidates.append(path)
+            else:
+                result.young_skipped += 1
+        if len(candidates) < MIN_FILES:
+            return result
+        for group in _plan(candidates, shard_bytes=shard_bytes):
+            _compact_group(campaign_path, scan, group, level=level, threads=threads, result=result,
+                           on_shard=on_shard)
+    return result
+
+
+def _compact_group(campaign_path, scan: CampaignFiles, group: list[tuple[Path, int]], *, level: int,
+                   threads: int, result: CompactResult, on_shard) -> None:
+    sources = []
+    for path, size in group:
+        if _readable(path):
+            sources.append((path, size))
+        else:
+            result.damaged.append(path.name)
+    if not sources:
+        return
+    campaign = read_file_header(sources[0][0]).get("campaign", "")
+    batches = {batch_of_file(path) for path, _ in sources}
+    seen = _keys_already_sharded(scan, batches & scan.repeated_batches)
+    written = dropped = 0
+    with ShardWriter(campaign_path, campaign=campaign, sources=[p.name for p, _ in sources],
+                     level=level, threads=threads) as writer:
+        for index, (path, _) in enumerate(sources):
+            raw: RawRecord
+            for raw in read_raw_file(path):
+                if raw.key in seen:
+                    dropped += 1
+                    continue
+                seen.add(raw.key)
+                raw.src = index
+                writer.add(raw)
+                written += 1
+        shard = writer.commit()
+    # The shard is durable; from here on a stop only leaves absorbed files readers skip.
+    for path, _ in sources:
+        path.unlink(missing_ok=True)
+    _fsync_dir(shard.parent)
+    result.shards.append(shard)
+    result.files_compacted += len(sources)
+    result.records += written
+    result.duplicates_dropped += dropped
+    result.bytes_before += sum(size for _, size in sources)
+    result.bytes_after += shard.stat().st_size
+    if on_shard is not None:
+        on_shard(shard, written)
