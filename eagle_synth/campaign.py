@@ -71,11 +71,18 @@ class CampaignSettings:
     def differences(self, other: CampaignSettings) -> list[str]:
         """Human lines `field: stored X, given Y` for every field that changes the output."""
         mine, theirs = asdict(self), asdict(other)
-        return [
-            f"{name}: campaign has {mine[name]!r}, this run has {theirs[name]!r}"
-            for name in sorted(mine)
-            if name not in _IGNORED_IN_DIFF and mine[name] != theirs[name]
-        ]
+        lines = []
+        for name in sorted(mine):
+            if name in _IGNORED_IN_DIFF or mine[name] == theirs[name]:
+                continue
+            if isinstance(mine[name], dict) and isinstance(theirs[name], dict):
+                for key in sorted(set(mine[name]) | set(theirs[name])):
+                    if mine[name].get(key) != theirs[name].get(key):
+                        lines.append(f"{name}.{key}: campaign has {mine[name].get(key)!r}, "
+                                     f"this run has {theirs[name].get(key)!r}")
+            else:
+                lines.append(f"{name}: campaign has {mine[name]!r}, this run has {theirs[name]!r}")
+        return lines
 
 
 @dataclass(frozen=True, slots=True)

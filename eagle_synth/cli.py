@@ -251,27 +251,6 @@ def retry_failed(
 
 
 @app.command()
-def export(
-    campaign_dir: Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")],
-    out: Annotated[Path, typer.Option("--out", help="Output file (.jsonl, or .parquet with --format parquet).")],
-    format: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
-    drop_truncated: Annotated[bool, typer.Option(help="Skip records that hit max_new_tokens.")] = False,
-    min_output_tokens: Annotated[int, typer.Option(help="Skip records with fewer output ids.")] = 0,
-    max_length: Annotated[Optional[int], typer.Option(help="Skip records longer than this (prompt + output).")] = None,
-    shard_rows: Annotated[Optional[int], typer.Option(help="Rows per output shard (default: one file).")] = None,
-) -> None:
-    """Export records as training rows: input_ids, loss_mask and provenance."""
-    from eagle_synth.tools.export import ExportFilters, export_records
-
-    filters = ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens, max_length=max_length)
-    try:
-        written = export_records(campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
-    typer.echo(f"exported {written.rows} rows to {', '.join(str(p) for p in written.paths)}")
-
-
-@app.command()
 def demo(
     folder: Annotated[Path, typer.Option("--dir", help="Working folder for the demo's Redis, logs, tokenizer and records.")] = Path("demo-run"),
 ) -> None:

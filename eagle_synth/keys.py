@@ -79,6 +79,10 @@ class CampaignKeys:
         """Hash of claimed-but-not-yet-published prompt chunks, replayed after a killed enqueue."""
         return f"{self._base}:outbox"
 
+    def producer(self, run_id: str) -> str:
+        """String with a TTL: an enqueue run is alive; its outbox entries are its own."""
+        return f"{self._base}:producer:{run_id}"
+
     def lease(self, batch: str) -> str:
         """String: which pool child runs a batch right now (a renewed, expiring lease)."""
         return f"{self._base}:lease:{batch}"

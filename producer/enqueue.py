@@ -262,6 +262,7 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
     finally:
         pool.close()
         if publisher is not None:
+            publisher.close()
             summary.tasks = publisher.tasks
             publisher.campaign.count(rows_read=summary.rows_read, rows_skipped=summary.rows_skipped,
                                      prompts_enqueued=summary.prompts_enqueued)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -23,6 +25,8 @@ log = logging.getLogger("eagle_synth.producer")
 
 # Seconds between backlog checks while waiting for the queue to drain.
 BACKLOG_POLL = 2.0
+# Seconds a producer's liveness key lasts; another run recovers its outbox only after that.
+PRODUCER_TTL = 60
 
 # KEYS: enqueued set, outbox hash. ARGV: outbox field, chunk blob, then prompt keys.
 # Returns the 0-based indices of keys that were new; records them with the chunk.
@@ -53,6 +57,20 @@ def _unpack_items(blob: bytes) -> list[PromptItem]:
     ]
 
 
+def _run_dead(run_id: str) -> bool:
+    """True if the run was a process on this host that no longer exists."""
+    host, pid, _ = (run_id.split("|") + ["", "", ""])[:3]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 class Publisher:
     """Turns prompt items into queued batches for one campaign.
 
@@ -79,14 +97,23 @@ class Publisher:
         self.tasks = 0
         self._claim = campaign.client.register_script(_CLAIM_SCRIPT)
         self._chunk_serial = 0
-        self._run_id = f"{time.time_ns():x}"
+        self._run_id = f"{socket.gethostname()}|{os.getpid()}|{time.time_ns():x}"
         self._buffer: list[PromptItem] = []
+
+    def heartbeat(self) -> None:
+        """Say this run is alive, so a concurrent enqueue does not republish its outbox."""
+        self.campaign.client.set(self.campaign.keys.producer(self._run_id), 1, ex=PRODUCER_TTL)
+
+    def close(self) -> None:
+        """The run ended normally: its outbox is empty and its liveness key can go."""
+        self.campaign.client.delete(self.campaign.keys.producer(self._run_id))
 
     def claim(self, items: list[PromptItem]) -> list[bool]:
         """Claim a chunk of items; returns, per item, whether it was new. New items are
         buffered and published in batches of batch_size."""
         if not items:
             return []
+        self.heartbeat()
         self._chunk_serial += 1
         field = f"{self._run_id}:{self._chunk_serial}"
         keys = self.campaign.keys
@@ -106,6 +133,7 @@ class Publisher:
         """Queue failed prompts again: they leave `failed` and enter the outbox atomically."""
         if not items:
             return
+        self.heartbeat()
         self._chunk_serial += 1
         field = f"{self._run_id}:{self._chunk_serial}"
         keys = self.campaign.keys
@@ -115,11 +143,16 @@ class Publisher:
         pipe.execute()
         self._publish_all(items, outbox_field=field)
 
-    def _publish_all(self, items: list[PromptItem], *, outbox_field: str) -> None:
-        for start in range(0, len(items), self.batch_size):
-            self._wait_for_backlog()
+    def _publish_all(self, items: list[PromptItem], *, outbox_field: str, already_sent: int = 0) -> None:
+        """Publish items batch by batch, noting progress in the outbox after each batch so a
+        killed run republishes at most the one batch it was sending."""
+        outbox = self.campaign.keys.outbox
+        for start in range(already_sent, len(items), self.batch_size):
+            self._wait_for_backlog(unpublished=len(items) - start)
             self._publish(items[start: start + self.batch_size])
-        self.campaign.client.hdel(self.campaign.keys.outbox, outbox_field, f"{outbox_field}:new")
+            self.heartbeat()
+            self.campaign.client.hset(outbox, f"{outbox_field}:sent", min(start + self.batch_size, len(items)))
+        self.campaign.client.hdel(outbox, outbox_field, f"{outbox_field}:new", f"{outbox_field}:sent")
 
     def _publish(self, items: list[PromptItem]) -> None:
         payload = TaskPayload(
@@ -129,15 +162,18 @@ class Publisher:
         self.app.send_task(TASK_NAME, args=[payload.encode()], queue=self.queue, serializer="msgpack")
         self.tasks += 1
 
-    def _wait_for_backlog(self) -> None:
+    def _wait_for_backlog(self, *, unpublished: int) -> None:
+        """Wait while more than max_backlog prompts are queued or running (claimed prompts this
+        run has not published yet are not in the queue, so they do not count)."""
         if not self.max_backlog:
             return
         while True:
-            pending = self.campaign.progress().pending
+            pending = self.campaign.progress().pending - unpublished
             if pending <= self.max_backlog:
                 return
             if self.on_wait:
                 self.on_wait(pending)
+            self.heartbeat()
             time.sleep(BACKLOG_POLL)
 
     def recover(self) -> int:
@@ -146,16 +182,18 @@ class Publisher:
         total = 0
         for field, blob in outbox.items():
             name = field.decode()
-            if name.endswith(":new"):
+            if name.endswith((":new", ":sent")):
                 continue
-            new_raw = outbox.get(f"{name}:new".encode())
+            run_id = name.split(":", 1)[0]
+            if self.campaign.client.exists(self.campaign.keys.producer(run_id)) and not _run_dead(run_id):
+                continue  # a live enqueue is publishing it right now
             items = _unpack_items(blob)
+            new_raw = outbox.get(f"{name}:new".encode())
             if new_raw is not None:
                 indices = set(json.loads(new_raw))
                 items = [item for i, item in enumerate(items) if i in indices]
-            finished = self.campaign.finished_keys([i.key for i in items])
-            items = [i for i in items if i.key not in finished]
-            log.warning("republishing %d prompts a killed enqueue had claimed", len(items))
-            self._publish_all(items, outbox_field=name)
-            total += len(items)
+            sent = int(outbox.get(f"{name}:sent".encode(), 0))
+            log.warning("republishing %d prompts a killed enqueue had claimed", len(items) - sent)
+            self._publish_all(items, outbox_field=name, already_sent=sent)
+            total += len(items) - sent
         return total

@@ -97,3 +97,25 @@ def devserver_stats(url: str) -> dict:
     import requests
 
     return requests.get(f"{url}/dev/stats", timeout=10).json()
+
+
+def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
+    """Decode every task message waiting in the queue list (as a worker would receive it)."""
+    import base64
+
+    import msgpack
+
+    from eagle_synth.payload import TaskPayload
+
+    client = connect(broker_settings(redis_url=redis_url))
+    payloads = []
+    for raw in client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        assert message["content-type"] == "application/x-msgpack"
+        args, _kwargs, _embed = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)
+        payloads.append(TaskPayload.decode(args[0]))
+    return payloads
+
+
+def queued_items(redis_url: str) -> list:
+    return [item for payload in queued_payloads(redis_url) for item in payload.items]

@@ -1,0 +1,147 @@
+"""`eagle-synth inspect`: one record as a person reads it.
+
+The prompt and the output are decoded with special tokens left visible and highlighted, the
+boundary between them is marked (with the ids on each side, so exactness can be checked by
+eye), and the finish reason and lengths are shown.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from eagle_synth.records import Record, iter_records
+
+# Style of special and added tokens (<|im_end|>, <think>, ...) in decoded text.
+SPECIAL_STYLE = "bold magenta"
+# Style of the prompt/output boundary marker.
+BOUNDARY_STYLE = "bold yellow"
+# Ids shown on each side of the boundary.
+BOUNDARY_IDS = 8
+
+
+class InspectError(LookupError):
+    """No record, or several, match what was asked; the message says what to give instead."""
+
+
+def special_ids(tokenizer: Any) -> frozenset[int]:
+    """Ids rendered highlighted: the tokenizer's special tokens and every added token (<think> too)."""
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    ids.update(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    return frozenset(ids)
+
+
+def render_ids(tokenizer: Any, ids: Sequence[int], *, specials: frozenset[int] | None = None) -> Text:
+    """Decoded text; runs of ordinary ids are decoded together (multi-byte characters stay whole)."""
+    specials = special_ids(tokenizer) if specials is None else specials
+    text = Text()
+    run: list[int] = []
+
+    def flush() -> None:
+        if run:
+            text.append(tokenizer.decode(run, skip_special_tokens=False))
+            run.clear()
+
+    for token in ids:
+        if token in specials:
+            flush()
+            text.append(tokenizer.decode([token], skip_special_tokens=False), style=SPECIAL_STYLE)
+        else:
+            run.append(token)
+    flush()
+    return text
+
+
+def _boundary(record: Record) -> Text:
+    left = record.prompt_ids[-BOUNDARY_IDS:]
+    right = record.output_ids[:BOUNDARY_IDS]
+    marker = Text("prompt ids ", style="dim")
+    marker.append(("... " if len(record.prompt_ids) > BOUNDARY_IDS else "") + " ".join(map(str, left)))
+    marker.append("  ┃ output starts ┃  ", style=BOUNDARY_STYLE)
+    marker.append(" ".join(map(str, right)) + (" ..." if len(record.output_ids) > BOUNDARY_IDS else ""))
+    return marker
+
+
+def render_record(record: Record, *, tokenizer: Any, console: Console | None = None,
+                  prompt_tail: int | None = None) -> None:
+    """Print one record: header, [prompt], the boundary, [output], finish and lengths.
+
+    Parameters:
+        record: the record.
+        tokenizer: the campaign's tokenizer.
+        console: where to print (default: a new rich Console).
+        prompt_tail: show only the last this many prompt ids (None: all).
+    """
+    console = console or Console()
+    specials = special_ids(tokenizer)
+    console.rule(Text(f"record {record.key}", style="bold"))
+    console.print(f"id {record.id}  sample {record.sample}  turn {record.turn}  source {record.source or '-'}  "
+                  f"batch {record.batch or '-'}", markup=False, highlight=False)
+    prompt = record.prompt_ids
+    hidden = 0
+    if prompt_tail is not None and len(prompt) > prompt_tail:
+        hidden = len(prompt) - prompt_tail
+        prompt = prompt[hidden:]
+    # Text, not a str: rich would read "[prompt]" as markup.
+    console.rule(Text(f"[prompt] {len(record.prompt_ids)} tokens" + (f" (first {hidden} not shown)" if hidden else ""),
+                      style="bold cyan"), align="left")
+    console.print(render_ids(tokenizer, prompt, specials=specials), highlight=False)
+    console.rule(Text("▼ prompt ends, output begins ▼", style=BOUNDARY_STYLE), style=BOUNDARY_STYLE)
+    console.print(_boundary(record), highlight=False)
+    console.rule(Text(f"[output] {len(record.output_ids)} tokens", style="bold green"), align="left")
+    console.print(render_ids(tokenizer, record.output_ids, specials=specials), highlight=False)
+    console.rule(style="dim")
+    matched = record.finish_matched
+    if isinstance(matched, int):
+        matched = f"{matched} ({tokenizer.decode([matched], skip_special_tokens=False)!r})"
+    console.print(
+        f"finish {record.finish_reason}  matched {matched if matched is not None else '-'}  "
+        f"prompt {len(record.prompt_ids)} (server {record.prompt_tokens})  "
+        f"output {len(record.output_ids)} (server {record.completion_tokens})  "
+        f"cached {record.cached_tokens}  repaired prefix {record.repaired_prefix}  "
+        f"server {record.server or '-'}  latency {record.e2e_latency if record.e2e_latency is not None else '-'}",
+        markup=False, highlight=False,
+    )
+
+
+def find_records(campaign_path: str | os.PathLike, *, key: str | None = None, random_n: int | None = None,
+                 seed: int | None = None) -> list[Record]:
+    """The record whose key starts with `key` (it must be unique), or `random_n` records drawn uniformly.
+
+    One streaming pass; a random draw keeps only `random_n` records in memory (reservoir sampling).
+    """
+    if (key is None) == (random_n is None):
+        raise InspectError("give a KEY (or a unique prefix of one), or --random N")
+    if random_n is not None:
+        if random_n < 1:
+            raise InspectError("--random must be at least 1")
+        rng = random.Random(seed)
+        chosen: list[Record] = []
+        for seen, record in enumerate(iter_records(Path(campaign_path))):
+            if seen < random_n:
+                chosen.append(record)
+            else:
+                slot = rng.randrange(seen + 1)
+                if slot < random_n:
+                    chosen[slot] = record
+        if not chosen:
+            raise InspectError(f"{campaign_path} holds no records yet")
+        return chosen
+    matches: dict[str, Record] = {}
+    for record in iter_records(Path(campaign_path)):
+        if record.key == key:
+            return [record]
+        if record.key.startswith(key):
+            matches[record.key] = record
+    if not matches:
+        raise InspectError(f"no record key starts with {key!r} in {campaign_path}")
+    if len(matches) > 1:
+        shown = ", ".join(sorted(matches)[:5])
+        raise InspectError(f"{len(matches)} record keys start with {key!r} ({shown}, ...): give more characters")
+    return list(matches.values())

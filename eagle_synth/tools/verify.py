@@ -1,0 +1,337 @@
+"""`eagle-synth verify`: check a campaign's records against its tokenizer and settings.
+
+Hard errors (nonzero exit): damaged files, repeated keys, ids outside the vocabulary,
+`completion_tokens` that disagree with the stored output. Warnings: a `stop` whose last id is
+neither EOS nor a stop id, empty outputs, the stripped-reasoning signature, a tokenizer other
+than the campaign's. Figures: finish reasons, the share truncated by length, and the reasoning
+structure (prompts that end inside an open think block, and outputs that close it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
+
+# Keys (or files) kept as examples per check in the report.
+EXAMPLES_PER_CHECK = 5
+# Every check, its severity and what it means; the report always lists all of them.
+CHECKS: dict[str, tuple[str, str]] = {
+    "damaged_file": ("error", "record files that cannot be read (truncated, corrupt or of a newer format)"),
+    "duplicate_key": ("error", "keys stored more than once"),
+    "id_out_of_vocab": ("error", "records with an id at or above the vocabulary size"),
+    "completion_tokens_mismatch": ("error", "records whose completion_tokens differs from the number of output ids"),
+    "stop_without_eos": ("warning", "finish_reason stop, but the last output id is neither EOS nor a stop id"),
+    "empty_output": ("warning", "records with no output ids"),
+    "stripped_reasoning": ("warning", "prompts open a think block but no output that stopped closes it: "
+                                      "the signature of reasoning tokens stripped from the output"),
+    "tokenizer_mismatch": ("warning", "the tokenizer given is not the one the campaign was made with"),
+}
+
+
+class VerifyError(ValueError):
+    """verify cannot run as asked (no vocabulary size known, tokenizer unloadable); the message says what to pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSettings:
+    """What records are checked against.
+
+    Parameters:
+        vocab_size: ids must be below this.
+        eos_token_ids: ids a `stop` may end with.
+        stop_token_ids: extra stop ids of the campaign (each record's own sampling adds its own).
+        think_open_id, think_close_id: `<think>` / `</think>`, if the tokenizer has them.
+        source: where these came from ("tokenizer", "manifest" or "tokenizer+manifest").
+        fingerprint_mismatch: a note when the tokenizer's fingerprint differs from the manifest's.
+    """
+
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    stop_token_ids: frozenset[int] = frozenset()
+    think_open_id: int | None = None
+    think_close_id: int | None = None
+    source: str = "tokenizer"
+    fingerprint_mismatch: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "vocab_size": self.vocab_size, "eos_token_ids": sorted(self.eos_token_ids),
+            "stop_token_ids": sorted(self.stop_token_ids), "think_open_id": self.think_open_id,
+            "think_close_id": self.think_close_id, "from": self.source,
+        }
+
+
+def load_plain_tokenizer(path: str | os.PathLike):
+    """A tokenizer for reading ids (no chat template needed); VerifyError says what went wrong."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer  # heavy import: only commands that decode pay it
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
+        raise VerifyError(
+            f"cannot load a tokenizer from {path}: {exc}. Pass --tokenizer a folder with tokenizer.json "
+            "/ tokenizer_config.json (the one the campaign was enqueued with)."
+        ) from exc
+
+
+def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> CheckSettings:
+    """Settings from the tokenizer (preferred for ids) and the manifest (stop ids, fingerprint)."""
+    stored = (manifest or {}).get("settings") or {}
+    stops = frozenset(int(i) for i in (stored.get("sampling") or {}).get("stop_token_ids") or ())
+    if tokenizer is None:
+        if not stored.get("vocab_size"):
+            raise VerifyError(
+                "no vocabulary size to check ids against: this campaign folder has no manifest.json "
+                "with settings; pass --tokenizer with the campaign's tokenizer"
+            )
+        return CheckSettings(
+            vocab_size=int(stored["vocab_size"]), eos_token_ids=frozenset(stored.get("eos_token_ids") or ()),
+            stop_token_ids=stops, think_open_id=stored.get("think_open_id"),
+            think_close_id=stored.get("think_close_id"), source="manifest",
+        )
+    from eagle_synth.templating import tokenizer_facts
+
+    facts = tokenizer_facts(tokenizer)
+    mismatch = None
+    if stored.get("tokenizer_fingerprint") and stored["tokenizer_fingerprint"] != facts.fingerprint:
+        mismatch = (f"tokenizer fingerprint {facts.fingerprint} differs from the campaign's "
+                    f"{stored['tokenizer_fingerprint']} ({stored.get('tokenizer_path', '?')})")
+    return CheckSettings(
+        vocab_size=facts.vocab_size, eos_token_ids=frozenset(facts.eos_token_ids) | frozenset(stored.get("eos_token_ids") or ()),
+        stop_token_ids=stops, think_open_id=facts.think_open_id, think_close_id=facts.think_close_id,
+        source="tokenizer+manifest" if stored else "tokenizer", fingerprint_mismatch=mismatch,
+    )
+
+
+def _u32(value: int) -> bytes:
+    return value.to_bytes(4, "little")
+
+
+def _rfind_id(data: bytes, needle: bytes | None) -> int:
+    """Index of the last occurrence of one id in uint32 bytes, -1 if absent."""
+    if needle is None:
+        return -1
+    end = len(data)
+    while True:
+        pos = data.rfind(needle, 0, end)
+        if pos < 0 or pos % 4 == 0:
+            return pos // 4 if pos >= 0 else -1
+        end = pos + 3  # matched across two ids: look further left
+
+
+def _key_hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(slots=True)
+class _Tally:
+    counts: Counter = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def hit(self, check: str, example: str, amount: int = 1) -> None:
+        self.counts[check] += amount
+        kept = self.examples.setdefault(check, [])
+        if len(kept) < EXAMPLES_PER_CHECK:
+            kept.append(example)
+
+
+class _Checker:
+    """Runs the per-record checks and keeps the figures; one pass over the records."""
+
+    def __init__(self, settings: CheckSettings) -> None:
+        self.settings = settings
+        self.tally = _Tally()
+        self.records = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.finish = Counter()
+        self.key_hashes = array("Q")
+        self.open_prompts = 0
+        self.open_closed = 0
+        self.open_stopped = 0
+        self.open_stopped_closed = 0
+        self.outputs_opening = 0
+        self._open = _u32(settings.think_open_id) if settings.think_open_id is not None else None
+        self._close = _u32(settings.think_close_id) if settings.think_close_id is not None else None
+
+    def check(self, raw: RawRecord) -> None:
+        s, meta, key = self.settings, raw.meta, raw.key
+        self.records += 1
+        self.prompt_tokens += raw.prompt_len
+        self.output_tokens += raw.output_len
+        finish = meta.get("finish_reason", "")
+        self.finish[finish] += 1
+        self.key_hashes.append(_key_hash(key))
+        prompt, output = array("I"), array("I")
+        prompt.frombytes(raw.prompt_u32)
+        output.frombytes(raw.output_u32)
+        if max(max(prompt, default=0), max(output, default=0)) >= s.vocab_size:
+            self.tally.hit("id_out_of_vocab", key)
+        if meta.get("completion_tokens") != raw.output_len:
+            self.tally.hit("completion_tokens_mismatch", key)
+        if not output:
+            self.tally.hit("empty_output", key)
+        if finish == "stop" and not isinstance(meta.get("finish_matched"), str):
+            # A stop on a stop *string* may end mid-text; only token stops must end on their id.
+            stops = s.eos_token_ids | s.stop_token_ids | frozenset((meta.get("sampling") or {}).get("stop_token_ids") or ())
+            if not output or output[-1] not in stops:
+                self.tally.hit("stop_without_eos", key)
+        self._reasoning(raw, finish)
+
+    def _reasoning(self, raw: RawRecord, finish: str) -> None:
+        if self._open is None or self._close is None:
+            return
+        opened = _rfind_id(raw.prompt_u32, self._open)
+        if opened >= 0 and opened > _rfind_id(raw.prompt_u32, self._close):
+            closes = _rfind_id(raw.output_u32, self._close) >= 0
+            self.open_prompts += 1
+            self.open_closed += closes
+            if finish == "stop":
+                self.open_stopped += 1
+                self.open_stopped_closed += closes
+        if _rfind_id(raw.output_u32, self._open) >= 0:
+            self.outputs_opening += 1
+
+
+def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
+    """Repeated keys and the files holding them; a second pass runs only if a hash repeats."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(checker.key_hashes) < 2:
+        return {}
+    hashes = pa.Array.from_buffers(pa.uint64(), len(checker.key_hashes), [None, pa.py_buffer(checker.key_hashes)])
+    counts = pc.value_counts(hashes)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated) == 0:
+        return {}
+    wanted = set(repeated.field("values").to_pylist())
+    places: dict[str, list[str]] = {}
+    for path in files:
+        try:
+            for raw in read_raw_file(path):
+                if _key_hash(raw.key) in wanted:
+                    places.setdefault(raw.key, []).append(path.name)
+        except RecordFormatError:
+            continue
+    return {key: names for key, names in places.items() if len(names) > 1}
+
+
+def verify_campaign(campaign_path: str | os.PathLike, *, tokenizer: Any = None) -> dict:
+    """Check every record of a campaign folder; returns the report (stable keys, JSON-ready).
+
+    Parameters:
+        campaign_path: the campaign folder (OUT/<campaign>).
+        tokenizer: a loaded tokenizer, a tokenizer folder, or None to use manifest.json's settings.
+    """
+    campaign_path = Path(campaign_path)
+    manifest = read_manifest(campaign_path)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = load_plain_tokenizer(tokenizer)
+    settings = check_settings(tokenizer=tokenizer, manifest=manifest)
+    scan = scan_campaign(campaign_path)
+    checker = _Checker(settings)
+    damaged: list[dict] = []
+    for path in scan.live:
+        try:
+            for raw in read_raw_file(path):
+                checker.check(raw)
+        except RecordFormatError as exc:
+            damaged.append({"file": path.name, "error": str(exc)})
+            checker.tally.hit("damaged_file", path.name)
+        except FileNotFoundError:
+            continue  # compacted away since the scan: its records are in a shard read later or next run
+    for key, names in sorted(_duplicates(checker, scan.live).items()):
+        checker.tally.hit("duplicate_key", f"{key} ({', '.join(names)})")
+    if settings.fingerprint_mismatch:
+        checker.tally.hit("tokenizer_mismatch", settings.fingerprint_mismatch)
+    if checker.open_stopped and not checker.open_stopped_closed:
+        checker.tally.hit("stripped_reasoning", f"{checker.open_stopped} stopped records open a think block; none closes it",
+                          amount=checker.open_stopped)
+    return _report(campaign_path, scan, settings, checker, damaged, manifest)
+
+
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 6) if whole else None
+
+
+def _report(campaign_path: Path, scan, settings: CheckSettings, c: _Checker, damaged: list[dict],
+            manifest: dict | None) -> dict:
+    checks = {
+        name: {"severity": severity, "count": int(c.tally.counts[name]),
+               "examples": c.tally.examples.get(name, []), "message": message}
+        for name, (severity, message) in CHECKS.items()
+    }
+    errors = sum(1 for v in checks.values() if v["severity"] == "error" and v["count"])
+    warnings = sum(1 for v in checks.values() if v["severity"] == "warning" and v["count"])
+    return {
+        "campaign": str(campaign_path),
+        "ok": errors == 0,
+        "errors": errors,
+        "warnings": warnings,
+        "format_version": (manifest or {}).get("format_version"),
+        "files": {"batch_files": len(scan.batch_files), "shards": len(scan.shards),
+                  "compaction_leftovers": len(scan.absorbed), "damaged": len(damaged)},
+        "records": c.records,
+        "tokens": {"prompt": c.prompt_tokens, "output": c.output_tokens},
+        "finish_reasons": dict(sorted(c.finish.items())),
+        "truncated_share": _share(c.finish.get("length", 0), c.records),
+        "reasoning": {
+            "prompts_open_think": c.open_prompts,
+            "closed_in_output": c.open_closed,
+            "closed_share": _share(c.open_closed, c.open_prompts),
+            "stopped_open_think": c.open_stopped,
+            "stopped_closed_in_output": c.open_stopped_closed,
+            "outputs_opening_think": c.outputs_opening,
+        },
+        "settings": settings.to_dict(),
+        "checks": checks,
+        "damaged": damaged,
+    }
+
+
+def format_report(report: dict) -> list[tuple[str, str | None]]:
+    """The human summary as (line, rich style) pairs."""
+    lines: list[tuple[str, str | None]] = []
+    files = report["files"]
+    tokens = report["tokens"]
+    lines.append((f"{report['campaign']}: {report['records']} records, {tokens['prompt']} prompt + "
+                  f"{tokens['output']} output tokens in {files['batch_files']} batch files and "
+                  f"{files['shards']} shards", "bold"))
+    s = report["settings"]
+    lines.append((f"checked against vocab {s['vocab_size']}, EOS {s['eos_token_ids']}, stop ids "
+                  f"{s['stop_token_ids']} (from {s['from']})", None))
+    finish = ", ".join(f"{k} {v}" for k, v in report["finish_reasons"].items()) or "none"
+    truncated = report["truncated_share"]
+    lines.append((f"finish reasons: {finish}; truncated by length: "
+                  f"{'-' if truncated is None else f'{100 * truncated:.1f}%'}", None))
+    r = report["reasoning"]
+    if r["prompts_open_think"]:
+        lines.append((f"reasoning: {r['prompts_open_think']} prompts end in an open think block; "
+                      f"{r['closed_in_output']} outputs close it ({100 * (r['closed_share'] or 0):.1f}%)", None))
+    else:
+        lines.append(("reasoning: no prompt ends in an open think block", None))
+    if files["compaction_leftovers"]:
+        lines.append((f"{files['compaction_leftovers']} batch files already in a shard (a stopped compact); "
+                      "readers skip them, `eagle-synth compact` deletes them", None))
+    for name, check in report["checks"].items():
+        if not check["count"]:
+            continue
+        style = "red" if check["severity"] == "error" else "yellow"
+        lines.append((f"{check['severity'].upper()} {name}: {check['count']} - {check['message']}", style))
+        for example in check["examples"]:
+            lines.append((f"    {example}", style))
+    verdict = ("OK: no hard errors" if report["ok"] else f"FAILED: {report['errors']} kinds of hard error")
+    if report["warnings"]:
+        verdict += f", {report['warnings']} kinds of warning"
+    lines.append((verdict, "bold green" if report["ok"] else "bold red"))
+    return lines
