@@ -32,7 +32,7 @@ import zstandard
 
 from eagle_synth.ids import pack_ids
 from eagle_synth.records import (
-    RECORD_ZSTD_LEVEL, SHARD_ZSTD_LEVEL, Record, iter_raw_records, iter_records, write_record_file,
+    RECORD_ZSTD_LEVEL, SHARD_ZSTD_LEVEL, Record, decode_ids, iter_raw_records, iter_records, write_record_file,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,6 +169,18 @@ def _varint(ids: list[int]) -> bytes:
     return bytes(out)
 
 
+def _unvarint(data: bytes) -> list[int]:
+    ids, value, shift = [], 0, 0
+    for byte in data:
+        value |= (byte & 0x7F) << shift
+        if byte & 0x80:
+            shift += 7
+        else:
+            ids.append(value)
+            value, shift = 0, 0
+    return ids
+
+
 def _u24(ids: list[int]) -> bytes:
     raw = bytearray(pack_ids(ids))
     del raw[3::4]
@@ -226,6 +238,13 @@ def run(quick: bool) -> list[dict]:
             other = _msgpack_zstd(records, encode, SHARD_ZSTD_LEVEL)
             ours = _msgpack_zstd(records, _u24, SHARD_ZSTD_LEVEL)
             rows.append(_row("bytes/token, id codec at zstd-19", ours / tokens, f"{name} + zstd-19", other / tokens, "B/token"))
+
+        sample = [r.output_ids for r in records[:200]]
+        sample_tokens = sum(map(len, sample))
+        u24_blobs, varint_blobs = [_u24(ids) for ids in sample], [_varint(ids) for ids in sample]
+        u24_rate = _best_rate(sample_tokens, lambda: [decode_ids(b, "u24le") for b in u24_blobs], repeats)
+        varint_rate = _best_rate(sample_tokens, lambda: [_unvarint(b) for b in varint_blobs], repeats)
+        rows.append(_row("decode tokens/s, u24le ids", u24_rate, "LEB128 varint (pure Python)", varint_rate, "tokens/s"))
 
         gz_path = Path(tmp) / "records.jsonl.gz"
         gz_path.write_bytes(whole_gzip)
