@@ -32,7 +32,13 @@ import zstandard
 
 from eagle_synth.ids import pack_ids
 from eagle_synth.records import (
-    RECORD_ZSTD_LEVEL, SHARD_ZSTD_LEVEL, Record, decode_ids, iter_raw_records, iter_records, write_record_file,
+    RECORD_ZSTD_LEVEL,
+    SHARD_ZSTD_LEVEL,
+    Record,
+    decode_ids,
+    iter_raw_records,
+    iter_records,
+    write_record_file,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,7 +266,7 @@ def run(quick: bool) -> list[dict]:
         rows.append(_row("read tokens/s, iter_raw_records (bytes)", raw_rate, "JSONL+gzip json.loads", gzip_rate, "tokens/s"))
         for fmt in ("parquet", "jsonl"):
             export_records(campaign, Path(tmp) / f"out.{fmt}", format=fmt)  # warm-up: imports, caches
-            rate = _best_rate(tokens, lambda: export_records(campaign, Path(tmp) / f"out.{fmt}", format=fmt), repeats)
+            rate = _best_rate(tokens, lambda fmt=fmt: export_records(campaign, Path(tmp) / f"out.{fmt}", format=fmt), repeats)
             rows.append(_row(f"export tokens/s, {fmt}", rate, "JSONL+gzip json.loads", gzip_rate, "tokens/s"))
     rows.append({"figure": "corpus tokens", "ours": tokens, "baseline": f"{len(records)} records", "baseline_value": len(records),
                  "ratio": None, "unit": "tokens"})

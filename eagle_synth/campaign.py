@@ -22,6 +22,30 @@ EVENTS_MAXLEN = 20_000
 _IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path"})
 
 
+# KEYS: failed hash, reasons hash. ARGV: prompt key, failure JSON, reason.
+# Keeps the per-reason counts equal to what the failed hash holds.
+_RECORD_FAILURE = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then redis.call('HINCRBY', KEYS[2], cjson.decode(old)['reason'], -1) end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+return 1
+"""
+# KEYS: failed hash, reasons hash. ARGV: prompt keys. Returns how many were removed.
+_DROP_FAILURES = """
+local removed = 0
+for i = 1, #ARGV do
+  local old = redis.call('HGET', KEYS[1], ARGV[i])
+  if old then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('HINCRBY', KEYS[2], cjson.decode(old)['reason'], -1)
+    removed = removed + 1
+  end
+end
+return removed
+"""
+
+
 class CampaignMismatch(ValueError):
     """Enqueuing into a campaign whose stored settings differ; the message lists each field."""
 
@@ -211,10 +235,8 @@ class Campaign:
         """Record that these keys' records are on disk; returns how many were new."""
         if not keys:
             return 0
-        pipe = self.client.pipeline(transaction=True)
-        pipe.sadd(self.keys.done, *keys)
-        pipe.hdel(self.keys.failed, *keys)
-        added, _ = pipe.execute()
+        added = self.client.sadd(self.keys.done, *keys)
+        self.drop_failures(keys)
         if added:
             self.count(records=added, tokens_in=tokens_in, tokens_out=tokens_out, repaired_prefix=repaired)
             self.client.xadd(
@@ -230,10 +252,9 @@ class Campaign:
         """Keep a prompt that failed for good, with what is needed to replay it."""
         failure = Failure(reason=reason, message=message[:2000], item=item.to_replay(),
                           sampling=sampling, at=time.time(), worker=worker)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hset(self.keys.failed, item.key, failure.to_json())
-        pipe.hincrby(self.keys.counters, f"failed-{reason}", 1)
-        pipe.execute()
+        self.client.eval(_RECORD_FAILURE, 2, self.keys.failed, self.keys.failed_reasons, item.key,
+                         failure.to_json(), reason)
+        self.client.hincrby(self.keys.counters, f"failed-{reason}", 1)
 
     def note_server(self, url: str, info: dict) -> None:
         self.client.hset(self.keys.servers, url, json.dumps(info, sort_keys=True))
@@ -245,9 +266,15 @@ class Campaign:
     def failures(self) -> dict[str, Failure]:
         return {k.decode(): Failure.from_json(v) for k, v in self.client.hscan_iter(self.keys.failed)}
 
-    def forget_failures(self, keys: list[str]) -> None:
-        if keys:
-            self.client.hdel(self.keys.failed, *keys)
+    def drop_failures(self, keys: list[str]) -> int:
+        """Remove keys from `failed` (keeping the per-reason counts true); returns how many."""
+        if not keys:
+            return 0
+        return int(self.client.eval(_DROP_FAILURES, 2, self.keys.failed, self.keys.failed_reasons, *keys))
+
+    def failure_counts(self) -> dict[str, int]:
+        """Prompts currently failed, by reason, without reading the failures themselves."""
+        return {k.decode(): int(v) for k, v in self.client.hgetall(self.keys.failed_reasons).items() if int(v) > 0}
 
     def progress(self) -> Progress:
         pipe = self.client.pipeline(transaction=False)

@@ -190,19 +190,17 @@ def campaigns(
     redis: RedisOpt = None,
 ) -> None:
     """List campaigns with their progress."""
-    from eagle_synth.campaign import campaign_names
-    from eagle_synth.tools.status import campaign_status
+    from eagle_synth.tools.status import campaigns_overview
 
-    client = _client(redis)
-    rows = [campaign_status(client, name) for name in campaign_names(client)]
+    rows = campaigns_overview(_client(redis))
     if as_json:
-        print(json.dumps([{k: r[k] for k in ("campaign", "enqueued", "queued", "inflight", "done", "failed", "records_per_s", "eta_seconds")} for r in rows]))
+        print(json.dumps(rows))
         return
     if not rows:
         typer.echo("no campaigns")
     for r in rows:
-        share = 100.0 * (r["done"] + r["failed"]) / r["enqueued"] if r["enqueued"] else 0.0
-        typer.echo(f"{r['campaign']:<30} {share:5.1f}%  done {r['done']}  failed {r['failed']}  queued {r['queued']}  in flight {r['inflight']}")
+        typer.echo(f"{r['campaign']:<30} {100 * r['finished_share']:5.1f}%  done {r['done']}  failed {r['failed']}  "
+                   f"queued {r['queued']}  in flight {r['inflight']}")
 
 
 @app.command()
@@ -277,4 +275,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run through the imported module so commands registered by cli_ops / cli_records are there.
+    from eagle_synth.cli import main as _main
+
+    _main()

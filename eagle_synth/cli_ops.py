@@ -1,4 +1,4 @@
-"""CLI commands for operations: flower, demo."""
+"""CLI commands for operations: `eagle-synth flower`."""
 
 from __future__ import annotations
 

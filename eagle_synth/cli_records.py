@@ -115,7 +115,8 @@ def compact(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Merge small batch files into large shards; safe while workers write and if stopped midway."""
-    from eagle_synth.tools.compact import CompactBusy, compact as run_compact
+    from eagle_synth.tools.compact import CompactBusy
+    from eagle_synth.tools.compact import compact as run_compact
 
     def progress(path: Path, records: int) -> None:
         if not as_json:

@@ -60,6 +60,11 @@ class CampaignKeys:
         return f"{self._base}:failed"
 
     @property
+    def failed_reasons(self) -> str:
+        """Hash reason -> number of prompts currently in `failed` with that reason."""
+        return f"{self._base}:failed-reasons"
+
+    @property
     def counters(self) -> str:
         """Hash of integer counters (rows read, prompts enqueued, tokens in/out, repairs...)."""
         return f"{self._base}:counters"

@@ -177,7 +177,7 @@ def start_worker(*, servers: list[str], out: Path, redis_url: str, logdir: Path,
                  args: list[str] = (), env: dict[str, str] | None = None, name: str | None = None) -> ManagedProcess:
     """Start `eagle-synth worker` as a child process (a real Celery worker)."""
     name = name or f"w{free_port()}@{socket.gethostname()}"
-    argv = [sys.executable, "-m", "eagle_synth.cli", "worker", "--out", str(out), "--redis", redis_url,
+    argv = [sys.executable, "-m", "eagle_synth", "worker", "--out", str(out), "--redis", redis_url,
             "--concurrency", str(concurrency), "--name", name, *args]
     for url in servers:
         argv += ["--server", url]

@@ -8,6 +8,9 @@ The producer never imports worker code: it publishes by task name (payload.TASK_
 
 from __future__ import annotations
 
+import logging
+import os
+
 from celery import Celery
 
 from eagle_synth.settings import BrokerSettings, broker_settings
@@ -62,8 +65,16 @@ def celery_config(settings: BrokerSettings) -> dict:
     return config
 
 
+# Celery reads these before its configuration; a stale one would point us at another Redis.
+CELERY_URL_OVERRIDES = ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL", "CELERY_BROKER_READ_URL")
+
+
 def make_celery(settings: BrokerSettings | None = None) -> Celery:
     """A Celery app for these settings (default: resolved from the environment)."""
+    for name in CELERY_URL_OVERRIDES:
+        if os.environ.pop(name, None):
+            logging.getLogger("eagle_synth.queue").warning(
+                "ignoring %s: eagle-synth takes its broker from --redis / REDIS_URL", name)
     app = Celery("eagle_synth")
     app.conf.update(celery_config(settings or broker_settings()))
     return app

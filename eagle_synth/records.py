@@ -343,7 +343,7 @@ def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch:
     Each write gets a fresh nonce so a batch that is partly redone never overwrites the
     records an earlier attempt already committed.
     """
-    if batch.startswith(SHARD_PREFIX.rstrip("-")) or "/" in batch or batch.startswith("."):
+    if f"{batch}-".startswith(SHARD_PREFIX) or "/" in batch or batch.startswith("."):
         raise ValueError(f"batch id {batch!r} is reserved or not a plain name")
     path = records_dir(campaign_path) / f"{batch}-{secrets.token_hex(4)}{RECORD_SUFFIX}"
     atomic_write_bytes(path, encode_record_file(records, campaign=campaign, batch=batch))
@@ -553,11 +553,19 @@ class CampaignFiles:
         return self.batch_files + self.shards
 
 
+def _shard_sources(path: Path) -> list[str]:
+    try:
+        return list(read_file_header(path).get("sources", []))
+    except RecordFormatError:
+        # Reading the shard itself will report the damage; its sources, if still here, stay readable.
+        return []
+
+
 def scan_campaign(campaign_path: str | os.PathLike) -> CampaignFiles:
     """List a campaign's files and read shard headers (not records): cheap, bounded by file count."""
     files = record_files(campaign_path)
     shards = [p for p in files if is_shard(p)]
-    sources = {p: list(read_file_header(p).get("sources", [])) for p in shards}
+    sources = {p: _shard_sources(p) for p in shards}
     absorbed_names = {name for names in sources.values() for name in names}
     batch_list, absorbed = [], []
     for path in files:
@@ -617,7 +625,8 @@ def _iter_moved(campaign_path: str | os.PathLike, scan: CampaignFiles, missing: 
         if not indices:
             continue
         wanted -= {names[i] for i in indices}
-        yield from _iter_file(path, make, accept=lambda d, h: d.get("src") in indices and fresh(d, h))
+        sources = frozenset(indices)
+        yield from _iter_file(path, make, accept=lambda d, h, sources=sources: d.get("src") in sources and fresh(d, h))
     if wanted:
         raise FileNotFoundError(
             f"record files {sorted(wanted)[:3]} vanished from {records_dir(campaign_path)} and no shard "

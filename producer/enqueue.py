@@ -204,7 +204,6 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
     tokenizer = load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code,
                                chat_template_file=options.chat_template)
     settings = campaign_settings(options, tokenizer)
-    del tokenizer  # the pool processes load their own
 
     publisher = None
     if not options.dry_run:
@@ -230,7 +229,7 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
         chat_template_file=options.chat_template,
         template_kwargs=tuple(sorted(options.chat_template_kwargs.items())),
     )
-    pool = TemplatingPool(job, processes=options.processes)
+    pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
     try:
         for plans, results in pool.map(_plans(options, summary, stdin)):
             items_per_row: list[list[PromptItem]] = []

@@ -137,10 +137,10 @@ class Publisher:
         self._chunk_serial += 1
         field = f"{self._run_id}:{self._chunk_serial}"
         keys = self.campaign.keys
-        pipe = self.campaign.client.pipeline(transaction=True)
-        pipe.hset(keys.outbox, field, _pack_items(items))
-        pipe.hdel(keys.failed, *[item.key for item in items])
-        pipe.execute()
+        # Outbox first: a kill between the two leaves the prompts failed *and* queued, which is
+        # safe (the worker marks them done and drops the failure); the other order could lose them.
+        self.campaign.client.hset(keys.outbox, field, _pack_items(items))
+        self.campaign.drop_failures([item.key for item in items])
         self._publish_all(items, outbox_field=field)
 
     def _publish_all(self, items: list[PromptItem], *, outbox_field: str, already_sent: int = 0) -> None:

@@ -10,6 +10,7 @@ only the conversation the template rejects is skipped.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -41,8 +42,9 @@ def _init(job: TemplateJob) -> None:
     # One process per core already: the Rust tokenizer's own threads would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _job = job
-    _tokenizer = load_tokenizer(job.tokenizer, trust_remote_code=job.trust_remote_code,
-                                chat_template_file=job.chat_template_file)
+    if _tokenizer is None:  # forked children inherit the parent's, already loaded
+        _tokenizer = load_tokenizer(job.tokenizer, trust_remote_code=job.trust_remote_code,
+                                    chat_template_file=job.chat_template_file)
 
 
 def template_chunk(conversations: list[tuple[list[dict], list[dict] | None]]) -> list[list[int] | str]:
@@ -81,12 +83,20 @@ class TemplatingPool:
         processes: pool size; defaults to the machine's cores.
     """
 
-    def __init__(self, job: TemplateJob, *, processes: int | None = None) -> None:
+    def __init__(self, job: TemplateJob, *, processes: int | None = None, tokenizer=None) -> None:
+        global _tokenizer
         self.processes = processes or os.cpu_count() or 1
         self.job = job
         self._pool: ProcessPoolExecutor | None = None
+        # Forking after loading saves each process loading the tokenizer again (seconds for a
+        # large vocabulary); where fork is unavailable, each process loads its own.
+        _tokenizer = tokenizer
         if self.processes > 1:
-            self._pool = ProcessPoolExecutor(max_workers=self.processes, initializer=_init, initargs=(job,))
+            context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+            if context.get_start_method() != "fork":
+                _tokenizer = None
+            self._pool = ProcessPoolExecutor(max_workers=self.processes, initializer=_init, initargs=(job,),
+                                             mp_context=context)
         else:
             _init(job)
 

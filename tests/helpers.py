@@ -17,7 +17,7 @@ def cli(*args: str, input: bytes | None = None, check: bool = True, env: dict | 
     """Run `eagle-synth ARGS` as a user would (a separate process)."""
     import os
 
-    result = subprocess.run([sys.executable, "-m", "eagle_synth.cli", *args], input=input,
+    result = subprocess.run([sys.executable, "-m", "eagle_synth", *args], input=input,
                             capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
     if check and result.returncode != 0:
         raise AssertionError(

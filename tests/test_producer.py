@@ -90,7 +90,7 @@ def test_rerun_and_added_rows_enqueue_only_what_is_new(tmp_path, redis_server, t
 def test_enqueue_killed_half_way_then_rerun_loses_and_doubles_nothing(tmp_path, redis_server, tokenizer_path):
     rows = [{"id": f"k{i}", "messages": [{"role": "user", "content": f"question number {i}"}]} for i in range(3000)]
     path = write_jsonl(tmp_path / "big.jsonl", rows)
-    args = [sys.executable, "-m", "eagle_synth.cli", "enqueue", str(path), "--campaign", "killed", "--tokenizer",
+    args = [sys.executable, "-m", "eagle_synth", "enqueue", str(path), "--campaign", "killed", "--tokenizer",
             str(tokenizer_path), "--redis", redis_server.url, "--batch-size", "4", "--processes", "1"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     c = campaign(redis_server.url, "killed")
@@ -199,7 +199,7 @@ def test_stdin_and_dry_run(tmp_path, redis_server, tokenizer_path):
 def test_backpressure_waits_for_the_backlog_to_drain(tmp_path, redis_server, stack, tokenizer_path):
     path = write_jsonl(tmp_path / "p.jsonl", chat_rows(64))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eagle_synth.cli", "enqueue", str(path), "--campaign", "bp", "--tokenizer",
+        [sys.executable, "-m", "eagle_synth", "enqueue", str(path), "--campaign", "bp", "--tokenizer",
          str(tokenizer_path), "--redis", redis_server.url, "--batch-size", "8", "--max-backlog", "16",
          "--processes", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,

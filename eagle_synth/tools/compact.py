@@ -24,8 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_synth.records import (
-    SHARD_PREFIX, SHARD_ZSTD_LEVEL, TMP_PREFIX, CampaignFiles, RawRecord, RecordFormatError, ShardWriter,
-    batch_of_file, read_file_header, read_raw_file, records_dir, scan_campaign,
+    SHARD_PREFIX,
+    SHARD_ZSTD_LEVEL,
+    TMP_PREFIX,
+    CampaignFiles,
+    RawRecord,
+    RecordFormatError,
+    ShardWriter,
+    batch_of_file,
+    read_file_header,
+    read_raw_file,
+    records_dir,
+    scan_campaign,
 )
 
 # Compressed bytes of batch files gathered into one shard (the shard comes out ~25% smaller).
@@ -139,7 +149,10 @@ def _keys_already_sharded(scan: CampaignFiles, batches: set[str]) -> set[str]:
     keys: set[str] = set()
     for shard, names in scan.shard_sources.items():
         if batches & {batch_of_file(name) for name in names}:
-            keys.update(r.key for r in read_raw_file(shard) if r.meta.get("batch") in batches)
+            try:
+                keys.update(r.key for r in read_raw_file(shard) if r.meta.get("batch") in batches)
+            except RecordFormatError:
+                continue  # a damaged shard: readers still drop a repeat of what it holds
     return keys
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from eagle_synth.queue import make_celery
+from eagle_synth.queue import CELERY_URL_OVERRIDES, make_celery
 from eagle_synth.settings import BrokerSettings, broker_settings, export_to_environment
 
 # Port Flower listens on unless told otherwise (Flower's own default).
@@ -35,8 +35,6 @@ PURGE_OFFLINE_WORKERS_S = 3600
 MAX_TASKS_IN_MEMORY = 20_000
 # Where Celery's command line finds the app (resolved lazily by this module's __getattr__).
 APP_SYMBOL = "eagle_synth.tools.flower:celery_app"
-# Celery reads these before its configuration; a stale one would point Flower at another Redis.
-_CELERY_URL_OVERRIDES = ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL", "CELERY_BROKER_READ_URL")
 
 _app: Celery | None = None
 
@@ -116,7 +114,7 @@ class FlowerOptions:
 
     def apply_environment(self, environ: MutableMapping[str, str]) -> None:
         """Make the environment Flower reads hold our credentials and no stale Celery URL."""
-        for name in (*_CELERY_URL_OVERRIDES, ENV_BASIC_AUTH):
+        for name in (*CELERY_URL_OVERRIDES, ENV_BASIC_AUTH):
             environ.pop(name, None)
         if self.credentials:
             environ[ENV_BASIC_AUTH] = ",".join(self.credentials)

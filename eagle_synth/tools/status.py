@@ -55,7 +55,7 @@ def campaign_status(client: redis.Redis, name: str) -> dict:
         "done": progress.done,
         "failed": progress.failed,
         "finished_share": round(finished / progress.enqueued, 4) if progress.enqueued else 0.0,
-        "failed_by_reason": _current_failures(campaign),
+        "failed_by_reason": campaign.failure_counts(),
         "failures_recorded_by_reason": {
             key[len("failed-"):]: value for key, value in progress.counters.items() if key.startswith("failed-")
         },
@@ -129,8 +129,3 @@ def _float(raw: str | None) -> float | None:
         return None
 
 
-def _current_failures(campaign: Campaign) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for failure in campaign.failures().values():
-        counts[failure.reason] = counts.get(failure.reason, 0) + 1
-    return counts

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
+from eagle_synth.records import (
+    RawRecord,
+    RecordFormatError,
+    read_manifest,
+    read_raw_file,
+    scan_campaign,
+)
 
 # Keys (or files) kept as examples per check in the report.
 EXAMPLES_PER_CHECK = 5
@@ -29,8 +35,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     "completion_tokens_mismatch": ("error", "records whose completion_tokens differs from the number of output ids"),
     "stop_without_eos": ("warning", "finish_reason stop, but the last output id is neither EOS nor a stop id"),
     "empty_output": ("warning", "records with no output ids"),
-    "stripped_reasoning": ("warning", "prompts open a think block but no output that stopped closes it: "
-                                      "the signature of reasoning tokens stripped from the output"),
+    "stripped_reasoning": ("warning", ("prompts open a think block but no output that stopped closes it: "
+                                       "the signature of reasoning tokens stripped from the output")),
     "tokenizer_mismatch": ("warning", "the tokenizer given is not the one the campaign was made with"),
 }
 
@@ -72,7 +78,9 @@ def load_plain_tokenizer(path: str | os.PathLike):
     """A tokenizer for reading ids (no chat template needed); VerifyError says what went wrong."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer  # heavy import: only commands that decode pay it
+    from transformers import (
+        AutoTokenizer,  # heavy import: only commands that decode pay it
+    )
 
     try:
         return AutoTokenizer.from_pretrained(str(path))
@@ -98,18 +106,28 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
             stop_token_ids=stops, think_open_id=stored.get("think_open_id"),
             think_close_id=stored.get("think_close_id"), source="manifest",
         )
-    from eagle_synth.templating import tokenizer_facts
+    from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, tokenizer_facts
 
-    facts = tokenizer_facts(tokenizer)
     mismatch = None
-    if stored.get("tokenizer_fingerprint") and stored["tokenizer_fingerprint"] != facts.fingerprint:
-        mismatch = (f"tokenizer fingerprint {facts.fingerprint} differs from the campaign's "
-                    f"{stored['tokenizer_fingerprint']} ({stored.get('tokenizer_path', '?')})")
+    if stored.get("tokenizer_fingerprint"):
+        # Hashing the vocabulary takes about a second: only when there is a fingerprint to compare.
+        fingerprint = tokenizer_facts(tokenizer).fingerprint
+        if fingerprint != stored["tokenizer_fingerprint"]:
+            mismatch = (f"tokenizer fingerprint {fingerprint} differs from the campaign's "
+                        f"{stored['tokenizer_fingerprint']} ({stored.get('tokenizer_path', '?')})")
+    eos = tokenizer.eos_token_id
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
     return CheckSettings(
-        vocab_size=facts.vocab_size, eos_token_ids=frozenset(facts.eos_token_ids) | frozenset(stored.get("eos_token_ids") or ()),
-        stop_token_ids=stops, think_open_id=facts.think_open_id, think_close_id=facts.think_close_id,
+        vocab_size=len(tokenizer), eos_token_ids=frozenset(eos_ids | set(stored.get("eos_token_ids") or ())),
+        stop_token_ids=stops, think_open_id=_token_id(tokenizer, THINK_OPEN),
+        think_close_id=_token_id(tokenizer, THINK_CLOSE),
         source="tokenizer+manifest" if stored else "tokenizer", fingerprint_mismatch=mismatch,
     )
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    found = tokenizer.convert_tokens_to_ids(token)
+    return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
 
 
 def _u32(value: int) -> bytes:
