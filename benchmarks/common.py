@@ -361,6 +361,24 @@ def wait_done(redis_url: str, name: str, at_least: int, *, timeout: float, stack
     return time.monotonic()
 
 
+def enqueue_backlog(redis_url: str, rows_path: Path, campaign: str, *, max_new_tokens: int,
+                    temperature: float = 0.0) -> dict:
+    """Enqueue rows with the real producer in this process, templating in this process too
+    (a backlog for a worker benchmark: skips the CLI's interpreter start and pool start)."""
+    from eagle_synth.sampling import SamplingParams
+    from eagle_synth.settings import broker_settings
+    from producer.enqueue import EnqueueOptions, enqueue
+
+    summary = enqueue(
+        EnqueueOptions(inputs=[str(rows_path)], campaign=campaign, tokenizer=str(TOKENIZER), processes=1,
+                       sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)),
+        broker=broker_settings(redis_url=redis_url),
+    )
+    if not summary.accounted or summary.rows_skipped:
+        raise RuntimeError(f"enqueue skipped rows: {summary.to_dict()}")
+    return summary.to_dict()
+
+
 def enqueue_cli(redis_url: str, rows_path: Path, campaign: str, *, max_new_tokens: int, temperature: float = 0.0,
                 samples: int = 1, extra: tuple[str, ...] = (), timeout: float = 600) -> dict:
     """Run `eagle-synth enqueue --json` (default templating processes); returns its summary."""

@@ -26,7 +26,7 @@ import itertools
 import time
 
 from benchmarks.common import (
-    Result, Stack, campaign_progress, dev_stats, enqueue_cli, queued_payloads, reset_stats, tree_cpu_seconds,
+    Result, Stack, campaign_progress, dev_stats, enqueue_backlog, queued_payloads, reset_stats, tree_cpu_seconds,
     tree_pss, wait_for, write_rows,
 )
 from workers.config import DEFAULT_INFLIGHT, default_concurrency
@@ -85,7 +85,7 @@ def measure_worker(quick: bool, concurrency: int) -> tuple[dict, list[tuple[list
         redis = stack.redis()
         _, url = stack.devserver(*_devserver_args())
         rows = write_rows(stack.dir / "rows.jsonl", backlog, seed=1)
-        summary = enqueue_cli(redis.url, rows, "occupancy", max_new_tokens=MAX_NEW_TOKENS)
+        summary = enqueue_backlog(redis.url, rows, "occupancy", max_new_tokens=MAX_NEW_TOKENS)
         prompts = _queued_prompts(redis.url)
         worker = stack.worker(servers=[url], redis_url=redis.url, concurrency=concurrency)
         wait_for(lambda: dev_stats(url)["first_generate_at"] or not worker.alive(), timeout=FIRST_GENERATE_TIMEOUT,

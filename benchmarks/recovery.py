@@ -22,7 +22,7 @@ import time
 
 import requests
 
-from benchmarks.common import Result, Stack, dev_stats, enqueue_cli, wait_for, write_rows
+from benchmarks.common import Result, Stack, dev_stats, enqueue_backlog, wait_for, write_rows
 from workers.config import DEFAULT_INFLIGHT, default_concurrency
 
 REPEATS = 3
@@ -95,7 +95,7 @@ def run(quick: bool) -> list[Result]:
     concurrency = default_concurrency(inflight=DEFAULT_INFLIGHT, servers=1)
     with Stack("recovery") as stack:
         redis = stack.redis()
-        enqueue_cli(redis.url, write_rows(stack.dir / "rows.jsonl", BACKLOG_ROWS, seed=2), "recovery",
+        enqueue_backlog(redis.url, write_rows(stack.dir / "rows.jsonl", BACKLOG_ROWS, seed=2), "recovery",
                     max_new_tokens=256)
         runs = [_one(stack, redis.url, quick, concurrency, i) for i in range(REPEATS)]
     times = [r["recovery_s"] for r in runs]

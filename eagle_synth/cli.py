@@ -68,7 +68,7 @@ def enqueue(
     from eagle_synth.templating import TemplateError
     from producer.enqueue import EnqueueOptions, StrictModeError, enqueue as run_enqueue, print_summary
     from producer.progress import EnqueueProgress
-    from producer.sources import InputError
+    from producer.sources import InputError, estimate_rows
 
     if turns not in ("last", "all"):
         _fail("--turns must be 'last' or 'all'")
@@ -96,7 +96,13 @@ def enqueue(
         processes=processes,
     )
     broker = None if dry_run else broker_settings(redis_url=redis)
-    progress = EnqueueProgress(enabled=not as_json)
+    total_rows = None
+    if not as_json and EnqueueProgress.wanted() and "-" not in files:
+        try:
+            total_rows = estimate_rows(files)
+        except InputError as exc:
+            _fail(str(exc))
+    progress = EnqueueProgress(enabled=not as_json, total_rows=total_rows)
     try:
         with progress:
             summary = run_enqueue(options, broker=broker, stdin=sys.stdin.buffer,

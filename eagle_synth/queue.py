@@ -15,8 +15,6 @@ from celery import Celery
 
 from eagle_synth.settings import BrokerSettings, broker_settings
 
-# Seconds a SIGTERMed worker may spend finishing batches before it puts the rest back.
-SOFT_SHUTDOWN_SECONDS = 30.0
 # Batches a pool child runs before it is replaced, to cap slow leaks over a days-long run.
 MAX_TASKS_PER_CHILD = 1000
 
@@ -53,7 +51,7 @@ def celery_config(settings: BrokerSettings) -> dict:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "worker_soft_shutdown_timeout": SOFT_SHUTDOWN_SECONDS,
+        "worker_soft_shutdown_timeout": float(settings.soft_shutdown_timeout),
         "worker_enable_soft_shutdown_on_idle": True,
         # Flower shows what runs where from task events.
         "worker_send_task_events": True,

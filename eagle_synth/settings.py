@@ -22,6 +22,8 @@ DEFAULT_QUEUE = "eagle-synth"
 DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
 # Seconds between kombu's sweeps that return expired unacked messages to the queue.
 DEFAULT_RESTORE_INTERVAL = 10
+# Seconds a SIGTERMed worker may spend finishing batches before it puts the rest back.
+DEFAULT_SOFT_SHUTDOWN = 30
 # Share of the visibility timeout a task may use before it requeues itself instead.
 TASK_BUDGET_SHARE = 0.8
 
@@ -29,6 +31,7 @@ ENV_REDIS_URL = "REDIS_URL"
 ENV_QUEUE = "EAGLE_SYNTH_QUEUE"
 ENV_VISIBILITY_TIMEOUT = "EAGLE_SYNTH_VISIBILITY_TIMEOUT"
 ENV_RESTORE_INTERVAL = "EAGLE_SYNTH_RESTORE_INTERVAL"
+ENV_SOFT_SHUTDOWN = "EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT"
 ENV_REDIS_CA = "EAGLE_SYNTH_REDIS_CA"
 ENV_REDIS_CERT = "EAGLE_SYNTH_REDIS_CERT"
 ENV_REDIS_KEY = "EAGLE_SYNTH_REDIS_KEY"
@@ -47,6 +50,7 @@ class BrokerSettings:
         queue: Celery queue name shared by producer and workers.
         visibility_timeout: seconds before an unacked message is redelivered.
         restore_interval: seconds between kombu's redelivery sweeps.
+        soft_shutdown_timeout: seconds a SIGTERMed worker finishes batches before requeueing.
         ssl_ca, ssl_cert, ssl_key: optional certificate files for `rediss://`.
     """
 
@@ -54,6 +58,7 @@ class BrokerSettings:
     queue: str = DEFAULT_QUEUE
     visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
     restore_interval: int = DEFAULT_RESTORE_INTERVAL
+    soft_shutdown_timeout: int = DEFAULT_SOFT_SHUTDOWN
     ssl_ca: str | None = None
     ssl_cert: str | None = None
     ssl_key: str | None = None
@@ -116,6 +121,7 @@ def broker_settings(*, redis_url: str | None = None, queue: str | None = None) -
         queue=queue or os.environ.get(ENV_QUEUE) or DEFAULT_QUEUE,
         visibility_timeout=_int_env(ENV_VISIBILITY_TIMEOUT, DEFAULT_VISIBILITY_TIMEOUT),
         restore_interval=_int_env(ENV_RESTORE_INTERVAL, DEFAULT_RESTORE_INTERVAL),
+        soft_shutdown_timeout=_int_env(ENV_SOFT_SHUTDOWN, DEFAULT_SOFT_SHUTDOWN),
         ssl_ca=os.environ.get(ENV_REDIS_CA) or None,
         ssl_cert=os.environ.get(ENV_REDIS_CERT) or None,
         ssl_key=os.environ.get(ENV_REDIS_KEY) or None,
@@ -128,3 +134,4 @@ def export_to_environment(settings: BrokerSettings) -> None:
     os.environ[ENV_QUEUE] = settings.queue
     os.environ[ENV_VISIBILITY_TIMEOUT] = str(settings.visibility_timeout)
     os.environ[ENV_RESTORE_INTERVAL] = str(settings.restore_interval)
+    os.environ[ENV_SOFT_SHUTDOWN] = str(settings.soft_shutdown_timeout)

@@ -6,7 +6,7 @@ import sys
 import time
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 # Seconds between redraws; enqueue calls update once per chunk of rows.
 REFRESH_PER_SECOND = 4
@@ -17,22 +17,27 @@ class EnqueueProgress:
 
     Parameters:
         enabled: False to show nothing whatever the terminal.
+        total_rows: rows expected (for the bar and the ETA), None if unknown.
     """
 
-    def __init__(self, *, enabled: bool = True) -> None:
+    def __init__(self, *, enabled: bool = True, total_rows: int | None = None) -> None:
         self.enabled = enabled and sys.stderr.isatty()
+        self.total_rows = total_rows
         self._progress: Progress | None = None
         self._task = None
         self._started = time.monotonic()
 
     def __enter__(self) -> EnqueueProgress:
         if self.enabled:
+            columns = [SpinnerColumn(), TextColumn("{task.description}")]
+            if self.total_rows:
+                columns += [BarColumn(), TimeRemainingColumn()]
             self._progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                *columns, TimeElapsedColumn(),
                 console=Console(stderr=True), refresh_per_second=REFRESH_PER_SECOND, transient=True,
             )
             self._progress.__enter__()
-            self._task = self._progress.add_task("reading rows", total=None)
+            self._task = self._progress.add_task("reading rows", total=self.total_rows)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -45,12 +50,18 @@ class EnqueueProgress:
         elapsed = max(time.monotonic() - self._started, 1e-6)
         self._progress.update(
             self._task,
+            completed=summary.rows_read,
             description=(
                 f"rows {summary.rows_read:,} ({summary.rows_read / elapsed:,.0f}/s) | enqueued "
                 f"{summary.prompts_enqueued:,} | duplicate {summary.prompts_duplicate:,} | skipped "
                 f"{summary.rows_skipped:,}"
             ),
         )
+
+    @staticmethod
+    def wanted() -> bool:
+        """Whether a progress display would show (so the row count is worth taking)."""
+        return sys.stderr.isatty()
 
     def waiting(self, pending: int) -> None:
         message = f"backlog {pending:,} prompts is over --max-backlog: waiting for workers"

@@ -164,3 +164,25 @@ def test_pickle_message_is_rejected_never_run(tmp_path, redis_server, stack, tok
     assert not marker.exists()
     assert c.client.llen("eagle-synth") == 0
     assert worker.alive()
+
+
+def test_sigterm_puts_unfinished_batches_back(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "term", chat_rows(8), tokenizer=tokenizer_path, batch_size=4,
+                 max_new_tokens=400)
+    # Batches take about 8 s; the soft shutdown gives them 1 s, then puts them back.
+    _, url = stack.devserver("--token-latency", "0.02", "--mean-output-tokens", "400")
+    out = tmp_path / "out"
+    env = {**FAST_REDELIVERY, "EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": "1"}
+    first = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=env, name="term1@test")
+    c = campaign(redis_server.url, "term")
+
+    def busy() -> bool:
+        return any(n.get("inflight_by_campaign", {}).get("term") for n in all_nodes(c.client))
+
+    wait_for(busy, timeout=60, what="batches in flight")
+    first.stop(sig=signal.SIGTERM, timeout=60)
+    assert c.progress().done < 8
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=env, name="term2@test")
+    wait_finished(redis_server.url, "term", expected=8, stack=stack, timeout=120)
+    assert_exactly_once(redis_server.url, "term", out / "term", expected=8)
+    assert c.progress().failed == 0

@@ -28,7 +28,6 @@ from eagle_synth.records import (
     SHARD_ZSTD_LEVEL,
     TMP_PREFIX,
     CampaignFiles,
-    RawRecord,
     RecordFormatError,
     ShardWriter,
     batch_of_file,
@@ -219,7 +218,6 @@ def _compact_group(campaign_path, scan: CampaignFiles, group: list[tuple[Path, i
     with ShardWriter(campaign_path, campaign=campaign, sources=[p.name for p, _ in sources],
                      level=level, threads=threads) as writer:
         for index, (path, _) in enumerate(sources):
-            raw: RawRecord
             for raw in read_raw_file(path):
                 if raw.key in seen:
                     dropped += 1

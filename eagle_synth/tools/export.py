@@ -142,6 +142,9 @@ class _Outputs:
 
     def __init__(self, out: Path, *, suffix: str, shard_rows: int | None) -> None:
         self.shard_rows = shard_rows
+        if out.is_dir() and not shard_rows:
+            raise ValueError(f"--out {out} is a folder: give a file name, or --shard-rows N to write "
+                             "part-00000... files into it")
         if shard_rows and (out.is_dir() or not out.suffix):
             out.mkdir(parents=True, exist_ok=True)
             self.folder, self.stem, self.suffix = out, "part", suffix

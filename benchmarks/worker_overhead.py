@@ -1,0 +1,106 @@
+"""#3 Worker overhead: worker CPU per record against a server that answers at once.
+
+What a record costs the worker itself, beyond the work no design can avoid. Setup: a
+devserver with zero token latency (answers as fast as it can), a backlog of
+WARM + MEASURED prompts enqueued with the real producer, one `eagle-synth worker` with
+--concurrency CONCURRENCY (default settings otherwise).
+
+Measurement: user + system CPU of the worker's whole process tree (main process and every
+pool child, psutil) between the moment WARM records are done (imports, connections and
+caches warm) and the moment WARM + MEASURED are done, divided by the records done between.
+
+Baseline: a bare loop in this process over the same prompts in the same batches, against
+the same server: one `requests` POST /generate per batch with the same sampling
+parameters, Records built from the answers, one record file written per batch with
+`write_record_file` (zstd msgpack, atomic, as the worker does). Its CPU is
+`time.process_time()` over the loop. Ratio = ours / bare loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import requests
+
+from benchmarks.common import (
+    Result, Stack, campaign_progress, enqueue_backlog, queued_payloads, tree_cpu_seconds, wait_done, write_rows,
+)
+from eagle_synth.records import Record, write_record_file
+
+# Pool processes: one per core. Also measured: the default (16), see DEFAULT_ALSO.
+CONCURRENCY = 2
+# Records done before the CPU clock starts, and records measured.
+WARM = {True: 96, False: 160}
+MEASURED = {True: 800, False: 3000}
+MEAN_OUTPUT_TOKENS = 100
+MAX_NEW_TOKENS = 256
+# Seconds a run may take at worst (a loaded machine).
+RUN_TIMEOUT = 300.0
+TARGET_RATIO = 1.5
+
+
+def _measure_worker(stack: Stack, redis_url: str, url: str, concurrency: int, warm: int, measured: int,
+                    campaign: str, start_done: int = 0) -> dict:
+    worker = stack.worker(servers=[url], redis_url=redis_url, concurrency=concurrency)
+    try:
+        wait_done(redis_url, campaign, start_done + warm, timeout=RUN_TIMEOUT, stack=stack)
+        cpu0, done0, t0 = tree_cpu_seconds(worker.proc.pid), campaign_progress(redis_url, campaign).done, time.monotonic()
+        wait_done(redis_url, campaign, start_done + warm + measured, timeout=RUN_TIMEOUT, stack=stack)
+        cpu1, done1, t1 = tree_cpu_seconds(worker.proc.pid), campaign_progress(redis_url, campaign).done, time.monotonic()
+    finally:
+        stack.stop_worker(worker)
+    records = done1 - done0
+    return {"cpu_ms_per_record": 1000 * (cpu1 - cpu0) / records, "records": records,
+            "records_per_s": records / (t1 - t0), "cores": (cpu1 - cpu0) / (t1 - t0), "concurrency": concurrency}
+
+
+def _bare_loop(url: str, payloads: list, out) -> dict:
+    """HTTP call + record write per batch, nothing else; returns CPU ms per record."""
+    session = requests.Session()
+    records_written = 0
+    cpu0, t0 = time.process_time(), time.monotonic()
+    for payload in payloads:
+        sampling = [payload.sampling if i.seed is None else {**payload.sampling, "sampling_seed": i.seed}
+                    for i in payload.items]
+        response = session.post(f"{url}/generate", json={"input_ids": [i.ids for i in payload.items],
+                                                          "sampling_params": sampling}, timeout=60)
+        response.raise_for_status()
+        records = []
+        for item, answer, params in zip(payload.items, response.json(), sampling):
+            meta = answer["meta_info"]
+            finish = meta["finish_reason"]
+            records.append(Record(
+                key=item.key, id=item.row_id, sample=item.sample, turn=item.turn, prompt_ids=item.ids,
+                output_ids=answer["output_ids"], finish_reason=finish["type"], finish_matched=finish.get("matched"),
+                prompt_tokens=meta["prompt_tokens"], completion_tokens=meta["completion_tokens"],
+                cached_tokens=meta.get("cached_tokens") or 0, campaign=payload.campaign, sampling=params,
+                source=item.source, server=url, worker="bare", e2e_latency=meta.get("e2e_latency"),
+                created_at=time.time(),
+            ))
+        write_record_file(out, campaign=payload.campaign, batch=payload.batch, records=records)
+        records_written += len(records)
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+    return {"cpu_ms_per_record": 1000 * cpu / records_written, "records": records_written,
+            "records_per_s": records_written / wall}
+
+
+def run(quick: bool) -> list[Result]:
+    warm, measured = WARM[quick], MEASURED[quick]
+    with Stack("worker-overhead") as stack:
+        redis = stack.redis()
+        _, url = stack.devserver("--mean-output-tokens", str(MEAN_OUTPUT_TOKENS))
+        enqueue_backlog(redis.url, write_rows(stack.dir / "rows.jsonl", warm + measured, seed=3), "overhead",
+                        max_new_tokens=MAX_NEW_TOKENS)
+        payloads = queued_payloads(redis.url)
+        ours = _measure_worker(stack, redis.url, url, CONCURRENCY, warm, measured, "overhead")
+        # The same prompts in the same batches, as many records as the worker was measured on.
+        bare = _bare_loop(url, payloads[: measured // len(payloads[0].items)], stack.dir / "bare")
+    ratio = ours["cpu_ms_per_record"] / bare["cpu_ms_per_record"]
+    note = (f"--concurrency {CONCURRENCY}, zero-latency devserver, {ours['records']} records, batch 16, "
+            f"~{MEAN_OUTPUT_TOKENS} output tokens; worker {ours['records_per_s']:.0f} rec/s on "
+            f"{ours['cores']:.2f} cores, bare loop {bare['records_per_s']:.0f} rec/s")
+    return [Result(
+        number=3, figure="worker CPU per record", ours=ours["cpu_ms_per_record"], baseline=bare["cpu_ms_per_record"],
+        unit="CPU ms/record", baseline_name="bare loop: POST /generate + write_record_file per batch",
+        target="<= 1.5x bare loop", met=ratio <= TARGET_RATIO, note=note, details={"ours": ours, "bare": bare},
+    )]
