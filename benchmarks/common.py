@@ -255,6 +255,15 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def main_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process alone (e.g. a worker's main process)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return times.user + times.system
+
+
 def tree_rss(pid: int) -> int:
     """Resident bytes of a process and its live descendants."""
     total = 0

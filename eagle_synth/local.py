@@ -74,6 +74,7 @@ class RedisServer:
         password: `requirepass` for the default user.
         acl_user: (name, password) of an extra ACL user with full access.
         appendonly: persist every write (survives restarts).
+        tls: serve TLS only, with a throwaway CA and certificate made in workdir (needs openssl).
         port: 0 picks a free one.
     """
 
@@ -81,6 +82,7 @@ class RedisServer:
     password: str | None = None
     acl_user: tuple[str, str] | None = None
     appendonly: bool = False
+    tls: bool = False
     port: int = 0
     proc: subprocess.Popen | None = field(default=None, init=False)
 
@@ -95,6 +97,12 @@ class RedisServer:
             "--save", "", "--appendonly", "yes" if self.appendonly else "no",
             "--maxmemory-policy", "noeviction", "--logfile", str(self.workdir / "redis.log"),
         ]
+        if self.tls:
+            args[args.index("--port") + 1] = "0"
+            args += ["--tls-port", str(self.port), "--tls-cert-file", str(self.workdir / "server.pem"),
+                     "--tls-key-file", str(self.workdir / "server.key"), "--tls-ca-cert-file", str(self.ca_file),
+                     "--tls-auth-clients", "no"]
+            make_test_certificates(self.workdir)
         if self.password:
             args += ["--requirepass", self.password]
         if self.acl_user:
@@ -111,7 +119,13 @@ class RedisServer:
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_cert_reqs=required"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "ca.pem"
 
     def stop(self, *, sig: int = signal.SIGTERM) -> None:
         _stop(self.proc, sig=sig)
@@ -119,6 +133,22 @@ class RedisServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def make_test_certificates(folder: Path) -> None:
+    """A throwaway CA and a server certificate for 127.0.0.1, for TLS tests only."""
+    if (folder / "server.pem").exists():
+        return
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=eagle-synth test CA",
+            "-keyout", "ca.key", "-out", "ca.pem")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key",
+            "-out", "server.csr")
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", "san.ext", "-out", "server.pem")
 
 
 @dataclass

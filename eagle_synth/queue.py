@@ -22,7 +22,7 @@ MAX_TASKS_PER_CHILD = 1000
 def celery_config(settings: BrokerSettings) -> dict:
     """Celery settings for these broker settings (celeryconfig.py exposes the same)."""
     config: dict = {
-        "broker_url": settings.redis_url,
+        "broker_url": settings.url_without_ssl_query if settings.uses_tls else settings.redis_url,
         "broker_connection_retry_on_startup": True,
         # Retry a lost broker forever: a Redis restart must not end a days-long worker.
         "broker_connection_max_retries": None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import ssl
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlparse, urlunparse
 
 # Where Redis is when nothing says otherwise: the local development instance.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -71,6 +71,14 @@ class BrokerSettings:
     def task_budget_seconds(self) -> float:
         """How long one task may run before it must hand its batch back to the queue."""
         return self.visibility_timeout * TASK_BUDGET_SHARE
+
+    @property
+    def url_without_ssl_query(self) -> str:
+        """The URL minus its `ssl_*` query parameters: kombu lets those replace the whole
+        `broker_use_ssl` dict (dropping the CA file), so they travel in ssl_options instead."""
+        parts = urlparse(self.redis_url)
+        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if not k.startswith("ssl_")]
+        return urlunparse(parts._replace(query=urlencode(query)))
 
     def ssl_options(self) -> dict | None:
         """Options for Celery's `broker_use_ssl` and redis-py, or None for plain TCP."""

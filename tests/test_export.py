@@ -139,3 +139,5 @@ def test_cli_export_reports_and_refuses_bad_format(campaign, tmp_path):
     assert summary["rows"] == 3 and summary["dropped"] == {"truncated": 1}
     bad = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "c.csv"), "--format", "csv"])
     assert bad.exit_code == 2 and "jsonl, parquet" in bad.output
+    folder_out = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path)])
+    assert folder_out.exit_code == 2 and "--shard-rows" in folder_out.output

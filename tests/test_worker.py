@@ -197,3 +197,21 @@ def test_failed_and_retry_failed(tmp_path, redis_server, stack, tokenizer_path):
     wait_for(lambda: c.progress().done == 5, timeout=60, what="the replayed prompt")
     assert c.progress().failed == 0
     assert_exactly_once(redis_server.url, "retry", tmp_path / "out" / "retry", expected=5)
+
+
+def test_redis_over_tls(tmp_path, stack, tokenizer_path, monkeypatch):
+    server = RedisServer(workdir=tmp_path / "redis", tls=True, password="tls-pw").start()
+    monkeypatch.setenv("EAGLE_SYNTH_REDIS_CA", str(server.ca_file))
+    try:
+        assert server.url.startswith("rediss://")
+        enqueue_rows(tmp_path, server.url, "tls", chat_rows(4), tokenizer=tokenizer_path)
+        _, dev = stack.devserver()
+        stack.worker(servers=[dev], out=tmp_path / "out", redis_url=server.url)
+        wait_finished(server.url, "tls", expected=4, stack=stack)
+        assert status_json(server.url, "tls")["done"] == 4
+        # Without the CA the certificate is not trusted: a clear error, not a hang.
+        monkeypatch.delenv("EAGLE_SYNTH_REDIS_CA")
+        untrusted = cli("status", "tls", "--redis", server.url, check=False, timeout=60)
+        assert untrusted.returncode != 0
+    finally:
+        server.stop()
