@@ -4,10 +4,8 @@ record or one recorded failure (docs/reliability.md lists them)."""
 from __future__ import annotations
 
 import signal
-import time
 
 import psutil
-import pytest
 
 from eagle_synth.local import free_port, wait_for
 from eagle_synth.node_state import NodeState, all_nodes

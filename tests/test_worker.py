@@ -55,16 +55,17 @@ def test_redelivered_batch_with_records_is_not_generated_again(tmp_path, redis_s
     summary = enqueue_rows(tmp_path, redis_server.url, "again", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
     _, url = stack.devserver()
     out = tmp_path / "out"
-    stack.worker(servers=[url], out=out, redis_url=redis_server.url)
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url)
     wait_finished(redis_server.url, "again", expected=8, stack=stack)
     prompts_before = devserver_stats(url)["prompts"]
     files_before = sorted((out / "again" / "records").iterdir())
 
     # Publish the very same batches again, as a redelivery would.
-    from producer.publisher import Publisher, _unpack_items  # noqa: F401
+    from producer.publisher import Publisher
+    from tests.helpers import records_by_key
+
     settings = broker_settings(redis_url=redis_server.url)
     c = Campaign(connect(settings), "again")
-    from tests.helpers import records_by_key
     items = [PromptItem(key=r.key, row_id=r.id, sample=r.sample, ids=r.prompt_ids, source=r.source)
              for r in records_by_key(out / "again").values()]
     publisher = Publisher(campaign=c, app=make_celery(settings), queue=settings.queue,
@@ -72,8 +73,7 @@ def test_redelivered_batch_with_records_is_not_generated_again(tmp_path, redis_s
     for start in range(0, 8, 4):
         publisher._publish(items[start:start + 4])
     wait_for(lambda: c.client.llen("eagle-synth") == 0, timeout=30, what="the copies to be taken")
-    stack_logs = lambda: stack.logs()  # noqa: E731
-    wait_for(lambda: stack_logs().count("4 already done") >= 2, timeout=30, what="the copies to be skipped")
+    wait_for(lambda: worker.log().count("4 already done") >= 2, timeout=30, what="the copies to be skipped")
     assert devserver_stats(url)["prompts"] == prompts_before
     assert sorted((out / "again" / "records").iterdir()) == files_before
     assert summary.prompts_enqueued == 8
