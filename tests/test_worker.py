@@ -215,3 +215,20 @@ def test_redis_over_tls(tmp_path, stack, tokenizer_path, monkeypatch):
         assert untrusted.returncode != 0
     finally:
         server.stop()
+
+
+def test_stale_temporary_files_are_removed(tmp_path):
+    import os
+
+    from workers.batch import STALE_TEMPORARY_SECONDS, remove_stale_temporaries
+
+    folder = tmp_path / "c" / "records"
+    folder.mkdir(parents=True)
+    old, fresh, record = folder / ".tmp-old.zst", folder / ".tmp-new.zst", folder / "b-1.zst"
+    for path in (old, fresh, record):
+        path.write_bytes(b"x")
+    past = time.time() - STALE_TEMPORARY_SECONDS - 10
+    os.utime(old, (past, past))
+    os.utime(record, (past, past))
+    assert remove_stale_temporaries(tmp_path / "c") == 1
+    assert not old.exists() and fresh.exists() and record.exists()

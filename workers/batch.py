@@ -27,7 +27,8 @@ from eagle_synth.campaign import Campaign, CampaignSettings
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.records import (
-    Record, batch_files, campaign_dir, read_manifest, read_record_file, write_manifest, write_record_file,
+    Record, batch_files, campaign_dir, read_manifest, read_record_file, records_dir, write_manifest,
+    write_record_file,
 )
 from eagle_synth.manifest import build_manifest
 from workers.client import BadRequest, SGLangClient, ServerDown, TransientError
@@ -44,6 +45,25 @@ QUICK_HEALTH_TIMEOUT = 5.0
 MANIFEST_REFRESH = 60.0
 # A 400 whose message says this is a prompt over the context length.
 CONTEXT_MESSAGE = "context length"
+
+
+# Seconds after which a temporary record file is an orphan of a killed writer, not a write
+# in progress.
+STALE_TEMPORARY_SECONDS = 3600
+
+
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete `.tmp-*` files that killed writers left in a campaign's records folder."""
+    removed = 0
+    cutoff = time.time() - STALE_TEMPORARY_SECONDS
+    for path in records_dir(folder).glob(".tmp-*") if records_dir(folder).is_dir() else ():
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 class Requeue(Exception):
@@ -88,6 +108,7 @@ class BatchRunner:
         self._settings: dict[str, CampaignSettings] = {}
         self._noted: set[tuple[str, str]] = set()
         self._manifest_at: dict[str, float] = {}
+        self._swept: set[str] = set()
 
     # entry point ------------------------------------------------------------------
     def run(self, payload: TaskPayload) -> BatchOutcome:
@@ -343,6 +364,9 @@ class BatchRunner:
     def _commit(self, campaign, payload, folder: Path, records: list[Record], outcome) -> None:
         if not records:
             return
+        if campaign.name not in self._swept:
+            self._swept.add(campaign.name)
+            remove_stale_temporaries(folder)
         write_record_file(folder, campaign=campaign.name, batch=payload.batch, records=records)
         campaign.mark_done(
             [r.key for r in records],
