@@ -371,16 +371,19 @@ def wait_done(redis_url: str, name: str, at_least: int, *, timeout: float, stack
 
 
 def enqueue_backlog(redis_url: str, rows_path: Path, campaign: str, *, max_new_tokens: int,
-                    temperature: float = 0.0) -> dict:
+                    temperature: float = 0.0, samples: int = 1) -> dict:
     """Enqueue rows with the real producer in this process, templating in this process too
-    (a backlog for a worker benchmark: skips the CLI's interpreter start and pool start)."""
+    (a backlog for a worker benchmark: skips the CLI's interpreter start and pool start).
+    `samples` > 1 makes each row that many prompts (`--n`, seeded), a deep backlog for the
+    cost of templating one."""
     from eagle_synth.sampling import SamplingParams
     from eagle_synth.settings import broker_settings
     from producer.enqueue import EnqueueOptions, enqueue
 
     summary = enqueue(
         EnqueueOptions(inputs=[str(rows_path)], campaign=campaign, tokenizer=str(TOKENIZER), processes=1,
-                       sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)),
+                       sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=samples,
+                                               seed=1 if samples > 1 else None)),
         broker=broker_settings(redis_url=redis_url),
     )
     if not summary.accounted or summary.rows_skipped:

@@ -80,9 +80,9 @@ def test_worker_is_built_here_and_points_at_sglang() -> None:
     assert command.startswith("worker ") and "--server http://sglang:30000" in command and "--out /data/out" in command
     assert "sglang" in worker["depends_on"]
     # Longer than the worker's soft shutdown, so SIGTERM puts unfinished batches back.
-    from eagle_synth.queue import SOFT_SHUTDOWN_SECONDS
+    from eagle_synth.settings import DEFAULT_SOFT_SHUTDOWN
 
-    assert int(worker["stop_grace_period"].rstrip("s")) > SOFT_SHUTDOWN_SECONDS
+    assert int(worker["stop_grace_period"].rstrip("s")) > DEFAULT_SOFT_SHUTDOWN
     assert worker["environment"]["REDIS_URL"].startswith("${REDIS_URL:?")
 
 
