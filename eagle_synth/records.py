@@ -291,7 +291,8 @@ def batch_of_file(path: str | os.PathLike) -> str:
     return Path(path).name[: -len(RECORD_SUFFIX)].rsplit("-", 1)[0]
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink in `path` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -313,7 +314,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -394,7 +395,7 @@ class ShardWriter:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = self.folder / f"{SHARD_PREFIX}{stamp}-{secrets.token_hex(4)}{RECORD_SUFFIX}"
         os.replace(self.tmp, path)
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
         self._done = True
         return path
 

@@ -15,16 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
+
 # Keys SGLang's SamplingParams accepts; anything else is a TypeError in the real server.
-SAMPLING_KEYS = frozenset(
-    {
-        "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-        "presence_penalty", "repetition_penalty", "min_new_tokens", "stop", "stop_token_ids",
-        "stop_regex", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-        "no_stop_trim", "n", "json_schema", "regex", "ebnf", "logit_bias", "sampling_seed",
-        "custom_params",
-    }
-)
+SAMPLING_KEYS = SGLANG_SAMPLING_KEYS
 # SGLang's default max_new_tokens when the request leaves it out.
 DEFAULT_MAX_NEW_TOKENS = 128
 # Below this temperature SGLang samples greedily.

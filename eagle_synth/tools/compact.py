@@ -31,6 +31,7 @@ from eagle_synth.records import (
     RecordFormatError,
     ShardWriter,
     batch_of_file,
+    fsync_dir,
     read_file_header,
     read_raw_file,
     records_dir,
@@ -100,14 +101,6 @@ def _exclusive(folder: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _plan(files: list[Path], *, shard_bytes: int) -> list[list[tuple[Path, int]]]:
@@ -181,7 +174,7 @@ def compact(campaign_path: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHAR
             path.unlink(missing_ok=True)
             result.leftovers_deleted += 1
         if scan.absorbed:
-            _fsync_dir(folder)
+            fsync_dir(folder)
         cutoff = time.time() - min_age
         candidates = []
         for path in scan.batch_files:
@@ -230,7 +223,7 @@ def _compact_group(campaign_path, scan: CampaignFiles, group: list[tuple[Path, i
     # The shard is durable; from here on a stop only leaves absorbed files readers skip.
     for path, _ in sources:
         path.unlink(missing_ok=True)
-    _fsync_dir(shard.parent)
+    fsync_dir(shard.parent)
     result.shards.append(shard)
     result.files_compacted += len(sources)
     result.records += written
