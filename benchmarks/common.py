@@ -288,14 +288,29 @@ def tree_pss(pid: int) -> int:
 
 
 @contextmanager
-def peak_rss(pid: int) -> Iterator[dict]:
-    """Samples the tree's RSS while the block runs; `result["peak"]` is the largest sum seen."""
-    result = {"peak": 0}
+def sample_tree(pid: int) -> Iterator[dict]:
+    """Samples a process tree while the block runs: `peak_rss` is the largest RSS sum seen,
+    `cpu` the CPU seconds of every process seen (its last reading: children that exit
+    before the root, like a pool's, still count up to their last sample), `root_cpu` the
+    root process's alone."""
+    result = {"peak_rss": 0, "cpu": 0.0, "root_cpu": 0.0}
+    last_cpu: dict[int, float] = {}
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            result["peak"] = max(result["peak"], tree_rss(pid))
+            rss = 0
+            for proc in tree(pid):
+                try:
+                    with proc.oneshot():
+                        rss += proc.memory_info().rss
+                        times = proc.cpu_times()
+                    last_cpu[proc.pid] = times.user + times.system
+                except psutil.NoSuchProcess:
+                    pass
+            result["peak_rss"] = max(result["peak_rss"], rss)
+            result["cpu"] = sum(last_cpu.values())
+            result["root_cpu"] = last_cpu.get(pid, 0.0)
             stop.wait(SAMPLE_INTERVAL)
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -307,24 +322,35 @@ def peak_rss(pid: int) -> Iterator[dict]:
         thread.join()
 
 
-def run_measured(args: list[str], *, timeout: float, env: dict[str, str] | None = None
-                 ) -> tuple[subprocess.CompletedProcess, float, int]:
-    """Run a command to completion; returns (completed, wall seconds, peak RSS of its tree)."""
+@dataclass(slots=True)
+class Measured:
+    """A finished command: its output, wall seconds, peak RSS of its tree, CPU seconds of its
+    tree and of its root process."""
+
+    completed: subprocess.CompletedProcess
+    wall: float
+    peak_rss: int
+    cpu: float
+    root_cpu: float
+
+
+def run_measured(args: list[str], *, timeout: float, env: dict[str, str] | None = None) -> Measured:
+    """Run a command to completion, sampling its process tree; raises if it fails."""
     started = time.perf_counter()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, **(env or {})}, start_new_session=True)
     try:
-        with peak_rss(proc.pid) as rss:
+        with sample_tree(proc.pid) as sampled:
             stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise
     elapsed = time.perf_counter() - started
-    completed = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:4])} ... exited {proc.returncode}:\n{stderr.decode()[-3000:]}")
-    return completed, elapsed, rss["peak"]
+    return Measured(completed=subprocess.CompletedProcess(args, proc.returncode, stdout, stderr), wall=elapsed,
+                    peak_rss=sampled["peak_rss"], cpu=sampled["cpu"], root_cpu=sampled["root_cpu"])
 
 
 # ----------------------------------------------------------------------------- devserver and campaigns
@@ -399,8 +425,8 @@ def enqueue_cli(redis_url: str, rows_path: Path, campaign: str, *, max_new_token
             "--temperature", str(temperature), "--n", str(samples), "--redis", redis_url, "--json", *extra]
     if samples > 1:
         args += ["--seed", "1"]
-    completed, _, _ = run_measured(args, timeout=timeout)
-    return json.loads(completed.stdout.decode().strip().splitlines()[-1])
+    measured = run_measured(args, timeout=timeout)
+    return json.loads(measured.completed.stdout.decode().strip().splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------- data

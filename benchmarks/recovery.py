@@ -27,11 +27,11 @@ from workers.config import DEFAULT_INFLIGHT, default_concurrency
 
 REPEATS = 3
 # Seconds the port stays closed, then seconds /health answers 503.
-STARTUP_DELAY = {True: 1.0, False: 3.0}
-WARMUP = {True: 2.0, False: 3.0}
+STARTUP_DELAY = {True: 0.5, False: 3.0}
+WARMUP = {True: 1.5, False: 3.0}
 # Slow generation, so the backlog outlasts every repeat (stopped workers requeue theirs).
 TOKEN_LATENCY = 0.02
-BACKLOG_ROWS = 800
+BACKLOG_ROWS = 400
 # The /health poll that cross-checks `healthy_at`, seconds.
 POLL_INTERVAL = 0.02
 # Seconds to wait for the first /generate after the server turned healthy before giving up.

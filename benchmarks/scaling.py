@@ -33,7 +33,7 @@ SLOTS = 512
 MEAN_OUTPUT_TOKENS = 100
 MAX_NEW_TOKENS = 256
 # Prompts per templated row (`--n`): a deep backlog for little templating.
-SAMPLES = 4
+SAMPLES = 8
 # Records/s per process assumed before any is measured, seconds of worker start-up to allow
 # for, and the backlog's margin over what a k is expected to take.
 RATE_GUESS = 1000.0

@@ -277,7 +277,25 @@ from eagle_synth import cli_ops, cli_records  # noqa: E402,F401
 
 
 def main() -> None:
-    app()
+    import redis
+    from kombu.exceptions import OperationalError
+
+    from eagle_synth.settings import SettingsError
+
+    try:
+        app()
+    except redis.AuthenticationError as exc:
+        typer.secho(f"error: Redis refused the credentials: {exc}. Check the user and password in "
+                    "--redis / REDIS_URL (redis://user:password@host:port/db).", err=True, fg=typer.colors.RED)
+        raise SystemExit(2) from None
+    except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
+        typer.secho(f"error: cannot reach Redis: {exc}. Check --redis / REDIS_URL; for TLS use rediss:// "
+                    "and EAGLE_SYNTH_REDIS_CA. Rerunning a command is safe: enqueue resumes where it stopped.",
+                    err=True, fg=typer.colors.RED)
+        raise SystemExit(2) from None
+    except SettingsError as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
