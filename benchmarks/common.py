@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -127,13 +128,13 @@ def machine() -> dict[str, str]:
             versions[name] = "not installed"
     try:
         redis_server = subprocess.run(["redis-server", "--version"], capture_output=True, text=True,
-                                      timeout=10).stdout.split()
+                                      timeout=10, check=False).stdout.split()
         versions["redis-server"] = next((w.split("=")[1] for w in redis_server if w.startswith("v=")), "?")
     except (OSError, subprocess.SubprocessError):
         versions["redis-server"] = "not found"
     try:
         commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "unknown"
+                                text=True, timeout=10, check=False).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     return {
@@ -205,10 +206,8 @@ class Stack:
 
     def close(self) -> None:
         # Every stop is attempted even if one fails: nothing may outlive the benchmark.
-        for process in reversed(self.workers):
-            _quietly(lambda: process.stop(timeout=WORKER_STOP_TIMEOUT))
-        for process in reversed(self.others):
-            _quietly(lambda: process.stop(timeout=WORKER_STOP_TIMEOUT))
+        for process in [*reversed(self.workers), *reversed(self.others)]:
+            _quietly(partial(process.stop, timeout=WORKER_STOP_TIMEOUT))
         for server in reversed(self.redis_servers):
             _quietly(server.stop)
         if not os.environ.get(KEEP_ENV):
