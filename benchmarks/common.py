@@ -36,8 +36,8 @@ TOKENIZER = Path(os.environ.get("EAGLE_SYNTH_BENCH_TOKENIZER",
 # Seconds a stopped worker gets to finish its batches before it is killed; benchmarks stop
 # workers with a backlog left, and nothing of it needs to be kept.
 WORKER_STOP_TIMEOUT = 10.0
-# Interval of the RSS / progress samplers, seconds.
-SAMPLE_INTERVAL = 0.05
+# Interval of the process-tree sampler (RSS, CPU), seconds: cheap enough not to disturb what it measures.
+SAMPLE_INTERVAL = 0.1
 # Set to keep every benchmark's scratch folder (logs, Redis dirs, records) for inspection.
 KEEP_ENV = "EAGLE_SYNTH_BENCH_KEEP"
 # Packages whose versions BENCHMARKS.md reports.

@@ -39,7 +39,7 @@ MAX_NEW_TOKENS = 512
 # Seconds after the first /generate before the window opens (pool start, first batches).
 WARMUP = {True: 3.0, False: 8.0}
 # Seconds of the measured window.
-WINDOW = {True: 6.0, False: 20.0}
+WINDOW = {True: 5.0, False: 20.0}
 # Prompts finished per second at full occupancy, and the backlog margin over the run.
 SERVER_RATE = SLOTS / (TOKEN_LATENCY * MEAN_OUTPUT_TOKENS)
 BACKLOG_MARGIN = 1.6
@@ -114,7 +114,8 @@ def measure_worker(quick: bool, concurrency: int) -> tuple[dict, list[tuple[list
             raise RuntimeError(f"the backlog drained during the window ({pending} left): raise BACKLOG_MARGIN")
         return {
             "occupancy": stats["occupancy"], "sampled_occupancy": stats["sampled_occupancy"],
-            "window_s": round(stats["window"], 2), "prompts_per_s": stats["prompts"] / stats["window"], "server_waiting_at_end": stats["waiting"],
+            "window_s": round(stats["window"], 2), "prompts_per_s": stats["prompts"] / stats["window"],
+            "server_waiting_at_end": stats["waiting"],
             "worker_cpu_cores": cpu / stats["window"], "worker_pss_mib": pss / 2**20,
             "concurrency": concurrency, "backlog": summary["prompts_enqueued"],
         }, prompts
@@ -165,7 +166,8 @@ def run(quick: bool) -> list[Result]:
     setup = (f"S={SLOTS}, {TOKEN_LATENCY * 1000:g} ms/token, mean {MEAN_OUTPUT_TOKENS} tokens, "
              f"window {ours['window_s']:.0f} s")
     note = (f"{setup}; running count sampled every {SAMPLE_EVERY:g} s: ours {100 * ours['sampled_occupancy']:.1f} %, "
-            f"ceiling {100 * ceiling['sampled_occupancy']:.1f} %; default worker = {concurrency} pool processes used {ours['worker_cpu_cores']:.2f} cores, "
+            f"ceiling {100 * ceiling['sampled_occupancy']:.1f} %; default worker = {concurrency} pool processes "
+            f"used {ours['worker_cpu_cores']:.2f} cores, "
             f"PSS {ours['worker_pss_mib']:.0f} MiB; ceiling: aiohttp, {DEFAULT_INFLIGHT} requests in flight")
     details = {"ours": ours, "ceiling": ceiling}
     results = [Result(

@@ -31,7 +31,7 @@ STARTUP_DELAY = {True: 0.5, False: 3.0}
 WARMUP = {True: 1.5, False: 3.0}
 # Slow generation, so the backlog outlasts every repeat (stopped workers requeue theirs).
 TOKEN_LATENCY = 0.02
-BACKLOG_ROWS = 400
+BACKLOG_ROWS = 300
 # The /health poll that cross-checks `healthy_at`, seconds.
 POLL_INTERVAL = 0.02
 # Seconds to wait for the first /generate after the server turned healthy before giving up.
@@ -96,7 +96,7 @@ def run(quick: bool) -> list[Result]:
     with Stack("recovery") as stack:
         redis = stack.redis()
         enqueue_backlog(redis.url, write_rows(stack.dir / "rows.jsonl", BACKLOG_ROWS, seed=2), "recovery",
-                    max_new_tokens=256)
+                        max_new_tokens=256)
         runs = [_one(stack, redis.url, quick, concurrency, i) for i in range(REPEATS)]
     times = [r["recovery_s"] for r in runs]
     early = sum(r["generate_calls_before_healthy"] for r in runs)

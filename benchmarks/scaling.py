@@ -34,10 +34,11 @@ MEAN_OUTPUT_TOKENS = 100
 MAX_NEW_TOKENS = 256
 # Prompts per templated row (`--n`): a deep backlog for little templating.
 SAMPLES = 8
-# Records/s per process assumed before any is measured, seconds of worker start-up to allow
-# for, and the backlog's margin over what a k is expected to take.
-RATE_GUESS = 1000.0
-STARTUP_ALLOWANCE = 8.0
+# Records/s per process assumed before any is measured, seconds of consumption outside the
+# warm-up and window to allow for (reaching FIRST_RECORDS, stopping), and the backlog's
+# margin over what a step is expected to take.
+RATE_GUESS = 1500.0
+STARTUP_ALLOWANCE = 3.0
 BACKLOG_MARGIN = 1.3
 WARMUP = {True: 2.0, False: 4.0}
 WINDOW = {True: 3.0, False: 10.0}
@@ -81,7 +82,7 @@ def _measure(stack: Stack, redis, url: str, devserver_pid: int, k: int, quick: b
             stack.stop_worker(worker)
     if pending < 16 * CONCURRENCY * k:
         raise RuntimeError(f"the backlog ran dry during k={k} ({pending} left): raise BACKLOG_MARGIN")
-    done, wall, workers_cpu, dev_cpu, redis_cpu, busy, total = (a - b for a, b in zip(after, before))
+    done, wall, workers_cpu, dev_cpu, redis_cpu, busy, total = (a - b for a, b in zip(after, before, strict=True))
     cores = psutil.cpu_count() or 1
     ours = workers_cpu + dev_cpu + redis_cpu
     return {
@@ -99,9 +100,9 @@ def run(quick: bool) -> list[Result]:
         devserver, url = stack.devserver("--slots", str(SLOTS), "--mean-output-tokens", str(MEAN_OUTPUT_TOKENS))
         runs: list[dict] = []
         for k in PROCESSES:
-            # Top the backlog up to what k processes could take at the best rate seen so far
-            # (each k's batches in flight at the stop go back to the queue).
-            rate = max([r["records_per_s"] / r["processes"] for r in runs], default=RATE_GUESS) * k
+            # Top the backlog up to what k processes could take if they scaled linearly from
+            # the previous step (each step's batches in flight at the stop go back to the queue).
+            rate = runs[-1]["records_per_s"] * k / runs[-1]["processes"] if runs else RATE_GUESS * k
             needed = rate * (WARMUP[quick] + WINDOW[quick] + STARTUP_ALLOWANCE) * BACKLOG_MARGIN
             pending = campaign_progress(redis.url, "scaling").pending
             if pending < needed:
@@ -117,7 +118,8 @@ def run(quick: bool) -> list[Result]:
         linear = ratio >= LINEAR_SHARE * k
         saturated = r["machine_busy"] >= SATURATED
         where = (f"CPU: workers {r['workers_cores']:.2f}, devserver {r['devserver_cores']:.2f}, "
-                 f"redis {r['redis_cores']:.2f}, other processes {r['other_cores']:.2f} cores; machine {100 * r['machine_busy']:.0f} % busy of "
+                 f"redis {r['redis_cores']:.2f}, other processes {r['other_cores']:.2f} cores; "
+                 f"machine {100 * r['machine_busy']:.0f} % busy of "
                  f"{r['machine_cores']} cores")
         if k == 1:
             note = f"baseline; {where}"

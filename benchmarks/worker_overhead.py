@@ -23,11 +23,12 @@ import time
 import requests
 
 from benchmarks.common import (
-    Result, Stack, campaign_progress, enqueue_backlog, main_cpu_seconds, queued_payloads, tree_cpu_seconds, wait_done, write_rows,
+    Result, Stack, campaign_progress, enqueue_backlog, main_cpu_seconds, queued_payloads, tree_cpu_seconds, wait_done,
+    write_rows,
 )
 from eagle_synth.records import Record, write_record_file
 
-# Pool processes: one per core. Also measured: the default (16), see DEFAULT_ALSO.
+# Pool processes: one per core (the default 16 gives the same CPU per record within noise).
 CONCURRENCY = 2
 # Records done before the CPU clock starts, and records measured.
 WARM = {True: 96, False: 160}
@@ -70,7 +71,7 @@ def _bare_loop(url: str, payloads: list, out) -> dict:
                                                           "sampling_params": sampling}, timeout=60)
         response.raise_for_status()
         records = []
-        for item, answer, params in zip(payload.items, response.json(), sampling):
+        for item, answer, params in zip(payload.items, response.json(), sampling, strict=True):
             meta = answer["meta_info"]
             finish = meta["finish_reason"]
             records.append(Record(

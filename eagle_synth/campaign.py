@@ -46,6 +46,31 @@ return removed
 """
 
 
+# KEYS: done set, failed hash, reasons hash, counters hash, events stream.
+# ARGV: tokens_in, tokens_out, repaired, events maxlen, then prompt keys.
+# One round trip for what a finished batch changes; counts only keys that were new.
+_MARK_DONE = """
+local added = 0
+for i = 5, #ARGV do
+  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then added = added + 1 end
+  local old = redis.call('HGET', KEYS[2], ARGV[i])
+  if old then
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    redis.call('HINCRBY', KEYS[3], cjson.decode(old)['reason'], -1)
+  end
+end
+if added > 0 then
+  redis.call('HINCRBY', KEYS[4], 'records', added)
+  redis.call('HINCRBY', KEYS[4], 'tokens-in', ARGV[1])
+  redis.call('HINCRBY', KEYS[4], 'tokens-out', ARGV[2])
+  if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', KEYS[4], 'repaired-prefix', ARGV[3]) end
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*',
+             'records', added, 'tokens_out', ARGV[2], 'tokens_in', ARGV[1])
+end
+return added
+"""
+
+
 class CampaignMismatch(ValueError):
     """Enqueuing into a campaign whose stored settings differ; the message lists each field."""
 
@@ -235,17 +260,11 @@ class Campaign:
         """Record that these keys' records are on disk; returns how many were new."""
         if not keys:
             return 0
-        added = self.client.sadd(self.keys.done, *keys)
-        self.drop_failures(keys)
-        if added:
-            self.count(records=added, tokens_in=tokens_in, tokens_out=tokens_out, repaired_prefix=repaired)
-            self.client.xadd(
-                self.keys.events,
-                {"records": added, "tokens_out": tokens_out, "tokens_in": tokens_in},
-                maxlen=EVENTS_MAXLEN,
-                approximate=True,
-            )
-        return int(added)
+        k = self.keys
+        return int(self.client.eval(
+            _MARK_DONE, 5, k.done, k.failed, k.failed_reasons, k.counters, k.events,
+            tokens_in, tokens_out, repaired, EVENTS_MAXLEN, *keys,
+        ))
 
     def record_failure(self, item: PromptItem, *, reason: str, message: str, sampling: dict,
                        worker: str = "") -> None:

@@ -78,14 +78,21 @@ class NodeState:
         pipe.expire(self.key, WORKER_TTL)
         pipe.execute()
 
-    def server_states(self) -> dict[str, ServerState]:
-        raw = self.client.hgetall(self.key)
-        states = {}
-        for field, value in raw.items():
+    def routing(self) -> tuple[dict[str, ServerState], dict[str, float], dict[str, int]]:
+        """In one read: server states, suspect times, and prompts in flight per server."""
+        states: dict[str, ServerState] = {}
+        suspects: dict[str, float] = {}
+        inflight: dict[str, int] = {}
+        for field, value in self.client.hgetall(self.key).items():
             name = field.decode()
             if name.startswith("state:"):
                 states[name[len("state:"):]] = ServerState(**json.loads(value))
-        return states
+            elif name.startswith("suspect:"):
+                suspects[name[len("suspect:"):]] = json.loads(value)["at"]
+            elif name.startswith("inflight:"):
+                url = name.split(":", 3)[3]
+                inflight[url] = inflight.get(url, 0) + int(value)
+        return states, suspects, inflight
 
     def snapshot(self) -> dict:
         """Everything in the hash, decoded (for status)."""
@@ -118,10 +125,6 @@ class NodeState:
             self.client.hdel(self.key, *[f"suspect:{u}" for u in suspects])
         return suspects
 
-    def suspected_since(self, url: str) -> float | None:
-        raw = self.client.hget(self.key, f"suspect:{url}")
-        return json.loads(raw)["at"] if raw else None
-
     def generated_ok(self, url: str) -> None:
         """A /generate succeeded: as good as a health probe."""
         self.client.hset(self.key, f"ok:{url}", time.time())
@@ -146,18 +149,6 @@ class NodeState:
                 _, pid, campaign, url = name.split(":", 3)
                 rows.append((int(pid), campaign, url, int(value)))
         return rows
-
-    def inflight_by_server(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for _, _, url, n in self.inflight_children():
-            totals[url] = totals.get(url, 0) + n
-        return totals
-
-    def inflight_by_campaign(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for _, campaign, _, n in self.inflight_children():
-            totals[campaign] = totals.get(campaign, 0) + n
-        return totals
 
     def prune_dead_children(self, is_alive) -> None:
         """Drop in-flight counts of pool children that died (SIGKILL leaves them behind)."""

@@ -43,6 +43,8 @@ BACKOFF_START = 1.0
 QUICK_HEALTH_TIMEOUT = 5.0
 # Seconds between manifest refreshes by one process.
 MANIFEST_REFRESH = 60.0
+# Seconds between "the server answered /generate" reports to the health gate, per child.
+OK_REPORT_INTERVAL = 1.0
 # A 400 whose message says this is a prompt over the context length.
 CONTEXT_MESSAGE = "context length"
 
@@ -109,6 +111,7 @@ class BatchRunner:
         self._noted: set[tuple[str, str]] = set()
         self._manifest_at: dict[str, float] = {}
         self._swept: set[str] = set()
+        self._ok_reported: dict[str, float] = {}
 
     # entry point ------------------------------------------------------------------
     def run(self, payload: TaskPayload) -> BatchOutcome:
@@ -223,19 +226,17 @@ class BatchRunner:
         return good
 
     def _pick_server(self) -> tuple[str, ServerState]:
-        states = self.node_state.server_states()
+        states, suspects, inflight = self.node_state.routing()
         healthy = []
         for url in self.config.servers:
             state = states.get(url)
             if state is None or state.state != HEALTHY:
                 continue
-            suspected = self.node_state.suspected_since(url)
-            if suspected is not None and suspected > state.since:
+            if suspects.get(url, 0.0) > state.since:
                 continue
             healthy.append((url, state))
         if not healthy:
             raise Requeue("no healthy server")
-        inflight = self.node_state.inflight_by_server()
         return min(healthy, key=lambda us: (inflight.get(us[0], 0), random.random()))
 
     def _note_server(self, campaign: Campaign, url: str, state: ServerState) -> None:
@@ -304,7 +305,7 @@ class BatchRunner:
                 self._backoff(attempts, deadline, exc)
                 continue
 
-            self.node_state.generated_ok(url)
+            self._report_ok(url)
             retry = []
             for item, response in zip(pending, responses):
                 record = self._record(campaign, payload, url, item, response, outcome)
@@ -321,6 +322,13 @@ class BatchRunner:
                     return
                 self._backoff(attempts, deadline, "server aborted prompts")
             pending = retry
+
+    def _report_ok(self, url: str) -> None:
+        # The gate only needs to know the server answered recently; once a second is plenty.
+        now = time.monotonic()
+        if now - self._ok_reported.get(url, 0.0) >= OK_REPORT_INTERVAL:
+            self._ok_reported[url] = now
+            self.node_state.generated_ok(url)
 
     def _backoff(self, attempts: int, deadline: float, why) -> None:
         delay = min(self.config.backoff_max, BACKOFF_START * 2 ** (attempts - 1))
