@@ -107,8 +107,8 @@ def run(quick: bool) -> list[Result]:
             f"pool children {children:.2f} ms/record; worker {ours['records_per_s']:.0f} rec/s on "
             f"{ours['cores']:.2f} cores, bare loop {bare['records_per_s']:.0f} rec/s")
     if ratio > TARGET_RATIO:
-        note += ("; missed: Celery task events (always on; ~0.2-0.3 ms/record measured with them off) and 13 Redis "
-                 "round trips per batch in the child (~0.12 ms/record) make most of the gap; fixes in "
+        note += ("; missed: Celery task events (always on; ~0.2-0.3 ms/record measured with them off) and the "
+                 "child's 7 Redis round trips per batch (~0.07 ms/record) make most of the gap; fixes in "
                  "docs/benchmarks.md (known gaps)")
     return [Result(
         number=3, figure="worker CPU per record", ours=ours["cpu_ms_per_record"], baseline=bare["cpu_ms_per_record"],

@@ -159,7 +159,10 @@ class Publisher:
             campaign=self.campaign.name, batch=batch_id([i.key for i in items]),
             sampling=self.sampling, items=items,
         )
-        self.app.send_task(TASK_NAME, args=[payload.encode()], queue=self.queue, serializer="msgpack")
+        # A short argsrepr: Celery would otherwise repr the whole id blob into every message.
+        self.app.send_task(TASK_NAME, args=[payload.encode()], queue=self.queue, serializer="msgpack",
+                           argsrepr=f"<{payload.campaign} batch {payload.batch}: {len(items)} prompts>",
+                           kwargsrepr="{}")
         self.tasks += 1
 
     def _wait_for_backlog(self, *, unpublished: int) -> None:

@@ -232,3 +232,31 @@ def test_stale_temporary_files_are_removed(tmp_path):
     os.utime(record, (past, past))
     assert remove_stale_temporaries(tmp_path / "c") == 1
     assert not old.exists() and fresh.exists() and record.exists()
+
+
+def test_retried_batch_adopts_files_a_crashed_attempt_left(tmp_path, redis_server, stack, tokenizer_path, tokenizer):
+    """A crash between writing a record file and marking its keys done: the redelivered batch
+    adopts the file instead of generating again."""
+    from workers.batch import BatchRunner
+    from workers.config import WorkerConfig
+
+    enqueue_rows(tmp_path, redis_server.url, "adopt", chat_rows(1), tokenizer=tokenizer_path)
+    _, url = stack.devserver()
+    client = connect(broker_settings(redis_url=redis_server.url))
+    NodeState(client, "t@here").publish({url: ServerState(state=HEALTHY, since=time.time())}, consuming=True)
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)["input_ids"]
+           for i in range(4)]
+    items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=x) for i, x in enumerate(ids)]
+    payload = TaskPayload(campaign="adopt", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0}, items=items)
+    runner = BatchRunner(config=WorkerConfig(servers=(url,), out=tmp_path / "out"), redis_client=client,
+                         node="t@here", task_budget=60)
+    assert runner.run(payload).written == 4
+    c = Campaign(client, "adopt")
+    client.srem(c.keys.done, *[i.key for i in items])  # the crash: file renamed, keys not marked
+    prompts = devserver_stats(url)["prompts"]
+
+    outcome = runner.run(payload, retried=True)
+    assert (outcome.adopted, outcome.written) == (4, 0)
+    assert devserver_stats(url)["prompts"] == prompts
+    assert c.progress().done == 4
+    assert len(list((tmp_path / "out" / "adopt" / "records").glob("b1-*"))) == 1

@@ -72,7 +72,9 @@ def generate_batch(self, payload: dict) -> dict:
         return {"error": str(exc)}
     node = self.request.hostname or "eagle-synth@unknown"
     try:
-        outcome = _get_runner(node).run(batch)
+        delivery = self.request.delivery_info or {}
+        retried = bool(delivery.get("redelivered")) or bool(self.request.retries)
+        outcome = _get_runner(node).run(batch, retried=retried)
     except Requeue as exc:
         log.info("batch %s back to the queue: %s", batch.batch, exc)
         raise Reject(str(exc), requeue=True) from exc
@@ -147,11 +149,12 @@ app.steps["consumer"].add(HealthGateStep)
 
 
 def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str = "INFO",
-               name: str | None = None) -> None:
+               name: str | None = None, task_events: bool = True) -> None:
     """Start a Celery worker in this process (blocks until it stops)."""
     os.environ.update(config.to_env())
     settings = broker_settings()
     node = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
+    app.conf.worker_send_task_events = task_events
     app.worker_main([
         "worker",
         "--queues", settings.queue,
@@ -159,7 +162,7 @@ def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str = "INFO"
         "--pool", "prefork",
         "--hostname", node,
         "--loglevel", loglevel,
-        "--task-events",
+        *(["--task-events"] if task_events else []),
         "--without-gossip",
         "--without-mingle",
         "--prefetch-multiplier", "1",

@@ -27,7 +27,7 @@ from eagle_synth.campaign import Campaign, CampaignSettings
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.records import (
-    Record, batch_files, campaign_dir, read_manifest, read_record_file, records_dir, write_manifest,
+    Record, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
     write_record_file,
 )
 from eagle_synth.manifest import build_manifest
@@ -114,17 +114,22 @@ class BatchRunner:
         self._ok_reported: dict[str, float] = {}
 
     # entry point ------------------------------------------------------------------
-    def run(self, payload: TaskPayload) -> BatchOutcome:
-        """Run a batch; raises Requeue (give it back) or BatchBusy (another child runs it)."""
-        campaign = Campaign(self.redis, payload.campaign)
-        with BatchLease(self.redis, campaign.keys.lease(payload.batch)):
-            return self._run(campaign, payload)
+    def run(self, payload: TaskPayload, *, retried: bool = False) -> BatchOutcome:
+        """Run a batch; raises Requeue (give it back) or BatchBusy (another child runs it).
 
-    def _run(self, campaign: Campaign, payload: TaskPayload) -> BatchOutcome:
+        `retried` says this message was delivered before (redelivered, requeued or retried):
+        only then can an earlier attempt have left record files to adopt, so only then is the
+        records folder searched (listing it costs more as a campaign grows).
+        """
+        campaign = Campaign(self.redis, payload.campaign)
+        with BatchLease(self.redis, campaign.keys.lease(payload.batch)) as lease:
+            return self._run(campaign, payload, look_for_files=retried or lease.took_over)
+
+    def _run(self, campaign: Campaign, payload: TaskPayload, *, look_for_files: bool) -> BatchOutcome:
         outcome = BatchOutcome()
         settings = self._campaign_settings(campaign)
         folder = campaign_dir(self.config.out, payload.campaign)
-        items = self._unfinished(campaign, payload, folder, outcome)
+        items = self._unfinished(campaign, payload, folder, outcome, look_for_files=look_for_files)
         if not items:
             return outcome
         items = self._drop_invalid(campaign, payload, settings, items, outcome)
@@ -160,13 +165,13 @@ class BatchRunner:
         return self._settings[campaign.name]
 
     def _unfinished(self, campaign: Campaign, payload: TaskPayload, folder: Path,
-                    outcome: BatchOutcome) -> list[PromptItem]:
+                    outcome: BatchOutcome, *, look_for_files: bool) -> list[PromptItem]:
         keys = [item.key for item in payload.items]
         finished = campaign.finished_keys(keys)
         outcome.skipped_done = len(finished)
         # A crash between writing a file and marking its keys done leaves the file here.
         adopted: dict[str, Record] = {}
-        for path in batch_files(folder, payload.batch):
+        for path in batch_files(folder, payload.batch) if look_for_files else ():
             for record in read_record_file(path):
                 if record.key not in finished:
                     adopted[record.key] = record
@@ -387,7 +392,7 @@ class BatchRunner:
 
     def _refresh_manifest(self, campaign: Campaign, folder: Path) -> None:
         now = time.monotonic()
-        if now - self._manifest_at.get(campaign.name, -MANIFEST_REFRESH) < MANIFEST_REFRESH and read_manifest(folder):
+        if now - self._manifest_at.get(campaign.name, -MANIFEST_REFRESH) < MANIFEST_REFRESH:
             return
         self._manifest_at[campaign.name] = now
         write_manifest(folder, build_manifest(campaign))

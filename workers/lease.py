@@ -77,6 +77,7 @@ class BatchLease:
         self.holder = f"{socket.gethostname()}|{os.getpid()}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.took_over = False  # the previous holder died mid-batch: it may have left files
 
     def __enter__(self) -> BatchLease:
         if not self._acquire():
@@ -102,7 +103,8 @@ class BatchLease:
             return bool(self.client.set(self.key, self.holder, nx=True, px=self.ttl_ms))
         current_text = current.decode()
         if _holder_dead(current_text):
-            return bool(self.client.eval(_TAKEOVER, 1, self.key, current_text, self.holder, self.ttl_ms))
+            self.took_over = bool(self.client.eval(_TAKEOVER, 1, self.key, current_text, self.holder, self.ttl_ms))
+            return self.took_over
         return False
 
     def _renew_loop(self) -> None:
