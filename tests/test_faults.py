@@ -184,3 +184,24 @@ def test_sigterm_puts_unfinished_batches_back(tmp_path, redis_server, stack, tok
     wait_finished(redis_server.url, "term", expected=8, stack=stack, timeout=120)
     assert_exactly_once(redis_server.url, "term", out / "term", expected=8)
     assert c.progress().failed == 0
+
+
+def test_server_dies_mid_campaign_and_comes_back(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "dies", chat_rows(32), tokenizer=tokenizer_path, batch_size=4)
+    port = free_port()
+    first, url = stack.devserver("--die-after", "3", "--token-latency", "0.002", port=port)
+    out = tmp_path / "out"
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY)
+    c = campaign(redis_server.url, "dies")
+    wait_for(lambda: not first.alive(), timeout=60, what="the server to die")
+
+    def state_is(wanted: str) -> bool:
+        workers = status_json(redis_server.url, "dies")["workers"]
+        return bool(workers) and workers[0]["state"] == wanted
+
+    wait_for(lambda: state_is("loading"), timeout=60, interval=0.3, what="status to show the server down")
+    assert c.progress().done < 32
+    stack.devserver("--token-latency", "0.002", port=port)
+    wait_finished(redis_server.url, "dies", expected=32, stack=stack, timeout=120)
+    assert c.progress().failed == 0
+    assert_exactly_once(redis_server.url, "dies", out / "dies", expected=32)
