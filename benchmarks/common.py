@@ -223,16 +223,6 @@ def _quietly(fn: Callable[[], object]) -> None:
         print(f"  cleanup: {exc!r}", file=sys.stderr)
 
 
-def kill_group(process: ManagedProcess) -> None:
-    """SIGKILL a process and its session at once (its unacked batches stay in Redis)."""
-    if process.proc is not None and process.proc.poll() is None:
-        try:
-            os.killpg(process.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.proc.wait(timeout=10)
-
-
 def tree(pid: int) -> list[psutil.Process]:
     """A process and its live descendants."""
     try:
@@ -505,21 +495,12 @@ def last_user_turn(messages: list[dict]) -> list[dict]:
 
 def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
     """Every task waiting in the queue list, decoded as a worker would (TaskPayload objects)."""
-    import base64
-
-    import msgpack
-
-    from eagle_synth.payload import TaskPayload
+    from eagle_synth.queue import queued_payloads as peek
     from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
 
     client = connect(broker_settings(redis_url=redis_url))
     try:
-        payloads = []
-        for raw in client.lrange(queue, 0, -1):
-            message = json.loads(raw)
-            args, _kwargs, _embed = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)
-            payloads.append(TaskPayload.decode(args[0]))
-        return payloads
+        return peek(client, queue)
     finally:
         client.close()

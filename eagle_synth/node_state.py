@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import redis
 
@@ -42,6 +42,15 @@ class ServerState:
     detail: str = ""
     context_length: int | None = None
     provenance: dict | None = None
+
+
+@dataclass(slots=True)
+class _NodeView:
+    states: dict[str, ServerState] = field(default_factory=dict)
+    suspects: dict[str, dict] = field(default_factory=dict)
+    ok: dict[str, float] = field(default_factory=dict)
+    inflight: list[tuple[int, str, str, int]] = field(default_factory=list)
+    fields: dict[str, str] = field(default_factory=dict)
 
 
 class NodeState:
@@ -78,37 +87,44 @@ class NodeState:
         pipe.expire(self.key, WORKER_TTL)
         pipe.execute()
 
+    def _read(self) -> _NodeView:
+        """The whole hash, parsed: the one place that knows its field names."""
+        view = _NodeView()
+        for raw_name, raw_value in self.client.hgetall(self.key).items():
+            name, text = raw_name.decode(), raw_value.decode()
+            kind, _, rest = name.partition(":")
+            if kind == "state":
+                view.states[rest] = ServerState(**json.loads(text))
+            elif kind == "suspect":
+                view.suspects[rest] = json.loads(text)
+            elif kind == "ok":
+                view.ok[rest] = float(text)
+            elif kind == "inflight":
+                pid, campaign, url = rest.split(":", 2)
+                view.inflight.append((int(pid), campaign, url, int(text)))
+            else:
+                view.fields[name] = text
+        return view
+
     def routing(self) -> tuple[dict[str, ServerState], dict[str, float], dict[str, int]]:
         """In one read: server states, suspect times, and prompts in flight per server."""
-        states: dict[str, ServerState] = {}
-        suspects: dict[str, float] = {}
+        view = self._read()
         inflight: dict[str, int] = {}
-        for field, value in self.client.hgetall(self.key).items():
-            name = field.decode()
-            if name.startswith("state:"):
-                states[name[len("state:"):]] = ServerState(**json.loads(value))
-            elif name.startswith("suspect:"):
-                suspects[name[len("suspect:"):]] = json.loads(value)["at"]
-            elif name.startswith("inflight:"):
-                url = name.split(":", 3)[3]
-                inflight[url] = inflight.get(url, 0) + int(value)
-        return states, suspects, inflight
+        for _, _, url, prompts in view.inflight:
+            inflight[url] = inflight.get(url, 0) + prompts
+        return view.states, {url: s["at"] for url, s in view.suspects.items()}, inflight
 
     def snapshot(self) -> dict:
         """Everything in the hash, decoded (for status)."""
-        out: dict = {}
-        for field, value in self.client.hgetall(self.key).items():
-            name, text = field.decode(), value.decode()
-            if name.startswith("state:"):
-                out.setdefault("server_states", {})[name[6:]] = json.loads(text)
-            elif name.startswith("inflight:"):
-                _, _pid, campaign, url = name.split(":", 3)
-                by_server = out.setdefault("inflight_by_server", {})
-                by_server[url] = by_server.get(url, 0) + int(text)
-                by_campaign = out.setdefault("inflight_by_campaign", {})
-                by_campaign[campaign] = by_campaign.get(campaign, 0) + int(text)
-            else:
-                out[name] = text
+        view = self._read()
+        out: dict = dict(view.fields)
+        if view.states:
+            out["server_states"] = {url: asdict(state) for url, state in view.states.items()}
+        for _, campaign, url, prompts in view.inflight:
+            by_server = out.setdefault("inflight_by_server", {})
+            by_server[url] = by_server.get(url, 0) + prompts
+            by_campaign = out.setdefault("inflight_by_campaign", {})
+            by_campaign[campaign] = by_campaign.get(campaign, 0) + prompts
         return out
 
     def suspect(self, url: str, detail: str) -> None:
@@ -116,11 +132,7 @@ class NodeState:
         self.client.hset(self.key, f"suspect:{url}", json.dumps({"at": time.time(), "detail": detail}))
 
     def take_suspects(self) -> dict[str, dict]:
-        raw = self.client.hgetall(self.key)
-        suspects = {
-            f.decode()[len("suspect:"):]: json.loads(v) for f, v in raw.items()
-            if f.decode().startswith("suspect:")
-        }
+        suspects = self._read().suspects
         if suspects:
             self.client.hdel(self.key, *[f"suspect:{u}" for u in suspects])
         return suspects
@@ -135,20 +147,15 @@ class NodeState:
 
     def set_inflight(self, *, pid: int, url: str, campaign: str, prompts: int) -> None:
         """A pool child (one batch at a time) says how many prompts it has at a server."""
-        field = f"inflight:{pid}:{campaign}:{url}"
+        name = f"inflight:{pid}:{campaign}:{url}"
         if prompts:
-            self.client.hset(self.key, field, prompts)
+            self.client.hset(self.key, name, prompts)
         else:
-            self.client.hdel(self.key, field)
+            self.client.hdel(self.key, name)
 
     def inflight_children(self) -> list[tuple[int, str, str, int]]:
-        rows = []
-        for field, value in self.client.hgetall(self.key).items():
-            name = field.decode()
-            if name.startswith("inflight:"):
-                _, pid, campaign, url = name.split(":", 3)
-                rows.append((int(pid), campaign, url, int(value)))
-        return rows
+        """(pid, campaign, server URL, prompts) of every pool child with a batch in flight."""
+        return self._read().inflight
 
     def prune_dead_children(self, is_alive) -> None:
         """Drop in-flight counts of pool children that died (SIGKILL leaves them behind)."""

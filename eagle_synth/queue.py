@@ -76,3 +76,27 @@ def make_celery(settings: BrokerSettings | None = None) -> Celery:
     app = Celery("eagle_synth")
     app.conf.update(celery_config(settings or broker_settings()))
     return app
+
+
+def queued_payloads(client, queue: str) -> list:
+    """The batches waiting in a queue, decoded as a worker would receive them, without
+    taking them off (for tests, benchmarks and a look at a backlog).
+
+    kombu keeps each Redis message as a JSON envelope whose body is the base64 of the
+    msgpack task message `[args, kwargs, embed]`.
+    """
+    import base64
+    import json
+
+    import msgpack
+
+    from eagle_synth.payload import TaskPayload
+
+    payloads = []
+    for raw in client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        if message.get("content-type") != "application/x-msgpack":
+            continue  # not one of ours (a foreign or refused message)
+        args, _kwargs, _embed = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)
+        payloads.append(TaskPayload.decode(args[0]))
+    return payloads

@@ -150,8 +150,11 @@ class Publisher:
         for start in range(already_sent, len(items), self.batch_size):
             self._wait_for_backlog(unpublished=len(items) - start)
             self._publish(items[start: start + self.batch_size])
-            self.heartbeat()
-            self.campaign.client.hset(outbox, f"{outbox_field}:sent", min(start + self.batch_size, len(items)))
+            # Progress and liveness in one round trip: this runs once per published batch.
+            pipe = self.campaign.client.pipeline(transaction=False)
+            pipe.set(self.campaign.keys.producer(self._run_id), 1, ex=PRODUCER_TTL)
+            pipe.hset(outbox, f"{outbox_field}:sent", min(start + self.batch_size, len(items)))
+            pipe.execute()
         self.campaign.client.hdel(outbox, outbox_field, f"{outbox_field}:new", f"{outbox_field}:sent")
 
     def _publish(self, items: list[PromptItem]) -> None:

@@ -101,19 +101,10 @@ def devserver_stats(url: str) -> dict:
 
 def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
     """Decode every task message waiting in the queue list (as a worker would receive it)."""
-    import base64
+    from eagle_synth.queue import queued_payloads as peek
 
-    import msgpack
-
-    from eagle_synth.payload import TaskPayload
-
-    client = connect(broker_settings(redis_url=redis_url))
-    payloads = []
-    for raw in client.lrange(queue, 0, -1):
-        message = json.loads(raw)
-        assert message["content-type"] == "application/x-msgpack"
-        args, _kwargs, _embed = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)
-        payloads.append(TaskPayload.decode(args[0]))
+    payloads = peek(connect(broker_settings(redis_url=redis_url)), queue)
+    assert len(payloads) == connect(broker_settings(redis_url=redis_url)).llen(queue), "a queued message is not ours"
     return payloads
 
 

@@ -14,10 +14,10 @@ import re
 import sys
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from eagle_synth.ids import unpack_ids
 from eagle_synth.records import RawRecord, iter_raw_records
@@ -262,35 +262,11 @@ def _parquet_writer(path: Path, schema):
                             compression_level=PARQUET_COMPRESSION_LEVEL, use_dictionary=PARQUET_DICTIONARY_COLUMNS)
 
 
-def _write_parquet(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult) -> None:
-    schema = parquet_schema()
-    writer, index = None, 0
-    try:
-        for index_now, group in shards:
-            if writer is not None and index_now != index:
-                writer.close()
-                outputs.publish(index)
-                writer = None
-            index = index_now
-            if writer is None:
-                writer = _parquet_writer(outputs.tmp(outputs.path(index)), schema)
-            writer.write_batch(_arrow_batch(group, schema), row_group_size=len(group))
-            result.rows += len(group)
-            result.tokens += sum(raw.prompt_len + raw.output_len for raw in group)
-        if writer is None:
-            # No rows: still write a file with the schema, so readers find the columns.
-            writer = _parquet_writer(outputs.tmp(outputs.path(index)), schema)
-        writer.close()
-        writer = None
-        outputs.publish(index)
-    except BaseException:
-        if writer is not None:
-            writer.close()
-        outputs.discard(index)
-        raise
-
-
-def _write_jsonl(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult) -> None:
+def _write_shards(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult, *,
+                  open_file: Callable[[Path], Any], write_group: Callable[[Any, list[RawRecord]], None]) -> None:
+    """Write numbered output files from (file index, row group) pairs; each file appears whole
+    (temporary name, then published) or not at all. With no rows, one empty file is written
+    (a Parquet one still carries the schema, so readers find the columns)."""
     handle, index = None, 0
     try:
         for index_now, group in shards:
@@ -300,12 +276,12 @@ def _write_jsonl(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Output
                 handle = None
             index = index_now
             if handle is None:
-                handle = _open_jsonl(outputs.tmp(outputs.path(index)))
-            handle.write("".join(json.dumps(training_row(raw), separators=(",", ":")) + "\n" for raw in group))
+                handle = open_file(outputs.tmp(outputs.path(index)))
+            write_group(handle, group)
             result.rows += len(group)
             result.tokens += sum(raw.prompt_len + raw.output_len for raw in group)
         if handle is None:
-            handle = _open_jsonl(outputs.tmp(outputs.path(index)))
+            handle = open_file(outputs.tmp(outputs.path(index)))
         handle.close()
         handle = None
         outputs.publish(index)
@@ -314,6 +290,23 @@ def _write_jsonl(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Output
             handle.close()
         outputs.discard(index)
         raise
+
+
+def _write_parquet(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult) -> None:
+    schema = parquet_schema()
+    _write_shards(
+        shards, outputs, result,
+        open_file=lambda path: _parquet_writer(path, schema),
+        write_group=lambda writer, group: writer.write_batch(_arrow_batch(group, schema), row_group_size=len(group)),
+    )
+
+
+def _write_jsonl(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult) -> None:
+    _write_shards(
+        shards, outputs, result, open_file=_open_jsonl,
+        write_group=lambda handle, group: handle.write(
+            "".join(json.dumps(training_row(raw), separators=(",", ":")) + "\n" for raw in group)),
+    )
 
 
 def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, format: str = "jsonl",
