@@ -121,8 +121,8 @@ def enqueue(
 def worker(
     server: Annotated[list[str], typer.Option("--server", help="SGLang base URL; repeat for several servers.")],
     out: Annotated[Path, typer.Option("--out", help="Records go to OUT/<campaign>/.")],
-    concurrency: Annotated[Optional[int], typer.Option(help="Batches in flight (pool processes). Default: inflight x servers / 16.")] = None,
-    inflight: Annotated[int, typer.Option(help="Prompts to keep in flight per server.")] = 256,
+    concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 4 x inflight x servers / 16.")] = None,
+    inflight: Annotated[Optional[int], typer.Option(help="Prompts in flight per server. Default: 1.25 x the server's max_running_requests, or 256 if it does not report it.")] = None,
     allow_server_parsers: Annotated[bool, typer.Option(help="Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init.")] = False,
     max_attempts: Annotated[int, typer.Option(help="Attempts per prompt on transient errors while the server is healthy.")] = 6,
     timeout_base: Annotated[float, typer.Option(help="Request timeout = this + timeout-per-token x max_new_tokens (s).")] = 120.0,
@@ -136,19 +136,28 @@ def worker(
     settings = broker_settings(redis_url=redis)
     export_to_environment(settings)
     from workers.client import SGLangClient, ServerDown, TransientError
-    from workers.config import WorkerConfig, default_concurrency
+    from workers.config import WorkerConfig, auto_inflight, default_concurrency
+    from workers.disk import probe_folder
     from workers.preflight import PreflightError, check_server
 
+    if inflight is not None and inflight < 1:
+        _fail("--inflight must be at least 1")
+    problem = probe_folder(out)
+    if problem:
+        _fail(f"--out cannot take records: {problem}")
     servers = tuple(s.rstrip("/") for s in server)
     config = WorkerConfig(
         servers=servers, out=out, allow_server_parsers=allow_server_parsers, max_attempts=max_attempts,
-        timeout_base=timeout_base, timeout_per_token=timeout_per_token,
+        timeout_base=timeout_base, timeout_per_token=timeout_per_token, inflight=inflight,
     )
     # Preflight the servers that already answer; the others are checked when they come up.
     refused = []
+    capacities = []
     for url in servers:
         try:
-            check_server(SGLangClient(url).facts(), allow_server_parsers=allow_server_parsers)
+            facts = SGLangClient(url).facts()
+            check_server(facts, allow_server_parsers=allow_server_parsers)
+            capacities.append(facts.server_info.get("max_running_requests"))
         except PreflightError as exc:
             refused.append(str(exc))
         except (ServerDown, TransientError) as exc:
@@ -157,11 +166,15 @@ def worker(
         _fail("\n".join(refused))
     for message in refused:
         typer.secho(message, err=True, fg=typer.colors.YELLOW)
+    # Batch threads are sized once, at start: from --inflight, else from the largest capacity
+    # a server reports now (a server still loading gets the default until it answers).
+    sizing = inflight or max([auto_inflight(c if isinstance(c, int) else None) for c in capacities] or
+                             [auto_inflight(None)])
     from workers.app import run_worker
 
     run_worker(
         config=config,
-        concurrency=concurrency or default_concurrency(inflight=inflight, servers=len(servers)),
+        concurrency=concurrency or default_concurrency(inflight=sizing, servers=len(servers)),
         loglevel=loglevel, name=name, task_events=task_events,
     )
 

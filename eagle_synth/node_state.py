@@ -76,12 +76,14 @@ class NodeState:
         pipe.expire(self.key, WORKER_TTL)
         pipe.execute()
 
-    def publish(self, states: dict[str, ServerState], *, consuming: bool) -> None:
-        """Write every server's state and refresh the heartbeat."""
+    def publish(self, states: dict[str, ServerState], *, consuming: bool, disk: str | None = None) -> None:
+        """Write every server's state and refresh the heartbeat; `disk` says why the output
+        folder cannot take records ("" when it can)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(self.key, mapping={
             "updated": time.time(),
             "consuming": int(consuming),
+            "disk": disk or "",
             **{f"state:{url}": json.dumps(asdict(s)) for url, s in states.items()},
         })
         pipe.expire(self.key, WORKER_TTL)
@@ -173,3 +175,17 @@ def all_nodes(client: redis.Redis) -> list[dict]:
         node = key.decode().split(":", 2)[2]
         nodes.append(NodeState(client, node).snapshot())
     return sorted(nodes, key=lambda n: n.get("node", ""))
+
+
+def publish_inflight(state: NodeState, *, pid: int, counts: dict[tuple[str, str], int],
+                     previous: dict[tuple[str, str], int]) -> None:
+    """Write a worker process's prompts in flight per (campaign, server URL), in one round trip;
+    entries that dropped to zero since `previous` are removed."""
+    pipe = state.client.pipeline(transaction=False)
+    for (campaign, url), prompts in counts.items():
+        if prompts and previous.get((campaign, url)) != prompts:
+            pipe.hset(state.key, f"inflight:{pid}:{campaign}:{url}", prompts)
+    gone = [f"inflight:{pid}:{c}:{u}" for (c, u) in previous if not counts.get((c, u))]
+    if gone:
+        pipe.hdel(state.key, *gone)
+    pipe.execute()

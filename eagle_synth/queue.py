@@ -50,7 +50,9 @@ def celery_config(settings: BrokerSettings) -> dict:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Thread-pool tasks cannot be cancelled; a second copy after a reconnection is held off
+        # by the batch lease instead (workers/lease.py).
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_soft_shutdown_timeout": float(settings.soft_shutdown_timeout),
         "worker_enable_soft_shutdown_on_idle": True,
         # Flower shows what runs where from task events.

@@ -1,8 +1,12 @@
 """The Celery worker: the generate task, the health gate step, and how the CLI starts it.
 
-Run by `eagle-synth worker` (or `celery -A workers.app worker` with the EAGLE_SYNTH_*
-environment set). One task is one batch; a pool child runs one batch at a time, so the pool
-size times the batch size is the number of prompts in flight.
+Run by `eagle-synth worker` (or `celery -A workers.app worker --pool threads` with the
+EAGLE_SYNTH_* environment set). One task is one batch, run on a thread of Celery's thread
+pool; all batches of the process send their prompts through one in-flight pool
+(workers/inflight.py), so the pool's tickets, not the batches, decide what is in flight.
+
+Every way a task can end leaves each of its prompts with a record, a recorded failure, or its
+message back in the queue: see `generate_batch`.
 """
 
 from __future__ import annotations
@@ -10,87 +14,140 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import uuid
+from pathlib import Path
 
 import redis
 from celery import bootsteps
-from celery.exceptions import Reject
-from celery.signals import worker_process_init
+from celery.exceptions import Reject, Retry
+from celery.signals import worker_shutting_down
 
 from eagle_synth.node_state import NodeState
 from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
 from eagle_synth.queue import make_celery
 from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
-from workers.batch import BatchRunner, Requeue
+from workers.batch import Requeue
 from workers.config import WorkerConfig
+from workers.disk import DiskState, DiskUnavailable, probe_folder
 from workers.health import HealthGate
 from workers.lease import BatchBusy
+from workers.runtime import WorkerRuntime
 
 log = logging.getLogger("eagle_synth.worker")
 
-# Seconds before a batch that failed on a worker bug or a Redis outage is tried again.
+# Seconds before a batch that hit an unexpected error is tried again.
 UNEXPECTED_ERROR_RETRY_DELAY = 15
-# Seconds before a copy of a batch that another child holds is looked at again.
+# Unexpected errors a batch may hit before its unfinished prompts are recorded as failed
+# (reason `worker-error`, replayable with `retry-failed`).
+UNEXPECTED_ERROR_RETRIES = 5
+# Seconds before a copy of a batch that another thread holds is looked at again.
 BUSY_RETRY_DELAY = 10
 # Such looks are not failures; this only bounds a batch whose lease never lapses.
 BUSY_RETRIES_MAX = 100_000
-# Times such a batch is retried before its messages are dropped with an error logged.
-UNEXPECTED_ERROR_RETRIES = 20
+# Errors that mean the campaign state cannot be read or written right now: the batch waits
+# for Redis, however long that takes, and they never count against the batch.
+STATE_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.OutOfMemoryError,
+                     redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError)
 
 app = make_celery()
-_runner: BatchRunner | None = None
+_runtime: WorkerRuntime | None = None
+_runtime_lock = threading.Lock()
+# Set when the worker begins to shut down: batches finish what they can, then requeue.
+STOPPING = threading.Event()
+# The output folder's state, shared by batch threads (which find it broken) and the gate
+# (which stops taking batches until it works again).
+_disk: DiskState | None = None
 
 
-def _get_runner(node: str) -> BatchRunner:
-    global _runner
-    if _runner is None:
-        settings = broker_settings()
-        _runner = BatchRunner(
-            config=WorkerConfig.from_env(), redis_client=connect(settings), node=node,
-            task_budget=settings.task_budget_seconds,
-        )
-    return _runner
+def _disk_state() -> DiskState:
+    global _disk
+    if _disk is None:
+        _disk = DiskState(folder=Path(WorkerConfig.from_env().out))
+    return _disk
 
 
-@worker_process_init.connect
-def _fresh_child(**_: object) -> None:
-    # Connections must not be shared across fork.
-    global _runner
-    _runner = None
+def _get_runtime(node: str) -> WorkerRuntime:
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = WorkerRuntime(config=WorkerConfig.from_env(), node=node, stopping=STOPPING, disk=_disk_state())
+        return _runtime
 
 
-@app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True,
-          max_retries=UNEXPECTED_ERROR_RETRIES)
-def generate_batch(self, payload: dict) -> dict:
-    """Generate one batch of prompts and write their records."""
+@worker_shutting_down.connect
+def _on_shutdown(**_: object) -> None:
+    STOPPING.set()
+
+
+@app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, max_retries=None)
+def generate_batch(self, payload: dict, errors: int = 0) -> dict:
+    """Generate one batch of prompts and write their records.
+
+    Endings: all prompts recorded or failed (ack); Requeue or DiskUnavailable (the message
+    goes back to the queue); another thread holds the batch (retry later); Redis unreachable
+    (retry later, uncounted); any other error (retry later, and after UNEXPECTED_ERROR_RETRIES
+    the prompts still open are recorded as `worker-error` failures).
+    """
     try:
         batch = TaskPayload.decode(payload)
     except PayloadError as exc:
-        # Nothing can be done with it, and requeueing would loop; say so loudly.
+        # Not ours or corrupt: no prompt keys can be read from it, so nothing can be recorded.
         log.error("dropping a message that is not an eagle-synth payload: %s", exc)
         return {"error": str(exc)}
     node = self.request.hostname or "eagle-synth@unknown"
+    delivery = self.request.delivery_info or {}
+    retried = bool(delivery.get("redelivered")) or bool(self.request.retries)
     try:
-        delivery = self.request.delivery_info or {}
-        retried = bool(delivery.get("redelivered")) or bool(self.request.retries)
-        outcome = _get_runner(node).run(batch, retried=retried)
+        runner = _get_runtime(node).runner
+        outcome = runner.run(batch, retried=retried)
     except Requeue as exc:
         log.info("batch %s back to the queue: %s", batch.batch, exc)
         raise Reject(str(exc), requeue=True) from exc
+    except DiskUnavailable as exc:
+        log.error("batch %s back to the queue: %s; not taking batches until it can be written", batch.batch, exc)
+        raise Reject(str(exc), requeue=True) from exc
     except BatchBusy as exc:
-        # A second copy of a batch another child is running (after a broker reconnection):
-        # look again later, when the holder has finished or its lease has lapsed.
+        # A second copy of a batch another thread runs (after a broker reconnection): look
+        # again later, when the holder has finished or its lease has lapsed.
         log.info("batch %s: %s; trying again in %d s", batch.batch, exc, BUSY_RETRY_DELAY)
-        raise self.retry(exc=exc, countdown=BUSY_RETRY_DELAY, max_retries=BUSY_RETRIES_MAX)
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        # Campaign state is unreachable: the batch is intact, try it again later.
-        raise self.retry(exc=exc, countdown=UNEXPECTED_ERROR_RETRY_DELAY)
+        _retry_or_requeue(self, payload, errors, exc, BUSY_RETRY_DELAY, max_retries=BUSY_RETRIES_MAX)
+    except STATE_UNAVAILABLE as exc:
+        log.warning("batch %s: campaign state unavailable (%s); trying again in %d s", batch.batch, exc,
+                    UNEXPECTED_ERROR_RETRY_DELAY)
+        _retry_or_requeue(self, payload, errors, exc, UNEXPECTED_ERROR_RETRY_DELAY)
+    except Exception as exc:  # the catch-all: nothing leaves this task unaccounted for
+        if errors + 1 < UNEXPECTED_ERROR_RETRIES:
+            log.exception("batch %s: unexpected error %d/%d; trying again in %d s", batch.batch, errors + 1,
+                          UNEXPECTED_ERROR_RETRIES, UNEXPECTED_ERROR_RETRY_DELAY)
+            _retry_or_requeue(self, payload, errors + 1, exc, UNEXPECTED_ERROR_RETRY_DELAY)
+        log.exception("batch %s: unexpected error %d/%d; recording its open prompts as failed", batch.batch,
+                      errors + 1, UNEXPECTED_ERROR_RETRIES)
+        try:
+            failed = _get_runtime(node).runner.fail_unfinished(
+                batch, reason="worker-error", message=f"{type(exc).__name__}: {exc}")
+        except Exception as record_exc:
+            raise Reject(f"could not record failures: {record_exc}", requeue=True) from exc
+        return {"written": 0, "failed": {"worker-error": failed}}
     log.info(
         "batch %s: %d written, %d already done, %d adopted, failed %s, %d repaired",
         batch.batch, outcome.written, outcome.skipped_done, outcome.adopted, outcome.failed, outcome.repaired,
     )
     return {"written": outcome.written, "failed": outcome.failed}
+
+
+def _retry_or_requeue(task, payload: dict, errors: int, exc: Exception, countdown: float,
+                      max_retries: int | None = None) -> None:
+    """Retry later (a copy with a countdown); if even that cannot be published, put the
+    message back (or leave it unacknowledged for the broker to redeliver)."""
+    try:
+        raise task.retry(args=(payload,), kwargs={"errors": errors}, exc=exc, countdown=countdown,
+                         max_retries=max_retries)
+    except Retry:
+        raise
+    except Exception as publish_error:
+        raise Reject(f"retry not published ({publish_error}); requeued", requeue=True) from exc
 
 
 class HealthGateStep(bootsteps.StartStopStep):
@@ -131,10 +188,15 @@ class HealthGateStep(bootsteps.StartStopStep):
             config = WorkerConfig.from_env()
             node_state = NodeState(connect(settings), c.hostname)
             node_state.reset(list(config.servers))
+            disk = _disk_state()
+            problem = probe_folder(disk.folder)
+            if problem:
+                log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
+                disk.failed(problem)
             self.gate = HealthGate(
                 servers=list(config.servers), node_state=node_state, on_open=open_gate,
                 on_close=close_gate, allow_server_parsers=config.allow_server_parsers,
-                probe_timeout=config.probe_timeout,
+                probe_timeout=config.probe_timeout, disk=disk,
             )
             self.gate.start()
         elif not self.gate.is_open:
@@ -150,7 +212,8 @@ app.steps["consumer"].add(HealthGateStep)
 
 def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str = "INFO",
                name: str | None = None, task_events: bool = True) -> None:
-    """Start a Celery worker in this process (blocks until it stops)."""
+    """Start a Celery worker in this process (blocks until it stops); `concurrency` is the
+    number of batch threads, i.e. batches held open at once."""
     os.environ.update(config.to_env())
     settings = broker_settings()
     node = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
@@ -159,7 +222,7 @@ def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str = "INFO"
         "worker",
         "--queues", settings.queue,
         "--concurrency", str(concurrency),
-        "--pool", "prefork",
+        "--pool", "threads",
         "--hostname", node,
         "--loglevel", loglevel,
         *(["--task-events"] if task_events else []),

@@ -1,6 +1,8 @@
-"""Run one batch: skip what is done, check every id, call /generate, write records.
+"""Run one batch: skip what is done, check every id, generate prompt by prompt, write records.
 
 Celery-free, so it can be read and tested on its own; workers/app.py wraps it in a task.
+Prompts are sent one per request through the worker's InflightPool (workers/inflight.py), so
+a prompt that finishes frees its in-flight ticket at once while its batch-mates still run.
 
 Exactly one record or one recorded failure per prompt key:
   * keys already done or failed (Redis) are skipped before any request;
@@ -8,32 +10,42 @@ Exactly one record or one recorded failure per prompt key:
   * records are written (atomically) before their keys are marked done, and the message is
     acknowledged only after both, so a crash at any point leaves the batch to be redone
     minus whatever was committed;
+  * every other ending raises: Requeue (the message goes back to the queue), DiskUnavailable
+    (likewise, and the worker stops taking batches), or an unexpected error that the task's
+    catch-all retries and finally records as failures (`fail_unfinished`);
   * readers drop a repeated key, covering the one window left (a crash after the rename on
     one host and the redo on another).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
-import os
 import random
+import threading
 import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
 from eagle_synth.campaign import Campaign, CampaignSettings
+from eagle_synth.manifest import build_manifest
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.records import (
     Record, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
     write_record_file,
 )
-from eagle_synth.manifest import build_manifest
 from workers.client import BadRequest, SGLangClient, ServerDown, TransientError
 from workers.config import WorkerConfig
+from workers.disk import DiskState, DiskUnavailable, is_disk_error
+from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
+from workers.replies import BadResponse, GeneratedItem, PromptMismatch, parse_generate_item
 
 log = logging.getLogger("eagle_synth.batch")
 
@@ -41,17 +53,24 @@ log = logging.getLogger("eagle_synth.batch")
 BACKOFF_START = 1.0
 # Seconds a quick /health check may take when a request failed, to tell "down" from "blip".
 QUICK_HEALTH_TIMEOUT = 5.0
+# Seconds a quick health answer is reused for other prompts that failed on the same server.
+QUICK_HEALTH_REUSE = 1.0
 # Seconds between manifest refreshes by one process.
 MANIFEST_REFRESH = 60.0
-# Seconds between "the server answered /generate" reports to the health gate, per child.
+# Seconds between "the server answered /generate" reports to the health gate.
 OK_REPORT_INTERVAL = 1.0
+# Finished records wait at most this long for their batch-mates before they are written, so
+# a straggler delays nobody's commit and a crash redoes little.
+COMMIT_AFTER = 10.0
+# Longest a batch thread sleeps before looking at its deadlines again, seconds.
+WAIT_SLICE = 0.5
 # A 400 whose message says this is a prompt over the context length.
 CONTEXT_MESSAGE = "context length"
-
-
 # Seconds after which a temporary record file is an orphan of a killed writer, not a write
 # in progress.
 STALE_TEMPORARY_SECONDS = 3600
+# Share of the soft-shutdown timeout a batch keeps working after SIGTERM before it requeues.
+SHUTDOWN_GRACE_SHARE = 0.8
 
 
 def remove_stale_temporaries(folder: Path) -> int:
@@ -69,8 +88,12 @@ def remove_stale_temporaries(folder: Path) -> int:
 
 
 class Requeue(Exception):
-    """The batch (what is left of it) must go back to the queue: no healthy server, or the
-    task's time budget is spent. Not a failure: no retry budget is used."""
+    """The batch (what is left of it) must go back to the queue: no healthy server, the task's
+    time budget is spent, or the worker is shutting down. Not a failure: no retry is used."""
+
+
+class CampaignMissing(Exception):
+    """The campaign's settings are gone from Redis (deleted, or evicted by a Redis that may evict)."""
 
 
 @dataclass(slots=True)
@@ -82,40 +105,96 @@ class BatchOutcome:
     adopted: int = 0
     failed: dict[str, int] = field(default_factory=dict)
     repaired: int = 0
-    server: str | None = None
+    servers: set[str] = field(default_factory=set)
 
 
 def classify_bad_request(message: str) -> str:
     return "prompt-too-long" if CONTEXT_MESSAGE in message else "bad-request"
 
 
+def sampling_for(payload: TaskPayload, item: PromptItem) -> dict:
+    """The sampling_params one prompt sample is sent with: the batch's, plus its own seed."""
+    return payload.sampling if item.seed is None else {**payload.sampling, "sampling_seed": item.seed}
+
+
+def server_capacity(state: ServerState | None) -> int | None:
+    """Requests the server runs at once, if it reports it (SGLang's max_running_requests)."""
+    if state is None:
+        return None
+    value = getattr(state, "max_running_requests", None)
+    if value is None and state.provenance:
+        value = (state.provenance.get("launch_args") or {}).get("max_running_requests")
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+class _Attempt:
+    """The in-flight bookkeeping of one batch run: futures, retries and uncommitted records."""
+
+    def __init__(self) -> None:
+        self.pending: dict[Future, PromptItem] = {}
+        self.retries: list[tuple[float, int, PromptItem]] = []  # heap by due time
+        self.attempts: Counter[str] = Counter()
+        self.records: list[Record] = []
+        self.first_uncommitted = 0.0
+        self._tie = itertools.count()
+
+    def retry_later(self, item: PromptItem, delay: float) -> None:
+        heapq.heappush(self.retries, (time.monotonic() + delay, next(self._tie), item))
+
+    def due_retries(self) -> list[PromptItem]:
+        due = []
+        while self.retries and self.retries[0][0] <= time.monotonic():
+            due.append(heapq.heappop(self.retries)[2])
+        return due
+
+    def add_record(self, record: Record) -> None:
+        if not self.records:
+            self.first_uncommitted = time.monotonic()
+        self.records.append(record)
+
+    def unfinished(self) -> list[PromptItem]:
+        return list(self.pending.values()) + [entry[2] for entry in self.retries]
+
+
 class BatchRunner:
-    """Runs batches in one pool child; keeps HTTP connections and caches across batches.
+    """Runs batches on the worker's batch threads; shares one InflightPool and HTTP clients.
 
     Parameters:
         config: worker settings.
         redis_client: campaign state and node state.
         node: this worker's node name.
         task_budget: seconds a batch may run before it requeues what is left.
+        pool: the process-wide in-flight pool the prompts are sent through.
+        disk: the output folder's state, shared with the health gate.
+        stopping: set when the worker begins to shut down.
+        shutdown_grace: seconds a batch keeps going after `stopping` before it requeues.
     """
 
-    def __init__(self, *, config: WorkerConfig, redis_client: redis.Redis, node: str,
-                 task_budget: float) -> None:
+    def __init__(self, *, config: WorkerConfig, redis_client: redis.Redis, node: str, task_budget: float,
+                 pool: InflightPool, disk: DiskState, stopping: threading.Event | None = None,
+                 shutdown_grace: float = 0.0) -> None:
         self.config = config
         self.redis = redis_client
         self.node = node
         self.node_state = NodeState(redis_client, node)
         self.task_budget = task_budget
-        self.clients = {url: SGLangClient(url) for url in config.servers}
+        self.pool = pool
+        self.disk = disk
+        self.stopping = stopping or threading.Event()
+        self.shutdown_grace = shutdown_grace
+        self._stop_deadline: float | None = None
+        self.health_clients = {url: SGLangClient(url, pool_connections=4) for url in config.servers}
+        self._health_seen: dict[str, tuple[float, bool]] = {}
         self._settings: dict[str, CampaignSettings] = {}
         self._noted: set[tuple[str, str]] = set()
         self._manifest_at: dict[str, float] = {}
         self._swept: set[str] = set()
         self._ok_reported: dict[str, float] = {}
+        self._lock = threading.Lock()
 
-    # entry point ------------------------------------------------------------------
+    # entry points -------------------------------------------------------------------
     def run(self, payload: TaskPayload, *, retried: bool = False) -> BatchOutcome:
-        """Run a batch; raises Requeue (give it back) or BatchBusy (another child runs it).
+        """Run a batch; raises Requeue, DiskUnavailable or BatchBusy (another thread runs it).
 
         `retried` says this message was delivered before (redelivered, requeued or retried):
         only then can an earlier attempt have left record files to adopt, so only then is the
@@ -125,42 +204,64 @@ class BatchRunner:
         with BatchLease(self.redis, campaign.keys.lease(payload.batch)) as lease:
             return self._run(campaign, payload, look_for_files=retried or lease.took_over)
 
+    def fail_unfinished(self, payload: TaskPayload, *, reason: str, message: str) -> int:
+        """Record every prompt of the batch that has neither record nor failure as failed.
+
+        The catch-all's last step, so that a batch that keeps hitting an unexpected error ends
+        in recorded failures (`retry-failed` replays them) instead of vanishing.
+        """
+        campaign = Campaign(self.redis, payload.campaign)
+        finished = campaign.finished_keys([item.key for item in payload.items])
+        failed = 0
+        for item in payload.items:
+            if item.key not in finished:
+                finished.add(item.key)
+                campaign.record_failure(item, reason=reason, message=message, sampling=sampling_for(payload, item),
+                                        worker=self.node)
+                failed += 1
+        return failed
+
+    # one batch ----------------------------------------------------------------------
     def _run(self, campaign: Campaign, payload: TaskPayload, *, look_for_files: bool) -> BatchOutcome:
         outcome = BatchOutcome()
-        settings = self._campaign_settings(campaign)
         folder = campaign_dir(self.config.out, payload.campaign)
         items = self._unfinished(campaign, payload, folder, outcome, look_for_files=look_for_files)
         if not items:
             return outcome
+        try:
+            settings = self._campaign_settings(campaign)
+        except CampaignMissing as exc:
+            for item in items:
+                self._fail(campaign, payload, item, "campaign-settings-missing", str(exc), outcome)
+            return outcome
         items = self._drop_invalid(campaign, payload, settings, items, outcome)
         if not items:
             return outcome
-
-        url, state = self._pick_server()
-        outcome.server = url
-        items = self._drop_too_long(campaign, payload, state, items, outcome)
+        states = self._healthy_states()
+        if not states:
+            raise Requeue("no healthy server")
+        items = self._drop_too_long(campaign, payload, states, items, outcome)
         if not items:
             return outcome
-        self._note_server(campaign, url, state)
-
-        deadline = time.monotonic() + self.task_budget
-        records: list[Record] = []
-        pid = os.getpid()
-        self.node_state.set_inflight(pid=pid, url=url, campaign=campaign.name, prompts=len(items))
+        attempt = _Attempt()
         try:
-            self._generate(campaign, payload, url, items, records, outcome, deadline)
+            self._generate(campaign, payload, settings, items, attempt, outcome, states)
         finally:
-            self.node_state.set_inflight(pid=pid, url=url, campaign=campaign.name, prompts=0)
+            for future in attempt.pending:
+                future.cancel()
             # Whatever was generated is kept, even when the rest of the batch is requeued.
-            self._commit(campaign, payload, folder, records, outcome)
+            self._commit(campaign, payload, folder, attempt, outcome)
         return outcome
 
-    # steps --------------------------------------------------------------------------
     def _campaign_settings(self, campaign: Campaign) -> CampaignSettings:
         if campaign.name not in self._settings:
             settings = campaign.settings()
             if settings is None:
-                raise RuntimeError(f"campaign {campaign.name!r} has no settings in Redis (deleted?)")
+                raise CampaignMissing(
+                    f"campaign {campaign.name!r} has no settings in Redis (deleted, or evicted by a Redis whose "
+                    "maxmemory-policy is not noeviction); run the same `eagle-synth enqueue` again to restore them, "
+                    f"then `eagle-synth retry-failed {campaign.name}`"
+                )
             self._settings[campaign.name] = settings
         return self._settings[campaign.name]
 
@@ -194,11 +295,12 @@ class BatchRunner:
 
     def _fail(self, campaign: Campaign, payload: TaskPayload, item: PromptItem, reason: str,
               message: str, outcome: BatchOutcome) -> None:
-        campaign.record_failure(item, reason=reason, message=message, sampling=payload.sampling, worker=self.node)
+        campaign.record_failure(item, reason=reason, message=message, sampling=sampling_for(payload, item),
+                                worker=self.node)
         outcome.failed[reason] = outcome.failed.get(reason, 0) + 1
         log.warning("prompt %s (%s) failed: %s: %s", item.key, item.source, reason, message)
 
-    def _drop_invalid(self, campaign, payload, settings, items, outcome) -> list[PromptItem]:
+    def _drop_invalid(self, campaign, payload, settings: CampaignSettings, items, outcome) -> list[PromptItem]:
         """One id outside the vocabulary crashes a real SGLang server for everyone."""
         vocab = settings.vocab_size
         good = []
@@ -213,10 +315,21 @@ class BatchRunner:
                 good.append(item)
         return good
 
-    def _drop_too_long(self, campaign, payload, state: ServerState, items, outcome) -> list[PromptItem]:
-        limit = state.context_length
-        if not limit:
+    def _healthy_states(self) -> dict[str, ServerState]:
+        states, suspects, _ = self.node_state.routing()
+        healthy = {}
+        for url in self.config.servers:
+            state = states.get(url)
+            if state is not None and state.state == HEALTHY and suspects.get(url, 0.0) <= state.since:
+                healthy[url] = state
+        return healthy
+
+    def _drop_too_long(self, campaign, payload, states: dict[str, ServerState], items, outcome) -> list[PromptItem]:
+        # Any healthy server may get any prompt, so the smallest known context decides.
+        limits = [s.context_length for s in states.values() if s.context_length]
+        if not limits:
             return items
+        limit = min(limits)
         max_new = int(payload.sampling.get("max_new_tokens", 0))
         good = []
         for item in items:
@@ -230,103 +343,115 @@ class BatchRunner:
                 good.append(item)
         return good
 
-    def _pick_server(self) -> tuple[str, ServerState]:
-        states, suspects, inflight = self.node_state.routing()
-        healthy = []
-        for url in self.config.servers:
-            state = states.get(url)
-            if state is None or state.state != HEALTHY:
-                continue
-            if suspects.get(url, 0.0) > state.since:
-                continue
-            healthy.append((url, state))
-        if not healthy:
-            raise Requeue("no healthy server")
-        return min(healthy, key=lambda us: (inflight.get(us[0], 0), random.random()))
+    # generation ---------------------------------------------------------------------
+    def _deadline_passed(self, deadline: float) -> str | None:
+        now = time.monotonic()
+        if now >= deadline:
+            return "task time budget spent"
+        if self.stopping.is_set():
+            with self._lock:
+                if self._stop_deadline is None:
+                    self._stop_deadline = now + self.shutdown_grace * SHUTDOWN_GRACE_SHARE
+            if now >= self._stop_deadline:
+                return "the worker is shutting down"
+        return None
 
-    def _note_server(self, campaign: Campaign, url: str, state: ServerState) -> None:
-        if (campaign.name, url) not in self._noted and state.provenance:
-            campaign.note_server(url, state.provenance)
-            self._noted.add((campaign.name, url))
+    def _generate(self, campaign: Campaign, payload: TaskPayload, settings: CampaignSettings,
+                  items: list[PromptItem], attempt: _Attempt, outcome: BatchOutcome,
+                  states: dict[str, ServerState]) -> None:
+        folder = campaign_dir(self.config.out, payload.campaign)
+        max_new = int(payload.sampling.get("max_new_tokens", 0))
+        deadline = time.monotonic() + self.task_budget
+        timeout = self.config.request_timeout(max_new)
+
+        def send(item: PromptItem) -> None:
+            remaining = max(1.0, deadline - time.monotonic())
+            future = self.pool.submit(ids=item.ids, sampling=sampling_for(payload, item),
+                                      timeout=min(timeout, remaining), tag=campaign.name)
+            attempt.pending[future] = item
+
+        for item in items:
+            send(item)
+        while attempt.pending or attempt.retries:
+            why = self._deadline_passed(deadline)
+            if why:
+                raise Requeue(why)
+            for item in attempt.due_retries():
+                send(item)
+            wake = WAIT_SLICE
+            if attempt.retries:
+                wake = min(wake, max(0.0, attempt.retries[0][0] - time.monotonic()))
+            if attempt.pending:
+                done, _ = wait(list(attempt.pending), timeout=wake, return_when=FIRST_COMPLETED)
+            else:
+                done = set()
+                time.sleep(wake)
+            for future in done:
+                item = attempt.pending.pop(future)
+                self._settle(campaign, payload, settings, item, future.result(), attempt, outcome, send)
+            if attempt.records and time.monotonic() - attempt.first_uncommitted >= COMMIT_AFTER:
+                self._commit(campaign, payload, folder, attempt, outcome)
+
+    def _settle(self, campaign, payload, settings: CampaignSettings, item: PromptItem, answer: Answer,
+                attempt: _Attempt, outcome: BatchOutcome, send) -> None:
+        """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
+        url = answer.url
+        error = answer.error
+        if error is None:
+            try:
+                reply = parse_generate_item(answer.item, vocab_size=settings.vocab_size, prompt_len=len(item.ids))
+            except PromptMismatch as exc:
+                self._fail(campaign, payload, item, "prompt-mismatch", str(exc), outcome)
+                return
+            except TransientError as exc:
+                error = exc
+            else:
+                self._report_ok(url)
+                if reply.aborted:
+                    self._retry(campaign, payload, item, attempt, outcome, "aborted", "the server aborted this prompt")
+                    return
+                self._note_server(campaign, url)
+                attempt.add_record(self._record(campaign, payload, url, item, reply))
+                outcome.servers.add(url)
+                return
+        if isinstance(error, BadRequest):
+            self._fail(campaign, payload, item, classify_bad_request(str(error)), str(error), outcome)
+            return
+        if isinstance(error, ServerDown) or self._server_down(url, str(error)):
+            self.node_state.suspect(url, str(error))
+            if not self.pool.routable():
+                raise Requeue(f"server {url} is down: {error}")
+            send(item)  # another server takes it; the prompt did nothing wrong
+            return
+        reason = "bad-response" if isinstance(error, BadResponse) else "server-error"
+        self._retry(campaign, payload, item, attempt, outcome, reason, str(error))
+
+    def _retry(self, campaign, payload, item: PromptItem, attempt: _Attempt, outcome: BatchOutcome,
+               reason: str, message: str) -> None:
+        attempt.attempts[item.key] += 1
+        tries = attempt.attempts[item.key]
+        if tries >= self.config.max_attempts:
+            self._fail(campaign, payload, item, reason, f"{tries} attempts failed; last: {message}", outcome)
+            return
+        delay = min(self.config.backoff_max, BACKOFF_START * 2 ** (tries - 1))
+        delay = random.uniform(delay / 2, delay)
+        log.info("prompt %s: %s (attempt %d), retrying in %.1f s", item.key, message, tries, delay)
+        attempt.retry_later(item, delay)
 
     def _server_down(self, url: str, detail: str) -> bool:
         """After a failed request: is the server itself down (requeue) or was it a blip (retry)?"""
+        now = time.monotonic()
+        seen = self._health_seen.get(url)
+        if seen and now - seen[0] < QUICK_HEALTH_REUSE:
+            return not seen[1]
         try:
-            ok, why = self.clients[url].health(timeout=QUICK_HEALTH_TIMEOUT)
+            ok, why = self.health_clients[url].health(timeout=QUICK_HEALTH_TIMEOUT)
         except ServerDown as exc:
             ok, why = False, str(exc)
+        self._health_seen[url] = (time.monotonic(), ok)
         if not ok:
             self.node_state.suspect(url, f"{detail}; health: {why}")
         return not ok
-
-    def _sampling_for(self, payload: TaskPayload, items: list[PromptItem]) -> dict | list[dict]:
-        if all(item.seed is None for item in items):
-            return payload.sampling
-        return [
-            payload.sampling if item.seed is None else {**payload.sampling, "sampling_seed": item.seed}
-            for item in items
-        ]
-
-    def _generate(self, campaign, payload, url, items, records, outcome, deadline) -> None:
-        """Generate `items`, isolating prompts the server refuses; appends to `records`."""
-        client = self.clients[url]
-        max_new = int(payload.sampling.get("max_new_tokens", 0))
-        attempts = 0
-        pending = list(items)
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Requeue("task time budget spent")
-            timeout = min(self.config.request_timeout(max_new), remaining)
-            try:
-                responses = client.generate(
-                    [item.ids for item in pending], self._sampling_for(payload, pending), timeout=timeout
-                )
-            except BadRequest as exc:
-                if len(pending) == 1:
-                    self._fail(campaign, payload, pending[0], classify_bad_request(str(exc)), str(exc), outcome)
-                    return
-                # One bad prompt fails the whole request: halve until it stands alone.
-                mid = len(pending) // 2
-                self._generate(campaign, payload, url, pending[:mid], records, outcome, deadline)
-                self._generate(campaign, payload, url, pending[mid:], records, outcome, deadline)
-                return
-            except (ServerDown, TransientError) as exc:
-                if isinstance(exc, ServerDown) or self._server_down(url, str(exc)):
-                    if isinstance(exc, ServerDown):
-                        self.node_state.suspect(url, str(exc))
-                    raise Requeue(f"server {url} is down: {exc}") from exc
-                attempts += 1
-                if attempts >= self.config.max_attempts:
-                    if len(pending) > 1:
-                        # Maybe one prompt breaks the server's handling: isolate it.
-                        mid = len(pending) // 2
-                        self._generate(campaign, payload, url, pending[:mid], records, outcome, deadline)
-                        self._generate(campaign, payload, url, pending[mid:], records, outcome, deadline)
-                        return
-                    self._fail(campaign, payload, pending[0], "server-error",
-                               f"{attempts} attempts failed; last: {exc}", outcome)
-                    return
-                self._backoff(attempts, deadline, exc)
-                continue
-
-            self._report_ok(url)
-            retry = []
-            for item, response in zip(pending, responses):
-                record = self._record(campaign, payload, url, item, response, outcome)
-                if record is None:
-                    retry.append(item)
-                else:
-                    records.append(record)
-            if retry:
-                attempts += 1
-                if attempts >= self.config.max_attempts:
-                    for item in retry:
-                        self._fail(campaign, payload, item, "aborted",
-                                   f"the server aborted this prompt {attempts} times", outcome)
-                    return
-                self._backoff(attempts, deadline, "server aborted prompts")
-            pending = retry
 
     def _report_ok(self, url: str) -> None:
         # The gate only needs to know the server answered recently; once a second is plenty.
@@ -335,52 +460,43 @@ class BatchRunner:
             self._ok_reported[url] = now
             self.node_state.generated_ok(url)
 
-    def _backoff(self, attempts: int, deadline: float, why) -> None:
-        delay = min(self.config.backoff_max, BACKOFF_START * 2 ** (attempts - 1))
-        delay = random.uniform(delay / 2, delay)
-        if time.monotonic() + delay >= deadline:
-            raise Requeue("task time budget spent")
-        log.info("transient error (attempt %d), retrying in %.1f s: %s", attempts, delay, why)
-        time.sleep(delay)
+    def _note_server(self, campaign: Campaign, url: str) -> None:
+        if (campaign.name, url) in self._noted:
+            return
+        state = self.node_state.routing()[0].get(url)
+        if state is not None and state.provenance:
+            campaign.note_server(url, state.provenance)
+            self._noted.add((campaign.name, url))
 
-    def _record(self, campaign, payload, url, item: PromptItem, response: dict,
-                outcome: BatchOutcome) -> Record | None:
-        """A record from one response item; None if the server aborted it (retry)."""
-        meta = response.get("meta_info") or {}
-        finish = meta.get("finish_reason") or {}
-        if isinstance(finish, str):
-            finish = {"type": finish}
-        kind = finish.get("type") or "unknown"
-        if kind == "abort":
-            return None
-        output_ids = list(response.get("output_ids") or [])
-        completion = meta.get("completion_tokens")
-        repaired = 0
-        if isinstance(completion, int) and len(output_ids) > completion:
-            # Old SGLang (< ~0.5.5) prefixed output_ids with prompt-tail ids.
-            repaired = len(output_ids) - completion
-            output_ids = output_ids[repaired:]
-            outcome.repaired += 1
-        sampling = payload.sampling if item.seed is None else {**payload.sampling, "sampling_seed": item.seed}
+    def _record(self, campaign: Campaign, payload: TaskPayload, url: str, item: PromptItem,
+                reply: GeneratedItem) -> Record:
         return Record(
             key=item.key, id=item.row_id, sample=item.sample, turn=item.turn,
-            prompt_ids=item.ids, output_ids=output_ids,
-            finish_reason=kind, finish_matched=finish.get("matched"),
-            prompt_tokens=int(meta.get("prompt_tokens", len(item.ids))),
-            completion_tokens=int(completion if isinstance(completion, int) else len(output_ids)),
-            cached_tokens=int(meta.get("cached_tokens") or 0),
-            campaign=campaign.name, sampling=sampling, source=item.source, server=url,
-            worker=self.node, e2e_latency=meta.get("e2e_latency"), created_at=time.time(),
-            repaired_prefix=repaired,
+            prompt_ids=item.ids, output_ids=reply.output_ids,
+            finish_reason=reply.finish_type, finish_matched=reply.finish_matched,
+            prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
+            cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=sampling_for(payload, item),
+            source=item.source, server=url, worker=self.node, e2e_latency=reply.e2e_latency,
+            created_at=time.time(), repaired_prefix=reply.repaired_prefix,
         )
 
-    def _commit(self, campaign, payload, folder: Path, records: list[Record], outcome) -> None:
+    # writing ------------------------------------------------------------------------
+    def _commit(self, campaign: Campaign, payload: TaskPayload, folder: Path, attempt: _Attempt,
+                outcome: BatchOutcome) -> None:
+        records, attempt.records = attempt.records, []
         if not records:
             return
-        if campaign.name not in self._swept:
-            self._swept.add(campaign.name)
-            remove_stale_temporaries(folder)
-        write_record_file(folder, campaign=campaign.name, batch=payload.batch, records=records)
+        try:
+            if campaign.name not in self._swept:
+                self._swept.add(campaign.name)
+                remove_stale_temporaries(folder)
+            write_record_file(folder, campaign=campaign.name, batch=payload.batch, records=records)
+        except OSError as exc:
+            if not is_disk_error(exc):
+                raise
+            detail = f"cannot write records to {folder}: {exc.strerror or exc}"
+            self.disk.failed(detail)
+            raise DiskUnavailable(detail) from exc
         campaign.mark_done(
             [r.key for r in records],
             tokens_in=sum(len(r.prompt_ids) for r in records),
@@ -388,12 +504,17 @@ class BatchRunner:
             repaired=sum(1 for r in records if r.repaired_prefix),
         )
         outcome.written += len(records)
+        outcome.repaired += sum(1 for r in records if r.repaired_prefix)
         self._refresh_manifest(campaign, folder)
 
     def _refresh_manifest(self, campaign: Campaign, folder: Path) -> None:
         now = time.monotonic()
-        if now - self._manifest_at.get(campaign.name, -MANIFEST_REFRESH) < MANIFEST_REFRESH:
-            return
-        self._manifest_at[campaign.name] = now
-        write_manifest(folder, build_manifest(campaign))
-
+        with self._lock:
+            if now - self._manifest_at.get(campaign.name, -MANIFEST_REFRESH) < MANIFEST_REFRESH:
+                return
+            self._manifest_at[campaign.name] = now
+        try:
+            write_manifest(folder, build_manifest(campaign))
+        except OSError as exc:
+            # The records are committed; the manifest is rewritten on a later batch.
+            log.warning("could not refresh %s/manifest.json: %s", folder, exc)

@@ -8,6 +8,7 @@ backoff) and BadRequest (400: the prompt or its parameters, never worth a retry)
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import requests
@@ -43,20 +44,31 @@ class BadRequest(ClientError):
     """The server refused the request as malformed (HTTP 400); its message is kept."""
 
 
-def _error_message(response: requests.Response) -> str:
+def error_message(body: bytes, status: int) -> str:
+    """The message of an error reply, whichever of SGLang's shapes it has."""
     try:
-        body = response.json()
+        parsed = json.loads(body)
     except ValueError:
-        return response.text[:500] or f"HTTP {response.status_code}"
-    if isinstance(body, dict):
-        error = body.get("error")
+        return body[:500].decode(errors="replace") or f"HTTP {status}"
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
         if isinstance(error, dict) and "message" in error:
             return str(error["message"])
-        if "message" in body:
-            return str(body["message"])
+        if "message" in parsed:
+            return str(parsed["message"])
         if isinstance(error, str):
             return error
-    return str(body)[:500]
+    return str(parsed)[:500]
+
+
+def error_for_status(status: int, body: bytes, *, path: str) -> ClientError | None:
+    """The error a non-200 reply stands for (None for 200): 400 is the request's fault, the
+    rest (429, 5xx, ...) may pass."""
+    if status == 200:
+        return None
+    if status == 400:
+        return BadRequest(error_message(body, status), status=400)
+    return TransientError(f"{path} answered {status}: {error_message(body, status)}", status=status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +134,9 @@ class SGLangClient:
         if rids is not None:
             body["rid"] = rids
         response = self._request("POST", "/generate", timeout=timeout, json=body)
-        if response.status_code == 400:
-            raise BadRequest(_error_message(response), status=400)
-        if response.status_code != 200:
-            raise TransientError(
-                f"/generate answered {response.status_code}: {_error_message(response)}",
-                status=response.status_code,
-            )
+        error = error_for_status(response.status_code, response.content, path="/generate")
+        if error is not None:
+            raise error
         try:
             items = response.json()
         except ValueError as exc:

@@ -1,4 +1,4 @@
-"""Worker settings, passed from the CLI to pool children through the environment."""
+"""Worker settings, passed from the CLI to the worker process through the environment."""
 
 from __future__ import annotations
 
@@ -17,10 +17,17 @@ ENV_TIMEOUT_BASE = "EAGLE_SYNTH_TIMEOUT_BASE"
 ENV_TIMEOUT_PER_TOKEN = "EAGLE_SYNTH_TIMEOUT_PER_TOKEN"
 ENV_BACKOFF_MAX = "EAGLE_SYNTH_BACKOFF_MAX"
 ENV_PROBE_TIMEOUT = "EAGLE_SYNTH_PROBE_TIMEOUT"
+ENV_INFLIGHT = "EAGLE_SYNTH_INFLIGHT"
 
-# Prompts kept in flight per server by default: enough to fill a server with up to ~200
-# running slots while batches finish unevenly (benchmarks/ measures slot occupancy).
+# Prompts kept in flight per server when neither --inflight nor the server says how many it runs.
 DEFAULT_INFLIGHT = 256
+# In flight per server when the server reports max_running_requests: a full server plus a
+# margin, so a freed slot finds the next prompt already waiting in the server's queue.
+AUTO_INFLIGHT_FACTOR = 1.25
+# Prompts the worker holds open (in reserved batches) per in-flight ticket: heavy-tailed
+# outputs leave many batches with one straggler, and the tickets must never run dry
+# (benchmarks/occupancy.py measures it).
+OPEN_PROMPTS_PER_TICKET = 4
 # Attempts per prompt on transient errors (timeouts, 5xx, 429) while the server is healthy.
 DEFAULT_MAX_ATTEMPTS = 6
 # A /generate request may take this long plus TIMEOUT_PER_TOKEN per max_new_tokens, seconds.
@@ -31,8 +38,13 @@ DEFAULT_BACKOFF_MAX = 30.0
 
 
 def default_concurrency(*, inflight: int, servers: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
-    """Pool children needed to keep `inflight` prompts in flight per server."""
-    return max(1, math.ceil(inflight * servers / batch_size))
+    """Batches to hold open (batch threads) so `inflight` tickets per server never run dry."""
+    return max(2, math.ceil(OPEN_PROMPTS_PER_TICKET * inflight * servers / batch_size))
+
+
+def auto_inflight(capacity: int | None) -> int:
+    """In-flight tickets for a server that runs `capacity` requests at once (None: unknown)."""
+    return math.ceil(AUTO_INFLIGHT_FACTOR * capacity) if capacity else DEFAULT_INFLIGHT
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +59,7 @@ class WorkerConfig:
         timeout_base, timeout_per_token: request timeout = base + per_token * max_new_tokens.
         backoff_max: longest wait between retries.
         probe_timeout: seconds a /health probe may take.
+        inflight: prompts in flight per server; None follows the server's reported capacity.
     """
 
     servers: tuple[str, ...]
@@ -57,6 +70,7 @@ class WorkerConfig:
     timeout_per_token: float = DEFAULT_TIMEOUT_PER_TOKEN
     backoff_max: float = DEFAULT_BACKOFF_MAX
     probe_timeout: float = 25.0
+    inflight: int | None = None
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -68,6 +82,7 @@ class WorkerConfig:
             ENV_TIMEOUT_PER_TOKEN: str(self.timeout_per_token),
             ENV_BACKOFF_MAX: str(self.backoff_max),
             ENV_PROBE_TIMEOUT: str(self.probe_timeout),
+            ENV_INFLIGHT: str(self.inflight or ""),
         }
 
     @classmethod
@@ -86,6 +101,7 @@ class WorkerConfig:
             timeout_per_token=float(os.environ.get(ENV_TIMEOUT_PER_TOKEN, DEFAULT_TIMEOUT_PER_TOKEN)),
             backoff_max=float(os.environ.get(ENV_BACKOFF_MAX, DEFAULT_BACKOFF_MAX)),
             probe_timeout=float(os.environ.get(ENV_PROBE_TIMEOUT, 25.0)),
+            inflight=int(os.environ[ENV_INFLIGHT]) if os.environ.get(ENV_INFLIGHT) else None,
         )
 
     def request_timeout(self, max_new_tokens: int) -> float:

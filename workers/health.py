@@ -26,6 +26,7 @@ from eagle_synth.node_state import (
     HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState,
 )
 from workers.client import SGLangClient, ServerDown, TransientError
+from workers.disk import DiskState
 from workers.preflight import PreflightError, check_server, provenance
 
 log = logging.getLogger("eagle_synth.health")
@@ -77,16 +78,20 @@ class HealthGate:
         on_close: called when no server is healthy any more.
         allow_server_parsers: accept servers preflight would refuse.
         probe_timeout: seconds a /health probe may take.
+        disk: the output folder's state; while it cannot take records the gate stays closed.
     """
 
     def __init__(self, *, servers: list[str], node_state: NodeState,
                  on_open: Callable[[], None], on_close: Callable[[], None],
-                 allow_server_parsers: bool = False, probe_timeout: float = 25.0) -> None:
+                 allow_server_parsers: bool = False, probe_timeout: float = 25.0,
+                 disk: DiskState | None = None) -> None:
         self.node_state = node_state
         self.on_open = on_open
         self.on_close = on_close
         self.allow_server_parsers = allow_server_parsers
         self.probe_timeout = probe_timeout
+        self.disk = disk
+        self._disk_detail: str | None = None
         self.tracked = {url: _Tracked(client=SGLangClient(url, pool_connections=2)) for url in servers}
         self.is_open = False
         self._last_prune = 0.0
@@ -199,10 +204,22 @@ class HealthGate:
 
     def _publish(self) -> None:
         self._last_publish = time.time()
-        self.node_state.publish({u: t.state for u, t in self.tracked.items()}, consuming=self.is_open)
+        self.node_state.publish({u: t.state for u, t in self.tracked.items()}, consuming=self.is_open,
+                                disk=self._disk_detail)
+
+    def _disk_ok(self) -> bool:
+        if self.disk is None:
+            return True
+        ok = self.disk.check()
+        detail = None if ok else self.disk.detail
+        if detail != self._disk_detail:
+            log.warning("output folder: %s", "writable again" if ok else detail)
+            self._disk_detail = detail
+            self._publish()
+        return ok
 
     def _update_gate(self) -> None:
-        any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values())
+        any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values()) and self._disk_ok()
         if any_healthy and not self.is_open:
             self.is_open = True
             log.warning("a server is healthy: taking batches")
@@ -210,7 +227,7 @@ class HealthGate:
             self._publish()
         elif not any_healthy and self.is_open:
             self.is_open = False
-            log.warning("no healthy server: not taking batches")
+            log.warning("no healthy server or no writable output folder: not taking batches")
             self.on_close()
             self._publish()
 

@@ -1,0 +1,213 @@
+"""InflightPool: the worker's process-wide set of in-flight /generate requests, refilled per prompt.
+
+SGLang frees a running slot the moment a sequence ends, and reasoning outputs are
+heavy-tailed. If the unit of in-flight work were a batch, a batch would hold its in-flight
+budget until its slowest prompt ended while its finished prompts' slots sat empty. So the unit
+is one prompt: every batch the worker holds puts its prompts in one first-in-first-out line,
+each server has at most `tickets` requests in flight, and a prompt that finishes hands its
+ticket to the next prompt in line at once, whichever batch either belongs to.
+
+Requests run on one asyncio event loop in a daemon thread (aiohttp), so a thousand in-flight
+prompts cost no thread each. Batch threads call `submit` and wait on the returned
+`concurrent.futures.Future`, which always resolves to an `Answer` (never raises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, error_for_status
+
+log = logging.getLogger("eagle_synth.inflight")
+
+# Seconds between calls of the pool's `on_tick` (routing refresh, in-flight report).
+TICK_INTERVAL = 0.5
+# Seconds `close` waits for the loop thread to stop.
+CLOSE_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What became of one prompt's request: exactly one of `item` and `error` is set.
+
+    Parameters:
+        url: the server that was asked.
+        item: the decoded JSON reply (one /generate response item), unchecked.
+        error: why there is no reply (ServerDown, TransientError, BadRequest...).
+    """
+
+    url: str
+    item: Any = None
+    error: ClientError | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Job:
+    ids: list[int]
+    sampling: dict
+    timeout: float
+    tag: str
+    future: Future
+
+
+class InflightPool:
+    """Send prompts to servers with a per-server in-flight limit, refilling each freed ticket.
+
+    Behaviour: prompts wait in one FIFO line; whenever a server has a free ticket the oldest
+    waiting prompt goes to the routable server with the most free tickets. A server that
+    refuses connections is taken out of routing at once (until the next tick says otherwise).
+    Every `TICK_INTERVAL` seconds `on_tick(counts)` runs in a helper thread with the prompts in
+    flight per (tag, url) and returns the tickets each server may use now (0 = do not route).
+
+    Parameters:
+        servers: base URLs.
+        on_tick: reports in-flight counts and returns {url: tickets}; see above.
+        initial_tickets: tickets per server before the first tick answers.
+    """
+
+    def __init__(self, *, servers: list[str], on_tick: Callable[[Mapping[tuple[str, str], int]], dict[str, int]],
+                 initial_tickets: int = 0) -> None:
+        self.servers = list(servers)
+        self._on_tick = on_tick
+        self._limits: dict[str, int] = {url: initial_tickets for url in self.servers}
+        self._refused: set[str] = set()
+        self._busy: Counter[str] = Counter()
+        self._by_tag: Counter[tuple[str, str]] = Counter()
+        self._waiting: deque[_Job] = deque()
+        self._loop = asyncio.new_event_loop()
+        self._session: aiohttp.ClientSession | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="eagle-synth-inflight", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    # ---- thread-safe API ----------------------------------------------------------------
+    def submit(self, *, ids: list[int], sampling: dict, timeout: float, tag: str) -> Future:
+        """Queue one prompt; the future resolves to an Answer once a server replied or failed."""
+        future: Future = Future()
+        job = _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=future)
+        self._loop.call_soon_threadsafe(self._enqueue, job)
+        return future
+
+    def routable(self) -> bool:
+        """True if some server may take prompts right now."""
+        return any(self._limits.get(url, 0) > 0 and url not in self._refused for url in self.servers)
+
+    def inflight(self) -> dict[str, int]:
+        """Prompts in flight per server."""
+        return dict(self._busy)
+
+    def waiting(self) -> int:
+        """Prompts waiting for a ticket."""
+        return len(self._waiting)
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=CLOSE_TIMEOUT)
+
+    # ---- event loop ---------------------------------------------------------------------
+    async def _open(self) -> None:
+        self._session = aiohttp.ClientSession(
+            # Tickets bound concurrency; the connector must not add a second, smaller limit.
+            connector=aiohttp.TCPConnector(limit=0),
+            # GPU hosts talk to their servers directly; no proxy or .netrc lookups per request.
+            trust_env=False,
+        )
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._open())
+        self._loop.create_task(self._ticker())
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.run_until_complete(self._session.close())
+            self._loop.close()
+
+    async def _ticker(self) -> None:
+        while True:
+            try:
+                limits = await asyncio.to_thread(self._on_tick, dict(self._by_tag))
+            except Exception:  # a Redis blip must not stop routing; keep the last limits
+                log.warning("in-flight pool: routing refresh failed", exc_info=True)
+            else:
+                self._limits = {url: int(limits.get(url, 0)) for url in self.servers}
+                self._refused.clear()
+                self._pump()
+            await asyncio.sleep(TICK_INTERVAL)
+
+    def _enqueue(self, job: _Job) -> None:
+        self._waiting.append(job)
+        self._pump()
+
+    def _free_server(self) -> str | None:
+        best, best_free = None, 0
+        for url in self.servers:
+            if url in self._refused:
+                continue
+            free = self._limits.get(url, 0) - self._busy[url]
+            if free > best_free:
+                best, best_free = url, free
+        return best
+
+    def _pump(self) -> None:
+        while self._waiting:
+            url = self._free_server()
+            if url is None:
+                return
+            job = self._waiting.popleft()
+            if not job.future.set_running_or_notify_cancel():
+                continue  # its batch gave it up (requeued or shutting down)
+            self._busy[url] += 1
+            self._by_tag[(job.tag, url)] += 1
+            self._loop.create_task(self._send(url, job))
+
+    async def _send(self, url: str, job: _Job) -> None:
+        try:
+            answer = await self._post(url, job)
+        except Exception as exc:  # never leave a batch waiting on a future that cannot resolve
+            answer = Answer(url=url, error=TransientError(f"{url}/generate: unexpected client error: {exc!r}"))
+        finally:
+            self._busy[url] -= 1
+            self._by_tag[(job.tag, url)] -= 1
+            if not self._by_tag[(job.tag, url)]:
+                del self._by_tag[(job.tag, url)]
+        if isinstance(answer.error, ServerDown):
+            self._refused.add(url)
+        job.future.set_result(answer)
+        self._pump()
+
+    async def _post(self, url: str, job: _Job) -> Answer:
+        assert self._session is not None
+        body = {"input_ids": job.ids, "sampling_params": job.sampling}
+        timeout = aiohttp.ClientTimeout(total=job.timeout, sock_connect=CONNECT_TIMEOUT)
+        try:
+            async with self._session.post(f"{url}/generate", json=body, timeout=timeout) as response:
+                raw = await response.read()
+                status = response.status
+        except aiohttp.ClientConnectorError as exc:
+            return Answer(url=url, error=ServerDown(f"{url}: connection refused ({exc.os_error})"))
+        except asyncio.TimeoutError:
+            return Answer(url=url, error=TransientError(f"{url}/generate: no answer within {job.timeout:.0f} s"))
+        except aiohttp.ClientError as exc:
+            return Answer(url=url, error=TransientError(f"{url}/generate: connection error: {exc!r}"))
+        error = error_for_status(status, raw, path="/generate")
+        if error is not None:
+            return Answer(url=url, error=error)
+        try:
+            return Answer(url=url, item=json.loads(raw))
+        except ValueError as exc:
+            return Answer(url=url, error=TransientError(f"/generate answered 200 with a body that is not JSON: {exc}"))

@@ -1,0 +1,71 @@
+"""The worker process's shared pieces: one in-flight pool, the output folder's state, the
+batch runner, and the routing that tells the pool which servers may take prompts.
+
+Batches run on Celery's thread pool in one process, so every batch shares these; they are
+built once, on the first batch, from the settings the CLI passed through the environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from eagle_synth.node_state import HEALTHY, NodeState, ServerState, publish_inflight
+from eagle_synth.redis_client import connect
+from eagle_synth.settings import BrokerSettings, broker_settings
+from workers.batch import BatchRunner, server_capacity
+from workers.config import WorkerConfig, auto_inflight
+from workers.disk import DiskState
+from workers.inflight import InflightPool
+
+log = logging.getLogger("eagle_synth.worker")
+
+
+class WorkerRuntime:
+    """Builds and owns the process-wide pool, disk state and runner.
+
+    Parameters:
+        config: worker settings.
+        node: this worker's Celery node name.
+        stopping: set when the worker begins to shut down (default: a fresh event).
+        disk: the output folder's state, shared with the health gate (default: a fresh one).
+        broker: Redis and queue settings (default: from the environment).
+    """
+
+    def __init__(self, *, config: WorkerConfig, node: str, stopping: threading.Event | None = None,
+                 disk: DiskState | None = None, broker: BrokerSettings | None = None) -> None:
+        settings = broker or broker_settings()
+        self.config = config
+        self.node_state = NodeState(connect(settings), node)
+        self._published: dict[tuple[str, str], int] = {}
+        self._tickets_logged: dict[str, int] = {}
+        self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
+        self.runner = BatchRunner(
+            config=config, redis_client=connect(settings), node=node, task_budget=settings.task_budget_seconds,
+            pool=self.pool, disk=disk or DiskState(folder=config.out), stopping=stopping, shutdown_grace=float(settings.soft_shutdown_timeout),
+        )
+
+    def tickets(self, url: str, state: ServerState) -> int:
+        """In-flight tickets for one healthy server: --inflight, else its capacity x 1.25."""
+        tickets = self.config.inflight or auto_inflight(server_capacity(state))
+        if self._tickets_logged.get(url) != tickets:
+            self._tickets_logged[url] = tickets
+            source = "--inflight" if self.config.inflight else (
+                f"1.25 x the server's max_running_requests {server_capacity(state)}" if server_capacity(state)
+                else "the default (the server does not report its capacity)")
+            log.warning("server %s: keeping %d prompts in flight (%s)", url, tickets, source)
+        return tickets
+
+    def tick(self, counts: dict[tuple[str, str], int]) -> dict[str, int]:
+        """The pool's periodic call: publish prompts in flight, return tickets per server."""
+        if counts != self._published:
+            publish_inflight(self.node_state, pid=os.getpid(), counts=counts, previous=self._published)
+            self._published = dict(counts)
+        states, suspects, _ = self.node_state.routing()
+        limits = {}
+        for url in self.config.servers:
+            state = states.get(url)
+            usable = state is not None and state.state == HEALTHY and suspects.get(url, 0.0) <= state.since
+            limits[url] = self.tickets(url, state) if usable else 0
+        return limits
