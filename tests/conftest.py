@@ -27,7 +27,8 @@ def tokenizer_path() -> Path:
     try:
         return fixture_tokenizer().path
     except FixtureTokenizerError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        missing = str(exc)
+    pytest.fail(missing, pytrace=False)  # outside the except: one line, no chained traceback
 
 
 @pytest.fixture(scope="session")
