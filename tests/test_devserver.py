@@ -7,6 +7,7 @@ runtime; each test then waits only for the server it uses.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import socket
 import subprocess
@@ -22,9 +23,8 @@ import requests
 from eagle_synth.devserver.faults import DROP, FAIL, FaultPlan
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER = ROOT.parent / "shared" / "fixtures" / "tokenizers" / "qwen3.5"
 HOST = "127.0.0.1"
-# Ids of the qwen3.5 fixture (see shared/fixtures/tokenizers/README.md).
+# Ids of the qwen3.5 fixture tokenizer (tests/fixture_tokenizer.py).
 THINK, END_THINK, EOS, NEWLINE, BLANK_LINE = 248068, 248069, 248046, 198, 271
 VOCAB = 248077
 # A thinking-on prompt: "<|im_start|>user\n...<|im_end|>\n<|im_start|>assistant\n<think>\n".
@@ -34,8 +34,6 @@ NO_THINK_PROMPT = THINKING_PROMPT + [NEWLINE, END_THINK, BLANK_LINE]
 PLAIN_PROMPT = list(range(1000, 1040))
 START_DEADLINE_S = 60.0
 TIMEOUT = 10
-
-pytestmark = pytest.mark.skipif(not TOKENIZER.is_dir(), reason="qwen3.5 tokenizer fixture missing")
 
 
 def _free_port() -> int:
@@ -53,14 +51,19 @@ def _port_open(port: int) -> bool:
 
 
 class Proc:
-    """One `python -m eagle_synth.devserver` process with its log file."""
+    """One `python -m eagle_synth.devserver` process with its log file.
 
-    def __init__(self, *args: str) -> None:
+    Parameters:
+        args: devserver flags.
+        tokenizer: the tokenizer folder it serves.
+    """
+
+    def __init__(self, *args: str, tokenizer: Path) -> None:
         self.port = _free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="devserver-", suffix=".log", delete=False)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "eagle_synth.devserver", "--tokenizer", str(TOKENIZER),
+        cmd = [sys.executable, "-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer),
                "--host", HOST, "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
@@ -100,17 +103,18 @@ class Proc:
 
 
 @pytest.fixture(scope="module")
-def fleet():
+def fleet(tokenizer_path):
+    proc = functools.partial(Proc, tokenizer=tokenizer_path)
     servers = {
-        "lifecycle": Proc("--startup-delay", "1", "--warmup", "2"),
-        "main": Proc("--context-length", "4096", "--reasoning-parser", "qwen3",
+        "lifecycle": proc("--startup-delay", "1", "--warmup", "2"),
+        "main": proc("--context-length", "4096", "--reasoning-parser", "qwen3",
                      "--tool-call-parser", "qwen3_coder", "--mean-output-tokens", "60"),
         # Token counts and timing are what the slot tests check; the prefix bug leaves both alone.
-        "slow": Proc("--slots", "2", "--token-latency", "0.01", "--max-queued-requests", "2",
+        "slow": proc("--slots", "2", "--token-latency", "0.01", "--max-queued-requests", "2",
                      "--prefix-bug", "3", "--skip-tokenizer-init"),
-        "faults": Proc("--fail-rate", "0.25", "--drop-rate", "0.25", "--seed", "7"),
-        "oov": Proc(),
-        "die_after": Proc("--die-after", "3"),
+        "faults": proc("--fail-rate", "0.25", "--drop-rate", "0.25", "--seed", "7"),
+        "oov": proc(),
+        "die_after": proc("--die-after", "3"),
     }
     yield servers
     for server in servers.values():
