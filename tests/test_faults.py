@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import signal
 
-import psutil
-
 from eagle_synth.local import free_port, wait_for
-from eagle_synth.node_state import NodeState, all_nodes
+from eagle_synth.node_state import all_nodes
 from tests.conftest import chat_rows
 from tests.helpers import (
     assert_exactly_once, campaign, devserver_stats, enqueue_rows, status_json, wait_finished,
@@ -38,29 +36,6 @@ def test_worker_sigkilled_mid_batch_another_worker_finishes(tmp_path, redis_serv
     records = assert_exactly_once(redis_server.url, "kill", out / "kill", expected=24)
     assert c.progress().failed == 0
     assert {r.worker for r in records.values()} >= {"second@test"}
-
-
-def test_pool_child_killed_batch_is_redone_at_once(tmp_path, redis_server, stack, tokenizer_path):
-    enqueue_rows(tmp_path, redis_server.url, "child", chat_rows(16), tokenizer=tokenizer_path, batch_size=4)
-    _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "80")
-    out = tmp_path / "out"
-    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY)
-    c = campaign(redis_server.url, "child")
-
-    def busy_child():
-        for node in all_nodes(c.client):
-            state = NodeState(c.client, node["node"])
-            for pid, name, _url, prompts in state.inflight_children():
-                if name == "child" and prompts:
-                    return pid
-        return None
-
-    pid = wait_for(busy_child, timeout=60, what="a pool child with a batch in flight")
-    psutil.Process(pid).send_signal(signal.SIGKILL)
-    wait_finished(redis_server.url, "child", expected=16, stack=stack, timeout=90)
-    assert_exactly_once(redis_server.url, "child", out / "child", expected=16)
-    assert c.progress().failed == 0
-    assert "WorkerLostError" in worker.log() or "exited with 'signal 9" in worker.log()
 
 
 def test_server_down_at_start_then_warming_then_up(tmp_path, redis_server, stack, tokenizer_path):

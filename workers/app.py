@@ -38,7 +38,7 @@ from workers.runtime import WorkerRuntime
 log = logging.getLogger("eagle_synth.worker")
 
 # Seconds before a batch that hit an unexpected error is tried again.
-UNEXPECTED_ERROR_RETRY_DELAY = 15
+UNEXPECTED_ERROR_RETRY_DELAY = float(os.environ.get("EAGLE_SYNTH_ERROR_RETRY_DELAY", "15"))
 # Unexpected errors a batch may hit before its unfinished prompts are recorded as failed
 # (reason `worker-error`, replayable with `retry-failed`).
 UNEXPECTED_ERROR_RETRIES = 5
@@ -114,12 +114,12 @@ def generate_batch(self, payload: dict, errors: int = 0) -> dict:
         log.info("batch %s: %s; trying again in %d s", batch.batch, exc, BUSY_RETRY_DELAY)
         _retry_or_requeue(self, payload, errors, exc, BUSY_RETRY_DELAY, max_retries=BUSY_RETRIES_MAX)
     except STATE_UNAVAILABLE as exc:
-        log.warning("batch %s: campaign state unavailable (%s); trying again in %d s", batch.batch, exc,
+        log.warning("batch %s: campaign state unavailable (%s); trying again in %g s", batch.batch, exc,
                     UNEXPECTED_ERROR_RETRY_DELAY)
         _retry_or_requeue(self, payload, errors, exc, UNEXPECTED_ERROR_RETRY_DELAY)
     except Exception as exc:  # the catch-all: nothing leaves this task unaccounted for
         if errors + 1 < UNEXPECTED_ERROR_RETRIES:
-            log.exception("batch %s: unexpected error %d/%d; trying again in %d s", batch.batch, errors + 1,
+            log.exception("batch %s: unexpected error %d/%d; trying again in %g s", batch.batch, errors + 1,
                           UNEXPECTED_ERROR_RETRIES, UNEXPECTED_ERROR_RETRY_DELAY)
             _retry_or_requeue(self, payload, errors + 1, exc, UNEXPECTED_ERROR_RETRY_DELAY)
         log.exception("batch %s: unexpected error %d/%d; recording its open prompts as failed", batch.batch,

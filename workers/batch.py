@@ -494,8 +494,8 @@ class BatchRunner:
         except OSError as exc:
             if not is_disk_error(exc):
                 raise
-            detail = f"cannot write records to {folder}: {exc.strerror or exc}"
-            self.disk.failed(detail)
+            detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
+            self.disk.failed(detail, folder=records_dir(folder))
             raise DiskUnavailable(detail) from exc
         campaign.mark_done(
             [r.key for r in records],

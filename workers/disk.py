@@ -8,7 +8,6 @@ goes on unattended.
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import threading
@@ -17,10 +16,6 @@ from pathlib import Path
 
 # Seconds between probes of a folder that failed, while the gate is closed for it.
 DISK_PROBE_INTERVAL = 2.0
-# errno values that mean "this folder cannot take records now", not a bug of ours.
-DISK_ERRNOS = frozenset({
-    errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO, errno.ENOENT,
-})
 
 
 class DiskUnavailable(Exception):
@@ -28,7 +23,9 @@ class DiskUnavailable(Exception):
 
 
 def is_disk_error(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
+    """Any OS error while writing records (ENOSPC, EROFS, EACCES, EDQUOT, EIO, a path that is
+    not a folder...) means the folder cannot take them now; the operator can fix each."""
+    return isinstance(exc, OSError)
 
 
 def probe_folder(folder: Path) -> str | None:
@@ -55,8 +52,9 @@ def probe_folder(folder: Path) -> str | None:
 class DiskState:
     """Whether the output folder takes records; shared by batch threads and the health gate.
 
-    Behaviour: `failed(detail)` marks it down (a batch could not write); `check()` re-probes a
-    down folder at most every DISK_PROBE_INTERVAL seconds and marks it up when a probe works.
+    Behaviour: `failed(detail, folder=...)` marks it down (a batch could not write there);
+    `check()` re-probes the folder that failed at most every DISK_PROBE_INTERVAL seconds and
+    marks it up when a probe works.
 
     Parameters:
         folder: the worker's `--out`.
@@ -64,6 +62,7 @@ class DiskState:
 
     def __init__(self, *, folder: Path) -> None:
         self.folder = folder
+        self._failed_folder = folder
         self._lock = threading.Lock()
         self.detail: str | None = None
         self._next_probe = 0.0
@@ -72,9 +71,10 @@ class DiskState:
     def ok(self) -> bool:
         return self.detail is None
 
-    def failed(self, detail: str) -> None:
+    def failed(self, detail: str, *, folder: Path | None = None) -> None:
         with self._lock:
             self.detail = detail
+            self._failed_folder = folder or self.folder
             self._next_probe = time.monotonic() + DISK_PROBE_INTERVAL
 
     def check(self) -> bool:
@@ -83,7 +83,7 @@ class DiskState:
             if self.detail is None or time.monotonic() < self._next_probe:
                 return self.detail is None
             self._next_probe = time.monotonic() + DISK_PROBE_INTERVAL
-        problem = probe_folder(self.folder)
+        problem = probe_folder(self._failed_folder)
         with self._lock:
             self.detail = problem
         return problem is None

@@ -134,6 +134,10 @@ class InflightPool:
         try:
             self._loop.run_forever()
         finally:
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self._loop.run_until_complete(self._session.close())
             self._loop.close()
 

@@ -40,15 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
         if not f.metadata.get("cli", True):
             continue
         flag = "--" + f.name.replace("_", "-")
+        flags = (flag, *f.metadata.get("aliases", ()))
         kind = _scalar_type(hints[f.name])
         help_text = f.metadata.get("help", "")
         if f.default is dataclasses.MISSING:
-            parser.add_argument(flag, type=kind, required=True, help=help_text)
+            parser.add_argument(*flags, dest=f.name, type=kind, required=True, help=help_text)
         elif kind is bool:
-            parser.add_argument(flag, action="store_true", help=help_text)
+            parser.add_argument(*flags, dest=f.name, action="store_true", help=help_text)
         else:
             parser.add_argument(
-                flag,
+                *flags,
+                dest=f.name,
                 type=kind,
                 default=f.default,
                 help=help_text if f.default is None else f"{help_text} (default: {f.default})",

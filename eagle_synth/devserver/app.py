@@ -106,7 +106,8 @@ class DevServerApp:
         self.config = config
         self.vocab = vocab
         self.generator = Generator(
-            vocab=vocab, mean_output_tokens=config.mean_output_tokens, seed=config.seed
+            vocab=vocab, mean_output_tokens=config.mean_output_tokens, seed=config.seed,
+            length_median=config.length_median, length_sigma=config.length_sigma,
         )
         self.cache = PrefixCache()
         self.stats = DevStats()

@@ -40,11 +40,15 @@ class DevServerConfig:
         context_length: model context length; None reports null in server_info (like SGLang
             when the flag is not given) and uses DEFAULT_CONTEXT_LENGTH.
         vocab_size: ids >= this kill the server; defaults to len(tokenizer).
-        slots: prompts generating at once; further prompts wait in an internal FIFO queue.
+        slots: prompts generating at once (`--max-running-requests` in SGLang); each holds its
+            slot for its own decode time and frees it the moment it ends; further prompts wait
+            in a FIFO queue.
         max_queued_requests: waiting prompts beyond this are refused with 503; None = no cap.
         token_latency: seconds per output token while a prompt holds its slot.
         prefill_latency: seconds per prompt before its first token, slot held.
-        mean_output_tokens: mean of the seeded natural output length.
+        mean_output_tokens: mean of the seeded natural output length (gamma, shape 2).
+        length_median, length_sigma: if length_median is set, natural lengths are lognormal
+            with this median and sigma instead (reasoning-trace tails).
         startup_delay: seconds before the port is bound (emulates weight loading).
         warmup: seconds after binding during which /health and /health_generate answer 503.
         fail_rate: fraction of /generate requests answered HTTP 500.
@@ -69,15 +73,20 @@ class DevServerConfig:
         None, f"Model context length (default {DEFAULT_CONTEXT_LENGTH}; server_info reports null)."
     )
     vocab_size: int | None = _opt(None, "Vocabulary size; ids outside it kill the server.")
-    slots: int = _opt(DEFAULT_SLOTS, "Prompts generating at once; the rest queue.")
+    slots: int = _opt(DEFAULT_SLOTS, "Prompts generating at once (SGLang's max_running_requests); the rest queue.",
+                      aliases=("--max-running", "--max-running-requests"))
     max_queued_requests: int | None = _opt(
         None, "Queued prompts beyond this get 503 'The request queue is full.'"
     )
     token_latency: float = _opt(0.0, "Seconds per output token while holding a slot.")
     prefill_latency: float = _opt(0.0, "Seconds per prompt before its first token.")
     mean_output_tokens: int = _opt(
-        DEFAULT_MEAN_OUTPUT_TOKENS, "Mean natural output length in tokens."
+        DEFAULT_MEAN_OUTPUT_TOKENS, "Mean natural output length in tokens (gamma-distributed)."
     )
+    length_median: int | None = _opt(
+        None, "Median natural output length; with it lengths are lognormal (heavy-tailed, like reasoning traces)."
+    )
+    length_sigma: float = _opt(1.0, "Sigma of the lognormal output lengths (with --length-median).")
     startup_delay: float = _opt(0.0, "Seconds before the port is bound (weight loading).")
     warmup: float = _opt(0.0, "Seconds after binding during which health answers 503.")
     fail_rate: float = _opt(0.0, "Fraction of /generate requests answered HTTP 500.")
@@ -122,6 +131,10 @@ class DevServerConfig:
                 bad(name, "must be >= 0")
         if self.mean_output_tokens < 1:
             bad("mean_output_tokens", "must be at least 1")
+        if self.length_median is not None and self.length_median < 1:
+            bad("length_median", "must be at least 1")
+        if not 0.0 <= self.length_sigma <= 4.0:
+            bad("length_sigma", "must be in [0, 4]")
         for name in ("fail_rate", "drop_rate", "health_fail_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 bad(name, "must be in [0, 1]")

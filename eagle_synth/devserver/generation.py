@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from array import array
 from collections.abc import Iterator, Sequence
@@ -22,8 +23,10 @@ from eagle_synth.devserver.vocab import ModelVocab
 # Shape of the gamma distribution of natural output lengths: 2 gives few very short answers
 # and a long right tail, roughly what chat models produce.
 LENGTH_GAMMA_SHAPE = 2.0
-# Natural lengths are cut at this multiple of the mean so one prompt cannot be absurdly long.
+# Natural lengths are cut at this multiple of the mean (or median) so one prompt cannot be
+# absurdly long; max_new_tokens usually cuts far earlier.
 LENGTH_MAX_FACTOR = 20
+LOGNORMAL_MAX_FACTOR = 200
 # Share of a reasoning completion spent before `</think>`, drawn uniformly in this range.
 REASONING_SHARE = (0.45, 0.8)
 # Output bodies are runs of consecutive corpus tokens of this many tokens, from random offsets.
@@ -54,7 +57,8 @@ class Generator:
     Behaviour: a prompt ending in `<think>` (+ newline) gets reasoning tokens, `</think>`,
     a blank line and answer tokens; any other prompt gets answer tokens. Then EOS. Body
     tokens are seeded slices of the tokenized corpus; the natural length is gamma-distributed
-    with mean `mean_output_tokens`. The stream is then cut by SGLang's stop rules: EOS and
+    with mean `mean_output_tokens`, or lognormal with median `length_median` and sigma
+    `length_sigma` when a median is given. The stream is then cut by SGLang's stop rules: EOS and
     `stop_token_ids` end it (the matched id included) unless `ignore_eos`; stop tokens are
     masked until `min_new_tokens`, then the first masked one is emitted; `stop` strings end
     it at the first token completing one; `max_new_tokens` ends it with finish_reason length.
@@ -63,12 +67,16 @@ class Generator:
         vocab: the model's token space.
         mean_output_tokens: mean natural output length.
         seed: the server seed, mixed into temperature>0 sampling only.
+        length_median, length_sigma: lognormal lengths instead of gamma (median None: gamma).
     """
 
-    def __init__(self, *, vocab: ModelVocab, mean_output_tokens: int, seed: int) -> None:
+    def __init__(self, *, vocab: ModelVocab, mean_output_tokens: int, seed: int,
+                 length_median: int | None = None, length_sigma: float = 1.0) -> None:
         self.vocab = vocab
         self.mean_output_tokens = mean_output_tokens
         self.seed = seed
+        self.length_median = length_median
+        self.length_sigma = length_sigma
 
     def complete(self, prompt: PromptRequest) -> Completion:
         """The completion of one (expanded) prompt."""
@@ -109,6 +117,9 @@ class Generator:
         return int.from_bytes(h.digest(), "big")
 
     def _natural_length(self, rng: random.Random) -> int:
+        if self.length_median is not None:
+            draw = rng.lognormvariate(math.log(self.length_median), self.length_sigma)
+            return max(1, min(round(draw), self.length_median * LOGNORMAL_MAX_FACTOR))
         mean = self.mean_output_tokens
         draw = rng.gammavariate(LENGTH_GAMMA_SHAPE, mean / LENGTH_GAMMA_SHAPE)
         return max(1, min(round(draw), mean * LENGTH_MAX_FACTOR))

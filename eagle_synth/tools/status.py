@@ -28,7 +28,8 @@ STATUS_KEYS = (
     "eta_seconds", "workers", "at",
 )
 # Keys of each entry of "workers": one per (worker node, server) pair.
-WORKER_KEYS = ("node", "host", "server", "state", "since", "detail", "consuming", "inflight", "heartbeat_at")
+WORKER_KEYS = ("node", "host", "server", "state", "since", "detail", "consuming", "inflight", "heartbeat_at",
+               "disk")
 # Keys of each row of `eagle-synth campaigns --json`.
 CAMPAIGN_ROW_KEYS = ("campaign", "enqueued", "queued", "inflight", "done", "failed", "records_per_s", "eta_seconds")
 
@@ -110,6 +111,8 @@ def _workers(nodes: list[dict]) -> list[dict]:
                 "consuming": node.get("consuming") == "1",
                 "inflight": node.get("inflight_by_server", {}).get(url, 0),
                 "heartbeat_at": _float(node.get("updated") or node.get("started")),
+                # Why the worker's output folder cannot take records (None when it can).
+                "disk": node.get("disk") or None,
             })
     return rows
 

@@ -119,10 +119,10 @@ def _workers(data: dict) -> Table:
         beat_age = now - beat if beat else None
         table.add_row(
             str(w["node"]), str(w["host"]), w["server"], Text(str(w["state"]), style=style),
-            _since(w["since"], now), f"{w['inflight']:,}", "yes" if w["consuming"] else Text("no", style="yellow"),
+            _since(w["since"], now), f"{w['inflight']:,}", "yes" if w["consuming"] else Text("no (disk)" if w.get("disk") else "no", style="yellow"),
             Text(f"{format_duration(beat_age)} ago", style="red" if (beat_age or 0) > STALE_HEARTBEAT_S else "")
             if beat_age is not None else "-",
-            Text(w.get("detail") or "", style="dim"),
+            Text(w.get("disk") or "", style="red") if w.get("disk") else Text(w.get("detail") or "", style="dim"),
         )
     if not data["workers"]:
         table.add_row(Text("(no live worker)", style="yellow"), *[""] * 8)

@@ -1,0 +1,76 @@
+"""Fault tests for endings that used to drop a batch: an unwritable output folder, campaign
+settings gone from Redis, and an error nobody planned for. Each ends with every prompt key
+holding exactly one record or one recorded failure (docs/reliability.md)."""
+
+from __future__ import annotations
+
+from eagle_synth.local import wait_for
+from tests.conftest import chat_rows
+from tests.helpers import (
+    assert_exactly_once, campaign, cli, enqueue_rows, status_json, wait_finished,
+)
+
+
+def test_unwritable_output_requeues_closes_the_gate_and_resumes_unattended(tmp_path, redis_server, stack,
+                                                                          tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "disk", chat_rows(12), tokenizer=tokenizer_path, batch_size=4)
+    out = tmp_path / "out"
+    # A path where the records folder must go that cannot take files: every write fails with
+    # an OS error, as on a full or read-only disk.
+    blocker = out / "disk" / "records"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a folder")
+    _, url = stack.devserver("--token-latency", "0.001")
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url)
+    c = campaign(redis_server.url, "disk")
+
+    def gate_closed_for_disk() -> bool:
+        workers = status_json(redis_server.url, "disk")["workers"]
+        return bool(workers) and bool(workers[0]["disk"]) and not workers[0]["consuming"]
+
+    wait_for(gate_closed_for_disk, timeout=60, interval=0.3, what="the worker to stop for its output folder")
+    progress = c.progress()
+    assert (progress.done, progress.failed) == (0, 0)
+    assert c.client.llen("eagle-synth") >= 1, "the batches went back to the queue"
+
+    blocker.unlink()  # the operator frees the disk; nobody restarts anything
+    wait_finished(redis_server.url, "disk", expected=12, stack=stack, timeout=90)
+    assert_exactly_once(redis_server.url, "disk", out / "disk", expected=12)
+    assert c.progress().failed == 0
+    assert not status_json(redis_server.url, "disk")["workers"][0]["disk"]
+
+
+def test_campaign_settings_gone_from_redis_end_as_replayable_failures(tmp_path, redis_server, stack, tokenizer_path):
+    rows = chat_rows(8)
+    enqueue_rows(tmp_path, redis_server.url, "evicted", rows, tokenizer=tokenizer_path, batch_size=4)
+    c = campaign(redis_server.url, "evicted")
+    c.client.delete(c.keys.settings)  # what an evicting Redis does under memory pressure
+    out = tmp_path / "out"
+    _, url = stack.devserver()
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url)
+    wait_finished(redis_server.url, "evicted", expected=8, stack=stack)
+    assert_exactly_once(redis_server.url, "evicted", out / "evicted", expected=8)
+    assert c.failure_counts() == {"campaign-settings-missing": 8}
+    assert "enqueue" in next(iter(c.failures().values())).message
+
+    # The way back the message gives: enqueue again (restores the settings), retry the failures.
+    enqueue_rows(tmp_path, redis_server.url, "evicted", rows, tokenizer=tokenizer_path, batch_size=4)
+    cli("retry-failed", "evicted", "--redis", redis_server.url)
+    wait_for(lambda: c.progress().done == 8, timeout=60, interval=0.2, what="the replayed prompts")
+    assert_exactly_once(redis_server.url, "evicted", out / "evicted", expected=8)
+
+
+def test_unexpected_error_is_retried_then_recorded_never_dropped(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "broken", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
+    c = campaign(redis_server.url, "broken")
+    c.client.set(c.keys.settings, '{"name": "broken"}')  # corrupt state no code path expects
+    out = tmp_path / "out"
+    _, url = stack.devserver()
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url,
+                          env={"EAGLE_SYNTH_ERROR_RETRY_DELAY": "0.2"})
+    wait_finished(redis_server.url, "broken", expected=8, stack=stack, timeout=90)
+    assert_exactly_once(redis_server.url, "broken", out / "broken", expected=8)
+    assert c.failure_counts() == {"worker-error": 8}
+    assert "TypeError" in next(iter(c.failures().values())).message
+    assert worker.log().count("unexpected error") >= 2 * 5, "each batch was tried 5 times first"
+    assert worker.alive()

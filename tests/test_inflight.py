@@ -1,0 +1,99 @@
+"""Per-prompt refill: a prompt that finishes frees its in-flight ticket at once, whatever its
+batch-mates are doing (workers/inflight.py), against a real devserver and a real worker."""
+
+from __future__ import annotations
+
+from eagle_synth.devserver.generation import Generator
+from eagle_synth.devserver.protocol import parse_generate_request
+from eagle_synth.devserver.vocab import ModelVocab
+from eagle_synth.local import wait_for
+from eagle_synth.templating import render_prompt_ids
+from tests.helpers import assert_exactly_once, enqueue_rows, wait_finished
+from workers.inflight import InflightPool
+
+# Devserver lengths: lognormal, so a few prompts run far longer than the rest.
+LENGTH_MEDIAN = 12
+LENGTH_SIGMA = 1.6
+TOKEN_LATENCY = 0.01
+MAX_NEW_TOKENS = 1500
+
+
+def _natural_lengths(tokenizer, tokenizer_path, questions: list[str]) -> list[int]:
+    """Output lengths the devserver will give these prompts (it is deterministic)."""
+    vocab = ModelVocab.load(tokenizer_dir=str(tokenizer_path))
+    generator = Generator(vocab=vocab, mean_output_tokens=200, seed=0, length_median=LENGTH_MEDIAN,
+                          length_sigma=LENGTH_SIGMA)
+    lengths = []
+    for question in questions:
+        ids = render_prompt_ids(tokenizer, [{"role": "user", "content": question}])
+        request = parse_generate_request(
+            {"input_ids": ids, "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}},
+            context_length=32768, tokenize=None)
+        lengths.append(len(generator.complete(request.prompts[0]).output_ids))
+    return lengths
+
+
+def test_straggler_does_not_hold_its_batch_mates_tickets(tmp_path, redis_server, stack, tokenizer, tokenizer_path):
+    questions = [f"Tell me about topic number {i}." for i in range(60)]
+    lengths = _natural_lengths(tokenizer, tokenizer_path, questions)
+    order = sorted(range(len(questions)), key=lengths.__getitem__)
+    straggler, shorts = order[-1], order[:7]
+    assert lengths[straggler] >= 10 * max(lengths[i] for i in shorts), "pick a seed with a real straggler"
+    # Batch 1 = the straggler and three short prompts; batch 2 = four short prompts.
+    picked = [straggler, *shorts]
+    rows = [{"id": f"q{i}", "messages": [{"role": "user", "content": questions[i]}]} for i in picked]
+    enqueue_rows(tmp_path, redis_server.url, "tail", rows, tokenizer=tokenizer_path, batch_size=4,
+                 max_new_tokens=MAX_NEW_TOKENS)
+    _, url = stack.devserver("--token-latency", str(TOKEN_LATENCY), "--length-median", str(LENGTH_MEDIAN),
+                             "--length-sigma", str(LENGTH_SIGMA), "--max-running", "8")
+    out = tmp_path / "out"
+    # Two tickets: while the straggler holds one, the seven others must share the other.
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, args=["--inflight", "2"])
+    wait_finished(redis_server.url, "tail", expected=8, stack=stack, timeout=120)
+    records = assert_exactly_once(redis_server.url, "tail", out / "tail", expected=8)
+    by_row = {r.id: r for r in records.values()}
+    slow = by_row[f"q{straggler}"]
+    assert len(slow.output_ids) == lengths[straggler]
+    finished_before = [r for r in records.values() if r is not slow and r.created_at < slow.created_at]
+    # Its three batch-mates and the whole second batch finished while it was still generating:
+    # the batch-mates' tickets went to the next prompts at once.
+    assert len(finished_before) == 7, sorted((r.id, r.created_at) for r in records.values())
+
+
+def test_pool_refills_a_freed_ticket_while_a_long_request_runs(stack):
+    _, url = stack.devserver("--token-latency", "0.01", "--max-running", "4")
+    def tick(counts):
+        return {url: 2}
+
+    pool = InflightPool(servers=[url], on_tick=tick)
+    try:
+        wait_for(pool.routable, timeout=10, what="the pool's first routing tick")
+        long = pool.submit(ids=[1, 2, 3], sampling={"max_new_tokens": 300, "ignore_eos": True, "temperature": 0.0},
+                           timeout=60, tag="c")
+        shorts = [pool.submit(ids=[4, 5, i], sampling={"max_new_tokens": 5, "ignore_eos": True, "temperature": 0.0},
+                              timeout=60, tag="c") for i in range(6)]
+        for future in shorts:
+            answer = future.result(timeout=30)
+            assert answer.error is None, answer.error
+            assert len(answer.item["output_ids"]) == 5
+        assert not long.done(), "six 5-token prompts on one ticket must finish before a 300-token one"
+        assert pool.inflight() == {url: 1}
+        answer = long.result(timeout=30)
+        assert len(answer.item["output_ids"]) == 300
+    finally:
+        pool.close()
+
+
+def test_pool_answers_connection_refused_as_server_down():
+    from eagle_synth.local import free_port
+    from workers.client import ServerDown
+
+    url = f"http://127.0.0.1:{free_port()}"
+    pool = InflightPool(servers=[url], on_tick=lambda counts: {url: 4})
+    try:
+        wait_for(pool.routable, timeout=10, what="the pool's first routing tick")
+        answer = pool.submit(ids=[1], sampling={"max_new_tokens": 1}, timeout=5, tag="c").result(timeout=10)
+        assert isinstance(answer.error, ServerDown)
+        assert answer.url == url
+    finally:
+        pool.close()
