@@ -8,7 +8,7 @@ from eagle_synth.devserver.protocol import parse_generate_request
 from eagle_synth.devserver.vocab import ModelVocab
 from eagle_synth.local import wait_for
 from eagle_synth.templating import render_prompt_ids
-from tests.helpers import assert_exactly_once, enqueue_rows, wait_finished
+from tests.helpers import assert_exactly_once, devserver_stats, enqueue_rows, wait_finished
 from workers.inflight import InflightPool
 
 # Devserver lengths: lognormal, so a few prompts run far longer than the rest.
@@ -97,3 +97,18 @@ def test_pool_answers_connection_refused_as_server_down():
         assert answer.url == url
     finally:
         pool.close()
+
+
+def test_default_inflight_follows_the_servers_reported_capacity(tmp_path, redis_server, stack, tokenizer_path):
+    from tests.conftest import chat_rows
+
+    enqueue_rows(tmp_path, redis_server.url, "cap", chat_rows(48), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--max-running", "8", "--token-latency", "0.005")
+    worker = stack.worker(servers=[url], out=tmp_path / "out", redis_url=redis_server.url, concurrency=8)
+    wait_finished(redis_server.url, "cap", expected=48, stack=stack)
+    assert_exactly_once(redis_server.url, "cap", tmp_path / "out" / "cap", expected=48)
+    assert "keeping 10 prompts in flight (1.25 x the server's max_running_requests 8)" in worker.log()
+    stats = devserver_stats(url)
+    # 10 tickets: a full server (8 running) plus 2 waiting in its queue, never more.
+    assert stats["peak_running"] == 8
+    assert stats["peak_waiting"] <= 2

@@ -191,17 +191,19 @@ class SlotScheduler:
                 if self._stopped:
                     return
                 now = time.monotonic()
+                # Like SGLang's scheduler step: finished sequences leave first, and their slots
+                # go to waiting prompts in the same step.
+                while self._running and self._running[0][0] <= now:
+                    job = heapq.heappop(self._running)[2]
+                    job.outcome = FINISHED
+                    job.tokens_done = job.output_tokens
+                    finished.append((job, job.finish_at - job.admitted_at))
                 while self._waiting and len(self._running) < self.slots:
                     job = self._waiting.popleft()
                     job.admitted_at = now
                     job.decode_start = now + self.prefill_latency
                     job.finish_at = now + self.duration(job.output_tokens)
                     heapq.heappush(self._running, (job.finish_at, next(self._tie), job))
-                while self._running and self._running[0][0] <= now:
-                    job = heapq.heappop(self._running)[2]
-                    job.outcome = FINISHED
-                    job.tokens_done = job.output_tokens
-                    finished.append((job, job.finish_at - job.admitted_at))
                 self._on_load(len(self._running), len(self._waiting))
                 if not finished:
                     if self._waiting and len(self._running) < self.slots:
