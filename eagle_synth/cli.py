@@ -117,16 +117,25 @@ def enqueue(
         _fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
 
 
+def _worker_option(name: str, *flags: str):
+    """A typer option for one WorkerConfig setting: its help comes from workers/config.py."""
+    from workers.config import option_help
+
+    return typer.Option(*flags, help=option_help(name))
+
+
 @app.command()
 def worker(
-    server: Annotated[list[str], typer.Option("--server", help="SGLang base URL; repeat for several servers.")],
-    out: Annotated[Path, typer.Option("--out", help="Records go to OUT/<campaign>/.")],
+    server: Annotated[list[str], _worker_option("servers", "--server")],
+    out: Annotated[Path, _worker_option("out", "--out")],
+    inflight: Annotated[Optional[int], _worker_option("inflight")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 4 x inflight x servers / 16.")] = None,
-    inflight: Annotated[Optional[int], typer.Option(help="Prompts in flight per server. Default: 1.25 x the server's max_running_requests, or 256 if it does not report it.")] = None,
-    allow_server_parsers: Annotated[bool, typer.Option(help="Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init.")] = False,
-    max_attempts: Annotated[int, typer.Option(help="Attempts per prompt on transient errors while the server is healthy.")] = 6,
-    timeout_base: Annotated[float, typer.Option(help="Request timeout = this + timeout-per-token x max_new_tokens (s).")] = 120.0,
-    timeout_per_token: Annotated[float, typer.Option(help="Seconds of request timeout per max_new_tokens.")] = 0.1,
+    allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
+    max_attempts: Annotated[Optional[int], _worker_option("max_attempts")] = None,
+    timeout_base: Annotated[Optional[float], _worker_option("timeout_base")] = None,
+    timeout_per_token: Annotated[Optional[float], _worker_option("timeout_per_token")] = None,
+    backoff_max: Annotated[Optional[float], _worker_option("backoff_max")] = None,
+    probe_timeout: Annotated[Optional[float], _worker_option("probe_timeout")] = None,
     name: Annotated[Optional[str], typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
     task_events: Annotated[bool, typer.Option(help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record).")] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
@@ -135,21 +144,29 @@ def worker(
     """Run a Celery worker that generates queued batches on SGLang and writes records."""
     settings = broker_settings(redis_url=redis)
     export_to_environment(settings)
+    import dataclasses
+    import os
+
     from workers.client import SGLangClient, ServerDown, TransientError
-    from workers.config import WorkerConfig, auto_inflight, default_concurrency
+    from workers.config import ConfigError, WorkerConfig, auto_inflight, default_concurrency, env_name
     from workers.disk import probe_folder
     from workers.preflight import PreflightError, check_server
 
-    if inflight is not None and inflight < 1:
-        _fail("--inflight must be at least 1")
     problem = probe_folder(out)
     if problem:
         _fail(f"--out cannot take records: {problem}")
-    servers = tuple(s.rstrip("/") for s in server)
-    config = WorkerConfig(
-        servers=servers, out=out, allow_server_parsers=allow_server_parsers, max_attempts=max_attempts,
-        timeout_base=timeout_base, timeout_per_token=timeout_per_token, inflight=inflight,
-    )
+    # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
+    given = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
+             "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
+             "inflight": inflight}
+    os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
+    os.environ[env_name("out")] = str(out)
+    try:
+        config = dataclasses.replace(WorkerConfig.from_env(), **{k: v for k, v in given.items() if v is not None})
+    except ConfigError as exc:
+        _fail(str(exc).replace("_", "-"))
+    servers = config.servers
+    allow_server_parsers = config.allow_server_parsers
     # Preflight the servers that already answer; the others are checked when they come up.
     refused = []
     capacities = []
@@ -168,7 +185,7 @@ def worker(
         typer.secho(message, err=True, fg=typer.colors.YELLOW)
     # Batch threads are sized once, at start: from --inflight, else from the largest capacity
     # a server reports now (a server still loading gets the default until it answers).
-    sizing = inflight or max([auto_inflight(c if isinstance(c, int) else None) for c in capacities] or
+    sizing = config.inflight or max([auto_inflight(c if isinstance(c, int) else None) for c in capacities] or
                              [auto_inflight(None)])
     from workers.app import run_worker
 

@@ -1,24 +1,26 @@
-"""Worker settings, passed from the CLI to the worker process through the environment."""
+"""Worker settings: the one place each worker option has its default, its help and its
+environment name.
+
+`WorkerConfig` declares every option once (`setting(...)`): the CLI's flags take their
+defaults and help from it (`option_help`), `celery -A workers.app worker` reads the same
+values from `EAGLE_SYNTH_<NAME>` environment variables, and the CLI hands a resolved config to
+the worker process once, through `to_env`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
 
-ENV_SERVERS = "EAGLE_SYNTH_SERVERS"
-ENV_OUT = "EAGLE_SYNTH_OUT"
-ENV_ALLOW_PARSERS = "EAGLE_SYNTH_ALLOW_SERVER_PARSERS"
-ENV_MAX_ATTEMPTS = "EAGLE_SYNTH_MAX_ATTEMPTS"
-ENV_TIMEOUT_BASE = "EAGLE_SYNTH_TIMEOUT_BASE"
-ENV_TIMEOUT_PER_TOKEN = "EAGLE_SYNTH_TIMEOUT_PER_TOKEN"
-ENV_BACKOFF_MAX = "EAGLE_SYNTH_BACKOFF_MAX"
-ENV_PROBE_TIMEOUT = "EAGLE_SYNTH_PROBE_TIMEOUT"
-ENV_INFLIGHT = "EAGLE_SYNTH_INFLIGHT"
-
+# Prefix of every worker setting's environment variable: EAGLE_SYNTH_ + the field in capitals.
+ENV_PREFIX = "EAGLE_SYNTH_"
 # Prompts kept in flight per server when neither --inflight nor the server says how many it runs.
 DEFAULT_INFLIGHT = 256
 # In flight per server when the server reports max_running_requests: a full server plus a
@@ -26,15 +28,119 @@ DEFAULT_INFLIGHT = 256
 AUTO_INFLIGHT_FACTOR = 1.25
 # Prompts the worker holds open (in reserved batches) per in-flight ticket: heavy-tailed
 # outputs leave many batches with one straggler, and the tickets must never run dry
-# (benchmarks/occupancy.py measures it).
+# (benchmarks/tail.py measures it).
 OPEN_PROMPTS_PER_TICKET = 4
-# Attempts per prompt on transient errors (timeouts, 5xx, 429) while the server is healthy.
-DEFAULT_MAX_ATTEMPTS = 6
-# A /generate request may take this long plus TIMEOUT_PER_TOKEN per max_new_tokens, seconds.
-DEFAULT_TIMEOUT_BASE = 120.0
-DEFAULT_TIMEOUT_PER_TOKEN = 0.1
-# Longest wait between transient-error retries, seconds (backoff doubles up to it, jittered).
-DEFAULT_BACKOFF_MAX = 30.0
+
+
+class ConfigError(ValueError):
+    """A worker setting has a value that cannot work; the message names it."""
+
+
+def setting(default: Any, help_text: str) -> Any:
+    """A WorkerConfig field with its default and its help (shown by `eagle-synth worker --help`)."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use an immutable default")
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """What the worker process needs; every field is one option (flag `--field-name`,
+    environment `EAGLE_SYNTH_FIELD_NAME`)."""
+
+    servers: tuple[str, ...] = setting((), "SGLang base URL; repeat for several servers.")
+    out: Path = setting(Path("out"), "Records go to OUT/<campaign>/.")
+    inflight: int | None = setting(
+        None, f"Prompts in flight per server. Default: {AUTO_INFLIGHT_FACTOR} x the server's max_running_requests, "
+              f"or {DEFAULT_INFLIGHT} if it does not report it.")
+    allow_server_parsers: bool = setting(
+        False, "Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init.")
+    max_attempts: int = setting(6, "Attempts per prompt on transient errors while the server is healthy.")
+    timeout_base: float = setting(120.0, "Request timeout = this + timeout-per-token x max_new_tokens (s).")
+    timeout_per_token: float = setting(0.1, "Seconds of request timeout per max_new_tokens.")
+    backoff_max: float = setting(30.0, "Longest wait between retries of a prompt (s); backoff doubles from 1 s, jittered.")
+    probe_timeout: float = setting(25.0, "Seconds a /health probe may take (SGLang's own check gives up after 20 s).")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.inflight is not None and self.inflight < 1:
+            problems.append(f"inflight {self.inflight}: must be at least 1")
+        if self.max_attempts < 1:
+            problems.append(f"max_attempts {self.max_attempts}: must be at least 1")
+        for name in ("timeout_base", "timeout_per_token", "backoff_max", "probe_timeout"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} {getattr(self, name)}: must be >= 0")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    # ---- environment ---------------------------------------------------------------------
+    def to_env(self) -> dict[str, str]:
+        """Every setting as EAGLE_SYNTH_* variables (what a worker process reads back)."""
+        env = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                text = ""
+            elif isinstance(value, bool):
+                text = "1" if value else "0"
+            elif isinstance(value, tuple):
+                text = ",".join(value)
+            else:
+                text = str(value)
+            env[env_name(f.name)] = text
+        return env
+
+    @classmethod
+    def from_env(cls) -> WorkerConfig:
+        """The settings from EAGLE_SYNTH_* variables, defaults for those unset."""
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = os.environ.get(env_name(f.name))
+            if raw is None or (raw == "" and f.default is not None):
+                continue
+            values[f.name] = _parse(raw, hints[f.name], env_name(f.name))
+        config = cls(**values)
+        if not config.servers:
+            raise ConfigError(
+                f"no SGLang server configured: set {env_name('servers')} or start with `eagle-synth worker --server URL`"
+            )
+        return config
+
+    def request_timeout(self, max_new_tokens: int) -> float:
+        return self.timeout_base + self.timeout_per_token * max_new_tokens
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def option_help(field_name: str) -> str:
+    """The help text of one setting, for the CLI flag that sets it (with its default and
+    environment variable)."""
+    f = next(f for f in dataclasses.fields(WorkerConfig) if f.name == field_name)
+    shown = "" if f.default in (None, (), False) or isinstance(f.default, Path) else f" [default: {f.default}]"
+    return f"{f.metadata['help']}{shown} [env: {env_name(field_name)}]"
+
+
+def default(field_name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(WorkerConfig) if f.name == field_name)
+
+
+def _parse(raw: str, hint: Any, name: str) -> Any:
+    args = typing.get_args(hint)
+    if args and type(None) in args:  # Optional[X]
+        if raw == "":
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if typing.get_origin(hint) is tuple:
+        return tuple(part.strip().rstrip("/") for part in raw.split(",") if part.strip())
+    try:
+        return hint(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={raw!r} is not a valid {getattr(hint, '__name__', hint)}") from None
 
 
 def default_concurrency(*, inflight: int, servers: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
@@ -45,64 +151,3 @@ def default_concurrency(*, inflight: int, servers: int, batch_size: int = DEFAUL
 def auto_inflight(capacity: int | None) -> int:
     """In-flight tickets for a server that runs `capacity` requests at once (None: unknown)."""
     return math.ceil(AUTO_INFLIGHT_FACTOR * capacity) if capacity else DEFAULT_INFLIGHT
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """What every pool child needs to run a batch.
-
-    Parameters:
-        servers: SGLang base URLs.
-        out: records go to OUT/<campaign>/.
-        allow_server_parsers: accept servers preflight would refuse.
-        max_attempts: transient-error attempts per prompt.
-        timeout_base, timeout_per_token: request timeout = base + per_token * max_new_tokens.
-        backoff_max: longest wait between retries.
-        probe_timeout: seconds a /health probe may take.
-        inflight: prompts in flight per server; None follows the server's reported capacity.
-    """
-
-    servers: tuple[str, ...]
-    out: Path
-    allow_server_parsers: bool = False
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    timeout_base: float = DEFAULT_TIMEOUT_BASE
-    timeout_per_token: float = DEFAULT_TIMEOUT_PER_TOKEN
-    backoff_max: float = DEFAULT_BACKOFF_MAX
-    probe_timeout: float = 25.0
-    inflight: int | None = None
-
-    def to_env(self) -> dict[str, str]:
-        return {
-            ENV_SERVERS: ",".join(self.servers),
-            ENV_OUT: str(self.out),
-            ENV_ALLOW_PARSERS: "1" if self.allow_server_parsers else "0",
-            ENV_MAX_ATTEMPTS: str(self.max_attempts),
-            ENV_TIMEOUT_BASE: str(self.timeout_base),
-            ENV_TIMEOUT_PER_TOKEN: str(self.timeout_per_token),
-            ENV_BACKOFF_MAX: str(self.backoff_max),
-            ENV_PROBE_TIMEOUT: str(self.probe_timeout),
-            ENV_INFLIGHT: str(self.inflight or ""),
-        }
-
-    @classmethod
-    def from_env(cls) -> WorkerConfig:
-        servers = tuple(s.strip().rstrip("/") for s in os.environ.get(ENV_SERVERS, "").split(",") if s.strip())
-        if not servers:
-            raise RuntimeError(
-                f"no SGLang server configured: set {ENV_SERVERS} or start with `eagle-synth worker --server URL`"
-            )
-        return cls(
-            servers=servers,
-            out=Path(os.environ.get(ENV_OUT, "out")),
-            allow_server_parsers=os.environ.get(ENV_ALLOW_PARSERS) == "1",
-            max_attempts=int(os.environ.get(ENV_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS)),
-            timeout_base=float(os.environ.get(ENV_TIMEOUT_BASE, DEFAULT_TIMEOUT_BASE)),
-            timeout_per_token=float(os.environ.get(ENV_TIMEOUT_PER_TOKEN, DEFAULT_TIMEOUT_PER_TOKEN)),
-            backoff_max=float(os.environ.get(ENV_BACKOFF_MAX, DEFAULT_BACKOFF_MAX)),
-            probe_timeout=float(os.environ.get(ENV_PROBE_TIMEOUT, 25.0)),
-            inflight=int(os.environ[ENV_INFLIGHT]) if os.environ.get(ENV_INFLIGHT) else None,
-        )
-
-    def request_timeout(self, max_new_tokens: int) -> float:
-        return self.timeout_base + self.timeout_per_token * max_new_tokens
