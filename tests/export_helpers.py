@@ -15,7 +15,8 @@ def conversation_records(conversations: int, *, turns: int = 3, samples: int = 2
     """Records of `conversations` input rows, each with `turns` user turns and `samples` samples.
 
     Prompts grow with the turn (the history); outputs draw ids from a skewed distribution so
-    token counts have a clear head and many ties in the tail.
+    token counts have a clear head and many ties in the tail. Some records stopped on a
+    (non-ASCII) stop string, so finish_matched mixes ints and strings as real campaigns do.
     """
     rng = random.Random(seed)
     records = []
@@ -31,7 +32,7 @@ def conversation_records(conversations: int, *, turns: int = 3, samples: int = 2
                 records.append(Record(
                     key=f"{n:032x}", id=f"row{row}", sample=sample, turn=turn, prompt_ids=prompt,
                     output_ids=output, finish_reason="length" if truncated else "stop",
-                    finish_matched=None if truncated else IM_END, prompt_tokens=len(prompt),
+                    finish_matched=None if truncated else ("停止" if n % 5 == 0 else IM_END), prompt_tokens=len(prompt),
                     completion_tokens=len(output), campaign="camp", sampling={"temperature": 0.6, "sampling_seed": n},
                     source=f"in.jsonl:{row + 1}", server="http://gpu1:30000", worker="w1", e2e_latency=0.5,
                     created_at=1.7e9 + n))

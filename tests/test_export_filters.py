@@ -39,6 +39,8 @@ def test_max_length_clips_ids_and_mask_together(campaign, tmp_path):
     for key, row in rows.items():
         record = records[key]
         assert row["input_ids"] == record.input_ids[:13] and row["loss_mask"] == record.loss_mask[:13]
+        matched = row["finish_matched"]  # JSON text: an id, a (non-ASCII) stop string, or null
+        assert (None if matched is None else json.loads(matched)) == record.finish_matched
         assert (row["prompt_tokens"], row["completion_tokens"]) == \
             (len(record.prompt_ids), min(len(record.output_ids), 13 - len(record.prompt_ids)))
 

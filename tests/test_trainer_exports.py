@@ -109,6 +109,8 @@ def test_hf_folder_has_every_record_field_and_equals_the_parquet_export(campaign
             (record.id, record.turn, record.finish_reason, record.server)
         # A map becomes JSON text, so every row has one type.
         assert json.loads(row["sampling"]) == record.sampling
+        assert (None if row["finish_matched"] is None else json.loads(row["finish_matched"])) == record.finish_matched
+    assert {type(r.finish_matched) for r in records.values()} == {int, str, type(None)}
 
 
 def test_dataset_splits_are_folders_and_a_datasetdict(campaign, tmp_path):

@@ -213,8 +213,8 @@ class _FileSink:
 
 def _open_jsonl(path: Path) -> IO[str]:
     if path.name.endswith(".gz.tmp"):
-        return gzip.open(path, "wt", compresslevel=6)
-    return open(path, "w")
+        return gzip.open(path, "wt", compresslevel=6, encoding="utf-8")
+    return open(path, "w", encoding="utf-8")
 
 
 def _parquet_writer(path: Path, schema):
@@ -237,7 +237,7 @@ def _file_sink(format: str, out: Path, split: str | None, shard_rows: int | None
                          write_group=lambda writer, group: writer.write_batch(arrow_batch(group, schema),
                                                                               row_group_size=len(group)))
     if format == "specforge":
-        return _FileSink(outputs, open_file=lambda path: open(path, "w"),
+        return _FileSink(outputs, open_file=lambda path: open(path, "w", encoding="utf-8"),
                          write_group=lambda handle, group: handle.write(specforge_lines(group)))
     return _FileSink(outputs, open_file=_open_jsonl, write_group=lambda handle, group: handle.write(
         "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)))
