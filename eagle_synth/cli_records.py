@@ -1,49 +1,150 @@
-"""CLI commands over record folders: export, verify, inspect, compact."""
+"""CLI commands over record folders: export, vocab, verify, inspect, compact."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from eagle_synth.cli import _fail, app
 
+if TYPE_CHECKING:
+    from eagle_synth.tools.filters import ExportFilters
+
 CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")]
+
+
+# Row filters, shared by export and vocab so a draft vocabulary counts the rows a drafter trains on.
+DropTruncatedOpt = Annotated[bool, typer.Option("--drop-truncated", help="Skip records that hit max_new_tokens (finish_reason length).")]
+MinOutputTokensOpt = Annotated[int, typer.Option("--min-output-tokens", help="Skip records with fewer generated ids (before clipping).")]
+MaxLengthOpt = Annotated[Optional[int], typer.Option("--max-length", help="Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer.")]
+DropLongerOpt = Annotated[bool, typer.Option("--drop-longer", help="With --max-length: skip longer records instead of clipping them.")]
+MinLossTokensOpt = Annotated[int, typer.Option("--min-loss-tokens", help="Skip rows with fewer mask-1 (generated) ids after clipping.")]
+SplitOpt = Annotated[Optional[str], typer.Option("--split", help="NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.")]
+VocabSplitOpt = Annotated[Optional[str], typer.Option("--split", help="The export's --split: only the rows of 'train' are counted.")]
+SampleOpt = Annotated[Optional[int], typer.Option("--sample", help="Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
+
+
+def _filters(*, drop_truncated: bool, min_output_tokens: int, max_length: int | None, drop_longer: bool,
+             min_loss_tokens: int, split: str | None, sample: int | None, seed: int) -> ExportFilters:
+    from eagle_synth.tools.filters import ExportFilters, parse_split
+
+    try:
+        return ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens,
+                             max_length=max_length, drop_longer=drop_longer, min_loss_tokens=min_loss_tokens,
+                             splits=parse_split(split), sample=sample, seed=seed)
+    except ValueError as exc:
+        _fail(str(exc))
+        raise  # _fail exits; this line only tells type checkers so
+
+
+def _expected_records(campaign_dir: Path) -> int | None:
+    from eagle_synth.records import read_manifest
+
+    try:
+        return ((read_manifest(campaign_dir) or {}).get("counts") or {}).get("done")
+    except ValueError:
+        return None
+
+
+def _damaged(exc: Exception, campaign_dir: Path) -> None:
+    _fail(f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest.")
 
 
 @app.command()
 def export(
     campaign_dir: CampaignDirArg,
-    out: Annotated[Path, typer.Option("--out", help="Output file (.jsonl, .jsonl.gz or .parquet); with --shard-rows a name to number or a folder.")],
-    format: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
-    drop_truncated: Annotated[bool, typer.Option(help="Skip records that hit max_new_tokens.")] = False,
-    min_output_tokens: Annotated[int, typer.Option(help="Skip records with fewer output ids.")] = 0,
-    max_length: Annotated[Optional[int], typer.Option(help="Skip records longer than this (prompt + output).")] = None,
-    shard_rows: Annotated[Optional[int], typer.Option(help="Rows per output file: out-00000.parquet, ... (default: one file).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="jsonl/parquet/specforge: output file (.jsonl, .jsonl.gz, .parquet); with --shard-rows a name to number or a folder. speculators/hf: a folder.")],
+    format: Annotated[str, typer.Option("--format", help="jsonl or parquet (every record field); specforge (JSONL for data.prompts_path); speculators (its prepared-data folder + token_freq); hf (a datasets folder, load_from_disk).")] = "jsonl",
+    drop_truncated: DropTruncatedOpt = False,
+    min_output_tokens: MinOutputTokensOpt = 0,
+    max_length: MaxLengthOpt = None,
+    drop_longer: DropLongerOpt = False,
+    min_loss_tokens: MinLossTokensOpt = 1,
+    split: SplitOpt = None,
+    sample: SampleOpt = None,
+    seed: SeedOpt = 0,
+    shard_rows: Annotated[Optional[int], typer.Option("--shard-rows", help="Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
-    """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance."""
+    """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
     from eagle_synth.records import RecordFormatError
-    from eagle_synth.tools.export import ExportFilters, export_records
+    from eagle_synth.tools.export import export_records
+    from eagle_synth.tools.export_progress import RecordsProgress
 
-    filters = ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens, max_length=max_length)
+    filters = _filters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens, max_length=max_length,
+                       drop_longer=drop_longer, min_loss_tokens=min_loss_tokens, split=split, sample=sample, seed=seed)
     try:
-        written = export_records(campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows)
+        with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
+            written = export_records(campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows,
+                                     progress=progress)
     except RecordFormatError as exc:
-        _fail(f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest.")
+        _damaged(exc, campaign_dir)
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
-    summary = {"rows": written.rows, "tokens": written.tokens, "dropped": written.dropped,
-               "paths": [str(p) for p in written.paths], "seconds": round(written.seconds, 3),
-               "tokens_per_s": round(written.tokens_per_s)}
+    for warning in written.warnings:
+        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
+    if as_json:
+        print(json.dumps(written.to_dict()))
+        return
+    dropped = ", ".join(f"{k} {v}" for k, v in sorted(written.dropped.items())) or "none"
+    splits = "; splits: " + ", ".join(f"{k} {v}" for k, v in written.split_rows.items()) if written.split_rows else ""
+    typer.echo(f"exported {written.rows} rows ({written.tokens} tokens, {written.loss_tokens} with loss, "
+               f"{written.tokens_per_s:,.0f} tokens/s; clipped {written.clipped}; dropped: {dropped}{splits}) "
+               f"to {', '.join(str(p) for p in written.paths)}")
+
+
+@app.command()
+def vocab(
+    campaign_dir: CampaignDirArg,
+    draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size", help="Size of the draft vocabulary (e.g. 32000).")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for token_freq.json, d2t.npy, t2d.npy, vocab_mapping.json (and .pt files with torch); a speculators data folder is a good place.")],
+    target_vocab_size: Annotated[Optional[int], typer.Option("--target-vocab-size", help="The target model's vocab_size (default: config.json in the manifest's tokenizer_path).")] = None,
+    drop_truncated: DropTruncatedOpt = False,
+    min_output_tokens: MinOutputTokensOpt = 0,
+    max_length: MaxLengthOpt = None,
+    drop_longer: DropLongerOpt = False,
+    min_loss_tokens: MinLossTokensOpt = 1,
+    split: VocabSplitOpt = None,
+    sample: SampleOpt = None,
+    seed: SeedOpt = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+) -> None:
+    """Count loss-masked tokens and write the EAGLE-3 draft vocabulary mapping (d2t, t2d).
+
+    Pass the same filters as the export the drafter trains on; with --split only 'train' is counted.
+    """
+    from eagle_synth.records import RecordFormatError
+    from eagle_synth.tools.export_progress import RecordsProgress
+    from eagle_synth.tools.vocab import build_vocab
+
+    filters = _filters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens, max_length=max_length,
+                       drop_longer=drop_longer, min_loss_tokens=min_loss_tokens, split=split, sample=sample, seed=seed)
+    try:
+        with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
+            result = build_vocab(campaign_dir, out, draft_vocab_size=draft_vocab_size,
+                                 target_vocab_size=target_vocab_size, filters=filters, progress=progress)
+    except RecordFormatError as exc:
+        _damaged(exc, campaign_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    mapping = result.mapping
+    summary = {"rows": result.rows, "loss_tokens": mapping.total, "covered_tokens": mapping.covered,
+               "coverage": round(mapping.coverage, 6), "draft_vocab_size": len(mapping.d2t),
+               "target_vocab_size": len(mapping.t2d), "read": result.stats.read, "dropped": result.stats.dropped,
+               "clipped": result.stats.clipped, "torch_files": result.torch_files, "warnings": result.warnings,
+               "paths": [str(p) for p in result.paths], "seconds": round(result.seconds, 3)}
+    for warning in result.warnings:
+        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
     if as_json:
         print(json.dumps(summary))
         return
-    dropped = ", ".join(f"{k} {v}" for k, v in sorted(written.dropped.items())) or "none"
-    typer.echo(f"exported {written.rows} rows ({written.tokens} tokens, {written.tokens_per_s:,.0f} tokens/s; "
-               f"dropped: {dropped}) to {', '.join(str(p) for p in written.paths)}")
+    typer.echo(f"counted {mapping.total} loss tokens in {result.rows} rows; the {len(mapping.d2t)} most frequent "
+               f"of {len(mapping.t2d)} target ids cover {100 * mapping.coverage:.2f}% of them; wrote "
+               f"{', '.join(p.name for p in result.paths)} to {out}")
 
 
 @app.command()

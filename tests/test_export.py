@@ -84,7 +84,7 @@ def test_jsonl_and_gzip_rows_match_parquet(campaign, tmp_path):
 
 def test_filters_drop_and_count(campaign, tmp_path):
     folder, _ = campaign
-    filters = ExportFilters(drop_truncated=True, min_output_tokens=2, max_length=20)
+    filters = ExportFilters(drop_truncated=True, min_output_tokens=2, max_length=20, drop_longer=True)
     result = export_records(folder, tmp_path / "f.parquet", format="parquet", filters=filters)
     assert [r["key"] for r in pq.read_table(tmp_path / "f.parquet").to_pylist()] == ["key0000"]
     assert result.dropped == {"truncated": 1, "short_output": 1, "too_long": 1}

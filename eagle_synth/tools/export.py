@@ -1,8 +1,11 @@
-"""`eagle-synth export`: records to training rows (input_ids, loss_mask, provenance).
+"""`eagle-synth export`: records to training rows, in the formats the drafter trainers read.
 
-Rows stream from the records through a bounded buffer into JSONL or Parquet, so memory stays
-flat whatever the campaign's size. Parquet is built from the ids' uint32 bytes without a
-Python int per id (RawRecord), which is what makes it fast. Conventions: docs/records.md, "Export".
+Records stream through the filters (tools/filters.py: clip, drop, sample, split) in one pass,
+into row groups bounded in rows and ids, into the output files of each split: memory stays
+flat whatever the campaign's size. Parquet and the datasets folders are built from the ids'
+uint32 bytes without a Python int per id (RawRecord), which is what makes them fast.
+Formats: jsonl, parquet (tools/export_rows.py: every Record field), specforge, speculators,
+hf (tools/trainer_formats.py). Conventions: docs/records.md, "Export".
 """
 
 from __future__ import annotations
@@ -11,18 +14,31 @@ import gzip
 import json
 import os
 import re
-import sys
+import secrets
+import shutil
 import time
-from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from eagle_synth.ids import unpack_ids
 from eagle_synth.records import RawRecord, iter_raw_records
+from eagle_synth.tools.export_progress import Progress, reported
+from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, column_names, json_row
+from eagle_synth.tools.filters import ExportFilters, SelectionStats, sample_cutoff, select_rows
+from eagle_synth.tools.trainer_formats import (
+    DATASET_FORMATS,
+    SPECULATORS_COLUMNS,
+    StagedSplit,
+    check_dataset_out,
+    require_datasets,
+    specforge_lines,
+    write_dataset_folder,
+)
 
-FORMATS = ("jsonl", "parquet")
+__all__ = ["ExportFilters", "ExportResult", "FORMATS", "export_records", "export_rows", "training_row"]
+
+FORMATS = ("jsonl", "parquet", "specforge", "speculators", "hf")
 # Rows per Parquet row group (and per JSONL write): big enough for fast scans, small enough for flat memory.
 ROW_GROUP_ROWS = 2048
 # A row group is also closed once its rows hold this many ids, so long records keep memory flat too.
@@ -31,41 +47,13 @@ ROW_GROUP_TOKENS = 8 << 20
 PARQUET_COMPRESSION = "zstd"
 # zstd level of Parquet pages: level 3 is 6% smaller than the default at about the same speed.
 PARQUET_COMPRESSION_LEVEL = 3
-# Only this column is dictionary-encoded: on id lists a dictionary costs time and grows files by 25%.
-PARQUET_DICTIONARY_COLUMNS = ["finish_reason"]
+# Only these columns are dictionary-encoded: few distinct values each; on id lists a dictionary
+# costs time and grows files by 25%.
+PARQUET_DICTIONARY_COLUMNS = ["finish_reason", "finish_matched", "campaign", "server", "worker"]
 # Digits of the shard index in sharded output names (`out-00000.parquet`).
 SHARD_DIGITS = 5
-# Columns of an exported row, in order.
-COLUMNS = ("key", "id", "sample", "turn", "input_ids", "loss_mask", "prompt_tokens", "completion_tokens",
-           "finish_reason")
-
-
-@dataclass(frozen=True, slots=True)
-class ExportFilters:
-    """Which records become training rows.
-
-    Parameters:
-        drop_truncated: skip records that stopped on max_new_tokens (finish_reason length).
-        min_output_tokens: skip records with fewer output ids.
-        max_length: skip records whose prompt + output is longer.
-    """
-
-    drop_truncated: bool = False
-    min_output_tokens: int = 0
-    max_length: int | None = None
-
-    def reason_to_drop(self, raw: RawRecord) -> str | None:
-        """None to keep the record, else the filter that drops it."""
-        if self.drop_truncated and raw.meta.get("finish_reason") == "length":
-            return "truncated"
-        if raw.output_len < self.min_output_tokens:
-            return "short_output"
-        if self.max_length is not None and raw.prompt_len + raw.output_len > self.max_length:
-            return "too_long"
-        return None
-
-    def keep(self, raw: RawRecord) -> bool:
-        return self.reason_to_drop(raw) is None
+# Columns of a jsonl / parquet / hf row, in order: every Record field (tools/export_rows.py).
+COLUMNS = column_names()
 
 
 @dataclass(slots=True)
@@ -73,87 +61,75 @@ class ExportResult:
     """What an export wrote.
 
     Parameters:
-        rows: rows written.
-        paths: the output files, in order.
+        format: the output format.
+        rows: rows written, all splits.
+        paths: the output files (or, for datasets formats, folders), in order.
         tokens: ids written (sum of input_ids lengths).
-        dropped: records left out, by filter (truncated, short_output, too_long).
+        loss_tokens: mask-1 ids written.
+        read: records read.
+        dropped: records left out, by filter (truncated, short_output, too_long,
+            few_loss_tokens, not_sampled).
+        clipped: rows cut to max_length.
+        split_rows: rows per split (empty when not splitting).
+        warnings: what the user should know (a trainer file that could not be written).
         seconds: wall time.
     """
 
+    format: str = "jsonl"
     rows: int = 0
     paths: list[Path] = field(default_factory=list)
     tokens: int = 0
+    loss_tokens: int = 0
+    read: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    clipped: int = 0
+    split_rows: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
+    def to_dict(self) -> dict:
+        """The `--json` summary."""
+        return {"format": self.format, "rows": self.rows, "tokens": self.tokens, "loss_tokens": self.loss_tokens,
+                "read": self.read, "dropped": self.dropped, "clipped": self.clipped, "splits": self.split_rows,
+                "paths": [str(p) for p in self.paths], "warnings": self.warnings,
+                "seconds": round(self.seconds, 3), "tokens_per_s": round(self.tokens_per_s)}
+
 
 def training_row(raw: RawRecord) -> dict:
     """The exported row of one record, with Python lists (docs/records.md, "Export")."""
-    meta = raw.meta
-    prompt, output = raw.prompt_len, raw.output_len
-    return {
-        "key": meta["key"],
-        "id": str(meta.get("id", "")),
-        "sample": int(meta.get("sample", 0)),
-        "turn": int(meta.get("turn", 0)),
-        "input_ids": unpack_ids(raw.prompt_u32 + raw.output_u32),
-        "loss_mask": [0] * prompt + [1] * output,
-        "prompt_tokens": prompt,
-        "completion_tokens": output,
-        "finish_reason": meta.get("finish_reason", ""),
-    }
-
-
-def _kept(campaign_path: str | os.PathLike, filters: ExportFilters, result: ExportResult) -> Iterator[RawRecord]:
-    for raw in iter_raw_records(campaign_path):
-        reason = filters.reason_to_drop(raw)
-        if reason is None:
-            yield raw
-        else:
-            result.dropped[reason] = result.dropped.get(reason, 0) + 1
-
-
-def _row_groups(records: Iterator[RawRecord]) -> Iterator[list[RawRecord]]:
-    group: list[RawRecord] = []
-    tokens = 0
-    for raw in records:
-        group.append(raw)
-        tokens += raw.prompt_len + raw.output_len
-        if len(group) >= ROW_GROUP_ROWS or tokens >= ROW_GROUP_TOKENS:
-            yield group
-            group, tokens = [], 0
-    if group:
-        yield group
+    return json_row(raw)
 
 
 # ----------------------------------------------------------------------------- output files
 
 
 class _Outputs:
-    """Output files: one, or shards of `shard_rows` rows; each appears only when complete.
+    """Output file names of one split: one file, or shards of `shard_rows` rows.
 
     `out.parquet` with shards becomes `out-00000.parquet`, `out-00001.parquet`, ...; a
     folder (an existing one, or a name without a suffix) gets `part-00000.<format>`, ...
+    A split adds its name: `out-test.parquet`, `out-test-00000.parquet`, or `test-00000...`
+    in a folder (the names `datasets.load_dataset` maps to splits by itself).
     """
 
-    def __init__(self, out: Path, *, suffix: str, shard_rows: int | None) -> None:
+    def __init__(self, out: Path, *, suffix: str, shard_rows: int | None, split: str | None = None) -> None:
         self.shard_rows = shard_rows
         if out.is_dir() and not shard_rows:
             raise ValueError(f"--out {out} is a folder: give a file name, or --shard-rows N to write "
                              "part-00000... files into it")
         if shard_rows and (out.is_dir() or not out.suffix):
-            out.mkdir(parents=True, exist_ok=True)
-            self.folder, self.stem, self.suffix = out, "part", suffix
+            self.folder, self.stem, self.suffix = out, split or "part", suffix
         else:
             name = out.name
             gz = out.suffix == ".gz" and len(out.suffixes) > 1
             full_suffix = "".join(out.suffixes[-2:]) if gz else (out.suffix or suffix)
-            self.folder, self.stem, self.suffix = out.parent, name[: len(name) - len(full_suffix)], full_suffix
-        self.single = out
+            stem = name[: len(name) - len(full_suffix)]
+            self.folder, self.stem, self.suffix = out.parent, f"{stem}-{split}" if split else stem, full_suffix
+        self.single = out if split is None else self.folder / f"{self.stem}{self.suffix}"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.done: list[Path] = []
 
@@ -186,73 +162,59 @@ class _Outputs:
             path.unlink(missing_ok=True)
 
 
-def _shards_of(groups: Iterator[list[RawRecord]], shard_rows: int | None) -> Iterator[tuple[int, list[RawRecord]]]:
-    """(shard index, row group) pairs; a row group never spans two shards."""
-    if not shard_rows:
-        for group in groups:
-            yield 0, group
-        return
-    index, in_shard = 0, 0
-    for group in groups:
+class _FileSink:
+    """Writes one split's row groups into its numbered files; each appears whole or not at all.
+
+    With no rows, one empty file is written (a Parquet one still carries the schema, so
+    readers find the columns).
+    """
+
+    def __init__(self, outputs: _Outputs, *, open_file: Callable[[Path], Any],
+                 write_group: Callable[[Any, list[RawRecord]], None]) -> None:
+        self.outputs = outputs
+        self._open_file = open_file
+        self._write_group = write_group
+        self._handle: Any = None
+        self._index = 0
+        self._in_shard = 0
+
+    def add_group(self, group: list[RawRecord]) -> None:
+        shard_rows = self.outputs.shard_rows
         while group:
-            take = group[: shard_rows - in_shard]
+            take = group[: shard_rows - self._in_shard] if shard_rows else group
             group = group[len(take):]
-            yield index, take
-            in_shard += len(take)
-            if in_shard >= shard_rows:
-                index, in_shard = index + 1, 0
+            if self._handle is None:
+                self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
+            self._write_group(self._handle, take)
+            self._in_shard += len(take)
+            if shard_rows and self._in_shard >= shard_rows:
+                self._publish()
+                self._index, self._in_shard = self._index + 1, 0
+
+    def _publish(self) -> None:
+        self._handle.close()
+        self._handle = None
+        self.outputs.publish(self._index)
+
+    def close(self) -> list[Path]:
+        if self._handle is None and not self.outputs.done:
+            self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
+        if self._handle is not None:
+            self._publish()
+        self.outputs.remove_stale_shards()
+        return list(self.outputs.done)
+
+    def abort(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        self.outputs.discard(self._index)
 
 
 def _open_jsonl(path: Path) -> IO[str]:
     if path.name.endswith(".gz.tmp"):
-        return gzip.open(path, "wt", compresslevel=6)
-    return open(path, "w")
-
-
-# ----------------------------------------------------------------------------- parquet
-
-
-def parquet_schema():
-    import pyarrow as pa
-
-    return pa.schema([
-        ("key", pa.string()), ("id", pa.string()), ("sample", pa.int32()), ("turn", pa.int32()),
-        ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
-        ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("finish_reason", pa.string()),
-    ])
-
-
-def _arrow_batch(group: list[RawRecord], schema):
-    """One record batch from a row group: the ids' bytes become the list values buffer as they are."""
-    import pyarrow as pa
-
-    offsets = array("i", [0])
-    total = 0
-    for raw in group:
-        total += raw.prompt_len + raw.output_len
-        offsets.append(total)
-    ids = b"".join(raw.prompt_u32 + raw.output_u32 for raw in group)
-    if sys.byteorder != "little":
-        swapped = array("I")
-        swapped.frombytes(ids)
-        swapped.byteswap()
-        ids = swapped.tobytes()
-    mask = b"".join(b"\x00" * raw.prompt_len + b"\x01" * raw.output_len for raw in group)
-    offsets_array = pa.array(offsets, type=pa.int32())
-    input_ids = pa.ListArray.from_arrays(offsets_array, pa.Array.from_buffers(pa.int32(), total, [None, pa.py_buffer(ids)]))
-    loss_mask = pa.ListArray.from_arrays(offsets_array, pa.Array.from_buffers(pa.int8(), total, [None, pa.py_buffer(mask)]))
-    metas = [raw.meta for raw in group]
-    columns = [
-        pa.array([m["key"] for m in metas], pa.string()),
-        pa.array([str(m.get("id", "")) for m in metas], pa.string()),
-        pa.array([int(m.get("sample", 0)) for m in metas], pa.int32()),
-        pa.array([int(m.get("turn", 0)) for m in metas], pa.int32()),
-        input_ids, loss_mask,
-        pa.array([raw.prompt_len for raw in group], pa.int32()),
-        pa.array([raw.output_len for raw in group], pa.int32()),
-        pa.array([m.get("finish_reason", "") for m in metas], pa.string()),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+        return gzip.open(path, "wt", compresslevel=6, encoding="utf-8")
+    return open(path, "w", encoding="utf-8")
 
 
 def _parquet_writer(path: Path, schema):
@@ -262,76 +224,156 @@ def _parquet_writer(path: Path, schema):
                             compression_level=PARQUET_COMPRESSION_LEVEL, use_dictionary=PARQUET_DICTIONARY_COLUMNS)
 
 
-def _write_shards(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult, *,
-                  open_file: Callable[[Path], Any], write_group: Callable[[Any, list[RawRecord]], None]) -> None:
-    """Write numbered output files from (file index, row group) pairs; each file appears whole
-    (temporary name, then published) or not at all. With no rows, one empty file is written
-    (a Parquet one still carries the schema, so readers find the columns)."""
-    handle, index = None, 0
-    try:
-        for index_now, group in shards:
-            if handle is not None and index_now != index:
-                handle.close()
-                outputs.publish(index)
-                handle = None
-            index = index_now
-            if handle is None:
-                handle = open_file(outputs.tmp(outputs.path(index)))
-            write_group(handle, group)
-            result.rows += len(group)
-            result.tokens += sum(raw.prompt_len + raw.output_len for raw in group)
-        if handle is None:
-            handle = open_file(outputs.tmp(outputs.path(index)))
-        handle.close()
-        handle = None
-        outputs.publish(index)
-    except BaseException:
-        if handle is not None:
-            handle.close()
-        outputs.discard(index)
-        raise
+def parquet_schema():
+    """The Arrow schema of a Parquet (and hf) export."""
+    return arrow_schema()
 
 
-def _write_parquet(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult) -> None:
-    schema = parquet_schema()
-    _write_shards(
-        shards, outputs, result,
-        open_file=lambda path: _parquet_writer(path, schema),
-        write_group=lambda writer, group: writer.write_batch(_arrow_batch(group, schema), row_group_size=len(group)),
-    )
+def _file_sink(format: str, out: Path, split: str | None, shard_rows: int | None) -> _FileSink:
+    outputs = _Outputs(out, suffix=".parquet" if format == "parquet" else ".jsonl", shard_rows=shard_rows, split=split)
+    if format == "parquet":
+        schema = parquet_schema()
+        return _FileSink(outputs, open_file=lambda path: _parquet_writer(path, schema),
+                         write_group=lambda writer, group: writer.write_batch(arrow_batch(group, schema),
+                                                                              row_group_size=len(group)))
+    if format == "specforge":
+        return _FileSink(outputs, open_file=lambda path: open(path, "w", encoding="utf-8"),
+                         write_group=lambda handle, group: handle.write(specforge_lines(group)))
+    return _FileSink(outputs, open_file=_open_jsonl, write_group=lambda handle, group: handle.write(
+        "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)))
 
 
-def _write_jsonl(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Outputs, result: ExportResult) -> None:
-    _write_shards(
-        shards, outputs, result, open_file=_open_jsonl,
-        write_group=lambda handle, group: handle.write(
-            "".join(json.dumps(training_row(raw), separators=(",", ":")) + "\n" for raw in group)),
-    )
-
-
-def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, format: str = "jsonl",
-                   filters: ExportFilters = ExportFilters(), shard_rows: int | None = None) -> ExportResult:
-    """Export a campaign's records as training rows; streams, so memory stays flat.
-
-    Parameters:
-        campaign_path: the campaign folder (OUT/<campaign>).
-        out: output file (`.jsonl`, `.jsonl.gz` or `.parquet`), or with shard_rows a file name
-            to number (`out-00000.parquet`) or a folder (`part-00000.parquet`).
-        format: "jsonl" or "parquet".
-        filters: which records to keep.
-        shard_rows: rows per output file (None: one file).
-    """
+def _check_options(format: str, out: Path, shard_rows: int | None) -> None:
     if format not in FORMATS:
         raise ValueError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
     if shard_rows is not None and shard_rows < 1:
         raise ValueError("--shard-rows must be at least 1")
+    if format == "specforge":
+        if out.name.endswith(".gz"):
+            raise ValueError("--format specforge: SpecForge opens data.prompts_path as plain text; drop the .gz")
+        if shard_rows:
+            raise ValueError("--format specforge writes one file, as data.prompts_path takes one; drop --shard-rows")
+    if format in DATASET_FORMATS:
+        require_datasets(format)
+        check_dataset_out(out)
+
+
+# ----------------------------------------------------------------------------- the export
+
+
+class _Groups:
+    """Buffers each split's rows into row groups of at most ROW_GROUP_ROWS rows or ROW_GROUP_TOKENS ids."""
+
+    def __init__(self, sinks: dict[str | None, Any], result: ExportResult) -> None:
+        self.sinks = sinks
+        self.result = result
+        self._rows: dict[str | None, list[RawRecord]] = {name: [] for name in sinks}
+        self._tokens: dict[str | None, int] = dict.fromkeys(sinks, 0)
+
+    def add(self, split: str | None, row: RawRecord) -> None:
+        group = self._rows[split]
+        group.append(row)
+        self._tokens[split] += row.prompt_len + row.output_len
+        if len(group) >= ROW_GROUP_ROWS or self._tokens[split] >= ROW_GROUP_TOKENS:
+            self.flush(split)
+
+    def flush(self, split: str | None) -> None:
+        group = self._rows[split]
+        if not group:
+            return
+        self.sinks[split].add_group(group)
+        self.result.rows += len(group)
+        self.result.tokens += self._tokens[split]
+        self.result.loss_tokens += sum(row.output_len for row in group)
+        if split is not None:
+            self.result.split_rows[split] = self.result.split_rows.get(split, 0) + len(group)
+        self._rows[split], self._tokens[split] = [], 0
+
+    def flush_all(self) -> None:
+        for split in self.sinks:
+            self.flush(split)
+
+
+def _fill(sinks: dict[str | None, Any], records: Iterable[RawRecord], filters: ExportFilters, *,
+          stats: SelectionStats, cutoff: int | None, result: ExportResult) -> None:
+    """The one pass: records through the filters, into row groups, into each split's sink."""
+    groups = _Groups(sinks, result)
+    for split, row in select_rows(records, filters, stats, cutoff=cutoff):
+        groups.add(split, row)
+    groups.flush_all()
+
+
+def export_rows(records: Iterable[RawRecord], out: str | os.PathLike, *, format: str = "jsonl",
+                filters: ExportFilters = ExportFilters(), shard_rows: int | None = None,
+                cutoff: int | None = None) -> ExportResult:
+    """Export rows from any stream of records (a generator is read once, lazily).
+
+    Parameters are export_records'; `cutoff` is the one tools.filters.sample_cutoff finds
+    for filters.sample over the same records (None keeps every candidate).
+    """
     started = time.perf_counter()
-    result = ExportResult()
-    outputs = _Outputs(Path(out), suffix=f".{format}", shard_rows=shard_rows)
-    shards = _shards_of(_row_groups(_kept(campaign_path, filters, result)), shard_rows)
-    (_write_parquet if format == "parquet" else _write_jsonl)(shards, outputs, result)
-    outputs.remove_stale_shards()
-    result.paths = list(outputs.done)
+    out = Path(out)
+    _check_options(format, out, shard_rows)
+    result = ExportResult(format=format)
+    splits: tuple[str | None, ...] = filters.split_names or (None,)
+    stats = SelectionStats()
+    if format in DATASET_FORMATS:
+        staging = out.parent / f".{out.name}.staging-{secrets.token_hex(4)}"
+        staging.mkdir(parents=True)
+        staged: dict[str | None, StagedSplit] = {}
+        try:
+            for name in splits:
+                staged[name] = StagedSplit(staging / f"{name or 'all'}.arrow", count_tokens=format == "speculators",
+                                           selected=SPECULATORS_COLUMNS if format == "speculators" else None)
+            _fill(staged, records, filters, stats=stats, cutoff=cutoff, result=result)
+            for part in staged.values():
+                part.close()
+            result.paths, result.warnings = write_dataset_folder(out, staged, format=format, shard_rows=shard_rows)
+        finally:
+            for part in staged.values():
+                part.close()
+            shutil.rmtree(staging, ignore_errors=True)
+    else:
+        sinks = {name: _file_sink(format, out, name, shard_rows) for name in splits}
+        try:
+            _fill(sinks, records, filters, stats=stats, cutoff=cutoff, result=result)
+            for sink in sinks.values():
+                result.paths += sink.close()
+        except BaseException:
+            for sink in sinks.values():
+                sink.abort()
+            raise
+    result.read, result.dropped, result.clipped = stats.read, stats.dropped, stats.clipped
+    if filters.splits:
+        result.split_rows = {name: result.split_rows.get(name, 0) for name in filters.split_names}
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, format: str = "jsonl",
+                   filters: ExportFilters = ExportFilters(), shard_rows: int | None = None,
+                   progress: Progress | None = None) -> ExportResult:
+    """Export a campaign's records as training rows; streams, so memory stays flat.
+
+    Parameters:
+        campaign_path: the campaign folder (OUT/<campaign>).
+        out: jsonl / parquet / specforge: output file (`.jsonl`, `.jsonl.gz` or `.parquet`),
+            or with shard_rows a file name to number (`out-00000.parquet`) or a folder
+            (`part-00000.parquet`); with splits each file name gains `-<split>`.
+            speculators / hf: a folder (replaced if it holds an earlier datasets export).
+        format: one of FORMATS.
+        filters: which records to keep, clipped how, split how.
+        shard_rows: rows per output file (None: one file; datasets formats: datasets' default
+            shard size).
+        progress: told the phase and the records read as the export goes.
+    """
+    started = time.perf_counter()
+    _check_options(format, Path(out), shard_rows)
+    cutoff = None
+    if filters.sample is not None:
+        cutoff = sample_cutoff(reported(iter_raw_records(campaign_path), progress, "sampling"), filters)
+    records = reported(iter_raw_records(campaign_path), progress, "exporting")
+    result = export_rows(records, out, format=format, filters=filters, shard_rows=shard_rows, cutoff=cutoff)
     result.seconds = time.perf_counter() - started
     return result
 

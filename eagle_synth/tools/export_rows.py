@@ -1,0 +1,165 @@
+"""The exported row: ids, mask and every Record field as a flat column of one type.
+
+JSONL, Parquet and `--format hf` write this same row, so a Parquet export read with
+`datasets.load_dataset("parquet", ...)` and an hf export read with `load_from_disk` give the
+same rows. Columns come from the Record dataclass: a field added to Record appears in every
+export with no change here, typed from its annotation (str, int, float, bool; anything else,
+such as the `sampling` map, as JSON text so every row keeps one type). Docs: docs/records.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass
+from functools import lru_cache
+from typing import Any
+
+from eagle_synth.ids import unpack_ids
+from eagle_synth.records import RawRecord, Record
+
+# Leading columns, in order (the export's columns before every Record field was added) and
+# their kinds; prompt_tokens/completion_tokens count the row's own ids, after clipping.
+LEAD_COLUMNS = (
+    ("key", "string"), ("id", "string"), ("sample", "int32"), ("turn", "int32"),
+    ("input_ids", "ids"), ("loss_mask", "mask"), ("prompt_tokens", "int32"), ("completion_tokens", "int32"),
+    ("finish_reason", "string"),
+)
+# Record fields that are not columns of their own: the ids become input_ids/loss_mask, and the
+# server's counts are replaced by the row's own (a clipped row has fewer ids than the server made).
+_NOT_COLUMNS = frozenset({"prompt_ids", "output_ids"})
+# Column kind of each scalar Record annotation; any other annotation is stored as JSON text.
+ANNOTATION_KINDS = {"str": "string", "int": "int64", "float": "float64", "float | None": "float64",
+                    "bool": "bool", "str | None": "string", "int | None": "int64"}
+JSON_KIND = "json"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One exported column.
+
+    Parameters:
+        name: column name (a Record field's name, or input_ids / loss_mask).
+        kind: string, int32, int64, float64, bool, json (JSON text), ids (list of int32) or
+            mask (list of int8).
+        default: the value for a record stored without this field (an older file).
+    """
+
+    name: str
+    kind: str
+    default: Any = None
+
+    def value(self, meta: dict) -> Any:
+        """This column's value for one record's metadata, in its single type (None for null)."""
+        value = meta.get(self.name, self.default)
+        if value is None:
+            return None
+        if self.kind == "string":
+            return str(value)
+        if self.kind in ("int32", "int64"):
+            return int(value)
+        if self.kind == "float64":
+            return float(value)
+        if self.kind == "bool":
+            return bool(value)
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _field_default(name: str) -> Any:
+    spec = Record.__dataclass_fields__[name]
+    if spec.default is not MISSING:
+        return spec.default
+    if spec.default_factory is not MISSING:
+        return spec.default_factory()
+    return None
+
+
+@lru_cache(maxsize=1)
+def columns() -> tuple[Column, ...]:
+    """Every exported column, in order: LEAD_COLUMNS, then the other Record fields in their order."""
+    lead = [Column(name, kind, _field_default(name) if name in Record.__dataclass_fields__ else None)
+            for name, kind in LEAD_COLUMNS]
+    lead_names = {name for name, _ in LEAD_COLUMNS}
+    rest = [Column(name, ANNOTATION_KINDS.get(str(spec.type), JSON_KIND), _field_default(name))
+            for name, spec in Record.__dataclass_fields__.items()
+            if name not in lead_names and name not in _NOT_COLUMNS]
+    return tuple(lead + rest)
+
+
+def column_names() -> tuple[str, ...]:
+    return tuple(column.name for column in columns())
+
+
+def _meta_with_lengths(raw: RawRecord) -> dict:
+    """The record's metadata plus the row's own lengths (seq_len is speculators' name for the total)."""
+    return {**raw.meta, "prompt_tokens": raw.prompt_len, "completion_tokens": raw.output_len,
+            "seq_len": raw.prompt_len + raw.output_len}
+
+
+def json_row(raw: RawRecord) -> dict:
+    """One record's row with Python values (lists of ints for the ids and mask)."""
+    meta = _meta_with_lengths(raw)
+    row = {}
+    for column in columns():
+        if column.kind == "ids":
+            row[column.name] = unpack_ids(raw.prompt_u32 + raw.output_u32)
+        elif column.kind == "mask":
+            row[column.name] = [0] * raw.prompt_len + [1] * raw.output_len
+        else:
+            row[column.name] = column.value(meta)
+    return row
+
+
+# ----------------------------------------------------------------------------- Arrow
+
+
+def _arrow_type(kind: str):
+    import pyarrow as pa
+
+    return {"string": pa.string(), "json": pa.string(), "int32": pa.int32(), "int64": pa.int64(),
+            "float64": pa.float64(), "bool": pa.bool_(), "ids": pa.list_(pa.int32()),
+            "mask": pa.list_(pa.int8())}[kind]
+
+
+def arrow_schema(selected: Sequence[Column] | None = None):
+    """The Arrow schema of `selected` columns (default: every column)."""
+    import pyarrow as pa
+
+    return pa.schema([(column.name, _arrow_type(column.kind)) for column in (selected or columns())])
+
+
+def _little_endian(ids: bytes) -> bytes:
+    if sys.byteorder == "little":
+        return ids
+    swapped = array("I")
+    swapped.frombytes(ids)
+    swapped.byteswap()
+    return swapped.tobytes()
+
+
+def arrow_batch(group: Sequence[RawRecord], schema, selected: Sequence[Column] | None = None):
+    """One record batch of `selected` columns; the ids' bytes become the list values buffer as they are."""
+    import pyarrow as pa
+
+    offsets = array("i", [0])
+    total = 0
+    for raw in group:
+        total += raw.prompt_len + raw.output_len
+        offsets.append(total)
+    offsets_array = pa.array(offsets, type=pa.int32())
+    metas = [_meta_with_lengths(raw) for raw in group]
+    arrays = []
+    for column in selected or columns():
+        if column.kind == "ids":
+            ids = _little_endian(b"".join(raw.prompt_u32 + raw.output_u32 for raw in group))
+            values = pa.Array.from_buffers(pa.int32(), total, [None, pa.py_buffer(ids)])
+            arrays.append(pa.ListArray.from_arrays(offsets_array, values))
+        elif column.kind == "mask":
+            mask = b"".join(b"\x00" * raw.prompt_len + b"\x01" * raw.output_len for raw in group)
+            values = pa.Array.from_buffers(pa.int8(), total, [None, pa.py_buffer(mask)])
+            arrays.append(pa.ListArray.from_arrays(offsets_array, values))
+        else:
+            arrays.append(pa.array([column.value(meta) for meta in metas], _arrow_type(column.kind)))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

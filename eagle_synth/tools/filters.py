@@ -1,0 +1,239 @@
+"""Which records become training rows, clipped how, in which split: applied in one pass.
+
+Every export format and `eagle-synth vocab` select rows here, in this order:
+
+1. `drop_truncated`: leave out records that stopped on max_new_tokens (finish_reason length);
+2. `min_output_tokens`: leave out records with fewer generated ids (before clipping);
+3. `max_length`: clip prompt + output to this many ids (the mask is cut with them), or with
+   `drop_longer` leave longer records out;
+4. `min_loss_tokens`: leave out rows with fewer mask-1 ids after clipping (default 1: a row
+   with nothing to learn, which both trainers drop too);
+5. `sample`: keep N rows drawn by a seeded hash of the record key (same records, same seed:
+   same rows, whatever the file order); exact N needs the candidates' hashes first, so a
+   sampled export reads the records twice;
+6. `splits`: route each row by a hash of its conversation key, so every turn and sample of
+   one conversation lands in the same split; the remainder goes to `train`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from eagle_synth.records import RawRecord
+
+# The split that takes every row no named split claims.
+SPLIT_REMAINDER = "train"
+# Split names become file names and DatasetDict keys: plain word characters only.
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_]+")
+# Default of min_loss_tokens: rows with no generated id teach nothing, and both trainers drop them.
+DEFAULT_MIN_LOSS_TOKENS = 1
+# blake2b personalisations: the split and sample hashes of one key are independent of each other.
+_SPLIT_PERSON = b"eagle-synth-spl"
+_SAMPLE_PERSON = b"eagle-synth-smp"
+_HASH_RANGE = float(1 << 64)
+
+
+def parse_split(text: str | None) -> tuple[tuple[str, float], ...]:
+    """`test=0.01,val=0.02` as ((name, fraction), ...); the rest of the rows go to `train`."""
+    if not text:
+        return ()
+    splits: list[tuple[str, float]] = []
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        name = name.strip()
+        try:
+            fraction = float(value)
+        except ValueError:
+            fraction = -1.0
+        if not sep or not SPLIT_NAME.fullmatch(name) or not 0.0 < fraction < 1.0:
+            raise ValueError(f"--split {text!r}: give NAME=FRACTION pairs, comma-separated, each fraction "
+                             "between 0 and 1, e.g. --split test=0.01")
+        splits.append((name, fraction))
+    _check_splits(tuple(splits), flag=f"--split {text!r}")
+    return tuple(splits)
+
+
+def _check_splits(splits: tuple[tuple[str, float], ...], *, flag: str = "--split") -> None:
+    names = [name for name, _ in splits]
+    if SPLIT_REMAINDER in names:
+        raise ValueError(f"{flag}: {SPLIT_REMAINDER!r} takes every row the other splits do not; name only the others")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{flag}: a split is named twice")
+    if sum(fraction for _, fraction in splits) >= 1.0:
+        raise ValueError(f"{flag}: the fractions add up to 1 or more, leaving nothing for {SPLIT_REMAINDER!r}")
+
+
+def conversation_key(meta: dict) -> str:
+    """What ties a record to its conversation, for splitting.
+
+    A `conversation` field (an id shared by a conversation's turns) wins when records carry
+    one; until then it is the input row id plus the sample index: `--turns all` makes one
+    prompt per user turn of a row, and sample s of each turn continues the same conversation.
+    A record without a row id is its own conversation (its key).
+    """
+    conversation = meta.get("conversation")
+    if conversation not in (None, ""):
+        if isinstance(conversation, str):
+            return conversation
+        return json.dumps(conversation, sort_keys=True, separators=(",", ":"))
+    row_id = meta.get("id")
+    if row_id in (None, ""):
+        return f"key\x00{meta['key']}"
+    return f"{row_id}\x00{int(meta.get('sample', 0))}"
+
+
+def _hash64(text: str, person: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8, person=person).digest(), "little")
+
+
+def split_of(meta: dict, splits: tuple[tuple[str, float], ...]) -> str:
+    """The split a record belongs to: named splits take consecutive slices of [0, 1) in order."""
+    point = _hash64(conversation_key(meta), _SPLIT_PERSON) / _HASH_RANGE
+    edge = 0.0
+    for name, fraction in splits:
+        edge += fraction
+        if point < edge:
+            return name
+    return SPLIT_REMAINDER
+
+
+def sample_priority(key: str, seed: int) -> int:
+    """A record's place in the seeded random order `sample` keeps the first N of."""
+    return _hash64(f"{seed}\x00{key}", _SAMPLE_PERSON)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportFilters:
+    """Which records become rows, clipped how, and split how (the module docstring has the order).
+
+    Parameters:
+        drop_truncated: skip records that stopped on max_new_tokens (finish_reason length).
+        min_output_tokens: skip records with fewer output ids (counted before clipping).
+        max_length: clip rows to this many ids, prompt + output (None: no limit).
+        drop_longer: with max_length, skip longer records instead of clipping them.
+        min_loss_tokens: skip rows with fewer mask-1 ids after clipping.
+        splits: ((name, fraction), ...) from parse_split; the remainder is `train`.
+        sample: keep this many rows, drawn by a hash of (seed, key); None keeps all.
+        seed: seed of `sample`.
+    """
+
+    drop_truncated: bool = False
+    min_output_tokens: int = 0
+    max_length: int | None = None
+    drop_longer: bool = False
+    min_loss_tokens: int = DEFAULT_MIN_LOSS_TOKENS
+    splits: tuple[tuple[str, float], ...] = ()
+    sample: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_length is not None and self.max_length < 1:
+            raise ValueError("--max-length must be at least 1")
+        if self.drop_longer and self.max_length is None:
+            raise ValueError("--drop-longer needs --max-length")
+        if self.min_output_tokens < 0 or self.min_loss_tokens < 0:
+            raise ValueError("--min-output-tokens and --min-loss-tokens cannot be negative")
+        if self.sample is not None and self.sample < 1:
+            raise ValueError("--sample must be at least 1")
+        _check_splits(self.splits)
+
+    @property
+    def split_names(self) -> tuple[str, ...]:
+        """The splits rows go to: `train` then the named ones; () when not splitting."""
+        return (SPLIT_REMAINDER, *(name for name, _ in self.splits)) if self.splits else ()
+
+    def shape(self, raw: RawRecord) -> tuple[RawRecord | None, str | None]:
+        """(the row, None) for a record kept (clipped if need be), or (None, the filter that drops it)."""
+        if self.drop_truncated and raw.meta.get("finish_reason") == "length":
+            return None, "truncated"
+        if raw.output_len < self.min_output_tokens:
+            return None, "short_output"
+        if self.max_length is not None and raw.prompt_len + raw.output_len > self.max_length:
+            if self.drop_longer:
+                return None, "too_long"
+            raw = clip(raw, self.max_length)
+        if raw.output_len < self.min_loss_tokens:
+            return None, "few_loss_tokens"
+        return raw, None
+
+    def reason_to_drop(self, raw: RawRecord) -> str | None:
+        """None to keep the record (perhaps clipped), else the filter that drops it."""
+        return self.shape(raw)[1]
+
+    def keep(self, raw: RawRecord) -> bool:
+        return self.reason_to_drop(raw) is None
+
+
+def clip(raw: RawRecord, max_length: int) -> RawRecord:
+    """The record cut to its first max_length ids: the output first, then the prompt."""
+    prompt_keep = min(raw.prompt_len, max_length)
+    output_keep = max_length - prompt_keep
+    return RawRecord(meta=raw.meta, prompt_u32=raw.prompt_u32[: 4 * prompt_keep],
+                     output_u32=raw.output_u32[: 4 * output_keep], src=raw.src)
+
+
+@dataclass(slots=True)
+class SelectionStats:
+    """What a selection pass saw.
+
+    Parameters:
+        read: records read.
+        dropped: records left out, by filter (truncated, short_output, too_long,
+            few_loss_tokens, not_sampled).
+        clipped: rows cut to max_length.
+    """
+
+    read: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    clipped: int = 0
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+def sample_cutoff(records: Iterable[RawRecord], filters: ExportFilters) -> int | None:
+    """The largest sample priority `filters.sample` keeps (None: every candidate is kept).
+
+    A pass over the records before the export pass; memory is one 8-byte hash per sampled row.
+    """
+    if filters.sample is None:
+        return None
+    largest: list[int] = []  # a max-heap (negated) of the N smallest priorities
+    for raw in records:
+        row, _ = filters.shape(raw)
+        if row is None:
+            continue
+        priority = -sample_priority(raw.key, filters.seed)
+        if len(largest) < filters.sample:
+            heapq.heappush(largest, priority)
+        elif priority > largest[0]:
+            heapq.heapreplace(largest, priority)
+    if len(largest) < filters.sample:
+        return None
+    return -largest[0]
+
+
+def select_rows(records: Iterable[RawRecord], filters: ExportFilters, stats: SelectionStats, *,
+                cutoff: int | None = None) -> Iterator[tuple[str | None, RawRecord]]:
+    """(split name or None, row) for each kept record, in record order; one pass, streaming.
+
+    `cutoff` comes from sample_cutoff over the same records; a sampled export without it
+    keeps every row (so refuse that in callers that sample).
+    """
+    for raw in records:
+        stats.read += 1
+        row, reason = filters.shape(raw)
+        if row is None:
+            stats.drop(reason or "")
+            continue
+        if cutoff is not None and sample_priority(raw.key, filters.seed) > cutoff:
+            stats.drop("not_sampled")
+            continue
+        if row is not raw:
+            stats.clipped += 1
+        yield (split_of(row.meta, filters.splits) if filters.splits else None), row
