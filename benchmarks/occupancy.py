@@ -84,8 +84,7 @@ def _queued_prompts(redis_url: str) -> list[tuple[list[int], dict]]:
     prompts = []
     for payload in queued_payloads(redis_url):
         for item in payload.items:
-            sampling = payload.sampling if item.seed is None else {**payload.sampling, "sampling_seed": item.seed}
-            prompts.append((item.ids, sampling))
+            prompts.append((item.ids, payload.sampling_for(item)))
     return prompts
 
 

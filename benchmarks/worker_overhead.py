@@ -65,8 +65,7 @@ def _bare_loop(url: str, payloads: list, out) -> dict:
     records_written = 0
     cpu0, t0 = time.process_time(), time.monotonic()
     for payload in payloads:
-        sampling = [payload.sampling if i.seed is None else {**payload.sampling, "sampling_seed": i.seed}
-                    for i in payload.items]
+        sampling = [payload.sampling_for(i) for i in payload.items]
         response = session.post(f"{url}/generate", json={"input_ids": [i.ids for i in payload.items],
                                                           "sampling_params": sampling}, timeout=60)
         response.raise_for_status()

@@ -93,6 +93,10 @@ class TaskPayload:
     sampling: dict
     items: list[PromptItem] = field(default_factory=list)
 
+    def sampling_for(self, item: PromptItem) -> dict:
+        """The sampling_params one prompt sample is sent with: the batch's, plus its own seed."""
+        return self.sampling if item.seed is None else {**self.sampling, "sampling_seed": item.seed}
+
     def encode(self) -> dict:
         """The msgpack-ready dict sent as the task's only argument."""
         lengths = [len(item.ids) for item in self.items]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable
 
@@ -20,6 +18,7 @@ from celery import Celery
 from eagle_synth.campaign import Campaign
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.payload import TASK_NAME, PromptItem, TaskPayload, batch_id
+from eagle_synth.processes import holder_dead, holder_id
 
 log = logging.getLogger("eagle_synth.producer")
 
@@ -57,20 +56,6 @@ def _unpack_items(blob: bytes) -> list[PromptItem]:
     ]
 
 
-def _run_dead(run_id: str) -> bool:
-    """True if the run was a process on this host that no longer exists."""
-    host, pid, _ = (run_id.split("|") + ["", "", ""])[:3]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 class Publisher:
     """Turns prompt items into queued batches for one campaign.
 
@@ -97,7 +82,7 @@ class Publisher:
         self.tasks = 0
         self._claim = campaign.client.register_script(_CLAIM_SCRIPT)
         self._chunk_serial = 0
-        self._run_id = f"{socket.gethostname()}|{os.getpid()}|{time.time_ns():x}"
+        self._run_id = holder_id(f"{time.time_ns():x}")
         self._buffer: list[PromptItem] = []
 
     def heartbeat(self) -> None:
@@ -191,7 +176,7 @@ class Publisher:
             if name.endswith((":new", ":sent")):
                 continue
             run_id = name.split(":", 1)[0]
-            if self.campaign.client.exists(self.campaign.keys.producer(run_id)) and not _run_dead(run_id):
+            if self.campaign.client.exists(self.campaign.keys.producer(run_id)) and not holder_dead(run_id):
                 continue  # a live enqueue is publishing it right now
             items = _unpack_items(blob)
             new_raw = outbox.get(f"{name}:new".encode())

@@ -112,11 +112,6 @@ def classify_bad_request(message: str) -> str:
     return "prompt-too-long" if CONTEXT_MESSAGE in message else "bad-request"
 
 
-def sampling_for(payload: TaskPayload, item: PromptItem) -> dict:
-    """The sampling_params one prompt sample is sent with: the batch's, plus its own seed."""
-    return payload.sampling if item.seed is None else {**payload.sampling, "sampling_seed": item.seed}
-
-
 def server_capacity(state: ServerState | None) -> int | None:
     """Requests the server runs at once, if it reports it (SGLang's max_running_requests)."""
     if state is None:
@@ -216,7 +211,7 @@ class BatchRunner:
         for item in payload.items:
             if item.key not in finished:
                 finished.add(item.key)
-                campaign.record_failure(item, reason=reason, message=message, sampling=sampling_for(payload, item),
+                campaign.record_failure(item, reason=reason, message=message, sampling=payload.sampling_for(item),
                                         worker=self.node)
                 failed += 1
         return failed
@@ -295,7 +290,7 @@ class BatchRunner:
 
     def _fail(self, campaign: Campaign, payload: TaskPayload, item: PromptItem, reason: str,
               message: str, outcome: BatchOutcome) -> None:
-        campaign.record_failure(item, reason=reason, message=message, sampling=sampling_for(payload, item),
+        campaign.record_failure(item, reason=reason, message=message, sampling=payload.sampling_for(item),
                                 worker=self.node)
         outcome.failed[reason] = outcome.failed.get(reason, 0) + 1
         log.warning("prompt %s (%s) failed: %s: %s", item.key, item.source, reason, message)
@@ -366,7 +361,7 @@ class BatchRunner:
 
         def send(item: PromptItem) -> None:
             remaining = max(1.0, deadline - time.monotonic())
-            future = self.pool.submit(ids=item.ids, sampling=sampling_for(payload, item),
+            future = self.pool.submit(ids=item.ids, sampling=payload.sampling_for(item),
                                       timeout=min(timeout, remaining), tag=campaign.name)
             attempt.pending[future] = item
 
@@ -475,7 +470,7 @@ class BatchRunner:
             prompt_ids=item.ids, output_ids=reply.output_ids,
             finish_reason=reply.finish_type, finish_matched=reply.finish_matched,
             prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
-            cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=sampling_for(payload, item),
+            cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=payload.sampling_for(item),
             source=item.source, server=url, worker=self.node, e2e_latency=reply.e2e_latency,
             created_at=time.time(), repaired_prefix=reply.repaired_prefix,
         )

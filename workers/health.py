@@ -14,7 +14,6 @@ SGLang's /health answers 503 on a healthy server busy with a long prefill. A suc
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import redis
 from eagle_synth.node_state import (
     HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState,
 )
+from eagle_synth.processes import process_alive
 from workers.client import SGLangClient, ServerDown, TransientError
 from workers.disk import DiskState
 from workers.preflight import PreflightError, check_server, provenance
@@ -56,16 +56,6 @@ class _Tracked:
     wait: float = BACKOFF_START
     next_probe: float = 0.0
     preflighted: bool = False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class HealthGate:
@@ -142,7 +132,7 @@ class HealthGate:
             changed |= self._probe(url, tracked)
         if now - self._last_prune > PRUNE_INTERVAL:
             self._last_prune = now
-            self.node_state.prune_dead_children(_pid_alive)
+            self.node_state.prune_dead_children(process_alive)
         if changed:
             self._publish()
         elif now - self._last_publish > HEARTBEAT_INTERVAL:

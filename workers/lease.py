@@ -4,16 +4,19 @@ Redis can hold two copies of one batch message: after a broker connection loss C
 restores unacked messages while the tasks that held them still run or retry. Without a
 lease both copies would generate and write the same prompts. The holder renews the lease
 from a background thread; if it dies the lease expires within LEASE_TTL, and on the same
-host a dead holder is recognised at once.
+host a dead holder process is recognised at once. A copy of the batch on another thread of
+the same live process waits (BatchBusy) until the holder is done.
 """
 
 from __future__ import annotations
 
 import os
-import socket
+import secrets
 import threading
 
 import redis
+
+from eagle_synth.processes import holder_dead, holder_id
 
 # Seconds a lease lives without renewal: how long a batch whose holder died stays blocked.
 LEASE_TTL = float(os.environ.get("EAGLE_SYNTH_LEASE_TTL", "60"))
@@ -43,24 +46,6 @@ class BatchBusy(Exception):
     """Another live pool child holds this batch; try the message again later."""
 
 
-def _holder_dead(holder: str) -> bool:
-    """True if the holder is a process on this host that no longer exists."""
-    try:
-        host, pid = holder.rsplit("|", 1)
-        pid_number = int(pid)
-    except ValueError:
-        return False
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(pid_number, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return pid_number == os.getpid()
-
-
 class BatchLease:
     """Hold `key` while a batch runs.
 
@@ -74,7 +59,8 @@ class BatchLease:
         self.client = client
         self.key = key
         self.ttl_ms = int(ttl * 1000)
-        self.holder = f"{socket.gethostname()}|{os.getpid()}"
+        # Unique per lease: batch threads of one process must not mistake each other's leases.
+        self.holder = holder_id(secrets.token_hex(4))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.took_over = False  # the previous holder died mid-batch: it may have left files
@@ -102,7 +88,7 @@ class BatchLease:
         if current is None:
             return bool(self.client.set(self.key, self.holder, nx=True, px=self.ttl_ms))
         current_text = current.decode()
-        if _holder_dead(current_text):
+        if holder_dead(current_text):
             self.took_over = bool(self.client.eval(_TAKEOVER, 1, self.key, current_text, self.holder, self.ttl_ms))
             return self.took_over
         return False
