@@ -187,14 +187,15 @@ def parse_generate_item(item: object, *, vocab_size: int, prompt_len: int) -> Ge
 
     cached = meta.get("cached_tokens")
     latency = meta.get("e2e_latency")
+    if not (isinstance(cached, int) and _is_int(cached) and cached >= 0):
+        cached = 0  # informational only: a missing or odd value is not worth losing the record
     return GeneratedItem(
         output_ids=output_ids,
         finish_type=kind,
         finish_matched=matched,
         prompt_tokens=prompt_len,
         completion_tokens=completion,
-        # Informational only: a missing or odd value is not worth losing the record over.
-        cached_tokens=cached if _is_int(cached) and cached >= 0 else 0,
+        cached_tokens=cached,
         e2e_latency=float(latency) if isinstance(latency, (int, float)) and not isinstance(latency, bool) else None,
         repaired_prefix=repaired,
         aborted=False,

@@ -329,7 +329,7 @@ def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tup
         ids = ids[:ctx]
         held = len(ids)  # as SGLang: the reserve is not counted again after the cut
     max_new = raw_params.get("max_new_tokens") if isinstance(raw_params, dict) else None
-    if _is_int(max_new) and max_new + held > ctx:
+    if isinstance(max_new, int) and _is_int(max_new) and max_new + held > ctx:
         if not rules.allow_auto_truncate:
             raise bad_request(
                 "Requested token count exceeds the model's maximum context length of "
