@@ -131,6 +131,7 @@ def worker(
     inflight: Annotated[Optional[int], _worker_option("inflight")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 4 x inflight x servers / 16.")] = None,
     allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
+    allow_server_setting: Annotated[Optional[list[str]], _worker_option("allow_server_settings", "--allow-server-setting")] = None,
     max_attempts: Annotated[Optional[int], _worker_option("max_attempts")] = None,
     timeout_base: Annotated[Optional[float], _worker_option("timeout_base")] = None,
     timeout_per_token: Annotated[Optional[float], _worker_option("timeout_per_token")] = None,
@@ -150,7 +151,7 @@ def worker(
     from workers.client import SGLangClient, ServerDown, TransientError
     from workers.config import ConfigError, WorkerConfig, auto_inflight, default_concurrency, env_name
     from workers.disk import probe_folder
-    from workers.preflight import PreflightError, check_server
+    from workers.preflight import REFUSABLE_SETTINGS, PreflightError, check_server
 
     problem = probe_folder(out)
     if problem:
@@ -158,7 +159,7 @@ def worker(
     # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
     given = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
              "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
-             "inflight": inflight}
+             "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None}
     os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
     os.environ[env_name("out")] = str(out)
     try:
@@ -166,6 +167,10 @@ def worker(
     except ConfigError as exc:
         _fail(str(exc).replace("_", "-"))
     servers = config.servers
+    unknown = sorted(set(config.allow_server_settings) - set(REFUSABLE_SETTINGS))
+    if unknown:
+        _fail(f"--allow-server-setting {', '.join(unknown)}: not a setting preflight refuses "
+              f"(known: {', '.join(REFUSABLE_SETTINGS)})")
     allow_server_parsers = config.allow_server_parsers
     # Preflight the servers that already answer; the others are checked when they come up.
     refused = []
@@ -173,7 +178,8 @@ def worker(
     for url in servers:
         try:
             facts = SGLangClient(url).facts()
-            check_server(facts, allow_server_parsers=allow_server_parsers)
+            check_server(facts, allow_server_parsers=allow_server_parsers,
+                         allowed_settings=config.allow_server_settings)
             capacities.append(facts.server_info.get("max_running_requests"))
         except PreflightError as exc:
             refused.append(str(exc))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import redis
 
@@ -35,6 +35,15 @@ class ServerState:
         detail: the last probe's message.
         context_length: from preflight, if known.
         provenance: preflight's provenance dict (version, model, launch args).
+        draft_reserved_tokens: token slots speculative decoding reserves per request on top
+            of its prompt (they count against the context).
+        max_req_input_len: the server's cap on prompt length, if reported.
+        max_running_requests: requests the server runs at once, if reported.
+        max_total_num_tokens: tokens its KV cache holds, all requests together, if reported.
+        deterministic_inference: whether the server honours `sampling_seed`
+            (--enable-deterministic-inference); None if unknown.
+        sampling_seed_supported: whether the server accepts a `sampling_seed` key at all
+            (servers before it reject it as unknown); None if unknown.
     """
 
     state: str = UNKNOWN
@@ -42,6 +51,19 @@ class ServerState:
     detail: str = ""
     context_length: int | None = None
     provenance: dict | None = None
+    draft_reserved_tokens: int = 0
+    max_req_input_len: int | None = None
+    max_running_requests: int | None = None
+    max_total_num_tokens: int | None = None
+    deterministic_inference: bool | None = None
+    sampling_seed_supported: bool | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ServerState:
+        """From its JSON form; fields this version does not know (a newer worker wrote them
+        during a rolling upgrade) are ignored rather than fatal."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass(slots=True)
@@ -96,7 +118,7 @@ class NodeState:
             name, text = raw_name.decode(), raw_value.decode()
             kind, _, rest = name.partition(":")
             if kind == "state":
-                view.states[rest] = ServerState(**json.loads(text))
+                view.states[rest] = ServerState.from_dict(json.loads(text))
             elif kind == "suspect":
                 view.suspects[rest] = json.loads(text)
             elif kind == "ok":

@@ -1,8 +1,12 @@
 """Sampling parameters: only keys SGLang's `sampling_params` accepts, checked before enqueue.
 
-SGLang raises a TypeError (an HTTP 500, not a clean 400) on an unknown key and answers 400
+SGLang refuses an unknown key (a TypeError: HTTP 500 before 0.5.23, 400 since) and answers 400
 on out-of-range values, failing a whole batch. Checking here turns both into a message at
 enqueue time, before any GPU time is spent.
+
+Every value SGLang would otherwise fill in is sent explicitly (`for_server`): a server launched
+with `--preferred-sampling-params` merges its values UNDER the request's own, so anything left
+out of the request could be changed by the server's operator without the records saying so.
 """
 
 from __future__ import annotations
@@ -22,6 +26,26 @@ SGLANG_SAMPLING_KEYS = frozenset(
 )
 # Largest seed SGLang's sampler takes without overflow.
 MAX_SEED = 2**31 - 1
+# Values sent explicitly although they are SGLang's own defaults, so a server's
+# --preferred-sampling-params cannot replace them (it only fills keys a request leaves out).
+NEUTRAL_SERVER_PARAMS = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "min_new_tokens": 0,
+    "ignore_eos": False,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "n": 1,
+}
+# Every key a /generate request of ours carries: for_server()'s keys plus the per-sample
+# `sampling_seed` the worker adds. A server's preferred sampling params on any other key would
+# apply to our requests (preflight refuses such a server).
+SENT_SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+        "skip_special_tokens", "stop_token_ids", "stop", "sampling_seed", *NEUTRAL_SERVER_PARAMS,
+    }
+)
 
 
 class SamplingError(ValueError):
@@ -38,7 +62,8 @@ class SamplingParams:
         top_p, top_k, min_p, repetition_penalty: as SGLang defines them (-1 top_k = off).
         stop_token_ids: extra ids that end a generation (EOS always does).
         n: samples per prompt; each sample is its own prompt key and record.
-        seed: base of each sample's `sampling_seed`; None leaves sampling unseeded.
+        seed: base of each sample's `sampling_seed`; None derives each sample's seed from its
+            prompt key alone (see sample_seed).
     """
 
     max_new_tokens: int = 2048
@@ -87,8 +112,11 @@ class SamplingParams:
         return cls(**data)
 
     def for_server(self) -> dict:
-        """The `sampling_params` sent to SGLang, without the per-sample seed (n is 1: samples
-        are separate prompts so each gets its own key, record and retry)."""
+        """The `sampling_params` sent to SGLang, every value explicit, without the per-sample
+        seed (n is 1: samples are separate prompts so each gets its own key, record and retry).
+
+        This dict is what the worker sends and records carry; prompt keys come from to_dict(),
+        which this does not change."""
         params: dict = {
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
@@ -98,21 +126,31 @@ class SamplingParams:
             "repetition_penalty": self.repetition_penalty,
             # Special tokens only affect `text`, which we never use; ids are kept whole.
             "skip_special_tokens": False,
+            "stop_token_ids": list(self.stop_token_ids),
+            # No stop strings: generations end on ids only (EOS and stop_token_ids).
+            "stop": [],
+            **NEUTRAL_SERVER_PARAMS,
         }
-        if self.stop_token_ids:
-            params["stop_token_ids"] = list(self.stop_token_ids)
         unknown = set(params) - SGLANG_SAMPLING_KEYS
         assert not unknown, f"not SGLang sampling keys: {unknown}"
+        assert set(params) | {"sampling_seed"} == SENT_SAMPLING_KEYS
         return params
 
-    def sample_seed(self, *, prompt_key_material: bytes, sample: int) -> int | None:
-        """The `sampling_seed` of one sample: a stable function of the base seed, the prompt and
-        the sample index, so K samples of one prompt differ and a rerun reproduces them."""
+    def sample_seed(self, *, prompt_key_material: bytes, sample: int, prompt_key: str) -> int:
+        """The `sampling_seed` of one sample, never None, so K samples of one prompt differ.
+
+        With --seed S: a stable hash of S, the prompt ids and the sample index (unchanged since
+        seeds were introduced, so reruns of such campaigns reproduce their seeds). Without: a
+        stable hash of the sample's prompt key, which already covers ids, sampling and sample
+        index; the seed is a function of the key, so it is not part of it. Either way a rerun
+        sends the same seed. SGLang honours it only on a server launched with
+        --enable-deterministic-inference; other servers ignore it (see docs/producer.md).
+        """
         if self.seed is None:
-            return None
-        digest = hashlib.blake2b(
-            prompt_key_material + f"|{self.seed}|{sample}".encode(), digest_size=8
-        ).digest()
+            material = b"unseeded|" + prompt_key.encode()
+        else:
+            material = prompt_key_material + f"|{self.seed}|{sample}".encode()
+        digest = hashlib.blake2b(material, digest_size=8).digest()
         return int.from_bytes(digest, "little") % MAX_SEED
 
 

@@ -289,10 +289,10 @@ def _row_items(options: EnqueueOptions, summary: EnqueueSummary, plan: _RowPlan,
         summary.count_length(len(result))
         packed = pack_ids(result)
         for sample in range(options.sampling.n):
+            key = prompt_key(prompt_ids=packed, sampling=key_sampling, sample=sample)
             items.append(PromptItem(
-                key=prompt_key(prompt_ids=packed, sampling=key_sampling, sample=sample),
-                row_id=conversation.row_id, sample=sample, ids=result,
-                seed=options.sampling.sample_seed(prompt_key_material=packed, sample=sample),
+                key=key, row_id=conversation.row_id, sample=sample, ids=result,
+                seed=options.sampling.sample_seed(prompt_key_material=packed, sample=sample, prompt_key=key),
                 source=plan.where, turn=conversation.turn,
             ))
     if not items and first_problem:

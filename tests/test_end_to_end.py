@@ -7,7 +7,7 @@ import json
 import requests
 
 from tests.conftest import chat_rows, write_jsonl
-from tests.helpers import cli, status_json, wait_finished
+from tests.helpers import cli, records_by_key, status_json, wait_finished
 
 
 def test_fifty_prompts_end_to_end(tmp_path, redis_server, stack, tokenizer, tokenizer_path):
@@ -35,6 +35,8 @@ def test_fifty_prompts_end_to_end(tmp_path, redis_server, stack, tokenizer, toke
     assert len({r["key"] for r in records}) == 50
 
     by_id = {row["id"]: row for row in rows}
+    # Each record carries the sampling_params sent: every value explicit, its own sampling_seed.
+    sampling_by_key = {key: r.sampling for key, r in records_by_key(out / "e2e").items()}
     for record in records:
         row = by_id[record["id"]]
         messages = row["messages"]
@@ -49,10 +51,14 @@ def test_fifty_prompts_end_to_end(tmp_path, redis_server, stack, tokenizer, toke
         assert len(record["input_ids"]) == prompt_len + record["completion_tokens"]
 
         # The output is exactly what the server returns for these ids and sampling parameters.
+        sampling = sampling_by_key[record["key"]]
+        assert {k: sampling[k] for k in ("max_new_tokens", "temperature", "top_p", "top_k", "min_p",
+                                         "repetition_penalty", "skip_special_tokens")} == \
+            {"max_new_tokens": 128, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.0,
+             "repetition_penalty": 1.0, "skip_special_tokens": False}
+        assert isinstance(sampling["sampling_seed"], int)
         response = requests.post(f"{url}/generate", json={
-            "input_ids": expected_prompt,
-            "sampling_params": {"max_new_tokens": 128, "temperature": 0.7, "top_p": 0.9, "top_k": -1,
-                                "min_p": 0.0, "repetition_penalty": 1.0, "skip_special_tokens": False},
+            "input_ids": expected_prompt, "sampling_params": sampling,
         }, timeout=30).json()
         assert record["input_ids"][prompt_len:] == response["output_ids"]
         assert record["finish_reason"] == response["meta_info"]["finish_reason"]["type"]

@@ -196,6 +196,7 @@ class HealthGateStep(bootsteps.StartStopStep):
             self.gate = HealthGate(
                 servers=list(config.servers), node_state=node_state, on_open=open_gate,
                 on_close=close_gate, allow_server_parsers=config.allow_server_parsers,
+                allowed_settings=frozenset(config.allow_server_settings),
                 probe_timeout=config.probe_timeout, disk=disk,
             )
             self.gate.start()

@@ -40,12 +40,15 @@ from eagle_synth.records import (
     Record, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
     write_record_file,
 )
-from workers.client import BadRequest, SGLangClient, ServerDown, TransientError
+from workers.client import BadRequest, BadSamplingParams, SGLangClient, ServerDown, TransientError
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
-from workers.replies import BadResponse, GeneratedItem, PromptMismatch, parse_generate_item
+from workers.preflight import ContextLimits, context_message, fits_context
+from workers.replies import (
+    BAD_RESPONSE_REASON, PROMPT_MISMATCH_REASON, BadResponse, GeneratedItem, PromptMismatch, parse_generate_item,
+)
 
 log = logging.getLogger("eagle_synth.batch")
 
@@ -64,8 +67,10 @@ OK_REPORT_INTERVAL = 1.0
 COMMIT_AFTER = 10.0
 # Longest a batch thread sleeps before looking at its deadlines again, seconds.
 WAIT_SLICE = 0.5
-# A 400 whose message says this is a prompt over the context length.
-CONTEXT_MESSAGE = "context length"
+# Words of SGLang's 400s for a prompt over the context length (tokenizer manager, scheduler).
+CONTEXT_MESSAGES = ("context length", "maximum allowed length")
+# Reason recorded when the server refuses the campaign's sampling parameters.
+BAD_SAMPLING_REASON = "bad-sampling-params"
 # Seconds after which a temporary record file is an orphan of a killed writer, not a write
 # in progress.
 STALE_TEMPORARY_SECONDS = 3600
@@ -109,7 +114,7 @@ class BatchOutcome:
 
 
 def classify_bad_request(message: str) -> str:
-    return "prompt-too-long" if CONTEXT_MESSAGE in message else "bad-request"
+    return "prompt-too-long" if any(words in message for words in CONTEXT_MESSAGES) else "bad-request"
 
 
 def server_capacity(state: ServerState | None) -> int | None:
@@ -123,9 +128,14 @@ def server_capacity(state: ServerState | None) -> int | None:
 
 
 class _Attempt:
-    """The in-flight bookkeeping of one batch run: futures, retries and uncommitted records."""
+    """The in-flight bookkeeping of one batch run: futures, retries and uncommitted records.
 
-    def __init__(self) -> None:
+    `send_seeds` is False when a healthy server would refuse `sampling_seed` as an unknown key
+    (SGLang before it existed): then samples go without their seed, and records say so.
+    """
+
+    def __init__(self, *, send_seeds: bool = True) -> None:
+        self.send_seeds = send_seeds
         self.pending: dict[Future, PromptItem] = {}
         self.retries: list[tuple[float, int, PromptItem]] = []  # heap by due time
         self.attempts: Counter[str] = Counter()
@@ -149,6 +159,9 @@ class _Attempt:
 
     def unfinished(self) -> list[PromptItem]:
         return list(self.pending.values()) + [entry[2] for entry in self.retries]
+
+    def sampling(self, payload: TaskPayload, item: PromptItem) -> dict:
+        return payload.sampling_for(item) if self.send_seeds else payload.sampling
 
 
 class BatchRunner:
@@ -238,7 +251,7 @@ class BatchRunner:
         items = self._drop_too_long(campaign, payload, states, items, outcome)
         if not items:
             return outcome
-        attempt = _Attempt()
+        attempt = _Attempt(send_seeds=all(state.sampling_seed_supported is not False for state in states.values()))
         try:
             self._generate(campaign, payload, settings, items, attempt, outcome, states)
         finally:
@@ -320,20 +333,16 @@ class BatchRunner:
         return healthy
 
     def _drop_too_long(self, campaign, payload, states: dict[str, ServerState], items, outcome) -> list[PromptItem]:
-        # Any healthy server may get any prompt, so the smallest known context decides.
-        limits = [s.context_length for s in states.values() if s.context_length]
-        if not limits:
-            return items
-        limit = min(limits)
+        # Any healthy server may get any prompt, so a prompt must fit every one of them.
+        limits = [ContextLimits.from_state(state) for state in states.values()]
         max_new = int(payload.sampling.get("max_new_tokens", 0))
         good = []
         for item in items:
-            if len(item.ids) + max_new > limit:
-                self._fail(
-                    campaign, payload, item, "prompt-too-long",
-                    f"prompt of {len(item.ids)} tokens + max_new_tokens {max_new} exceeds the "
-                    f"server's context length {limit}", outcome,
-                )
+            refused = next((lim for lim in limits
+                            if not fits_context(prompt_len=len(item.ids), max_new_tokens=max_new, limits=lim)), None)
+            if refused is not None:
+                self._fail(campaign, payload, item, "prompt-too-long",
+                           context_message(prompt_len=len(item.ids), max_new_tokens=max_new, limits=refused), outcome)
             else:
                 good.append(item)
         return good
@@ -361,7 +370,7 @@ class BatchRunner:
 
         def send(item: PromptItem) -> None:
             remaining = max(1.0, deadline - time.monotonic())
-            future = self.pool.submit(ids=item.ids, sampling=payload.sampling_for(item),
+            future = self.pool.submit(ids=item.ids, sampling=attempt.sampling(payload, item),
                                       timeout=min(timeout, remaining), tag=campaign.name)
             attempt.pending[future] = item
 
@@ -396,7 +405,7 @@ class BatchRunner:
             try:
                 reply = parse_generate_item(answer.item, vocab_size=settings.vocab_size, prompt_len=len(item.ids))
             except PromptMismatch as exc:
-                self._fail(campaign, payload, item, "prompt-mismatch", str(exc), outcome)
+                self._fail(campaign, payload, item, PROMPT_MISMATCH_REASON, str(exc), outcome)
                 return
             except TransientError as exc:
                 error = exc
@@ -406,9 +415,12 @@ class BatchRunner:
                     self._retry(campaign, payload, item, attempt, outcome, "aborted", "the server aborted this prompt")
                     return
                 self._note_server(campaign, url)
-                attempt.add_record(self._record(campaign, payload, url, item, reply))
+                attempt.add_record(self._record(campaign, payload, url, item, reply, attempt.sampling(payload, item)))
                 outcome.servers.add(url)
                 return
+        if isinstance(error, BadSamplingParams):
+            self._refuse_sampling(campaign, payload, item, attempt, outcome, error)
+            return
         if isinstance(error, BadRequest):
             self._fail(campaign, payload, item, classify_bad_request(str(error)), str(error), outcome)
             return
@@ -418,8 +430,22 @@ class BatchRunner:
                 raise Requeue(f"server {url} is down: {error}")
             send(item)  # another server takes it; the prompt did nothing wrong
             return
-        reason = "bad-response" if isinstance(error, BadResponse) else "server-error"
+        reason = BAD_RESPONSE_REASON if isinstance(error, BadResponse) else "server-error"
         self._retry(campaign, payload, item, attempt, outcome, reason, str(error))
+
+    def _refuse_sampling(self, campaign, payload, item: PromptItem, attempt: _Attempt, outcome: BatchOutcome,
+                         error: BadSamplingParams) -> None:
+        """The server refuses the campaign's sampling parameters: every prompt would get the same
+        answer, so the batch's open prompts are recorded at once and nothing more is sent."""
+        log.error("campaign %s: %s. Every prompt of this campaign will be refused the same way: fix the server "
+                  "(version, options) or the campaign, then `eagle-synth retry-failed %s --reason %s`",
+                  campaign.name, error, campaign.name, BAD_SAMPLING_REASON)
+        # Prompts not sent yet are withdrawn; those already sent are settled as they answer.
+        others = [attempt.pending.pop(future) for future in list(attempt.pending) if future.cancel()]
+        others += [entry[2] for entry in attempt.retries]
+        attempt.retries.clear()
+        for open_item in [item, *others]:
+            self._fail(campaign, payload, open_item, BAD_SAMPLING_REASON, str(error), outcome)
 
     def _retry(self, campaign, payload, item: PromptItem, attempt: _Attempt, outcome: BatchOutcome,
                reason: str, message: str) -> None:
@@ -464,13 +490,13 @@ class BatchRunner:
             self._noted.add((campaign.name, url))
 
     def _record(self, campaign: Campaign, payload: TaskPayload, url: str, item: PromptItem,
-                reply: GeneratedItem) -> Record:
+                reply: GeneratedItem, sampling: dict) -> Record:
         return Record(
             key=item.key, id=item.row_id, sample=item.sample, turn=item.turn,
             prompt_ids=item.ids, output_ids=reply.output_ids,
             finish_reason=reply.finish_type, finish_matched=reply.finish_matched,
             prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
-            cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=payload.sampling_for(item),
+            cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=sampling,
             source=item.source, server=url, worker=self.node, e2e_latency=reply.e2e_latency,
             created_at=time.time(), repaired_prefix=reply.repaired_prefix,
         )

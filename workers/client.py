@@ -3,12 +3,15 @@
 It sends `input_ids`, keeps `output_ids`, and turns every way a request can go wrong into
 one of three exceptions the batch runner classifies: ServerDown (not listening: nothing to
 retry until health says so), TransientError (timeouts, resets, 429, 5xx: retry with
-backoff) and BadRequest (400: the prompt or its parameters, never worth a retry).
+backoff) and BadRequest (400: the prompt or its parameters, never worth a retry). A 400 about
+the sampling parameters is a BadSamplingParams: every prompt of the campaign shares them, so
+it is the campaign's settings that are wrong, not one prompt.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import requests
@@ -44,6 +47,44 @@ class BadRequest(ClientError):
     """The server refused the request as malformed (HTTP 400); its message is kept."""
 
 
+class BadSamplingParams(BadRequest):
+    """HTTP 400 about the sampling parameters (unknown or mistyped key, value out of range).
+
+    They are the campaign's, identical for every prompt: failing prompts one by one would fail
+    them all. The caller stops the campaign instead and reports the server's message.
+    """
+
+
+# SGLang field names of `sampling_params` whose out-of-range values verify() reports as
+# "<field> must ..." (python/sglang/srt/sampling/sampling_params.py).
+_SAMPLING_FIELDS = (
+    "max_new_tokens|min_new_tokens|temperature|top_p|top_k|min_p|frequency_penalty|"
+    "presence_penalty|repetition_penalty|logit_bias|stop_token_ids|stop_regex|sampling_seed|"
+    "json_schema|regex|ebnf|n|stop|ignore_eos|skip_special_tokens|no_stop_trim|custom_params"
+)
+# How SGLang words a 400 caused by the sampling parameters, whatever the version:
+#  * building SamplingParams(**kwargs) with an unknown key: msgspec's "Unexpected keyword
+#    argument 'seed'" (0.5.x) or Python's "__init__() got an unexpected keyword argument";
+#  * a mistyped value: msgspec's "Expected `float`, got `str` - at `$.temperature`", or a
+#    comparison inside verify() ("'<' not supported between instances of 'str' and 'float'");
+#  * verify(): "<field> must be ...", "Only one of regex, json_schema, or ebnf can be set.".
+SAMPLING_ERROR_PATTERNS = (
+    re.compile(r"unexpected keyword argument", re.IGNORECASE),
+    re.compile(r"sampling[_ ]?param", re.IGNORECASE),
+    re.compile(r"expected `[^`]+`, got `[^`]+`", re.IGNORECASE),
+    re.compile(r"not supported between instances of", re.IGNORECASE),
+    re.compile(rf"\b({_SAMPLING_FIELDS})\b[^.]*\bmust\b"),
+    re.compile(r"only one of regex, json_schema, or ebnf", re.IGNORECASE),
+)
+
+
+def is_sampling_error(message: str) -> bool:
+    """True when a 400's message says the sampling parameters are wrong (not the prompt)."""
+    if "input_ids" in message:
+        return False  # about the prompt ids (e.g. a mistyped id), which differ per prompt
+    return any(pattern.search(message) for pattern in SAMPLING_ERROR_PATTERNS)
+
+
 def error_message(body: bytes, status: int) -> str:
     """The message of an error reply, whichever of SGLang's shapes it has."""
     try:
@@ -67,8 +108,24 @@ def error_for_status(status: int, body: bytes, *, path: str) -> ClientError | No
     if status == 200:
         return None
     if status == 400:
-        return BadRequest(error_message(body, status), status=400)
+        message = error_message(body, status)
+        if is_sampling_error(message):
+            return BadSamplingParams(f"the server refused the sampling parameters: {message}", status=400)
+        return BadRequest(message, status=400)
     return TransientError(f"{path} answered {status}: {error_message(body, status)}", status=status)
+
+
+def _positive_int(value: object) -> int | None:
+    """An int > 0 from a JSON value (ints, integral floats, digit strings), else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+    if isinstance(value, float) and value != number:
+        return None
+    return number if number > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +134,12 @@ class ServerFacts:
 
     Parameters:
         url: base URL.
-        server_info: `/get_server_info` (or `/server_info`) as returned.
-        model_info: `/get_model_info` as returned.
+        server_info: `/server_info` (or the deprecated `/get_server_info`) as returned.
+        model_info: `/model_info` (or the deprecated `/get_model_info`) as returned.
         context_length: effective context length (`/v1/models` max_model_len, else server_info).
         version: SGLang version string, if reported.
+        max_running_requests: requests the server runs at once (its scheduler's cap).
+        max_total_num_tokens: tokens its KV cache holds, all running requests together.
     """
 
     url: str
@@ -88,6 +147,8 @@ class ServerFacts:
     model_info: dict
     context_length: int | None
     version: str | None
+    max_running_requests: int | None = None
+    max_total_num_tokens: int | None = None
 
 
 class SGLangClient:
@@ -166,31 +227,43 @@ class SGLangClient:
             response = self._request("GET", path, timeout=INFO_TIMEOUT)
             if response.status_code == 200:
                 try:
-                    return response.json()
+                    body = response.json()
                 except ValueError as exc:
                     last = exc
                     continue
+                if isinstance(body, dict):
+                    return body
+                last = ClientError(f"{path} answered a JSON {type(body).__name__}, not an object")
+                continue
             last = ClientError(f"{path} answered {response.status_code}", status=response.status_code)
         raise TransientError(f"{self.url}: none of {paths} answered: {last}")
 
     def facts(self) -> ServerFacts:
-        """Server info, model info and the effective context length."""
-        server_info = self._get_json("/get_server_info", "/server_info")
-        model_info = self._get_json("/get_model_info")
+        """Server info, model info and the effective context length.
+
+        The current endpoints first: SGLang logs a deprecation warning on every call of the
+        `get_*` forms, which older servers only have.
+        """
+        server_info = self._get_json("/server_info", "/get_server_info")
+        model_info = self._get_json("/model_info", "/get_model_info")
         context_length = None
         try:
+            # What SGLang checks prompts against (model_config.context_len); server_info's
+            # context_length is only the launch flag, null when not given.
             models = self._get_json("/v1/models")
             context_length = models["data"][0].get("max_model_len")
-        except (TransientError, KeyError, IndexError, TypeError):
+        except (TransientError, KeyError, IndexError, TypeError, AttributeError):
             pass
-        if not context_length:
+        if not _positive_int(context_length):
             context_length = server_info.get("context_length")
         return ServerFacts(
             url=self.url,
             server_info=server_info,
             model_info=model_info,
-            context_length=int(context_length) if context_length else None,
+            context_length=_positive_int(context_length),
             version=server_info.get("version"),
+            max_running_requests=_positive_int(server_info.get("max_running_requests")),
+            max_total_num_tokens=_positive_int(server_info.get("max_total_num_tokens")),
         )
 
     def close(self) -> None:

@@ -55,6 +55,9 @@ class WorkerConfig:
               f"or {DEFAULT_INFLIGHT} if it does not report it.")
     allow_server_parsers: bool = setting(
         False, "Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init.")
+    allow_server_settings: tuple[str, ...] = setting(
+        (), "Accept a server setting preflight refuses, by name (allow_auto_truncate, preferred_sampling_params, "
+            "is_generation, ...); repeat for several.")
     max_attempts: int = setting(6, "Attempts per prompt on transient errors while the server is healthy.")
     timeout_base: float = setting(120.0, "Request timeout = this + timeout-per-token x max_new_tokens (s).")
     timeout_per_token: float = setting(0.1, "Seconds of request timeout per max_new_tokens.")

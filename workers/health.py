@@ -27,7 +27,7 @@ from eagle_synth.node_state import (
 from eagle_synth.processes import process_alive
 from workers.client import SGLangClient, ServerDown, TransientError
 from workers.disk import DiskState
-from workers.preflight import PreflightError, check_server, provenance
+from workers.preflight import PreflightError, apply_facts, check_server
 
 log = logging.getLogger("eagle_synth.health")
 
@@ -66,19 +66,22 @@ class HealthGate:
         node_state: where states are published for pool children and `status`.
         on_open: called (from the gate thread) when the first server turns healthy.
         on_close: called when no server is healthy any more.
-        allow_server_parsers: accept servers preflight would refuse.
+        allow_server_parsers: accept servers running parsers or skipping their tokenizer.
+        allowed_settings: refused server settings to accept by name (see
+            workers.preflight.REFUSABLE_SETTINGS); None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS.
         probe_timeout: seconds a /health probe may take.
         disk: the output folder's state; while it cannot take records the gate stays closed.
     """
 
     def __init__(self, *, servers: list[str], node_state: NodeState,
                  on_open: Callable[[], None], on_close: Callable[[], None],
-                 allow_server_parsers: bool = False, probe_timeout: float = 25.0,
-                 disk: DiskState | None = None) -> None:
+                 allow_server_parsers: bool = False, allowed_settings: frozenset[str] | None = None,
+                 probe_timeout: float = 25.0, disk: DiskState | None = None) -> None:
         self.node_state = node_state
         self.on_open = on_open
         self.on_close = on_close
         self.allow_server_parsers = allow_server_parsers
+        self.allowed_settings = allowed_settings
         self.probe_timeout = probe_timeout
         self.disk = disk
         self._disk_detail: str | None = None
@@ -163,17 +166,17 @@ class HealthGate:
         if not tracked.preflighted:
             try:
                 facts = tracked.client.facts()
-                overridden = check_server(facts, allow_server_parsers=self.allow_server_parsers)
+                accepted = check_server(facts, allow_server_parsers=self.allow_server_parsers,
+                                        allowed_settings=self.allowed_settings)
             except PreflightError as exc:
                 log.error("%s", exc)
                 tracked.next_probe = float("inf")
                 return self._set(tracked, REFUSED, str(exc))
             except (ServerDown, TransientError) as exc:
                 return self._failed(tracked, WARMING, f"preflight: {exc}", certain=False, now=now)
-            for problem in overridden:
-                log.warning("server %s accepted despite: %s", url, problem)
-            tracked.state.context_length = facts.context_length
-            tracked.state.provenance = provenance(facts)
+            for problem in accepted:
+                log.warning("server %s accepted despite %s", url, problem)
+            apply_facts(tracked.state, facts, accepted=accepted)
             tracked.preflighted = True
         tracked.failures = 0
         tracked.wait = BACKOFF_START

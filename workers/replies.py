@@ -1,38 +1,71 @@
-"""Check one /generate reply item before it becomes a record.
+"""One /generate reply item, checked before it may become a record.
 
-A 200 is not proof of a good answer: an item that is not an object, lacks `output_ids`, or
-holds ids that are not ints inside the vocabulary must never be written as a record. Such a
-reply is a transient error (`BadResponse`): the prompt is tried again and, if the server keeps
-answering that way, fails as `bad-response`.
+A 200 is not proof of a good answer: a proxy, a patched or buggy server can answer 200 with an
+item that has no `output_ids`, ids as strings, ids outside the vocabulary, or a prompt the
+server cut (`--allow-auto-truncate`). Written as a record, such an item is training data that
+the model never produced, or that was not conditioned on the ids the record says. Everything is
+checked here, in one pure function, before any record exists:
+
+* a malformed item raises BadResponse, a TransientError: the prompt is asked again and, if the
+  server keeps answering so, ends as `bad-response`;
+* `prompt_tokens` different from the ids sent raises PromptMismatch: the server generated from
+  another prompt; asking again gives the same, so the prompt fails as `prompt-mismatch`.
+
+The old-SGLang repair (before about 0.5.5 `output_ids` could start with up to 5 prompt-tail
+ids; `completion_tokens` stayed right) happens here too: the extra leading ids are dropped and
+counted in `repaired_prefix`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from workers.client import TransientError
 
+# Failure reasons recorded for prompts whose replies never became usable.
+BAD_RESPONSE_REASON = "bad-response"
+PROMPT_MISMATCH_REASON = "prompt-mismatch"
+# finish_reason types SGLang reports; anything else is a shape we do not know how to record.
+FINISH_TYPES = frozenset({"stop", "length", "abort"})
+# Longest excerpt of a bad value quoted in an error message.
+EXCERPT_CHARS = 80
+
 
 class BadResponse(TransientError):
-    """The server answered 200 with an item that is not a usable reply."""
+    """A 200 reply item that cannot be a record; the message says what was wrong with it."""
 
 
 class PromptMismatch(Exception):
-    """The server says it conditioned on another number of prompt tokens than we sent."""
+    """The server reports generating from a prompt of another length than the one sent.
+
+    Not transient: the server cut or changed the prompt (e.g. `--allow-auto-truncate`), and it
+    will do so again. The prompt fails with reason `prompt-mismatch`.
+
+    Parameters:
+        message: what was sent and what the server reported.
+        sent, reported: the two prompt lengths.
+    """
+
+    def __init__(self, message: str, *, sent: int, reported: int) -> None:
+        super().__init__(message)
+        self.sent = sent
+        self.reported = reported
 
 
 @dataclass(frozen=True, slots=True)
 class GeneratedItem:
-    """One checked reply item.
+    """A checked reply item: everything a record takes from the server.
 
     Parameters:
-        output_ids: generated ids, after the old-SGLang prompt-tail repair.
+        output_ids: the generated ids (after the prompt-tail repair); empty when aborted.
         finish_type: "stop", "length" or "abort".
-        finish_matched: the stop id or string, if any.
-        prompt_tokens, completion_tokens, cached_tokens: the server's counts.
-        e2e_latency: server-side seconds, if reported.
-        repaired_prefix: ids dropped from the front of output_ids.
+        finish_matched: the stop id or stop string that ended a "stop" generation, else None.
+        prompt_tokens: prompt length the server reports (equal to what was sent).
+        completion_tokens: generated ids the server reports (equal to len(output_ids)).
+        cached_tokens: prompt ids served from the server's prefix cache (0 if not reported).
+        e2e_latency: seconds the server spent on the request, if reported.
+        repaired_prefix: prompt-tail ids dropped from the front of output_ids (old SGLang).
+        aborted: the server aborted this prompt; nothing else here is meaningful, ask again.
     """
 
     output_ids: list[int]
@@ -43,61 +76,127 @@ class GeneratedItem:
     cached_tokens: int
     e2e_latency: float | None
     repaired_prefix: int
-
-    @property
-    def aborted(self) -> bool:
-        return self.finish_type == "abort"
+    aborted: bool
 
 
-def _ids(value: Any, *, vocab_size: int) -> list[int]:
-    if not isinstance(value, list):
-        raise BadResponse(f"output_ids is {type(value).__name__}, not a list")
-    for token in value:
-        if type(token) is not int:
-            raise BadResponse(f"output_ids holds {token!r}, not an int")
-        if not 0 <= token < vocab_size:
-            raise BadResponse(f"output_ids holds {token}, outside the vocabulary [0, {vocab_size})")
+def _excerpt(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
+
+
+def _kind(value: object) -> str:
+    """"a list", "an int", ... for messages."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # bool is a subclass of int, and never a token id or a count
+
+
+def _finish(meta: dict) -> tuple[str, int | str | None]:
+    """(type, matched) from meta_info.finish_reason; BadResponse for any other shape."""
+    if "finish_reason" not in meta or meta["finish_reason"] is None:
+        raise BadResponse("meta_info has no finish_reason")
+    finish = meta["finish_reason"]
+    if isinstance(finish, str):  # very old SGLang reported the bare type
+        finish = {"type": finish}
+    if not isinstance(finish, dict):
+        raise BadResponse(f"finish_reason is {_kind(finish)}, not an object: {_excerpt(finish)}")
+    kind = finish.get("type")
+    if kind not in FINISH_TYPES:
+        raise BadResponse(f"finish_reason has an unknown type {_excerpt(kind)} (expected one of "
+                          f"{sorted(FINISH_TYPES)})")
+    matched = finish.get("matched")
+    if kind != "stop":
+        return kind, None
+    if matched is not None and not _is_int(matched) and not isinstance(matched, str):
+        raise BadResponse(f"finish_reason.matched is neither a token id nor a stop string: {_excerpt(matched)}")
+    return kind, matched
+
+
+def _output_ids(item: dict, *, vocab_size: int) -> list[int]:
+    if "output_ids" not in item:
+        raise BadResponse("the reply item has no output_ids")
+    ids = item["output_ids"]
+    if not isinstance(ids, list):
+        raise BadResponse(f"output_ids is {_kind(ids)}, not a list: {_excerpt(ids)}")
+    # C-speed checks first (records run to thousands of ids); find the culprit only on failure.
+    if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= vocab_size):
+        position, bad = next(
+            (i, v) for i, v in enumerate(ids) if not _is_int(v) or not 0 <= v < vocab_size
+        )
+        if not _is_int(bad):
+            raise BadResponse(f"output_ids[{position}] is not an int: {_excerpt(bad)}")
+        raise BadResponse(f"output_ids[{position}] = {bad} is outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+def _count(meta: dict, name: str) -> int | None:
+    """A non-negative int count from meta_info, None if absent; BadResponse if malformed."""
+    value = meta.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or value < 0:
+        raise BadResponse(f"meta_info.{name} is not a non-negative int: {_excerpt(value)}")
     return value
 
 
-def parse_generate_item(item: Any, *, vocab_size: int, prompt_len: int) -> GeneratedItem:
-    """Check and normalise one reply item; raises BadResponse or PromptMismatch."""
+def parse_generate_item(item: object, *, vocab_size: int, prompt_len: int) -> GeneratedItem:
+    """Check one /generate reply item against the prompt that was sent.
+
+    Raises BadResponse (transient) for every malformed shape and PromptMismatch when the
+    server reports another prompt length than `prompt_len`. `vocab_size` bounds the ids.
+    """
     if not isinstance(item, dict):
-        raise BadResponse(f"reply item is {type(item).__name__}, not an object")
-    meta = item.get("meta_info")
+        raise BadResponse(f"the reply item is {_kind(item)}, not an object: {_excerpt(item)}")
+    if "meta_info" not in item:
+        raise BadResponse("the reply item has no meta_info")
+    meta = item["meta_info"]
     if not isinstance(meta, dict):
-        raise BadResponse(f"meta_info is {type(meta).__name__}, not an object")
-    finish = meta.get("finish_reason")
-    if isinstance(finish, str):
-        finish = {"type": finish}
-    if not isinstance(finish, dict) or not isinstance(finish.get("type"), str):
-        raise BadResponse(f"finish_reason {finish!r} has no type")
-    kind = finish["type"]
+        raise BadResponse(f"meta_info is {_kind(meta)}, not an object: {_excerpt(meta)}")
+    kind, matched = _finish(meta)
     if kind == "abort":
-        return GeneratedItem([], "abort", None, prompt_len, 0, 0, None, 0)
-    if "output_ids" not in item:
-        raise BadResponse("the reply has no output_ids")
-    output_ids = _ids(item["output_ids"], vocab_size=vocab_size)
-    prompt_tokens = meta.get("prompt_tokens", prompt_len)
-    if type(prompt_tokens) is not int:
-        raise BadResponse(f"prompt_tokens is {prompt_tokens!r}")
-    if prompt_tokens != prompt_len:
-        raise PromptMismatch(f"the server counted {prompt_tokens} prompt tokens, we sent {prompt_len}")
-    completion = meta.get("completion_tokens")
+        # Whatever came with an abort is thrown away: the prompt is asked again.
+        return GeneratedItem(
+            output_ids=[], finish_type=kind, finish_matched=None, prompt_tokens=prompt_len,
+            completion_tokens=0, cached_tokens=0, e2e_latency=None, repaired_prefix=0, aborted=True,
+        )
+    output_ids = _output_ids(item, vocab_size=vocab_size)
+
+    reported_prompt = _count(meta, "prompt_tokens")
+    if reported_prompt is not None and reported_prompt != prompt_len:
+        raise PromptMismatch(
+            f"the server reports a prompt of {reported_prompt} tokens for the {prompt_len} sent "
+            "(it cut or changed the prompt: is it launched with --allow-auto-truncate?)",
+            sent=prompt_len, reported=reported_prompt,
+        )
+
+    completion = _count(meta, "completion_tokens")
     repaired = 0
-    if type(completion) is int and len(output_ids) > completion >= 0:
-        # SGLang before ~0.5.5 prefixed output_ids with prompt-tail ids.
+    if completion is None:
+        completion = len(output_ids)
+    elif len(output_ids) > completion:
+        # Old SGLang (< ~0.5.5) prefixed output_ids with prompt-tail ids.
         repaired = len(output_ids) - completion
         output_ids = output_ids[repaired:]
+    elif len(output_ids) < completion:
+        raise BadResponse(
+            f"output_ids has {len(output_ids)} ids but completion_tokens says {completion}"
+        )
+
     cached = meta.get("cached_tokens")
     latency = meta.get("e2e_latency")
+    if not (isinstance(cached, int) and _is_int(cached) and cached >= 0):
+        cached = 0  # informational only: a missing or odd value is not worth losing the record
     return GeneratedItem(
         output_ids=output_ids,
         finish_type=kind,
-        finish_matched=finish.get("matched"),
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion if type(completion) is int else len(output_ids),
-        cached_tokens=cached if type(cached) is int else 0,
-        e2e_latency=float(latency) if isinstance(latency, (int, float)) else None,
+        finish_matched=matched,
+        prompt_tokens=prompt_len,
+        completion_tokens=completion,
+        cached_tokens=cached,
+        e2e_latency=float(latency) if isinstance(latency, (int, float)) and not isinstance(latency, bool) else None,
         repaired_prefix=repaired,
+        aborted=False,
     )

@@ -17,10 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle_synth.devserver.config import DevServerConfig
-from eagle_synth.devserver.faults import DROP, FAIL, FaultPlan, GenerateFate
+from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, FaultPlan, GenerateFate, malform
 from eagle_synth.devserver.generation import Generator
 from eagle_synth.devserver.prefix_cache import PrefixCache
-from eagle_synth.devserver.protocol import ProtocolError, parse_generate_request
+from eagle_synth.devserver.protocol import (
+    SAMPLING_400_VERSION,
+    ProtocolError,
+    ServerRules,
+    parse_generate_request,
+    version_tuple,
+)
 from eagle_synth.devserver.scheduler import (
     ABORTED_RUNNING,
     ABORTED_WAITING,
@@ -43,6 +49,10 @@ FLUSH_OK_TEXT = (
 )
 # meta_info.weight_version of newer SGLang versions; clients must tolerate such extra fields.
 WEIGHT_VERSION = "default"
+# SGLang's warning on every call of a deprecated info endpoint ({old} -> {new}).
+DEPRECATED_ENDPOINT_WARNING = (
+    "Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead."
+)
 
 
 @dataclass(slots=True)
@@ -117,6 +127,15 @@ class DevServerApp:
             health_fail_rate=config.health_fail_rate,
             die_after=config.die_after,
             seed=config.seed,
+            malformed_rate=config.malformed_rate,
+        )
+        self.rules = ServerRules(
+            context_length=config.effective_context_length,
+            reserved_tokens=config.draft_reserved_tokens,
+            max_req_len=min(config.effective_context_length, self.max_total_num_tokens) - 1,
+            allow_auto_truncate=config.allow_auto_truncate,
+            preferred=config.preferred_params,
+            sampling_errors_are_400=version_tuple(config.sglang_version) >= SAMPLING_400_VERSION,
         )
         self.scheduler = SlotScheduler(
             slots=config.slots,
@@ -169,22 +188,34 @@ class DevServerApp:
             return Reply(status=503)
         return Reply(status=200)
 
+    @property
+    def max_total_num_tokens(self) -> int:
+        """The KV-cache size reported in server_info: room for every slot at full context, so
+        the context (not the cache) is what limits one request, as on a well-sized server."""
+        return self.config.slots * self.config.effective_context_length
+
     def model_info(self, body: bytes) -> Reply:
-        """/get_model_info: answers during warm-up too, as in SGLang."""
+        """/model_info: answers during warm-up too, as in SGLang."""
         return json_reply(
             {
                 "model_path": self.config.effective_model_path,
                 "tokenizer_path": self.config.tokenizer,
                 "is_generation": True,
-                "preferred_sampling_params": None,
+                "preferred_sampling_params": self.config.preferred_sampling_params,
                 "weight_version": WEIGHT_VERSION,
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
             }
         )
 
+    def get_model_info(self, body: bytes) -> Reply:
+        """/get_model_info: the deprecated form; SGLang logs a warning on every call."""
+        self._deprecated("/get_model_info", "/model_info")
+        return self.model_info(body)
+
     def server_info(self, body: bytes) -> Reply:
-        """/get_server_info and /server_info: launch arguments plus version."""
+        """/server_info: launch arguments (secrets included, as SGLang returns them), the
+        scheduler's limits and version."""
         c = self.config
         return json_reply(
             {
@@ -203,11 +234,34 @@ class DevServerApp:
                 "max_running_requests": c.slots,
                 "max_queued_requests": c.max_queued_requests,
                 "random_seed": c.seed,
+                "api_key": c.api_key,
+                "admin_api_key": c.admin_api_key,
+                "ssl_keyfile_password": None,
+                "allow_auto_truncate": c.allow_auto_truncate,
+                "preferred_sampling_params": c.preferred_sampling_params,
+                "sampling_defaults": "model",
+                "enable_deterministic_inference": c.enable_deterministic_inference,
+                "speculative_algorithm": c.speculative_algorithm,
+                "speculative_num_steps": c.speculative_num_steps,
+                "speculative_eagle_topk": c.speculative_eagle_topk,
+                "speculative_num_draft_tokens": c.speculative_num_draft_tokens,
                 "vocab_size": self.vocab.size,
+                # From the scheduler (SGLang merges its scheduler_info into server_info).
+                "max_total_num_tokens": self.max_total_num_tokens,
+                "max_req_input_len": self.rules.max_req_input_len,
                 "version": c.sglang_version,
                 "devserver": True,
             }
         )
+
+    def get_server_info(self, body: bytes) -> Reply:
+        """/get_server_info: the deprecated form; SGLang logs a warning on every call."""
+        self._deprecated("/get_server_info", "/server_info")
+        return self.server_info(body)
+
+    def _deprecated(self, old: str, new: str) -> None:
+        self.stats.count("deprecated_info_calls")
+        log.warning(DEPRECATED_ENDPOINT_WARNING.format(old=old, new=new))
 
     def models(self, body: bytes) -> Reply:
         """/v1/models: `data[0].max_model_len` is the effective context length."""
@@ -299,7 +353,7 @@ class DevServerApp:
         try:
             req = parse_generate_request(
                 json.loads(body),
-                context_length=self.config.effective_context_length,
+                rules=self.rules,
                 tokenize=None if self.config.skip_tokenizer_init else self.vocab.encode,
             )
         except ValueError:
@@ -349,7 +403,12 @@ class DevServerApp:
         if fate.action == DROP:
             self.stats.count("injected_drops")
             return Reply(drop=True)
-        return json_reply(items[0] if req.single else items)
+        reply_items: list[Any] = list(items)
+        if fate.action == MALFORMED and fate.malformed_shape is not None:
+            # A 200 whose first item cannot be a record: what a buggy or patched server sends.
+            self.stats.count("injected_malformed")
+            reply_items[0] = malform(items[0], fate.malformed_shape)
+        return json_reply(reply_items[0] if req.single else reply_items)
 
     def _item(self, prompt, completion, job: SlotJob, cached_tokens: int, received: float) -> dict:
         output_ids = completion.output_ids

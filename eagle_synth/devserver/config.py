@@ -7,6 +7,7 @@ other front end (the project's typer CLI) describe the same flags from one place
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +19,15 @@ DEFAULT_CONTEXT_LENGTH = 32768
 DEFAULT_SLOTS = 64
 # Mean of the natural (uncapped) output length distribution, in tokens.
 DEFAULT_MEAN_OUTPUT_TOKENS = 200
-# Version reported by /get_server_info; recent enough to be past the output_ids prefix bug.
-DEFAULT_SGLANG_VERSION = "0.5.6"
+# Version reported by /server_info; the version whose behaviour the devserver follows (sampling
+# key errors are 400s from 0.5.23 on, 500s before).
+DEFAULT_SGLANG_VERSION = "0.5.23"
 # Largest --prefix-bug we emulate; the real bug leaked at most 5 tokens, leave some headroom.
 MAX_PREFIX_BUG_TOKENS = 64
+# --speculative-algorithm values the devserver knows (SGLang's; NEXTN is an alias of EAGLE).
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+# Those whose drafts SGLang stores in the request's own token slots (counted in the context).
+EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 
 
 def _opt(default, help_text: str, **extra):
@@ -63,6 +69,15 @@ class DevServerConfig:
         access_log: log every HTTP request to stderr.
         exit_on_death: a fatal fault ends the process (os._exit); False only stops serving,
             which is what an in-process (thread) server needs.
+        api_key, admin_api_key: reported in server_info unredacted, as SGLang does (the
+            devserver does not check them).
+        allow_auto_truncate: cut prompts and max_new_tokens that do not fit instead of 400.
+        preferred_sampling_params: JSON object merged under every request's own params.
+        enable_deterministic_inference: reported in server_info (sampling_seed is honoured).
+        speculative_algorithm, speculative_num_steps, speculative_eagle_topk,
+            speculative_num_draft_tokens: reported; EAGLE-family drafts are reserved in the
+            context check as SGLang does.
+        malformed_rate: fraction of /generate replies answered 200 with a malformed item.
     """
 
     tokenizer: str = field(metadata={"help": "Hugging Face tokenizer directory (required)."})
@@ -101,6 +116,25 @@ class DevServerConfig:
     seed: int = _opt(0, "Seed of the fault RNG and of temperature>0 sampling.")
     access_log: bool = _opt(False, "Log every HTTP request to stderr.")
     exit_on_death: bool = _opt(True, "Fatal faults end the process.", cli=False)
+    # ---- server settings that change results, and malformed replies ----
+    api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
+    admin_api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
+    allow_auto_truncate: bool = _opt(
+        False, "Cut prompts and max_new_tokens that do not fit instead of answering 400."
+    )
+    preferred_sampling_params: str | None = _opt(
+        None, "JSON object of sampling params merged under each request's own."
+    )
+    enable_deterministic_inference: bool = _opt(False, "Reported in server_info.")
+    speculative_algorithm: str | None = _opt(
+        None, f"One of {', '.join(SPECULATIVE_ALGORITHMS)}; EAGLE-family drafts count against the context."
+    )
+    speculative_num_steps: int | None = _opt(None, "Speculative draft steps.")
+    speculative_eagle_topk: int | None = _opt(None, "Speculative EAGLE top-k.")
+    speculative_num_draft_tokens: int | None = _opt(None, "Speculative draft tokens per step.")
+    malformed_rate: float = _opt(
+        0.0, "Fraction of /generate replies answered 200 with a malformed item."
+    )
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -138,13 +172,47 @@ class DevServerConfig:
         for name in ("fail_rate", "drop_rate", "health_fail_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 bad(name, "must be in [0, 1]")
-        if self.fail_rate + self.drop_rate > 1.0:
-            out.append("--fail-rate + --drop-rate: must not exceed 1")
         if self.die_after is not None and self.die_after < 1:
             bad("die_after", "must be at least 1")
         if not 0 <= self.prefix_bug <= MAX_PREFIX_BUG_TOKENS:
             bad("prefix_bug", f"must be 0..{MAX_PREFIX_BUG_TOKENS}")
+        if not 0.0 <= self.malformed_rate <= 1.0:
+            bad("malformed_rate", "must be in [0, 1]")
+        if self.fail_rate + self.drop_rate + self.malformed_rate > 1.0:
+            out.append("--fail-rate + --drop-rate + --malformed-rate: must not exceed 1")
+        if self.preferred_sampling_params is not None:
+            try:
+                preferred = json.loads(self.preferred_sampling_params)
+            except ValueError:
+                preferred = None
+            if not isinstance(preferred, dict):
+                bad("preferred_sampling_params", "must be a JSON object")
+        if self.speculative_algorithm is not None and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
+            bad("speculative_algorithm", f"must be one of {', '.join(SPECULATIVE_ALGORITHMS)}")
+        for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                bad(name, "must be at least 1")
+        if self.draft_reserved_tokens >= self.effective_context_length:
+            out.append("speculative settings: the reserved draft tokens must be below the context length")
         return out
+
+    @property
+    def preferred_params(self) -> dict | None:
+        """--preferred-sampling-params parsed (validated in __post_init__)."""
+        if self.preferred_sampling_params is None:
+            return None
+        return json.loads(self.preferred_sampling_params) or None
+
+    @property
+    def draft_reserved_tokens(self) -> int:
+        """Token slots SGLang reserves per request for EAGLE drafts:
+        max(eagle_topk * num_steps, num_draft_tokens); 0 for other algorithms or none."""
+        algorithm = (self.speculative_algorithm or "").upper()
+        if algorithm not in EAGLE_ALGORITHMS:
+            return 0
+        steps = self.speculative_num_steps or 0
+        topk = self.speculative_eagle_topk or 0
+        return max(topk * steps, self.speculative_num_draft_tokens or 0)
 
     @property
     def effective_context_length(self) -> int:

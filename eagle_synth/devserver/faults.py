@@ -1,15 +1,41 @@
-"""FaultPlan: which /generate requests fail, drop or end the server, from a seeded RNG."""
+"""FaultPlan: which /generate requests fail, drop, come back malformed or end the server,
+from a seeded RNG."""
 
 from __future__ import annotations
 
 import random
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 # What to do with one /generate request.
 SERVE = "serve"
 FAIL = "fail"
 DROP = "drop"
+MALFORMED = "malformed"
+# The malformed item shapes, used in turn by --malformed-rate: the item replaced by a bare list
+# of ints, meta_info a string, ids as strings, negative ids, no output_ids at all.
+MALFORMED_SHAPES = ("list-of-ints", "meta-info-string", "ids-as-strings", "negative-ids",
+                    "missing-output-ids")
+
+
+def malform(item: dict, shape: str) -> Any:
+    """A broken copy of one /generate reply item, in one of MALFORMED_SHAPES."""
+    ids = list(item.get("output_ids") or [0])
+    if shape == "list-of-ints":
+        return ids
+    broken = dict(item)
+    if shape == "meta-info-string":
+        broken["meta_info"] = str(item.get("meta_info"))
+    elif shape == "ids-as-strings":
+        broken["output_ids"] = [str(i) for i in ids]
+    elif shape == "negative-ids":
+        broken["output_ids"] = [-1 - i for i in ids]
+    elif shape == "missing-output-ids":
+        broken.pop("output_ids", None)
+    else:
+        raise ValueError(f"unknown malformed shape {shape!r}")
+    return broken
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,24 +44,28 @@ class GenerateFate:
 
     Parameters:
         number: 1-based arrival number of the request.
-        action: SERVE, FAIL (HTTP 500) or DROP (close without a response).
+        action: SERVE, FAIL (HTTP 500), DROP (close without a response) or MALFORMED
+            (HTTP 200 with one malformed item).
+        malformed_shape: for MALFORMED, which of MALFORMED_SHAPES (they come in turn).
         die_after_response: this is the --die-after request; the server dies once it answered.
     """
 
     number: int
     action: str
     die_after_response: bool
+    malformed_shape: str | None = None
 
 
 class FaultPlan:
     """Seeded fault injection, reproducible for a given seed and arrival order.
 
     Behaviour: each /generate request draws one number: below fail_rate it fails, below
-    fail_rate + drop_rate it is dropped. Health probes draw from their own RNG, so how often a
+    fail_rate + drop_rate it is dropped, below that + malformed_rate its reply has a malformed
+    item (the shapes come in turn). Health probes draw from their own RNG, so how often a
     client polls health does not change which generate requests fail.
 
     Parameters:
-        fail_rate, drop_rate, health_fail_rate: probabilities in [0, 1].
+        fail_rate, drop_rate, health_fail_rate, malformed_rate: probabilities in [0, 1].
         die_after: arrival number of the last request answered; None = never.
         seed: RNG seed.
     """
@@ -48,9 +78,12 @@ class FaultPlan:
         health_fail_rate: float,
         die_after: int | None,
         seed: int,
+        malformed_rate: float = 0.0,
     ) -> None:
         self.fail_rate = fail_rate
         self.drop_rate = drop_rate
+        self.malformed_rate = malformed_rate
+        self._malformed_count = 0
         self.health_fail_rate = health_fail_rate
         self.die_after = die_after
         self._generate_rng = random.Random(f"devserver-generate-faults-{seed}")
@@ -60,20 +93,26 @@ class FaultPlan:
 
     def next_generate(self) -> GenerateFate:
         """Decide the fate of the next /generate request."""
+        shape = None
         with self._lock:
             self._count += 1
             draw = self._generate_rng.random()
             number = self._count
-        if draw < self.fail_rate:
-            action = FAIL
-        elif draw < self.fail_rate + self.drop_rate:
-            action = DROP
-        else:
-            action = SERVE
+            if draw < self.fail_rate:
+                action = FAIL
+            elif draw < self.fail_rate + self.drop_rate:
+                action = DROP
+            elif draw < self.fail_rate + self.drop_rate + self.malformed_rate:
+                action = MALFORMED
+                shape = MALFORMED_SHAPES[self._malformed_count % len(MALFORMED_SHAPES)]
+                self._malformed_count += 1
+            else:
+                action = SERVE
         return GenerateFate(
             number=number,
             action=action,
             die_after_response=self.die_after is not None and number == self.die_after,
+            malformed_shape=shape,
         )
 
     def health_flake(self) -> bool:

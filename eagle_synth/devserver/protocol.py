@@ -1,10 +1,14 @@
 """SGLang's /generate wire protocol: request parsing and validation, as the real server does it.
 
 Validation order follows SGLang: request shape (empty input, rids, n) first, then per prompt
-the context-length check, then building the sampling params (unknown key -> TypeError -> 500,
-wrong value type -> 500), then range checks (-> 400). The first failing prompt fails the
-whole request. Out-of-vocabulary ids are NOT checked here: real SGLang does not check them
-either, the server dies on them later.
+the TokenizerManager's context check (prompt + speculative reserve against the context), then
+building the sampling params from the server's preferred params overlaid with the request's
+own (unknown key or wrong value type: a TypeError, HTTP 500 before SGLang 0.5.23 and 400
+since), then range checks (-> 400); then the scheduler's checks: the prompt against
+max_req_input_len (-> 400) and max_new_tokens lowered to what max_req_len leaves. With
+allow_auto_truncate the prompt and max_new_tokens are cut instead of refused. The first failing
+prompt fails the whole request. Out-of-vocabulary ids are NOT checked here: real SGLang does
+not check them either, the server dies on them later.
 """
 
 from __future__ import annotations
@@ -23,6 +27,58 @@ SAMPLING_KEYS = SGLANG_SAMPLING_KEYS
 DEFAULT_MAX_NEW_TOKENS = 128
 # Below this temperature SGLang samples greedily.
 GREEDY_TEMPERATURE = 1e-6
+# The scheduler's input cap is its max_req_len minus this (Scheduler: max_req_input_len).
+INPUT_CAP_MARGIN = 5
+# First SGLang version answering an unknown or mistyped sampling key with 400 instead of 500.
+SAMPLING_400_VERSION = (0, 5, 23)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """(0, 5, 23) from "0.5.23" or "0.5.23rc1"; unparsable parts end the tuple."""
+    numbers = []
+    for part in version.split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if len(digits) != len(part):
+            break
+    return tuple(numbers)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRules:
+    """How the emulated server checks a request: its launch settings that matter here.
+
+    Parameters:
+        context_length: the model context (what /v1/models reports).
+        reserved_tokens: slots speculative decoding reserves per request (EAGLE drafts).
+        max_req_len: the scheduler's cap on prompt + generated tokens + 1.
+        allow_auto_truncate: cut over-long prompts and max_new_tokens instead of refusing.
+        preferred: --preferred-sampling-params, merged under each request's own params.
+        sampling_errors_are_400: unknown or mistyped sampling keys answer 400 (SGLang >=
+            0.5.23) rather than 500.
+    """
+
+    context_length: int
+    reserved_tokens: int = 0
+    max_req_len: int | None = None
+    allow_auto_truncate: bool = False
+    preferred: dict | None = None
+    sampling_errors_are_400: bool = True
+
+    @property
+    def effective_max_req_len(self) -> int:
+        return self.max_req_len if self.max_req_len is not None else self.context_length - 1
+
+    @property
+    def max_req_input_len(self) -> int:
+        """Prompts of this many tokens or more are refused by the scheduler."""
+        return self.effective_max_req_len - INPUT_CAP_MARGIN
 
 
 class ProtocolError(Exception):
@@ -82,7 +138,8 @@ class PromptRequest:
     """One prompt of a /generate request after `n` expansion, in response order.
 
     Parameters:
-        input_ids: the prompt ids as sent.
+        input_ids: the prompt ids the server generates from (as sent, unless
+            allow_auto_truncate cut them).
         params: its sampling parameters.
         max_new_tokens: the effective cap (default applied and clipped to the context).
         rid: the id reported in meta_info.
@@ -116,18 +173,31 @@ def _is_number(value: Any) -> bool:
     )
 
 
-def _type_error(key: str, value: Any, expected: str) -> ProtocolError:
+# How the msgspec-based SamplingParams of SGLang 0.5.x names JSON types in its errors.
+_JSON_TYPE_NAMES = {"int": "int", "float": "float", "str": "str", "bool": "bool", "list": "array",
+                    "dict": "object", "NoneType": "null"}
+
+
+def _type_error(key: str, value: Any, expected: str, *, as_400: bool) -> ProtocolError:
+    """A mistyped sampling value: 400 in msgspec's wording (SGLang >= 0.5.23), else a 500."""
+    if as_400:
+        got = _JSON_TYPE_NAMES.get(type(value).__name__, type(value).__name__)
+        return bad_request(f"Expected `{expected}`, got `{got}` - at `$.sampling_params.{key}`")
     return internal_error(f"TypeError: sampling param {key}={value!r} is not {expected}")
 
 
-def parse_sampling_params(raw: Any) -> SamplingParams:
-    """SGLang's SamplingParams(**raw) + verify(): 500 on unknown keys or types, 400 on ranges."""
+def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingParams:
+    """SGLang's SamplingParams(**raw) + verify(): unknown keys and wrong types are a TypeError
+    (400 since SGLang 0.5.23 with `errors_are_400`, else 500), out-of-range values a 400."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise internal_error(f"TypeError: sampling_params must be a dict, got {type(raw).__name__}")
     unknown = sorted(set(raw) - SAMPLING_KEYS)
     if unknown:
+        if errors_are_400:
+            # msgspec's TypeError text, answered as SGLang answers ValueErrors.
+            raise bad_request(f"Unexpected keyword argument '{unknown[0]}'")
         raise internal_error(
             f"TypeError: SamplingParams.__init__() got an unexpected keyword argument '{unknown[0]}'"
         )
@@ -138,25 +208,25 @@ def parse_sampling_params(raw: Any) -> SamplingParams:
             continue
         if key in ("max_new_tokens", "min_new_tokens", "top_k", "n", "sampling_seed"):
             if not _is_int(value):
-                raise _type_error(key, value, "an int")
+                raise _type_error(key, value, "int", as_400=errors_are_400)
             values[key] = value
         elif key in (
             "temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
             "repetition_penalty",
         ):
             if not _is_number(value):
-                raise _type_error(key, value, "a number")
+                raise _type_error(key, value, "float", as_400=errors_are_400)
             values[key] = float(value)
         elif key in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
             values[key] = bool(value)
         elif key == "stop":
             stops = [value] if isinstance(value, str) else value
             if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-                raise _type_error(key, value, "a string or a list of strings")
+                raise _type_error(key, value, "str | array[str]", as_400=errors_are_400)
             values[key] = tuple(s for s in stops if s)
         elif key == "stop_token_ids":
             if not isinstance(value, list) or not all(_is_int(t) for t in value):
-                raise _type_error(key, value, "a list of ints")
+                raise _type_error(key, value, "array[int]", as_400=errors_are_400)
             values[key] = tuple(value)
         else:
             extra.append((key, repr(value)))
@@ -244,28 +314,51 @@ def _rids(body: dict, *, single: bool, count: int) -> list[str]:
     return list(rid)
 
 
-def _context_check(prompt_len: int, raw_params: Any, context_length: int) -> None:
-    """SGLang's _validate_one_request (no auto-truncate)."""
-    if prompt_len >= context_length:
-        raise bad_request(
-            f"The input ({prompt_len} tokens) is longer than the model's context length "
-            f"({context_length} tokens)."
-        )
+def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tuple[list[int], Any]:
+    """SGLang's TokenizerManager._validate_one_request: the prompt plus the speculative reserve
+    against the context, then with the request's OWN max_new_tokens (not the server's
+    preferred one). Returns the (possibly cut) ids and sampling params."""
+    ctx = rules.context_length
+    held = len(ids) + rules.reserved_tokens
+    if held >= ctx:
+        if not rules.allow_auto_truncate:
+            raise bad_request(
+                f"The input ({held} tokens) is longer than the model's context length "
+                f"({ctx} tokens)."
+            )
+        ids = ids[:ctx]
+        held = len(ids)  # as SGLang: the reserve is not counted again after the cut
     max_new = raw_params.get("max_new_tokens") if isinstance(raw_params, dict) else None
-    if _is_int(max_new) and max_new + prompt_len >= context_length:
-        raise bad_request(
-            "Requested token count exceeds the model's maximum context length of "
-            f"{context_length} tokens. You requested a total of {max_new + prompt_len} "
-            f"tokens: {prompt_len} tokens from the input messages and {max_new} tokens for "
-            "the completion. Please reduce the number of tokens in the input messages or "
-            "the completion to fit within the limit."
-        )
+    if isinstance(max_new, int) and _is_int(max_new) and max_new + held > ctx:
+        if not rules.allow_auto_truncate:
+            raise bad_request(
+                "Requested token count exceeds the model's maximum context length of "
+                f"{ctx} tokens. You requested a total of {max_new + held} "
+                f"tokens: {held} tokens from the input messages and {max_new} tokens for "
+                "the completion. Please reduce the number of tokens in the input messages or "
+                "the completion to fit within the limit."
+            )
+        raw_params = {**raw_params, "max_new_tokens": max(0, ctx - held)}
+    return ids, raw_params
+
+
+def _scheduler_check(ids: list[int], rules: ServerRules) -> list[int]:
+    """The scheduler's validate_input_length: refuse (or cut) prompts of max_req_input_len+."""
+    cap = rules.max_req_input_len
+    if len(ids) < cap:
+        return ids
+    if rules.allow_auto_truncate:
+        return ids[:cap]
+    raise bad_request(
+        f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({cap} tokens). "
+        "Use a shorter input or enable --allow-auto-truncate."
+    )
 
 
 def parse_generate_request(
     body: Any,
     *,
-    context_length: int,
+    rules: ServerRules,
     tokenize: Callable[[str], list[int]] | None,
 ) -> GenerateRequest:
     """Parse and validate a /generate body; raises ProtocolError as SGLang would fail."""
@@ -286,15 +379,19 @@ def parse_generate_request(
         raise bad_request("The parallel_sample_num should be the same for all samples in sample params.")
     rids = _rids(body, single=single, count=len(prompts))
 
-    parsed: list[tuple[list[int], SamplingParams, int]] = []
+    checked: list[tuple[list[int], SamplingParams]] = []
     for ids, raw_params in zip(prompts, raw_list):
-        _context_check(len(ids), raw_params, context_length)
-        params = parse_sampling_params(raw_params)
-        room = max(context_length - len(ids) - 1, 0)
-        if params.max_new_tokens is None:
-            cap = min(DEFAULT_MAX_NEW_TOKENS, room)
-        else:
-            cap = params.max_new_tokens
+        ids, raw_params = _tokenizer_check(ids, raw_params, rules)
+        if rules.preferred and (raw_params is None or isinstance(raw_params, dict)):
+            raw_params = {**rules.preferred, **(raw_params or {})}
+        checked.append((ids, parse_sampling_params(raw_params, errors_are_400=rules.sampling_errors_are_400)))
+
+    parsed: list[tuple[list[int], SamplingParams, int]] = []
+    for ids, params in checked:
+        ids = _scheduler_check(ids, rules)
+        asked = params.max_new_tokens if params.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS
+        # The scheduler lowers max_new_tokens to what max_req_len leaves, without a word.
+        cap = max(min(asked, rules.effective_max_req_len - len(ids) - 1), 0)
         parsed.append((ids, params, cap))
 
     n = parsed[0][1].n

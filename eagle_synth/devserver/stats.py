@@ -37,6 +37,8 @@ class DevStats:
             self.aborted = 0
             self.health_requests = 0
             self.health_unavailable = 0
+            self.injected_malformed = 0
+            self.deprecated_info_calls = 0
             self.peak_running = 0
             self.peak_waiting = 0
 
@@ -90,6 +92,8 @@ class DevStats:
                 "aborted": self.aborted,
                 "health_requests": self.health_requests,
                 "health_unavailable": self.health_unavailable,
+                "injected_malformed": self.injected_malformed,
+                "deprecated_info_calls": self.deprecated_info_calls,
                 "peak_running": self.peak_running,
                 "peak_waiting": self.peak_waiting,
             }
