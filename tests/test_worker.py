@@ -79,7 +79,7 @@ def test_redelivered_batch_with_records_is_not_generated_again(tmp_path, redis_s
     assert summary.prompts_enqueued == 8
 
 
-def test_server_400_fails_only_the_bad_prompt(tmp_path, redis_server, stack, tokenizer_path, tokenizer):
+def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, stack, tokenizer_path, tokenizer):
     """With the context length unknown to the worker, the server answers the long prompt's own
     request with 400: that prompt fails, its batch-mates are written."""
     from workers.config import WorkerConfig
@@ -94,8 +94,10 @@ def test_server_400_fails_only_the_bad_prompt(tmp_path, redis_server, stack, tok
            for i in range(6)]
     ids[4] = ids[4] + [tokenizer.convert_tokens_to_ids("hello")] * 300
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=x, source=f"f:{i}") for i, x in enumerate(ids)]
-    runner = WorkerRuntime(config=WorkerConfig(servers=(url,), out=tmp_path / "out"), node="test@here",
-                           broker=broker_settings(redis_url=redis_server.url)).runner
+    runtime = WorkerRuntime(config=WorkerConfig(servers=(url,), out=tmp_path / "out"), node="test@here",
+                            broker=broker_settings(redis_url=redis_server.url))
+    request.addfinalizer(runtime.close)
+    runner = runtime.runner
     outcome = runner.run(TaskPayload(campaign="iso", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0},
                                      items=items))
     assert outcome.written == 5
@@ -234,7 +236,7 @@ def test_stale_temporary_files_are_removed(tmp_path):
     assert not old.exists() and fresh.exists() and record.exists()
 
 
-def test_retried_batch_adopts_files_a_crashed_attempt_left(tmp_path, redis_server, stack, tokenizer_path, tokenizer):
+def test_retried_batch_adopts_files_a_crashed_attempt_left(request, tmp_path, redis_server, stack, tokenizer_path, tokenizer):
     """A crash between writing a record file and marking its keys done: the redelivered batch
     adopts the file instead of generating again."""
     from workers.config import WorkerConfig
@@ -248,8 +250,10 @@ def test_retried_batch_adopts_files_a_crashed_attempt_left(tmp_path, redis_serve
            for i in range(4)]
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=x) for i, x in enumerate(ids)]
     payload = TaskPayload(campaign="adopt", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0}, items=items)
-    runner = WorkerRuntime(config=WorkerConfig(servers=(url,), out=tmp_path / "out"), node="t@here",
-                           broker=broker_settings(redis_url=redis_server.url)).runner
+    runtime = WorkerRuntime(config=WorkerConfig(servers=(url,), out=tmp_path / "out"), node="t@here",
+                            broker=broker_settings(redis_url=redis_server.url))
+    request.addfinalizer(runtime.close)
+    runner = runtime.runner
     assert runner.run(payload).written == 4
     c = Campaign(client, "adopt")
     client.srem(c.keys.done, *[i.key for i in items])  # the crash: file renamed, keys not marked

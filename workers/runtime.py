@@ -46,6 +46,10 @@ class WorkerRuntime:
             pool=self.pool, disk=disk or DiskState(folder=config.out), stopping=stopping, shutdown_grace=float(settings.soft_shutdown_timeout),
         )
 
+    def close(self) -> None:
+        """Stop the in-flight pool's event loop (tests; a worker process just exits)."""
+        self.pool.close()
+
     def tickets(self, url: str, state: ServerState) -> int:
         """In-flight tickets for one healthy server: --inflight, else its capacity x 1.25."""
         tickets = self.config.inflight or auto_inflight(server_capacity(state))

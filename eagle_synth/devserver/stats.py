@@ -41,6 +41,7 @@ class DevStats:
             self.deprecated_info_calls = 0
             self.peak_running = 0
             self.peak_waiting = 0
+            self.peak_prompts = 0
 
     def generate_received(self, *, healthy: bool) -> None:
         with self._lock:
@@ -67,6 +68,8 @@ class DevStats:
             self.peak_running = running
         if waiting > self.peak_waiting:
             self.peak_waiting = waiting
+        if running + waiting > self.peak_prompts:
+            self.peak_prompts = running + waiting
 
     def count(self, name: str) -> None:
         """Add one to a named counter (injected_failures, client_errors, ...)."""
@@ -96,6 +99,7 @@ class DevStats:
                 "deprecated_info_calls": self.deprecated_info_calls,
                 "peak_running": self.peak_running,
                 "peak_waiting": self.peak_waiting,
+                "peak_prompts": self.peak_prompts,
             }
         data.update(extra)
         return data
