@@ -7,7 +7,7 @@ from __future__ import annotations
 from eagle_synth.local import wait_for
 from tests.conftest import chat_rows
 from tests.helpers import (
-    assert_exactly_once, campaign, cli, enqueue_rows, status_json, wait_finished,
+    assert_exactly_once, campaign, cli, devserver_stats, enqueue_rows, status_json, wait_finished,
 )
 
 
@@ -74,3 +74,32 @@ def test_unexpected_error_is_retried_then_recorded_never_dropped(tmp_path, redis
     assert "TypeError" in next(iter(c.failures().values())).message
     assert worker.log().count("unexpected error") >= 2 * 5, "each batch was tried 5 times first"
     assert worker.alive()
+
+
+def test_malformed_200_replies_never_become_records(tmp_path, redis_server, stack, tokenizer_path, tokenizer):
+    """A server answering 200 with items that are not usable replies (a list of ints, meta_info a
+    string, ids as strings or negative, no output_ids): each is retried, then recorded as
+    `bad-response`; no record is written from one."""
+    enqueue_rows(tmp_path, redis_server.url, "junk", chat_rows(12), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--malformed-rate", "0.4", "--seed", "3")
+    _, junk_url = stack.devserver("--malformed-rate", "1.0")
+    out = tmp_path / "out"
+    fast = {"EAGLE_SYNTH_BACKOFF_MAX": "0.05"}
+    first = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=fast)
+    wait_finished(redis_server.url, "junk", expected=12, stack=stack, timeout=120)
+    records = assert_exactly_once(redis_server.url, "junk", out / "junk", expected=12)
+    c = campaign(redis_server.url, "junk")
+    assert set(c.failure_counts()) <= {"bad-response"}
+    assert devserver_stats(url)["injected_malformed"] >= 3
+    vocab = len(tokenizer)
+    for record in records.values():
+        assert record.output_ids and all(0 <= i < vocab for i in record.output_ids)
+        assert record.completion_tokens == len(record.output_ids)
+
+    # A server that only ever answers junk: every prompt ends as a recorded bad-response.
+    first.stop()
+    enqueue_rows(tmp_path, redis_server.url, "alljunk", chat_rows(4), tokenizer=tokenizer_path, batch_size=4)
+    stack.worker(servers=[junk_url], out=out, redis_url=redis_server.url, env=fast, name="junk@test")
+    wait_finished(redis_server.url, "alljunk", expected=4, stack=stack, timeout=120)
+    assert_exactly_once(redis_server.url, "alljunk", out / "alljunk", expected=4)
+    assert campaign(redis_server.url, "alljunk").failure_counts() == {"bad-response": 4}

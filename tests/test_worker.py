@@ -107,6 +107,31 @@ def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, s
     assert devserver_stats(url)["client_errors"] >= 1
 
 
+def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_error(
+        request, tmp_path, redis_server, stack, tokenizer_path, tokenizer):
+    """A 400 about the sampling parameters is the campaign's, not one prompt's: the batch's open
+    prompts are recorded as bad-sampling-params at once, without a request each."""
+    from workers.config import WorkerConfig
+    from workers.runtime import WorkerRuntime
+
+    enqueue_rows(tmp_path, redis_server.url, "badsp", chat_rows(1), tokenizer=tokenizer_path)
+    _, url = stack.devserver()
+    client = connect(broker_settings(redis_url=redis_server.url))
+    NodeState(client, "sp@here").publish({url: ServerState(state=HEALTHY, since=time.time())}, consuming=True)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)["input_ids"]
+    items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=ids + [i + 10]) for i in range(40)]
+    runtime = WorkerRuntime(config=WorkerConfig(servers=(url,), out=tmp_path / "out", inflight=2), node="sp@here",
+                            broker=broker_settings(redis_url=redis_server.url))
+    request.addfinalizer(runtime.close)
+    # `seed` is not an SGLang sampling key (it is `sampling_seed`): the server refuses it.
+    outcome = runtime.runner.run(TaskPayload(campaign="badsp", batch="b1",
+                                             sampling={"max_new_tokens": 8, "seed": 1}, items=items))
+    assert outcome.written == 0
+    assert outcome.failed == {"bad-sampling-params": 40}
+    assert "seed" in next(iter(Campaign(client, "badsp").failures().values())).message
+    assert devserver_stats(url)["client_errors"] <= 4, "the rest were withdrawn, not sent"
+
+
 def test_preflight_refuses_a_server_with_a_reasoning_parser(tmp_path, redis_server, stack):
     _, url = stack.devserver("--reasoning-parser", "deepseek-r1")
     result = cli("worker", "--server", url, "--out", str(tmp_path / "out"), "--redis", redis_server.url, check=False,
