@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import redis
 
+from eagle_synth.errors import UserError
 from eagle_synth.keys import CAMPAIGNS, CampaignKeys
 from eagle_synth.payload import PromptItem
 
@@ -71,7 +72,7 @@ return added
 """
 
 
-class CampaignMismatch(ValueError):
+class CampaignMismatch(UserError, ValueError):
     """Enqueuing into a campaign whose stored settings differ; the message lists each field."""
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass, field
 
+from eagle_synth.errors import UserError
+
 # Keys SGLang's SamplingParams accepts (sglang/srt/sampling/sampling_params.py).
 SGLANG_SAMPLING_KEYS = frozenset(
     {
@@ -48,7 +50,7 @@ SENT_SAMPLING_KEYS = frozenset(
 )
 
 
-class SamplingError(ValueError):
+class SamplingError(UserError, ValueError):
     """A sampling parameter is out of range; the message names the flag and the range."""
 
 

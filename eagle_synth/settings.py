@@ -12,6 +12,8 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlparse, urlunparse
 
+from eagle_synth.errors import UserError
+
 # Where Redis is when nothing says otherwise: the local development instance.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # The Celery queue every campaign's batches travel on.
@@ -37,7 +39,7 @@ ENV_REDIS_CERT = "EAGLE_SYNTH_REDIS_CERT"
 ENV_REDIS_KEY = "EAGLE_SYNTH_REDIS_KEY"
 
 
-class SettingsError(ValueError):
+class SettingsError(UserError, ValueError):
     """A setting has a value that cannot work; the message says which and how to fix it."""
 
 

@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle_synth.errors import UserError
+
 # Tokens a reasoning template opens and closes its think block with.
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
 
-class TemplateError(ValueError):
+class TemplateError(UserError, ValueError):
     """The chat template rejected a conversation; the message is the template's own."""
 
 
@@ -47,7 +49,9 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False,
     """Load a tokenizer from a local folder (or hub name, where a hub is reachable)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer  # heavy import: only the paths that template pay it
+    from transformers import (
+        AutoTokenizer,  # heavy import: only the paths that template pay it
+    )
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)

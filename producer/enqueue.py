@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO, Literal
 
 from eagle_synth.campaign import Campaign, CampaignSettings
+from eagle_synth.errors import UserError
 from eagle_synth.ids import pack_ids
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, prompt_key
 from eagle_synth.sampling import SamplingParams
@@ -34,7 +35,7 @@ EXAMPLES_PER_REASON = 3
 DEFAULT_MAX_BACKLOG = 200_000
 
 
-class StrictModeError(RuntimeError):
+class StrictModeError(UserError, RuntimeError):
     """--strict and a row was skipped; the message names the row and the reason."""
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import IO, Callable, Iterable, Iterator, Sequence
 
+from eagle_synth.errors import UserError
+
 __all__ = [
     "STDIN",
     "BadRow",
@@ -69,7 +71,7 @@ _SUPPORTED_HINT = (
 _READ_ERRORS: tuple[type[BaseException], ...] = (OSError, zlib.error)
 
 
-class InputError(Exception):
+class InputError(UserError):
     """An input cannot be used at all; the message names it and says what to do."""
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle_synth.errors import UserError
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
 
 # Prefix of every worker setting's environment variable: EAGLE_SYNTH_ + the field in capitals.
@@ -32,7 +33,7 @@ AUTO_INFLIGHT_FACTOR = 1.25
 OPEN_PROMPTS_PER_TICKET = 4
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A worker setting has a value that cannot work; the message names it."""
 
 

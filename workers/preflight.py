@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from eagle_synth.errors import UserError
 from eagle_synth.node_state import ServerState
 from eagle_synth.sampling import SENT_SAMPLING_KEYS
 from workers.client import ServerFacts
@@ -61,7 +62,7 @@ PROVENANCE_LAUNCH_ARGS = (
 EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """The server is configured in a way that would change the records; says how to fix it."""
 
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle_synth.errors import UserError
 from eagle_synth.records import (
     SHARD_PREFIX,
     SHARD_ZSTD_LEVEL,
@@ -49,7 +50,7 @@ MIN_FILES = 2
 LOCK_NAME = ".compact.lock"
 
 
-class CompactBusy(RuntimeError):
+class CompactBusy(UserError, RuntimeError):
     """Another `eagle-synth compact` holds this campaign folder."""
 
 

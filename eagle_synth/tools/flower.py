@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
+from eagle_synth.errors import UserError
 from eagle_synth.queue import CELERY_URL_OVERRIDES, make_celery
 from eagle_synth.settings import BrokerSettings, broker_settings, export_to_environment
 
@@ -39,7 +40,7 @@ APP_SYMBOL = "eagle_synth.tools.flower:celery_app"
 _app: Celery | None = None
 
 
-class FlowerAuthError(ValueError):
+class FlowerAuthError(UserError, ValueError):
     """Flower's credentials are missing, malformed or a placeholder; the message says what to do."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from eagle_synth.errors import UserError
 from eagle_synth.records import Record, iter_records
 
 # Style of special and added tokens (<|im_end|>, <think>, ...) in decoded text.
@@ -26,7 +27,7 @@ BOUNDARY_STYLE = "bold yellow"
 BOUNDARY_IDS = 8
 
 
-class InspectError(LookupError):
+class InspectError(UserError, LookupError):
     """No record, or several, match what was asked; the message says what to give instead."""
 
 

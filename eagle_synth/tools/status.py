@@ -13,6 +13,7 @@ import time
 import redis
 
 from eagle_synth.campaign import Campaign, campaign_names
+from eagle_synth.errors import CampaignNotFound
 from eagle_synth.node_state import UNKNOWN, all_nodes
 
 # Window for records/s and tokens/s, seconds.
@@ -38,7 +39,7 @@ def campaign_status(client: redis.Redis, name: str) -> dict:
     """One JSON-ready dict with STATUS_KEYS; KeyError (with a hint) if the campaign is unknown."""
     campaign = Campaign(client, name)
     if not campaign.exists():
-        raise KeyError(f"no campaign named {name!r} in this Redis; `eagle-synth campaigns` lists them")
+        raise CampaignNotFound(name)
     progress = campaign.progress()
     nodes = all_nodes(client)
     # Heartbeats can lag a finished batch by a moment; never show more in flight than pending.

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle_synth.errors import UserError
 from eagle_synth.records import (
     RawRecord,
     RecordFormatError,
@@ -41,7 +42,7 @@ CHECKS: dict[str, tuple[str, str]] = {
 }
 
 
-class VerifyError(ValueError):
+class VerifyError(UserError, ValueError):
     """verify cannot run as asked (no vocabulary size known, tokenizer unloadable); the message says what to pass."""
 
 

@@ -1,0 +1,34 @@
+"""The error tree: what a user can fix, and everything else.
+
+`UserError` (and its subclasses) is raised for what the person running the command can fix:
+a bad argument, an input file that cannot be read, a campaign that does not exist, a server
+configured in a way that would change the data. The CLI's entry point catches it once and
+prints its one-line message (exit status 2); library messages speak of arguments and values,
+not of CLI flags. Any other exception is a bug or an outage and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+# Exit status of a command stopped by a UserError.
+USER_ERROR_EXIT = 2
+
+
+class EagleSynthError(Exception):
+    """Base of every error eagle-synth raises on purpose."""
+
+
+class UserError(EagleSynthError):
+    """Something the user can fix; the message says what and how, in one line if it can."""
+
+    exit_code = USER_ERROR_EXIT
+
+
+class CampaignNotFound(UserError, KeyError):
+    """No campaign of that name in this Redis."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no campaign named {name!r} in this Redis; `eagle-synth campaigns` lists them")
+        self.name = name
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
