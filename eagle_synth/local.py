@@ -76,6 +76,10 @@ class RedisServer:
         appendonly: persist every write (survives restarts).
         tls: serve TLS only, with a throwaway CA and certificate made in workdir (needs openssl).
         port: 0 picks a free one.
+        maxmemory_policy: what Redis does when full; eagle-synth needs `noeviction` (tests of the
+            refusal start one that evicts).
+        maxmemory: memory cap such as "4mb" (None: no cap), for out-of-memory tests.
+        extra_args: more `redis-server` arguments, e.g. ("--rename-command", "CONFIG", "").
     """
 
     workdir: Path
@@ -84,6 +88,9 @@ class RedisServer:
     appendonly: bool = False
     tls: bool = False
     port: int = 0
+    maxmemory_policy: str = "noeviction"
+    maxmemory: str | None = None
+    extra_args: tuple[str, ...] = ()
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> RedisServer:
@@ -95,8 +102,10 @@ class RedisServer:
         args = [
             binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
             "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--maxmemory-policy", "noeviction", "--logfile", str(self.workdir / "redis.log"),
+            "--maxmemory-policy", self.maxmemory_policy, "--logfile", str(self.workdir / "redis.log"),
         ]
+        if self.maxmemory:
+            args += ["--maxmemory", self.maxmemory]
         if self.tls:
             args[args.index("--port") + 1] = "0"
             args += ["--tls-port", str(self.port), "--tls-cert-file", str(self.workdir / "server.pem"),
@@ -108,6 +117,7 @@ class RedisServer:
         if self.acl_user:
             name, secret = self.acl_user
             args += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
+        args += list(self.extra_args)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         wait_for(lambda: port_open(self.port) or self.proc.poll() is not None, timeout=START_TIMEOUT,
                  what=f"redis-server on {self.port}")

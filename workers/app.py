@@ -26,6 +26,7 @@ from workers.batch import BatchRunner, Requeue
 from workers.config import WorkerConfig
 from workers.health import HealthGate
 from workers.lease import BatchBusy
+from workers.reaper import ReaperStep
 
 log = logging.getLogger("eagle_synth.worker")
 
@@ -146,6 +147,7 @@ class HealthGateStep(bootsteps.StartStopStep):
 
 
 app.steps["consumer"].add(HealthGateStep)
+app.steps["consumer"].add(ReaperStep)
 
 
 def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str = "INFO",
