@@ -282,12 +282,18 @@ def retry_failed(
     """Enqueue a campaign's failed prompts again."""
     from eagle_synth.campaign import Campaign
     from eagle_synth.queue import make_celery
+    from eagle_synth.tools.repair import RECORD_DAMAGED
     from producer.retry import retry_failed as run_retry
 
     settings = broker_settings(redis_url=redis)
     client = _client(redis)
-    count = run_retry(Campaign(client, campaign), app=make_celery(settings), queue=settings.queue, reason=reason)
+    target = Campaign(client, campaign)
+    count = run_retry(target, app=make_celery(settings), queue=settings.queue, reason=reason)
     typer.echo(f"re-enqueued {count} failed prompts of {campaign}" + (f" (reason {reason})" if reason else ""))
+    damaged = target.failure_counts().get(RECORD_DAMAGED, 0) if reason in (None, RECORD_DAMAGED) else 0
+    if damaged:
+        typer.echo(f"{damaged} prompts failed `{RECORD_DAMAGED}` have no prompt ids to replay: rerun the campaign's "
+                   "original `eagle-synth enqueue` command to enqueue them again")
 
 
 @app.command()

@@ -16,11 +16,21 @@ from eagle_synth.queue import make_celery, queued_payloads
 from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
 from eagle_synth.stranded import (
-    UNACKED_INDEX_KEY, UNACKED_KEY, held_batches, restore, stranded_batches, stranded_prompts,
+    UNACKED_INDEX_KEY,
+    UNACKED_KEY,
+    held_batches,
+    restore,
+    stranded_batches,
+    stranded_prompts,
 )
 from tests.conftest import chat_rows
 from tests.helpers import (
-    assert_exactly_once, campaign, cli, devserver_stats, enqueue_rows, wait_finished,
+    assert_exactly_once,
+    campaign,
+    cli,
+    devserver_stats,
+    enqueue_rows,
+    wait_finished,
 )
 from workers.reaper import Reaper
 

@@ -7,13 +7,26 @@ import json
 import shutil
 from pathlib import Path
 
-from eagle_synth.records import Record, ShardWriter, iter_records, record_files, scan_campaign, write_record_file
+from eagle_synth.records import (
+    Record,
+    ShardWriter,
+    iter_records,
+    record_files,
+    scan_campaign,
+    write_record_file,
+)
 from eagle_synth.tools import compact as compact_module
 from eagle_synth.tools.compact import compact
 from eagle_synth.tools.repair import RECORD_DAMAGED, salvage_records
 from eagle_synth.tools.verify import verify_campaign
 from tests.conftest import chat_rows, write_jsonl
-from tests.helpers import assert_exactly_once, campaign, cli, queued_items, wait_finished
+from tests.helpers import (
+    assert_exactly_once,
+    campaign,
+    cli,
+    queued_items,
+    wait_finished,
+)
 
 ROWS = 24
 BATCH = 4

@@ -63,14 +63,16 @@ FAILURE_CHUNK = 1000
 
 # KEYS: done set, failed hash, reasons hash, counters hash. ARGV: reason, then key, failure
 # JSON pairs. Moves done keys to failed in one step; keys no longer done are left alone.
+# Writes that need memory come before the SREM, so a full Redis never leaves a key in neither.
 _DONE_TO_FAILED = """
 local moved = 0
 for i = 2, #ARGV, 2 do
-  if redis.call('SREM', KEYS[1], ARGV[i]) == 1 then
-    moved = moved + 1
+  if redis.call('SISMEMBER', KEYS[1], ARGV[i]) == 1 then
     if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
       redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
     end
+    redis.call('SREM', KEYS[1], ARGV[i])
+    moved = moved + 1
   end
 end
 if moved > 0 then
