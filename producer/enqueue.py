@@ -294,20 +294,18 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
             warn(warning)
         campaign = Campaign(client, options.campaign)
         stored = campaign.settings()
-    max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
-    settings = campaign_settings(options, tokenizer, max_prompt_tokens=max_prompt_tokens)
-    registered = False
-    if not options.dry_run:
-        if stored is not None:
-            campaign.register(settings)  # refuses other settings before any templating
-            registered = True
         publisher = Publisher(
             campaign=campaign, app=make_celery(broker), queue=broker.queue,
             sampling=options.sampling.for_server(), batch_size=options.batch_size,
             max_backlog=options.max_backlog, on_wait=on_wait,
         )
-        if registered:
-            summary.prompts_recovered = publisher.recover()
+    max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
+    settings = campaign_settings(options, tokenizer, max_prompt_tokens=max_prompt_tokens)
+    registered = False
+    if publisher is not None and stored is not None:
+        publisher.campaign.register(settings)  # refuses other settings before any templating
+        registered = True
+        summary.prompts_recovered = publisher.recover()
 
     key_sampling = {k: v for k, v in options.sampling.to_dict().items() if k != "n"}
     seen_in_dry_run: set[str] = set()
