@@ -89,8 +89,7 @@ def enqueue(
     from eagle_synth.campaign import CampaignMismatch
     from eagle_synth.sampling import SamplingError, SamplingParams
     from eagle_synth.templating import TemplateError
-    from producer.enqueue import EnqueueOptions, StrictModeError, print_summary
-    from producer.enqueue import enqueue as run_enqueue
+    from producer.enqueue import EnqueueOptions, StrictModeError, enqueue as run_enqueue, print_summary
     from producer.progress import EnqueueProgress
     from producer.sources import InputError, estimate_rows
 
@@ -170,7 +169,7 @@ def worker(
     if warning:
         _warn(warning)
     export_to_environment(settings)
-    from workers.client import ServerDown, SGLangClient, TransientError
+    from workers.client import SGLangClient, ServerDown, TransientError
     from workers.config import WorkerConfig, default_concurrency
     from workers.preflight import PreflightError, check_server
 
@@ -209,7 +208,7 @@ def status(
     interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
     redis: RedisOpt = None,
 ) -> None:
-    """Where a campaign stands: enqueued, queued, in flight, done, failed, throughput, workers."""
+    """Where a campaign stands: enqueued, queued, in flight, stranded, done, failed, throughput, workers."""
     from eagle_synth.tools.status import campaign_status
     from eagle_synth.tools.status_view import render_status, watch_status
 
@@ -322,11 +321,7 @@ def main() -> None:
     import redis
     from kombu.exceptions import OperationalError
 
-    from eagle_synth.redis_policy import (
-        EvictingRedisError,
-        is_out_of_memory,
-        out_of_memory_message,
-    )
+    from eagle_synth.redis_policy import EvictingRedisError, is_out_of_memory, out_of_memory_message
     from eagle_synth.settings import SettingsError
 
     def stop(message: str) -> None:

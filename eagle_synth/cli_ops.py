@@ -27,13 +27,7 @@ def flower(
 ) -> None:
     """Run Flower on the campaign broker, with basic auth. Unknown options go to Flower (e.g. --url_prefix=flower)."""
     from eagle_synth.settings import SettingsError, broker_settings
-    from eagle_synth.tools.flower import (
-        FlowerAuthError,
-        FlowerOptions,
-        flower_urls,
-        resolve_auth,
-        run_flower,
-    )
+    from eagle_synth.tools.flower import FlowerAuthError, FlowerOptions, flower_urls, resolve_auth, run_flower
 
     try:
         settings = broker_settings(redis_url=redis)

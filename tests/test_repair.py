@@ -114,7 +114,7 @@ def test_damaged_shard_prompts_read_back_go_straight_to_the_queue(tmp_path, redi
     compact(folder, min_age=0)
     (shard,) = record_files(folder)
     flip_byte(shard, shard.stat().st_size - 1)  # the frame checksum: contents decode, the file fails
-    assert len(salvage_records(shard)) == ROWS
+    assert len(list(salvage_records(shard))) == ROWS
 
     done = repair(folder, redis_server.url)
     assert done["lost"] == ROWS and done["requeued"] == ROWS and done["record_damaged"] == 0

@@ -187,10 +187,9 @@ def _decompressed_until_damage(path: str | os.PathLike) -> Iterator[bytes]:
                 yield output
 
 
-def salvage_records(path: str | os.PathLike) -> list[Record]:
-    """The records of a damaged file up to its damage (any of them may be garbled: check keys)."""
+def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
+    """Stream the records of a damaged file up to its damage (any may be garbled: check keys)."""
     unpacker = msgpack.Unpacker(raw=False)
-    records: list[Record] = []
     header: dict | None = None
     try:
         for data in _decompressed_until_damage(path):
@@ -199,13 +198,16 @@ def salvage_records(path: str | os.PathLike) -> list[Record]:
                 if header is None:
                     if not (isinstance(value, dict) and value.get("format") == FORMAT_NAME
                             and value.get("version") in READABLE_VERSIONS):
-                        return []
+                        return
                     header = value
                 elif isinstance(value, dict):
-                    records.append(Record.from_wire(value, codec=header["id_codec"]))
+                    try:
+                        record = Record.from_wire(value, codec=header["id_codec"])
+                    except (KeyError, TypeError, ValueError):
+                        continue  # one garbled record; the key check judges the others
+                    yield record
     except (zstandard.ZstdError, msgpack.UnpackException, ValueError, KeyError, TypeError, OSError):
-        pass  # the damage: keep what came before it
-    return records
+        return  # the damage: what came before it is all there is
 
 
 def _intact(record: Record, key_sampling: dict) -> bool:
