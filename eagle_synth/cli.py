@@ -28,6 +28,27 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _warn(message: str) -> None:
+    typer.secho(f"warning: {message}", err=True, fg=typer.colors.YELLOW)
+
+
+def _check_campaign_name(name: str) -> None:
+    from eagle_synth.campaign import Campaign
+
+    try:
+        Campaign(None, name)  # the name check only: no Redis call is made
+    except ValueError as exc:
+        _fail(f"--campaign: {exc}")
+
+
+def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
+    parts = [part.strip() for part in (raw or "").split(",") if part.strip()]
+    bad = [part for part in parts if not part.isdigit()]
+    if bad:
+        _fail(f"--stop-token-ids: {bad[0]!r} is not a token id; give comma-separated non-negative integers, e.g. 151645,151643")
+    return tuple(int(part) for part in parts)
+
+
 def _client(redis_url: str | None):
     from eagle_synth.redis_client import connect
 
@@ -54,7 +75,9 @@ def enqueue(
     chat_template: Annotated[Optional[Path], typer.Option(help="Jinja chat template file overriding the tokenizer's.")] = None,
     chat_template_kwargs: Annotated[Optional[str], typer.Option(help='Extra template arguments as JSON, e.g. \'{"enable_thinking": false}\'.')] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow tokenizers that ship their own code.")] = False,
-    max_prompt_tokens: Annotated[Optional[int], typer.Option(help="Skip prompts longer than this many tokens.")] = None,
+    max_prompt_tokens: Annotated[Optional[int], typer.Option(help="Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else 131072.")] = None,
+    max_prompt_chars: Annotated[int, typer.Option(help="Skip conversations with more characters than this, before templating (0 = no cap).")] = 1_000_000,
+    allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
     max_backlog: Annotated[int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")] = 200_000,
     strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
     dry_run: Annotated[bool, typer.Option(help="Template and count, print a length histogram, enqueue nothing.")] = False,
@@ -70,16 +93,19 @@ def enqueue(
     from producer.progress import EnqueueProgress
     from producer.sources import InputError, estimate_rows
 
+    _check_campaign_name(campaign)
     if turns not in ("last", "all"):
         _fail("--turns must be 'last' or 'all'")
+    if (max_prompt_tokens is not None and max_prompt_tokens < 0) or max_prompt_chars < 0:
+        _fail("--max-prompt-tokens and --max-prompt-chars must be 0 (no cap) or positive")
     try:
         kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else {}
         if not isinstance(kwargs, dict):
             raise ValueError("not a JSON object")
     except ValueError as exc:
         _fail(f"--chat-template-kwargs must be a JSON object: {exc}")
+    stops = _stop_token_ids(stop_token_ids)
     try:
-        stops = tuple(int(s) for s in stop_token_ids.split(",") if s.strip()) if stop_token_ids else ()
         sampling = SamplingParams(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, repetition_penalty=repetition_penalty, stop_token_ids=stops, n=n, seed=seed,
@@ -92,8 +118,9 @@ def enqueue(
         inputs=files, campaign=campaign, tokenizer=tokenizer, sampling=sampling, batch_size=batch_size,
         turns=turns, system=system, chat_template=str(chat_template) if chat_template else None,
         chat_template_kwargs=kwargs, trust_remote_code=trust_remote_code,
-        max_prompt_tokens=max_prompt_tokens, max_backlog=max_backlog, strict=strict, dry_run=dry_run,
-        processes=processes,
+        max_prompt_tokens=max_prompt_tokens, max_prompt_chars=max_prompt_chars or None,
+        max_backlog=max_backlog, strict=strict, dry_run=dry_run, processes=processes,
+        allow_evicting_redis=allow_evicting_redis,
     )
     broker = None if dry_run else broker_settings(redis_url=redis)
     total_rows = None
@@ -106,7 +133,7 @@ def enqueue(
     try:
         with progress:
             summary = run_enqueue(options, broker=broker, stdin=sys.stdin.buffer,
-                                  on_rows=progress.update, on_wait=progress.waiting)
+                                  on_rows=progress.update, on_wait=progress.waiting, on_warning=_warn)
     except (CampaignMismatch, InputError, TemplateError, StrictModeError) as exc:
         _fail(str(exc))
     if as_json:
@@ -140,10 +167,17 @@ def worker(
     name: Annotated[Optional[str], typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
     task_events: Annotated[bool, typer.Option(help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record).")] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+    allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
     redis: RedisOpt = None,
 ) -> None:
     """Run a Celery worker that generates queued batches on SGLang and writes records."""
+    from eagle_synth.redis_policy import check_redis_ready
+
     settings = broker_settings(redis_url=redis)
+    # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
+    warning = check_redis_ready(_client(redis), allow_evicting=allow_evicting_redis)
+    if warning:
+        _warn(warning)
     export_to_environment(settings)
     import dataclasses
     import os
@@ -210,7 +244,7 @@ def status(
     interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
     redis: RedisOpt = None,
 ) -> None:
-    """Where a campaign stands: enqueued, queued, in flight, done, failed, throughput, workers."""
+    """Where a campaign stands: enqueued, queued, in flight, stranded, done, failed, throughput, workers."""
     from eagle_synth.tools.status import campaign_status
     from eagle_synth.tools.status_view import render_status, watch_status
 
@@ -243,7 +277,7 @@ def campaigns(
         typer.echo("no campaigns")
     for r in rows:
         typer.echo(f"{r['campaign']:<30} {100 * r['finished_share']:5.1f}%  done {r['done']}  failed {r['failed']}  "
-                   f"queued {r['queued']}  in flight {r['inflight']}")
+                   f"queued {r['queued']}  in flight {r['inflight']}" + (f"  stranded {r['stranded']}" if r['stranded'] else ""))
 
 
 @app.command()
@@ -283,12 +317,18 @@ def retry_failed(
     """Enqueue a campaign's failed prompts again."""
     from eagle_synth.campaign import Campaign
     from eagle_synth.queue import make_celery
+    from eagle_synth.tools.repair import RECORD_DAMAGED
     from producer.retry import retry_failed as run_retry
 
     settings = broker_settings(redis_url=redis)
     client = _client(redis)
-    count = run_retry(Campaign(client, campaign), app=make_celery(settings), queue=settings.queue, reason=reason)
+    target = Campaign(client, campaign)
+    count = run_retry(target, app=make_celery(settings), queue=settings.queue, reason=reason)
     typer.echo(f"re-enqueued {count} failed prompts of {campaign}" + (f" (reason {reason})" if reason else ""))
+    damaged = target.failure_counts().get(RECORD_DAMAGED, 0) if reason in (None, RECORD_DAMAGED) else 0
+    if damaged:
+        typer.echo(f"{damaged} prompts failed `{RECORD_DAMAGED}` have no prompt ids to replay: rerun the campaign's "
+                   "original `eagle-synth enqueue` command to enqueue them again")
 
 
 @app.command()
@@ -317,22 +357,28 @@ def main() -> None:
     import redis
     from kombu.exceptions import OperationalError
 
+    from eagle_synth.redis_policy import EvictingRedisError, is_out_of_memory, out_of_memory_message
     from eagle_synth.settings import SettingsError
+
+    def stop(message: str) -> None:
+        typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+        raise SystemExit(2) from None
 
     try:
         app()
-    except redis.AuthenticationError as exc:
-        typer.secho(f"error: Redis refused the credentials: {exc}. Check the user and password in "
-                    "--redis / REDIS_URL (redis://user:password@host:port/db).", err=True, fg=typer.colors.RED)
-        raise SystemExit(2) from None
-    except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
-        typer.secho(f"error: cannot reach Redis: {exc}. Check --redis / REDIS_URL; for TLS use rediss:// "
-                    "and EAGLE_SYNTH_REDIS_CA. Rerunning a command is safe: enqueue resumes where it stopped.",
-                    err=True, fg=typer.colors.RED)
-        raise SystemExit(2) from None
-    except SettingsError as exc:
-        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
-        raise SystemExit(2) from None
+    except (redis.RedisError, OperationalError) as exc:
+        # Redis full (noeviction) refuses writes: OutOfMemoryError, or wrapped by kombu on publish.
+        if is_out_of_memory(exc):
+            stop(out_of_memory_message())
+        if isinstance(exc, redis.AuthenticationError):
+            stop(f"Redis refused the credentials: {exc}. Check the user and password in "
+                 "--redis / REDIS_URL (redis://user:password@host:port/db).")
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OperationalError)):
+            stop(f"cannot reach Redis: {exc}. Check --redis / REDIS_URL; for TLS use rediss:// "
+                 "and EAGLE_SYNTH_REDIS_CA. Rerunning a command is safe: enqueue resumes where it stopped.")
+        raise
+    except (SettingsError, EvictingRedisError) as exc:
+        stop(str(exc))
 
 
 if __name__ == "__main__":

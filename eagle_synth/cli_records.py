@@ -239,6 +239,10 @@ def compact(
         typer.echo(f"deleted {result.leftovers_deleted} batch files an earlier stopped run had already merged")
     if result.young_skipped:
         typer.echo(f"left {result.young_skipped} batch files younger than {min_age:g} s for a later run")
+    if result.unverified_shards:
+        typer.secho(f"deleted {len(result.unverified_shards)} shards that did not read back after writing; "
+                    "their batch files are kept (check the disk and memory, then run compact again): "
+                    f"{', '.join(result.unverified_shards[:5])}", err=True, fg=typer.colors.YELLOW)
     if result.damaged:
         typer.secho(f"left {len(result.damaged)} damaged batch files in place (see `eagle-synth verify`): "
                     f"{', '.join(result.damaged[:5])}", err=True, fg=typer.colors.YELLOW)

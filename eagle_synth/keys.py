@@ -23,6 +23,8 @@ def worker_key(node: str) -> str:
 
 
 WORKER_PATTERN = f"{KEY_PREFIX}:worker:*"
+# String with a TTL: the worker whose reaper sweeps for stranded batches this round.
+REAPER_LOCK = f"{KEY_PREFIX}:reaper"
 
 
 @dataclass(frozen=True, slots=True)

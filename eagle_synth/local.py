@@ -22,6 +22,8 @@ from pathlib import Path
 START_TIMEOUT = 60.0
 # Seconds a process gets to exit after SIGTERM before it is killed.
 STOP_TIMEOUT = 30.0
+# Ports tried when another program takes the free port picked for a server before it binds.
+PORT_ATTEMPTS = 3
 
 
 def free_port() -> int:
@@ -51,6 +53,32 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+def listening(pid: int, port: int) -> bool:
+    """True if the process `pid` (or one of its children) listens on `port`.
+
+    A port picked by free_port can be taken by another program before our process binds it;
+    then "the port is open" would mean talking to someone else's server. Without psutil
+    (a test dependency), any listener counts.
+    """
+    try:
+        import psutil
+    except ImportError:
+        return port_open(port)
+    try:
+        parent = psutil.Process(pid)
+        processes = [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for process in processes:
+        try:
+            connections = (getattr(process, "net_connections", None) or process.connections)(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections):
+            return True
+    return False
+
+
 def _stop(proc: subprocess.Popen | None, *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -76,6 +104,10 @@ class RedisServer:
         appendonly: persist every write (survives restarts).
         tls: serve TLS only, with a throwaway CA and certificate made in workdir (needs openssl).
         port: 0 picks a free one.
+        maxmemory_policy: what Redis does when full; eagle-synth needs `noeviction` (tests of the
+            refusal start one that evicts).
+        maxmemory: memory cap such as "4mb" (None: no cap), for out-of-memory tests.
+        extra_args: more `redis-server` arguments, e.g. ("--rename-command", "CONFIG", "").
     """
 
     workdir: Path
@@ -84,6 +116,9 @@ class RedisServer:
     appendonly: bool = False
     tls: bool = False
     port: int = 0
+    maxmemory_policy: str = "noeviction"
+    maxmemory: str | None = None
+    extra_args: tuple[str, ...] = ()
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> RedisServer:
@@ -95,8 +130,10 @@ class RedisServer:
         args = [
             binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
             "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--maxmemory-policy", "noeviction", "--logfile", str(self.workdir / "redis.log"),
+            "--maxmemory-policy", self.maxmemory_policy, "--logfile", str(self.workdir / "redis.log"),
         ]
+        if self.maxmemory:
+            args += ["--maxmemory", self.maxmemory]
         if self.tls:
             args[args.index("--port") + 1] = "0"
             args += ["--tls-port", str(self.port), "--tls-cert-file", str(self.workdir / "server.pem"),
@@ -108,8 +145,9 @@ class RedisServer:
         if self.acl_user:
             name, secret = self.acl_user
             args += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
+        args += list(self.extra_args)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: port_open(self.port) or self.proc.poll() is not None, timeout=START_TIMEOUT,
+        wait_for(lambda: listening(self.proc.pid, self.port) or self.proc.poll() is not None, timeout=START_TIMEOUT,
                  what=f"redis-server on {self.port}")
         if self.proc.poll() is not None:
             log = self.workdir / "redis.log"
@@ -189,18 +227,24 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
 
 def start_devserver(*, tokenizer: str | os.PathLike, logdir: Path, port: int = 0, args: list[str] = (),
                     env: dict[str, str] | None = None, wait: bool = True) -> tuple[ManagedProcess, str]:
-    """Start a devserver; returns (process, base URL). With wait, returns once it listens."""
-    port = port or free_port()
-    process = ManagedProcess(
-        args=[sys.executable, "-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer),
-              "--host", "127.0.0.1", "--port", str(port), *args],
-        env=_env(env), log_path=logdir / f"devserver-{port}.log",
-    ).start()
-    if wait:
-        wait_for(lambda: port_open(port) or not process.alive(), timeout=START_TIMEOUT, what="the devserver")
-        if not process.alive():
+    """Start a devserver; returns (process, base URL). With wait, returns once it listens
+    (on a port it picked itself, it tries another one if something else took that port first)."""
+    for attempt in range(PORT_ATTEMPTS):
+        chosen = port or free_port()
+        process = ManagedProcess(
+            args=[sys.executable, "-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer),
+                  "--host", "127.0.0.1", "--port", str(chosen), *args],
+            env=_env(env), log_path=logdir / f"devserver-{chosen}.log",
+        ).start()
+        if not wait:
+            break
+        wait_for(lambda: listening(process.proc.pid, chosen) or not process.alive(), timeout=START_TIMEOUT,
+                 what="the devserver")
+        if process.alive():
+            break
+        if port or "Address already in use" not in process.log() or attempt == PORT_ATTEMPTS - 1:
             raise RuntimeError(f"devserver exited:\n{process.log()}")
-    return process, f"http://127.0.0.1:{port}"
+    return process, f"http://127.0.0.1:{chosen}"
 
 
 def start_worker(*, servers: list[str], out: Path, redis_url: str, logdir: Path, concurrency: int = 2,

@@ -80,25 +80,42 @@ def make_celery(settings: BrokerSettings | None = None) -> Celery:
     return app
 
 
-def queued_payloads(client, queue: str) -> list:
-    """The batches waiting in a queue, decoded as a worker would receive them, without
-    taking them off (for tests, benchmarks and a look at a backlog).
+# Content type of our task messages (msgpack; anything else on the queue is not ours).
+TASK_CONTENT_TYPE = "application/x-msgpack"
 
-    kombu keeps each Redis message as a JSON envelope whose body is the base64 of the
-    msgpack task message `[args, kwargs, embed]`.
+
+def payload_of_message(message: dict) -> dict | None:
+    """The raw payload dict (TaskPayload.encode's form) a kombu message carries, or None if
+    the message is not one of our tasks.
+
+    kombu keeps each Redis message as a JSON envelope whose body is the base64 of the msgpack
+    task message `[args, kwargs, embed]`; the payload is the only argument. The ids stay
+    compressed: callers that need the prompts pass the result to TaskPayload.decode.
     """
     import base64
-    import json
 
     import msgpack
+
+    if not isinstance(message, dict) or message.get("content-type") != TASK_CONTENT_TYPE:
+        return None  # not one of ours (a foreign or refused message)
+    try:
+        args, _kwargs, _embed = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)
+        payload = args[0]
+    except (KeyError, IndexError, TypeError, ValueError, msgpack.UnpackException):
+        return None
+    return payload if isinstance(payload, dict) and "campaign" in payload and "batch" in payload else None
+
+
+def queued_payloads(client, queue: str) -> list:
+    """The batches waiting in a queue, decoded as a worker would receive them, without
+    taking them off (for tests, benchmarks and a look at a backlog)."""
+    import json
 
     from eagle_synth.payload import TaskPayload
 
     payloads = []
     for raw in client.lrange(queue, 0, -1):
-        message = json.loads(raw)
-        if message.get("content-type") != "application/x-msgpack":
-            continue  # not one of ours (a foreign or refused message)
-        args, _kwargs, _embed = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)
-        payloads.append(TaskPayload.decode(args[0]))
+        payload = payload_of_message(json.loads(raw))
+        if payload is not None:
+            payloads.append(TaskPayload.decode(payload))
     return payloads

@@ -9,6 +9,7 @@ one of its prompts was new), duplicate (all its prompts were enqueued before), o
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections import Counter
@@ -24,8 +25,10 @@ from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import BrokerSettings
 from eagle_synth.templating import load_tokenizer, tokenizer_facts
 from producer.rows import RowError, conversations_from_row
-from producer.sources import BadRow, iter_source_rows
-from producer.tokenize import TemplateJob, TemplatingPool
+from producer.sources import BadRow, expand_inputs, iter_source_rows
+from producer.tokenize import TemplateJob, TemplatingPool, check_tokenizer_path
+
+log = logging.getLogger("eagle_synth.producer")
 
 # Rows templated together in one pool job.
 ROWS_PER_CHUNK = 256
@@ -33,6 +36,16 @@ ROWS_PER_CHUNK = 256
 EXAMPLES_PER_REASON = 3
 # Default cap on pending prompts before enqueue waits (keeps Redis memory bounded).
 DEFAULT_MAX_BACKLOG = 200_000
+# Default cap on a prompt's tokens after templating: above the context of most served models,
+# and far below the 10M-token prompt a 50 MB row made. The worker also fails prompts over its
+# server's own context length.
+DEFAULT_MAX_PROMPT_TOKENS = 131_072
+# Default cap on a conversation's characters, checked before templating so a huge row never
+# reaches the tokenizer (a 50 MB row took 6.6 GB to template). Eight characters per token of
+# the token cap: plain text averages about four, so no prompt the token cap keeps is cut here.
+DEFAULT_MAX_PROMPT_CHARS = 1_000_000
+# Skip reason for prompts over either cap (the worker uses the same slug for the server's context).
+PROMPT_TOO_LONG = "prompt-too-long"
 
 
 class StrictModeError(UserError, RuntimeError):
@@ -54,11 +67,15 @@ class EnqueueOptions:
         chat_template: a template file overriding the tokenizer's.
         chat_template_kwargs: extra template arguments, e.g. {"enable_thinking": False}.
         trust_remote_code: allow tokenizers that ship code.
-        max_prompt_tokens: skip prompts longer than this.
+        max_prompt_tokens: skip prompts longer than this many tokens; None: the campaign's cap if
+            it exists, else DEFAULT_MAX_PROMPT_TOKENS; 0: no cap.
+        max_prompt_chars: skip conversations with more characters than this, before templating
+            (None or 0: no cap).
         max_backlog: wait while more prompts than this are pending (0 = never).
         strict: stop at the first skipped row.
         dry_run: template and count, enqueue nothing (Redis not needed).
         processes: templating processes (default: every core).
+        allow_evicting_redis: go on (with a warning) when Redis may evict keys.
     """
 
     inputs: Sequence[str]
@@ -72,10 +89,12 @@ class EnqueueOptions:
     chat_template_kwargs: dict = field(default_factory=dict)
     trust_remote_code: bool = False
     max_prompt_tokens: int | None = None
+    max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS
     max_backlog: int = DEFAULT_MAX_BACKLOG
     strict: bool = False
     dry_run: bool = False
     processes: int | None = None
+    allow_evicting_redis: bool = False
 
 
 @dataclass(slots=True)
@@ -91,6 +110,7 @@ class EnqueueSummary:
     prompts_duplicate: int = 0
     prompts_skipped: int = 0
     prompts_recovered: int = 0
+    prompts_replayed: int = 0
     tasks: int = 0
     skipped: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -126,6 +146,7 @@ class EnqueueSummary:
             "rows_duplicate": self.rows_duplicate, "rows_skipped": self.rows_skipped,
             "prompts_enqueued": self.prompts_enqueued, "prompts_duplicate": self.prompts_duplicate,
             "prompts_skipped": self.prompts_skipped, "prompts_recovered": self.prompts_recovered,
+            "prompts_replayed": self.prompts_replayed,
             "tasks": self.tasks, "skipped_by_reason": dict(self.skipped), "examples": self.examples,
             "prompt_length_histogram": dict(self.histogram()), "seconds": round(self.seconds, 3),
         }
@@ -137,12 +158,12 @@ class _RowPlan:
     conversations: list = field(default_factory=list)
 
 
-def _plans(options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | None
-           ) -> Iterator[tuple[list[_RowPlan], list]]:
+def _plans(options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | None,
+           inputs: list[str]) -> Iterator[tuple[list[_RowPlan], list]]:
     """Chunks of (row plans, flat list of (messages, tools)) for the templating pool."""
     plans: list[_RowPlan] = []
     flat: list = []
-    for row in iter_source_rows(options.inputs, stdin=stdin):
+    for row in iter_source_rows(inputs, stdin=stdin):
         summary.rows_read += 1
         where = f"{row.source}:{row.line}"
         if isinstance(row, BadRow):
@@ -156,6 +177,9 @@ def _plans(options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | 
         except RowError as exc:
             _skip(options, summary, where, exc.reason, str(exc))
             continue
+        conversations = _within_char_cap(options, summary, where, conversations)
+        if not conversations:
+            continue
         plan = _RowPlan(where=where, conversations=conversations)
         plans.append(plan)
         flat.extend((c.messages, c.tools) for c in conversations)
@@ -166,13 +190,56 @@ def _plans(options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | 
         yield plans, flat
 
 
+def _text_size(value: object) -> int:
+    """Characters of every string in a message structure (contents, tool schemas, names)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_size(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_text_size(v) for v in value)
+    return 0
+
+
+def _within_char_cap(options: EnqueueOptions, summary: EnqueueSummary, where: str, conversations: list) -> list:
+    """The conversations under --max-prompt-chars; the row is skipped if none is."""
+    cap = options.max_prompt_chars
+    if not cap:
+        return conversations
+    kept, largest = [], 0
+    for conversation in conversations:
+        size = _text_size(conversation.messages) + _text_size(conversation.tools)
+        if size > cap:
+            largest = max(largest, size)
+            summary.prompts_skipped += options.sampling.n
+        else:
+            kept.append(conversation)
+    if not kept:
+        _skip(options, summary, where, PROMPT_TOO_LONG,
+              f"{largest} characters > --max-prompt-chars {cap} (checked before templating)")
+    return kept
+
+
 def _skip(options: EnqueueOptions, summary: EnqueueSummary, where: str, reason: str, detail: str) -> None:
     summary.skip(where, reason, detail)
     if options.strict:
         raise StrictModeError(f"{where}: {reason}: {detail} (--strict stops at the first skipped row)")
 
 
-def campaign_settings(options: EnqueueOptions, tokenizer) -> CampaignSettings:
+def resolve_max_prompt_tokens(requested: int | None, stored: CampaignSettings | None) -> int | None:
+    """The token cap a run uses: as asked (0 = none), else the campaign's own, else the default.
+
+    Following an existing campaign's cap keeps a rerun of its original command (which may
+    predate the default) from being refused as a settings change.
+    """
+    if requested is not None:
+        return requested or None
+    if stored is not None:
+        return stored.max_prompt_tokens
+    return DEFAULT_MAX_PROMPT_TOKENS
+
+
+def campaign_settings(options: EnqueueOptions, tokenizer, *, max_prompt_tokens: int | None = None) -> CampaignSettings:
     facts = tokenizer_facts(tokenizer)
     return CampaignSettings(
         name=options.campaign,
@@ -186,7 +253,7 @@ def campaign_settings(options: EnqueueOptions, tokenizer) -> CampaignSettings:
         eos_token_ids=facts.eos_token_ids,
         think_open_id=facts.think_open_id,
         think_close_id=facts.think_close_id,
-        max_prompt_tokens=options.max_prompt_tokens,
+        max_prompt_tokens=max_prompt_tokens,
         created_at=time.time(),
     )
 
@@ -194,33 +261,51 @@ def campaign_settings(options: EnqueueOptions, tokenizer) -> CampaignSettings:
 def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
             stdin: IO[bytes] | None = None,
             on_rows: Callable[[EnqueueSummary], None] | None = None,
-            on_wait: Callable[[int], None] | None = None) -> EnqueueSummary:
+            on_wait: Callable[[int], None] | None = None,
+            on_warning: Callable[[str], None] | None = None) -> EnqueueSummary:
     """Template every row of the inputs and enqueue new prompts; returns the summary.
 
-    Raises CampaignMismatch if the campaign exists with other settings, InputError for an
-    unusable input, StrictModeError under --strict, TemplateError if the tokenizer won't load.
+    A campaign is registered only once it has a prompt to enqueue: an empty input, or one
+    whose every row is skipped, leaves no campaign behind. Raises CampaignMismatch if the
+    campaign exists with other settings, InputError for an unusable input (every input is
+    checked before anything else), StrictModeError under --strict, TemplateError if the
+    tokenizer won't load, EvictingRedisError if Redis may evict keys.
     """
     started = time.monotonic()
     summary = EnqueueSummary(campaign=options.campaign, dry_run=options.dry_run)
+    inputs = expand_inputs(options.inputs)
+    check_tokenizer_path(options.tokenizer)
     tokenizer = load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code,
                                chat_template_file=options.chat_template)
-    settings = campaign_settings(options, tokenizer)
+    warn = on_warning or log.warning
 
     publisher = None
+    stored = None
     if not options.dry_run:
         from eagle_synth.queue import make_celery
         from eagle_synth.redis_client import connect
+        from eagle_synth.redis_policy import check_redis_ready
         from eagle_synth.settings import broker_settings
         from producer.publisher import Publisher
 
         broker = broker or broker_settings()
-        campaign = Campaign(connect(broker), options.campaign)
-        campaign.register(settings)
+        client = connect(broker)
+        warning = check_redis_ready(client, allow_evicting=options.allow_evicting_redis)
+        if warning:
+            warn(warning)
+        campaign = Campaign(client, options.campaign)
+        stored = campaign.settings()
         publisher = Publisher(
             campaign=campaign, app=make_celery(broker), queue=broker.queue,
             sampling=options.sampling.for_server(), batch_size=options.batch_size,
             max_backlog=options.max_backlog, on_wait=on_wait,
         )
+    max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
+    settings = campaign_settings(options, tokenizer, max_prompt_tokens=max_prompt_tokens)
+    registered = False
+    if publisher is not None and stored is not None:
+        publisher.campaign.register(settings)  # refuses other settings before any templating
+        registered = True
         summary.prompts_recovered = publisher.recover()
 
     key_sampling = {k: v for k, v in options.sampling.to_dict().items() if k != "n"}
@@ -232,15 +317,19 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
     )
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
     try:
-        for plans, results in pool.map(_plans(options, summary, stdin)):
+        for plans, results in pool.map(_plans(options, summary, stdin, inputs)):
             items_per_row: list[list[PromptItem]] = []
             cursor = 0
             for plan in plans:
                 row_results = results[cursor: cursor + len(plan.conversations)]
                 cursor += len(plan.conversations)
-                items_per_row.append(_row_items(options, summary, plan, row_results, key_sampling))
+                items_per_row.append(_row_items(options, summary, plan, row_results, key_sampling,
+                                                max_prompt_tokens=max_prompt_tokens))
             flat = [item for items in items_per_row for item in items]
             if publisher is not None:
+                if flat and not registered:
+                    publisher.campaign.register(settings)
+                    registered = True
                 new = publisher.claim(flat)
             else:
                 new = [item.key not in seen_in_dry_run for item in flat]
@@ -264,15 +353,17 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
         if publisher is not None:
             publisher.close()
             summary.tasks = publisher.tasks
-            publisher.campaign.count(rows_read=summary.rows_read, rows_skipped=summary.rows_skipped,
-                                     prompts_enqueued=summary.prompts_enqueued)
-            publisher.campaign.count_skipped(dict(summary.skipped))
+            summary.prompts_replayed = publisher.replayed
+            if registered:
+                publisher.campaign.count(rows_read=summary.rows_read, rows_skipped=summary.rows_skipped,
+                                         prompts_enqueued=summary.prompts_enqueued)
+                publisher.campaign.count_skipped(dict(summary.skipped))
         summary.seconds = time.monotonic() - started
     return summary
 
 
 def _row_items(options: EnqueueOptions, summary: EnqueueSummary, plan: _RowPlan,
-               results: list, key_sampling: dict) -> list[PromptItem]:
+               results: list, key_sampling: dict, *, max_prompt_tokens: int | None) -> list[PromptItem]:
     """Prompt items of one row; [] (and the row counted skipped) if none is usable."""
     items: list[PromptItem] = []
     first_problem: tuple[str, str] | None = None
@@ -281,9 +372,9 @@ def _row_items(options: EnqueueOptions, summary: EnqueueSummary, plan: _RowPlan,
             first_problem = first_problem or ("template-error", result)
             summary.prompts_skipped += options.sampling.n
             continue
-        if options.max_prompt_tokens and len(result) > options.max_prompt_tokens:
+        if max_prompt_tokens and len(result) > max_prompt_tokens:
             first_problem = first_problem or (
-                "prompt-too-long", f"{len(result)} tokens > --max-prompt-tokens {options.max_prompt_tokens}"
+                PROMPT_TOO_LONG, f"{len(result)} tokens > --max-prompt-tokens {max_prompt_tokens}"
             )
             summary.prompts_skipped += options.sampling.n
             continue
@@ -312,6 +403,7 @@ def print_summary(summary: EnqueueSummary, *, file=sys.stdout) -> None:
         f"prompts {verb} {summary.prompts_enqueued} in {summary.tasks} tasks, duplicate "
         f"{summary.prompts_duplicate}, skipped {summary.prompts_skipped}"
         + (f", republished after a killed run {summary.prompts_recovered}" if summary.prompts_recovered else "")
+        + (f", re-enqueued after `repair` {summary.prompts_replayed}" if summary.prompts_replayed else "")
         + f" ({summary.seconds:.1f} s)", file=file,
     )
     for reason, count in summary.skipped.most_common():

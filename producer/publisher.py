@@ -19,6 +19,7 @@ from eagle_synth.campaign import Campaign
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.payload import TASK_NAME, PromptItem, TaskPayload, batch_id
 from eagle_synth.processes import holder_dead, holder_id
+from eagle_synth.tools.repair import RECORD_DAMAGED
 
 log = logging.getLogger("eagle_synth.producer")
 
@@ -39,6 +40,19 @@ if #new > 0 then
   redis.call('HSET', KEYS[2], ARGV[1] .. ':new', cjson.encode(new))
 end
 return new
+"""
+
+
+# KEYS: done set, counters hash. ARGV: prompt keys. Returns how many were done.
+# Takes keys whose records were lost back out of `done`, keeping the records counter true.
+_UNMARK_DONE = """
+local removed = 0
+for i = 1, #ARGV do removed = removed + redis.call('SREM', KEYS[1], ARGV[i]) end
+if removed > 0 then
+  redis.call('HINCRBY', KEYS[2], 'records', -removed)
+  redis.call('HINCRBY', KEYS[2], 'records-damaged', removed)
+end
+return removed
 """
 
 
@@ -80,6 +94,8 @@ class Publisher:
         self.max_backlog = max_backlog
         self.on_wait = on_wait
         self.tasks = 0
+        self.replayed = 0  # prompts re-enqueued because `repair` could not read them back
+        self._damaged_waiting: bool | None = None
         self._claim = campaign.client.register_script(_CLAIM_SCRIPT)
         self._chunk_serial = 0
         self._run_id = holder_id(f"{time.time_ns():x}")
@@ -112,7 +128,44 @@ class Publisher:
         fresh = [item for item, is_new in zip(items, new) if is_new]
         if fresh:
             self._publish_all(fresh, outbox_field=field)
+        self._replay_damaged([item for item, is_new in zip(items, new) if not is_new])
         return new
+
+    def _replay_damaged(self, duplicates: list[PromptItem]) -> None:
+        """Re-enqueue duplicates that `repair` recorded as `record-damaged`: their record file
+        was unreadable and their prompt unknown until this rerun templated it again."""
+        if not duplicates:
+            return
+        if self._damaged_waiting is None:
+            self._damaged_waiting = self.campaign.failure_counts().get(RECORD_DAMAGED, 0) > 0
+        if not self._damaged_waiting:
+            return
+        raw = self.campaign.client.hmget(self.campaign.keys.failed, [item.key for item in duplicates])
+        damaged = [item for item, failure in zip(duplicates, raw)
+                   if failure is not None and json.loads(failure).get("reason") == RECORD_DAMAGED]
+        if damaged:
+            log.warning("re-enqueueing %d prompts whose records `repair` found damaged", len(damaged))
+            self.republish(damaged)
+            self.replayed += len(damaged)
+
+    def return_done(self, items: list[PromptItem]) -> int:
+        """Queue again prompts marked done whose records were damaged (`eagle-synth repair`).
+
+        Outbox first, then out of `done`, then published: a kill after the first step leaves
+        them done (a rerun of repair finds them again); after the second, in the outbox, which
+        the next repair or enqueue publishes. Returns how many were done.
+        """
+        if not items:
+            return 0
+        self.heartbeat()
+        self._chunk_serial += 1
+        field = f"{self._run_id}:{self._chunk_serial}"
+        keys = self.campaign.keys
+        self.campaign.client.hset(keys.outbox, field, _pack_items(items))
+        removed = int(self.campaign.client.eval(_UNMARK_DONE, 2, keys.done, keys.counters,
+                                                *[item.key for item in items]))
+        self._publish_all(items, outbox_field=field)
+        return removed
 
     def republish(self, items: list[PromptItem]) -> None:
         """Queue failed prompts again: they leave `failed` and enter the outbox atomically."""

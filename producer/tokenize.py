@@ -16,11 +16,36 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import groupby
+from pathlib import Path
 
 from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_ids_batch
 
 # Chunks submitted to the pool ahead of the one being consumed (bounds memory).
 CHUNKS_AHEAD_PER_PROCESS = 3
+# Files of which a tokenizer folder holds at least one.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_tokenizer_path(path: str | os.PathLike) -> None:
+    """Refuse, in plain words, a --tokenizer that is no tokenizer folder.
+
+    A value that looks like a hub name (`org/model`) is left to transformers, which fetches
+    it where a hub is reachable. Raises TemplateError.
+    """
+    text = str(path)
+    folder = Path(text).expanduser()
+    if folder.is_dir():
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise TemplateError(
+                f"--tokenizer {text}: this folder holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                "pass the model's folder, the one with tokenizer.json and tokenizer_config.json"
+            )
+        return
+    if folder.exists():
+        raise TemplateError(f"--tokenizer {text}: is a file; pass the folder that holds tokenizer.json")
+    # `org/model` may be a hub name; an absolute, relative-dotted or deeper path is a folder.
+    if text.startswith(("/", "./", "../", "~")) or text.count("/") >= 2:
+        raise TemplateError(f"--tokenizer {text}: no such folder; check the path")
 
 
 @dataclass(frozen=True, slots=True)

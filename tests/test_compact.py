@@ -131,7 +131,7 @@ def test_young_files_wait_and_a_second_run_is_refused(tmp_path):
         os.utime(path, (old, old))
     result = compact(tmp_path, min_age=300)
     assert result.files_compacted == 3 and result.young_skipped == 1
-    with compact_module._exclusive(tmp_path / "records"):
+    with compact_module.exclusive(tmp_path / "records"):
         with pytest.raises(CompactBusy, match="another `eagle-synth compact`"):
             compact(tmp_path, min_age=0)
 

@@ -34,6 +34,7 @@ from workers.disk import DiskState, DiskUnavailable, probe_folder
 from workers.health import HealthGate
 from workers.lease import BatchBusy
 from workers.runtime import WorkerRuntime
+from workers.reaper import ReaperStep
 
 log = logging.getLogger("eagle_synth.worker")
 
@@ -209,6 +210,7 @@ class HealthGateStep(bootsteps.StartStopStep):
 
 
 app.steps["consumer"].add(HealthGateStep)
+app.steps["consumer"].add(ReaperStep)
 
 
 def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str = "INFO",

@@ -4,10 +4,12 @@ The order of steps is what makes it safe to stop at any point:
 
 1. a shard is written under a dot name (invisible to readers), fsynced, then renamed;
    its header lists the batch files it absorbed;
-2. only then are those batch files deleted.
+2. the shard is read back from disk: every record, in order, with the keys written; a shard
+   that does not read back is deleted and its batch files are kept;
+3. only then are those batch files deleted.
 
 Stopped during 1: a temporary file is left, which the next run deletes; no record moved.
-Stopped during 2: some absorbed batch files are left; readers skip any file a shard lists,
+Stopped during 2 or 3: some absorbed batch files are left; readers skip any file a shard lists,
 and the next run deletes them. So no record is lost or seen twice, whenever it stops.
 Workers keep writing new batch files meanwhile; a run only takes files that existed (and
 were old enough) when it started.
@@ -46,7 +48,7 @@ DEFAULT_SHARD_BYTES = 256 << 20
 DEFAULT_MIN_AGE = 300.0
 # A run that finds fewer batch files than this writes no shard: nothing worth merging.
 MIN_FILES = 2
-# Lock file (a dot name readers ignore) that keeps two compactions of one folder apart.
+# Lock file (a dot name readers ignore) that keeps compactions and repairs of one folder apart.
 LOCK_NAME = ".compact.lock"
 
 
@@ -67,6 +69,8 @@ class CompactResult:
         leftovers_deleted: batch files an earlier stopped run had already merged.
         young_skipped: batch files left for a later run because they are newer than min_age.
         damaged: batch files that could not be read, left in place (run `eagle-synth verify`).
+        unverified_shards: shards that did not read back after writing: deleted, their batch
+            files kept (a disk or memory fault; the next run tries again).
     """
 
     shards: list[Path] = field(default_factory=list)
@@ -78,6 +82,7 @@ class CompactResult:
     leftovers_deleted: int = 0
     young_skipped: int = 0
     damaged: list[str] = field(default_factory=list)
+    unverified_shards: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -85,18 +90,19 @@ class CompactResult:
             "records": self.records, "duplicates_dropped": self.duplicates_dropped,
             "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
             "leftovers_deleted": self.leftovers_deleted, "young_skipped": self.young_skipped,
-            "damaged": self.damaged,
+            "damaged": self.damaged, "unverified_shards": self.unverified_shards,
         }
 
 
 @contextmanager
-def _exclusive(folder: Path) -> Iterator[None]:
+def exclusive(folder: Path) -> Iterator[None]:
+    """Hold a records folder against other `compact` and `repair` runs (CompactBusy if held)."""
     with open(folder / LOCK_NAME, "a+b") as handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CompactBusy(
-                f"another `eagle-synth compact` is running on {folder.parent}; wait for it to finish"
+                f"another `eagle-synth compact` or `repair` is running on {folder.parent}; wait for it to finish"
             ) from None
         try:
             yield
@@ -137,6 +143,31 @@ def _readable(path: Path) -> bool:
     return True
 
 
+def _drop_cached_pages(path: Path) -> None:
+    """Ask the kernel to forget a fsynced file's pages, so reading it back reads the disk."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _reads_back(shard: Path, keys: list[str]) -> bool:
+    """True if the shard on disk holds exactly these keys, in order, and every record decodes."""
+    _drop_cached_pages(shard)
+    position = 0
+    try:
+        for raw in read_raw_file(shard):
+            if position >= len(keys) or raw.key != keys[position]:
+                return False
+            position += 1
+    except RecordFormatError:
+        return False
+    return position == len(keys)
+
+
 def _keys_already_sharded(scan: CampaignFiles, batches: set[str]) -> set[str]:
     """Keys of these batches that existing shards hold (a batch redone after an earlier compaction)."""
     keys: set[str] = set()
@@ -166,7 +197,7 @@ def compact(campaign_path: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHAR
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} does not exist: is {campaign_path} a campaign folder (OUT/<campaign>)?")
     result = CompactResult()
-    with _exclusive(folder):
+    with exclusive(folder):
         # Our own temporary shards: only a stopped run (we hold the lock) can have left them.
         for stale in folder.glob(f"{TMP_PREFIX}{SHARD_PREFIX}*"):
             stale.unlink(missing_ok=True)
@@ -208,7 +239,8 @@ def _compact_group(campaign_path, scan: CampaignFiles, group: list[tuple[Path, i
     campaign = read_file_header(sources[0][0]).get("campaign", "")
     batches = {batch_of_file(path) for path, _ in sources}
     seen = _keys_already_sharded(scan, batches & scan.repeated_batches)
-    written = dropped = 0
+    dropped = 0
+    written_keys: list[str] = []
     with ShardWriter(campaign_path, campaign=campaign, sources=[p.name for p, _ in sources],
                      level=level, threads=threads) as writer:
         for index, (path, _) in enumerate(sources):
@@ -219,9 +251,16 @@ def _compact_group(campaign_path, scan: CampaignFiles, group: list[tuple[Path, i
                 seen.add(raw.key)
                 raw.src = index
                 writer.add(raw)
-                written += 1
+                written_keys.append(raw.key)
         shard = writer.commit()
-    # The shard is durable; from here on a stop only leaves absorbed files readers skip.
+    if not _reads_back(shard, written_keys):
+        # Readers would skip the sources this shard lists: it must go before anything else.
+        shard.unlink(missing_ok=True)
+        fsync_dir(shard.parent)
+        result.unverified_shards.append(shard.name)
+        return
+    written = len(written_keys)
+    # The shard is durable and reads back; from here on a stop only leaves absorbed files readers skip.
     for path, _ in sources:
         path.unlink(missing_ok=True)
     fsync_dir(shard.parent)

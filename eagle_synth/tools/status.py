@@ -1,5 +1,6 @@
 """Where a campaign stands: counts from Redis, in-flight prompts and server states from the
-workers' heartbeats, throughput over the last minute and an ETA.
+workers' heartbeats, stranded prompts (held by a dead worker, see eagle_synth.stranded),
+throughput over the last minute and an ETA.
 
 `campaign_status` returns one JSON-ready dict; its keys are the contract of
 `eagle-synth status --json` (STATUS_KEYS, WORKER_KEYS) and only ever gain new members.
@@ -15,6 +16,7 @@ import redis
 from eagle_synth.campaign import Campaign, campaign_names
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.node_state import UNKNOWN, all_nodes
+from eagle_synth.stranded import stranded_prompts
 
 # Window for records/s and tokens/s, seconds.
 RATE_WINDOW = 60.0
@@ -26,17 +28,22 @@ STATUS_KEYS = (
     "campaign", "enqueued", "queued", "inflight", "done", "failed", "finished_share",
     "failed_by_reason", "failures_recorded_by_reason", "rows_read", "rows_skipped", "skipped_by_reason",
     "tokens_in", "tokens_out", "repaired_prefix", "records_per_s", "tokens_per_s", "rate_window_s",
-    "eta_seconds", "workers", "at",
+    "eta_seconds", "workers", "at", "stranded",
 )
 # Keys of each entry of "workers": one per (worker node, server) pair.
 WORKER_KEYS = ("node", "host", "server", "state", "since", "detail", "consuming", "inflight", "heartbeat_at",
                "disk")
 # Keys of each row of `eagle-synth campaigns --json`.
-CAMPAIGN_ROW_KEYS = ("campaign", "enqueued", "queued", "inflight", "done", "failed", "records_per_s", "eta_seconds")
+CAMPAIGN_ROW_KEYS = ("campaign", "enqueued", "queued", "inflight", "done", "failed", "records_per_s", "eta_seconds",
+                     "stranded")
 
 
-def campaign_status(client: redis.Redis, name: str) -> dict:
-    """One JSON-ready dict with STATUS_KEYS; KeyError (with a hint) if the campaign is unknown."""
+def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None) -> dict:
+    """One JSON-ready dict with STATUS_KEYS; KeyError (with a hint) if the campaign is unknown.
+
+    `stranded` is stranded_prompts(client) when the caller has it already (one scan for all
+    campaigns); otherwise it is computed here.
+    """
     campaign = Campaign(client, name)
     if not campaign.exists():
         raise CampaignNotFound(name)
@@ -45,6 +52,9 @@ def campaign_status(client: redis.Redis, name: str) -> dict:
     # Heartbeats can lag a finished batch by a moment; never show more in flight than pending.
     inflight = sum(n.get("inflight_by_campaign", {}).get(name, 0) for n in nodes)
     inflight = min(inflight, progress.pending)
+    # Stranded prompts wait for a reaper: fetched by a worker that died, not at any server.
+    stranded_here = (stranded_prompts(client) if stranded is None else stranded).get(name, 0)
+    stranded_here = min(stranded_here, progress.pending - inflight)
     now = time.time()
     records_per_s, tokens_per_s = _rates(campaign.recent_events(seconds=RATE_WINDOW), now=now)
     eta = progress.pending / records_per_s if records_per_s > 0 else None
@@ -52,7 +62,7 @@ def campaign_status(client: redis.Redis, name: str) -> dict:
     return {
         "campaign": name,
         "enqueued": progress.enqueued,
-        "queued": max(progress.pending - inflight, 0),
+        "queued": max(progress.pending - inflight - stranded_here, 0),
         "inflight": inflight,
         "done": progress.done,
         "failed": progress.failed,
@@ -73,15 +83,17 @@ def campaign_status(client: redis.Redis, name: str) -> dict:
         "eta_seconds": round(eta, 1) if eta is not None else None,
         "workers": _workers(nodes),
         "at": now,
+        "stranded": stranded_here,
     }
 
 
 def campaigns_overview(client: redis.Redis) -> list[dict]:
     """Every campaign's row for `eagle-synth campaigns` (CAMPAIGN_ROW_KEYS plus finished_share)."""
     rows = []
+    stranded = stranded_prompts(client)
     for name in campaign_names(client):
         try:
-            data = campaign_status(client, name)
+            data = campaign_status(client, name, stranded=stranded)
         except KeyError:
             continue  # listed but its settings are gone (deleted by hand): nothing to show
         rows.append({key: data[key] for key in (*CAMPAIGN_ROW_KEYS, "finished_share")})

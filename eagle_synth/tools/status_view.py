@@ -72,12 +72,14 @@ def _header(data: dict) -> Table:
 def _counts(data: dict) -> Table:
     window = format_duration(data["rate_window_s"])
     table = Table(show_header=True, header_style="bold", title_justify="left")
-    columns = ("enqueued", "queued", "in flight", "done", "failed",
+    columns = ("enqueued", "queued", "in flight", "stranded", "done", "failed",
                "tokens in", "tokens out", f"records/s ({window})", f"tokens/s ({window})", "ETA")
     for column in columns:
         table.add_column(column, justify="right")
     table.add_row(
-        f"{data['enqueued']:,}", f"{data['queued']:,}", f"{data['inflight']:,}", f"{data['done']:,}",
+        f"{data['enqueued']:,}", f"{data['queued']:,}", f"{data['inflight']:,}",
+        Text(f"{data.get('stranded', 0):,}", style="yellow" if data.get("stranded") else ""),
+        f"{data['done']:,}",
         Text(f"{data['failed']:,}", style="red" if data["failed"] else ""),
         f"{data['tokens_in']:,}", f"{data['tokens_out']:,}",
         f"{data['records_per_s']:,.2f}", f"{data['tokens_per_s']:,.0f}", format_duration(data["eta_seconds"]),

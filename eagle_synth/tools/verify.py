@@ -30,7 +30,8 @@ from eagle_synth.records import (
 EXAMPLES_PER_CHECK = 5
 # Every check, its severity and what it means; the report always lists all of them.
 CHECKS: dict[str, tuple[str, str]] = {
-    "damaged_file": ("error", "record files that cannot be read (truncated, corrupt or of a newer format)"),
+    "damaged_file": ("error", ("record files that cannot be read (truncated, corrupt or of a newer format); "
+                               "`eagle-synth repair DIR` moves them aside and requeues their prompts")),
     "duplicate_key": ("error", "keys stored more than once"),
     "id_out_of_vocab": ("error", "records with an id at or above the vocabulary size"),
     "completion_tokens_mismatch": ("error", "records whose completion_tokens differs from the number of output ids"),

@@ -1,0 +1,221 @@
+"""Batches stranded by a dead worker: fetched from the queue, held by no one alive.
+
+kombu's Redis transport keeps every fetched, not yet acknowledged message in the `unacked`
+hash (delivery tag -> JSON [message, exchange, routing_key]) and the `unacked_index` sorted
+set (delivery tag scored by fetch time); it puts a message back only after the visibility
+timeout (6 h here, since batches may run for hours). A worker whose host died holds its
+batches that long. The batch lease tells the dead from the slow: a running batch's lease is
+renewed every LEASE_TTL/3 and lapses LEASE_TTL (60 s) after its holder dies.
+
+The rule: a message of ours fetched more than REAP_AFTER seconds ago whose batch has no live
+lease is stranded, and is put back exactly as kombu would (same queue key, same priority
+list, marked redelivered so the next worker looks for files an earlier attempt left).
+The age threshold covers the moment between a live worker fetching a message and its task
+taking the lease, and a retry countdown (15 s at most) held in memory. A batch whose task
+released its lease but has not acked yet is never that old without its lease for long; if it
+is restored anyway, the copy finds every key done or failed and does nothing.
+Restoring is one Lua script: check the lease, check the entry is still the one read, remove
+it from `unacked` and `unacked_index`, push it back. Two reapers (or a reaper and kombu's own
+sweep) can never restore one message twice.
+
+workers/reaper.py runs this in every worker; `eagle-synth status` counts stranded prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from bisect import bisect
+from dataclasses import dataclass
+
+import redis
+from kombu.transport.redis import Channel
+
+from eagle_synth.keys import CampaignKeys
+from eagle_synth.queue import payload_of_message
+
+ENV_REAP_AFTER = "EAGLE_SYNTH_REAP_AFTER"
+# Seconds since fetch after which a message without a live batch lease is stranded. It must
+# exceed the longest a live worker holds a message before its task takes the lease (task
+# start, retry countdowns of up to 15 s); the lease itself covers running batches.
+REAP_AFTER = float(os.environ.get(ENV_REAP_AFTER, "120"))
+# kombu's own key names and separators (we use kombu's defaults, never override them).
+UNACKED_KEY = Channel.unacked_key
+UNACKED_INDEX_KEY = Channel.unacked_index_key
+BINDING_KEY_FORMAT = Channel.keyprefix_queue
+PRIORITY_SEPARATOR = Channel.sep
+PRIORITY_STEPS = list(Channel.priority_steps)
+# kombu clamps message priorities to this range before picking a priority list.
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+# Unacked entries fetched per HMGET.
+FETCH_CHUNK = 200
+# Decoded (campaign, batch, keys) remembered per delivery tag, so `status --watch` does not
+# decode every held message on every refresh.
+DECODED_CACHE_SIZE = 50_000
+
+# KEYS: unacked hash, unacked index, batch lease, destination list.
+# ARGV: delivery tag, the entry as read, the message to push back.
+# The push comes first: a Redis that refuses it (full) then changes nothing.
+_RESTORE = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('RPUSH', KEYS[4], ARGV[3])
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+_decoded: dict[str, tuple[str, str, tuple[str, ...]] | None] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBatch:
+    """One of our batch messages sitting in kombu's `unacked` hash.
+
+    Parameters:
+        tag: kombu's delivery tag.
+        fetched_at: unix time a worker fetched it.
+        campaign, batch: from the payload.
+        keys: the batch's prompt keys.
+        entry: the raw `unacked` value (JSON [message, exchange, routing_key]), or None when
+            only counting.
+    """
+
+    tag: str
+    fetched_at: float
+    campaign: str
+    batch: str
+    keys: tuple[str, ...]
+    entry: bytes | None = None
+
+    @property
+    def lease_key(self) -> str:
+        return CampaignKeys(self.campaign).lease(self.batch)
+
+
+def _decode_entry(entry: bytes) -> tuple[str, str, tuple[str, ...]] | None:
+    try:
+        message = json.loads(entry)[0]
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None
+    payload = payload_of_message(message)
+    if payload is None:
+        return None
+    return str(payload["campaign"]), str(payload["batch"]), tuple(payload.get("keys") or ())
+
+
+def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bool = False) -> list[HeldBatch]:
+    """Our batch messages fetched before `fetched_before` and not acknowledged yet.
+
+    Messages that are not ours (other apps, refused content) are left out. With
+    with_entries the raw entries are kept (restore needs them); otherwise decoded
+    messages are cached by delivery tag.
+    """
+    index = client.zrange(UNACKED_INDEX_KEY, "-inf", fetched_before, byscore=True, withscores=True)
+    held: list[HeldBatch] = []
+    wanted = [(tag, score) for tag, score in index if with_entries or tag.decode() not in _decoded]
+    entries: dict[bytes, bytes | None] = {}
+    for start in range(0, len(wanted), FETCH_CHUNK):
+        chunk = [tag for tag, _ in wanted[start: start + FETCH_CHUNK]]
+        entries.update(zip(chunk, client.hmget(UNACKED_KEY, chunk)))
+    if len(_decoded) > DECODED_CACHE_SIZE:
+        _decoded.clear()
+    for tag, score in index:
+        name = tag.decode()
+        entry = entries.get(tag)
+        if name in _decoded and not with_entries:
+            decoded = _decoded[name]
+        elif entry is None:
+            continue  # acknowledged since the index was read
+        else:
+            decoded = _decoded[name] = _decode_entry(entry)
+        if decoded is None:
+            continue
+        campaign, batch, keys = decoded
+        held.append(HeldBatch(tag=name, fetched_at=float(score), campaign=campaign, batch=batch, keys=keys,
+                              entry=entry if with_entries else None))
+    return held
+
+
+def stranded_batches(client: redis.Redis, *, now: float | None = None, reap_after: float = REAP_AFTER,
+                     with_entries: bool = False) -> list[HeldBatch]:
+    """Held batches fetched more than reap_after seconds ago whose batch lease is gone."""
+    now = time.time() if now is None else now
+    held = held_batches(client, fetched_before=now - reap_after, with_entries=with_entries)
+    if not held:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for batch in held:
+        pipe.exists(batch.lease_key)
+    return [batch for batch, live in zip(held, pipe.execute()) if not live]
+
+
+def stranded_prompts(client: redis.Redis, *, now: float | None = None,
+                     reap_after: float = REAP_AFTER) -> dict[str, int]:
+    """Per campaign, prompts of stranded batches that are neither done nor failed."""
+    from eagle_synth.campaign import Campaign
+
+    keys_by_campaign: dict[str, set[str]] = {}
+    for batch in stranded_batches(client, now=now, reap_after=reap_after):
+        keys_by_campaign.setdefault(batch.campaign, set()).update(batch.keys)
+    counts = {}
+    for name, keys in keys_by_campaign.items():
+        try:
+            campaign = Campaign(client, name)
+        except ValueError:
+            continue  # a name no campaign can have: not ours to count
+        ordered = sorted(keys)
+        counts[name] = len(ordered) - len(campaign.finished_keys(ordered))
+    return counts
+
+
+def _destination(client: redis.Redis, message: dict, exchange: str, routing_key: str, *,
+                 queue_name: str | None) -> str | None:
+    """The list kombu would push this message back to (kombu's _lookup and _q_for_pri), or None.
+
+    Our queue is bound to a direct exchange: the queues whose binding routing key equals the
+    message's. The anonymous exchange routes by the routing key alone. Without a binding (its
+    key lost), a routing key naming our own queue still routes there, as Celery publishes it.
+    """
+    if not exchange:
+        queue = routing_key or None
+    else:
+        queue = None
+        for member in client.smembers(BINDING_KEY_FORMAT % exchange):
+            bound_key, _pattern, bound_queue = member.decode().split(PRIORITY_SEPARATOR, 2)
+            if bound_key == routing_key:
+                queue = bound_queue
+                break
+        if queue is None and routing_key == queue_name:
+            queue = queue_name
+    if queue is None:
+        return None
+    try:
+        priority = max(min(int(message["properties"]["priority"]), MAX_PRIORITY), MIN_PRIORITY)
+    except (KeyError, TypeError, ValueError):
+        priority = 0
+    step = PRIORITY_STEPS[bisect(PRIORITY_STEPS, priority) - 1]
+    return f"{queue}{PRIORITY_SEPARATOR}{step}" if step else queue
+
+
+def restore(client: redis.Redis, held: HeldBatch, *, queue_name: str | None = None) -> bool:
+    """Put a stranded message back on its queue; False if it was acked, restored or leased meanwhile
+    (or cannot be routed, which leaves it to kombu's visibility timeout)."""
+    if held.entry is None:
+        raise ValueError("restore needs the raw entry: use stranded_batches(with_entries=True)")
+    message, exchange, routing_key = json.loads(held.entry)
+    destination = _destination(client, message, exchange, routing_key, queue_name=queue_name)
+    if destination is None:
+        return False
+    # As kombu's _do_restore_message: the worker then looks for files an earlier attempt left.
+    try:
+        message["headers"]["redelivered"] = True
+        message["properties"]["delivery_info"]["redelivered"] = True
+    except (KeyError, TypeError):
+        pass
+    restored = client.eval(_RESTORE, 4, UNACKED_KEY, UNACKED_INDEX_KEY, held.lease_key, destination,
+                           held.tag, held.entry, json.dumps(message))
+    if restored:
+        _decoded.pop(held.tag, None)
+    return bool(restored)

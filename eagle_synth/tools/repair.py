@@ -1,0 +1,362 @@
+"""`eagle-synth repair`: move damaged record files aside and give their prompts back to the queue.
+
+A record file that no longer reads back (a flipped bit, a truncated copy) holds keys Redis
+counts as done: without repair they would be lost for good. Repair works out which keys:
+
+* the done set is read first, then the files: a key marked done before the read had its
+  file renamed into place before that (workers write, then mark), so it is found unless
+  its file is damaged or lives elsewhere;
+* lost keys = done keys with no readable record in the folder;
+* a damaged file is read as far as it goes (small steps, so the part before the damage
+  comes out); a record from it is trusted only if its prompt ids and sampling hash to its
+  own key, which proves the prompt intact. Such prompts go straight back on the queue
+  (`producer.retry.return_lost_records`);
+* a lost key whose prompt cannot be read back becomes a failure `record-damaged`; rerunning
+  the campaign's original `enqueue` command templates it again and re-enqueues it (the
+  producer replays exactly those failures), so nothing is lost.
+
+A folder that does not hold the whole campaign (each host keeping its own records) would
+make every other host's keys look lost; repair refuses when more keys are missing than the
+damaged files can have held, unless `force`. Damaged files go to `<campaign>/damaged/`, never
+deleted; a rerun reads them again, so a repair stopped half way is finished by rerunning it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+import zstandard
+
+from eagle_synth.campaign import Campaign, Failure
+from eagle_synth.ids import pack_ids
+from eagle_synth.payload import PromptItem, prompt_key
+from eagle_synth.records import (
+    FORMAT_NAME,
+    READABLE_VERSIONS,
+    RECORD_SUFFIX,
+    Record,
+    RecordFormatError,
+    fsync_dir,
+    read_raw_file,
+    records_dir,
+    scan_campaign,
+)
+
+# Failure reason of a done prompt whose record file is damaged and whose prompt is unknown.
+RECORD_DAMAGED = "record-damaged"
+# Folder (inside the campaign folder, beside records/) that damaged files are moved into.
+DAMAGED_DIR = "damaged"
+# Compressed bytes fed per step when reading a damaged file, so the part before the damage
+# comes out instead of failing with the step that holds it.
+SALVAGE_STEP = 4096
+# Lost keys a folder may have per record its damaged files can have held (estimated from the
+# healthy files' bytes per record) before repair decides the folder is not the whole campaign.
+MISSING_ALLOWANCE = 2.0
+# Keys moved from done to failed per Redis round trip.
+FAILURE_CHUNK = 1000
+
+# KEYS: done set, failed hash, reasons hash, counters hash. ARGV: reason, then key, failure
+# JSON pairs. Moves done keys to failed in one step; keys no longer done are left alone.
+# Writes that need memory come before the SREM, so a full Redis never leaves a key in neither.
+_DONE_TO_FAILED = """
+local moved = 0
+for i = 2, #ARGV, 2 do
+  if redis.call('SISMEMBER', KEYS[1], ARGV[i]) == 1 then
+    if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
+      redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+    end
+    redis.call('SREM', KEYS[1], ARGV[i])
+    moved = moved + 1
+  end
+end
+if moved > 0 then
+  redis.call('HINCRBY', KEYS[4], 'records', -moved)
+  redis.call('HINCRBY', KEYS[4], 'records-damaged', moved)
+  redis.call('HINCRBY', KEYS[4], 'failed-' .. ARGV[1], moved)
+end
+return moved
+"""
+
+
+@dataclass(slots=True)
+class DamagedFile:
+    """A record file that does not read back.
+
+    Parameters:
+        path: where it is now.
+        error: the reader's message.
+        size: its size in bytes.
+        salvaged: records read from it whose key proves their prompt intact.
+        moved_before: it was already in damaged/ (an earlier repair run).
+    """
+
+    path: Path
+    error: str
+    size: int
+    salvaged: int = 0
+    moved_before: bool = False
+
+
+@dataclass(slots=True)
+class RepairPlan:
+    """What a repair finds and would do.
+
+    Parameters:
+        campaign: campaign name.
+        folder: the campaign folder.
+        damaged: damaged files (live ones are moved aside when applied).
+        healthy_files, healthy_records: the files that read back, and their records.
+        done: keys Redis counted as done when the repair started.
+        lost: done keys with no readable record in the folder.
+        recoverable: (sampling, item) of lost keys whose prompt was read back intact.
+        unrecoverable: lost keys whose prompt is unknown (become `record-damaged` failures).
+        capacity: records the damaged files can have held (None: no healthy file to estimate from).
+        refusal: why it will not act without force, or None.
+    """
+
+    campaign: str
+    folder: Path
+    damaged: list[DamagedFile] = field(default_factory=list)
+    healthy_files: int = 0
+    healthy_records: int = 0
+    done: int = 0
+    lost: list[str] = field(default_factory=list)
+    recoverable: list[tuple[dict, PromptItem]] = field(default_factory=list)
+    unrecoverable: list[str] = field(default_factory=list)
+    capacity: float | None = None
+    refusal: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "campaign": self.campaign, "folder": str(self.folder),
+            "damaged": [{"file": str(d.path), "error": d.error, "size": d.size, "salvaged": d.salvaged,
+                         "moved_before": d.moved_before} for d in self.damaged],
+            "healthy_files": self.healthy_files, "healthy_records": self.healthy_records,
+            "done": self.done, "lost": len(self.lost), "recoverable": len(self.recoverable),
+            "unrecoverable": len(self.unrecoverable),
+            "capacity": None if self.capacity is None else round(self.capacity, 1),
+            "refusal": self.refusal,
+        }
+
+
+def damaged_dir(campaign_path: str | os.PathLike) -> Path:
+    return Path(campaign_path) / DAMAGED_DIR
+
+
+def _decompressed_until_damage(path: str | os.PathLike) -> Iterator[bytes]:
+    """A zstd file's content up to where it breaks.
+
+    One step's output is lost when the step fails, so after a failure the file is decoded
+    again, the failing step one byte at a time: everything before the damaged spot comes out
+    (a block whose checksum or successor is damaged included).
+    """
+    failed_at = None
+    with open(path, "rb") as handle:
+        decompressor = zstandard.ZstdDecompressor().decompressobj()
+        offset = 0
+        try:
+            while chunk := handle.read(SALVAGE_STEP):
+                output = decompressor.decompress(chunk)
+                if output:
+                    yield output
+                offset += len(chunk)
+                if decompressor.eof:
+                    return
+            return  # truncated: everything there came out
+        except zstandard.ZstdError:
+            failed_at = offset
+        decompressor = zstandard.ZstdDecompressor().decompressobj()
+        handle.seek(0)
+        remaining = failed_at
+        while remaining:  # replays what was already yielded, to rebuild the decoder's state
+            chunk = handle.read(min(SALVAGE_STEP, remaining))
+            remaining -= len(chunk)
+            decompressor.decompress(chunk)
+        for value in handle.read(SALVAGE_STEP):
+            try:
+                output = decompressor.decompress(bytes([value]))
+            except zstandard.ZstdError:
+                return
+            if output:
+                yield output
+
+
+def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
+    """Stream the records of a damaged file up to its damage (any may be garbled: check keys)."""
+    unpacker = msgpack.Unpacker(raw=False)
+    header: dict | None = None
+    try:
+        for data in _decompressed_until_damage(path):
+            unpacker.feed(data)
+            for value in unpacker:
+                if header is None:
+                    if not (isinstance(value, dict) and value.get("format") == FORMAT_NAME
+                            and value.get("version") in READABLE_VERSIONS):
+                        return
+                    header = value
+                elif isinstance(value, dict):
+                    try:
+                        record = Record.from_wire(value, codec=header["id_codec"])
+                    except (KeyError, TypeError, ValueError):
+                        continue  # one garbled record; the key check judges the others
+                    yield record
+    except (zstandard.ZstdError, msgpack.UnpackException, ValueError, KeyError, TypeError, OSError):
+        return  # the damage: what came before it is all there is
+
+
+def _intact(record: Record, key_sampling: dict) -> bool:
+    """True if the record's prompt ids, sampling and sample index hash to its key."""
+    try:
+        return prompt_key(prompt_ids=pack_ids(record.prompt_ids), sampling=key_sampling,
+                          sample=record.sample) == record.key
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _replay_item(record: Record) -> tuple[dict, PromptItem]:
+    sampling = dict(record.sampling or {})
+    seed = sampling.pop("sampling_seed", None)
+    return sampling, PromptItem(key=record.key, row_id=str(record.id), sample=record.sample,
+                                ids=list(record.prompt_ids), seed=seed, source=record.source,
+                                turn=record.turn)
+
+
+def _read_keys(path: Path, keys: set[str]) -> int:
+    """Add a file's keys to `keys`; returns its record count. Raises RecordFormatError."""
+    count = 0
+    for raw in read_raw_file(path):
+        keys.add(raw.key)
+        count += 1
+    return count
+
+
+def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: bool = False) -> RepairPlan:
+    """Find damaged files and lost keys; changes nothing. Hold compact.exclusive(records folder)
+    from before this call until the plan is applied, so no record moves meanwhile."""
+    folder = Path(campaign_path)
+    settings = campaign.settings()
+    if settings is None:
+        raise KeyError(f"no campaign named {campaign.name!r} in this Redis; `eagle-synth campaigns` lists them")
+    plan = RepairPlan(campaign=campaign.name, folder=folder)
+    # Done first, files second: see the module docstring.
+    done = {key.decode() for key in campaign.client.sscan_iter(campaign.keys.done, count=10_000)}
+    plan.done = len(done)
+    scan = scan_campaign(folder)
+    healthy: set[str] = set()
+    healthy_bytes = 0
+    damaged_shards: set[Path] = set()
+    for path in scan.live:
+        try:
+            plan.healthy_records += _read_keys(path, healthy)
+            plan.healthy_files += 1
+            healthy_bytes += path.stat().st_size
+        except RecordFormatError as exc:
+            plan.damaged.append(DamagedFile(path=path, error=str(exc), size=path.stat().st_size))
+            if path in scan.shard_sources:
+                damaged_shards.add(path)
+        except FileNotFoundError:
+            continue
+    # Batch files a damaged shard absorbed but that are still here hold its records again.
+    still_listed = {name for shard, names in scan.shard_sources.items() if shard not in damaged_shards for name in names}
+    for path in scan.absorbed:
+        if path.name in still_listed:
+            continue
+        try:
+            plan.healthy_records += _read_keys(path, healthy)
+            plan.healthy_files += 1
+            healthy_bytes += path.stat().st_size
+        except RecordFormatError as exc:
+            plan.damaged.append(DamagedFile(path=path, error=str(exc), size=path.stat().st_size))
+        except FileNotFoundError:
+            continue
+    aside = damaged_dir(folder)
+    for path in sorted(aside.glob(f"*{RECORD_SUFFIX}")) if aside.is_dir() else ():
+        plan.damaged.append(DamagedFile(path=path, error="moved aside by an earlier repair",
+                                        size=path.stat().st_size, moved_before=True))
+
+    lost = done - healthy
+    plan.lost = sorted(lost)
+    key_sampling = {k: v for k, v in settings.sampling.items() if k != "n"}
+    recovered: dict[str, tuple[dict, PromptItem]] = {}
+    for damaged in plan.damaged:
+        for record in salvage_records(damaged.path):
+            if record.key in lost and record.key not in recovered and _intact(record, key_sampling):
+                recovered[record.key] = _replay_item(record)
+                damaged.salvaged += 1
+    plan.recoverable = [recovered[key] for key in plan.lost if key in recovered]
+    plan.unrecoverable = [key for key in plan.lost if key not in recovered]
+
+    if plan.healthy_records:
+        per_record = healthy_bytes / plan.healthy_records
+        plan.capacity = sum(d.size for d in plan.damaged) / per_record
+    if plan.unrecoverable and not force:
+        allowed = MISSING_ALLOWANCE * plan.capacity if plan.capacity is not None else 0.0
+        if len(plan.unrecoverable) > allowed:
+            held = "nothing to estimate from" if plan.capacity is None else f"about {plan.capacity:.0f}"
+            plan.refusal = (
+                f"{len(plan.unrecoverable)} done keys have no readable record in {folder}, more than its "
+                f"{len(plan.damaged)} damaged files can have held ({held}): the folder does not seem to hold "
+                "the whole campaign. Gather every host's records/ into one folder first (docs/operations.md "
+                "§6), or pass --force if those records really are gone"
+            )
+    return plan
+
+
+def move_aside(plan: RepairPlan) -> list[Path]:
+    """Move the plan's live damaged files into <campaign>/damaged/; returns their new paths."""
+    target = damaged_dir(plan.folder)
+    moved = []
+    for damaged in plan.damaged:
+        if damaged.moved_before:
+            continue
+        target.mkdir(exist_ok=True)
+        destination = target / damaged.path.name
+        if destination.exists():
+            destination = target / f"{damaged.path.stem}-{time.time_ns():x}{RECORD_SUFFIX}"
+        os.replace(damaged.path, destination)
+        damaged.path = destination
+        moved.append(destination)
+    if moved:
+        fsync_dir(target)
+        fsync_dir(records_dir(plan.folder))
+    return moved
+
+
+def mark_record_damaged(campaign: Campaign, keys: list[str], *, worker: str = "eagle-synth repair") -> int:
+    """Move done keys whose prompt could not be read back to failed (`record-damaged`).
+
+    Their failure carries no prompt ids: `retry-failed` cannot replay them, a rerun of the
+    campaign's original `enqueue` command does. Returns how many moved.
+    """
+    message = ("its record file was damaged and its prompt could not be read back; rerun the campaign's "
+               "original `eagle-synth enqueue` command to enqueue it again")
+    k = campaign.keys
+    moved = 0
+    for start in range(0, len(keys), FAILURE_CHUNK):
+        args: list[str] = [RECORD_DAMAGED]
+        for key in keys[start: start + FAILURE_CHUNK]:
+            item = PromptItem(key=key, row_id="", sample=0, ids=[]).to_replay()
+            failure = Failure(reason=RECORD_DAMAGED, message=message, item=item, sampling={},
+                              at=time.time(), worker=worker)
+            args += [key, failure.to_json()]
+        moved += int(campaign.client.eval(_DONE_TO_FAILED, 4, k.done, k.failed, k.failed_reasons,
+                                           k.counters, *args))
+    return moved
+
+
+def campaign_name_of(campaign_path: str | os.PathLike) -> str:
+    """The campaign a folder belongs to: manifest.json's name, else the folder's name."""
+    manifest = Path(campaign_path) / "manifest.json"
+    try:
+        name = json.loads(manifest.read_text()).get("campaign")
+    except (OSError, ValueError):
+        name = None
+    return str(name or Path(campaign_path).resolve().name)
+
+

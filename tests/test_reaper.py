@@ -1,0 +1,206 @@
+"""A dead worker's batches come back within minutes, not after the 6 h visibility timeout:
+the reaper restores messages held without a live batch lease (eagle_synth/stranded.py,
+workers/reaper.py), exactly once, as kombu would; `status` shows them stranded meanwhile."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from eagle_synth.keys import CampaignKeys
+from eagle_synth.local import wait_for
+from eagle_synth.node_state import all_nodes
+from eagle_synth.queue import make_celery, queued_payloads
+from eagle_synth.redis_client import connect
+from eagle_synth.settings import broker_settings
+from eagle_synth.stranded import (
+    UNACKED_INDEX_KEY,
+    UNACKED_KEY,
+    held_batches,
+    restore,
+    stranded_batches,
+    stranded_prompts,
+)
+from tests.conftest import chat_rows
+from tests.helpers import (
+    assert_exactly_once,
+    campaign,
+    cli,
+    devserver_stats,
+    enqueue_rows,
+    wait_finished,
+)
+from workers.reaper import Reaper
+
+# The default-ish visibility timeout (an hour: nothing comes back by it within a test), with a
+# short lease and reap threshold so the reaper acts within seconds.
+REAPER_ENV = {"EAGLE_SYNTH_VISIBILITY_TIMEOUT": "3600", "EAGLE_SYNTH_LEASE_TTL": "6",
+              "EAGLE_SYNTH_REAP_AFTER": "8", "EAGLE_SYNTH_REAP_INTERVAL": "1", "EAGLE_SYNTH_BACKOFF_MAX": "0.5"}
+
+# Fetch one message the way a worker does (kombu's basic_get without ack puts it in `unacked`),
+# then die without acknowledging or restoring it, as a SIGKILLed host would.
+_FETCH_AND_DIE = """
+import os, sys
+from eagle_synth.queue import make_celery
+from eagle_synth.settings import broker_settings
+app = make_celery(broker_settings(redis_url=sys.argv[1]))
+with app.connection_for_read() as conn:
+    message = conn.default_channel.basic_get(sys.argv[2])
+    print(message.delivery_tag if message is not None else "", flush=True)
+    os._exit(0)
+"""
+
+
+def fetch_and_die(redis_url: str, queue: str = "eagle-synth") -> str:
+    out = subprocess.run([sys.executable, "-c", _FETCH_AND_DIE, redis_url, queue], capture_output=True,
+                         text=True, timeout=60, check=True)
+    tag = out.stdout.strip()
+    assert tag, f"no message to fetch: {out.stderr}"
+    return tag
+
+
+def test_dead_worker_batches_come_back_long_before_the_visibility_timeout(tmp_path, redis_server, stack,
+                                                                        tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "reap", chat_rows(24), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "60", "--slots", "8")
+    out = tmp_path / "out"
+    first = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=REAPER_ENV, name="first@test")
+    c = campaign(redis_server.url, "reap")
+
+    def busy() -> bool:
+        return any(n.get("inflight_by_campaign", {}).get("reap") for n in all_nodes(c.client))
+
+    wait_for(busy, timeout=60, what="a batch in flight")
+    first.kill()  # the whole worker, main process and pool: nothing is acked or put back
+    killed_at = time.monotonic()
+    held = held_batches(c.client, fetched_before=time.time() + 1)
+    assert held and {h.campaign for h in held} == {"reap"}
+    assert c.progress().done < 24
+
+    # With no worker alive, status shows the held prompts as stranded once leases lapse.
+    def status() -> dict:
+        return json.loads(cli("status", "reap", "--json", "--redis", redis_server.url, env=REAPER_ENV).stdout)
+
+    shown = wait_for(lambda: (data := status())["stranded"] and data, timeout=60, interval=0.5,
+                     what="status to show stranded prompts")
+    pending_in_held = sum(len(set(h.keys) - c.finished_keys(list(h.keys))) for h in held)
+    assert shown["stranded"] == pending_in_held
+    assert shown["queued"] + shown["inflight"] + shown["stranded"] + shown["done"] + shown["failed"] == 24
+
+    second = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=REAPER_ENV, name="second@test")
+    wait_finished(redis_server.url, "reap", expected=24, stack=stack, timeout=120)
+    assert time.monotonic() - killed_at < 300, "well before the 3600 s visibility timeout"
+    records = assert_exactly_once(redis_server.url, "reap", out / "reap", expected=24)
+    assert c.progress().failed == 0
+    assert {r.worker for r in records.values()} >= {"second@test"}
+    assert "restored batch" in second.log()
+    wait_for(lambda: c.client.hlen(UNACKED_KEY) == 0, timeout=30, what="no message left unacked")
+    assert status()["stranded"] == 0
+
+
+def test_restore_is_exactly_once_and_as_kombu_would(tmp_path, redis_server, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "once", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
+    client = connect(broker_settings(redis_url=redis_server.url))
+    before = {p.batch: p for p in queued_payloads(client, "eagle-synth")}
+    tag = fetch_and_die(redis_server.url)
+    assert client.llen("eagle-synth") == 1 and client.hexists(UNACKED_KEY, tag)
+
+    assert stranded_batches(client, reap_after=120) == [], "a message fetched just now is not stranded"
+    (held,) = stranded_batches(client, reap_after=0, with_entries=True)
+    assert held.tag == tag and held.campaign == "once" and len(held.keys) == 4
+
+    # A live lease keeps it where it is, even for a caller that saw it stranded a moment ago.
+    lease = CampaignKeys("once").lease(held.batch)
+    client.set(lease, "somehost|1", px=5000)
+    assert stranded_batches(client, reap_after=0) == []
+    assert not restore(client, held, queue_name="eagle-synth")
+    client.delete(lease)
+
+    # Two reapers that both saw it stranded: one restores, the other finds nothing to do.
+    assert restore(client, held, queue_name="eagle-synth")
+    assert not restore(client, held, queue_name="eagle-synth")
+    assert not client.hexists(UNACKED_KEY, tag) and client.zscore(UNACKED_INDEX_KEY, tag) is None
+    after = queued_payloads(client, "eagle-synth")
+    assert len(after) == 2
+    restored = next(p for p in after if p.batch == held.batch)
+    assert [i.key for i in restored.items] == [i.key for i in before[held.batch].items]
+    assert [i.ids for i in restored.items] == [i.ids for i in before[held.batch].items]
+    # Back at the consuming end (as kombu's own restore), marked redelivered.
+    message = json.loads(client.lindex("eagle-synth", -1))
+    assert message["headers"]["redelivered"] and message["properties"]["delivery_info"]["redelivered"]
+
+
+def test_acknowledged_meanwhile_is_not_restored(tmp_path, redis_server, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "acked", chat_rows(4), tokenizer=tokenizer_path, batch_size=4)
+    client = connect(broker_settings(redis_url=redis_server.url))
+    tag = fetch_and_die(redis_server.url)
+    (held,) = stranded_batches(client, reap_after=0, with_entries=True)
+    client.zrem(UNACKED_INDEX_KEY, tag)  # what kombu's ack does
+    client.hdel(UNACKED_KEY, tag)
+    assert not restore(client, held, queue_name="eagle-synth")
+    assert client.llen("eagle-synth") == 0
+
+
+def test_priority_message_goes_back_to_its_priority_list(redis_server):
+    from eagle_synth.payload import TASK_NAME, PromptItem, TaskPayload
+
+    settings = broker_settings(redis_url=redis_server.url)
+    payload = TaskPayload(campaign="pri", batch="b1", sampling={"max_new_tokens": 4},
+                          items=[PromptItem(key="k1", row_id="r", sample=0, ids=[1, 2, 3])])
+    make_celery(settings).send_task(TASK_NAME, args=[payload.encode()], queue="eagle-synth",
+                                    serializer="msgpack", priority=5)
+    client = connect(settings)
+    priority_list = "eagle-synth\x06\x163"  # kombu's list for priorities 3-5
+    assert client.llen(priority_list) == 1
+    fetch_and_die(redis_server.url)
+    assert client.llen(priority_list) == 0
+    (held,) = stranded_batches(client, reap_after=0, with_entries=True)
+    assert restore(client, held, queue_name="eagle-synth")
+    assert client.llen(priority_list) == 1 and client.llen("eagle-synth") == 0
+
+
+def test_one_reaper_sweeps_per_round(tmp_path, redis_server, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "lock", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
+    client = connect(broker_settings(redis_url=redis_server.url))
+    fetch_and_die(redis_server.url)
+    fetch_and_die(redis_server.url)
+    assert client.llen("eagle-synth") == 0
+    first = Reaper(client, node="a@test", queue="eagle-synth", interval=30, reap_after=0)
+    second = Reaper(client, node="b@test", queue="eagle-synth", interval=30, reap_after=0)
+    assert first.sweep() == 2
+    fetch_and_die(redis_server.url)
+    assert second.sweep() == 0, "the round's lock is held: only one reaper sweeps"
+    assert client.llen("eagle-synth") == 1
+    assert stranded_prompts(client, reap_after=0) == {"lock": 4}
+
+
+def test_restored_copy_of_a_finished_batch_does_nothing(tmp_path, redis_server, stack, tokenizer_path):
+    """The window where a finishing task released its lease but did not ack yet: a restored
+    copy finds every key done; nothing is sent, no record file is written."""
+    enqueue_rows(tmp_path, redis_server.url, "late-ack", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
+    client = connect(broker_settings(redis_url=redis_server.url))
+    pending = queued_payloads(client, "eagle-synth")  # copies of the real messages, as published
+    _, url = stack.devserver()
+    out = tmp_path / "out"
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=REAPER_ENV)
+    wait_finished(redis_server.url, "late-ack", expected=8, stack=stack)
+    prompts_before = devserver_stats(url)["prompts"]
+    files_before = sorted((out / "late-ack" / "records").iterdir())
+
+    worker.stop()
+
+    # The same batch, held (unacked, no lease) by a worker that died before acking it.
+    make_celery(broker_settings(redis_url=redis_server.url)).send_task(
+        "eagle_synth.generate_batch", args=[pending[0].encode()], queue="eagle-synth", serializer="msgpack")
+    tag = fetch_and_die(redis_server.url)
+    # Fetched a minute ago: past REAP_AFTER, far inside the visibility timeout (kombu leaves it).
+    client.zadd(UNACKED_INDEX_KEY, {tag: time.time() - 60}, xx=True)
+    again = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=REAPER_ENV)
+    wait_for(lambda: "restored batch" in again.log(), timeout=60, what="the reaper to restore the copy")
+    wait_for(lambda: "0 written, 4 already done" in again.log(), timeout=60, what="the copy to be skipped")
+    assert client.hlen(UNACKED_KEY) == 0 or not client.hexists(UNACKED_KEY, tag)
+    assert devserver_stats(url)["prompts"] == prompts_before
+    assert sorted((out / "late-ack" / "records").iterdir()) == files_before
+    assert_exactly_once(redis_server.url, "late-ack", out / "late-ack", expected=8)

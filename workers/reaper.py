@@ -1,0 +1,95 @@
+"""The reaper: puts back batches a dead worker was holding, within minutes instead of hours.
+
+A worker whose host dies (SIGKILL, power loss) leaves its batches in kombu's `unacked` hash
+until the visibility timeout (6 h). Every worker's main process runs a reaper thread; each
+REAP_INTERVAL one of them (whoever takes the Redis lock) sweeps: a batch fetched more than
+REAP_AFTER seconds ago whose lease has lapsed is restored to its queue (eagle_synth.stranded
+has the rule and the atomic restore). So a dead host's batches come back about LEASE_TTL
+(60 s) + REAP_INTERVAL after it dies, or REAP_AFTER after they were fetched if later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import redis
+from celery import bootsteps
+
+from eagle_synth.keys import REAPER_LOCK
+from eagle_synth.redis_client import connect
+from eagle_synth.settings import broker_settings
+from eagle_synth.stranded import REAP_AFTER, restore, stranded_batches
+
+log = logging.getLogger("eagle_synth.reaper")
+
+ENV_REAP_INTERVAL = "EAGLE_SYNTH_REAP_INTERVAL"
+# Seconds between sweeps (cluster-wide: the lock lives this long, so one worker sweeps per round).
+REAP_INTERVAL = float(os.environ.get(ENV_REAP_INTERVAL, "30"))
+
+
+class Reaper:
+    """Sweeps for stranded batches and restores them.
+
+    Parameters:
+        client: redis-py client of the broker's Redis.
+        node: this worker's node name (held in the lock, for people looking at Redis).
+        queue: our queue's name (routes a message whose exchange binding is gone).
+        interval: seconds between sweeps, and the lock's lifetime.
+        reap_after: seconds since fetch before a message without a live lease is stranded.
+    """
+
+    def __init__(self, client: redis.Redis, *, node: str, queue: str, interval: float = REAP_INTERVAL,
+                 reap_after: float = REAP_AFTER) -> None:
+        self.client = client
+        self.node = node
+        self.queue = queue
+        self.interval = interval
+        self.reap_after = reap_after
+
+    def sweep(self) -> int:
+        """One sweep if this worker wins the round's lock; returns how many batches it restored."""
+        if not self.client.set(REAPER_LOCK, self.node, nx=True, px=max(int(self.interval * 1000), 1)):
+            return 0
+        restored = 0
+        for held in stranded_batches(self.client, reap_after=self.reap_after, with_entries=True):
+            if restore(self.client, held, queue_name=self.queue):
+                restored += 1
+                log.warning("restored batch %s of campaign %s (%d prompts): its worker held it without a "
+                            "live lease for over %.0f s", held.batch, held.campaign, len(held.keys), self.reap_after)
+        return restored
+
+    def run(self, stop: threading.Event) -> None:
+        """Sweep every interval until `stop` is set; Redis errors wait for the next round."""
+        while not stop.wait(self.interval):
+            try:
+                self.sweep()
+            except redis.RedisError as exc:
+                log.info("reaper: Redis not answering (%s); trying again in %.0f s", exc, self.interval)
+            except Exception:  # never let a bug end the thread silently
+                log.exception("reaper: sweep failed; trying again in %.0f s", self.interval)
+
+
+class ReaperStep(bootsteps.StartStopStep):
+    """Consumer step: run a Reaper in a daemon thread of the worker's main process.
+
+    Started once; it survives consumer restarts (broker reconnections) and stops with the worker.
+    """
+
+    def __init__(self, parent, **kwargs):
+        super().__init__(parent, **kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, c):
+        if self._thread is not None and self._thread.is_alive():
+            return
+        settings = broker_settings()
+        reaper = Reaper(connect(settings), node=c.hostname, queue=settings.queue)
+        self._thread = threading.Thread(target=reaper.run, args=(self._stop,), name="eagle-synth-reaper",
+                                        daemon=True)
+        self._thread.start()
+
+    def shutdown(self, c):
+        self._stop.set()
