@@ -37,7 +37,7 @@ from eagle_synth.manifest import build_manifest
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.records import (
-    Record, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
+    Record, RecordFormatError, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
     write_record_file,
 )
 from workers.client import BadRequest, BadSamplingParams, SGLangClient, ServerDown, TransientError
@@ -210,7 +210,7 @@ class BatchRunner:
         """
         campaign = Campaign(self.redis, payload.campaign)
         with BatchLease(self.redis, campaign.keys.lease(payload.batch)) as lease:
-            return self._run(campaign, payload, look_for_files=retried or lease.took_over)
+            return self._run(campaign, payload, lease, look_for_files=retried or lease.took_over)
 
     def fail_unfinished(self, payload: TaskPayload, *, reason: str, message: str) -> int:
         """Record every prompt of the batch that has neither record nor failure as failed.
@@ -230,7 +230,8 @@ class BatchRunner:
         return failed
 
     # one batch ----------------------------------------------------------------------
-    def _run(self, campaign: Campaign, payload: TaskPayload, *, look_for_files: bool) -> BatchOutcome:
+    def _run(self, campaign: Campaign, payload: TaskPayload, lease: BatchLease, *,
+             look_for_files: bool) -> BatchOutcome:
         outcome = BatchOutcome()
         folder = campaign_dir(self.config.out, payload.campaign)
         items = self._unfinished(campaign, payload, folder, outcome, look_for_files=look_for_files)
@@ -253,12 +254,14 @@ class BatchRunner:
             return outcome
         attempt = _Attempt(send_seeds=all(state.sampling_seed_supported is not False for state in states.values()))
         try:
-            self._generate(campaign, payload, settings, items, attempt, outcome, states)
+            self._generate(campaign, payload, settings, items, attempt, outcome, states, lease)
         finally:
             for future in attempt.pending:
                 future.cancel()
-            # Whatever was generated is kept, even when the rest of the batch is requeued.
-            self._commit(campaign, payload, folder, attempt, outcome)
+            # Whatever was generated is kept, even when the rest of the batch is requeued,
+            # unless the lease is lost: then another host may be committing the same prompts.
+            if not lease.lost:
+                self._commit(campaign, payload, folder, attempt, outcome)
         return outcome
 
     def _campaign_settings(self, campaign: Campaign) -> CampaignSettings:
@@ -281,9 +284,13 @@ class BatchRunner:
         # A crash between writing a file and marking its keys done leaves the file here.
         adopted: dict[str, Record] = {}
         for path in batch_files(folder, payload.batch) if look_for_files else ():
-            for record in read_record_file(path):
-                if record.key not in finished:
-                    adopted[record.key] = record
+            try:
+                found = {r.key: r for r in read_record_file(path) if r.key not in finished}
+            except RecordFormatError as exc:
+                # Its prompts are generated again; `eagle-synth verify`/`repair` deal with the file.
+                log.warning("batch %s: not adopting damaged file %s: %s", payload.batch, path.name, exc)
+                continue
+            adopted.update(found)
         if adopted:
             campaign.mark_done(
                 list(adopted),
@@ -362,7 +369,7 @@ class BatchRunner:
 
     def _generate(self, campaign: Campaign, payload: TaskPayload, settings: CampaignSettings,
                   items: list[PromptItem], attempt: _Attempt, outcome: BatchOutcome,
-                  states: dict[str, ServerState]) -> None:
+                  states: dict[str, ServerState], lease: BatchLease) -> None:
         folder = campaign_dir(self.config.out, payload.campaign)
         max_new = int(payload.sampling.get("max_new_tokens", 0))
         deadline = time.monotonic() + self.task_budget
@@ -380,6 +387,9 @@ class BatchRunner:
             why = self._deadline_passed(deadline)
             if why:
                 raise Requeue(why)
+            if lease.lost:
+                raise Requeue("the batch lease was lost (Redis unreachable, or the batch given to another worker); "
+                              "nothing of this attempt is written")
             for item in attempt.due_retries():
                 send(item)
             wake = WAIT_SLICE

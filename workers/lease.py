@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 
 import redis
 
@@ -22,6 +23,9 @@ from eagle_synth.processes import holder_dead, holder_id
 LEASE_TTL = float(os.environ.get("EAGLE_SYNTH_LEASE_TTL", "60"))
 # Renew this often (a third of the TTL leaves two chances to renew before it lapses).
 RENEW_EVERY = LEASE_TTL / 3
+# Share of the TTL without a successful renewal after which the holder must assume the lease
+# may lapse (and another host's reaper give the batch away): it stops and writes nothing.
+LOST_AFTER_SHARE = 0.75
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -64,6 +68,15 @@ class BatchLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.took_over = False  # the previous holder died mid-batch: it may have left files
+        self._renewed_at = time.monotonic()
+        self._refused = False
+
+    @property
+    def lost(self) -> bool:
+        """The lease may belong to someone else now: a renewal found it gone, or renewals have
+        failed (Redis unreachable) for most of a TTL. A batch that lost its lease stops and
+        writes nothing, so two hosts never both commit it."""
+        return self._refused or time.monotonic() - self._renewed_at > self.ttl_ms / 1000 * LOST_AFTER_SHARE
 
     def __enter__(self) -> BatchLease:
         if not self._acquire():
@@ -72,7 +85,7 @@ class BatchLease:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -82,6 +95,7 @@ class BatchLease:
             pass  # it expires by itself
 
     def _acquire(self) -> bool:
+        self._renewed_at = time.monotonic()
         if self.client.set(self.key, self.holder, nx=True, px=self.ttl_ms):
             return True
         current = self.client.get(self.key)
@@ -96,6 +110,10 @@ class BatchLease:
     def _renew_loop(self) -> None:
         while not self._stop.wait(RENEW_EVERY):
             try:
-                self.client.eval(_RENEW, 1, self.key, self.holder, self.ttl_ms)
+                renewed = self.client.eval(_RENEW, 1, self.key, self.holder, self.ttl_ms)
             except redis.RedisError:
-                continue  # Redis away: try again; the lease may lapse, which is safe
+                continue  # Redis away: try again; `lost` turns true if it lasts
+            if renewed:
+                self._renewed_at = time.monotonic()
+            else:
+                self._refused = True
