@@ -337,6 +337,30 @@ def encode_record_file(records: Iterable[Record], *, campaign: str, batch: str) 
     return compressor.compress(b"".join(parts))
 
 
+# Seconds after which a temporary record file is an orphan of a killed writer, not a write in
+# progress (a worker's write takes milliseconds; a compaction's shard minutes at most).
+STALE_TEMPORARY_SECONDS = 3600
+
+
+def remove_stale_temporaries(campaign_path: str | os.PathLike, *, prefix: str = TMP_PREFIX,
+                             older_than: float = STALE_TEMPORARY_SECONDS) -> int:
+    """Delete temporary files (`prefix`*) killed writers left in a campaign's records folder,
+    if at least `older_than` seconds old (0: all, for a caller that holds the folder's lock)."""
+    folder = records_dir(campaign_path)
+    if not folder.is_dir():
+        return 0
+    removed = 0
+    cutoff = time.time() - older_than
+    for path in folder.glob(f"{prefix}*"):
+        try:
+            if older_than <= 0 or path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch: str,
                       records: list[Record]) -> Path:
     """Atomically write one batch's records; returns the new file's path.

@@ -16,7 +16,13 @@ from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
 from tests.conftest import chat_rows
 from tests.helpers import (
-    assert_exactly_once, campaign, cli, devserver_stats, enqueue_rows, status_json, wait_finished,
+    assert_exactly_once,
+    campaign,
+    cli,
+    devserver_stats,
+    enqueue_rows,
+    status_json,
+    wait_finished,
 )
 
 
@@ -247,7 +253,7 @@ def test_redis_over_tls(tmp_path, stack, tokenizer_path, monkeypatch):
 def test_stale_temporary_files_are_removed(tmp_path):
     import os
 
-    from workers.batch import STALE_TEMPORARY_SECONDS, remove_stale_temporaries
+    from eagle_synth.records import STALE_TEMPORARY_SECONDS, remove_stale_temporaries
 
     folder = tmp_path / "c" / "records"
     folder.mkdir(parents=True)

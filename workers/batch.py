@@ -37,17 +37,29 @@ from eagle_synth.manifest import build_manifest
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.records import (
-    Record, RecordFormatError, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
+    Record,
+    RecordFormatError,
+    batch_files,
+    campaign_dir,
+    read_record_file,
+    records_dir,
+    remove_stale_temporaries,
+    write_manifest,
     write_record_file,
 )
-from workers.client import BadRequest, BadSamplingParams, SGLangClient, ServerDown, TransientError
+from workers.client import BadRequest, BadSamplingParams, ServerDown, SGLangClient, TransientError
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
 from workers.preflight import ContextLimits, context_message, fits_context
 from workers.replies import (
-    BAD_RESPONSE_REASON, PROMPT_MISMATCH_REASON, BadResponse, GeneratedItem, PromptMismatch, parse_generate_item,
+    BAD_RESPONSE_REASON,
+    PROMPT_MISMATCH_REASON,
+    BadResponse,
+    GeneratedItem,
+    PromptMismatch,
+    parse_generate_item,
 )
 
 log = logging.getLogger("eagle_synth.batch")
@@ -71,25 +83,8 @@ WAIT_SLICE = 0.5
 CONTEXT_MESSAGES = ("context length", "maximum allowed length")
 # Reason recorded when the server refuses the campaign's sampling parameters.
 BAD_SAMPLING_REASON = "bad-sampling-params"
-# Seconds after which a temporary record file is an orphan of a killed writer, not a write
-# in progress.
-STALE_TEMPORARY_SECONDS = 3600
 # Share of the soft-shutdown timeout a batch keeps working after SIGTERM before it requeues.
 SHUTDOWN_GRACE_SHARE = 0.8
-
-
-def remove_stale_temporaries(folder: Path) -> int:
-    """Delete `.tmp-*` files that killed writers left in a campaign's records folder."""
-    removed = 0
-    cutoff = time.time() - STALE_TEMPORARY_SECONDS
-    for path in records_dir(folder).glob(".tmp-*") if records_dir(folder).is_dir() else ():
-        try:
-            if path.stat().st_mtime < cutoff:
-                path.unlink()
-                removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
 
 
 class Requeue(Exception):

@@ -38,6 +38,7 @@ from eagle_synth.records import (
     read_file_header,
     read_raw_file,
     records_dir,
+    remove_stale_temporaries,
     scan_campaign,
 )
 
@@ -199,8 +200,7 @@ def compact(campaign_path: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHAR
     result = CompactResult()
     with exclusive(folder):
         # Our own temporary shards: only a stopped run (we hold the lock) can have left them.
-        for stale in folder.glob(f"{TMP_PREFIX}{SHARD_PREFIX}*"):
-            stale.unlink(missing_ok=True)
+        remove_stale_temporaries(campaign_path, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", older_than=0)
         scan = scan_campaign(campaign_path)
         for path in scan.absorbed:
             path.unlink(missing_ok=True)
