@@ -12,7 +12,12 @@ import pytest
 
 from eagle_synth.devserver.generation import Generator
 from eagle_synth.devserver.protocol import PromptRequest, SamplingParams
-from eagle_synth.devserver.toolcalls import ToolCaller, chosen_tools, fill_arguments, render_calls
+from eagle_synth.devserver.toolcalls import (
+    ToolCaller,
+    chosen_tools,
+    fill_arguments,
+    render_calls,
+)
 from eagle_synth.devserver.vocab import ModelVocab
 from eagle_synth.reasoning import split_reasoning
 from eagle_synth.toolcalls import parse_tool_calls

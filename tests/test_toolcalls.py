@@ -14,8 +14,16 @@ import jinja2
 import pytest
 
 from eagle_synth.reasoning import split_reasoning
-from eagle_synth.toolcalls import (FORMATS, TOOL_FORMATS, ParsedAnswer, _strip_end_markers, detect_tool_format,
-                                   parse_tool_calls)
+from eagle_synth.toolcalls import (
+    FORMATS,
+    TOOL_FORMATS,
+    ParsedAnswer,
+    ToolFormatError,
+    _strip_end_markers,
+    detect_tool_format,
+    parse_tool_calls,
+    resolve_tool_format,
+)
 from eagle_synth.toolcalls.pairing import assistant_message
 from eagle_synth.toolcalls.values import convert_value, parameter_schemas, schema_types
 from tests.fixture_tokenizer import package_model_dir
@@ -249,6 +257,16 @@ def test_unknown_family_is_a_value_error():
 ])
 def test_detect_tool_format_from_real_templates(folder, family):
     assert detect_tool_format(template_of(folder)) == family
+
+
+def test_resolve_tool_format_override_and_errors():
+    assert resolve_tool_format(template_of("qwen-3.5")) == "qwen3_coder"
+    assert resolve_tool_format(template_of("qwen-3.5"), override="hermes") == "hermes"
+    assert resolve_tool_format(None, override="kimi_k2") == "kimi_k2"
+    with pytest.raises(ToolFormatError, match="--tool-format 'llama' is not a known format; choose one of: hermes"):
+        resolve_tool_format(None, override="llama")
+    with pytest.raises(ToolFormatError, match="pass --tool-format with one of: hermes, qwen3_coder"):
+        resolve_tool_format(template_of("minimax-m3"))
 
 
 def test_detect_tool_format_other_inputs():

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from eagle_synth.toolcalls.answer import Cursor, Malformed, ParsedAnswer, ToolFormat
 from eagle_synth.toolcalls.deepseek import DEEPSEEK_V3, DEEPSEEK_V31
-from eagle_synth.toolcalls.detect import detect_tool_format
+from eagle_synth.toolcalls.detect import ToolFormatError, detect_tool_format
+from eagle_synth.toolcalls.detect import resolve_tool_format as _resolve
 from eagle_synth.toolcalls.glm import GLM45
 from eagle_synth.toolcalls.hermes import HERMES
 from eagle_synth.toolcalls.kimi_k2 import KIMI_K2
@@ -24,13 +25,20 @@ from eagle_synth.toolcalls.minimax import MINIMAX_M1, MINIMAX_M2
 from eagle_synth.toolcalls.qwen3_coder import QWEN3_CODER
 from eagle_synth.toolcalls.values import parameter_schemas
 
-__all__ = ["TOOL_FORMATS", "ParsedAnswer", "detect_tool_format", "parse_tool_calls"]
+__all__ = ["TOOL_FORMATS", "ParsedAnswer", "ToolFormatError", "detect_tool_format", "parse_tool_calls",
+           "resolve_tool_format"]
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (
     HERMES, QWEN3_CODER, KIMI_K2, DEEPSEEK_V3, DEEPSEEK_V31, GLM45, MINIMAX_M1, MINIMAX_M2,
 )}
 # The values `--tool-format` accepts.
 TOOL_FORMATS: tuple[str, ...] = tuple(FORMATS)
+
+
+def resolve_tool_format(chat_template: str | dict | None, *, override: str | None = None) -> str:
+    """The family for `--tool-format VALUE` (checked against TOOL_FORMATS), else detected from the
+    template; ToolFormatError (one line, naming the flag and the choices) when neither works."""
+    return _resolve(chat_template, override=override, known=TOOL_FORMATS)
 
 
 def parse_tool_calls(text: str, *, family: str, tools: list[dict] | None = None) -> ParsedAnswer:
