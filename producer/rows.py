@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
-__all__ = ["ROLE_ALIASES", "Conversation", "RowError", "conversations_from_row"]
+__all__ = ["ROLE_ALIASES", "Conversation", "RowError", "conversations_from_row", "regeneration_points"]
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
