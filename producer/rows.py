@@ -26,7 +26,9 @@ import os
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
-__all__ = ["ROLE_ALIASES", "Conversation", "RowError", "conversations_from_row", "regeneration_points"]
+from eagle_synth.regeneration import regeneration_points
+
+__all__ = ["ROLE_ALIASES", "Conversation", "RowError", "conversations_from_row"]
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
@@ -147,27 +149,6 @@ def conversations_from_row(
             raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
         out.append(Conversation(_copy_messages(messages[: position + 1]), tools, row_id, turn))
     return out
-
-
-def regeneration_points(messages: list[dict]) -> list[int]:
-    """Indexes of the messages the model answers after, in order.
-
-    Every user message is one; so is the last message of each run of tool
-    results after the first user message (parallel calls give one run, hence
-    one point).  Tool results before any user turn are context, not a point.
-    """
-    points = []
-    seen_user = False
-    for i, message in enumerate(messages):
-        role = message["role"]
-        if role == "user":
-            seen_user = True
-            points.append(i)
-        elif role == "tool" and seen_user:
-            following = messages[i + 1]["role"] if i + 1 < len(messages) else None
-            if following != "tool":
-                points.append(i)
-    return points
 
 
 def _copy_messages(messages: list[dict]) -> list[dict]:

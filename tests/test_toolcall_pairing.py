@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from eagle_synth.regeneration import regeneration_points
 from eagle_synth.toolcalls import ParsedAnswer
 from eagle_synth.toolcalls.pairing import (
     TOOL_CALL_MISMATCH,
@@ -16,7 +17,7 @@ from eagle_synth.toolcalls.pairing import (
     dataset_step,
     pair_tool_results,
 )
-from producer.rows import conversations_from_row, regeneration_points
+from producer.rows import conversations_from_row
 
 
 def call(name, arguments=None, call_id=None):

@@ -57,7 +57,8 @@ class Mismatch:
 
 
 def dataset_step(messages: list[dict], point: int) -> ToolStep:
-    """The dataset's step after the regeneration point at `messages[point]` (full row messages)."""
+    """The dataset's step after the regeneration point at `messages[point]` (the row's full
+    normalised messages; points from eagle_synth.regeneration.regeneration_points)."""
     answer = messages[point + 1] if point + 1 < len(messages) else None
     if answer is None or answer["role"] != "assistant" or not answer.get("tool_calls"):
         return ToolStep()
