@@ -120,3 +120,30 @@ def test_tool_rows_every_point_end_to_end(tmp_path, redis_server, stack, tokeniz
         assert bool(parsed.tool_calls) == wants_call, (record.id, record.turn, answer)
         offered = {t["function"]["name"] for t in tools or ()}
         assert {c["name"] for c in parsed.tool_calls} <= offered
+
+
+def test_template_wanting_text_arguments_gets_them(tmp_path, redis_server, tokenizer, tokenizer_path):
+    """DeepSeek-V3.1's own template concatenates the arguments as text and rejects objects: the
+    producer gives it JSON text, and the prompt is what that template renders for text arguments."""
+    from tests.fixture_tokenizer import package_model_dir
+    from tests.helpers import enqueue_rows, queued_items
+
+    template = json.loads((package_model_dir().parent / "deepseek-v3.1" / "tokenizer_config.json").read_text())["chat_template"]
+    template_file = tmp_path / "deepseek-v3.1.jinja"
+    template_file.write_text(template)
+    row = {"id": "ds", "tools": [WEATHER], "messages": [
+        user("Weather in Köln?"),
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "weather", "arguments": {"city": "Köln", "days": 2}}}]},
+        result("12C", "a")]}
+    summary = enqueue_rows(tmp_path, redis_server.url, "ds", [row], tokenizer=tokenizer_path,
+                           chat_template=str(template_file))
+    assert summary.prompts_enqueued == 1 and not summary.skipped
+    (item,) = queued_items(redis_server.url)
+    text_arguments = [user("Weather in Köln?"), {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Köln", "days": 2}'}}]},
+        result("12C", "a")]
+    expected = tokenizer.apply_chat_template(text_arguments, tools=[WEATHER], chat_template=template,
+                                             add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert item.ids == expected
+    assert "<｜tool▁sep｜>" + '{"city": "Köln", "days": 2}' in tokenizer.decode(item.ids)

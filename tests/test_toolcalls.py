@@ -323,3 +323,17 @@ def test_split_reasoning(text, split):
 
 def test_split_reasoning_other_marker():
     assert split_reasoning("r</mm:think>c", "</mm:think>", think_start="<mm:think>") == ("r", "c")
+
+
+def test_with_text_arguments_only_touches_object_arguments():
+    from eagle_synth.templating import with_text_arguments
+
+    plain = [{"role": "user", "content": "q"}]
+    assert with_text_arguments(plain) is None
+    already = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]
+    assert with_text_arguments(already) is None
+    objects = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "x", "type": "function", "function": {"name": "f", "arguments": {"city": "Köln"}}}]}]
+    assert with_text_arguments(objects) == [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "x", "type": "function", "function": {"name": "f", "arguments": '{"city": "Köln"}'}}]}]
+    assert objects[0]["tool_calls"][0]["function"]["arguments"] == {"city": "Köln"}, "input left as it was"
