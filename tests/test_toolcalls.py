@@ -337,3 +337,9 @@ def test_with_text_arguments_only_touches_object_arguments():
     assert with_text_arguments(objects) == [{"role": "assistant", "content": "", "tool_calls": [
         {"id": "x", "type": "function", "function": {"name": "f", "arguments": '{"city": "Köln"}'}}]}]
     assert objects[0]["tool_calls"][0]["function"]["arguments"] == {"city": "Köln"}, "input left as it was"
+
+
+def test_every_detected_family_has_a_parser():
+    from eagle_synth.toolcalls.detect import TEMPLATE_MARKERS
+
+    assert {family for family, _ in TEMPLATE_MARKERS if family} == set(TOOL_FORMATS)
