@@ -104,8 +104,45 @@ def tokenizer_facts(tokenizer) -> TokenizerFacts:
 
 def render_prompt_ids(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
                       template_kwargs: dict | None = None) -> list[int]:
-    """The prompt ids of one conversation, exactly as `apply_chat_template` gives them."""
-    return render_prompt_ids_batch(tokenizer, [messages], tools=tools, template_kwargs=template_kwargs)[0]
+    """The prompt ids of one conversation, exactly as `apply_chat_template` gives them.
+
+    Tool-call arguments are objects (what templates iterate over, and what SGLang and vLLM hand
+    their templates); a template that rejects them because it concatenates the arguments as text
+    (DeepSeek-V3.1's own) is given them as JSON text instead. Raises TemplateError with the
+    template's message for the objects when both fail.
+    """
+    try:
+        return render_prompt_ids_batch(tokenizer, [messages], tools=tools, template_kwargs=template_kwargs)[0]
+    except TemplateError:
+        as_text = with_text_arguments(messages)
+        if as_text is None:
+            raise
+        try:
+            return render_prompt_ids_batch(tokenizer, [as_text], tools=tools, template_kwargs=template_kwargs)[0]
+        except TemplateError:
+            pass
+        raise
+
+
+def with_text_arguments(messages: list[dict]) -> list[dict] | None:
+    """The messages with every object tool-call argument set as JSON text; None if there is none."""
+    changed = False
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if not calls:
+            out.append(message)
+            continue
+        new_calls = []
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), dict):
+                arguments = json.dumps(function["arguments"], ensure_ascii=False)
+                call = {**call, "function": {**function, "arguments": arguments}}
+                changed = True
+            new_calls.append(call)
+        out.append({**message, "tool_calls": new_calls})
+    return out if changed else None
 
 
 def render_prompt_ids_batch(tokenizer, conversations: Sequence[list[dict]], *,

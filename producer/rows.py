@@ -9,18 +9,24 @@ shapes (checked in this order, first non-null wins):
 * ``prompt``: a plain string, which becomes one user message.
 
 Optional row fields: ``id`` (any scalar), ``system`` (string) and ``tools``
-(a list of OpenAI function schemas or a JSON string of one).  Anything that
-does not fit raises RowError with a stable ``reason`` slug and the path of
-the offending ``field``.  The role mapping and every slug are documented in
-docs/inputs.md.
+(a list of OpenAI function schemas or a JSON string of one).  Tool calls come
+as OpenAI ``tool_calls`` (or the legacy ``function_call``) on assistant
+messages, or as ShareGPT ``function_call`` entries; they are normalised to
+OpenAI ``tool_calls`` whose ``function.arguments`` is an object, the shape
+chat templates iterate over.  Anything that does not fit raises RowError with
+a stable ``reason`` slug and the path of the offending ``field``.  The role
+mapping and every slug are documented in docs/inputs.md.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
 from typing import Literal, Mapping
+
+from eagle_synth.regeneration import regeneration_points
 
 __all__ = ["ROLE_ALIASES", "Conversation", "RowError", "conversations_from_row"]
 
@@ -42,6 +48,9 @@ ROLE_ALIASES: Mapping[str, str] = {
     "function_response": "tool",
 }
 
+# ShareGPT roles whose value is a tool call (JSON), not assistant text.
+TOOL_CALL_ROLES = frozenset({"function_call"})
+
 # RowError.reason slugs.  Stable: callers count and report by them.
 NO_MESSAGES = "no-messages"
 EMPTY_CONVERSATION = "empty-conversation"
@@ -52,9 +61,12 @@ EMPTY_CONTENT = "empty-content"
 UNSUPPORTED_CONTENT = "unsupported-content"
 UNKNOWN_ROLE = "unknown-role"
 BAD_JSON = "bad-json"
+BAD_TOOL_CALL = "bad-tool-call"
 
 _SHAPE_KEYS = ("messages", "conversations")
 _ENTRY_KEYS = frozenset({"role", "from", "content", "value"})
+# Message keys rewritten by tool-call normalisation (never copied as given).
+_CALL_KEYS = frozenset({"tool_calls", "function_call"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +74,9 @@ class Conversation:
     """A prompt to regenerate an answer for.
 
     ``messages`` are fresh dicts (safe to mutate), OpenAI style, ending with
-    the user turn to answer.  ``turn`` is that user turn's 0-based index
-    among the row's user turns.
+    what the model answers: a user turn, or the tool results of a tool-call
+    step.  ``turn`` is that point's 0-based index among the row's
+    regeneration points (for a row without tools: among its user turns).
     """
 
     messages: list[dict]
@@ -95,14 +108,16 @@ def conversations_from_row(
 ) -> list[Conversation]:
     """Turn one row into the conversation(s) to regenerate.
 
-    ``turns="last"`` gives one Conversation ending at the last user turn
-    (later assistant/tool messages are the old answer and are dropped);
-    ``turns="all"`` gives one per user turn, each with the history before it.
-    A row without a system message gets one from its ``system`` field, or
-    else from ``default_system``; empty strings count as absent.  Content
-    strings are kept exactly as given; text-part lists are joined with no
-    separator.  Keys whose value is null are dropped from messages, since
-    Parquet/Arrow rows carry null for every field another row has.
+    A regeneration point is a user turn, or the last of a run of tool results
+    that follows the first user turn: the model answers after either.
+    ``turns="last"`` gives one Conversation ending at the last point (later
+    assistant messages are the old answer and are dropped); ``turns="all"``
+    gives one per point, each with the dataset's history before it.  A row
+    without a system message gets one from its ``system`` field, or else from
+    ``default_system``; empty strings count as absent.  Content strings are
+    kept exactly as given; text-part lists are joined with no separator.  Keys
+    whose value is null are dropped from messages, since Parquet/Arrow rows
+    carry null for every field another row has.
 
     Raises RowError (see module docstring); ValueError for a bad ``turns``.
     """
@@ -121,19 +136,24 @@ def conversations_from_row(
             messages.insert(0, {"role": "system", "content": prompt_system})
             fields.insert(0, "system" if system else "default_system")
 
-    user_positions = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    if not user_positions:
+    positions = regeneration_points(messages)
+    if not positions:
         raise RowError(NO_USER_TURN, _shape_field(fields), "conversation has no user turn to answer")
-    chosen = list(enumerate(user_positions))
+    chosen = list(enumerate(positions))
     if turns == "last":
         chosen = chosen[-1:]
 
     out = []
     for turn, position in chosen:
-        if not messages[position]["content"].strip():
+        if messages[position]["role"] == "user" and not messages[position]["content"].strip():
             raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
-        out.append(Conversation([dict(m) for m in messages[: position + 1]], tools, row_id, turn))
+        out.append(Conversation(_copy_messages(messages[: position + 1]), tools, row_id, turn))
     return out
+
+
+def _copy_messages(messages: list[dict]) -> list[dict]:
+    """Fresh message dicts (tool calls copied deeply), so callers may mutate them freely."""
+    return [copy.deepcopy(m) if "tool_calls" in m else dict(m) for m in messages]
 
 
 def _row_id(value: object, *, source: str, line: int) -> str:
@@ -186,6 +206,13 @@ def _message(entry: object, *, field: str) -> dict:
 
     content_key = _content_key(entry)
     raw_content = entry.get(content_key)
+    if raw_role.lower() in TOOL_CALL_ROLES:
+        # ShareGPT function calling: the value is the call (or a list of parallel calls) as JSON.
+        calls = _sharegpt_calls(raw_content, field=f"{field}.{content_key}")
+        message = {"role": "assistant", "content": "", "tool_calls": calls}
+        message.update((k, v) for k, v in entry.items()
+                       if k not in _ENTRY_KEYS and k not in _CALL_KEYS and v is not None)
+        return message
     if raw_content is None:
         # OpenAI sends null content on assistant tool-call turns; "" renders the same in templates.
         if role != "assistant":
@@ -195,8 +222,86 @@ def _message(entry: object, *, field: str) -> dict:
         content = _content(raw_content, field=f"{field}.{content_key}")
 
     message = {"role": role, "content": content}
-    message.update((k, v) for k, v in entry.items() if k not in _ENTRY_KEYS and v is not None)
+    message.update((k, v) for k, v in entry.items()
+                   if k not in _ENTRY_KEYS and k not in _CALL_KEYS and v is not None)
+    calls = _message_calls(entry, role=role, field=field)
+    if calls:
+        message["tool_calls"] = calls
     return message
+
+
+def _message_calls(entry: dict, *, role: str, field: str) -> list[dict]:
+    """An OpenAI message's tool calls, normalised; [] when it has none."""
+    raw_calls = entry.get("tool_calls")
+    legacy = entry.get("function_call")
+    if raw_calls is None and legacy is None:
+        return []
+    if role != "assistant":
+        key = "tool_calls" if raw_calls is not None else "function_call"
+        raise RowError(BAD_TOOL_CALL, f"{field}.{key}", f"only assistant messages carry tool calls, not {role}")
+    if raw_calls is not None:
+        if not isinstance(raw_calls, list):
+            raise RowError(WRONG_TYPE, f"{field}.tool_calls", f"expected a list of tool calls, got {_type_name(raw_calls)}")
+        return [_openai_call(call, field=f"{field}.tool_calls[{i}]") for i, call in enumerate(raw_calls)]
+    # The pre-tools OpenAI API: one {"name", "arguments"} object.
+    return [_call(legacy, field=f"{field}.function_call", call_id=None)]
+
+
+def _openai_call(value: object, *, field: str) -> dict:
+    if not isinstance(value, dict):
+        raise RowError(WRONG_TYPE, field, f"expected a tool call object, got {_type_name(value)}")
+    function = value.get("function")
+    # Some exports flatten the call ({"name", "arguments"} beside "id"); templates accept both.
+    function_field = f"{field}.function" if function is not None else field
+    call_id = value.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise RowError(WRONG_TYPE, f"{field}.id", f"expected a string, got {_type_name(call_id)}")
+    return _call(function if function is not None else value, field=function_field, call_id=call_id)
+
+
+def _sharegpt_calls(value: object, *, field: str) -> list[dict]:
+    if value is None:
+        raise RowError(MISSING_FIELD, field, "function_call entry has no value (the call as JSON)")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RowError(BAD_JSON, field, f"function_call value is not valid JSON: {exc}") from None
+    calls = value if isinstance(value, list) else [value]
+    if not calls:
+        raise RowError(BAD_TOOL_CALL, field, "function_call value holds no call")
+    return [_call(call, field=field if len(calls) == 1 and not isinstance(value, list) else f"{field}[{i}]",
+                  call_id=None) for i, call in enumerate(calls)]
+
+
+def _call(value: object, *, field: str, call_id: str | None) -> dict:
+    """One call as the template expects it: {"type", "function": {"name", "arguments": {...}}} (+ "id")."""
+    if not isinstance(value, dict):
+        raise RowError(WRONG_TYPE, field, f"expected a function call object, got {_type_name(value)}")
+    name = value.get("name")
+    if not isinstance(name, str) or not name.strip():
+        problem = "has no 'name'" if name is None else f"'name' must be a non-empty string, got {_type_name(name)}"
+        raise RowError(BAD_TOOL_CALL, f"{field}.name", f"tool call {problem}")
+    call: dict = {"id": call_id} if call_id else {}
+    call["type"] = "function"
+    call["function"] = {"name": name, "arguments": _arguments(value, field=field)}
+    return call
+
+
+def _arguments(call: dict, *, field: str) -> dict:
+    # "parameters" is what some ShareGPT exports (and Llama-style calls) name the arguments.
+    key = "arguments" if "arguments" in call or "parameters" not in call else "parameters"
+    value = call.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RowError(BAD_JSON, f"{field}.{key}", f"arguments are not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise RowError(BAD_TOOL_CALL, f"{field}.{key}", f"arguments must be a JSON object, got {_type_name(value)}")
+    return value
 
 
 def _content(value: object, *, field: str) -> str:

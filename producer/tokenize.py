@@ -4,7 +4,8 @@ Jinja rendering is Python and single-threaded, so chunks of rows are templated i
 processes that each load the tokenizer once; inside a chunk, conversations sharing their
 tools are templated in one batched `apply_chat_template` call so the Rust tokenizer encodes
 them together. A chunk whose batched call fails is redone one conversation at a time, so
-only the conversation the template rejects is skipped.
+only the conversation the template rejects is skipped (and a template that wants tool-call
+arguments as text gets them so: see `render_prompt_ids`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 
-from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_ids_batch
+from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_ids, render_prompt_ids_batch
 
 # Chunks submitted to the pool ahead of the one being consumed (bounds memory).
 CHUNKS_AHEAD_PER_PROCESS = 3
@@ -89,8 +90,7 @@ def template_chunk(conversations: list[tuple[list[dict], list[dict] | None]]) ->
         except TemplateError:
             for i in members:
                 try:
-                    out[i] = render_prompt_ids_batch(_tokenizer, [conversations[i][0]], tools=tools,
-                                                     template_kwargs=kwargs)[0]
+                    out[i] = render_prompt_ids(_tokenizer, conversations[i][0], tools=tools, template_kwargs=kwargs)
                 except TemplateError as exc:
                     out[i] = str(exc)
     return out

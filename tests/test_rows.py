@@ -76,7 +76,7 @@ def test_sharegpt_roles_are_mapped():
         S("s"),
         U("h"),
         A("g"),
-        A('{"name": "f"}'),
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]},
         {"role": "tool", "content": "42"},
         A("c"),
         U("u"),
@@ -120,6 +120,7 @@ def test_text_parts_are_joined_without_separator():
 
 def test_tool_calls_and_tool_messages_kept_and_null_keys_dropped():
     call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    normalised = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]
     row = {
         "messages": [
             {"role": "user", "content": "q", "name": None, "tool_calls": None},
@@ -130,7 +131,7 @@ def test_tool_calls_and_tool_messages_kept_and_null_keys_dropped():
     }
     assert one(row).messages == [
         U("q"),
-        {"role": "assistant", "content": "", "tool_calls": call},
+        {"role": "assistant", "content": "", "tool_calls": normalised},
         {"role": "tool", "content": "7", "tool_call_id": "c1", "name": "f"},
         U("and?"),
     ]
@@ -255,6 +256,7 @@ def test_rows_read_back_from_parquet_lose_arrow_null_padding(tmp_path):
     from producer.sources import iter_source_rows
 
     call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    normalised = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}]
     rows = [
         {"messages": [U("q"), {"role": "assistant", "content": None, "tool_calls": call},
                       {"role": "tool", "content": "r", "tool_call_id": "c"}, U("q2")], "system": None},
@@ -264,7 +266,171 @@ def test_rows_read_back_from_parquet_lose_arrow_null_padding(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), path)
     out = [conversations_from_row(r.data, source=r.source, line=r.line) for r in iter_source_rows([str(path)])]
     assert [c.messages for (c,) in out] == [
-        [U("q"), {"role": "assistant", "content": "", "tool_calls": call}, {"role": "tool", "content": "r", "tool_call_id": "c"}, U("q2")],
+        [U("q"), {"role": "assistant", "content": "", "tool_calls": normalised},
+         {"role": "tool", "content": "r", "tool_call_id": "c"}, U("q2")],
         [S("S"), U("hi")],
     ]
     assert [c.row_id for (c,) in out] == ["chat.parquet:1", "chat.parquet:2"]
+
+
+# --------------------------------------------------------------------------- tool calls and regeneration points
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+T = lambda text, call_id=None: {"role": "tool", "content": text, **({"tool_call_id": call_id} if call_id else {})}  # noqa: E731
+
+
+def calls_msg(*calls, content=""):
+    """The normalised assistant message for (name, arguments[, id]) calls."""
+    out = []
+    for call in calls:
+        name, arguments, *rest = call
+        out.append({**({"id": rest[0]} if rest else {}), "type": "function",
+                    "function": {"name": name, "arguments": arguments}})
+    return {"role": "assistant", "content": content, "tool_calls": out}
+
+
+def openai_call(name, arguments, call_id):
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_openai_tool_row_every_point_with_parallel_calls_and_json_string_arguments():
+    row = {
+        "id": "t1",
+        "tools": json.dumps([WEATHER]),
+        "messages": [
+            U("Weather in Paris and Köln?"),
+            {"role": "assistant", "content": None, "tool_calls": [
+                openai_call("weather", '{"city": "Paris"}', "c1"),
+                openai_call("weather", {"city": "Köln"}, "c2"),
+            ]},
+            T("18C", "c1"), T("12C", "c2"),
+            A("Paris 18C, Köln 12C."),
+            U("And Rome?"),
+            {"role": "assistant", "content": "Checking.", "tool_calls": [openai_call("weather", '{"city":"Rome"}', "c3")]},
+            T("25C", "c3"),
+            A("Rome 25C."),
+        ],
+    }
+    out = convs(row, turns="all")
+    assert [c.turn for c in out] == [0, 1, 2, 3]
+    assert [c.messages[-1] for c in out] == [U("Weather in Paris and Köln?"), T("12C", "c2"), U("And Rome?"), T("25C", "c3")]
+    assert out[1].messages[1] == calls_msg(("weather", {"city": "Paris"}, "c1"), ("weather", {"city": "Köln"}, "c2"))
+    assert out[3].messages[-2] == calls_msg(("weather", {"city": "Rome"}, "c3"), content="Checking.")
+    assert all(c.tools == [WEATHER] for c in out)
+    # --turns last answers after the last tool result, not the last user turn
+    assert one(row).messages == out[3].messages and one(row).turn == 3
+
+
+def test_row_ending_with_tool_results_is_answered_after_them():
+    row = {"messages": [U("q"), {"role": "assistant", "tool_calls": [openai_call("f", "{}", "a")]}, T("r", "a")]}
+    conv = one(row)
+    assert conv.messages[-1] == T("r", "a") and conv.turn == 1
+
+
+def test_tool_results_before_the_first_user_turn_are_context_not_a_point():
+    row = {"messages": [S("s"), T("cached"), U("q"), A("a")]}
+    assert [c.turn for c in convs(row, turns="all")] == [0]
+    assert one(row).messages == [S("s"), T("cached"), U("q")]
+
+
+def test_rows_without_tools_keep_their_user_turn_numbering():
+    row = {"messages": [U("q1"), A("a1"), U("q2"), A("a2")]}
+    assert [(c.turn, c.messages[-1]) for c in convs(row, turns="all")] == [(0, U("q1")), (1, U("q2"))]
+
+
+def test_empty_tool_result_is_still_a_point():
+    row = {"messages": [U("q"), calls_msg(("f", {})), T("")]}
+    assert one(row).messages[-1] == T("")
+
+
+def test_legacy_function_call_flattened_calls_and_parameters_key():
+    row = {"messages": [
+        U("q"),
+        {"role": "assistant", "content": "", "function_call": {"name": "f", "arguments": '{"x": 1}'}},
+        {"role": "function", "name": "f", "content": "1"},
+        {"role": "assistant", "tool_calls": [{"id": "k", "name": "g", "arguments": {"y": [1, {"z": None}]}}]},
+        T("2", "k"),
+        {"role": "assistant", "tool_calls": [{"function": {"name": "h", "parameters": {"p": "v"}}}]},
+        T("3"),
+    ]}
+    msgs = one(row).messages
+    assert msgs[1] == calls_msg(("f", {"x": 1}))
+    assert msgs[2] == {"role": "tool", "content": "1", "name": "f"}
+    assert msgs[3] == calls_msg(("g", {"y": [1, {"z": None}]}, "k"))
+    assert msgs[5] == calls_msg(("h", {"p": "v"}))
+
+
+def test_sharegpt_function_calling_shapes():
+    row = {
+        "tools": json.dumps([WEATHER]),
+        "conversations": [
+            {"from": "human", "value": "Paris and Rome?"},
+            {"from": "function_call", "value": json.dumps([{"name": "weather", "arguments": {"city": "Paris"}},
+                                                            {"name": "weather", "arguments": '{"city": "Rome"}'}])},
+            {"from": "observation", "value": "18C"},
+            {"from": "observation", "value": "25C"},
+            {"from": "gpt", "value": "Both mild."},
+            {"from": "human", "value": "Köln?"},
+            {"from": "function_call", "value": '{"name": "weather", "arguments": {"city": "Köln"}}'},
+            {"from": "observation", "value": "12C"},
+            {"from": "gpt", "value": "Cool."},
+        ],
+    }
+    out = convs(row, turns="all")
+    assert [c.messages[-1] for c in out] == [U("Paris and Rome?"), T("25C"), U("Köln?"), T("12C")]
+    assert out[1].messages[1] == calls_msg(("weather", {"city": "Paris"}), ("weather", {"city": "Rome"}))
+    assert out[3].messages[-2] == calls_msg(("weather", {"city": "Köln"}))
+    assert out[0].tools == [WEATHER]
+
+
+def test_returned_tool_calls_are_independent_copies():
+    row = {"messages": [U("q"), calls_msg(("f", {"a": {"b": 1}})), T("r"), A("x"), U("q2")]}
+    first, *_ = convs(row, turns="all")[1:]
+    first.messages[1]["tool_calls"][0]["function"]["arguments"]["a"]["b"] = 2
+    assert row["messages"][1]["tool_calls"][0]["function"]["arguments"]["a"]["b"] == 1
+    assert convs(row, turns="all")[1].messages[1]["tool_calls"][0]["function"]["arguments"] == {"a": {"b": 1}}
+
+
+@pytest.mark.parametrize(
+    ("message", "reason", "field"),
+    [
+        ({"role": "assistant", "tool_calls": {"name": "f"}}, "wrong-type", "messages[1].tool_calls"),
+        ({"role": "assistant", "tool_calls": ["f"]}, "wrong-type", "messages[1].tool_calls[0]"),
+        ({"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}, "bad-tool-call",
+         "messages[1].tool_calls[0].function.name"),
+        ({"role": "assistant", "tool_calls": [{"function": {"name": "", "arguments": "{}"}}]}, "bad-tool-call",
+         "messages[1].tool_calls[0].function.name"),
+        ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}, "bad-json",
+         "messages[1].tool_calls[0].function.arguments"),
+        ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1, 2]"}}]}, "bad-tool-call",
+         "messages[1].tool_calls[0].function.arguments"),
+        ({"role": "assistant", "tool_calls": [{"id": 7, "function": {"name": "f"}}]}, "wrong-type",
+         "messages[1].tool_calls[0].id"),
+        ({"role": "assistant", "function_call": {"name": "f", "arguments": "nope"}}, "bad-json",
+         "messages[1].function_call.arguments"),
+        ({"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}, "bad-tool-call",
+         "messages[1].tool_calls"),
+        ({"role": "tool"}, "missing-field", "messages[1].content"),
+    ],
+)
+def test_tool_call_errors_name_the_field(message, reason, field):
+    err = error({"messages": [U("q"), message, T("r"), U("q2")]})
+    assert (err.reason, err.field) == (reason, field)
+    assert str(err).startswith(field)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason", "field"),
+    [
+        ("{not json", "bad-json", "conversations[1].value"),
+        ("[]", "bad-tool-call", "conversations[1].value"),
+        ('"f"', "wrong-type", "conversations[1].value"),
+        ('{"arguments": {}}', "bad-tool-call", "conversations[1].value.name"),
+        ('[{"name": "f"}, {"name": "g", "arguments": "x"}]', "bad-json", "conversations[1].value[1].arguments"),
+        (None, "missing-field", "conversations[1].content"),
+    ],
+)
+def test_sharegpt_function_call_errors(value, reason, field):
+    err = error({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": value}]})
+    assert (err.reason, err.field) == (reason, field)

@@ -3,7 +3,8 @@
 A completion is a pure function of the prompt ids and the sampling parameters (for
 temperature > 0 also of the sample index within `n`, the `sampling_seed` and the server
 seed). Greedy output depends on the prompt alone, so, as with a real model, a greedy
-completion capped at 10 tokens is a prefix of the same prompt capped at 100.
+completion capped at 10 tokens is a prefix of the same prompt capped at 100. A prompt that
+offers tools gets a tool call as its answer (see toolcalls.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle_synth.devserver.protocol import PromptRequest, SamplingParams
+from eagle_synth.devserver.toolcalls import ToolCaller
 from eagle_synth.devserver.vocab import ModelVocab
 
 # Shape of the gamma distribution of natural output lengths: 2 gives few very short answers
@@ -36,6 +38,9 @@ CONTINUATION_TOKENS = 256
 # A stop token masked by min_new_tokens is replaced by the next stream token; after this
 # many in a row (a client stopping on every corpus token) it is emitted anyway.
 MAX_MASKED_STOPS = 10_000
+# Mixed into a prompt's stream seed for the rng that fills tool-call arguments, so prompts
+# without tools keep exactly the stream they had.
+TOOL_ARGUMENTS_SALT = 0x7001_CA11
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +60,9 @@ class Generator:
     """Turns prompts into completions with the shape of a real chat model's output.
 
     Behaviour: a prompt ending in `<think>` (+ newline) gets reasoning tokens, `</think>`,
-    a blank line and answer tokens; any other prompt gets answer tokens. Then EOS. Body
+    a blank line and answer tokens; any other prompt gets answer tokens. Then EOS. When the
+    prompt offers tools and ends with the user's words, the answer is a tool call in the
+    template's format instead (toolcalls.py; Qwen-family templates only). Body
     tokens are seeded slices of the tokenized corpus; the natural length is gamma-distributed
     with mean `mean_output_tokens`, or lognormal with median `length_median` and sigma
     `length_sigma` when a median is given. The stream is then cut by SGLang's stop rules: EOS and
@@ -77,13 +84,16 @@ class Generator:
         self.seed = seed
         self.length_median = length_median
         self.length_sigma = length_sigma
+        self.tool_caller = ToolCaller.for_tokenizer(vocab.tokenizer)
 
     def complete(self, prompt: PromptRequest) -> Completion:
         """The completion of one (expanded) prompt."""
         params = prompt.params
-        rng = random.Random(self._stream_seed(prompt))
+        seed = self._stream_seed(prompt)
+        rng = random.Random(seed)
         reasoning = self.vocab.prompt_opens_reasoning(prompt.input_ids)
-        out, finish = self._cut(self._stream(rng, reasoning=reasoning), params, prompt.max_new_tokens)
+        answer = self._tool_call_ids(prompt, seed)
+        out, finish = self._cut(self._stream(rng, reasoning=reasoning, answer_ids=answer), params, prompt.max_new_tokens)
         if params.stop and out:
             out, finish = self._cut_at_stop_string(out, finish, params)
         return Completion(output_ids=out, finish_reason=finish)
@@ -100,6 +110,16 @@ class Generator:
             if cut >= 0:
                 text = text[:cut]
         return text
+
+    def _tool_call_ids(self, prompt: PromptRequest, seed: int) -> list[int] | None:
+        """The ids of the tool call answering this prompt, or None to answer in words."""
+        if self.tool_caller is None:
+            return None
+        text = self.tool_caller.call_text(prompt.input_ids, random.Random(seed ^ TOOL_ARGUMENTS_SALT))
+        if text is None:
+            return None
+        ids = self.vocab.encode(text)
+        return ids if all(0 <= i < self.vocab.size for i in ids) else None
 
     def _stream_seed(self, prompt: PromptRequest) -> int:
         h = hashlib.blake2b(digest_size=16)
@@ -134,17 +154,25 @@ class Generator:
                 yield corpus[(start + k) % size]
             count -= run
 
-    def _stream(self, rng: random.Random, *, reasoning: bool) -> Iterator[int]:
-        """The model's uncut token stream: natural completion, EOS, then endless continuation."""
+    def _stream(self, rng: random.Random, *, reasoning: bool, answer_ids: list[int] | None = None) -> Iterator[int]:
+        """The model's uncut token stream: natural completion, EOS, then endless continuation.
+
+        `answer_ids` (a tool call) replace the answer tokens; the reasoning before stays.
+        """
         total = self._natural_length(rng)
         if reasoning:
             thinking = max(1, round(total * rng.uniform(*REASONING_SHARE)))
             yield from self._body(rng, thinking)
             yield self.vocab.think_close_id
             yield from self.vocab.separator_ids
-            yield from self._body(rng, max(1, total - thinking))
-        else:
+            if answer_ids is None:
+                yield from self._body(rng, max(1, total - thinking))
+            else:
+                yield from answer_ids
+        elif answer_ids is None:
             yield from self._body(rng, total)
+        else:
+            yield from answer_ids
         if self.vocab.eos_id is not None:
             yield self.vocab.eos_id
         while True:

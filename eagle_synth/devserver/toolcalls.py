@@ -1,0 +1,172 @@
+"""Tool calls the emulated model writes when its prompt offers tools, in its template's format.
+
+A real agentic model answers a user turn that offers tools with a call, and the tool results
+with text. The emulated one does the same, deterministically, so the tool-call path (parsing,
+pairing, replay) can be exercised end to end without a GPU:
+
+* the prompt offers tools when its system block has the template's `<tools>` section (one JSON
+  schema per line); the model calls only if the prompt's last turn is the user's own words,
+  not tool responses;
+* it calls every offered tool named in that user turn, in order of first mention (several
+  names: parallel calls), or else the first tool;
+* each call fills the schema's properties (the required ones, or all when none are required)
+  with values of their type drawn from a seeded rng, and is written as the template renders an
+  assistant's `tool_calls`.
+
+The formats written are the Qwen family's (`qwen3_coder`, Qwen3.5's; `hermes`, Qwen2.5/3's),
+told from the tokenizer's chat template; with any other template the model never calls tools.
+Everything is a pure function of the prompt ids (and the rng the caller seeds from them).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+
+from eagle_synth.toolcalls.detect import detect_tool_format
+
+# Formats the emulated model can write.
+WRITABLE_FORMATS = ("qwen3_coder", "hermes")
+# The Qwen templates' tools section and turn markers (as decoded text).
+TOOLS_BEGIN = "<tools>\n"
+TOOLS_END = "\n</tools>"
+USER_TURN = "<|im_start|>user\n"
+TOOL_RESPONSE = "<tool_response>"
+# The special token every Qwen tools prompt contains (its format instructions show it); prompts
+# without it are never decoded, so the check costs one scan of the ids.
+CALL_TOKEN = "<tool_call>"
+# Words string arguments are made of.
+ARGUMENT_WORDS = ("Oslo", "Paris", "Köln", "東京", "river", "report", "weekly", "summary", "north", "2024")
+# Words per string argument, drawn uniformly.
+WORDS_PER_STRING = (1, 3)
+
+
+class ToolCaller:
+    """Writes the emulated model's tool calls for prompts that offer tools.
+
+    Parameters:
+        family: the tool-call format to write (one of WRITABLE_FORMATS).
+        call_token_id: the id of `<tool_call>` (a prompt without it offers no tools).
+        decode: ids -> text with special tokens kept.
+    """
+
+    def __init__(self, *, family: str, call_token_id: int, decode) -> None:
+        if family not in WRITABLE_FORMATS:
+            raise ValueError(f"cannot write tool calls in format {family!r}; only {', '.join(WRITABLE_FORMATS)}")
+        self.family = family
+        self.call_token_id = call_token_id
+        self._decode = decode
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer) -> ToolCaller | None:
+        """The caller for a tokenizer whose template writes a format we can, else None."""
+        family = detect_tool_format(getattr(tokenizer, "chat_template", None))
+        if family not in WRITABLE_FORMATS:
+            return None
+        ids = tokenizer.encode(CALL_TOKEN, add_special_tokens=False)
+        if len(ids) != 1:  # not a single token: this is not a Qwen tokenizer after all
+            return None
+        return cls(family=family, call_token_id=ids[0],
+                   decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def call_text(self, prompt_ids: Sequence[int], rng: random.Random) -> str | None:
+        """The tool-call text the model answers with, or None when it answers in words."""
+        if self.call_token_id not in prompt_ids:
+            return None
+        prompt = self._decode(prompt_ids)
+        tools = offered_tools(prompt)
+        user_text = last_user_text(prompt)
+        if not tools or user_text is None:
+            return None
+        calls = [{"name": name, "arguments": fill_arguments(schema, rng)} for name, schema in chosen_tools(tools, user_text)]
+        return render_calls(calls, family=self.family)
+
+
+def offered_tools(prompt: str) -> list[dict]:
+    """The function schemas of the prompt's tools section (unparsable lines are skipped)."""
+    start = prompt.find(TOOLS_BEGIN)
+    end = prompt.find(TOOLS_END, start + 1)
+    if start < 0 or end < 0:
+        return []
+    tools = []
+    for line in prompt[start + len(TOOLS_BEGIN):end].splitlines():
+        try:
+            tool = json.loads(line)
+        except ValueError:
+            continue
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            tools.append(function)
+    return tools
+
+
+def last_user_text(prompt: str) -> str | None:
+    """The last user turn's text, or None when that turn carries tool responses."""
+    at = prompt.rfind(USER_TURN)
+    if at < 0:
+        return None
+    text = prompt[at + len(USER_TURN):]
+    return None if text.lstrip().startswith(TOOL_RESPONSE) else text
+
+
+def chosen_tools(tools: list[dict], user_text: str) -> list[tuple[str, dict]]:
+    """(name, parameters schema) of each tool to call, in order of mention (else the first tool)."""
+    mentioned = []
+    for tool in tools:
+        match = re.search(rf"(?<![\w.]){re.escape(tool['name'])}(?![\w.])", user_text)
+        if match:
+            mentioned.append((match.start(), tool))
+    picked = [tool for _, tool in sorted(mentioned, key=lambda m: m[0])] or tools[:1]
+    return [(tool["name"], tool.get("parameters") or {}) for tool in picked]
+
+
+def fill_arguments(schema: dict, rng: random.Random) -> dict:
+    """Values for the schema's required properties (all of them when none is required)."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict):
+        return {}
+    required = [name for name in schema.get("required") or () if name in properties]
+    return {name: _value(properties[name], rng) for name in (required or list(properties))}
+
+
+def _value(schema: object, rng: random.Random) -> object:
+    schema = schema if isinstance(schema, dict) else {}
+    if schema.get("enum"):
+        return rng.choice(list(schema["enum"]))
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "integer":
+        return rng.randint(1, 100)
+    if kind == "number":
+        return round(rng.uniform(0, 100), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array":
+        return [_value(schema.get("items") or {"type": "string"}, rng) for _ in range(rng.randint(1, 2))]
+    if kind == "object":
+        return fill_arguments(schema, rng)
+    return " ".join(rng.choice(ARGUMENT_WORDS) for _ in range(rng.randint(*WORDS_PER_STRING)))
+
+
+def render_calls(calls: list[dict], *, family: str) -> str:
+    """Calls written the way the family's template renders an assistant's tool_calls."""
+    if family == "hermes":
+        return "\n".join(
+            "<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False) + "\n</tool_call>"
+            for c in calls)
+    blocks = []
+    for call in calls:
+        parameters = "".join(f"<parameter={key}>\n{_qwen3_coder_value(value)}\n</parameter>\n"
+                             for key, value in call["arguments"].items())
+        blocks.append(f"<tool_call>\n<function={call['name']}>\n{parameters}</function>\n</tool_call>")
+    return "\n".join(blocks)
+
+
+def _qwen3_coder_value(value: object) -> str:
+    # Qwen3.5's template: objects and lists as JSON, anything else through str().
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)

@@ -1,0 +1,144 @@
+"""ParsedAnswer, the shared result of every tool-call parser, and the cursor parsers walk text with."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedAnswer:
+    """The model's answer split into its text and its tool calls.
+
+    Parameters:
+        content: the text before the first tool call, stripped ("" when the answer is only calls).
+        tool_calls: the calls in order, each {"name": str, "arguments": dict}, plus "id" when the
+            format writes one (Kimi-K2's `functions.NAME:IDX`, which its template renders back).
+        unparsed: True when the answer opens a tool call that does not parse (malformed, truncated,
+            text after the calls); `tool_calls` then holds only the calls before the fault.
+        problem: what did not parse, for a failure record; None when unparsed is False.
+    """
+
+    content: str
+    tool_calls: list[dict] = field(default_factory=list)
+    unparsed: bool = False
+    problem: str | None = None
+
+
+class Malformed(ValueError):
+    """A tool call that does not follow its format; the message says where and how."""
+
+
+class Cursor:
+    """A position in the text being parsed; every method either advances or raises Malformed.
+
+    Parameters:
+        text: the text to walk.
+        pos: where to start.
+    """
+
+    def __init__(self, text: str, pos: int = 0) -> None:
+        self.text = text
+        self.pos = pos
+
+    def skip_space(self) -> None:
+        while self.pos < len(self.text) and self.text[self.pos].isspace():
+            self.pos += 1
+
+    def at_end(self) -> bool:
+        return self.pos >= len(self.text)
+
+    def peek(self, literal: str) -> bool:
+        """True if the text continues with `literal` after any whitespace (nothing consumed)."""
+        start = self.pos
+        self.skip_space()
+        found = self.text.startswith(literal, self.pos)
+        self.pos = start
+        return found
+
+    def expect(self, literal: str, *, after_space: bool = True) -> None:
+        if after_space:
+            self.skip_space()
+        if not self.text.startswith(literal, self.pos):
+            raise Malformed(f"expected {literal!r} at character {self.pos}, found {self.text[self.pos:self.pos + 30]!r}")
+        self.pos += len(literal)
+
+    def upto(self, *literals: str) -> str:
+        """The text up to the nearest of `literals`, which is left unconsumed."""
+        found = [at for at in (self.text.find(literal, self.pos) for literal in literals) if at >= 0]
+        if not found:
+            raise Malformed(f"truncated: no {' or '.join(map(repr, literals))} after character {self.pos}")
+        piece = self.text[self.pos:min(found)]
+        self.pos = min(found)
+        return piece
+
+    def until(self, *literals: str) -> tuple[str, str]:
+        """The text up to the nearest of `literals`, and which one ended it (consumed)."""
+        best: tuple[int, str] | None = None
+        for literal in literals:
+            at = self.text.find(literal, self.pos)
+            if at >= 0 and (best is None or at < best[0]):
+                best = (at, literal)
+        if best is None:
+            raise Malformed(f"truncated: no {' or '.join(map(repr, literals))} after character {self.pos}")
+        piece = self.text[self.pos:best[0]]
+        self.pos = best[0] + len(best[1])
+        return piece, best[1]
+
+
+def json_call(text: str) -> dict:
+    """A {"name", "arguments"} call written as one JSON object (arguments may be a JSON string)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise Malformed(f"tool call is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise Malformed(f"tool call is JSON but not an object: {text.strip()[:60]!r}")
+    name = value.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise Malformed(f"tool call has no function name: {text.strip()[:60]!r}")
+    key = "arguments" if "arguments" in value or "parameters" not in value else "parameters"
+    return {"name": name, "arguments": json_arguments(value.get(key, {}))}
+
+
+def json_arguments(value: object) -> dict:
+    """Arguments that must be a JSON object, given as one or as JSON text of one."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError as exc:
+            raise Malformed(f"tool call arguments are not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise Malformed(f"tool call arguments are not a JSON object: {json.dumps(value)[:60]}")
+    return value
+
+
+def call_name(text: str) -> str:
+    """A function name written between markers: stripped, one line, not empty."""
+    name = text.strip()
+    if not name or any(c.isspace() for c in name):
+        raise Malformed(f"bad function name {text[:60]!r}")
+    return name
+
+
+# parse_section(cursor at the start marker, {function: {parameter: schema}}, calls to append to)
+SectionParser = Callable[[Cursor, dict[str, dict], list[dict]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    """How one model family writes tool calls in its answer.
+
+    Parameters:
+        name: the family's name (a TOOL_FORMATS entry).
+        start: the text that opens the tool calls; the answer's content is what precedes it.
+        parse_section: reads every call from `start` on, appending each to the list as soon as it
+            parses (so a fault keeps the calls before it), and raises Malformed on a fault.
+        end_markers: end-of-turn text a decoded answer may still end with (the stop token).
+    """
+
+    name: str
+    start: str
+    parse_section: SectionParser
+    end_markers: tuple[str, ...] = ()
