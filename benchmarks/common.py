@@ -37,6 +37,9 @@ TOKENIZER_ENV = "EAGLE_SYNTH_BENCH_TOKENIZER"
 # Seconds a stopped worker gets to finish its batches before it is killed; benchmarks stop
 # workers with a backlog left, and nothing of it needs to be kept.
 WORKER_STOP_TIMEOUT = 10.0
+# Seconds a stopped benchmark worker's open batches keep going before they requeue: short,
+# so the next run of a benchmark finds them back in the queue (less than WORKER_STOP_TIMEOUT).
+BENCH_SOFT_SHUTDOWN = 2
 # Interval of the process-tree sampler (RSS, CPU), seconds: cheap enough not to disturb what it measures.
 SAMPLE_INTERVAL = 0.1
 # Set to keep every benchmark's scratch folder (logs, Redis dirs, records) for inspection.
@@ -198,7 +201,8 @@ class Stack:
     def worker(self, *, servers: list[str], redis_url: str, concurrency: int, out: Path | None = None,
                args: tuple[str, ...] = (), name: str | None = None) -> ManagedProcess:
         process = start_worker(servers=servers, out=out or self.dir / "out", redis_url=redis_url,
-                               logdir=self.dir / "logs", concurrency=concurrency, args=list(args), name=name)
+                               logdir=self.dir / "logs", concurrency=concurrency, args=list(args), name=name,
+                               env={"EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": str(BENCH_SOFT_SHUTDOWN)})
         self.workers.append(process)
         return process
 
