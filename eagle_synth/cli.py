@@ -156,7 +156,7 @@ def worker(
     server: Annotated[list[str], _worker_option("servers", "--server")],
     out: Annotated[Path, _worker_option("out", "--out")],
     inflight: Annotated[Optional[int], _worker_option("inflight")] = None,
-    concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 4 x inflight x servers / 16.")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 8 x inflight x servers / 16.")] = None,
     allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
     allow_server_setting: Annotated[Optional[list[str]], _worker_option("allow_server_settings", "--allow-server-setting")] = None,
     max_attempts: Annotated[Optional[int], _worker_option("max_attempts")] = None,

@@ -30,7 +30,7 @@ AUTO_INFLIGHT_FACTOR = 1.25
 # Prompts the worker holds open (in reserved batches) per in-flight ticket: heavy-tailed
 # outputs leave many batches with one straggler, and the tickets must never run dry
 # (benchmarks/tail.py measures it).
-OPEN_PROMPTS_PER_TICKET = 4
+OPEN_PROMPTS_PER_TICKET = 8
 
 
 class ConfigError(UserError, ValueError):
