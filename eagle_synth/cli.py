@@ -14,7 +14,7 @@ from eagle_synth.settings import broker_settings, export_to_environment
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Regenerate prompt sets through a target model served by SGLang, keeping exact token ids.",
+    help="Regenerate prompt sets through a target model served by SGLang or vLLM, keeping exact token ids.",
 )
 
 RedisOpt = Annotated[
@@ -128,6 +128,7 @@ def _worker_option(name: str, *flags: str):
 def worker(
     server: Annotated[list[str], _worker_option("servers", "--server")],
     out: Annotated[Path, _worker_option("out", "--out")],
+    backend: Annotated[Optional[list[str]], _worker_option("backend", "--backend")] = None,
     inflight: Annotated[Optional[int], _worker_option("inflight")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 4 x inflight x servers / 16.")] = None,
     allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
@@ -142,16 +143,17 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
     redis: RedisOpt = None,
 ) -> None:
-    """Run a Celery worker that generates queued batches on SGLang and writes records."""
+    """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""
     settings = broker_settings(redis_url=redis)
     export_to_environment(settings)
     import dataclasses
     import os
 
+    from workers.backends import REFUSABLE_SETTINGS, preflight_server
     from workers.client import SGLangClient, ServerDown, TransientError
     from workers.config import ConfigError, WorkerConfig, auto_inflight, default_concurrency, env_name
     from workers.disk import probe_folder
-    from workers.preflight import REFUSABLE_SETTINGS, PreflightError, check_server
+    from workers.preflight import PreflightError
 
     problem = probe_folder(out)
     if problem:
@@ -159,7 +161,8 @@ def worker(
     # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
     given = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
              "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
-             "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None}
+             "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None,
+             "backend": tuple(backend) if backend else None}
     os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
     os.environ[env_name("out")] = str(out)
     try:
@@ -177,10 +180,11 @@ def worker(
     capacities = []
     for url in servers:
         try:
-            facts = SGLangClient(url).facts()
-            check_server(facts, allow_server_parsers=allow_server_parsers,
-                         allowed_settings=config.allow_server_settings)
-            capacities.append(facts.server_info.get("max_running_requests"))
+            checked = preflight_server(SGLangClient(url), forced=config.backend_for(url),
+                                       allow_server_parsers=allow_server_parsers,
+                                       allowed_settings=config.allow_server_settings)
+            typer.echo(f"server {url}: {checked.kind} {checked.facts.version or ''} (kind from {checked.how})")
+            capacities.append(checked.facts.max_running_requests)
         except PreflightError as exc:
             refused.append(str(exc))
         except (ServerDown, TransientError) as exc:

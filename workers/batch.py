@@ -45,9 +45,9 @@ from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
-from workers.preflight import ContextLimits, context_message, fits_context
+from workers.backends import UntranslatableSampling, backend_for_state
 from workers.replies import (
-    BAD_RESPONSE_REASON, PROMPT_MISMATCH_REASON, BadResponse, GeneratedItem, PromptMismatch, parse_generate_item,
+    BAD_RESPONSE_REASON, PROMPT_MISMATCH_REASON, BadResponse, GeneratedItem, PromptMismatch,
 )
 
 log = logging.getLogger("eagle_synth.batch")
@@ -248,6 +248,7 @@ class BatchRunner:
         states = self._healthy_states()
         if not states:
             raise Requeue("no healthy server")
+        items = self._drop_untranslatable(campaign, payload, states, items, outcome)
         items = self._drop_too_long(campaign, payload, states, items, outcome)
         if not items:
             return outcome
@@ -332,17 +333,33 @@ class BatchRunner:
                 healthy[url] = state
         return healthy
 
+    def _drop_untranslatable(self, campaign, payload, states: dict[str, ServerState], items,
+                             outcome) -> list[PromptItem]:
+        """Any healthy server may get any prompt, so the campaign's sampling must mean the same on
+        every kind of server among them (vLLM has no equivalent of some SGLang values)."""
+        for url, state in states.items():
+            backend = backend_for_state(state)
+            try:
+                if backend is not None:
+                    backend.translate_sampling(payload.sampling)
+            except UntranslatableSampling as exc:
+                error = UntranslatableSampling(f"server {url} ({backend.name}): {exc}")
+                for item in items:
+                    self._fail(campaign, payload, item, BAD_SAMPLING_REASON, str(error), outcome)
+                log.error("campaign %s: %s", campaign.name, error)
+                return []
+        return items
+
     def _drop_too_long(self, campaign, payload, states: dict[str, ServerState], items, outcome) -> list[PromptItem]:
         # Any healthy server may get any prompt, so a prompt must fit every one of them.
-        limits = [ContextLimits.from_state(state) for state in states.values()]
+        backends = [(backend, state) for state in states.values() if (backend := backend_for_state(state))]
         max_new = int(payload.sampling.get("max_new_tokens", 0))
         good = []
         for item in items:
-            refused = next((lim for lim in limits
-                            if not fits_context(prompt_len=len(item.ids), max_new_tokens=max_new, limits=lim)), None)
-            if refused is not None:
-                self._fail(campaign, payload, item, "prompt-too-long",
-                           context_message(prompt_len=len(item.ids), max_new_tokens=max_new, limits=refused), outcome)
+            problem = next((why for backend, state in backends if (why := backend.context_problem(
+                prompt_len=len(item.ids), max_new_tokens=max_new, state=state))), None)
+            if problem is not None:
+                self._fail(campaign, payload, item, "prompt-too-long", problem, outcome)
             else:
                 good.append(item)
         return good
@@ -403,11 +420,12 @@ class BatchRunner:
         error = answer.error
         if error is None:
             try:
-                reply = parse_generate_item(answer.item, vocab_size=settings.vocab_size, prompt_len=len(item.ids))
+                reply = answer.backend.parse(answer.item, vocab_size=settings.vocab_size, prompt_ids=item.ids,
+                                             sampling=attempt.sampling(payload, item))
             except PromptMismatch as exc:
                 self._fail(campaign, payload, item, PROMPT_MISMATCH_REASON, str(exc), outcome)
                 return
-            except TransientError as exc:
+            except (TransientError, BadSamplingParams) as exc:  # BadSamplingParams: SamplingOverridden
                 error = exc
             else:
                 self._report_ok(url)
@@ -415,7 +433,8 @@ class BatchRunner:
                     self._retry(campaign, payload, item, attempt, outcome, "aborted", "the server aborted this prompt")
                     return
                 self._note_server(campaign, url)
-                attempt.add_record(self._record(campaign, payload, url, item, reply, attempt.sampling(payload, item)))
+                attempt.add_record(self._record(campaign, payload, url, item, reply, attempt.sampling(payload, item),
+                                                backend=answer.backend.name))
                 outcome.servers.add(url)
                 return
         if isinstance(error, BadSamplingParams):
@@ -490,7 +509,7 @@ class BatchRunner:
             self._noted.add((campaign.name, url))
 
     def _record(self, campaign: Campaign, payload: TaskPayload, url: str, item: PromptItem,
-                reply: GeneratedItem, sampling: dict) -> Record:
+                reply: GeneratedItem, sampling: dict, *, backend: str) -> Record:
         return Record(
             key=item.key, id=item.row_id, sample=item.sample, turn=item.turn,
             prompt_ids=item.ids, output_ids=reply.output_ids,
@@ -498,7 +517,7 @@ class BatchRunner:
             prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
             cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=sampling,
             source=item.source, server=url, worker=self.node, e2e_latency=reply.e2e_latency,
-            created_at=time.time(), repaired_prefix=reply.repaired_prefix,
+            created_at=time.time(), repaired_prefix=reply.repaired_prefix, backend=backend,
         )
 
     # writing ------------------------------------------------------------------------
