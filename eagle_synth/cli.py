@@ -307,7 +307,7 @@ def demo(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def devserver(ctx: typer.Context) -> None:
-    """Run the SGLang stand-in (no GPU) for tests, the demo and benchmarks. `eagle-synth devserver --help` lists its flags."""
+    """Run the SGLang stand-in (--api vllm: the vLLM one; no GPU) for tests, the demo and benchmarks. `eagle-synth devserver --help` lists its flags."""
     from eagle_synth.devserver.__main__ import main as devserver_main
 
     raise typer.Exit(devserver_main(list(ctx.args)) or 0)
