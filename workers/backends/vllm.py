@@ -23,11 +23,13 @@ serving.py, vllm/sampling_params.py, vllm/entrypoints/utils.py, vllm/renderers/p
 * Launch arguments are not served (only /server_info in dev mode, VLLM_SERVER_DEV_MODE=1), so
   preflight checks what it can see: /v1/models (max_model_len, the served name), /version, the
   dev-mode configuration when it is exposed, and a 4-token probe request (token ids returned,
-  prompt unchanged, max_tokens honoured exactly, text decoded).
+  prompt unchanged, max_tokens honoured exactly, text decoded). A probe reply that is merely
+  malformed proves nothing and only warns: every reply is checked before it becomes a record.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from typing import ClassVar
@@ -82,6 +84,8 @@ FINISH_REASONS = frozenset({"stop", "length", "abort"})
 # The preflight probe: a few ids every vocabulary has, and the ids it must generate.
 PROBE_PROMPT = (0, 1, 2)
 PROBE_TOKENS = 4
+# Ids the probe's reply is checked against: any int is a possible id of an unknown vocabulary.
+PROBE_VOCAB_BOUND = 2**31
 # Seconds the probe may take (a cold server compiles on its first requests).
 PROBE_TIMEOUT = 120.0
 # vLLM's dev-mode configuration endpoint (VLLM_SERVER_DEV_MODE=1), as JSON.
@@ -216,33 +220,53 @@ def _probe(client: SGLangClient, *, model: str | None) -> dict:
     return {"status": status, "message": error_message(raw, status)}
 
 
+def _version_tuple(version: str | None) -> tuple[int, ...] | None:
+    """(0, 10, 2) from "0.10.2" or "0.10.2rc1+cu128"; None if it does not start with a number."""
+    numbers = []
+    for part in (version or "").split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if digits != part:
+            break
+    return tuple(numbers) or None
+
+
 def _require_faithful_probe(facts: ServerFacts) -> None:
-    """Refuse a server whose probe shows it cannot give records at all: these are not settings
-    to accept, every prompt would fail."""
+    """Refuse a server whose probe shows it cannot give records: not settings to accept, since
+    every prompt would fail. A malformed probe reply proves nothing (a glitch, a proxy): the
+    server is accepted with a warning, every reply is checked anyway."""
     probe = facts.probe or {}
-    where = f"refusing server {redact_url(facts.url)}: the 4-token probe on /v1/completions"
+    where = f"refusing server {redact_url(facts.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
     if probe.get("status") != 200 or "reply" not in probe:
         raise PreflightError(f"{where} was answered {probe.get('status')}: {probe.get('message')}. Is it a vLLM "
                              "server serving a generation model? (--backend forces the kind)")
-    reply = probe["reply"]
-    choice = (reply.get("choices") or [None])[0] if isinstance(reply, dict) else None
-    if not isinstance(choice, dict) or choice.get("token_ids") is None or choice.get("prompt_token_ids") is None:
-        raise PreflightError(f"{where} came back without token_ids/prompt_token_ids: vLLM before {TOKEN_IDS_VERSION} "
-                             f"ignores return_token_ids (this one reports version {facts.version}); upgrade vLLM")
-    if choice["prompt_token_ids"] != list(PROBE_PROMPT):
-        raise PreflightError(f"{where} was generated from other ids than sent: "
-                             f"{prompt_difference(list(PROBE_PROMPT), choice['prompt_token_ids'])}")
-    ids = choice["token_ids"]
-    if choice.get("finish_reason") != "length" or not isinstance(ids, list) or len(ids) != PROBE_TOKENS:
+    try:
+        item = parse_completion(probe["reply"], vocab_size=PROBE_VOCAB_BOUND, prompt_ids=list(PROBE_PROMPT),
+                                max_tokens=PROBE_TOKENS)
+    except PromptMismatch as exc:
+        raise PreflightError(f"{where}: {exc}") from None
+    except SamplingOverridden as exc:
+        raise PreflightError(f"{where} asked for exactly {PROBE_TOKENS} tokens: {exc}") from None
+    except BadResponse as exc:
+        version = _version_tuple(facts.version)
+        if "token_ids" in str(exc) and version is not None and version < _version_tuple(TOKEN_IDS_VERSION):
+            raise PreflightError(f"{where} came back without token ids: vLLM {facts.version} is older than "
+                                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM") from None
+        log.warning("server %s: the preflight probe's reply is malformed (%s); accepting the server, each reply "
+                    "is checked before it becomes a record", redact_url(facts.url), exc)
+        return
+    if not item.aborted and (item.finish_type != "length" or len(item.output_ids) != PROBE_TOKENS):
         raise PreflightError(
-            f"{where} asked for exactly {PROBE_TOKENS} tokens (max_tokens, ignore_eos) and got "
-            f"{len(ids) if isinstance(ids, list) else excerpt(ids)} ending on {choice.get('finish_reason')!r}: the server "
-            "does not sample as asked (a max_new_tokens cap in --override-generation-config or --generation-config?)")
+            f"{where} asked for exactly {PROBE_TOKENS} tokens (max_tokens with ignore_eos) and got "
+            f"{len(item.output_ids)} ending on {item.finish_type!r}: the server does not sample as asked")
 
 
 def _probe_text_empty(facts: ServerFacts) -> bool:
-    reply = (facts.probe or {}).get("reply") or {}
-    choice = (reply.get("choices") or [{}])[0]
+    reply = (facts.probe or {}).get("reply")
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     return bool(choice.get("token_ids")) and choice.get("text") == ""
 
 
