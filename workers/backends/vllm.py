@@ -310,7 +310,7 @@ def _logits_processors(facts: ServerFacts) -> Problem | None:
     processors = _config(facts.server_info, "model_config", "logits_processors")
     if not processors:
         return None
-    return Problem("logits_processors", f"custom logits processors act on every request [{excerpt(processors)}]",
+    return Problem("logits_processors", f"custom logits processors can act on every request [{excerpt(processors)}]",
                    "relaunch it without --logits-processors")
 
 
