@@ -343,7 +343,7 @@ class BatchRunner:
                 if backend is not None:
                     backend.translate_sampling(payload.sampling)
             except UntranslatableSampling as exc:
-                error = UntranslatableSampling(f"server {url} ({backend.name}): {exc}")
+                error = UntranslatableSampling(f"server {url} ({state.backend}): {exc}")
                 for item in items:
                     self._fail(campaign, payload, item, BAD_SAMPLING_REASON, str(error), outcome)
                 log.error("campaign %s: %s", campaign.name, error)
@@ -418,9 +418,11 @@ class BatchRunner:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
         url = answer.url
         error = answer.error
+        backend = answer.backend
         if error is None:
+            assert backend is not None, "the pool builds every request with its server's backend"
             try:
-                reply = answer.backend.parse(answer.item, vocab_size=settings.vocab_size, prompt_ids=item.ids,
+                reply = backend.parse(answer.item, vocab_size=settings.vocab_size, prompt_ids=item.ids,
                                              sampling=attempt.sampling(payload, item))
             except PromptMismatch as exc:
                 self._fail(campaign, payload, item, PROMPT_MISMATCH_REASON, str(exc), outcome)
@@ -434,7 +436,7 @@ class BatchRunner:
                     return
                 self._note_server(campaign, url)
                 attempt.add_record(self._record(campaign, payload, url, item, reply, attempt.sampling(payload, item),
-                                                backend=answer.backend.name))
+                                                backend=backend.name))
                 outcome.servers.add(url)
                 return
         if isinstance(error, BadSamplingParams):

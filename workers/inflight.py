@@ -199,7 +199,8 @@ class InflightPool:
         try:
             answer = await self._post(url, job)
         except Exception as exc:  # never leave a batch waiting on a future that cannot resolve
-            answer = Answer(url=url, error=TransientError(f"{url}: unexpected client error: {exc!r}"))
+            answer = Answer(url=url, error=TransientError(f"{url}: unexpected client error: {exc!r}"),
+                            backend=self._backends.get(url))
         finally:
             self._busy[url] -= 1
             self._by_tag[(job.tag, url)] -= 1

@@ -173,7 +173,7 @@ CHECKS: dict[str, Callable[[ServerFacts], Problem | None]] = {
 # workers.backends.REFUSABLE_SETTINGS.
 SGLANG_REFUSABLE_SETTINGS = tuple(CHECKS)
 # A setting check: the Problem a server's facts show, or None.
-Check = Callable[[ServerFacts], "Problem | None"]
+Check = Callable[[ServerFacts], Problem | None]
 
 
 def preflight_problems(facts: ServerFacts, checks: Mapping[str, Check] | None = None) -> list[Problem]:

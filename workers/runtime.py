@@ -77,7 +77,7 @@ class WorkerRuntime:
             limits[url] = self.tickets(url, state) if usable and self._route(url, state) else 0
         return limits
 
-    def _route(self, url: str, state: ServerState) -> bool:
+    def _route(self, url: str, state: ServerState | None) -> bool:
         """Give the pool the backend preflight found for `url`; False while it is unknown."""
         backend = backend_for_state(state)
         if backend is None:

@@ -211,6 +211,7 @@ class DevServer:
             log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)
             if self._stop_requested.wait(c.startup_delay):
                 return
+        endpoints: object
         if c.api == "vllm":
             routes, endpoints = VLLM_ROUTES, VllmApi(self.app)
         else:

@@ -215,7 +215,7 @@ def parse_completion_request(body: Any, *, rules: VllmRules, tokenize) -> Comple
     if 0 < params["temperature"] < MIN_TEMPERATURE:
         params["temperature"] = MIN_TEMPERATURE
     _verify(params)
-    out = []
+    out: list[PromptRequest] = []
     for index, ids in enumerate(prompts):
         if not ids:
             raise bad_request("The decoder prompt cannot be empty")

@@ -16,12 +16,12 @@ Routing, retries, accounting and records are the same for every kind.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
 from eagle_synth.node_state import ServerState
 from workers.client import BadSamplingParams, SGLangClient, ServerFacts
-from workers.preflight import Problem
+from workers.preflight import Check
 from workers.replies import GeneratedItem
 
 # The kinds of server a worker can drive; "auto" (the --backend default) detects the kind.
@@ -46,7 +46,7 @@ class Backend(Protocol):
 
     name: ClassVar[str]
     path: ClassVar[str]
-    checks: ClassVar[Mapping[str, Callable[[ServerFacts], Problem | None]]]
+    checks: ClassVar[Mapping[str, Check]]
 
     def translate_sampling(self, sampling: dict) -> dict:
         """The campaign's sampling (SGLang names) as this kind's request fields, every value

@@ -8,6 +8,7 @@ refuses the settings in workers/preflight.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from eagle_synth.node_state import ServerState
@@ -15,7 +16,7 @@ from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
 from workers import preflight
 from workers.backends.base import SGLANG, UntranslatableSampling
 from workers.client import SGLangClient, ServerFacts
-from workers.preflight import ContextLimits, context_message, fits_context
+from workers.preflight import Check, ContextLimits, context_message, fits_context
 from workers.replies import GeneratedItem, parse_generate_item
 
 
@@ -24,7 +25,7 @@ class SGLangBackend:
 
     name: ClassVar[str] = SGLANG
     path: ClassVar[str] = "/generate"
-    checks: ClassVar = preflight.CHECKS
+    checks: ClassVar[Mapping[str, Check]] = preflight.CHECKS
 
     def translate_sampling(self, sampling: dict) -> dict:
         unknown = sorted(set(sampling) - SGLANG_SAMPLING_KEYS)

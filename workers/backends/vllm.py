@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+from collections.abc import Mapping
 from typing import ClassVar
 
 from eagle_synth.node_state import ServerState
@@ -39,7 +40,7 @@ from workers.backends.base import VLLM, UntranslatableSampling
 from workers.client import (
     SGLangClient, ServerFacts, TransientError, _positive_int, error_for_status, error_message,
 )
-from workers.preflight import PreflightError, Problem, redact_url
+from workers.preflight import Check, PreflightError, Problem, redact_url
 from workers.replies import (
     BadResponse, GeneratedItem, PromptMismatch, SamplingOverridden, checked_ids, excerpt, is_token_int, kind_of,
 )
@@ -69,8 +70,9 @@ RENAMES = {
 }
 # What a key left out of the campaign's sampling means (SGLang's defaults): sent explicitly so
 # vLLM's generation-config defaults never fill the gap. The seed has no default (none sent).
+SGLANG_MAX_NEW_TOKENS = 128
 SGLANG_DEFAULTS = {
-    "max_new_tokens": 128, "min_new_tokens": 0, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+    "max_new_tokens": SGLANG_MAX_NEW_TOKENS, "min_new_tokens": 0, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
     "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
     "stop": [], "stop_token_ids": [], "ignore_eos": False, "skip_special_tokens": True,
     "spaces_between_special_tokens": True, "no_stop_trim": False, "n": 1,
@@ -92,6 +94,7 @@ PROBE_TIMEOUT = 120.0
 DEV_CONFIG_PATH = "/server_info?config_format=json"
 # First vLLM version with `return_token_ids` on /v1/completions (PR 22587).
 TOKEN_IDS_VERSION = "0.10.2"
+TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)
 # generation_config values that read no sampling defaults from a folder.
 DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
 # Dev-mode configuration entries kept in provenance, as (section, key): an allow-list, so a
@@ -148,7 +151,8 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
             raise BadResponse(f"prompt_token_ids is {kind_of(seen)}, not a list: {excerpt(seen)}")
         raise PromptMismatch(f"the server generated from other prompt ids than those sent: "
                              f"{prompt_difference(prompt_ids, seen)}", sent=len(prompt_ids), reported=len(seen))
-    usage = item.get("usage") if isinstance(item.get("usage"), dict) else {}
+    usage = item.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     completion = usage.get("completion_tokens")
     if completion is not None and completion != len(output_ids):
         raise BadResponse(f"token_ids has {len(output_ids)} ids but usage.completion_tokens says {excerpt(completion)}")
@@ -168,9 +172,10 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
         matched = stop_reason if stop_reason is not None else (output_ids[-1] if output_ids else None)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0
     return GeneratedItem(
         output_ids=output_ids, finish_type=finish, finish_matched=matched, prompt_tokens=len(prompt_ids),
-        completion_tokens=len(output_ids), cached_tokens=cached if is_token_int(cached) and cached >= 0 else 0,
+        completion_tokens=len(output_ids), cached_tokens=cached,
         e2e_latency=None, repaired_prefix=0, aborted=False,
     )
 
@@ -251,7 +256,7 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
         raise PreflightError(f"{where} asked for exactly {PROBE_TOKENS} tokens: {exc}") from None
     except BadResponse as exc:
         version = _version_tuple(facts.version)
-        if "token_ids" in str(exc) and version is not None and version < _version_tuple(TOKEN_IDS_VERSION):
+        if "token_ids" in str(exc) and version is not None and version < TOKEN_IDS_VERSION_TUPLE:
             raise PreflightError(f"{where} came back without token ids: vLLM {facts.version} is older than "
                                  f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM") from None
         log.warning("server %s: the preflight probe's reply is malformed (%s); accepting the server, each reply "
@@ -324,7 +329,7 @@ def _not_generation(facts: ServerFacts) -> Problem | None:
 
 # Every refusable vLLM setting and its check, in the order problems are reported. All but the
 # probe-based skip_tokenizer_init need the dev-mode configuration (VLLM_SERVER_DEV_MODE=1).
-CHECKS = {
+CHECKS: dict[str, Check] = {
     "skip_tokenizer_init": _skip_tokenizer_init,
     "reasoning_parser": _reasoning_parser,
     "generation_config": _generation_config,
@@ -368,7 +373,7 @@ class VllmBackend:
 
     name: ClassVar[str] = VLLM
     path: ClassVar[str] = "/v1/completions"
-    checks: ClassVar = CHECKS
+    checks: ClassVar[Mapping[str, Check]] = CHECKS
 
     def __init__(self, *, model: str | None = None) -> None:
         self.model = model
@@ -401,7 +406,7 @@ class VllmBackend:
         return self.path, body
 
     def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
-        max_tokens = sampling.get("max_new_tokens", SGLANG_DEFAULTS["max_new_tokens"])
+        max_tokens = int(sampling.get("max_new_tokens") or SGLANG_MAX_NEW_TOKENS)
         return parse_completion(item, vocab_size=vocab_size, prompt_ids=prompt_ids, max_tokens=max_tokens)
 
     def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:
