@@ -45,7 +45,7 @@ from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
-from workers.backends import UntranslatableSampling, backend_for_state
+from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
 from workers.replies import (
     BAD_RESPONSE_REASON, PROMPT_MISMATCH_REASON, BadResponse, GeneratedItem, PromptMismatch,
 )
@@ -329,7 +329,9 @@ class BatchRunner:
         healthy = {}
         for url in self.config.servers:
             state = states.get(url)
-            if state is not None and state.state == HEALTHY and suspects.get(url, 0.0) <= state.since:
+            # A server's kind is known once preflight passed; the pool cannot route to it before.
+            if (state is not None and state.state == HEALTHY and state.backend in BACKENDS
+                    and suspects.get(url, 0.0) <= state.since):
                 healthy[url] = state
         return healthy
 
