@@ -94,7 +94,7 @@ PROBE_TIMEOUT = 120.0
 DEV_CONFIG_PATH = "/server_info?config_format=json"
 # First vLLM version with `return_token_ids` on /v1/completions (PR 22587).
 TOKEN_IDS_VERSION = "0.10.2"
-TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)
+TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)  # the same, to compare reported versions with
 # generation_config values that read no sampling defaults from a folder.
 DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
 # Dev-mode configuration entries kept in provenance, as (section, key): an allow-list, so a
