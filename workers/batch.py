@@ -40,12 +40,12 @@ from eagle_synth.records import (
     Record, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
     write_record_file,
 )
+from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
 from workers.client import BadRequest, BadSamplingParams, SGLangClient, ServerDown, TransientError
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
-from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
 from workers.replies import (
     BAD_RESPONSE_REASON, PROMPT_MISMATCH_REASON, BadResponse, GeneratedItem, PromptMismatch,
 )
@@ -341,9 +341,10 @@ class BatchRunner:
         every kind of server among them (vLLM has no equivalent of some SGLang values)."""
         for url, state in states.items():
             backend = backend_for_state(state)
+            if backend is None:
+                continue
             try:
-                if backend is not None:
-                    backend.translate_sampling(payload.sampling)
+                backend.translate_sampling(payload.sampling)
             except UntranslatableSampling as exc:
                 error = UntranslatableSampling(f"server {url} ({state.backend}): {exc}")
                 for item in items:
@@ -425,7 +426,7 @@ class BatchRunner:
             assert backend is not None, "the pool builds every request with its server's backend"
             try:
                 reply = backend.parse(answer.item, vocab_size=settings.vocab_size, prompt_ids=item.ids,
-                                             sampling=attempt.sampling(payload, item))
+                                      sampling=attempt.sampling(payload, item))
             except PromptMismatch as exc:
                 self._fail(campaign, payload, item, PROMPT_MISMATCH_REASON, str(exc), outcome)
                 return
