@@ -14,7 +14,7 @@ from eagle_synth.settings import broker_settings, export_to_environment
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Regenerate prompt sets through a target model served by SGLang, keeping exact token ids.",
+    help="Regenerate prompt sets through a target model served by SGLang or vLLM, keeping exact token ids.",
 )
 
 RedisOpt = Annotated[
@@ -155,6 +155,7 @@ def _worker_option(name: str, *flags: str):
 def worker(
     server: Annotated[list[str], _worker_option("servers", "--server")],
     out: Annotated[Path, _worker_option("out", "--out")],
+    backend: Annotated[Optional[list[str]], _worker_option("backend", "--backend")] = None,
     inflight: Annotated[Optional[int], _worker_option("inflight")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 8 x inflight x servers / 16.")] = None,
     allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
@@ -170,7 +171,7 @@ def worker(
     allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
     redis: RedisOpt = None,
 ) -> None:
-    """Run a Celery worker that generates queued batches on SGLang and writes records."""
+    """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""
     from eagle_synth.redis_policy import check_redis_ready
 
     settings = broker_settings(redis_url=redis)
@@ -182,10 +183,11 @@ def worker(
     import dataclasses
     import os
 
+    from workers.backends import REFUSABLE_SETTINGS, preflight_server
     from workers.client import SGLangClient, ServerDown, TransientError
     from workers.config import ConfigError, WorkerConfig, auto_inflight, default_concurrency, env_name
     from workers.disk import probe_folder
-    from workers.preflight import REFUSABLE_SETTINGS, PreflightError, check_server
+    from workers.preflight import PreflightError
 
     problem = probe_folder(out)
     if problem:
@@ -193,7 +195,8 @@ def worker(
     # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
     given = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
              "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
-             "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None}
+             "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None,
+             "backend": tuple(backend) if backend else None}
     os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
     os.environ[env_name("out")] = str(out)
     try:
@@ -211,10 +214,11 @@ def worker(
     capacities = []
     for url in servers:
         try:
-            facts = SGLangClient(url).facts()
-            check_server(facts, allow_server_parsers=allow_server_parsers,
-                         allowed_settings=config.allow_server_settings)
-            capacities.append(facts.server_info.get("max_running_requests"))
+            checked = preflight_server(SGLangClient(url), forced=config.backend_for(url),
+                                       allow_server_parsers=allow_server_parsers,
+                                       allowed_settings=config.allow_server_settings)
+            typer.echo(f"server {url}: {checked.kind} {checked.facts.version or ''} (kind from {checked.how})")
+            capacities.append(checked.facts.max_running_requests)
         except PreflightError as exc:
             refused.append(str(exc))
         except (ServerDown, TransientError) as exc:
@@ -343,7 +347,7 @@ def demo(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def devserver(ctx: typer.Context) -> None:
-    """Run the SGLang stand-in (no GPU) for tests, the demo and benchmarks. `eagle-synth devserver --help` lists its flags."""
+    """Run the SGLang stand-in (--api vllm: the vLLM one; no GPU) for tests, the demo and benchmarks. `eagle-synth devserver --help` lists its flags."""
     from eagle_synth.devserver.__main__ import main as devserver_main
 
     raise typer.Exit(devserver_main(list(ctx.args)) or 0)

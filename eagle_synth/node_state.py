@@ -44,6 +44,8 @@ class ServerState:
             (--enable-deterministic-inference); None if unknown.
         sampling_seed_supported: whether the server accepts a `sampling_seed` key at all
             (servers before it reject it as unknown); None if unknown.
+        backend: the server's kind, "sglang" or "vllm" (workers/backends/); None until
+            preflight told.
     """
 
     state: str = UNKNOWN
@@ -57,6 +59,7 @@ class ServerState:
     max_total_num_tokens: int | None = None
     deterministic_inference: bool | None = None
     sampling_seed_supported: bool | None = None
+    backend: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> ServerState:

@@ -142,6 +142,8 @@ class Record:
         e2e_latency: server-side latency in seconds.
         created_at: unix time the record was written.
         repaired_prefix: ids dropped from the front of output_ids by the prompt-tail repair.
+        backend: the kind of server that generated it: "sglang" or "vllm" (files written
+            before vLLM support hold SGLang records and read as "sglang").
         batch: the batch id the record was generated in (filled in by readers).
     """
 
@@ -164,6 +166,7 @@ class Record:
     e2e_latency: float | None = None
     created_at: float = 0.0
     repaired_prefix: int = 0
+    backend: str = "sglang"
     batch: str = ""
 
     @property

@@ -46,6 +46,12 @@ def redis_server(tmp_path):
     server.stop()
 
 
+@pytest.fixture(params=["sglang", "vllm"])
+def server_api(request) -> str:
+    """Runs a test once against each kind of server the worker drives (the devserver speaks both)."""
+    return request.param
+
+
 @pytest.fixture
 def stack(tmp_path, tokenizer_path):
     """Starts devservers and workers for a test and stops them all afterwards."""
@@ -55,7 +61,9 @@ def stack(tmp_path, tokenizer_path):
             self.processes = []
             self.logdir = tmp_path / "logs"
 
-        def devserver(self, *args: str, wait: bool = True, port: int = 0):
+        def devserver(self, *args: str, wait: bool = True, port: int = 0, api: str = "sglang"):
+            """A devserver process speaking `api` ("sglang" or "vllm"); (process, base URL)."""
+            args = ("--api", api, *args) if api != "sglang" else args
             process, url = start_devserver(tokenizer=tokenizer_path, logdir=self.logdir, args=list(args),
                                            wait=wait, port=port)
             self.processes.append(process)

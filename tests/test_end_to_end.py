@@ -1,4 +1,5 @@
-"""The whole path for real: producer -> Redis -> Celery worker -> /generate -> records -> export."""
+"""The whole path for real: producer -> Redis -> Celery worker -> server -> records -> export,
+against each kind of server (SGLang's /generate, vLLM's /v1/completions)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,27 @@ import requests
 
 from tests.conftest import chat_rows, write_jsonl
 from tests.helpers import cli, records_by_key, status_json, wait_finished
+from workers.backends.vllm import VllmBackend
 
 
-def test_fifty_prompts_end_to_end(tmp_path, redis_server, stack, tokenizer, tokenizer_path):
+def _replay(url: str, api: str, prompt: list[int], sampling: dict) -> tuple[list[int], str]:
+    """(output ids, finish reason) the server gives for these ids and this sampling, asked
+    directly in its own API (vLLM's with the worker's translation of the sampling)."""
+    if api == "vllm":
+        path, body = VllmBackend(model=requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]).request(
+            prompt, sampling)
+        choice = requests.post(f"{url}{path}", json=body, timeout=30).json()["choices"][0]
+        assert choice["prompt_token_ids"] == prompt
+        return choice["token_ids"], choice["finish_reason"]
+    response = requests.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": sampling},
+                             timeout=30).json()
+    return response["output_ids"], response["meta_info"]["finish_reason"]["type"]
+
+
+def test_fifty_prompts_end_to_end(tmp_path, redis_server, stack, tokenizer, tokenizer_path, server_api):
     rows = chat_rows(50)
     prompts = write_jsonl(tmp_path / "prompts.jsonl", rows)
-    _, url = stack.devserver("--token-latency", "0.001", "--mean-output-tokens", "60")
+    _, url = stack.devserver("--token-latency", "0.001", "--mean-output-tokens", "60", api=server_api)
     out = tmp_path / "out"
 
     enqueued = cli("enqueue", str(prompts), "--campaign", "e2e", "--tokenizer", str(tokenizer_path),
@@ -21,8 +37,9 @@ def test_fifty_prompts_end_to_end(tmp_path, redis_server, stack, tokenizer, toke
                    "--batch-size", "8", "--redis", redis_server.url)
     assert "rows read 50 / enqueued 50 / duplicate 0 / skipped 0" in enqueued.stdout.decode()
 
-    stack.worker(servers=[url], out=out, redis_url=redis_server.url, concurrency=2)
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, concurrency=2)
     wait_finished(redis_server.url, "e2e", expected=50, stack=stack)
+    assert f"is {server_api} " in worker.log(), "the worker says which kind of server it detected"
 
     status = status_json(redis_server.url, "e2e")
     assert {k: status[k] for k in ("enqueued", "queued", "done", "failed")} == \
@@ -33,6 +50,7 @@ def test_fifty_prompts_end_to_end(tmp_path, redis_server, stack, tokenizer, toke
     records = [json.loads(line) for line in exported.read_text().splitlines()]
     assert len(records) == 50
     assert len({r["key"] for r in records}) == 50
+    assert {r["backend"] for r in records} == {server_api}
 
     by_id = {row["id"]: row for row in rows}
     # Each record carries the sampling_params sent: every value explicit, its own sampling_seed.
@@ -57,8 +75,8 @@ def test_fifty_prompts_end_to_end(tmp_path, redis_server, stack, tokenizer, toke
             {"max_new_tokens": 128, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.0,
              "repetition_penalty": 1.0, "skip_special_tokens": False}
         assert isinstance(sampling["sampling_seed"], int)
-        response = requests.post(f"{url}/generate", json={
-            "input_ids": expected_prompt, "sampling_params": sampling,
-        }, timeout=30).json()
-        assert record["input_ids"][prompt_len:] == response["output_ids"]
-        assert record["finish_reason"] == response["meta_info"]["finish_reason"]["type"]
+        output_ids, finish = _replay(url, server_api, expected_prompt, sampling)
+        assert record["input_ids"][prompt_len:] == output_ids
+        assert record["finish_reason"] == finish
+        if finish == "stop":  # the EOS (vLLM's stop_reason null) is recorded as the matched id, as SGLang does
+            assert json.loads(record["finish_matched"]) == output_ids[-1]

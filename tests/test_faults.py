@@ -1,5 +1,6 @@
 """Fault tests with real processes: every one ends with each prompt key having exactly one
-record or one recorded failure (docs/reliability.md lists them)."""
+record or one recorded failure (docs/reliability.md lists them). Those taking `server_api` run
+against each kind of server: SGLang's /generate and vLLM's /v1/completions."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_worker_sigkilled_mid_batch_another_worker_finishes(tmp_path, redis_serv
     assert {r.worker for r in records.values()} >= {"second@test"}
 
 
-def test_server_down_at_start_then_warming_then_up(tmp_path, redis_server, stack, tokenizer_path):
+def test_server_down_at_start_then_warming_then_up(tmp_path, redis_server, stack, tokenizer_path, server_api):
     enqueue_rows(tmp_path, redis_server.url, "late", chat_rows(16), tokenizer=tokenizer_path)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -54,9 +55,13 @@ def test_server_down_at_start_then_warming_then_up(tmp_path, redis_server, stack
     queued_tasks = c.client.llen("eagle-synth")
     assert queued_tasks == 2, "no batch may be taken while the server refuses connections"
 
-    stack.devserver("--startup-delay", "2", "--warmup", "3", port=port, wait=False)
-    wait_for(lambda: state_is("warming"), timeout=60, interval=0.2, what="status to show the server warming")
-    assert c.client.llen("eagle-synth") == 2
+    if server_api == "sglang":
+        stack.devserver("--startup-delay", "2", "--warmup", "3", port=port, wait=False)
+        wait_for(lambda: state_is("warming"), timeout=60, interval=0.2, what="status to show the server warming")
+        assert c.client.llen("eagle-synth") == 2
+    else:
+        # vLLM listens only once its model is loaded: from refused connections straight to ready.
+        stack.devserver("--startup-delay", "3", port=port, wait=False, api="vllm")
     wait_finished(redis_server.url, "late", expected=16, stack=stack, timeout=90)
 
     stats = devserver_stats(url)
@@ -65,17 +70,18 @@ def test_server_down_at_start_then_warming_then_up(tmp_path, redis_server, stack
     assert_exactly_once(redis_server.url, "late", out / "late", expected=16)
 
 
-def test_injected_500s_and_dropped_connections(tmp_path, redis_server, stack, tokenizer_path):
+def test_injected_500s_and_dropped_connections(tmp_path, redis_server, stack, tokenizer_path, server_api):
     enqueue_rows(tmp_path, redis_server.url, "flaky", chat_rows(40), tokenizer=tokenizer_path, batch_size=4)
     _, url = stack.devserver("--fail-rate", "0.2", "--drop-rate", "0.2", "--health-fail-rate", "0.3",
-                             "--seed", "3")
+                             "--seed", "3", api=server_api)
     out = tmp_path / "out"
     stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY)
     wait_finished(redis_server.url, "flaky", expected=40, stack=stack, timeout=180)
     stats = devserver_stats(url)
     assert stats["injected_failures"] + stats["injected_drops"] > 0
     assert campaign(redis_server.url, "flaky").progress().failed == 0
-    assert_exactly_once(redis_server.url, "flaky", out / "flaky", expected=40)
+    records = assert_exactly_once(redis_server.url, "flaky", out / "flaky", expected=40)
+    assert {r.backend for r in records.values()} == {server_api}
 
 
 def test_redis_restarted_mid_campaign(tmp_path, stack, tokenizer_path):
@@ -97,11 +103,11 @@ def test_redis_restarted_mid_campaign(tmp_path, stack, tokenizer_path):
         redis_server.stop()
 
 
-def test_prompt_over_context_length_inside_a_batch(tmp_path, redis_server, stack, tokenizer_path):
+def test_prompt_over_context_length_inside_a_batch(tmp_path, redis_server, stack, tokenizer_path, server_api):
     rows = chat_rows(7)
     rows.insert(3, {"id": "long", "messages": [{"role": "user", "content": "word " * 400}]})
     enqueue_rows(tmp_path, redis_server.url, "ctx", rows, tokenizer=tokenizer_path, batch_size=8)
-    _, url = stack.devserver("--context-length", "300")
+    _, url = stack.devserver("--context-length", "300", api=server_api)
     out = tmp_path / "out"
     stack.worker(servers=[url], out=out, redis_url=redis_server.url)
     wait_finished(redis_server.url, "ctx", expected=8, stack=stack)
@@ -161,10 +167,10 @@ def test_sigterm_puts_unfinished_batches_back(tmp_path, redis_server, stack, tok
     assert c.progress().failed == 0
 
 
-def test_server_dies_mid_campaign_and_comes_back(tmp_path, redis_server, stack, tokenizer_path):
+def test_server_dies_mid_campaign_and_comes_back(tmp_path, redis_server, stack, tokenizer_path, server_api):
     enqueue_rows(tmp_path, redis_server.url, "dies", chat_rows(32), tokenizer=tokenizer_path, batch_size=4)
     port = free_port()
-    first, url = stack.devserver("--die-after", "3", "--token-latency", "0.002", port=port)
+    first, url = stack.devserver("--die-after", "3", "--token-latency", "0.002", port=port, api=server_api)
     out = tmp_path / "out"
     stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY)
     c = campaign(redis_server.url, "dies")
@@ -176,7 +182,7 @@ def test_server_dies_mid_campaign_and_comes_back(tmp_path, redis_server, stack, 
 
     wait_for(lambda: state_is("loading"), timeout=60, interval=0.3, what="status to show the server down")
     assert c.progress().done < 32
-    stack.devserver("--token-latency", "0.002", port=port)
+    stack.devserver("--token-latency", "0.002", port=port, api=server_api)
     wait_finished(redis_server.url, "dies", expected=32, stack=stack, timeout=120)
     assert c.progress().failed == 0
     assert_exactly_once(redis_server.url, "dies", out / "dies", expected=32)

@@ -76,13 +76,14 @@ def test_unexpected_error_is_retried_then_recorded_never_dropped(tmp_path, redis
     assert worker.alive()
 
 
-def test_malformed_200_replies_never_become_records(tmp_path, redis_server, stack, tokenizer_path, tokenizer):
-    """A server answering 200 with items that are not usable replies (a list of ints, meta_info a
-    string, ids as strings or negative, no output_ids): each is retried, then recorded as
-    `bad-response`; no record is written from one."""
+def test_malformed_200_replies_never_become_records(tmp_path, redis_server, stack, tokenizer_path, tokenizer,
+                                                    server_api):
+    """A server answering 200 with items that are not usable replies (a list of ints, meta_info
+    or choices a string, ids as strings or negative, no output ids): each is retried, then
+    recorded as `bad-response`; no record is written from one."""
     enqueue_rows(tmp_path, redis_server.url, "junk", chat_rows(12), tokenizer=tokenizer_path, batch_size=4)
-    _, url = stack.devserver("--malformed-rate", "0.4", "--seed", "3")
-    _, junk_url = stack.devserver("--malformed-rate", "1.0")
+    _, url = stack.devserver("--malformed-rate", "0.4", "--seed", "3", api=server_api)
+    _, junk_url = stack.devserver("--malformed-rate", "1.0", api=server_api)
     out = tmp_path / "out"
     fast = {"EAGLE_SYNTH_BACKOFF_MAX": "0.05"}
     first = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=fast)

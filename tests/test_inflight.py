@@ -9,6 +9,7 @@ from eagle_synth.devserver.vocab import ModelVocab
 from eagle_synth.local import wait_for
 from eagle_synth.templating import render_prompt_ids
 from tests.helpers import assert_exactly_once, devserver_stats, enqueue_rows, wait_finished
+from workers.backends.sglang import SGLangBackend
 from workers.inflight import InflightPool
 
 # Devserver lengths: lognormal, so a few prompts run far longer than the rest.
@@ -65,7 +66,7 @@ def test_pool_refills_a_freed_ticket_while_a_long_request_runs(stack):
     def tick(counts):
         return {url: 2}
 
-    pool = InflightPool(servers=[url], on_tick=tick)
+    pool = InflightPool(servers=[url], on_tick=tick, backends={url: SGLangBackend()})
     try:
         wait_for(pool.routable, timeout=10, what="the pool's first routing tick")
         long = pool.submit(ids=[1, 2, 3], sampling={"max_new_tokens": 300, "ignore_eos": True, "temperature": 0.0},
@@ -89,7 +90,7 @@ def test_pool_answers_connection_refused_as_server_down():
     from workers.client import ServerDown
 
     url = f"http://127.0.0.1:{free_port()}"
-    pool = InflightPool(servers=[url], on_tick=lambda counts: {url: 4})
+    pool = InflightPool(servers=[url], on_tick=lambda counts: {url: 4}, backends={url: SGLangBackend()})
     try:
         wait_for(pool.routable, timeout=10, what="the pool's first routing tick")
         answer = pool.submit(ids=[1], sampling={"max_new_tokens": 1}, timeout=5, tag="c").result(timeout=10)

@@ -34,7 +34,7 @@ from workers.health import HealthGate
 from workers.preflight import (
     ENV_ALLOW_SETTINGS,
     PROVENANCE_LAUNCH_ARGS,
-    REFUSABLE_SETTINGS,
+    SGLANG_REFUSABLE_SETTINGS,
     ContextLimits,
     PreflightError,
     allowed_settings_from_env,
@@ -78,7 +78,7 @@ def test_each_refused_setting_names_itself_and_its_override(info, setting, says)
     message = str(caught.value)
     assert says in message and f"--allow-server-setting {setting}" in message
     assert check_server(facts(info), allowed_settings={setting}) == [check_server(
-        facts(info), allowed_settings=set(REFUSABLE_SETTINGS))[0]]
+        facts(info), allowed_settings=set(SGLANG_REFUSABLE_SETTINGS))[0]]
 
 
 def test_not_a_generation_model_is_refused():

@@ -52,15 +52,18 @@ def clean_campaign(tmp_path, ids, n: int = 6):
 def test_a_clean_campaign_passes_with_its_figures(tmp_path, ids, tokenizer):
     folder = clean_campaign(tmp_path, ids)
     write_record_file(folder, campaign="camp", batch="bb",
-                      records=[rec(ids, "99bb", output=ids["reasoning"][:3], finish_reason="length", finish_matched=None)])
+                      records=[rec(ids, "99bb", output=ids["reasoning"][:3], finish_reason="length", finish_matched=None,
+                                   backend="vllm")])
     report = verify_campaign(folder, tokenizer=tokenizer)
     assert report["ok"] and report["errors"] == 0 and report["warnings"] == 0
     assert report["records"] == 7 and report["finish_reasons"] == {"length": 1, "stop": 6}
+    assert report["backends"] == {"sglang": 6, "vllm": 1}
     assert report["truncated_share"] == pytest.approx(1 / 7, abs=1e-5)
     assert report["reasoning"]["prompts_open_think"] == 7 and report["reasoning"]["closed_in_output"] == 6
     assert report["settings"]["vocab_size"] == ids["vocab"] and report["settings"]["eos_token_ids"] == [ids["eos"]]
     assert set(report) == {"campaign", "ok", "errors", "warnings", "format_version", "files", "records", "tokens",
-                           "finish_reasons", "truncated_share", "reasoning", "settings", "checks", "damaged"}
+                           "finish_reasons", "backends", "truncated_share", "reasoning", "settings", "checks",
+                           "damaged"}
     assert list(report["checks"]) == list(CHECKS)
 
 

@@ -95,7 +95,8 @@ def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, s
     _, url = stack.devserver("--context-length", "200")
     client = connect(broker_settings(redis_url=redis_server.url))
     node = NodeState(client, "test@here")
-    node.publish({url: ServerState(state=HEALTHY, since=time.time(), context_length=None)}, consuming=True)
+    node.publish({url: ServerState(state=HEALTHY, since=time.time(), context_length=None, backend="sglang")},
+                 consuming=True)
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)["input_ids"]
            for i in range(6)]
     ids[4] = ids[4] + [tokenizer.convert_tokens_to_ids("hello")] * 300
@@ -123,7 +124,8 @@ def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_e
     enqueue_rows(tmp_path, redis_server.url, "badsp", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver()
     client = connect(broker_settings(redis_url=redis_server.url))
-    NodeState(client, "sp@here").publish({url: ServerState(state=HEALTHY, since=time.time())}, consuming=True)
+    NodeState(client, "sp@here").publish({url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")},
+                                         consuming=True)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)["input_ids"]
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=ids + [i + 10]) for i in range(40)]
     runtime = WorkerRuntime(config=WorkerConfig(servers=(url,), out=tmp_path / "out", inflight=2), node="sp@here",
@@ -276,7 +278,8 @@ def test_retried_batch_adopts_files_a_crashed_attempt_left(request, tmp_path, re
     enqueue_rows(tmp_path, redis_server.url, "adopt", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver()
     client = connect(broker_settings(redis_url=redis_server.url))
-    NodeState(client, "t@here").publish({url: ServerState(state=HEALTHY, since=time.time())}, consuming=True)
+    NodeState(client, "t@here").publish({url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")},
+                                         consuming=True)
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)["input_ids"]
            for i in range(4)]
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=x) for i, x in enumerate(ids)]

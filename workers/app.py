@@ -199,6 +199,7 @@ class HealthGateStep(bootsteps.StartStopStep):
                 on_close=close_gate, allow_server_parsers=config.allow_server_parsers,
                 allowed_settings=frozenset(config.allow_server_settings),
                 probe_timeout=config.probe_timeout, disk=disk,
+                backends={url: config.backend_for(url) for url in config.servers},
             )
             self.gate.start()
         elif not self.gate.is_open:

@@ -47,19 +47,14 @@ from eagle_synth.records import (
     write_manifest,
     write_record_file,
 )
-from workers.client import BadRequest, BadSamplingParams, ServerDown, SGLangClient, TransientError
+from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
+from workers.client import BadRequest, BadSamplingParams, SGLangClient, ServerDown, TransientError
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
-from workers.preflight import ContextLimits, context_message, fits_context
 from workers.replies import (
-    BAD_RESPONSE_REASON,
-    PROMPT_MISMATCH_REASON,
-    BadResponse,
-    GeneratedItem,
-    PromptMismatch,
-    parse_generate_item,
+    BAD_RESPONSE_REASON, PROMPT_MISMATCH_REASON, BadResponse, GeneratedItem, PromptMismatch,
 )
 
 log = logging.getLogger("eagle_synth.batch")
@@ -244,6 +239,7 @@ class BatchRunner:
         states = self._healthy_states()
         if not states:
             raise Requeue("no healthy server")
+        items = self._drop_untranslatable(campaign, payload, states, items, outcome)
         items = self._drop_too_long(campaign, payload, states, items, outcome)
         if not items:
             return outcome
@@ -330,21 +326,40 @@ class BatchRunner:
         healthy = {}
         for url in self.config.servers:
             state = states.get(url)
-            if state is not None and state.state == HEALTHY and suspects.get(url, 0.0) <= state.since:
+            # A server's kind is known once preflight passed; the pool cannot route to it before.
+            if (state is not None and state.state == HEALTHY and state.backend in BACKENDS
+                    and suspects.get(url, 0.0) <= state.since):
                 healthy[url] = state
         return healthy
 
+    def _drop_untranslatable(self, campaign, payload, states: dict[str, ServerState], items,
+                             outcome) -> list[PromptItem]:
+        """Any healthy server may get any prompt, so the campaign's sampling must mean the same on
+        every kind of server among them (vLLM has no equivalent of some SGLang values)."""
+        for url, state in states.items():
+            backend = backend_for_state(state)
+            if backend is None:
+                continue
+            try:
+                backend.translate_sampling(payload.sampling)
+            except UntranslatableSampling as exc:
+                error = UntranslatableSampling(f"server {url} ({state.backend}): {exc}")
+                for item in items:
+                    self._fail(campaign, payload, item, BAD_SAMPLING_REASON, str(error), outcome)
+                log.error("campaign %s: %s", campaign.name, error)
+                return []
+        return items
+
     def _drop_too_long(self, campaign, payload, states: dict[str, ServerState], items, outcome) -> list[PromptItem]:
         # Any healthy server may get any prompt, so a prompt must fit every one of them.
-        limits = [ContextLimits.from_state(state) for state in states.values()]
+        backends = [(backend, state) for state in states.values() if (backend := backend_for_state(state))]
         max_new = int(payload.sampling.get("max_new_tokens", 0))
         good = []
         for item in items:
-            refused = next((lim for lim in limits
-                            if not fits_context(prompt_len=len(item.ids), max_new_tokens=max_new, limits=lim)), None)
-            if refused is not None:
-                self._fail(campaign, payload, item, "prompt-too-long",
-                           context_message(prompt_len=len(item.ids), max_new_tokens=max_new, limits=refused), outcome)
+            problem = next((why for backend, state in backends if (why := backend.context_problem(
+                prompt_len=len(item.ids), max_new_tokens=max_new, state=state))), None)
+            if problem is not None:
+                self._fail(campaign, payload, item, "prompt-too-long", problem, outcome)
             else:
                 good.append(item)
         return good
@@ -406,13 +421,16 @@ class BatchRunner:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
         url = answer.url
         error = answer.error
+        backend = answer.backend
         if error is None:
+            assert backend is not None, "the pool builds every request with its server's backend"
             try:
-                reply = parse_generate_item(answer.item, vocab_size=settings.vocab_size, prompt_len=len(item.ids))
+                reply = backend.parse(answer.item, vocab_size=settings.vocab_size, prompt_ids=item.ids,
+                                      sampling=attempt.sampling(payload, item))
             except PromptMismatch as exc:
                 self._fail(campaign, payload, item, PROMPT_MISMATCH_REASON, str(exc), outcome)
                 return
-            except TransientError as exc:
+            except (TransientError, BadSamplingParams) as exc:  # BadSamplingParams: SamplingOverridden
                 error = exc
             else:
                 self._report_ok(url)
@@ -420,7 +438,8 @@ class BatchRunner:
                     self._retry(campaign, payload, item, attempt, outcome, "aborted", "the server aborted this prompt")
                     return
                 self._note_server(campaign, url)
-                attempt.add_record(self._record(campaign, payload, url, item, reply, attempt.sampling(payload, item)))
+                attempt.add_record(self._record(campaign, payload, url, item, reply, attempt.sampling(payload, item),
+                                                backend=backend.name))
                 outcome.servers.add(url)
                 return
         if isinstance(error, BadSamplingParams):
@@ -495,7 +514,7 @@ class BatchRunner:
             self._noted.add((campaign.name, url))
 
     def _record(self, campaign: Campaign, payload: TaskPayload, url: str, item: PromptItem,
-                reply: GeneratedItem, sampling: dict) -> Record:
+                reply: GeneratedItem, sampling: dict, *, backend: str) -> Record:
         return Record(
             key=item.key, id=item.row_id, sample=item.sample, turn=item.turn,
             prompt_ids=item.ids, output_ids=reply.output_ids,
@@ -503,7 +522,7 @@ class BatchRunner:
             prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
             cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=sampling,
             source=item.source, server=url, worker=self.node, e2e_latency=reply.e2e_latency,
-            created_at=time.time(), repaired_prefix=reply.repaired_prefix,
+            created_at=time.time(), repaired_prefix=reply.repaired_prefix, backend=backend,
         )
 
     # writing ------------------------------------------------------------------------

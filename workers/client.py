@@ -1,7 +1,8 @@
-"""A token-in/token-out client for SGLang's native HTTP API.
+"""A token-in/token-out HTTP client for one inference server (SGLang or vLLM).
 
-It sends `input_ids`, keeps `output_ids`, and turns every way a request can go wrong into
-one of three exceptions the batch runner classifies: ServerDown (not listening: nothing to
+The client is the transport: health, the small info endpoints, JSON posts. What a request and
+a reply look like for each server kind lives in workers/backends/. It turns every way a
+request can go wrong into one of three exceptions the batch runner classifies: ServerDown (not listening: nothing to
 retry until health says so), TransientError (timeouts, resets, 429, 5xx: retry with
 backoff) and BadRequest (400: the prompt or its parameters, never worth a retry). A 400 about
 the sampling parameters is a BadSamplingParams: every prompt of the campaign shares them, so
@@ -55,12 +56,14 @@ class BadSamplingParams(BadRequest):
     """
 
 
-# SGLang field names of `sampling_params` whose out-of-range values verify() reports as
-# "<field> must ..." (python/sglang/srt/sampling/sampling_params.py).
+# Sampling field names whose out-of-range values the servers report as "<field> must ...":
+# SGLang's `sampling_params` (python/sglang/srt/sampling/sampling_params.py verify()) and
+# vLLM's completion fields (vllm/sampling_params.py _verify_args()).
 _SAMPLING_FIELDS = (
     "max_new_tokens|min_new_tokens|temperature|top_p|top_k|min_p|frequency_penalty|"
     "presence_penalty|repetition_penalty|logit_bias|stop_token_ids|stop_regex|sampling_seed|"
-    "json_schema|regex|ebnf|n|stop|ignore_eos|skip_special_tokens|no_stop_trim|custom_params"
+    "json_schema|regex|ebnf|n|stop|ignore_eos|skip_special_tokens|no_stop_trim|custom_params|"
+    "max_tokens|min_tokens|seed|spaces_between_special_tokens|include_stop_str_in_output"
 )
 # How SGLang words a 400 caused by the sampling parameters, whatever the version:
 #  * building SamplingParams(**kwargs) with an unknown key: msgspec's "Unexpected keyword
@@ -75,12 +78,14 @@ SAMPLING_ERROR_PATTERNS = (
     re.compile(r"not supported between instances of", re.IGNORECASE),
     re.compile(rf"\b({_SAMPLING_FIELDS})\b[^.]*\bmust\b"),
     re.compile(r"only one of regex, json_schema, or ebnf", re.IGNORECASE),
+    # vLLM's request validation (pydantic): a mistyped field is reported at ('body', '<field>').
+    re.compile(rf"\('body', '({_SAMPLING_FIELDS})'\)"),
 )
 
 
 def is_sampling_error(message: str) -> bool:
     """True when a 400's message says the sampling parameters are wrong (not the prompt)."""
-    if "input_ids" in message:
+    if "input_ids" in message or "'prompt'" in message:
         return False  # about the prompt ids (e.g. a mistyped id), which differ per prompt
     return any(pattern.search(message) for pattern in SAMPLING_ERROR_PATTERNS)
 
@@ -140,6 +145,10 @@ class ServerFacts:
         version: SGLang version string, if reported.
         max_running_requests: requests the server runs at once (its scheduler's cap).
         max_total_num_tokens: tokens its KV cache holds, all running requests together.
+        backend: the server kind ("sglang" or "vllm"); server_info and model_info are that
+            kind's (for vLLM: its dev-mode configuration if exposed, and its /v1/models card).
+        models: `/v1/models` as returned, if it answered.
+        probe: what a backend's preflight probe request saw (vLLM), for its checks.
     """
 
     url: str
@@ -149,10 +158,13 @@ class ServerFacts:
     version: str | None
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
+    backend: str = "sglang"
+    models: dict | None = None
+    probe: dict | None = None
 
 
 class SGLangClient:
-    """HTTP client for one SGLang server.
+    """HTTP client for one server (named for the first kind it served; vLLM uses it too).
 
     Parameters:
         url: base URL, e.g. http://gpu-host:30000.
@@ -237,6 +249,25 @@ class SGLangClient:
                 continue
             last = ClientError(f"{path} answered {response.status_code}", status=response.status_code)
         raise TransientError(f"{self.url}: none of {paths} answered: {last}")
+
+    def get_optional_json(self, path: str, *, timeout: float = INFO_TIMEOUT) -> dict | None:
+        """GET `path`: its JSON object, or None when it answers anything else (404, not JSON).
+
+        Raises ServerDown when nothing listens and TransientError on timeouts: "this server has
+        no such endpoint" must not be confused with "this server did not answer"."""
+        response = self._request("GET", path, timeout=timeout)
+        if response.status_code != 200:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    def post_json(self, path: str, body: dict, *, timeout: float) -> tuple[int, bytes]:
+        """POST a JSON body; (status, raw reply). Transport failures raise as `_request` does."""
+        response = self._request("POST", path, timeout=timeout, json=body)
+        return response.status_code, response.content
 
     def facts(self) -> ServerFacts:
         """Server info, model info and the effective context length.

@@ -19,6 +19,7 @@ from typing import Any
 
 from eagle_synth.errors import UserError
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
+from workers.backends.base import AUTO, BACKEND_CHOICES
 
 # Prefix of every worker setting's environment variable: EAGLE_SYNTH_ + the field in capitals.
 ENV_PREFIX = "EAGLE_SYNTH_"
@@ -49,7 +50,10 @@ class WorkerConfig:
     """What the worker process needs; every field is one option (flag `--field-name`,
     environment `EAGLE_SYNTH_FIELD_NAME`)."""
 
-    servers: tuple[str, ...] = setting((), "SGLang base URL; repeat for several servers.")
+    servers: tuple[str, ...] = setting((), "Server base URL (SGLang or vLLM); repeat for several servers.")
+    backend: tuple[str, ...] = setting(
+        (), "Server kind: auto (detect), sglang or vllm. Once for every server, or once per --server in the "
+            "same order. Default: auto.")
     out: Path = setting(Path("out"), "Records go to OUT/<campaign>/.")
     inflight: int | None = setting(
         None, f"Prompts in flight per server. Default: {AUTO_INFLIGHT_FACTOR} x the server's max_running_requests, "
@@ -74,6 +78,12 @@ class WorkerConfig:
         for name in ("timeout_base", "timeout_per_token", "backoff_max", "probe_timeout"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} {getattr(self, name)}: must be >= 0")
+        unknown = [kind for kind in self.backend if kind not in BACKEND_CHOICES]
+        if unknown:
+            problems.append(f"backend {', '.join(unknown)}: must be one of {', '.join(BACKEND_CHOICES)}")
+        if len(self.backend) > 1 and len(self.backend) != len(self.servers):
+            problems.append(f"backend given {len(self.backend)} times for {len(self.servers)} servers: give it "
+                            "once for all, or once per server in --server order")
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -107,9 +117,17 @@ class WorkerConfig:
         config = cls(**values)
         if not config.servers:
             raise ConfigError(
-                f"no SGLang server configured: set {env_name('servers')} or start with `eagle-synth worker --server URL`"
+                f"no server configured: set {env_name('servers')} or start with `eagle-synth worker --server URL`"
             )
         return config
+
+    def backend_for(self, url: str) -> str:
+        """The kind given for one server ("auto" when none was: detect it)."""
+        if not self.backend:
+            return AUTO
+        if len(self.backend) == 1:
+            return self.backend[0]
+        return self.backend[self.servers.index(url)]
 
     def request_timeout(self, max_new_tokens: int) -> float:
         return self.timeout_base + self.timeout_per_token * max_new_tokens

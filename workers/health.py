@@ -8,7 +8,11 @@ a second of the first 200 the worker consumes again.
 Hysteresis: a refused connection means nothing listens, so it counts at once; timeouts and
 503s from a server that was healthy must repeat FAILURES_TO_UNHEALTHY times in a row, since
 SGLang's /health answers 503 on a healthy server busy with a long prefill. A successful
-/generate reported by a pool child counts as a passed probe.
+generation reported by a batch counts as a passed probe.
+
+Both kinds of server answer /health with 200 when ready. SGLang listens while it warms up
+(503s); vLLM listens only once its model is loaded, so it goes from loading to healthy. Before
+a server's first batch, preflight (workers/backends/) tells which kind it is and checks it.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from eagle_synth.node_state import (
     HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState,
 )
 from eagle_synth.processes import process_alive
+from workers.backends import AUTO, BACKENDS, preflight_server
 from workers.client import SGLangClient, ServerDown, TransientError
 from workers.disk import DiskState
-from workers.preflight import PreflightError, apply_facts, check_server
+from workers.preflight import PreflightError
 
 log = logging.getLogger("eagle_synth.health")
 
@@ -68,15 +73,18 @@ class HealthGate:
         on_close: called when no server is healthy any more.
         allow_server_parsers: accept servers running parsers or skipping their tokenizer.
         allowed_settings: refused server settings to accept by name (see
-            workers.preflight.REFUSABLE_SETTINGS); None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS.
+            workers.backends.REFUSABLE_SETTINGS); None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS.
         probe_timeout: seconds a /health probe may take.
         disk: the output folder's state; while it cannot take records the gate stays closed.
+        backends: the kind given per server (--backend: "sglang", "vllm"); a server not
+            listed, or "auto", is detected at preflight (workers/backends/).
     """
 
     def __init__(self, *, servers: list[str], node_state: NodeState,
                  on_open: Callable[[], None], on_close: Callable[[], None],
                  allow_server_parsers: bool = False, allowed_settings: frozenset[str] | None = None,
-                 probe_timeout: float = 25.0, disk: DiskState | None = None) -> None:
+                 probe_timeout: float = 25.0, disk: DiskState | None = None,
+                 backends: dict[str, str] | None = None) -> None:
         self.node_state = node_state
         self.on_open = on_open
         self.on_close = on_close
@@ -86,6 +94,7 @@ class HealthGate:
         self.disk = disk
         self._disk_detail: str | None = None
         self.tracked = {url: _Tracked(client=SGLangClient(url, pool_connections=2)) for url in servers}
+        self.forced = {url: (backends or {}).get(url, AUTO) for url in servers}
         self.is_open = False
         self._last_prune = 0.0
         self._last_publish = 0.0
@@ -165,18 +174,23 @@ class HealthGate:
             return self._failed(tracked, state, detail, certain=False, now=now)
         if not tracked.preflighted:
             try:
-                facts = tracked.client.facts()
-                accepted = check_server(facts, allow_server_parsers=self.allow_server_parsers,
-                                        allowed_settings=self.allowed_settings)
+                checked = preflight_server(tracked.client, forced=self.forced[url],
+                                           allow_server_parsers=self.allow_server_parsers,
+                                           allowed_settings=self.allowed_settings)
             except PreflightError as exc:
                 log.error("%s", exc)
                 tracked.next_probe = float("inf")
                 return self._set(tracked, REFUSED, str(exc))
             except (ServerDown, TransientError) as exc:
                 return self._failed(tracked, WARMING, f"preflight: {exc}", certain=False, now=now)
-            for problem in accepted:
+            for problem in checked.accepted:
                 log.warning("server %s accepted despite %s", url, problem)
-            apply_facts(tracked.state, facts, accepted=accepted)
+            facts = checked.facts
+            log.warning("server %s is %s %s serving %s (context %s; kind from %s)", url, checked.kind,
+                        facts.version or "(version unknown)",
+                        facts.model_info.get("id") or facts.server_info.get("model_path") or "?",
+                        facts.context_length, checked.how)
+            BACKENDS[checked.kind].apply_facts(tracked.state, facts, accepted=checked.accepted)
             tracked.preflighted = True
         tracked.failures = 0
         tracked.wait = BACKOFF_START

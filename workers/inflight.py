@@ -1,4 +1,4 @@
-"""InflightPool: the worker's process-wide set of in-flight /generate requests, refilled per prompt.
+"""InflightPool: the worker's process-wide set of in-flight generation requests, refilled per prompt.
 
 SGLang frees a running slot the moment a sequence ends, and reasoning outputs are
 heavy-tailed. If the unit of in-flight work were a batch, a batch would hold its in-flight
@@ -10,6 +10,9 @@ ticket to the next prompt in line at once, whichever batch either belongs to.
 Requests run on one asyncio event loop in a daemon thread (aiohttp), so a thousand in-flight
 prompts cost no thread each. Batch threads call `submit` and wait on the returned
 `concurrent.futures.Future`, which always resolves to an `Answer` (never raises).
+
+Each server has its backend (workers/backends/: SGLang's /generate or vLLM's
+/v1/completions), which builds the request; a server whose kind is not known yet takes none.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from typing import Any
 
 import aiohttp
 
-from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, error_for_status
+from workers.backends.base import Backend
+from workers.client import (
+    CONNECT_TIMEOUT, BadSamplingParams, ClientError, ServerDown, TransientError, error_for_status,
+)
 
 log = logging.getLogger("eagle_synth.inflight")
 
@@ -42,13 +48,15 @@ class Answer:
 
     Parameters:
         url: the server that was asked.
-        item: the decoded JSON reply (one /generate response item), unchecked.
+        item: the decoded JSON reply (one prompt's), unchecked.
         error: why there is no reply (ServerDown, TransientError, BadRequest...).
+        backend: the backend the request was built with, which must check the reply.
     """
 
     url: str
     item: Any = None
     error: ClientError | None = None
+    backend: Backend | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -73,12 +81,14 @@ class InflightPool:
         servers: base URLs.
         on_tick: reports in-flight counts and returns {url: tickets}; see above.
         initial_tickets: tickets per server before the first tick answers.
+        backends: each server's backend if known now; later ones come through `set_backend`.
     """
 
     def __init__(self, *, servers: list[str], on_tick: Callable[[Mapping[tuple[str, str], int]], dict[str, int]],
-                 initial_tickets: int = 0) -> None:
+                 initial_tickets: int = 0, backends: Mapping[str, Backend] | None = None) -> None:
         self.servers = list(servers)
         self._on_tick = on_tick
+        self._backends: dict[str, Backend] = dict(backends or {})
         self._limits: dict[str, int] = {url: initial_tickets for url in self.servers}
         self._refused: set[str] = set()
         self._busy: Counter[str] = Counter()
@@ -99,9 +109,15 @@ class InflightPool:
         self._loop.call_soon_threadsafe(self._enqueue, job)
         return future
 
+    def set_backend(self, url: str, backend: Backend) -> None:
+        """The backend requests to `url` are built with from now on (its kind, learned at
+        preflight, may change when another server takes the address)."""
+        self._backends[url] = backend
+
     def routable(self) -> bool:
         """True if some server may take prompts right now."""
-        return any(self._limits.get(url, 0) > 0 and url not in self._refused for url in self.servers)
+        return any(self._limits.get(url, 0) > 0 and url not in self._refused and url in self._backends
+                   for url in self.servers)
 
     def inflight(self) -> dict[str, int]:
         """Prompts in flight per server."""
@@ -160,7 +176,7 @@ class InflightPool:
     def _free_server(self) -> str | None:
         best, best_free = None, 0
         for url in self.servers:
-            if url in self._refused:
+            if url in self._refused or url not in self._backends:
                 continue
             free = self._limits.get(url, 0) - self._busy[url]
             if free > best_free:
@@ -183,7 +199,8 @@ class InflightPool:
         try:
             answer = await self._post(url, job)
         except Exception as exc:  # never leave a batch waiting on a future that cannot resolve
-            answer = Answer(url=url, error=TransientError(f"{url}/generate: unexpected client error: {exc!r}"))
+            answer = Answer(url=url, error=TransientError(f"{url}: unexpected client error: {exc!r}"),
+                            backend=self._backends.get(url))
         finally:
             self._busy[url] -= 1
             self._by_tag[(job.tag, url)] -= 1
@@ -196,22 +213,28 @@ class InflightPool:
 
     async def _post(self, url: str, job: _Job) -> Answer:
         assert self._session is not None
-        body = {"input_ids": job.ids, "sampling_params": job.sampling}
+        backend = self._backends[url]
+        try:
+            path, body = backend.request(job.ids, job.sampling)
+        except BadSamplingParams as exc:  # the campaign's sampling has no equivalent on this kind
+            return Answer(url=url, error=exc, backend=backend)
         timeout = aiohttp.ClientTimeout(total=job.timeout, sock_connect=CONNECT_TIMEOUT)
         try:
-            async with self._session.post(f"{url}/generate", json=body, timeout=timeout) as response:
+            async with self._session.post(f"{url}{path}", json=body, timeout=timeout) as response:
                 raw = await response.read()
                 status = response.status
         except aiohttp.ClientConnectorError as exc:
-            return Answer(url=url, error=ServerDown(f"{url}: connection refused ({exc.os_error})"))
+            return Answer(url=url, error=ServerDown(f"{url}: connection refused ({exc.os_error})"), backend=backend)
         except asyncio.TimeoutError:
-            return Answer(url=url, error=TransientError(f"{url}/generate: no answer within {job.timeout:.0f} s"))
+            return Answer(url=url, error=TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s"),
+                          backend=backend)
         except aiohttp.ClientError as exc:
-            return Answer(url=url, error=TransientError(f"{url}/generate: connection error: {exc!r}"))
-        error = error_for_status(status, raw, path="/generate")
+            return Answer(url=url, error=TransientError(f"{url}{path}: connection error: {exc!r}"), backend=backend)
+        error = error_for_status(status, raw, path=path)
         if error is not None:
-            return Answer(url=url, error=error)
+            return Answer(url=url, error=error, backend=backend)
         try:
-            return Answer(url=url, item=json.loads(raw))
+            return Answer(url=url, item=json.loads(raw), backend=backend)
         except ValueError as exc:
-            return Answer(url=url, error=TransientError(f"/generate answered 200 with a body that is not JSON: {exc}"))
+            return Answer(url=url, error=TransientError(f"{path} answered 200 with a body that is not JSON: {exc}"),
+                          backend=backend)

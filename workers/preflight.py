@@ -18,7 +18,8 @@ ones. What is kept about a server (provenance) is an allow-list of its launch ar
 `/server_info` returns every argument, `api_key` and `admin_api_key` included, unredacted.
 
 This module also says what SGLang counts against the context length (fits_context), from the
-facts preflight captured.
+facts preflight captured. The checks here are SGLang's; vLLM's, and the detection of which
+kind a server is, are in workers/backends/.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -169,18 +170,25 @@ CHECKS: dict[str, Callable[[ServerFacts], Problem | None]] = {
     "allow_auto_truncate": _auto_truncate,
     "preferred_sampling_params": _preferred_params,
 }
-# Names `--allow-server-setting` accepts (for the CLI's validation and help).
-REFUSABLE_SETTINGS = tuple(CHECKS)
+# The SGLang settings `--allow-server-setting` accepts; every kind's together are
+# workers.backends.REFUSABLE_SETTINGS.
+SGLANG_REFUSABLE_SETTINGS = tuple(CHECKS)
+# A setting check: the Problem a server's facts show, or None.
+Check = Callable[[ServerFacts], Problem | None]
 
 
-def preflight_problems(facts: ServerFacts) -> list[Problem]:
-    """Every reason this server would not give the campaign raw, template-true ids."""
-    return [problem for check in CHECKS.values() if (problem := check(facts)) is not None]
+def preflight_problems(facts: ServerFacts, checks: Mapping[str, Check] | None = None) -> list[Problem]:
+    """Every reason this server would not give the campaign raw, template-true ids
+    (`checks` None: SGLang's)."""
+    checks = CHECKS if checks is None else checks
+    return [problem for check in checks.values() if (problem := check(facts)) is not None]
 
 
 def allowed_settings_from_env(environ: dict[str, str] | None = None) -> frozenset[str]:
     """The setting names accepted through EAGLE_SYNTH_ALLOW_SERVER_SETTINGS (comma-separated)."""
     raw = (os.environ if environ is None else environ).get(ENV_ALLOW_SETTINGS, "")
+    from workers.backends import REFUSABLE_SETTINGS  # the backends build on this module
+
     names = frozenset(name.strip() for name in raw.split(",") if name.strip())
     unknown = sorted(names - set(REFUSABLE_SETTINGS))
     if unknown:
@@ -190,16 +198,17 @@ def allowed_settings_from_env(environ: dict[str, str] | None = None) -> frozense
 
 
 def check_server(facts: ServerFacts, *, allow_server_parsers: bool = False,
-                 allowed_settings: Iterable[str] | None = None) -> list[str]:
+                 allowed_settings: Iterable[str] | None = None,
+                 checks: Mapping[str, Check] | None = None) -> list[str]:
     """Raise PreflightError for a refused server; return the accepted problems otherwise.
 
     `allowed_settings` None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS; `allow_server_parsers`
-    adds the three parser-related settings.
+    adds the parser-related settings; `checks` are the server kind's (None: SGLang's).
     """
     allowed = set(allowed_settings_from_env() if allowed_settings is None else allowed_settings)
     if allow_server_parsers:
         allowed |= PARSER_SETTINGS
-    problems = preflight_problems(facts)
+    problems = preflight_problems(facts, checks)
     refused = [p for p in problems if p.setting not in allowed]
     if refused:
         raise PreflightError(
@@ -348,6 +357,7 @@ def apply_facts(state: ServerState, facts: ServerFacts, *, accepted: list[str]) 
     state.max_total_num_tokens = facts.max_total_num_tokens
     state.deterministic_inference = deterministic
     state.sampling_seed_supported = deterministic is not None
+    state.backend = facts.backend
     state.provenance = provenance(facts, accepted=accepted)
 
 
@@ -377,6 +387,7 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
         preferred = {"unreadable": str(facts.server_info.get("preferred_sampling_params"))[:200]}
     return {
         "url": redact_url(facts.url),
+        "backend": facts.backend,
         "version": facts.version,
         "model_path": facts.server_info.get("model_path") or facts.model_info.get("model_path"),
         "weight_version": facts.model_info.get("weight_version"),

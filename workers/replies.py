@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.client import TransientError
+from workers.client import BadSamplingParams, TransientError
 
 # Failure reasons recorded for prompts whose replies never became usable.
 BAD_RESPONSE_REASON = "bad-response"
@@ -35,8 +35,16 @@ class BadResponse(TransientError):
     """A 200 reply item that cannot be a record; the message says what was wrong with it."""
 
 
+class SamplingOverridden(BadSamplingParams):
+    """A 200 reply proves the server did not sample as asked, e.g. it ended a generation on
+    `length` before the max_tokens sent (a server-side cap such as vLLM's
+    --override-generation-config max_new_tokens). Every prompt of the campaign meets the same
+    server, so it is handled like a refusal of the sampling parameters."""
+
+
 class PromptMismatch(Exception):
-    """The server reports generating from a prompt of another length than the one sent.
+    """The server reports generating from another prompt than the one sent (another length;
+    on vLLM, which echoes the prompt ids, any other id).
 
     Not transient: the server cut or changed the prompt (e.g. `--allow-auto-truncate`), and it
     will do so again. The prompt fails with reason `prompt-mismatch`.
@@ -79,18 +87,18 @@ class GeneratedItem:
     aborted: bool
 
 
-def _excerpt(value: object) -> str:
+def excerpt(value: object) -> str:
     text = repr(value)
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
 
 
-def _kind(value: object) -> str:
+def kind_of(value: object) -> str:
     """"a list", "an int", ... for messages."""
     name = type(value).__name__
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
-def _is_int(value: object) -> bool:
+def is_token_int(value: object) -> bool:
     return type(value) is int  # bool is a subclass of int, and never a token id or a count
 
 
@@ -102,33 +110,37 @@ def _finish(meta: dict) -> tuple[str, int | str | None]:
     if isinstance(finish, str):  # very old SGLang reported the bare type
         finish = {"type": finish}
     if not isinstance(finish, dict):
-        raise BadResponse(f"finish_reason is {_kind(finish)}, not an object: {_excerpt(finish)}")
+        raise BadResponse(f"finish_reason is {kind_of(finish)}, not an object: {excerpt(finish)}")
     kind = finish.get("type")
     if kind not in FINISH_TYPES:
-        raise BadResponse(f"finish_reason has an unknown type {_excerpt(kind)} (expected one of "
+        raise BadResponse(f"finish_reason has an unknown type {excerpt(kind)} (expected one of "
                           f"{sorted(FINISH_TYPES)})")
     matched = finish.get("matched")
     if kind != "stop":
         return kind, None
-    if matched is not None and not _is_int(matched) and not isinstance(matched, str):
-        raise BadResponse(f"finish_reason.matched is neither a token id nor a stop string: {_excerpt(matched)}")
+    if matched is not None and not is_token_int(matched) and not isinstance(matched, str):
+        raise BadResponse(f"finish_reason.matched is neither a token id nor a stop string: {excerpt(matched)}")
     return kind, matched
 
 
 def _output_ids(item: dict, *, vocab_size: int) -> list[int]:
     if "output_ids" not in item:
         raise BadResponse("the reply item has no output_ids")
-    ids = item["output_ids"]
+    return checked_ids(item["output_ids"], field="output_ids", vocab_size=vocab_size)
+
+
+def checked_ids(ids: object, *, field: str, vocab_size: int) -> list[int]:
+    """`ids` if it is a list of ints inside [0, vocab_size); BadResponse naming `field` else."""
     if not isinstance(ids, list):
-        raise BadResponse(f"output_ids is {_kind(ids)}, not a list: {_excerpt(ids)}")
+        raise BadResponse(f"{field} is {kind_of(ids)}, not a list: {excerpt(ids)}")
     # C-speed checks first (records run to thousands of ids); find the culprit only on failure.
     if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= vocab_size):
         position, bad = next(
-            (i, v) for i, v in enumerate(ids) if not _is_int(v) or not 0 <= v < vocab_size
+            (i, v) for i, v in enumerate(ids) if not is_token_int(v) or not 0 <= v < vocab_size
         )
-        if not _is_int(bad):
-            raise BadResponse(f"output_ids[{position}] is not an int: {_excerpt(bad)}")
-        raise BadResponse(f"output_ids[{position}] = {bad} is outside the vocabulary [0, {vocab_size})")
+        if not is_token_int(bad):
+            raise BadResponse(f"{field}[{position}] is not an int: {excerpt(bad)}")
+        raise BadResponse(f"{field}[{position}] = {bad} is outside the vocabulary [0, {vocab_size})")
     return ids
 
 
@@ -137,8 +149,8 @@ def _count(meta: dict, name: str) -> int | None:
     value = meta.get(name)
     if value is None:
         return None
-    if not _is_int(value) or value < 0:
-        raise BadResponse(f"meta_info.{name} is not a non-negative int: {_excerpt(value)}")
+    if not is_token_int(value) or value < 0:
+        raise BadResponse(f"meta_info.{name} is not a non-negative int: {excerpt(value)}")
     return value
 
 
@@ -149,12 +161,12 @@ def parse_generate_item(item: object, *, vocab_size: int, prompt_len: int) -> Ge
     server reports another prompt length than `prompt_len`. `vocab_size` bounds the ids.
     """
     if not isinstance(item, dict):
-        raise BadResponse(f"the reply item is {_kind(item)}, not an object: {_excerpt(item)}")
+        raise BadResponse(f"the reply item is {kind_of(item)}, not an object: {excerpt(item)}")
     if "meta_info" not in item:
         raise BadResponse("the reply item has no meta_info")
     meta = item["meta_info"]
     if not isinstance(meta, dict):
-        raise BadResponse(f"meta_info is {_kind(meta)}, not an object: {_excerpt(meta)}")
+        raise BadResponse(f"meta_info is {kind_of(meta)}, not an object: {excerpt(meta)}")
     kind, matched = _finish(meta)
     if kind == "abort":
         # Whatever came with an abort is thrown away: the prompt is asked again.
@@ -187,7 +199,7 @@ def parse_generate_item(item: object, *, vocab_size: int, prompt_len: int) -> Ge
 
     cached = meta.get("cached_tokens")
     latency = meta.get("e2e_latency")
-    if not (isinstance(cached, int) and _is_int(cached) and cached >= 0):
+    if not (isinstance(cached, int) and is_token_int(cached) and cached >= 0):
         cached = 0  # informational only: a missing or odd value is not worth losing the record
     return GeneratedItem(
         output_ids=output_ids,

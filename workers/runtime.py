@@ -1,5 +1,6 @@
 """The worker process's shared pieces: one in-flight pool, the output folder's state, the
-batch runner, and the routing that tells the pool which servers may take prompts.
+batch runner, and the routing that tells the pool which servers may take prompts and with
+which backend (SGLang or vLLM, as preflight found) to build their requests.
 
 Batches run on Celery's thread pool in one process, so every batch shares these; they are
 built once, on the first batch, from the settings the CLI passed through the environment.
@@ -14,6 +15,7 @@ import threading
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState, publish_inflight
 from eagle_synth.redis_client import connect
 from eagle_synth.settings import BrokerSettings, broker_settings
+from workers.backends import backend_for_state
 from workers.batch import BatchRunner, server_capacity
 from workers.config import WorkerConfig, auto_inflight
 from workers.disk import DiskState
@@ -40,6 +42,7 @@ class WorkerRuntime:
         self.node_state = NodeState(connect(settings), node)
         self._published: dict[tuple[str, str], int] = {}
         self._tickets_logged: dict[str, int] = {}
+        self._backends: dict[str, tuple] = {}
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
         self.runner = BatchRunner(
             config=config, redis_client=connect(settings), node=node, task_budget=settings.task_budget_seconds,
@@ -71,5 +74,18 @@ class WorkerRuntime:
         for url in self.config.servers:
             state = states.get(url)
             usable = state is not None and state.state == HEALTHY and suspects.get(url, 0.0) <= state.since
-            limits[url] = self.tickets(url, state) if usable else 0
+            limits[url] = self.tickets(url, state) if usable and self._route(url, state) else 0
         return limits
+
+    def _route(self, url: str, state: ServerState | None) -> bool:
+        """Give the pool the backend preflight found for `url`; False while it is unknown."""
+        backend = backend_for_state(state)
+        if backend is None:
+            return False
+        identity = (backend.name, getattr(backend, "model", None))
+        if self._backends.get(url) != identity:
+            self._backends[url] = identity
+            self.pool.set_backend(url, backend)
+            log.warning("server %s: sending prompts to %s%s", url, backend.path,
+                        f" (model {identity[1]})" if identity[1] else "")
+        return True

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser for every CLI-visible DevServerConfig field."""
     parser = argparse.ArgumentParser(
         prog="python -m eagle_synth.devserver",
-        description="SGLang stand-in for tests, demos and benchmarks (no GPU needed).",
+        description="SGLang (or, with --api vllm, vLLM) stand-in for tests, demos and benchmarks (no GPU needed).",
     )
     hints = typing.get_type_hints(DevServerConfig)
     for f in dataclasses.fields(DevServerConfig):

@@ -22,6 +22,21 @@ DEFAULT_MEAN_OUTPUT_TOKENS = 200
 # Version reported by /server_info; the version whose behaviour the devserver follows (sampling
 # key errors are 400s from 0.5.23 on, 500s before).
 DEFAULT_SGLANG_VERSION = "0.5.23"
+# Version reported by vLLM's /version with --api vllm: one with `return_token_ids` (0.10.2+).
+DEFAULT_VLLM_VERSION = "0.11.0"
+# The APIs the devserver speaks: SGLang's native one, or vLLM's OpenAI-compatible one.
+APIS = ("sglang", "vllm")
+# Keys of vLLM's --override-generation-config the devserver acts on (vLLM's
+# ModelConfig.get_diff_sampling_param): defaults for unsent fields, max_new_tokens a cap.
+VLLM_GENERATION_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
+# Knobs that exist only on one kind of server: (field, its default, the API it belongs to).
+API_ONLY_KNOBS = (
+    ("max_queued_requests", None, "sglang"), ("prefix_bug", 0, "sglang"), ("allow_auto_truncate", False, "sglang"),
+    ("preferred_sampling_params", None, "sglang"), ("enable_deterministic_inference", False, "sglang"),
+    ("speculative_algorithm", None, "sglang"), ("tool_call_parser", None, "sglang"),
+    ("api_key", None, "sglang"), ("admin_api_key", None, "sglang"),
+    ("override_generation_config", None, "vllm"), ("generation_config", "auto", "vllm"), ("dev_mode", False, "vllm"),
+)
 # Largest --prefix-bug we emulate; the real bug leaked at most 5 tokens, leave some headroom.
 MAX_PREFIX_BUG_TOKENS = 64
 # --speculative-algorithm values the devserver knows (SGLang's; NEXTN is an alias of EAGLE).
@@ -41,6 +56,8 @@ class DevServerConfig:
 
     Parameters (CLI flag = field name with dashes, e.g. `--token-latency`):
         tokenizer: Hugging Face tokenizer directory (required); its ids are the model's ids.
+        api: "sglang" (SGLang's /generate and info endpoints) or "vllm" (vLLM's /v1/completions,
+            /v1/models, /version, /health); every other knob works with both unless noted.
         host, port: where to listen; port 0 picks a free port (the printed line tells which).
         model_path: reported as the model path; defaults to the tokenizer directory.
         context_length: model context length; None reports null in server_info (like SGLang
@@ -78,9 +95,17 @@ class DevServerConfig:
             speculative_num_draft_tokens: reported; EAGLE-family drafts are reserved in the
             context check as SGLang does.
         malformed_rate: fraction of /generate replies answered 200 with a malformed item.
+        vllm_version: the version vLLM's /version reports (--api vllm).
+        served_model_name: the model name /v1/models reports and `model` must match (vLLM's
+            --served-model-name); defaults to the model path.
+        generation_config, override_generation_config: vLLM's flags (--api vllm): the JSON
+            override fills sampling fields a request leaves out and its max_new_tokens caps
+            every max_tokens, as vLLM does; a generation_config folder is only reported.
+        dev_mode: vLLM's VLLM_SERVER_DEV_MODE=1: /server_info serves the configuration.
     """
 
     tokenizer: str = field(metadata={"help": "Hugging Face tokenizer directory (required)."})
+    api: str = _opt("sglang", "Server API to speak: sglang (/generate) or vllm (/v1/completions).")
     host: str = _opt("127.0.0.1", "Address to listen on.")
     port: int = _opt(DEFAULT_PORT, "Port to listen on; 0 picks a free one.")
     model_path: str | None = _opt(None, "Model path to report (default: the tokenizer dir).")
@@ -135,6 +160,14 @@ class DevServerConfig:
     malformed_rate: float = _opt(
         0.0, "Fraction of /generate replies answered 200 with a malformed item."
     )
+    # ---- vLLM (--api vllm) ----
+    vllm_version: str = _opt(DEFAULT_VLLM_VERSION, "Version reported by /version (--api vllm).")
+    served_model_name: str | None = _opt(None, "Model name in /v1/models (default: the model path).")
+    generation_config: str = _opt("auto", "vLLM --generation-config: auto, vllm or a folder (only reported).")
+    override_generation_config: str | None = _opt(
+        None, "vLLM --override-generation-config JSON: fills unsent sampling fields; max_new_tokens caps max_tokens."
+    )
+    dev_mode: bool = _opt(False, "vLLM VLLM_SERVER_DEV_MODE=1: serve /server_info with the configuration.")
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -150,6 +183,18 @@ class DevServerConfig:
 
         if not self.tokenizer:
             out.append("--tokenizer: required")
+        if self.api not in APIS:
+            bad("api", f"must be one of {', '.join(APIS)}")
+        for name, unset, api in API_ONLY_KNOBS:
+            if self.api != api and getattr(self, name) != unset:
+                bad(name, f"only with --api {api} (the other kind of server has no such setting)")
+        if self.override_generation_config is not None:
+            try:
+                override = json.loads(self.override_generation_config)
+            except ValueError:
+                override = None
+            if not isinstance(override, dict):
+                bad("override_generation_config", "must be a JSON object")
         if not 0 <= self.port <= 65535:
             bad("port", "must be 0..65535")
         if self.context_length is not None and self.context_length < 2:
@@ -195,6 +240,19 @@ class DevServerConfig:
         if self.draft_reserved_tokens >= self.effective_context_length:
             out.append("speculative settings: the reserved draft tokens must be below the context length")
         return out
+
+    @property
+    def generation_overrides(self) -> dict:
+        """--override-generation-config parsed, restricted to the keys vLLM acts on."""
+        if self.override_generation_config is None:
+            return {}
+        raw = json.loads(self.override_generation_config)
+        return {key: raw[key] for key in VLLM_GENERATION_KEYS if raw.get(key) is not None}
+
+    @property
+    def effective_served_model_name(self) -> str:
+        """The model name /v1/models reports."""
+        return self.served_model_name or self.effective_model_path
 
     @property
     def preferred_params(self) -> dict | None:

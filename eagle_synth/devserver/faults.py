@@ -1,5 +1,5 @@
-"""FaultPlan: which /generate requests fail, drop, come back malformed or end the server,
-from a seeded RNG."""
+"""FaultPlan: which generation requests (/generate, or /v1/completions with --api vllm) fail,
+drop, come back malformed or end the server, from a seeded RNG."""
 
 from __future__ import annotations
 
@@ -35,6 +35,29 @@ def malform(item: dict, shape: str) -> Any:
         broken.pop("output_ids", None)
     else:
         raise ValueError(f"unknown malformed shape {shape!r}")
+    return broken
+
+
+def malform_completion(reply: dict, shape: str) -> Any:
+    """A broken copy of one vLLM /v1/completions reply, in one of MALFORMED_SHAPES (the same
+    faults in vLLM's shape: meta-info-string makes `choices` a string)."""
+    choice = dict(reply["choices"][0])
+    ids = list(choice.get("token_ids") or [0])
+    if shape == "list-of-ints":
+        return ids
+    broken = dict(reply)
+    if shape == "meta-info-string":
+        broken["choices"] = str(reply["choices"])
+        return broken
+    if shape == "ids-as-strings":
+        choice["token_ids"] = [str(i) for i in ids]
+    elif shape == "negative-ids":
+        choice["token_ids"] = [-1 - i for i in ids]
+    elif shape == "missing-output-ids":
+        choice.pop("token_ids", None)
+    else:
+        raise ValueError(f"unknown malformed shape {shape!r}")
+    broken["choices"] = [choice, *reply["choices"][1:]]
     return broken
 
 

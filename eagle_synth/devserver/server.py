@@ -1,7 +1,8 @@
 """HTTP transport and lifecycle: load the tokenizer, wait out the startup delay, bind, serve.
 
 Stdlib only: a ThreadingHTTPServer speaking HTTP/1.1 with keep-alive, one daemon thread per
-connection, JSON in and out. Endpoint behaviour lives in `app.py`.
+connection, JSON in and out. Endpoint behaviour lives in `app.py` (SGLang's API) and
+`vllm_api.py` (vLLM's, with --api vllm).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 
 from eagle_synth.devserver.app import DevServerApp, Reply, json_reply
 from eagle_synth.devserver.config import DevServerConfig
+from eagle_synth.devserver.vllm_api import VllmApi
 from eagle_synth.devserver.vocab import ModelVocab
 
 log = logging.getLogger("eagle_synth.devserver")
@@ -52,6 +54,16 @@ ROUTES: dict[str, _Route] = {
     "/dev/stats": _Route(frozenset({"GET"}), "dev_stats"),
     "/dev/reset_stats": _Route(frozenset({"POST"}), "dev_reset_stats"),
 }
+# vLLM's endpoints with --api vllm (handlers are VllmApi methods); every other path is a 404.
+VLLM_ROUTES: dict[str, _Route] = {
+    "/v1/completions": _Route(frozenset({"POST"}), "completions"),
+    "/health": _Route(frozenset({"GET"}), "health"),
+    "/v1/models": _Route(frozenset({"GET"}), "models"),
+    "/version": _Route(frozenset({"GET"}), "version"),
+    "/server_info": _Route(frozenset({"GET"}), "server_info"),
+    "/dev/stats": _Route(frozenset({"GET"}), "dev_stats"),
+    "/dev/reset_stats": _Route(frozenset({"POST"}), "dev_reset_stats"),
+}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -64,6 +76,8 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     timeout = KEEPALIVE_TIMEOUT_S
     app: DevServerApp  # set on the per-server subclass
+    routes: dict[str, _Route]  # ROUTES or VLLM_ROUTES, per --api
+    endpoints: object  # the object whose methods the routes name: the app, or its VllmApi
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -85,14 +99,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         path = urlsplit(self.path).path.rstrip("/") or "/"
-        route = ROUTES.get(path)
+        route = self.routes.get(path)
         if route is None:
             reply = json_reply({"detail": "Not Found"}, status=404)
         elif method not in route.methods:
             reply = json_reply({"detail": "Method Not Allowed"}, status=405)
         else:
             try:
-                reply = getattr(app, route.handler)(body)
+                reply = getattr(self.endpoints, route.handler)(body)
             except Exception:
                 log.exception("%s %s failed", method, path)
                 reply = Reply(status=500, body=b"Internal Server Error", content_type="text/plain")
@@ -197,7 +211,12 @@ class DevServer:
             log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)
             if self._stop_requested.wait(c.startup_delay):
                 return
-        handler = type("DevServerHandler", (_Handler,), {"app": self.app})
+        endpoints: object
+        if c.api == "vllm":
+            routes, endpoints = VLLM_ROUTES, VllmApi(self.app)
+        else:
+            routes, endpoints = ROUTES, self.app
+        handler = type("DevServerHandler", (_Handler,), {"app": self.app, "routes": routes, "endpoints": endpoints})
         self._httpd = _HTTPServer((c.host, c.port), handler)
         self.app.mark_listening()
         print(LISTENING_LINE.format(host=c.host, port=self.port), flush=True)
@@ -283,5 +302,6 @@ __all__ = [
     "start_devserver_thread",
     "wait_listening",
     "ROUTES",
+    "VLLM_ROUTES",
     "LISTENING_LINE",
 ]

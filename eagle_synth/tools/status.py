@@ -32,7 +32,7 @@ STATUS_KEYS = (
 )
 # Keys of each entry of "workers": one per (worker node, server) pair.
 WORKER_KEYS = ("node", "host", "server", "state", "since", "detail", "consuming", "inflight", "heartbeat_at",
-               "disk")
+               "disk", "backend")
 # Keys of each row of `eagle-synth campaigns --json`.
 CAMPAIGN_ROW_KEYS = ("campaign", "enqueued", "queued", "inflight", "done", "failed", "records_per_s", "eta_seconds",
                      "stranded")
@@ -126,6 +126,8 @@ def _workers(nodes: list[dict]) -> list[dict]:
                 "heartbeat_at": _float(node.get("updated") or node.get("started")),
                 # Why the worker's output folder cannot take records (None when it can).
                 "disk": node.get("disk") or None,
+                # The server's kind as preflight found it ("sglang", "vllm"; None before).
+                "backend": state.get("backend"),
             })
     return rows
 

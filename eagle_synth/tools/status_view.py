@@ -113,21 +113,22 @@ def _failures(data: dict) -> Table:
 def _workers(data: dict) -> Table:
     now = data["at"]
     table = Table(title="workers", title_justify="left", show_header=True, header_style="bold")
-    for column in ("node", "host", "server", "state", "for", "in flight", "taking batches", "last heartbeat", "detail"):
+    for column in ("node", "host", "server", "kind", "state", "for", "in flight", "taking batches", "last heartbeat",
+                   "detail"):
         table.add_column(column, overflow="fold")
     for w in data["workers"]:
         style = STATE_STYLES.get(w["state"], "red")
         beat = w.get("heartbeat_at")
         beat_age = now - beat if beat else None
         table.add_row(
-            str(w["node"]), str(w["host"]), w["server"], Text(str(w["state"]), style=style),
+            str(w["node"]), str(w["host"]), w["server"], w.get("backend") or "-", Text(str(w["state"]), style=style),
             _since(w["since"], now), f"{w['inflight']:,}", "yes" if w["consuming"] else Text("no (disk)" if w.get("disk") else "no", style="yellow"),
             Text(f"{format_duration(beat_age)} ago", style="red" if (beat_age or 0) > STALE_HEARTBEAT_S else "")
             if beat_age is not None else "-",
             Text(w.get("disk") or "", style="red") if w.get("disk") else Text(w.get("detail") or "", style="dim"),
         )
     if not data["workers"]:
-        table.add_row(Text("(no live worker)", style="yellow"), *[""] * 8)
+        table.add_row(Text("(no live worker)", style="yellow"), *[""] * 9)
     return table
 
 
