@@ -272,12 +272,12 @@ def test_what_the_probe_shows_without_dev_mode(vllm_fleet):
     assert [a.split(":")[0] for a in accepted] == ["skip_tokenizer_init"]
 
 
-def test_worker_cli_refuses_a_backend_that_contradicts_the_server(vllm_fleet, tmp_path):
+def test_worker_cli_refuses_a_backend_that_contradicts_the_server(vllm_fleet, tmp_path, redis_server):
     result = cli("worker", "--server", vllm_fleet["plain"], "--backend", "sglang", "--out", str(tmp_path),
-                 "--redis", "redis://127.0.0.1:1/0", check=False)
+                 "--redis", redis_server.url, check=False)
     assert result.returncode == 2 and "answers like vllm" in result.stderr.decode()
     result = cli("worker", "--server", vllm_fleet["plain"], "--server", vllm_fleet["sglang"], "--backend", "vllm",
-                 "--backend", "vllm", "--backend", "sglang", "--out", str(tmp_path), "--redis", "redis://127.0.0.1:1/0",
+                 "--backend", "vllm", "--backend", "sglang", "--out", str(tmp_path), "--redis", redis_server.url,
                  check=False)
     assert result.returncode == 2 and "backend given 3 times for 2 servers" in result.stderr.decode()
 
