@@ -80,6 +80,16 @@ def make_celery(settings: BrokerSettings | None = None) -> Celery:
     return app
 
 
+def send_payload(app: Celery, queue: str, payload: dict) -> None:
+    """Publish one encoded TaskPayload as a generate task (producer and workers alike)."""
+    from eagle_synth.payload import TASK_NAME
+
+    # A short argsrepr: Celery would otherwise repr the whole id blob into every message.
+    app.send_task(TASK_NAME, args=[payload], queue=queue, serializer="msgpack",
+                  argsrepr=f"<{payload['campaign']} batch {payload['batch']}: {len(payload['keys'])} prompts>",
+                  kwargsrepr="{}")
+
+
 def queued_payloads(client, queue: str) -> list:
     """The batches waiting in a queue, decoded as a worker would receive them, without
     taking them off (for tests, benchmarks and a look at a backlog).

@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
-__all__ = ["ROLE_ALIASES", "Conversation", "RowError", "conversations_from_row"]
+__all__ = ["ROLE_ALIASES", "Conversation", "OwnConversation", "RowError", "conversations_from_row",
+           "own_history_from_row"]
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
@@ -108,6 +109,57 @@ def conversations_from_row(
     """
     if turns not in ("last", "all"):
         raise ValueError(f"turns must be 'last' or 'all', got {turns!r}")
+    row_id, messages, fields, tools, user_positions = _normalized(data, source=source, line=line,
+                                                                  default_system=default_system)
+    chosen = list(enumerate(user_positions))
+    if turns == "last":
+        chosen = chosen[-1:]
+
+    out = []
+    for turn, position in chosen:
+        if not messages[position]["content"].strip():
+            raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
+        out.append(Conversation([dict(m) for m in messages[: position + 1]], tools, row_id, turn))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class OwnConversation:
+    """A row to regenerate turn by turn on the model's own answers (`--history own`).
+
+    ``turns`` holds each turn's new messages (system messages, then the user message that
+    closes the turn); the dataset's assistant and tool messages are left out, since the
+    model's answers replace them. ``cut`` says turns beyond ``max_turns`` were dropped.
+    """
+
+    turns: list[list[dict]]
+    tools: list[dict] | None
+    row_id: str
+    cut: bool = False
+
+
+def own_history_from_row(data: dict, *, source: str, line: int, default_system: str | None = None,
+                         max_turns: int | None = None) -> OwnConversation:
+    """Turn one row into the user turns to answer in order (see OwnConversation).
+
+    The same normalization as conversations_from_row (shapes, roles, system prompt); every
+    user turn must have content. Raises RowError.
+    """
+    from eagle_synth.conversation import split_turns
+
+    row_id, messages, fields, tools, user_positions = _normalized(data, source=source, line=line,
+                                                                  default_system=default_system)
+    for position in user_positions:
+        if not messages[position]["content"].strip():
+            raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
+    turns, _trailing = split_turns(dict(m) for m in messages)
+    cut = max_turns is not None and len(turns) > max_turns
+    return OwnConversation(turns=turns[:max_turns] if cut else turns, tools=tools, row_id=row_id, cut=cut)
+
+
+def _normalized(data: object, *, source: str, line: int, default_system: str | None
+                ) -> tuple[str, list[dict], list[str], list[dict] | None, list[int]]:
+    """Row id, messages (system prompt added), their field paths, tools, user positions."""
     if not isinstance(data, dict):
         raise RowError(WRONG_TYPE, None, f"row must be an object, got {type(data).__name__}")
     row_id = _row_id(data.get("id"), source=source, line=line)
@@ -124,16 +176,7 @@ def conversations_from_row(
     user_positions = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if not user_positions:
         raise RowError(NO_USER_TURN, _shape_field(fields), "conversation has no user turn to answer")
-    chosen = list(enumerate(user_positions))
-    if turns == "last":
-        chosen = chosen[-1:]
-
-    out = []
-    for turn, position in chosen:
-        if not messages[position]["content"].strip():
-            raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
-        out.append(Conversation([dict(m) for m in messages[: position + 1]], tools, row_id, turn))
-    return out
+    return row_id, messages, fields, tools, user_positions
 
 
 def _row_id(value: object, *, source: str, line: int) -> str:
