@@ -22,6 +22,7 @@ def export(
     min_output_tokens: Annotated[int, typer.Option(help="Skip records with fewer output ids.")] = 0,
     max_length: Annotated[Optional[int], typer.Option(help="Skip records longer than this (prompt + output).")] = None,
     shard_rows: Annotated[Optional[int], typer.Option(help="Rows per output file: out-00000.parquet, ... (default: one file).")] = None,
+    turns: Annotated[str, typer.Option(help="--history own campaigns: 'all' turns of each conversation, or only its 'last' one.")] = "all",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance."""
@@ -30,7 +31,8 @@ def export(
 
     filters = ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens, max_length=max_length)
     try:
-        written = export_records(campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows)
+        written = export_records(campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows,
+                                 turns=turns)
     except RecordFormatError as exc:
         _fail(f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest.")
     except (FileNotFoundError, ValueError) as exc:

@@ -34,6 +34,8 @@ CONVERSATIONS_COUNTER = "conversations"
 END_COUNTER_PREFIX = "conversations-"
 # Owner field prefix of a formed batch (plain fields are turn keys).
 BATCH_FIELD_PREFIX = "batch:"
+# Entries of the ends hash read at most for `failed`'s examples.
+ENDS_SCANNED_FOR_EXAMPLES = 10_000
 # What a commit does for one record beside marking it done.
 FOLLOW = "follow"
 END = "end"
@@ -42,8 +44,10 @@ NOTHING = ""
 # KEYS: done, failed, failed reasons, counters, events, followups, owners, ends.
 # ARGV: tokens_in, tokens_out, repaired, events maxlen, owner, then per record:
 # key, action (follow | end | ''), target (next turn key | conversation key), data.
+# Returns {number newly done, the next turn keys stored...}.
 _COMMIT = MARK_DONE_LUA + """
 local added = 0
+local stored = {}
 for i = 6, #ARGV, 4 do
   local key, action, target, data = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   if mark_done(key) == 1 then
@@ -51,6 +55,7 @@ for i = 6, #ARGV, 4 do
     if action == 'follow' then
       redis.call('HSET', KEYS[6], target, data)
       redis.call('HSET', KEYS[7], target, ARGV[5])
+      stored[#stored + 1] = target
     elseif action == 'end' then
       local reason = cjson.decode(data)['reason']
       redis.call('HINCRBY', KEYS[4], 'conversations-' .. reason, 1)
@@ -59,7 +64,8 @@ for i = 6, #ARGV, 4 do
   end
 end
 count_done(added, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-return added
+table.insert(stored, 1, added)
+return stored
 """
 # KEYS: enqueued, followups, owners, counters, ends. ARGV: owner, then per entry:
 # turn key, action (ready | end), conversation key, data (rendered entry | end JSON).
@@ -115,10 +121,11 @@ return taken
 """
 
 
-def end_json(*, reason: str, conversation: str, turn: int, row_id: str, source: str, message: str = "",
+def end_json(*, reason: str, conversation: str, turns: int, row_id: str, source: str, message: str = "",
              at: float = 0.0) -> str:
-    """What is kept about a conversation that stopped (and counted by reason)."""
-    return json.dumps({"reason": reason, "conversation": conversation, "turn": turn, "row_id": row_id,
+    """What is kept about a conversation that stopped (and counted by reason); `turns` is the
+    number of turns it has records for."""
+    return json.dumps({"reason": reason, "conversation": conversation, "turns": turns, "row_id": row_id,
                        "source": source, "message": message[:2000], "at": at})
 
 
@@ -136,21 +143,22 @@ class ConversationStore:
 
     # worker side ------------------------------------------------------------------------
     def commit(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str, tokens_in: int,
-               tokens_out: int, repaired: int = 0) -> int:
+               tokens_out: int, repaired: int = 0) -> tuple[int, set[str]]:
         """Mark keys done and, for each newly done one, store its follow-up or its end.
 
         `entries` are (key, action, target, data) with action FOLLOW (target: next turn key,
         data: the entry to render), END (target: conversation key, data: end_json) or NOTHING.
-        Returns how many keys were newly done.
+        Returns how many keys were newly done and the next turn keys stored.
         """
         if not entries:
-            return 0
+            return 0, set()
         k = self.keys
         args: list = [tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner]
         for entry in entries:
             args.extend(entry)
-        return int(self.client.eval(_COMMIT, 8, k.done, k.failed, k.failed_reasons, k.counters, k.events,
-                                    k.followups, k.followup_owners, k.conversation_ends, *args))
+        reply = self.client.eval(_COMMIT, 8, k.done, k.failed, k.failed_reasons, k.counters, k.events,
+                                 k.followups, k.followup_owners, k.conversation_ends, *args)
+        return int(reply[0]), {key.decode() for key in reply[1:]}
 
     def ready(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str) -> set[str]:
         """Store rendered turns (action "ready") or the conversations' ends (action "end").
@@ -230,11 +238,22 @@ class ConversationStore:
             "followups_waiting": self.waiting(),
         }
 
-    def ends(self, *, limit: int | None = None) -> list[dict]:
-        """Conversations that stopped before their last user turn was answered (not failures)."""
-        out = []
-        for _, raw in self.client.hscan_iter(self.keys.conversation_ends, count=500):
-            out.append(json.loads(raw))
-            if limit is not None and len(out) >= limit:
+    def stopped(self, *, examples: int = 5) -> dict[str, dict]:
+        """Conversations that stopped early without a failure, by reason: count and a few
+        examples (each: conversation, turns answered, row id, source, message)."""
+        counters = self.campaign.progress().counters
+        out: dict[str, dict] = {}
+        for reason in END_REASONS:
+            count = counters.get(END_COUNTER_PREFIX + reason, 0)
+            if reason != END_COMPLETE and count:
+                out[reason] = {"count": count, "examples": []}
+        wanted = examples * len(out)
+        for seen, (_, raw) in enumerate(self.client.hscan_iter(self.keys.conversation_ends, count=500)):
+            if not wanted or seen >= ENDS_SCANNED_FOR_EXAMPLES:
                 break
+            end = json.loads(raw)
+            listed = out.get(end["reason"])
+            if listed is not None and len(listed["examples"]) < examples:
+                listed["examples"].append(end)
+                wanted -= 1
         return out

@@ -40,8 +40,10 @@ from eagle_synth.records import (
     Record, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
     write_record_file,
 )
+from eagle_synth.tokenizer_store import TokenizerUnavailable
 from workers.client import BadRequest, SGLangClient, ServerDown, TransientError
 from workers.config import WorkerConfig
+from workers.conversations import FollowUps
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
@@ -113,8 +115,14 @@ def classify_bad_request(message: str) -> str:
 
 
 def sampling_for(payload: TaskPayload, item: PromptItem) -> dict:
-    """The sampling_params one prompt sample is sent with: the batch's, plus its own seed."""
-    return payload.sampling if item.seed is None else {**payload.sampling, "sampling_seed": item.seed}
+    """The sampling_params one prompt sample is sent with: the batch's, its variant's
+    overrides (`--variants`), and its own seed."""
+    if item.seed is None and not item.sampling_overrides:
+        return payload.sampling
+    sampling = {**payload.sampling, **(item.sampling_overrides or {})}
+    if item.seed is not None:
+        sampling["sampling_seed"] = item.seed
+    return sampling
 
 
 def server_capacity(state: ServerState | None) -> int | None:
@@ -168,10 +176,12 @@ class BatchRunner:
         disk: the output folder's state, shared with the health gate.
         stopping: set when the worker begins to shut down.
         shutdown_grace: seconds a batch keeps going after `stopping` before it requeues.
+        followups: commits records (marks them done) and, for `--history own` conversations,
+            carries each one's next turn to the queue (workers/conversations.py).
     """
 
     def __init__(self, *, config: WorkerConfig, redis_client: redis.Redis, node: str, task_budget: float,
-                 pool: InflightPool, disk: DiskState, stopping: threading.Event | None = None,
+                 pool: InflightPool, disk: DiskState, followups: FollowUps, stopping: threading.Event | None = None,
                  shutdown_grace: float = 0.0) -> None:
         self.config = config
         self.redis = redis_client
@@ -180,6 +190,7 @@ class BatchRunner:
         self.task_budget = task_budget
         self.pool = pool
         self.disk = disk
+        self.followups = followups
         self.stopping = stopping or threading.Event()
         self.shutdown_grace = shutdown_grace
         self._stop_deadline: float | None = None
@@ -234,6 +245,14 @@ class BatchRunner:
             for item in items:
                 self._fail(campaign, payload, item, "campaign-settings-missing", str(exc), outcome)
             return outcome
+        if any(item.conversation for item in items):
+            try:
+                self.followups.prepare(campaign, settings)
+            except TokenizerUnavailable as exc:
+                # No GPU time for turns whose next turn could not be rendered here.
+                for item in items:
+                    self._fail(campaign, payload, item, "tokenizer-unavailable", str(exc), outcome)
+                return outcome
         items = self._drop_invalid(campaign, payload, settings, items, outcome)
         if not items:
             return outcome
@@ -277,11 +296,7 @@ class BatchRunner:
                 if record.key not in finished:
                     adopted[record.key] = record
         if adopted:
-            campaign.mark_done(
-                list(adopted),
-                tokens_in=sum(len(r.prompt_ids) for r in adopted.values()),
-                tokens_out=sum(len(r.output_ids) for r in adopted.values()),
-            )
+            self.followups.commit(campaign, payload, list(adopted.values()))
             outcome.adopted = len(adopted)
             log.info("batch %s: adopted %d records a previous attempt wrote", payload.batch, len(adopted))
         seen: set[str] = set()
@@ -330,9 +345,9 @@ class BatchRunner:
         if not limits:
             return items
         limit = min(limits)
-        max_new = int(payload.sampling.get("max_new_tokens", 0))
         good = []
         for item in items:
+            max_new = int(sampling_for(payload, item).get("max_new_tokens", 0))
             if len(item.ids) + max_new > limit:
                 self._fail(
                     campaign, payload, item, "prompt-too-long",
@@ -360,7 +375,7 @@ class BatchRunner:
                   items: list[PromptItem], attempt: _Attempt, outcome: BatchOutcome,
                   states: dict[str, ServerState]) -> None:
         folder = campaign_dir(self.config.out, payload.campaign)
-        max_new = int(payload.sampling.get("max_new_tokens", 0))
+        max_new = max(int(sampling_for(payload, item).get("max_new_tokens", 0)) for item in items)
         deadline = time.monotonic() + self.task_budget
         timeout = self.config.request_timeout(max_new)
 
@@ -478,6 +493,7 @@ class BatchRunner:
             cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=sampling_for(payload, item),
             source=item.source, server=url, worker=self.node, e2e_latency=reply.e2e_latency,
             created_at=time.time(), repaired_prefix=reply.repaired_prefix,
+            conversation=item.conversation["key"] if item.conversation else None, variant=item.variant,
         )
 
     # writing ------------------------------------------------------------------------
@@ -497,12 +513,8 @@ class BatchRunner:
             detail = f"cannot write records to {folder}: {exc.strerror or exc}"
             self.disk.failed(detail)
             raise DiskUnavailable(detail) from exc
-        campaign.mark_done(
-            [r.key for r in records],
-            tokens_in=sum(len(r.prompt_ids) for r in records),
-            tokens_out=sum(len(r.output_ids) for r in records),
-            repaired=sum(1 for r in records if r.repaired_prefix),
-        )
+        # Marks them done; a conversation's turn also stores its next turn in the same step.
+        self.followups.commit(campaign, payload, records)
         outcome.written += len(records)
         outcome.repaired += sum(1 for r in records if r.repaired_prefix)
         self._refresh_manifest(campaign, folder)

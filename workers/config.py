@@ -18,6 +18,7 @@ ENV_TIMEOUT_PER_TOKEN = "EAGLE_SYNTH_TIMEOUT_PER_TOKEN"
 ENV_BACKOFF_MAX = "EAGLE_SYNTH_BACKOFF_MAX"
 ENV_PROBE_TIMEOUT = "EAGLE_SYNTH_PROBE_TIMEOUT"
 ENV_INFLIGHT = "EAGLE_SYNTH_INFLIGHT"
+ENV_RENDER_PROCESSES = "EAGLE_SYNTH_RENDER_PROCESSES"
 
 # Prompts kept in flight per server when neither --inflight nor the server says how many it runs.
 DEFAULT_INFLIGHT = 256
@@ -35,6 +36,8 @@ DEFAULT_TIMEOUT_BASE = 120.0
 DEFAULT_TIMEOUT_PER_TOKEN = 0.1
 # Longest wait between transient-error retries, seconds (backoff doubles up to it, jittered).
 DEFAULT_BACKOFF_MAX = 30.0
+# Processes that render conversations' next turns (`--history own`), started on first need.
+DEFAULT_RENDER_PROCESSES = 2
 
 
 def default_concurrency(*, inflight: int, servers: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
@@ -60,6 +63,7 @@ class WorkerConfig:
         backoff_max: longest wait between retries.
         probe_timeout: seconds a /health probe may take.
         inflight: prompts in flight per server; None follows the server's reported capacity.
+        render_processes: processes rendering conversations' next turns (`--history own`).
     """
 
     servers: tuple[str, ...]
@@ -71,6 +75,7 @@ class WorkerConfig:
     backoff_max: float = DEFAULT_BACKOFF_MAX
     probe_timeout: float = 25.0
     inflight: int | None = None
+    render_processes: int = DEFAULT_RENDER_PROCESSES
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -83,6 +88,7 @@ class WorkerConfig:
             ENV_BACKOFF_MAX: str(self.backoff_max),
             ENV_PROBE_TIMEOUT: str(self.probe_timeout),
             ENV_INFLIGHT: str(self.inflight or ""),
+            ENV_RENDER_PROCESSES: str(self.render_processes),
         }
 
     @classmethod
@@ -102,6 +108,7 @@ class WorkerConfig:
             backoff_max=float(os.environ.get(ENV_BACKOFF_MAX, DEFAULT_BACKOFF_MAX)),
             probe_timeout=float(os.environ.get(ENV_PROBE_TIMEOUT, 25.0)),
             inflight=int(os.environ[ENV_INFLIGHT]) if os.environ.get(ENV_INFLIGHT) else None,
+            render_processes=int(os.environ.get(ENV_RENDER_PROCESSES) or DEFAULT_RENDER_PROCESSES),
         )
 
     def request_timeout(self, max_new_tokens: int) -> float:

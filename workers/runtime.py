@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState, publish_inflight
 from eagle_synth.redis_client import connect
 from eagle_synth.settings import BrokerSettings, broker_settings
 from workers.batch import BatchRunner, server_capacity
 from workers.config import WorkerConfig, auto_inflight
+from workers.conversations import FollowUps
 from workers.disk import DiskState
 from workers.inflight import InflightPool
 
@@ -31,19 +33,25 @@ class WorkerRuntime:
         stopping: set when the worker begins to shut down (default: a fresh event).
         disk: the output folder's state, shared with the health gate (default: a fresh one).
         broker: Redis and queue settings (default: from the environment).
+        send: publishes one encoded TaskPayload (a conversation's next turns); default: a Celery
+            app of its own for these broker settings.
     """
 
     def __init__(self, *, config: WorkerConfig, node: str, stopping: threading.Event | None = None,
-                 disk: DiskState | None = None, broker: BrokerSettings | None = None) -> None:
+                 disk: DiskState | None = None, broker: BrokerSettings | None = None,
+                 send: Callable[[dict], None] | None = None) -> None:
         settings = broker or broker_settings()
         self.config = config
         self.node_state = NodeState(connect(settings), node)
         self._published: dict[tuple[str, str], int] = {}
         self._tickets_logged: dict[str, int] = {}
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
+        self.followups = FollowUps(redis_client=connect(settings), send=send or _own_sender(settings),
+                                   render_processes=config.render_processes, stopping=stopping)
         self.runner = BatchRunner(
             config=config, redis_client=connect(settings), node=node, task_budget=settings.task_budget_seconds,
-            pool=self.pool, disk=disk or DiskState(folder=config.out), stopping=stopping, shutdown_grace=float(settings.soft_shutdown_timeout),
+            pool=self.pool, disk=disk or DiskState(folder=config.out), followups=self.followups, stopping=stopping,
+            shutdown_grace=float(settings.soft_shutdown_timeout),
         )
 
     def tickets(self, url: str, state: ServerState) -> int:
@@ -69,3 +77,18 @@ class WorkerRuntime:
             usable = state is not None and state.state == HEALTHY and suspects.get(url, 0.0) <= state.since
             limits[url] = self.tickets(url, state) if usable else 0
         return limits
+
+
+def _own_sender(settings: BrokerSettings) -> Callable[[dict], None]:
+    """Publish with a Celery app made on first use (the worker passes its own app's instead)."""
+    app = None
+
+    def send(payload: dict) -> None:
+        nonlocal app
+        from eagle_synth.queue import make_celery, send_payload
+
+        if app is None:
+            app = make_celery(settings)
+        send_payload(app, settings.queue, payload)
+
+    return send

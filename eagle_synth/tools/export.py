@@ -108,8 +108,24 @@ def training_row(raw: RawRecord) -> dict:
     }
 
 
-def _kept(campaign_path: str | os.PathLike, filters: ExportFilters, result: ExportResult) -> Iterator[RawRecord]:
-    for raw in iter_raw_records(campaign_path):
+def _source(campaign_path: str | os.PathLike, turns: str, result: ExportResult) -> Iterator[RawRecord]:
+    """The records to export: in conversation order for `--history own` campaigns (or `--turns last`)."""
+    from eagle_synth.records import read_manifest
+    from eagle_synth.tools.conversation_order import ordered_records
+
+    history = (((read_manifest(campaign_path) or {}).get("settings")) or {}).get("history")
+    if history != "own" and turns == "all":
+        return iter_raw_records(campaign_path)
+
+    def dropped(reason: str) -> None:
+        result.dropped[reason] = result.dropped.get(reason, 0) + 1
+
+    return ordered_records(campaign_path, turns=turns, dropped=dropped)
+
+
+def _kept(campaign_path: str | os.PathLike, filters: ExportFilters, result: ExportResult,
+          turns: str = "all") -> Iterator[RawRecord]:
+    for raw in _source(campaign_path, turns, result):
         reason = filters.reason_to_drop(raw)
         if reason is None:
             yield raw
@@ -310,7 +326,8 @@ def _write_jsonl(shards: Iterator[tuple[int, list[RawRecord]]], outputs: _Output
 
 
 def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, format: str = "jsonl",
-                   filters: ExportFilters = ExportFilters(), shard_rows: int | None = None) -> ExportResult:
+                   filters: ExportFilters = ExportFilters(), shard_rows: int | None = None,
+                   turns: str = "all") -> ExportResult:
     """Export a campaign's records as training rows; streams, so memory stays flat.
 
     Parameters:
@@ -320,6 +337,8 @@ def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, 
         format: "jsonl" or "parquet".
         filters: which records to keep.
         shard_rows: rows per output file (None: one file).
+        turns: "all", or "last" for only the last turn of each `--history own` conversation;
+            such campaigns are written in conversation order (turns together, in order).
     """
     if format not in FORMATS:
         raise ValueError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
@@ -328,7 +347,9 @@ def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, 
     started = time.perf_counter()
     result = ExportResult()
     outputs = _Outputs(Path(out), suffix=f".{format}", shard_rows=shard_rows)
-    shards = _shards_of(_row_groups(_kept(campaign_path, filters, result)), shard_rows)
+    if turns not in ("all", "last"):
+        raise ValueError(f"--turns {turns!r}: use all or last")
+    shards = _shards_of(_row_groups(_kept(campaign_path, filters, result, turns)), shard_rows)
     (_write_parquet if format == "parquet" else _write_jsonl)(shards, outputs, result)
     outputs.remove_stale_shards()
     result.paths = list(outputs.done)

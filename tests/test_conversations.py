@@ -1,0 +1,175 @@
+"""Multi-turn regeneration on the model's own answers (`--history own`) through the whole path:
+CLI enqueue -> Redis -> real Celery workers -> devserver over HTTP -> records -> verify / export.
+
+Every turn's prompt ids are checked against the contract computed here, independently, with
+plain transformers; every output id against what the server answers for those ids."""
+
+from __future__ import annotations
+
+import json
+
+import requests
+
+from eagle_synth.local import wait_for
+from eagle_synth.redis_client import connect
+from eagle_synth.settings import broker_settings
+from eagle_synth.tools.status import campaign_status
+from tests.conftest import write_jsonl
+from tests.helpers import assert_exactly_once, cli, status_json
+
+VARIANTS = [
+    {"name": "think", "weight": 0.5},
+    {"name": "hot", "weight": 0.2, "sampling": {"temperature": 1.0}},
+    {"name": "no-think", "weight": 0.3, "chat_template_kwargs": {"enable_thinking": False}},
+]
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+                                           "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}]
+MAX_TURNS = 3
+
+
+def own_rows(count: int) -> list[dict]:
+    """ShareGPT rows of 1 to 4 user turns (old answers between them), some with a system
+    message, one with tools and a tool exchange in its history."""
+    rows = []
+    for i in range(count):
+        conversation = []
+        if i % 3 == 0:
+            conversation.append({"from": "system", "value": "You answer briefly."})
+        for turn in range(1 + i % 4):
+            conversation.append({"from": "human", "value": f"Question {turn} of conversation {i}: tell me about {i * 7 + turn}."})
+            conversation.append({"from": "gpt", "value": f"An old answer {turn}, written by another model."})
+        rows.append({"id": f"conv-{i}", "conversations": conversation})
+    rows.append({"id": "tools", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "Look up 'river' for me."},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "lookup", "arguments": {"word": "river"}}}]},
+        {"role": "tool", "content": "a natural stream of water"},
+        {"role": "assistant", "content": "A river is a natural stream of water."},
+        {"role": "user", "content": "And 'ford'?"},
+    ]})
+    return rows
+
+
+def row_turns(row: dict) -> tuple[list[dict], list[dict], list | None]:
+    """(leading system messages, user messages, tools) of a row, read independently of the producer."""
+    roles = {"human": "user", "gpt": "assistant", "system": "system"}
+    if "conversations" in row:
+        messages = [{"role": roles[m["from"]], "content": m["value"]} for m in row["conversations"]]
+    else:
+        messages = row["messages"]
+    return ([m for m in messages if m["role"] == "system"], [m for m in messages if m["role"] == "user"],
+            row.get("tools"))
+
+
+def expected_answer(tokenizer, output_ids: list[int], *, matched) -> dict:
+    """The contract: final stop removed, split at </think>, decoded without special tokens, stripped."""
+    ids = list(output_ids)
+    if ids and (ids[-1] == tokenizer.eos_token_id or ids[-1] == matched):
+        ids = ids[:-1]
+    think_close = tokenizer.convert_tokens_to_ids("</think>")
+    if think_close in ids:
+        cut = ids.index(think_close)
+        return {"role": "assistant", "content": tokenizer.decode(ids[cut + 1:], skip_special_tokens=True).strip(),
+                "reasoning_content": tokenizer.decode(ids[:cut], skip_special_tokens=True).strip()}
+    return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True).strip()}
+
+
+def check_conversation(tokenizer, row: dict, turns: list, *, template_kwargs: dict) -> str:
+    """Check every turn's prompt ids against the contract; returns how the conversation ended."""
+    system, users, tools = row_turns(row)
+    messages = [*system, users[0]]
+    for index, record in enumerate(turns):
+        expected = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                 **template_kwargs)["input_ids"]
+        assert record.prompt_ids == list(expected), f"{row['id']} turn {index}: prompt ids differ from the contract"
+        if index + 1 < len(turns):
+            assert record.finish_reason == "stop", "a conversation goes on only after a turn that stopped"
+            messages = [*messages, expected_answer(tokenizer, record.output_ids, matched=record.finish_matched),
+                        users[index + 1]]
+    last = turns[-1]
+    if last.finish_reason == "length":
+        return "truncated"
+    assert len(turns) == min(len(users), MAX_TURNS), f"{row['id']} stopped early without a reason"
+    return "max-turns" if len(users) > MAX_TURNS else "complete"
+
+
+def wait_conversations_finished(redis_url: str, name: str, *, stack, timeout: float = 240) -> dict:
+    client = connect(broker_settings(redis_url=redis_url))
+
+    def finished():
+        data = campaign_status(client, name)
+        conversations = data["conversations"]
+        return data if (conversations["total"] and not conversations["in_progress"]
+                        and not conversations["followups_waiting"] and data["queued"] == data["inflight"] == 0) else None
+
+    try:
+        return wait_for(finished, timeout=timeout, interval=0.5, what=f"the conversations of {name}")
+    except TimeoutError:
+        raise AssertionError(f"status {campaign_status(client, name)}; logs:\n{stack.logs()}") from None
+
+
+def test_own_history_regenerates_multi_turn_rows_id_for_id(tmp_path, redis_server, stack, tokenizer, tokenizer_path):
+    rows = own_rows(18)
+    prompts = write_jsonl(tmp_path / "rows.jsonl", rows)
+    variants = tmp_path / "variants.json"
+    variants.write_text(json.dumps(VARIANTS))
+    _, url = stack.devserver("--token-latency", "0.001", "--mean-output-tokens", "24")
+    out = tmp_path / "out"
+
+    enqueued = cli("enqueue", str(prompts), "--campaign", "own", "--tokenizer", str(tokenizer_path), "--history", "own",
+                   "--max-turns", str(MAX_TURNS), "--variants", str(variants), "--max-new-tokens", "48",
+                   "--temperature", "0.7", "--seed", "7", "--batch-size", "4", "--redis", redis_server.url)
+    assert f"rows read {len(rows)} / enqueued {len(rows)} / duplicate 0 / skipped 0" in enqueued.stdout.decode()
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, args=["--render-processes", "1"])
+    status = wait_conversations_finished(redis_server.url, "own", stack=stack)
+
+    records = assert_exactly_once(redis_server.url, "own", out / "own", expected=status["enqueued"])
+    by_conversation: dict[str, list] = {}
+    for record in records.values():
+        by_conversation.setdefault(record.conversation, []).append(record)
+    assert len(by_conversation) == len(rows)
+    by_id = {row["id"]: row for row in rows}
+    ends: dict[str, int] = {}
+    used_variants = set()
+    for turns in by_conversation.values():
+        turns.sort(key=lambda r: r.turn)
+        assert [r.turn for r in turns] == list(range(len(turns)))
+        assert len({(r.id, r.variant) for r in turns}) == 1, "a conversation keeps its row and variant"
+        variant = next(v for v in VARIANTS if v["name"] == turns[0].variant)
+        used_variants.add(variant["name"])
+        end = check_conversation(tokenizer, by_id[turns[0].id], turns, template_kwargs=variant.get("chat_template_kwargs", {}))
+        ends[end] = ends.get(end, 0) + 1
+        for record in turns:
+            assert record.sampling["temperature"] == variant.get("sampling", {}).get("temperature", 0.7)
+            # The output is exactly what the server answers for these ids and sampling parameters.
+            reply = requests.post(f"{url}/generate", json={"input_ids": record.prompt_ids, "sampling_params": record.sampling},
+                                  timeout=30).json()
+            assert record.output_ids == reply["output_ids"]
+            assert record.finish_reason == reply["meta_info"]["finish_reason"]["type"]
+    assert used_variants == {v["name"] for v in VARIANTS}
+    assert max(len(t) for t in by_conversation.values()) == MAX_TURNS
+    assert ends.get("complete") and ends.get("max-turns") and ends.get("truncated"), ends
+
+    conversations = status_json(redis_server.url, "own")["conversations"]
+    assert conversations["total"] == len(rows) and conversations["done"] == ends["complete"]
+    assert conversations["stopped_by_reason"] == {k: v for k, v in ends.items() if k != "complete"}
+    assert conversations["in_progress"] == 0
+
+    report = json.loads(cli("verify", str(out / "own"), "--json").stdout)
+    assert report["ok"] and report["checks"]["conversation_gap"]["count"] == 0
+    assert report["conversations"] == {"count": len(rows), "turns": len(records),
+                                       "longest": MAX_TURNS}
+
+    exported = tmp_path / "last.jsonl"
+    cli("export", str(out / "own"), "--out", str(exported), "--turns", "last")
+    last_rows = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert sorted(r["key"] for r in last_rows) == sorted(max(t, key=lambda r: r.turn).key for t in by_conversation.values())
+    everything = tmp_path / "all.jsonl"
+    cli("export", str(out / "own"), "--out", str(everything))
+    order = [records[json.loads(line)["key"]] for line in everything.read_text().splitlines()]
+    conversation_order = [r.conversation for r in order]
+    # Rows come conversation by conversation, each one's turns in order.
+    assert len(order) == len(records)
+    assert [c for i, c in enumerate(conversation_order) if i == 0 or conversation_order[i - 1] != c] == \
+        sorted(by_conversation)
+    assert all(order[i].turn + 1 == order[i + 1].turn for i in range(len(order) - 1)
+               if order[i].conversation == order[i + 1].conversation)
