@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 
-from eagle_synth.campaign import MARK_DONE_LUA, EVENTS_MAXLEN, Campaign
+from eagle_synth.campaign import EVENTS_MAXLEN, MARK_DONE_LUA, Campaign
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
 
 # Counter (in the campaign's counters hash) of conversations the producer started.

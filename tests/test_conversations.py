@@ -173,3 +173,97 @@ def test_own_history_regenerates_multi_turn_rows_id_for_id(tmp_path, redis_serve
         sorted(by_conversation)
     assert all(order[i].turn + 1 == order[i + 1].turn for i in range(len(order) - 1)
                if order[i].conversation == order[i + 1].conversation)
+
+
+# Short visibility timeout so a SIGKILLed worker's batches come back within the test.
+FAST_REDELIVERY = {"EAGLE_SYNTH_VISIBILITY_TIMEOUT": "10", "EAGLE_SYNTH_RESTORE_INTERVAL": "1",
+                   "EAGLE_SYNTH_BACKOFF_MAX": "0.5", "EAGLE_SYNTH_FOLLOWUP_SWEEP": "1"}
+
+
+def long_rows(count: int) -> list[dict]:
+    """Conversations of 3 and 4 user turns: long enough to be cut in the middle."""
+    return [{"id": f"long-{i}", "messages": [
+        message for turn in range(3 + i % 2) for message in (
+            {"role": "user", "content": f"Step {turn} of task {i}: continue the story about {i * 5 + turn}."},
+            {"role": "assistant", "content": "an old answer"})]} for i in range(count)]
+
+
+def assert_conversations_accounted(redis_url: str, name: str, folder, rows: list[dict]) -> dict:
+    """Every turn has exactly one record or failure; every conversation's turns are 0..n-1 and
+    it ended for its reason (all user turns answered, or truncated); none is lost or in progress."""
+    from eagle_synth.conversation_store import ConversationStore
+    from tests.helpers import campaign
+
+    c = campaign(redis_url, name)
+    records = assert_exactly_once(redis_url, name, folder, expected=c.progress().enqueued)
+    by_conversation: dict[str, list] = {}
+    for record in records.values():
+        by_conversation.setdefault(record.conversation, []).append(record)
+    users = {row["id"]: len(row_turns(row)[1]) for row in rows}
+    ends: dict[str, int] = {}
+    for turns in by_conversation.values():
+        turns.sort(key=lambda r: r.turn)
+        assert [r.turn for r in turns] == list(range(len(turns))), "a turn is missing or doubled"
+        assert all(r.finish_reason == "stop" for r in turns[:-1])
+        if turns[-1].finish_reason == "length":
+            ends["truncated"] = ends.get("truncated", 0) + 1
+        else:
+            assert len(turns) == users[turns[0].id], f"conversation {turns[0].id} lost its turn {len(turns)}"
+            ends["complete"] = ends.get("complete", 0) + 1
+    assert len(by_conversation) == len(rows) and c.progress().failed == 0
+    counts = ConversationStore(c).counts()
+    assert counts == {"total": len(rows), "done": ends.get("complete", 0), "in_progress": 0,
+                      "stopped": ends.get("truncated", 0),
+                      "stopped_by_reason": {"truncated": ends["truncated"]} if ends.get("truncated") else {},
+                      "followups_waiting": 0}
+    assert not c.client.hlen(c.keys.followup_owners), "an outbox entry is left behind"
+    return records
+
+
+def test_worker_killed_mid_conversation_loses_and_doubles_no_turn(tmp_path, redis_server, stack, tokenizer_path):
+    from tests.helpers import campaign, enqueue_rows
+
+    rows = long_rows(16)
+    enqueue_rows(tmp_path, redis_server.url, "killconv", rows, tokenizer=tokenizer_path, batch_size=4,
+                 max_new_tokens=96, history="own")
+    _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "30", "--slots", "8")
+    out = tmp_path / "out"
+    first = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY, name="first@test",
+                         args=["--render-processes", "1"])
+    c = campaign(redis_server.url, "killconv")
+    # Killed once later turns are on their way: records of turn 0 written, next turns rendered or queued.
+    wait_for(lambda: c.progress().enqueued > len(rows) + 4, timeout=90, interval=0.1, what="next turns in flight")
+    first.kill()
+    assert c.progress().done < c.progress().enqueued
+
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY, name="second@test",
+                 args=["--render-processes", "1"])
+    wait_conversations_finished(redis_server.url, "killconv", stack=stack, timeout=240)
+    records = assert_conversations_accounted(redis_server.url, "killconv", out / "killconv", rows)
+    assert {r.worker for r in records.values()} == {"first@test", "second@test"}
+
+
+def test_redis_restart_and_server_death_mid_conversation(tmp_path, stack, tokenizer_path):
+    from eagle_synth.local import RedisServer, free_port
+    from tests.helpers import campaign, enqueue_rows
+
+    redis_server = RedisServer(workdir=tmp_path / "redis", appendonly=True).start()
+    try:
+        rows = long_rows(12)
+        enqueue_rows(tmp_path, redis_server.url, "rrconv", rows, tokenizer=tokenizer_path, batch_size=4,
+                     max_new_tokens=96, history="own")
+        port = free_port()
+        first, url = stack.devserver("--token-latency", "0.005", "--mean-output-tokens", "30", "--die-after", "20",
+                                     port=port)
+        out = tmp_path / "out"
+        stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY,
+                     args=["--render-processes", "1"])
+        c = campaign(redis_server.url, "rrconv")
+        wait_for(lambda: c.progress().done >= 6, timeout=90, interval=0.1, what="the first turns")
+        redis_server.restart()
+        wait_for(lambda: not first.alive(), timeout=90, what="the server to die")
+        stack.devserver("--token-latency", "0.005", "--mean-output-tokens", "30", port=port)
+        wait_conversations_finished(redis_server.url, "rrconv", stack=stack, timeout=240)
+        assert_conversations_accounted(redis_server.url, "rrconv", out / "rrconv", rows)
+    finally:
+        redis_server.stop()

@@ -30,17 +30,34 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
 
 import msgpack
 import redis
 
 from eagle_synth.campaign import Campaign, CampaignSettings, campaign_names
 from eagle_synth.conversation import ConversationState, end_before_render, turn_key
-from eagle_synth.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW, NOTHING, ConversationStore, end_json
+from eagle_synth.conversation_store import (
+    BATCH_FIELD_PREFIX,
+    END,
+    FOLLOW,
+    NOTHING,
+    ConversationStore,
+    end_json,
+)
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.keys import followup_owner
-from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, TaskPayload, batch_id, pack_item, unpack_item
+from eagle_synth.payload import (
+    DEFAULT_BATCH_SIZE,
+    PromptItem,
+    TaskPayload,
+    batch_id,
+    pack_item,
+    unpack_item,
+)
 from eagle_synth.records import Record
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
@@ -54,6 +71,8 @@ log = logging.getLogger("eagle_synth.followups")
 FOLLOWUP_BATCH_SIZE = DEFAULT_BATCH_SIZE
 # Seconds a rendered turn waits for batch-mates before a smaller batch is published.
 COALESCE_WAIT = 2.0
+# ... or only this long while this worker has no prompt waiting for a server (it would idle).
+HUNGRY_WAIT = 0.25
 # Seconds the background thread sleeps when there is nothing to do.
 LOOP_TICK = 0.2
 # Seconds between sweeps for entries of dead processes (and this process's own lost ones).
@@ -87,12 +106,16 @@ class FollowUps:
         send: publishes one encoded TaskPayload (eagle_synth.queue.send_payload bound to the app).
         render_processes: rendering processes per stored tokenizer.
         stopping: set when the worker begins to shut down (rendered turns are published at once).
+        hungry: True while this worker has no prompt waiting for a server ticket; rendered turns
+            then go out after HUNGRY_WAIT instead of waiting for a full batch.
     """
 
     def __init__(self, *, redis_client: redis.Redis, send: Callable[[dict], None],
-                 render_processes: int = DEFAULT_RENDER_PROCESSES, stopping: threading.Event | None = None) -> None:
+                 render_processes: int = DEFAULT_RENDER_PROCESSES, stopping: threading.Event | None = None,
+                 hungry: Callable[[], bool] = lambda: False) -> None:
         self.client = redis_client
         self.send = send
+        self.hungry = hungry
         self.render_processes = render_processes
         self.stopping = stopping or threading.Event()
         self.owner = f"{socket.gethostname()}|{os.getpid()}|{secrets.token_hex(4)}"
@@ -104,7 +127,7 @@ class FollowUps:
         self._to_render: deque[_Pending] = deque()
         self._rendering: dict[tuple[str, str], _Pending] = {}
         self._rendered: queue.Queue = queue.Queue()
-        self._ready_results: list[tuple[_Pending, tuple]] = []
+        self._ready_results: list[tuple[_Pending, tuple[Any, ...]]] = []
         self._ready: dict[tuple[str, str], dict[str, _Pending]] = {}
         self._unsent: dict[tuple[str, str], dict] = {}
         self._untracked_before: set[tuple[str, str]] = set()
@@ -291,7 +314,12 @@ class FollowUps:
                 chunk = group[start: start + RENDER_CHUNK]
                 jobs = [_render_job(p.data, settings) for p in chunk]
                 future = renderer.submit(jobs)
-                future.add_done_callback(lambda f, chunk=chunk: (self._rendered.put((chunk, f)), self._wake.set()))
+                future.add_done_callback(partial(self._on_rendered, chunk))
+
+    def _on_rendered(self, chunk: list[_Pending], future: Future) -> None:
+        # Runs in the pool's management thread: hand over, and let the background thread store it.
+        self._rendered.put((chunk, future))
+        self._wake.set()
 
     def _store_rendered(self) -> None:
         while True:
@@ -318,7 +346,7 @@ class FollowUps:
             self._ready_results.extend(zip(chunk, results))
         if not self._ready_results:
             return
-        by_campaign: dict[str, list[tuple[_Pending, tuple]]] = {}
+        by_campaign: dict[str, list[tuple[_Pending, tuple[Any, ...]]]] = {}
         for pending, result in self._ready_results:
             by_campaign.setdefault(pending.campaign, []).append((pending, result))
         for name, results in by_campaign.items():
@@ -357,13 +385,14 @@ class FollowUps:
 
     def _form_batches(self) -> None:
         now = time.monotonic()
-        hurry = self.stopping.is_set()
         with self._lock:
             groups = [(group, dict(members)) for group, members in self._ready.items() if members]
+        if not groups:
+            return
+        wait = 0.0 if self.stopping.is_set() else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
         for (name, sampling_key), members in groups:
             pendings = sorted(members.values(), key=lambda p: p.since)
-            while pendings and (len(pendings) >= FOLLOWUP_BATCH_SIZE or hurry
-                                or now - pendings[0].since >= COALESCE_WAIT):
+            while pendings and (len(pendings) >= FOLLOWUP_BATCH_SIZE or now - pendings[0].since >= wait):
                 chunk = pendings[:FOLLOWUP_BATCH_SIZE]
                 items = [unpack_item(p.data["item"]) for p in chunk]
                 payload = TaskPayload(campaign=name, batch=batch_id([i.key for i in items]),

@@ -47,7 +47,8 @@ class WorkerRuntime:
         self._tickets_logged: dict[str, int] = {}
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
         self.followups = FollowUps(redis_client=connect(settings), send=send or _own_sender(settings),
-                                   render_processes=config.render_processes, stopping=stopping)
+                                   render_processes=config.render_processes, stopping=stopping,
+                                   hungry=lambda: self.pool.waiting() == 0)
         self.runner = BatchRunner(
             config=config, redis_client=connect(settings), node=node, task_budget=settings.task_budget_seconds,
             pool=self.pool, disk=disk or DiskState(folder=config.out), followups=self.followups, stopping=stopping,
