@@ -131,6 +131,7 @@ class FollowUps:
         self._ready: dict[tuple[str, str], dict[str, _Pending]] = {}
         self._unsent: dict[tuple[str, str], dict] = {}
         self._untracked_before: set[tuple[str, str]] = set()
+        self._blocked_until: dict[str, float] = {}
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -300,13 +301,19 @@ class FollowUps:
         for pending in waiting:
             by_campaign.setdefault(pending.campaign, []).append(pending)
         for name, group in by_campaign.items():
+            if time.monotonic() < self._blocked_until.get(name, 0.0):
+                with self._lock:
+                    self._to_render.extend(group)
+                continue
             settings = self._campaign_settings(name)
             try:
                 if settings is None:
                     raise TokenizerUnavailable(f"campaign {name!r} has no settings in Redis")
                 renderer = self._renderer(settings)
             except TokenizerUnavailable as exc:
-                log.error("follow-ups of %s wait: %s", name, exc)
+                log.error("%d next turns of %s wait (trying again in %.0f s): %s", len(group), name,
+                          PREPARE_RETRY, exc)
+                self._blocked_until[name] = time.monotonic() + PREPARE_RETRY
                 with self._lock:
                     self._to_render.extend(group)
                 continue
