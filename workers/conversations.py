@@ -134,6 +134,7 @@ class FollowUps:
         self._blocked_until: dict[str, float] = {}
         self._wake = threading.Event()
         self._closed = threading.Event()
+        self._flush_now = threading.Event()
         self._thread: threading.Thread | None = None
         self._alive_at = 0.0
         self._swept_at = 0.0
@@ -148,10 +149,10 @@ class FollowUps:
 
     def close(self, *, timeout: float = 5.0) -> None:
         """Publish what is rendered, then stop; what is left is adopted by another process."""
-        self.stopping.set()
+        self._flush_now.set()
         self._wake.set()
         deadline = time.monotonic() + timeout
-        while self._thread is not None and time.monotonic() < deadline and (self._ready or self._unsent):
+        while self._thread is not None and time.monotonic() < deadline and (any(self._ready.values()) or self._unsent):
             time.sleep(LOOP_TICK)
         self._closed.set()
         self._wake.set()
@@ -301,27 +302,37 @@ class FollowUps:
         for pending in waiting:
             by_campaign.setdefault(pending.campaign, []).append(pending)
         for name, group in by_campaign.items():
-            if time.monotonic() < self._blocked_until.get(name, 0.0):
-                with self._lock:
-                    self._to_render.extend(group)
-                continue
-            settings = self._campaign_settings(name)
+            keep = group  # what is not submitted stays for a later tick
             try:
-                if settings is None:
-                    raise TokenizerUnavailable(f"campaign {name!r} has no settings in Redis")
-                renderer = self._renderer(settings)
-            except TokenizerUnavailable as exc:
-                log.error("%d next turns of %s wait (trying again in %.0f s): %s", len(group), name,
-                          PREPARE_RETRY, exc)
-                self._blocked_until[name] = time.monotonic() + PREPARE_RETRY
-                with self._lock:
-                    self._to_render.extend(group)
-                continue
-            for start in range(0, len(group), RENDER_CHUNK):
-                chunk = group[start: start + RENDER_CHUNK]
-                jobs = [_render_job(p.data, settings) for p in chunk]
-                future = renderer.submit(jobs)
-                future.add_done_callback(partial(self._on_rendered, chunk))
+                keep = self._submit_campaign(name, group)
+            finally:
+                if keep:
+                    with self._lock:
+                        self._to_render.extend(keep)
+
+    def _submit_campaign(self, name: str, group: list[_Pending]) -> list[_Pending]:
+        """Send a campaign's turns to its renderer; returns those that could not be sent."""
+        if time.monotonic() < self._blocked_until.get(name, 0.0):
+            return group
+        settings = self._campaign_settings(name)
+        try:
+            if settings is None:
+                raise TokenizerUnavailable(f"campaign {name!r} has no settings in Redis")
+            renderer = self._renderer(settings)
+        except TokenizerUnavailable as exc:
+            log.error("%d next turns of %s wait (trying again in %.0f s): %s", len(group), name, PREPARE_RETRY, exc)
+            self._blocked_until[name] = time.monotonic() + PREPARE_RETRY
+            return group
+        chunks = [group[start: start + RENDER_CHUNK] for start in range(0, len(group), RENDER_CHUNK)]
+        for index, chunk in enumerate(chunks):
+            try:
+                future = renderer.submit([_render_job(p.data, settings) for p in chunk])
+            except Exception as exc:  # the pool broke: a new one at the next tick
+                log.warning("renderer unusable (%s: %s); starting a new one", type(exc).__name__, exc)
+                self._drop_renderer(settings)
+                return [p for rest in chunks[index:] for p in rest]
+            future.add_done_callback(partial(self._on_rendered, chunk))
+        return []
 
     def _on_rendered(self, chunk: list[_Pending], future: Future) -> None:
         # Runs in the pool's management thread: hand over, and let the background thread store it.
@@ -396,7 +407,8 @@ class FollowUps:
             groups = [(group, dict(members)) for group, members in self._ready.items() if members]
         if not groups:
             return
-        wait = 0.0 if self.stopping.is_set() else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
+        hurry = self.stopping.is_set() or self._flush_now.is_set()
+        wait = 0.0 if hurry else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
         for (name, sampling_key), members in groups:
             pendings = sorted(members.values(), key=lambda p: p.since)
             while pendings and (len(pendings) >= FOLLOWUP_BATCH_SIZE or now - pendings[0].since >= wait):
