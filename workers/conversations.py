@@ -143,9 +143,14 @@ class FollowUps:
     def start(self) -> None:
         """Start the background thread (idempotent): it also adopts dead processes' entries."""
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="eagle-synth-followups", daemon=True)
-                self._thread.start()
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="eagle-synth-followups", daemon=True)
+        try:
+            self._keep_alive()  # before any entry of ours can be seen by another process's sweep
+        except redis.RedisError:
+            pass  # the thread keeps trying
+        self._thread.start()
 
     def close(self, *, timeout: float = 5.0) -> None:
         """Publish what is rendered, then stop; what is left is adopted by another process."""
@@ -184,11 +189,14 @@ class FollowUps:
         the same step, store each conversation's end or its next turn. Returns how many were new."""
         tokens_in = sum(len(r.prompt_ids) for r in records)
         tokens_out = sum(len(r.output_ids) for r in records)
+        if not records:
+            return 0
         repaired = sum(1 for r in records if r.repaired_prefix)
         items = {item.key: item for item in payload.items}
         if not any(items[r.key].conversation for r in records if r.key in items):
             return campaign.mark_done([r.key for r in records], tokens_in=tokens_in, tokens_out=tokens_out,
                                       repaired=repaired)
+        self.start()  # alive (liveness key) before storing entries that name this process
         entries: list[tuple[str, str, str, bytes | str]] = []
         follow: dict[str, _Pending] = {}
         for record in records:
@@ -223,7 +231,6 @@ class FollowUps:
             for key in stored:
                 self._to_render.append(self._rendering[(campaign.name, key)])
         if stored:
-            self.start()
             self._wake.set()
         return added
 
@@ -505,9 +512,7 @@ class FollowUps:
     def _owner_dead(self, owner: str) -> bool:
         host, _, rest = owner.partition("|")
         pid, _, _ = rest.partition("|")
-        if host == socket.gethostname() and pid.isdigit():
-            if int(pid) == os.getpid():
-                return owner != self.owner  # an earlier process that had this pid
+        if host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid():
             try:
                 os.kill(int(pid), 0)
             except ProcessLookupError:
