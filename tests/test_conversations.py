@@ -257,9 +257,9 @@ def test_redis_restart_and_server_death_mid_conversation(tmp_path, stack, tokeni
         first, url = stack.devserver("--token-latency", "0.04", "--mean-output-tokens", "20", "--die-after", "14",
                                      port=port)
         out = tmp_path / "out"
-        # One batch at a time, restarted while its prompts generate: Redis goes away between
-        # commits (an acknowledgement lost to the restart trips a kombu race on reconnection
-        # that stops the worker, whatever it runs; see the report of issue 11).
+        # One batch at a time, Redis restarted while its prompts generate, so no acknowledgement
+        # is in flight: one lost to the restart can trip a Celery/kombu race on reconnection that
+        # stops the worker (AttributeError in restore_unacked), conversations or not.
         stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY, concurrency=1,
                      args=["--render-processes", "1"])
         c = campaign(redis_server.url, "rrconv")
