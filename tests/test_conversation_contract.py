@@ -169,6 +169,28 @@ def test_variants_are_picked_stably_by_weight():
     assert pick_variant([], "x") is None
 
 
+def test_dataset_history_variants_set_template_kwargs_sampling_and_keys(tokenizer, tokenizer_path):
+    from producer.conversations import PromptPlanner
+    from producer.tokenize import TemplateJob, TemplatingPool
+
+    base = SamplingParams(temperature=0.6)
+    cold = Variant(name="cold", weight=1.0, sampling={"temperature": 0.2}, chat_template_kwargs={"enable_thinking": False})
+    planner = PromptPlanner(history="dataset", turns="all", sampling=base, template_kwargs={}, variants=[cold])
+    plain = PromptPlanner(history="dataset", turns="all", sampling=base, template_kwargs={})
+    row = {"id": "r", "messages": [{"role": "user", "content": "a?"}, {"role": "assistant", "content": "b."},
+                                   {"role": "user", "content": "c?"}]}
+    prompts = planner.plan(row, source="f.jsonl", line=1)
+    assert [p.turn for p in prompts] == [0, 1] and all(p.template_kwargs == {"enable_thinking": False} for p in prompts)
+    pool = TemplatingPool(TemplateJob(tokenizer=str(tokenizer_path)), processes=1, tokenizer=tokenizer)
+    [(_, rendered)] = list(pool.map([(None, [p.template_input() for p in prompts])]))
+    assert rendered == [template(tokenizer, p.messages, enable_thinking=False) for p in prompts]
+    [item] = planner.items(prompts[1], rendered[1], where="f.jsonl:1")
+    assert item.variant == "cold" and item.sampling_overrides == {"temperature": 0.2} and item.conversation is None
+    [plain_item] = plain.items(plain.plan(row, source="f.jsonl", line=1)[1], rendered[1], where="f.jsonl:1")
+    assert plain_item.variant is None and plain_item.sampling_overrides is None
+    assert plain_item.key != item.key, "the variant's sampling is part of the key"
+
+
 # ---- stored tokenizer and renderer ---------------------------------------------------------
 
 def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(tmp_path, redis_server, tokenizer, ids):

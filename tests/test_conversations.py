@@ -153,6 +153,11 @@ def test_own_history_regenerates_multi_turn_rows_id_for_id(tmp_path, redis_serve
     assert conversations["total"] == len(rows) and conversations["done"] == ends["complete"]
     assert conversations["stopped_by_reason"] == {k: v for k, v in ends.items() if k != "complete"}
     assert conversations["in_progress"] == 0
+    stopped = json.loads(cli("failed", "own", "--json", "--redis", redis_server.url).stdout)["conversations_stopped"]
+    assert {reason: info["count"] for reason, info in stopped.items()} == conversations["stopped_by_reason"]
+    truncated = stopped["truncated"]["examples"][0]
+    assert by_conversation[truncated["conversation"]][-1].finish_reason == "length"
+    assert truncated["turns"] == len(by_conversation[truncated["conversation"]])
 
     report = json.loads(cli("verify", str(out / "own"), "--json").stdout)
     assert report["ok"] and report["checks"]["conversation_gap"]["count"] == 0
@@ -276,3 +281,34 @@ def test_redis_restart_and_server_death_mid_conversation(tmp_path, stack, tokeni
         assert_conversations_accounted(redis_server.url, "rrconv", out / "rrconv", rows)
     finally:
         redis_server.stop()
+
+
+def test_turns_fail_without_the_stored_tokenizer_and_retry_failed_resumes_them(tmp_path, redis_server, stack,
+                                                                               tokenizer_path):
+    from eagle_synth.keys import tokenizer_blob
+    from tests.helpers import campaign, enqueue_rows
+
+    rows = long_rows(4)
+    enqueue_rows(tmp_path, redis_server.url, "notok", rows, tokenizer=tokenizer_path, batch_size=4, history="own")
+    c = campaign(redis_server.url, "notok")
+    settings = c.settings()
+    assert c.client.delete(tokenizer_blob(settings.tokenizer_fingerprint, settings.chat_template_hash)) == 1
+    _, url = stack.devserver("--token-latency", "0.001", "--mean-output-tokens", "20")
+    out = tmp_path / "out"
+    # A cache of its own: the worker must get the tokenizer from Redis, where it is gone.
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, args=["--render-processes", "1"],
+                 env={"EAGLE_SYNTH_CACHE_DIR": str(tmp_path / "cache")})
+    wait_for(lambda: c.progress().failed == len(rows), timeout=90, what="the turns to fail")
+    conversations = status_json(redis_server.url, "notok")["conversations"]
+    assert conversations["stopped_by_reason"] == {"tokenizer-unavailable": len(rows)}
+    assert conversations["in_progress"] == 0 and c.progress().done == 0  # no GPU time spent on them
+    failed = json.loads(cli("failed", "notok", "--json", "--redis", redis_server.url).stdout)
+    [entry] = failed["by_reason"]["tokenizer-unavailable"]["prompts"][:1]
+    assert "run the same `eagle-synth enqueue" in entry["message"]
+
+    again = enqueue_rows(tmp_path, redis_server.url, "notok", rows, tokenizer=tokenizer_path, batch_size=4,
+                         history="own")
+    assert again.prompts_enqueued == 0 and again.prompts_duplicate == len(rows)
+    cli("retry-failed", "notok", "--redis", redis_server.url)
+    wait_conversations_finished(redis_server.url, "notok", stack=stack)
+    assert_conversations_accounted(redis_server.url, "notok", out / "notok", rows)

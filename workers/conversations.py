@@ -83,7 +83,7 @@ OWNER_TTL = LEASE_TTL
 RENDER_CHUNK = 16
 # Attempts to render an entry whose renderer process died before it is ended as template-error.
 RENDER_ATTEMPTS = 3
-# Seconds before a campaign whose tokenizer could not be had is tried again.
+# Seconds before a stored tokenizer that failed to start or to match is tried again.
 PREPARE_RETRY = 30.0
 
 
@@ -277,11 +277,13 @@ class FollowUps:
             failed = self._unavailable.get(identity)
             if failed and time.monotonic() - failed[0] < PREPARE_RETRY:
                 raise TokenizerUnavailable(failed[1])
+            # A tokenizer that is not stored is asked for again each time (one GET): a rerun of the
+            # enqueue stores it, and `retry-failed` must then find it at once.
+            folder = fetch_tokenizer(self.client, fingerprint=identity[0], chat_template_hash=identity[1])
             try:
-                folder = fetch_tokenizer(self.client, fingerprint=identity[0], chat_template_hash=identity[1])
                 renderer = Renderer(folder=folder, processes=self.render_processes, fingerprint=identity[0],
                                     chat_template_hash=identity[1])
-            except (TokenizerUnavailable, RendererMismatch) as exc:
+            except RendererMismatch as exc:
                 self._unavailable[identity] = (time.monotonic(), str(exc))
                 raise TokenizerUnavailable(str(exc)) from exc
             except (redis.RedisError, OSError):
