@@ -80,7 +80,7 @@ def test_next_turn_is_the_template_over_the_new_history(tokenizer, ids):
 def test_conversation_ends_for_its_reasons(tokenizer, ids):
     user = {"role": "user", "content": "Hi."}
     output = ids["encode"]("Hello") + [ids["eos"]]
-    common = dict(matched=ids["eos"], eos_token_ids=[ids["eos"]], think_close_id=ids["close"])
+    common = {"matched": ids["eos"], "eos_token_ids": [ids["eos"]], "think_close_id": ids["close"]}
     state = ConversationState(key="k", messages=[user], upcoming=[[user]])
     assert next_turn(tokenizer, state, output, finish_reason="length", **common).end == END_TRUNCATED
     assert next_turn(tokenizer, ConversationState(key="k", messages=[user]), output, finish_reason="stop",

@@ -15,8 +15,8 @@ import pytest
 from eagle_synth.campaign import Campaign
 from eagle_synth.conversation import ConversationState, next_turn, turn_key
 from eagle_synth.conversation_store import FOLLOW, ConversationStore
-from eagle_synth.local import wait_for
 from eagle_synth.ids import pack_ids
+from eagle_synth.local import wait_for
 from eagle_synth.payload import PromptItem, TaskPayload, pack_item
 from eagle_synth.records import Record
 from eagle_synth.redis_client import connect
@@ -108,7 +108,7 @@ def test_a_killed_renderer_pool_is_replaced_and_every_next_turn_queued_once(setu
 
 
 def test_entries_of_a_dead_worker_process_are_adopted_and_queued_once(setup, tokenizer):
-    client, campaign, settings = setup
+    client, campaign, _ = setup
     payload, records = turns(tokenizer, 2, "b")
     # A worker process on another host stored its next turns, then died (its liveness key is gone).
     entries = []

@@ -14,6 +14,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import msgpack
@@ -75,19 +76,16 @@ def ordered_records(campaign_path: str | os.PathLike, *, turns: str = "all",
         return
     with tempfile.TemporaryDirectory(prefix="eagle-synth-export-") as folder:
         paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
-        handles = [open(path, "wb") for path in paths]
-        writers = [zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(h) for h in handles]
         packer = msgpack.Packer(use_bin_type=True)
-        try:
+        with ExitStack() as files:
+            writers = [files.enter_context(zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(
+                files.enter_context(open(path, "wb")))) for path in paths]
             for raw in iter_raw_records(campaign_path):
                 conversation = raw.meta.get("conversation")
                 if not conversation:
                     yield raw
                     continue
                 writers[_bucket_of(conversation, buckets)].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
-        finally:
-            for writer in writers:
-                writer.close()
         for path in paths:
             with open(path, "rb") as handle:
                 reader = zstandard.ZstdDecompressor().stream_reader(handle)
