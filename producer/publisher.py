@@ -18,13 +18,7 @@ import msgpack
 from celery import Celery
 
 from eagle_synth.campaign import Campaign
-from eagle_synth.payload import (
-    PromptItem,
-    TaskPayload,
-    batch_id,
-    pack_item,
-    unpack_item,
-)
+from eagle_synth.payload import PromptItem, TaskPayload, batch_id, pack_item, unpack_item
 from eagle_synth.queue import send_payload
 
 log = logging.getLogger("eagle_synth.producer")

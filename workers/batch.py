@@ -37,27 +37,17 @@ from eagle_synth.manifest import build_manifest
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.records import (
-    Record,
-    batch_files,
-    campaign_dir,
-    read_record_file,
-    records_dir,
-    write_manifest,
+    Record, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
     write_record_file,
 )
 from eagle_synth.tokenizer_store import TokenizerUnavailable
-from workers.client import BadRequest, ServerDown, SGLangClient, TransientError
+from workers.client import BadRequest, SGLangClient, ServerDown, TransientError
 from workers.config import WorkerConfig
 from workers.conversations import FollowUps
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
-from workers.replies import (
-    BadResponse,
-    GeneratedItem,
-    PromptMismatch,
-    parse_generate_item,
-)
+from workers.replies import BadResponse, GeneratedItem, PromptMismatch, parse_generate_item
 
 log = logging.getLogger("eagle_synth.batch")
 
