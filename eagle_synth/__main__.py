@@ -2,4 +2,6 @@
 
 from eagle_synth.cli import main
 
-main()
+# Guarded: processes started with the spawn method (the worker's renderers) import this module.
+if __name__ == "__main__":
+    main()

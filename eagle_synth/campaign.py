@@ -47,27 +47,36 @@ return removed
 """
 
 
-# KEYS: done set, failed hash, reasons hash, counters hash, events stream.
-# ARGV: tokens_in, tokens_out, repaired, events maxlen, then prompt keys.
-# One round trip for what a finished batch changes; counts only keys that were new.
-_MARK_DONE = """
-local added = 0
-for i = 5, #ARGV do
-  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then added = added + 1 end
-  local old = redis.call('HGET', KEYS[2], ARGV[i])
+# Lua functions shared by every script that marks keys done (this module's and
+# eagle_synth/conversation_store.py's). KEYS[1..5]: done set, failed hash, reasons hash,
+# counters hash, events stream.
+MARK_DONE_LUA = """
+local function mark_done(key)
+  local added = redis.call('SADD', KEYS[1], key)
+  local old = redis.call('HGET', KEYS[2], key)
   if old then
-    redis.call('HDEL', KEYS[2], ARGV[i])
+    redis.call('HDEL', KEYS[2], key)
     redis.call('HINCRBY', KEYS[3], cjson.decode(old)['reason'], -1)
   end
+  return added
 end
-if added > 0 then
-  redis.call('HINCRBY', KEYS[4], 'records', added)
-  redis.call('HINCRBY', KEYS[4], 'tokens-in', ARGV[1])
-  redis.call('HINCRBY', KEYS[4], 'tokens-out', ARGV[2])
-  if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', KEYS[4], 'repaired-prefix', ARGV[3]) end
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*',
-             'records', added, 'tokens_out', ARGV[2], 'tokens_in', ARGV[1])
+local function count_done(added, tokens_in, tokens_out, repaired, maxlen)
+  if added > 0 then
+    redis.call('HINCRBY', KEYS[4], 'records', added)
+    redis.call('HINCRBY', KEYS[4], 'tokens-in', tokens_in)
+    redis.call('HINCRBY', KEYS[4], 'tokens-out', tokens_out)
+    if tonumber(repaired) > 0 then redis.call('HINCRBY', KEYS[4], 'repaired-prefix', repaired) end
+    redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*',
+               'records', added, 'tokens_out', tokens_out, 'tokens_in', tokens_in)
+  end
 end
+"""
+# ARGV: tokens_in, tokens_out, repaired, events maxlen, then prompt keys.
+# One round trip for what a finished batch changes; counts only keys that were new.
+_MARK_DONE = MARK_DONE_LUA + """
+local added = 0
+for i = 5, #ARGV do added = added + mark_done(ARGV[i]) end
+count_done(added, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 return added
 """
 
@@ -93,6 +102,10 @@ class CampaignSettings:
         think_open_id, think_close_id: ids of `<think>` and `</think>` if the tokenizer has them.
         max_prompt_tokens: longer prompts were skipped by the producer.
         created_at: unix time of the first enqueue.
+        history: "dataset" (prompts end at the dataset's user turns) or "own" (every user turn
+            answered in order on the model's own earlier answers; docs/producer.md).
+        max_turns: with history "own", conversations stop after this many answered turns.
+        variants: the variants list (eagle_synth.variants.Variant.to_dict), if any.
     """
 
     name: str
@@ -108,6 +121,9 @@ class CampaignSettings:
     think_close_id: int | None = None
     max_prompt_tokens: int | None = None
     created_at: float = 0.0
+    history: str = "dataset"
+    max_turns: int | None = None
+    variants: list = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

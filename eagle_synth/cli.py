@@ -70,7 +70,10 @@ def enqueue(
     n: Annotated[int, typer.Option("--n", help="Samples per prompt; each is its own record.")] = 1,
     seed: Annotated[Optional[int], typer.Option(help="Base seed: each sample gets a stable sampling_seed.")] = None,
     batch_size: Annotated[int, typer.Option(help="Prompts per task.")] = 16,
-    turns: Annotated[str, typer.Option(help="'last': regenerate the answer to the last user turn; 'all': one prompt per user turn.")] = "last",
+    turns: Annotated[str, typer.Option(help="'last': regenerate the answer to the last user turn; 'all': one prompt per user turn (with --history dataset).")] = "last",
+    history: Annotated[str, typer.Option(help="'dataset': prompts on the row's own history; 'own': answer every user turn in order, each on the model's own earlier answers.")] = "dataset",
+    max_turns: Annotated[Optional[int], typer.Option(help="With --history own: answer at most this many user turns per conversation.")] = None,
+    variants: Annotated[Optional[Path], typer.Option(help="JSON list of {name, weight, sampling, chat_template_kwargs} variants, one per conversation by a stable hash.")] = None,
     system: Annotated[Optional[str], typer.Option(help="Default system prompt for rows without one.")] = None,
     chat_template: Annotated[Optional[Path], typer.Option(help="Jinja chat template file overriding the tokenizer's.")] = None,
     chat_template_kwargs: Annotated[Optional[str], typer.Option(help='Extra template arguments as JSON, e.g. \'{"enable_thinking": false}\'.')] = None,
@@ -98,6 +101,12 @@ def enqueue(
         _fail("--turns must be 'last' or 'all'")
     if (max_prompt_tokens is not None and max_prompt_tokens < 0) or max_prompt_chars < 0:
         _fail("--max-prompt-tokens and --max-prompt-chars must be 0 (no cap) or positive")
+    if history not in ("dataset", "own"):
+        _fail("--history must be 'dataset' or 'own'")
+    if max_turns is not None and (max_turns < 1 or history != "own"):
+        _fail("--max-turns takes a number >= 1 and applies with --history own")
+    if history == "own" and trust_remote_code:
+        _fail("--history own cannot be used with --trust-remote-code: workers would run tokenizer code taken from Redis")
     try:
         kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else {}
         if not isinstance(kwargs, dict):
@@ -114,13 +123,21 @@ def enqueue(
         _fail(str(exc))
     if batch_size < 1:
         _fail("--batch-size must be at least 1")
+    loaded_variants: tuple = ()
+    if variants is not None:
+        from eagle_synth.variants import VariantsError, load_variants
+
+        try:
+            loaded_variants = tuple(load_variants(variants, base=sampling))
+        except VariantsError as exc:
+            _fail(str(exc))
     options = EnqueueOptions(
         inputs=files, campaign=campaign, tokenizer=tokenizer, sampling=sampling, batch_size=batch_size,
         turns=turns, system=system, chat_template=str(chat_template) if chat_template else None,
         chat_template_kwargs=kwargs, trust_remote_code=trust_remote_code,
         max_prompt_tokens=max_prompt_tokens, max_prompt_chars=max_prompt_chars or None,
         max_backlog=max_backlog, strict=strict, dry_run=dry_run, processes=processes,
-        allow_evicting_redis=allow_evicting_redis,
+        allow_evicting_redis=allow_evicting_redis, history=history, max_turns=max_turns, variants=loaded_variants,
     )
     broker = None if dry_run else broker_settings(redis_url=redis)
     total_rows = None
@@ -165,6 +182,7 @@ def worker(
     timeout_per_token: Annotated[Optional[float], _worker_option("timeout_per_token")] = None,
     backoff_max: Annotated[Optional[float], _worker_option("backoff_max")] = None,
     probe_timeout: Annotated[Optional[float], _worker_option("probe_timeout")] = None,
+    render_processes: Annotated[Optional[int], _worker_option("render_processes")] = None,
     name: Annotated[Optional[str], typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
     task_events: Annotated[bool, typer.Option(help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record).")] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
@@ -196,7 +214,7 @@ def worker(
     given = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
              "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
              "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None,
-             "backend": tuple(backend) if backend else None}
+             "backend": tuple(backend) if backend else None, "render_processes": render_processes}
     os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
     os.environ[env_name("out")] = str(out)
     try:
@@ -294,7 +312,12 @@ def failed(
     """List a campaign's failed prompts by reason."""
     from eagle_synth.campaign import Campaign
 
-    failures = Campaign(_client(redis), campaign).failures()
+    from eagle_synth.conversation_store import ConversationStore
+
+    state = Campaign(_client(redis), campaign)
+    failures = state.failures()
+    settings = state.settings()
+    stopped = ConversationStore(state).stopped(examples=limit) if settings and settings.history == "own" else {}
     by_reason: dict[str, list] = {}
     for key, failure in sorted(failures.items()):
         by_reason.setdefault(failure.reason, []).append({
@@ -303,13 +326,22 @@ def failed(
         })
     if as_json:
         print(json.dumps({"campaign": campaign, "failed": len(failures),
-                          "by_reason": {r: {"count": len(v), "prompts": v} for r, v in by_reason.items()}}))
+                          "by_reason": {r: {"count": len(v), "prompts": v} for r, v in by_reason.items()},
+                          "conversations_stopped": stopped}))
         return
     typer.echo(f"{len(failures)} failed prompts in {campaign}")
     for reason, entries in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
         typer.echo(f"  {reason}: {len(entries)}")
         for entry in entries[:limit]:
             typer.echo(f"    {entry['key']} ({entry['source']}): {entry['message'][:200]}")
+    if stopped:
+        typer.echo(f"{sum(s['count'] for s in stopped.values())} conversations stopped early (their records are kept; "
+                   "failed turns above stop theirs too)")
+        for reason, info in sorted(stopped.items(), key=lambda kv: -kv[1]["count"]):
+            typer.echo(f"  {reason}: {info['count']}")
+            for end in info["examples"]:
+                detail = f": {end['message'][:200]}" if end.get("message") else ""
+                typer.echo(f"    {end['conversation']} ({end['source']}) after {end['turns']} turns{detail}")
 
 
 @app.command("retry-failed")

@@ -68,6 +68,7 @@ def export(
     sample: SampleOpt = None,
     seed: SeedOpt = 0,
     shard_rows: Annotated[Optional[int], typer.Option("--shard-rows", help="Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).")] = None,
+    turns: Annotated[str, typer.Option(help="--history own campaigns: 'all' turns of each conversation, or only its 'last' one.")] = "all",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
@@ -80,7 +81,7 @@ def export(
     try:
         with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
             written = export_records(campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows,
-                                     progress=progress)
+                                     progress=progress, turns=turns)
     except RecordFormatError as exc:
         _damaged(exc, campaign_dir)
     except (FileNotFoundError, ValueError) as exc:

@@ -27,6 +27,17 @@ WORKER_PATTERN = f"{KEY_PREFIX}:worker:*"
 REAPER_LOCK = f"{KEY_PREFIX}:reaper"
 
 
+def tokenizer_blob(fingerprint: str, chat_template_hash: str) -> str:
+    """String: a campaign's tokenizer files (zstd msgpack), stored once by `enqueue --history own`
+    so that workers render follow-up turns with the identical tokenizer and template."""
+    return f"{KEY_PREFIX}:tokenizer:{fingerprint}-{chat_template_hash}"
+
+
+def followup_owner(owner: str) -> str:
+    """String with a TTL: a worker process that holds follow-up turns is alive."""
+    return f"{KEY_PREFIX}:followup-owner:{owner}"
+
+
 @dataclass(frozen=True, slots=True)
 class CampaignKeys:
     """Key names of one campaign's state.
@@ -98,3 +109,24 @@ class CampaignKeys:
     def skipped(self) -> str:
         """Hash reason -> count of input rows the producer skipped."""
         return f"{self._base}:skipped"
+
+    @property
+    def followups(self) -> str:
+        """Hash turn key -> a conversation's next turn between its previous turn's commit and
+        its batch (to render, or rendered and claimed): the follow-up outbox."""
+        return f"{self._base}:followups"
+
+    @property
+    def followup_batches(self) -> str:
+        """Hash batch id -> a batch of follow-up turns formed but maybe not yet published."""
+        return f"{self._base}:followup-batches"
+
+    @property
+    def followup_owners(self) -> str:
+        """Hash (turn key, or `batch:` + batch id) -> the worker process that holds that entry."""
+        return f"{self._base}:followup-owners"
+
+    @property
+    def conversation_ends(self) -> str:
+        """Hash conversation key -> why it stopped early (JSON: reason, turn, row, message)."""
+        return f"{self._base}:conversation-ends"

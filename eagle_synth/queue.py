@@ -84,6 +84,16 @@ def make_celery(settings: BrokerSettings | None = None) -> Celery:
 TASK_CONTENT_TYPE = "application/x-msgpack"
 
 
+def send_payload(app: Celery, queue: str, payload: dict) -> None:
+    """Publish one encoded TaskPayload as a generate task (producer and workers alike)."""
+    from eagle_synth.payload import TASK_NAME
+
+    # A short argsrepr: Celery would otherwise repr the whole id blob into every message.
+    app.send_task(TASK_NAME, args=[payload], queue=queue, serializer="msgpack",
+                  argsrepr=f"<{payload['campaign']} batch {payload['batch']}: {len(payload['keys'])} prompts>",
+                  kwargsrepr="{}")
+
+
 def payload_of_message(message: dict) -> dict | None:
     """The raw payload dict (TaskPayload.encode's form) a kombu message carries, or None if
     the message is not one of our tasks.

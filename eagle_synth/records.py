@@ -145,6 +145,8 @@ class Record:
         backend: the kind of server that generated it: "sglang" or "vllm" (files written
             before vLLM support hold SGLang records and read as "sglang").
         batch: the batch id the record was generated in (filled in by readers).
+        conversation: with `--history own`, the conversation's stable key (its turns share it).
+        variant: the name of the `--variants` entry the record was made with, if any.
     """
 
     key: str
@@ -168,6 +170,8 @@ class Record:
     repaired_prefix: int = 0
     backend: str = "sglang"
     batch: str = ""
+    conversation: str | None = None
+    variant: str | None = None
 
     @property
     def input_ids(self) -> list[int]:
@@ -181,7 +185,8 @@ class Record:
 
     def to_wire(self, *, codec: str = ID_CODEC) -> dict:
         """The msgpack map stored for this record; ids in `codec` unless they need WIDE_ID_CODEC."""
-        data = {name: getattr(self, name) for name in _FIELD_NAMES}
+        data = {name: getattr(self, name) for name in _FIELD_NAMES
+                if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None}
         if codec == "u24le" and max(max(self.prompt_ids, default=0), max(self.output_ids, default=0)) >= _U24_LIMIT:
             data["id_codec"] = codec = WIDE_ID_CODEC
         data["prompt_ids"] = encode_ids(self.prompt_ids, codec)
@@ -199,6 +204,8 @@ class Record:
 
 
 _FIELD_NAMES = tuple(Record.__dataclass_fields__)
+# Fields only some campaigns use: left out of the stored map when unset.
+_OMITTED_WHEN_NONE = frozenset({"conversation", "variant"})
 _FIELD_SET = frozenset(_FIELD_NAMES)
 _META_FIELDS = tuple(n for n in _FIELD_NAMES if n not in ("prompt_ids", "output_ids"))
 

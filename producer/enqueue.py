@@ -19,12 +19,13 @@ from typing import IO, Literal
 
 from eagle_synth.campaign import Campaign, CampaignSettings
 from eagle_synth.errors import UserError
-from eagle_synth.ids import pack_ids
-from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, prompt_key
+from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import BrokerSettings
 from eagle_synth.templating import load_tokenizer, tokenizer_facts
-from producer.rows import RowError, conversations_from_row
+from eagle_synth.variants import Variant
+from producer.conversations import PromptPlanner
+from producer.rows import RowError
 from producer.sources import BadRow, expand_inputs, iter_source_rows
 from producer.tokenize import TemplateJob, TemplatingPool, check_tokenizer_path
 
@@ -76,6 +77,10 @@ class EnqueueOptions:
         dry_run: template and count, enqueue nothing (Redis not needed).
         processes: templating processes (default: every core).
         allow_evicting_redis: go on (with a warning) when Redis may evict keys.
+        history: "dataset" (prompts on the row's history) or "own" (every user turn answered in
+            order on the model's own answers; workers render the later turns).
+        max_turns: with history "own", answer at most this many user turns per conversation.
+        variants: `--variants` entries, assigned per conversation by a stable hash.
     """
 
     inputs: Sequence[str]
@@ -95,6 +100,14 @@ class EnqueueOptions:
     dry_run: bool = False
     processes: int | None = None
     allow_evicting_redis: bool = False
+    history: Literal["dataset", "own"] = "dataset"
+    max_turns: int | None = None
+    variants: tuple[Variant, ...] = ()
+
+    def planner(self) -> PromptPlanner:
+        return PromptPlanner(history=self.history, turns=self.turns, sampling=self.sampling,
+                             template_kwargs=self.chat_template_kwargs, variants=self.variants,
+                             default_system=self.system, max_turns=self.max_turns)
 
 
 @dataclass(slots=True)
@@ -159,8 +172,8 @@ class _RowPlan:
 
 
 def _plans(options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | None,
-           inputs: list[str]) -> Iterator[tuple[list[_RowPlan], list]]:
-    """Chunks of (row plans, flat list of (messages, tools)) for the templating pool."""
+           inputs: list[str], planner: PromptPlanner) -> Iterator[tuple[list[_RowPlan], list]]:
+    """Chunks of (row plans, flat list of (messages, tools, kwargs)) for the templating pool."""
     plans: list[_RowPlan] = []
     flat: list = []
     for row in iter_source_rows(inputs, stdin=stdin):
@@ -170,10 +183,7 @@ def _plans(options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | 
             _skip(options, summary, where, row.reason, row.detail)
             continue
         try:
-            conversations = conversations_from_row(
-                row.data, source=row.source, line=row.line, turns=options.turns,
-                default_system=options.system,
-            )
+            conversations = planner.plan(row.data, source=row.source, line=row.line)
         except RowError as exc:
             _skip(options, summary, where, exc.reason, str(exc))
             continue
@@ -182,7 +192,7 @@ def _plans(options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | 
             continue
         plan = _RowPlan(where=where, conversations=conversations)
         plans.append(plan)
-        flat.extend((c.messages, c.tools) for c in conversations)
+        flat.extend(c.template_input() for c in conversations)
         if len(plans) >= ROWS_PER_CHUNK:
             yield plans, flat
             plans, flat = [], []
@@ -255,6 +265,9 @@ def campaign_settings(options: EnqueueOptions, tokenizer, *, max_prompt_tokens: 
         think_close_id=facts.think_close_id,
         max_prompt_tokens=max_prompt_tokens,
         created_at=time.time(),
+        history=options.history,
+        max_turns=options.max_turns if options.history == "own" else None,
+        variants=[v.to_dict() for v in options.variants],
     )
 
 
@@ -275,6 +288,10 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
     summary = EnqueueSummary(campaign=options.campaign, dry_run=options.dry_run)
     inputs = expand_inputs(options.inputs)
     check_tokenizer_path(options.tokenizer)
+    planner = options.planner()
+    if options.history == "own" and options.trust_remote_code:
+        raise UserError("history 'own' cannot be used with trust_remote_code: workers would run tokenizer "
+                        "code taken from Redis; use a tokenizer that needs no custom code")
     tokenizer = load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code,
                                chat_template_file=options.chat_template)
     warn = on_warning or log.warning
@@ -299,16 +316,16 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
             campaign=campaign, app=make_celery(broker), queue=broker.queue,
             sampling=options.sampling.for_server(), batch_size=options.batch_size,
             max_backlog=options.max_backlog, on_wait=on_wait,
+            count_new_as="conversations" if options.history == "own" else None,
         )
     max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
     settings = campaign_settings(options, tokenizer, max_prompt_tokens=max_prompt_tokens)
     registered = False
     if publisher is not None and stored is not None:
-        publisher.campaign.register(settings)  # refuses other settings before any templating
+        _register(publisher.campaign, settings, options, tokenizer)  # refuses other settings before templating
         registered = True
         summary.prompts_recovered = publisher.recover()
 
-    key_sampling = {k: v for k, v in options.sampling.to_dict().items() if k != "n"}
     seen_in_dry_run: set[str] = set()
     job = TemplateJob(
         tokenizer=str(options.tokenizer), trust_remote_code=options.trust_remote_code,
@@ -317,18 +334,18 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
     )
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
     try:
-        for plans, results in pool.map(_plans(options, summary, stdin, inputs)):
+        for plans, results in pool.map(_plans(options, summary, stdin, inputs, planner)):
             items_per_row: list[list[PromptItem]] = []
             cursor = 0
             for plan in plans:
                 row_results = results[cursor: cursor + len(plan.conversations)]
                 cursor += len(plan.conversations)
-                items_per_row.append(_row_items(options, summary, plan, row_results, key_sampling,
+                items_per_row.append(_row_items(options, summary, plan, row_results, planner,
                                                 max_prompt_tokens=max_prompt_tokens))
             flat = [item for items in items_per_row for item in items]
             if publisher is not None:
                 if flat and not registered:
-                    publisher.campaign.register(settings)
+                    _register(publisher.campaign, settings, options, tokenizer)
                     registered = True
                 new = publisher.claim(flat)
             else:
@@ -362,8 +379,19 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
     return summary
 
 
+def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) -> None:
+    """Register the campaign's settings; with history 'own', store the tokenizer the workers
+    render the later turns with (exactly this one, checked by fingerprint)."""
+    campaign.register(settings)
+    if options.history == "own":
+        from eagle_synth.tokenizer_store import store_tokenizer
+
+        store_tokenizer(campaign.client, tokenizer, fingerprint=settings.tokenizer_fingerprint,
+                        chat_template_hash=settings.chat_template_hash)
+
+
 def _row_items(options: EnqueueOptions, summary: EnqueueSummary, plan: _RowPlan,
-               results: list, key_sampling: dict, *, max_prompt_tokens: int | None) -> list[PromptItem]:
+               results: list, planner: PromptPlanner, *, max_prompt_tokens: int | None) -> list[PromptItem]:
     """Prompt items of one row; [] (and the row counted skipped) if none is usable."""
     items: list[PromptItem] = []
     first_problem: tuple[str, str] | None = None
@@ -379,14 +407,7 @@ def _row_items(options: EnqueueOptions, summary: EnqueueSummary, plan: _RowPlan,
             summary.prompts_skipped += options.sampling.n
             continue
         summary.count_length(len(result))
-        packed = pack_ids(result)
-        for sample in range(options.sampling.n):
-            key = prompt_key(prompt_ids=packed, sampling=key_sampling, sample=sample)
-            items.append(PromptItem(
-                key=key, row_id=conversation.row_id, sample=sample, ids=result,
-                seed=options.sampling.sample_seed(prompt_key_material=packed, sample=sample, prompt_key=key),
-                source=plan.where, turn=conversation.turn,
-            ))
+        items.extend(planner.items(conversation, result, where=plan.where))
     if not items and first_problem:
         _skip(options, summary, plan.where, *first_problem)
     return items

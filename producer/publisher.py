@@ -16,9 +16,9 @@ import msgpack
 from celery import Celery
 
 from eagle_synth.campaign import Campaign
-from eagle_synth.ids import pack_ids, unpack_ids
-from eagle_synth.payload import TASK_NAME, PromptItem, TaskPayload, batch_id
+from eagle_synth.payload import PromptItem, TaskPayload, batch_id, pack_item, unpack_item
 from eagle_synth.processes import holder_dead, holder_id
+from eagle_synth.queue import send_payload
 from eagle_synth.tools.repair import RECORD_DAMAGED
 
 log = logging.getLogger("eagle_synth.producer")
@@ -28,16 +28,19 @@ BACKLOG_POLL = 2.0
 # Seconds a producer's liveness key lasts; another run recovers its outbox only after that.
 PRODUCER_TTL = 60
 
-# KEYS: enqueued set, outbox hash. ARGV: outbox field, chunk blob, then prompt keys.
-# Returns the 0-based indices of keys that were new; records them with the chunk.
+# KEYS: enqueued set, outbox hash, counters hash. ARGV: outbox field, chunk blob, counter
+# name ('' for none), then prompt keys. Returns the 0-based indices of keys that were new;
+# records them with the chunk, and adds their number to the counter (e.g. conversations
+# started: counted in the same step as the claim, so a killed run counts each exactly once).
 _CLAIM_SCRIPT = """
 local new = {}
-for i = 3, #ARGV do
-  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then new[#new + 1] = i - 3 end
+for i = 4, #ARGV do
+  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then new[#new + 1] = i - 4 end
 end
 if #new > 0 then
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
   redis.call('HSET', KEYS[2], ARGV[1] .. ':new', cjson.encode(new))
+  if ARGV[3] ~= '' then redis.call('HINCRBY', KEYS[3], ARGV[3], #new) end
 end
 return new
 """
@@ -57,17 +60,11 @@ return removed
 
 
 def _pack_items(items: list[PromptItem]) -> bytes:
-    return msgpack.packb(
-        [[i.key, i.row_id, i.sample, pack_ids(i.ids), i.seed, i.source, i.turn] for i in items],
-        use_bin_type=True,
-    )
+    return msgpack.packb([pack_item(item) for item in items], use_bin_type=True)
 
 
 def _unpack_items(blob: bytes) -> list[PromptItem]:
-    return [
-        PromptItem(key=k, row_id=r, sample=s, ids=unpack_ids(ids), seed=seed, source=src, turn=t)
-        for k, r, s, ids, seed, src, t in msgpack.unpackb(blob, raw=False)
-    ]
+    return [unpack_item(packed) for packed in msgpack.unpackb(blob, raw=False)]
 
 
 class Publisher:
@@ -81,11 +78,12 @@ class Publisher:
         batch_size: prompts per task.
         max_backlog: wait while more prompts than this are pending (0 = never wait).
         on_wait: called with the pending count while waiting (for the progress display).
+        count_new_as: a campaign counter that newly claimed keys add to (e.g. "conversations").
     """
 
     def __init__(self, *, campaign: Campaign, app: Celery, queue: str, sampling: dict,
                  batch_size: int, max_backlog: int = 0,
-                 on_wait: Callable[[int], None] | None = None) -> None:
+                 on_wait: Callable[[int], None] | None = None, count_new_as: str | None = None) -> None:
         self.campaign = campaign
         self.app = app
         self.queue = queue
@@ -93,6 +91,7 @@ class Publisher:
         self.batch_size = batch_size
         self.max_backlog = max_backlog
         self.on_wait = on_wait
+        self.count_new_as = count_new_as or ""
         self.tasks = 0
         self.replayed = 0  # prompts re-enqueued because `repair` could not read them back
         self._damaged_waiting: bool | None = None
@@ -119,8 +118,8 @@ class Publisher:
         field = f"{self._run_id}:{self._chunk_serial}"
         keys = self.campaign.keys
         new_indices = self._claim(
-            keys=[keys.enqueued, keys.outbox],
-            args=[field, _pack_items(items), *[item.key for item in items]],
+            keys=[keys.enqueued, keys.outbox, keys.counters],
+            args=[field, _pack_items(items), self.count_new_as, *[item.key for item in items]],
         )
         new = [False] * len(items)
         for index in new_indices:
@@ -200,10 +199,7 @@ class Publisher:
             campaign=self.campaign.name, batch=batch_id([i.key for i in items]),
             sampling=self.sampling, items=items,
         )
-        # A short argsrepr: Celery would otherwise repr the whole id blob into every message.
-        self.app.send_task(TASK_NAME, args=[payload.encode()], queue=self.queue, serializer="msgpack",
-                           argsrepr=f"<{payload.campaign} batch {payload.batch}: {len(items)} prompts>",
-                           kwargsrepr="{}")
+        send_payload(self.app, self.queue, payload.encode())
         self.tasks += 1
 
     def _wait_for_backlog(self, *, unpublished: int) -> None:

@@ -28,7 +28,8 @@ from typing import Literal, Mapping
 
 from eagle_synth.regeneration import regeneration_points
 
-__all__ = ["ROLE_ALIASES", "Conversation", "RowError", "conversations_from_row"]
+__all__ = ["ROLE_ALIASES", "Conversation", "OwnConversation", "RowError", "conversations_from_row",
+           "own_history_from_row"]
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
@@ -123,6 +124,58 @@ def conversations_from_row(
     """
     if turns not in ("last", "all"):
         raise ValueError(f"turns must be 'last' or 'all', got {turns!r}")
+    row_id, messages, fields, tools, positions = _normalized(data, source=source, line=line,
+                                                             default_system=default_system)
+    chosen = list(enumerate(positions))
+    if turns == "last":
+        chosen = chosen[-1:]
+
+    out = []
+    for turn, position in chosen:
+        if messages[position]["role"] == "user" and not messages[position]["content"].strip():
+            raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
+        out.append(Conversation(_copy_messages(messages[: position + 1]), tools, row_id, turn))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class OwnConversation:
+    """A row to regenerate turn by turn on the model's own answers (`--history own`).
+
+    ``turns`` holds each turn's new messages (system messages, then the user message that
+    closes the turn); the dataset's assistant and tool messages are left out, since the
+    model's answers replace them. ``cut`` says turns beyond ``max_turns`` were dropped.
+    """
+
+    turns: list[list[dict]]
+    tools: list[dict] | None
+    row_id: str
+    cut: bool = False
+
+
+def own_history_from_row(data: dict, *, source: str, line: int, default_system: str | None = None,
+                         max_turns: int | None = None) -> OwnConversation:
+    """Turn one row into the user turns to answer in order (see OwnConversation).
+
+    The same normalization as conversations_from_row (shapes, roles, system prompt); every
+    user turn must have content. Raises RowError.
+    """
+    from eagle_synth.conversation import split_turns
+
+    row_id, messages, fields, tools, positions = _normalized(data, source=source, line=line,
+                                                             default_system=default_system)
+    for position in positions:
+        if messages[position]["role"] == "user" and not messages[position]["content"].strip():
+            raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
+    turns, _trailing = split_turns(dict(m) for m in messages)
+    cut = max_turns is not None and len(turns) > max_turns
+    return OwnConversation(turns=turns[:max_turns] if cut else turns, tools=tools, row_id=row_id, cut=cut)
+
+
+def _normalized(data: object, *, source: str, line: int, default_system: str | None
+                ) -> tuple[str, list[dict], list[str], list[dict] | None, list[int]]:
+    """Row id, messages (system prompt added), their field paths, tools, regeneration points
+    (user turns and the ends of tool-result runs)."""
     if not isinstance(data, dict):
         raise RowError(WRONG_TYPE, None, f"row must be an object, got {type(data).__name__}")
     row_id = _row_id(data.get("id"), source=source, line=line)
@@ -139,16 +192,7 @@ def conversations_from_row(
     positions = regeneration_points(messages)
     if not positions:
         raise RowError(NO_USER_TURN, _shape_field(fields), "conversation has no user turn to answer")
-    chosen = list(enumerate(positions))
-    if turns == "last":
-        chosen = chosen[-1:]
-
-    out = []
-    for turn, position in chosen:
-        if messages[position]["role"] == "user" and not messages[position]["content"].strip():
-            raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
-        out.append(Conversation(_copy_messages(messages[: position + 1]), tools, row_id, turn))
-    return out
+    return row_id, messages, fields, tools, positions
 
 
 def _copy_messages(messages: list[dict]) -> list[dict]:

@@ -73,15 +73,28 @@ def _init(job: TemplateJob) -> None:
                                     chat_template_file=job.chat_template_file)
 
 
-def template_chunk(conversations: list[tuple[list[dict], list[dict] | None]]) -> list[list[int] | str]:
-    """Ids for each (messages, tools) pair, or the template's error message for it."""
+def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
+    """Ids for each (messages, tools) pair, or the template's error message for it.
+
+    A third element, when present and not None, replaces the job's template kwargs for that
+    conversation (a `--variants` entry's chat_template_kwargs on top of the campaign's).
+    """
     assert _tokenizer is not None and _job is not None
-    kwargs = dict(_job.template_kwargs)
+    default_kwargs = dict(_job.template_kwargs)
+
+    def kwargs_of(i: int) -> dict:
+        entry = conversations[i]
+        return entry[2] if len(entry) > 2 and entry[2] is not None else default_kwargs
+
+    def group_key(i: int) -> str:
+        return _tools_key(conversations[i][1]) + "|" + json.dumps(kwargs_of(i), sort_keys=True)
+
     out: list[list[int] | str] = [""] * len(conversations)
-    indexed = sorted(range(len(conversations)), key=lambda i: _tools_key(conversations[i][1]))
-    for _, group in groupby(indexed, key=lambda i: _tools_key(conversations[i][1])):
+    indexed = sorted(range(len(conversations)), key=group_key)
+    for _, group in groupby(indexed, key=group_key):
         members = list(group)
         tools = conversations[members[0]][1]
+        kwargs = kwargs_of(members[0])
         try:
             ids = render_prompt_ids_batch(_tokenizer, [conversations[i][0] for i in members],
                                           tools=tools, template_kwargs=kwargs)

@@ -62,7 +62,8 @@ def test_a_clean_campaign_passes_with_its_figures(tmp_path, ids, tokenizer):
     assert report["reasoning"]["prompts_open_think"] == 7 and report["reasoning"]["closed_in_output"] == 6
     assert report["settings"]["vocab_size"] == ids["vocab"] and report["settings"]["eos_token_ids"] == [ids["eos"]]
     assert set(report) == {"campaign", "ok", "errors", "warnings", "format_version", "files", "records", "tokens",
-                           "finish_reasons", "backends", "truncated_share", "reasoning", "settings", "checks",
+                           "finish_reasons", "backends", "truncated_share", "reasoning", "conversations", "settings",
+                           "checks",
                            "damaged"}
     assert list(report["checks"]) == list(CHECKS)
 

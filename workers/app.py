@@ -21,11 +21,11 @@ from pathlib import Path
 import redis
 from celery import bootsteps
 from celery.exceptions import Reject, Retry
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from eagle_synth.node_state import NodeState
 from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
-from eagle_synth.queue import make_celery
+from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
 from workers.batch import Requeue
@@ -73,13 +73,28 @@ def _get_runtime(node: str) -> WorkerRuntime:
     global _runtime
     with _runtime_lock:
         if _runtime is None:
-            _runtime = WorkerRuntime(config=WorkerConfig.from_env(), node=node, stopping=STOPPING, disk=_disk_state())
+            queue = broker_settings().queue
+            _runtime = WorkerRuntime(config=WorkerConfig.from_env(), node=node, stopping=STOPPING, disk=_disk_state(),
+                                     send=lambda payload: send_payload(app, queue, payload))
         return _runtime
 
 
 @worker_shutting_down.connect
 def _on_shutdown(**_: object) -> None:
     STOPPING.set()
+
+
+@worker_ready.connect
+def _on_ready(sender=None, **_: object) -> None:
+    # Conversations' next turns held by a dead worker process are adopted even by a worker
+    # that has no batch yet (the queue may be empty precisely because they wait).
+    _get_runtime(getattr(sender, "hostname", None) or "eagle-synth@unknown").followups.start()
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(**_: object) -> None:
+    if _runtime is not None:
+        _runtime.followups.close()
 
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, max_retries=None)

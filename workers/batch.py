@@ -47,9 +47,11 @@ from eagle_synth.records import (
     write_manifest,
     write_record_file,
 )
+from eagle_synth.tokenizer_store import TokenizerUnavailable
 from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
 from workers.client import BadRequest, BadSamplingParams, SGLangClient, ServerDown, TransientError
 from workers.config import WorkerConfig
+from workers.conversations import FollowUps
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
@@ -151,7 +153,7 @@ class _Attempt:
         return list(self.pending.values()) + [entry[2] for entry in self.retries]
 
     def sampling(self, payload: TaskPayload, item: PromptItem) -> dict:
-        return payload.sampling_for(item) if self.send_seeds else payload.sampling
+        return payload.sampling_for(item, with_seed=self.send_seeds)
 
 
 class BatchRunner:
@@ -166,10 +168,12 @@ class BatchRunner:
         disk: the output folder's state, shared with the health gate.
         stopping: set when the worker begins to shut down.
         shutdown_grace: seconds a batch keeps going after `stopping` before it requeues.
+        followups: commits records (marks them done) and, for `--history own` conversations,
+            carries each one's next turn to the queue (workers/conversations.py).
     """
 
     def __init__(self, *, config: WorkerConfig, redis_client: redis.Redis, node: str, task_budget: float,
-                 pool: InflightPool, disk: DiskState, stopping: threading.Event | None = None,
+                 pool: InflightPool, disk: DiskState, followups: FollowUps, stopping: threading.Event | None = None,
                  shutdown_grace: float = 0.0) -> None:
         self.config = config
         self.redis = redis_client
@@ -178,6 +182,7 @@ class BatchRunner:
         self.task_budget = task_budget
         self.pool = pool
         self.disk = disk
+        self.followups = followups
         self.stopping = stopping or threading.Event()
         self.shutdown_grace = shutdown_grace
         self._stop_deadline: float | None = None
@@ -233,6 +238,14 @@ class BatchRunner:
             for item in items:
                 self._fail(campaign, payload, item, "campaign-settings-missing", str(exc), outcome)
             return outcome
+        if any(item.conversation for item in items):
+            try:
+                self.followups.prepare(campaign, settings)
+            except TokenizerUnavailable as exc:
+                # No GPU time for turns whose next turn could not be rendered here.
+                for item in items:
+                    self._fail(campaign, payload, item, "tokenizer-unavailable", str(exc), outcome)
+                return outcome
         items = self._drop_invalid(campaign, payload, settings, items, outcome)
         if not items:
             return outcome
@@ -283,11 +296,7 @@ class BatchRunner:
                 continue
             adopted.update(found)
         if adopted:
-            campaign.mark_done(
-                list(adopted),
-                tokens_in=sum(len(r.prompt_ids) for r in adopted.values()),
-                tokens_out=sum(len(r.output_ids) for r in adopted.values()),
-            )
+            self.followups.commit(campaign, payload, list(adopted.values()))
             outcome.adopted = len(adopted)
             log.info("batch %s: adopted %d records a previous attempt wrote", payload.batch, len(adopted))
         seen: set[str] = set()
@@ -353,9 +362,9 @@ class BatchRunner:
     def _drop_too_long(self, campaign, payload, states: dict[str, ServerState], items, outcome) -> list[PromptItem]:
         # Any healthy server may get any prompt, so a prompt must fit every one of them.
         backends = [(backend, state) for state in states.values() if (backend := backend_for_state(state))]
-        max_new = int(payload.sampling.get("max_new_tokens", 0))
         good = []
         for item in items:
+            max_new = int(payload.sampling_for(item).get("max_new_tokens", 0))
             problem = next((why for backend, state in backends if (why := backend.context_problem(
                 prompt_len=len(item.ids), max_new_tokens=max_new, state=state))), None)
             if problem is not None:
@@ -381,7 +390,7 @@ class BatchRunner:
                   items: list[PromptItem], attempt: _Attempt, outcome: BatchOutcome,
                   states: dict[str, ServerState], lease: BatchLease) -> None:
         folder = campaign_dir(self.config.out, payload.campaign)
-        max_new = int(payload.sampling.get("max_new_tokens", 0))
+        max_new = max(int(payload.sampling_for(item).get("max_new_tokens", 0)) for item in items)
         deadline = time.monotonic() + self.task_budget
         timeout = self.config.request_timeout(max_new)
 
@@ -523,6 +532,7 @@ class BatchRunner:
             cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=sampling,
             source=item.source, server=url, worker=self.node, e2e_latency=reply.e2e_latency,
             created_at=time.time(), repaired_prefix=reply.repaired_prefix, backend=backend,
+            conversation=item.conversation["key"] if item.conversation else None, variant=item.variant,
         )
 
     # writing ------------------------------------------------------------------------
@@ -542,12 +552,8 @@ class BatchRunner:
             detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
             self.disk.failed(detail, folder=records_dir(folder))
             raise DiskUnavailable(detail) from exc
-        campaign.mark_done(
-            [r.key for r in records],
-            tokens_in=sum(len(r.prompt_ids) for r in records),
-            tokens_out=sum(len(r.output_ids) for r in records),
-            repaired=sum(1 for r in records if r.repaired_prefix),
-        )
+        # Marks them done; a conversation's turn also stores its next turn in the same step.
+        self.followups.commit(campaign, payload, records)
         outcome.written += len(records)
         outcome.repaired += sum(1 for r in records if r.repaired_prefix)
         self._refresh_manifest(campaign, folder)

@@ -68,11 +68,15 @@ class WorkerConfig:
     timeout_per_token: float = setting(0.1, "Seconds of request timeout per max_new_tokens.")
     backoff_max: float = setting(30.0, "Longest wait between retries of a prompt (s); backoff doubles from 1 s, jittered.")
     probe_timeout: float = setting(25.0, "Seconds a /health probe may take (SGLang's own check gives up after 20 s).")
+    render_processes: int = setting(
+        2, "Processes that render conversations' next turns (--history own), started on first need.")
 
     def __post_init__(self) -> None:
         problems = []
         if self.inflight is not None and self.inflight < 1:
             problems.append(f"inflight {self.inflight}: must be at least 1")
+        if self.render_processes < 1:
+            problems.append(f"render_processes {self.render_processes}: must be at least 1")
         if self.max_attempts < 1:
             problems.append(f"max_attempts {self.max_attempts}: must be at least 1")
         for name in ("timeout_base", "timeout_per_token", "backoff_max", "probe_timeout"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState, publish_inflight
 from eagle_synth.redis_client import connect
@@ -18,6 +19,7 @@ from eagle_synth.settings import BrokerSettings, broker_settings
 from workers.backends import backend_for_state
 from workers.batch import BatchRunner, server_capacity
 from workers.config import WorkerConfig, auto_inflight
+from workers.conversations import FollowUps
 from workers.disk import DiskState
 from workers.inflight import InflightPool
 
@@ -33,10 +35,13 @@ class WorkerRuntime:
         stopping: set when the worker begins to shut down (default: a fresh event).
         disk: the output folder's state, shared with the health gate (default: a fresh one).
         broker: Redis and queue settings (default: from the environment).
+        send: publishes one encoded TaskPayload (a conversation's next turns); default: a Celery
+            app of its own for these broker settings.
     """
 
     def __init__(self, *, config: WorkerConfig, node: str, stopping: threading.Event | None = None,
-                 disk: DiskState | None = None, broker: BrokerSettings | None = None) -> None:
+                 disk: DiskState | None = None, broker: BrokerSettings | None = None,
+                 send: Callable[[dict], None] | None = None) -> None:
         settings = broker or broker_settings()
         self.config = config
         self.node_state = NodeState(connect(settings), node)
@@ -44,9 +49,13 @@ class WorkerRuntime:
         self._tickets_logged: dict[str, int] = {}
         self._backends: dict[str, tuple] = {}
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
+        self.followups = FollowUps(redis_client=connect(settings), send=send or _own_sender(settings),
+                                   render_processes=config.render_processes, stopping=stopping,
+                                   hungry=lambda: self.pool.waiting() == 0)
         self.runner = BatchRunner(
             config=config, redis_client=connect(settings), node=node, task_budget=settings.task_budget_seconds,
-            pool=self.pool, disk=disk or DiskState(folder=config.out), stopping=stopping, shutdown_grace=float(settings.soft_shutdown_timeout),
+            pool=self.pool, disk=disk or DiskState(folder=config.out), followups=self.followups, stopping=stopping,
+            shutdown_grace=float(settings.soft_shutdown_timeout),
         )
 
     def close(self) -> None:
@@ -89,3 +98,17 @@ class WorkerRuntime:
             log.warning("server %s: sending prompts to %s%s", url, backend.path,
                         f" (model {identity[1]})" if identity[1] else "")
         return True
+
+def _own_sender(settings: BrokerSettings) -> Callable[[dict], None]:
+    """Publish with a Celery app made on first use (the worker passes its own app's instead)."""
+    app = None
+
+    def send(payload: dict) -> None:
+        nonlocal app
+        from eagle_synth.queue import make_celery, send_payload
+
+        if app is None:
+            app = make_celery(settings)
+        send_payload(app, settings.queue, payload)
+
+    return send

@@ -2,7 +2,9 @@
 
 A private redis-server, the devserver standing in for SGLang, one real Celery worker, the
 bundled prompt set and a tokenizer trained on the spot; then the campaign's status and one
-record decoded. Everything lives under one folder, which is left behind for a look.
+record decoded. The campaign regenerates whole conversations on the model's own answers
+(`--history own`), so the record shown is a second turn: its prompt holds the model's own
+first answer. Everything lives under one folder, which is left behind for a look.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def run_demo(folder: Path) -> int:
     from rich.console import Console
 
     from eagle_synth.campaign import Campaign
+    from eagle_synth.conversation_store import ConversationStore
     from eagle_synth.demo.tokenizer import build_demo_tokenizer
     from eagle_synth.redis_client import connect
     from eagle_synth.records import iter_records
@@ -62,23 +65,27 @@ def run_demo(folder: Path) -> int:
         options = EnqueueOptions(
             inputs=[str(bundled_prompts())], campaign=DEMO_CAMPAIGN, tokenizer=str(tokenizer),
             sampling=SamplingParams(max_new_tokens=256, temperature=0.7, top_p=0.95), batch_size=8,
+            history="own",
         )
-        console.print(f"4. eagle-synth enqueue {bundled_prompts().name} --campaign {DEMO_CAMPAIGN} ...")
+        console.print(f"4. eagle-synth enqueue {bundled_prompts().name} --campaign {DEMO_CAMPAIGN} --history own ...")
         summary = enqueue(options, broker=broker)
         print_summary(summary)
 
         out = folder / "out"
-        worker = start_worker(servers=[url], out=out, redis_url=redis_server.url, logdir=logs, concurrency=2)
+        worker = start_worker(servers=[url], out=out, redis_url=redis_server.url, logdir=logs, concurrency=2,
+                              args=["--render-processes", "1"])
         processes.append(worker)
         console.print(f"5. eagle-synth worker --server {url} --out {out} (a real Celery worker)")
         campaign = Campaign(connect(broker), DEMO_CAMPAIGN)
-        expected = summary.prompts_enqueued + campaign.progress().done
+        conversations = ConversationStore(campaign)
         started = time.monotonic()
         with console.status("generating...") as spinner:
             def finished() -> bool:
-                progress = campaign.progress()
-                spinner.update(f"generating... {progress.done}/{progress.enqueued} records")
-                return progress.done + progress.failed >= expected or not worker.alive()
+                progress, counts = campaign.progress(), conversations.counts()
+                spinner.update(f"generating... {progress.done} records; conversations {counts['total']}: "
+                               f"{counts['in_progress']} in progress")
+                return (not counts["in_progress"] and not counts["followups_waiting"] and not progress.pending) \
+                    or not worker.alive()
 
             try:
                 wait_for(finished, timeout=DEMO_TIMEOUT, interval=0.25, what="the demo campaign")
@@ -90,8 +97,10 @@ def run_demo(folder: Path) -> int:
         console.rule("eagle-synth status demo")
         render_status(campaign_status(campaign.client, DEMO_CAMPAIGN))
 
-        console.rule("one record, decoded (eagle-synth inspect)")
-        record = next(iter_records(out / DEMO_CAMPAIGN))
+        records = list(iter_records(out / DEMO_CAMPAIGN))
+        record = max(records, key=lambda r: (r.turn, r.key))
+        console.rule(f"turn {record.turn} of conversation {record.conversation[:12]}..., decoded (eagle-synth inspect)")
+        console.print("its prompt holds the model's own earlier answers; the output is this turn's answer")
         show_record(record, tokenizer_path=tokenizer, console=console)
         console.rule()
         console.print(f"records: {out / DEMO_CAMPAIGN}  (export: eagle-synth export {out / DEMO_CAMPAIGN} --out train.jsonl)")

@@ -17,11 +17,12 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from eagle_synth.errors import UserError
 from eagle_synth.records import RawRecord, iter_raw_records
 from eagle_synth.tools.export_progress import Progress, reported
 from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, column_names, json_row
@@ -102,6 +103,24 @@ class ExportResult:
 def training_row(raw: RawRecord) -> dict:
     """The exported row of one record, with Python lists (docs/records.md, "Export")."""
     return json_row(raw)
+
+
+def _source(campaign_path: str | os.PathLike, turns: str, dropped: dict[str, int]) -> Iterator[RawRecord]:
+    """The records to export: in conversation order for `--history own` campaigns (or `turns`
+    "last"); records a `turns` choice leaves out are counted in `dropped`."""
+    from eagle_synth.records import read_manifest
+    from eagle_synth.tools.conversation_order import ordered_records
+
+    if turns not in ("all", "last"):
+        raise UserError(f"turns {turns!r}: use all or last")
+    history = (((read_manifest(campaign_path) or {}).get("settings")) or {}).get("history")
+    if history != "own" and turns == "all":
+        return iter_raw_records(campaign_path)
+
+    def count(reason: str) -> None:
+        dropped[reason] = dropped.get(reason, 0) + 1
+
+    return ordered_records(campaign_path, turns=turns, dropped=count)
 
 
 # ----------------------------------------------------------------------------- output files
@@ -352,7 +371,7 @@ def export_rows(records: Iterable[RawRecord], out: str | os.PathLike, *, format:
 
 def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, format: str = "jsonl",
                    filters: ExportFilters = ExportFilters(), shard_rows: int | None = None,
-                   progress: Progress | None = None) -> ExportResult:
+                   progress: Progress | None = None, turns: str = "all") -> ExportResult:
     """Export a campaign's records as training rows; streams, so memory stays flat.
 
     Parameters:
@@ -366,14 +385,19 @@ def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, 
         shard_rows: rows per output file (None: one file; datasets formats: datasets' default
             shard size).
         progress: told the phase and the records read as the export goes.
+        turns: "all", or "last" for only the last turn of each `--history own` conversation;
+            such campaigns are written in conversation order (turns together, in order).
     """
     started = time.perf_counter()
     _check_options(format, Path(out), shard_rows)
     cutoff = None
+    by_turn: dict[str, int] = {}
     if filters.sample is not None:
-        cutoff = sample_cutoff(reported(iter_raw_records(campaign_path), progress, "sampling"), filters)
-    records = reported(iter_raw_records(campaign_path), progress, "exporting")
+        cutoff = sample_cutoff(reported(_source(campaign_path, turns, {}), progress, "sampling"), filters)
+    records = reported(_source(campaign_path, turns, by_turn), progress, "exporting")
     result = export_rows(records, out, format=format, filters=filters, shard_rows=shard_rows, cutoff=cutoff)
+    for reason, count in by_turn.items():
+        result.dropped[reason] = result.dropped.get(reason, 0) + count
     result.seconds = time.perf_counter() - started
     return result
 

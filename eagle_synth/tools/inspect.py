@@ -82,8 +82,10 @@ def render_record(record: Record, *, tokenizer: Any, console: Console | None = N
     console = console or Console()
     specials = special_ids(tokenizer)
     console.rule(Text(f"record {record.key}", style="bold"))
+    extra = (f"  conversation {record.conversation}" if record.conversation else "") + \
+        (f"  variant {record.variant}" if record.variant else "")
     console.print(f"id {record.id}  sample {record.sample}  turn {record.turn}  source {record.source or '-'}  "
-                  f"batch {record.batch or '-'}", markup=False, highlight=False)
+                  f"batch {record.batch or '-'}{extra}", markup=False, highlight=False)
     prompt = record.prompt_ids
     hidden = 0
     if prompt_tail is not None and len(prompt) > prompt_tail:

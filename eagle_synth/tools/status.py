@@ -28,8 +28,10 @@ STATUS_KEYS = (
     "campaign", "enqueued", "queued", "inflight", "done", "failed", "finished_share",
     "failed_by_reason", "failures_recorded_by_reason", "rows_read", "rows_skipped", "skipped_by_reason",
     "tokens_in", "tokens_out", "repaired_prefix", "records_per_s", "tokens_per_s", "rate_window_s",
-    "eta_seconds", "workers", "at", "stranded",
+    "eta_seconds", "workers", "at", "stranded", "conversations",
 )
+# Keys of "conversations" (None unless the campaign regenerates with --history own).
+CONVERSATION_KEYS = ("total", "done", "in_progress", "stopped", "stopped_by_reason", "followups_waiting")
 # Keys of each entry of "workers": one per (worker node, server) pair.
 WORKER_KEYS = ("node", "host", "server", "state", "since", "detail", "consuming", "inflight", "heartbeat_at",
                "disk", "backend")
@@ -84,7 +86,18 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "workers": _workers(nodes),
         "at": now,
         "stranded": stranded_here,
+        "conversations": _conversations(campaign),
     }
+
+
+def _conversations(campaign: Campaign) -> dict | None:
+    """Conversation counts (CONVERSATION_KEYS) of a `--history own` campaign, else None."""
+    settings = campaign.settings()
+    if settings is None or settings.history != "own":
+        return None
+    from eagle_synth.conversation_store import ConversationStore
+
+    return ConversationStore(campaign).counts()
 
 
 def campaigns_overview(client: redis.Redis) -> list[dict]:

@@ -110,6 +110,17 @@ def _failures(data: dict) -> Table:
     return table
 
 
+def _conversations(data: dict) -> Table:
+    conversations = data["conversations"]
+    table = Table(title="conversations (--history own)", title_justify="left", show_header=True, header_style="bold")
+    for column in ("total", "done", "in progress", "stopped", "stopped by reason", "next turns waiting"):
+        table.add_column(column, justify="right")
+    reasons = ", ".join(f"{r} {c:,}" for r, c in sorted(conversations["stopped_by_reason"].items(), key=lambda kv: -kv[1]))
+    table.add_row(f"{conversations['total']:,}", f"{conversations['done']:,}", f"{conversations['in_progress']:,}",
+                  f"{conversations['stopped']:,}", reasons or "-", f"{conversations['followups_waiting']:,}")
+    return table
+
+
 def _workers(data: dict) -> Table:
     now = data["at"]
     table = Table(title="workers", title_justify="left", show_header=True, header_style="bold")
@@ -135,6 +146,8 @@ def _workers(data: dict) -> Table:
 def status_renderable(data: dict, *, footer: str | None = None) -> Group:
     """The whole view of one campaign_status() dict; footer is a dim last line (e.g. watch hints)."""
     parts: list[RenderableType] = [_header(data), _counts(data), _input(data), _failures(data), _workers(data)]
+    if data.get("conversations"):
+        parts.insert(2, _conversations(data))
     if footer:
         parts.append(Text(footer, style="dim"))
     return Group(*parts)

@@ -1,7 +1,7 @@
 """`eagle-synth verify`: check a campaign's records against its tokenizer and settings.
 
 Hard errors (nonzero exit): damaged files, repeated keys, ids outside the vocabulary,
-`completion_tokens` that disagree with the stored output. Warnings: a `stop` whose last id is
+`completion_tokens` that disagree with the stored output, conversations with a missing turn. Warnings: a `stop` whose last id is
 neither EOS nor a stop id, empty outputs, the stripped-reasoning signature, a tokenizer other
 than the campaign's. Figures: finish reasons, the share truncated by length, and the reasoning
 structure (prompts that end inside an open think block, and outputs that close it).
@@ -40,6 +40,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     "stripped_reasoning": ("warning", ("prompts open a think block but no output that stopped closes it: "
                                        "the signature of reasoning tokens stripped from the output")),
     "tokenizer_mismatch": ("warning", "the tokenizer given is not the one the campaign was made with"),
+    "conversation_gap": ("error", ("conversations (--history own) whose turns are not 0..n-1: a turn is missing "
+                                   "below one that exists")),
 }
 
 
@@ -181,6 +183,8 @@ class _Checker:
         self.open_stopped = 0
         self.open_stopped_closed = 0
         self.outputs_opening = 0
+        # Conversation key -> bit mask of the turns seen (a few dozen bytes per conversation).
+        self.conversations: dict[str, int] = {}
         self._open = _u32(settings.think_open_id) if settings.think_open_id is not None else None
         self._close = _u32(settings.think_close_id) if settings.think_close_id is not None else None
 
@@ -209,6 +213,15 @@ class _Checker:
             if not output or output[-1] not in stops:
                 self.tally.hit("stop_without_eos", key)
         self._reasoning(raw, finish)
+        conversation = meta.get("conversation")
+        if conversation:
+            self.conversations[conversation] = self.conversations.get(conversation, 0) | (1 << int(meta.get("turn", 0)))
+
+    def conversation_gaps(self) -> None:
+        for conversation, turns in self.conversations.items():
+            if turns != (1 << turns.bit_length()) - 1:
+                present = [t for t in range(turns.bit_length()) if turns >> t & 1]
+                self.tally.hit("conversation_gap", f"{conversation}: turns {present}")
 
     def _reasoning(self, raw: RawRecord, finish: str) -> None:
         if self._open is None or self._close is None:
@@ -275,6 +288,7 @@ def verify_campaign(campaign_path: str | os.PathLike, *, tokenizer: Any = None) 
             continue  # compacted away since the scan: its records are in a shard read later or next run
     for key, names in sorted(_duplicates(checker, scan.live).items()):
         checker.tally.hit("duplicate_key", f"{key} ({', '.join(names)})")
+    checker.conversation_gaps()
     if settings.fingerprint_mismatch:
         checker.tally.hit("tokenizer_mismatch", settings.fingerprint_mismatch)
     if checker.open_stopped and not checker.open_stopped_closed:
@@ -317,6 +331,9 @@ def _report(campaign_path: Path, scan, settings: CheckSettings, c: _Checker, dam
             "stopped_closed_in_output": c.open_stopped_closed,
             "outputs_opening_think": c.outputs_opening,
         },
+        "conversations": {"count": len(c.conversations),
+                          "turns": sum(bin(turns).count("1") for turns in c.conversations.values()),
+                          "longest": max((turns.bit_length() for turns in c.conversations.values()), default=0)},
         "settings": settings.to_dict(),
         "checks": checks,
         "damaged": damaged,
@@ -346,6 +363,9 @@ def format_report(report: dict) -> list[tuple[str, str | None]]:
                       f"{r['closed_in_output']} outputs close it ({100 * (r['closed_share'] or 0):.1f}%)", None))
     else:
         lines.append(("reasoning: no prompt ends in an open think block", None))
+    if report["conversations"]["count"]:
+        conv = report["conversations"]
+        lines.append((f"conversations: {conv['count']} with {conv['turns']} turns (longest {conv['longest']})", None))
     if files["compaction_leftovers"]:
         lines.append((f"{files['compaction_leftovers']} batch files already in a shard (a stopped compact); "
                       "readers skip them, `eagle-synth compact` deletes them", None))

@@ -1,0 +1,98 @@
+"""A campaign's tokenizer files kept in Redis, so every worker host renders with the same one.
+
+With `enqueue --history own` the workers render each conversation's next turn. They must use
+the very tokenizer and chat template the producer used, without a tokenizer path of their
+own: the producer saves the loaded tokenizer (`save_pretrained`: tokenizer.json,
+tokenizer_config.json, the chat template, with a `--chat-template` override applied) and
+stores the files once, zstd-compressed, under a key named by the tokenizer's fingerprint and
+template hash. A worker unpacks them into a local cache folder on first need; its renderer
+checks the fingerprint and template hash of what it loaded against the campaign's settings
+and refuses to render on any difference (workers/renderer.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import msgpack
+import redis
+import zstandard
+
+from eagle_synth.keys import tokenizer_blob
+
+# zstd level of the stored files: 3.5 MB for Qwen3.5's 12.8 MB tokenizer.json in 0.4 s.
+TOKENIZER_ZSTD_LEVEL = 10
+# Format tag of the stored blob.
+BLOB_FORMAT = "eagle-synth-tokenizer-1"
+# Where workers unpack stored tokenizers (a local disk; one folder per fingerprint).
+ENV_CACHE_DIR = "EAGLE_SYNTH_CACHE_DIR"
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "eagle-synth"
+# Written last into an unpacked folder: its presence means the folder is complete.
+COMPLETE_MARKER = ".complete"
+
+
+class TokenizerUnavailable(RuntimeError):
+    """The campaign's tokenizer cannot be had on this worker; the message says what to do."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(ENV_CACHE_DIR) or DEFAULT_CACHE_DIR) / "tokenizers"
+
+
+def pack_tokenizer(tokenizer) -> bytes:
+    """The tokenizer's files as saved by transformers, in one zstd-compressed msgpack map."""
+    with tempfile.TemporaryDirectory(prefix="eagle-synth-tokenizer-") as folder:
+        tokenizer.save_pretrained(folder)
+        files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir()) if path.is_file()}
+    blob = msgpack.packb({"format": BLOB_FORMAT, "files": files}, use_bin_type=True)
+    return zstandard.ZstdCompressor(level=TOKENIZER_ZSTD_LEVEL).compress(blob)
+
+
+def store_tokenizer(client: redis.Redis, tokenizer, *, fingerprint: str, chat_template_hash: str) -> str:
+    """Store the tokenizer's files unless they are there already; returns the Redis key."""
+    key = tokenizer_blob(fingerprint, chat_template_hash)
+    if not client.exists(key):
+        client.set(key, pack_tokenizer(tokenizer), nx=True)
+    return key
+
+
+def unpack_tokenizer(blob: bytes, folder: Path) -> None:
+    """Write the stored files into `folder` (created; must not exist), atomically."""
+    data = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(blob), raw=False)
+    if not isinstance(data, dict) or data.get("format") != BLOB_FORMAT:
+        raise TokenizerUnavailable(f"the stored tokenizer is not in format {BLOB_FORMAT}: upgrade eagle-synth")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
+    try:
+        for name, content in data["files"].items():
+            if not name or name != os.path.basename(name) or name.startswith("."):
+                raise TokenizerUnavailable(f"the stored tokenizer has a file name that is not plain: {name!r}")
+            (staging / name).write_bytes(content)
+        (staging / COMPLETE_MARKER).write_text("")
+        try:
+            os.rename(staging, folder)
+        except OSError:
+            if not (folder / COMPLETE_MARKER).exists():  # another thread or process won the race
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def fetch_tokenizer(client: redis.Redis, *, fingerprint: str, chat_template_hash: str,
+                    root: Path | None = None) -> Path:
+    """A local folder holding the campaign's stored tokenizer files (fetched on first need)."""
+    folder = (root or cache_root()) / f"{fingerprint}-{chat_template_hash}"
+    if (folder / COMPLETE_MARKER).exists():
+        return folder
+    blob = client.get(tokenizer_blob(fingerprint, chat_template_hash))
+    if blob is None:
+        raise TokenizerUnavailable(
+            f"the campaign's tokenizer ({fingerprint}, template {chat_template_hash}) is not stored in Redis "
+            "(deleted, or evicted by a Redis that may evict): run the same `eagle-synth enqueue ... --history own` "
+            "again to store it, then `eagle-synth retry-failed CAMPAIGN`"
+        )
+    unpack_tokenizer(blob, folder)
+    return folder

@@ -1,0 +1,94 @@
+"""Records of a `--history own` campaign in conversation order, for `export`.
+
+A conversation's turns are generated one after the other, by any worker, so they land in
+files far apart. Export wants them together and in turn order (`--turns last` wants only the
+last). Records are streamed once into buckets by a hash of their conversation key (each
+bucket a zstd-compressed spill file in a temporary folder, or memory for a small campaign),
+then each bucket is sorted by (conversation, turn) and read back: memory is bounded by one
+bucket, whatever the campaign's size. Records without a conversation come first, as read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import msgpack
+import zstandard
+
+from eagle_synth.records import RawRecord, iter_raw_records, scan_campaign
+
+# Bytes of records (ids as uint32 plus metadata) a bucket may hold in memory when sorted.
+BUCKET_BYTES = 256 << 20
+# Stored records are about this many times smaller than in memory (ids: 3 bytes + zstd vs 4).
+EXPANSION_FACTOR = 4
+# zstd level of spill files: written and read once.
+SPILL_ZSTD_LEVEL = 1
+TURNS = ("all", "last")
+
+
+def _bucket_count(campaign_path: Path) -> int:
+    scan = scan_campaign(campaign_path)
+    stored = 0
+    for path in (*scan.batch_files, *scan.shards):
+        try:
+            stored += path.stat().st_size
+        except FileNotFoundError:
+            continue
+    return max(1, math.ceil(stored * EXPANSION_FACTOR / BUCKET_BYTES))
+
+
+def _bucket_of(conversation: str, buckets: int) -> int:
+    return int(conversation[:15], 16) % buckets if buckets > 1 else 0
+
+
+def _sorted(records: list[RawRecord], *, turns: str, dropped: Callable[[str], None]) -> Iterator[RawRecord]:
+    records.sort(key=lambda r: (r.meta["conversation"], int(r.meta.get("turn", 0))))
+    for index, raw in enumerate(records):
+        if turns == "last":
+            following = records[index + 1] if index + 1 < len(records) else None
+            if following is not None and following.meta["conversation"] == raw.meta["conversation"]:
+                dropped("earlier_turn")
+                continue
+        yield raw
+
+
+def ordered_records(campaign_path: str | os.PathLike, *, turns: str = "all",
+                    dropped: Callable[[str], None] = lambda reason: None) -> Iterator[RawRecord]:
+    """Every record, conversations' turns together and in order; with turns="last" only each
+    conversation's last turn (`dropped("earlier_turn")` is called for each one left out)."""
+    if turns not in TURNS:
+        raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
+    campaign_path = Path(campaign_path)
+    buckets = _bucket_count(campaign_path)
+    if buckets == 1:
+        held: list[RawRecord] = []
+        for raw in iter_raw_records(campaign_path):
+            if raw.meta.get("conversation"):
+                held.append(raw)
+            else:
+                yield raw
+        yield from _sorted(held, turns=turns, dropped=dropped)
+        return
+    with tempfile.TemporaryDirectory(prefix="eagle-synth-export-") as folder:
+        paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
+        packer = msgpack.Packer(use_bin_type=True)
+        with ExitStack() as files:
+            writers = [files.enter_context(zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(
+                files.enter_context(open(path, "wb")))) for path in paths]
+            for raw in iter_raw_records(campaign_path):
+                conversation = raw.meta.get("conversation")
+                if not conversation:
+                    yield raw
+                    continue
+                writers[_bucket_of(conversation, buckets)].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
+        for path in paths:
+            with open(path, "rb") as handle:
+                reader = zstandard.ZstdDecompressor().stream_reader(handle)
+                records = [RawRecord(meta=meta, prompt_u32=prompt, output_u32=output)
+                           for meta, prompt, output in msgpack.Unpacker(reader, raw=False)]
+            yield from _sorted(records, turns=turns, dropped=dropped)

@@ -1,0 +1,141 @@
+"""What the producer enqueues for a row: prompts to template, then their keyed items.
+
+Two histories (docs/producer.md):
+
+* `dataset` (default): one prompt per chosen user turn (`--turns last|all`), on the row's own
+  history; the key is a hash of the templated ids, the sampling and the sample index.
+* `own`: only turn 0 (the system message and the first user message) is templated here; the
+  rest of the row travels with the prompt as its conversation state, and workers render each
+  later turn on the model's own earlier answers (eagle_synth/conversation.py). The key is the
+  turn's key within its conversation.
+
+With `--variants`, each row's conversation gets a variant by a stable hash, which sets its
+chat template arguments (so its prompt ids) and its sampling overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eagle_synth.conversation import ConversationState, conversation_key, turn_key
+from eagle_synth.ids import pack_ids
+from eagle_synth.payload import PromptItem, prompt_key
+from eagle_synth.sampling import SamplingParams
+from eagle_synth.variants import Variant, pick_variant
+from producer.rows import (
+    Conversation,
+    OwnConversation,
+    conversations_from_row,
+    own_history_from_row,
+)
+
+HISTORIES = ("dataset", "own")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedPrompt:
+    """One prompt of a row, before templating.
+
+    Parameters:
+        messages, tools: what the chat template renders.
+        row_id: the row's id.
+        turn: the user turn the prompt ends at.
+        template_kwargs: the chat template arguments (None: the campaign's, no variant).
+        variant: the row's variant, if any.
+        own: the row's turns with `--history own` (the prompt is turn 0), else None.
+    """
+
+    messages: list[dict]
+    tools: list[dict] | None
+    row_id: str
+    turn: int
+    template_kwargs: dict | None = None
+    variant: Variant | None = None
+    own: OwnConversation | None = None
+
+    def template_input(self) -> tuple:
+        """The (messages, tools, kwargs) triple the templating pool takes."""
+        return self.messages, self.tools, self.template_kwargs
+
+
+class PromptPlanner:
+    """Plans a row's prompts and turns templated ids into keyed PromptItems.
+
+    Parameters:
+        history: "dataset" or "own".
+        turns: "last" or "all" (dataset history only).
+        sampling: the campaign's sampling parameters.
+        template_kwargs: the campaign's chat template arguments.
+        variants: the `--variants` entries (may be empty).
+        default_system: the `--system` prompt for rows without one.
+        max_turns: own history: answer at most this many user turns per conversation.
+    """
+
+    def __init__(self, *, history: str, turns: str, sampling: SamplingParams, template_kwargs: dict,
+                 variants: list[Variant] | tuple[Variant, ...] = (), default_system: str | None = None,
+                 max_turns: int | None = None) -> None:
+        if history not in HISTORIES:
+            raise ValueError(f"--history must be one of {', '.join(HISTORIES)}, got {history!r}")
+        self.history = history
+        self.turns = turns
+        self.sampling = sampling
+        self.template_kwargs = dict(template_kwargs)
+        self.variants = list(variants)
+        self.default_system = default_system
+        self.max_turns = max_turns
+        self._key_sampling = _key_sampling(sampling)
+
+    def plan(self, data: dict, *, source: str, line: int) -> list[PlannedPrompt]:
+        """The row's prompts; raises producer.rows.RowError for a row that does not fit."""
+        if self.history == "own":
+            own = own_history_from_row(data, source=source, line=line, default_system=self.default_system,
+                                       max_turns=self.max_turns)
+            variant = pick_variant(self.variants, conversation_key(turns=own.turns, tools=own.tools, sample=0))
+            return [PlannedPrompt(messages=[dict(m) for m in own.turns[0]], tools=own.tools, row_id=own.row_id,
+                                  turn=0, template_kwargs=self._kwargs(variant), variant=variant, own=own)]
+        conversations: list[Conversation] = conversations_from_row(
+            data, source=source, line=line, turns=self.turns, default_system=self.default_system)
+        last = conversations[-1]
+        variant = pick_variant(self.variants, conversation_key(turns=[last.messages], tools=last.tools, sample=0))
+        return [PlannedPrompt(messages=c.messages, tools=c.tools, row_id=c.row_id, turn=c.turn,
+                              template_kwargs=self._kwargs(variant), variant=variant) for c in conversations]
+
+    def items(self, planned: PlannedPrompt, ids: list[int], *, where: str) -> list[PromptItem]:
+        """One PromptItem per sample of a templated prompt."""
+        packed = pack_ids(ids)
+        variant = planned.variant
+        key_sampling = self._key_sampling if variant is None else _key_sampling(variant.sampling_params(self.sampling))
+        overrides = (variant.server_overrides(self.sampling) or None) if variant is not None else None
+        items = []
+        for sample in range(self.sampling.n):
+            state = None
+            if planned.own is not None:
+                own = planned.own
+                state = ConversationState(
+                    key=conversation_key(turns=own.turns, tools=own.tools, sample=sample),
+                    messages=planned.messages, upcoming=[list(turn) for turn in own.turns[1:]], tools=own.tools,
+                    template_kwargs=planned.template_kwargs if planned.template_kwargs is not None
+                    else dict(self.template_kwargs),
+                    cut=own.cut,
+                )
+                key = turn_key(state.key, 0)
+            else:
+                key = prompt_key(prompt_ids=packed, sampling=key_sampling, sample=sample)
+            items.append(PromptItem(
+                key=key, row_id=planned.row_id, sample=sample, ids=ids,
+                seed=self.sampling.sample_seed(prompt_key_material=packed, sample=sample, prompt_key=key),
+                source=where, turn=planned.turn,
+                conversation=state.to_dict() if state is not None else None,
+                sampling_overrides=overrides, variant=variant.name if variant is not None else None,
+            ))
+        return items
+
+    def _kwargs(self, variant: Variant | None) -> dict | None:
+        if variant is None or not variant.chat_template_kwargs:
+            return None
+        return {**self.template_kwargs, **variant.chat_template_kwargs}
+
+
+def _key_sampling(sampling: SamplingParams) -> dict:
+    """What of the sampling goes into a prompt key (n does not: each sample has its own key)."""
+    return {k: v for k, v in sampling.to_dict().items() if k != "n"}

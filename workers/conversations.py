@@ -1,0 +1,538 @@
+"""FollowUps: a worker process's part in multi-turn regeneration (`enqueue --history own`).
+
+From a committed turn to its next turn on the queue (states and scripts:
+eagle_synth/conversation_store.py; the crash analysis: docs/reliability.md):
+
+1. commit (the batch thread, in place of marking keys done): one script marks turn k done
+   and stores either the conversation's end (truncated, complete, max-turns) or an outbox
+   entry `to render` for turn k+1, owned by this process. The batch thread goes on at once.
+2. render (this process's renderer processes, workers/renderer.py): the answer becomes an
+   assistant message and the next prompt is templated, off this process's GIL.
+3. ready: turn k+1's key is claimed in the enqueued set and its entry holds the item; or the
+   conversation ends (template error, over --max-prompt-tokens).
+4. form and publish: rendered turns wait up to COALESCE_WAIT for batch-mates, so follow-up
+   batches stay near full size however the conversations thin out; a formed batch is stored
+   before it is published and forgotten after.
+
+A background thread drives 2-4, keeps this process's liveness key alive, and sweeps: entries
+held by a dead process are adopted and carried on from their state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import secrets
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
+
+import msgpack
+import redis
+
+from eagle_synth.campaign import Campaign, CampaignSettings, campaign_names
+from eagle_synth.conversation import ConversationState, end_before_render, turn_key
+from eagle_synth.conversation_store import (
+    BATCH_FIELD_PREFIX,
+    END,
+    FOLLOW,
+    NOTHING,
+    ConversationStore,
+    end_json,
+)
+from eagle_synth.ids import pack_ids, unpack_ids
+from eagle_synth.keys import followup_owner
+from eagle_synth.payload import (
+    DEFAULT_BATCH_SIZE,
+    PromptItem,
+    TaskPayload,
+    batch_id,
+    pack_item,
+    unpack_item,
+)
+from eagle_synth.records import Record
+from eagle_synth.sampling import SamplingParams
+from eagle_synth.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
+from workers.config import default as _config_default
+from workers.lease import LEASE_TTL
+from workers.renderer import Renderer, RendererMismatch
+
+log = logging.getLogger("eagle_synth.followups")
+
+# Prompts per follow-up batch (what the producer uses by default).
+FOLLOWUP_BATCH_SIZE = DEFAULT_BATCH_SIZE
+# Seconds a rendered turn waits for batch-mates before a smaller batch is published.
+COALESCE_WAIT = 2.0
+# ... or only this long while this worker has no prompt waiting for a server (it would idle).
+HUNGRY_WAIT = 0.25
+# Seconds the background thread sleeps when there is nothing to do.
+LOOP_TICK = 0.2
+# Seconds between sweeps for entries of dead processes (and this process's own lost ones).
+SWEEP_INTERVAL = float(os.environ.get("EAGLE_SYNTH_FOLLOWUP_SWEEP", "10"))
+# Seconds this process's liveness key lives without renewal (as a batch lease does).
+OWNER_TTL = LEASE_TTL
+# Renders sent to the pool per call (amortizes the round trip to a process).
+RENDER_CHUNK = 16
+# Attempts to render an entry whose renderer process died before it is ended as template-error.
+RENDER_ATTEMPTS = 3
+# Seconds before a stored tokenizer that failed to start or to match is tried again.
+PREPARE_RETRY = 30.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A follow-up this process holds in memory while it moves through render, ready, form."""
+
+    campaign: str
+    key: str
+    data: dict
+    attempts: int = 0
+    since: float = field(default_factory=time.monotonic)
+
+
+class FollowUps:
+    """Commits conversation turns and carries their next turns to the queue (module docstring).
+
+    Parameters:
+        redis_client: campaign state.
+        send: publishes one encoded TaskPayload (eagle_synth.queue.send_payload bound to the app).
+        render_processes: rendering processes per stored tokenizer.
+        stopping: set when the worker begins to shut down (rendered turns are published at once).
+        hungry: True while this worker has no prompt waiting for a server ticket; rendered turns
+            then go out after HUNGRY_WAIT instead of waiting for a full batch.
+    """
+
+    def __init__(self, *, redis_client: redis.Redis, send: Callable[[dict], None],
+                 render_processes: int = _config_default("render_processes"), stopping: threading.Event | None = None,
+                 hungry: Callable[[], bool] = lambda: False) -> None:
+        self.client = redis_client
+        self.send = send
+        self.hungry = hungry
+        self.render_processes = render_processes
+        self.stopping = stopping or threading.Event()
+        self.owner = f"{socket.gethostname()}|{os.getpid()}|{secrets.token_hex(4)}"
+        self._lock = threading.Lock()
+        self._renderer_lock = threading.Lock()
+        self._renderers: dict[tuple[str, str], Renderer] = {}
+        self._unavailable: dict[tuple[str, str], tuple[float, str]] = {}
+        self._settings: dict[str, CampaignSettings] = {}
+        self._to_render: deque[_Pending] = deque()
+        self._rendering: dict[tuple[str, str], _Pending] = {}
+        self._rendered: queue.Queue = queue.Queue()
+        self._ready_results: list[tuple[_Pending, tuple[Any, ...]]] = []
+        self._ready: dict[tuple[str, str], dict[str, _Pending]] = {}
+        self._unsent: dict[tuple[str, str], dict] = {}
+        self._untracked_before: set[tuple[str, str]] = set()
+        self._blocked_until: dict[str, float] = {}
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._flush_now = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._alive_at = 0.0
+        self._swept_at = 0.0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the background thread (idempotent): it also adopts dead processes' entries."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="eagle-synth-followups", daemon=True)
+        try:
+            self._keep_alive()  # before any entry of ours can be seen by another process's sweep
+        except redis.RedisError:
+            pass  # the thread keeps trying
+        self._thread.start()
+
+    def close(self, *, timeout: float = 5.0) -> None:
+        """Publish what is rendered, then stop; what is left is adopted by another process."""
+        self._flush_now.set()
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        while self._thread is not None and time.monotonic() < deadline and (any(self._ready.values()) or self._unsent):
+            time.sleep(LOOP_TICK)
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1)
+        try:
+            self.client.delete(followup_owner(self.owner))  # others adopt at their next sweep
+        except redis.RedisError:
+            pass
+        with self._renderer_lock:
+            for renderer in self._renderers.values():
+                renderer.close()
+            self._renderers.clear()
+
+    # ---- batch thread API ------------------------------------------------------------------
+    def prepare(self, campaign: Campaign, settings: CampaignSettings) -> None:
+        """Make sure this campaign's next turns can be rendered here (before generating any).
+
+        Raises TokenizerUnavailable (its message says what to do) when the stored tokenizer is
+        missing or is not the campaign's.
+        """
+        if settings.history == "own":
+            self._settings.setdefault(campaign.name, settings)
+            self._renderer(settings)
+            self.start()
+
+    def commit(self, campaign: Campaign, payload: TaskPayload, records: list[Record]) -> int:
+        """Mark committed records done (their records are on disk); for conversation turns, in
+        the same step, store each conversation's end or its next turn. Returns how many were new."""
+        tokens_in = sum(len(r.prompt_ids) for r in records)
+        tokens_out = sum(len(r.output_ids) for r in records)
+        if not records:
+            return 0
+        repaired = sum(1 for r in records if r.repaired_prefix)
+        items = {item.key: item for item in payload.items}
+        if not any(items[r.key].conversation for r in records if r.key in items):
+            return campaign.mark_done([r.key for r in records], tokens_in=tokens_in, tokens_out=tokens_out,
+                                      repaired=repaired)
+        self.start()  # alive (liveness key) before storing entries that name this process
+        entries: list[tuple[str, str, str, bytes | str]] = []
+        follow: dict[str, _Pending] = {}
+        for record in records:
+            item = items.get(record.key)
+            if item is None or item.conversation is None:
+                entries.append((record.key, NOTHING, "", ""))
+                continue
+            state = ConversationState.from_dict(item.conversation)
+            end = end_before_render(state, finish_reason=record.finish_reason)
+            if end is not None:
+                entries.append((record.key, END, state.key, end_json(
+                    reason=end, conversation=state.key, turns=item.turn + 1, row_id=item.row_id, source=item.source,
+                    at=time.time())))
+                continue
+            following = turn_key(state.key, item.turn + 1)
+            data = {"s": "render", "sampling": payload.sampling, "item": pack_item(replace(item, ids=[])),
+                    "out": pack_ids(record.output_ids), "finish": record.finish_reason,
+                    "matched": record.finish_matched}
+            follow[following] = _Pending(campaign=campaign.name, key=following, data=data)
+            entries.append((record.key, FOLLOW, following, msgpack.packb(data, use_bin_type=True)))
+        with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
+            for pending in follow.values():
+                self._rendering[(campaign.name, pending.key)] = pending
+        try:
+            added, stored = ConversationStore(campaign).commit(entries, owner=self.owner, tokens_in=tokens_in,
+                                                               tokens_out=tokens_out, repaired=repaired)
+        except BaseException:
+            self._forget(campaign.name, follow)
+            raise
+        self._forget(campaign.name, {k: v for k, v in follow.items() if k not in stored})
+        with self._lock:
+            for key in stored:
+                self._to_render.append(self._rendering[(campaign.name, key)])
+        if stored:
+            self._wake.set()
+        return added
+
+    def _forget(self, campaign: str, pending: dict[str, _Pending]) -> None:
+        with self._lock:
+            for key in pending:
+                self._rendering.pop((campaign, key), None)
+
+    # ---- background thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            for step in (self._keep_alive, self._submit_renders, self._store_rendered, self._form_batches,
+                         self._publish_formed, self._sweep):
+                try:
+                    step()
+                except (redis.RedisError, OSError) as exc:
+                    log.warning("follow-ups: %s: %s (retrying)", step.__name__.strip("_"), exc)
+                except Exception:  # one bad step must not stop the others for good
+                    log.exception("follow-ups: %s failed (retrying)", step.__name__.strip("_"))
+            self._wake.wait(LOOP_TICK)
+            self._wake.clear()
+
+    def _keep_alive(self) -> None:
+        now = time.monotonic()
+        if now - self._alive_at >= OWNER_TTL / 3:
+            self.client.set(followup_owner(self.owner), "1", px=int(OWNER_TTL * 1000))
+            self._alive_at = now
+
+    def _campaign_settings(self, name: str) -> CampaignSettings | None:
+        if name not in self._settings:
+            settings = Campaign(self.client, name).settings()
+            if settings is None:
+                return None
+            self._settings[name] = settings
+        return self._settings[name]
+
+    def _renderer(self, settings: CampaignSettings) -> Renderer:
+        """The renderer for a campaign's tokenizer, started on first need (TokenizerUnavailable)."""
+        identity = (settings.tokenizer_fingerprint, settings.chat_template_hash)
+        with self._renderer_lock:
+            renderer = self._renderers.get(identity)
+            if renderer is not None:
+                return renderer
+            failed = self._unavailable.get(identity)
+            if failed and time.monotonic() - failed[0] < PREPARE_RETRY:
+                raise TokenizerUnavailable(failed[1])
+            # A tokenizer that is not stored is asked for again each time (one GET): a rerun of the
+            # enqueue stores it, and `retry-failed` must then find it at once.
+            folder = fetch_tokenizer(self.client, fingerprint=identity[0], chat_template_hash=identity[1])
+            try:
+                renderer = Renderer(folder=folder, processes=self.render_processes, fingerprint=identity[0],
+                                    chat_template_hash=identity[1])
+            except RendererMismatch as exc:
+                self._unavailable[identity] = (time.monotonic(), str(exc))
+                raise TokenizerUnavailable(str(exc)) from exc
+            except (redis.RedisError, OSError):
+                raise
+            except Exception as exc:  # the rendering processes could not start
+                message = f"cannot start the rendering processes: {type(exc).__name__}: {exc}"
+                self._unavailable[identity] = (time.monotonic(), message)
+                raise TokenizerUnavailable(message) from exc
+            self._renderers[identity] = renderer
+            log.info("rendering next turns with the tokenizer %s (template %s) in %d processes",
+                     identity[0], identity[1], self.render_processes)
+            return renderer
+
+    def _drop_renderer(self, settings: CampaignSettings) -> None:
+        with self._renderer_lock:
+            renderer = self._renderers.pop((settings.tokenizer_fingerprint, settings.chat_template_hash), None)
+        if renderer is not None:
+            renderer.close()
+
+    def _submit_renders(self) -> None:
+        with self._lock:
+            waiting = list(self._to_render)
+            self._to_render.clear()
+        by_campaign: dict[str, list[_Pending]] = {}
+        for pending in waiting:
+            by_campaign.setdefault(pending.campaign, []).append(pending)
+        for name, group in by_campaign.items():
+            keep = group  # what is not submitted stays for a later tick
+            try:
+                keep = self._submit_campaign(name, group)
+            finally:
+                if keep:
+                    with self._lock:
+                        self._to_render.extend(keep)
+
+    def _submit_campaign(self, name: str, group: list[_Pending]) -> list[_Pending]:
+        """Send a campaign's turns to its renderer; returns those that could not be sent."""
+        if time.monotonic() < self._blocked_until.get(name, 0.0):
+            return group
+        settings = self._campaign_settings(name)
+        try:
+            if settings is None:
+                raise TokenizerUnavailable(f"campaign {name!r} has no settings in Redis")
+            renderer = self._renderer(settings)
+        except TokenizerUnavailable as exc:
+            log.error("%d next turns of %s wait (trying again in %.0f s): %s", len(group), name, PREPARE_RETRY, exc)
+            self._blocked_until[name] = time.monotonic() + PREPARE_RETRY
+            return group
+        chunks = [group[start: start + RENDER_CHUNK] for start in range(0, len(group), RENDER_CHUNK)]
+        for index, chunk in enumerate(chunks):
+            try:
+                future = renderer.submit([_render_job(p.data, settings) for p in chunk])
+            except Exception as exc:  # the pool broke: a new one at the next tick
+                log.warning("renderer unusable (%s: %s); starting a new one", type(exc).__name__, exc)
+                self._drop_renderer(settings)
+                return [p for rest in chunks[index:] for p in rest]
+            future.add_done_callback(partial(self._on_rendered, chunk))
+        return []
+
+    def _on_rendered(self, chunk: list[_Pending], future: Future) -> None:
+        # Runs in the pool's management thread: hand over, and let the background thread store it.
+        self._rendered.put((chunk, future))
+        self._wake.set()
+
+    def _store_rendered(self) -> None:
+        while True:
+            try:
+                chunk, future = self._rendered.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                results = future.result()
+            except Exception as exc:  # a renderer process died: start a new pool, try again
+                log.warning("renderer failed (%s: %s); rendering %d turns again", type(exc).__name__, exc, len(chunk))
+                settings = self._campaign_settings(chunk[0].campaign)
+                if settings is not None:
+                    self._drop_renderer(settings)
+                for pending in chunk:
+                    pending.attempts += 1
+                    result = ("end", "template-error", f"the renderer died on it {pending.attempts} times: {exc}")
+                    if pending.attempts >= RENDER_ATTEMPTS:
+                        self._ready_results.append((pending, result))
+                    else:
+                        with self._lock:
+                            self._to_render.append(pending)
+                continue
+            self._ready_results.extend(zip(chunk, results))
+        if not self._ready_results:
+            return
+        by_campaign: dict[str, list[tuple[_Pending, tuple[Any, ...]]]] = {}
+        for pending, result in self._ready_results:
+            by_campaign.setdefault(pending.campaign, []).append((pending, result))
+        for name, results in by_campaign.items():
+            settings = self._campaign_settings(name)
+            entries, ready = [], {}
+            for pending, result in results:
+                parent = unpack_item(pending.data["item"])
+                state = ConversationState.from_dict(parent.conversation)
+                if result[0] == "ready":
+                    item = self._next_item(parent, ids=result[1], state=result[2], settings=settings)
+                    data = {"s": "ready", "sampling": pending.data["sampling"], "item": pack_item(item)}
+                    ready[pending.key] = _Pending(campaign=name, key=pending.key, data=data)
+                    entries.append((pending.key, "ready", state.key, msgpack.packb(data, use_bin_type=True)))
+                else:
+                    entries.append((pending.key, "end", state.key, end_json(
+                        reason=result[1], conversation=state.key, turns=parent.turn + 1, row_id=parent.row_id,
+                        source=parent.source, message=result[2], at=time.time())))
+            held = ConversationStore(Campaign(self.client, name)).ready(entries, owner=self.owner)
+            self._ready_results = [r for r in self._ready_results if r[0].campaign != name]
+            with self._lock:
+                for pending, _ in results:
+                    self._rendering.pop((name, pending.key), None)
+                for key, pending in ready.items():
+                    if key in held:
+                        self._ready.setdefault((name, _group_of(pending.data)), {})[key] = pending
+
+    @staticmethod
+    def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings | None) -> PromptItem:
+        seed = None
+        if settings is not None and settings.sampling.get("seed") is not None:
+            seed = SamplingParams.from_dict(settings.sampling).sample_seed(prompt_key_material=pack_ids(ids),
+                                                                           sample=parent.sample)
+        return PromptItem(key=turn_key(state["key"], parent.turn + 1), row_id=parent.row_id, sample=parent.sample,
+                          ids=ids, seed=seed, source=parent.source, turn=parent.turn + 1, conversation=state,
+                          sampling_overrides=parent.sampling_overrides, variant=parent.variant)
+
+    def _form_batches(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            groups = [(group, dict(members)) for group, members in self._ready.items() if members]
+        if not groups:
+            return
+        hurry = self.stopping.is_set() or self._flush_now.is_set()
+        wait = 0.0 if hurry else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
+        for (name, sampling_key), members in groups:
+            pendings = sorted(members.values(), key=lambda p: p.since)
+            while pendings and (len(pendings) >= FOLLOWUP_BATCH_SIZE or now - pendings[0].since >= wait):
+                chunk = pendings[:FOLLOWUP_BATCH_SIZE]
+                items = [unpack_item(p.data["item"]) for p in chunk]
+                payload = TaskPayload(campaign=name, batch=batch_id([i.key for i in items]),
+                                      sampling=chunk[0].data["sampling"], items=items).encode()
+                lost = ConversationStore(Campaign(self.client, name)).form(
+                    owner=self.owner, batch=payload["batch"], payload=msgpack.packb(payload, use_bin_type=True),
+                    keys=[i.key for i in items])
+                taken = [p for p in chunk if p.key in lost] if lost else chunk
+                with self._lock:
+                    group = self._ready.get((name, sampling_key), {})
+                    for pending in taken:
+                        group.pop(pending.key, None)
+                    if not lost:
+                        self._unsent[(name, payload["batch"])] = payload
+                gone = {p.key for p in taken}
+                pendings = [p for p in pendings if p.key not in gone]
+
+    def _publish_formed(self) -> None:
+        with self._lock:
+            formed = list(self._unsent.items())
+        for (name, batch), payload in formed:
+            self.send(payload)
+            ConversationStore(Campaign(self.client, name)).sent(batch)
+            with self._lock:
+                self._unsent.pop((name, batch), None)
+            log.info("queued %d next turns of %s (batch %s)", len(payload["keys"]), name, batch)
+
+    # ---- sweeping --------------------------------------------------------------------------
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        if now - self._swept_at < SWEEP_INTERVAL:
+            return
+        self._swept_at = now
+        names = campaign_names(self.client)
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hlen(Campaign(self.client, name).keys.followup_owners)
+        untracked_now: set[tuple[str, str]] = set()
+        for name, count in zip(names, pipe.execute()):
+            if not count:
+                continue
+            store = ConversationStore(Campaign(self.client, name))
+            by_owner: dict[str, list[str]] = {}
+            for entry, owner in store.owners().items():
+                by_owner.setdefault(owner, []).append(entry)
+            for owner, entries in by_owner.items():
+                if owner == self.owner:
+                    # Entries of this process it no longer tracks (a Redis error lost a step's reply):
+                    # resumed when still untracked a sweep later, so a step in progress is left alone.
+                    lost = [e for e in entries if not self._tracked(name, e)]
+                    untracked_now.update((name, e) for e in lost)
+                    for entry in [e for e in lost if (name, e) in self._untracked_before]:
+                        self._resume(store, name, entry)
+                elif self._owner_dead(owner):
+                    taken = store.adopt(entries, owner=self.owner, dead=owner)
+                    if taken:
+                        log.warning("adopting %d follow-up entries of %s from a dead worker process %s",
+                                    len(taken), name, owner)
+                    for entry in taken:
+                        self._resume(store, name, entry)
+        self._untracked_before = untracked_now
+
+    def _tracked(self, name: str, entry: str) -> bool:
+        with self._lock:
+            if entry.startswith(BATCH_FIELD_PREFIX):
+                return (name, entry[len(BATCH_FIELD_PREFIX):]) in self._unsent
+            return ((name, entry) in self._rendering or any(p.campaign == name and p.key == entry for p in self._to_render)
+                    or any(entry in members for (group_name, _), members in self._ready.items() if group_name == name))
+
+    def _resume(self, store: ConversationStore, name: str, entry: str) -> None:
+        """Carry on with an entry this process now holds, from the state it is in."""
+        if entry.startswith(BATCH_FIELD_PREFIX):
+            batch = entry[len(BATCH_FIELD_PREFIX):]
+            blob = store.batch(batch)
+            if blob is not None:
+                with self._lock:
+                    self._unsent[(name, batch)] = msgpack.unpackb(blob, raw=False)
+            return
+        blob = store.entry(entry)
+        if blob is None:
+            return
+        data = msgpack.unpackb(blob, raw=False)
+        pending = _Pending(campaign=name, key=entry, data=data)
+        with self._lock:
+            if data["s"] == "render":
+                self._rendering[(name, entry)] = pending
+                self._to_render.append(pending)
+            else:
+                self._ready.setdefault((name, _group_of(data)), {})[entry] = pending
+
+    def _owner_dead(self, owner: str) -> bool:
+        host, _, rest = owner.partition("|")
+        pid, _, _ = rest.partition("|")
+        if host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                pass
+        return not self.client.exists(followup_owner(owner))
+
+
+def _group_of(data: dict) -> str:
+    """Rendered turns batch together when their sampling is the same."""
+    return json.dumps(data["sampling"], sort_keys=True)
+
+
+def _render_job(data: dict, settings: CampaignSettings) -> dict:
+    parent = unpack_item(data["item"])
+    return {
+        "state": parent.conversation, "output_ids": unpack_ids(data["out"]), "finish_reason": data["finish"],
+        "matched": data["matched"], "eos_token_ids": list(settings.eos_token_ids),
+        "think_close_id": settings.think_close_id, "max_prompt_tokens": settings.max_prompt_tokens,
+    }
