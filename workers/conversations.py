@@ -402,11 +402,13 @@ class FollowUps:
 
     @staticmethod
     def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings | None) -> PromptItem:
+        key = turn_key(state["key"], parent.turn + 1)
         seed = None
-        if settings is not None and settings.sampling.get("seed") is not None:
-            seed = SamplingParams.from_dict(settings.sampling).sample_seed(prompt_key_material=pack_ids(ids),
-                                                                           sample=parent.sample)
-        return PromptItem(key=turn_key(state["key"], parent.turn + 1), row_id=parent.row_id, sample=parent.sample,
+        if settings is not None:
+            # Every sample has a seed (as the producer gives turn 0): from --seed, else from its key.
+            seed = SamplingParams.from_dict(settings.sampling).sample_seed(
+                prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key)
+        return PromptItem(key=key, row_id=parent.row_id, sample=parent.sample,
                           ids=ids, seed=seed, source=parent.source, turn=parent.turn + 1, conversation=state,
                           sampling_overrides=parent.sampling_overrides, variant=parent.variant)
 
