@@ -1,4 +1,4 @@
-"""The `eagle-synth` command: a thin layer over producer/, workers/ and eagle_synth.tools."""
+"""Campaign commands: enqueue prompts, see where a campaign stands, list and retry its failures."""
 
 from __future__ import annotations
 
@@ -9,50 +9,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from eagle_synth.settings import broker_settings, export_to_environment
+from eagle_synth.cli.options import RedisOpt, check_campaign_name, fail, redis_client, warn
+from eagle_synth.settings import broker_settings
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    help="Regenerate prompt sets through a target model served by SGLang, keeping exact token ids.",
-)
-
-RedisOpt = Annotated[
-    Optional[str],
-    typer.Option("--redis", help="Redis URL (redis://[user:pass@]host:port/db or rediss://). Default: $REDIS_URL, then redis://127.0.0.1:6379/0."),
-]
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    raise typer.Exit(code)
-
-
-def _warn(message: str) -> None:
-    typer.secho(f"warning: {message}", err=True, fg=typer.colors.YELLOW)
-
-
-def _check_campaign_name(name: str) -> None:
-    from eagle_synth.campaign import Campaign
-
-    try:
-        Campaign(None, name)  # the name check only: no Redis call is made
-    except ValueError as exc:
-        _fail(f"--campaign: {exc}")
+app = typer.Typer()
 
 
 def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
     parts = [part.strip() for part in (raw or "").split(",") if part.strip()]
     bad = [part for part in parts if not part.isdigit()]
     if bad:
-        _fail(f"--stop-token-ids: {bad[0]!r} is not a token id; give comma-separated non-negative integers, e.g. 151645,151643")
+        fail(f"--stop-token-ids: {bad[0]!r} is not a token id; give comma-separated non-negative integers, e.g. 151645,151643")
     return tuple(int(part) for part in parts)
 
-
-def _client(redis_url: str | None):
-    from eagle_synth.redis_client import connect
-
-    return connect(broker_settings(redis_url=redis_url))
 
 
 @app.command()
@@ -93,17 +62,17 @@ def enqueue(
     from producer.progress import EnqueueProgress
     from producer.sources import InputError, estimate_rows
 
-    _check_campaign_name(campaign)
+    check_campaign_name(campaign)
     if turns not in ("last", "all"):
-        _fail("--turns must be 'last' or 'all'")
+        fail("--turns must be 'last' or 'all'")
     if (max_prompt_tokens is not None and max_prompt_tokens < 0) or max_prompt_chars < 0:
-        _fail("--max-prompt-tokens and --max-prompt-chars must be 0 (no cap) or positive")
+        fail("--max-prompt-tokens and --max-prompt-chars must be 0 (no cap) or positive")
     try:
         kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else {}
         if not isinstance(kwargs, dict):
             raise ValueError("not a JSON object")
     except ValueError as exc:
-        _fail(f"--chat-template-kwargs must be a JSON object: {exc}")
+        fail(f"--chat-template-kwargs must be a JSON object: {exc}")
     stops = _stop_token_ids(stop_token_ids)
     try:
         sampling = SamplingParams(
@@ -111,9 +80,9 @@ def enqueue(
             min_p=min_p, repetition_penalty=repetition_penalty, stop_token_ids=stops, n=n, seed=seed,
         )
     except (SamplingError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if batch_size < 1:
-        _fail("--batch-size must be at least 1")
+        fail("--batch-size must be at least 1")
     options = EnqueueOptions(
         inputs=files, campaign=campaign, tokenizer=tokenizer, sampling=sampling, batch_size=batch_size,
         turns=turns, system=system, chat_template=str(chat_template) if chat_template else None,
@@ -128,112 +97,20 @@ def enqueue(
         try:
             total_rows = estimate_rows(files)
         except InputError as exc:
-            _fail(str(exc))
+            fail(str(exc))
     progress = EnqueueProgress(enabled=not as_json, total_rows=total_rows)
     try:
         with progress:
             summary = run_enqueue(options, broker=broker, stdin=sys.stdin.buffer,
-                                  on_rows=progress.update, on_wait=progress.waiting, on_warning=_warn)
+                                  on_rows=progress.update, on_wait=progress.waiting, on_warning=warn)
     except (CampaignMismatch, InputError, TemplateError, StrictModeError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         print(json.dumps(summary.to_dict()))
     else:
         print_summary(summary)
     if not summary.accounted:
-        _fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
-
-
-def _worker_option(name: str, *flags: str):
-    """A typer option for one WorkerConfig setting: its help comes from workers/config.py."""
-    from workers.config import option_help
-
-    return typer.Option(*flags, help=option_help(name))
-
-
-@app.command()
-def worker(
-    server: Annotated[list[str], _worker_option("servers", "--server")],
-    out: Annotated[Path, _worker_option("out", "--out")],
-    inflight: Annotated[Optional[int], _worker_option("inflight")] = None,
-    concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 4 x inflight x servers / 16.")] = None,
-    allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
-    allow_server_setting: Annotated[Optional[list[str]], _worker_option("allow_server_settings", "--allow-server-setting")] = None,
-    max_attempts: Annotated[Optional[int], _worker_option("max_attempts")] = None,
-    timeout_base: Annotated[Optional[float], _worker_option("timeout_base")] = None,
-    timeout_per_token: Annotated[Optional[float], _worker_option("timeout_per_token")] = None,
-    backoff_max: Annotated[Optional[float], _worker_option("backoff_max")] = None,
-    probe_timeout: Annotated[Optional[float], _worker_option("probe_timeout")] = None,
-    name: Annotated[Optional[str], typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
-    task_events: Annotated[bool, typer.Option(help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record).")] = True,
-    loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
-    allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
-    redis: RedisOpt = None,
-) -> None:
-    """Run a Celery worker that generates queued batches on SGLang and writes records."""
-    from eagle_synth.redis_policy import check_redis_ready
-
-    settings = broker_settings(redis_url=redis)
-    # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
-    warning = check_redis_ready(_client(redis), allow_evicting=allow_evicting_redis)
-    if warning:
-        _warn(warning)
-    export_to_environment(settings)
-    import dataclasses
-    import os
-
-    from workers.client import SGLangClient, ServerDown, TransientError
-    from workers.config import ConfigError, WorkerConfig, auto_inflight, default_concurrency, env_name
-    from workers.disk import probe_folder
-    from workers.preflight import REFUSABLE_SETTINGS, PreflightError, check_server
-
-    problem = probe_folder(out)
-    if problem:
-        _fail(f"--out cannot take records: {problem}")
-    # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
-    given = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
-             "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
-             "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None}
-    os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
-    os.environ[env_name("out")] = str(out)
-    try:
-        config = dataclasses.replace(WorkerConfig.from_env(), **{k: v for k, v in given.items() if v is not None})
-    except ConfigError as exc:
-        _fail(str(exc).replace("_", "-"))
-    servers = config.servers
-    unknown = sorted(set(config.allow_server_settings) - set(REFUSABLE_SETTINGS))
-    if unknown:
-        _fail(f"--allow-server-setting {', '.join(unknown)}: not a setting preflight refuses "
-              f"(known: {', '.join(REFUSABLE_SETTINGS)})")
-    allow_server_parsers = config.allow_server_parsers
-    # Preflight the servers that already answer; the others are checked when they come up.
-    refused = []
-    capacities = []
-    for url in servers:
-        try:
-            facts = SGLangClient(url).facts()
-            check_server(facts, allow_server_parsers=allow_server_parsers,
-                         allowed_settings=config.allow_server_settings)
-            capacities.append(facts.server_info.get("max_running_requests"))
-        except PreflightError as exc:
-            refused.append(str(exc))
-        except (ServerDown, TransientError) as exc:
-            typer.echo(f"server {url} not answering yet ({exc}); the worker will wait for it")
-    if refused and len(refused) == len(servers):
-        _fail("\n".join(refused))
-    for message in refused:
-        typer.secho(message, err=True, fg=typer.colors.YELLOW)
-    # Batch threads are sized once, at start: from --inflight, else from the largest capacity
-    # a server reports now (a server still loading gets the default until it answers).
-    sizing = config.inflight or max([auto_inflight(c if isinstance(c, int) else None) for c in capacities] or
-                             [auto_inflight(None)])
-    from workers.app import run_worker
-
-    run_worker(
-        config=config,
-        concurrency=concurrency or default_concurrency(inflight=sizing, servers=len(servers)),
-        loglevel=loglevel, name=name, task_events=task_events,
-    )
+        fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
 
 
 @app.command()
@@ -248,11 +125,11 @@ def status(
     from eagle_synth.tools.status import campaign_status
     from eagle_synth.tools.status_view import render_status, watch_status
 
-    client = _client(redis)
+    client = redis_client(redis)
     try:
         data = campaign_status(client, campaign)
     except KeyError as exc:
-        _fail(str(exc.args[0]))
+        fail(str(exc.args[0]))
     if watch:
         watch_status(client, campaign, interval=interval, as_json=as_json)
     elif as_json:
@@ -269,7 +146,7 @@ def campaigns(
     """List campaigns with their progress."""
     from eagle_synth.tools.status import campaigns_overview
 
-    rows = campaigns_overview(_client(redis))
+    rows = campaigns_overview(redis_client(redis))
     if as_json:
         print(json.dumps(rows))
         return
@@ -290,7 +167,7 @@ def failed(
     """List a campaign's failed prompts by reason."""
     from eagle_synth.campaign import Campaign
 
-    failures = Campaign(_client(redis), campaign).failures()
+    failures = Campaign(redis_client(redis), campaign).failures()
     by_reason: dict[str, list] = {}
     for key, failure in sorted(failures.items()):
         by_reason.setdefault(failure.reason, []).append({
@@ -321,7 +198,7 @@ def retry_failed(
     from producer.retry import retry_failed as run_retry
 
     settings = broker_settings(redis_url=redis)
-    client = _client(redis)
+    client = redis_client(redis)
     target = Campaign(client, campaign)
     count = run_retry(target, app=make_celery(settings), queue=settings.queue, reason=reason)
     typer.echo(f"re-enqueued {count} failed prompts of {campaign}" + (f" (reason {reason})" if reason else ""))
@@ -329,60 +206,3 @@ def retry_failed(
     if damaged:
         typer.echo(f"{damaged} prompts failed `{RECORD_DAMAGED}` have no prompt ids to replay: rerun the campaign's "
                    "original `eagle-synth enqueue` command to enqueue them again")
-
-
-@app.command()
-def demo(
-    folder: Annotated[Path, typer.Option("--dir", help="Working folder for the demo's Redis, logs, tokenizer and records.")] = Path("demo-run"),
-) -> None:
-    """Run a whole campaign locally on embedded defaults: Redis, devserver, worker, prompts."""
-    from eagle_synth.demo.run import run_demo
-
-    raise typer.Exit(run_demo(folder))
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
-def devserver(ctx: typer.Context) -> None:
-    """Run the SGLang stand-in (no GPU) for tests, the demo and benchmarks. `eagle-synth devserver --help` lists its flags."""
-    from eagle_synth.devserver.__main__ import main as devserver_main
-
-    raise typer.Exit(devserver_main(list(ctx.args)) or 0)
-
-
-# Command groups that live in their own modules register themselves on `app`.
-from eagle_synth import cli_ops, cli_records  # noqa: E402,F401
-
-
-def main() -> None:
-    import redis
-    from kombu.exceptions import OperationalError
-
-    from eagle_synth.redis_policy import EvictingRedisError, is_out_of_memory, out_of_memory_message
-    from eagle_synth.settings import SettingsError
-
-    def stop(message: str) -> None:
-        typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-        raise SystemExit(2) from None
-
-    try:
-        app()
-    except (redis.RedisError, OperationalError) as exc:
-        # Redis full (noeviction) refuses writes: OutOfMemoryError, or wrapped by kombu on publish.
-        if is_out_of_memory(exc):
-            stop(out_of_memory_message())
-        if isinstance(exc, redis.AuthenticationError):
-            stop(f"Redis refused the credentials: {exc}. Check the user and password in "
-                 "--redis / REDIS_URL (redis://user:password@host:port/db).")
-        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OperationalError)):
-            stop(f"cannot reach Redis: {exc}. Check --redis / REDIS_URL; for TLS use rediss:// "
-                 "and EAGLE_SYNTH_REDIS_CA. Rerunning a command is safe: enqueue resumes where it stopped.")
-        raise
-    except (SettingsError, EvictingRedisError) as exc:
-        stop(str(exc))
-
-
-if __name__ == "__main__":
-    # Run through the imported module so commands registered by cli_ops / cli_records are there.
-    from eagle_synth.cli import main as _main
-
-    _main()

@@ -1,4 +1,4 @@
-"""CLI commands over record folders: export, vocab, verify, inspect, compact."""
+"""Commands over record folders: export, vocab, verify, inspect, compact, repair."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from eagle_synth.cli import _fail, app
+from eagle_synth.cli.options import RedisOpt, fail, redis_client
 
 if TYPE_CHECKING:
     from eagle_synth.tools.filters import ExportFilters
+
+app = typer.Typer()
 
 CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")]
 
@@ -37,8 +39,8 @@ def _filters(*, drop_truncated: bool, min_output_tokens: int, max_length: int | 
                              max_length=max_length, drop_longer=drop_longer, min_loss_tokens=min_loss_tokens,
                              splits=parse_split(split), sample=sample, seed=seed)
     except ValueError as exc:
-        _fail(str(exc))
-        raise  # _fail exits; this line only tells type checkers so
+        fail(str(exc))
+        raise  # fail exits; this line only tells type checkers so
 
 
 def _expected_records(campaign_dir: Path) -> int | None:
@@ -51,7 +53,7 @@ def _expected_records(campaign_dir: Path) -> int | None:
 
 
 def _damaged(exc: Exception, campaign_dir: Path) -> None:
-    _fail(f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest.")
+    fail(f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest.")
 
 
 @app.command()
@@ -84,7 +86,7 @@ def export(
     except RecordFormatError as exc:
         _damaged(exc, campaign_dir)
     except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     for warning in written.warnings:
         typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
     if as_json:
@@ -130,7 +132,7 @@ def vocab(
     except RecordFormatError as exc:
         _damaged(exc, campaign_dir)
     except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     mapping = result.mapping
     summary = {"rows": result.rows, "loss_tokens": mapping.total, "covered_tokens": mapping.covered,
                "coverage": round(mapping.coverage, 6), "draft_vocab_size": len(mapping.d2t),
@@ -165,7 +167,7 @@ def verify(
     try:
         report = verify_campaign(campaign_dir, tokenizer=tokenizer)
     except (VerifyError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         print(json.dumps(report))
     else:
@@ -195,13 +197,13 @@ def inspect(
     if tokenizer is None:
         stored = ((read_manifest(campaign_dir) or {}).get("settings") or {}).get("tokenizer_path")
         if not stored:
-            _fail("pass --tokenizer with the campaign's tokenizer folder (manifest.json does not name one)")
+            fail("pass --tokenizer with the campaign's tokenizer folder (manifest.json does not name one)")
         tokenizer = Path(stored)
     try:
         records = find_records(campaign_dir, key=key, random_n=random_n, seed=seed)
         loaded = load_plain_tokenizer(tokenizer)
     except (InspectError, VerifyError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     console = Console()
     for record in records:
         render_record(record, tokenizer=loaded, console=console, prompt_tail=prompt_tail)
@@ -227,7 +229,7 @@ def compact(
         result = run_compact(campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads,
                              on_shard=progress)
     except (CompactBusy, FileNotFoundError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         print(json.dumps(result.to_dict()))
         return
@@ -246,3 +248,88 @@ def compact(
     if result.damaged:
         typer.secho(f"left {len(result.damaged)} damaged batch files in place (see `eagle-synth verify`): "
                     f"{', '.join(result.damaged[:5])}", err=True, fg=typer.colors.YELLOW)
+
+
+@app.command()
+def repair(
+    campaign_dir: Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")],
+    campaign: Annotated[Optional[str], typer.Option("--campaign", help="Campaign name (default: manifest.json's, else the folder's name).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Show what would be moved and requeued; change nothing.")] = False,
+    force: Annotated[bool, typer.Option(help="Requeue lost keys even when more are missing than the damaged files can have held.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan and outcome as one JSON object.")] = False,
+    redis: RedisOpt = None,
+) -> None:
+    """Move damaged record files to DIR/damaged/ and put the prompts they held back on the queue.
+
+    Prompts read back intact are queued again at once; the others are recorded as failures
+    `record-damaged`, which a rerun of the campaign's original `enqueue` command re-enqueues.
+    Rerun it until it reports nothing; see docs/reliability.md.
+    """
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.queue import make_celery
+    from eagle_synth.records import records_dir
+    from eagle_synth.settings import broker_settings
+    from eagle_synth.tools.compact import CompactBusy, exclusive
+    from eagle_synth.tools.repair import (
+        campaign_name_of,
+        mark_record_damaged,
+        move_aside,
+        plan_repair,
+    )
+    from producer.retry import publish_unfinished, return_lost_records
+
+    name = campaign or campaign_name_of(campaign_dir)
+    if not records_dir(campaign_dir).is_dir():
+        fail(f"{records_dir(campaign_dir)} does not exist: is {campaign_dir} a campaign folder (OUT/<campaign>)?")
+    try:
+        target = Campaign(redis_client(redis), name)
+    except ValueError as exc:
+        fail(f"--campaign: {exc}")
+    settings = broker_settings(redis_url=redis)
+    outcome = {"republished_from_outbox": 0, "moved": [], "requeued": 0, "record_damaged": 0}
+    try:
+        with exclusive(records_dir(campaign_dir)):
+            plan = plan_repair(campaign_dir, target, force=force)
+            if plan.refusal is None and not dry_run:
+                celery_app = make_celery(settings)
+                # A repair stopped half way may have left prompts in the outbox: publish them first.
+                outcome["republished_from_outbox"] = publish_unfinished(target, app=celery_app, queue=settings.queue)
+                outcome["moved"] = [str(p) for p in move_aside(plan)]
+                outcome["requeued"] = return_lost_records(target, plan.recoverable, app=celery_app, queue=settings.queue)
+                outcome["record_damaged"] = mark_record_damaged(target, plan.unrecoverable)
+    except CompactBusy as exc:
+        fail(str(exc))
+    except KeyError as exc:
+        fail(str(exc.args[0]))
+    if as_json:
+        print(json.dumps({**plan.to_dict(), "dry_run": dry_run, **outcome}))
+    else:
+        _print_repair(plan, outcome, dry_run=dry_run)
+    if plan.refusal is not None:
+        fail(plan.refusal)
+
+
+def _print_repair(plan, outcome: dict, *, dry_run: bool) -> None:
+    live = [d for d in plan.damaged if not d.moved_before]
+    typer.echo(f"{plan.folder}: {plan.healthy_records} readable records in {plan.healthy_files} files; "
+               f"{len(live)} damaged files; {plan.done} keys done in Redis, {len(plan.lost)} of them "
+               "without a readable record here")
+    if not live and not plan.lost:
+        typer.echo("nothing to repair")
+        return
+    for damaged in plan.damaged if plan.lost else live:
+        where = "in damaged/ already" if damaged.moved_before else "to move to damaged/"
+        typer.echo(f"  {damaged.path.name} ({where}; {damaged.salvaged} prompts read back intact): {damaged.error}")
+    if plan.refusal is not None:
+        return
+    if dry_run:
+        typer.echo(f"would requeue {len(plan.recoverable)} prompts read back intact and record "
+                   f"{len(plan.unrecoverable)} as failed `record-damaged`")
+        return
+    if outcome["republished_from_outbox"]:
+        typer.echo(f"published {outcome['republished_from_outbox']} prompts an earlier stopped run left in the outbox")
+    typer.echo(f"moved {len(outcome['moved'])} damaged files aside; requeued {outcome['requeued']} prompts; "
+               f"recorded {outcome['record_damaged']} as failed `record-damaged`")
+    if outcome["record_damaged"]:
+        typer.echo("  their prompts could not be read back: rerun the campaign's original `eagle-synth enqueue` "
+                   "command to enqueue them again (everything else counts as duplicate)")

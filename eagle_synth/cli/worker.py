@@ -1,0 +1,105 @@
+"""`eagle-synth worker`: a Celery worker that generates queued batches on SGLang servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from eagle_synth.cli.options import RedisOpt, fail, redis_client, warn
+from eagle_synth.settings import broker_settings, export_to_environment
+
+app = typer.Typer()
+
+
+def _worker_option(name: str, *flags: str):
+    """A typer option for one WorkerConfig setting: its help comes from workers/config.py."""
+    from workers.config import option_help
+
+    return typer.Option(*flags, help=option_help(name))
+
+
+@app.command()
+def worker(
+    server: Annotated[list[str], _worker_option("servers", "--server")],
+    out: Annotated[Path, _worker_option("out", "--out")],
+    inflight: Annotated[Optional[int], _worker_option("inflight")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 4 x inflight x servers / 16.")] = None,
+    allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
+    allow_server_setting: Annotated[Optional[list[str]], _worker_option("allow_server_settings", "--allow-server-setting")] = None,
+    max_attempts: Annotated[Optional[int], _worker_option("max_attempts")] = None,
+    timeout_base: Annotated[Optional[float], _worker_option("timeout_base")] = None,
+    timeout_per_token: Annotated[Optional[float], _worker_option("timeout_per_token")] = None,
+    backoff_max: Annotated[Optional[float], _worker_option("backoff_max")] = None,
+    probe_timeout: Annotated[Optional[float], _worker_option("probe_timeout")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
+    task_events: Annotated[bool, typer.Option(help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record).")] = True,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+    allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
+    redis: RedisOpt = None,
+) -> None:
+    """Run a Celery worker that generates queued batches on SGLang and writes records."""
+    from eagle_synth.redis_policy import check_redis_ready
+
+    settings = broker_settings(redis_url=redis)
+    # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
+    warning = check_redis_ready(redis_client(redis), allow_evicting=allow_evicting_redis)
+    if warning:
+        warn(warning)
+    export_to_environment(settings)
+    import dataclasses
+    import os
+
+    from workers.client import SGLangClient, ServerDown, TransientError
+    from workers.config import ConfigError, WorkerConfig, auto_inflight, default_concurrency, env_name
+    from workers.disk import probe_folder
+    from workers.preflight import REFUSABLE_SETTINGS, PreflightError, check_server
+
+    problem = probe_folder(out)
+    if problem:
+        fail(f"--out cannot take records: {problem}")
+    # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
+    given = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
+             "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
+             "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None}
+    os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
+    os.environ[env_name("out")] = str(out)
+    try:
+        config = dataclasses.replace(WorkerConfig.from_env(), **{k: v for k, v in given.items() if v is not None})
+    except ConfigError as exc:
+        fail(str(exc).replace("_", "-"))
+    servers = config.servers
+    unknown = sorted(set(config.allow_server_settings) - set(REFUSABLE_SETTINGS))
+    if unknown:
+        fail(f"--allow-server-setting {', '.join(unknown)}: not a setting preflight refuses "
+              f"(known: {', '.join(REFUSABLE_SETTINGS)})")
+    allow_server_parsers = config.allow_server_parsers
+    # Preflight the servers that already answer; the others are checked when they come up.
+    refused = []
+    capacities = []
+    for url in servers:
+        try:
+            facts = SGLangClient(url).facts()
+            check_server(facts, allow_server_parsers=allow_server_parsers,
+                         allowed_settings=config.allow_server_settings)
+            capacities.append(facts.server_info.get("max_running_requests"))
+        except PreflightError as exc:
+            refused.append(str(exc))
+        except (ServerDown, TransientError) as exc:
+            typer.echo(f"server {url} not answering yet ({exc}); the worker will wait for it")
+    if refused and len(refused) == len(servers):
+        fail("\n".join(refused))
+    for message in refused:
+        typer.secho(message, err=True, fg=typer.colors.YELLOW)
+    # Batch threads are sized once, at start: from --inflight, else from the largest capacity
+    # a server reports now (a server still loading gets the default until it answers).
+    sizing = config.inflight or max([auto_inflight(c if isinstance(c, int) else None) for c in capacities] or
+                             [auto_inflight(None)])
+    from workers.app import run_worker
+
+    run_worker(
+        config=config,
+        concurrency=concurrency or default_concurrency(inflight=sizing, servers=len(servers)),
+        loglevel=loglevel, name=name, task_events=task_events,
+    )
