@@ -22,6 +22,7 @@ from eagle_synth.cli import app as cli_app
 from eagle_synth.local import RedisServer, scratch_dir, wait_for
 from eagle_synth.node_state import HEALTHY, LOADING, UNHEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem
+from eagle_synth.tools.failures import failures_by_reason, format_failures
 from eagle_synth.tools.status import CAMPAIGN_ROW_KEYS, STATUS_KEYS, WORKER_KEYS, campaign_status, campaigns_overview
 from eagle_synth.tools.status_view import format_duration, render_status, watch_status
 
@@ -134,6 +135,18 @@ def test_campaigns_lists_progress(client: redis.Redis) -> None:
     result = CliRunner().invoke(cli_app, ["campaigns", "--json", "--redis", _url(client)])
     assert result.exit_code == 0, result.output
     assert [r["campaign"] for r in json.loads(result.output)] == [NAME]
+
+
+def test_failed_groups_by_reason_most_first(client: redis.Redis) -> None:
+    report = failures_by_reason(Campaign(client, NAME))
+    assert report["failed"] == sum(FAILURES.values())
+    assert {r: g["count"] for r, g in report["by_reason"].items()} == FAILURES
+    lines = format_failures(report, limit=1)
+    assert lines[0] == f"{sum(FAILURES.values())} failed prompts in {NAME}"
+    assert lines[1] == "  prompt-too-long: 2" and lines[3] == "  invalid-token-id: 1"
+    assert len(lines) == 5 and lines[2].endswith("(in.jsonl:1): boom")  # one example per reason
+    result = CliRunner().invoke(cli_app, ["failed", NAME, "--limit", "1", "--redis", _url(client)])
+    assert result.exit_code == 0 and result.output.splitlines() == lines
 
 
 def test_watch_survives_a_redis_outage() -> None:

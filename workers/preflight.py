@@ -33,7 +33,8 @@ from urllib.parse import urlsplit, urlunsplit
 from eagle_synth.errors import UserError
 from eagle_synth.node_state import ServerState
 from eagle_synth.sampling import SENT_SAMPLING_KEYS
-from workers.client import ServerFacts
+from workers.client import ServerDown, ServerFacts, SGLangClient, TransientError
+from workers.config import auto_inflight
 
 log = logging.getLogger("eagle_synth.preflight")
 
@@ -208,6 +209,53 @@ def check_server(facts: ServerFacts, *, allow_server_parsers: bool = False,
             "--allow-server-setting NAME (--allow-server-parsers accepts the parser-related ones)."
         )
     return [p.accepted() for p in problems]
+
+
+@dataclass(frozen=True, slots=True)
+class StartupPreflight:
+    """What preflight found when a worker started, over the servers that answered then.
+
+    Every server lands in exactly one list; one not answering yet is checked again by the
+    health gate when it comes up.
+
+    Parameters:
+        refused: one refusal message (PreflightError's) per server preflight refuses.
+        capacities: max_running_requests of each accepted server, None when it does not say.
+        not_answering: (url, why) of each server that did not answer.
+    """
+
+    refused: list[str]
+    capacities: list[int | None]
+    not_answering: list[tuple[str, str]]
+
+    @property
+    def all_refused(self) -> bool:
+        """True when there were servers and preflight refused every one: nothing to work on."""
+        return bool(self.refused) and not self.capacities and not self.not_answering
+
+    def inflight(self) -> int:
+        """In flight per server sized from the largest capacity a server reports now (a server
+        still loading counts as the default until it answers)."""
+        return max((auto_inflight(capacity) for capacity in self.capacities), default=auto_inflight(None))
+
+
+def preflight_at_start(servers: Iterable[str], *, allow_server_parsers: bool,
+                       allowed_settings: Iterable[str]) -> StartupPreflight:
+    """Preflight each server that answers now (check_server), once, before the worker starts."""
+    refused: list[str] = []
+    capacities: list[int | None] = []
+    not_answering: list[tuple[str, str]] = []
+    allowed = tuple(allowed_settings)
+    for url in servers:
+        try:
+            facts = SGLangClient(url).facts()
+            check_server(facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed)
+            capacities.append(facts.max_running_requests)
+        except PreflightError as exc:
+            refused.append(str(exc))
+        except (ServerDown, TransientError) as exc:
+            not_answering.append((url, str(exc)))
+    return StartupPreflight(refused=refused, capacities=capacities, not_answering=not_answering)
 
 
 # ---- what SGLang counts against the context --------------------------------------------

@@ -166,23 +166,14 @@ def failed(
 ) -> None:
     """List a campaign's failed prompts by reason."""
     from eagle_synth.campaign import Campaign
+    from eagle_synth.tools.failures import failures_by_reason, format_failures
 
-    failures = Campaign(redis_client(redis), campaign).failures()
-    by_reason: dict[str, list] = {}
-    for key, failure in sorted(failures.items()):
-        by_reason.setdefault(failure.reason, []).append({
-            "key": key, "id": failure.item.get("row_id"), "source": failure.item.get("source"),
-            "message": failure.message, "at": failure.at, "worker": failure.worker,
-        })
+    report = failures_by_reason(Campaign(redis_client(redis), campaign))
     if as_json:
-        print(json.dumps({"campaign": campaign, "failed": len(failures),
-                          "by_reason": {r: {"count": len(v), "prompts": v} for r, v in by_reason.items()}}))
+        print(json.dumps(report))
         return
-    typer.echo(f"{len(failures)} failed prompts in {campaign}")
-    for reason, entries in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
-        typer.echo(f"  {reason}: {len(entries)}")
-        for entry in entries[:limit]:
-            typer.echo(f"    {entry['key']} ({entry['source']}): {entry['message'][:200]}")
+    for line in format_failures(report, limit=limit):
+        typer.echo(line)
 
 
 @app.command("retry-failed")

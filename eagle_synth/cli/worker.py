@@ -51,10 +51,9 @@ def worker(
     import dataclasses
     import os
 
-    from workers.client import SGLangClient, ServerDown, TransientError
-    from workers.config import ConfigError, WorkerConfig, auto_inflight, default_concurrency, env_name
+    from workers.config import ConfigError, WorkerConfig, default_concurrency, env_name
     from workers.disk import probe_folder
-    from workers.preflight import REFUSABLE_SETTINGS, PreflightError, check_server
+    from workers.preflight import REFUSABLE_SETTINGS, preflight_at_start
 
     problem = probe_folder(out)
     if problem:
@@ -74,28 +73,17 @@ def worker(
     if unknown:
         fail(f"--allow-server-setting {', '.join(unknown)}: not a setting preflight refuses "
               f"(known: {', '.join(REFUSABLE_SETTINGS)})")
-    allow_server_parsers = config.allow_server_parsers
     # Preflight the servers that already answer; the others are checked when they come up.
-    refused = []
-    capacities = []
-    for url in servers:
-        try:
-            facts = SGLangClient(url).facts()
-            check_server(facts, allow_server_parsers=allow_server_parsers,
-                         allowed_settings=config.allow_server_settings)
-            capacities.append(facts.server_info.get("max_running_requests"))
-        except PreflightError as exc:
-            refused.append(str(exc))
-        except (ServerDown, TransientError) as exc:
-            typer.echo(f"server {url} not answering yet ({exc}); the worker will wait for it")
-    if refused and len(refused) == len(servers):
-        fail("\n".join(refused))
-    for message in refused:
+    found = preflight_at_start(servers, allow_server_parsers=config.allow_server_parsers,
+                               allowed_settings=config.allow_server_settings)
+    for url, why in found.not_answering:
+        typer.echo(f"server {url} not answering yet ({why}); the worker will wait for it")
+    if found.all_refused:
+        fail("\n".join(found.refused))
+    for message in found.refused:
         typer.secho(message, err=True, fg=typer.colors.YELLOW)
-    # Batch threads are sized once, at start: from --inflight, else from the largest capacity
-    # a server reports now (a server still loading gets the default until it answers).
-    sizing = config.inflight or max([auto_inflight(c if isinstance(c, int) else None) for c in capacities] or
-                             [auto_inflight(None)])
+    # Batch threads are sized once, at start: from --inflight, else from the servers answering now.
+    sizing = config.inflight or found.inflight()
     from workers.app import run_worker
 
     run_worker(
