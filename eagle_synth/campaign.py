@@ -76,6 +76,10 @@ class CampaignMismatch(UserError, ValueError):
     """Enqueuing into a campaign whose stored settings differ; the message lists each field."""
 
 
+class BadCampaignName(UserError, ValueError):
+    """A campaign name that cannot be a folder and a Redis key prefix; the message says what works."""
+
+
 @dataclass(frozen=True, slots=True)
 class CampaignSettings:
     """What every prompt of a campaign is made with.
@@ -187,7 +191,7 @@ class Campaign:
 
     def __init__(self, client: redis.Redis, name: str) -> None:
         if not name or any(c in name for c in "/\\:* \t\n") or name.startswith("."):
-            raise ValueError(
+            raise BadCampaignName(
                 f"campaign name {name!r} is not usable: use letters, digits, '-', '_' and '.'"
             )
         self.client = client

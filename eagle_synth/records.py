@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import msgpack
 import zstandard
 
+from eagle_synth.errors import UserError
 from eagle_synth.ids import pack_ids, unpack_ids
 
 FORMAT_NAME = "eagle-synth-records"
@@ -63,6 +64,18 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 
 class RecordFormatError(ValueError):
     """A record file is damaged or of an unknown format; the message names the file."""
+
+
+class NotACampaignFolder(UserError, FileNotFoundError):
+    """A folder given as OUT/<campaign> has no records folder."""
+
+    def __init__(self, campaign_path: str | os.PathLike) -> None:
+        super().__init__(f"{records_dir(campaign_path)} does not exist: is {campaign_path} a campaign folder "
+                         "(OUT/<campaign>)?")
+
+
+class RecordFilesVanished(UserError, FileNotFoundError):
+    """Record files listed a moment ago are gone and no shard holds them."""
 
 
 # ----------------------------------------------------------------------------- id codecs
@@ -521,9 +534,7 @@ def record_files(campaign_path: str | os.PathLike) -> list[Path]:
     """Every complete record file of a campaign (batch files, then shards), in a stable order."""
     folder = records_dir(campaign_path)
     if not folder.is_dir():
-        raise FileNotFoundError(
-            f"{folder} does not exist: is {campaign_path} a campaign folder (OUT/<campaign>)?"
-        )
+        raise NotACampaignFolder(campaign_path)
     files = [p for p in folder.iterdir() if p.suffix == RECORD_SUFFIX and not p.name.startswith(".")]
     return sorted(files, key=lambda p: (is_shard(p), p.name))
 
@@ -629,7 +640,7 @@ def _iter_moved(campaign_path: str | os.PathLike, scan: CampaignFiles, missing: 
         sources = frozenset(indices)
         yield from _iter_file(path, make, accept=lambda d, h, sources=sources: d.get("src") in sources and fresh(d, h))
     if wanted:
-        raise FileNotFoundError(
+        raise RecordFilesVanished(
             f"record files {sorted(wanted)[:3]} vanished from {records_dir(campaign_path)} and no shard "
             "holds them: something other than `eagle-synth compact` deleted them"
         )

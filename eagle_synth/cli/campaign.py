@@ -55,12 +55,10 @@ def enqueue(
     redis: RedisOpt = None,
 ) -> None:
     """Template prompt rows with the model's chat template and enqueue their token ids."""
-    from eagle_synth.campaign import CampaignMismatch
-    from eagle_synth.sampling import SamplingError, SamplingParams
-    from eagle_synth.templating import TemplateError
-    from producer.enqueue import EnqueueOptions, StrictModeError, enqueue as run_enqueue, print_summary
+    from eagle_synth.sampling import SamplingParams
+    from producer.enqueue import EnqueueOptions, enqueue as run_enqueue, print_summary
     from producer.progress import EnqueueProgress
-    from producer.sources import InputError, estimate_rows
+    from producer.sources import estimate_rows
 
     check_campaign_name(campaign)
     if turns not in ("last", "all"):
@@ -74,13 +72,10 @@ def enqueue(
     except ValueError as exc:
         fail(f"--chat-template-kwargs must be a JSON object: {exc}")
     stops = _stop_token_ids(stop_token_ids)
-    try:
-        sampling = SamplingParams(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, repetition_penalty=repetition_penalty, stop_token_ids=stops, n=n, seed=seed,
-        )
-    except (SamplingError, ValueError) as exc:
-        fail(str(exc))
+    sampling = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, repetition_penalty=repetition_penalty, stop_token_ids=stops, n=n, seed=seed,
+    )
     if batch_size < 1:
         fail("--batch-size must be at least 1")
     options = EnqueueOptions(
@@ -94,17 +89,11 @@ def enqueue(
     broker = None if dry_run else broker_settings(redis_url=redis)
     total_rows = None
     if not as_json and EnqueueProgress.wanted() and "-" not in files:
-        try:
-            total_rows = estimate_rows(files)
-        except InputError as exc:
-            fail(str(exc))
+        total_rows = estimate_rows(files)
     progress = EnqueueProgress(enabled=not as_json, total_rows=total_rows)
-    try:
-        with progress:
-            summary = run_enqueue(options, broker=broker, stdin=sys.stdin.buffer,
-                                  on_rows=progress.update, on_wait=progress.waiting, on_warning=warn)
-    except (CampaignMismatch, InputError, TemplateError, StrictModeError) as exc:
-        fail(str(exc))
+    with progress:
+        summary = run_enqueue(options, broker=broker, stdin=sys.stdin.buffer,
+                              on_rows=progress.update, on_wait=progress.waiting, on_warning=warn)
     if as_json:
         print(json.dumps(summary.to_dict()))
     else:
@@ -126,10 +115,7 @@ def status(
     from eagle_synth.tools.status_view import render_status, watch_status
 
     client = redis_client(redis)
-    try:
-        data = campaign_status(client, campaign)
-    except KeyError as exc:
-        fail(str(exc.args[0]))
+    data = campaign_status(client, campaign)
     if watch:
         watch_status(client, campaign, interval=interval, as_json=as_json)
     elif as_json:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, fail
+from eagle_synth.cli.options import RedisOpt
 
 app = typer.Typer()
 
@@ -27,14 +27,11 @@ def flower(
     redis: RedisOpt = None,
 ) -> None:
     """Run Flower on the campaign broker, with basic auth. Unknown options go to Flower (e.g. --url_prefix=flower)."""
-    from eagle_synth.settings import SettingsError, broker_settings
-    from eagle_synth.tools.flower import FlowerAuthError, FlowerOptions, flower_urls, resolve_auth, run_flower
+    from eagle_synth.settings import broker_settings
+    from eagle_synth.tools.flower import FlowerOptions, flower_urls, resolve_auth, run_flower
 
-    try:
-        settings = broker_settings(redis_url=redis)
-        credentials = resolve_auth(basic_auth=basic_auth, no_auth=no_auth, environ=os.environ)
-    except (FlowerAuthError, SettingsError) as exc:
-        fail(str(exc))
+    settings = broker_settings(redis_url=redis)
+    credentials = resolve_auth(basic_auth=basic_auth, no_auth=no_auth, environ=os.environ)
     options = FlowerOptions(
         credentials=tuple(credentials) if credentials is not None else None,
         port=port, address=address, extra_args=tuple(ctx.args),

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, fail, redis_client
+from eagle_synth.cli.options import RedisOpt, fail, redis_client, warn
 
 if TYPE_CHECKING:
     from eagle_synth.tools.filters import ExportFilters
@@ -34,13 +34,9 @@ def _filters(*, drop_truncated: bool, min_output_tokens: int, max_length: int | 
              min_loss_tokens: int, split: str | None, sample: int | None, seed: int) -> ExportFilters:
     from eagle_synth.tools.filters import ExportFilters, parse_split
 
-    try:
-        return ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens,
-                             max_length=max_length, drop_longer=drop_longer, min_loss_tokens=min_loss_tokens,
-                             splits=parse_split(split), sample=sample, seed=seed)
-    except ValueError as exc:
-        fail(str(exc))
-        raise  # fail exits; this line only tells type checkers so
+    return ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens,
+                         max_length=max_length, drop_longer=drop_longer, min_loss_tokens=min_loss_tokens,
+                         splits=parse_split(split), sample=sample, seed=seed)
 
 
 def _expected_records(campaign_dir: Path) -> int | None:
@@ -52,7 +48,7 @@ def _expected_records(campaign_dir: Path) -> int | None:
         return None
 
 
-def _damaged(exc: Exception, campaign_dir: Path) -> None:
+def _damaged(exc: Exception, campaign_dir: Path) -> NoReturn:
     fail(f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest.")
 
 
@@ -85,10 +81,8 @@ def export(
                                      progress=progress)
     except RecordFormatError as exc:
         _damaged(exc, campaign_dir)
-    except (FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
     for warning in written.warnings:
-        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
+        warn(warning)
     if as_json:
         print(json.dumps(written.to_dict()))
         return
@@ -131,8 +125,6 @@ def vocab(
                                  target_vocab_size=target_vocab_size, filters=filters, progress=progress)
     except RecordFormatError as exc:
         _damaged(exc, campaign_dir)
-    except (FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
     mapping = result.mapping
     summary = {"rows": result.rows, "loss_tokens": mapping.total, "covered_tokens": mapping.covered,
                "coverage": round(mapping.coverage, 6), "draft_vocab_size": len(mapping.d2t),
@@ -140,7 +132,7 @@ def vocab(
                "clipped": result.stats.clipped, "torch_files": result.torch_files, "warnings": result.warnings,
                "paths": [str(p) for p in result.paths], "seconds": round(result.seconds, 3)}
     for warning in result.warnings:
-        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
+        warn(warning)
     if as_json:
         print(json.dumps(summary))
         return
@@ -162,12 +154,9 @@ def verify(
     """
     from rich.console import Console
 
-    from eagle_synth.tools.verify import VerifyError, format_report, verify_campaign
+    from eagle_synth.tools.verify import format_report, verify_campaign
 
-    try:
-        report = verify_campaign(campaign_dir, tokenizer=tokenizer)
-    except (VerifyError, FileNotFoundError) as exc:
-        fail(str(exc))
+    report = verify_campaign(campaign_dir, tokenizer=tokenizer)
     if as_json:
         print(json.dumps(report))
     else:
@@ -191,19 +180,16 @@ def inspect(
     from rich.console import Console
 
     from eagle_synth.records import read_manifest
-    from eagle_synth.tools.inspect import InspectError, find_records, render_record
-    from eagle_synth.tools.verify import VerifyError, load_plain_tokenizer
+    from eagle_synth.tools.inspect import find_records, render_record
+    from eagle_synth.tools.verify import load_plain_tokenizer
 
     if tokenizer is None:
         stored = ((read_manifest(campaign_dir) or {}).get("settings") or {}).get("tokenizer_path")
         if not stored:
             fail("pass --tokenizer with the campaign's tokenizer folder (manifest.json does not name one)")
         tokenizer = Path(stored)
-    try:
-        records = find_records(campaign_dir, key=key, random_n=random_n, seed=seed)
-        loaded = load_plain_tokenizer(tokenizer)
-    except (InspectError, VerifyError, FileNotFoundError) as exc:
-        fail(str(exc))
+    records = find_records(campaign_dir, key=key, random_n=random_n, seed=seed)
+    loaded = load_plain_tokenizer(tokenizer)
     console = Console()
     for record in records:
         render_record(record, tokenizer=loaded, console=console, prompt_tail=prompt_tail)
@@ -218,18 +204,14 @@ def compact(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Merge small batch files into large shards; safe while workers write and if stopped midway."""
-    from eagle_synth.tools.compact import CompactBusy
     from eagle_synth.tools.compact import compact as run_compact
 
     def progress(path: Path, records: int) -> None:
         if not as_json:
             typer.echo(f"wrote {path.name}: {records} records")
 
-    try:
-        result = run_compact(campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads,
-                             on_shard=progress)
-    except (CompactBusy, FileNotFoundError) as exc:
-        fail(str(exc))
+    result = run_compact(campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads,
+                         on_shard=progress)
     if as_json:
         print(json.dumps(result.to_dict()))
         return
@@ -265,11 +247,11 @@ def repair(
     `record-damaged`, which a rerun of the campaign's original `enqueue` command re-enqueues.
     Rerun it until it reports nothing; see docs/reliability.md.
     """
-    from eagle_synth.campaign import Campaign
+    from eagle_synth.campaign import BadCampaignName, Campaign
     from eagle_synth.queue import make_celery
     from eagle_synth.records import records_dir
     from eagle_synth.settings import broker_settings
-    from eagle_synth.tools.compact import CompactBusy, exclusive
+    from eagle_synth.tools.compact import exclusive
     from eagle_synth.tools.repair import (
         campaign_name_of,
         mark_record_damaged,
@@ -283,24 +265,19 @@ def repair(
         fail(f"{records_dir(campaign_dir)} does not exist: is {campaign_dir} a campaign folder (OUT/<campaign>)?")
     try:
         target = Campaign(redis_client(redis), name)
-    except ValueError as exc:
+    except BadCampaignName as exc:
         fail(f"--campaign: {exc}")
     settings = broker_settings(redis_url=redis)
     outcome = {"republished_from_outbox": 0, "moved": [], "requeued": 0, "record_damaged": 0}
-    try:
-        with exclusive(records_dir(campaign_dir)):
-            plan = plan_repair(campaign_dir, target, force=force)
-            if plan.refusal is None and not dry_run:
-                celery_app = make_celery(settings)
-                # A repair stopped half way may have left prompts in the outbox: publish them first.
-                outcome["republished_from_outbox"] = publish_unfinished(target, app=celery_app, queue=settings.queue)
-                outcome["moved"] = [str(p) for p in move_aside(plan)]
-                outcome["requeued"] = return_lost_records(target, plan.recoverable, app=celery_app, queue=settings.queue)
-                outcome["record_damaged"] = mark_record_damaged(target, plan.unrecoverable)
-    except CompactBusy as exc:
-        fail(str(exc))
-    except KeyError as exc:
-        fail(str(exc.args[0]))
+    with exclusive(records_dir(campaign_dir)):
+        plan = plan_repair(campaign_dir, target, force=force)
+        if plan.refusal is None and not dry_run:
+            celery_app = make_celery(settings)
+            # A repair stopped half way may have left prompts in the outbox: publish them first.
+            outcome["republished_from_outbox"] = publish_unfinished(target, app=celery_app, queue=settings.queue)
+            outcome["moved"] = [str(p) for p in move_aside(plan)]
+            outcome["requeued"] = return_lost_records(target, plan.recoverable, app=celery_app, queue=settings.queue)
+            outcome["record_damaged"] = mark_record_damaged(target, plan.unrecoverable)
     if as_json:
         print(json.dumps({**plan.to_dict(), "dry_run": dry_run, **outcome}))
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,12 +13,25 @@ from eagle_synth.settings import broker_settings, export_to_environment
 
 app = typer.Typer()
 
+# The flag of each WorkerConfig setting the command takes, for messages that name the setting.
+SETTING_FLAGS = {
+    "inflight": "--inflight", "allow_server_parsers": "--allow-server-parsers",
+    "allow_server_settings": "--allow-server-setting", "max_attempts": "--max-attempts",
+    "timeout_base": "--timeout-base", "timeout_per_token": "--timeout-per-token",
+    "backoff_max": "--backoff-max", "probe_timeout": "--probe-timeout",
+}
+
 
 def _worker_option(name: str, *flags: str):
     """A typer option for one WorkerConfig setting: its help comes from workers/config.py."""
     from workers.config import option_help
 
     return typer.Option(*flags, help=option_help(name))
+
+
+def _settings_as_flags(message: str) -> str:
+    """`max_attempts 0: ...` as `--max-attempts 0: ...`; environment names (EAGLE_SYNTH_...) stay."""
+    return re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], message)
 
 
 @app.command()
@@ -67,7 +81,8 @@ def worker(
     try:
         config = dataclasses.replace(WorkerConfig.from_env(), **{k: v for k, v in given.items() if v is not None})
     except ConfigError as exc:
-        fail(str(exc).replace("_", "-"))
+        # The library names settings (max_attempts); say the flags (--max-attempts).
+        fail(_settings_as_flags(str(exc)))
     servers = config.servers
     unknown = sorted(set(config.allow_server_settings) - set(REFUSABLE_SETTINGS))
     if unknown:
