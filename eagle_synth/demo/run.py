@@ -88,7 +88,7 @@ def run_demo(folder: Path) -> int:
         console.print(f"   finished in {time.monotonic() - started:.1f} s")
 
         console.rule("eagle-synth status demo")
-        render_status(campaign_status(campaign.client, DEMO_CAMPAIGN))
+        render_status(campaign_status(campaign.client, DEMO_CAMPAIGN), console=console)
 
         console.rule("one record, decoded (eagle-synth inspect)")
         record = next(iter_records(out / DEMO_CAMPAIGN))
