@@ -579,7 +579,8 @@ def scan_campaign(campaign_path: str | os.PathLike) -> CampaignFiles:
     shards = [p for p in files if is_shard(p)]
     sources = {p: _shard_sources(p) for p in shards}
     absorbed_names = {name for names in sources.values() for name in names}
-    batch_list, absorbed = [], []
+    batch_list: list[Path] = []
+    absorbed: list[Path] = []
     for path in files:
         if not is_shard(path):
             (absorbed if path.name in absorbed_names else batch_list).append(path)
@@ -604,7 +605,7 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool,
         # Decided on the stored map, before any id is decoded.
         if not dedupe or (data.get("batch") or header.get("batch")) not in scan.repeated_batches:
             return True
-        key = data.get("key")
+        key = str(data.get("key"))
         if key in seen:
             return False
         seen.add(key)
@@ -637,8 +638,11 @@ def _iter_moved(campaign_path: str | os.PathLike, scan: CampaignFiles, missing: 
         if not indices:
             continue
         wanted -= {names[i] for i in indices}
-        sources = frozenset(indices)
-        yield from _iter_file(path, make, accept=lambda d, h, sources=sources: d.get("src") in sources and fresh(d, h))
+
+        def accept(data: dict, header: dict, sources: frozenset[int] = frozenset(indices)) -> bool:
+            return data.get("src") in sources and fresh(data, header)
+
+        yield from _iter_file(path, make, accept=accept)
     if wanted:
         raise RecordFilesVanished(
             f"record files {sorted(wanted)[:3]} vanished from {records_dir(campaign_path)} and no shard "

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 __all__ = ["ROLE_ALIASES", "Conversation", "RowError", "conversations_from_row"]
 

@@ -30,6 +30,7 @@ from workers.client import (
     SGLangClient,
     is_sampling_error,
 )
+from workers.config import auto_inflight
 from workers.health import HealthGate
 from workers.preflight import (
     ENV_ALLOW_SETTINGS,
@@ -47,7 +48,6 @@ from workers.preflight import (
     provenance,
     redact_url,
 )
-from workers.config import auto_inflight
 from workers.replies import PromptMismatch, parse_generate_item
 
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"

@@ -16,7 +16,13 @@ from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
 from tests.conftest import chat_rows
 from tests.helpers import (
-    assert_exactly_once, campaign, cli, devserver_stats, enqueue_rows, status_json, wait_finished,
+    assert_exactly_once,
+    campaign,
+    cli,
+    devserver_stats,
+    enqueue_rows,
+    status_json,
+    wait_finished,
 )
 
 

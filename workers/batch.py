@@ -37,17 +37,28 @@ from eagle_synth.manifest import build_manifest
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.records import (
-    Record, RecordFormatError, batch_files, campaign_dir, read_record_file, records_dir, write_manifest,
+    Record,
+    RecordFormatError,
+    batch_files,
+    campaign_dir,
+    read_record_file,
+    records_dir,
+    write_manifest,
     write_record_file,
 )
-from workers.client import BadRequest, BadSamplingParams, SGLangClient, ServerDown, TransientError
+from workers.client import BadRequest, BadSamplingParams, ServerDown, SGLangClient, TransientError
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
 from workers.preflight import ContextLimits, context_message, fits_context
 from workers.replies import (
-    BAD_RESPONSE_REASON, PROMPT_MISMATCH_REASON, BadResponse, GeneratedItem, PromptMismatch, parse_generate_item,
+    BAD_RESPONSE_REASON,
+    PROMPT_MISMATCH_REASON,
+    BadResponse,
+    GeneratedItem,
+    PromptMismatch,
+    parse_generate_item,
 )
 
 log = logging.getLogger("eagle_synth.batch")

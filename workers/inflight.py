@@ -204,7 +204,7 @@ class InflightPool:
                 status = response.status
         except aiohttp.ClientConnectorError as exc:
             return Answer(url=url, error=ServerDown(f"{url}: connection refused ({exc.os_error})"))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Answer(url=url, error=TransientError(f"{url}/generate: no answer within {job.timeout:.0f} s"))
         except aiohttp.ClientError as exc:
             return Answer(url=url, error=TransientError(f"{url}/generate: connection error: {exc!r}"))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -27,7 +26,8 @@ class _Commands(TyperGroup):
     `error: <message>` in red on stderr, exit status 2 (UserError.exit_code). Here rather than
     in main() so the app behaves the same wherever it runs (main, typer's CliRunner)."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    # ctx is typer's click Context; Any because typer vendors click from 0.22 on (typer._click).
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except UserError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, cast
 
 import typer
 
@@ -35,28 +35,29 @@ def enqueue(
     top_k: Annotated[int, typer.Option(help="Top-k sampling (-1 = off).")] = -1,
     min_p: Annotated[float, typer.Option(help="Min-p sampling.")] = 0.0,
     repetition_penalty: Annotated[float, typer.Option(help="Repetition penalty (1 = off).")] = 1.0,
-    stop_token_ids: Annotated[Optional[str], typer.Option(help="Extra stop ids, comma-separated (EOS always stops).")] = None,
+    stop_token_ids: Annotated[str | None, typer.Option(help="Extra stop ids, comma-separated (EOS always stops).")] = None,
     n: Annotated[int, typer.Option("--n", help="Samples per prompt; each is its own record.")] = 1,
-    seed: Annotated[Optional[int], typer.Option(help="Base seed: each sample gets a stable sampling_seed.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Base seed: each sample gets a stable sampling_seed.")] = None,
     batch_size: Annotated[int, typer.Option(help="Prompts per task.")] = 16,
     turns: Annotated[str, typer.Option(help="'last': regenerate the answer to the last user turn; 'all': one prompt per user turn.")] = "last",
-    system: Annotated[Optional[str], typer.Option(help="Default system prompt for rows without one.")] = None,
-    chat_template: Annotated[Optional[Path], typer.Option(help="Jinja chat template file overriding the tokenizer's.")] = None,
-    chat_template_kwargs: Annotated[Optional[str], typer.Option(help='Extra template arguments as JSON, e.g. \'{"enable_thinking": false}\'.')] = None,
+    system: Annotated[str | None, typer.Option(help="Default system prompt for rows without one.")] = None,
+    chat_template: Annotated[Path | None, typer.Option(help="Jinja chat template file overriding the tokenizer's.")] = None,
+    chat_template_kwargs: Annotated[str | None, typer.Option(help='Extra template arguments as JSON, e.g. \'{"enable_thinking": false}\'.')] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow tokenizers that ship their own code.")] = False,
-    max_prompt_tokens: Annotated[Optional[int], typer.Option(help="Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else 131072.")] = None,
+    max_prompt_tokens: Annotated[int | None, typer.Option(help="Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else 131072.")] = None,
     max_prompt_chars: Annotated[int, typer.Option(help="Skip conversations with more characters than this, before templating (0 = no cap).")] = 1_000_000,
     allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
     max_backlog: Annotated[int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")] = 200_000,
     strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
     dry_run: Annotated[bool, typer.Option(help="Template and count, print a length histogram, enqueue nothing.")] = False,
-    processes: Annotated[Optional[int], typer.Option(help="Templating processes (default: all cores).")] = None,
+    processes: Annotated[int | None, typer.Option(help="Templating processes (default: all cores).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
     redis: RedisOpt = None,
 ) -> None:
     """Template prompt rows with the model's chat template and enqueue their token ids."""
     from eagle_synth.sampling import SamplingParams
-    from producer.enqueue import EnqueueOptions, enqueue as run_enqueue, print_summary
+    from producer.enqueue import EnqueueOptions, print_summary
+    from producer.enqueue import enqueue as run_enqueue
     from producer.progress import EnqueueProgress
     from producer.sources import estimate_rows
 
@@ -80,7 +81,7 @@ def enqueue(
         fail("--batch-size must be at least 1")
     options = EnqueueOptions(
         inputs=files, campaign=campaign, tokenizer=tokenizer, sampling=sampling, batch_size=batch_size,
-        turns=turns, system=system, chat_template=str(chat_template) if chat_template else None,
+        turns=cast("Literal['last', 'all']", turns), system=system, chat_template=str(chat_template) if chat_template else None,
         chat_template_kwargs=kwargs, trust_remote_code=trust_remote_code,
         max_prompt_tokens=max_prompt_tokens, max_prompt_chars=max_prompt_chars or None,
         max_backlog=max_backlog, strict=strict, dry_run=dry_run, processes=processes,
@@ -165,7 +166,7 @@ def failed(
 @app.command("retry-failed")
 def retry_failed(
     campaign: Annotated[str, typer.Argument(help="Campaign name.")],
-    reason: Annotated[Optional[str], typer.Option(help="Only failures with this reason.")] = None,
+    reason: Annotated[str | None, typer.Option(help="Only failures with this reason.")] = None,
     redis: RedisOpt = None,
 ) -> None:
     """Enqueue a campaign's failed prompts again."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,7 +18,7 @@ def flower(
     ctx: typer.Context,
     port: Annotated[int, typer.Option(help="Port of Flower's web UI and API.")] = 5555,
     address: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 to serve other hosts.")] = "127.0.0.1",
-    basic_auth: Annotated[Optional[str], typer.Option(
+    basic_auth: Annotated[str | None, typer.Option(
         "--basic-auth", help="user:password[,user2:password2]. Default: $FLOWER_BASIC_AUTH (preferred: not shown by ps).",
     )] = None,
     no_auth: Annotated[bool, typer.Option(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import redis
 
 RedisOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--redis", help="Redis URL (redis://[user:pass@]host:port/db or rediss://). Default: $REDIS_URL, then redis://127.0.0.1:6379/0."),
 ]
 
@@ -37,10 +37,11 @@ def warn(message: str) -> None:
 
 def check_campaign_name(name: str) -> None:
     """Stop with one line naming --campaign if `name` cannot be a campaign's name."""
-    from eagle_synth.campaign import BadCampaignName, Campaign
+    from eagle_synth.campaign import BadCampaignName
+    from eagle_synth.campaign import check_campaign_name as check
 
     try:
-        Campaign(None, name)  # the name check only: no Redis call is made
+        check(name)
     except BadCampaignName as exc:
         fail(f"--campaign: {exc}")  # the library cannot know which flag gave the name
 

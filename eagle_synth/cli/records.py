@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -21,12 +21,12 @@ CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<camp
 # Row filters, shared by export and vocab so a draft vocabulary counts the rows a drafter trains on.
 DropTruncatedOpt = Annotated[bool, typer.Option("--drop-truncated", help="Skip records that hit max_new_tokens (finish_reason length).")]
 MinOutputTokensOpt = Annotated[int, typer.Option("--min-output-tokens", help="Skip records with fewer generated ids (before clipping).")]
-MaxLengthOpt = Annotated[Optional[int], typer.Option("--max-length", help="Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer.")]
+MaxLengthOpt = Annotated[int | None, typer.Option("--max-length", help="Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer.")]
 DropLongerOpt = Annotated[bool, typer.Option("--drop-longer", help="With --max-length: skip longer records instead of clipping them.")]
 MinLossTokensOpt = Annotated[int, typer.Option("--min-loss-tokens", help="Skip rows with fewer mask-1 (generated) ids after clipping.")]
-SplitOpt = Annotated[Optional[str], typer.Option("--split", help="NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.")]
-VocabSplitOpt = Annotated[Optional[str], typer.Option("--split", help="The export's --split: only the rows of 'train' are counted.")]
-SampleOpt = Annotated[Optional[int], typer.Option("--sample", help="Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice.")]
+SplitOpt = Annotated[str | None, typer.Option("--split", help="NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.")]
+VocabSplitOpt = Annotated[str | None, typer.Option("--split", help="The export's --split: only the rows of 'train' are counted.")]
+SampleOpt = Annotated[int | None, typer.Option("--sample", help="Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
 
 
@@ -65,7 +65,7 @@ def export(
     split: SplitOpt = None,
     sample: SampleOpt = None,
     seed: SeedOpt = 0,
-    shard_rows: Annotated[Optional[int], typer.Option("--shard-rows", help="Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).")] = None,
+    shard_rows: Annotated[int | None, typer.Option("--shard-rows", help="Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
@@ -98,7 +98,7 @@ def vocab(
     campaign_dir: CampaignDirArg,
     draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size", help="Size of the draft vocabulary (e.g. 32000).")],
     out: Annotated[Path, typer.Option("--out", help="Folder for token_freq.json, d2t.npy, t2d.npy, vocab_mapping.json (and .pt files with torch); a speculators data folder is a good place.")],
-    target_vocab_size: Annotated[Optional[int], typer.Option("--target-vocab-size", help="The target model's vocab_size (default: config.json in the manifest's tokenizer_path).")] = None,
+    target_vocab_size: Annotated[int | None, typer.Option("--target-vocab-size", help="The target model's vocab_size (default: config.json in the manifest's tokenizer_path).")] = None,
     drop_truncated: DropTruncatedOpt = False,
     min_output_tokens: MinOutputTokensOpt = 0,
     max_length: MaxLengthOpt = None,
@@ -144,7 +144,7 @@ def vocab(
 @app.command()
 def verify(
     campaign_dir: CampaignDirArg,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: the settings in manifest.json).")] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: the settings in manifest.json).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit nonzero on warnings too.")] = False,
 ) -> None:
@@ -170,11 +170,11 @@ def verify(
 @app.command()
 def inspect(
     campaign_dir: CampaignDirArg,
-    key: Annotated[Optional[str], typer.Argument(help="A record key, or a unique prefix of one.")] = None,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: tokenizer_path in manifest.json).")] = None,
-    random_n: Annotated[Optional[int], typer.Option("--random", help="Show N records drawn at random instead.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed for --random.")] = None,
-    prompt_tail: Annotated[Optional[int], typer.Option(help="Show only the last N prompt tokens.")] = None,
+    key: Annotated[str | None, typer.Argument(help="A record key, or a unique prefix of one.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: tokenizer_path in manifest.json).")] = None,
+    random_n: Annotated[int | None, typer.Option("--random", help="Show N records drawn at random instead.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for --random.")] = None,
+    prompt_tail: Annotated[int | None, typer.Option(help="Show only the last N prompt tokens.")] = None,
 ) -> None:
     """Show a record decoded, special tokens highlighted, the prompt/output boundary marked."""
     from rich.console import Console
@@ -235,7 +235,7 @@ def compact(
 @app.command()
 def repair(
     campaign_dir: Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")],
-    campaign: Annotated[Optional[str], typer.Option("--campaign", help="Campaign name (default: manifest.json's, else the folder's name).")] = None,
+    campaign: Annotated[str | None, typer.Option("--campaign", help="Campaign name (default: manifest.json's, else the folder's name).")] = None,
     dry_run: Annotated[bool, typer.Option(help="Show what would be moved and requeued; change nothing.")] = False,
     force: Annotated[bool, typer.Option(help="Requeue lost keys even when more are missing than the damaged files can have held.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan and outcome as one JSON object.")] = False,

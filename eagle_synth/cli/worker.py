@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -38,16 +38,16 @@ def _settings_as_flags(message: str) -> str:
 def worker(
     server: Annotated[list[str], _worker_option("servers", "--server")],
     out: Annotated[Path, _worker_option("out", "--out")],
-    inflight: Annotated[Optional[int], _worker_option("inflight")] = None,
-    concurrency: Annotated[Optional[int], typer.Option(help="Batches held open at once (batch threads). Default: 4 x inflight x servers / 16.")] = None,
+    inflight: Annotated[int | None, _worker_option("inflight")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Batches held open at once (batch threads). Default: 4 x inflight x servers / 16.")] = None,
     allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
-    allow_server_setting: Annotated[Optional[list[str]], _worker_option("allow_server_settings", "--allow-server-setting")] = None,
-    max_attempts: Annotated[Optional[int], _worker_option("max_attempts")] = None,
-    timeout_base: Annotated[Optional[float], _worker_option("timeout_base")] = None,
-    timeout_per_token: Annotated[Optional[float], _worker_option("timeout_per_token")] = None,
-    backoff_max: Annotated[Optional[float], _worker_option("backoff_max")] = None,
-    probe_timeout: Annotated[Optional[float], _worker_option("probe_timeout")] = None,
-    name: Annotated[Optional[str], typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
+    allow_server_setting: Annotated[list[str] | None, _worker_option("allow_server_settings", "--allow-server-setting")] = None,
+    max_attempts: Annotated[int | None, _worker_option("max_attempts")] = None,
+    timeout_base: Annotated[float | None, _worker_option("timeout_base")] = None,
+    timeout_per_token: Annotated[float | None, _worker_option("timeout_per_token")] = None,
+    backoff_max: Annotated[float | None, _worker_option("backoff_max")] = None,
+    probe_timeout: Annotated[float | None, _worker_option("probe_timeout")] = None,
+    name: Annotated[str | None, typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
     task_events: Annotated[bool, typer.Option(help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record).")] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
     allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
@@ -73,7 +73,7 @@ def worker(
     if problem:
         fail(f"--out cannot take records: {problem}")
     # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
-    given = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
+    given: dict[str, Any] = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
              "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
              "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None}
     os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)

@@ -184,7 +184,7 @@ def _workers_blocks(data: dict) -> Group:
         cells = _worker_cells(w, data["at"])
         if w["node"] != node:
             node = w["node"]
-            lines.append(Padding(Text.assemble((cells["node"], "bold"), f" on {cells['host']}: last heartbeat ",
+            lines.append(Padding(Text.assemble((str(w["node"]), "bold"), f" on {cells['host']}: last heartbeat ",
                                                cells["last heartbeat"], ", taking batches ",
                                                cells["taking batches"]), (0, 0, 0, 2), expand=False))
         server = Text.assemble(cells["server"], " ", cells["state"], " for ", cells["for"],
