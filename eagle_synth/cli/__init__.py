@@ -26,7 +26,7 @@ class _Commands(TyperGroup):
     `error: <message>` in red on stderr, exit status 2 (UserError.exit_code). Here rather than
     in main() so the app behaves the same wherever it runs (main, typer's CliRunner)."""
 
-    # ctx is typer's click Context; Any because typer vendors click from 0.22 on (typer._click).
+    # ctx is typer's click Context; Any because recent typer vendors its own click (typer._click).
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
