@@ -437,7 +437,7 @@ def enqueue_cli(redis_url: str, rows_path: Path, campaign: str, *, max_new_token
 
 # Words the synthetic conversations are made of: everyday English plus some technical terms,
 # so the chat template and the BPE see text shaped like real prompts.
-_WORDS = (
+_WORDS = (  # noqa: SIM905 -- a word list reads better as one string than as a list literal
     "the of and to in is that for it as with was on be by this are from or have an they which one you "
     "were her all she there would their we him been has when who will more no if out so said what up its "
     "about into than them can only other new some could time these two may then do first any my now such "

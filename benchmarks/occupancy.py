@@ -26,8 +26,17 @@ import itertools
 import time
 
 from benchmarks.common import (
-    Result, Stack, campaign_progress, dev_stats, enqueue_backlog, queued_payloads, reset_stats, tree_cpu_seconds,
-    tree_pss, wait_for, write_rows,
+    Result,
+    Stack,
+    campaign_progress,
+    dev_stats,
+    enqueue_backlog,
+    queued_payloads,
+    reset_stats,
+    tree_cpu_seconds,
+    tree_pss,
+    wait_for,
+    write_rows,
 )
 from workers.config import DEFAULT_INFLIGHT, default_concurrency
 

@@ -24,7 +24,14 @@ import time
 import psutil
 
 from benchmarks.common import (
-    Result, Stack, campaign_progress, enqueue_backlog, main_cpu_seconds, tree_cpu_seconds, wait_done, write_rows,
+    Result,
+    Stack,
+    campaign_progress,
+    enqueue_backlog,
+    main_cpu_seconds,
+    tree_cpu_seconds,
+    wait_done,
+    write_rows,
 )
 
 PROCESSES = (1, 2, 4)

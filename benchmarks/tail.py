@@ -25,8 +25,16 @@ import asyncio
 import time
 
 from benchmarks.common import (
-    Result, Stack, campaign_progress, dev_stats, enqueue_backlog, tree_cpu_seconds, tree_pss, wait_done,
-    wait_for, write_rows,
+    Result,
+    Stack,
+    campaign_progress,
+    dev_stats,
+    enqueue_backlog,
+    tree_cpu_seconds,
+    tree_pss,
+    wait_done,
+    wait_for,
+    write_rows,
 )
 from benchmarks.occupancy import _queued_prompts, _window
 from workers.config import default_concurrency
@@ -84,7 +92,7 @@ def measure_worker(quick: bool, *, inflight: int, slots: int, window: bool = Tru
         cpu = tree_cpu_seconds(worker.proc.pid) - cpu_before
         figures.update(wall_s=finished - started, cpu_ms_per_record=1000 * cpu / prompts_count,
                        pss_mib=tree_pss(worker.proc.pid) / 2**20, prompts=prompts_count,
-                       output_tokens=dev_stats(url)["output_tokens"] if "output_tokens" in dev_stats(url) else None)
+                       output_tokens=dev_stats(url).get("output_tokens"))
         return figures, prompts
 
 

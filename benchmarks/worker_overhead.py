@@ -27,7 +27,14 @@ import time
 import requests
 
 from benchmarks.common import (
-    Result, Stack, campaign_progress, enqueue_backlog, main_cpu_seconds, queued_payloads, tree_cpu_seconds, wait_done,
+    Result,
+    Stack,
+    campaign_progress,
+    enqueue_backlog,
+    main_cpu_seconds,
+    queued_payloads,
+    tree_cpu_seconds,
+    wait_done,
     write_rows,
 )
 from eagle_synth.records import Record, write_record_file

@@ -16,6 +16,7 @@ import redis
 from eagle_synth.errors import UserError
 from eagle_synth.keys import CAMPAIGNS, CampaignKeys
 from eagle_synth.payload import PromptItem
+from eagle_synth.redis_client import text
 
 # Completion events kept per campaign for throughput figures (about the last few minutes).
 EVENTS_MAXLEN = 20_000
@@ -83,6 +84,16 @@ return added
 
 class CampaignMismatch(UserError, ValueError):
     """Enqueuing into a campaign whose stored settings differ; the message lists each field."""
+
+
+class BadCampaignName(UserError, ValueError):
+    """A campaign name that cannot be a folder and a Redis key prefix; the message says what works."""
+
+
+def check_campaign_name(name: str) -> None:
+    """Raise BadCampaignName unless `name` can be a folder name and a Redis key prefix."""
+    if not name or any(c in name for c in "/\\:* \t\n") or name.startswith("."):
+        raise BadCampaignName(f"campaign name {name!r} is not usable: use letters, digits, '-', '_' and '.'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,10 +213,7 @@ class Campaign:
     """
 
     def __init__(self, client: redis.Redis, name: str) -> None:
-        if not name or any(c in name for c in "/\\:* \t\n") or name.startswith("."):
-            raise ValueError(
-                f"campaign name {name!r} is not usable: use letters, digits, '-', '_' and '.'"
-            )
+        check_campaign_name(name)
         self.client = client
         self.name = name
         self.keys = CampaignKeys(name)
@@ -296,11 +304,11 @@ class Campaign:
         self.client.hset(self.keys.servers, url, json.dumps(info, sort_keys=True))
 
     def servers(self) -> dict[str, dict]:
-        return {k.decode(): json.loads(v) for k, v in self.client.hgetall(self.keys.servers).items()}
+        return {text(k): json.loads(v) for k, v in self.client.hgetall(self.keys.servers).items()}
 
     # reading ------------------------------------------------------------------
     def failures(self) -> dict[str, Failure]:
-        return {k.decode(): Failure.from_json(v) for k, v in self.client.hscan_iter(self.keys.failed)}
+        return {text(k): Failure.from_json(v) for k, v in self.client.hscan_iter(self.keys.failed)}
 
     def drop_failures(self, keys: list[str]) -> int:
         """Remove keys from `failed` (keeping the per-reason counts true); returns how many."""
@@ -310,7 +318,7 @@ class Campaign:
 
     def failure_counts(self) -> dict[str, int]:
         """Prompts currently failed, by reason, without reading the failures themselves."""
-        return {k.decode(): int(v) for k, v in self.client.hgetall(self.keys.failed_reasons).items() if int(v) > 0}
+        return {text(k): int(v) for k, v in self.client.hgetall(self.keys.failed_reasons).items() if int(v) > 0}
 
     def progress(self) -> Progress:
         pipe = self.client.pipeline(transaction=False)
@@ -321,22 +329,22 @@ class Campaign:
         enqueued, done, failed, counters = pipe.execute()
         return Progress(
             enqueued=int(enqueued), done=int(done), failed=int(failed),
-            counters={k.decode(): int(v) for k, v in counters.items()},
+            counters={text(k): int(v) for k, v in counters.items()},
         )
 
     def skipped(self) -> dict[str, int]:
-        return {k.decode(): int(v) for k, v in self.client.hgetall(self.keys.skipped).items()}
+        return {text(k): int(v) for k, v in self.client.hgetall(self.keys.skipped).items()}
 
     def recent_events(self, *, seconds: float) -> list[dict]:
         """Completion events of the last `seconds`, oldest first."""
         since_ms = int((time.time() - seconds) * 1000)
-        entries = self.client.xrange(self.keys.events, min=since_ms)
+        entries = self.client.xrange(self.keys.events, min=since_ms) or []
         return [
-            {"at": int(eid.decode().split("-")[0]) / 1000,
-             **{k.decode(): int(v) for k, v in fields.items()}}
-            for eid, fields in entries
+            {"at": int(text(eid).split("-")[0]) / 1000,
+             **{text(k): int(v) for k, v in (fields or {}).items()}}
+            for eid, fields in entries if eid is not None
         ]
 
 
 def campaign_names(client: redis.Redis) -> list[str]:
-    return sorted(n.decode() for n in client.smembers(CAMPAIGNS))
+    return sorted(text(n) for n in client.smembers(CAMPAIGNS))

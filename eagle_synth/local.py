@@ -14,8 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 # Seconds to wait for a process to start listening before giving up.
@@ -146,8 +147,9 @@ class RedisServer:
             name, secret = self.acl_user
             args += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
         args += list(self.extra_args)
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: listening(self.proc.pid, self.port) or self.proc.poll() is not None, timeout=START_TIMEOUT,
+        proc = self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            start_new_session=True)
+        wait_for(lambda: listening(proc.pid, self.port) or proc.poll() is not None, timeout=START_TIMEOUT,
                  what=f"redis-server on {self.port}")
         if self.proc.poll() is not None:
             log = self.workdir / "redis.log"
@@ -225,7 +227,12 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
-def start_devserver(*, tokenizer: str | os.PathLike, logdir: Path, port: int = 0, args: list[str] = (),
+def _up(process: ManagedProcess, port: int) -> bool:
+    """True once `process` listens on `port`, or has exited (the caller then reads its log)."""
+    return not process.alive() or (process.proc is not None and listening(process.proc.pid, port))
+
+
+def start_devserver(*, tokenizer: str | os.PathLike, logdir: Path, port: int = 0, args: Sequence[str] = (),
                     env: dict[str, str] | None = None, wait: bool = True) -> tuple[ManagedProcess, str]:
     """Start a devserver; returns (process, base URL). With wait, returns once it listens
     (on a port it picked itself, it tries another one if something else took that port first)."""
@@ -238,8 +245,7 @@ def start_devserver(*, tokenizer: str | os.PathLike, logdir: Path, port: int = 0
         ).start()
         if not wait:
             break
-        wait_for(lambda: listening(process.proc.pid, chosen) or not process.alive(), timeout=START_TIMEOUT,
-                 what="the devserver")
+        wait_for(partial(_up, process, chosen), timeout=START_TIMEOUT, what="the devserver")
         if process.alive():
             break
         if port or "Address already in use" not in process.log() or attempt == PORT_ATTEMPTS - 1:
@@ -248,7 +254,7 @@ def start_devserver(*, tokenizer: str | os.PathLike, logdir: Path, port: int = 0
 
 
 def start_worker(*, servers: list[str], out: Path, redis_url: str, logdir: Path, concurrency: int = 2,
-                 args: list[str] = (), env: dict[str, str] | None = None, name: str | None = None) -> ManagedProcess:
+                 args: Sequence[str] = (), env: dict[str, str] | None = None, name: str | None = None) -> ManagedProcess:
     """Start `eagle-synth worker` as a child process (a real Celery worker)."""
     name = name or f"w{free_port()}@{socket.gethostname()}"
     argv = [sys.executable, "-m", "eagle_synth", "worker", "--out", str(out), "--redis", redis_url,

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 import redis
 
 from eagle_synth.keys import WORKER_TTL, worker_key
+from eagle_synth.redis_client import text as as_text
 
 HEALTHY = "healthy"
 LOADING = "loading"        # connection refused: weights loading, restarting or dead
@@ -118,7 +119,7 @@ class NodeState:
         """The whole hash, parsed: the one place that knows its field names."""
         view = _NodeView()
         for raw_name, raw_value in self.client.hgetall(self.key).items():
-            name, text = raw_name.decode(), raw_value.decode()
+            name, text = as_text(raw_name), as_text(raw_value)
             kind, _, rest = name.partition(":")
             if kind == "state":
                 view.states[rest] = ServerState.from_dict(json.loads(text))

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import msgpack
 import zstandard
 
+from eagle_synth.errors import UserError
 from eagle_synth.ids import pack_ids, unpack_ids
 
 FORMAT_NAME = "eagle-synth-records"
@@ -63,6 +64,18 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 
 class RecordFormatError(ValueError):
     """A record file is damaged or of an unknown format; the message names the file."""
+
+
+class NotACampaignFolder(UserError, FileNotFoundError):
+    """A folder given as OUT/<campaign> has no records folder."""
+
+    def __init__(self, campaign_path: str | os.PathLike) -> None:
+        super().__init__(f"{records_dir(campaign_path)} does not exist: is {campaign_path} a campaign folder "
+                         "(OUT/<campaign>)?")
+
+
+class RecordFilesVanished(UserError, FileNotFoundError):
+    """Record files listed a moment ago are gone and no shard holds them."""
 
 
 # ----------------------------------------------------------------------------- id codecs
@@ -555,9 +568,7 @@ def record_files(campaign_path: str | os.PathLike) -> list[Path]:
     """Every complete record file of a campaign (batch files, then shards), in a stable order."""
     folder = records_dir(campaign_path)
     if not folder.is_dir():
-        raise FileNotFoundError(
-            f"{folder} does not exist: is {campaign_path} a campaign folder (OUT/<campaign>)?"
-        )
+        raise NotACampaignFolder(campaign_path)
     files = [p for p in folder.iterdir() if p.suffix == RECORD_SUFFIX and not p.name.startswith(".")]
     return sorted(files, key=lambda p: (is_shard(p), p.name))
 
@@ -602,7 +613,8 @@ def scan_campaign(campaign_path: str | os.PathLike) -> CampaignFiles:
     shards = [p for p in files if is_shard(p)]
     sources = {p: _shard_sources(p) for p in shards}
     absorbed_names = {name for names in sources.values() for name in names}
-    batch_list, absorbed = [], []
+    batch_list: list[Path] = []
+    absorbed: list[Path] = []
     for path in files:
         if not is_shard(path):
             (absorbed if path.name in absorbed_names else batch_list).append(path)
@@ -627,7 +639,7 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool,
         # Decided on the stored map, before any id is decoded.
         if not dedupe or (data.get("batch") or header.get("batch")) not in scan.repeated_batches:
             return True
-        key = data.get("key")
+        key = str(data.get("key"))
         if key in seen:
             return False
         seen.add(key)
@@ -660,10 +672,13 @@ def _iter_moved(campaign_path: str | os.PathLike, scan: CampaignFiles, missing: 
         if not indices:
             continue
         wanted -= {names[i] for i in indices}
-        sources = frozenset(indices)
-        yield from _iter_file(path, make, accept=lambda d, h, sources=sources: d.get("src") in sources and fresh(d, h))
+
+        def accept(data: dict, header: dict, sources: frozenset[int] = frozenset(indices)) -> bool:
+            return data.get("src") in sources and fresh(data, header)
+
+        yield from _iter_file(path, make, accept=accept)
     if wanted:
-        raise FileNotFoundError(
+        raise RecordFilesVanished(
             f"record files {sorted(wanted)[:3]} vanished from {records_dir(campaign_path)} and no shard "
             "holds them: something other than `eagle-synth compact` deleted them"
         )

@@ -12,6 +12,12 @@ SOCKET_TIMEOUT = 30
 CONNECT_TIMEOUT = 10
 
 
+def text(raw: bytes | str) -> str:
+    """A Redis reply as str. Our clients return bytes (no decode_responses), but redis-py types
+    replies as bytes | str, since which one depends on that runtime switch."""
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
 def connect(settings: BrokerSettings) -> redis.Redis:
     """A redis-py client for campaign state; users and passwords come from the URL."""
     kwargs: dict = {

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import redis
 
+from eagle_synth.errors import UserError
+
 # The only eviction policy under which Redis never drops a key on its own.
 REQUIRED_POLICY = "noeviction"
 # The flag that accepts an evicting Redis; named in every refusal.
@@ -21,7 +23,7 @@ OVERRIDE_FLAG = "--allow-evicting-redis"
 _OOM_REPLY = "used memory > 'maxmemory'"
 
 
-class EvictingRedisError(RuntimeError):
+class EvictingRedisError(UserError, RuntimeError):
     """Redis may evict keys; the message says which policy and how to fix or override it."""
 
 

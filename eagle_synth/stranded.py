@@ -28,12 +28,14 @@ import os
 import time
 from bisect import bisect
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 from kombu.transport.redis import Channel
 
 from eagle_synth.keys import CampaignKeys
 from eagle_synth.queue import payload_of_message
+from eagle_synth.redis_client import text
 
 ENV_REAP_AFTER = "EAGLE_SYNTH_REAP_AFTER"
 # Seconds since fetch after which a message without a live batch lease is stranded. It must
@@ -112,13 +114,15 @@ def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bo
     with_entries the raw entries are kept (restore needs them); otherwise decoded
     messages are cached by delivery tag.
     """
-    index = client.zrange(UNACKED_INDEX_KEY, "-inf", fetched_before, byscore=True, withscores=True)
+    # (tag, score) pairs: our client returns bytes, which redis-py's types cannot know.
+    index = cast("list[tuple[bytes, float]]", client.zrange(UNACKED_INDEX_KEY, "-inf", fetched_before,
+                                                           byscore=True, withscores=True))
     held: list[HeldBatch] = []
     wanted = [(tag, score) for tag, score in index if with_entries or tag.decode() not in _decoded]
     entries: dict[bytes, bytes | None] = {}
     for start in range(0, len(wanted), FETCH_CHUNK):
         chunk = [tag for tag, _ in wanted[start: start + FETCH_CHUNK]]
-        entries.update(zip(chunk, client.hmget(UNACKED_KEY, chunk)))
+        entries.update(zip(chunk, cast("list[bytes | None]", client.hmget(UNACKED_KEY, chunk))))
     if len(_decoded) > DECODED_CACHE_SIZE:
         _decoded.clear()
     for tag, score in index:
@@ -183,7 +187,7 @@ def _destination(client: redis.Redis, message: dict, exchange: str, routing_key:
     else:
         queue = None
         for member in client.smembers(BINDING_KEY_FORMAT % exchange):
-            bound_key, _pattern, bound_queue = member.decode().split(PRIORITY_SEPARATOR, 2)
+            bound_key, _pattern, bound_queue = text(member).split(PRIORITY_SEPARATOR, 2)
             if bound_key == routing_key:
                 queue = bound_queue
                 break

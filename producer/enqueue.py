@@ -352,7 +352,7 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
                 new = [item.key not in seen_in_dry_run for item in flat]
                 seen_in_dry_run.update(item.key for item in flat)
             position = 0
-            for plan, items in zip(plans, items_per_row):
+            for items in items_per_row:
                 if not items:
                     continue  # skipped above
                 flags = new[position: position + len(items)]

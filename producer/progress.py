@@ -6,7 +6,15 @@ import sys
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 # Seconds between redraws; enqueue calls update once per chunk of rows.
 REFRESH_PER_SECOND = 4
@@ -24,7 +32,7 @@ class EnqueueProgress:
         self.enabled = enabled and sys.stderr.isatty()
         self.total_rows = total_rows
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
         self._started = time.monotonic()
 
     def __enter__(self) -> EnqueueProgress:
@@ -45,7 +53,7 @@ class EnqueueProgress:
             self._progress.__exit__(*exc)
 
     def update(self, summary) -> None:
-        if self._progress is None:
+        if self._progress is None or self._task is None:
             return
         elapsed = max(time.monotonic() - self._started, 1e-6)
         self._progress.update(
@@ -65,7 +73,7 @@ class EnqueueProgress:
 
     def waiting(self, pending: int) -> None:
         message = f"backlog {pending:,} prompts is over --max-backlog: waiting for workers"
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, description=message)
         else:
             print(message, file=sys.stderr, flush=True)

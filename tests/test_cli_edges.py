@@ -114,3 +114,18 @@ def test_bad_tokenizer_path_is_said_in_our_words(tmp_path):
         err = one_line_error(cli("enqueue", str(path), "--campaign", "tok", "--tokenizer", str(tokenizer),
                                  "--dry-run", check=False))
         assert f"--tokenizer {tokenizer}: {expected}" in err
+
+
+def test_library_errors_end_in_one_line_from_the_app(tmp_path, redis_server):
+    """UserErrors raised below the CLI are printed once, by the app: no per-command translation."""
+    redis = ["--redis", redis_server.url]
+    for args, expected in (
+        (["status", "nope", *redis], "error: no campaign named 'nope' in this Redis"),
+        (["failed", "bad/name", *redis], "error: campaign name 'bad/name' is not usable"),
+        (["compact", str(tmp_path / "nowhere")], "is " + str(tmp_path / "nowhere") + " a campaign folder"),
+        (["export", str(tmp_path), "--out", str(tmp_path / "x.jsonl"), "--format", "csv"], "--format 'csv': use one of"),
+        # The worker names its flags where the library names the setting.
+        (["worker", "--server", "http://127.0.0.1:9", "--out", str(tmp_path / "out"), "--max-attempts", "0", *redis],
+         "error: --max-attempts 0: must be at least 1"),
+    ):
+        assert expected in one_line_error(cli(*args, check=False, timeout=90)), args

@@ -131,9 +131,8 @@ def test_young_files_wait_and_a_second_run_is_refused(tmp_path):
         os.utime(path, (old, old))
     result = compact(tmp_path, min_age=300)
     assert result.files_compacted == 3 and result.young_skipped == 1
-    with compact_module.exclusive(tmp_path / "records"):
-        with pytest.raises(CompactBusy, match="another `eagle-synth compact`"):
-            compact(tmp_path, min_age=0)
+    with compact_module.exclusive(tmp_path / "records"), pytest.raises(CompactBusy, match="another `eagle-synth compact`"):
+        compact(tmp_path, min_age=0)
 
 
 def test_a_damaged_batch_file_stays_in_place(tmp_path):

@@ -10,7 +10,12 @@ from eagle_synth.local import free_port, wait_for
 from eagle_synth.node_state import all_nodes
 from tests.conftest import chat_rows
 from tests.helpers import (
-    assert_exactly_once, campaign, devserver_stats, enqueue_rows, status_json, wait_finished,
+    assert_exactly_once,
+    campaign,
+    devserver_stats,
+    enqueue_rows,
+    status_json,
+    wait_finished,
 )
 
 # Short visibility timeout so a SIGKILLed worker's batches come back within the test.

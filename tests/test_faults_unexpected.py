@@ -7,7 +7,13 @@ from __future__ import annotations
 from eagle_synth.local import wait_for
 from tests.conftest import chat_rows
 from tests.helpers import (
-    assert_exactly_once, campaign, cli, devserver_stats, enqueue_rows, status_json, wait_finished,
+    assert_exactly_once,
+    campaign,
+    cli,
+    devserver_stats,
+    enqueue_rows,
+    status_json,
+    wait_finished,
 )
 
 

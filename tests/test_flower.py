@@ -29,8 +29,7 @@ QUEUED = 7
 # Seconds Flower gets to start and report; it is up in about one on an idle machine.
 DEADLINE_S = 45.0
 HTTP_TIMEOUT_S = 5.0
-# Run the CLI through its importable main: `python -m eagle_synth.cli` would build a second
-# `app` and miss commands registered from other modules.
+# The CLI in a child process, as the installed `eagle-synth` script runs it.
 CLI = [sys.executable, "-c", "from eagle_synth.cli import main; main()"]
 
 

@@ -13,9 +13,8 @@ from workers.lease import BatchBusy, BatchLease
 
 def test_second_holder_in_the_same_process_waits(redis_server):
     client = connect(broker_settings(redis_url=redis_server.url))
-    with BatchLease(client, "lease:a"):
-        with pytest.raises(BatchBusy):
-            BatchLease(client, "lease:a").__enter__()
+    with BatchLease(client, "lease:a"), pytest.raises(BatchBusy):
+        BatchLease(client, "lease:a").__enter__()
     with BatchLease(client, "lease:a") as again:
         assert not again.took_over
 

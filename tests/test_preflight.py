@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from eagle_synth.campaign import Campaign
-from eagle_synth.local import port_open, start_devserver, wait_for
+from eagle_synth.local import free_port, port_open, start_devserver, wait_for
 from eagle_synth.manifest import build_manifest
 from eagle_synth.node_state import HEALTHY, REFUSED, NodeState, ServerState
 from eagle_synth.redis_client import connect
@@ -30,6 +30,7 @@ from workers.client import (
     SGLangClient,
     is_sampling_error,
 )
+from workers.config import auto_inflight
 from workers.health import HealthGate
 from workers.preflight import (
     ENV_ALLOW_SETTINGS,
@@ -311,6 +312,27 @@ def test_refused_server_names_every_setting_then_accepted_by_name(fleet, redis_s
                                                   "preferred_sampling_params"]
     assert state.provenance["preferred_sampling_params_applied"] == ["logit_bias"]
     assert state.provenance["launch_args"]["allow_auto_truncate"] is True
+
+
+def test_preflight_at_start_sorts_every_server_into_one_list(fleet):
+    from workers.backends import AUTO
+    from workers.backends import preflight_at_start as at_start
+
+    def preflight_at_start(servers, **kwargs):
+        return at_start(servers, forced=lambda url: AUTO, **kwargs)
+
+    down = f"http://127.0.0.1:{free_port()}"
+    found = preflight_at_start([fleet["accepted"], fleet["refused"], down], allow_server_parsers=False,
+                               allowed_settings=())
+    assert found.capacities == [12] and found.inflight() == auto_inflight(12)
+    assert len(found.refused) == 1 and found.refused[0].startswith(f"refusing server {fleet['refused']}")
+    assert [url for url, _ in found.not_answering] == [down]
+    assert not found.all_refused
+    alone = preflight_at_start([fleet["refused"]], allow_server_parsers=False, allowed_settings=())
+    assert alone.all_refused and alone.inflight() == auto_inflight(None)
+    accepted = preflight_at_start([fleet["refused"]], allow_server_parsers=True,
+                                  allowed_settings=("allow_auto_truncate", "preferred_sampling_params"))
+    assert not accepted.refused and len(accepted.capacities) == 1
 
 
 def test_client_uses_current_info_endpoints_and_reads_capacity(fleet):

@@ -36,8 +36,8 @@ def test_every_value_sglang_would_fill_in_is_sent():
     assert (params["ignore_eos"], params["no_stop_trim"], params["n"]) == (False, False, 1)
     assert params["skip_special_tokens"] is False and params["spaces_between_special_tokens"] is True
     # What is left out is only what has no neutral value worth sending (grammars, biases...).
-    assert SGLANG_SAMPLING_KEYS - SENT_SAMPLING_KEYS == {
-        "stop_regex", "json_schema", "regex", "ebnf", "logit_bias", "custom_params"}
+    assert {
+        "stop_regex", "json_schema", "regex", "ebnf", "logit_bias", "custom_params"} == SGLANG_SAMPLING_KEYS - SENT_SAMPLING_KEYS
     params["stop"].append("x")  # each call builds its own lists
     assert SamplingParams().for_server()["stop"] == []
 

@@ -22,6 +22,7 @@ from eagle_synth.cli import app as cli_app
 from eagle_synth.local import RedisServer, scratch_dir, wait_for
 from eagle_synth.node_state import HEALTHY, LOADING, UNHEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem
+from eagle_synth.tools.failures import failures_by_reason, format_failures
 from eagle_synth.tools.status import CAMPAIGN_ROW_KEYS, STATUS_KEYS, WORKER_KEYS, campaign_status, campaigns_overview
 from eagle_synth.tools.status_view import format_duration, render_status, watch_status
 
@@ -127,6 +128,37 @@ def test_view_shows_everything_listed(client: redis.Redis) -> None:
     assert "25m (since " in next(line for line in text.splitlines() if "gpu-b:30001" in line)
 
 
+# Everything the view shows that wraps nowhere: it must be whole at any width.
+UNBREAKABLE = ("enqueued", "queued", "in flight", "stranded", "done", "failed", "tokens in", "records/s (60s)", "ETA",
+               "failed by reason", "workers", f"{TOKENS_IN:,}", f"{TOKENS_OUT:,}", "prompt-too-long", "empty-prompt 2",
+               "w1@gpu-a", "w2@gpu-b", GPU_A, GPU_B, "http://gpu-b:30001", HEALTHY, UNHEALTHY, LOADING)
+
+
+def _assert_fits(text: str, width: int) -> None:
+    assert "…" not in text, text  # no header or value cut short
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= width, text
+    for value in UNBREAKABLE:
+        assert value in text, (value, text)
+
+
+@pytest.mark.parametrize("width", [80, 60, 120])
+def test_view_fits_narrow_consoles(client: redis.Redis, width: int) -> None:
+    console = Console(record=True, width=width, color_system=None)
+    render_status(campaign_status(client, NAME), console=console)
+    text = console.export_text()
+    _assert_fits(text, width)
+    if width == 80:  # the workers as blocks, one line per node, its servers below
+        assert "w2@gpu-b on gpu-b: last heartbeat" in text and "taking batches no" in text
+
+
+def test_status_piped_is_80_columns_and_whole(server: RedisServer, client: redis.Redis) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    result = subprocess.run([*CLI, "status", NAME, "--redis", server.url], capture_output=True, text=True, env=env,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    _assert_fits(result.stdout, 80)
+
+
 def test_campaigns_lists_progress(client: redis.Redis) -> None:
     rows = campaigns_overview(client)
     assert [r["campaign"] for r in rows] == [NAME]
@@ -134,6 +166,18 @@ def test_campaigns_lists_progress(client: redis.Redis) -> None:
     result = CliRunner().invoke(cli_app, ["campaigns", "--json", "--redis", _url(client)])
     assert result.exit_code == 0, result.output
     assert [r["campaign"] for r in json.loads(result.output)] == [NAME]
+
+
+def test_failed_groups_by_reason_most_first(client: redis.Redis) -> None:
+    report = failures_by_reason(Campaign(client, NAME))
+    assert report["failed"] == sum(FAILURES.values())
+    assert {r: g["count"] for r, g in report["by_reason"].items()} == FAILURES
+    lines = format_failures(report, limit=1)
+    assert lines[0] == f"{sum(FAILURES.values())} failed prompts in {NAME}"
+    assert lines[1] == "  prompt-too-long: 2" and lines[3] == "  invalid-token-id: 1"
+    assert len(lines) == 5 and lines[2].endswith("(in.jsonl:1): boom")  # one example per reason
+    result = CliRunner().invoke(cli_app, ["failed", NAME, "--limit", "1", "--redis", _url(client)])
+    assert result.exit_code == 0 and result.output.splitlines() == lines
 
 
 def test_watch_survives_a_redis_outage() -> None:

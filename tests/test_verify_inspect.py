@@ -26,7 +26,10 @@ def ids(tokenizer):
     """Real ids: a templated prompt ending in `<think>\\n`, reasoning, `</think>`, an answer, EOS."""
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}],
                                            add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
     think_open, think_close = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     assert prompt[-2:] == [think_open] + encode("\n")  # the Qwen3.5 template opens the think block
     reasoning, answer = encode("Two plus two makes four."), encode("\n\n2 + 2 = 4.")

@@ -33,8 +33,8 @@ from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, probe_folder
 from workers.health import HealthGate
 from workers.lease import BatchBusy
-from workers.runtime import WorkerRuntime
 from workers.reaper import ReaperStep
+from workers.runtime import WorkerRuntime
 
 log = logging.getLogger("eagle_synth.worker")
 

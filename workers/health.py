@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 import redis
 
 from eagle_synth.node_state import (
-    HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState,
+    HEALTHY,
+    LOADING,
+    REFUSED,
+    UNHEALTHY,
+    UNKNOWN,
+    WARMING,
+    NodeState,
+    ServerState,
 )
 from eagle_synth.processes import process_alive
 from workers.backends import AUTO, BACKENDS, preflight_server
@@ -145,9 +152,7 @@ class HealthGate:
         if now - self._last_prune > PRUNE_INTERVAL:
             self._last_prune = now
             self.node_state.prune_dead_children(process_alive)
-        if changed:
-            self._publish()
-        elif now - self._last_publish > HEARTBEAT_INTERVAL:
+        if changed or now - self._last_publish > HEARTBEAT_INTERVAL:
             self._publish()
         self._update_gate()
 

@@ -225,7 +225,7 @@ class InflightPool:
                 status = response.status
         except aiohttp.ClientConnectorError as exc:
             return Answer(url=url, error=ServerDown(f"{url}: connection refused ({exc.os_error})"), backend=backend)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Answer(url=url, error=TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s"),
                           backend=backend)
         except aiohttp.ClientError as exc:

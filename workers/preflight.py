@@ -28,13 +28,14 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from eagle_synth.errors import UserError
 from eagle_synth.node_state import ServerState
 from eagle_synth.sampling import SENT_SAMPLING_KEYS
 from workers.client import ServerFacts
+from workers.config import auto_inflight
 
 log = logging.getLogger("eagle_synth.preflight")
 
@@ -217,6 +218,36 @@ def check_server(facts: ServerFacts, *, allow_server_parsers: bool = False,
             "--allow-server-setting NAME (--allow-server-parsers accepts the parser-related ones)."
         )
     return [p.accepted() for p in problems]
+
+
+@dataclass(frozen=True, slots=True)
+class StartupPreflight:
+    """What preflight found when a worker started, over the servers that answered then.
+
+    Every server lands in exactly one list; one not answering yet is checked again by the
+    health gate when it comes up.
+
+    Parameters:
+        refused: one refusal message (PreflightError's) per server preflight refuses.
+        capacities: max_running_requests of each accepted server, None when it does not say.
+        not_answering: (url, why) of each server that did not answer.
+        accepted: one line per accepted server: its kind, version and how the kind was found.
+    """
+
+    refused: list[str]
+    capacities: list[int | None]
+    not_answering: list[tuple[str, str]]
+    accepted: list[str] = field(default_factory=list)
+
+    @property
+    def all_refused(self) -> bool:
+        """True when there were servers and preflight refused every one: nothing to work on."""
+        return bool(self.refused) and not self.capacities and not self.not_answering
+
+    def inflight(self) -> int:
+        """In flight per server sized from the largest capacity a server reports now (a server
+        still loading counts as the default until it answers)."""
+        return max((auto_inflight(capacity) for capacity in self.capacities), default=auto_inflight(None))
 
 
 # ---- what SGLang counts against the context --------------------------------------------

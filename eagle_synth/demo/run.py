@@ -12,8 +12,14 @@ from __future__ import annotations
 import time
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle_synth.local import RedisServer, start_devserver, start_worker, wait_for
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from eagle_synth.records import Record
 
 # Devserver pace: slow enough to watch the worker's progress, fast enough to finish in seconds.
 DEMO_TOKEN_LATENCY = "0.002"
@@ -34,8 +40,8 @@ def run_demo(folder: Path) -> int:
     from eagle_synth.campaign import Campaign
     from eagle_synth.conversation_store import ConversationStore
     from eagle_synth.demo.tokenizer import build_demo_tokenizer
-    from eagle_synth.redis_client import connect
     from eagle_synth.records import iter_records
+    from eagle_synth.redis_client import connect
     from eagle_synth.sampling import SamplingParams
     from eagle_synth.settings import broker_settings
     from eagle_synth.tools.status import campaign_status
@@ -95,7 +101,7 @@ def run_demo(folder: Path) -> int:
         console.print(f"   finished in {time.monotonic() - started:.1f} s")
 
         console.rule("eagle-synth status demo")
-        render_status(campaign_status(campaign.client, DEMO_CAMPAIGN))
+        render_status(campaign_status(campaign.client, DEMO_CAMPAIGN), console=console)
 
         records = list(iter_records(out / DEMO_CAMPAIGN))
         record = max(records, key=lambda r: (r.turn, r.key))
@@ -111,21 +117,9 @@ def run_demo(folder: Path) -> int:
         redis_server.stop()
 
 
-def show_record(record, *, tokenizer_path: Path, console) -> None:
+def show_record(record: Record, *, tokenizer_path: Path, console: Console) -> None:
     """Print one record decoded with special tokens visible (the inspect tool's view)."""
-    try:
-        from eagle_synth.tools.inspect import render_record
-    except ImportError:
-        render_record = None
     from eagle_synth.templating import load_tokenizer
+    from eagle_synth.tools.inspect import render_record
 
-    tokenizer = load_tokenizer(tokenizer_path)
-    if render_record is not None:
-        render_record(record, tokenizer=tokenizer, console=console)
-        return
-    console.print(f"key {record.key}  id {record.id}  finish {record.finish_reason}  "
-                  f"prompt {len(record.prompt_ids)} + output {len(record.output_ids)} tokens")
-    console.print("[bold]prompt[/bold]")
-    console.print(tokenizer.decode(record.prompt_ids, skip_special_tokens=False), markup=False)
-    console.print("[bold]output[/bold]")
-    console.print(tokenizer.decode(record.output_ids, skip_special_tokens=False), markup=False)
+    render_record(record, tokenizer=load_tokenizer(tokenizer_path), console=console)

@@ -7,6 +7,7 @@ or DeepSeek-R1's, ends the generation prompt with `<think>\\n`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from eagle_synth.devserver.corpus import CORPUS_TEXT
@@ -29,7 +30,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_demo_tokenizer(folder: Path, *, extra_text: list[str] = ()) -> Path:
+def build_demo_tokenizer(folder: Path, *, extra_text: Sequence[str] = ()) -> Path:
     """Train and save the demo tokenizer into `folder`; returns the folder."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -163,7 +163,8 @@ class Generator:
         if reasoning:
             thinking = max(1, round(total * rng.uniform(*REASONING_SHARE)))
             yield from self._body(rng, thinking)
-            yield self.vocab.think_close_id
+            if self.vocab.think_close_id is not None:  # prompt_opens_reasoning needs both think ids
+                yield self.vocab.think_close_id
             yield from self.vocab.separator_ids
             if answer_ids is None:
                 yield from self._body(rng, max(1, total - thinking))

@@ -31,6 +31,7 @@ from eagle_synth.records import (
     SHARD_ZSTD_LEVEL,
     TMP_PREFIX,
     CampaignFiles,
+    NotACampaignFolder,
     RecordFormatError,
     ShardWriter,
     batch_of_file,
@@ -196,7 +197,7 @@ def compact(campaign_path: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHAR
     """
     folder = records_dir(campaign_path)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} does not exist: is {campaign_path} a campaign folder (OUT/<campaign>)?")
+        raise NotACampaignFolder(campaign_path)
     result = CompactResult()
     with exclusive(folder):
         # Our own temporary shards: only a stopped run (we hold the lock) can have left them.

@@ -26,7 +26,7 @@ from eagle_synth.errors import UserError
 from eagle_synth.records import RawRecord, iter_raw_records
 from eagle_synth.tools.export_progress import Progress, reported
 from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, column_names, json_row
-from eagle_synth.tools.filters import ExportFilters, SelectionStats, sample_cutoff, select_rows
+from eagle_synth.tools.filters import ExportError, ExportFilters, SelectionStats, sample_cutoff, select_rows
 from eagle_synth.tools.trainer_formats import (
     DATASET_FORMATS,
     SPECULATORS_COLUMNS,
@@ -138,7 +138,7 @@ class _Outputs:
     def __init__(self, out: Path, *, suffix: str, shard_rows: int | None, split: str | None = None) -> None:
         self.shard_rows = shard_rows
         if out.is_dir() and not shard_rows:
-            raise ValueError(f"--out {out} is a folder: give a file name, or --shard-rows N to write "
+            raise ExportError(f"--out {out} is a folder: give a file name, or --shard-rows N to write "
                              "part-00000... files into it")
         if shard_rows and (out.is_dir() or not out.suffix):
             self.folder, self.stem, self.suffix = out, split or "part", suffix
@@ -264,14 +264,14 @@ def _file_sink(format: str, out: Path, split: str | None, shard_rows: int | None
 
 def _check_options(format: str, out: Path, shard_rows: int | None) -> None:
     if format not in FORMATS:
-        raise ValueError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
+        raise ExportError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
     if shard_rows is not None and shard_rows < 1:
-        raise ValueError("--shard-rows must be at least 1")
+        raise ExportError("--shard-rows must be at least 1")
     if format == "specforge":
         if out.name.endswith(".gz"):
-            raise ValueError("--format specforge: SpecForge opens data.prompts_path as plain text; drop the .gz")
+            raise ExportError("--format specforge: SpecForge opens data.prompts_path as plain text; drop the .gz")
         if shard_rows:
-            raise ValueError("--format specforge writes one file, as data.prompts_path takes one; drop --shard-rows")
+            raise ExportError("--format specforge writes one file, as data.prompts_path takes one; drop --shard-rows")
     if format in DATASET_FORMATS:
         require_datasets(format)
         check_dataset_out(out)

@@ -57,8 +57,7 @@ class RecordsProgress:
     def __enter__(self) -> RecordsProgress:
         if self.enabled:
             from rich.console import Console
-            from rich.progress import (BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
             columns = [SpinnerColumn(), TextColumn("{task.description}")]

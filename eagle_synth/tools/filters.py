@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from eagle_synth.errors import UserError
 from eagle_synth.records import RawRecord
 
 # The split that takes every row no named split claims.
@@ -36,6 +37,10 @@ DEFAULT_MIN_LOSS_TOKENS = 1
 _SPLIT_PERSON = b"eagle-synth-spl"
 _SAMPLE_PERSON = b"eagle-synth-smp"
 _HASH_RANGE = float(1 << 64)
+
+
+class ExportError(UserError, ValueError):
+    """An export or vocab argument (filters, split, format, output) that cannot work; says what to give."""
 
 
 def parse_split(text: str | None) -> tuple[tuple[str, float], ...]:
@@ -51,7 +56,7 @@ def parse_split(text: str | None) -> tuple[tuple[str, float], ...]:
         except ValueError:
             fraction = -1.0
         if not sep or not SPLIT_NAME.fullmatch(name) or not 0.0 < fraction < 1.0:
-            raise ValueError(f"--split {text!r}: give NAME=FRACTION pairs, comma-separated, each fraction "
+            raise ExportError(f"--split {text!r}: give NAME=FRACTION pairs, comma-separated, each fraction "
                              "between 0 and 1, e.g. --split test=0.01")
         splits.append((name, fraction))
     _check_splits(tuple(splits), flag=f"--split {text!r}")
@@ -61,11 +66,11 @@ def parse_split(text: str | None) -> tuple[tuple[str, float], ...]:
 def _check_splits(splits: tuple[tuple[str, float], ...], *, flag: str = "--split") -> None:
     names = [name for name, _ in splits]
     if SPLIT_REMAINDER in names:
-        raise ValueError(f"{flag}: {SPLIT_REMAINDER!r} takes every row the other splits do not; name only the others")
+        raise ExportError(f"{flag}: {SPLIT_REMAINDER!r} takes every row the other splits do not; name only the others")
     if len(set(names)) != len(names):
-        raise ValueError(f"{flag}: a split is named twice")
+        raise ExportError(f"{flag}: a split is named twice")
     if sum(fraction for _, fraction in splits) >= 1.0:
-        raise ValueError(f"{flag}: the fractions add up to 1 or more, leaving nothing for {SPLIT_REMAINDER!r}")
+        raise ExportError(f"{flag}: the fractions add up to 1 or more, leaving nothing for {SPLIT_REMAINDER!r}")
 
 
 def conversation_key(meta: dict) -> str:
@@ -133,13 +138,13 @@ class ExportFilters:
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 1:
-            raise ValueError("--max-length must be at least 1")
+            raise ExportError("--max-length must be at least 1")
         if self.drop_longer and self.max_length is None:
-            raise ValueError("--drop-longer needs --max-length")
+            raise ExportError("--drop-longer needs --max-length")
         if self.min_output_tokens < 0 or self.min_loss_tokens < 0:
-            raise ValueError("--min-output-tokens and --min-loss-tokens cannot be negative")
+            raise ExportError("--min-output-tokens and --min-loss-tokens cannot be negative")
         if self.sample is not None and self.sample < 1:
-            raise ValueError("--sample must be at least 1")
+            raise ExportError("--sample must be at least 1")
         _check_splits(self.splits)
 
     @property

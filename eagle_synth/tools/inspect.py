@@ -136,6 +136,7 @@ def find_records(campaign_path: str | os.PathLike, *, key: str | None = None, ra
         if not chosen:
             raise InspectError(f"{campaign_path} holds no records yet")
         return chosen
+    assert key is not None  # exactly one of key and random_n, checked above
     matches: dict[str, Record] = {}
     for record in iter_records(Path(campaign_path)):
         if record.key == key:

@@ -34,6 +34,7 @@ import msgpack
 import zstandard
 
 from eagle_synth.campaign import Campaign, Failure
+from eagle_synth.errors import CampaignNotFound
 from eagle_synth.ids import pack_ids
 from eagle_synth.payload import PromptItem, prompt_key
 from eagle_synth.records import (
@@ -242,7 +243,7 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
     folder = Path(campaign_path)
     settings = campaign.settings()
     if settings is None:
-        raise KeyError(f"no campaign named {campaign.name!r} in this Redis; `eagle-synth campaigns` lists them")
+        raise CampaignNotFound(campaign.name)
     plan = RepairPlan(campaign=campaign.name, folder=folder)
     # Done first, files second: see the module docstring.
     done = {key.decode() for key in campaign.client.sscan_iter(campaign.keys.done, count=10_000)}

@@ -1,9 +1,10 @@
 """How `eagle-synth status` looks: tables for people, refreshed in place with --watch.
 
 The view shows every figure of tools.status.campaign_status: counts, failures by reason,
-tokens, throughput over the last minute, ETA, and one row per worker and server with the
-server's state and since when. --watch keeps going through Redis outages and says so,
-because an operator watches exactly when things go wrong.
+tokens, throughput over the last minute, ETA, and one entry per worker and server with the
+server's state and since when. It is laid out for the console's width (StatusView): 80
+columns, and pipes, get the same figures as a wide terminal, arranged narrower. --watch keeps
+going through Redis outages and says so, because an operator watches exactly when things go wrong.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import time
 from collections.abc import Callable
 
 import redis
-from rich.console import Console, Group, RenderableType
+from rich.columns import Columns
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -27,8 +31,13 @@ from eagle_synth.tools.status import campaign_status
 STATE_STYLES = {HEALTHY: "green", LOADING: "yellow", WARMING: "yellow", UNKNOWN: "dim"}
 # Seconds without a heartbeat after which a worker row is flagged stale (workers beat every 10 s).
 STALE_HEARTBEAT_S = 30.0
-# Width of the progress bar in the title line.
+# Width of the progress bar in the title line, and the narrowest worth drawing beside the text.
 PROGRESS_BAR_WIDTH = 40
+MIN_PROGRESS_BAR_WIDTH = 10
+# A width no console has: measuring a table in it gives the width its rows want unwrapped.
+UNLIMITED_WIDTH = 100_000
+# Columns of the wide workers table, in order.
+WORKER_COLUMNS = ("node", "host", "server", "kind", "state", "for", "in flight", "taking batches", "last heartbeat", "detail")
 # Errors that mean "Redis is not answering right now" rather than a bug: --watch waits them out.
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
@@ -57,50 +66,76 @@ def _since(since: float | None, now: float) -> str:
     return f"{format_duration(now - since)} (since {_clock(since)})"
 
 
-def _header(data: dict) -> Table:
+def _header(data: dict, width: int) -> RenderableType:
+    """Campaign name, progress bar, share finished and clock on one line; the bar shrinks to the
+    width, and a name too long for that goes on a line of its own above the rest."""
+    name = Text(f"campaign {data['campaign']}", style="bold")
+    share = Text(f"{100 * data['finished_share']:.1f}% finished")
+    clock = Text(f"at {_clock(data['at'])}", style="dim")
     grid = Table.grid(padding=(0, 1))
-    grid.add_row(
-        Text(f"campaign {data['campaign']}", style="bold"),
-        ProgressBar(total=1.0, completed=data["finished_share"], width=PROGRESS_BAR_WIDTH,
-                    complete_style="green", finished_style="bold green"),
-        Text(f"{100 * data['finished_share']:.1f}% finished"),
-        Text(f"at {_clock(data['at'])}", style="dim"),
-    )
-    return grid
+    beside = width - name.cell_len - share.cell_len - clock.cell_len - 3  # the grid's padding
+    if beside >= MIN_PROGRESS_BAR_WIDTH:
+        grid.add_row(name, _bar(data, min(PROGRESS_BAR_WIDTH, beside)), share, clock)
+        return grid
+    below = width - share.cell_len - clock.cell_len - 2
+    grid.add_row(_bar(data, max(min(PROGRESS_BAR_WIDTH, below), 1)), share, clock)
+    return Group(name, grid)
+
+
+def _bar(data: dict, width: int) -> ProgressBar:
+    return ProgressBar(total=1.0, completed=data["finished_share"], width=width,
+                       complete_style="green", finished_style="bold green")
+
+
+def _figures(title: str, rows: list[tuple[str, str | Text]]) -> Table:
+    """A two-column block: label, value (right-aligned); legible at any width."""
+    table = Table(title=title, title_justify="left", title_style="bold", show_header=False)
+    table.add_column("figure", style="dim", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
 
 
 def _counts(data: dict) -> Table:
+    return _figures("prompts", [
+        ("enqueued", f"{data['enqueued']:,}"),
+        ("queued", f"{data['queued']:,}"),
+        ("in flight", f"{data['inflight']:,}"),
+        ("stranded", Text(f"{data.get('stranded', 0):,}", style="yellow" if data.get("stranded") else "")),
+        ("done", f"{data['done']:,}"),
+        ("failed", Text(f"{data['failed']:,}", style="red" if data["failed"] else "")),
+    ])
+
+
+def _throughput(data: dict) -> Table:
     window = format_duration(data["rate_window_s"])
-    table = Table(show_header=True, header_style="bold", title_justify="left")
-    columns = ("enqueued", "queued", "in flight", "stranded", "done", "failed",
-               "tokens in", "tokens out", f"records/s ({window})", f"tokens/s ({window})", "ETA")
-    for column in columns:
-        table.add_column(column, justify="right")
-    table.add_row(
-        f"{data['enqueued']:,}", f"{data['queued']:,}", f"{data['inflight']:,}",
-        Text(f"{data.get('stranded', 0):,}", style="yellow" if data.get("stranded") else ""),
-        f"{data['done']:,}",
-        Text(f"{data['failed']:,}", style="red" if data["failed"] else ""),
-        f"{data['tokens_in']:,}", f"{data['tokens_out']:,}",
-        f"{data['records_per_s']:,.2f}", f"{data['tokens_per_s']:,.0f}", format_duration(data["eta_seconds"]),
-    )
-    return table
+    return _figures("throughput", [
+        ("tokens in", f"{data['tokens_in']:,}"),
+        ("tokens out", f"{data['tokens_out']:,}"),
+        (f"records/s ({window})", f"{data['records_per_s']:,.2f}"),
+        (f"tokens/s ({window})", f"{data['tokens_per_s']:,.0f}"),
+        ("ETA", format_duration(data["eta_seconds"])),
+    ])
 
 
 def _input(data: dict) -> Table:
-    table = Table(show_header=True, header_style="bold")
-    for column in ("rows read", "rows skipped", "skipped by reason", "prefix repairs"):
-        table.add_column(column, justify="right")
-    skipped = ", ".join(f"{r} {c:,}" for r, c in sorted(data["skipped_by_reason"].items(), key=lambda kv: -kv[1]))
-    table.add_row(f"{data['rows_read']:,}", f"{data['rows_skipped']:,}", skipped or "-", f"{data['repaired_prefix']:,}")
-    return table
+    skipped = sorted(data["skipped_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))
+    return _figures("input", [
+        ("rows read", f"{data['rows_read']:,}"),
+        ("rows skipped", f"{data['rows_skipped']:,}"),
+        # One reason a line keeps the block narrow however many reasons there are.
+        ("skipped by reason", "\n".join(f"{r} {c:,}" for r, c in skipped) or "-"),
+        ("prefix repairs", f"{data['repaired_prefix']:,}"),
+    ])
 
 
 def _failures(data: dict) -> Table:
-    table = Table(title="failed by reason", title_justify="left", show_header=True, header_style="bold")
+    table = Table(title="failed by reason", title_justify="left", title_style="bold", show_header=True,
+                  header_style="bold")
     table.add_column("reason")
-    table.add_column("prompts now", justify="right")
-    table.add_column("ever recorded", justify="right")
+    table.add_column("prompts now", justify="right", no_wrap=True)
+    table.add_column("ever recorded", justify="right", no_wrap=True)
     reasons = set(data["failed_by_reason"]) | set(data["failures_recorded_by_reason"])
     for reason in sorted(reasons, key=lambda r: (-data["failed_by_reason"].get(r, 0), r)):
         table.add_row(reason, f"{data['failed_by_reason'].get(reason, 0):,}",
@@ -111,46 +146,105 @@ def _failures(data: dict) -> Table:
 
 
 def _conversations(data: dict) -> Table:
+    """`--history own` campaigns: how many conversations, and why the stopped ones stopped."""
     conversations = data["conversations"]
-    table = Table(title="conversations (--history own)", title_justify="left", show_header=True, header_style="bold")
-    for column in ("total", "done", "in progress", "stopped", "stopped by reason", "next turns waiting"):
-        table.add_column(column, justify="right")
-    reasons = ", ".join(f"{r} {c:,}" for r, c in sorted(conversations["stopped_by_reason"].items(), key=lambda kv: -kv[1]))
-    table.add_row(f"{conversations['total']:,}", f"{conversations['done']:,}", f"{conversations['in_progress']:,}",
-                  f"{conversations['stopped']:,}", reasons or "-", f"{conversations['followups_waiting']:,}")
-    return table
+    rows: list[tuple[str, str | Text]] = [
+        ("total", f"{conversations['total']:,}"),
+        ("done", f"{conversations['done']:,}"),
+        ("in progress", f"{conversations['in_progress']:,}"),
+        ("next turns waiting", f"{conversations['followups_waiting']:,}"),
+        ("stopped", Text(f"{conversations['stopped']:,}", style="yellow" if conversations["stopped"] else "")),
+    ]
+    for reason, count in sorted(conversations["stopped_by_reason"].items(), key=lambda kv: -kv[1]):
+        rows.append((f"  {reason}", f"{count:,}"))
+    return _figures("conversations", rows)
 
 
-def _workers(data: dict) -> Table:
-    now = data["at"]
-    table = Table(title="workers", title_justify="left", show_header=True, header_style="bold")
-    for column in ("node", "host", "server", "kind", "state", "for", "in flight", "taking batches", "last heartbeat",
-                   "detail"):
-        table.add_column(column, overflow="fold")
+def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
+    """One worker/server entry as the cells both layouts show, by column name."""
+    beat = w.get("heartbeat_at")
+    beat_age = now - beat if beat else None
+    return {
+        "node": str(w["node"]), "host": str(w["host"]), "server": w["server"], "kind": w.get("backend") or "-",
+        "state": Text(str(w["state"]), style=STATE_STYLES.get(w["state"], "red")),
+        "for": _since(w["since"], now), "in flight": f"{w['inflight']:,}",
+        "taking batches": "yes" if w["consuming"] else Text("no (disk)" if w.get("disk") else "no", style="yellow"),
+        "last heartbeat": Text(f"{format_duration(beat_age)} ago", style="red" if (beat_age or 0) > STALE_HEARTBEAT_S else "")
+        if beat_age is not None else "-",
+        "detail": Text(w.get("disk") or "", style="red") if w.get("disk") else Text(w.get("detail") or "", style="dim"),
+    }
+
+
+def _workers_table(data: dict) -> Table:
+    """One row per worker and server, every field a column: for wide terminals."""
+    table = Table(title="workers", title_justify="left", title_style="bold", show_header=True, header_style="bold")
+    for column in WORKER_COLUMNS:
+        table.add_column(column, no_wrap=True)
     for w in data["workers"]:
-        style = STATE_STYLES.get(w["state"], "red")
-        beat = w.get("heartbeat_at")
-        beat_age = now - beat if beat else None
-        table.add_row(
-            str(w["node"]), str(w["host"]), w["server"], w.get("backend") or "-", Text(str(w["state"]), style=style),
-            _since(w["since"], now), f"{w['inflight']:,}", "yes" if w["consuming"] else Text("no (disk)" if w.get("disk") else "no", style="yellow"),
-            Text(f"{format_duration(beat_age)} ago", style="red" if (beat_age or 0) > STALE_HEARTBEAT_S else "")
-            if beat_age is not None else "-",
-            Text(w.get("disk") or "", style="red") if w.get("disk") else Text(w.get("detail") or "", style="dim"),
-        )
+        cells = _worker_cells(w, data["at"])
+        table.add_row(*(cells[column] for column in WORKER_COLUMNS))
     if not data["workers"]:
-        table.add_row(Text("(no live worker)", style="yellow"), *[""] * 9)
+        table.add_row(Text("(no live worker)", style="yellow"), *[""] * (len(WORKER_COLUMNS) - 1))
     return table
 
 
-def status_renderable(data: dict, *, footer: str | None = None) -> Group:
+def _workers_blocks(data: dict) -> Group:
+    """Each worker node on a line, its servers indented below it, fields labelled in the text
+    rather than under headers: for narrow terminals and pipes. Wrapped lines keep their indent."""
+    lines: list[RenderableType] = [Text("workers", style="bold")]
+    if not data["workers"]:
+        lines.append(Padding(Text("(no live worker)", style="yellow"), (0, 0, 0, 2), expand=False))
+    node = None
+    for w in data["workers"]:
+        cells = _worker_cells(w, data["at"])
+        if w["node"] != node:
+            node = w["node"]
+            lines.append(Padding(Text.assemble((str(w["node"]), "bold"), f" on {cells['host']}: last heartbeat ",
+                                               cells["last heartbeat"], ", taking batches ",
+                                               cells["taking batches"]), (0, 0, 0, 2), expand=False))
+        server = Text.assemble(cells["server"], f" ({cells['kind']}) ", cells["state"], " for ", cells["for"],
+                               f"; in flight {cells['in flight']}")
+        if cells["detail"]:
+            server.append_text(Text.assemble("; ", cells["detail"]))
+        lines.append(Padding(server, (0, 0, 0, 4), expand=False))
+    return Group(*lines)
+
+
+class StatusView:
+    """The whole view of one campaign_status() dict, laid out for the width it is given.
+
+    The figures are label/value blocks set side by side while they fit; the workers are a table
+    when every row fits on one line, else a block per worker. No header is ever cut, and no
+    line is wider than the console (80 columns when stdout is not a terminal).
+
+    Parameters:
+        data: a campaign_status() dict.
+        footer: a dim last line (e.g. watch hints), or None.
+    """
+
+    def __init__(self, data: dict, *, footer: str | None = None) -> None:
+        self.data = data
+        self.footer = footer
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        yield _header(self.data, width)
+        blocks = [_counts(self.data), _throughput(self.data), _input(self.data)]
+        if self.data.get("conversations"):
+            blocks.insert(1, _conversations(self.data))
+        yield Columns(blocks, padding=(0, 2))
+        yield _failures(self.data)
+        table = _workers_table(self.data)
+        # Measured without a width limit: rich clamps a measurement to the width it is given.
+        fits = Measurement.get(console, options.update_width(UNLIMITED_WIDTH), table).maximum <= width
+        yield table if fits else _workers_blocks(self.data)
+        if self.footer:
+            yield Text(self.footer, style="dim")
+
+
+def status_renderable(data: dict, *, footer: str | None = None) -> StatusView:
     """The whole view of one campaign_status() dict; footer is a dim last line (e.g. watch hints)."""
-    parts: list[RenderableType] = [_header(data), _counts(data), _input(data), _failures(data), _workers(data)]
-    if data.get("conversations"):
-        parts.insert(2, _conversations(data))
-    if footer:
-        parts.append(Text(footer, style="dim"))
-    return Group(*parts)
+    return StatusView(data, footer=footer)
 
 
 def render_status(data: dict, *, console: Console | None = None) -> None:

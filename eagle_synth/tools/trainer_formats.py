@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from eagle_synth.records import RawRecord
 from eagle_synth.tools.export_rows import Column, arrow_batch, arrow_schema
+from eagle_synth.tools.filters import ExportError
 from eagle_synth.tools.vocab import TokenCounts, torch_module, write_token_freq
 
 DATASET_FORMATS = ("speculators", "hf")
@@ -56,20 +57,20 @@ def specforge_lines(group: Sequence[RawRecord]) -> str:
 
 
 def require_datasets(format: str) -> None:
-    """Raise ValueError saying what to install when `datasets` is missing."""
+    """Raise ExportError saying what to install when `datasets` is missing."""
     import importlib.util
 
     if importlib.util.find_spec("datasets") is None:
-        raise ValueError(f"--format {format} writes a Hugging Face datasets folder and needs the `datasets` "
+        raise ExportError(f"--format {format} writes a Hugging Face datasets folder and needs the `datasets` "
                          "package: pip install 'eagle-synth[trainers]' (or pip install datasets)")
 
 
 def check_dataset_out(out: Path) -> None:
     """Refuse an --out folder that holds something other than an earlier datasets export."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file: give a folder for a datasets export")
+        raise ExportError(f"--out {out} is a file: give a folder for a datasets export")
     if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in DATASET_MARKERS):
-        raise ValueError(f"--out {out} is a folder with other files in it; give a new or empty folder "
+        raise ExportError(f"--out {out} is a folder with other files in it; give a new or empty folder "
                          "(an earlier datasets export there is replaced)")
 
 

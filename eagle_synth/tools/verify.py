@@ -175,8 +175,8 @@ class _Checker:
         self.records = 0
         self.prompt_tokens = 0
         self.output_tokens = 0
-        self.finish = Counter()
-        self.backends = Counter()
+        self.finish: Counter[str] = Counter()
+        self.backends: Counter[str] = Counter()
         self.key_hashes = array("Q")
         self.open_prompts = 0
         self.open_closed = 0

@@ -14,14 +14,15 @@ API would only fail); a server that answers like neither needs --backend.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from eagle_synth.node_state import ServerState
 from workers.backends.base import AUTO, BACKEND_CHOICES, SGLANG, VLLM, Backend, UntranslatableSampling
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import VllmBackend
-from workers.client import SGLangClient, ServerFacts
-from workers.preflight import PreflightError, check_server, redact_url
+from workers.client import ServerDown, ServerFacts, SGLangClient, TransientError
+from workers.preflight import PreflightError, StartupPreflight, check_server, redact_url
 
 # Every kind, by name.
 BACKENDS: dict[str, type[SGLangBackend] | type[VllmBackend]] = {SGLANG: SGLangBackend, VLLM: VllmBackend}
@@ -102,3 +103,24 @@ def backend_for_state(state: ServerState | None) -> Backend | None:
     if state is None or state.backend not in BACKENDS:
         return None
     return BACKENDS[state.backend].from_state(state)
+
+
+def preflight_at_start(servers: Iterable[str], *, forced: Callable[[str], str], allow_server_parsers: bool,
+                       allowed_settings: Iterable[str]) -> StartupPreflight:
+    """Preflight each server that answers now, once, before the worker starts (the health gate
+    checks the others when they come up). `forced(url)` is the kind given for it, or AUTO."""
+    found = StartupPreflight(refused=[], capacities=[], not_answering=[])
+    allowed = tuple(allowed_settings)
+    for url in servers:
+        try:
+            checked = preflight_server(SGLangClient(url), forced=forced(url), allow_server_parsers=allow_server_parsers,
+                                       allowed_settings=allowed)
+        except PreflightError as exc:
+            found.refused.append(str(exc))
+        except (ServerDown, TransientError) as exc:
+            found.not_answering.append((url, str(exc)))
+        else:
+            found.capacities.append(checked.facts.max_running_requests)
+            found.accepted.append(f"server {redact_url(url)}: {checked.kind} {checked.facts.version or ''} "
+                                  f"(kind from {checked.how})")
+    return found

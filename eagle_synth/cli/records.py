@@ -1,17 +1,19 @@
-"""CLI commands over record folders: export, vocab, verify, inspect, compact."""
+"""Commands over record folders: export, vocab, verify, inspect, compact, repair."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from eagle_synth.cli import _fail, app
+from eagle_synth.cli.options import RedisOpt, fail, redis_client, warn
 
 if TYPE_CHECKING:
     from eagle_synth.tools.filters import ExportFilters
+
+app = typer.Typer()
 
 CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")]
 
@@ -19,12 +21,12 @@ CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<camp
 # Row filters, shared by export and vocab so a draft vocabulary counts the rows a drafter trains on.
 DropTruncatedOpt = Annotated[bool, typer.Option("--drop-truncated", help="Skip records that hit max_new_tokens (finish_reason length).")]
 MinOutputTokensOpt = Annotated[int, typer.Option("--min-output-tokens", help="Skip records with fewer generated ids (before clipping).")]
-MaxLengthOpt = Annotated[Optional[int], typer.Option("--max-length", help="Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer.")]
+MaxLengthOpt = Annotated[int | None, typer.Option("--max-length", help="Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer.")]
 DropLongerOpt = Annotated[bool, typer.Option("--drop-longer", help="With --max-length: skip longer records instead of clipping them.")]
 MinLossTokensOpt = Annotated[int, typer.Option("--min-loss-tokens", help="Skip rows with fewer mask-1 (generated) ids after clipping.")]
-SplitOpt = Annotated[Optional[str], typer.Option("--split", help="NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.")]
-VocabSplitOpt = Annotated[Optional[str], typer.Option("--split", help="The export's --split: only the rows of 'train' are counted.")]
-SampleOpt = Annotated[Optional[int], typer.Option("--sample", help="Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice.")]
+SplitOpt = Annotated[str | None, typer.Option("--split", help="NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.")]
+VocabSplitOpt = Annotated[str | None, typer.Option("--split", help="The export's --split: only the rows of 'train' are counted.")]
+SampleOpt = Annotated[int | None, typer.Option("--sample", help="Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
 
 
@@ -32,13 +34,9 @@ def _filters(*, drop_truncated: bool, min_output_tokens: int, max_length: int | 
              min_loss_tokens: int, split: str | None, sample: int | None, seed: int) -> ExportFilters:
     from eagle_synth.tools.filters import ExportFilters, parse_split
 
-    try:
-        return ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens,
-                             max_length=max_length, drop_longer=drop_longer, min_loss_tokens=min_loss_tokens,
-                             splits=parse_split(split), sample=sample, seed=seed)
-    except ValueError as exc:
-        _fail(str(exc))
-        raise  # _fail exits; this line only tells type checkers so
+    return ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens,
+                         max_length=max_length, drop_longer=drop_longer, min_loss_tokens=min_loss_tokens,
+                         splits=parse_split(split), sample=sample, seed=seed)
 
 
 def _expected_records(campaign_dir: Path) -> int | None:
@@ -50,8 +48,8 @@ def _expected_records(campaign_dir: Path) -> int | None:
         return None
 
 
-def _damaged(exc: Exception, campaign_dir: Path) -> None:
-    _fail(f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest.")
+def _damaged(exc: Exception, campaign_dir: Path) -> NoReturn:
+    fail(f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest.")
 
 
 @app.command()
@@ -67,7 +65,7 @@ def export(
     split: SplitOpt = None,
     sample: SampleOpt = None,
     seed: SeedOpt = 0,
-    shard_rows: Annotated[Optional[int], typer.Option("--shard-rows", help="Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).")] = None,
+    shard_rows: Annotated[int | None, typer.Option("--shard-rows", help="Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).")] = None,
     turns: Annotated[str, typer.Option(help="--history own campaigns: 'all' turns of each conversation, or only its 'last' one.")] = "all",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
@@ -84,10 +82,8 @@ def export(
                                      progress=progress, turns=turns)
     except RecordFormatError as exc:
         _damaged(exc, campaign_dir)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
     for warning in written.warnings:
-        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
+        warn(warning)
     if as_json:
         print(json.dumps(written.to_dict()))
         return
@@ -103,7 +99,7 @@ def vocab(
     campaign_dir: CampaignDirArg,
     draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size", help="Size of the draft vocabulary (e.g. 32000).")],
     out: Annotated[Path, typer.Option("--out", help="Folder for token_freq.json, d2t.npy, t2d.npy, vocab_mapping.json (and .pt files with torch); a speculators data folder is a good place.")],
-    target_vocab_size: Annotated[Optional[int], typer.Option("--target-vocab-size", help="The target model's vocab_size (default: config.json in the manifest's tokenizer_path).")] = None,
+    target_vocab_size: Annotated[int | None, typer.Option("--target-vocab-size", help="The target model's vocab_size (default: config.json in the manifest's tokenizer_path).")] = None,
     drop_truncated: DropTruncatedOpt = False,
     min_output_tokens: MinOutputTokensOpt = 0,
     max_length: MaxLengthOpt = None,
@@ -130,8 +126,6 @@ def vocab(
                                  target_vocab_size=target_vocab_size, filters=filters, progress=progress)
     except RecordFormatError as exc:
         _damaged(exc, campaign_dir)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
     mapping = result.mapping
     summary = {"rows": result.rows, "loss_tokens": mapping.total, "covered_tokens": mapping.covered,
                "coverage": round(mapping.coverage, 6), "draft_vocab_size": len(mapping.d2t),
@@ -139,7 +133,7 @@ def vocab(
                "clipped": result.stats.clipped, "torch_files": result.torch_files, "warnings": result.warnings,
                "paths": [str(p) for p in result.paths], "seconds": round(result.seconds, 3)}
     for warning in result.warnings:
-        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
+        warn(warning)
     if as_json:
         print(json.dumps(summary))
         return
@@ -151,7 +145,7 @@ def vocab(
 @app.command()
 def verify(
     campaign_dir: CampaignDirArg,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: the settings in manifest.json).")] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: the settings in manifest.json).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit nonzero on warnings too.")] = False,
 ) -> None:
@@ -161,12 +155,9 @@ def verify(
     """
     from rich.console import Console
 
-    from eagle_synth.tools.verify import VerifyError, format_report, verify_campaign
+    from eagle_synth.tools.verify import format_report, verify_campaign
 
-    try:
-        report = verify_campaign(campaign_dir, tokenizer=tokenizer)
-    except (VerifyError, FileNotFoundError) as exc:
-        _fail(str(exc))
+    report = verify_campaign(campaign_dir, tokenizer=tokenizer)
     if as_json:
         print(json.dumps(report))
     else:
@@ -180,29 +171,26 @@ def verify(
 @app.command()
 def inspect(
     campaign_dir: CampaignDirArg,
-    key: Annotated[Optional[str], typer.Argument(help="A record key, or a unique prefix of one.")] = None,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: tokenizer_path in manifest.json).")] = None,
-    random_n: Annotated[Optional[int], typer.Option("--random", help="Show N records drawn at random instead.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed for --random.")] = None,
-    prompt_tail: Annotated[Optional[int], typer.Option(help="Show only the last N prompt tokens.")] = None,
+    key: Annotated[str | None, typer.Argument(help="A record key, or a unique prefix of one.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: tokenizer_path in manifest.json).")] = None,
+    random_n: Annotated[int | None, typer.Option("--random", help="Show N records drawn at random instead.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for --random.")] = None,
+    prompt_tail: Annotated[int | None, typer.Option(help="Show only the last N prompt tokens.")] = None,
 ) -> None:
     """Show a record decoded, special tokens highlighted, the prompt/output boundary marked."""
     from rich.console import Console
 
     from eagle_synth.records import read_manifest
-    from eagle_synth.tools.inspect import InspectError, find_records, render_record
-    from eagle_synth.tools.verify import VerifyError, load_plain_tokenizer
+    from eagle_synth.tools.inspect import find_records, render_record
+    from eagle_synth.tools.verify import load_plain_tokenizer
 
     if tokenizer is None:
         stored = ((read_manifest(campaign_dir) or {}).get("settings") or {}).get("tokenizer_path")
         if not stored:
-            _fail("pass --tokenizer with the campaign's tokenizer folder (manifest.json does not name one)")
+            fail("pass --tokenizer with the campaign's tokenizer folder (manifest.json does not name one)")
         tokenizer = Path(stored)
-    try:
-        records = find_records(campaign_dir, key=key, random_n=random_n, seed=seed)
-        loaded = load_plain_tokenizer(tokenizer)
-    except (InspectError, VerifyError, FileNotFoundError) as exc:
-        _fail(str(exc))
+    records = find_records(campaign_dir, key=key, random_n=random_n, seed=seed)
+    loaded = load_plain_tokenizer(tokenizer)
     console = Console()
     for record in records:
         render_record(record, tokenizer=loaded, console=console, prompt_tail=prompt_tail)
@@ -217,18 +205,14 @@ def compact(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Merge small batch files into large shards; safe while workers write and if stopped midway."""
-    from eagle_synth.tools.compact import CompactBusy
     from eagle_synth.tools.compact import compact as run_compact
 
     def progress(path: Path, records: int) -> None:
         if not as_json:
             typer.echo(f"wrote {path.name}: {records} records")
 
-    try:
-        result = run_compact(campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads,
-                             on_shard=progress)
-    except (CompactBusy, FileNotFoundError) as exc:
-        _fail(str(exc))
+    result = run_compact(campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads,
+                         on_shard=progress)
     if as_json:
         print(json.dumps(result.to_dict()))
         return
@@ -247,3 +231,83 @@ def compact(
     if result.damaged:
         typer.secho(f"left {len(result.damaged)} damaged batch files in place (see `eagle-synth verify`): "
                     f"{', '.join(result.damaged[:5])}", err=True, fg=typer.colors.YELLOW)
+
+
+@app.command()
+def repair(
+    campaign_dir: Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")],
+    campaign: Annotated[str | None, typer.Option("--campaign", help="Campaign name (default: manifest.json's, else the folder's name).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Show what would be moved and requeued; change nothing.")] = False,
+    force: Annotated[bool, typer.Option(help="Requeue lost keys even when more are missing than the damaged files can have held.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan and outcome as one JSON object.")] = False,
+    redis: RedisOpt = None,
+) -> None:
+    """Move damaged record files to DIR/damaged/ and put the prompts they held back on the queue.
+
+    Prompts read back intact are queued again at once; the others are recorded as failures
+    `record-damaged`, which a rerun of the campaign's original `enqueue` command re-enqueues.
+    Rerun it until it reports nothing; see docs/reliability.md.
+    """
+    from eagle_synth.campaign import BadCampaignName, Campaign
+    from eagle_synth.queue import make_celery
+    from eagle_synth.records import records_dir
+    from eagle_synth.settings import broker_settings
+    from eagle_synth.tools.compact import exclusive
+    from eagle_synth.tools.repair import (
+        campaign_name_of,
+        mark_record_damaged,
+        move_aside,
+        plan_repair,
+    )
+    from producer.retry import publish_unfinished, return_lost_records
+
+    name = campaign or campaign_name_of(campaign_dir)
+    if not records_dir(campaign_dir).is_dir():
+        fail(f"{records_dir(campaign_dir)} does not exist: is {campaign_dir} a campaign folder (OUT/<campaign>)?")
+    try:
+        target = Campaign(redis_client(redis), name)
+    except BadCampaignName as exc:
+        fail(f"--campaign: {exc}")
+    settings = broker_settings(redis_url=redis)
+    outcome = {"republished_from_outbox": 0, "moved": [], "requeued": 0, "record_damaged": 0}
+    with exclusive(records_dir(campaign_dir)):
+        plan = plan_repair(campaign_dir, target, force=force)
+        if plan.refusal is None and not dry_run:
+            celery_app = make_celery(settings)
+            # A repair stopped half way may have left prompts in the outbox: publish them first.
+            outcome["republished_from_outbox"] = publish_unfinished(target, app=celery_app, queue=settings.queue)
+            outcome["moved"] = [str(p) for p in move_aside(plan)]
+            outcome["requeued"] = return_lost_records(target, plan.recoverable, app=celery_app, queue=settings.queue)
+            outcome["record_damaged"] = mark_record_damaged(target, plan.unrecoverable)
+    if as_json:
+        print(json.dumps({**plan.to_dict(), "dry_run": dry_run, **outcome}))
+    else:
+        _print_repair(plan, outcome, dry_run=dry_run)
+    if plan.refusal is not None:
+        fail(plan.refusal)
+
+
+def _print_repair(plan, outcome: dict, *, dry_run: bool) -> None:
+    live = [d for d in plan.damaged if not d.moved_before]
+    typer.echo(f"{plan.folder}: {plan.healthy_records} readable records in {plan.healthy_files} files; "
+               f"{len(live)} damaged files; {plan.done} keys done in Redis, {len(plan.lost)} of them "
+               "without a readable record here")
+    if not live and not plan.lost:
+        typer.echo("nothing to repair")
+        return
+    for damaged in plan.damaged if plan.lost else live:
+        where = "in damaged/ already" if damaged.moved_before else "to move to damaged/"
+        typer.echo(f"  {damaged.path.name} ({where}; {damaged.salvaged} prompts read back intact): {damaged.error}")
+    if plan.refusal is not None:
+        return
+    if dry_run:
+        typer.echo(f"would requeue {len(plan.recoverable)} prompts read back intact and record "
+                   f"{len(plan.unrecoverable)} as failed `record-damaged`")
+        return
+    if outcome["republished_from_outbox"]:
+        typer.echo(f"published {outcome['republished_from_outbox']} prompts an earlier stopped run left in the outbox")
+    typer.echo(f"moved {len(outcome['moved'])} damaged files aside; requeued {outcome['requeued']} prompts; "
+               f"recorded {outcome['record_damaged']} as failed `record-damaged`")
+    if outcome["record_damaged"]:
+        typer.echo("  their prompts could not be read back: rerun the campaign's original `eagle-synth enqueue` "
+                   "command to enqueue them again (everything else counts as duplicate)")

@@ -1,0 +1,204 @@
+"""Campaign commands: enqueue prompts, see where a campaign stands, list and retry its failures."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Literal, cast
+
+import typer
+
+from eagle_synth.cli.options import RedisOpt, check_campaign_name, fail, redis_client, warn
+from eagle_synth.settings import broker_settings
+
+app = typer.Typer()
+
+
+def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
+    parts = [part.strip() for part in (raw or "").split(",") if part.strip()]
+    bad = [part for part in parts if not part.isdigit()]
+    if bad:
+        fail(f"--stop-token-ids: {bad[0]!r} is not a token id; give comma-separated non-negative integers, e.g. 151645,151643")
+    return tuple(int(part) for part in parts)
+
+
+
+@app.command()
+def enqueue(
+    files: Annotated[list[str], typer.Argument(help="JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin.")],
+    campaign: Annotated[str, typer.Option("--campaign", help="Campaign name; records go to OUT/NAME/.")],
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="Tokenizer folder with the model's chat template.")],
+    max_new_tokens: Annotated[int, typer.Option(help="Cap on generated tokens per prompt.")] = 2048,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.6,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 0.95,
+    top_k: Annotated[int, typer.Option(help="Top-k sampling (-1 = off).")] = -1,
+    min_p: Annotated[float, typer.Option(help="Min-p sampling.")] = 0.0,
+    repetition_penalty: Annotated[float, typer.Option(help="Repetition penalty (1 = off).")] = 1.0,
+    stop_token_ids: Annotated[str | None, typer.Option(help="Extra stop ids, comma-separated (EOS always stops).")] = None,
+    n: Annotated[int, typer.Option("--n", help="Samples per prompt; each is its own record.")] = 1,
+    seed: Annotated[int | None, typer.Option(help="Base seed: each sample gets a stable sampling_seed.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Prompts per task.")] = 16,
+    turns: Annotated[str, typer.Option(help="'last': regenerate the answer at the last regeneration point (user turn or tool results); 'all': one prompt per point (with --history dataset).")] = "last",
+    history: Annotated[str, typer.Option(help="'dataset': prompts on the row's own history; 'own': answer every user turn in order, each on the model's own earlier answers.")] = "dataset",
+    max_turns: Annotated[int | None, typer.Option(help="With --history own: answer at most this many user turns per conversation.")] = None,
+    variants: Annotated[Path | None, typer.Option(help="JSON list of {name, weight, sampling, chat_template_kwargs} variants, one per conversation by a stable hash.")] = None,
+    system: Annotated[str | None, typer.Option(help="Default system prompt for rows without one.")] = None,
+    chat_template: Annotated[Path | None, typer.Option(help="Jinja chat template file overriding the tokenizer's.")] = None,
+    chat_template_kwargs: Annotated[str | None, typer.Option(help='Extra template arguments as JSON, e.g. \'{"enable_thinking": false}\'.')] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow tokenizers that ship their own code.")] = False,
+    max_prompt_tokens: Annotated[int | None, typer.Option(help="Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else 131072.")] = None,
+    max_prompt_chars: Annotated[int, typer.Option(help="Skip conversations with more characters than this, before templating (0 = no cap).")] = 1_000_000,
+    allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
+    max_backlog: Annotated[int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")] = 200_000,
+    strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Template and count, print a length histogram, enqueue nothing.")] = False,
+    processes: Annotated[int | None, typer.Option(help="Templating processes (default: all cores).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+    redis: RedisOpt = None,
+) -> None:
+    """Template prompt rows with the model's chat template and enqueue their token ids."""
+    from eagle_synth.sampling import SamplingParams
+    from producer.enqueue import EnqueueOptions, print_summary
+    from producer.enqueue import enqueue as run_enqueue
+    from producer.progress import EnqueueProgress
+    from producer.sources import estimate_rows
+
+    check_campaign_name(campaign)
+    if turns not in ("last", "all"):
+        fail("--turns must be 'last' or 'all'")
+    if (max_prompt_tokens is not None and max_prompt_tokens < 0) or max_prompt_chars < 0:
+        fail("--max-prompt-tokens and --max-prompt-chars must be 0 (no cap) or positive")
+    if history not in ("dataset", "own"):
+        fail("--history must be 'dataset' or 'own'")
+    if max_turns is not None and (max_turns < 1 or history != "own"):
+        fail("--max-turns takes a number >= 1 and applies with --history own")
+    if history == "own" and trust_remote_code:
+        fail("--history own cannot be used with --trust-remote-code: workers would run tokenizer code taken from Redis")
+    try:
+        kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else {}
+        if not isinstance(kwargs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        fail(f"--chat-template-kwargs must be a JSON object: {exc}")
+    stops = _stop_token_ids(stop_token_ids)
+    sampling = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, repetition_penalty=repetition_penalty, stop_token_ids=stops, n=n, seed=seed,
+    )
+    if batch_size < 1:
+        fail("--batch-size must be at least 1")
+    loaded_variants: tuple = ()
+    if variants is not None:
+        from eagle_synth.variants import VariantsError, load_variants
+
+        try:
+            loaded_variants = tuple(load_variants(variants, base=sampling))
+        except VariantsError as exc:
+            fail(str(exc))
+    options = EnqueueOptions(
+        inputs=files, campaign=campaign, tokenizer=tokenizer, sampling=sampling, batch_size=batch_size,
+        turns=cast("Literal['last', 'all']", turns), system=system, chat_template=str(chat_template) if chat_template else None,
+        chat_template_kwargs=kwargs, trust_remote_code=trust_remote_code,
+        max_prompt_tokens=max_prompt_tokens, max_prompt_chars=max_prompt_chars or None,
+        max_backlog=max_backlog, strict=strict, dry_run=dry_run, processes=processes,
+        allow_evicting_redis=allow_evicting_redis, history=cast("Literal['dataset', 'own']", history),
+        max_turns=max_turns, variants=loaded_variants,
+    )
+    broker = None if dry_run else broker_settings(redis_url=redis)
+    total_rows = None
+    if not as_json and EnqueueProgress.wanted() and "-" not in files:
+        total_rows = estimate_rows(files)
+    progress = EnqueueProgress(enabled=not as_json, total_rows=total_rows)
+    with progress:
+        summary = run_enqueue(options, broker=broker, stdin=sys.stdin.buffer,
+                              on_rows=progress.update, on_wait=progress.waiting, on_warning=warn)
+    if as_json:
+        print(json.dumps(summary.to_dict()))
+    else:
+        print_summary(summary)
+    if not summary.accounted:
+        fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
+
+
+@app.command()
+def status(
+    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh a live view until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
+    redis: RedisOpt = None,
+) -> None:
+    """Where a campaign stands: enqueued, queued, in flight, stranded, done, failed, throughput, workers."""
+    from eagle_synth.tools.status import campaign_status
+    from eagle_synth.tools.status_view import render_status, watch_status
+
+    client = redis_client(redis)
+    data = campaign_status(client, campaign)
+    if watch:
+        watch_status(client, campaign, interval=interval, as_json=as_json)
+    elif as_json:
+        print(json.dumps(data))
+    else:
+        render_status(data)
+
+
+@app.command()
+def campaigns(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    redis: RedisOpt = None,
+) -> None:
+    """List campaigns with their progress."""
+    from eagle_synth.tools.status import campaigns_overview
+
+    rows = campaigns_overview(redis_client(redis))
+    if as_json:
+        print(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo("no campaigns")
+    for r in rows:
+        typer.echo(f"{r['campaign']:<30} {100 * r['finished_share']:5.1f}%  done {r['done']}  failed {r['failed']}  "
+                   f"queued {r['queued']}  in flight {r['inflight']}" + (f"  stranded {r['stranded']}" if r['stranded'] else ""))
+
+
+@app.command()
+def failed(
+    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    limit: Annotated[int, typer.Option(help="Examples shown per reason.")] = 5,
+    redis: RedisOpt = None,
+) -> None:
+    """List a campaign's failed prompts by reason."""
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.tools.failures import failures_by_reason, format_failures
+
+    report = failures_by_reason(Campaign(redis_client(redis), campaign), examples=limit)
+    if as_json:
+        print(json.dumps(report))
+        return
+    for line in format_failures(report, limit=limit):
+        typer.echo(line)
+
+
+@app.command("retry-failed")
+def retry_failed(
+    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    reason: Annotated[str | None, typer.Option(help="Only failures with this reason.")] = None,
+    redis: RedisOpt = None,
+) -> None:
+    """Enqueue a campaign's failed prompts again."""
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.queue import make_celery
+    from eagle_synth.tools.repair import RECORD_DAMAGED
+    from producer.retry import retry_failed as run_retry
+
+    settings = broker_settings(redis_url=redis)
+    client = redis_client(redis)
+    target = Campaign(client, campaign)
+    count = run_retry(target, app=make_celery(settings), queue=settings.queue, reason=reason)
+    typer.echo(f"re-enqueued {count} failed prompts of {campaign}" + (f" (reason {reason})" if reason else ""))
+    damaged = target.failure_counts().get(RECORD_DAMAGED, 0) if reason in (None, RECORD_DAMAGED) else 0
+    if damaged:
+        typer.echo(f"{damaged} prompts failed `{RECORD_DAMAGED}` have no prompt ids to replay: rerun the campaign's "
+                   "original `eagle-synth enqueue` command to enqueue them again")

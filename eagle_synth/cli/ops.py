@@ -1,0 +1,60 @@
+"""Operations commands: the Flower dashboard, the SGLang/vLLM stand-in, the local demo."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from eagle_synth.cli.options import RedisOpt
+
+app = typer.Typer()
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def flower(
+    ctx: typer.Context,
+    port: Annotated[int, typer.Option(help="Port of Flower's web UI and API.")] = 5555,
+    address: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 to serve other hosts.")] = "127.0.0.1",
+    basic_auth: Annotated[str | None, typer.Option(
+        "--basic-auth", help="user:password[,user2:password2]. Default: $FLOWER_BASIC_AUTH (preferred: not shown by ps).",
+    )] = None,
+    no_auth: Annotated[bool, typer.Option(
+        "--no-auth", help="Start without credentials (UI open to anyone who can reach it; API refused).",
+    )] = False,
+    redis: RedisOpt = None,
+) -> None:
+    """Run Flower on the campaign broker, with basic auth. Unknown options go to Flower (e.g. --url_prefix=flower)."""
+    from eagle_synth.settings import broker_settings
+    from eagle_synth.tools.flower import FlowerOptions, flower_urls, resolve_auth, run_flower
+
+    settings = broker_settings(redis_url=redis)
+    credentials = resolve_auth(basic_auth=basic_auth, no_auth=no_auth, environ=os.environ)
+    options = FlowerOptions(
+        credentials=tuple(credentials) if credentials is not None else None,
+        port=port, address=address, extra_args=tuple(ctx.args),
+    )
+    users = ", ".join(c.split(":", 1)[0] for c in credentials) if credentials else "none (--no-auth)"
+    broker_page, queue_api = flower_urls(address=address, port=port)
+    typer.echo(f"Flower on queue {settings.queue!r}: {broker_page} (API {queue_api}); basic-auth users: {users}")
+    raise typer.Exit(run_flower(settings=settings, options=options))
+
+
+@app.command()
+def demo(
+    folder: Annotated[Path, typer.Option("--dir", help="Working folder for the demo's Redis, logs, tokenizer and records.")] = Path("demo-run"),
+) -> None:
+    """Run a whole campaign locally on embedded defaults: Redis, devserver, worker, prompts."""
+    from eagle_synth.demo.run import run_demo
+
+    raise typer.Exit(run_demo(folder))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def devserver(ctx: typer.Context) -> None:
+    """Run the SGLang stand-in (--api vllm: the vLLM one; no GPU) for tests, the demo and benchmarks. `eagle-synth devserver --help` lists its flags."""
+    from eagle_synth.devserver.__main__ import main as devserver_main
+
+    raise typer.Exit(devserver_main(list(ctx.args)) or 0)

@@ -1,0 +1,54 @@
+"""What the eagle-synth commands share: the --redis option, error and warning lines, the Redis client."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+
+from eagle_synth.errors import USER_ERROR_EXIT
+from eagle_synth.settings import broker_settings
+
+if TYPE_CHECKING:
+    import redis
+
+RedisOpt = Annotated[
+    str | None,
+    typer.Option("--redis", help="Redis URL (redis://[user:pass@]host:port/db or rediss://). Default: $REDIS_URL, then redis://127.0.0.1:6379/0."),
+]
+
+
+def print_error(message: str) -> None:
+    """The one way a command says it failed: `error: <message>` in red on stderr."""
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+
+
+def fail(message: str, code: int = USER_ERROR_EXIT) -> NoReturn:
+    """Stop the command with `error: <message>` and exit status `code` (a problem with a flag
+    the library cannot name; library errors are UserErrors, printed the same way by the app)."""
+    print_error(message)
+    raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """A `warning: <message>` line in yellow on stderr; the command goes on."""
+    typer.secho(f"warning: {message}", err=True, fg=typer.colors.YELLOW)
+
+
+def check_campaign_name(name: str) -> None:
+    """Stop with one line naming --campaign if `name` cannot be a campaign's name."""
+    from eagle_synth.campaign import BadCampaignName
+    from eagle_synth.campaign import check_campaign_name as check
+
+    try:
+        check(name)
+    except BadCampaignName as exc:
+        fail(f"--campaign: {exc}")  # the library cannot know which flag gave the name
+
+
+def redis_client(redis_url: str | None) -> redis.Redis:
+    """A client for --redis (else $REDIS_URL, else the default)."""
+    from eagle_synth.redis_client import connect
+
+    return connect(broker_settings(redis_url=redis_url))
+

@@ -1,0 +1,113 @@
+"""`eagle-synth worker`: a Celery worker that generates queued batches on SGLang servers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from eagle_synth.cli.options import RedisOpt, fail, redis_client, warn
+from eagle_synth.settings import broker_settings, export_to_environment
+
+app = typer.Typer()
+
+# The flag of each WorkerConfig setting the command takes, for messages that name the setting.
+SETTING_FLAGS = {
+    "inflight": "--inflight", "allow_server_parsers": "--allow-server-parsers",
+    "allow_server_settings": "--allow-server-setting", "max_attempts": "--max-attempts",
+    "timeout_base": "--timeout-base", "timeout_per_token": "--timeout-per-token",
+    "backoff_max": "--backoff-max", "probe_timeout": "--probe-timeout",
+}
+
+
+def _worker_option(name: str, *flags: str):
+    """A typer option for one WorkerConfig setting: its help comes from workers/config.py."""
+    from workers.config import option_help
+
+    return typer.Option(*flags, help=option_help(name))
+
+
+def _settings_as_flags(message: str) -> str:
+    """`max_attempts 0: ...` as `--max-attempts 0: ...`; environment names (EAGLE_SYNTH_...) stay."""
+    return re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], message)
+
+
+@app.command()
+def worker(
+    server: Annotated[list[str], _worker_option("servers", "--server")],
+    out: Annotated[Path, _worker_option("out", "--out")],
+    backend: Annotated[list[str] | None, _worker_option("backend", "--backend")] = None,
+    inflight: Annotated[int | None, _worker_option("inflight")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Batches held open at once (batch threads). Default: 8 x inflight x servers / 16.")] = None,
+    allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
+    allow_server_setting: Annotated[list[str] | None, _worker_option("allow_server_settings", "--allow-server-setting")] = None,
+    max_attempts: Annotated[int | None, _worker_option("max_attempts")] = None,
+    timeout_base: Annotated[float | None, _worker_option("timeout_base")] = None,
+    timeout_per_token: Annotated[float | None, _worker_option("timeout_per_token")] = None,
+    backoff_max: Annotated[float | None, _worker_option("backoff_max")] = None,
+    probe_timeout: Annotated[float | None, _worker_option("probe_timeout")] = None,
+    render_processes: Annotated[int | None, _worker_option("render_processes")] = None,
+    name: Annotated[str | None, typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
+    task_events: Annotated[bool, typer.Option(help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record).")] = True,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+    allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
+    redis: RedisOpt = None,
+) -> None:
+    """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""
+    from eagle_synth.redis_policy import check_redis_ready
+
+    settings = broker_settings(redis_url=redis)
+    # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
+    warning = check_redis_ready(redis_client(redis), allow_evicting=allow_evicting_redis)
+    if warning:
+        warn(warning)
+    export_to_environment(settings)
+    import dataclasses
+    import os
+
+    from workers.config import ConfigError, WorkerConfig, default_concurrency, env_name
+    from workers.disk import probe_folder
+    from workers.backends import REFUSABLE_SETTINGS, preflight_at_start
+
+    problem = probe_folder(out)
+    if problem:
+        fail(f"--out cannot take records: {problem}")
+    # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
+    given: dict[str, Any] = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
+             "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
+             "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None,
+             "backend": tuple(backend) if backend else None, "render_processes": render_processes}
+    os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
+    os.environ[env_name("out")] = str(out)
+    try:
+        config = dataclasses.replace(WorkerConfig.from_env(), **{k: v for k, v in given.items() if v is not None})
+    except ConfigError as exc:
+        # The library names settings (max_attempts); say the flags (--max-attempts).
+        fail(_settings_as_flags(str(exc)))
+    servers = config.servers
+    unknown = sorted(set(config.allow_server_settings) - set(REFUSABLE_SETTINGS))
+    if unknown:
+        fail(f"--allow-server-setting {', '.join(unknown)}: not a setting preflight refuses "
+              f"(known: {', '.join(REFUSABLE_SETTINGS)})")
+    # Preflight the servers that already answer; the others are checked when they come up.
+    found = preflight_at_start(servers, forced=config.backend_for, allow_server_parsers=config.allow_server_parsers,
+                               allowed_settings=config.allow_server_settings)
+    for line in found.accepted:
+        typer.echo(line)
+    for url, why in found.not_answering:
+        typer.echo(f"server {url} not answering yet ({why}); the worker will wait for it")
+    if found.all_refused:
+        fail("\n".join(found.refused))
+    for message in found.refused:
+        typer.secho(message, err=True, fg=typer.colors.YELLOW)
+    # Batch threads are sized once, at start: from --inflight, else from the servers answering now.
+    sizing = config.inflight or found.inflight()
+    from workers.app import run_worker
+
+    run_worker(
+        config=config,
+        concurrency=concurrency or default_concurrency(inflight=sizing, servers=len(servers)),
+        loglevel=loglevel, name=name, task_events=task_events,
+    )
