@@ -34,13 +34,20 @@ def _storage_results(rows: list[dict]) -> list[Result]:
             continue  # the corpus size: already in the other rows' notes
         name = str(row.get("baseline", ""))
         target_row = row.get("unit") == "B/token" and ("gzip" in name.lower() or "int32" in name.lower())
-        results.append(Result(
-            number=STORAGE_NUMBER, figure=str(row["figure"]), ours=row.get("ours"), baseline=row.get("baseline_value"),
-            unit=str(row.get("unit", "")), baseline_name=name, ratio=row.get("ratio"),
-            target="below baseline" if target_row else "-",
-            met=(row["ours"] < row["baseline_value"]) if target_row else None,
-            note=str(row.get("note", "")),
-        ))
+        results.append(
+            Result(
+                number=STORAGE_NUMBER,
+                figure=str(row["figure"]),
+                ours=row.get("ours"),
+                baseline=row.get("baseline_value"),
+                unit=str(row.get("unit", "")),
+                baseline_name=name,
+                ratio=row.get("ratio"),
+                target="below baseline" if target_row else "-",
+                met=(row["ours"] < row["baseline_value"]) if target_row else None,
+                note=str(row.get("note", "")),
+            )
+        )
     return results
 
 
@@ -50,16 +57,37 @@ def run_one(name: str, quick: bool) -> list[Result]:
         module = importlib.import_module(f"benchmarks.{name}")
     except ImportError as exc:
         if name == "storage":
-            return [Result(number=STORAGE_NUMBER, figure="storage bytes/token", ours=None, baseline=None, unit="",
-                           baseline_name="JSONL+gzip and raw int32", target="below both", met=None,
-                           note=f"benchmarks/storage.py not present ({exc}); not measured")]
+            return [
+                Result(
+                    number=STORAGE_NUMBER,
+                    figure="storage bytes/token",
+                    ours=None,
+                    baseline=None,
+                    unit="",
+                    baseline_name="JSONL+gzip and raw int32",
+                    target="below both",
+                    met=None,
+                    note=f"benchmarks/storage.py not present ({exc}); not measured",
+                )
+            ]
         raise
     try:
         results = module.run(quick)
     except Exception as exc:  # one broken benchmark must not hide the others
         number = BENCHMARKS.index(name) + 1
-        return [Result(number=number, figure=name, ours=None, baseline=None, unit="", baseline_name="-",
-                       target="-", met=False, note=f"benchmark failed: {type(exc).__name__}: {str(exc)[:400]}")]
+        return [
+            Result(
+                number=number,
+                figure=name,
+                ours=None,
+                baseline=None,
+                unit="",
+                baseline_name="-",
+                target="-",
+                met=False,
+                note=f"benchmark failed: {type(exc).__name__}: {str(exc)[:400]}",
+            )
+        ]
     if name == "storage":
         return _storage_results(results)
     return results
@@ -75,14 +103,18 @@ def _cell(text: str) -> str:
 
 def table(results: list[Result]) -> str:
     """The results as a Markdown table."""
-    lines = ["| # | figure | ours | baseline | ratio | target | met | note |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| # | figure | ours | baseline | ratio | target | met | note |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         ours = f"{fmt(r.ours)} {r.unit}".strip()
         baseline = "-" if r.baseline is None else f"{fmt(r.baseline)} {r.unit} ({r.baseline_name})"
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
-        lines.append("| " + " | ".join(_cell(c) for c in (str(r.number), r.figure, ours, baseline, ratio, r.target,
-                                                           _met(r.met), r.note)) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(c) for c in (str(r.number), r.figure, ours, baseline, ratio, r.target, _met(r.met), r.note)
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -116,10 +148,19 @@ def report(results: list[Result], info: dict[str, str], *, quick: bool, seconds:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="Small sizes and short windows (about 3 minutes).")
-    parser.add_argument("--only", action="append", choices=BENCHMARKS, metavar="NAME",
-                        help=f"Run only this benchmark (repeatable): {', '.join(BENCHMARKS)}.")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="Markdown report path (default BENCHMARKS.md; with --only, written only if given).")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=BENCHMARKS,
+        metavar="NAME",
+        help=f"Run only this benchmark (repeatable): {', '.join(BENCHMARKS)}.",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="Markdown report path (default BENCHMARKS.md; with --only, written only if given).",
+    )
     parser.add_argument("--json", type=Path, default=None, help="Also write every row, with details, as JSON.")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -137,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         results.extend(rows)
         for r in rows:
             ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
-            print(f"[benchmarks]   #{r.number} {r.figure}: {fmt(r.ours)} {r.unit} vs {fmt(r.baseline)} "
-                  f"(ratio {ratio}) met={_met(r.met)}", file=sys.stderr, flush=True)
+            print(
+                f"[benchmarks]   #{r.number} {r.figure}: {fmt(r.ours)} {r.unit} vs {fmt(r.baseline)} "
+                f"(ratio {ratio}) met={_met(r.met)}",
+                file=sys.stderr,
+                flush=True,
+            )
         print(f"[benchmarks] {name} done in {seconds[name]:.0f} s", file=sys.stderr, flush=True)
     info["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -148,8 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(report(results, info, quick=args.quick, seconds=seconds))
         print(f"\nwrote {out}", file=sys.stderr)
     if args.json is not None:
-        args.json.write_text(json.dumps({"machine": info, "quick": args.quick, "seconds": seconds,
-                                         "results": [r.to_dict() for r in results]}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {"machine": info, "quick": args.quick, "seconds": seconds, "results": [r.to_dict() for r in results]},
+                indent=1,
+                default=str,
+            )
+        )
     return 0
 
 

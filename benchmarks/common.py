@@ -45,9 +45,19 @@ SAMPLE_INTERVAL = 0.1
 # Set to keep every benchmark's scratch folder (logs, Redis dirs, records) for inspection.
 KEEP_ENV = "EAGLE_SYNTH_BENCH_KEEP"
 # Packages whose versions BENCHMARKS.md reports.
-VERSIONED_PACKAGES = ("eagle-synth", "celery", "kombu", "redis", "transformers", "tokenizers", "zstandard",
-                      "msgpack", "requests", "aiohttp", "psutil")
-
+VERSIONED_PACKAGES = (
+    "eagle-synth",
+    "celery",
+    "kombu",
+    "redis",
+    "transformers",
+    "tokenizers",
+    "zstandard",
+    "msgpack",
+    "requests",
+    "aiohttp",
+    "psutil",
+)
 
 
 @functools.cache
@@ -97,9 +107,17 @@ class Result:
 
     def to_dict(self) -> dict:
         return {
-            "number": self.number, "figure": self.figure, "ours": self.ours, "baseline": self.baseline,
-            "unit": self.unit, "baseline_name": self.baseline_name, "ratio": self.ratio, "target": self.target,
-            "met": self.met, "note": self.note, "details": self.details,
+            "number": self.number,
+            "figure": self.figure,
+            "ours": self.ours,
+            "baseline": self.baseline,
+            "unit": self.unit,
+            "baseline_name": self.baseline_name,
+            "ratio": self.ratio,
+            "target": self.target,
+            "met": self.met,
+            "note": self.note,
+            "details": self.details,
         }
 
 
@@ -141,14 +159,23 @@ def machine() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "not installed"
     try:
-        redis_server = subprocess.run(["redis-server", "--version"], capture_output=True, text=True,
-                                      timeout=10, check=False).stdout.split()
+        redis_server = subprocess.run(
+            ["redis-server", "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.split()
         versions["redis-server"] = next((w.split("=")[1] for w in redis_server if w.startswith("v=")), "?")
     except (OSError, subprocess.SubprocessError):
         versions["redis-server"] = "not found"
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
-                                text=True, timeout=10, check=False).stdout.strip() or "unknown"
+        commit = (
+            subprocess.run(
+                ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     return {
@@ -193,23 +220,40 @@ class Stack:
         return server.start()
 
     def devserver(self, *args: str, wait: bool = True, port: int = 0) -> tuple[ManagedProcess, str]:
-        process, url = start_devserver(tokenizer=bench_tokenizer(), logdir=self.dir / "logs", args=list(args),
-                                       wait=wait, port=port)
+        process, url = start_devserver(
+            tokenizer=bench_tokenizer(), logdir=self.dir / "logs", args=list(args), wait=wait, port=port
+        )
         self.others.append(process)
         return process, url
 
-    def worker(self, *, servers: list[str], redis_url: str, concurrency: int, out: Path | None = None,
-               args: tuple[str, ...] = (), name: str | None = None) -> ManagedProcess:
-        process = start_worker(servers=servers, out=out or self.dir / "out", redis_url=redis_url,
-                               logdir=self.dir / "logs", concurrency=concurrency, args=list(args), name=name,
-                               env={"EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": str(BENCH_SOFT_SHUTDOWN)})
+    def worker(
+        self,
+        *,
+        servers: list[str],
+        redis_url: str,
+        concurrency: int,
+        out: Path | None = None,
+        args: tuple[str, ...] = (),
+        name: str | None = None,
+    ) -> ManagedProcess:
+        process = start_worker(
+            servers=servers,
+            out=out or self.dir / "out",
+            redis_url=redis_url,
+            logdir=self.dir / "logs",
+            concurrency=concurrency,
+            args=list(args),
+            name=name,
+            env={"EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": str(BENCH_SOFT_SHUTDOWN)},
+        )
         self.workers.append(process)
         return process
 
     def process(self, args: list[str], name: str) -> ManagedProcess:
         """Any other child process (e.g. a baseline client), logged and stopped like the rest."""
-        process = ManagedProcess(args=args, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                 log_path=self.dir / "logs" / f"{name}.log").start()
+        process = ManagedProcess(
+            args=args, env={**os.environ, "PYTHONUNBUFFERED": "1"}, log_path=self.dir / "logs" / f"{name}.log"
+        ).start()
         self.others.append(process)
         return process
 
@@ -341,8 +385,9 @@ class Measured:
 def run_measured(args: list[str], *, timeout: float, env: dict[str, str] | None = None) -> Measured:
     """Run a command to completion, sampling its process tree; raises if it fails."""
     started = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})}, start_new_session=True
+    )
     try:
         with sample_tree(proc.pid) as sampled:
             stdout, stderr = proc.communicate(timeout=timeout)
@@ -353,8 +398,13 @@ def run_measured(args: list[str], *, timeout: float, env: dict[str, str] | None 
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:4])} ... exited {proc.returncode}:\n{stderr.decode()[-3000:]}")
-    return Measured(completed=subprocess.CompletedProcess(args, proc.returncode, stdout, stderr), wall=elapsed,
-                    peak_rss=sampled["peak_rss"], cpu=sampled["cpu"], root_cpu=sampled["root_cpu"])
+    return Measured(
+        completed=subprocess.CompletedProcess(args, proc.returncode, stdout, stderr),
+        wall=elapsed,
+        peak_rss=sampled["peak_rss"],
+        cpu=sampled["cpu"],
+        root_cpu=sampled["root_cpu"],
+    )
 
 
 # ----------------------------------------------------------------------------- devserver and campaigns
@@ -390,8 +440,12 @@ def wait_done(redis_url: str, name: str, at_least: int, *, timeout: float, stack
     client = connect(broker_settings(redis_url=redis_url))
     campaign = Campaign(client, name)
     try:
-        wait_for(lambda: campaign.progress().done >= at_least, timeout=timeout, interval=0.02,
-                 what=f"{at_least} done prompts of {name}")
+        wait_for(
+            lambda: campaign.progress().done >= at_least,
+            timeout=timeout,
+            interval=0.02,
+            what=f"{at_least} done prompts of {name}",
+        )
     except TimeoutError as exc:
         logs = stack.logs() if stack else ""
         raise TimeoutError(f"{exc}; progress {campaign.progress()}\n{logs}") from None
@@ -400,8 +454,9 @@ def wait_done(redis_url: str, name: str, at_least: int, *, timeout: float, stack
     return time.monotonic()
 
 
-def enqueue_backlog(redis_url: str, rows_path: Path, campaign: str, *, max_new_tokens: int,
-                    temperature: float = 0.0, samples: int = 1) -> dict:
+def enqueue_backlog(
+    redis_url: str, rows_path: Path, campaign: str, *, max_new_tokens: int, temperature: float = 0.0, samples: int = 1
+) -> dict:
     """Enqueue rows with the real producer in this process, templating in this process too
     (a backlog for a worker benchmark: skips the CLI's interpreter start and pool start).
     `samples` > 1 makes each row that many prompts (`--n`, seeded), a deep backlog for the
@@ -411,9 +466,15 @@ def enqueue_backlog(redis_url: str, rows_path: Path, campaign: str, *, max_new_t
     from producer.enqueue import EnqueueOptions, enqueue
 
     summary = enqueue(
-        EnqueueOptions(inputs=[str(rows_path)], campaign=campaign, tokenizer=str(bench_tokenizer()), processes=1,
-                       sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=samples,
-                                               seed=1 if samples > 1 else None)),
+        EnqueueOptions(
+            inputs=[str(rows_path)],
+            campaign=campaign,
+            tokenizer=str(bench_tokenizer()),
+            processes=1,
+            sampling=SamplingParams(
+                max_new_tokens=max_new_tokens, temperature=temperature, n=samples, seed=1 if samples > 1 else None
+            ),
+        ),
         broker=broker_settings(redis_url=redis_url),
     )
     if not summary.accounted or summary.rows_skipped:
@@ -421,12 +482,39 @@ def enqueue_backlog(redis_url: str, rows_path: Path, campaign: str, *, max_new_t
     return summary.to_dict()
 
 
-def enqueue_cli(redis_url: str, rows_path: Path, campaign: str, *, max_new_tokens: int, temperature: float = 0.0,
-                samples: int = 1, extra: tuple[str, ...] = (), timeout: float = 600) -> dict:
+def enqueue_cli(
+    redis_url: str,
+    rows_path: Path,
+    campaign: str,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    samples: int = 1,
+    extra: tuple[str, ...] = (),
+    timeout: float = 600,
+) -> dict:
     """Run `eagle-synth enqueue --json` (default templating processes); returns its summary."""
-    args = [sys.executable, "-m", "eagle_synth.cli", "enqueue", str(rows_path), "--campaign", campaign,
-            "--tokenizer", str(bench_tokenizer()), "--max-new-tokens", str(max_new_tokens),
-            "--temperature", str(temperature), "--n", str(samples), "--redis", redis_url, "--json", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "eagle_synth.cli",
+        "enqueue",
+        str(rows_path),
+        "--campaign",
+        campaign,
+        "--tokenizer",
+        str(bench_tokenizer()),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--temperature",
+        str(temperature),
+        "--n",
+        str(samples),
+        "--redis",
+        redis_url,
+        "--json",
+        *extra,
+    ]
     if samples > 1:
         args += ["--seed", "1"]
     measured = run_measured(args, timeout=timeout)

@@ -63,8 +63,14 @@ TARGET_RATIO = 0.95
 
 
 def _devserver_args() -> tuple[str, ...]:
-    return ("--slots", str(SLOTS), "--token-latency", str(TOKEN_LATENCY),
-            "--mean-output-tokens", str(MEAN_OUTPUT_TOKENS))
+    return (
+        "--slots",
+        str(SLOTS),
+        "--token-latency",
+        str(TOKEN_LATENCY),
+        "--mean-output-tokens",
+        str(MEAN_OUTPUT_TOKENS),
+    )
 
 
 def _window(url: str, window: float) -> dict:
@@ -108,8 +114,11 @@ def measure_worker(quick: bool, concurrency: int) -> tuple[dict, list[tuple[list
         summary = enqueue_backlog(redis.url, rows, "occupancy", max_new_tokens=MAX_NEW_TOKENS)
         prompts = _queued_prompts(redis.url)
         worker = stack.worker(servers=[url], redis_url=redis.url, concurrency=concurrency)
-        wait_for(lambda: dev_stats(url)["first_generate_at"] or not worker.alive(), timeout=FIRST_GENERATE_TIMEOUT,
-                 what="the worker's first /generate")
+        wait_for(
+            lambda: dev_stats(url)["first_generate_at"] or not worker.alive(),
+            timeout=FIRST_GENERATE_TIMEOUT,
+            what="the worker's first /generate",
+        )
         if not worker.alive():
             raise RuntimeError(f"worker exited:\n{stack.logs()}")
         time.sleep(WARMUP[quick])
@@ -121,16 +130,21 @@ def measure_worker(quick: bool, concurrency: int) -> tuple[dict, list[tuple[list
         if pending <= SLOTS:
             raise RuntimeError(f"the backlog drained during the window ({pending} left): raise BACKLOG_MARGIN")
         return {
-            "occupancy": stats["occupancy"], "sampled_occupancy": stats["sampled_occupancy"],
-            "window_s": round(stats["window"], 2), "prompts_per_s": stats["prompts"] / stats["window"],
+            "occupancy": stats["occupancy"],
+            "sampled_occupancy": stats["sampled_occupancy"],
+            "window_s": round(stats["window"], 2),
+            "prompts_per_s": stats["prompts"] / stats["window"],
             "server_waiting_at_end": stats["waiting"],
-            "worker_cpu_cores": cpu / stats["window"], "worker_pss_mib": pss / 2**20,
-            "concurrency": concurrency, "backlog": summary["prompts_enqueued"],
+            "worker_cpu_cores": cpu / stats["window"],
+            "worker_pss_mib": pss / 2**20,
+            "concurrency": concurrency,
+            "backlog": summary["prompts_enqueued"],
         }, prompts
 
 
-async def _drive(url: str, prompts: list[tuple[list[int], dict]], concurrency: int, warmup: float,
-                 window: float) -> dict:
+async def _drive(
+    url: str, prompts: list[tuple[list[int], dict]], concurrency: int, warmup: float, window: float
+) -> dict:
     """Keep `concurrency` single-prompt requests in flight; measure the window like the worker's."""
     import aiohttp
 
@@ -160,9 +174,13 @@ def measure_ceiling(quick: bool, concurrency: int, prompts: list[tuple[list[int]
     with Stack("occupancy-ceiling") as stack:
         _, url = stack.devserver(*_devserver_args())
         stats = asyncio.run(_drive(url, prompts, concurrency, WARMUP[quick], WINDOW[quick]))
-        return {"occupancy": stats["occupancy"], "sampled_occupancy": stats["sampled_occupancy"],
-                "window_s": round(stats["window"], 2),
-                "prompts_per_s": stats["prompts"] / stats["window"], "concurrency": concurrency}
+        return {
+            "occupancy": stats["occupancy"],
+            "sampled_occupancy": stats["sampled_occupancy"],
+            "window_s": round(stats["window"], 2),
+            "prompts_per_s": stats["prompts"] / stats["window"],
+            "concurrency": concurrency,
+        }
 
 
 def run(quick: bool) -> list[Result]:
@@ -171,26 +189,46 @@ def run(quick: bool) -> list[Result]:
     ceiling = measure_ceiling(quick, DEFAULT_INFLIGHT, prompts)
     ratio = ours["occupancy"] / ceiling["occupancy"]
     met = ours["occupancy"] >= TARGET_OCCUPANCY and ratio >= TARGET_RATIO
-    setup = (f"S={SLOTS}, {TOKEN_LATENCY * 1000:g} ms/token, mean {MEAN_OUTPUT_TOKENS} tokens, "
-             f"window {ours['window_s']:.0f} s")
-    note = (f"{setup}; running count sampled every {SAMPLE_EVERY:g} s: ours {100 * ours['sampled_occupancy']:.1f} %, "
-            f"ceiling {100 * ceiling['sampled_occupancy']:.1f} %; default worker = {concurrency} pool processes "
-            f"used {ours['worker_cpu_cores']:.2f} cores, "
-            f"PSS {ours['worker_pss_mib']:.0f} MiB; ceiling: aiohttp, {DEFAULT_INFLIGHT} requests in flight")
+    setup = (
+        f"S={SLOTS}, {TOKEN_LATENCY * 1000:g} ms/token, mean {MEAN_OUTPUT_TOKENS} tokens, "
+        f"window {ours['window_s']:.0f} s"
+    )
+    note = (
+        f"{setup}; running count sampled every {SAMPLE_EVERY:g} s: ours {100 * ours['sampled_occupancy']:.1f} %, "
+        f"ceiling {100 * ceiling['sampled_occupancy']:.1f} %; default worker = {concurrency} pool processes "
+        f"used {ours['worker_cpu_cores']:.2f} cores, "
+        f"PSS {ours['worker_pss_mib']:.0f} MiB; ceiling: aiohttp, {DEFAULT_INFLIGHT} requests in flight"
+    )
     details = {"ours": ours, "ceiling": ceiling}
-    results = [Result(
-        number=1, figure="slot occupancy, default worker", ours=100 * ours["occupancy"],
-        baseline=100 * ceiling["occupancy"], unit="% slot-time", baseline_name="direct asyncio client (ceiling)",
-        target=">= 95 %, >= 0.95 x ceiling", met=met, note=note, details=details,
-    )]
+    results = [
+        Result(
+            number=1,
+            figure="slot occupancy, default worker",
+            ours=100 * ours["occupancy"],
+            baseline=100 * ceiling["occupancy"],
+            unit="% slot-time",
+            baseline_name="direct asyncio client (ceiling)",
+            target=">= 95 %, >= 0.95 x ceiling",
+            met=met,
+            note=note,
+            details=details,
+        )
+    ]
     if not met:
         alt, _ = measure_worker(quick, ALTERNATIVE_CONCURRENCY)
         alt_ratio = alt["occupancy"] / ceiling["occupancy"]
-        results.append(Result(
-            number=1, figure=f"slot occupancy, --concurrency {ALTERNATIVE_CONCURRENCY}", ours=100 * alt["occupancy"],
-            baseline=100 * ceiling["occupancy"], unit="% slot-time", baseline_name="direct asyncio client (ceiling)",
-            target=">= 95 %, >= 0.95 x ceiling", met=alt["occupancy"] >= TARGET_OCCUPANCY and alt_ratio >= TARGET_RATIO,
-            note=f"same setup; worker used {alt['worker_cpu_cores']:.2f} cores, PSS {alt['worker_pss_mib']:.0f} MiB",
-            details={"ours": alt},
-        ))
+        results.append(
+            Result(
+                number=1,
+                figure=f"slot occupancy, --concurrency {ALTERNATIVE_CONCURRENCY}",
+                ours=100 * alt["occupancy"],
+                baseline=100 * ceiling["occupancy"],
+                unit="% slot-time",
+                baseline_name="direct asyncio client (ceiling)",
+                target=">= 95 %, >= 0.95 x ceiling",
+                met=alt["occupancy"] >= TARGET_OCCUPANCY and alt_ratio >= TARGET_RATIO,
+                note=f"same setup; worker used {alt['worker_cpu_cores']:.2f} cores, PSS {alt['worker_pss_mib']:.0f} MiB",
+                details={"ours": alt},
+            )
+        )
     return results

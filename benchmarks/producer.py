@@ -48,8 +48,19 @@ NAIVE_QUEUE = "naive"
 
 def _ours(stack: Stack, rows: Path, extra: tuple[str, ...] = ()) -> tuple[Measured, dict]:
     """One `eagle-synth enqueue` run (its own fresh Redis unless --dry-run) and its summary."""
-    args = [sys.executable, "-m", "eagle_synth.cli", "enqueue", str(rows), "--campaign", "producer",
-            "--tokenizer", str(bench_tokenizer()), "--json", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "eagle_synth.cli",
+        "enqueue",
+        str(rows),
+        "--campaign",
+        "producer",
+        "--tokenizer",
+        str(bench_tokenizer()),
+        "--json",
+        *extra,
+    ]
     if "--dry-run" not in extra:
         args += ["--redis", stack.redis().url]
     measured = run_measured(args, timeout=RUN_TIMEOUT)
@@ -90,8 +101,9 @@ def naive_loop(rows: Path, redis_url: str) -> int:
     with open(rows) as handle:
         for line in handle:
             row = json.loads(line)
-            ids = tokenizer.apply_chat_template(last_user_turn(row["messages"]), add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)["input_ids"]
+            ids = tokenizer.apply_chat_template(
+                last_user_turn(row["messages"]), add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
             client.rpush(NAIVE_QUEUE, json.dumps(list(ids)))
             count += 1
     return count
@@ -131,33 +143,64 @@ def run(quick: bool) -> list[Result]:
     main_cpu = 1000 * (o_large.root_cpu - o_small.root_cpu) / rows
     cores = os.cpu_count() or 1
     ratio = ours_rate / naive_rate
-    note = (f"marginal rate between {small:,} and {large:,} rows, best of {repeats} (start-up and tokenizer loads "
-            f"excluded for both); CPU per row: ours {ours_cpu:.2f} ms (main process {main_cpu:.2f}, templating "
-            f"{ours_cpu - main_cpu:.2f}), naive {naive_cpu:.2f} ms, so {cores} idle cores allow at most "
-            f"{cores * naive_cpu / ours_cpu:.2f}x")
+    note = (
+        f"marginal rate between {small:,} and {large:,} rows, best of {repeats} (start-up and tokenizer loads "
+        f"excluded for both); CPU per row: ours {ours_cpu:.2f} ms (main process {main_cpu:.2f}, templating "
+        f"{ours_cpu - main_cpu:.2f}), naive {naive_cpu:.2f} ms, so {cores} idle cores allow at most "
+        f"{cores * naive_cpu / ours_cpu:.2f}x"
+    )
     if ratio < TARGET_RATIO:
-        note += ("; missed: the cores were shared with other jobs (load average in the header) and the main "
-                 "process's per-row work (keys, claims, Celery publish) takes its share of them; fixes in "
-                 "docs/benchmarks.md #4")
+        note += (
+            "; missed: the cores were shared with other jobs (load average in the header) and the main "
+            "process's per-row work (keys, claims, Celery publish) takes its share of them; fixes in "
+            "docs/benchmarks.md #4"
+        )
     rss_ratio = rss_large_run.peak_rss / rss_small_run.peak_rss
     return [
-        Result(number=4, figure="producer prompts/s (marginal)", ours=ours_rate, baseline=naive_rate,
-               unit="prompts/s", baseline_name="naive loop: apply_chat_template + RPUSH per row",
-               target=">= 1.8x on 2 cores", met=ratio >= TARGET_RATIO, note=note,
-               details={"ours_wall_s": {k: [m.wall for m in v] for k, v in ours.items()},
-                        "naive_wall_s": {k: [m.wall for m in v] for k, v in naive.items()},
-                        "ours_cpu_ms_per_row": ours_cpu, "naive_cpu_ms_per_row": naive_cpu,
-                        "ours_main_cpu_ms_per_row": main_cpu,
-                        "tasks": summary["tasks"]}),
-        Result(number=4, figure="producer prompts/s (end-to-end, start-up included)", ours=large / o_large.wall,
-               baseline=large / n_large.wall, unit="prompts/s", baseline_name="naive loop, same",
-               target="-", met=None,
-               note=f"{large:,} rows, wall time of the whole command; ours starts 1 + {cores} tokenizers"),
-        Result(number=4, figure=f"producer peak RSS, {rss_large:,} rows ({rss_mode})",
-               ours=rss_large_run.peak_rss / 2**20, baseline=rss_small_run.peak_rss / 2**20, unit="MiB",
-               baseline_name=f"same on {rss_small:,} rows", target=f"flat (<= {FLAT_RSS}x)", met=rss_ratio <= FLAT_RSS,
-               note=(f"RSS of the process tree (main + {cores} templating processes), sampled every 100 ms; "
-                     f"{rss_large:,} rows took {rss_large_run.wall:.0f} s")),
+        Result(
+            number=4,
+            figure="producer prompts/s (marginal)",
+            ours=ours_rate,
+            baseline=naive_rate,
+            unit="prompts/s",
+            baseline_name="naive loop: apply_chat_template + RPUSH per row",
+            target=">= 1.8x on 2 cores",
+            met=ratio >= TARGET_RATIO,
+            note=note,
+            details={
+                "ours_wall_s": {k: [m.wall for m in v] for k, v in ours.items()},
+                "naive_wall_s": {k: [m.wall for m in v] for k, v in naive.items()},
+                "ours_cpu_ms_per_row": ours_cpu,
+                "naive_cpu_ms_per_row": naive_cpu,
+                "ours_main_cpu_ms_per_row": main_cpu,
+                "tasks": summary["tasks"],
+            },
+        ),
+        Result(
+            number=4,
+            figure="producer prompts/s (end-to-end, start-up included)",
+            ours=large / o_large.wall,
+            baseline=large / n_large.wall,
+            unit="prompts/s",
+            baseline_name="naive loop, same",
+            target="-",
+            met=None,
+            note=f"{large:,} rows, wall time of the whole command; ours starts 1 + {cores} tokenizers",
+        ),
+        Result(
+            number=4,
+            figure=f"producer peak RSS, {rss_large:,} rows ({rss_mode})",
+            ours=rss_large_run.peak_rss / 2**20,
+            baseline=rss_small_run.peak_rss / 2**20,
+            unit="MiB",
+            baseline_name=f"same on {rss_small:,} rows",
+            target=f"flat (<= {FLAT_RSS}x)",
+            met=rss_ratio <= FLAT_RSS,
+            note=(
+                f"RSS of the process tree (main + {cores} templating processes), sampled every 100 ms; "
+                f"{rss_large:,} rows took {rss_large_run.wall:.0f} s"
+            ),
+        ),
     ]
 
 

@@ -51,8 +51,13 @@ def run(quick: bool) -> list[Result]:
     count = PROMPTS[quick]
     with Stack("queue-memory") as stack:
         redis = stack.redis()
-        enqueue_backlog(redis.url, write_rows(stack.dir / "rows.jsonl", count, seed=6), "memory",
-                        max_new_tokens=MAX_NEW_TOKENS, temperature=0.6)
+        enqueue_backlog(
+            redis.url,
+            write_rows(stack.dir / "rows.jsonl", count, seed=6),
+            "memory",
+            max_new_tokens=MAX_NEW_TOKENS,
+            temperature=0.6,
+        )
         settings = broker_settings(redis_url=redis.url)
         client = connect(settings)
         ours = _memory(client, QUEUE)
@@ -66,18 +71,43 @@ def run(quick: bool) -> list[Result]:
         app = make_celery(settings)
         for payload in payloads:
             for item in payload.items:
-                app.send_task(TASK_NAME, args=[{
-                    "campaign": payload.campaign, "sampling": payload.sampling, "key": item.key, "row": item.row_id,
-                    "sample": item.sample, "seed": item.seed, "source": item.source, "turn": item.turn,
-                    "ids": item.ids,
-                }], queue=PER_PROMPT_QUEUE, serializer="json")
-            app.send_task(TASK_NAME, args=[{
-                "campaign": payload.campaign, "batch": payload.batch, "sampling": payload.sampling,
-                "keys": [i.key for i in payload.items], "rows": [i.row_id for i in payload.items],
-                "samples": [i.sample for i in payload.items], "seeds": [i.seed for i in payload.items],
-                "sources": [i.source for i in payload.items], "turns": [i.turn for i in payload.items],
-                "ids": [i.ids for i in payload.items],
-            }], queue=BATCHED_QUEUE, serializer="json")
+                app.send_task(
+                    TASK_NAME,
+                    args=[
+                        {
+                            "campaign": payload.campaign,
+                            "sampling": payload.sampling,
+                            "key": item.key,
+                            "row": item.row_id,
+                            "sample": item.sample,
+                            "seed": item.seed,
+                            "source": item.source,
+                            "turn": item.turn,
+                            "ids": item.ids,
+                        }
+                    ],
+                    queue=PER_PROMPT_QUEUE,
+                    serializer="json",
+                )
+            app.send_task(
+                TASK_NAME,
+                args=[
+                    {
+                        "campaign": payload.campaign,
+                        "batch": payload.batch,
+                        "sampling": payload.sampling,
+                        "keys": [i.key for i in payload.items],
+                        "rows": [i.row_id for i in payload.items],
+                        "samples": [i.sample for i in payload.items],
+                        "seeds": [i.seed for i in payload.items],
+                        "sources": [i.source for i in payload.items],
+                        "turns": [i.turn for i in payload.items],
+                        "ids": [i.ids for i in payload.items],
+                    }
+                ],
+                queue=BATCHED_QUEUE,
+                serializer="json",
+            )
         per_prompt = _memory(client, PER_PROMPT_QUEUE)
         batched = _memory(client, BATCHED_QUEUE)
         client.close()
@@ -86,17 +116,48 @@ def run(quick: bool) -> list[Result]:
     ratio = ours_pp / per_prompt_pp
     setup = f"{prompts:,} prompts, {tokens / prompts:.0f} tokens each on average, batches of 16"
     return [
-        Result(number=6, figure="queue bytes per prompt", ours=ours_pp, baseline=per_prompt_pp, unit="B/prompt",
-               baseline_name="Celery json, JSON list-of-ints, one prompt per task", target="<= 0.5x",
-               met=ratio <= TARGET_RATIO,
-               note=(f"{setup}; MEMORY USAGE of the queue list; Celery's argsrepr header is "
-                     f"{argsrepr / prompts:.0f} B/prompt of ours"),
-               details={"ours_bytes": ours, "per_prompt_bytes": per_prompt, "batched_bytes": batched,
-                        "prompts": prompts, "tokens": tokens, "argsrepr_bytes": argsrepr}),
-        Result(number=6, figure="queue bytes per prompt (same batching)", ours=ours_pp, baseline=batched_pp,
-               unit="B/prompt", baseline_name="Celery json, JSON list-of-ints, 16 prompts per task", target="-",
-               met=None, note="the gain from the zstd uint32 id blob alone"),
-        Result(number=6, figure="campaign keys per prompt (kept after the queue drains)",
-               ours=campaign_bytes / prompts, baseline=None, unit="B/prompt", baseline_name="-", target="-",
-               met=None, note="dedup set of 32-hex prompt keys, counters, settings: grows with the campaign"),
+        Result(
+            number=6,
+            figure="queue bytes per prompt",
+            ours=ours_pp,
+            baseline=per_prompt_pp,
+            unit="B/prompt",
+            baseline_name="Celery json, JSON list-of-ints, one prompt per task",
+            target="<= 0.5x",
+            met=ratio <= TARGET_RATIO,
+            note=(
+                f"{setup}; MEMORY USAGE of the queue list; Celery's argsrepr header is "
+                f"{argsrepr / prompts:.0f} B/prompt of ours"
+            ),
+            details={
+                "ours_bytes": ours,
+                "per_prompt_bytes": per_prompt,
+                "batched_bytes": batched,
+                "prompts": prompts,
+                "tokens": tokens,
+                "argsrepr_bytes": argsrepr,
+            },
+        ),
+        Result(
+            number=6,
+            figure="queue bytes per prompt (same batching)",
+            ours=ours_pp,
+            baseline=batched_pp,
+            unit="B/prompt",
+            baseline_name="Celery json, JSON list-of-ints, 16 prompts per task",
+            target="-",
+            met=None,
+            note="the gain from the zstd uint32 id blob alone",
+        ),
+        Result(
+            number=6,
+            figure="campaign keys per prompt (kept after the queue drains)",
+            ours=campaign_bytes / prompts,
+            baseline=None,
+            unit="B/prompt",
+            baseline_name="-",
+            target="-",
+            met=None,
+            note="dedup set of 32-hex prompt keys, counters, settings: grows with the campaign",
+        ),
     ]

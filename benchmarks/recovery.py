@@ -69,14 +69,24 @@ def _gate_started(redis_url: str, node: str) -> float | None:
 
 def _one(stack: Stack, redis_url: str, quick: bool, concurrency: int, index: int) -> dict:
     """One cold start of server and worker together; returns its timings."""
-    process, url = stack.devserver("--startup-delay", str(STARTUP_DELAY[quick]), "--warmup", str(WARMUP[quick]),
-                                   "--token-latency", str(TOKEN_LATENCY), wait=False)
+    process, url = stack.devserver(
+        "--startup-delay",
+        str(STARTUP_DELAY[quick]),
+        "--warmup",
+        str(WARMUP[quick]),
+        "--token-latency",
+        str(TOKEN_LATENCY),
+        wait=False,
+    )
     node = f"recovery{index}@{socket.gethostname()}"
     worker = stack.worker(servers=[url], redis_url=redis_url, concurrency=concurrency, name=node)
     try:
         polled = _poll_healthy(url, timeout=60 + STARTUP_DELAY[quick] + WARMUP[quick])
-        stats = wait_for(lambda: (s := dev_stats(url))["first_generate_at"] and s, timeout=GENERATE_TIMEOUT,
-                         what="the first /generate")
+        stats = wait_for(
+            lambda: (s := dev_stats(url))["first_generate_at"] and s,
+            timeout=GENERATE_TIMEOUT,
+            what="the first /generate",
+        )
         started = _gate_started(redis_url, node)
         return {
             "recovery_s": stats["first_generate_at"] - stats["healthy_at"],
@@ -95,23 +105,37 @@ def run(quick: bool) -> list[Result]:
     concurrency = default_concurrency(inflight=DEFAULT_INFLIGHT, servers=1)
     with Stack("recovery") as stack:
         redis = stack.redis()
-        enqueue_backlog(redis.url, write_rows(stack.dir / "rows.jsonl", BACKLOG_ROWS, seed=2), "recovery",
-                        max_new_tokens=256)
+        enqueue_backlog(
+            redis.url, write_rows(stack.dir / "rows.jsonl", BACKLOG_ROWS, seed=2), "recovery", max_new_tokens=256
+        )
         runs = [_one(stack, redis.url, quick, concurrency, i) for i in range(REPEATS)]
     times = [r["recovery_s"] for r in runs]
     early = sum(r["generate_calls_before_healthy"] for r in runs)
     late_gate = sum(1 for r in runs if r["gate_lead_s"] is None or r["gate_lead_s"] < 0)
     worst, median = max(times), statistics.median(times)
-    note = (f"max of {REPEATS} cold starts (startup delay {STARTUP_DELAY[quick]:g} s + warm-up {WARMUP[quick]:g} s), "
-            f"median {median:.2f} s, each: {', '.join(f'{t:.2f}' for t in times)} s; "
-            f"/generate calls before healthy: {early}")
+    note = (
+        f"max of {REPEATS} cold starts (startup delay {STARTUP_DELAY[quick]:g} s + warm-up {WARMUP[quick]:g} s), "
+        f"median {median:.2f} s, each: {', '.join(f'{t:.2f}' for t in times)} s; "
+        f"/generate calls before healthy: {early}"
+    )
     if late_gate:
         note += f"; in {late_gate} run(s) the worker itself was still starting when the server turned healthy"
     if worst > TARGET_SECONDS:
-        note += ("; the gate's probe backoff (0.2 s x1.5 up to 1 s) plus consumer restart sets this: "
-                 "cap the not-healthy probe interval lower to recover faster")
-    return [Result(
-        number=2, figure="recovery: healthy -> first /generate", ours=worst, baseline=None, unit="s",
-        baseline_name="-", target="<= 2 s", met=worst <= TARGET_SECONDS and early == 0, note=note,
-        details={"runs": runs},
-    )]
+        note += (
+            "; the gate's probe backoff (0.2 s x1.5 up to 1 s) plus consumer restart sets this: "
+            "cap the not-healthy probe interval lower to recover faster"
+        )
+    return [
+        Result(
+            number=2,
+            figure="recovery: healthy -> first /generate",
+            ours=worst,
+            baseline=None,
+            unit="s",
+            baseline_name="-",
+            target="<= 2 s",
+            met=worst <= TARGET_SECONDS and early == 0,
+            note=note,
+            details={"runs": runs},
+        )
+    ]

@@ -76,9 +76,14 @@ def _measure(stack: Stack, redis, url: str, devserver_pid: int, k: int, quick: b
         redis_pid = redis.proc.pid
 
         def sample() -> tuple:
-            return (campaign_progress(redis.url, "scaling").done, time.monotonic(),
-                    sum(tree_cpu_seconds(p) for p in pids), main_cpu_seconds(devserver_pid),
-                    main_cpu_seconds(redis_pid), *_machine_busy())
+            return (
+                campaign_progress(redis.url, "scaling").done,
+                time.monotonic(),
+                sum(tree_cpu_seconds(p) for p in pids),
+                main_cpu_seconds(devserver_pid),
+                main_cpu_seconds(redis_pid),
+                *_machine_busy(),
+            )
 
         before = sample()
         time.sleep(WINDOW[quick])
@@ -93,9 +98,14 @@ def _measure(stack: Stack, redis, url: str, devserver_pid: int, k: int, quick: b
     cores = psutil.cpu_count() or 1
     ours = workers_cpu + dev_cpu + redis_cpu
     return {
-        "processes": k, "records_per_s": done / wall, "records": done,
-        "workers_cores": workers_cpu / wall, "devserver_cores": dev_cpu / wall, "redis_cores": redis_cpu / wall,
-        "machine_busy": busy / total, "machine_cores": cores,
+        "processes": k,
+        "records_per_s": done / wall,
+        "records": done,
+        "workers_cores": workers_cpu / wall,
+        "devserver_cores": dev_cpu / wall,
+        "redis_cores": redis_cpu / wall,
+        "machine_busy": busy / total,
+        "machine_cores": cores,
         # CPU the rest of the machine used meanwhile (this harness sleeps; other users' jobs).
         "other_cores": max(0.0, busy / total * cores - ours / wall),
     }
@@ -114,8 +124,14 @@ def run(quick: bool) -> list[Result]:
             pending = campaign_progress(redis.url, "scaling").pending
             if pending < needed:
                 rows = int((needed - pending) / SAMPLES) + 1
-                enqueue_backlog(redis.url, write_rows(stack.dir / f"rows-{k}.jsonl", rows, seed=100 + k), "scaling",
-                                max_new_tokens=MAX_NEW_TOKENS, temperature=0.6, samples=SAMPLES)
+                enqueue_backlog(
+                    redis.url,
+                    write_rows(stack.dir / f"rows-{k}.jsonl", rows, seed=100 + k),
+                    "scaling",
+                    max_new_tokens=MAX_NEW_TOKENS,
+                    temperature=0.6,
+                    samples=SAMPLES,
+                )
             runs.append(_measure(stack, redis, url, devserver.proc.pid, k, quick))
     base = runs[0]["records_per_s"]
     results = []
@@ -124,10 +140,12 @@ def run(quick: bool) -> list[Result]:
         ratio = r["records_per_s"] / base
         linear = ratio >= LINEAR_SHARE * k
         saturated = r["machine_busy"] >= SATURATED
-        where = (f"CPU: workers {r['workers_cores']:.2f}, devserver {r['devserver_cores']:.2f}, "
-                 f"redis {r['redis_cores']:.2f}, other processes {r['other_cores']:.2f} cores; "
-                 f"machine {100 * r['machine_busy']:.0f} % busy of "
-                 f"{r['machine_cores']} cores")
+        where = (
+            f"CPU: workers {r['workers_cores']:.2f}, devserver {r['devserver_cores']:.2f}, "
+            f"redis {r['redis_cores']:.2f}, other processes {r['other_cores']:.2f} cores; "
+            f"machine {100 * r['machine_busy']:.0f} % busy of "
+            f"{r['machine_cores']} cores"
+        )
         if k == 1:
             note = f"baseline; {where}"
         elif linear:
@@ -136,10 +154,19 @@ def run(quick: bool) -> list[Result]:
             note = f"cores ran out (machine >= {100 * SATURATED:.0f} % busy): {where}"
         else:
             note = f"sub-linear with idle CPU left: {where}"
-        results.append(Result(
-            number=7, figure=f"scaling: {k} worker process{'es' if k > 1 else ''} x --concurrency {CONCURRENCY}",
-            ours=r["records_per_s"], baseline=base, unit="records/s", baseline_name="1 process",
-            target="near-linear until the cores run out" if k > 1 else "-",
-            met=None if k == 1 else (linear or saturated), note=note, ratio=ratio, details=r,
-        ))
+        results.append(
+            Result(
+                number=7,
+                figure=f"scaling: {k} worker process{'es' if k > 1 else ''} x --concurrency {CONCURRENCY}",
+                ours=r["records_per_s"],
+                baseline=base,
+                unit="records/s",
+                baseline_name="1 process",
+                target="near-linear until the cores run out" if k > 1 else "-",
+                met=None if k == 1 else (linear or saturated),
+                note=note,
+                ratio=ratio,
+                details=r,
+            )
+        )
     return results

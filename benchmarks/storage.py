@@ -93,18 +93,21 @@ def synth_records(tokenizer, *, tokens: int, seed: int = 0) -> list[Record]:
         cursor += count
         if cursor > len(pool):
             raise StopIteration
-        return pool[cursor - count:cursor]
+        return pool[cursor - count : cursor]
 
     marker = tokenizer.convert_tokens_to_ids("X")
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "X"}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=True)["input_ids"]
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "X"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     cut = rendered.index(marker)
-    before, after = rendered[:cut], rendered[cut + 1:]
+    before, after = rendered[:cut], rendered[cut + 1 :]
     im_start, im_end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
     system_header = [im_start] + tokenizer("system", add_special_tokens=False)["input_ids"] + newline
-    systems = [system_header + tokenizer(text, add_special_tokens=False)["input_ids"] + [im_end] + newline
-               for text in ("You are a helpful assistant.", "You are a careful senior engineer. Answer precisely.")]
+    systems = [
+        system_header + tokenizer(text, add_special_tokens=False)["input_ids"] + [im_end] + newline
+        for text in ("You are a helpful assistant.", "You are a careful senior engineer. Answer precisely.")
+    ]
     think_close = tokenizer.convert_tokens_to_ids("</think>")
     blank = tokenizer("\n\n", add_special_tokens=False)["input_ids"]
 
@@ -116,22 +119,42 @@ def synth_records(tokenizer, *, tokens: int, seed: int = 0) -> list[Record]:
     try:
         while cursor < tokens:
             n = len(records)
-            prompt = (rng.choice(systems) if rng.random() < SYSTEM_SHARE else []) + before + take(length(PROMPT_LEN)) + after
+            prompt = (
+                (rng.choice(systems) if rng.random() < SYSTEM_SHARE else []) + before + take(length(PROMPT_LEN)) + after
+            )
             size = length(OUTPUT_LEN)
             if rng.random() < TRUNCATED_SHARE:
                 finish, output = "length", take(size)
             else:
                 thinking = rng.randrange(size // 4, size * 3 // 4)
                 finish, output = "stop", take(thinking) + [think_close] + blank + take(size - thinking) + [im_end]
-            records.append(Record(
-                key=hashlib.blake2b(f"{seed}:{n}".encode(), digest_size=16).hexdigest(), id=f"row-{n}", sample=0,
-                turn=0, prompt_ids=prompt, output_ids=output, finish_reason=finish,
-                finish_matched=im_end if finish == "stop" else None, prompt_tokens=len(prompt),
-                completion_tokens=len(output), cached_tokens=rng.choice([0, len(prompt) // 2]), campaign="bench",
-                sampling={"max_new_tokens": 2048, "temperature": 0.6, "top_p": 0.95, "sampling_seed": rng.randrange(2**31)},
-                source=f"data/train.jsonl:{n + 1}", server="http://10.0.0.7:30000", worker="eagle-synth-ab12@gpu3",
-                e2e_latency=round(rng.uniform(1, 60), 3), created_at=1.7e9 + n,
-            ))
+            records.append(
+                Record(
+                    key=hashlib.blake2b(f"{seed}:{n}".encode(), digest_size=16).hexdigest(),
+                    id=f"row-{n}",
+                    sample=0,
+                    turn=0,
+                    prompt_ids=prompt,
+                    output_ids=output,
+                    finish_reason=finish,
+                    finish_matched=im_end if finish == "stop" else None,
+                    prompt_tokens=len(prompt),
+                    completion_tokens=len(output),
+                    cached_tokens=rng.choice([0, len(prompt) // 2]),
+                    campaign="bench",
+                    sampling={
+                        "max_new_tokens": 2048,
+                        "temperature": 0.6,
+                        "top_p": 0.95,
+                        "sampling_seed": rng.randrange(2**31),
+                    },
+                    source=f"data/train.jsonl:{n + 1}",
+                    server="http://10.0.0.7:30000",
+                    worker="eagle-synth-ab12@gpu3",
+                    e2e_latency=round(rng.uniform(1, 60), 3),
+                    created_at=1.7e9 + n,
+                )
+            )
     except StopIteration:
         pass
     return records
@@ -191,8 +214,14 @@ def _u24(ids: list[int]) -> bytes:
 
 
 def _row(figure: str, ours: float, baseline: str, value: float, unit: str) -> dict:
-    return {"figure": figure, "ours": round(ours, 4), "baseline": baseline, "baseline_value": round(value, 4),
-            "ratio": round(ours / value, 4) if value else None, "unit": unit}
+    return {
+        "figure": figure,
+        "ours": round(ours, 4),
+        "baseline": baseline,
+        "baseline_value": round(value, 4),
+        "ratio": round(ours / value, 4) if value else None,
+        "unit": unit,
+    }
 
 
 def _best_rate(tokens: int, run, repeats: int) -> float:
@@ -217,7 +246,7 @@ def run(quick: bool) -> list[dict]:
     tokenizer = AutoTokenizer.from_pretrained(str(bench_tokenizer()))
     records = synth_records(tokenizer, tokens=QUICK_TOKENS if quick else FULL_TOKENS)
     tokens = sum(len(r.prompt_ids) + len(r.output_ids) for r in records)
-    batches = [records[i:i + BATCH_RECORDS] for i in range(0, len(records), BATCH_RECORDS)]
+    batches = [records[i : i + BATCH_RECORDS] for i in range(0, len(records), BATCH_RECORDS)]
     rows: list[dict] = []
     repeats = 1 if quick else 3
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,27 +257,57 @@ def run(quick: bool) -> list[dict]:
         batch_bytes = _folder_bytes(folder)
         batch_gzip = sum(len(_jsonl_gzip(batch)) for batch in batches)
         batch_v1 = sum(_msgpack_zstd(batch, pack_ids, RECORD_ZSTD_LEVEL) for batch in batches)
-        rows.append(_row("bytes/token, batch files", batch_bytes / tokens, "JSONL+gzip, same batches", batch_gzip / tokens, "B/token"))
-        rows.append(_row("bytes/token, batch files", batch_bytes / tokens, "format v1 (u32le, zstd-9)", batch_v1 / tokens, "B/token"))
+        rows.append(
+            _row(
+                "bytes/token, batch files",
+                batch_bytes / tokens,
+                "JSONL+gzip, same batches",
+                batch_gzip / tokens,
+                "B/token",
+            )
+        )
+        rows.append(
+            _row(
+                "bytes/token, batch files",
+                batch_bytes / tokens,
+                "format v1 (u32le, zstd-9)",
+                batch_v1 / tokens,
+                "B/token",
+            )
+        )
 
         read_rate = _best_rate(tokens, lambda: sum(len(r.prompt_ids) for r in iter_records(campaign)), repeats)
 
         compact(campaign, min_age=0)
         shard_bytes = _folder_bytes(folder)
         whole_gzip = _jsonl_gzip(records)
-        rows.append(_row("bytes/token, compacted shard", shard_bytes / tokens, "JSONL+gzip, one file", len(whole_gzip) / tokens, "B/token"))
-        rows.append(_row("bytes/token, compacted shard", shard_bytes / tokens, "raw int32 ids (no metadata)", 4.0, "B/token"))
+        rows.append(
+            _row(
+                "bytes/token, compacted shard",
+                shard_bytes / tokens,
+                "JSONL+gzip, one file",
+                len(whole_gzip) / tokens,
+                "B/token",
+            )
+        )
+        rows.append(
+            _row("bytes/token, compacted shard", shard_bytes / tokens, "raw int32 ids (no metadata)", 4.0, "B/token")
+        )
         for name, encode in (("u32le", pack_ids), ("byte-shuffled u32", _shuffled), ("LEB128 varint", _varint)):
             other = _msgpack_zstd(records, encode, SHARD_ZSTD_LEVEL)
             ours = _msgpack_zstd(records, _u24, SHARD_ZSTD_LEVEL)
-            rows.append(_row("bytes/token, id codec at zstd-19", ours / tokens, f"{name} + zstd-19", other / tokens, "B/token"))
+            rows.append(
+                _row("bytes/token, id codec at zstd-19", ours / tokens, f"{name} + zstd-19", other / tokens, "B/token")
+            )
 
         sample = [r.output_ids for r in records[:200]]
         sample_tokens = sum(map(len, sample))
         u24_blobs, varint_blobs = [_u24(ids) for ids in sample], [_varint(ids) for ids in sample]
         u24_rate = _best_rate(sample_tokens, lambda: [decode_ids(b, "u24le") for b in u24_blobs], repeats)
         varint_rate = _best_rate(sample_tokens, lambda: [_unvarint(b) for b in varint_blobs], repeats)
-        rows.append(_row("decode tokens/s, u24le ids", u24_rate, "LEB128 varint (pure Python)", varint_rate, "tokens/s"))
+        rows.append(
+            _row("decode tokens/s, u24le ids", u24_rate, "LEB128 varint (pure Python)", varint_rate, "tokens/s")
+        )
 
         gz_path = Path(tmp) / "records.jsonl.gz"
         gz_path.write_bytes(whole_gzip)
@@ -259,23 +318,44 @@ def run(quick: bool) -> list[dict]:
                     json.loads(line)
 
         gzip_rate = _best_rate(tokens, read_gzip, repeats)
-        rows.append(_row("read tokens/s, iter_records (lists)", read_rate, "JSONL+gzip json.loads", gzip_rate, "tokens/s"))
+        rows.append(
+            _row("read tokens/s, iter_records (lists)", read_rate, "JSONL+gzip json.loads", gzip_rate, "tokens/s")
+        )
         raw_rate = _best_rate(tokens, lambda: sum(r.prompt_len for r in iter_raw_records(campaign)), repeats)
-        rows.append(_row("read tokens/s, iter_raw_records (bytes)", raw_rate, "JSONL+gzip json.loads", gzip_rate, "tokens/s"))
+        rows.append(
+            _row("read tokens/s, iter_raw_records (bytes)", raw_rate, "JSONL+gzip json.loads", gzip_rate, "tokens/s")
+        )
         for fmt in ("parquet", "jsonl"):
             export_records(campaign, Path(tmp) / f"out.{fmt}", format=fmt)  # warm-up: imports, caches
-            rate = _best_rate(tokens, lambda fmt=fmt: export_records(campaign, Path(tmp) / f"out.{fmt}", format=fmt), repeats)
+            rate = _best_rate(
+                tokens, lambda fmt=fmt: export_records(campaign, Path(tmp) / f"out.{fmt}", format=fmt), repeats
+            )
             rows.append(_row(f"export tokens/s, {fmt}", rate, "JSONL+gzip json.loads", gzip_rate, "tokens/s"))
-    rows.append({"figure": "corpus tokens", "ours": tokens, "baseline": f"{len(records)} records", "baseline_value": len(records),
-                 "ratio": None, "unit": "tokens"})
+    rows.append(
+        {
+            "figure": "corpus tokens",
+            "ours": tokens,
+            "baseline": f"{len(records)} records",
+            "baseline_value": len(records),
+            "ratio": None,
+            "unit": "tokens",
+        }
+    )
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
     header = ("figure", "ours", "baseline", "baseline value", "ours/baseline")
-    lines = [header] + [(r["figure"], f"{r['ours']:,.3f}" if r["ours"] < 100 else f"{r['ours']:,.0f}", r["baseline"],
-                         f"{r['baseline_value']:,.3f}" if r["baseline_value"] < 100 else f"{r['baseline_value']:,.0f}",
-                         "-" if r["ratio"] is None else f"{r['ratio']:.3f}") for r in rows]
+    lines = [header] + [
+        (
+            r["figure"],
+            f"{r['ours']:,.3f}" if r["ours"] < 100 else f"{r['ours']:,.0f}",
+            r["baseline"],
+            f"{r['baseline_value']:,.3f}" if r["baseline_value"] < 100 else f"{r['baseline_value']:,.0f}",
+            "-" if r["ratio"] is None else f"{r['ratio']:.3f}",
+        )
+        for r in rows
+    ]
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     for n, line in enumerate(lines):
         print("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths)))

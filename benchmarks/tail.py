@@ -57,8 +57,16 @@ TARGET_RATIO = 0.90
 
 
 def _devserver_args(slots: int) -> tuple[str, ...]:
-    return ("--max-running", str(slots), "--token-latency", str(TOKEN_LATENCY),
-            "--length-median", str(LENGTH_MEDIAN), "--length-sigma", str(LENGTH_SIGMA))
+    return (
+        "--max-running",
+        str(slots),
+        "--token-latency",
+        str(TOKEN_LATENCY),
+        "--length-median",
+        str(LENGTH_MEDIAN),
+        "--length-sigma",
+        str(LENGTH_SIGMA),
+    )
 
 
 def measure_worker(quick: bool, *, inflight: int, slots: int, window: bool = True) -> tuple[dict, list]:
@@ -70,11 +78,18 @@ def measure_worker(quick: bool, *, inflight: int, slots: int, window: bool = Tru
         rows = write_rows(stack.dir / "rows.jsonl", prompts_count, seed=8)
         enqueue_backlog(redis.url, rows, "tail", max_new_tokens=MAX_NEW_TOKENS)
         prompts = _queued_prompts(redis.url)
-        worker = stack.worker(servers=[url], redis_url=redis.url,
-                              concurrency=default_concurrency(inflight=inflight, servers=1),
-                              args=("--inflight", str(inflight)))
-        wait_for(lambda: dev_stats(url)["first_generate_at"] or not worker.alive(), timeout=FIRST_GENERATE_TIMEOUT,
-                 interval=0.01, what="the worker's first /generate")
+        worker = stack.worker(
+            servers=[url],
+            redis_url=redis.url,
+            concurrency=default_concurrency(inflight=inflight, servers=1),
+            args=("--inflight", str(inflight)),
+        )
+        wait_for(
+            lambda: dev_stats(url)["first_generate_at"] or not worker.alive(),
+            timeout=FIRST_GENERATE_TIMEOUT,
+            interval=0.01,
+            what="the worker's first /generate",
+        )
         if not worker.alive():
             raise RuntimeError(f"worker exited:\n{stack.logs()}")
         started = time.monotonic()
@@ -86,13 +101,18 @@ def measure_worker(quick: bool, *, inflight: int, slots: int, window: bool = Tru
             pending = campaign_progress(redis.url, "tail").pending
             if pending <= inflight:
                 raise RuntimeError(f"the backlog drained during the window ({pending} left): raise PROMPTS")
-            figures.update(occupancy=stats["occupancy"], sampled_occupancy=stats["sampled_occupancy"],
-                           window_s=stats["window"])
+            figures.update(
+                occupancy=stats["occupancy"], sampled_occupancy=stats["sampled_occupancy"], window_s=stats["window"]
+            )
         finished = wait_done(redis.url, "tail", prompts_count, timeout=600, stack=stack)
         cpu = tree_cpu_seconds(worker.proc.pid) - cpu_before
-        figures.update(wall_s=finished - started, cpu_ms_per_record=1000 * cpu / prompts_count,
-                       pss_mib=tree_pss(worker.proc.pid) / 2**20, prompts=prompts_count,
-                       output_tokens=dev_stats(url).get("output_tokens"))
+        figures.update(
+            wall_s=finished - started,
+            cpu_ms_per_record=1000 * cpu / prompts_count,
+            pss_mib=tree_pss(worker.proc.pid) / 2**20,
+            prompts=prompts_count,
+            output_tokens=dev_stats(url).get("output_tokens"),
+        )
         return figures, prompts
 
 
@@ -119,8 +139,9 @@ async def _ideal(url: str, prompts: list, inflight: int, quick: bool) -> dict:
             stats = await asyncio.to_thread(_window, url, WINDOW[quick])
             if not queue:
                 raise RuntimeError("the ideal client's backlog drained during the window: raise PROMPTS")
-            figures.update(occupancy=stats["occupancy"], sampled_occupancy=stats["sampled_occupancy"],
-                           window_s=stats["window"])
+            figures.update(
+                occupancy=stats["occupancy"], sampled_occupancy=stats["sampled_occupancy"], window_s=stats["window"]
+            )
 
         await asyncio.gather(measure(), *tasks)
         figures["wall_s"] = time.monotonic() - started
@@ -137,27 +158,58 @@ def run(quick: bool) -> list[Result]:
     ours, prompts = measure_worker(quick, inflight=INFLIGHT, slots=MAX_RUNNING)
     ideal = measure_ideal(quick, prompts)
     large, _ = measure_worker(quick, inflight=LARGE_INFLIGHT, slots=LARGE_INFLIGHT, window=False)
-    setup = (f"{MAX_RUNNING} slots freed per sequence, lognormal lengths median {LENGTH_MEDIAN} sigma {LENGTH_SIGMA} "
-             f"cap {MAX_NEW_TOKENS}, {TOKEN_LATENCY * 1000:g} ms/token, {ours['prompts']} prompts, {INFLIGHT} in flight "
-             f"on both sides")
+    setup = (
+        f"{MAX_RUNNING} slots freed per sequence, lognormal lengths median {LENGTH_MEDIAN} sigma {LENGTH_SIGMA} "
+        f"cap {MAX_NEW_TOKENS}, {TOKEN_LATENCY * 1000:g} ms/token, {ours['prompts']} prompts, {INFLIGHT} in flight "
+        f"on both sides"
+    )
     ratio = ours["occupancy"] / ideal["occupancy"]
     return [
-        Result(number=8, figure="slot occupancy while a backlog waits, heavy-tailed outputs",
-               ours=100 * ours["occupancy"], baseline=100 * ideal["occupancy"], unit="% slot-time",
-               baseline_name="ideal per-prompt refill client (aiohttp)", target=">= 0.90 x ideal",
-               met=ratio >= TARGET_RATIO,
-               note=f"{setup}; window {ours['window_s']:.1f} s; running count sampled every 0.1 s: ours "
-                    f"{100 * ours['sampled_occupancy']:.1f} %, ideal {100 * ideal['sampled_occupancy']:.1f} %",
-               details={"ours": ours, "ideal": ideal}),
-        Result(number=8, figure="campaign wall time, heavy-tailed outputs", ours=ours["wall_s"],
-               baseline=ideal["wall_s"], unit="s", baseline_name="ideal per-prompt refill client",
-               target="-", met=None, note="first /generate to last record written (ours) or answered (ideal)"),
-        Result(number=8, figure=f"worker CPU per record, --inflight {INFLIGHT}", ours=ours["cpu_ms_per_record"],
-               baseline=None, unit="CPU ms/record", baseline_name="-", target="-", met=None,
-               note=f"worker process tree over the whole campaign; PSS {ours['pss_mib']:.0f} MiB at the end"),
-        Result(number=8, figure=f"worker CPU per record, --inflight {LARGE_INFLIGHT}",
-               ours=large["cpu_ms_per_record"], baseline=ours["cpu_ms_per_record"], unit="CPU ms/record",
-               baseline_name=f"--inflight {INFLIGHT}", target="bounded", met=None,
-               note=f"{LARGE_INFLIGHT}-slot server, same lengths; PSS {large['pss_mib']:.0f} MiB at the end "
-                    f"(vs {ours['pss_mib']:.0f} MiB at {INFLIGHT}); wall {large['wall_s']:.1f} s"),
+        Result(
+            number=8,
+            figure="slot occupancy while a backlog waits, heavy-tailed outputs",
+            ours=100 * ours["occupancy"],
+            baseline=100 * ideal["occupancy"],
+            unit="% slot-time",
+            baseline_name="ideal per-prompt refill client (aiohttp)",
+            target=">= 0.90 x ideal",
+            met=ratio >= TARGET_RATIO,
+            note=f"{setup}; window {ours['window_s']:.1f} s; running count sampled every 0.1 s: ours "
+            f"{100 * ours['sampled_occupancy']:.1f} %, ideal {100 * ideal['sampled_occupancy']:.1f} %",
+            details={"ours": ours, "ideal": ideal},
+        ),
+        Result(
+            number=8,
+            figure="campaign wall time, heavy-tailed outputs",
+            ours=ours["wall_s"],
+            baseline=ideal["wall_s"],
+            unit="s",
+            baseline_name="ideal per-prompt refill client",
+            target="-",
+            met=None,
+            note="first /generate to last record written (ours) or answered (ideal)",
+        ),
+        Result(
+            number=8,
+            figure=f"worker CPU per record, --inflight {INFLIGHT}",
+            ours=ours["cpu_ms_per_record"],
+            baseline=None,
+            unit="CPU ms/record",
+            baseline_name="-",
+            target="-",
+            met=None,
+            note=f"worker process tree over the whole campaign; PSS {ours['pss_mib']:.0f} MiB at the end",
+        ),
+        Result(
+            number=8,
+            figure=f"worker CPU per record, --inflight {LARGE_INFLIGHT}",
+            ours=large["cpu_ms_per_record"],
+            baseline=ours["cpu_ms_per_record"],
+            unit="CPU ms/record",
+            baseline_name=f"--inflight {INFLIGHT}",
+            target="bounded",
+            met=None,
+            note=f"{LARGE_INFLIGHT}-slot server, same lengths; PSS {large['pss_mib']:.0f} MiB at the end "
+            f"(vs {ours['pss_mib']:.0f} MiB at {INFLIGHT}); wall {large['wall_s']:.1f} s",
+        ),
     ]

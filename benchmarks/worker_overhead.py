@@ -51,8 +51,17 @@ RUN_TIMEOUT = 300.0
 TARGET_RATIO = 1.5
 
 
-def _measure_worker(stack: Stack, redis_url: str, url: str, concurrency: int, warm: int, measured: int,
-                    campaign: str, start_done: int = 0, args: tuple[str, ...] = ()) -> dict:
+def _measure_worker(
+    stack: Stack,
+    redis_url: str,
+    url: str,
+    concurrency: int,
+    warm: int,
+    measured: int,
+    campaign: str,
+    start_done: int = 0,
+    args: tuple[str, ...] = (),
+) -> dict:
     worker = stack.worker(servers=[url], redis_url=redis_url, concurrency=concurrency, args=args)
     try:
         wait_done(redis_url, campaign, start_done + warm, timeout=RUN_TIMEOUT, stack=stack)
@@ -65,9 +74,14 @@ def _measure_worker(stack: Stack, redis_url: str, url: str, concurrency: int, wa
     finally:
         stack.stop_worker(worker)
     records = done1 - done0
-    return {"cpu_ms_per_record": 1000 * (cpu1 - cpu0) / records,
-            "main_process_ms_per_record": 1000 * (main1 - main0) / records, "records": records,
-            "records_per_s": records / (t1 - t0), "cores": (cpu1 - cpu0) / (t1 - t0), "concurrency": concurrency}
+    return {
+        "cpu_ms_per_record": 1000 * (cpu1 - cpu0) / records,
+        "main_process_ms_per_record": 1000 * (main1 - main0) / records,
+        "records": records,
+        "records_per_s": records / (t1 - t0),
+        "cores": (cpu1 - cpu0) / (t1 - t0),
+        "concurrency": concurrency,
+    }
 
 
 def _bare_loop(url: str, payloads: list, out) -> dict:
@@ -77,26 +91,46 @@ def _bare_loop(url: str, payloads: list, out) -> dict:
     cpu0, t0 = time.process_time(), time.monotonic()
     for payload in payloads:
         sampling = [payload.sampling_for(i) for i in payload.items]
-        response = session.post(f"{url}/generate", json={"input_ids": [i.ids for i in payload.items],
-                                                          "sampling_params": sampling}, timeout=60)
+        response = session.post(
+            f"{url}/generate",
+            json={"input_ids": [i.ids for i in payload.items], "sampling_params": sampling},
+            timeout=60,
+        )
         response.raise_for_status()
         records = []
         for item, answer, params in zip(payload.items, response.json(), sampling, strict=True):
             meta = answer["meta_info"]
             finish = meta["finish_reason"]
-            records.append(Record(
-                key=item.key, id=item.row_id, sample=item.sample, turn=item.turn, prompt_ids=item.ids,
-                output_ids=answer["output_ids"], finish_reason=finish["type"], finish_matched=finish.get("matched"),
-                prompt_tokens=meta["prompt_tokens"], completion_tokens=meta["completion_tokens"],
-                cached_tokens=meta.get("cached_tokens") or 0, campaign=payload.campaign, sampling=params,
-                source=item.source, server=url, worker="bare", e2e_latency=meta.get("e2e_latency"),
-                created_at=time.time(),
-            ))
+            records.append(
+                Record(
+                    key=item.key,
+                    id=item.row_id,
+                    sample=item.sample,
+                    turn=item.turn,
+                    prompt_ids=item.ids,
+                    output_ids=answer["output_ids"],
+                    finish_reason=finish["type"],
+                    finish_matched=finish.get("matched"),
+                    prompt_tokens=meta["prompt_tokens"],
+                    completion_tokens=meta["completion_tokens"],
+                    cached_tokens=meta.get("cached_tokens") or 0,
+                    campaign=payload.campaign,
+                    sampling=params,
+                    source=item.source,
+                    server=url,
+                    worker="bare",
+                    e2e_latency=meta.get("e2e_latency"),
+                    created_at=time.time(),
+                )
+            )
         write_record_file(out, campaign=payload.campaign, batch=payload.batch, records=records)
         records_written += len(records)
     cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
-    return {"cpu_ms_per_record": 1000 * cpu / records_written, "records": records_written,
-            "records_per_s": records_written / wall}
+    return {
+        "cpu_ms_per_record": 1000 * cpu / records_written,
+        "records": records_written,
+        "records_per_s": records_written / wall,
+    }
 
 
 async def _bare_prompt_loop_async(url: str, payloads: list, out, inflight: int) -> int:
@@ -110,16 +144,30 @@ async def _bare_prompt_loop_async(url: str, payloads: list, out, inflight: int) 
 
         async def one(payload, item) -> Record:
             params = payload.sampling_for(item)
-            async with gate, session.post(f"{url}/generate", json={"input_ids": item.ids,
-                                                                  "sampling_params": params}) as response:
+            async with (
+                gate,
+                session.post(f"{url}/generate", json={"input_ids": item.ids, "sampling_params": params}) as response,
+            ):
                 answer = await response.json()
             meta, finish = answer["meta_info"], answer["meta_info"]["finish_reason"]
             return Record(
-                key=item.key, id=item.row_id, sample=item.sample, turn=item.turn, prompt_ids=item.ids,
-                output_ids=answer["output_ids"], finish_reason=finish["type"], finish_matched=finish.get("matched"),
-                prompt_tokens=meta["prompt_tokens"], completion_tokens=meta["completion_tokens"],
-                cached_tokens=meta.get("cached_tokens") or 0, campaign=payload.campaign, sampling=params,
-                source=item.source, server=url, worker="bare", e2e_latency=meta.get("e2e_latency"),
+                key=item.key,
+                id=item.row_id,
+                sample=item.sample,
+                turn=item.turn,
+                prompt_ids=item.ids,
+                output_ids=answer["output_ids"],
+                finish_reason=finish["type"],
+                finish_matched=finish.get("matched"),
+                prompt_tokens=meta["prompt_tokens"],
+                completion_tokens=meta["completion_tokens"],
+                cached_tokens=meta.get("cached_tokens") or 0,
+                campaign=payload.campaign,
+                sampling=params,
+                source=item.source,
+                server=url,
+                worker="bare",
+                e2e_latency=meta.get("e2e_latency"),
                 created_at=time.time(),
             )
 
@@ -149,45 +197,84 @@ def run(quick: bool) -> list[Result]:
     with Stack("worker-overhead") as stack:
         redis = stack.redis()
         _, url = stack.devserver("--mean-output-tokens", str(MEAN_OUTPUT_TOKENS))
-        enqueue_backlog(redis.url, write_rows(stack.dir / "rows.jsonl", warm + measured, seed=3), "overhead",
-                        max_new_tokens=MAX_NEW_TOKENS)
+        enqueue_backlog(
+            redis.url,
+            write_rows(stack.dir / "rows.jsonl", warm + measured, seed=3),
+            "overhead",
+            max_new_tokens=MAX_NEW_TOKENS,
+        )
         payloads = queued_payloads(redis.url)
         ours = _measure_worker(stack, redis.url, url, CONCURRENCY, warm, measured, "overhead")
         # The same prompts in the same batches, as many records as the worker was measured on.
         bare = _bare_loop(url, payloads[: measured // len(payloads[0].items)], stack.dir / "bare")
         bare_prompt = _bare_prompt_loop(url, payloads[: measured // len(payloads[0].items)], stack.dir / "bare2")
         # Again without Celery task events (Flower's task views need them; the backlog view does not).
-        enqueue_backlog(redis.url, write_rows(stack.dir / "rows2.jsonl", warm + measured, seed=4), "overhead2",
-                        max_new_tokens=MAX_NEW_TOKENS)
-        quiet = _measure_worker(stack, redis.url, url, CONCURRENCY, warm, measured, "overhead2",
-                                args=("--no-task-events",))
+        enqueue_backlog(
+            redis.url,
+            write_rows(stack.dir / "rows2.jsonl", warm + measured, seed=4),
+            "overhead2",
+            max_new_tokens=MAX_NEW_TOKENS,
+        )
+        quiet = _measure_worker(
+            stack, redis.url, url, CONCURRENCY, warm, measured, "overhead2", args=("--no-task-events",)
+        )
     ratio = ours["cpu_ms_per_record"] / bare["cpu_ms_per_record"]
     children = ours["cpu_ms_per_record"] - ours["main_process_ms_per_record"]
-    note = (f"--concurrency {CONCURRENCY}, zero-latency devserver, {ours['records']} records, batch 16, "
-            f"~{MEAN_OUTPUT_TOKENS} output tokens; worker main process {ours['main_process_ms_per_record']:.2f} + "
-            f"pool children {children:.2f} ms/record; worker {ours['records_per_s']:.0f} rec/s on "
-            f"{ours['cores']:.2f} cores, bare loop {bare['records_per_s']:.0f} rec/s")
+    note = (
+        f"--concurrency {CONCURRENCY}, zero-latency devserver, {ours['records']} records, batch 16, "
+        f"~{MEAN_OUTPUT_TOKENS} output tokens; worker main process {ours['main_process_ms_per_record']:.2f} + "
+        f"pool children {children:.2f} ms/record; worker {ours['records_per_s']:.0f} rec/s on "
+        f"{ours['cores']:.2f} cores, bare loop {bare['records_per_s']:.0f} rec/s"
+    )
     quiet_ratio = quiet["cpu_ms_per_record"] / bare["cpu_ms_per_record"]
     if ratio > TARGET_RATIO:
-        note += (f"; missed with task events on (the default, for Flower): without them the same worker uses "
-                 f"{quiet['cpu_ms_per_record']:.2f} ms/record ({quiet_ratio:.2f}x, next row); the rest is Celery's "
-                 "consumer and acks and the child's Redis round trips; see docs/benchmarks.md (known gaps)")
-    quiet_note = (f"as above with `eagle-synth worker --no-task-events`; main process "
-                  f"{quiet['main_process_ms_per_record']:.2f} ms/record")
-    return [Result(
-        number=3, figure="worker CPU per record", ours=ours["cpu_ms_per_record"], baseline=bare["cpu_ms_per_record"],
-        unit="CPU ms/record", baseline_name="bare loop: POST /generate + write_record_file per batch",
-        target="<= 1.5x bare loop", met=ratio <= TARGET_RATIO, note=note, details={"ours": ours, "bare": bare},
-    ), Result(
-        number=3, figure="worker CPU per record, against a per-prompt floor", ours=ours["cpu_ms_per_record"],
-        baseline=bare_prompt["cpu_ms_per_record"], unit="CPU ms/record",
-        baseline_name="bare per-prompt loop: aiohttp POST per prompt + write_record_file per batch", target="-",
-        met=None, note=("the worker sends one request per prompt (issue 10: a straggler must not hold its batch); "
-                        "this is what that design costs with nothing else around it"),
-        details={"bare_prompt": bare_prompt},
-    ), Result(
-        number=3, figure="worker CPU per record, --no-task-events", ours=quiet["cpu_ms_per_record"],
-        baseline=bare["cpu_ms_per_record"], unit="CPU ms/record",
-        baseline_name="bare loop: POST /generate + write_record_file per batch", target="<= 1.5x bare loop",
-        met=quiet_ratio <= TARGET_RATIO, note=quiet_note, details={"ours": quiet},
-    )]
+        note += (
+            f"; missed with task events on (the default, for Flower): without them the same worker uses "
+            f"{quiet['cpu_ms_per_record']:.2f} ms/record ({quiet_ratio:.2f}x, next row); the rest is Celery's "
+            "consumer and acks and the child's Redis round trips; see docs/benchmarks.md (known gaps)"
+        )
+    quiet_note = (
+        f"as above with `eagle-synth worker --no-task-events`; main process "
+        f"{quiet['main_process_ms_per_record']:.2f} ms/record"
+    )
+    return [
+        Result(
+            number=3,
+            figure="worker CPU per record",
+            ours=ours["cpu_ms_per_record"],
+            baseline=bare["cpu_ms_per_record"],
+            unit="CPU ms/record",
+            baseline_name="bare loop: POST /generate + write_record_file per batch",
+            target="<= 1.5x bare loop",
+            met=ratio <= TARGET_RATIO,
+            note=note,
+            details={"ours": ours, "bare": bare},
+        ),
+        Result(
+            number=3,
+            figure="worker CPU per record, against a per-prompt floor",
+            ours=ours["cpu_ms_per_record"],
+            baseline=bare_prompt["cpu_ms_per_record"],
+            unit="CPU ms/record",
+            baseline_name="bare per-prompt loop: aiohttp POST per prompt + write_record_file per batch",
+            target="-",
+            met=None,
+            note=(
+                "the worker sends one request per prompt (issue 10: a straggler must not hold its batch); "
+                "this is what that design costs with nothing else around it"
+            ),
+            details={"bare_prompt": bare_prompt},
+        ),
+        Result(
+            number=3,
+            figure="worker CPU per record, --no-task-events",
+            ours=quiet["cpu_ms_per_record"],
+            baseline=bare["cpu_ms_per_record"],
+            unit="CPU ms/record",
+            baseline_name="bare loop: POST /generate + write_record_file per batch",
+            target="<= 1.5x bare loop",
+            met=quiet_ratio <= TARGET_RATIO,
+            note=quiet_note,
+            details={"ours": quiet},
+        ),
+    ]

@@ -74,12 +74,15 @@ end
 """
 # ARGV: tokens_in, tokens_out, repaired, events maxlen, then prompt keys.
 # One round trip for what a finished batch changes; counts only keys that were new.
-_MARK_DONE = MARK_DONE_LUA + """
+_MARK_DONE = (
+    MARK_DONE_LUA
+    + """
 local added = 0
 for i = 5, #ARGV do added = added + mark_done(ARGV[i]) end
 count_done(added, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 return added
 """
+)
 
 
 class CampaignMismatch(UserError, ValueError):
@@ -155,8 +158,10 @@ class CampaignSettings:
             if isinstance(mine[name], dict) and isinstance(theirs[name], dict):
                 for key in sorted(set(mine[name]) | set(theirs[name])):
                     if mine[name].get(key) != theirs[name].get(key):
-                        lines.append(f"{name}.{key}: campaign has {mine[name].get(key)!r}, "
-                                     f"this run has {theirs[name].get(key)!r}")
+                        lines.append(
+                            f"{name}.{key}: campaign has {mine[name].get(key)!r}, "
+                            f"this run has {theirs[name].get(key)!r}"
+                        )
             else:
                 lines.append(f"{name}: campaign has {mine[name]!r}, this run has {theirs[name]!r}")
         return lines
@@ -286,18 +291,36 @@ class Campaign:
         if not keys:
             return 0
         k = self.keys
-        return int(self.client.eval(
-            _MARK_DONE, 5, k.done, k.failed, k.failed_reasons, k.counters, k.events,
-            tokens_in, tokens_out, repaired, EVENTS_MAXLEN, *keys,
-        ))
+        return int(
+            self.client.eval(
+                _MARK_DONE,
+                5,
+                k.done,
+                k.failed,
+                k.failed_reasons,
+                k.counters,
+                k.events,
+                tokens_in,
+                tokens_out,
+                repaired,
+                EVENTS_MAXLEN,
+                *keys,
+            )
+        )
 
-    def record_failure(self, item: PromptItem, *, reason: str, message: str, sampling: dict,
-                       worker: str = "") -> None:
+    def record_failure(self, item: PromptItem, *, reason: str, message: str, sampling: dict, worker: str = "") -> None:
         """Keep a prompt that failed for good, with what is needed to replay it."""
-        failure = Failure(reason=reason, message=message[:2000], item=item.to_replay(),
-                          sampling=sampling, at=time.time(), worker=worker)
-        self.client.eval(_RECORD_FAILURE, 2, self.keys.failed, self.keys.failed_reasons, item.key,
-                         failure.to_json(), reason)
+        failure = Failure(
+            reason=reason,
+            message=message[:2000],
+            item=item.to_replay(),
+            sampling=sampling,
+            at=time.time(),
+            worker=worker,
+        )
+        self.client.eval(
+            _RECORD_FAILURE, 2, self.keys.failed, self.keys.failed_reasons, item.key, failure.to_json(), reason
+        )
         self.client.hincrby(self.keys.counters, f"failed-{reason}", 1)
 
     def note_server(self, url: str, info: dict) -> None:
@@ -328,7 +351,9 @@ class Campaign:
         pipe.hgetall(self.keys.counters)
         enqueued, done, failed, counters = pipe.execute()
         return Progress(
-            enqueued=int(enqueued), done=int(done), failed=int(failed),
+            enqueued=int(enqueued),
+            done=int(done),
+            failed=int(failed),
             counters={text(k): int(v) for k, v in counters.items()},
         )
 
@@ -340,9 +365,9 @@ class Campaign:
         since_ms = int((time.time() - seconds) * 1000)
         entries = self.client.xrange(self.keys.events, min=since_ms) or []
         return [
-            {"at": int(text(eid).split("-")[0]) / 1000,
-             **{text(k): int(v) for k, v in (fields or {}).items()}}
-            for eid, fields in entries if eid is not None
+            {"at": int(text(eid).split("-")[0]) / 1000, **{text(k): int(v) for k, v in (fields or {}).items()}}
+            for eid, fields in entries
+            if eid is not None
         ]
 
 

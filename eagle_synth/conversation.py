@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from eagle_synth.payload import KEY_HEX_DIGITS
 
 # Why a conversation stopped before or after its last user turn (the `status` / `failed` slugs).
-END_COMPLETE = "complete"            # every user turn (up to --max-turns) was answered
-END_MAX_TURNS = "max-turns"          # --max-turns was reached with user turns left
-END_TRUNCATED = "truncated"          # a turn ended on max_new_tokens; its record is kept
+END_COMPLETE = "complete"  # every user turn (up to --max-turns) was answered
+END_MAX_TURNS = "max-turns"  # --max-turns was reached with user turns left
+END_TRUNCATED = "truncated"  # a turn ended on max_new_tokens; its record is kept
 END_PROMPT_TOO_LONG = "prompt-too-long"  # the next turn's prompt is over --max-prompt-tokens
-END_TEMPLATE_ERROR = "template-error"    # the chat template rejected the next turn
+END_TEMPLATE_ERROR = "template-error"  # the chat template rejected the next turn
 END_REASONS = (END_COMPLETE, END_MAX_TURNS, END_TRUNCATED, END_PROMPT_TOO_LONG, END_TEMPLATE_ERROR)
 # Roles the model's answers replace: the dataset's assistant turns and the tool results that
 # answered the dataset's tool calls (the model's own calls are never executed).
@@ -67,14 +67,25 @@ class ConversationState:
 
     def to_dict(self) -> dict:
         """JSON- and msgpack-safe form carried by the payload and kept with failures."""
-        return {"key": self.key, "messages": self.messages, "upcoming": self.upcoming, "tools": self.tools,
-                "template_kwargs": self.template_kwargs, "cut": self.cut}
+        return {
+            "key": self.key,
+            "messages": self.messages,
+            "upcoming": self.upcoming,
+            "tools": self.tools,
+            "template_kwargs": self.template_kwargs,
+            "cut": self.cut,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> ConversationState:
-        return cls(key=data["key"], messages=list(data["messages"]), upcoming=list(data.get("upcoming") or []),
-                   tools=data.get("tools"), template_kwargs=dict(data.get("template_kwargs") or {}),
-                   cut=bool(data.get("cut")))
+        return cls(
+            key=data["key"],
+            messages=list(data["messages"]),
+            upcoming=list(data.get("upcoming") or []),
+            tools=data.get("tools"),
+            template_kwargs=dict(data.get("template_kwargs") or {}),
+            cut=bool(data.get("cut")),
+        )
 
 
 def _digest(material: bytes) -> str:
@@ -85,8 +96,11 @@ def conversation_key(*, turns: Sequence[Sequence[dict]], tools: list[dict] | Non
     """Stable key of one conversation: its turns' messages (the dataset's answers left out),
     its tools and the sample index. Rows that differ only in their old answers are one
     conversation, as their prompts would be."""
-    material = json.dumps({"turns": [list(t) for t in turns], "tools": tools or None, "sample": sample},
-                          sort_keys=True, ensure_ascii=False)
+    material = json.dumps(
+        {"turns": [list(t) for t in turns], "tools": tools or None, "sample": sample},
+        sort_keys=True,
+        ensure_ascii=False,
+    )
     return _digest(material.encode())
 
 
@@ -113,8 +127,9 @@ def split_turns(messages: Iterable[dict]) -> tuple[list[list[dict]], list[dict]]
     return turns, current
 
 
-def strip_final_stop(output_ids: Sequence[int], *, eos_token_ids: Iterable[int],
-                     matched: int | str | None) -> list[int]:
+def strip_final_stop(
+    output_ids: Sequence[int], *, eos_token_ids: Iterable[int], matched: int | str | None
+) -> list[int]:
     """Output ids without a final EOS or matched stop id (what a chat client would keep)."""
     ids = list(output_ids)
     if ids and (ids[-1] in set(eos_token_ids) or (isinstance(matched, int) and ids[-1] == matched)):
@@ -122,14 +137,20 @@ def strip_final_stop(output_ids: Sequence[int], *, eos_token_ids: Iterable[int],
     return ids
 
 
-def answer_message(tokenizer, output_ids: Sequence[int], *, eos_token_ids: Iterable[int],
-                   matched: int | str | None, think_close_id: int | None) -> dict:
+def answer_message(
+    tokenizer,
+    output_ids: Sequence[int],
+    *,
+    eos_token_ids: Iterable[int],
+    matched: int | str | None,
+    think_close_id: int | None,
+) -> dict:
     """The assistant message a turn's output becomes in the next turn's history (see module doc)."""
     ids = strip_final_stop(output_ids, eos_token_ids=eos_token_ids, matched=matched)
     if think_close_id is not None and think_close_id in ids:
         cut = ids.index(think_close_id)
         reasoning = tokenizer.decode(ids[:cut], skip_special_tokens=True).strip()
-        content = tokenizer.decode(ids[cut + 1:], skip_special_tokens=True).strip()
+        content = tokenizer.decode(ids[cut + 1 :], skip_special_tokens=True).strip()
         return {"role": "assistant", "content": content, "reasoning_content": reasoning}
     return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True).strip()}
 
@@ -160,25 +181,39 @@ def end_before_render(state: ConversationState, *, finish_reason: str) -> str | 
     return None
 
 
-def next_turn(tokenizer, state: ConversationState, output_ids: Sequence[int], *, finish_reason: str,
-              matched: int | str | None, eos_token_ids: Iterable[int], think_close_id: int | None,
-              max_prompt_tokens: int | None = None) -> NextTurn:
+def next_turn(
+    tokenizer,
+    state: ConversationState,
+    output_ids: Sequence[int],
+    *,
+    finish_reason: str,
+    matched: int | str | None,
+    eos_token_ids: Iterable[int],
+    think_close_id: int | None,
+    max_prompt_tokens: int | None = None,
+) -> NextTurn:
     """Render the turn after a committed one, or say why the conversation ends (see module doc)."""
     from eagle_synth.templating import TemplateError, render_prompt_ids
 
     end = end_before_render(state, finish_reason=finish_reason)
     if end is not None:
         return NextTurn(end=end)
-    answer = answer_message(tokenizer, output_ids, eos_token_ids=eos_token_ids, matched=matched,
-                            think_close_id=think_close_id)
+    answer = answer_message(
+        tokenizer, output_ids, eos_token_ids=eos_token_ids, matched=matched, think_close_id=think_close_id
+    )
     messages = [*state.messages, answer, *state.upcoming[0]]
     try:
         ids = render_prompt_ids(tokenizer, messages, tools=state.tools, template_kwargs=state.template_kwargs)
     except TemplateError as exc:
         return NextTurn(end=END_TEMPLATE_ERROR, message=str(exc))
     if max_prompt_tokens and len(ids) > max_prompt_tokens:
-        return NextTurn(end=END_PROMPT_TOO_LONG,
-                        message=f"{len(ids)} tokens > --max-prompt-tokens {max_prompt_tokens}")
-    following = ConversationState(key=state.key, messages=messages, upcoming=state.upcoming[1:], tools=state.tools,
-                                  template_kwargs=state.template_kwargs, cut=state.cut)
+        return NextTurn(end=END_PROMPT_TOO_LONG, message=f"{len(ids)} tokens > --max-prompt-tokens {max_prompt_tokens}")
+    following = ConversationState(
+        key=state.key,
+        messages=messages,
+        upcoming=state.upcoming[1:],
+        tools=state.tools,
+        template_kwargs=state.template_kwargs,
+        cut=state.cut,
+    )
     return NextTurn(ids=ids, state=following)

@@ -45,7 +45,9 @@ NOTHING = ""
 # ARGV: tokens_in, tokens_out, repaired, events maxlen, owner, then per record:
 # key, action (follow | end | ''), target (next turn key | conversation key), data.
 # Returns {number newly done, the next turn keys stored...}.
-_COMMIT = MARK_DONE_LUA + """
+_COMMIT = (
+    MARK_DONE_LUA
+    + """
 local added = 0
 local stored = {}
 for i = 6, #ARGV, 4 do
@@ -67,6 +69,7 @@ count_done(added, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 table.insert(stored, 1, added)
 return stored
 """
+)
 # KEYS: enqueued, followups, owners, counters, ends. ARGV: owner, then per entry:
 # turn key, action (ready | end), conversation key, data (rendered entry | end JSON).
 # Returns the turn keys this owner still held (the others were adopted meanwhile).
@@ -121,12 +124,22 @@ return taken
 """
 
 
-def end_json(*, reason: str, conversation: str, turns: int, row_id: str, source: str, message: str = "",
-             at: float = 0.0) -> str:
+def end_json(
+    *, reason: str, conversation: str, turns: int, row_id: str, source: str, message: str = "", at: float = 0.0
+) -> str:
     """What is kept about a conversation that stopped (and counted by reason); `turns` is the
     number of turns it has records for."""
-    return json.dumps({"reason": reason, "conversation": conversation, "turns": turns, "row_id": row_id,
-                       "source": source, "message": message[:2000], "at": at})
+    return json.dumps(
+        {
+            "reason": reason,
+            "conversation": conversation,
+            "turns": turns,
+            "row_id": row_id,
+            "source": source,
+            "message": message[:2000],
+            "at": at,
+        }
+    )
 
 
 class ConversationStore:
@@ -142,8 +155,15 @@ class ConversationStore:
         self.keys = campaign.keys
 
     # worker side ------------------------------------------------------------------------
-    def commit(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str, tokens_in: int,
-               tokens_out: int, repaired: int = 0) -> tuple[int, set[str]]:
+    def commit(
+        self,
+        entries: list[tuple[str, str, str, bytes | str]],
+        *,
+        owner: str,
+        tokens_in: int,
+        tokens_out: int,
+        repaired: int = 0,
+    ) -> tuple[int, set[str]]:
         """Mark keys done and, for each newly done one, store its follow-up or its end.
 
         `entries` are (key, action, target, data) with action FOLLOW (target: next turn key,
@@ -156,8 +176,19 @@ class ConversationStore:
         args: list = [tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner]
         for entry in entries:
             args.extend(entry)
-        reply = self.client.eval(_COMMIT, 8, k.done, k.failed, k.failed_reasons, k.counters, k.events,
-                                 k.followups, k.followup_owners, k.conversation_ends, *args)
+        reply = self.client.eval(
+            _COMMIT,
+            8,
+            k.done,
+            k.failed,
+            k.failed_reasons,
+            k.counters,
+            k.events,
+            k.followups,
+            k.followup_owners,
+            k.conversation_ends,
+            *args,
+        )
         return int(reply[0]), {key.decode() for key in reply[1:]}
 
     def ready(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str) -> set[str]:
@@ -171,15 +202,17 @@ class ConversationStore:
         args: list = [owner]
         for entry in entries:
             args.extend(entry)
-        held = self.client.eval(_READY, 5, k.enqueued, k.followups, k.followup_owners, k.counters,
-                                k.conversation_ends, *args)
+        held = self.client.eval(
+            _READY, 5, k.enqueued, k.followups, k.followup_owners, k.counters, k.conversation_ends, *args
+        )
         return {key.decode() for key in held}
 
     def form(self, *, owner: str, batch: str, payload: bytes, keys: list[str]) -> set[str]:
         """Turn rendered entries into one batch entry; returns keys not held (nothing formed then)."""
         k = self.keys
-        lost = self.client.eval(_FORM, 3, k.followups, k.followup_owners, k.followup_batches, owner, batch,
-                                payload, *keys)
+        lost = self.client.eval(
+            _FORM, 3, k.followups, k.followup_owners, k.followup_batches, owner, batch, payload, *keys
+        )
         return {key.decode() for key in lost}
 
     def sent(self, batch: str) -> None:

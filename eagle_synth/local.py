@@ -33,8 +33,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float = 0.05,
-             what: str = "condition") -> object:
+def wait_for(
+    predicate: Callable[[], object], *, timeout: float, interval: float = 0.05, what: str = "condition"
+) -> object:
     """Poll until predicate() is truthy; raise TimeoutError naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -129,17 +130,38 @@ class RedisServer:
         self.port = self.port or free_port()
         self.workdir.mkdir(parents=True, exist_ok=True)
         args = [
-            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--maxmemory-policy", self.maxmemory_policy, "--logfile", str(self.workdir / "redis.log"),
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--maxmemory-policy",
+            self.maxmemory_policy,
+            "--logfile",
+            str(self.workdir / "redis.log"),
         ]
         if self.maxmemory:
             args += ["--maxmemory", self.maxmemory]
         if self.tls:
             args[args.index("--port") + 1] = "0"
-            args += ["--tls-port", str(self.port), "--tls-cert-file", str(self.workdir / "server.pem"),
-                     "--tls-key-file", str(self.workdir / "server.key"), "--tls-ca-cert-file", str(self.ca_file),
-                     "--tls-auth-clients", "no"]
+            args += [
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(self.workdir / "server.pem"),
+                "--tls-key-file",
+                str(self.workdir / "server.key"),
+                "--tls-ca-cert-file",
+                str(self.ca_file),
+                "--tls-auth-clients",
+                "no",
+            ]
             make_test_certificates(self.workdir)
         if self.password:
             args += ["--requirepass", self.password]
@@ -147,10 +169,14 @@ class RedisServer:
             name, secret = self.acl_user
             args += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
         args += list(self.extra_args)
-        proc = self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                            start_new_session=True)
-        wait_for(lambda: listening(proc.pid, self.port) or proc.poll() is not None, timeout=START_TIMEOUT,
-                 what=f"redis-server on {self.port}")
+        proc = self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        wait_for(
+            lambda: listening(proc.pid, self.port) or proc.poll() is not None,
+            timeout=START_TIMEOUT,
+            what=f"redis-server on {self.port}",
+        )
         if self.proc.poll() is not None:
             log = self.workdir / "redis.log"
             raise RuntimeError(f"redis-server exited: {log.read_text()[-2000:] if log.exists() else ''}")
@@ -179,16 +205,46 @@ def make_test_certificates(folder: Path) -> None:
     """A throwaway CA and a server certificate for 127.0.0.1, for TLS tests only."""
     if (folder / "server.pem").exists():
         return
+
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=eagle-synth test CA",
-            "-keyout", "ca.key", "-out", "ca.pem")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key",
-            "-out", "server.csr")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=eagle-synth test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    )
+    openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr"
+    )
     (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "2", "-extfile", "san.ext", "-out", "server.pem")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    )
 
 
 @dataclass
@@ -203,8 +259,14 @@ class ManagedProcess:
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.args,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         return self
 
     def alive(self) -> bool:
@@ -232,16 +294,34 @@ def _up(process: ManagedProcess, port: int) -> bool:
     return not process.alive() or (process.proc is not None and listening(process.proc.pid, port))
 
 
-def start_devserver(*, tokenizer: str | os.PathLike, logdir: Path, port: int = 0, args: Sequence[str] = (),
-                    env: dict[str, str] | None = None, wait: bool = True) -> tuple[ManagedProcess, str]:
+def start_devserver(
+    *,
+    tokenizer: str | os.PathLike,
+    logdir: Path,
+    port: int = 0,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+) -> tuple[ManagedProcess, str]:
     """Start a devserver; returns (process, base URL). With wait, returns once it listens
     (on a port it picked itself, it tries another one if something else took that port first)."""
     for attempt in range(PORT_ATTEMPTS):
         chosen = port or free_port()
         process = ManagedProcess(
-            args=[sys.executable, "-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer),
-                  "--host", "127.0.0.1", "--port", str(chosen), *args],
-            env=_env(env), log_path=logdir / f"devserver-{chosen}.log",
+            args=[
+                sys.executable,
+                "-m",
+                "eagle_synth.devserver",
+                "--tokenizer",
+                str(tokenizer),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(chosen),
+                *args,
+            ],
+            env=_env(env),
+            log_path=logdir / f"devserver-{chosen}.log",
         ).start()
         if not wait:
             break
@@ -253,12 +333,34 @@ def start_devserver(*, tokenizer: str | os.PathLike, logdir: Path, port: int = 0
     return process, f"http://127.0.0.1:{chosen}"
 
 
-def start_worker(*, servers: list[str], out: Path, redis_url: str, logdir: Path, concurrency: int = 2,
-                 args: Sequence[str] = (), env: dict[str, str] | None = None, name: str | None = None) -> ManagedProcess:
+def start_worker(
+    *,
+    servers: list[str],
+    out: Path,
+    redis_url: str,
+    logdir: Path,
+    concurrency: int = 2,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+) -> ManagedProcess:
     """Start `eagle-synth worker` as a child process (a real Celery worker)."""
     name = name or f"w{free_port()}@{socket.gethostname()}"
-    argv = [sys.executable, "-m", "eagle_synth", "worker", "--out", str(out), "--redis", redis_url,
-            "--concurrency", str(concurrency), "--name", name, *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "eagle_synth",
+        "worker",
+        "--out",
+        str(out),
+        "--redis",
+        redis_url,
+        "--concurrency",
+        str(concurrency),
+        "--name",
+        name,
+        *args,
+    ]
     for url in servers:
         argv += ["--server", url]
     return ManagedProcess(args=argv, env=_env(env), log_path=logdir / f"worker-{name.split('@')[0]}.log").start()

@@ -19,11 +19,11 @@ from eagle_synth.keys import WORKER_TTL, worker_key
 from eagle_synth.redis_client import text as as_text
 
 HEALTHY = "healthy"
-LOADING = "loading"        # connection refused: weights loading, restarting or dead
-WARMING = "warming"        # listening, /health not yet 200
-UNHEALTHY = "unhealthy"    # was healthy, then failed probes (timeouts, errors)
-REFUSED = "refused"        # preflight refused its configuration; never used
-UNKNOWN = "unknown"        # not probed yet
+LOADING = "loading"  # connection refused: weights loading, restarting or dead
+WARMING = "warming"  # listening, /health not yet 200
+UNHEALTHY = "unhealthy"  # was healthy, then failed probes (timeouts, errors)
+REFUSED = "refused"  # preflight refused its configuration; never used
+UNKNOWN = "unknown"  # not probed yet
 
 
 @dataclass(slots=True)
@@ -95,10 +95,15 @@ class NodeState:
     def reset(self, servers: list[str]) -> None:
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(self.key)
-        pipe.hset(self.key, mapping={
-            "node": self.node, "host": socket.gethostname(), "started": time.time(),
-            "servers": json.dumps(servers),
-        })
+        pipe.hset(
+            self.key,
+            mapping={
+                "node": self.node,
+                "host": socket.gethostname(),
+                "started": time.time(),
+                "servers": json.dumps(servers),
+            },
+        )
         pipe.expire(self.key, WORKER_TTL)
         pipe.execute()
 
@@ -106,12 +111,15 @@ class NodeState:
         """Write every server's state and refresh the heartbeat; `disk` says why the output
         folder cannot take records ("" when it can)."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.hset(self.key, mapping={
-            "updated": time.time(),
-            "consuming": int(consuming),
-            "disk": disk or "",
-            **{f"state:{url}": json.dumps(asdict(s)) for url, s in states.items()},
-        })
+        pipe.hset(
+            self.key,
+            mapping={
+                "updated": time.time(),
+                "consuming": int(consuming),
+                "disk": disk or "",
+                **{f"state:{url}": json.dumps(asdict(s)) for url, s in states.items()},
+            },
+        )
         pipe.expire(self.key, WORKER_TTL)
         pipe.execute()
 
@@ -203,8 +211,9 @@ def all_nodes(client: redis.Redis) -> list[dict]:
     return sorted(nodes, key=lambda n: n.get("node", ""))
 
 
-def publish_inflight(state: NodeState, *, pid: int, counts: dict[tuple[str, str], int],
-                     previous: dict[tuple[str, str], int]) -> None:
+def publish_inflight(
+    state: NodeState, *, pid: int, counts: dict[tuple[str, str], int], previous: dict[tuple[str, str], int]
+) -> None:
     """Write a worker process's prompts in flight per (campaign, server URL), in one round trip;
     entries that dropped to zero since `previous` are removed."""
     pipe = state.client.pipeline(transaction=False)

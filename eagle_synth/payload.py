@@ -88,12 +88,18 @@ class PromptItem:
     def to_replay(self) -> dict:
         """JSON-safe form kept with a failure so the prompt can be enqueued again."""
         data = {
-            "key": self.key, "row_id": self.row_id, "sample": self.sample, "ids": self.ids,
-            "seed": self.seed, "source": self.source, "turn": self.turn,
+            "key": self.key,
+            "row_id": self.row_id,
+            "sample": self.sample,
+            "ids": self.ids,
+            "seed": self.seed,
+            "source": self.source,
+            "turn": self.turn,
         }
         if self.extended:
-            data.update(conversation=self.conversation, sampling_overrides=self.sampling_overrides,
-                        variant=self.variant)
+            data.update(
+                conversation=self.conversation, sampling_overrides=self.sampling_overrides, variant=self.variant
+            )
         return data
 
     @classmethod
@@ -105,8 +111,9 @@ def pack_item(item: PromptItem) -> list:
     """A msgpack-ready list for one item (ids as uint32 bytes): outboxes keep items this way."""
     packed = [item.key, item.row_id, item.sample, pack_ids(item.ids), item.seed, item.source, item.turn]
     if item.extended:
-        packed.append({"conversation": item.conversation, "sampling_overrides": item.sampling_overrides,
-                       "variant": item.variant})
+        packed.append(
+            {"conversation": item.conversation, "sampling_overrides": item.sampling_overrides, "variant": item.variant}
+        )
     return packed
 
 
@@ -114,8 +121,9 @@ def unpack_item(packed: list) -> PromptItem:
     """The inverse of pack_item; reads the 7-field lists older producers wrote too."""
     key, row_id, sample, ids, seed, source, turn = packed[:7]
     extra = packed[7] if len(packed) > 7 else {}
-    return PromptItem(key=key, row_id=row_id, sample=sample, ids=unpack_ids(ids), seed=seed, source=source,
-                      turn=turn, **extra)
+    return PromptItem(
+        key=key, row_id=row_id, sample=sample, ids=unpack_ids(ids), seed=seed, source=source, turn=turn, **extra
+    )
 
 
 @dataclass(slots=True)
@@ -199,7 +207,7 @@ class TaskPayload:
                     key=data["keys"][i],
                     row_id=data["rows"][i],
                     sample=data["samples"][i],
-                    ids=all_ids[bounds[i]: bounds[i + 1]],
+                    ids=all_ids[bounds[i] : bounds[i + 1]],
                     seed=data["seeds"][i],
                     source=data["sources"][i],
                     turn=data["turns"][i],

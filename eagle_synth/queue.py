@@ -74,7 +74,8 @@ def make_celery(settings: BrokerSettings | None = None) -> Celery:
     for name in CELERY_URL_OVERRIDES:
         if os.environ.pop(name, None):
             logging.getLogger("eagle_synth.queue").warning(
-                "ignoring %s: eagle-synth takes its broker from --redis / REDIS_URL", name)
+                "ignoring %s: eagle-synth takes its broker from --redis / REDIS_URL", name
+            )
     app = Celery("eagle_synth")
     app.conf.update(celery_config(settings or broker_settings()))
     return app
@@ -89,9 +90,14 @@ def send_payload(app: Celery, queue: str, payload: dict) -> None:
     from eagle_synth.payload import TASK_NAME
 
     # A short argsrepr: Celery would otherwise repr the whole id blob into every message.
-    app.send_task(TASK_NAME, args=[payload], queue=queue, serializer="msgpack",
-                  argsrepr=f"<{payload['campaign']} batch {payload['batch']}: {len(payload['keys'])} prompts>",
-                  kwargsrepr="{}")
+    app.send_task(
+        TASK_NAME,
+        args=[payload],
+        queue=queue,
+        serializer="msgpack",
+        argsrepr=f"<{payload['campaign']} batch {payload['batch']}: {len(payload['keys'])} prompts>",
+        kwargsrepr="{}",
+    )
 
 
 def payload_of_message(message: dict) -> dict | None:

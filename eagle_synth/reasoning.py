@@ -31,5 +31,5 @@ def split_reasoning(text: str, think_end: str = THINK_CLOSE, *, think_start: str
         return SplitTurn(reasoning="", content=text.strip())
     reasoning = before.strip()
     if think_start and reasoning.startswith(think_start):
-        reasoning = reasoning[len(think_start):].strip()
+        reasoning = reasoning[len(think_start) :].strip()
     return SplitTurn(reasoning=reasoning, content=after.strip())

@@ -70,8 +70,9 @@ class NotACampaignFolder(UserError, FileNotFoundError):
     """A folder given as OUT/<campaign> has no records folder."""
 
     def __init__(self, campaign_path: str | os.PathLike) -> None:
-        super().__init__(f"{records_dir(campaign_path)} does not exist: is {campaign_path} a campaign folder "
-                         "(OUT/<campaign>)?")
+        super().__init__(
+            f"{records_dir(campaign_path)} does not exist: is {campaign_path} a campaign folder (OUT/<campaign>)?"
+        )
 
 
 class RecordFilesVanished(UserError, FileNotFoundError):
@@ -198,8 +199,11 @@ class Record:
 
     def to_wire(self, *, codec: str = ID_CODEC) -> dict:
         """The msgpack map stored for this record; ids in `codec` unless they need WIDE_ID_CODEC."""
-        data = {name: getattr(self, name) for name in _FIELD_NAMES
-                if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None}
+        data = {
+            name: getattr(self, name)
+            for name in _FIELD_NAMES
+            if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None
+        }
         if codec == "u24le" and max(max(self.prompt_ids, default=0), max(self.output_ids, default=0)) >= _U24_LIMIT:
             data["id_codec"] = codec = WIDE_ID_CODEC
         data["prompt_ids"] = encode_ids(self.prompt_ids, codec)
@@ -254,8 +258,11 @@ class RawRecord:
         return len(self.output_u32) // 4
 
     def to_record(self) -> Record:
-        return Record(prompt_ids=unpack_ids(self.prompt_u32), output_ids=unpack_ids(self.output_u32),
-                      **{k: v for k, v in self.meta.items() if k in _FIELD_SET})
+        return Record(
+            prompt_ids=unpack_ids(self.prompt_u32),
+            output_ids=unpack_ids(self.output_u32),
+            **{k: v for k, v in self.meta.items() if k in _FIELD_SET},
+        )
 
     def to_wire(self) -> dict:
         """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
@@ -281,8 +288,12 @@ def _raw_from_wire(data: dict, header: dict) -> RawRecord:
         meta["batch"] = header.get("batch", "")
     if not meta.get("campaign"):
         meta["campaign"] = header.get("campaign", "")
-    return RawRecord(meta=meta, prompt_u32=ids_as_u32le(data["prompt_ids"], codec),
-                     output_u32=ids_as_u32le(data["output_ids"], codec), src=data.get("src"))
+    return RawRecord(
+        meta=meta,
+        prompt_u32=ids_as_u32le(data["prompt_ids"], codec),
+        output_u32=ids_as_u32le(data["output_ids"], codec),
+        src=data.get("src"),
+    )
 
 
 def _record_from_wire(data: dict, header: dict) -> Record:
@@ -344,8 +355,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def _header(*, campaign: str, **extra: Any) -> dict:
-    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "id_codec": ID_CODEC,
-            "campaign": campaign, "created_at": time.time(), **extra}
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "id_codec": ID_CODEC,
+        "campaign": campaign,
+        "created_at": time.time(),
+        **extra,
+    }
 
 
 def encode_record_file(records: Iterable[Record], *, campaign: str, batch: str) -> bytes:
@@ -365,8 +382,9 @@ def encode_record_file(records: Iterable[Record], *, campaign: str, batch: str) 
 STALE_TEMPORARY_SECONDS = 3600
 
 
-def remove_stale_temporaries(campaign_path: str | os.PathLike, *, prefix: str = TMP_PREFIX,
-                             older_than: float = STALE_TEMPORARY_SECONDS) -> int:
+def remove_stale_temporaries(
+    campaign_path: str | os.PathLike, *, prefix: str = TMP_PREFIX, older_than: float = STALE_TEMPORARY_SECONDS
+) -> int:
     """Delete temporary files (`prefix`*) killed writers left in a campaign's records folder,
     if at least `older_than` seconds old (0: all, for a caller that holds the folder's lock)."""
     folder = records_dir(campaign_path)
@@ -384,8 +402,7 @@ def remove_stale_temporaries(campaign_path: str | os.PathLike, *, prefix: str = 
     return removed
 
 
-def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch: str,
-                      records: list[Record]) -> Path:
+def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch: str, records: list[Record]) -> Path:
     """Atomically write one batch's records; returns the new file's path.
 
     Each write gets a fresh nonce so a batch that is partly redone never overwrites the
@@ -414,8 +431,15 @@ class ShardWriter:
         threads: zstd worker threads (0 = compress in the calling thread).
     """
 
-    def __init__(self, campaign_path: str | os.PathLike, *, campaign: str, sources: Sequence[str],
-                 level: int = SHARD_ZSTD_LEVEL, threads: int = 0) -> None:
+    def __init__(
+        self,
+        campaign_path: str | os.PathLike,
+        *,
+        campaign: str,
+        sources: Sequence[str],
+        level: int = SHARD_ZSTD_LEVEL,
+        threads: int = 0,
+    ) -> None:
         self.folder = records_dir(campaign_path)
         self.folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
@@ -509,8 +533,9 @@ def _check_header(path: Path, header: Any) -> dict:
 _T = TypeVar("_T")
 
 
-def _iter_file(path: str | os.PathLike, make: Callable[[dict, dict], _T], *,
-               accept: Callable[[dict, dict], bool] | None = None) -> Iterator[_T]:
+def _iter_file(
+    path: str | os.PathLike, make: Callable[[dict, dict], _T], *, accept: Callable[[dict, dict], bool] | None = None
+) -> Iterator[_T]:
     """Stream one file through `make(wire, header)`, skipping maps `accept` refuses; errors name the file."""
     path = Path(path)
     try:
@@ -560,8 +585,7 @@ def batch_files(campaign_path: str | os.PathLike, batch: str) -> list[Path]:
     folder = records_dir(campaign_path)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.glob(f"{batch}-*{RECORD_SUFFIX}")
-                  if not is_shard(p) and batch_of_file(p) == batch)
+    return sorted(p for p in folder.glob(f"{batch}-*{RECORD_SUFFIX}") if not is_shard(p) and batch_of_file(p) == batch)
 
 
 def record_files(campaign_path: str | os.PathLike) -> list[Path]:
@@ -626,12 +650,12 @@ def scan_campaign(campaign_path: str | os.PathLike) -> CampaignFiles:
         for batch in {batch_of_file(name) for name in names}:
             places[batch] = places.get(batch, 0) + 1
     repeated = frozenset(b for b, count in places.items() if count > 1)
-    return CampaignFiles(batch_files=batch_list, shards=shards, absorbed=absorbed,
-                         shard_sources=sources, repeated_batches=repeated)
+    return CampaignFiles(
+        batch_files=batch_list, shards=shards, absorbed=absorbed, shard_sources=sources, repeated_batches=repeated
+    )
 
 
-def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool,
-                   make: Callable[[dict, dict], _T]) -> Iterator[_T]:
+def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Callable[[dict, dict], _T]) -> Iterator[_T]:
     scan = scan_campaign(campaign_path)
     seen: set[str] = set()
 
@@ -658,8 +682,13 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool,
         yield from _iter_moved(campaign_path, scan, missing, make, fresh)
 
 
-def _iter_moved(campaign_path: str | os.PathLike, scan: CampaignFiles, missing: list[str],
-                make: Callable[[dict, dict], _T], fresh: Callable[[dict, dict], bool]) -> Iterator[_T]:
+def _iter_moved(
+    campaign_path: str | os.PathLike,
+    scan: CampaignFiles,
+    missing: list[str],
+    make: Callable[[dict, dict], _T],
+    fresh: Callable[[dict, dict], bool],
+) -> Iterator[_T]:
     """Records of batch files that a concurrent `compact` moved into a shard after our scan."""
     wanted = set(missing)
     for path in record_files(campaign_path):

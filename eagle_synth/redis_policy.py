@@ -59,13 +59,17 @@ def check_eviction_policy(client: redis.Redis, *, allow_evicting: bool = False) 
     """
     policy, problem = read_eviction_policy(client)
     if policy is None:
-        return (f"could not read Redis's maxmemory-policy ({problem}); make sure it is "
-                f"{REQUIRED_POLICY}, or evicted keys will lose or double work")
+        return (
+            f"could not read Redis's maxmemory-policy ({problem}); make sure it is "
+            f"{REQUIRED_POLICY}, or evicted keys will lose or double work"
+        )
     if policy == REQUIRED_POLICY:
         return None
-    message = (f"Redis runs with maxmemory-policy {policy}: when full it evicts keys and silently "
-               f"loses or doubles queued work; set `maxmemory-policy {REQUIRED_POLICY}` "
-               f"(or pass {OVERRIDE_FLAG} to accept the risk)")
+    message = (
+        f"Redis runs with maxmemory-policy {policy}: when full it evicts keys and silently "
+        f"loses or doubles queued work; set `maxmemory-policy {REQUIRED_POLICY}` "
+        f"(or pass {OVERRIDE_FLAG} to accept the risk)"
+    )
     if not allow_evicting:
         raise EvictingRedisError(message)
     return f"{OVERRIDE_FLAG}: {message.split(':', 1)[0]}; going on at your own risk"
@@ -95,6 +99,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def out_of_memory_message() -> str:
     """What to tell the user when Redis is full (with noeviction it refuses writes)."""
-    return ("Redis is full (used memory > maxmemory) and refuses writes; nothing was lost. Let workers "
-            "drain the queue, lower `enqueue --max-backlog`, or raise Redis's maxmemory, then rerun the "
-            "command (reruns are safe: enqueue resumes where it stopped).")
+    return (
+        "Redis is full (used memory > maxmemory) and refuses writes; nothing was lost. Let workers "
+        "drain the queue, lower `enqueue --max-backlog`, or raise Redis's maxmemory, then rerun the "
+        "command (reruns are safe: enqueue resumes where it stopped)."
+    )

@@ -19,10 +19,28 @@ from eagle_synth.errors import UserError
 # Keys SGLang's SamplingParams accepts (sglang/srt/sampling/sampling_params.py).
 SGLANG_SAMPLING_KEYS = frozenset(
     {
-        "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-        "presence_penalty", "repetition_penalty", "min_new_tokens", "stop", "stop_token_ids",
-        "stop_regex", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-        "no_stop_trim", "n", "json_schema", "regex", "ebnf", "logit_bias", "sampling_seed",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "stop",
+        "stop_token_ids",
+        "stop_regex",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "n",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "logit_bias",
+        "sampling_seed",
         "custom_params",
     }
 )
@@ -44,8 +62,17 @@ NEUTRAL_SERVER_PARAMS = {
 # apply to our requests (preflight refuses such a server).
 SENT_SAMPLING_KEYS = frozenset(
     {
-        "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-        "skip_special_tokens", "stop_token_ids", "stop", "sampling_seed", *NEUTRAL_SERVER_PARAMS,
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "skip_special_tokens",
+        "stop_token_ids",
+        "stop",
+        "sampling_seed",
+        *NEUTRAL_SERVER_PARAMS,
     }
 )
 

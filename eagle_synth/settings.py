@@ -123,9 +123,7 @@ def broker_settings(*, redis_url: str | None = None, queue: str | None = None) -
     """Resolve broker settings: explicit arguments, then the environment, then defaults."""
     url = redis_url or os.environ.get(ENV_REDIS_URL) or DEFAULT_REDIS_URL
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise SettingsError(
-            f"REDIS_URL {url!r} must start with redis://, rediss:// (TLS) or unix://"
-        )
+        raise SettingsError(f"REDIS_URL {url!r} must start with redis://, rediss:// (TLS) or unix://")
     return BrokerSettings(
         redis_url=url,
         queue=queue or os.environ.get(ENV_QUEUE) or DEFAULT_QUEUE,

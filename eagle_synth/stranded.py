@@ -115,13 +115,15 @@ def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bo
     messages are cached by delivery tag.
     """
     # (tag, score) pairs: our client returns bytes, which redis-py's types cannot know.
-    index = cast("list[tuple[bytes, float]]", client.zrange(UNACKED_INDEX_KEY, "-inf", fetched_before,
-                                                           byscore=True, withscores=True))
+    index = cast(
+        "list[tuple[bytes, float]]",
+        client.zrange(UNACKED_INDEX_KEY, "-inf", fetched_before, byscore=True, withscores=True),
+    )
     held: list[HeldBatch] = []
     wanted = [(tag, score) for tag, score in index if with_entries or tag.decode() not in _decoded]
     entries: dict[bytes, bytes | None] = {}
     for start in range(0, len(wanted), FETCH_CHUNK):
-        chunk = [tag for tag, _ in wanted[start: start + FETCH_CHUNK]]
+        chunk = [tag for tag, _ in wanted[start : start + FETCH_CHUNK]]
         entries.update(zip(chunk, cast("list[bytes | None]", client.hmget(UNACKED_KEY, chunk))))
     if len(_decoded) > DECODED_CACHE_SIZE:
         _decoded.clear()
@@ -137,13 +139,22 @@ def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bo
         if decoded is None:
             continue
         campaign, batch, keys = decoded
-        held.append(HeldBatch(tag=name, fetched_at=float(score), campaign=campaign, batch=batch, keys=keys,
-                              entry=entry if with_entries else None))
+        held.append(
+            HeldBatch(
+                tag=name,
+                fetched_at=float(score),
+                campaign=campaign,
+                batch=batch,
+                keys=keys,
+                entry=entry if with_entries else None,
+            )
+        )
     return held
 
 
-def stranded_batches(client: redis.Redis, *, now: float | None = None, reap_after: float = REAP_AFTER,
-                     with_entries: bool = False) -> list[HeldBatch]:
+def stranded_batches(
+    client: redis.Redis, *, now: float | None = None, reap_after: float = REAP_AFTER, with_entries: bool = False
+) -> list[HeldBatch]:
     """Held batches fetched more than reap_after seconds ago whose batch lease is gone."""
     now = time.time() if now is None else now
     held = held_batches(client, fetched_before=now - reap_after, with_entries=with_entries)
@@ -155,8 +166,9 @@ def stranded_batches(client: redis.Redis, *, now: float | None = None, reap_afte
     return [batch for batch, live in zip(held, pipe.execute()) if not live]
 
 
-def stranded_prompts(client: redis.Redis, *, now: float | None = None,
-                     reap_after: float = REAP_AFTER) -> dict[str, int]:
+def stranded_prompts(
+    client: redis.Redis, *, now: float | None = None, reap_after: float = REAP_AFTER
+) -> dict[str, int]:
     """Per campaign, prompts of stranded batches that are neither done nor failed."""
     from eagle_synth.campaign import Campaign
 
@@ -174,8 +186,9 @@ def stranded_prompts(client: redis.Redis, *, now: float | None = None,
     return counts
 
 
-def _destination(client: redis.Redis, message: dict, exchange: str, routing_key: str, *,
-                 queue_name: str | None) -> str | None:
+def _destination(
+    client: redis.Redis, message: dict, exchange: str, routing_key: str, *, queue_name: str | None
+) -> str | None:
     """The list kombu would push this message back to (kombu's _lookup and _q_for_pri), or None.
 
     Our queue is bound to a direct exchange: the queues whose binding routing key equals the
@@ -218,8 +231,17 @@ def restore(client: redis.Redis, held: HeldBatch, *, queue_name: str | None = No
         message["properties"]["delivery_info"]["redelivered"] = True
     except (KeyError, TypeError):
         pass
-    restored = client.eval(_RESTORE, 4, UNACKED_KEY, UNACKED_INDEX_KEY, held.lease_key, destination,
-                           held.tag, held.entry, json.dumps(message))
+    restored = client.eval(
+        _RESTORE,
+        4,
+        UNACKED_KEY,
+        UNACKED_INDEX_KEY,
+        held.lease_key,
+        destination,
+        held.tag,
+        held.entry,
+        json.dumps(message),
+    )
     if restored:
         _decoded.pop(held.tag, None)
     return bool(restored)

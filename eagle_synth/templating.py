@@ -44,8 +44,9 @@ class TokenizerFacts:
     think_close_id: int | None
 
 
-def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False,
-                   chat_template_file: str | os.PathLike | None = None):
+def load_tokenizer(
+    path: str | os.PathLike, *, trust_remote_code: bool = False, chat_template_file: str | os.PathLike | None = None
+):
     """Load a tokenizer from a local folder (or hub name, where a hub is reachable)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -63,9 +64,7 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False,
     if chat_template_file is not None:
         tokenizer.chat_template = Path(chat_template_file).read_text()
     if not tokenizer.chat_template:
-        raise TemplateError(
-            f"the tokenizer at {path} has no chat template; pass --chat-template FILE"
-        )
+        raise TemplateError(f"the tokenizer at {path} has no chat template; pass --chat-template FILE")
     return tokenizer
 
 
@@ -102,8 +101,9 @@ def tokenizer_facts(tokenizer) -> TokenizerFacts:
     )
 
 
-def render_prompt_ids(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
-                      template_kwargs: dict | None = None) -> list[int]:
+def render_prompt_ids(
+    tokenizer, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+) -> list[int]:
     """The prompt ids of one conversation, exactly as `apply_chat_template` gives them.
 
     Tool-call arguments are objects (what templates iterate over, and what SGLang and vLLM hand
@@ -145,9 +145,13 @@ def with_text_arguments(messages: list[dict]) -> list[dict] | None:
     return out if changed else None
 
 
-def render_prompt_ids_batch(tokenizer, conversations: Sequence[list[dict]], *,
-                            tools: list[dict] | None = None,
-                            template_kwargs: dict | None = None) -> list[list[int]]:
+def render_prompt_ids_batch(
+    tokenizer,
+    conversations: Sequence[list[dict]],
+    *,
+    tools: list[dict] | None = None,
+    template_kwargs: dict | None = None,
+) -> list[list[int]]:
     """Prompt ids of several conversations that share `tools`, in one batched call.
 
     This is transformers' own `apply_chat_template(..., add_generation_prompt=True,

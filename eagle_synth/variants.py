@@ -24,8 +24,15 @@ from pathlib import Path
 from eagle_synth.sampling import SamplingError, SamplingParams
 
 # SamplingParams fields a variant may override (n and seed stay the campaign's).
-OVERRIDABLE_SAMPLING = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                        "stop_token_ids")
+OVERRIDABLE_SAMPLING = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "stop_token_ids",
+)
 # Keys a variant entry may have.
 VARIANT_KEYS = frozenset({"name", "weight", "sampling", "chat_template_kwargs"})
 # Resolution of the stable hash that picks a variant.
@@ -57,8 +64,12 @@ class Variant:
 
     @classmethod
     def from_dict(cls, data: dict) -> Variant:
-        return cls(name=data["name"], weight=float(data["weight"]), sampling=dict(data.get("sampling") or {}),
-                   chat_template_kwargs=dict(data.get("chat_template_kwargs") or {}))
+        return cls(
+            name=data["name"],
+            weight=float(data["weight"]),
+            sampling=dict(data.get("sampling") or {}),
+            chat_template_kwargs=dict(data.get("chat_template_kwargs") or {}),
+        )
 
     def sampling_params(self, base: SamplingParams) -> SamplingParams:
         """The campaign's sampling with this variant's overrides."""
@@ -104,7 +115,9 @@ def load_variants(path: str | Path, *, base: SamplingParams) -> list[Variant]:
             raise VariantsError(f"{where}.chat_template_kwargs: expected an object, got {type(kwargs).__name__}")
         bad = sorted(set(sampling) - set(OVERRIDABLE_SAMPLING))
         if bad:
-            raise VariantsError(f"{where}.sampling: cannot override {bad}; a variant may set {list(OVERRIDABLE_SAMPLING)}")
+            raise VariantsError(
+                f"{where}.sampling: cannot override {bad}; a variant may set {list(OVERRIDABLE_SAMPLING)}"
+            )
         variant = Variant(name=name, weight=float(weight), sampling=dict(sampling), chat_template_kwargs=dict(kwargs))
         try:
             variant.sampling_params(base)

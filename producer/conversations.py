@@ -71,9 +71,17 @@ class PromptPlanner:
         max_turns: own history: answer at most this many user turns per conversation.
     """
 
-    def __init__(self, *, history: str, turns: str, sampling: SamplingParams, template_kwargs: dict,
-                 variants: list[Variant] | tuple[Variant, ...] = (), default_system: str | None = None,
-                 max_turns: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        history: str,
+        turns: str,
+        sampling: SamplingParams,
+        template_kwargs: dict,
+        variants: list[Variant] | tuple[Variant, ...] = (),
+        default_system: str | None = None,
+        max_turns: int | None = None,
+    ) -> None:
         if history not in HISTORIES:
             raise ValueError(f"--history must be one of {', '.join(HISTORIES)}, got {history!r}")
         self.history = history
@@ -88,17 +96,37 @@ class PromptPlanner:
     def plan(self, data: dict, *, source: str, line: int) -> list[PlannedPrompt]:
         """The row's prompts; raises producer.rows.RowError for a row that does not fit."""
         if self.history == "own":
-            own = own_history_from_row(data, source=source, line=line, default_system=self.default_system,
-                                       max_turns=self.max_turns)
+            own = own_history_from_row(
+                data, source=source, line=line, default_system=self.default_system, max_turns=self.max_turns
+            )
             variant = pick_variant(self.variants, conversation_key(turns=own.turns, tools=own.tools, sample=0))
-            return [PlannedPrompt(messages=[dict(m) for m in own.turns[0]], tools=own.tools, row_id=own.row_id,
-                                  turn=0, template_kwargs=self._kwargs(variant), variant=variant, own=own)]
+            return [
+                PlannedPrompt(
+                    messages=[dict(m) for m in own.turns[0]],
+                    tools=own.tools,
+                    row_id=own.row_id,
+                    turn=0,
+                    template_kwargs=self._kwargs(variant),
+                    variant=variant,
+                    own=own,
+                )
+            ]
         conversations: list[Conversation] = conversations_from_row(
-            data, source=source, line=line, turns=self.turns, default_system=self.default_system)
+            data, source=source, line=line, turns=self.turns, default_system=self.default_system
+        )
         last = conversations[-1]
         variant = pick_variant(self.variants, conversation_key(turns=[last.messages], tools=last.tools, sample=0))
-        return [PlannedPrompt(messages=c.messages, tools=c.tools, row_id=c.row_id, turn=c.turn,
-                              template_kwargs=self._kwargs(variant), variant=variant) for c in conversations]
+        return [
+            PlannedPrompt(
+                messages=c.messages,
+                tools=c.tools,
+                row_id=c.row_id,
+                turn=c.turn,
+                template_kwargs=self._kwargs(variant),
+                variant=variant,
+            )
+            for c in conversations
+        ]
 
     def items(self, planned: PlannedPrompt, ids: list[int], *, where: str) -> list[PromptItem]:
         """One PromptItem per sample of a templated prompt."""
@@ -113,21 +141,31 @@ class PromptPlanner:
                 own = planned.own
                 state = ConversationState(
                     key=conversation_key(turns=own.turns, tools=own.tools, sample=sample),
-                    messages=planned.messages, upcoming=[list(turn) for turn in own.turns[1:]], tools=own.tools,
-                    template_kwargs=planned.template_kwargs if planned.template_kwargs is not None
+                    messages=planned.messages,
+                    upcoming=[list(turn) for turn in own.turns[1:]],
+                    tools=own.tools,
+                    template_kwargs=planned.template_kwargs
+                    if planned.template_kwargs is not None
                     else dict(self.template_kwargs),
                     cut=own.cut,
                 )
                 key = turn_key(state.key, 0)
             else:
                 key = prompt_key(prompt_ids=packed, sampling=key_sampling, sample=sample)
-            items.append(PromptItem(
-                key=key, row_id=planned.row_id, sample=sample, ids=ids,
-                seed=self.sampling.sample_seed(prompt_key_material=packed, sample=sample, prompt_key=key),
-                source=where, turn=planned.turn,
-                conversation=state.to_dict() if state is not None else None,
-                sampling_overrides=overrides, variant=variant.name if variant is not None else None,
-            ))
+            items.append(
+                PromptItem(
+                    key=key,
+                    row_id=planned.row_id,
+                    sample=sample,
+                    ids=ids,
+                    seed=self.sampling.sample_seed(prompt_key_material=packed, sample=sample, prompt_key=key),
+                    source=where,
+                    turn=planned.turn,
+                    conversation=state.to_dict() if state is not None else None,
+                    sampling_overrides=overrides,
+                    variant=variant.name if variant is not None else None,
+                )
+            )
         return items
 
     def _kwargs(self, variant: Variant | None) -> dict | None:

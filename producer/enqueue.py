@@ -105,9 +105,15 @@ class EnqueueOptions:
     variants: tuple[Variant, ...] = ()
 
     def planner(self) -> PromptPlanner:
-        return PromptPlanner(history=self.history, turns=self.turns, sampling=self.sampling,
-                             template_kwargs=self.chat_template_kwargs, variants=self.variants,
-                             default_system=self.system, max_turns=self.max_turns)
+        return PromptPlanner(
+            history=self.history,
+            turns=self.turns,
+            sampling=self.sampling,
+            template_kwargs=self.chat_template_kwargs,
+            variants=self.variants,
+            default_system=self.system,
+            max_turns=self.max_turns,
+        )
 
 
 @dataclass(slots=True)
@@ -154,14 +160,22 @@ class EnqueueSummary:
 
     def to_dict(self) -> dict:
         return {
-            "campaign": self.campaign, "dry_run": self.dry_run,
-            "rows_read": self.rows_read, "rows_enqueued": self.rows_enqueued,
-            "rows_duplicate": self.rows_duplicate, "rows_skipped": self.rows_skipped,
-            "prompts_enqueued": self.prompts_enqueued, "prompts_duplicate": self.prompts_duplicate,
-            "prompts_skipped": self.prompts_skipped, "prompts_recovered": self.prompts_recovered,
+            "campaign": self.campaign,
+            "dry_run": self.dry_run,
+            "rows_read": self.rows_read,
+            "rows_enqueued": self.rows_enqueued,
+            "rows_duplicate": self.rows_duplicate,
+            "rows_skipped": self.rows_skipped,
+            "prompts_enqueued": self.prompts_enqueued,
+            "prompts_duplicate": self.prompts_duplicate,
+            "prompts_skipped": self.prompts_skipped,
+            "prompts_recovered": self.prompts_recovered,
             "prompts_replayed": self.prompts_replayed,
-            "tasks": self.tasks, "skipped_by_reason": dict(self.skipped), "examples": self.examples,
-            "prompt_length_histogram": dict(self.histogram()), "seconds": round(self.seconds, 3),
+            "tasks": self.tasks,
+            "skipped_by_reason": dict(self.skipped),
+            "examples": self.examples,
+            "prompt_length_histogram": dict(self.histogram()),
+            "seconds": round(self.seconds, 3),
         }
 
 
@@ -171,8 +185,9 @@ class _RowPlan:
     conversations: list = field(default_factory=list)
 
 
-def _plans(options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | None,
-           inputs: list[str], planner: PromptPlanner) -> Iterator[tuple[list[_RowPlan], list]]:
+def _plans(
+    options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | None, inputs: list[str], planner: PromptPlanner
+) -> Iterator[tuple[list[_RowPlan], list]]:
     """Chunks of (row plans, flat list of (messages, tools, kwargs)) for the templating pool."""
     plans: list[_RowPlan] = []
     flat: list = []
@@ -225,8 +240,13 @@ def _within_char_cap(options: EnqueueOptions, summary: EnqueueSummary, where: st
         else:
             kept.append(conversation)
     if not kept:
-        _skip(options, summary, where, PROMPT_TOO_LONG,
-              f"{largest} characters > --max-prompt-chars {cap} (checked before templating)")
+        _skip(
+            options,
+            summary,
+            where,
+            PROMPT_TOO_LONG,
+            f"{largest} characters > --max-prompt-chars {cap} (checked before templating)",
+        )
     return kept
 
 
@@ -271,11 +291,15 @@ def campaign_settings(options: EnqueueOptions, tokenizer, *, max_prompt_tokens: 
     )
 
 
-def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
-            stdin: IO[bytes] | None = None,
-            on_rows: Callable[[EnqueueSummary], None] | None = None,
-            on_wait: Callable[[int], None] | None = None,
-            on_warning: Callable[[str], None] | None = None) -> EnqueueSummary:
+def enqueue(
+    options: EnqueueOptions,
+    *,
+    broker: BrokerSettings | None = None,
+    stdin: IO[bytes] | None = None,
+    on_rows: Callable[[EnqueueSummary], None] | None = None,
+    on_wait: Callable[[int], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> EnqueueSummary:
     """Template every row of the inputs and enqueue new prompts; returns the summary.
 
     A campaign is registered only once it has a prompt to enqueue: an empty input, or one
@@ -290,10 +314,13 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
     check_tokenizer_path(options.tokenizer)
     planner = options.planner()
     if options.history == "own" and options.trust_remote_code:
-        raise UserError("history 'own' cannot be used with trust_remote_code: workers would run tokenizer "
-                        "code taken from Redis; use a tokenizer that needs no custom code")
-    tokenizer = load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code,
-                               chat_template_file=options.chat_template)
+        raise UserError(
+            "history 'own' cannot be used with trust_remote_code: workers would run tokenizer "
+            "code taken from Redis; use a tokenizer that needs no custom code"
+        )
+    tokenizer = load_tokenizer(
+        options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
+    )
     warn = on_warning or log.warning
 
     publisher = None
@@ -313,9 +340,13 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
         campaign = Campaign(client, options.campaign)
         stored = campaign.settings()
         publisher = Publisher(
-            campaign=campaign, app=make_celery(broker), queue=broker.queue,
-            sampling=options.sampling.for_server(), batch_size=options.batch_size,
-            max_backlog=options.max_backlog, on_wait=on_wait,
+            campaign=campaign,
+            app=make_celery(broker),
+            queue=broker.queue,
+            sampling=options.sampling.for_server(),
+            batch_size=options.batch_size,
+            max_backlog=options.max_backlog,
+            on_wait=on_wait,
             count_new_as="conversations" if options.history == "own" else None,
         )
     max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
@@ -328,7 +359,8 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
 
     seen_in_dry_run: set[str] = set()
     job = TemplateJob(
-        tokenizer=str(options.tokenizer), trust_remote_code=options.trust_remote_code,
+        tokenizer=str(options.tokenizer),
+        trust_remote_code=options.trust_remote_code,
         chat_template_file=options.chat_template,
         template_kwargs=tuple(sorted(options.chat_template_kwargs.items())),
     )
@@ -338,10 +370,11 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
             items_per_row: list[list[PromptItem]] = []
             cursor = 0
             for plan in plans:
-                row_results = results[cursor: cursor + len(plan.conversations)]
+                row_results = results[cursor : cursor + len(plan.conversations)]
                 cursor += len(plan.conversations)
-                items_per_row.append(_row_items(options, summary, plan, row_results, planner,
-                                                max_prompt_tokens=max_prompt_tokens))
+                items_per_row.append(
+                    _row_items(options, summary, plan, row_results, planner, max_prompt_tokens=max_prompt_tokens)
+                )
             flat = [item for items in items_per_row for item in items]
             if publisher is not None:
                 if flat and not registered:
@@ -355,7 +388,7 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
             for items in items_per_row:
                 if not items:
                     continue  # skipped above
-                flags = new[position: position + len(items)]
+                flags = new[position : position + len(items)]
                 position += len(items)
                 summary.prompts_enqueued += sum(flags)
                 summary.prompts_duplicate += len(flags) - sum(flags)
@@ -372,8 +405,11 @@ def enqueue(options: EnqueueOptions, *, broker: BrokerSettings | None = None,
             summary.tasks = publisher.tasks
             summary.prompts_replayed = publisher.replayed
             if registered:
-                publisher.campaign.count(rows_read=summary.rows_read, rows_skipped=summary.rows_skipped,
-                                         prompts_enqueued=summary.prompts_enqueued)
+                publisher.campaign.count(
+                    rows_read=summary.rows_read,
+                    rows_skipped=summary.rows_skipped,
+                    prompts_enqueued=summary.prompts_enqueued,
+                )
                 publisher.campaign.count_skipped(dict(summary.skipped))
         summary.seconds = time.monotonic() - started
     return summary
@@ -386,12 +422,23 @@ def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) 
     if options.history == "own":
         from eagle_synth.tokenizer_store import store_tokenizer
 
-        store_tokenizer(campaign.client, tokenizer, fingerprint=settings.tokenizer_fingerprint,
-                        chat_template_hash=settings.chat_template_hash)
+        store_tokenizer(
+            campaign.client,
+            tokenizer,
+            fingerprint=settings.tokenizer_fingerprint,
+            chat_template_hash=settings.chat_template_hash,
+        )
 
 
-def _row_items(options: EnqueueOptions, summary: EnqueueSummary, plan: _RowPlan,
-               results: list, planner: PromptPlanner, *, max_prompt_tokens: int | None) -> list[PromptItem]:
+def _row_items(
+    options: EnqueueOptions,
+    summary: EnqueueSummary,
+    plan: _RowPlan,
+    results: list,
+    planner: PromptPlanner,
+    *,
+    max_prompt_tokens: int | None,
+) -> list[PromptItem]:
     """Prompt items of one row; [] (and the row counted skipped) if none is usable."""
     items: list[PromptItem] = []
     first_problem: tuple[str, str] | None = None
@@ -402,7 +449,8 @@ def _row_items(options: EnqueueOptions, summary: EnqueueSummary, plan: _RowPlan,
             continue
         if max_prompt_tokens and len(result) > max_prompt_tokens:
             first_problem = first_problem or (
-                PROMPT_TOO_LONG, f"{len(result)} tokens > --max-prompt-tokens {max_prompt_tokens}"
+                PROMPT_TOO_LONG,
+                f"{len(result)} tokens > --max-prompt-tokens {max_prompt_tokens}",
             )
             summary.prompts_skipped += options.sampling.n
             continue
@@ -418,14 +466,16 @@ def print_summary(summary: EnqueueSummary, *, file=sys.stdout) -> None:
     verb = "would enqueue" if summary.dry_run else "enqueued"
     print(
         f"rows read {summary.rows_read} / {verb} {summary.rows_enqueued} / duplicate "
-        f"{summary.rows_duplicate} / skipped {summary.rows_skipped}", file=file,
+        f"{summary.rows_duplicate} / skipped {summary.rows_skipped}",
+        file=file,
     )
     print(
         f"prompts {verb} {summary.prompts_enqueued} in {summary.tasks} tasks, duplicate "
         f"{summary.prompts_duplicate}, skipped {summary.prompts_skipped}"
         + (f", republished after a killed run {summary.prompts_recovered}" if summary.prompts_recovered else "")
         + (f", re-enqueued after `repair` {summary.prompts_replayed}" if summary.prompts_replayed else "")
-        + f" ({summary.seconds:.1f} s)", file=file,
+        + f" ({summary.seconds:.1f} s)",
+        file=file,
     )
     for reason, count in summary.skipped.most_common():
         print(f"  skipped {reason}: {count}", file=file)

@@ -41,8 +41,11 @@ class EnqueueProgress:
             if self.total_rows:
                 columns += [BarColumn(), TimeRemainingColumn()]
             self._progress = Progress(
-                *columns, TimeElapsedColumn(),
-                console=Console(stderr=True), refresh_per_second=REFRESH_PER_SECOND, transient=True,
+                *columns,
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                refresh_per_second=REFRESH_PER_SECOND,
+                transient=True,
             )
             self._progress.__enter__()
             self._task = self._progress.add_task("reading rows", total=self.total_rows)

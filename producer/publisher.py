@@ -82,9 +82,18 @@ class Publisher:
         count_new_as: a campaign counter that newly claimed keys add to (e.g. "conversations").
     """
 
-    def __init__(self, *, campaign: Campaign, app: Celery, queue: str, sampling: dict,
-                 batch_size: int, max_backlog: int = 0,
-                 on_wait: Callable[[int], None] | None = None, count_new_as: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        campaign: Campaign,
+        app: Celery,
+        queue: str,
+        sampling: dict,
+        batch_size: int,
+        max_backlog: int = 0,
+        on_wait: Callable[[int], None] | None = None,
+        count_new_as: str | None = None,
+    ) -> None:
         self.campaign = campaign
         self.app = app
         self.queue = queue
@@ -141,8 +150,11 @@ class Publisher:
         if not self._damaged_waiting:
             return
         raw = self.campaign.client.hmget(self.campaign.keys.failed, [item.key for item in duplicates])
-        damaged = [item for item, failure in zip(duplicates, raw)
-                   if failure is not None and json.loads(failure).get("reason") == RECORD_DAMAGED]
+        damaged = [
+            item
+            for item, failure in zip(duplicates, raw)
+            if failure is not None and json.loads(failure).get("reason") == RECORD_DAMAGED
+        ]
         if damaged:
             log.warning("re-enqueueing %d prompts whose records `repair` found damaged", len(damaged))
             self.republish(damaged)
@@ -162,8 +174,9 @@ class Publisher:
         field = f"{self._run_id}:{self._chunk_serial}"
         keys = self.campaign.keys
         self.campaign.client.hset(keys.outbox, field, _pack_items(items))
-        removed = int(self.campaign.client.eval(_UNMARK_DONE, 2, keys.done, keys.counters,
-                                                *[item.key for item in items]))
+        removed = int(
+            self.campaign.client.eval(_UNMARK_DONE, 2, keys.done, keys.counters, *[item.key for item in items])
+        )
         self._publish_all(items, outbox_field=field)
         return removed
 
@@ -187,7 +200,7 @@ class Publisher:
         outbox = self.campaign.keys.outbox
         for start in range(already_sent, len(items), self.batch_size):
             self._wait_for_backlog(unpublished=len(items) - start)
-            self._publish(items[start: start + self.batch_size])
+            self._publish(items[start : start + self.batch_size])
             # Progress and liveness in one round trip: this runs once per published batch.
             pipe = self.campaign.client.pipeline(transaction=False)
             pipe.set(self.campaign.keys.producer(self._run_id), 1, ex=PRODUCER_TTL)
@@ -197,8 +210,10 @@ class Publisher:
 
     def _publish(self, items: list[PromptItem]) -> None:
         payload = TaskPayload(
-            campaign=self.campaign.name, batch=batch_id([i.key for i in items]),
-            sampling=self.sampling, items=items,
+            campaign=self.campaign.name,
+            batch=batch_id([i.key for i in items]),
+            sampling=self.sampling,
+            items=items,
         )
         send_payload(self.app, self.queue, payload.encode())
         self.tasks += 1

@@ -20,8 +20,9 @@ def _by_sampling(pairs: list[tuple[dict, PromptItem]]) -> list[tuple[dict, list[
     return list(groups.values())
 
 
-def retry_failed(campaign: Campaign, *, app: Celery, queue: str, reason: str | None = None,
-                 batch_size: int = DEFAULT_BATCH_SIZE) -> int:
+def retry_failed(
+    campaign: Campaign, *, app: Celery, queue: str, reason: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE
+) -> int:
     """Enqueue again the failed prompts (of one reason, or all); returns how many.
 
     Failures without prompt ids (`record-damaged`: `repair` could not read the prompt back)
@@ -40,8 +41,14 @@ def retry_failed(campaign: Campaign, *, app: Celery, queue: str, reason: str | N
     return total
 
 
-def return_lost_records(campaign: Campaign, pairs: list[tuple[dict, PromptItem]], *, app: Celery, queue: str,
-                        batch_size: int = DEFAULT_BATCH_SIZE) -> int:
+def return_lost_records(
+    campaign: Campaign,
+    pairs: list[tuple[dict, PromptItem]],
+    *,
+    app: Celery,
+    queue: str,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> int:
     """Queue again done prompts whose record file was damaged, given (sampling, item) pairs
     read back intact by `repair`; returns how many left `done`."""
     total = 0

@@ -29,8 +29,14 @@ from typing import Literal
 
 from eagle_synth.regeneration import regeneration_points
 
-__all__ = ["ROLE_ALIASES", "Conversation", "OwnConversation", "RowError", "conversations_from_row",
-           "own_history_from_row"]
+__all__ = [
+    "ROLE_ALIASES",
+    "Conversation",
+    "OwnConversation",
+    "RowError",
+    "conversations_from_row",
+    "own_history_from_row",
+]
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
@@ -125,8 +131,9 @@ def conversations_from_row(
     """
     if turns not in ("last", "all"):
         raise ValueError(f"turns must be 'last' or 'all', got {turns!r}")
-    row_id, messages, fields, tools, positions = _normalized(data, source=source, line=line,
-                                                             default_system=default_system)
+    row_id, messages, fields, tools, positions = _normalized(
+        data, source=source, line=line, default_system=default_system
+    )
     chosen = list(enumerate(positions))
     if turns == "last":
         chosen = chosen[-1:]
@@ -154,8 +161,9 @@ class OwnConversation:
     cut: bool = False
 
 
-def own_history_from_row(data: dict, *, source: str, line: int, default_system: str | None = None,
-                         max_turns: int | None = None) -> OwnConversation:
+def own_history_from_row(
+    data: dict, *, source: str, line: int, default_system: str | None = None, max_turns: int | None = None
+) -> OwnConversation:
     """Turn one row into the user turns to answer in order (see OwnConversation).
 
     The same normalization as conversations_from_row (shapes, roles, system prompt); every
@@ -163,8 +171,9 @@ def own_history_from_row(data: dict, *, source: str, line: int, default_system: 
     """
     from eagle_synth.conversation import split_turns
 
-    row_id, messages, fields, tools, positions = _normalized(data, source=source, line=line,
-                                                             default_system=default_system)
+    row_id, messages, fields, tools, positions = _normalized(
+        data, source=source, line=line, default_system=default_system
+    )
     for position in positions:
         if messages[position]["role"] == "user" and not messages[position]["content"].strip():
             raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
@@ -173,8 +182,9 @@ def own_history_from_row(data: dict, *, source: str, line: int, default_system: 
     return OwnConversation(turns=turns[:max_turns] if cut else turns, tools=tools, row_id=row_id, cut=cut)
 
 
-def _normalized(data: object, *, source: str, line: int, default_system: str | None
-                ) -> tuple[str, list[dict], list[str], list[dict] | None, list[int]]:
+def _normalized(
+    data: object, *, source: str, line: int, default_system: str | None
+) -> tuple[str, list[dict], list[str], list[dict] | None, list[int]]:
     """Row id, messages (system prompt added), their field paths, tools, regeneration points
     (user turns and the ends of tool-result runs)."""
     if not isinstance(data, dict):
@@ -247,7 +257,9 @@ def _message(entry: object, *, field: str) -> dict:
         raise RowError(WRONG_TYPE, f"{field}.{role_key}", f"expected a string, got {_type_name(raw_role)}")
     role = ROLE_ALIASES.get(raw_role.lower())
     if role is None:
-        raise RowError(UNKNOWN_ROLE, f"{field}.{role_key}", f"unknown role {raw_role!r}; known: {', '.join(ROLE_ALIASES)}")
+        raise RowError(
+            UNKNOWN_ROLE, f"{field}.{role_key}", f"unknown role {raw_role!r}; known: {', '.join(ROLE_ALIASES)}"
+        )
 
     content_key = _content_key(entry)
     raw_content = entry.get(content_key)
@@ -255,8 +267,9 @@ def _message(entry: object, *, field: str) -> dict:
         # ShareGPT function calling: the value is the call (or a list of parallel calls) as JSON.
         calls = _sharegpt_calls(raw_content, field=f"{field}.{content_key}")
         message = {"role": "assistant", "content": "", "tool_calls": calls}
-        message.update((k, v) for k, v in entry.items()
-                       if k not in _ENTRY_KEYS and k not in _CALL_KEYS and v is not None)
+        message.update(
+            (k, v) for k, v in entry.items() if k not in _ENTRY_KEYS and k not in _CALL_KEYS and v is not None
+        )
         return message
     if raw_content is None:
         # OpenAI sends null content on assistant tool-call turns; "" renders the same in templates.
@@ -267,8 +280,7 @@ def _message(entry: object, *, field: str) -> dict:
         content = _content(raw_content, field=f"{field}.{content_key}")
 
     message = {"role": role, "content": content}
-    message.update((k, v) for k, v in entry.items()
-                   if k not in _ENTRY_KEYS and k not in _CALL_KEYS and v is not None)
+    message.update((k, v) for k, v in entry.items() if k not in _ENTRY_KEYS and k not in _CALL_KEYS and v is not None)
     calls = _message_calls(entry, role=role, field=field)
     if calls:
         message["tool_calls"] = calls
@@ -286,7 +298,9 @@ def _message_calls(entry: dict, *, role: str, field: str) -> list[dict]:
         raise RowError(BAD_TOOL_CALL, f"{field}.{key}", f"only assistant messages carry tool calls, not {role}")
     if raw_calls is not None:
         if not isinstance(raw_calls, list):
-            raise RowError(WRONG_TYPE, f"{field}.tool_calls", f"expected a list of tool calls, got {_type_name(raw_calls)}")
+            raise RowError(
+                WRONG_TYPE, f"{field}.tool_calls", f"expected a list of tool calls, got {_type_name(raw_calls)}"
+            )
         return [_openai_call(call, field=f"{field}.tool_calls[{i}]") for i, call in enumerate(raw_calls)]
     # The pre-tools OpenAI API: one {"name", "arguments"} object.
     return [_call(legacy, field=f"{field}.function_call", call_id=None)]
@@ -315,8 +329,10 @@ def _sharegpt_calls(value: object, *, field: str) -> list[dict]:
     calls = value if isinstance(value, list) else [value]
     if not calls:
         raise RowError(BAD_TOOL_CALL, field, "function_call value holds no call")
-    return [_call(call, field=field if len(calls) == 1 and not isinstance(value, list) else f"{field}[{i}]",
-                  call_id=None) for i, call in enumerate(calls)]
+    return [
+        _call(call, field=field if len(calls) == 1 and not isinstance(value, list) else f"{field}[{i}]", call_id=None)
+        for i, call in enumerate(calls)
+    ]
 
 
 def _call(value: object, *, field: str, call_id: str | None) -> dict:

@@ -131,7 +131,9 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     plain path does not exist, or an input's format is not supported.
     """
     if not patterns:
-        raise InputError(f"no inputs given; pass one or more files, globs, dataset directories or '-' ({_SUPPORTED_HINT})")
+        raise InputError(
+            f"no inputs given; pass one or more files, globs, dataset directories or '-' ({_SUPPORTED_HINT})"
+        )
     out: list[str] = []
     seen: set[str] = set()
     for pattern in patterns:
@@ -140,7 +142,9 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         elif _has_glob_magic(pattern):
             matches = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m) or _is_dataset_dir(m))
             if not matches:
-                raise InputError(f"{pattern}: pattern matched no input files; check the pattern and quote it so the shell does not expand it")
+                raise InputError(
+                    f"{pattern}: pattern matched no input files; check the pattern and quote it so the shell does not expand it"
+                )
         else:
             raise InputError(f"{pattern}: no such file or directory; check the path")
         for match in matches:
@@ -180,7 +184,9 @@ def source_fingerprint(path: str) -> str:
                 newest = max(newest, fst.st_mtime_ns)
         return f"{name}:dir:{count}:{size}:{newest}"
     except OSError as exc:
-        raise InputError(f"{path}: cannot fingerprint input ({exc.strerror or exc}); check it still exists and is readable") from exc
+        raise InputError(
+            f"{path}: cannot fingerprint input ({exc.strerror or exc}); check it still exists and is readable"
+        ) from exc
 
 
 def _has_glob_magic(pattern: str) -> bool:
@@ -218,7 +224,9 @@ def _detect(path: str) -> _Spec:
         kind = _Kind.JSON
     elif ext == ".parquet":
         if compression is not None:
-            raise InputError(f"{path}: compressed parquet is not supported (parquet compresses internally); decompress it first")
+            raise InputError(
+                f"{path}: compressed parquet is not supported (parquet compresses internally); decompress it first"
+            )
         kind = _Kind.PARQUET
     else:
         raise InputError(f"{path}: unknown input format '{ext or '(no extension)'}'; supported: {_SUPPORTED_HINT}")
@@ -397,7 +405,12 @@ def _parse_line(raw: bytes, source: str, lineno: int, *, last_unterminated: bool
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if last_unterminated:
-            return BadRow(source, lineno, TRUNCATED_FILE, f"last line has no newline and is cut inside a UTF-8 character ({exc.reason})")
+            return BadRow(
+                source,
+                lineno,
+                TRUNCATED_FILE,
+                f"last line has no newline and is cut inside a UTF-8 character ({exc.reason})",
+            )
         return BadRow(source, lineno, NON_UTF8, f"invalid UTF-8 at byte {exc.start}: {exc.reason}")
     try:
         value = json.loads(text)
@@ -485,7 +498,12 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
         try:
             value = next(items, _END)
         except EOFError as exc:
-            yield BadRow(source, index + 1, TRUNCATED_FILE, f"input ends early at element {index + 1} ({exc}); earlier rows were read")
+            yield BadRow(
+                source,
+                index + 1,
+                TRUNCATED_FILE,
+                f"input ends early at element {index + 1} ({exc}); earlier rows were read",
+            )
             return
         except ijson.JSONError as exc:
             message = _ijson_message(exc)
@@ -495,10 +513,14 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
                 reason = NON_UTF8
             else:
                 reason = BAD_JSON
-            yield BadRow(source, index + 1, reason, f"{message} (at or after element {index + 1}); earlier rows were read")
+            yield BadRow(
+                source, index + 1, reason, f"{message} (at or after element {index + 1}); earlier rows were read"
+            )
             return
         except _READ_ERRORS as exc:
-            yield BadRow(source, index + 1, UNREADABLE_FILE, f"read failed at element {index + 1}: {exc}; earlier rows were read")
+            yield BadRow(
+                source, index + 1, UNREADABLE_FILE, f"read failed at element {index + 1}: {exc}; earlier rows were read"
+            )
             return
         if value is _END:
             return
@@ -534,7 +556,9 @@ def _iter_parquet(path: str) -> Iterator[SourceRow | BadRow]:
         parquet.close()
 
 
-def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generator[SourceRow | BadRow, None, tuple[int, bool]]:
+def _iter_record_batches(
+    batches: Iterable, source: str, start: int
+) -> Generator[SourceRow | BadRow, None, tuple[int, bool]]:
     """Rows of arrow record batches numbered from ``start + 1``.
 
     Returns (via StopIteration.value) the last row number and whether the
@@ -550,7 +574,9 @@ def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generato
                     index += 1
                     yield SourceRow(source, index, data)
     except (OSError, pa.ArrowException) as exc:
-        yield BadRow(source, index + 1, UNREADABLE_FILE, f"read failed at row {index + 1}: {exc}; earlier rows were read")
+        yield BadRow(
+            source, index + 1, UNREADABLE_FILE, f"read failed at row {index + 1}: {exc}; earlier rows were read"
+        )
         return index, False
     return index, True
 
@@ -579,7 +605,9 @@ def _iter_hf_dataset(path: str, source: str) -> Iterator[SourceRow | BadRow]:
             try:
                 reader = ipc.open_stream(arrow_file)
             except (OSError, pa.ArrowException) as exc:
-                yield BadRow(source, index + 1, UNREADABLE_FILE, f"shard {os.path.basename(shard)} is not an arrow stream: {exc}")
+                yield BadRow(
+                    source, index + 1, UNREADABLE_FILE, f"shard {os.path.basename(shard)} is not an arrow stream: {exc}"
+                )
                 return
             # Row numbers continue across shards, so a broken shard ends the dataset.
             index, complete = yield from _iter_record_batches(reader, source, index)
@@ -601,7 +629,9 @@ def _iter_hf_dataset_dict(path: str) -> Iterator[SourceRow | BadRow]:
     for split in splits:
         split_path = os.path.join(path, split)
         if not os.path.isfile(os.path.join(split_path, "state.json")):
-            yield BadRow(split_path, 0, UNREADABLE_FILE, f"split '{split}' listed in dataset_dict.json has no state.json")
+            yield BadRow(
+                split_path, 0, UNREADABLE_FILE, f"split '{split}' listed in dataset_dict.json has no state.json"
+            )
             continue
         yield from _iter_hf_dataset(split_path, split_path)
 

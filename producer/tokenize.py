@@ -72,8 +72,9 @@ def _init(job: TemplateJob) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _job = job
     if _tokenizer is None:  # forked children inherit the parent's, already loaded
-        _tokenizer = load_tokenizer(job.tokenizer, trust_remote_code=job.trust_remote_code,
-                                    chat_template_file=job.chat_template_file)
+        _tokenizer = load_tokenizer(
+            job.tokenizer, trust_remote_code=job.trust_remote_code, chat_template_file=job.chat_template_file
+        )
 
 
 def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
@@ -99,8 +100,9 @@ def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
         tools = conversations[members[0]][1]
         kwargs = kwargs_of(members[0])
         try:
-            ids = render_prompt_ids_batch(_tokenizer, [conversations[i][0] for i in members],
-                                          tools=tools, template_kwargs=kwargs)
+            ids = render_prompt_ids_batch(
+                _tokenizer, [conversations[i][0] for i in members], tools=tools, template_kwargs=kwargs
+            )
             for i, row_ids in zip(members, ids):
                 out[i] = row_ids
         except TemplateError:
@@ -136,8 +138,9 @@ class TemplatingPool:
             context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
             if context.get_start_method() != "fork":
                 _tokenizer = None
-            self._pool = ProcessPoolExecutor(max_workers=self.processes, initializer=_init, initargs=(job,),
-                                             mp_context=context)
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.processes, initializer=_init, initargs=(job,), mp_context=context
+            )
         else:
             _init(job)
 

@@ -64,15 +64,24 @@ def stack(tmp_path, tokenizer_path):
         def devserver(self, *args: str, wait: bool = True, port: int = 0, api: str = "sglang"):
             """A devserver process speaking `api` ("sglang" or "vllm"); (process, base URL)."""
             args = ("--api", api, *args) if api != "sglang" else args
-            process, url = start_devserver(tokenizer=tokenizer_path, logdir=self.logdir, args=list(args),
-                                           wait=wait, port=port)
+            process, url = start_devserver(
+                tokenizer=tokenizer_path, logdir=self.logdir, args=list(args), wait=wait, port=port
+            )
             self.processes.append(process)
             return process, url
 
         def worker(self, *, servers, out, redis_url, concurrency=2, args=(), env=None, name=None):
             env = {"EAGLE_SYNTH_RESTORE_INTERVAL": "1", **(env or {})}
-            process = start_worker(servers=servers, out=out, redis_url=redis_url, logdir=self.logdir,
-                                   concurrency=concurrency, args=list(args), env=env, name=name)
+            process = start_worker(
+                servers=servers,
+                out=out,
+                redis_url=redis_url,
+                logdir=self.logdir,
+                concurrency=concurrency,
+                args=list(args),
+                env=env,
+                name=name,
+            )
             self.processes.append(process)
             return process
 
@@ -95,13 +104,17 @@ def chat_rows(count: int) -> list[dict]:
     rows = []
     for i in range(count):
         if i % 3 == 0:
-            messages = [{"role": "system", "content": "You answer in one sentence."},
-                        {"role": "user", "content": f"What is {i} times {i + 1}?"}]
+            messages = [
+                {"role": "system", "content": "You answer in one sentence."},
+                {"role": "user", "content": f"What is {i} times {i + 1}?"},
+            ]
         elif i % 3 == 1:
-            messages = [{"role": "user", "content": f"Name a city starting with letter #{i}."},
-                        {"role": "assistant", "content": "Amsterdam."},
-                        {"role": "user", "content": "Another one, and why it is known."},
-                        {"role": "assistant", "content": "an old answer to be regenerated"}]
+            messages = [
+                {"role": "user", "content": f"Name a city starting with letter #{i}."},
+                {"role": "assistant", "content": "Amsterdam."},
+                {"role": "user", "content": "Another one, and why it is known."},
+                {"role": "assistant", "content": "an old answer to be regenerated"},
+            ]
         else:
             messages = [{"role": "user", "content": f"Write a haiku about the number {i}."}]
         rows.append({"id": f"row-{i}", "messages": messages})

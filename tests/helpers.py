@@ -12,13 +12,19 @@ from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
 
 
-def cli(*args: str, input: bytes | None = None, check: bool = True, env: dict | None = None,
-        timeout: float = 180) -> subprocess.CompletedProcess:
+def cli(
+    *args: str, input: bytes | None = None, check: bool = True, env: dict | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess:
     """Run `eagle-synth ARGS` as a user would (a separate process)."""
     import os
 
-    result = subprocess.run([sys.executable, "-m", "eagle_synth", *args], input=input,
-                            capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        [sys.executable, "-m", "eagle_synth", *args],
+        input=input,
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     if check and result.returncode != 0:
         raise AssertionError(
             f"eagle-synth {' '.join(args)} exited {result.returncode}\nstdout:\n{result.stdout.decode()}\n"
@@ -50,8 +56,17 @@ def status_json(redis_url: str, name: str) -> dict:
     return json.loads(cli("status", name, "--json", "--redis", redis_url).stdout)
 
 
-def enqueue_rows(tmp_path, redis_url: str, name: str, rows: list[dict], *, tokenizer, batch_size: int = 8,
-                 max_new_tokens: int = 64, **options):
+def enqueue_rows(
+    tmp_path,
+    redis_url: str,
+    name: str,
+    rows: list[dict],
+    *,
+    tokenizer,
+    batch_size: int = 8,
+    max_new_tokens: int = 64,
+    **options,
+):
     """Enqueue rows with the real producer, in this process (one templating process)."""
     from eagle_synth.sampling import SamplingParams
     from producer.enqueue import EnqueueOptions, enqueue
@@ -59,9 +74,15 @@ def enqueue_rows(tmp_path, redis_url: str, name: str, rows: list[dict], *, token
 
     path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
     summary = enqueue(
-        EnqueueOptions(inputs=[str(path)], campaign=name, tokenizer=str(tokenizer), batch_size=batch_size,
-                       sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0), processes=1,
-                       **options),
+        EnqueueOptions(
+            inputs=[str(path)],
+            campaign=name,
+            tokenizer=str(tokenizer),
+            batch_size=batch_size,
+            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
+            processes=1,
+            **options,
+        ),
         broker=broker_settings(redis_url=redis_url),
     )
     assert summary.accounted

@@ -29,12 +29,25 @@ def test_worker_with_wrong_credentials_or_no_redis_exits_at_once(tmp_path):
     server = RedisServer(workdir=tmp_path / "redis", password="right").start()
     try:
         wrong = server.url.replace(":right@", ":wrong@")
-        for url, expected in ((wrong, "Redis refused the credentials"),
-                              (server.url.replace(":right@", ""), "Redis refused the credentials"),
-                              (f"redis://127.0.0.1:{free_port()}/0", "cannot reach Redis")):
+        for url, expected in (
+            (wrong, "Redis refused the credentials"),
+            (server.url.replace(":right@", ""), "Redis refused the credentials"),
+            (f"redis://127.0.0.1:{free_port()}/0", "cannot reach Redis"),
+        ):
             started = time.monotonic()
-            err = one_line_error(cli("worker", "--server", "http://127.0.0.1:9", "--out", str(tmp_path / "out"),
-                                     "--redis", url, check=False, timeout=90))
+            err = one_line_error(
+                cli(
+                    "worker",
+                    "--server",
+                    "http://127.0.0.1:9",
+                    "--out",
+                    str(tmp_path / "out"),
+                    "--redis",
+                    url,
+                    check=False,
+                    timeout=90,
+                )
+            )
             assert expected in err and "right" not in err
             assert time.monotonic() - started < 60
     finally:
@@ -56,15 +69,31 @@ def test_empty_or_missing_input_registers_no_campaign(tmp_path, redis_server, to
 
 
 def test_huge_rows_are_skipped_before_templating(tmp_path, redis_server, tokenizer_path):
-    rows = chat_rows(3) + [{"id": "huge", "messages": [{"role": "user", "content": "x" * 2_000_000}]},
-                           {"id": "long", "messages": [{"role": "user", "content": "word " * 300}]}]
+    rows = chat_rows(3) + [
+        {"id": "huge", "messages": [{"role": "user", "content": "x" * 2_000_000}]},
+        {"id": "long", "messages": [{"role": "user", "content": "word " * 300}]},
+    ]
     path = write_jsonl(tmp_path / "rows.jsonl", rows)
     started = time.monotonic()
-    result = cli("enqueue", str(path), "--campaign", "caps", "--tokenizer", str(tokenizer_path),
-                 "--max-prompt-tokens", "200", "--redis", redis_server.url, "--json")
+    result = cli(
+        "enqueue",
+        str(path),
+        "--campaign",
+        "caps",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--max-prompt-tokens",
+        "200",
+        "--redis",
+        redis_server.url,
+        "--json",
+    )
     summary = json.loads(result.stdout)
     assert summary["skipped_by_reason"] == {"prompt-too-long": 2}
-    assert any("characters > --max-prompt-chars 1000000 (checked before templating)" in e for e in summary["examples"]["prompt-too-long"])
+    assert any(
+        "characters > --max-prompt-chars 1000000 (checked before templating)" in e
+        for e in summary["examples"]["prompt-too-long"]
+    )
     assert any("tokens > --max-prompt-tokens 200" in e for e in summary["examples"]["prompt-too-long"])
     assert summary["rows_enqueued"] == 3 and summary["prompts_skipped"] == 2
     assert time.monotonic() - started < 60
@@ -85,21 +114,26 @@ def test_default_prompt_token_cap_follows_the_campaign(tmp_path, redis_server, t
     # cap (as campaigns made before the default were).
     c = campaign(redis_server.url, "capped")
     c.client.set(c.keys.settings, dataclasses.replace(c.settings(), max_prompt_tokens=None).to_json())
-    rerun = cli("enqueue", str(path), "--campaign", "capped", "--tokenizer", str(tokenizer_path), "--redis",
-                redis_server.url)
+    rerun = cli(
+        "enqueue", str(path), "--campaign", "capped", "--tokenizer", str(tokenizer_path), "--redis", redis_server.url
+    )
     assert "duplicate 2" in rerun.stdout.decode()
     assert c.settings().max_prompt_tokens is None
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    (["--campaign", "bad/name"], "--campaign"),
-    (["--campaign", "ok", "--stop-token-ids", "abc"], "--stop-token-ids: 'abc' is not a token id"),
-    (["--campaign", "ok", "--max-prompt-chars", "-1"], "--max-prompt-chars"),
-])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--campaign", "bad/name"], "--campaign"),
+        (["--campaign", "ok", "--stop-token-ids", "abc"], "--stop-token-ids: 'abc' is not a token id"),
+        (["--campaign", "ok", "--max-prompt-chars", "-1"], "--max-prompt-chars"),
+    ],
+)
 def test_bad_flags_name_themselves(tmp_path, tokenizer_path, flags, expected):
     path = write_jsonl(tmp_path / "rows.jsonl", chat_rows(1))
-    err = one_line_error(cli("enqueue", str(path), "--tokenizer", str(tokenizer_path), "--dry-run", *flags,
-                             check=False))
+    err = one_line_error(
+        cli("enqueue", str(path), "--tokenizer", str(tokenizer_path), "--dry-run", *flags, check=False)
+    )
     assert expected in err
 
 
@@ -108,11 +142,14 @@ def test_bad_tokenizer_path_is_said_in_our_words(tmp_path):
     not_a_tokenizer = tmp_path / "weights"
     not_a_tokenizer.mkdir()
     (not_a_tokenizer / "model.safetensors").write_bytes(b"\0")
-    for tokenizer, expected in ((tmp_path / "nowhere", "no such folder"),
-                                (not_a_tokenizer, "this folder holds no tokenizer"),
-                                (path, "is a file")):
-        err = one_line_error(cli("enqueue", str(path), "--campaign", "tok", "--tokenizer", str(tokenizer),
-                                 "--dry-run", check=False))
+    for tokenizer, expected in (
+        (tmp_path / "nowhere", "no such folder"),
+        (not_a_tokenizer, "this folder holds no tokenizer"),
+        (path, "is a file"),
+    ):
+        err = one_line_error(
+            cli("enqueue", str(path), "--campaign", "tok", "--tokenizer", str(tokenizer), "--dry-run", check=False)
+        )
         assert f"--tokenizer {tokenizer}: {expected}" in err
 
 
@@ -123,9 +160,14 @@ def test_library_errors_end_in_one_line_from_the_app(tmp_path, redis_server):
         (["status", "nope", *redis], "error: no campaign named 'nope' in this Redis"),
         (["failed", "bad/name", *redis], "error: campaign name 'bad/name' is not usable"),
         (["compact", str(tmp_path / "nowhere")], "is " + str(tmp_path / "nowhere") + " a campaign folder"),
-        (["export", str(tmp_path), "--out", str(tmp_path / "x.jsonl"), "--format", "csv"], "--format 'csv': use one of"),
+        (
+            ["export", str(tmp_path), "--out", str(tmp_path / "x.jsonl"), "--format", "csv"],
+            "--format 'csv': use one of",
+        ),
         # The worker names its flags where the library names the setting.
-        (["worker", "--server", "http://127.0.0.1:9", "--out", str(tmp_path / "out"), "--max-attempts", "0", *redis],
-         "error: --max-attempts 0: must be at least 1"),
+        (
+            ["worker", "--server", "http://127.0.0.1:9", "--out", str(tmp_path / "out"), "--max-attempts", "0", *redis],
+            "error: --max-attempts 0: must be at least 1",
+        ),
     ):
         assert expected in one_line_error(cli(*args, check=False, timeout=90)), args

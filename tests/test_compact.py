@@ -28,8 +28,18 @@ from eagle_synth.tools.compact import CompactBusy, compact
 def rec(key: str, output=None) -> Record:
     prompt = [248045, 846, 198] + [1000 + len(key)] * 20
     output = output if output is not None else [(hash(key) % 200_000) + 7] * 30 + [248046]
-    return Record(key=key, id=key, sample=0, turn=0, prompt_ids=prompt, output_ids=output, finish_reason="stop",
-                  finish_matched=248046, prompt_tokens=len(prompt), completion_tokens=len(output))
+    return Record(
+        key=key,
+        id=key,
+        sample=0,
+        turn=0,
+        prompt_ids=prompt,
+        output_ids=output,
+        finish_reason="stop",
+        finish_matched=248046,
+        prompt_tokens=len(prompt),
+        completion_tokens=len(output),
+    )
 
 
 def fill(folder: Path, batches: int, per_batch: int = 4) -> dict[str, Record]:
@@ -131,7 +141,10 @@ def test_young_files_wait_and_a_second_run_is_refused(tmp_path):
         os.utime(path, (old, old))
     result = compact(tmp_path, min_age=300)
     assert result.files_compacted == 3 and result.young_skipped == 1
-    with compact_module.exclusive(tmp_path / "records"), pytest.raises(CompactBusy, match="another `eagle-synth compact`"):
+    with (
+        compact_module.exclusive(tmp_path / "records"),
+        pytest.raises(CompactBusy, match="another `eagle-synth compact`"),
+    ):
         compact(tmp_path, min_age=0)
 
 

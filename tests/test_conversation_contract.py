@@ -31,9 +31,15 @@ from tests.helpers import cli
 
 @pytest.fixture(scope="module")
 def ids(tokenizer):
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
-    return {"encode": encode, "close": tokenizer.convert_tokens_to_ids("</think>"),
-            "open": tokenizer.convert_tokens_to_ids("<think>"), "eos": tokenizer.eos_token_id}
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    return {
+        "encode": encode,
+        "close": tokenizer.convert_tokens_to_ids("</think>"),
+        "open": tokenizer.convert_tokens_to_ids("<think>"),
+        "eos": tokenizer.eos_token_id,
+    }
 
 
 def template(tokenizer, messages, **kwargs) -> list[int]:
@@ -42,9 +48,12 @@ def template(tokenizer, messages, **kwargs) -> list[int]:
 
 # ---- answers ---------------------------------------------------------------------------------
 
+
 def test_answer_splits_reasoning_at_think_end_and_drops_the_final_stop(tokenizer, ids):
     output = ids["encode"]("\n  Two and two.  \n") + [ids["close"]] + ids["encode"]("\n\nFour.\n") + [ids["eos"]]
-    answer = answer_message(tokenizer, output, eos_token_ids=[ids["eos"]], matched=ids["eos"], think_close_id=ids["close"])
+    answer = answer_message(
+        tokenizer, output, eos_token_ids=[ids["eos"]], matched=ids["eos"], think_close_id=ids["close"]
+    )
     assert answer == {"role": "assistant", "content": "Four.", "reasoning_content": "Two and two."}
 
 
@@ -55,21 +64,31 @@ def test_answer_without_think_end_has_no_reasoning_and_keeps_no_special_token(to
     answer = answer_message(tokenizer, output, eos_token_ids=[ids["eos"]], matched=stop, think_close_id=ids["close"])
     assert answer == {"role": "assistant", "content": "Just this."}
     # A final id that is neither EOS nor the matched stop stays (a stop string, a cut-off answer).
-    kept = answer_message(tokenizer, ids["encode"]("Cut off mid"), eos_token_ids=[ids["eos"]], matched="xyz",
-                          think_close_id=ids["close"])
+    kept = answer_message(
+        tokenizer, ids["encode"]("Cut off mid"), eos_token_ids=[ids["eos"]], matched="xyz", think_close_id=ids["close"]
+    )
     assert kept["content"] == "Cut off mid"
 
 
 # ---- the next turn -------------------------------------------------------------------------
 
+
 def test_next_turn_is_the_template_over_the_new_history(tokenizer, ids):
     system = {"role": "system", "content": "Be brief."}
     first, second = {"role": "user", "content": "Hi there."}, {"role": "user", "content": "And now?"}
-    state = ConversationState(key="c" * 32, messages=[system, first], upcoming=[[second]],
-                              template_kwargs={"enable_thinking": True})
+    state = ConversationState(
+        key="c" * 32, messages=[system, first], upcoming=[[second]], template_kwargs={"enable_thinking": True}
+    )
     output = ids["encode"]("thinking") + [ids["close"]] + ids["encode"]("\n\nHello!") + [ids["eos"]]
-    turn = next_turn(tokenizer, state, output, finish_reason="stop", matched=ids["eos"], eos_token_ids=[ids["eos"]],
-                     think_close_id=ids["close"])
+    turn = next_turn(
+        tokenizer,
+        state,
+        output,
+        finish_reason="stop",
+        matched=ids["eos"],
+        eos_token_ids=[ids["eos"]],
+        think_close_id=ids["close"],
+    )
     history = [system, first, {"role": "assistant", "content": "Hello!", "reasoning_content": "thinking"}, second]
     assert turn.ids == template(tokenizer, history, enable_thinking=True)
     assert turn.state.messages == history and turn.state.upcoming == [] and turn.state.key == state.key
@@ -83,10 +102,16 @@ def test_conversation_ends_for_its_reasons(tokenizer, ids):
     common = {"matched": ids["eos"], "eos_token_ids": [ids["eos"]], "think_close_id": ids["close"]}
     state = ConversationState(key="k", messages=[user], upcoming=[[user]])
     assert next_turn(tokenizer, state, output, finish_reason="length", **common).end == END_TRUNCATED
-    assert next_turn(tokenizer, ConversationState(key="k", messages=[user]), output, finish_reason="stop",
-                     **common).end == END_COMPLETE
-    assert next_turn(tokenizer, ConversationState(key="k", messages=[user], cut=True), output, finish_reason="stop",
-                     **common).end == END_MAX_TURNS
+    assert (
+        next_turn(tokenizer, ConversationState(key="k", messages=[user]), output, finish_reason="stop", **common).end
+        == END_COMPLETE
+    )
+    assert (
+        next_turn(
+            tokenizer, ConversationState(key="k", messages=[user], cut=True), output, finish_reason="stop", **common
+        ).end
+        == END_MAX_TURNS
+    )
     too_long = next_turn(tokenizer, state, output, finish_reason="stop", max_prompt_tokens=10, **common)
     assert too_long.end == END_PROMPT_TOO_LONG and "--max-prompt-tokens 10" in too_long.message
     late_system = ConversationState(key="k", messages=[user], upcoming=[[{"role": "system", "content": "x"}, user]])
@@ -96,19 +121,34 @@ def test_conversation_ends_for_its_reasons(tokenizer, ids):
 
 # ---- rows and keys -------------------------------------------------------------------------
 
+
 def test_own_history_rows_keep_system_and_user_turns_only():
-    row = {"id": "r", "system": "Sys.", "tools": [{"type": "function", "function": {"name": "f"}}], "conversations": [
-        {"from": "human", "value": "one"}, {"from": "gpt", "value": "old"}, {"from": "function_response", "value": "x"},
-        {"from": "human", "value": "two"}, {"from": "gpt", "value": "old"}, {"from": "human", "value": "three"}]}
+    row = {
+        "id": "r",
+        "system": "Sys.",
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "conversations": [
+            {"from": "human", "value": "one"},
+            {"from": "gpt", "value": "old"},
+            {"from": "function_response", "value": "x"},
+            {"from": "human", "value": "two"},
+            {"from": "gpt", "value": "old"},
+            {"from": "human", "value": "three"},
+        ],
+    }
     own = own_history_from_row(row, source="f.jsonl", line=1)
-    assert own.turns == [[{"role": "system", "content": "Sys."}, {"role": "user", "content": "one"}],
-                         [{"role": "user", "content": "two"}], [{"role": "user", "content": "three"}]]
+    assert own.turns == [
+        [{"role": "system", "content": "Sys."}, {"role": "user", "content": "one"}],
+        [{"role": "user", "content": "two"}],
+        [{"role": "user", "content": "three"}],
+    ]
     assert own.tools == row["tools"] and not own.cut
     capped = own_history_from_row(row, source="f.jsonl", line=1, max_turns=2)
     assert len(capped.turns) == 2 and capped.cut
     with pytest.raises(RowError) as error:
-        own_history_from_row({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": " "}]},
-                             source="f.jsonl", line=2)
+        own_history_from_row(
+            {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": " "}]}, source="f.jsonl", line=2
+        )
     assert error.value.field == "messages[1].content"
     turns, trailing = split_turns([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
     assert turns == [[{"role": "user", "content": "a"}]] and trailing == []
@@ -120,17 +160,30 @@ def test_keys_are_stable_and_tell_samples_and_turns_apart():
     assert key == conversation_key(turns=json.loads(json.dumps(turns)), tools=None, sample=0) and len(key) == 32
     assert key != conversation_key(turns=turns, tools=None, sample=1)
     assert key != conversation_key(turns=turns[:1], tools=None, sample=0)
-    assert len({turn_key(key, 0), turn_key(key, 1), turn_key(conversation_key(turns=turns, tools=None, sample=1), 0)}) == 3
+    assert (
+        len({turn_key(key, 0), turn_key(key, 1), turn_key(conversation_key(turns=turns, tools=None, sample=1), 0)}) == 3
+    )
 
 
 # ---- payload version 2 ---------------------------------------------------------------------
 
+
 def test_payload_is_version_1_unless_an_item_needs_version_2():
     plain = PromptItem(key="a" * 32, row_id="r", sample=0, ids=[1, 2, 3], seed=5, source="f:1")
     assert TaskPayload(campaign="c", batch="b", sampling={"temperature": 0.6}, items=[plain]).encode()["v"] == 1
-    state = ConversationState(key="k", messages=[{"role": "user", "content": "é"}], upcoming=[[{"role": "user", "content": "x"}]])
-    rich = PromptItem(key="b" * 32, row_id="r", sample=1, ids=[4, 5], turn=2, conversation=state.to_dict(),
-                      sampling_overrides={"temperature": 1.0}, variant="hot")
+    state = ConversationState(
+        key="k", messages=[{"role": "user", "content": "é"}], upcoming=[[{"role": "user", "content": "x"}]]
+    )
+    rich = PromptItem(
+        key="b" * 32,
+        row_id="r",
+        sample=1,
+        ids=[4, 5],
+        turn=2,
+        conversation=state.to_dict(),
+        sampling_overrides={"temperature": 1.0},
+        variant="hot",
+    )
     encoded = TaskPayload(campaign="c", batch="b", sampling={"temperature": 0.6}, items=[plain, rich]).encode()
     assert encoded["v"] == 2
     decoded = TaskPayload.decode(encoded)
@@ -140,6 +193,7 @@ def test_payload_is_version_1_unless_an_item_needs_version_2():
 
 
 # ---- variants ------------------------------------------------------------------------------
+
 
 def test_variants_file_errors_name_the_entry_and_field(tmp_path):
     base = SamplingParams()
@@ -174,11 +228,19 @@ def test_dataset_history_variants_set_template_kwargs_sampling_and_keys(tokenize
     from producer.tokenize import TemplateJob, TemplatingPool
 
     base = SamplingParams(temperature=0.6)
-    cold = Variant(name="cold", weight=1.0, sampling={"temperature": 0.2}, chat_template_kwargs={"enable_thinking": False})
+    cold = Variant(
+        name="cold", weight=1.0, sampling={"temperature": 0.2}, chat_template_kwargs={"enable_thinking": False}
+    )
     planner = PromptPlanner(history="dataset", turns="all", sampling=base, template_kwargs={}, variants=[cold])
     plain = PromptPlanner(history="dataset", turns="all", sampling=base, template_kwargs={})
-    row = {"id": "r", "messages": [{"role": "user", "content": "a?"}, {"role": "assistant", "content": "b."},
-                                   {"role": "user", "content": "c?"}]}
+    row = {
+        "id": "r",
+        "messages": [
+            {"role": "user", "content": "a?"},
+            {"role": "assistant", "content": "b."},
+            {"role": "user", "content": "c?"},
+        ],
+    }
     prompts = planner.plan(row, source="f.jsonl", line=1)
     assert [p.turn for p in prompts] == [0, 1] and all(p.template_kwargs == {"enable_thinking": False} for p in prompts)
     pool = TemplatingPool(TemplateJob(tokenizer=str(tokenizer_path)), processes=1, tokenizer=tokenizer)
@@ -192,6 +254,7 @@ def test_dataset_history_variants_set_template_kwargs_sampling_and_keys(tokenize
 
 
 # ---- stored tokenizer and renderer ---------------------------------------------------------
+
 
 def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(tmp_path, redis_server, tokenizer, ids):
     from eagle_synth.redis_client import connect
@@ -207,21 +270,40 @@ def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(tmp
     client = connect(broker_settings(redis_url=redis_server.url))
     facts = tokenizer_facts(tokenizer)
     with pytest.raises(TokenizerUnavailable, match="run the same `eagle-synth enqueue"):
-        fetch_tokenizer(client, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash, root=tmp_path)
+        fetch_tokenizer(
+            client, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash, root=tmp_path
+        )
     store_tokenizer(client, tokenizer, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash)
-    folder = fetch_tokenizer(client, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash,
-                             root=tmp_path)
-    renderer = Renderer(folder=folder, processes=1, fingerprint=facts.fingerprint,
-                        chat_template_hash=facts.chat_template_hash)
+    folder = fetch_tokenizer(
+        client, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash, root=tmp_path
+    )
+    renderer = Renderer(
+        folder=folder, processes=1, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash
+    )
     try:
-        state = ConversationState(key="k", messages=[{"role": "user", "content": "Hi."}],
-                                  upcoming=[[{"role": "user", "content": "More."}]])
+        state = ConversationState(
+            key="k", messages=[{"role": "user", "content": "Hi."}], upcoming=[[{"role": "user", "content": "More."}]]
+        )
         output = ids["encode"]("hmm") + [ids["close"]] + ids["encode"]("Hello.") + [ids["eos"]]
-        job = {"state": state.to_dict(), "output_ids": output, "finish_reason": "stop", "matched": ids["eos"],
-               "eos_token_ids": [ids["eos"]], "think_close_id": ids["close"], "max_prompt_tokens": None}
+        job = {
+            "state": state.to_dict(),
+            "output_ids": output,
+            "finish_reason": "stop",
+            "matched": ids["eos"],
+            "eos_token_ids": [ids["eos"]],
+            "think_close_id": ids["close"],
+            "max_prompt_tokens": None,
+        }
         [(kind, rendered, following)] = renderer.submit([job]).result(timeout=120)
-        expected = next_turn(tokenizer, state, output, finish_reason="stop", matched=ids["eos"],
-                             eos_token_ids=[ids["eos"]], think_close_id=ids["close"])
+        expected = next_turn(
+            tokenizer,
+            state,
+            output,
+            finish_reason="stop",
+            matched=ids["eos"],
+            eos_token_ids=[ids["eos"]],
+            think_close_id=ids["close"],
+        )
         assert kind == "ready" and rendered == expected.ids and following == expected.state.to_dict()
     finally:
         renderer.close()
@@ -231,10 +313,21 @@ def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(tmp
 
 # ---- verify and export ---------------------------------------------------------------------
 
+
 def _record(key: str, conversation: str, turn: int) -> Record:
-    return Record(key=key, id="r", sample=0, turn=turn, prompt_ids=[1, 2, turn], output_ids=[3, 4],
-                  finish_reason="stop", finish_matched=4, prompt_tokens=3, completion_tokens=2,
-                  conversation=conversation)
+    return Record(
+        key=key,
+        id="r",
+        sample=0,
+        turn=turn,
+        prompt_ids=[1, 2, turn],
+        output_ids=[3, 4],
+        finish_reason="stop",
+        finish_matched=4,
+        prompt_tokens=3,
+        completion_tokens=2,
+        conversation=conversation,
+    )
 
 
 def test_verify_reports_a_conversation_with_a_missing_turn(tmp_path):
@@ -242,8 +335,17 @@ def test_verify_reports_a_conversation_with_a_missing_turn(tmp_path):
     from eagle_synth.tools.verify import verify_campaign
 
     folder = tmp_path / "camp"
-    write_record_file(folder, campaign="camp", batch="aa", records=[
-        _record("a0", "a" * 32, 0), _record("a1", "a" * 32, 1), _record("b0", "b" * 32, 0), _record("b2", "b" * 32, 2)])
+    write_record_file(
+        folder,
+        campaign="camp",
+        batch="aa",
+        records=[
+            _record("a0", "a" * 32, 0),
+            _record("a1", "a" * 32, 1),
+            _record("b0", "b" * 32, 0),
+            _record("b2", "b" * 32, 2),
+        ],
+    )
     write_record_file(folder, campaign="camp", batch="bb", records=[_record("plain", None, 3)])
     write_manifest(folder, {"settings": {"vocab_size": 100, "eos_token_ids": [4]}})
     report = verify_campaign(folder)
@@ -262,8 +364,14 @@ def test_export_orders_conversations_across_buckets_and_keeps_last_turns(tmp_pat
     conversations = [f"{i:x}" * 32 for i in range(1, 7)]
     # Turns land in files far apart and out of order, as they do in a campaign.
     for turn in (2, 0, 1):
-        write_record_file(folder, campaign="camp", batch=f"b{turn}", records=[
-            _record(f"{c[:4]}-{turn}", c[:32], turn) for c in conversations if turn < 2 or c.startswith(("1", "4"))])
+        write_record_file(
+            folder,
+            campaign="camp",
+            batch=f"b{turn}",
+            records=[
+                _record(f"{c[:4]}-{turn}", c[:32], turn) for c in conversations if turn < 2 or c.startswith(("1", "4"))
+            ],
+        )
     write_record_file(folder, campaign="camp", batch="plain", records=[_record("plain", None, 0)])
     monkeypatch.setattr(conversation_order, "BUCKET_BYTES", 1)  # one bucket per stored byte: many buckets
     out = tmp_path / "all.jsonl"
@@ -284,6 +392,7 @@ def test_export_orders_conversations_across_buckets_and_keeps_last_turns(tmp_pat
 
 
 # ---- CLI -----------------------------------------------------------------------------------
+
 
 def test_enqueue_flags_for_conversations_fail_in_one_line(tmp_path, tokenizer_path):
     rows = tmp_path / "rows.jsonl"

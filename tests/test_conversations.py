@@ -22,8 +22,16 @@ VARIANTS = [
     {"name": "hot", "weight": 0.2, "sampling": {"temperature": 1.0}},
     {"name": "no-think", "weight": 0.3, "chat_template_kwargs": {"enable_thinking": False}},
 ]
-TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
-                                           "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    }
+]
 MAX_TURNS = 3
 
 
@@ -36,16 +44,30 @@ def own_rows(count: int) -> list[dict]:
         if i % 3 == 0:
             conversation.append({"from": "system", "value": "You answer briefly."})
         for turn in range(1 + i % 4):
-            conversation.append({"from": "human", "value": f"Question {turn} of conversation {i}: tell me about {i * 7 + turn}."})
+            conversation.append(
+                {"from": "human", "value": f"Question {turn} of conversation {i}: tell me about {i * 7 + turn}."}
+            )
             conversation.append({"from": "gpt", "value": f"An old answer {turn}, written by another model."})
         rows.append({"id": f"conv-{i}", "conversations": conversation})
-    rows.append({"id": "tools", "tools": TOOLS, "messages": [
-        {"role": "user", "content": "Look up 'river' for me."},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "lookup", "arguments": {"word": "river"}}}]},
-        {"role": "tool", "content": "a natural stream of water"},
-        {"role": "assistant", "content": "A river is a natural stream of water."},
-        {"role": "user", "content": "And 'ford'?"},
-    ]})
+    rows.append(
+        {
+            "id": "tools",
+            "tools": TOOLS,
+            "messages": [
+                {"role": "user", "content": "Look up 'river' for me."},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "lookup", "arguments": {"word": "river"}}}
+                    ],
+                },
+                {"role": "tool", "content": "a natural stream of water"},
+                {"role": "assistant", "content": "A river is a natural stream of water."},
+                {"role": "user", "content": "And 'ford'?"},
+            ],
+        }
+    )
     return rows
 
 
@@ -56,8 +78,11 @@ def row_turns(row: dict) -> tuple[list[dict], list[dict], list | None]:
         messages = [{"role": roles[m["from"]], "content": m["value"]} for m in row["conversations"]]
     else:
         messages = row["messages"]
-    return ([m for m in messages if m["role"] == "system"], [m for m in messages if m["role"] == "user"],
-            row.get("tools"))
+    return (
+        [m for m in messages if m["role"] == "system"],
+        [m for m in messages if m["role"] == "user"],
+        row.get("tools"),
+    )
 
 
 def expected_answer(tokenizer, output_ids: list[int], *, matched) -> dict:
@@ -68,8 +93,11 @@ def expected_answer(tokenizer, output_ids: list[int], *, matched) -> dict:
     think_close = tokenizer.convert_tokens_to_ids("</think>")
     if think_close in ids:
         cut = ids.index(think_close)
-        return {"role": "assistant", "content": tokenizer.decode(ids[cut + 1:], skip_special_tokens=True).strip(),
-                "reasoning_content": tokenizer.decode(ids[:cut], skip_special_tokens=True).strip()}
+        return {
+            "role": "assistant",
+            "content": tokenizer.decode(ids[cut + 1 :], skip_special_tokens=True).strip(),
+            "reasoning_content": tokenizer.decode(ids[:cut], skip_special_tokens=True).strip(),
+        }
     return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True).strip()}
 
 
@@ -78,13 +106,17 @@ def check_conversation(tokenizer, row: dict, turns: list, *, template_kwargs: di
     system, users, tools = row_turns(row)
     messages = [*system, users[0]]
     for index, record in enumerate(turns):
-        expected = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                 **template_kwargs)["input_ids"]
+        expected = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, **template_kwargs)[
+            "input_ids"
+        ]
         assert record.prompt_ids == list(expected), f"{row['id']} turn {index}: prompt ids differ from the contract"
         if index + 1 < len(turns):
             assert record.finish_reason == "stop", "a conversation goes on only after a turn that stopped"
-            messages = [*messages, expected_answer(tokenizer, record.output_ids, matched=record.finish_matched),
-                        users[index + 1]]
+            messages = [
+                *messages,
+                expected_answer(tokenizer, record.output_ids, matched=record.finish_matched),
+                users[index + 1],
+            ]
     last = turns[-1]
     if last.finish_reason == "length":
         return "truncated"
@@ -98,8 +130,16 @@ def wait_conversations_finished(redis_url: str, name: str, *, stack, timeout: fl
     def finished():
         data = campaign_status(client, name)
         conversations = data["conversations"]
-        return data if (conversations["total"] and not conversations["in_progress"]
-                        and not conversations["followups_waiting"] and data["queued"] == data["inflight"] == 0) else None
+        return (
+            data
+            if (
+                conversations["total"]
+                and not conversations["in_progress"]
+                and not conversations["followups_waiting"]
+                and data["queued"] == data["inflight"] == 0
+            )
+            else None
+        )
 
     try:
         return wait_for(finished, timeout=timeout, interval=0.5, what=f"the conversations of {name}")
@@ -115,9 +155,30 @@ def test_own_history_regenerates_multi_turn_rows_id_for_id(tmp_path, redis_serve
     _, url = stack.devserver("--token-latency", "0.001", "--mean-output-tokens", "24")
     out = tmp_path / "out"
 
-    enqueued = cli("enqueue", str(prompts), "--campaign", "own", "--tokenizer", str(tokenizer_path), "--history", "own",
-                   "--max-turns", str(MAX_TURNS), "--variants", str(variants), "--max-new-tokens", "48",
-                   "--temperature", "0.7", "--seed", "7", "--batch-size", "4", "--redis", redis_server.url)
+    enqueued = cli(
+        "enqueue",
+        str(prompts),
+        "--campaign",
+        "own",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--history",
+        "own",
+        "--max-turns",
+        str(MAX_TURNS),
+        "--variants",
+        str(variants),
+        "--max-new-tokens",
+        "48",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "7",
+        "--batch-size",
+        "4",
+        "--redis",
+        redis_server.url,
+    )
     assert f"rows read {len(rows)} / enqueued {len(rows)} / duplicate 0 / skipped 0" in enqueued.stdout.decode()
     stack.worker(servers=[url], out=out, redis_url=redis_server.url, args=["--render-processes", "1"])
     status = wait_conversations_finished(redis_server.url, "own", stack=stack)
@@ -136,13 +197,16 @@ def test_own_history_regenerates_multi_turn_rows_id_for_id(tmp_path, redis_serve
         assert len({(r.id, r.variant) for r in turns}) == 1, "a conversation keeps its row and variant"
         variant = next(v for v in VARIANTS if v["name"] == turns[0].variant)
         used_variants.add(variant["name"])
-        end = check_conversation(tokenizer, by_id[turns[0].id], turns, template_kwargs=variant.get("chat_template_kwargs", {}))
+        end = check_conversation(
+            tokenizer, by_id[turns[0].id], turns, template_kwargs=variant.get("chat_template_kwargs", {})
+        )
         ends[end] = ends.get(end, 0) + 1
         for record in turns:
             assert record.sampling["temperature"] == variant.get("sampling", {}).get("temperature", 0.7)
             # The output is exactly what the server answers for these ids and sampling parameters.
-            reply = requests.post(f"{url}/generate", json={"input_ids": record.prompt_ids, "sampling_params": record.sampling},
-                                  timeout=30).json()
+            reply = requests.post(
+                f"{url}/generate", json={"input_ids": record.prompt_ids, "sampling_params": record.sampling}, timeout=30
+            ).json()
             assert record.output_ids == reply["output_ids"]
             assert record.finish_reason == reply["meta_info"]["finish_reason"]["type"]
     assert used_variants == {v["name"] for v in VARIANTS}
@@ -161,36 +225,55 @@ def test_own_history_regenerates_multi_turn_rows_id_for_id(tmp_path, redis_serve
 
     report = json.loads(cli("verify", str(out / "own"), "--json").stdout)
     assert report["ok"] and report["checks"]["conversation_gap"]["count"] == 0
-    assert report["conversations"] == {"count": len(rows), "turns": len(records),
-                                       "longest": MAX_TURNS}
+    assert report["conversations"] == {"count": len(rows), "turns": len(records), "longest": MAX_TURNS}
 
     exported = tmp_path / "last.jsonl"
     cli("export", str(out / "own"), "--out", str(exported), "--turns", "last")
     last_rows = [json.loads(line) for line in exported.read_text().splitlines()]
-    assert sorted(r["key"] for r in last_rows) == sorted(max(t, key=lambda r: r.turn).key for t in by_conversation.values())
+    assert sorted(r["key"] for r in last_rows) == sorted(
+        max(t, key=lambda r: r.turn).key for t in by_conversation.values()
+    )
     everything = tmp_path / "all.jsonl"
     cli("export", str(out / "own"), "--out", str(everything))
     order = [records[json.loads(line)["key"]] for line in everything.read_text().splitlines()]
     conversation_order = [r.conversation for r in order]
     # Rows come conversation by conversation, each one's turns in order.
     assert len(order) == len(records)
-    assert [c for i, c in enumerate(conversation_order) if i == 0 or conversation_order[i - 1] != c] == \
-        sorted(by_conversation)
-    assert all(order[i].turn + 1 == order[i + 1].turn for i in range(len(order) - 1)
-               if order[i].conversation == order[i + 1].conversation)
+    assert [c for i, c in enumerate(conversation_order) if i == 0 or conversation_order[i - 1] != c] == sorted(
+        by_conversation
+    )
+    assert all(
+        order[i].turn + 1 == order[i + 1].turn
+        for i in range(len(order) - 1)
+        if order[i].conversation == order[i + 1].conversation
+    )
 
 
 # Short visibility timeout so a SIGKILLed worker's batches come back within the test.
-FAST_REDELIVERY = {"EAGLE_SYNTH_VISIBILITY_TIMEOUT": "10", "EAGLE_SYNTH_RESTORE_INTERVAL": "1",
-                   "EAGLE_SYNTH_BACKOFF_MAX": "0.5", "EAGLE_SYNTH_FOLLOWUP_SWEEP": "1"}
+FAST_REDELIVERY = {
+    "EAGLE_SYNTH_VISIBILITY_TIMEOUT": "10",
+    "EAGLE_SYNTH_RESTORE_INTERVAL": "1",
+    "EAGLE_SYNTH_BACKOFF_MAX": "0.5",
+    "EAGLE_SYNTH_FOLLOWUP_SWEEP": "1",
+}
 
 
 def long_rows(count: int) -> list[dict]:
     """Conversations of 3 and 4 user turns: long enough to be cut in the middle."""
-    return [{"id": f"long-{i}", "messages": [
-        message for turn in range(3 + i % 2) for message in (
-            {"role": "user", "content": f"Step {turn} of task {i}: continue the story about {i * 5 + turn}."},
-            {"role": "assistant", "content": "an old answer"})]} for i in range(count)]
+    return [
+        {
+            "id": f"long-{i}",
+            "messages": [
+                message
+                for turn in range(3 + i % 2)
+                for message in (
+                    {"role": "user", "content": f"Step {turn} of task {i}: continue the story about {i * 5 + turn}."},
+                    {"role": "assistant", "content": "an old answer"},
+                )
+            ],
+        }
+        for i in range(count)
+    ]
 
 
 def assert_conversations_accounted(redis_url: str, name: str, folder, rows: list[dict]) -> dict:
@@ -217,10 +300,14 @@ def assert_conversations_accounted(redis_url: str, name: str, folder, rows: list
             ends["complete"] = ends.get("complete", 0) + 1
     assert len(by_conversation) == len(rows) and c.progress().failed == 0
     counts = ConversationStore(c).counts()
-    assert counts == {"total": len(rows), "done": ends.get("complete", 0), "in_progress": 0,
-                      "stopped": ends.get("truncated", 0),
-                      "stopped_by_reason": {"truncated": ends["truncated"]} if ends.get("truncated") else {},
-                      "followups_waiting": 0}
+    assert counts == {
+        "total": len(rows),
+        "done": ends.get("complete", 0),
+        "in_progress": 0,
+        "stopped": ends.get("truncated", 0),
+        "stopped_by_reason": {"truncated": ends["truncated"]} if ends.get("truncated") else {},
+        "followups_waiting": 0,
+    }
     assert not c.client.hlen(c.keys.followup_owners), "an outbox entry is left behind"
     return records
 
@@ -229,20 +316,40 @@ def test_worker_killed_mid_conversation_loses_and_doubles_no_turn(tmp_path, redi
     from tests.helpers import campaign, enqueue_rows
 
     rows = long_rows(16)
-    enqueue_rows(tmp_path, redis_server.url, "killconv", rows, tokenizer=tokenizer_path, batch_size=4,
-                 max_new_tokens=96, history="own")
+    enqueue_rows(
+        tmp_path,
+        redis_server.url,
+        "killconv",
+        rows,
+        tokenizer=tokenizer_path,
+        batch_size=4,
+        max_new_tokens=96,
+        history="own",
+    )
     _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "30", "--slots", "8")
     out = tmp_path / "out"
-    first = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY, name="first@test",
-                         args=["--render-processes", "1"])
+    first = stack.worker(
+        servers=[url],
+        out=out,
+        redis_url=redis_server.url,
+        env=FAST_REDELIVERY,
+        name="first@test",
+        args=["--render-processes", "1"],
+    )
     c = campaign(redis_server.url, "killconv")
     # Killed once later turns are on their way: records of turn 0 written, next turns rendered or queued.
     wait_for(lambda: c.progress().enqueued > len(rows) + 4, timeout=90, interval=0.1, what="next turns in flight")
     first.kill()
     assert c.progress().done < c.progress().enqueued
 
-    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY, name="second@test",
-                 args=["--render-processes", "1"])
+    stack.worker(
+        servers=[url],
+        out=out,
+        redis_url=redis_server.url,
+        env=FAST_REDELIVERY,
+        name="second@test",
+        args=["--render-processes", "1"],
+    )
     wait_conversations_finished(redis_server.url, "killconv", stack=stack, timeout=240)
     records = assert_conversations_accounted(redis_server.url, "killconv", out / "killconv", rows)
     assert {r.worker for r in records.values()} == {"first@test", "second@test"}
@@ -256,22 +363,38 @@ def test_redis_restart_and_server_death_mid_conversation(tmp_path, stack, tokeni
     redis_server = RedisServer(workdir=tmp_path / "redis", appendonly=True).start()
     try:
         rows = long_rows(8)
-        enqueue_rows(tmp_path, redis_server.url, "rrconv", rows, tokenizer=tokenizer_path, batch_size=4,
-                     max_new_tokens=96, history="own")
+        enqueue_rows(
+            tmp_path,
+            redis_server.url,
+            "rrconv",
+            rows,
+            tokenizer=tokenizer_path,
+            batch_size=4,
+            max_new_tokens=96,
+            history="own",
+        )
         port = free_port()
-        first, url = stack.devserver("--token-latency", "0.04", "--mean-output-tokens", "20", "--die-after", "14",
-                                     port=port)
+        first, url = stack.devserver(
+            "--token-latency", "0.04", "--mean-output-tokens", "20", "--die-after", "14", port=port
+        )
         out = tmp_path / "out"
         # One batch at a time, Redis restarted while its prompts generate, so no acknowledgement
         # is in flight: one lost to the restart can trip a Celery/kombu race on reconnection that
         # stops the worker (AttributeError in restore_unacked), conversations or not.
-        stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY, concurrency=1,
-                     args=["--render-processes", "1"])
+        stack.worker(
+            servers=[url],
+            out=out,
+            redis_url=redis_server.url,
+            env=FAST_REDELIVERY,
+            concurrency=1,
+            args=["--render-processes", "1"],
+        )
         c = campaign(redis_server.url, "rrconv")
 
         def generating_after_first_commits() -> bool:
             return c.progress().done >= 4 and any(
-                n.get("inflight_by_campaign", {}).get("rrconv") for n in all_nodes(c.client))
+                n.get("inflight_by_campaign", {}).get("rrconv") for n in all_nodes(c.client)
+            )
 
         wait_for(generating_after_first_commits, timeout=90, interval=0.05, what="turns generating after commits")
         redis_server.restart()
@@ -283,8 +406,9 @@ def test_redis_restart_and_server_death_mid_conversation(tmp_path, stack, tokeni
         redis_server.stop()
 
 
-def test_turns_fail_without_the_stored_tokenizer_and_retry_failed_resumes_them(tmp_path, redis_server, stack,
-                                                                               tokenizer_path):
+def test_turns_fail_without_the_stored_tokenizer_and_retry_failed_resumes_them(
+    tmp_path, redis_server, stack, tokenizer_path
+):
     from eagle_synth.keys import tokenizer_blob
     from tests.helpers import campaign, enqueue_rows
 
@@ -296,8 +420,13 @@ def test_turns_fail_without_the_stored_tokenizer_and_retry_failed_resumes_them(t
     _, url = stack.devserver("--token-latency", "0.001", "--mean-output-tokens", "20")
     out = tmp_path / "out"
     # A cache of its own: the worker must get the tokenizer from Redis, where it is gone.
-    stack.worker(servers=[url], out=out, redis_url=redis_server.url, args=["--render-processes", "1"],
-                 env={"EAGLE_SYNTH_CACHE_DIR": str(tmp_path / "cache")})
+    stack.worker(
+        servers=[url],
+        out=out,
+        redis_url=redis_server.url,
+        args=["--render-processes", "1"],
+        env={"EAGLE_SYNTH_CACHE_DIR": str(tmp_path / "cache")},
+    )
     wait_for(lambda: c.progress().failed == len(rows), timeout=90, what="the turns to fail")
     conversations = status_json(redis_server.url, "notok")["conversations"]
     assert conversations["stopped_by_reason"] == {"tokenizer-unavailable": len(rows)}
@@ -306,8 +435,9 @@ def test_turns_fail_without_the_stored_tokenizer_and_retry_failed_resumes_them(t
     [entry] = failed["by_reason"]["tokenizer-unavailable"]["prompts"][:1]
     assert "run the same `eagle-synth enqueue" in entry["message"]
 
-    again = enqueue_rows(tmp_path, redis_server.url, "notok", rows, tokenizer=tokenizer_path, batch_size=4,
-                         history="own")
+    again = enqueue_rows(
+        tmp_path, redis_server.url, "notok", rows, tokenizer=tokenizer_path, batch_size=4, history="own"
+    )
     assert again.prompts_enqueued == 0 and again.prompts_duplicate == len(rows)
     cli("retry-failed", "notok", "--redis", redis_server.url)
     wait_conversations_finished(redis_server.url, "notok", stack=stack)

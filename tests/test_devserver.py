@@ -63,8 +63,18 @@ class Proc:
         self.url = f"http://{HOST}:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="devserver-", suffix=".log", delete=False)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer),
-               "--host", HOST, "--port", str(self.port), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "eagle_synth.devserver",
+            "--tokenizer",
+            str(tokenizer),
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            *args,
+        ]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def log_text(self) -> str:
@@ -107,11 +117,28 @@ def fleet(tokenizer_path):
     proc = functools.partial(Proc, tokenizer=tokenizer_path)
     servers = {
         "lifecycle": proc("--startup-delay", "1", "--warmup", "2"),
-        "main": proc("--context-length", "4096", "--reasoning-parser", "qwen3",
-                     "--tool-call-parser", "qwen3_coder", "--mean-output-tokens", "60"),
+        "main": proc(
+            "--context-length",
+            "4096",
+            "--reasoning-parser",
+            "qwen3",
+            "--tool-call-parser",
+            "qwen3_coder",
+            "--mean-output-tokens",
+            "60",
+        ),
         # Token counts and timing are what the slot tests check; the prefix bug leaves both alone.
-        "slow": proc("--slots", "2", "--token-latency", "0.01", "--max-queued-requests", "2",
-                     "--prefix-bug", "3", "--skip-tokenizer-init"),
+        "slow": proc(
+            "--slots",
+            "2",
+            "--token-latency",
+            "0.01",
+            "--max-queued-requests",
+            "2",
+            "--prefix-bug",
+            "3",
+            "--skip-tokenizer-init",
+        ),
         "faults": proc("--fail-rate", "0.25", "--drop-rate", "0.25", "--seed", "7"),
         "oov": proc(),
         "die_after": proc("--die-after", "3"),
@@ -152,7 +179,8 @@ def test_startup_delay_then_warmup_then_healthy(fleet):
 
     server.wait_until(
         lambda: requests.get(server.url + "/health", timeout=TIMEOUT).status_code == 200,
-        what="health 200", deadline_s=15,
+        what="health 200",
+        deadline_s=15,
     )
     assert time.monotonic() - listening >= 1.6
     assert requests.get(server.url + "/health_generate", timeout=TIMEOUT).status_code == 200
@@ -172,14 +200,14 @@ def test_single_and_batch_shapes(main):
     one = greedy(main, PLAIN_PROMPT)
     assert set(one) == {"text", "output_ids", "meta_info"}
     meta = one["meta_info"]
-    assert {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
-            "e2e_latency"} <= set(meta)
+    assert {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency"} <= set(meta)
     assert meta["prompt_tokens"] == len(PLAIN_PROMPT)
     assert meta["completion_tokens"] == len(one["output_ids"])
 
     batch = [PLAIN_PROMPT[:10], PLAIN_PROMPT[:20], PLAIN_PROMPT[:30]]
-    r = main.generate(batch, rid=["a", "b", "c"],
-                      sampling_params=[{"max_new_tokens": k, "ignore_eos": True} for k in (3, 4, 5)])
+    r = main.generate(
+        batch, rid=["a", "b", "c"], sampling_params=[{"max_new_tokens": k, "ignore_eos": True} for k in (3, 4, 5)]
+    )
     items = r.json()
     assert isinstance(items, list) and len(items) == 3
     assert [i["meta_info"]["prompt_tokens"] for i in items] == [10, 20, 30]
@@ -269,8 +297,14 @@ def test_bad_requests(main):
     assert r.status_code == 400 and r.json()["error"]["message"] == "input_ids cannot be empty."
     r = main.generate(PLAIN_PROMPT, sampling_params={"seed": 1})  # 400 since SGLang 0.5.23 (500 before)
     assert r.status_code == 400 and r.json() == {"error": {"message": "Unexpected keyword argument 'seed'"}}
-    for bad in ({"top_p": 0}, {"top_k": 0}, {"min_p": 1.5}, {"max_new_tokens": -1},
-                {"temperature": -1}, {"repetition_penalty": 3}):
+    for bad in (
+        {"top_p": 0},
+        {"top_k": 0},
+        {"min_p": 1.5},
+        {"max_new_tokens": -1},
+        {"temperature": -1},
+        {"repetition_penalty": 3},
+    ):
         r = main.generate(PLAIN_PROMPT, sampling_params=bad)
         assert r.status_code == 400, (bad, r.text)
     assert main.generate([PLAIN_PROMPT, PLAIN_PROMPT], rid=["x", "x"]).status_code == 400
@@ -334,7 +368,8 @@ def test_abort_request(fleet):
     worker.start()
     slow.wait_until(
         lambda: requests.get(slow.url + "/dev/stats", timeout=TIMEOUT).json()["running"] == 1,
-        what="the request to run", deadline_s=5,
+        what="the request to run",
+        deadline_s=5,
     )
     time.sleep(0.1)  # let it generate a few tokens before aborting
     assert requests.post(slow.url + "/abort_request", json={"rid": "victim"}, timeout=TIMEOUT).status_code == 200

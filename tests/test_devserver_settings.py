@@ -26,16 +26,35 @@ PREFERRED = {"max_new_tokens": 7, "frequency_penalty": 0.5}
 def fleet(tmp_path_factory, tokenizer_path):
     logdir = tmp_path_factory.mktemp("devserver-settings")
     specs = {
-        "rich": ["--context-length", "64", "--api-key", SECRET, "--admin-api-key", ADMIN_SECRET,
-                 "--enable-deterministic-inference", "--preferred-sampling-params", json.dumps(PREFERRED),
-                 "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
-                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--slots", "8"],
+        "rich": [
+            "--context-length",
+            "64",
+            "--api-key",
+            SECRET,
+            "--admin-api-key",
+            ADMIN_SECRET,
+            "--enable-deterministic-inference",
+            "--preferred-sampling-params",
+            json.dumps(PREFERRED),
+            "--speculative-algorithm",
+            "EAGLE",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
+            "--slots",
+            "8",
+        ],
         "truncate": ["--context-length", "64", "--allow-auto-truncate"],
         "malformed": ["--malformed-rate", "1"],
         "old": ["--sglang-version", "0.5.6"],
     }
-    servers = {name: start_devserver(tokenizer=tokenizer_path, logdir=logdir, args=args, wait=False)
-               for name, args in specs.items()}
+    servers = {
+        name: start_devserver(tokenizer=tokenizer_path, logdir=logdir, args=args, wait=False)
+        for name, args in specs.items()
+    }
     for process, url in servers.values():
         port = int(url.rsplit(":", 1)[1])
         wait_for(lambda p=process, n=port: port_open(n) or not p.alive(), timeout=120, what=f"devserver {url}")
@@ -59,8 +78,12 @@ def test_server_info_reports_settings_and_secrets_like_sglang(fleet):
     assert info["enable_deterministic_inference"] is True
     assert info["allow_auto_truncate"] is False
     assert json.loads(info["preferred_sampling_params"]) == PREFERRED  # the flag's JSON text
-    assert (info["speculative_algorithm"], info["speculative_num_steps"], info["speculative_eagle_topk"],
-            info["speculative_num_draft_tokens"]) == ("EAGLE", 3, 1, 4)
+    assert (
+        info["speculative_algorithm"],
+        info["speculative_num_steps"],
+        info["speculative_eagle_topk"],
+        info["speculative_num_draft_tokens"],
+    ) == ("EAGLE", 3, 1, 4)
     assert info["max_running_requests"] == 8
     assert info["max_total_num_tokens"] == 8 * 64
     assert info["max_req_input_len"] == 64 - 1 - 5
@@ -107,7 +130,8 @@ def test_scheduler_input_cap(fleet):
     assert at.status_code == 400  # 58 + 4 + 1 passes the context check, not the scheduler's
     assert at.json()["error"]["message"] == (
         "Input length (58 tokens) exceeds the maximum allowed length (58 tokens). "
-        "Use a shorter input or enable --allow-auto-truncate.")
+        "Use a shorter input or enable --allow-auto-truncate."
+    )
 
 
 def test_auto_truncate_cuts_instead_of_refusing(fleet):
@@ -162,12 +186,18 @@ def test_bad_settings_are_refused_at_launch(tokenizer_path, tmp_path):
     import subprocess
     import sys
 
-    for args, says in ((["--preferred-sampling-params", "[1]"], "must be a JSON object"),
-                       (["--speculative-algorithm", "MEDUSA"], "must be one of"),
-                       (["--malformed-rate", "0.6", "--fail-rate", "0.6"], "must not exceed 1")):
+    for args, says in (
+        (["--preferred-sampling-params", "[1]"], "must be a JSON object"),
+        (["--speculative-algorithm", "MEDUSA"], "must be one of"),
+        (["--malformed-rate", "0.6", "--fail-rate", "0.6"], "must not exceed 1"),
+    ):
         started = time.monotonic()
-        result = subprocess.run([sys.executable, "-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer_path),
-                                 *args], capture_output=True, timeout=60, check=False)
+        result = subprocess.run(
+            [sys.executable, "-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer_path), *args],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         assert result.returncode == 2, result.stderr
         assert says in result.stderr.decode()
         assert time.monotonic() - started < 60

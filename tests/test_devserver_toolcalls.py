@@ -23,13 +23,33 @@ from eagle_synth.reasoning import split_reasoning
 from eagle_synth.toolcalls import parse_tool_calls
 
 TOOLS = [
-    {"type": "function", "function": {"name": "weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city", "days"]}}},
-    {"type": "function", "function": {"name": "search", "parameters": {
-        "type": "object", "properties": {"query": {"type": "string"}, "exact": {"type": "boolean"},
-                                         "filters": {"type": "object", "properties": {"tags": {"type": "array"}}},
-                                         "unit": {"enum": ["C", "F"]}, "score": {"type": ["number", "null"]}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "days"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "exact": {"type": "boolean"},
+                    "filters": {"type": "object", "properties": {"tags": {"type": "array"}}},
+                    "unit": {"enum": ["C", "F"]},
+                    "score": {"type": ["number", "null"]},
+                },
+            },
+        },
+    },
 ]
 # Long enough that a reasoning part plus the call is never cut.
 MAX_NEW_TOKENS = 100_000
@@ -42,8 +62,11 @@ def generator(tokenizer):
 
 def complete(generator, ids, *, temperature=0.0, sample=0):
     params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=temperature, sampling_seed=sample)
-    return generator.complete(PromptRequest(input_ids=ids, params=params, max_new_tokens=MAX_NEW_TOKENS,
-                                            rid="r", group_rid="r", sample_index=sample))
+    return generator.complete(
+        PromptRequest(
+            input_ids=ids, params=params, max_new_tokens=MAX_NEW_TOKENS, rid="r", group_rid="r", sample_index=sample
+        )
+    )
 
 
 def answer_after_think(tokenizer, completion) -> tuple[str, str]:
@@ -55,8 +78,9 @@ def answer_after_think(tokenizer, completion) -> tuple[str, str]:
 @pytest.mark.parametrize("thinking", [True, False])
 def test_tools_prompt_gets_a_call_the_template_renders_identically(tokenizer, generator, thinking):
     messages = [{"role": "user", "content": "What does search say, and the weather in Oslo?"}]
-    ids = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True,
-                                        enable_thinking=thinking, return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        messages, tools=TOOLS, add_generation_prompt=True, tokenize=True, enable_thinking=thinking, return_dict=True
+    )["input_ids"]
     completion = complete(generator, ids)
     reasoning, answer = answer_after_think(tokenizer, completion)
     assert bool(reasoning) == thinking
@@ -66,8 +90,14 @@ def test_tools_prompt_gets_a_call_the_template_renders_identically(tokenizer, ge
     assert set(parsed.tool_calls[1]["arguments"]) == {"city", "days"}
     assert isinstance(parsed.tool_calls[1]["arguments"]["days"], int)
     # The real template renders the parsed calls back to exactly the generated text.
-    message = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in parsed.tool_calls]}
+    message = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in parsed.tool_calls
+        ],
+    }
     rendered = tokenizer.apply_chat_template(messages + [message], tools=TOOLS, tokenize=False)
     assert rendered.endswith(answer + "<|im_end|>\n")
     # Deterministic: the same prompt gets the same call.
@@ -75,28 +105,42 @@ def test_tools_prompt_gets_a_call_the_template_renders_identically(tokenizer, ge
 
 
 def test_tool_results_are_answered_in_words(tokenizer, generator):
-    messages = [{"role": "user", "content": "weather in Oslo?"},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo", "days": 1}}}]},
-                {"role": "tool", "content": "3C"}]
-    ids = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True,
-                                        return_dict=True)["input_ids"]
+    messages = [
+        {"role": "user", "content": "weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo", "days": 1}}}
+            ],
+        },
+        {"role": "tool", "content": "3C"},
+    ]
+    ids = tokenizer.apply_chat_template(
+        messages, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     _, answer = answer_after_think(tokenizer, complete(generator, ids))
     assert "<tool_call>" not in answer and parse_tool_calls(answer, family="qwen3_coder").tool_calls == []
 
 
 def test_prompt_without_tools_keeps_its_exact_stream(tokenizer, generator):
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True,
-                                        return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     plain = Generator(vocab=generator.vocab, mean_output_tokens=40, seed=0)
     plain.tool_caller = None
     assert complete(generator, ids).output_ids == complete(plain, ids).output_ids
 
 
 def test_first_tool_when_none_is_named_and_samples_vary_arguments(tokenizer, generator):
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Help me plan a trip."}], tools=TOOLS,
-                                        add_generation_prompt=True, tokenize=True, enable_thinking=False,
-                                        return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Help me plan a trip."}],
+        tools=TOOLS,
+        add_generation_prompt=True,
+        tokenize=True,
+        enable_thinking=False,
+        return_dict=True,
+    )["input_ids"]
     calls = []
     for sample in range(4):
         _, answer = answer_after_think(tokenizer, complete(generator, ids, temperature=1.0, sample=sample))
@@ -127,5 +171,7 @@ def test_argument_filling_and_tool_choice():
     assert [n for n, _ in chosen_tools(functions[::-1], "see weather.com about weathers")] == ["search"]
     assert [n for n, _ in chosen_tools(functions, "search then weather")] == ["search", "weather"]
     assert [n for n, _ in chosen_tools(functions, "nothing named")] == ["weather"]
-    assert render_calls([{"name": "f", "arguments": {"a": 1}}], family="hermes") == \
-        '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    assert (
+        render_calls([{"name": "f", "arguments": {"a": 1}}], family="hermes")
+        == '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    )

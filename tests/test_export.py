@@ -23,16 +23,29 @@ THINK, IM_END = 248068, 248046
 def rec(n: int, *, prompt_len: int = 5, output_len: int = 4, finish: str = "stop") -> Record:
     prompt = [248045, 846, 198] + [10_000 + n] * (prompt_len - 5) + [THINK, 198]
     output = [20_000 + n] * (output_len - 1) + ([IM_END] if finish == "stop" else [7])
-    return Record(key=f"key{n:04d}", id=f"row{n}", sample=n % 2, turn=1, prompt_ids=prompt, output_ids=output,
-                  finish_reason=finish, finish_matched=IM_END if finish == "stop" else None,
-                  prompt_tokens=len(prompt), completion_tokens=len(output))
+    return Record(
+        key=f"key{n:04d}",
+        id=f"row{n}",
+        sample=n % 2,
+        turn=1,
+        prompt_ids=prompt,
+        output_ids=output,
+        finish_reason=finish,
+        finish_matched=IM_END if finish == "stop" else None,
+        prompt_tokens=len(prompt),
+        completion_tokens=len(output),
+    )
 
 
 @pytest.fixture
 def campaign(tmp_path):
     folder = tmp_path / "camp"
-    records = [rec(0, prompt_len=6, output_len=3), rec(1, prompt_len=8, output_len=5, finish="length"),
-               rec(2, prompt_len=5, output_len=1), rec(3, prompt_len=40, output_len=40)]
+    records = [
+        rec(0, prompt_len=6, output_len=3),
+        rec(1, prompt_len=8, output_len=5, finish="length"),
+        rec(2, prompt_len=5, output_len=1),
+        rec(3, prompt_len=40, output_len=40),
+    ]
     write_record_file(folder, campaign="camp", batch="aa", records=records[:2])
     write_record_file(folder, campaign="camp", batch="bb", records=records[2:])
     return folder, {r.key: r for r in records}
@@ -106,7 +119,9 @@ def test_shards_hold_shard_rows_each_and_stale_shards_go(tmp_path):
 
 def test_nothing_kept_still_writes_the_schema(campaign, tmp_path):
     folder, _ = campaign
-    result = export_records(folder, tmp_path / "e.parquet", format="parquet", filters=ExportFilters(min_output_tokens=999))
+    result = export_records(
+        folder, tmp_path / "e.parquet", format="parquet", filters=ExportFilters(min_output_tokens=999)
+    )
     assert result.rows == 0 and pq.read_table(tmp_path / "e.parquet").schema.names == list(export_module.COLUMNS)
 
 
@@ -116,8 +131,12 @@ def test_memory_stays_flat_as_the_campaign_grows(tmp_path, monkeypatch):
     def peak(records: int) -> int:
         folder = tmp_path / f"c{records}"
         for b in range(0, records, 100):
-            write_record_file(folder, campaign="c", batch=f"{b:016x}",
-                              records=[rec(n, prompt_len=60, output_len=200) for n in range(b, b + 100)])
+            write_record_file(
+                folder,
+                campaign="c",
+                batch=f"{b:016x}",
+                records=[rec(n, prompt_len=60, output_len=200) for n in range(b, b + 100)],
+            )
         tracemalloc.start()
         export_records(folder, tmp_path / f"o{records}.parquet", format="parquet")
         _, high = tracemalloc.get_traced_memory()
@@ -132,8 +151,19 @@ def test_memory_stays_flat_as_the_campaign_grows(tmp_path, monkeypatch):
 def test_cli_export_reports_and_refuses_bad_format(campaign, tmp_path):
     folder, _ = campaign
     runner = CliRunner()
-    ok = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "c.parquet"), "--format", "parquet",
-                             "--drop-truncated", "--json"])
+    ok = runner.invoke(
+        app,
+        [
+            "export",
+            str(folder),
+            "--out",
+            str(tmp_path / "c.parquet"),
+            "--format",
+            "parquet",
+            "--drop-truncated",
+            "--json",
+        ],
+    )
     assert ok.exit_code == 0, ok.output
     summary = json.loads(ok.stdout)
     assert summary["rows"] == 3 and summary["dropped"] == {"truncated": 1}

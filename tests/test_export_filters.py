@@ -41,13 +41,17 @@ def test_max_length_clips_ids_and_mask_together(campaign, tmp_path):
         assert row["input_ids"] == record.input_ids[:13] and row["loss_mask"] == record.loss_mask[:13]
         matched = row["finish_matched"]  # JSON text: an id, a (non-ASCII) stop string, or null
         assert (None if matched is None else json.loads(matched)) == record.finish_matched
-        assert (row["prompt_tokens"], row["completion_tokens"]) == \
-            (len(record.prompt_ids), min(len(record.output_ids), 13 - len(record.prompt_ids)))
+        assert (row["prompt_tokens"], row["completion_tokens"]) == (
+            len(record.prompt_ids),
+            min(len(record.output_ids), 13 - len(record.prompt_ids)),
+        )
 
 
 def test_filters_drop_in_order_and_count_each_reason(campaign, tmp_path):
     folder, records = campaign
-    filters = ExportFilters(drop_truncated=True, min_output_tokens=3, max_length=16, drop_longer=True, min_loss_tokens=4)
+    filters = ExportFilters(
+        drop_truncated=True, min_output_tokens=3, max_length=16, drop_longer=True, min_loss_tokens=4
+    )
     result = export_records(folder, tmp_path / "f.jsonl", filters=filters)
     expected: dict[str, int] = {}
     kept = []
@@ -74,21 +78,27 @@ def test_split_keeps_every_turn_and_sample_of_a_conversation_together(campaign, 
     filters = ExportFilters(splits=(("test", 0.2), ("val", 0.1)))
     result = export_records(folder, tmp_path / "data.jsonl", filters=filters)
     assert [p.name for p in result.paths] == ["data-train.jsonl", "data-test.jsonl", "data-val.jsonl"]
-    split_by_key = {row["key"]: name for name in ("train", "test", "val")
-                    for row in jsonl_rows(tmp_path / f"data-{name}.jsonl")}
+    split_by_key = {
+        row["key"]: name for name in ("train", "test", "val") for row in jsonl_rows(tmp_path / f"data-{name}.jsonl")
+    }
     assert set(split_by_key) == set(records)  # every row in exactly one split
     conversations: dict[tuple, set[str]] = {}
     for key, name in split_by_key.items():
         conversations.setdefault((records[key].id, records[key].sample), set()).add(name)
     assert all(len(names) == 1 for names in conversations.values())
-    shares = {name: sum(1 for names in conversations.values() if name in names) / len(conversations)
-              for name in ("train", "test", "val")}
+    shares = {
+        name: sum(1 for names in conversations.values() if name in names) / len(conversations)
+        for name in ("train", "test", "val")
+    }
     assert 0.55 < shares["train"] < 0.9 and 0.05 < shares["test"] < 0.4 and 0 < shares["val"] < 0.25, shares
     # Stable: the same conversation goes to the same split in another export, whatever else changes.
-    again = export_records(folder, tmp_path / "again.jsonl", filters=ExportFilters(splits=filters.splits, max_length=15))
+    again = export_records(
+        folder, tmp_path / "again.jsonl", filters=ExportFilters(splits=filters.splits, max_length=15)
+    )
     for name in ("train", "test", "val"):
-        assert {row["key"] for row in jsonl_rows(tmp_path / f"again-{name}.jsonl")} <= \
-            {k for k, n in split_by_key.items() if n == name}
+        assert {row["key"] for row in jsonl_rows(tmp_path / f"again-{name}.jsonl")} <= {
+            k for k, n in split_by_key.items() if n == name
+        }
     assert again.split_rows["test"] > 0
 
 
@@ -96,7 +106,9 @@ def test_conversation_key_prefers_a_conversation_field():
     turn = {"key": "k1", "id": "row1", "sample": 1}
     assert conversation_key(turn) == conversation_key({**turn, "key": "k2", "turn": 3})
     assert conversation_key(turn) != conversation_key({**turn, "sample": 0})
-    assert conversation_key({**turn, "conversation": "c9"}) == conversation_key({"key": "x", "id": "other", "conversation": "c9"})
+    assert conversation_key({**turn, "conversation": "c9"}) == conversation_key(
+        {"key": "x", "id": "other", "conversation": "c9"}
+    )
     assert conversation_key({"key": "k1", "id": ""}) != conversation_key({"key": "k2", "id": ""})
     splits = (("test", 0.5),)
     assert {split_of({"key": str(n), "id": "same", "sample": 0}, splits) for n in range(50)} in ({"test"}, {"train"})
@@ -154,5 +166,7 @@ def test_rows_written_equal_raw_records_shaped_by_the_filters(campaign):
         if row is None:
             assert reason == "few_loss_tokens" and raw.prompt_len >= 12
             continue
-        assert isinstance(row, RawRecord) and row.prompt_len + row.output_len == min(12, raw.prompt_len + raw.output_len)
+        assert isinstance(row, RawRecord) and row.prompt_len + row.output_len == min(
+            12, raw.prompt_len + raw.output_len
+        )
         assert row.prompt_u32 + row.output_u32 == (raw.prompt_u32 + raw.output_u32)[: 4 * 12]

@@ -19,8 +19,11 @@ from tests.helpers import (
 )
 
 # Short visibility timeout so a SIGKILLed worker's batches come back within the test.
-FAST_REDELIVERY = {"EAGLE_SYNTH_VISIBILITY_TIMEOUT": "10", "EAGLE_SYNTH_RESTORE_INTERVAL": "1",
-                   "EAGLE_SYNTH_BACKOFF_MAX": "0.5"}
+FAST_REDELIVERY = {
+    "EAGLE_SYNTH_VISIBILITY_TIMEOUT": "10",
+    "EAGLE_SYNTH_RESTORE_INTERVAL": "1",
+    "EAGLE_SYNTH_BACKOFF_MAX": "0.5",
+}
 
 
 def test_worker_sigkilled_mid_batch_another_worker_finishes(tmp_path, redis_server, stack, tokenizer_path):
@@ -77,8 +80,9 @@ def test_server_down_at_start_then_warming_then_up(tmp_path, redis_server, stack
 
 def test_injected_500s_and_dropped_connections(tmp_path, redis_server, stack, tokenizer_path, server_api):
     enqueue_rows(tmp_path, redis_server.url, "flaky", chat_rows(40), tokenizer=tokenizer_path, batch_size=4)
-    _, url = stack.devserver("--fail-rate", "0.2", "--drop-rate", "0.2", "--health-fail-rate", "0.3",
-                             "--seed", "3", api=server_api)
+    _, url = stack.devserver(
+        "--fail-rate", "0.2", "--drop-rate", "0.2", "--health-fail-rate", "0.3", "--seed", "3", api=server_api
+    )
     out = tmp_path / "out"
     stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST_REDELIVERY)
     wait_finished(redis_server.url, "flaky", expected=40, stack=stack, timeout=180)
@@ -151,8 +155,9 @@ def test_pickle_message_is_rejected_never_run(tmp_path, redis_server, stack, tok
 
 
 def test_sigterm_puts_unfinished_batches_back(tmp_path, redis_server, stack, tokenizer_path):
-    enqueue_rows(tmp_path, redis_server.url, "term", chat_rows(8), tokenizer=tokenizer_path, batch_size=4,
-                 max_new_tokens=400)
+    enqueue_rows(
+        tmp_path, redis_server.url, "term", chat_rows(8), tokenizer=tokenizer_path, batch_size=4, max_new_tokens=400
+    )
     # Batches take about 8 s; the soft shutdown gives them 1 s, then puts them back.
     _, url = stack.devserver("--token-latency", "0.02", "--mean-output-tokens", "400")
     out = tmp_path / "out"

@@ -17,8 +17,9 @@ from tests.helpers import (
 )
 
 
-def test_unwritable_output_requeues_closes_the_gate_and_resumes_unattended(tmp_path, redis_server, stack,
-                                                                          tokenizer_path):
+def test_unwritable_output_requeues_closes_the_gate_and_resumes_unattended(
+    tmp_path, redis_server, stack, tokenizer_path
+):
     enqueue_rows(tmp_path, redis_server.url, "disk", chat_rows(12), tokenizer=tokenizer_path, batch_size=4)
     out = tmp_path / "out"
     # A path where the records folder must go that cannot take files: every write fails with
@@ -72,8 +73,9 @@ def test_unexpected_error_is_retried_then_recorded_never_dropped(tmp_path, redis
     c.client.set(c.keys.settings, '{"name": "broken"}')  # corrupt state no code path expects
     out = tmp_path / "out"
     _, url = stack.devserver()
-    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url,
-                          env={"EAGLE_SYNTH_ERROR_RETRY_DELAY": "0.2"})
+    worker = stack.worker(
+        servers=[url], out=out, redis_url=redis_server.url, env={"EAGLE_SYNTH_ERROR_RETRY_DELAY": "0.2"}
+    )
     wait_finished(redis_server.url, "broken", expected=8, stack=stack, timeout=90)
     assert_exactly_once(redis_server.url, "broken", out / "broken", expected=8)
     assert c.failure_counts() == {"worker-error": 8}
@@ -82,8 +84,9 @@ def test_unexpected_error_is_retried_then_recorded_never_dropped(tmp_path, redis
     assert worker.alive()
 
 
-def test_malformed_200_replies_never_become_records(tmp_path, redis_server, stack, tokenizer_path, tokenizer,
-                                                    server_api):
+def test_malformed_200_replies_never_become_records(
+    tmp_path, redis_server, stack, tokenizer_path, tokenizer, server_api
+):
     """A server answering 200 with items that are not usable replies (a list of ints, meta_info
     or choices a string, ids as strings or negative, no output ids): each is retried, then
     recorded as `bad-response`; no record is written from one."""

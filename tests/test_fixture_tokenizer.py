@@ -71,10 +71,20 @@ def test_a_lost_rename_race_keeps_the_winner_and_leaves_no_staging(tmp_path, pac
 
 def test_processes_unpacking_at_once_agree_on_one_folder(tmp_path):
     cache = tmp_path / "cache"
-    code = ("import sys; from pathlib import Path; from tests.fixture_tokenizer import locate; "
-            "print(locate(cache_root=Path(sys.argv[1]), allow_shared=False).path)")
-    racers = [subprocess.Popen([sys.executable, "-c", code, str(cache)], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    code = (
+        "import sys; from pathlib import Path; from tests.fixture_tokenizer import locate; "
+        "print(locate(cache_root=Path(sys.argv[1]), allow_shared=False).path)"
+    )
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(cache)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     results = [racer.communicate(timeout=RACE_TIMEOUT_S) for racer in racers]
     assert all(racer.returncode == 0 for racer in racers), [err for _, err in results]
     paths = {out.strip() for out, _ in results}
@@ -115,6 +125,7 @@ def test_missing_everything_says_what_to_install(tmp_path):
 
 def test_the_session_tokenizer_renders_the_packaged_qwen_template(tokenizer, package):
     assert tokenizer.chat_template == (package / "chat_template.jinja").read_text()
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     assert list(ids[-2:]) == [THINK, NEWLINE]

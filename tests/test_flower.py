@@ -63,7 +63,8 @@ def flower(redis_server: RedisServer, workdir: Path, queued: int):
     env.pop("FLOWER_UNAUTHENTICATED_API", None)
     process = ManagedProcess(
         args=[*CLI, "flower", "--port", str(port), "--redis", redis_server.url],
-        env=env, log_path=workdir / "flower.log",
+        env=env,
+        log_path=workdir / "flower.log",
     ).start()
     base = f"http://127.0.0.1:{port}"
 
@@ -91,8 +92,11 @@ def test_queue_length_api_reports_what_redis_holds(flower, redis_server: RedisSe
     base, _ = flower
     expected = redis.Redis.from_url(redis_server.url).llen(DEFAULT_QUEUE)  # the reference
     assert expected == QUEUED
-    wait_for(lambda: _queue_lengths(base).get(DEFAULT_QUEUE) == expected,
-             timeout=DEADLINE_S, what=f"flower to report {expected} messages")
+    wait_for(
+        lambda: _queue_lengths(base).get(DEFAULT_QUEUE) == expected,
+        timeout=DEADLINE_S,
+        what=f"flower to report {expected} messages",
+    )
 
 
 def test_api_and_pages_refuse_without_or_with_wrong_credentials(flower) -> None:
@@ -118,15 +122,23 @@ def test_password_never_on_a_command_line(flower) -> None:
 def test_a_gated_worker_is_seen_and_the_backlog_stays(flower, redis_server: RedisServer, workdir: Path) -> None:
     base, _ = flower
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens: the health gate holds the worker
-    worker = start_worker(servers=[closed], out=workdir / "out", redis_url=redis_server.url,
-                          logdir=workdir, concurrency=1, name=f"gated{free_port()}@test")
+    worker = start_worker(
+        servers=[closed],
+        out=workdir / "out",
+        redis_url=redis_server.url,
+        logdir=workdir,
+        concurrency=1,
+        name=f"gated{free_port()}@test",
+    )
     node = worker.args[worker.args.index("--name") + 1]
     try:
+
         def seen() -> dict | None:
             if not worker.alive():
                 raise RuntimeError(f"worker exited:\n{worker.log()}")
-            response = requests.get(f"{base}/api/workers", params={"refresh": "1"},
-                                    auth=(USER, PASSWORD), timeout=HTTP_TIMEOUT_S)
+            response = requests.get(
+                f"{base}/api/workers", params={"refresh": "1"}, auth=(USER, PASSWORD), timeout=HTTP_TIMEOUT_S
+            )
             response.raise_for_status()
             info = response.json().get(node) or {}
             return info if info.get("stats") and info.get("conf") else None
@@ -142,6 +154,7 @@ def test_a_gated_worker_is_seen_and_the_backlog_stays(flower, redis_server: Redi
 
 
 # Refusals happen before Flower starts, so they run in-process.
+
 
 def test_cli_refuses_to_start_without_credentials(monkeypatch) -> None:
     monkeypatch.delenv(ENV_BASIC_AUTH, raising=False)

@@ -37,8 +37,13 @@ def setup(tmp_path, redis_server, tokenizer, tokenizer_path, monkeypatch):
     monkeypatch.setattr(conversations, "SWEEP_INTERVAL", 0.2)
     client = connect(broker_settings(redis_url=redis_server.url))
     campaign = Campaign(client, "fu")
-    options = EnqueueOptions(inputs=[], campaign="fu", tokenizer=str(tokenizer_path), history="own",
-                             sampling=SamplingParams(max_new_tokens=32, temperature=0.0))
+    options = EnqueueOptions(
+        inputs=[],
+        campaign="fu",
+        tokenizer=str(tokenizer_path),
+        history="own",
+        sampling=SamplingParams(max_new_tokens=32, temperature=0.0),
+    )
     settings = campaign.register(campaign_settings(options, tokenizer))
     facts = tokenizer_facts(tokenizer)
     store_tokenizer(client, tokenizer, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash)
@@ -48,27 +53,57 @@ def setup(tmp_path, redis_server, tokenizer, tokenizer_path, monkeypatch):
 def turns(tokenizer, count: int, tag: str) -> tuple[TaskPayload, list[Record]]:
     """Turn 0 of `count` two-turn conversations, and their records (a reasoning answer, EOS)."""
     think_close, eos = tokenizer.convert_tokens_to_ids("</think>"), tokenizer.eos_token_id
-    output = tokenizer("Some thought.", add_special_tokens=False)["input_ids"] + [think_close] + \
-        tokenizer("\n\nAn answer.", add_special_tokens=False)["input_ids"] + [eos]
+    output = (
+        tokenizer("Some thought.", add_special_tokens=False)["input_ids"]
+        + [think_close]
+        + tokenizer("\n\nAn answer.", add_special_tokens=False)["input_ids"]
+        + [eos]
+    )
     items, records = [], []
     for i in range(count):
-        state = ConversationState(key=f"{tag}{i:02d}".ljust(32, "0"),
-                                  messages=[{"role": "user", "content": f"Question {tag} {i}?"}],
-                                  upcoming=[[{"role": "user", "content": "Why?"}]])
+        state = ConversationState(
+            key=f"{tag}{i:02d}".ljust(32, "0"),
+            messages=[{"role": "user", "content": f"Question {tag} {i}?"}],
+            upcoming=[[{"role": "user", "content": "Why?"}]],
+        )
         ids = tokenizer.apply_chat_template(state.messages, add_generation_prompt=True)["input_ids"]
-        item = PromptItem(key=turn_key(state.key, 0), row_id=f"{tag}{i}", sample=0, ids=list(ids), source="x:1",
-                          conversation=state.to_dict())
+        item = PromptItem(
+            key=turn_key(state.key, 0),
+            row_id=f"{tag}{i}",
+            sample=0,
+            ids=list(ids),
+            source="x:1",
+            conversation=state.to_dict(),
+        )
         items.append(item)
-        records.append(Record(key=item.key, id=item.row_id, sample=0, turn=0, prompt_ids=item.ids, output_ids=output,
-                              finish_reason="stop", finish_matched=eos, prompt_tokens=len(ids),
-                              completion_tokens=len(output), conversation=state.key))
+        records.append(
+            Record(
+                key=item.key,
+                id=item.row_id,
+                sample=0,
+                turn=0,
+                prompt_ids=item.ids,
+                output_ids=output,
+                finish_reason="stop",
+                finish_matched=eos,
+                prompt_tokens=len(ids),
+                completion_tokens=len(output),
+                conversation=state.key,
+            )
+        )
     return TaskPayload(campaign="fu", batch=f"{tag}batch", sampling=SAMPLING, items=items), records
 
 
 def expected_next(tokenizer, item: PromptItem, record: Record) -> list[int]:
-    return next_turn(tokenizer, ConversationState.from_dict(item.conversation), record.output_ids, finish_reason="stop",
-                     matched=record.finish_matched, eos_token_ids=[tokenizer.eos_token_id],
-                     think_close_id=tokenizer.convert_tokens_to_ids("</think>")).ids
+    return next_turn(
+        tokenizer,
+        ConversationState.from_dict(item.conversation),
+        record.output_ids,
+        finish_reason="stop",
+        matched=record.finish_matched,
+        eos_token_ids=[tokenizer.eos_token_id],
+        think_close_id=tokenizer.convert_tokens_to_ids("</think>"),
+    ).ids
 
 
 def check_sent(sent: list[dict], tokenizer, payload: TaskPayload, records: list[Record]) -> None:
@@ -97,8 +132,9 @@ def test_a_killed_renderer_pool_is_replaced_and_every_next_turn_queued_once(setu
         assert followups._renderers and next(iter(followups._renderers.values())) is not renderer
         store = ConversationStore(campaign)
         wait_for(lambda: store.waiting() == 0, timeout=30, what="the outbox to empty")
-        assert client.smismember(campaign.keys.enqueued, list(next(iter([m["keys"] for m in sent])))) \
-            == [1] * len(sent[0]["keys"])
+        assert client.smismember(campaign.keys.enqueued, list(next(iter([m["keys"] for m in sent])))) == [1] * len(
+            sent[0]["keys"]
+        )
         # Committing the same records again (a redelivered batch) queues nothing more.
         assert followups.commit(campaign, payload, records) == 0
         time.sleep(1.0)
@@ -113,9 +149,17 @@ def test_entries_of_a_dead_worker_process_are_adopted_and_queued_once(setup, tok
     # A worker process on another host stored its next turns, then died (its liveness key is gone).
     entries = []
     for item, record in zip(payload.items, records):
-        data = {"s": "render", "sampling": SAMPLING, "item": pack_item(replace(item, ids=[])),
-                "out": pack_ids(record.output_ids), "finish": "stop", "matched": record.finish_matched}
-        entries.append((item.key, FOLLOW, turn_key(item.conversation["key"], 1), msgpack.packb(data, use_bin_type=True)))
+        data = {
+            "s": "render",
+            "sampling": SAMPLING,
+            "item": pack_item(replace(item, ids=[])),
+            "out": pack_ids(record.output_ids),
+            "finish": "stop",
+            "matched": record.finish_matched,
+        }
+        entries.append(
+            (item.key, FOLLOW, turn_key(item.conversation["key"], 1), msgpack.packb(data, use_bin_type=True))
+        )
     added, stored = ConversationStore(campaign).commit(entries, owner="elsewhere|1|dead", tokens_in=1, tokens_out=1)
     assert added == 2 and len(stored) == 2
 
@@ -126,8 +170,11 @@ def test_entries_of_a_dead_worker_process_are_adopted_and_queued_once(setup, tok
     try:
         adopter.start()
         rival.start()  # two live processes sweep at once: each entry goes to one of them
-        wait_for(lambda: len([i for m in sent + other for i in m["keys"]]) >= 2, timeout=180,
-                 what="the adopted next turns queued")
+        wait_for(
+            lambda: len([i for m in sent + other for i in m["keys"]]) >= 2,
+            timeout=180,
+            what="the adopted next turns queued",
+        )
         time.sleep(1.0)
         check_sent(sent + other, tokenizer, payload, records)
         assert ConversationStore(campaign).waiting() == 0

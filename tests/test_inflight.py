@@ -22,14 +22,17 @@ MAX_NEW_TOKENS = 1500
 def _natural_lengths(tokenizer, tokenizer_path, questions: list[str]) -> list[int]:
     """Output lengths the devserver will give these prompts (it is deterministic)."""
     vocab = ModelVocab.load(tokenizer_dir=str(tokenizer_path))
-    generator = Generator(vocab=vocab, mean_output_tokens=200, seed=0, length_median=LENGTH_MEDIAN,
-                          length_sigma=LENGTH_SIGMA)
+    generator = Generator(
+        vocab=vocab, mean_output_tokens=200, seed=0, length_median=LENGTH_MEDIAN, length_sigma=LENGTH_SIGMA
+    )
     lengths = []
     for question in questions:
         ids = render_prompt_ids(tokenizer, [{"role": "user", "content": question}])
         request = parse_generate_request(
             {"input_ids": ids, "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}},
-            rules=ServerRules(context_length=32768), tokenize=None)
+            rules=ServerRules(context_length=32768),
+            tokenize=None,
+        )
         lengths.append(len(generator.complete(request.prompts[0]).output_ids))
     return lengths
 
@@ -43,10 +46,19 @@ def test_straggler_does_not_hold_its_batch_mates_tickets(tmp_path, redis_server,
     # Batch 1 = the straggler and three short prompts; batch 2 = four short prompts.
     picked = [straggler, *shorts]
     rows = [{"id": f"q{i}", "messages": [{"role": "user", "content": questions[i]}]} for i in picked]
-    enqueue_rows(tmp_path, redis_server.url, "tail", rows, tokenizer=tokenizer_path, batch_size=4,
-                 max_new_tokens=MAX_NEW_TOKENS)
-    _, url = stack.devserver("--token-latency", str(TOKEN_LATENCY), "--length-median", str(LENGTH_MEDIAN),
-                             "--length-sigma", str(LENGTH_SIGMA), "--max-running", "8")
+    enqueue_rows(
+        tmp_path, redis_server.url, "tail", rows, tokenizer=tokenizer_path, batch_size=4, max_new_tokens=MAX_NEW_TOKENS
+    )
+    _, url = stack.devserver(
+        "--token-latency",
+        str(TOKEN_LATENCY),
+        "--length-median",
+        str(LENGTH_MEDIAN),
+        "--length-sigma",
+        str(LENGTH_SIGMA),
+        "--max-running",
+        "8",
+    )
     out = tmp_path / "out"
     # Two tickets: while the straggler holds one, the seven others must share the other.
     stack.worker(servers=[url], out=out, redis_url=redis_server.url, args=["--inflight", "2"])
@@ -63,16 +75,25 @@ def test_straggler_does_not_hold_its_batch_mates_tickets(tmp_path, redis_server,
 
 def test_pool_refills_a_freed_ticket_while_a_long_request_runs(stack):
     _, url = stack.devserver("--token-latency", "0.01", "--max-running", "4")
+
     def tick(counts):
         return {url: 2}
 
     pool = InflightPool(servers=[url], on_tick=tick, backends={url: SGLangBackend()})
     try:
         wait_for(pool.routable, timeout=10, what="the pool's first routing tick")
-        long = pool.submit(ids=[1, 2, 3], sampling={"max_new_tokens": 300, "ignore_eos": True, "temperature": 0.0},
-                           timeout=60, tag="c")
-        shorts = [pool.submit(ids=[4, 5, i], sampling={"max_new_tokens": 5, "ignore_eos": True, "temperature": 0.0},
-                              timeout=60, tag="c") for i in range(6)]
+        long = pool.submit(
+            ids=[1, 2, 3], sampling={"max_new_tokens": 300, "ignore_eos": True, "temperature": 0.0}, timeout=60, tag="c"
+        )
+        shorts = [
+            pool.submit(
+                ids=[4, 5, i],
+                sampling={"max_new_tokens": 5, "ignore_eos": True, "temperature": 0.0},
+                timeout=60,
+                tag="c",
+            )
+            for i in range(6)
+        ]
         for future in shorts:
             answer = future.result(timeout=30)
             assert answer.error is None, answer.error

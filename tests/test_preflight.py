@@ -54,32 +54,41 @@ VOCAB = 248077
 TIMEOUT = 10
 
 
-def facts(server_info: dict | None = None, model_info: dict | None = None, *, context_length=4096,
-          url="http://gpu-1:30000") -> ServerFacts:
-    return ServerFacts(url=url, server_info={"version": "0.5.23", **(server_info or {})},
-                       model_info={"is_generation": True, **(model_info or {})},
-                       context_length=context_length, version="0.5.23")
+def facts(
+    server_info: dict | None = None, model_info: dict | None = None, *, context_length=4096, url="http://gpu-1:30000"
+) -> ServerFacts:
+    return ServerFacts(
+        url=url,
+        server_info={"version": "0.5.23", **(server_info or {})},
+        model_info={"is_generation": True, **(model_info or {})},
+        context_length=context_length,
+        version="0.5.23",
+    )
 
 
 # ---- refusals, pure -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("info", "setting", "says"), [
-    ({"reasoning_parser": "deepseek-r1"}, "reasoning_parser", "reasoning parser"),
-    ({"tool_call_parser": "qwen25"}, "tool_call_parser", "tool-call parser"),
-    ({"skip_tokenizer_init": True}, "skip_tokenizer_init", "skips its tokenizer"),
-    ({"allow_auto_truncate": True}, "allow_auto_truncate", "cuts prompts"),
-    ({"preferred_sampling_params": '{"logit_bias": {"5": 2.0}}'}, "preferred_sampling_params", "logit_bias"),
-    ({"preferred_sampling_params": {"json_schema": "{}"}}, "preferred_sampling_params", "json_schema"),
-    ({"preferred_sampling_params": "{not json"}, "preferred_sampling_params", "not JSON"),
-])
+@pytest.mark.parametrize(
+    ("info", "setting", "says"),
+    [
+        ({"reasoning_parser": "deepseek-r1"}, "reasoning_parser", "reasoning parser"),
+        ({"tool_call_parser": "qwen25"}, "tool_call_parser", "tool-call parser"),
+        ({"skip_tokenizer_init": True}, "skip_tokenizer_init", "skips its tokenizer"),
+        ({"allow_auto_truncate": True}, "allow_auto_truncate", "cuts prompts"),
+        ({"preferred_sampling_params": '{"logit_bias": {"5": 2.0}}'}, "preferred_sampling_params", "logit_bias"),
+        ({"preferred_sampling_params": {"json_schema": "{}"}}, "preferred_sampling_params", "json_schema"),
+        ({"preferred_sampling_params": "{not json"}, "preferred_sampling_params", "not JSON"),
+    ],
+)
 def test_each_refused_setting_names_itself_and_its_override(info, setting, says):
     with pytest.raises(PreflightError) as caught:
         check_server(facts(info), allowed_settings=())
     message = str(caught.value)
     assert says in message and f"--allow-server-setting {setting}" in message
-    assert check_server(facts(info), allowed_settings={setting}) == [check_server(
-        facts(info), allowed_settings=set(SGLANG_REFUSABLE_SETTINGS))[0]]
+    assert check_server(facts(info), allowed_settings={setting}) == [
+        check_server(facts(info), allowed_settings=set(SGLANG_REFUSABLE_SETTINGS))[0]
+    ]
 
 
 def test_not_a_generation_model_is_refused():
@@ -91,15 +100,27 @@ def test_allow_server_parsers_accepts_only_the_parser_settings():
     parsers = facts({"reasoning_parser": "qwen3", "tool_call_parser": "qwen25", "skip_tokenizer_init": True})
     assert len(check_server(parsers, allow_server_parsers=True, allowed_settings=())) == 3
     with pytest.raises(PreflightError, match="allow_auto_truncate") as caught:
-        check_server(facts({"reasoning_parser": "qwen3", "allow_auto_truncate": True}),
-                     allow_server_parsers=True, allowed_settings=())
+        check_server(
+            facts({"reasoning_parser": "qwen3", "allow_auto_truncate": True}),
+            allow_server_parsers=True,
+            allowed_settings=(),
+        )
     assert "reasoning parser" not in str(caught.value)
 
 
 def test_preferred_params_we_always_send_are_harmless():
     # SGLang merges them UNDER the request's own; we send every one of these keys.
-    preferred = {"temperature": 0.2, "top_p": 0.5, "max_new_tokens": 7, "frequency_penalty": 1.0,
-                 "min_new_tokens": 3, "stop": ["x"], "ignore_eos": True, "sampling_seed": 5, "n": 2}
+    preferred = {
+        "temperature": 0.2,
+        "top_p": 0.5,
+        "max_new_tokens": 7,
+        "frequency_penalty": 1.0,
+        "min_new_tokens": 3,
+        "stop": ["x"],
+        "ignore_eos": True,
+        "sampling_seed": 5,
+        "n": 2,
+    }
     assert check_server(facts({"preferred_sampling_params": json.dumps(preferred)}), allowed_settings=()) == []
     assert set(preferred) <= set(SamplingParams().for_server()) | {"sampling_seed"}
 
@@ -115,9 +136,18 @@ def test_allowed_settings_come_from_the_environment(caplog):
 
 
 def test_provenance_is_an_allow_list_without_secrets():
-    info = {"api_key": SECRET, "admin_api_key": ADMIN_SECRET, "ssl_keyfile_password": "pw",
-            "hf_token": "hf_x", "some_new_flag_2027": "??", "model_path": "/m/qwen", "tp_size": 2,
-            "json_model_override_args": "{}", "lora_paths": ["/l"], "max_running_requests": 96}
+    info = {
+        "api_key": SECRET,
+        "admin_api_key": ADMIN_SECRET,
+        "ssl_keyfile_password": "pw",
+        "hf_token": "hf_x",
+        "some_new_flag_2027": "??",
+        "model_path": "/m/qwen",
+        "tp_size": 2,
+        "json_model_override_args": "{}",
+        "lora_paths": ["/l"],
+        "max_running_requests": 96,
+    }
     kept = provenance(facts(info, url="http://ops:hunter2@gpu-1:30000"), accepted=["x: y"])
     text = json.dumps(kept)
     for secret in (SECRET, ADMIN_SECRET, "hunter2", "hf_x", '"pw"'):
@@ -140,37 +170,79 @@ def test_redact_url():
 # ---- the context check, pure ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("info", "reserved"), [
-    ({}, 0),
-    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-      "speculative_num_draft_tokens": 4}, 4),
-    ({"speculative_algorithm": "EAGLE3", "speculative_num_steps": 5, "speculative_eagle_topk": 8,
-      "speculative_num_draft_tokens": 32}, 40),
-    ({"speculative_algorithm": "nextn", "speculative_num_steps": 1, "speculative_eagle_topk": 1,
-      "speculative_num_draft_tokens": 2}, 2),
-    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-      "speculative_num_draft_tokens": 4, "max_speculative_num_draft_tokens": 16}, 16),
-    ({"speculative_algorithm": "STANDALONE", "speculative_num_steps": 3, "speculative_num_draft_tokens": 4}, 0),
-    ({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 12}, 0),
-    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": None, "speculative_eagle_topk": None,
-      "speculative_num_draft_tokens": None}, 0),
-])
+@pytest.mark.parametrize(
+    ("info", "reserved"),
+    [
+        ({}, 0),
+        (
+            {
+                "speculative_algorithm": "EAGLE",
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 4,
+            },
+            4,
+        ),
+        (
+            {
+                "speculative_algorithm": "EAGLE3",
+                "speculative_num_steps": 5,
+                "speculative_eagle_topk": 8,
+                "speculative_num_draft_tokens": 32,
+            },
+            40,
+        ),
+        (
+            {
+                "speculative_algorithm": "nextn",
+                "speculative_num_steps": 1,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 2,
+            },
+            2,
+        ),
+        (
+            {
+                "speculative_algorithm": "EAGLE",
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 4,
+                "max_speculative_num_draft_tokens": 16,
+            },
+            16,
+        ),
+        ({"speculative_algorithm": "STANDALONE", "speculative_num_steps": 3, "speculative_num_draft_tokens": 4}, 0),
+        ({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 12}, 0),
+        (
+            {
+                "speculative_algorithm": "EAGLE",
+                "speculative_num_steps": None,
+                "speculative_eagle_topk": None,
+                "speculative_num_draft_tokens": None,
+            },
+            0,
+        ),
+    ],
+)
 def test_draft_reserved_tokens_follow_sglang(info, reserved):
     assert draft_reserved_tokens(info) == reserved
 
 
-@pytest.mark.parametrize(("prompt", "max_new", "limits", "fits"), [
-    (100, 28, ContextLimits(context_length=130), True),     # 100 + 28 <= 130 - 2
-    (100, 29, ContextLimits(context_length=130), False),    # passes SGLang's 400 check, but cut to 28
-    (100, 30, ContextLimits(context_length=130), False),    # 400
-    (100, 24, ContextLimits(context_length=130, reserved_tokens=6), True),
-    (100, 25, ContextLimits(context_length=130, reserved_tokens=6), False),  # 400: 100 + 6 + 25 > 130
-    (124, 1, ContextLimits(context_length=130, max_req_input_len=124), False),  # the scheduler's input cap
-    (123, 1, ContextLimits(context_length=130, max_req_input_len=124), True),
-    (100, 20, ContextLimits(context_length=130, max_req_len=110), False),   # a small KV cache
-    (100, 9, ContextLimits(context_length=130, max_req_len=110), True),
-    (10**6, 10**6, ContextLimits(context_length=None), True),  # unknown: the server decides
-])
+@pytest.mark.parametrize(
+    ("prompt", "max_new", "limits", "fits"),
+    [
+        (100, 28, ContextLimits(context_length=130), True),  # 100 + 28 <= 130 - 2
+        (100, 29, ContextLimits(context_length=130), False),  # passes SGLang's 400 check, but cut to 28
+        (100, 30, ContextLimits(context_length=130), False),  # 400
+        (100, 24, ContextLimits(context_length=130, reserved_tokens=6), True),
+        (100, 25, ContextLimits(context_length=130, reserved_tokens=6), False),  # 400: 100 + 6 + 25 > 130
+        (124, 1, ContextLimits(context_length=130, max_req_input_len=124), False),  # the scheduler's input cap
+        (123, 1, ContextLimits(context_length=130, max_req_input_len=124), True),
+        (100, 20, ContextLimits(context_length=130, max_req_len=110), False),  # a small KV cache
+        (100, 9, ContextLimits(context_length=130, max_req_len=110), True),
+        (10**6, 10**6, ContextLimits(context_length=None), True),  # unknown: the server decides
+    ],
+)
 def test_fits_context(prompt, max_new, limits, fits):
     assert fits_context(prompt_len=prompt, max_new_tokens=max_new, limits=limits) is fits
     if not fits:
@@ -178,10 +250,17 @@ def test_fits_context(prompt, max_new, limits, fits):
 
 
 def test_limits_from_facts_and_from_the_node_state():
-    info = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 2, "speculative_eagle_topk": 2,
-            "speculative_num_draft_tokens": 3, "max_req_input_len": 4090, "max_total_num_tokens": 2000}
-    f = ServerFacts(url="u", server_info=info, model_info={}, context_length=4096, version=None,
-                    max_total_num_tokens=2000)
+    info = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_num_steps": 2,
+        "speculative_eagle_topk": 2,
+        "speculative_num_draft_tokens": 3,
+        "max_req_input_len": 4090,
+        "max_total_num_tokens": 2000,
+    }
+    f = ServerFacts(
+        url="u", server_info=info, model_info={}, context_length=4096, version=None, max_total_num_tokens=2000
+    )
     limits = context_limits(f)
     assert limits == ContextLimits(context_length=4096, reserved_tokens=4, max_req_input_len=4090, max_req_len=1999)
     state = ServerState(context_length=4096, draft_reserved_tokens=4, max_req_input_len=4090, max_total_num_tokens=2000)
@@ -189,9 +268,18 @@ def test_limits_from_facts_and_from_the_node_state():
 
 
 def test_server_state_round_trips_and_ignores_fields_it_does_not_know():
-    state = ServerState(state=HEALTHY, since=1.0, context_length=64, draft_reserved_tokens=4, max_req_input_len=58,
-                        max_running_requests=8, max_total_num_tokens=512, deterministic_inference=True,
-                        sampling_seed_supported=True, provenance={"version": "0.5.23"})
+    state = ServerState(
+        state=HEALTHY,
+        since=1.0,
+        context_length=64,
+        draft_reserved_tokens=4,
+        max_req_input_len=58,
+        max_running_requests=8,
+        max_total_num_tokens=512,
+        deterministic_inference=True,
+        sampling_seed_supported=True,
+        provenance={"version": "0.5.23"},
+    )
     data = json.loads(json.dumps(asdict(state)))
     assert ServerState.from_dict(data) == state
     assert ServerState.from_dict({**data, "added_in_2027": 1}) == state
@@ -201,34 +289,44 @@ def test_server_state_round_trips_and_ignores_fields_it_does_not_know():
 # ---- sampling 400s, pure --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("message", [
-    "Unexpected keyword argument 'seed'",
-    "SamplingParams.__init__() got an unexpected keyword argument 'seed'",
-    "Expected `float`, got `str` - at `$.sampling_params.temperature`",
-    "'<' not supported between instances of 'str' and 'float'",
-    "top_p must be in (0, 1], got 0.0.",
-    "top_k must be -1 (disable) or at least 1, got 0.",
-    "repetition_penalty must be in (0, 2] (1.0 = no penalty), got 3.0.",
-    "min_new_tokens must be in [0, max_new_tokens(4)], got 9.",
-    "max_new_tokens must be at least 0, got -1.",
-    "logit_bias must has keys in [0, 151935], got 999999.",
-    "Only one of regex, json_schema, or ebnf can be set.",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Unexpected keyword argument 'seed'",
+        "SamplingParams.__init__() got an unexpected keyword argument 'seed'",
+        "Expected `float`, got `str` - at `$.sampling_params.temperature`",
+        "'<' not supported between instances of 'str' and 'float'",
+        "top_p must be in (0, 1], got 0.0.",
+        "top_k must be -1 (disable) or at least 1, got 0.",
+        "repetition_penalty must be in (0, 2] (1.0 = no penalty), got 3.0.",
+        "min_new_tokens must be in [0, max_new_tokens(4)], got 9.",
+        "max_new_tokens must be at least 0, got -1.",
+        "logit_bias must has keys in [0, 151935], got 999999.",
+        "Only one of regex, json_schema, or ebnf can be set.",
+    ],
+)
 def test_sampling_400s_are_recognised(message):
     assert is_sampling_error(message)
 
 
-@pytest.mark.parametrize("message", [
-    "The input (4096 tokens) is longer than the model's context length (4096 tokens).",
-    ("Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of "
-     "4100 tokens: 40 tokens from the input messages and 4060 tokens for the completion. Please reduce the number "
-     "of tokens in the input messages or the completion to fit within the limit."),
-    ("Input length (58 tokens) exceeds the maximum allowed length (58 tokens). Use a shorter input or enable "
-     "--allow-auto-truncate."),
-    "input_ids cannot be empty.",
-    "Expected `int`, got `str` - at `$.input_ids[0][3]`",
-    "Duplicate rids are not allowed in one batch request.",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "The input (4096 tokens) is longer than the model's context length (4096 tokens).",
+        (
+            "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of "
+            "4100 tokens: 40 tokens from the input messages and 4060 tokens for the completion. Please reduce the number "
+            "of tokens in the input messages or the completion to fit within the limit."
+        ),
+        (
+            "Input length (58 tokens) exceeds the maximum allowed length (58 tokens). Use a shorter input or enable "
+            "--allow-auto-truncate."
+        ),
+        "input_ids cannot be empty.",
+        "Expected `int`, got `str` - at `$.input_ids[0][3]`",
+        "Duplicate rids are not allowed in one batch request.",
+    ],
+)
 def test_prompt_400s_are_not_sampling_errors(message):
     assert not is_sampling_error(message)
 
@@ -240,16 +338,44 @@ def test_prompt_400s_are_not_sampling_errors(message):
 def fleet(tmp_path_factory, tokenizer_path):
     logdir = tmp_path_factory.mktemp("preflight")
     specs = {
-        "accepted": ["--api-key", SECRET, "--admin-api-key", ADMIN_SECRET, "--enable-deterministic-inference",
-                     "--preferred-sampling-params", json.dumps({"temperature": 0.2, "top_p": 0.5}), "--slots", "12"],
-        "refused": ["--context-length", "64", "--allow-auto-truncate", "--reasoning-parser", "deepseek-r1",
-                    "--preferred-sampling-params", json.dumps({"logit_bias": {"5": 2.0}, "temperature": 0.3})],
-        "spec": ["--context-length", "64", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
-                 "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "3"],
+        "accepted": [
+            "--api-key",
+            SECRET,
+            "--admin-api-key",
+            ADMIN_SECRET,
+            "--enable-deterministic-inference",
+            "--preferred-sampling-params",
+            json.dumps({"temperature": 0.2, "top_p": 0.5}),
+            "--slots",
+            "12",
+        ],
+        "refused": [
+            "--context-length",
+            "64",
+            "--allow-auto-truncate",
+            "--reasoning-parser",
+            "deepseek-r1",
+            "--preferred-sampling-params",
+            json.dumps({"logit_bias": {"5": 2.0}, "temperature": 0.3}),
+        ],
+        "spec": [
+            "--context-length",
+            "64",
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-num-steps",
+            "2",
+            "--speculative-eagle-topk",
+            "2",
+            "--speculative-num-draft-tokens",
+            "3",
+        ],
         "plain": ["--context-length", "64"],
     }
-    servers = {name: start_devserver(tokenizer=tokenizer_path, logdir=logdir, args=args, wait=False)
-               for name, args in specs.items()}
+    servers = {
+        name: start_devserver(tokenizer=tokenizer_path, logdir=logdir, args=args, wait=False)
+        for name, args in specs.items()
+    }
     for process, url in servers.values():
         port = int(url.rsplit(":", 1)[1])
         wait_for(lambda p=process, n=port: port_open(n) or not p.alive(), timeout=120, what=f"devserver {url}")
@@ -308,8 +434,11 @@ def test_refused_server_names_every_setting_then_accepted_by_name(fleet, redis_s
     state, _ = gate_state(redis_server.url, url, allow_server_parsers=True)
     assert state.state == HEALTHY
     accepted = state.provenance["accepted_despite"]
-    assert [a.split(":")[0] for a in accepted] == ["reasoning_parser", "allow_auto_truncate",
-                                                  "preferred_sampling_params"]
+    assert [a.split(":")[0] for a in accepted] == [
+        "reasoning_parser",
+        "allow_auto_truncate",
+        "preferred_sampling_params",
+    ]
     assert state.provenance["preferred_sampling_params_applied"] == ["logit_bias"]
     assert state.provenance["launch_args"]["allow_auto_truncate"] is True
 
@@ -322,16 +451,20 @@ def test_preflight_at_start_sorts_every_server_into_one_list(fleet):
         return at_start(servers, forced=lambda url: AUTO, **kwargs)
 
     down = f"http://127.0.0.1:{free_port()}"
-    found = preflight_at_start([fleet["accepted"], fleet["refused"], down], allow_server_parsers=False,
-                               allowed_settings=())
+    found = preflight_at_start(
+        [fleet["accepted"], fleet["refused"], down], allow_server_parsers=False, allowed_settings=()
+    )
     assert found.capacities == [12] and found.inflight() == auto_inflight(12)
     assert len(found.refused) == 1 and found.refused[0].startswith(f"refusing server {fleet['refused']}")
     assert [url for url, _ in found.not_answering] == [down]
     assert not found.all_refused
     alone = preflight_at_start([fleet["refused"]], allow_server_parsers=False, allowed_settings=())
     assert alone.all_refused and alone.inflight() == auto_inflight(None)
-    accepted = preflight_at_start([fleet["refused"]], allow_server_parsers=True,
-                                  allowed_settings=("allow_auto_truncate", "preferred_sampling_params"))
+    accepted = preflight_at_start(
+        [fleet["refused"]],
+        allow_server_parsers=True,
+        allowed_settings=("allow_auto_truncate", "preferred_sampling_params"),
+    )
     assert not accepted.refused and len(accepted.capacities) == 1
 
 
@@ -342,7 +475,9 @@ def test_client_uses_current_info_endpoints_and_reads_capacity(fleet):
     assert requests.get(url + "/dev/stats", timeout=TIMEOUT).json()["deprecated_info_calls"] == before
     assert (f.context_length, f.version) == (64, "0.5.23")
     assert f.max_running_requests == 64 and f.max_total_num_tokens == 64 * 64
-    assert context_limits(f) == ContextLimits(context_length=64, reserved_tokens=4, max_req_input_len=58, max_req_len=63)
+    assert context_limits(f) == ContextLimits(
+        context_length=64, reserved_tokens=4, max_req_input_len=58, max_req_len=63
+    )
 
 
 @pytest.mark.parametrize("server", ["plain", "spec"])
@@ -356,10 +491,16 @@ def test_fits_context_agrees_with_the_server_at_every_edge(fleet, server):
         for prompt_len in range(48, 66):
             for max_new in (1, 2, 3, 5, 8, 13):
                 ids = list(range(1000, 1000 + prompt_len))
-                r = session.post(url + "/generate", timeout=TIMEOUT, json={
-                    "input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True}})
-                served = r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == max_new \
+                r = session.post(
+                    url + "/generate",
+                    timeout=TIMEOUT,
+                    json={"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True}},
+                )
+                served = (
+                    r.status_code == 200
+                    and r.json()["meta_info"]["completion_tokens"] == max_new
                     and r.json()["meta_info"]["prompt_tokens"] == prompt_len
+                )
                 assert r.status_code in (200, 400), r.text
                 if served != fits_context(prompt_len=prompt_len, max_new_tokens=max_new, limits=limits):
                     disagreements.append((prompt_len, max_new, r.status_code, r.text[:120]))

@@ -13,9 +13,14 @@ from eagle_synth.local import wait_for
 from tests.conftest import chat_rows, write_jsonl
 from tests.helpers import campaign, cli, enqueue_rows, queued_items, queued_payloads
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def _expected(tokenizer, messages, **kwargs):
@@ -26,23 +31,54 @@ def _expected(tokenizer, messages, **kwargs):
 def test_enqueued_ids_equal_apply_chat_template(tmp_path, redis_server, tokenizer, tokenizer_path, thinking):
     rows = [
         {"id": "tools", "tools": [WEATHER_TOOL], "messages": [{"role": "user", "content": "Weather in Oslo?"}]},
-        {"id": "sharegpt", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
-                                             {"from": "gpt", "value": "Hello"}, {"from": "human", "value": "Bye?"}]},
-        {"id": "parts", "messages": [{"role": "user", "content": [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]}]},
+        {
+            "id": "sharegpt",
+            "conversations": [
+                {"from": "system", "value": "Be brief."},
+                {"from": "human", "value": "Hi"},
+                {"from": "gpt", "value": "Hello"},
+                {"from": "human", "value": "Bye?"},
+            ],
+        },
+        {
+            "id": "parts",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]}
+            ],
+        },
         {"id": "plain", "prompt": "Just a prompt."},
-        {"id": "toolcall", "tools": [WEATHER_TOOL], "messages": [
-            {"role": "user", "content": "Weather in Oslo?"},
-            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
-            {"role": "tool", "content": "{\"temp\": 3}"},
-            {"role": "user", "content": "And tomorrow?"}]},
+        {
+            "id": "toolcall",
+            "tools": [WEATHER_TOOL],
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+                    ],
+                },
+                {"role": "tool", "content": '{"temp": 3}'},
+                {"role": "user", "content": "And tomorrow?"},
+            ],
+        },
     ]
     kwargs = {} if thinking is None else {"enable_thinking": thinking}
     enqueue_rows(tmp_path, redis_server.url, "exact", rows, tokenizer=tokenizer_path, chat_template_kwargs=kwargs)
     got = {item.row_id: item.ids for item in queued_items(redis_server.url)}
     expected = {
         "tools": _expected(tokenizer, rows[0]["messages"], tools=[WEATHER_TOOL], **kwargs),
-        "sharegpt": _expected(tokenizer, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                                          {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye?"}], **kwargs),
+        "sharegpt": _expected(
+            tokenizer,
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": "Bye?"},
+            ],
+            **kwargs,
+        ),
         "parts": _expected(tokenizer, [{"role": "user", "content": "two parts"}], **kwargs),
         "plain": _expected(tokenizer, [{"role": "user", "content": "Just a prompt."}], **kwargs),
         "toolcall": _expected(tokenizer, rows[4]["messages"], tools=[WEATHER_TOOL], **kwargs),
@@ -58,11 +94,16 @@ def test_enqueued_ids_equal_apply_chat_template(tmp_path, redis_server, tokenize
 
 
 def test_turns_all_makes_one_prompt_per_user_turn(tmp_path, redis_server, tokenizer, tokenizer_path):
-    messages = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "A1"},
-                {"role": "user", "content": "two"}, {"role": "assistant", "content": "A2"},
-                {"role": "user", "content": "three"}]
-    summary = enqueue_rows(tmp_path, redis_server.url, "turns", [{"id": "t", "messages": messages}],
-                           tokenizer=tokenizer_path, turns="all")
+    messages = [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "two"},
+        {"role": "assistant", "content": "A2"},
+        {"role": "user", "content": "three"},
+    ]
+    summary = enqueue_rows(
+        tmp_path, redis_server.url, "turns", [{"id": "t", "messages": messages}], tokenizer=tokenizer_path, turns="all"
+    )
     assert summary.rows_enqueued == 1 and summary.prompts_enqueued == 3
     items = sorted(queued_items(redis_server.url), key=lambda i: i.turn)
     assert [i.turn for i in items] == [0, 1, 2]
@@ -73,8 +114,19 @@ def test_turns_all_makes_one_prompt_per_user_turn(tmp_path, redis_server, tokeni
 def test_rerun_and_added_rows_enqueue_only_what_is_new(tmp_path, redis_server, tokenizer_path):
     rows = chat_rows(20)
     path = write_jsonl(tmp_path / "p.jsonl", rows)
-    args = ["enqueue", str(path), "--campaign", "resume", "--tokenizer", str(tokenizer_path), "--redis",
-            redis_server.url, "--json", "--processes", "1"]
+    args = [
+        "enqueue",
+        str(path),
+        "--campaign",
+        "resume",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--redis",
+        redis_server.url,
+        "--json",
+        "--processes",
+        "1",
+    ]
     first = json.loads(cli(*args).stdout)
     second = json.loads(cli(*args).stdout)
     assert (first["rows_enqueued"], first["rows_duplicate"]) == (20, 0)
@@ -89,8 +141,23 @@ def test_rerun_and_added_rows_enqueue_only_what_is_new(tmp_path, redis_server, t
 def test_enqueue_killed_half_way_then_rerun_loses_and_doubles_nothing(tmp_path, redis_server, tokenizer_path):
     rows = [{"id": f"k{i}", "messages": [{"role": "user", "content": f"question number {i}"}]} for i in range(3000)]
     path = write_jsonl(tmp_path / "big.jsonl", rows)
-    args = [sys.executable, "-m", "eagle_synth", "enqueue", str(path), "--campaign", "killed", "--tokenizer",
-            str(tokenizer_path), "--redis", redis_server.url, "--batch-size", "4", "--processes", "1"]
+    args = [
+        sys.executable,
+        "-m",
+        "eagle_synth",
+        "enqueue",
+        str(path),
+        "--campaign",
+        "killed",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--redis",
+        redis_server.url,
+        "--batch-size",
+        "4",
+        "--processes",
+        "1",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     c = campaign(redis_server.url, "killed")
     wait_for(lambda: c.client.llen("eagle-synth") >= 40, timeout=120, what="the first tasks")
@@ -110,7 +177,16 @@ def test_enqueue_killed_half_way_then_rerun_loses_and_doubles_nothing(tmp_path, 
 
 def test_different_settings_are_refused_with_what_differs(tmp_path, redis_server, tokenizer_path):
     path = write_jsonl(tmp_path / "p.jsonl", chat_rows(3))
-    base = ["enqueue", str(path), "--campaign", "fixed", "--tokenizer", str(tokenizer_path), "--redis", redis_server.url]
+    base = [
+        "enqueue",
+        str(path),
+        "--campaign",
+        "fixed",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--redis",
+        redis_server.url,
+    ]
     cli(*base, "--max-new-tokens", "100")
     refused = cli(*base, "--max-new-tokens", "200", check=False)
     assert refused.returncode == 2
@@ -133,19 +209,45 @@ def test_bad_input_every_row_accounted_for(tmp_path, redis_server, tokenizer_pat
     ]
     path = tmp_path / "messy.jsonl"
     path.write_bytes(b"\n".join(lines))
-    result = cli("enqueue", str(path), "--campaign", "messy", "--tokenizer", str(tokenizer_path), "--redis",
-                 redis_server.url, "--max-prompt-tokens", "100", "--json")
+    result = cli(
+        "enqueue",
+        str(path),
+        "--campaign",
+        "messy",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--redis",
+        redis_server.url,
+        "--max-prompt-tokens",
+        "100",
+        "--json",
+    )
     summary = json.loads(result.stdout)
     assert summary["rows_read"] == 9
     assert (summary["rows_enqueued"], summary["rows_duplicate"], summary["rows_skipped"]) == (2, 0, 7)
     assert summary["skipped_by_reason"] == {
-        "bad-json": 1, "wrong-type": 1, "empty-conversation": 1, "no-user-turn": 1, "non-utf8": 1,
-        "prompt-too-long": 1, "truncated-file": 1,
+        "bad-json": 1,
+        "wrong-type": 1,
+        "empty-conversation": 1,
+        "no-user-turn": 1,
+        "non-utf8": 1,
+        "prompt-too-long": 1,
+        "truncated-file": 1,
     }
     assert any(e.startswith(f"{path}:2:") for e in summary["examples"]["bad-json"])
     assert "messages[0].content" in summary["examples"]["wrong-type"][0]
-    strict = cli("enqueue", str(path), "--campaign", "messy-strict", "--tokenizer", str(tokenizer_path), "--redis",
-                 redis_server.url, "--strict", check=False)
+    strict = cli(
+        "enqueue",
+        str(path),
+        "--campaign",
+        "messy-strict",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--redis",
+        redis_server.url,
+        "--strict",
+        check=False,
+    )
     assert strict.returncode == 2
     assert f"{path}:2" in strict.stderr.decode()
 
@@ -159,16 +261,31 @@ def test_template_rejection_skips_the_row_not_the_batch(tmp_path, redis_server, 
         "{%- if add_generation_prompt -%}<|im_start|>assistant\n<think>\n{%- endif -%}"
     )
     rows = [{"prompt": "fine"}, {"prompt": "a forbidden word"}, {"prompt": "also fine"}]
-    summary = enqueue_rows(tmp_path, redis_server.url, "picky", rows, tokenizer=tokenizer_path,
-                           chat_template=str(template))
+    summary = enqueue_rows(
+        tmp_path, redis_server.url, "picky", rows, tokenizer=tokenizer_path, chat_template=str(template)
+    )
     assert (summary.rows_enqueued, summary.rows_skipped) == (2, 1)
     assert "refuses forbidden words" in summary.examples["template-error"][0]
 
 
 def test_n_samples_are_separate_prompts_with_their_own_seeds(tmp_path, redis_server, tokenizer_path):
     path = write_jsonl(tmp_path / "p.jsonl", chat_rows(2))
-    cli("enqueue", str(path), "--campaign", "samples", "--tokenizer", str(tokenizer_path), "--redis",
-        redis_server.url, "--n", "3", "--seed", "7", "--temperature", "1.0")
+    cli(
+        "enqueue",
+        str(path),
+        "--campaign",
+        "samples",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--redis",
+        redis_server.url,
+        "--n",
+        "3",
+        "--seed",
+        "7",
+        "--temperature",
+        "1.0",
+    )
     items = queued_items(redis_server.url)
     assert len(items) == 6 and len({i.key for i in items}) == 6
     assert sorted(i.sample for i in items) == [0, 0, 1, 1, 2, 2]
@@ -177,13 +294,28 @@ def test_n_samples_are_separate_prompts_with_their_own_seeds(tmp_path, redis_ser
     assert "seed" not in payload.sampling and payload.sampling["temperature"] == 1.0
 
 
-@pytest.mark.parametrize("flag,value,message", [
-    ("--top-p", "1.5", "--top-p"), ("--temperature", "-1", "--temperature"), ("--n", "0", "--n"),
-])
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--top-p", "1.5", "--top-p"),
+        ("--temperature", "-1", "--temperature"),
+        ("--n", "0", "--n"),
+    ],
+)
 def test_sampling_ranges_are_checked_at_enqueue(tmp_path, tokenizer_path, flag, value, message):
     path = write_jsonl(tmp_path / "p.jsonl", chat_rows(1))
-    result = cli("enqueue", str(path), "--campaign", "x", "--tokenizer", str(tokenizer_path), "--dry-run",
-                 flag, value, check=False)
+    result = cli(
+        "enqueue",
+        str(path),
+        "--campaign",
+        "x",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--dry-run",
+        flag,
+        value,
+        check=False,
+    )
     assert result.returncode == 2 and message in result.stderr.decode()
 
 
@@ -198,10 +330,27 @@ def test_stdin_and_dry_run(tmp_path, redis_server, tokenizer_path):
 def test_backpressure_waits_for_the_backlog_to_drain(tmp_path, redis_server, stack, tokenizer_path):
     path = write_jsonl(tmp_path / "p.jsonl", chat_rows(64))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eagle_synth", "enqueue", str(path), "--campaign", "bp", "--tokenizer",
-         str(tokenizer_path), "--redis", redis_server.url, "--batch-size", "8", "--max-backlog", "16",
-         "--processes", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "eagle_synth",
+            "enqueue",
+            str(path),
+            "--campaign",
+            "bp",
+            "--tokenizer",
+            str(tokenizer_path),
+            "--redis",
+            redis_server.url,
+            "--batch-size",
+            "8",
+            "--max-backlog",
+            "16",
+            "--processes",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     c = campaign(redis_server.url, "bp")
     try:

@@ -36,8 +36,13 @@ from workers.reaper import Reaper
 
 # The default-ish visibility timeout (an hour: nothing comes back by it within a test), with a
 # short lease and reap threshold so the reaper acts within seconds.
-REAPER_ENV = {"EAGLE_SYNTH_VISIBILITY_TIMEOUT": "3600", "EAGLE_SYNTH_LEASE_TTL": "6",
-              "EAGLE_SYNTH_REAP_AFTER": "8", "EAGLE_SYNTH_REAP_INTERVAL": "1", "EAGLE_SYNTH_BACKOFF_MAX": "0.5"}
+REAPER_ENV = {
+    "EAGLE_SYNTH_VISIBILITY_TIMEOUT": "3600",
+    "EAGLE_SYNTH_LEASE_TTL": "6",
+    "EAGLE_SYNTH_REAP_AFTER": "8",
+    "EAGLE_SYNTH_REAP_INTERVAL": "1",
+    "EAGLE_SYNTH_BACKOFF_MAX": "0.5",
+}
 
 # Fetch one message the way a worker does (kombu's basic_get without ack puts it in `unacked`),
 # then die without acknowledging or restoring it, as a SIGKILLed host would.
@@ -54,15 +59,17 @@ with app.connection_for_read() as conn:
 
 
 def fetch_and_die(redis_url: str, queue: str = "eagle-synth") -> str:
-    out = subprocess.run([sys.executable, "-c", _FETCH_AND_DIE, redis_url, queue], capture_output=True,
-                         text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _FETCH_AND_DIE, redis_url, queue], capture_output=True, text=True, timeout=60, check=True
+    )
     tag = out.stdout.strip()
     assert tag, f"no message to fetch: {out.stderr}"
     return tag
 
 
-def test_dead_worker_batches_come_back_long_before_the_visibility_timeout(tmp_path, redis_server, stack,
-                                                                        tokenizer_path):
+def test_dead_worker_batches_come_back_long_before_the_visibility_timeout(
+    tmp_path, redis_server, stack, tokenizer_path
+):
     enqueue_rows(tmp_path, redis_server.url, "reap", chat_rows(24), tokenizer=tokenizer_path, batch_size=4)
     _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "60", "--slots", "8")
     out = tmp_path / "out"
@@ -83,8 +90,12 @@ def test_dead_worker_batches_come_back_long_before_the_visibility_timeout(tmp_pa
     def status() -> dict:
         return json.loads(cli("status", "reap", "--json", "--redis", redis_server.url, env=REAPER_ENV).stdout)
 
-    shown = wait_for(lambda: (data := status())["stranded"] and data, timeout=60, interval=0.5,
-                     what="status to show stranded prompts")
+    shown = wait_for(
+        lambda: (data := status())["stranded"] and data,
+        timeout=60,
+        interval=0.5,
+        what="status to show stranded prompts",
+    )
     pending_in_held = sum(len(set(h.keys) - c.finished_keys(list(h.keys))) for h in held)
     assert shown["stranded"] == pending_in_held
     assert shown["queued"] + shown["inflight"] + shown["stranded"] + shown["done"] + shown["failed"] == 24
@@ -147,10 +158,15 @@ def test_priority_message_goes_back_to_its_priority_list(redis_server):
     from eagle_synth.payload import TASK_NAME, PromptItem, TaskPayload
 
     settings = broker_settings(redis_url=redis_server.url)
-    payload = TaskPayload(campaign="pri", batch="b1", sampling={"max_new_tokens": 4},
-                          items=[PromptItem(key="k1", row_id="r", sample=0, ids=[1, 2, 3])])
-    make_celery(settings).send_task(TASK_NAME, args=[payload.encode()], queue="eagle-synth",
-                                    serializer="msgpack", priority=5)
+    payload = TaskPayload(
+        campaign="pri",
+        batch="b1",
+        sampling={"max_new_tokens": 4},
+        items=[PromptItem(key="k1", row_id="r", sample=0, ids=[1, 2, 3])],
+    )
+    make_celery(settings).send_task(
+        TASK_NAME, args=[payload.encode()], queue="eagle-synth", serializer="msgpack", priority=5
+    )
     client = connect(settings)
     priority_list = "eagle-synth\x06\x163"  # kombu's list for priorities 3-5
     assert client.llen(priority_list) == 1
@@ -193,7 +209,8 @@ def test_restored_copy_of_a_finished_batch_does_nothing(tmp_path, redis_server, 
 
     # The same batch, held (unacked, no lease) by a worker that died before acking it.
     make_celery(broker_settings(redis_url=redis_server.url)).send_task(
-        "eagle_synth.generate_batch", args=[pending[0].encode()], queue="eagle-synth", serializer="msgpack")
+        "eagle_synth.generate_batch", args=[pending[0].encode()], queue="eagle-synth", serializer="msgpack"
+    )
     tag = fetch_and_die(redis_server.url)
     # Fetched a minute ago: past REAP_AFTER, far inside the visibility timeout (kombu leaves it).
     client.zadd(UNACKED_INDEX_KEY, {tag: time.time() - 60}, xx=True)

@@ -26,8 +26,18 @@ from eagle_synth.records import (
 
 
 def rec(key: str, prompt=(1, 2, 3), output=(4, 5, 6), **extra) -> Record:
-    values = dict(key=key, id=f"row-{key}", sample=0, turn=0, prompt_ids=list(prompt), output_ids=list(output),
-                  finish_reason="stop", finish_matched=6, prompt_tokens=len(prompt), completion_tokens=len(output))
+    values = dict(
+        key=key,
+        id=f"row-{key}",
+        sample=0,
+        turn=0,
+        prompt_ids=list(prompt),
+        output_ids=list(output),
+        finish_reason="stop",
+        finish_matched=6,
+        prompt_tokens=len(prompt),
+        completion_tokens=len(output),
+    )
     values.update(extra)
     return Record(**values)
 
@@ -40,8 +50,14 @@ def _unpack(raw: bytes):
 
 def write_v1(folder, batch: str, records: list[Record]) -> None:
     """A version 1 file exactly as the first release wrote it: u32le ids, no per-record batch."""
-    header = {"format": FORMAT_NAME, "version": 1, "id_codec": "u32le", "campaign": "old", "batch": batch,
-              "created_at": 0.0}
+    header = {
+        "format": FORMAT_NAME,
+        "version": 1,
+        "id_codec": "u32le",
+        "campaign": "old",
+        "batch": batch,
+        "created_at": 0.0,
+    }
     parts = [msgpack.packb(header, use_bin_type=True)]
     for r in records:
         wire = {k: getattr(r, k) for k in Record.__dataclass_fields__ if k != "batch"}
@@ -52,9 +68,21 @@ def write_v1(folder, batch: str, records: list[Record]) -> None:
 
 
 def test_round_trip_keeps_every_field_and_fills_batch(tmp_path):
-    original = rec("k1", prompt=[248045, 0, 248068], output=[11, 248046], finish_matched=248046, cached_tokens=2,
-                   campaign="c", sampling={"temperature": 0.6, "sampling_seed": 7}, source="a.jsonl:3",
-                   server="http://s:30000", worker="w@h", e2e_latency=1.5, created_at=123.0, repaired_prefix=1)
+    original = rec(
+        "k1",
+        prompt=[248045, 0, 248068],
+        output=[11, 248046],
+        finish_matched=248046,
+        cached_tokens=2,
+        campaign="c",
+        sampling={"temperature": 0.6, "sampling_seed": 7},
+        source="a.jsonl:3",
+        server="http://s:30000",
+        worker="w@h",
+        e2e_latency=1.5,
+        created_at=123.0,
+        repaired_prefix=1,
+    )
     path = write_record_file(tmp_path, campaign="c", batch="00ff", records=[original])
     (back,) = list(read_record_file(path))
     assert back.batch == "00ff"
@@ -98,8 +126,9 @@ def test_a_newer_version_is_refused_with_advice(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "trailing"])
 def test_damaged_files_raise_naming_the_file(tmp_path, damage):
-    path = write_record_file(tmp_path, campaign="c", batch="ab",
-                             records=[rec(f"k{i}", prompt=list(range(i, i + 300))) for i in range(50)])
+    path = write_record_file(
+        tmp_path, campaign="c", batch="ab", records=[rec(f"k{i}", prompt=list(range(i, i + 300))) for i in range(50)]
+    )
     data = bytearray(path.read_bytes())
     if damage == "truncate":
         data = data[: len(data) - 40]

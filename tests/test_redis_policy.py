@@ -19,14 +19,32 @@ from eagle_synth.settings import broker_settings
 from tests.conftest import chat_rows, write_jsonl
 from tests.helpers import campaign, cli, queued_items
 
-LIMITED = ("--user", "noconfig", "on", ">pw", "~*", "&*", "+@all", "-config",
-           "--user", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-config", "-info")
+LIMITED = (
+    "--user",
+    "noconfig",
+    "on",
+    ">pw",
+    "~*",
+    "&*",
+    "+@all",
+    "-config",
+    "--user",
+    "noinfo",
+    "on",
+    ">pw",
+    "~*",
+    "&*",
+    "+@all",
+    "-config",
+    "-info",
+)
 
 
 @pytest.fixture
 def evicting(tmp_path):
-    server = RedisServer(workdir=tmp_path / "lru", maxmemory_policy="allkeys-lru", maxmemory="64mb",
-                         extra_args=LIMITED).start()
+    server = RedisServer(
+        workdir=tmp_path / "lru", maxmemory_policy="allkeys-lru", maxmemory="64mb", extra_args=LIMITED
+    ).start()
     yield server
     server.stop()
 
@@ -51,11 +69,23 @@ def test_enqueue_refuses_an_evicting_redis_unless_told(tmp_path, evicting, token
 
 
 def test_worker_refuses_an_evicting_redis_before_starting(tmp_path, evicting, stack):
-    err = one_line_error(cli("worker", "--server", "http://127.0.0.1:9", "--out", str(tmp_path / "out"),
-                             "--redis", evicting.url, check=False, timeout=60))
+    err = one_line_error(
+        cli(
+            "worker",
+            "--server",
+            "http://127.0.0.1:9",
+            "--out",
+            str(tmp_path / "out"),
+            "--redis",
+            evicting.url,
+            check=False,
+            timeout=60,
+        )
+    )
     assert "maxmemory-policy allkeys-lru" in err
-    worker = stack.worker(servers=["http://127.0.0.1:9"], out=tmp_path / "out", redis_url=evicting.url,
-                          args=["--allow-evicting-redis"])
+    worker = stack.worker(
+        servers=["http://127.0.0.1:9"], out=tmp_path / "out", redis_url=evicting.url, args=["--allow-evicting-redis"]
+    )
     wait_for(lambda: " ready." in worker.log() or not worker.alive(), timeout=120, what="the overridden worker")
     assert worker.alive() and "going on at your own risk" in worker.log()
 
@@ -88,11 +118,23 @@ def test_full_redis_is_one_line_and_a_rerun_loses_nothing(tmp_path, redis_server
     used = int(client.info("memory")["used_memory"])
     client.config_set("maxmemory", used + 300_000)  # noeviction: writes fail once it is full
     words = [f"w{random.Random(i).randrange(10**6)}" for i in range(4000)]
-    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": " ".join(random.Random(i).sample(words, 300))}]}
-            for i in range(400)]
+    rows = [
+        {"id": f"r{i}", "messages": [{"role": "user", "content": " ".join(random.Random(i).sample(words, 300))}]}
+        for i in range(400)
+    ]
     path = write_jsonl(tmp_path / "big.jsonl", rows)
-    args = ["enqueue", str(path), "--campaign", "full", "--tokenizer", str(tokenizer_path), "--redis",
-            redis_server.url, "--max-new-tokens", "16"]
+    args = [
+        "enqueue",
+        str(path),
+        "--campaign",
+        "full",
+        "--tokenizer",
+        str(tokenizer_path),
+        "--redis",
+        redis_server.url,
+        "--max-new-tokens",
+        "16",
+    ]
     err = one_line_error(cli(*args, check=False))
     assert "Redis is full" in err
 
@@ -101,5 +143,6 @@ def test_full_redis_is_one_line_and_a_rerun_loses_nothing(tmp_path, redis_server
     c = campaign(redis_server.url, "full")
     queued = [item.key for item in queued_items(redis_server.url)]
     assert c.progress().enqueued == 400
-    assert sorted(queued) == sorted(k.decode() for k in c.client.smembers(c.keys.enqueued)), \
+    assert sorted(queued) == sorted(k.decode() for k in c.client.smembers(c.keys.enqueued)), (
         "every claimed prompt is queued exactly once after the rerun"
+    )

@@ -41,8 +41,20 @@ def flip_byte(path: Path, offset: int) -> None:
 def run_campaign(tmp_path: Path, redis_url: str, stack, tokenizer_path: Path, name: str) -> tuple[Path, list[str], str]:
     """Enqueue with the CLI (its command is rerun later), generate with a real worker, stop it."""
     inputs = write_jsonl(tmp_path / f"{name}.jsonl", chat_rows(ROWS))
-    command = ["enqueue", str(inputs), "--campaign", name, "--tokenizer", str(tokenizer_path),
-               "--batch-size", str(BATCH), "--max-new-tokens", "48", "--redis", redis_url]
+    command = [
+        "enqueue",
+        str(inputs),
+        "--campaign",
+        name,
+        "--tokenizer",
+        str(tokenizer_path),
+        "--batch-size",
+        str(BATCH),
+        "--max-new-tokens",
+        "48",
+        "--redis",
+        redis_url,
+    ]
     cli(*command)
     _, url = stack.devserver("--mean-output-tokens", "40")
     out = tmp_path / "out"
@@ -54,8 +66,11 @@ def run_campaign(tmp_path: Path, redis_url: str, stack, tokenizer_path: Path, na
 
 def repair(folder: Path, redis_url: str, *extra: str, check: bool = True) -> dict:
     result = cli("repair", str(folder), "--redis", redis_url, "--json", *extra, check=check)
-    return json.loads(result.stdout) if result.stdout.strip() else {"stderr": result.stderr.decode(),
-                                                                       "code": result.returncode}
+    return (
+        json.loads(result.stdout)
+        if result.stdout.strip()
+        else {"stderr": result.stderr.decode(), "code": result.returncode}
+    )
 
 
 def test_flipped_byte_in_a_batch_file_loses_nothing(tmp_path, redis_server, stack, tokenizer_path):
@@ -132,8 +147,18 @@ def test_damaged_shard_prompts_read_back_go_straight_to_the_queue(tmp_path, redi
 def _record(key: str) -> Record:
     prompt = [248045, 846, 198, 1000 + len(key)]
     output = [7, 8, 9, 248046]
-    return Record(key=key, id=key, sample=0, turn=0, prompt_ids=prompt, output_ids=output, finish_reason="stop",
-                  finish_matched=248046, prompt_tokens=len(prompt), completion_tokens=len(output))
+    return Record(
+        key=key,
+        id=key,
+        sample=0,
+        turn=0,
+        prompt_ids=prompt,
+        output_ids=output,
+        finish_reason="stop",
+        finish_matched=248046,
+        prompt_tokens=len(prompt),
+        completion_tokens=len(output),
+    )
 
 
 def test_compact_keeps_sources_when_its_shard_does_not_read_back(tmp_path, monkeypatch):

@@ -25,8 +25,13 @@ def good_item(**meta) -> dict:
         "text": "hello",
         "output_ids": [5, 6, 7, 2],
         "meta_info": {
-            "id": "abc", "finish_reason": {"type": "stop", "matched": 2}, "prompt_tokens": PROMPT_LEN,
-            "completion_tokens": 4, "cached_tokens": 3, "e2e_latency": 0.25, "weight_version": "default",
+            "id": "abc",
+            "finish_reason": {"type": "stop", "matched": 2},
+            "prompt_tokens": PROMPT_LEN,
+            "completion_tokens": 4,
+            "cached_tokens": 3,
+            "e2e_latency": 0.25,
+            "weight_version": "default",
             **meta,
         },
     }
@@ -39,18 +44,28 @@ def parse(item, *, vocab_size=VOCAB, prompt_len=PROMPT_LEN) -> GeneratedItem:
 def test_a_good_item_becomes_every_record_field():
     got = parse(good_item())
     assert got == GeneratedItem(
-        output_ids=[5, 6, 7, 2], finish_type="stop", finish_matched=2, prompt_tokens=PROMPT_LEN,
-        completion_tokens=4, cached_tokens=3, e2e_latency=0.25, repaired_prefix=0, aborted=False,
+        output_ids=[5, 6, 7, 2],
+        finish_type="stop",
+        finish_matched=2,
+        prompt_tokens=PROMPT_LEN,
+        completion_tokens=4,
+        cached_tokens=3,
+        e2e_latency=0.25,
+        repaired_prefix=0,
+        aborted=False,
     )
 
 
-@pytest.mark.parametrize(("finish", "kind", "matched"), [
-    ({"type": "length", "length": 4}, "length", None),
-    ({"type": "stop", "matched": "</answer>"}, "stop", "</answer>"),
-    ({"type": "stop", "matched": None}, "stop", None),
-    ({"type": "stop"}, "stop", None),
-    ("length", "length", None),  # very old SGLang: the bare type
-])
+@pytest.mark.parametrize(
+    ("finish", "kind", "matched"),
+    [
+        ({"type": "length", "length": 4}, "length", None),
+        ({"type": "stop", "matched": "</answer>"}, "stop", "</answer>"),
+        ({"type": "stop", "matched": None}, "stop", None),
+        ({"type": "stop"}, "stop", None),
+        ("length", "length", None),  # very old SGLang: the bare type
+    ],
+)
 def test_finish_reason_shapes_sglang_sends(finish, kind, matched):
     got = parse(good_item(finish_reason=finish))
     assert (got.finish_type, got.finish_matched) == (kind, matched)

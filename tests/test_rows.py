@@ -76,7 +76,11 @@ def test_sharegpt_roles_are_mapped():
         S("s"),
         U("h"),
         A("g"),
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}],
+        },
         {"role": "tool", "content": "42"},
         A("c"),
         U("u"),
@@ -85,7 +89,13 @@ def test_sharegpt_roles_are_mapped():
 
 @pytest.mark.parametrize(
     ("alias", "role"),
-    [("bot", "assistant"), ("function", "tool"), ("function_response", "tool"), ("tool", "tool"), ("developer", "system")],
+    [
+        ("bot", "assistant"),
+        ("function", "tool"),
+        ("function_response", "tool"),
+        ("tool", "tool"),
+        ("developer", "system"),
+    ],
 )
 def test_more_role_aliases(alias, role):
     msgs = one({"conversations": [{"from": alias, "value": "x"}, {"from": "user", "value": "q"}]}).messages
@@ -140,7 +150,9 @@ def test_tool_calls_and_tool_messages_kept_and_null_keys_dropped():
 # --------------------------------------------------------------------------- id, system, tools
 
 
-@pytest.mark.parametrize(("value", "expected"), [("abc", "abc"), (3, "3"), (2.5, "2.5"), (None, "set.jsonl:7"), ("", "set.jsonl:7")])
+@pytest.mark.parametrize(
+    ("value", "expected"), [("abc", "abc"), (3, "3"), (2.5, "2.5"), (None, "set.jsonl:7"), ("", "set.jsonl:7")]
+)
 def test_row_id(value, expected):
     assert one({"id": value, "prompt": "q"}).row_id == expected
 
@@ -194,7 +206,11 @@ def test_tools_list_and_json_string():
         ({"messages": [{"content": "q"}]}, "missing-field", "messages[0].role"),
         ({"messages": [{"role": "user"}]}, "missing-field", "messages[0].content"),
         ({"messages": [{"role": "user", "content": None}]}, "missing-field", "messages[0].content"),
-        ({"conversations": [{"from": "human", "value": "q"}, {"from": "narrator", "value": "x"}]}, "unknown-role", "conversations[1].from"),
+        (
+            {"conversations": [{"from": "human", "value": "q"}, {"from": "narrator", "value": "x"}]},
+            "unknown-role",
+            "conversations[1].from",
+        ),
         ({"messages": [{"role": "critic", "content": "x"}]}, "unknown-role", "messages[0].role"),
         ({"messages": [U("q"), A("a"), U("")]}, "empty-content", "messages[2].content"),
         ({"conversations": [{"from": "human", "value": " \n"}]}, "empty-content", "conversations[0].value"),
@@ -258,16 +274,27 @@ def test_rows_read_back_from_parquet_lose_arrow_null_padding(tmp_path):
     call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     normalised = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}]
     rows = [
-        {"messages": [U("q"), {"role": "assistant", "content": None, "tool_calls": call},
-                      {"role": "tool", "content": "r", "tool_call_id": "c"}, U("q2")], "system": None},
+        {
+            "messages": [
+                U("q"),
+                {"role": "assistant", "content": None, "tool_calls": call},
+                {"role": "tool", "content": "r", "tool_call_id": "c"},
+                U("q2"),
+            ],
+            "system": None,
+        },
         {"messages": [U("hi")], "system": "S"},
     ]
     path = tmp_path / "chat.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     out = [conversations_from_row(r.data, source=r.source, line=r.line) for r in iter_source_rows([str(path)])]
     assert [c.messages for (c,) in out] == [
-        [U("q"), {"role": "assistant", "content": "", "tool_calls": normalised},
-         {"role": "tool", "content": "r", "tool_call_id": "c"}, U("q2")],
+        [
+            U("q"),
+            {"role": "assistant", "content": "", "tool_calls": normalised},
+            {"role": "tool", "content": "r", "tool_call_id": "c"},
+            U("q2"),
+        ],
         [S("S"), U("hi")],
     ]
     assert [c.row_id for (c,) in out] == ["chat.parquet:1", "chat.parquet:2"]
@@ -275,8 +302,13 @@ def test_rows_read_back_from_parquet_lose_arrow_null_padding(tmp_path):
 
 # --------------------------------------------------------------------------- tool calls and regeneration points
 
-WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 T = lambda text, call_id=None: {"role": "tool", "content": text, **({"tool_call_id": call_id} if call_id else {})}  # noqa: E731
 
 
@@ -285,8 +317,13 @@ def calls_msg(*calls, content=""):
     out = []
     for call in calls:
         name, arguments, *rest = call
-        out.append({**({"id": rest[0]} if rest else {}), "type": "function",
-                    "function": {"name": name, "arguments": arguments}})
+        out.append(
+            {
+                **({"id": rest[0]} if rest else {}),
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        )
     return {"role": "assistant", "content": content, "tool_calls": out}
 
 
@@ -300,21 +337,35 @@ def test_openai_tool_row_every_point_with_parallel_calls_and_json_string_argumen
         "tools": json.dumps([WEATHER]),
         "messages": [
             U("Weather in Paris and Köln?"),
-            {"role": "assistant", "content": None, "tool_calls": [
-                openai_call("weather", '{"city": "Paris"}', "c1"),
-                openai_call("weather", {"city": "Köln"}, "c2"),
-            ]},
-            T("18C", "c1"), T("12C", "c2"),
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    openai_call("weather", '{"city": "Paris"}', "c1"),
+                    openai_call("weather", {"city": "Köln"}, "c2"),
+                ],
+            },
+            T("18C", "c1"),
+            T("12C", "c2"),
             A("Paris 18C, Köln 12C."),
             U("And Rome?"),
-            {"role": "assistant", "content": "Checking.", "tool_calls": [openai_call("weather", '{"city":"Rome"}', "c3")]},
+            {
+                "role": "assistant",
+                "content": "Checking.",
+                "tool_calls": [openai_call("weather", '{"city":"Rome"}', "c3")],
+            },
             T("25C", "c3"),
             A("Rome 25C."),
         ],
     }
     out = convs(row, turns="all")
     assert [c.turn for c in out] == [0, 1, 2, 3]
-    assert [c.messages[-1] for c in out] == [U("Weather in Paris and Köln?"), T("12C", "c2"), U("And Rome?"), T("25C", "c3")]
+    assert [c.messages[-1] for c in out] == [
+        U("Weather in Paris and Köln?"),
+        T("12C", "c2"),
+        U("And Rome?"),
+        T("25C", "c3"),
+    ]
     assert out[1].messages[1] == calls_msg(("weather", {"city": "Paris"}, "c1"), ("weather", {"city": "Köln"}, "c2"))
     assert out[3].messages[-2] == calls_msg(("weather", {"city": "Rome"}, "c3"), content="Checking.")
     assert all(c.tools == [WEATHER] for c in out)
@@ -345,15 +396,17 @@ def test_empty_tool_result_is_still_a_point():
 
 
 def test_legacy_function_call_flattened_calls_and_parameters_key():
-    row = {"messages": [
-        U("q"),
-        {"role": "assistant", "content": "", "function_call": {"name": "f", "arguments": '{"x": 1}'}},
-        {"role": "function", "name": "f", "content": "1"},
-        {"role": "assistant", "tool_calls": [{"id": "k", "name": "g", "arguments": {"y": [1, {"z": None}]}}]},
-        T("2", "k"),
-        {"role": "assistant", "tool_calls": [{"function": {"name": "h", "parameters": {"p": "v"}}}]},
-        T("3"),
-    ]}
+    row = {
+        "messages": [
+            U("q"),
+            {"role": "assistant", "content": "", "function_call": {"name": "f", "arguments": '{"x": 1}'}},
+            {"role": "function", "name": "f", "content": "1"},
+            {"role": "assistant", "tool_calls": [{"id": "k", "name": "g", "arguments": {"y": [1, {"z": None}]}}]},
+            T("2", "k"),
+            {"role": "assistant", "tool_calls": [{"function": {"name": "h", "parameters": {"p": "v"}}}]},
+            T("3"),
+        ]
+    }
     msgs = one(row).messages
     assert msgs[1] == calls_msg(("f", {"x": 1}))
     assert msgs[2] == {"role": "tool", "content": "1", "name": "f"}
@@ -366,8 +419,15 @@ def test_sharegpt_function_calling_shapes():
         "tools": json.dumps([WEATHER]),
         "conversations": [
             {"from": "human", "value": "Paris and Rome?"},
-            {"from": "function_call", "value": json.dumps([{"name": "weather", "arguments": {"city": "Paris"}},
-                                                            {"name": "weather", "arguments": '{"city": "Rome"}'}])},
+            {
+                "from": "function_call",
+                "value": json.dumps(
+                    [
+                        {"name": "weather", "arguments": {"city": "Paris"}},
+                        {"name": "weather", "arguments": '{"city": "Rome"}'},
+                    ]
+                ),
+            },
             {"from": "observation", "value": "18C"},
             {"from": "observation", "value": "25C"},
             {"from": "gpt", "value": "Both mild."},
@@ -397,20 +457,41 @@ def test_returned_tool_calls_are_independent_copies():
     [
         ({"role": "assistant", "tool_calls": {"name": "f"}}, "wrong-type", "messages[1].tool_calls"),
         ({"role": "assistant", "tool_calls": ["f"]}, "wrong-type", "messages[1].tool_calls[0]"),
-        ({"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}, "bad-tool-call",
-         "messages[1].tool_calls[0].function.name"),
-        ({"role": "assistant", "tool_calls": [{"function": {"name": "", "arguments": "{}"}}]}, "bad-tool-call",
-         "messages[1].tool_calls[0].function.name"),
-        ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}, "bad-json",
-         "messages[1].tool_calls[0].function.arguments"),
-        ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1, 2]"}}]}, "bad-tool-call",
-         "messages[1].tool_calls[0].function.arguments"),
-        ({"role": "assistant", "tool_calls": [{"id": 7, "function": {"name": "f"}}]}, "wrong-type",
-         "messages[1].tool_calls[0].id"),
-        ({"role": "assistant", "function_call": {"name": "f", "arguments": "nope"}}, "bad-json",
-         "messages[1].function_call.arguments"),
-        ({"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}, "bad-tool-call",
-         "messages[1].tool_calls"),
+        (
+            {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
+            "bad-tool-call",
+            "messages[1].tool_calls[0].function.name",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"function": {"name": "", "arguments": "{}"}}]},
+            "bad-tool-call",
+            "messages[1].tool_calls[0].function.name",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]},
+            "bad-json",
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1, 2]"}}]},
+            "bad-tool-call",
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"id": 7, "function": {"name": "f"}}]},
+            "wrong-type",
+            "messages[1].tool_calls[0].id",
+        ),
+        (
+            {"role": "assistant", "function_call": {"name": "f", "arguments": "nope"}},
+            "bad-json",
+            "messages[1].function_call.arguments",
+        ),
+        (
+            {"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]},
+            "bad-tool-call",
+            "messages[1].tool_calls",
+        ),
         ({"role": "tool"}, "missing-field", "messages[1].content"),
     ],
 )

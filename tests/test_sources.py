@@ -125,7 +125,9 @@ def test_zstd_jsonl_multi_frame_and_truncated(tmp_path):
     compressor = zstd.ZstdCompressor()
     whole = tmp_path / "a.jsonl.zst"
     # Two concatenated frames, as produced by appending or parallel compressors.
-    whole.write_bytes(compressor.compress(_jsonl_bytes([{"i": 0}, {"i": 1}])) + compressor.compress(_jsonl_bytes([{"i": 2}])))
+    whole.write_bytes(
+        compressor.compress(_jsonl_bytes([{"i": 0}, {"i": 1}])) + compressor.compress(_jsonl_bytes([{"i": 2}]))
+    )
     assert [it.data["i"] for it in _rows([whole])] == [0, 1, 2]
 
     cut = tmp_path / "b.jsonl.zst"

@@ -51,8 +51,11 @@ def client(server: RedisServer) -> redis.Redis:
 
 def _write_campaign(client: redis.Redis) -> None:
     campaign = Campaign(client, NAME)
-    campaign.register(CampaignSettings(name=NAME, tokenizer_path="/tok", tokenizer_fingerprint="f",
-                                       chat_template_hash="h", created_at=time.time()))
+    campaign.register(
+        CampaignSettings(
+            name=NAME, tokenizer_path="/tok", tokenizer_fingerprint="f", chat_template_hash="h", created_at=time.time()
+        )
+    )
     keys = [f"k{i:03d}" for i in range(ENQUEUED)]
     campaign.claim_new(keys)
     campaign.count(rows_read=ENQUEUED + 3, rows_skipped=3, prompts=ENQUEUED)
@@ -79,9 +82,13 @@ def _write_workers(client: redis.Redis) -> None:
     second = NodeState(client, "w2@gpu-b")
     second.reset([GPU_B, "http://gpu-b:30001"])
     client.hset(second.key, "host", "gpu-b")
-    second.publish({GPU_B: ServerState(state=UNHEALTHY, since=now - 300, detail="timeout after 10 s"),
-                    "http://gpu-b:30001": ServerState(state=LOADING, since=now - 1500, detail="connection refused")},
-                   consuming=False)
+    second.publish(
+        {
+            GPU_B: ServerState(state=UNHEALTHY, since=now - 300, detail="timeout after 10 s"),
+            "http://gpu-b:30001": ServerState(state=LOADING, since=now - 1500, detail="connection refused"),
+        },
+        consuming=False,
+    )
 
 
 def test_status_figures(client: redis.Redis) -> None:
@@ -116,11 +123,39 @@ def test_view_shows_everything_listed(client: redis.Redis) -> None:
     console = Console(record=True, width=220, color_system=None)
     render_status(campaign_status(client, NAME), console=console)
     text = console.export_text()
-    for label in ("enqueued", "queued", "in flight", "done", "failed", "tokens in", "tokens out",
-                  "records/s (60s)", "tokens/s (60s)", "ETA", "failed by reason", "workers", "host", "server", "state"):
+    for label in (
+        "enqueued",
+        "queued",
+        "in flight",
+        "done",
+        "failed",
+        "tokens in",
+        "tokens out",
+        "records/s (60s)",
+        "tokens/s (60s)",
+        "ETA",
+        "failed by reason",
+        "workers",
+        "host",
+        "server",
+        "state",
+    ):
         assert label in text, label
-    for value in (f"{TOKENS_IN:,}", f"{TOKENS_OUT:,}", "prompt-too-long", "invalid-token-id", "empty-prompt 2",
-                  "gpu-a", "gpu-b", GPU_A, GPU_B, HEALTHY, UNHEALTHY, LOADING, "timeout after 10 s"):
+    for value in (
+        f"{TOKENS_IN:,}",
+        f"{TOKENS_OUT:,}",
+        "prompt-too-long",
+        "invalid-token-id",
+        "empty-prompt 2",
+        "gpu-a",
+        "gpu-b",
+        GPU_A,
+        GPU_B,
+        HEALTHY,
+        UNHEALTHY,
+        LOADING,
+        "timeout after 10 s",
+    ):
         assert value in text, value
     # Since when: the unhealthy server for 5 minutes, the loading one for 25, with the clock time.
     unhealthy_row = next(line for line in text.splitlines() if GPU_B in line)
@@ -129,9 +164,31 @@ def test_view_shows_everything_listed(client: redis.Redis) -> None:
 
 
 # Everything the view shows that wraps nowhere: it must be whole at any width.
-UNBREAKABLE = ("enqueued", "queued", "in flight", "stranded", "done", "failed", "tokens in", "records/s (60s)", "ETA",
-               "failed by reason", "workers", f"{TOKENS_IN:,}", f"{TOKENS_OUT:,}", "prompt-too-long", "empty-prompt 2",
-               "w1@gpu-a", "w2@gpu-b", GPU_A, GPU_B, "http://gpu-b:30001", HEALTHY, UNHEALTHY, LOADING)
+UNBREAKABLE = (
+    "enqueued",
+    "queued",
+    "in flight",
+    "stranded",
+    "done",
+    "failed",
+    "tokens in",
+    "records/s (60s)",
+    "ETA",
+    "failed by reason",
+    "workers",
+    f"{TOKENS_IN:,}",
+    f"{TOKENS_OUT:,}",
+    "prompt-too-long",
+    "empty-prompt 2",
+    "w1@gpu-a",
+    "w2@gpu-b",
+    GPU_A,
+    GPU_B,
+    "http://gpu-b:30001",
+    HEALTHY,
+    UNHEALTHY,
+    LOADING,
+)
 
 
 def _assert_fits(text: str, width: int) -> None:
@@ -153,8 +210,9 @@ def test_view_fits_narrow_consoles(client: redis.Redis, width: int) -> None:
 
 def test_status_piped_is_80_columns_and_whole(server: RedisServer, client: redis.Redis) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    result = subprocess.run([*CLI, "status", NAME, "--redis", server.url], capture_output=True, text=True, env=env,
-                            timeout=60)
+    result = subprocess.run(
+        [*CLI, "status", NAME, "--redis", server.url], capture_output=True, text=True, env=env, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     _assert_fits(result.stdout, 80)
 
@@ -188,8 +246,9 @@ def test_watch_survives_a_redis_outage() -> None:
         _write_campaign(client)
         _write_workers(client)
         console = Console(record=True, width=220, color_system=None)
-        watch_status(client, NAME, interval=0, as_json=False, console=console, refreshes=2,
-                     sleep=lambda _: outage.stop())
+        watch_status(
+            client, NAME, interval=0, as_json=False, console=console, refreshes=2, sleep=lambda _: outage.stop()
+        )
         text = console.export_text()
     finally:
         outage.stop()
@@ -198,8 +257,13 @@ def test_watch_survives_a_redis_outage() -> None:
 
 
 def test_watch_json_streams_lines_until_interrupted(server: RedisServer, client: redis.Redis) -> None:
-    proc = subprocess.Popen([*CLI, "status", NAME, "--watch", "--json", "--interval", "0.2", "--redis", server.url],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    proc = subprocess.Popen(
+        [*CLI, "status", NAME, "--watch", "--json", "--interval", "0.2", "--redis", server.url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     try:
         lines = [proc.stdout.readline() for _ in range(2)]
         assert all(json.loads(line)["campaign"] == NAME for line in lines)
@@ -212,8 +276,9 @@ def test_watch_json_streams_lines_until_interrupted(server: RedisServer, client:
             proc.wait()
 
 
-@pytest.mark.parametrize("seconds, shown", [(None, "-"), (5, "5s"), (600, "10m"), (3 * 3600 + 300, "3h05m"),
-                                            (3 * 86400 + 4 * 3600, "3d04h")])
+@pytest.mark.parametrize(
+    "seconds, shown", [(None, "-"), (5, "5s"), (600, "10m"), (3 * 3600 + 300, "3h05m"), (3 * 86400 + 4 * 3600, "3d04h")]
+)
 def test_format_duration(seconds, shown) -> None:
     assert format_duration(seconds) == shown
 

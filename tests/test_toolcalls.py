@@ -29,20 +29,47 @@ from eagle_synth.toolcalls.values import convert_value, parameter_schemas, schem
 from tests.fixture_tokenizer import package_model_dir
 
 TOOLS = [
-    {"type": "function", "function": {"name": "weather", "description": "Forecast", "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "search", "parameters": {
-        "type": "object",
-        "properties": {"query": {"type": "string"}, "filters": {"type": "object"}, "limit": {"type": ["integer", "null"]},
-                       "ratio": {"type": "number"}, "tags": {"type": "array", "items": {"type": "string"}}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "Forecast",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "filters": {"type": "object"},
+                    "limit": {"type": ["integer", "null"]},
+                    "ratio": {"type": "number"},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
 ]
 # Parallel calls with unicode, a multi-line string with quotes, nested JSON, booleans and numbers.
 CALLS = [
     {"name": "weather", "arguments": {"city": "Köln 東京", "days": 3, "metric": True}},
-    {"name": "search", "arguments": {"query": 'say "hi"\nthen <b>bye</b>', "filters": {"lang": ["de", "ja"], "range": {"from": 1, "to": 2.5}},
-                                     "ratio": 0.25, "tags": ["ä", "b"]}},
+    {
+        "name": "search",
+        "arguments": {
+            "query": 'say "hi"\nthen <b>bye</b>',
+            "filters": {"lang": ["de", "ja"], "range": {"from": 1, "to": 2.5}},
+            "ratio": 0.25,
+            "tags": ["ä", "b"],
+        },
+    },
 ]
 USER = {"role": "user", "content": "Weather in Köln, then search."}
 
@@ -61,15 +88,25 @@ def renderer(tokenizer):
     def render(template: str, messages: list[dict], *, plain_jinja: bool = False) -> str:
         if plain_jinja:  # transformers 5 refuses null content, which DeepSeek-V3's template needs for calls
             env = jinja2.Environment()
-            return env.from_string(template).render(messages=messages, tools=TOOLS, bos_token="", add_generation_prompt=False)
+            return env.from_string(template).render(
+                messages=messages, tools=TOOLS, bos_token="", add_generation_prompt=False
+            )
         return tokenizer.apply_chat_template(messages, tools=TOOLS, chat_template=template, tokenize=False)
+
     return render
 
 
 def openai_calls(calls: list[dict], *, string_arguments: bool) -> list[dict]:
-    return [{"type": "function", "function": {
-        "name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False) if string_arguments else c["arguments"]}}
-        for c in calls]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": c["name"],
+                "arguments": json.dumps(c["arguments"], ensure_ascii=False) if string_arguments else c["arguments"],
+            },
+        }
+        for c in calls
+    ]
 
 
 # (package folder, family, assistant header the answer follows, template wants string arguments, null content)
@@ -89,20 +126,35 @@ REAL_TEMPLATES = [
 
 def rendered_answer(render, folder, header, *, content, calls, string_arguments, null_content) -> tuple[str, str]:
     """(whole rendered conversation, the assistant's answer text after its header)."""
-    message = {"role": "assistant", "content": None if null_content else content,
-               "tool_calls": openai_calls(calls, string_arguments=string_arguments)}
+    message = {
+        "role": "assistant",
+        "content": None if null_content else content,
+        "tool_calls": openai_calls(calls, string_arguments=string_arguments),
+    }
     text = render(template_of(folder), [USER, message], plain_jinja=null_content)
     assert header in text, f"{folder}: no assistant header in {text[-300:]!r}"
     return text, text.rsplit(header, 1)[1]
 
 
-@pytest.mark.parametrize(("folder", "family", "header", "string_arguments", "null_content", "content"), [
-    (*case, content) for case in REAL_TEMPLATES for content in ("Let me check.", "")
-    if not (case[4] and content)  # DeepSeek-V3's template renders calls only for null content
-])
+@pytest.mark.parametrize(
+    ("folder", "family", "header", "string_arguments", "null_content", "content"),
+    [
+        (*case, content)
+        for case in REAL_TEMPLATES
+        for content in ("Let me check.", "")
+        if not (case[4] and content)  # DeepSeek-V3's template renders calls only for null content
+    ],
+)
 def test_real_template_round_trip(renderer, folder, family, header, string_arguments, null_content, content):
-    whole, answer = rendered_answer(renderer, folder, header, content=content, calls=CALLS,
-                                    string_arguments=string_arguments, null_content=null_content)
+    whole, answer = rendered_answer(
+        renderer,
+        folder,
+        header,
+        content=content,
+        calls=CALLS,
+        string_arguments=string_arguments,
+        null_content=null_content,
+    )
     assert detect_tool_format(template_of(folder)) == family
     reasoning, after = split_reasoning(answer)
     parsed = parse_tool_calls(after, family=family, tools=TOOLS)
@@ -117,14 +169,20 @@ def test_real_template_round_trip(renderer, folder, family, header, string_argum
 
 @pytest.mark.parametrize(("folder", "family", "header", "string_arguments", "null_content"), REAL_TEMPLATES)
 def test_cut_answers_never_invent_or_alter_calls(renderer, folder, family, header, string_arguments, null_content):
-    _, answer = rendered_answer(renderer, folder, header, content="", calls=CALLS,
-                                string_arguments=string_arguments, null_content=null_content)
+    _, answer = rendered_answer(
+        renderer, folder, header, content="", calls=CALLS, string_arguments=string_arguments, null_content=null_content
+    )
     _, after = split_reasoning(answer)
     full = parse_tool_calls(after, family=family, tools=TOOLS)
     assert full.tool_calls == CALLS
-    marker = {"qwen3_coder": "<tool_call>", "hermes": "<tool_call>", "glm45": "<tool_call>",
-              "deepseek_v3": "<｜tool▁calls▁begin｜>", "deepseek_v31": "<｜tool▁calls▁begin｜>",
-              "minimax_m2": "<minimax:tool_call>"}[family]
+    marker = {
+        "qwen3_coder": "<tool_call>",
+        "hermes": "<tool_call>",
+        "glm45": "<tool_call>",
+        "deepseek_v3": "<｜tool▁calls▁begin｜>",
+        "deepseek_v31": "<｜tool▁calls▁begin｜>",
+        "minimax_m2": "<minimax:tool_call>",
+    }[family]
     calls_end = len(_strip_end_markers(after, FORMATS[family].end_markers))
     outcomes = set()
     for cut in range(after.index(marker) + len(marker), calls_end):
@@ -144,7 +202,7 @@ KIMI_ANSWER = (
     "I'll look both up."
     "<|tool_calls_section_begin|>"
     '<|tool_call_begin|>functions.weather:0<|tool_call_argument_begin|>{"city": "Köln 東京", "days": 3, "metric": true}<|tool_call_end|>'
-    '<|tool_call_begin|>functions.search:1<|tool_call_argument_begin|>'
+    "<|tool_call_begin|>functions.search:1<|tool_call_argument_begin|>"
     + json.dumps(CALLS[1]["arguments"], ensure_ascii=False)
     + "<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
 )
@@ -156,22 +214,29 @@ def test_kimi_k2_parallel_calls_keep_their_ids():
     assert parsed.tool_calls == [{"id": "functions.weather:0", **CALLS[0]}, {"id": "functions.search:1", **CALLS[1]}]
 
 
-@pytest.mark.parametrize(("answer", "problem"), [
-    (KIMI_ANSWER.replace("<|tool_calls_section_end|>", ""), "tool_calls_section_end"),
-    (KIMI_ANSWER.replace("functions.weather:0", "weather"), "functions.NAME:INDEX"),
-    (KIMI_ANSWER.replace('"days": 3,', '"days": 3,,'), "not valid JSON"),
-    (KIMI_ANSWER[:KIMI_ANSWER.index("<|tool_call_end|>")], "truncated"),
-    (KIMI_ANSWER.replace("<|im_end|>", " and more text"), "text after"),
-])
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (KIMI_ANSWER.replace("<|tool_calls_section_end|>", ""), "tool_calls_section_end"),
+        (KIMI_ANSWER.replace("functions.weather:0", "weather"), "functions.NAME:INDEX"),
+        (KIMI_ANSWER.replace('"days": 3,', '"days": 3,,'), "not valid JSON"),
+        (KIMI_ANSWER[: KIMI_ANSWER.index("<|tool_call_end|>")], "truncated"),
+        (KIMI_ANSWER.replace("<|im_end|>", " and more text"), "text after"),
+    ],
+)
 def test_kimi_k2_malformed(answer, problem):
     parsed = parse_tool_calls(answer, family="kimi_k2")
     assert parsed.unparsed and problem in parsed.problem
 
 
 def test_kimi_k2_id_without_functions_prefix_and_dotted_name():
-    answer = ("<|tool_calls_section_begin|><|tool_call_begin|> ns.tool:2 <|tool_call_argument_begin|>{}"
-              "<|tool_call_end|><|tool_calls_section_end|>")
-    assert parse_tool_calls(answer, family="kimi_k2").tool_calls == [{"id": "ns.tool:2", "name": "ns.tool", "arguments": {}}]
+    answer = (
+        "<|tool_calls_section_begin|><|tool_call_begin|> ns.tool:2 <|tool_call_argument_begin|>{}"
+        "<|tool_call_end|><|tool_calls_section_end|>"
+    )
+    assert parse_tool_calls(answer, family="kimi_k2").tool_calls == [
+        {"id": "ns.tool:2", "name": "ns.tool", "arguments": {}}
+    ]
 
 
 def test_minimax_m1_json_lines_and_pretty_json():
@@ -185,9 +250,13 @@ def test_minimax_m1_json_lines_and_pretty_json():
 
 
 def test_deepseek_v3_single_call_hand_sample():
-    answer = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>weather\n```json\n"
-              '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
-    assert parse_tool_calls(answer, family="deepseek_v3").tool_calls == [{"name": "weather", "arguments": {"city": "Paris"}}]
+    answer = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>weather\n```json\n"
+        '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'
+    )
+    assert parse_tool_calls(answer, family="deepseek_v3").tool_calls == [
+        {"name": "weather", "arguments": {"city": "Paris"}}
+    ]
     # the V3.1 parser does not take the V3 shape, nor the other way round
     assert parse_tool_calls(answer, family="deepseek_v31").unparsed
     v31 = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
@@ -203,19 +272,28 @@ def test_answer_without_calls_is_all_content(family):
     assert parse_tool_calls("  Just text.\n", family=family) == ParsedAnswer(content="Just text.")
 
 
-@pytest.mark.parametrize(("family", "answer"), [
-    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\nDone.'),
-    ("hermes", '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'),
-    ("hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>'),
-    ("hermes", '<tool_call>\n{"name": "f", "arguments": "{bad"}\n</tool_call>'),
-    ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</tool_call>"),
-    ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>"),
-    ("qwen3_coder", "<tool_call>\n<function=two words>\n</function>\n</tool_call>"),
-    ("glm45", "<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>"),
-    ("glm45", "<tool_call>\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"),
-    ("minimax_m2", '<minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n</minimax:tool_call>'),
-    ("deepseek_v31", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}"),
-])
+@pytest.mark.parametrize(
+    ("family", "answer"),
+    [
+        ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\nDone.'),
+        ("hermes", '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'),
+        ("hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>'),
+        ("hermes", '<tool_call>\n{"name": "f", "arguments": "{bad"}\n</tool_call>'),
+        ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</tool_call>"),
+        (
+            "qwen3_coder",
+            "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>",
+        ),
+        ("qwen3_coder", "<tool_call>\n<function=two words>\n</function>\n</tool_call>"),
+        ("glm45", "<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>"),
+        ("glm45", "<tool_call>\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"),
+        (
+            "minimax_m2",
+            '<minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n</minimax:tool_call>',
+        ),
+        ("deepseek_v31", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}"),
+    ],
+)
 def test_malformed_calls_are_unparsed_not_raised(family, answer):
     parsed = parse_tool_calls(answer, family=family)
     assert parsed.unparsed and parsed.problem
@@ -224,20 +302,28 @@ def test_malformed_calls_are_unparsed_not_raised(family, answer):
 def test_hermes_accepts_json_string_arguments_and_parameters_key():
     answer = '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call><tool_call>{"name": "g", "parameters": {"b": 2}}</tool_call>'
     assert parse_tool_calls(answer, family="hermes").tool_calls == [
-        {"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"b": 2}}]
+        {"name": "f", "arguments": {"a": 1}},
+        {"name": "g", "arguments": {"b": 2}},
+    ]
 
 
 def test_glm_untyped_arguments_are_read_as_json_when_they_parse():
-    answer = "<tool_call>f<arg_key>n</arg_key><arg_value>7</arg_value><arg_key>o</arg_key><arg_value>{\"k\": [1]}</arg_value>" \
-             "<arg_key>s</arg_key><arg_value>plain text</arg_value></tool_call>"
-    assert parse_tool_calls(answer, family="glm45").tool_calls == [{"name": "f", "arguments": {"n": 7, "o": {"k": [1]}, "s": "plain text"}}]
+    answer = (
+        '<tool_call>f<arg_key>n</arg_key><arg_value>7</arg_value><arg_key>o</arg_key><arg_value>{"k": [1]}</arg_value>'
+        "<arg_key>s</arg_key><arg_value>plain text</arg_value></tool_call>"
+    )
+    assert parse_tool_calls(answer, family="glm45").tool_calls == [
+        {"name": "f", "arguments": {"n": 7, "o": {"k": [1]}, "s": "plain text"}}
+    ]
 
 
 def test_qwen3_coder_untyped_arguments_stay_text():
     answer = "<tool_call>\n<function=f>\n<parameter=n>\n7\n</parameter>\n</function>\n</tool_call>"
     assert parse_tool_calls(answer, family="qwen3_coder").tool_calls == [{"name": "f", "arguments": {"n": "7"}}]
     typed = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}}}]
-    assert parse_tool_calls(answer, family="qwen3_coder", tools=typed).tool_calls == [{"name": "f", "arguments": {"n": 7}}]
+    assert parse_tool_calls(answer, family="qwen3_coder", tools=typed).tool_calls == [
+        {"name": "f", "arguments": {"n": 7}}
+    ]
 
 
 def test_unknown_family_is_a_value_error():
@@ -248,13 +334,27 @@ def test_unknown_family_is_a_value_error():
 # --------------------------------------------------------------------------- detection
 
 
-@pytest.mark.parametrize(("folder", "family"), [
-    ("qwen-3.5", "qwen3_coder"), ("qwen-3.6", "qwen3_coder"), ("qwen-3", "hermes"), ("qwen-2.5", "hermes"),
-    ("qwq-32b", "hermes"), ("deepseek-v3", "deepseek_v3"), ("deepseek-r1", "deepseek_v3"),
-    ("deepseek-v3.1", "deepseek_v31"), ("glm-4.5v", "glm45"), ("glm-4.7-flash", "glm45"), ("glm-5.1", "glm45"),
-    ("minimax", "minimax_m2"), ("minimax-m1-40k", "minimax_m1"),
-    ("minimax-m3", None), ("glm-4-9b-0414", None), ("deepseek-v2", None),
-])
+@pytest.mark.parametrize(
+    ("folder", "family"),
+    [
+        ("qwen-3.5", "qwen3_coder"),
+        ("qwen-3.6", "qwen3_coder"),
+        ("qwen-3", "hermes"),
+        ("qwen-2.5", "hermes"),
+        ("qwq-32b", "hermes"),
+        ("deepseek-v3", "deepseek_v3"),
+        ("deepseek-r1", "deepseek_v3"),
+        ("deepseek-v3.1", "deepseek_v31"),
+        ("glm-4.5v", "glm45"),
+        ("glm-4.7-flash", "glm45"),
+        ("glm-5.1", "glm45"),
+        ("minimax", "minimax_m2"),
+        ("minimax-m1-40k", "minimax_m1"),
+        ("minimax-m3", None),
+        ("glm-4-9b-0414", None),
+        ("deepseek-v2", None),
+    ],
+)
 def test_detect_tool_format_from_real_templates(folder, family):
     assert detect_tool_format(template_of(folder)) == family
 
@@ -285,38 +385,52 @@ def test_schema_types():
     assert schema_types(None) == set() and schema_types({"description": "x"}) == set()
 
 
-@pytest.mark.parametrize(("raw", "schema", "untyped", "value"), [
-    ("42", {"type": "integer"}, "string", 42),
-    ("4.0", {"type": "number"}, "string", 4.0),
-    ("4", {"type": "number"}, "string", 4),
-    ("nan", {"type": "number"}, "string", "nan"),
-    ("True", {"type": "boolean"}, "string", True),
-    ("false", {"type": "boolean"}, "string", False),
-    ("maybe", {"type": "boolean"}, "string", "maybe"),
-    ("null", {"type": ["integer", "null"]}, "string", None),
-    ("null", {"type": "string"}, "string", "null"),
-    ('{"a": [1]}', {"type": "object"}, "string", {"a": [1]}),
-    ("[1, 2]", {"type": "object"}, "string", "[1, 2]"),
-    (" spaced ", {"type": "string"}, "string", " spaced "),
-    ("42", None, "string", "42"),
-    ("42", None, "json", 42),
-    ("not json", None, "json", "not json"),
-])
+@pytest.mark.parametrize(
+    ("raw", "schema", "untyped", "value"),
+    [
+        ("42", {"type": "integer"}, "string", 42),
+        ("4.0", {"type": "number"}, "string", 4.0),
+        ("4", {"type": "number"}, "string", 4),
+        ("nan", {"type": "number"}, "string", "nan"),
+        ("True", {"type": "boolean"}, "string", True),
+        ("false", {"type": "boolean"}, "string", False),
+        ("maybe", {"type": "boolean"}, "string", "maybe"),
+        ("null", {"type": ["integer", "null"]}, "string", None),
+        ("null", {"type": "string"}, "string", "null"),
+        ('{"a": [1]}', {"type": "object"}, "string", {"a": [1]}),
+        ("[1, 2]", {"type": "object"}, "string", "[1, 2]"),
+        (" spaced ", {"type": "string"}, "string", " spaced "),
+        ("42", None, "string", "42"),
+        ("42", None, "json", 42),
+        ("not json", None, "json", "not json"),
+    ],
+)
 def test_convert_value(raw, schema, untyped, value):
     assert convert_value(raw, schema, untyped=untyped) == value
 
 
 def test_parameter_schemas_accept_bare_functions_and_skip_junk():
-    tools = [TOOLS[0], {"name": "bare", "parameters": {"properties": {"x": {"type": "integer"}}}}, "junk", {"type": "function"}]
-    assert parameter_schemas(tools) == {"weather": TOOLS[0]["function"]["parameters"]["properties"], "bare": {"x": {"type": "integer"}}}
+    tools = [
+        TOOLS[0],
+        {"name": "bare", "parameters": {"properties": {"x": {"type": "integer"}}}},
+        "junk",
+        {"type": "function"},
+    ]
+    assert parameter_schemas(tools) == {
+        "weather": TOOLS[0]["function"]["parameters"]["properties"],
+        "bare": {"x": {"type": "integer"}},
+    }
 
 
-@pytest.mark.parametrize(("text", "split"), [
-    ("\nthinking hard\n</think>\n\nThe answer.", ("thinking hard", "The answer.")),
-    ("<think>\nself-opened\n</think>answer", ("self-opened", "answer")),
-    ("no reasoning here ", ("", "no reasoning here")),
-    ("a</think>b</think>c", ("a", "b</think>c")),
-])
+@pytest.mark.parametrize(
+    ("text", "split"),
+    [
+        ("\nthinking hard\n</think>\n\nThe answer.", ("thinking hard", "The answer.")),
+        ("<think>\nself-opened\n</think>answer", ("self-opened", "answer")),
+        ("no reasoning here ", ("", "no reasoning here")),
+        ("a</think>b</think>c", ("a", "b</think>c")),
+    ],
+)
 def test_split_reasoning(text, split):
     assert tuple(split_reasoning(text)) == split
 
@@ -332,10 +446,20 @@ def test_with_text_arguments_only_touches_object_arguments():
     assert with_text_arguments(plain) is None
     already = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]
     assert with_text_arguments(already) is None
-    objects = [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "x", "type": "function", "function": {"name": "f", "arguments": {"city": "Köln"}}}]}]
-    assert with_text_arguments(objects) == [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "x", "type": "function", "function": {"name": "f", "arguments": '{"city": "Köln"}'}}]}]
+    objects = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": {"city": "Köln"}}}],
+        }
+    ]
+    assert with_text_arguments(objects) == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": '{"city": "Köln"}'}}],
+        }
+    ]
     assert objects[0]["tool_calls"][0]["function"]["arguments"] == {"city": "Köln"}, "input left as it was"
 
 

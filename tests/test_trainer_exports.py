@@ -105,8 +105,12 @@ def test_hf_folder_has_every_record_field_and_equals_the_parquet_export(campaign
     for row in saved:
         record = records[row["key"]]
         assert (row["input_ids"], row["loss_mask"]) == expected_row(record)
-        assert (row["id"], row["turn"], row["finish_reason"], row["server"]) == \
-            (record.id, record.turn, record.finish_reason, record.server)
+        assert (row["id"], row["turn"], row["finish_reason"], row["server"]) == (
+            record.id,
+            record.turn,
+            record.finish_reason,
+            record.server,
+        )
         # A map becomes JSON text, so every row has one type.
         assert json.loads(row["sampling"]) == record.sampling
         assert (None if row["finish_matched"] is None else json.loads(row["finish_matched"])) == record.finish_matched
@@ -151,7 +155,9 @@ def test_nothing_kept_still_writes_loadable_datasets(campaign, tmp_path):
     assert result.rows == 0
     assert datasets.load_from_disk(str(tmp_path / "hf")).num_rows == 0
     # One row, two splits: one of them is empty and must load all the same.
-    one = export_records(folder, tmp_path / "split", format="hf", filters=ExportFilters(sample=1, splits=(("test", 0.5),)))
+    one = export_records(
+        folder, tmp_path / "split", format="hf", filters=ExportFilters(sample=1, splits=(("test", 0.5),))
+    )
     loaded = datasets.load_from_disk(str(tmp_path / "split"))
     assert sorted(loaded[name].num_rows for name in loaded) == [0, 1] == sorted(one.split_rows.values())
 
@@ -161,7 +167,9 @@ def test_export_streams_rows_out_before_the_input_ends(campaign, tmp_path, monke
     monkeypatch.setattr(export_module, "ROW_GROUP_ROWS", 10)
     handed_to_writer = []
     real_lines = export_module.specforge_lines
-    monkeypatch.setattr(export_module, "specforge_lines", lambda group: handed_to_writer.extend(group) or real_lines(group))
+    monkeypatch.setattr(
+        export_module, "specforge_lines", lambda group: handed_to_writer.extend(group) or real_lines(group)
+    )
     from eagle_synth.records import iter_raw_records
 
     written_while_reading = []
@@ -181,8 +189,22 @@ def test_export_streams_rows_out_before_the_input_ends(campaign, tmp_path, monke
 def test_cli_exports_for_trainers_and_says_what_is_wrong(campaign, tmp_path):
     folder, _ = campaign
     runner = CliRunner()
-    ok = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "spec"), "--format", "speculators",
-                             "--max-length", "12", "--split", "test=0.2", "--json"])
+    ok = runner.invoke(
+        app,
+        [
+            "export",
+            str(folder),
+            "--out",
+            str(tmp_path / "spec"),
+            "--format",
+            "speculators",
+            "--max-length",
+            "12",
+            "--split",
+            "test=0.2",
+            "--json",
+        ],
+    )
     assert ok.exit_code == 0, ok.output
     summary = json.loads(ok.stdout)
     assert summary["format"] == "speculators" and set(summary["splits"]) == {"train", "test"}
@@ -201,8 +223,9 @@ def test_cli_exports_for_trainers_and_says_what_is_wrong(campaign, tmp_path):
 
 def test_parquet_split_shards_are_named_for_load_dataset(campaign, tmp_path):
     folder, records = campaign
-    result = export_records(folder, tmp_path / "pq", format="parquet", shard_rows=30,
-                            filters=ExportFilters(splits=(("test", 0.3),)))
+    result = export_records(
+        folder, tmp_path / "pq", format="parquet", shard_rows=30, filters=ExportFilters(splits=(("test", 0.3),))
+    )
     names = sorted(p.name for p in result.paths)
     assert names[0].startswith("test-00000") and "train-00000.parquet" in names
     # `datasets` maps train-*/test-* file names to splits by itself.

@@ -24,8 +24,9 @@ from eagle_synth.tools.verify import CHECKS, verify_campaign
 @pytest.fixture(scope="module")
 def ids(tokenizer):
     """Real ids: a templated prompt ending in `<think>\\n`, reasoning, `</think>`, an answer, EOS."""
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}],
-                                           add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -33,15 +34,30 @@ def ids(tokenizer):
     think_open, think_close = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     assert prompt[-2:] == [think_open] + encode("\n")  # the Qwen3.5 template opens the think block
     reasoning, answer = encode("Two plus two makes four."), encode("\n\n2 + 2 = 4.")
-    return {"prompt": list(prompt), "reasoning": reasoning, "answer": answer, "close": think_close,
-            "eos": tokenizer.eos_token_id, "vocab": len(tokenizer)}
+    return {
+        "prompt": list(prompt),
+        "reasoning": reasoning,
+        "answer": answer,
+        "close": think_close,
+        "eos": tokenizer.eos_token_id,
+        "vocab": len(tokenizer),
+    }
 
 
 def rec(ids, key: str, *, output=None, **extra) -> Record:
     output = output if output is not None else ids["reasoning"] + [ids["close"]] + ids["answer"] + [ids["eos"]]
-    values = dict(key=key, id=key, sample=0, turn=0, prompt_ids=ids["prompt"], output_ids=output,
-                  finish_reason="stop", finish_matched=ids["eos"], prompt_tokens=len(ids["prompt"]),
-                  completion_tokens=len(output))
+    values = dict(
+        key=key,
+        id=key,
+        sample=0,
+        turn=0,
+        prompt_ids=ids["prompt"],
+        output_ids=output,
+        finish_reason="stop",
+        finish_matched=ids["eos"],
+        prompt_tokens=len(ids["prompt"]),
+        completion_tokens=len(output),
+    )
     values.update(extra)
     return Record(**values)
 
@@ -54,9 +70,14 @@ def clean_campaign(tmp_path, ids, n: int = 6):
 
 def test_a_clean_campaign_passes_with_its_figures(tmp_path, ids, tokenizer):
     folder = clean_campaign(tmp_path, ids)
-    write_record_file(folder, campaign="camp", batch="bb",
-                      records=[rec(ids, "99bb", output=ids["reasoning"][:3], finish_reason="length", finish_matched=None,
-                                   backend="vllm")])
+    write_record_file(
+        folder,
+        campaign="camp",
+        batch="bb",
+        records=[
+            rec(ids, "99bb", output=ids["reasoning"][:3], finish_reason="length", finish_matched=None, backend="vllm")
+        ],
+    )
     report = verify_campaign(folder, tokenizer=tokenizer)
     assert report["ok"] and report["errors"] == 0 and report["warnings"] == 0
     assert report["records"] == 7 and report["finish_reasons"] == {"length": 1, "stop": 6}
@@ -64,20 +85,39 @@ def test_a_clean_campaign_passes_with_its_figures(tmp_path, ids, tokenizer):
     assert report["truncated_share"] == pytest.approx(1 / 7, abs=1e-5)
     assert report["reasoning"]["prompts_open_think"] == 7 and report["reasoning"]["closed_in_output"] == 6
     assert report["settings"]["vocab_size"] == ids["vocab"] and report["settings"]["eos_token_ids"] == [ids["eos"]]
-    assert set(report) == {"campaign", "ok", "errors", "warnings", "format_version", "files", "records", "tokens",
-                           "finish_reasons", "backends", "truncated_share", "reasoning", "conversations", "settings",
-                           "checks",
-                           "damaged"}
+    assert set(report) == {
+        "campaign",
+        "ok",
+        "errors",
+        "warnings",
+        "format_version",
+        "files",
+        "records",
+        "tokens",
+        "finish_reasons",
+        "backends",
+        "truncated_share",
+        "reasoning",
+        "conversations",
+        "settings",
+        "checks",
+        "damaged",
+    }
     assert list(report["checks"]) == list(CHECKS)
 
 
 def test_hard_errors_are_counted_with_examples(tmp_path, ids, tokenizer):
     folder = clean_campaign(tmp_path, ids, n=2)
-    write_record_file(folder, campaign="camp", batch="bb", records=[
-        rec(ids, "00aa"),                                                    # the key of batch aa again
-        rec(ids, "oov", output=[ids["vocab"] + 5, ids["eos"]]),               # beyond the vocabulary
-        rec(ids, "count", completion_tokens=99),                              # disagrees with the output
-    ])
+    write_record_file(
+        folder,
+        campaign="camp",
+        batch="bb",
+        records=[
+            rec(ids, "00aa"),  # the key of batch aa again
+            rec(ids, "oov", output=[ids["vocab"] + 5, ids["eos"]]),  # beyond the vocabulary
+            rec(ids, "count", completion_tokens=99),  # disagrees with the output
+        ],
+    )
     bad = write_record_file(folder, campaign="camp", batch="cc", records=[rec(ids, "lost")])
     bad.write_bytes(bad.read_bytes()[:-12])
     report = verify_campaign(folder, tokenizer=tokenizer)
@@ -91,12 +131,17 @@ def test_hard_errors_are_counted_with_examples(tmp_path, ids, tokenizer):
 
 def test_warnings_stop_without_eos_empty_output_and_a_stop_string(tmp_path, ids, tokenizer):
     folder = tmp_path / "camp"
-    write_record_file(folder, campaign="camp", batch="aa", records=[
-        rec(ids, "noeos", output=ids["reasoning"] + [ids["close"]] + ids["answer"]),
-        rec(ids, "empty", output=[], finish_reason="length", finish_matched=None),
-        rec(ids, "string", output=ids["reasoning"] + [ids["close"]] + ids["answer"], finish_matched="\n\n"),
-        rec(ids, "custom", output=ids["reasoning"] + [ids["close"], 1234], sampling={"stop_token_ids": [1234]}),
-    ])
+    write_record_file(
+        folder,
+        campaign="camp",
+        batch="aa",
+        records=[
+            rec(ids, "noeos", output=ids["reasoning"] + [ids["close"]] + ids["answer"]),
+            rec(ids, "empty", output=[], finish_reason="length", finish_matched=None),
+            rec(ids, "string", output=ids["reasoning"] + [ids["close"]] + ids["answer"], finish_matched="\n\n"),
+            rec(ids, "custom", output=ids["reasoning"] + [ids["close"], 1234], sampling={"stop_token_ids": [1234]}),
+        ],
+    )
     report = verify_campaign(folder, tokenizer=tokenizer)
     assert report["ok"] and report["warnings"] == 2
     assert report["checks"]["stop_without_eos"]["examples"] == ["noeos"]
@@ -106,7 +151,9 @@ def test_warnings_stop_without_eos_empty_output_and_a_stop_string(tmp_path, ids,
 def test_stripped_reasoning_is_flagged_and_strict_fails_on_it(tmp_path, ids, tokenizer_path):
     folder = tmp_path / "camp"
     stripped = ids["answer"] + [ids["eos"]]  # what text rebuilt from a reasoning parser's content gives
-    write_record_file(folder, campaign="camp", batch="aa", records=[rec(ids, f"s{i}", output=stripped) for i in range(4)])
+    write_record_file(
+        folder, campaign="camp", batch="aa", records=[rec(ids, f"s{i}", output=stripped) for i in range(4)]
+    )
     runner = CliRunner()
     result = runner.invoke(app, ["verify", str(folder), "--tokenizer", str(tokenizer_path), "--json"])
     assert result.exit_code == 0, result.output
@@ -123,10 +170,21 @@ def test_manifest_settings_suffice_and_a_foreign_tokenizer_is_noticed(tmp_path, 
     runner = CliRunner()
     missing = runner.invoke(app, ["verify", str(folder)])
     assert missing.exit_code == 2 and "--tokenizer" in missing.output
-    write_manifest(folder, {"format_version": 2, "settings": {
-        "vocab_size": 4000, "eos_token_ids": [ids["eos"]], "think_open_id": None, "think_close_id": None,
-        "tokenizer_fingerprint": "0000000000000000", "tokenizer_path": "/elsewhere", "sampling": {"stop_token_ids": []},
-    }})
+    write_manifest(
+        folder,
+        {
+            "format_version": 2,
+            "settings": {
+                "vocab_size": 4000,
+                "eos_token_ids": [ids["eos"]],
+                "think_open_id": None,
+                "think_close_id": None,
+                "tokenizer_fingerprint": "0000000000000000",
+                "tokenizer_path": "/elsewhere",
+                "sampling": {"stop_token_ids": []},
+            },
+        },
+    )
     from_manifest = runner.invoke(app, ["verify", str(folder), "--json"])
     report = json.loads(from_manifest.stdout)
     assert from_manifest.exit_code == 1 and report["settings"]["from"] == "manifest"
@@ -137,7 +195,7 @@ def test_manifest_settings_suffice_and_a_foreign_tokenizer_is_noticed(tmp_path, 
 
 def test_render_highlights_specials_and_marks_the_boundary(ids, tokenizer):
     text = render_ids(tokenizer, ids["prompt"])
-    highlighted = {text.plain[span.start:span.end] for span in text.spans if span.style == SPECIAL_STYLE}
+    highlighted = {text.plain[span.start : span.end] for span in text.spans if span.style == SPECIAL_STYLE}
     assert {"<|im_start|>", "<|im_end|>", "<think>"} <= highlighted
     assert "What is 2 + 2?" in text.plain
     console = Console(record=True, width=100, force_terminal=False)

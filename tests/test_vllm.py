@@ -15,7 +15,13 @@ from eagle_synth.node_state import HEALTHY, REFUSED, ServerState
 from eagle_synth.sampling import SamplingParams
 from tests.conftest import chat_rows
 from tests.helpers import (
-    assert_exactly_once, campaign, cli, devserver_stats, enqueue_rows, status_json, wait_finished,
+    assert_exactly_once,
+    campaign,
+    cli,
+    devserver_stats,
+    enqueue_rows,
+    status_json,
+    wait_finished,
 )
 from tests.test_preflight import gate_state
 from workers.backends import BACKENDS, SGLANG, VLLM, UntranslatableSampling, backend_for_state, preflight_server
@@ -33,16 +39,37 @@ EOS = 248046
 
 
 def campaign_sampling(**changes) -> dict:
-    return {**SamplingParams(max_new_tokens=64, temperature=0.7, top_p=0.9, **changes).for_server(),
-            "sampling_seed": 1234}
+    return {
+        **SamplingParams(max_new_tokens=64, temperature=0.7, top_p=0.9, **changes).for_server(),
+        "sampling_seed": 1234,
+    }
 
 
 def reply(*, token_ids=(5, 6, EOS), prompt_ids=PROMPT, finish="stop", stop_reason=None, **usage) -> dict:
-    return {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [{
-        "index": 0, "text": "x", "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason,
-        "token_ids": list(token_ids), "prompt_logprobs": None, "prompt_token_ids": list(prompt_ids)}],
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(token_ids),
-                  "total_tokens": len(prompt_ids) + len(token_ids), "prompt_tokens_details": None, **usage}}
+    return {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": "x",
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": stop_reason,
+                "token_ids": list(token_ids),
+                "prompt_logprobs": None,
+                "prompt_token_ids": list(prompt_ids),
+            }
+        ],
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(token_ids),
+            "total_tokens": len(prompt_ids) + len(token_ids),
+            "prompt_tokens_details": None,
+            **usage,
+        },
+    }
 
 
 def parse(item, *, max_tokens: int = 64):
@@ -55,11 +82,29 @@ def parse(item, *, max_tokens: int = 64):
 def test_every_campaign_value_is_sent_in_vllms_names():
     body = VllmBackend(model="served").request(PROMPT, campaign_sampling(stop_token_ids=(7,)))[1]
     assert body == {
-        "model": "served", "prompt": PROMPT, "max_tokens": 64, "min_tokens": 0, "temperature": 0.7, "top_p": 0.9,
-        "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-        "stop": [], "stop_token_ids": [7], "ignore_eos": False, "skip_special_tokens": False,
-        "spaces_between_special_tokens": True, "include_stop_str_in_output": False, "n": 1, "seed": 1234,
-        "return_token_ids": True, "stream": False, "echo": False, "add_special_tokens": False,
+        "model": "served",
+        "prompt": PROMPT,
+        "max_tokens": 64,
+        "min_tokens": 0,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "stop": [],
+        "stop_token_ids": [7],
+        "ignore_eos": False,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": True,
+        "include_stop_str_in_output": False,
+        "n": 1,
+        "seed": 1234,
+        "return_token_ids": True,
+        "stream": False,
+        "echo": False,
+        "add_special_tokens": False,
     }
 
 
@@ -71,12 +116,15 @@ def test_a_partial_sampling_dict_means_what_it_means_on_sglang():
     assert fields["skip_special_tokens"] is True and "seed" not in fields
 
 
-@pytest.mark.parametrize(("changes", "why"), [
-    ({"stop_regex": ["x"]}, "no vLLM /v1/completions equivalent"),
-    ({"temperature": 0.005}, "raises temperatures below 0.01"),
-    ({"temperature": 3.0}, "at most 2.0"),
-    ({"n": 2}, "n must be 1"),
-])
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"stop_regex": ["x"]}, "no vLLM /v1/completions equivalent"),
+        ({"temperature": 0.005}, "raises temperatures below 0.01"),
+        ({"temperature": 3.0}, "at most 2.0"),
+        ({"n": 2}, "n must be 1"),
+    ],
+)
 def test_sampling_without_a_vllm_equivalent_is_refused_with_the_reason(changes, why):
     with pytest.raises(UntranslatableSampling, match=why) as caught:
         VllmBackend().translate_sampling({**campaign_sampling(), **changes})
@@ -117,10 +165,16 @@ def test_malformed_replies_are_bad_responses(shape):
         parse(malform_completion(reply(), shape))
 
 
-@pytest.mark.parametrize("broken", [
-    {"prompt_token_ids": None}, {"finish_reason": None}, {"finish_reason": "error"}, {"stop_reason": [1]},
-    {"token_ids": [5, VOCAB]},
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"prompt_token_ids": None},
+        {"finish_reason": None},
+        {"finish_reason": "error"},
+        {"stop_reason": [1]},
+        {"token_ids": [5, VOCAB]},
+    ],
+)
 def test_other_malformed_choices_are_bad_responses(broken):
     item = reply()
     item["choices"][0].update(broken)
@@ -137,11 +191,25 @@ def test_an_aborted_choice_is_asked_again():
 def test_vllm_errors_are_classified_like_sglang_ones():
     assert is_sampling_error("temperature must be in [0, 2], got 3.0.")
     assert is_sampling_error("min_tokens must be less than or equal to max_tokens=4, got 9.")
-    assert is_sampling_error("1 validation error: [{'loc': ('body', 'top_p'), 'msg': 'Input should be a valid number'}]")
+    assert is_sampling_error(
+        "1 validation error: [{'loc': ('body', 'top_p'), 'msg': 'Input should be a valid number'}]"
+    )
     assert not is_sampling_error("1 validation error: [{'loc': ('body', 'prompt'), 'msg': 'Input should be >= 0'}]")
-    error = error_for_status(400, json.dumps({"error": {"message": "You passed 90 input tokens and requested 8 "
-                             "output tokens. However, the model's context length is only 64 tokens", "type":
-                             "BadRequestError", "param": None, "code": 400}}).encode(), path="/v1/completions")
+    error = error_for_status(
+        400,
+        json.dumps(
+            {
+                "error": {
+                    "message": "You passed 90 input tokens and requested 8 "
+                    "output tokens. However, the model's context length is only 64 tokens",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+            }
+        ).encode(),
+        path="/v1/completions",
+    )
     assert type(error) is BadRequest and "context length" in str(error)
 
 
@@ -172,15 +240,26 @@ def vllm_fleet(tmp_path_factory, tokenizer_path):
     logdir = tmp_path_factory.mktemp("vllm")
     specs = {
         "plain": ["--context-length", "64", "--served-model-name", "qwen-test"],
-        "dev": ["--dev-mode", "--reasoning-parser", "qwen3", "--override-generation-config",
-                json.dumps({"max_new_tokens": 4096, "temperature": 0.3})],
+        "dev": [
+            "--dev-mode",
+            "--reasoning-parser",
+            "qwen3",
+            "--override-generation-config",
+            json.dumps({"max_new_tokens": 4096, "temperature": 0.3}),
+        ],
         "capped": ["--override-generation-config", json.dumps({"max_new_tokens": 2})],
         "no-tokenizer": ["--skip-tokenizer-init"],
         "sglang": ["--api", "sglang"],
     }
-    servers = {name: start_devserver(tokenizer=tokenizer_path, logdir=logdir, wait=False,
-                                     args=[*(["--api", "vllm"] if name != "sglang" else []), *args])
-               for name, args in specs.items()}
+    servers = {
+        name: start_devserver(
+            tokenizer=tokenizer_path,
+            logdir=logdir,
+            wait=False,
+            args=[*(["--api", "vllm"] if name != "sglang" else []), *args],
+        )
+        for name, args in specs.items()
+    }
     for process, url in servers.values():
         port = int(url.rsplit(":", 1)[1])
         wait_for(lambda p=process, n=port: port_open(n) or not p.alive(), timeout=120, what=f"devserver {url}")
@@ -198,11 +277,18 @@ def test_the_devserver_answers_in_vllms_shapes(vllm_fleet):
     assert requests.get(f"{url}/health", timeout=TIMEOUT).status_code == 200
     for path in ("/generate", "/server_info", "/get_model_info"):
         assert requests.get(f"{url}{path}", timeout=TIMEOUT).status_code == 404
-    post = lambda **body: requests.post(f"{url}/v1/completions", json={"prompt": PROMPT, **body}, timeout=TIMEOUT)
+
+    def post(**body):
+        return requests.post(f"{url}/v1/completions", json={"prompt": PROMPT, **body}, timeout=TIMEOUT)
+
     wrong_model = post(model="other")
     assert wrong_model.status_code == 404
-    assert wrong_model.json()["error"] == {"message": "The model `other` does not exist.", "type": "NotFoundError",
-                                           "param": "model", "code": 404}
+    assert wrong_model.json()["error"] == {
+        "message": "The model `other` does not exist.",
+        "type": "NotFoundError",
+        "param": "model",
+        "code": 404,
+    }
     default = post(return_token_ids=True).json()["choices"][0]
     assert len(default["token_ids"]) <= 16 and default["prompt_token_ids"] == PROMPT  # max_tokens defaults to 16
     assert post().json()["choices"][0]["token_ids"] is None  # ids only when asked for
@@ -212,15 +298,18 @@ def test_the_devserver_answers_in_vllms_shapes(vllm_fleet):
     assert out_of_vocab.status_code == 400 and "out of vocabulary" in out_of_vocab.text
     assert requests.get(f"{url}/health", timeout=TIMEOUT).status_code == 200
     mistyped = post(temperature="hot")
-    assert mistyped.status_code == 400 and isinstance(error_for_status(400, mistyped.content, path=""), BadSamplingParams)
+    assert mistyped.status_code == 400 and isinstance(
+        error_for_status(400, mistyped.content, path=""), BadSamplingParams
+    )
     assert post(max_tokens=4, temperature=3.0).json()["error"]["message"] == "temperature must be in [0, 2], got 3.0."
     assert post(max_tokens=4, bogus_field=1).status_code == 200  # unknown fields are ignored, as vLLM does
 
 
 def test_same_campaign_same_ids_on_either_api(vllm_fleet):
     sampling = campaign_sampling()
-    generated = requests.post(f"{vllm_fleet['sglang']}/generate", json={
-        "input_ids": PROMPT, "sampling_params": sampling}, timeout=TIMEOUT).json()
+    generated = requests.post(
+        f"{vllm_fleet['sglang']}/generate", json={"input_ids": PROMPT, "sampling_params": sampling}, timeout=TIMEOUT
+    ).json()
     path, body = VllmBackend().request(PROMPT, sampling)
     # The dev server: its override (temperature 0.3) is beaten by the value every request sends.
     completed = requests.post(f"{vllm_fleet['dev']}{path}", json=body, timeout=TIMEOUT).json()
@@ -239,8 +328,11 @@ def test_detection_and_a_contradicting_backend(vllm_fleet):
         preflight_server(SGLangClient(vllm_fleet["plain"]), forced=SGLANG)
     state = ServerState()
     VllmBackend.apply_facts(state, preflight_server(SGLangClient(vllm_fleet["plain"])).facts, accepted=[])
-    assert (state.context_length, state.sampling_seed_supported, state.provenance["served_model_name"]) == \
-        (64, True, "qwen-test")
+    assert (state.context_length, state.sampling_seed_supported, state.provenance["served_model_name"]) == (
+        64,
+        True,
+        "qwen-test",
+    )
     backend = backend_for_state(state)
     assert isinstance(backend, VllmBackend) and backend.model == "qwen-test"
 
@@ -252,15 +344,19 @@ def test_dev_mode_settings_are_refused_by_name_then_accepted(vllm_fleet, redis_s
     assert "--allow-server-setting override_generation_config" in state.detail
     assert "caps every request's max_tokens at 4096" in state.detail
     assert "--allow-server-setting reasoning_parser" in state.detail
-    state, _ = gate_state(redis_server.url, url, allowed_settings=frozenset({"override_generation_config"}),
-                          allow_server_parsers=True)
+    state, _ = gate_state(
+        redis_server.url, url, allowed_settings=frozenset({"override_generation_config"}), allow_server_parsers=True
+    )
     assert state.state == HEALTHY and state.backend == VLLM
     assert state.max_running_requests == 64  # scheduler_config.max_num_seqs, visible in dev mode
     assert state.provenance["launch_args_visible"] is True
-    assert state.provenance["launch_args"]["model_config.override_generation_config"] == \
-        json.dumps({"max_new_tokens": 4096, "temperature": 0.3})
+    assert state.provenance["launch_args"]["model_config.override_generation_config"] == json.dumps(
+        {"max_new_tokens": 4096, "temperature": 0.3}
+    )
     assert [a.split(":")[0] for a in state.provenance["accepted_despite"]] == [
-        "reasoning_parser", "override_generation_config"]
+        "reasoning_parser",
+        "override_generation_config",
+    ]
 
 
 def test_what_the_probe_shows_without_dev_mode(vllm_fleet):
@@ -273,12 +369,37 @@ def test_what_the_probe_shows_without_dev_mode(vllm_fleet):
 
 
 def test_worker_cli_refuses_a_backend_that_contradicts_the_server(vllm_fleet, tmp_path, redis_server):
-    result = cli("worker", "--server", vllm_fleet["plain"], "--backend", "sglang", "--out", str(tmp_path),
-                 "--redis", redis_server.url, check=False)
+    result = cli(
+        "worker",
+        "--server",
+        vllm_fleet["plain"],
+        "--backend",
+        "sglang",
+        "--out",
+        str(tmp_path),
+        "--redis",
+        redis_server.url,
+        check=False,
+    )
     assert result.returncode == 2 and "answers like vllm" in result.stderr.decode()
-    result = cli("worker", "--server", vllm_fleet["plain"], "--server", vllm_fleet["sglang"], "--backend", "vllm",
-                 "--backend", "vllm", "--backend", "sglang", "--out", str(tmp_path), "--redis", redis_server.url,
-                 check=False)
+    result = cli(
+        "worker",
+        "--server",
+        vllm_fleet["plain"],
+        "--server",
+        vllm_fleet["sglang"],
+        "--backend",
+        "vllm",
+        "--backend",
+        "vllm",
+        "--backend",
+        "sglang",
+        "--out",
+        str(tmp_path),
+        "--redis",
+        redis_server.url,
+        check=False,
+    )
     assert result.returncode == 2 and "backend given 3 times for 2 servers" in result.stderr.decode()
 
 
@@ -290,16 +411,20 @@ def test_one_worker_drives_sglang_and_vllm_together(tmp_path, redis_server, stac
     _, sglang_url = stack.devserver("--token-latency", "0.004", "--mean-output-tokens", "40", "--slots", "4")
     _, vllm_url = stack.devserver("--token-latency", "0.004", "--mean-output-tokens", "40", "--slots", "4", api="vllm")
     out = tmp_path / "out"
-    stack.worker(servers=[sglang_url, vllm_url], out=out, redis_url=redis_server.url, concurrency=4,
-                 args=["--inflight", "4"])
+    stack.worker(
+        servers=[sglang_url, vllm_url], out=out, redis_url=redis_server.url, concurrency=4, args=["--inflight", "4"]
+    )
     wait_finished(redis_server.url, "mixed", expected=24, stack=stack)
     records = assert_exactly_once(redis_server.url, "mixed", out / "mixed", expected=24)
     by_backend = {kind: [r for r in records.values() if r.backend == kind] for kind in (SGLANG, VLLM)}
     assert by_backend[SGLANG] and by_backend[VLLM], "both servers took prompts"
     assert {r.server for r in by_backend[VLLM]} == {vllm_url}
     for record in records.values():  # each record is what its own server gives for its ids
-        sglang = requests.post(f"{sglang_url}/generate", json={
-            "input_ids": record.prompt_ids, "sampling_params": record.sampling}, timeout=TIMEOUT).json()
+        sglang = requests.post(
+            f"{sglang_url}/generate",
+            json={"input_ids": record.prompt_ids, "sampling_params": record.sampling},
+            timeout=TIMEOUT,
+        ).json()
         assert record.output_ids == sglang["output_ids"]
     kinds = {w["server"]: w["backend"] for w in status_json(redis_server.url, "mixed")["workers"]}
     assert kinds == {sglang_url: SGLANG, vllm_url: VLLM}
@@ -310,12 +435,14 @@ def test_one_worker_drives_sglang_and_vllm_together(tmp_path, redis_server, stac
 def test_vllm_refusals_of_the_campaigns_sampling_are_recorded_once(tmp_path, redis_server, stack, tokenizer_path):
     """A campaign with no vLLM equivalent fails before anything is sent; a server capping
     max_tokens (no dev mode, so preflight cannot see it) is caught by the first reply."""
-    _, url = stack.devserver("--override-generation-config", json.dumps({"max_new_tokens": 16}),
-                             "--mean-output-tokens", "400", api="vllm")
+    _, url = stack.devserver(
+        "--override-generation-config", json.dumps({"max_new_tokens": 16}), "--mean-output-tokens", "400", api="vllm"
+    )
     out = tmp_path / "out"
     stack.worker(servers=[url], out=out, redis_url=redis_server.url, env={"EAGLE_SYNTH_BACKOFF_MAX": "0.05"})
-    enqueue_rows(tmp_path, redis_server.url, "cold", chat_rows(8), tokenizer=tokenizer_path, batch_size=4,
-                 max_new_tokens=64)
+    enqueue_rows(
+        tmp_path, redis_server.url, "cold", chat_rows(8), tokenizer=tokenizer_path, batch_size=4, max_new_tokens=64
+    )
     c = campaign(redis_server.url, "cold")
     wait_finished(redis_server.url, "cold", expected=8, stack=stack)
     assert_exactly_once(redis_server.url, "cold", out / "cold", expected=8)
@@ -325,15 +452,23 @@ def test_vllm_refusals_of_the_campaigns_sampling_are_recorded_once(tmp_path, red
     assert "caps max_tokens" in next(iter(c.failures().values())).message
 
     from eagle_synth.sampling import SamplingParams as Params
-    from producer.enqueue import EnqueueOptions, enqueue
     from eagle_synth.settings import broker_settings
+    from producer.enqueue import EnqueueOptions, enqueue
     from tests.conftest import write_jsonl
 
     before = devserver_stats(url)["generate_requests"]
     path = write_jsonl(tmp_path / "tiny.jsonl", chat_rows(4))
-    enqueue(EnqueueOptions(inputs=[str(path)], campaign="tiny", tokenizer=str(tokenizer_path), batch_size=4,
-                           sampling=Params(max_new_tokens=8, temperature=0.005), processes=1),
-            broker=broker_settings(redis_url=redis_server.url))
+    enqueue(
+        EnqueueOptions(
+            inputs=[str(path)],
+            campaign="tiny",
+            tokenizer=str(tokenizer_path),
+            batch_size=4,
+            sampling=Params(max_new_tokens=8, temperature=0.005),
+            processes=1,
+        ),
+        broker=broker_settings(redis_url=redis_server.url),
+    )
     wait_finished(redis_server.url, "tiny", expected=4, stack=stack)
     assert_exactly_once(redis_server.url, "tiny", out / "tiny", expected=4)
     tiny = campaign(redis_server.url, "tiny")

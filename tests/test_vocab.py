@@ -56,7 +56,9 @@ def campaign(tmp_path):
 def test_vocab_equals_a_counter_recount_and_writes_every_file(campaign, tmp_path):
     folder, records = campaign
     filters = ExportFilters(max_length=14, drop_truncated=True)
-    result = build_vocab(folder, tmp_path / "vocab", draft_vocab_size=20, target_vocab_size=TARGET_VOCAB, filters=filters)
+    result = build_vocab(
+        folder, tmp_path / "vocab", draft_vocab_size=20, target_vocab_size=TARGET_VOCAB, filters=filters
+    )
     counts = recount(records.values(), max_length=14, drop_truncated=True)
     assert len(counts) > 20  # a real choice: more distinct ids than draft slots
     freq = json.loads((tmp_path / "vocab" / "token_freq.json").read_text())
@@ -115,8 +117,22 @@ def test_target_vocab_size_comes_from_the_model_config_next_to_the_tokenizer(cam
 def test_cli_vocab_prints_a_summary_and_fails_cleanly(campaign, tmp_path):
     folder, records = campaign
     runner = CliRunner()
-    ok = runner.invoke(app, ["vocab", str(folder), "--draft-vocab-size", "16", "--target-vocab-size", str(TARGET_VOCAB),
-                             "--out", str(tmp_path / "v"), "--split", "test=0.25", "--json"])
+    ok = runner.invoke(
+        app,
+        [
+            "vocab",
+            str(folder),
+            "--draft-vocab-size",
+            "16",
+            "--target-vocab-size",
+            str(TARGET_VOCAB),
+            "--out",
+            str(tmp_path / "v"),
+            "--split",
+            "test=0.25",
+            "--json",
+        ],
+    )
     assert ok.exit_code == 0, ok.output
     summary = json.loads(ok.stdout)
     assert summary["draft_vocab_size"] == 16 and 0 < summary["rows"] < len(records)  # only 'train' counted

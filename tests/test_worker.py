@@ -31,15 +31,18 @@ def _publish(redis_url: str, name: str, items: list[PromptItem], sampling: dict)
 
     settings = broker_settings(redis_url=redis_url)
     c = Campaign(connect(settings), name)
-    Publisher(campaign=c, app=make_celery(settings), queue=settings.queue, sampling=sampling,
-              batch_size=len(items)).claim(items)
+    Publisher(
+        campaign=c, app=make_celery(settings), queue=settings.queue, sampling=sampling, batch_size=len(items)
+    ).claim(items)
 
 
 def test_out_of_vocabulary_id_is_never_sent(tmp_path, redis_server, stack, tokenizer_path, tokenizer):
     enqueue_rows(tmp_path, redis_server.url, "oov", chat_rows(3), tokenizer=tokenizer_path)
     c = campaign(redis_server.url, "oov")
     vocab = c.settings().vocab_size
-    good = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)["input_ids"]
+    good = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)[
+        "input_ids"
+    ]
     items = [
         PromptItem(key="a" * 32, row_id="bad", sample=0, ids=good[:3] + [vocab] + good[3:], source="x:1"),
         PromptItem(key="b" * 32, row_id="good", sample=0, ids=good, source="x:2"),
@@ -72,12 +75,15 @@ def test_redelivered_batch_with_records_is_not_generated_again(tmp_path, redis_s
 
     settings = broker_settings(redis_url=redis_server.url)
     c = Campaign(connect(settings), "again")
-    items = [PromptItem(key=r.key, row_id=r.id, sample=r.sample, ids=r.prompt_ids, source=r.source)
-             for r in records_by_key(out / "again").values()]
-    publisher = Publisher(campaign=c, app=make_celery(settings), queue=settings.queue,
-                          sampling=c.settings().sampling, batch_size=4)
+    items = [
+        PromptItem(key=r.key, row_id=r.id, sample=r.sample, ids=r.prompt_ids, source=r.source)
+        for r in records_by_key(out / "again").values()
+    ]
+    publisher = Publisher(
+        campaign=c, app=make_celery(settings), queue=settings.queue, sampling=c.settings().sampling, batch_size=4
+    )
     for start in range(0, 8, 4):
-        publisher._publish(items[start:start + 4])
+        publisher._publish(items[start : start + 4])
     wait_for(lambda: c.client.llen("eagle-synth") == 0, timeout=30, what="the copies to be taken")
     wait_for(lambda: worker.log().count("4 already done") >= 2, timeout=30, what="the copies to be skipped")
     assert devserver_stats(url)["prompts"] == prompts_before
@@ -95,18 +101,25 @@ def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, s
     _, url = stack.devserver("--context-length", "200")
     client = connect(broker_settings(redis_url=redis_server.url))
     node = NodeState(client, "test@here")
-    node.publish({url: ServerState(state=HEALTHY, since=time.time(), context_length=None, backend="sglang")},
-                 consuming=True)
-    ids = [tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)["input_ids"]
-           for i in range(6)]
+    node.publish(
+        {url: ServerState(state=HEALTHY, since=time.time(), context_length=None, backend="sglang")}, consuming=True
+    )
+    ids = [
+        tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)["input_ids"]
+        for i in range(6)
+    ]
     ids[4] = ids[4] + [tokenizer.convert_tokens_to_ids("hello")] * 300
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=x, source=f"f:{i}") for i, x in enumerate(ids)]
-    runtime = WorkerRuntime(config=WorkerConfig(servers=(url,), out=tmp_path / "out"), node="test@here",
-                            broker=broker_settings(redis_url=redis_server.url))
+    runtime = WorkerRuntime(
+        config=WorkerConfig(servers=(url,), out=tmp_path / "out"),
+        node="test@here",
+        broker=broker_settings(redis_url=redis_server.url),
+    )
     request.addfinalizer(runtime.close)
     runner = runtime.runner
-    outcome = runner.run(TaskPayload(campaign="iso", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0},
-                                     items=items))
+    outcome = runner.run(
+        TaskPayload(campaign="iso", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0}, items=items)
+    )
     assert outcome.written == 5
     assert outcome.failed == {"prompt-too-long": 1}
     failure = Campaign(client, "iso").failures()[f"{4:032x}"]
@@ -115,7 +128,8 @@ def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, s
 
 
 def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_error(
-        request, tmp_path, redis_server, stack, tokenizer_path, tokenizer):
+    request, tmp_path, redis_server, stack, tokenizer_path, tokenizer
+):
     """A 400 about the sampling parameters is the campaign's, not one prompt's: the batch's open
     prompts are recorded as bad-sampling-params at once, without a request each."""
     from workers.config import WorkerConfig
@@ -124,16 +138,21 @@ def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_e
     enqueue_rows(tmp_path, redis_server.url, "badsp", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver()
     client = connect(broker_settings(redis_url=redis_server.url))
-    NodeState(client, "sp@here").publish({url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")},
-                                         consuming=True)
+    NodeState(client, "sp@here").publish(
+        {url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")}, consuming=True
+    )
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)["input_ids"]
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=ids + [i + 10]) for i in range(40)]
-    runtime = WorkerRuntime(config=WorkerConfig(servers=(url,), out=tmp_path / "out", inflight=2), node="sp@here",
-                            broker=broker_settings(redis_url=redis_server.url))
+    runtime = WorkerRuntime(
+        config=WorkerConfig(servers=(url,), out=tmp_path / "out", inflight=2),
+        node="sp@here",
+        broker=broker_settings(redis_url=redis_server.url),
+    )
     request.addfinalizer(runtime.close)
     # `seed` is not an SGLang sampling key (it is `sampling_seed`): the server refuses it.
-    outcome = runtime.runner.run(TaskPayload(campaign="badsp", batch="b1",
-                                             sampling={"max_new_tokens": 8, "seed": 1}, items=items))
+    outcome = runtime.runner.run(
+        TaskPayload(campaign="badsp", batch="b1", sampling={"max_new_tokens": 8, "seed": 1}, items=items)
+    )
     assert outcome.written == 0
     assert outcome.failed == {"bad-sampling-params": 40}
     assert "seed" in next(iter(Campaign(client, "badsp").failures().values())).message
@@ -142,8 +161,9 @@ def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_e
 
 def test_preflight_refuses_a_server_with_a_reasoning_parser(tmp_path, redis_server, stack):
     _, url = stack.devserver("--reasoning-parser", "deepseek-r1")
-    result = cli("worker", "--server", url, "--out", str(tmp_path / "out"), "--redis", redis_server.url, check=False,
-                 timeout=60)
+    result = cli(
+        "worker", "--server", url, "--out", str(tmp_path / "out"), "--redis", redis_server.url, check=False, timeout=60
+    )
     assert result.returncode != 0
     message = result.stderr.decode()
     assert "reasoning parser" in message and "--allow-server-parsers" in message
@@ -180,8 +200,9 @@ def test_old_sglang_prefix_bug_is_repaired(tmp_path, redis_server, stack, tokeni
     wait_finished(redis_server.url, "prefix", expected=6, stack=stack)
     records = assert_exactly_once(redis_server.url, "prefix", tmp_path / "out" / "prefix", expected=6)
     for record in records.values():
-        expected = requests.post(f"{clean}/generate", json={"input_ids": record.prompt_ids,
-                                 "sampling_params": record.sampling}, timeout=30).json()
+        expected = requests.post(
+            f"{clean}/generate", json={"input_ids": record.prompt_ids, "sampling_params": record.sampling}, timeout=30
+        ).json()
         assert record.output_ids == expected["output_ids"]
         assert record.repaired_prefix == 3
     assert status_json(redis_server.url, "prefix")["repaired_prefix"] == 6
@@ -269,7 +290,9 @@ def test_stale_temporary_files_are_removed(tmp_path):
     assert not old.exists() and fresh.exists() and record.exists()
 
 
-def test_retried_batch_adopts_files_a_crashed_attempt_left(request, tmp_path, redis_server, stack, tokenizer_path, tokenizer):
+def test_retried_batch_adopts_files_a_crashed_attempt_left(
+    request, tmp_path, redis_server, stack, tokenizer_path, tokenizer
+):
     """A crash between writing a record file and marking its keys done: the redelivered batch
     adopts the file instead of generating again."""
     from workers.config import WorkerConfig
@@ -278,14 +301,22 @@ def test_retried_batch_adopts_files_a_crashed_attempt_left(request, tmp_path, re
     enqueue_rows(tmp_path, redis_server.url, "adopt", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver()
     client = connect(broker_settings(redis_url=redis_server.url))
-    NodeState(client, "t@here").publish({url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")},
-                                         consuming=True)
-    ids = [tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)["input_ids"]
-           for i in range(4)]
+    NodeState(client, "t@here").publish(
+        {url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")}, consuming=True
+    )
+    ids = [
+        tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)["input_ids"]
+        for i in range(4)
+    ]
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=x) for i, x in enumerate(ids)]
-    payload = TaskPayload(campaign="adopt", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0}, items=items)
-    runtime = WorkerRuntime(config=WorkerConfig(servers=(url,), out=tmp_path / "out"), node="t@here",
-                            broker=broker_settings(redis_url=redis_server.url))
+    payload = TaskPayload(
+        campaign="adopt", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0}, items=items
+    )
+    runtime = WorkerRuntime(
+        config=WorkerConfig(servers=(url,), out=tmp_path / "out"),
+        node="t@here",
+        broker=broker_settings(redis_url=redis_server.url),
+    )
     request.addfinalizer(runtime.close)
     runner = runtime.runner
     assert runner.run(payload).written == 4

@@ -49,8 +49,13 @@ BUSY_RETRY_DELAY = 10
 BUSY_RETRIES_MAX = 100_000
 # Errors that mean the campaign state cannot be read or written right now: the batch waits
 # for Redis, however long that takes, and they never count against the batch.
-STATE_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.OutOfMemoryError,
-                     redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError)
+STATE_UNAVAILABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.BusyLoadingError,
+)
 
 app = make_celery()
 _runtime: WorkerRuntime | None = None
@@ -74,8 +79,13 @@ def _get_runtime(node: str) -> WorkerRuntime:
     with _runtime_lock:
         if _runtime is None:
             queue = broker_settings().queue
-            _runtime = WorkerRuntime(config=WorkerConfig.from_env(), node=node, stopping=STOPPING, disk=_disk_state(),
-                                     send=lambda payload: send_payload(app, queue, payload))
+            _runtime = WorkerRuntime(
+                config=WorkerConfig.from_env(),
+                node=node,
+                stopping=STOPPING,
+                disk=_disk_state(),
+                send=lambda payload: send_payload(app, queue, payload),
+            )
         return _runtime
 
 
@@ -130,36 +140,57 @@ def generate_batch(self, payload: dict, errors: int = 0) -> dict:
         log.info("batch %s: %s; trying again in %d s", batch.batch, exc, BUSY_RETRY_DELAY)
         _retry_or_requeue(self, payload, errors, exc, BUSY_RETRY_DELAY, max_retries=BUSY_RETRIES_MAX)
     except STATE_UNAVAILABLE as exc:
-        log.warning("batch %s: campaign state unavailable (%s); trying again in %g s", batch.batch, exc,
-                    UNEXPECTED_ERROR_RETRY_DELAY)
+        log.warning(
+            "batch %s: campaign state unavailable (%s); trying again in %g s",
+            batch.batch,
+            exc,
+            UNEXPECTED_ERROR_RETRY_DELAY,
+        )
         _retry_or_requeue(self, payload, errors, exc, UNEXPECTED_ERROR_RETRY_DELAY)
     except Exception as exc:  # the catch-all: nothing leaves this task unaccounted for
         if errors + 1 < UNEXPECTED_ERROR_RETRIES:
-            log.exception("batch %s: unexpected error %d/%d; trying again in %g s", batch.batch, errors + 1,
-                          UNEXPECTED_ERROR_RETRIES, UNEXPECTED_ERROR_RETRY_DELAY)
+            log.exception(
+                "batch %s: unexpected error %d/%d; trying again in %g s",
+                batch.batch,
+                errors + 1,
+                UNEXPECTED_ERROR_RETRIES,
+                UNEXPECTED_ERROR_RETRY_DELAY,
+            )
             _retry_or_requeue(self, payload, errors + 1, exc, UNEXPECTED_ERROR_RETRY_DELAY)
-        log.exception("batch %s: unexpected error %d/%d; recording its open prompts as failed", batch.batch,
-                      errors + 1, UNEXPECTED_ERROR_RETRIES)
+        log.exception(
+            "batch %s: unexpected error %d/%d; recording its open prompts as failed",
+            batch.batch,
+            errors + 1,
+            UNEXPECTED_ERROR_RETRIES,
+        )
         try:
             failed = _get_runtime(node).runner.fail_unfinished(
-                batch, reason="worker-error", message=f"{type(exc).__name__}: {exc}")
+                batch, reason="worker-error", message=f"{type(exc).__name__}: {exc}"
+            )
         except Exception as record_exc:
             raise Reject(f"could not record failures: {record_exc}", requeue=True) from exc
         return {"written": 0, "failed": {"worker-error": failed}}
     log.info(
         "batch %s: %d written, %d already done, %d adopted, failed %s, %d repaired",
-        batch.batch, outcome.written, outcome.skipped_done, outcome.adopted, outcome.failed, outcome.repaired,
+        batch.batch,
+        outcome.written,
+        outcome.skipped_done,
+        outcome.adopted,
+        outcome.failed,
+        outcome.repaired,
     )
     return {"written": outcome.written, "failed": outcome.failed}
 
 
-def _retry_or_requeue(task, payload: dict, errors: int, exc: Exception, countdown: float,
-                      max_retries: int | None = None) -> None:
+def _retry_or_requeue(
+    task, payload: dict, errors: int, exc: Exception, countdown: float, max_retries: int | None = None
+) -> None:
     """Retry later (a copy with a countdown); if even that cannot be published, put the
     message back (or leave it unacknowledged for the broker to redeliver)."""
     try:
-        raise task.retry(args=(payload,), kwargs={"errors": errors}, exc=exc, countdown=countdown,
-                         max_retries=max_retries)
+        raise task.retry(
+            args=(payload,), kwargs={"errors": errors}, exc=exc, countdown=countdown, max_retries=max_retries
+        )
     except Retry:
         raise
     except Exception as publish_error:
@@ -210,10 +241,14 @@ class HealthGateStep(bootsteps.StartStopStep):
                 log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
                 disk.failed(problem)
             self.gate = HealthGate(
-                servers=list(config.servers), node_state=node_state, on_open=open_gate,
-                on_close=close_gate, allow_server_parsers=config.allow_server_parsers,
+                servers=list(config.servers),
+                node_state=node_state,
+                on_open=open_gate,
+                on_close=close_gate,
+                allow_server_parsers=config.allow_server_parsers,
                 allowed_settings=frozenset(config.allow_server_settings),
-                probe_timeout=config.probe_timeout, disk=disk,
+                probe_timeout=config.probe_timeout,
+                disk=disk,
                 backends={url: config.backend_for(url) for url in config.servers},
             )
             self.gate.start()
@@ -229,23 +264,32 @@ app.steps["consumer"].add(HealthGateStep)
 app.steps["consumer"].add(ReaperStep)
 
 
-def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str = "INFO",
-               name: str | None = None, task_events: bool = True) -> None:
+def run_worker(
+    *, config: WorkerConfig, concurrency: int, loglevel: str = "INFO", name: str | None = None, task_events: bool = True
+) -> None:
     """Start a Celery worker in this process (blocks until it stops); `concurrency` is the
     number of batch threads, i.e. batches held open at once."""
     os.environ.update(config.to_env())
     settings = broker_settings()
     node = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
     app.conf.worker_send_task_events = task_events
-    app.worker_main([
-        "worker",
-        "--queues", settings.queue,
-        "--concurrency", str(concurrency),
-        "--pool", "threads",
-        "--hostname", node,
-        "--loglevel", loglevel,
-        *(["--task-events"] if task_events else []),
-        "--without-gossip",
-        "--without-mingle",
-        "--prefetch-multiplier", "1",
-    ])
+    app.worker_main(
+        [
+            "worker",
+            "--queues",
+            settings.queue,
+            "--concurrency",
+            str(concurrency),
+            "--pool",
+            "threads",
+            "--hostname",
+            node,
+            "--loglevel",
+            loglevel,
+            *(["--task-events"] if task_events else []),
+            "--without-gossip",
+            "--without-mingle",
+            "--prefetch-multiplier",
+            "1",
+        ]
+    )

@@ -49,14 +49,18 @@ from eagle_synth.records import (
 )
 from eagle_synth.tokenizer_store import TokenizerUnavailable
 from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
-from workers.client import BadRequest, BadSamplingParams, SGLangClient, ServerDown, TransientError
+from workers.client import BadRequest, BadSamplingParams, ServerDown, SGLangClient, TransientError
 from workers.config import WorkerConfig
 from workers.conversations import FollowUps
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
 from workers.replies import (
-    BAD_RESPONSE_REASON, PROMPT_MISMATCH_REASON, BadResponse, GeneratedItem, PromptMismatch,
+    BAD_RESPONSE_REASON,
+    PROMPT_MISMATCH_REASON,
+    BadResponse,
+    GeneratedItem,
+    PromptMismatch,
 )
 
 log = logging.getLogger("eagle_synth.batch")
@@ -172,9 +176,19 @@ class BatchRunner:
             carries each one's next turn to the queue (workers/conversations.py).
     """
 
-    def __init__(self, *, config: WorkerConfig, redis_client: redis.Redis, node: str, task_budget: float,
-                 pool: InflightPool, disk: DiskState, followups: FollowUps, stopping: threading.Event | None = None,
-                 shutdown_grace: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        redis_client: redis.Redis,
+        node: str,
+        task_budget: float,
+        pool: InflightPool,
+        disk: DiskState,
+        followups: FollowUps,
+        stopping: threading.Event | None = None,
+        shutdown_grace: float = 0.0,
+    ) -> None:
         self.config = config
         self.redis = redis_client
         self.node = node
@@ -219,14 +233,16 @@ class BatchRunner:
         for item in payload.items:
             if item.key not in finished:
                 finished.add(item.key)
-                campaign.record_failure(item, reason=reason, message=message, sampling=payload.sampling_for(item),
-                                        worker=self.node)
+                campaign.record_failure(
+                    item, reason=reason, message=message, sampling=payload.sampling_for(item), worker=self.node
+                )
                 failed += 1
         return failed
 
     # one batch ----------------------------------------------------------------------
-    def _run(self, campaign: Campaign, payload: TaskPayload, lease: BatchLease, *,
-             look_for_files: bool) -> BatchOutcome:
+    def _run(
+        self, campaign: Campaign, payload: TaskPayload, lease: BatchLease, *, look_for_files: bool
+    ) -> BatchOutcome:
         outcome = BatchOutcome()
         folder = campaign_dir(self.config.out, payload.campaign)
         items = self._unfinished(campaign, payload, folder, outcome, look_for_files=look_for_files)
@@ -280,8 +296,9 @@ class BatchRunner:
             self._settings[campaign.name] = settings
         return self._settings[campaign.name]
 
-    def _unfinished(self, campaign: Campaign, payload: TaskPayload, folder: Path,
-                    outcome: BatchOutcome, *, look_for_files: bool) -> list[PromptItem]:
+    def _unfinished(
+        self, campaign: Campaign, payload: TaskPayload, folder: Path, outcome: BatchOutcome, *, look_for_files: bool
+    ) -> list[PromptItem]:
         keys = [item.key for item in payload.items]
         finished = campaign.finished_keys(keys)
         outcome.skipped_done = len(finished)
@@ -308,10 +325,18 @@ class BatchRunner:
             pending.append(item)
         return pending
 
-    def _fail(self, campaign: Campaign, payload: TaskPayload, item: PromptItem, reason: str,
-              message: str, outcome: BatchOutcome) -> None:
-        campaign.record_failure(item, reason=reason, message=message, sampling=payload.sampling_for(item),
-                                worker=self.node)
+    def _fail(
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        item: PromptItem,
+        reason: str,
+        message: str,
+        outcome: BatchOutcome,
+    ) -> None:
+        campaign.record_failure(
+            item, reason=reason, message=message, sampling=payload.sampling_for(item), worker=self.node
+        )
         outcome.failed[reason] = outcome.failed.get(reason, 0) + 1
         log.warning("prompt %s (%s) failed: %s: %s", item.key, item.source, reason, message)
 
@@ -324,8 +349,14 @@ class BatchRunner:
             if not item.ids:
                 self._fail(campaign, payload, item, "empty-prompt", "the prompt has no ids", outcome)
             elif bad is not None:
-                self._fail(campaign, payload, item, "invalid-token-id",
-                           f"id {bad} is outside the vocabulary (size {vocab}); never sent", outcome)
+                self._fail(
+                    campaign,
+                    payload,
+                    item,
+                    "invalid-token-id",
+                    f"id {bad} is outside the vocabulary (size {vocab}); never sent",
+                    outcome,
+                )
             else:
                 good.append(item)
         return good
@@ -336,13 +367,18 @@ class BatchRunner:
         for url in self.config.servers:
             state = states.get(url)
             # A server's kind is known once preflight passed; the pool cannot route to it before.
-            if (state is not None and state.state == HEALTHY and state.backend in BACKENDS
-                    and suspects.get(url, 0.0) <= state.since):
+            if (
+                state is not None
+                and state.state == HEALTHY
+                and state.backend in BACKENDS
+                and suspects.get(url, 0.0) <= state.since
+            ):
                 healthy[url] = state
         return healthy
 
-    def _drop_untranslatable(self, campaign, payload, states: dict[str, ServerState], items,
-                             outcome) -> list[PromptItem]:
+    def _drop_untranslatable(
+        self, campaign, payload, states: dict[str, ServerState], items, outcome
+    ) -> list[PromptItem]:
         """Any healthy server may get any prompt, so the campaign's sampling must mean the same on
         every kind of server among them (vLLM has no equivalent of some SGLang values)."""
         for url, state in states.items():
@@ -365,8 +401,14 @@ class BatchRunner:
         good = []
         for item in items:
             max_new = int(payload.sampling_for(item).get("max_new_tokens", 0))
-            problem = next((why for backend, state in backends if (why := backend.context_problem(
-                prompt_len=len(item.ids), max_new_tokens=max_new, state=state))), None)
+            problem = next(
+                (
+                    why
+                    for backend, state in backends
+                    if (why := backend.context_problem(prompt_len=len(item.ids), max_new_tokens=max_new, state=state))
+                ),
+                None,
+            )
             if problem is not None:
                 self._fail(campaign, payload, item, "prompt-too-long", problem, outcome)
             else:
@@ -386,9 +428,17 @@ class BatchRunner:
                 return "the worker is shutting down"
         return None
 
-    def _generate(self, campaign: Campaign, payload: TaskPayload, settings: CampaignSettings,
-                  items: list[PromptItem], attempt: _Attempt, outcome: BatchOutcome,
-                  states: dict[str, ServerState], lease: BatchLease) -> None:
+    def _generate(
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        settings: CampaignSettings,
+        items: list[PromptItem],
+        attempt: _Attempt,
+        outcome: BatchOutcome,
+        states: dict[str, ServerState],
+        lease: BatchLease,
+    ) -> None:
         folder = campaign_dir(self.config.out, payload.campaign)
         max_new = max(int(payload.sampling_for(item).get("max_new_tokens", 0)) for item in items)
         deadline = time.monotonic() + self.task_budget
@@ -396,8 +446,12 @@ class BatchRunner:
 
         def send(item: PromptItem) -> None:
             remaining = max(1.0, deadline - time.monotonic())
-            future = self.pool.submit(ids=item.ids, sampling=attempt.sampling(payload, item),
-                                      timeout=min(timeout, remaining), tag=campaign.name)
+            future = self.pool.submit(
+                ids=item.ids,
+                sampling=attempt.sampling(payload, item),
+                timeout=min(timeout, remaining),
+                tag=campaign.name,
+            )
             attempt.pending[future] = item
 
         for item in items:
@@ -407,8 +461,10 @@ class BatchRunner:
             if why:
                 raise Requeue(why)
             if lease.lost:
-                raise Requeue("the batch lease was lost (Redis unreachable, or the batch given to another worker); "
-                              "nothing of this attempt is written")
+                raise Requeue(
+                    "the batch lease was lost (Redis unreachable, or the batch given to another worker); "
+                    "nothing of this attempt is written"
+                )
             for item in attempt.due_retries():
                 send(item)
             wake = WAIT_SLICE
@@ -425,8 +481,17 @@ class BatchRunner:
             if attempt.records and time.monotonic() - attempt.first_uncommitted >= COMMIT_AFTER:
                 self._commit(campaign, payload, folder, attempt, outcome)
 
-    def _settle(self, campaign, payload, settings: CampaignSettings, item: PromptItem, answer: Answer,
-                attempt: _Attempt, outcome: BatchOutcome, send) -> None:
+    def _settle(
+        self,
+        campaign,
+        payload,
+        settings: CampaignSettings,
+        item: PromptItem,
+        answer: Answer,
+        attempt: _Attempt,
+        outcome: BatchOutcome,
+        send,
+    ) -> None:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
         url = answer.url
         error = answer.error
@@ -434,8 +499,12 @@ class BatchRunner:
         if error is None:
             assert backend is not None, "the pool builds every request with its server's backend"
             try:
-                reply = backend.parse(answer.item, vocab_size=settings.vocab_size, prompt_ids=item.ids,
-                                      sampling=attempt.sampling(payload, item))
+                reply = backend.parse(
+                    answer.item,
+                    vocab_size=settings.vocab_size,
+                    prompt_ids=item.ids,
+                    sampling=attempt.sampling(payload, item),
+                )
             except PromptMismatch as exc:
                 self._fail(campaign, payload, item, PROMPT_MISMATCH_REASON, str(exc), outcome)
                 return
@@ -447,8 +516,11 @@ class BatchRunner:
                     self._retry(campaign, payload, item, attempt, outcome, "aborted", "the server aborted this prompt")
                     return
                 self._note_server(campaign, url)
-                attempt.add_record(self._record(campaign, payload, url, item, reply, attempt.sampling(payload, item),
-                                                backend=backend.name))
+                attempt.add_record(
+                    self._record(
+                        campaign, payload, url, item, reply, attempt.sampling(payload, item), backend=backend.name
+                    )
+                )
                 outcome.servers.add(url)
                 return
         if isinstance(error, BadSamplingParams):
@@ -466,13 +538,19 @@ class BatchRunner:
         reason = BAD_RESPONSE_REASON if isinstance(error, BadResponse) else "server-error"
         self._retry(campaign, payload, item, attempt, outcome, reason, str(error))
 
-    def _refuse_sampling(self, campaign, payload, item: PromptItem, attempt: _Attempt, outcome: BatchOutcome,
-                         error: BadSamplingParams) -> None:
+    def _refuse_sampling(
+        self, campaign, payload, item: PromptItem, attempt: _Attempt, outcome: BatchOutcome, error: BadSamplingParams
+    ) -> None:
         """The server refuses the campaign's sampling parameters: every prompt would get the same
         answer, so the batch's open prompts are recorded at once and nothing more is sent."""
-        log.error("campaign %s: %s. Every prompt of this campaign will be refused the same way: fix the server "
-                  "(version, options) or the campaign, then `eagle-synth retry-failed %s --reason %s`",
-                  campaign.name, error, campaign.name, BAD_SAMPLING_REASON)
+        log.error(
+            "campaign %s: %s. Every prompt of this campaign will be refused the same way: fix the server "
+            "(version, options) or the campaign, then `eagle-synth retry-failed %s --reason %s`",
+            campaign.name,
+            error,
+            campaign.name,
+            BAD_SAMPLING_REASON,
+        )
         # Prompts not sent yet are withdrawn; those already sent are settled as they answer.
         others = [attempt.pending.pop(future) for future in list(attempt.pending) if future.cancel()]
         others += [entry[2] for entry in attempt.retries]
@@ -480,8 +558,9 @@ class BatchRunner:
         for open_item in [item, *others]:
             self._fail(campaign, payload, open_item, BAD_SAMPLING_REASON, str(error), outcome)
 
-    def _retry(self, campaign, payload, item: PromptItem, attempt: _Attempt, outcome: BatchOutcome,
-               reason: str, message: str) -> None:
+    def _retry(
+        self, campaign, payload, item: PromptItem, attempt: _Attempt, outcome: BatchOutcome, reason: str, message: str
+    ) -> None:
         attempt.attempts[item.key] += 1
         tries = attempt.attempts[item.key]
         if tries >= self.config.max_attempts:
@@ -522,22 +601,46 @@ class BatchRunner:
             campaign.note_server(url, state.provenance)
             self._noted.add((campaign.name, url))
 
-    def _record(self, campaign: Campaign, payload: TaskPayload, url: str, item: PromptItem,
-                reply: GeneratedItem, sampling: dict, *, backend: str) -> Record:
+    def _record(
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        url: str,
+        item: PromptItem,
+        reply: GeneratedItem,
+        sampling: dict,
+        *,
+        backend: str,
+    ) -> Record:
         return Record(
-            key=item.key, id=item.row_id, sample=item.sample, turn=item.turn,
-            prompt_ids=item.ids, output_ids=reply.output_ids,
-            finish_reason=reply.finish_type, finish_matched=reply.finish_matched,
-            prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
-            cached_tokens=reply.cached_tokens, campaign=campaign.name, sampling=sampling,
-            source=item.source, server=url, worker=self.node, e2e_latency=reply.e2e_latency,
-            created_at=time.time(), repaired_prefix=reply.repaired_prefix, backend=backend,
-            conversation=item.conversation["key"] if item.conversation else None, variant=item.variant,
+            key=item.key,
+            id=item.row_id,
+            sample=item.sample,
+            turn=item.turn,
+            prompt_ids=item.ids,
+            output_ids=reply.output_ids,
+            finish_reason=reply.finish_type,
+            finish_matched=reply.finish_matched,
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            cached_tokens=reply.cached_tokens,
+            campaign=campaign.name,
+            sampling=sampling,
+            source=item.source,
+            server=url,
+            worker=self.node,
+            e2e_latency=reply.e2e_latency,
+            created_at=time.time(),
+            repaired_prefix=reply.repaired_prefix,
+            backend=backend,
+            conversation=item.conversation["key"] if item.conversation else None,
+            variant=item.variant,
         )
 
     # writing ------------------------------------------------------------------------
-    def _commit(self, campaign: Campaign, payload: TaskPayload, folder: Path, attempt: _Attempt,
-                outcome: BatchOutcome) -> None:
+    def _commit(
+        self, campaign: Campaign, payload: TaskPayload, folder: Path, attempt: _Attempt, outcome: BatchOutcome
+    ) -> None:
         records, attempt.records = attempt.records, []
         if not records:
             return

@@ -185,9 +185,7 @@ class SGLangClient:
 
     def _request(self, method: str, path: str, *, timeout: float, json: dict | None = None) -> requests.Response:
         try:
-            return self.session.request(
-                method, f"{self.url}{path}", json=json, timeout=(CONNECT_TIMEOUT, timeout)
-            )
+            return self.session.request(method, f"{self.url}{path}", json=json, timeout=(CONNECT_TIMEOUT, timeout))
         except requests.ConnectionError as exc:
             # A refused connection means nothing listens; a reset mid-request may be a dying
             # server or a network blip: the caller's health check tells them apart.
@@ -200,8 +198,14 @@ class SGLangClient:
         except requests.RequestException as exc:
             raise TransientError(f"{self.url}{path}: {exc}") from exc
 
-    def generate(self, input_ids: list[list[int]], sampling_params: dict | list[dict], *,
-                 timeout: float, rids: list[str] | None = None) -> list[dict]:
+    def generate(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: dict | list[dict],
+        *,
+        timeout: float,
+        rids: list[str] | None = None,
+    ) -> list[dict]:
         """POST /generate for a batch; returns one response item per prompt, in order."""
         body: dict = {"input_ids": input_ids, "sampling_params": sampling_params}
         if rids is not None:

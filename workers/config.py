@@ -52,24 +52,34 @@ class WorkerConfig:
 
     servers: tuple[str, ...] = setting((), "Server base URL (SGLang or vLLM); repeat for several servers.")
     backend: tuple[str, ...] = setting(
-        (), "Server kind: auto (detect), sglang or vllm. Once for every server, or once per --server in the "
-            "same order. Default: auto.")
+        (),
+        "Server kind: auto (detect), sglang or vllm. Once for every server, or once per --server in the "
+        "same order. Default: auto.",
+    )
     out: Path = setting(Path("out"), "Records go to OUT/<campaign>/.")
     inflight: int | None = setting(
-        None, f"Prompts in flight per server. Default: {AUTO_INFLIGHT_FACTOR} x the server's max_running_requests, "
-              f"or {DEFAULT_INFLIGHT} if it does not report it.")
+        None,
+        f"Prompts in flight per server. Default: {AUTO_INFLIGHT_FACTOR} x the server's max_running_requests, "
+        f"or {DEFAULT_INFLIGHT} if it does not report it.",
+    )
     allow_server_parsers: bool = setting(
-        False, "Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init.")
+        False, "Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init."
+    )
     allow_server_settings: tuple[str, ...] = setting(
-        (), "Accept a server setting preflight refuses, by name (allow_auto_truncate, preferred_sampling_params, "
-            "is_generation, ...); repeat for several.")
+        (),
+        "Accept a server setting preflight refuses, by name (allow_auto_truncate, preferred_sampling_params, "
+        "is_generation, ...); repeat for several.",
+    )
     max_attempts: int = setting(6, "Attempts per prompt on transient errors while the server is healthy.")
     timeout_base: float = setting(120.0, "Request timeout = this + timeout-per-token x max_new_tokens (s).")
     timeout_per_token: float = setting(0.1, "Seconds of request timeout per max_new_tokens.")
-    backoff_max: float = setting(30.0, "Longest wait between retries of a prompt (s); backoff doubles from 1 s, jittered.")
+    backoff_max: float = setting(
+        30.0, "Longest wait between retries of a prompt (s); backoff doubles from 1 s, jittered."
+    )
     probe_timeout: float = setting(25.0, "Seconds a /health probe may take (SGLang's own check gives up after 20 s).")
     render_processes: int = setting(
-        2, "Processes that render conversations' next turns (--history own), started on first need.")
+        2, "Processes that render conversations' next turns (--history own), started on first need."
+    )
 
     def __post_init__(self) -> None:
         problems = []
@@ -86,8 +96,10 @@ class WorkerConfig:
         if unknown:
             problems.append(f"backend {', '.join(unknown)}: must be one of {', '.join(BACKEND_CHOICES)}")
         if len(self.backend) > 1 and len(self.backend) != len(self.servers):
-            problems.append(f"backend given {len(self.backend)} times for {len(self.servers)} servers: give it "
-                            "once for all, or once per server in --server order")
+            problems.append(
+                f"backend given {len(self.backend)} times for {len(self.servers)} servers: give it "
+                "once for all, or once per server in --server order"
+            )
         if problems:
             raise ConfigError("; ".join(problems))
 

@@ -110,9 +110,15 @@ class FollowUps:
             then go out after HUNGRY_WAIT instead of waiting for a full batch.
     """
 
-    def __init__(self, *, redis_client: redis.Redis, send: Callable[[dict], None],
-                 render_processes: int = _config_default("render_processes"), stopping: threading.Event | None = None,
-                 hungry: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        *,
+        redis_client: redis.Redis,
+        send: Callable[[dict], None],
+        render_processes: int = _config_default("render_processes"),
+        stopping: threading.Event | None = None,
+        hungry: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.client = redis_client
         self.send = send
         self.hungry = hungry
@@ -194,8 +200,9 @@ class FollowUps:
         repaired = sum(1 for r in records if r.repaired_prefix)
         items = {item.key: item for item in payload.items}
         if not any(items[r.key].conversation for r in records if r.key in items):
-            return campaign.mark_done([r.key for r in records], tokens_in=tokens_in, tokens_out=tokens_out,
-                                      repaired=repaired)
+            return campaign.mark_done(
+                [r.key for r in records], tokens_in=tokens_in, tokens_out=tokens_out, repaired=repaired
+            )
         self.start()  # alive (liveness key) before storing entries that name this process
         entries: list[tuple[str, str, str, bytes | str]] = []
         follow: dict[str, _Pending] = {}
@@ -207,22 +214,40 @@ class FollowUps:
             state = ConversationState.from_dict(item.conversation)
             end = end_before_render(state, finish_reason=record.finish_reason)
             if end is not None:
-                entries.append((record.key, END, state.key, end_json(
-                    reason=end, conversation=state.key, turns=item.turn + 1, row_id=item.row_id, source=item.source,
-                    at=time.time())))
+                entries.append(
+                    (
+                        record.key,
+                        END,
+                        state.key,
+                        end_json(
+                            reason=end,
+                            conversation=state.key,
+                            turns=item.turn + 1,
+                            row_id=item.row_id,
+                            source=item.source,
+                            at=time.time(),
+                        ),
+                    )
+                )
                 continue
             following = turn_key(state.key, item.turn + 1)
-            data = {"s": "render", "sampling": payload.sampling, "item": pack_item(replace(item, ids=[])),
-                    "out": pack_ids(record.output_ids), "finish": record.finish_reason,
-                    "matched": record.finish_matched}
+            data = {
+                "s": "render",
+                "sampling": payload.sampling,
+                "item": pack_item(replace(item, ids=[])),
+                "out": pack_ids(record.output_ids),
+                "finish": record.finish_reason,
+                "matched": record.finish_matched,
+            }
             follow[following] = _Pending(campaign=campaign.name, key=following, data=data)
             entries.append((record.key, FOLLOW, following, msgpack.packb(data, use_bin_type=True)))
         with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
             for pending in follow.values():
                 self._rendering[(campaign.name, pending.key)] = pending
         try:
-            added, stored = ConversationStore(campaign).commit(entries, owner=self.owner, tokens_in=tokens_in,
-                                                               tokens_out=tokens_out, repaired=repaired)
+            added, stored = ConversationStore(campaign).commit(
+                entries, owner=self.owner, tokens_in=tokens_in, tokens_out=tokens_out, repaired=repaired
+            )
         except BaseException:
             self._forget(campaign.name, follow)
             raise
@@ -242,8 +267,14 @@ class FollowUps:
     # ---- background thread -----------------------------------------------------------------
     def _run(self) -> None:
         while not self._closed.is_set():
-            for step in (self._keep_alive, self._submit_renders, self._store_rendered, self._form_batches,
-                         self._publish_formed, self._sweep):
+            for step in (
+                self._keep_alive,
+                self._submit_renders,
+                self._store_rendered,
+                self._form_batches,
+                self._publish_formed,
+                self._sweep,
+            ):
                 try:
                     step()
                 except (redis.RedisError, OSError) as exc:
@@ -281,8 +312,12 @@ class FollowUps:
             # enqueue stores it, and `retry-failed` must then find it at once.
             folder = fetch_tokenizer(self.client, fingerprint=identity[0], chat_template_hash=identity[1])
             try:
-                renderer = Renderer(folder=folder, processes=self.render_processes, fingerprint=identity[0],
-                                    chat_template_hash=identity[1])
+                renderer = Renderer(
+                    folder=folder,
+                    processes=self.render_processes,
+                    fingerprint=identity[0],
+                    chat_template_hash=identity[1],
+                )
             except RendererMismatch as exc:
                 self._unavailable[identity] = (time.monotonic(), str(exc))
                 raise TokenizerUnavailable(str(exc)) from exc
@@ -293,8 +328,12 @@ class FollowUps:
                 self._unavailable[identity] = (time.monotonic(), message)
                 raise TokenizerUnavailable(message) from exc
             self._renderers[identity] = renderer
-            log.info("rendering next turns with the tokenizer %s (template %s) in %d processes",
-                     identity[0], identity[1], self.render_processes)
+            log.info(
+                "rendering next turns with the tokenizer %s (template %s) in %d processes",
+                identity[0],
+                identity[1],
+                self.render_processes,
+            )
             return renderer
 
     def _drop_renderer(self, settings: CampaignSettings) -> None:
@@ -332,7 +371,7 @@ class FollowUps:
             log.error("%d next turns of %s wait (trying again in %.0f s): %s", len(group), name, PREPARE_RETRY, exc)
             self._blocked_until[name] = time.monotonic() + PREPARE_RETRY
             return group
-        chunks = [group[start: start + RENDER_CHUNK] for start in range(0, len(group), RENDER_CHUNK)]
+        chunks = [group[start : start + RENDER_CHUNK] for start in range(0, len(group), RENDER_CHUNK)]
         for index, chunk in enumerate(chunks):
             try:
                 future = renderer.submit([_render_job(p.data, settings) for p in chunk])
@@ -388,9 +427,22 @@ class FollowUps:
                     ready[pending.key] = _Pending(campaign=name, key=pending.key, data=data)
                     entries.append((pending.key, "ready", state.key, msgpack.packb(data, use_bin_type=True)))
                 else:
-                    entries.append((pending.key, "end", state.key, end_json(
-                        reason=result[1], conversation=state.key, turns=parent.turn + 1, row_id=parent.row_id,
-                        source=parent.source, message=result[2], at=time.time())))
+                    entries.append(
+                        (
+                            pending.key,
+                            "end",
+                            state.key,
+                            end_json(
+                                reason=result[1],
+                                conversation=state.key,
+                                turns=parent.turn + 1,
+                                row_id=parent.row_id,
+                                source=parent.source,
+                                message=result[2],
+                                at=time.time(),
+                            ),
+                        )
+                    )
             held = ConversationStore(Campaign(self.client, name)).ready(entries, owner=self.owner)
             self._ready_results = [r for r in self._ready_results if r[0].campaign != name]
             with self._lock:
@@ -407,10 +459,20 @@ class FollowUps:
         if settings is not None:
             # Every sample has a seed (as the producer gives turn 0): from --seed, else from its key.
             seed = SamplingParams.from_dict(settings.sampling).sample_seed(
-                prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key)
-        return PromptItem(key=key, row_id=parent.row_id, sample=parent.sample,
-                          ids=ids, seed=seed, source=parent.source, turn=parent.turn + 1, conversation=state,
-                          sampling_overrides=parent.sampling_overrides, variant=parent.variant)
+                prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key
+            )
+        return PromptItem(
+            key=key,
+            row_id=parent.row_id,
+            sample=parent.sample,
+            ids=ids,
+            seed=seed,
+            source=parent.source,
+            turn=parent.turn + 1,
+            conversation=state,
+            sampling_overrides=parent.sampling_overrides,
+            variant=parent.variant,
+        )
 
     def _form_batches(self) -> None:
         now = time.monotonic()
@@ -425,11 +487,18 @@ class FollowUps:
             while pendings and (len(pendings) >= FOLLOWUP_BATCH_SIZE or now - pendings[0].since >= wait):
                 chunk = pendings[:FOLLOWUP_BATCH_SIZE]
                 items = [unpack_item(p.data["item"]) for p in chunk]
-                payload = TaskPayload(campaign=name, batch=batch_id([i.key for i in items]),
-                                      sampling=chunk[0].data["sampling"], items=items).encode()
+                payload = TaskPayload(
+                    campaign=name,
+                    batch=batch_id([i.key for i in items]),
+                    sampling=chunk[0].data["sampling"],
+                    items=items,
+                ).encode()
                 lost = ConversationStore(Campaign(self.client, name)).form(
-                    owner=self.owner, batch=payload["batch"], payload=msgpack.packb(payload, use_bin_type=True),
-                    keys=[i.key for i in items])
+                    owner=self.owner,
+                    batch=payload["batch"],
+                    payload=msgpack.packb(payload, use_bin_type=True),
+                    keys=[i.key for i in items],
+                )
                 taken = [p for p in chunk if p.key in lost] if lost else chunk
                 with self._lock:
                     group = self._ready.get((name, sampling_key), {})
@@ -479,8 +548,9 @@ class FollowUps:
                 elif self._owner_dead(owner):
                     taken = store.adopt(entries, owner=self.owner, dead=owner)
                     if taken:
-                        log.warning("adopting %d follow-up entries of %s from a dead worker process %s",
-                                    len(taken), name, owner)
+                        log.warning(
+                            "adopting %d follow-up entries of %s from a dead worker process %s", len(taken), name, owner
+                        )
                     for entry in taken:
                         self._resume(store, name, entry)
         self._untracked_before = untracked_now
@@ -488,14 +558,17 @@ class FollowUps:
     def _tracked(self, name: str, entry: str) -> bool:
         with self._lock:
             if entry.startswith(BATCH_FIELD_PREFIX):
-                return (name, entry[len(BATCH_FIELD_PREFIX):]) in self._unsent
-            return ((name, entry) in self._rendering or any(p.campaign == name and p.key == entry for p in self._to_render)
-                    or any(entry in members for (group_name, _), members in self._ready.items() if group_name == name))
+                return (name, entry[len(BATCH_FIELD_PREFIX) :]) in self._unsent
+            return (
+                (name, entry) in self._rendering
+                or any(p.campaign == name and p.key == entry for p in self._to_render)
+                or any(entry in members for (group_name, _), members in self._ready.items() if group_name == name)
+            )
 
     def _resume(self, store: ConversationStore, name: str, entry: str) -> None:
         """Carry on with an entry this process now holds, from the state it is in."""
         if entry.startswith(BATCH_FIELD_PREFIX):
-            batch = entry[len(BATCH_FIELD_PREFIX):]
+            batch = entry[len(BATCH_FIELD_PREFIX) :]
             blob = store.batch(batch)
             if blob is not None:
                 with self._lock:
@@ -534,7 +607,11 @@ def _group_of(data: dict) -> str:
 def _render_job(data: dict, settings: CampaignSettings) -> dict:
     parent = unpack_item(data["item"])
     return {
-        "state": parent.conversation, "output_ids": unpack_ids(data["out"]), "finish_reason": data["finish"],
-        "matched": data["matched"], "eos_token_ids": list(settings.eos_token_ids),
-        "think_close_id": settings.think_close_id, "max_prompt_tokens": settings.max_prompt_tokens,
+        "state": parent.conversation,
+        "output_ids": unpack_ids(data["out"]),
+        "finish_reason": data["finish"],
+        "matched": data["matched"],
+        "eos_token_ids": list(settings.eos_token_ids),
+        "think_close_id": settings.think_close_id,
+        "max_prompt_tokens": settings.max_prompt_tokens,
     }

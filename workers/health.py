@@ -37,7 +37,7 @@ from eagle_synth.node_state import (
 )
 from eagle_synth.processes import process_alive
 from workers.backends import AUTO, BACKENDS, preflight_server
-from workers.client import SGLangClient, ServerDown, TransientError
+from workers.client import ServerDown, SGLangClient, TransientError
 from workers.disk import DiskState
 from workers.preflight import PreflightError
 
@@ -87,11 +87,19 @@ class HealthGate:
             listed, or "auto", is detected at preflight (workers/backends/).
     """
 
-    def __init__(self, *, servers: list[str], node_state: NodeState,
-                 on_open: Callable[[], None], on_close: Callable[[], None],
-                 allow_server_parsers: bool = False, allowed_settings: frozenset[str] | None = None,
-                 probe_timeout: float = 25.0, disk: DiskState | None = None,
-                 backends: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        servers: list[str],
+        node_state: NodeState,
+        on_open: Callable[[], None],
+        on_close: Callable[[], None],
+        allow_server_parsers: bool = False,
+        allowed_settings: frozenset[str] | None = None,
+        probe_timeout: float = 25.0,
+        disk: DiskState | None = None,
+        backends: dict[str, str] | None = None,
+    ) -> None:
         self.node_state = node_state
         self.on_open = on_open
         self.on_close = on_close
@@ -179,9 +187,12 @@ class HealthGate:
             return self._failed(tracked, state, detail, certain=False, now=now)
         if not tracked.preflighted:
             try:
-                checked = preflight_server(tracked.client, forced=self.forced[url],
-                                           allow_server_parsers=self.allow_server_parsers,
-                                           allowed_settings=self.allowed_settings)
+                checked = preflight_server(
+                    tracked.client,
+                    forced=self.forced[url],
+                    allow_server_parsers=self.allow_server_parsers,
+                    allowed_settings=self.allowed_settings,
+                )
             except PreflightError as exc:
                 log.error("%s", exc)
                 tracked.next_probe = float("inf")
@@ -191,10 +202,15 @@ class HealthGate:
             for problem in checked.accepted:
                 log.warning("server %s accepted despite %s", url, problem)
             facts = checked.facts
-            log.warning("server %s is %s %s serving %s (context %s; kind from %s)", url, checked.kind,
-                        facts.version or "(version unknown)",
-                        facts.model_info.get("id") or facts.server_info.get("model_path") or "?",
-                        facts.context_length, checked.how)
+            log.warning(
+                "server %s is %s %s serving %s (context %s; kind from %s)",
+                url,
+                checked.kind,
+                facts.version or "(version unknown)",
+                facts.model_info.get("id") or facts.server_info.get("model_path") or "?",
+                facts.context_length,
+                checked.how,
+            )
             BACKENDS[checked.kind].apply_facts(tracked.state, facts, accepted=checked.accepted)
             tracked.preflighted = True
         tracked.failures = 0
@@ -207,8 +223,13 @@ class HealthGate:
         if tracked.state.state == HEALTHY and not certain and tracked.failures < FAILURES_TO_UNHEALTHY:
             # One slow probe on a busy server: look again soon, keep serving meanwhile.
             tracked.next_probe = now + BACKOFF_START
-            log.info("server %s: probe failed (%d/%d): %s", tracked.client.url, tracked.failures,
-                     FAILURES_TO_UNHEALTHY, detail)
+            log.info(
+                "server %s: probe failed (%d/%d): %s",
+                tracked.client.url,
+                tracked.failures,
+                FAILURES_TO_UNHEALTHY,
+                detail,
+            )
             return False
         tracked.next_probe = now + tracked.wait
         tracked.wait = min(tracked.wait * BACKOFF_FACTOR, BACKOFF_MAX)
@@ -216,8 +237,9 @@ class HealthGate:
 
     def _publish(self) -> None:
         self._last_publish = time.time()
-        self.node_state.publish({u: t.state for u, t in self.tracked.items()}, consuming=self.is_open,
-                                disk=self._disk_detail)
+        self.node_state.publish(
+            {u: t.state for u, t in self.tracked.items()}, consuming=self.is_open, disk=self._disk_detail
+        )
 
     def _disk_ok(self) -> bool:
         if self.disk is None:

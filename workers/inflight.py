@@ -31,7 +31,12 @@ import aiohttp
 
 from workers.backends.base import Backend
 from workers.client import (
-    CONNECT_TIMEOUT, BadSamplingParams, ClientError, ServerDown, TransientError, error_for_status,
+    CONNECT_TIMEOUT,
+    BadSamplingParams,
+    ClientError,
+    ServerDown,
+    TransientError,
+    error_for_status,
 )
 
 log = logging.getLogger("eagle_synth.inflight")
@@ -84,8 +89,14 @@ class InflightPool:
         backends: each server's backend if known now; later ones come through `set_backend`.
     """
 
-    def __init__(self, *, servers: list[str], on_tick: Callable[[Mapping[tuple[str, str], int]], dict[str, int]],
-                 initial_tickets: int = 0, backends: Mapping[str, Backend] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        servers: list[str],
+        on_tick: Callable[[Mapping[tuple[str, str], int]], dict[str, int]],
+        initial_tickets: int = 0,
+        backends: Mapping[str, Backend] | None = None,
+    ) -> None:
         self.servers = list(servers)
         self._on_tick = on_tick
         self._backends: dict[str, Backend] = dict(backends or {})
@@ -116,8 +127,9 @@ class InflightPool:
 
     def routable(self) -> bool:
         """True if some server may take prompts right now."""
-        return any(self._limits.get(url, 0) > 0 and url not in self._refused and url in self._backends
-                   for url in self.servers)
+        return any(
+            self._limits.get(url, 0) > 0 and url not in self._refused and url in self._backends for url in self.servers
+        )
 
     def inflight(self) -> dict[str, int]:
         """Prompts in flight per server."""
@@ -199,8 +211,11 @@ class InflightPool:
         try:
             answer = await self._post(url, job)
         except Exception as exc:  # never leave a batch waiting on a future that cannot resolve
-            answer = Answer(url=url, error=TransientError(f"{url}: unexpected client error: {exc!r}"),
-                            backend=self._backends.get(url))
+            answer = Answer(
+                url=url,
+                error=TransientError(f"{url}: unexpected client error: {exc!r}"),
+                backend=self._backends.get(url),
+            )
         finally:
             self._busy[url] -= 1
             self._by_tag[(job.tag, url)] -= 1
@@ -226,8 +241,9 @@ class InflightPool:
         except aiohttp.ClientConnectorError as exc:
             return Answer(url=url, error=ServerDown(f"{url}: connection refused ({exc.os_error})"), backend=backend)
         except TimeoutError:
-            return Answer(url=url, error=TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s"),
-                          backend=backend)
+            return Answer(
+                url=url, error=TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s"), backend=backend
+            )
         except aiohttp.ClientError as exc:
             return Answer(url=url, error=TransientError(f"{url}{path}: connection error: {exc!r}"), backend=backend)
         error = error_for_status(status, raw, path=path)
@@ -236,5 +252,8 @@ class InflightPool:
         try:
             return Answer(url=url, item=json.loads(raw), backend=backend)
         except ValueError as exc:
-            return Answer(url=url, error=TransientError(f"{path} answered 200 with a body that is not JSON: {exc}"),
-                          backend=backend)
+            return Answer(
+                url=url,
+                error=TransientError(f"{path} answered 200 with a body that is not JSON: {exc}"),
+                backend=backend,
+            )

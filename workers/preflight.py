@@ -47,16 +47,49 @@ PARSER_SETTINGS = frozenset({"reasoning_parser", "tool_call_parser", "skip_token
 # deny-list: SGLang adds arguments every release, and some are secrets (api_key,
 # admin_api_key, ssl_keyfile_password, ...). No key, token or password is ever listed here.
 PROVENANCE_LAUNCH_ARGS = (
-    "model_path", "tokenizer_path", "tokenizer_mode", "served_model_name", "revision",
-    "load_format", "dtype", "quantization", "kv_cache_dtype", "context_length", "is_embedding",
-    "trust_remote_code", "skip_tokenizer_init", "chat_template", "reasoning_parser",
-    "tool_call_parser", "sampling_defaults", "allow_auto_truncate",
-    "enable_deterministic_inference", "random_seed", "tp_size", "dp_size", "pp_size", "ep_size",
-    "max_running_requests", "max_queued_requests", "max_total_tokens", "max_total_num_tokens",
-    "max_req_input_len", "max_prefill_tokens", "chunked_prefill_size", "page_size",
-    "schedule_policy", "disable_radix_cache", "attention_backend", "sampling_backend",
-    "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
-    "speculative_eagle_topk", "speculative_num_draft_tokens", "weight_version", "version",
+    "model_path",
+    "tokenizer_path",
+    "tokenizer_mode",
+    "served_model_name",
+    "revision",
+    "load_format",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "context_length",
+    "is_embedding",
+    "trust_remote_code",
+    "skip_tokenizer_init",
+    "chat_template",
+    "reasoning_parser",
+    "tool_call_parser",
+    "sampling_defaults",
+    "allow_auto_truncate",
+    "enable_deterministic_inference",
+    "random_seed",
+    "tp_size",
+    "dp_size",
+    "pp_size",
+    "ep_size",
+    "max_running_requests",
+    "max_queued_requests",
+    "max_total_tokens",
+    "max_total_num_tokens",
+    "max_req_input_len",
+    "max_prefill_tokens",
+    "chunked_prefill_size",
+    "page_size",
+    "schedule_policy",
+    "disable_radix_cache",
+    "attention_backend",
+    "sampling_backend",
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "weight_version",
+    "version",
 )
 # speculative_algorithm values whose drafts SGLang stores in the request's own token slots, so
 # they count against the context (TokenizerManager: SpeculativeAlgorithm.is_eagle(); NEXTN is
@@ -119,13 +152,15 @@ def _parser(key: str, why: str, flag: str) -> Callable[[ServerFacts], Problem | 
         if not value:
             return None
         return Problem(key, f"{why} [{key}={value!r}]", f"relaunch it without {flag}")
+
     return check
 
 
 def _not_generation(facts: ServerFacts) -> Problem | None:
     if facts.model_info.get("is_generation") is False:
-        return Problem("is_generation", "the model is not a generation model (is_generation=false)",
-                       "serve a generation model")
+        return Problem(
+            "is_generation", "the model is not a generation model (is_generation=false)", "serve a generation model"
+        )
     return None
 
 
@@ -144,8 +179,9 @@ def _preferred_params(facts: ServerFacts) -> Problem | None:
     try:
         preferred = preferred_sampling_params(facts)
     except ValueError as exc:
-        return Problem("preferred_sampling_params", f"the server's {exc}",
-                       "relaunch it without --preferred-sampling-params")
+        return Problem(
+            "preferred_sampling_params", f"the server's {exc}", "relaunch it without --preferred-sampling-params"
+        )
     applied = sorted(set(preferred or ()) - SENT_SAMPLING_KEYS)
     if not applied:
         return None
@@ -193,14 +229,19 @@ def allowed_settings_from_env(environ: dict[str, str] | None = None) -> frozense
     names = frozenset(name.strip() for name in raw.split(",") if name.strip())
     unknown = sorted(names - set(REFUSABLE_SETTINGS))
     if unknown:
-        log.warning("%s names unknown settings %s (known: %s)", ENV_ALLOW_SETTINGS, unknown,
-                    ", ".join(REFUSABLE_SETTINGS))
+        log.warning(
+            "%s names unknown settings %s (known: %s)", ENV_ALLOW_SETTINGS, unknown, ", ".join(REFUSABLE_SETTINGS)
+        )
     return names
 
 
-def check_server(facts: ServerFacts, *, allow_server_parsers: bool = False,
-                 allowed_settings: Iterable[str] | None = None,
-                 checks: Mapping[str, Check] | None = None) -> list[str]:
+def check_server(
+    facts: ServerFacts,
+    *,
+    allow_server_parsers: bool = False,
+    allowed_settings: Iterable[str] | None = None,
+    checks: Mapping[str, Check] | None = None,
+) -> list[str]:
     """Raise PreflightError for a refused server; return the accepted problems otherwise.
 
     `allowed_settings` None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS; `allow_server_parsers`
@@ -213,7 +254,8 @@ def check_server(facts: ServerFacts, *, allow_server_parsers: bool = False,
     refused = [p for p in problems if p.setting not in allowed]
     if refused:
         raise PreflightError(
-            f"refusing server {redact_url(facts.url)}:\n  - " + "\n  - ".join(p.refusal() for p in refused)
+            f"refusing server {redact_url(facts.url)}:\n  - "
+            + "\n  - ".join(p.refusal() for p in refused)
             + "\nRelaunch it without these settings, or accept them by name with "
             "--allow-server-setting NAME (--allow-server-parsers accepts the parser-related ones)."
         )
@@ -307,19 +349,28 @@ def fits_context(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits)
 def context_message(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> str:
     """Why fits_context said no, for the prompt's failure record (`prompt-too-long`)."""
     ctx = limits.context_length or 0
-    reserved = (f" + {limits.reserved_tokens} tokens the server reserves for speculative drafts"
-                if limits.reserved_tokens else "")
+    reserved = (
+        f" + {limits.reserved_tokens} tokens the server reserves for speculative drafts"
+        if limits.reserved_tokens
+        else ""
+    )
     held = prompt_len + limits.reserved_tokens
     if held >= ctx or held + max_new_tokens > ctx:
-        return (f"prompt of {prompt_len} tokens{reserved} + max_new_tokens {max_new_tokens} "
-                f"exceeds the server's context length {ctx}")
+        return (
+            f"prompt of {prompt_len} tokens{reserved} + max_new_tokens {max_new_tokens} "
+            f"exceeds the server's context length {ctx}"
+        )
     if limits.max_req_input_len is not None and prompt_len >= limits.max_req_input_len:
-        return (f"prompt of {prompt_len} tokens is not below the server's input limit "
-                f"(max_req_input_len {limits.max_req_input_len}; context length {ctx})")
+        return (
+            f"prompt of {prompt_len} tokens is not below the server's input limit "
+            f"(max_req_input_len {limits.max_req_input_len}; context length {ctx})"
+        )
     max_req_len = limits.max_req_len if limits.max_req_len is not None else ctx - 1
     granted = max(max_req_len - prompt_len - 1, 0)
-    return (f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} is too close to the "
-            f"server's context length {ctx}: it would silently lower max_new_tokens to {granted}")
+    return (
+        f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} is too close to the "
+        f"server's context length {ctx}: it would silently lower max_new_tokens to {granted}"
+    )
 
 
 def _int_or_none(value: object) -> int | None:
@@ -408,7 +459,8 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
     its launch arguments (never a secret), its version and model, what it does to sampling
     and context, and the refused settings accepted by override."""
     launch_args = {
-        key: facts.server_info[key] for key in PROVENANCE_LAUNCH_ARGS
+        key: facts.server_info[key]
+        for key in PROVENANCE_LAUNCH_ARGS
         if key in facts.server_info
         and (isinstance(facts.server_info[key], (str, int, float, bool)) or facts.server_info[key] is None)
     }

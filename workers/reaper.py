@@ -40,8 +40,15 @@ class Reaper:
         reap_after: seconds since fetch before a message without a live lease is stranded.
     """
 
-    def __init__(self, client: redis.Redis, *, node: str, queue: str, interval: float = REAP_INTERVAL,
-                 reap_after: float = REAP_AFTER) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        node: str,
+        queue: str,
+        interval: float = REAP_INTERVAL,
+        reap_after: float = REAP_AFTER,
+    ) -> None:
         self.client = client
         self.node = node
         self.queue = queue
@@ -56,8 +63,14 @@ class Reaper:
         for held in stranded_batches(self.client, reap_after=self.reap_after, with_entries=True):
             if restore(self.client, held, queue_name=self.queue):
                 restored += 1
-                log.warning("restored batch %s of campaign %s (%d prompts): its worker held it without a "
-                            "live lease for over %.0f s", held.batch, held.campaign, len(held.keys), self.reap_after)
+                log.warning(
+                    "restored batch %s of campaign %s (%d prompts): its worker held it without a "
+                    "live lease for over %.0f s",
+                    held.batch,
+                    held.campaign,
+                    len(held.keys),
+                    self.reap_after,
+                )
         return restored
 
     def run(self, stop: threading.Event) -> None:
@@ -87,8 +100,7 @@ class ReaperStep(bootsteps.StartStopStep):
             return
         settings = broker_settings()
         reaper = Reaper(connect(settings), node=c.hostname, queue=settings.queue)
-        self._thread = threading.Thread(target=reaper.run, args=(self._stop,), name="eagle-synth-reaper",
-                                        daemon=True)
+        self._thread = threading.Thread(target=reaper.run, args=(self._stop,), name="eagle-synth-reaper", daemon=True)
         self._thread.start()
 
     def shutdown(self, c):

@@ -46,9 +46,14 @@ def _render(jobs: list[dict]) -> list[tuple]:
     for job in jobs:
         try:
             turn = next_turn(
-                _tokenizer, ConversationState.from_dict(job["state"]), job["output_ids"],
-                finish_reason=job["finish_reason"], matched=job["matched"], eos_token_ids=job["eos_token_ids"],
-                think_close_id=job["think_close_id"], max_prompt_tokens=job["max_prompt_tokens"],
+                _tokenizer,
+                ConversationState.from_dict(job["state"]),
+                job["output_ids"],
+                finish_reason=job["finish_reason"],
+                matched=job["matched"],
+                eos_token_ids=job["eos_token_ids"],
+                think_close_id=job["think_close_id"],
+                max_prompt_tokens=job["max_prompt_tokens"],
             )
         except Exception as exc:  # a conversation the contract cannot handle ends; the others go on
             out.append(("end", "template-error", f"{type(exc).__name__}: {exc}"))
@@ -79,8 +84,12 @@ class Renderer:
         self.folder = folder
         self.processes = max(1, processes)
         self.expected = (fingerprint, chat_template_hash)
-        self._pool = ProcessPoolExecutor(max_workers=self.processes, initializer=_init, initargs=(str(folder),),
-                                         mp_context=multiprocessing.get_context(START_METHOD))
+        self._pool = ProcessPoolExecutor(
+            max_workers=self.processes,
+            initializer=_init,
+            initargs=(str(folder),),
+            mp_context=multiprocessing.get_context(START_METHOD),
+        )
         try:
             found = self._pool.submit(_identity).result()
         except BaseException:

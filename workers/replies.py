@@ -93,7 +93,7 @@ def excerpt(value: object) -> str:
 
 
 def kind_of(value: object) -> str:
-    """"a list", "an int", ... for messages."""
+    """ "a list", "an int", ... for messages."""
     name = type(value).__name__
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
@@ -113,8 +113,7 @@ def _finish(meta: dict) -> tuple[str, int | str | None]:
         raise BadResponse(f"finish_reason is {kind_of(finish)}, not an object: {excerpt(finish)}")
     kind = finish.get("type")
     if kind not in FINISH_TYPES:
-        raise BadResponse(f"finish_reason has an unknown type {excerpt(kind)} (expected one of "
-                          f"{sorted(FINISH_TYPES)})")
+        raise BadResponse(f"finish_reason has an unknown type {excerpt(kind)} (expected one of {sorted(FINISH_TYPES)})")
     matched = finish.get("matched")
     if kind != "stop":
         return kind, None
@@ -135,9 +134,7 @@ def checked_ids(ids: object, *, field: str, vocab_size: int) -> list[int]:
         raise BadResponse(f"{field} is {kind_of(ids)}, not a list: {excerpt(ids)}")
     # C-speed checks first (records run to thousands of ids); find the culprit only on failure.
     if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= vocab_size):
-        position, bad = next(
-            (i, v) for i, v in enumerate(ids) if not is_token_int(v) or not 0 <= v < vocab_size
-        )
+        position, bad = next((i, v) for i, v in enumerate(ids) if not is_token_int(v) or not 0 <= v < vocab_size)
         if not is_token_int(bad):
             raise BadResponse(f"{field}[{position}] is not an int: {excerpt(bad)}")
         raise BadResponse(f"{field}[{position}] = {bad} is outside the vocabulary [0, {vocab_size})")
@@ -171,8 +168,15 @@ def parse_generate_item(item: object, *, vocab_size: int, prompt_len: int) -> Ge
     if kind == "abort":
         # Whatever came with an abort is thrown away: the prompt is asked again.
         return GeneratedItem(
-            output_ids=[], finish_type=kind, finish_matched=None, prompt_tokens=prompt_len,
-            completion_tokens=0, cached_tokens=0, e2e_latency=None, repaired_prefix=0, aborted=True,
+            output_ids=[],
+            finish_type=kind,
+            finish_matched=None,
+            prompt_tokens=prompt_len,
+            completion_tokens=0,
+            cached_tokens=0,
+            e2e_latency=None,
+            repaired_prefix=0,
+            aborted=True,
         )
     output_ids = _output_ids(item, vocab_size=vocab_size)
 
@@ -181,7 +185,8 @@ def parse_generate_item(item: object, *, vocab_size: int, prompt_len: int) -> Ge
         raise PromptMismatch(
             f"the server reports a prompt of {reported_prompt} tokens for the {prompt_len} sent "
             "(it cut or changed the prompt: is it launched with --allow-auto-truncate?)",
-            sent=prompt_len, reported=reported_prompt,
+            sent=prompt_len,
+            reported=reported_prompt,
         )
 
     completion = _count(meta, "completion_tokens")
@@ -193,9 +198,7 @@ def parse_generate_item(item: object, *, vocab_size: int, prompt_len: int) -> Ge
         repaired = len(output_ids) - completion
         output_ids = output_ids[repaired:]
     elif len(output_ids) < completion:
-        raise BadResponse(
-            f"output_ids has {len(output_ids)} ids but completion_tokens says {completion}"
-        )
+        raise BadResponse(f"output_ids has {len(output_ids)} ids but completion_tokens says {completion}")
 
     cached = meta.get("cached_tokens")
     latency = meta.get("e2e_latency")

@@ -39,9 +39,16 @@ class WorkerRuntime:
             app of its own for these broker settings.
     """
 
-    def __init__(self, *, config: WorkerConfig, node: str, stopping: threading.Event | None = None,
-                 disk: DiskState | None = None, broker: BrokerSettings | None = None,
-                 send: Callable[[dict], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        node: str,
+        stopping: threading.Event | None = None,
+        disk: DiskState | None = None,
+        broker: BrokerSettings | None = None,
+        send: Callable[[dict], None] | None = None,
+    ) -> None:
         settings = broker or broker_settings()
         self.config = config
         self.node_state = NodeState(connect(settings), node)
@@ -49,12 +56,22 @@ class WorkerRuntime:
         self._tickets_logged: dict[str, int] = {}
         self._backends: dict[str, tuple] = {}
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
-        self.followups = FollowUps(redis_client=connect(settings), send=send or _own_sender(settings),
-                                   render_processes=config.render_processes, stopping=stopping,
-                                   hungry=lambda: self.pool.waiting() == 0)
+        self.followups = FollowUps(
+            redis_client=connect(settings),
+            send=send or _own_sender(settings),
+            render_processes=config.render_processes,
+            stopping=stopping,
+            hungry=lambda: self.pool.waiting() == 0,
+        )
         self.runner = BatchRunner(
-            config=config, redis_client=connect(settings), node=node, task_budget=settings.task_budget_seconds,
-            pool=self.pool, disk=disk or DiskState(folder=config.out), followups=self.followups, stopping=stopping,
+            config=config,
+            redis_client=connect(settings),
+            node=node,
+            task_budget=settings.task_budget_seconds,
+            pool=self.pool,
+            disk=disk or DiskState(folder=config.out),
+            followups=self.followups,
+            stopping=stopping,
             shutdown_grace=float(settings.soft_shutdown_timeout),
         )
 
@@ -67,9 +84,15 @@ class WorkerRuntime:
         tickets = self.config.inflight or auto_inflight(server_capacity(state))
         if self._tickets_logged.get(url) != tickets:
             self._tickets_logged[url] = tickets
-            source = "--inflight" if self.config.inflight else (
-                f"1.25 x the server's max_running_requests {server_capacity(state)}" if server_capacity(state)
-                else "the default (the server does not report its capacity)")
+            source = (
+                "--inflight"
+                if self.config.inflight
+                else (
+                    f"1.25 x the server's max_running_requests {server_capacity(state)}"
+                    if server_capacity(state)
+                    else "the default (the server does not report its capacity)"
+                )
+            )
             log.warning("server %s: keeping %d prompts in flight (%s)", url, tickets, source)
         return tickets
 
@@ -95,9 +118,14 @@ class WorkerRuntime:
         if self._backends.get(url) != identity:
             self._backends[url] = identity
             self.pool.set_backend(url, backend)
-            log.warning("server %s: sending prompts to %s%s", url, backend.path,
-                        f" (model {identity[1]})" if identity[1] else "")
+            log.warning(
+                "server %s: sending prompts to %s%s",
+                url,
+                backend.path,
+                f" (model {identity[1]})" if identity[1] else "",
+            )
         return True
+
 
 def _own_sender(settings: BrokerSettings) -> Callable[[dict], None]:
     """Publish with a Celery app made on first use (the worker passes its own app's instead)."""

@@ -62,9 +62,13 @@ def main() -> None:
         if is_out_of_memory(exc):
             stop(out_of_memory_message())
         if isinstance(exc, redis.AuthenticationError):
-            stop(f"Redis refused the credentials: {exc}. Check the user and password in "
-                 "--redis / REDIS_URL (redis://user:password@host:port/db).")
+            stop(
+                f"Redis refused the credentials: {exc}. Check the user and password in "
+                "--redis / REDIS_URL (redis://user:password@host:port/db)."
+            )
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OperationalError)):
-            stop(f"cannot reach Redis: {exc}. Check --redis / REDIS_URL; for TLS use rediss:// "
-                 "and EAGLE_SYNTH_REDIS_CA. Rerunning a command is safe: enqueue resumes where it stopped.")
+            stop(
+                f"cannot reach Redis: {exc}. Check --redis / REDIS_URL; for TLS use rediss:// "
+                "and EAGLE_SYNTH_REDIS_CA. Rerunning a command is safe: enqueue resumes where it stopped."
+            )
         raise

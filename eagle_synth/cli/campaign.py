@@ -19,14 +19,18 @@ def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
     parts = [part.strip() for part in (raw or "").split(",") if part.strip()]
     bad = [part for part in parts if not part.isdigit()]
     if bad:
-        fail(f"--stop-token-ids: {bad[0]!r} is not a token id; give comma-separated non-negative integers, e.g. 151645,151643")
+        fail(
+            f"--stop-token-ids: {bad[0]!r} is not a token id; give comma-separated non-negative integers, e.g. 151645,151643"
+        )
     return tuple(int(part) for part in parts)
-
 
 
 @app.command()
 def enqueue(
-    files: Annotated[list[str], typer.Argument(help="JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin.")],
+    files: Annotated[
+        list[str],
+        typer.Argument(help="JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin."),
+    ],
     campaign: Annotated[str, typer.Option("--campaign", help="Campaign name; records go to OUT/NAME/.")],
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="Tokenizer folder with the model's chat template.")],
     max_new_tokens: Annotated[int, typer.Option(help="Cap on generated tokens per prompt.")] = 2048,
@@ -35,24 +39,60 @@ def enqueue(
     top_k: Annotated[int, typer.Option(help="Top-k sampling (-1 = off).")] = -1,
     min_p: Annotated[float, typer.Option(help="Min-p sampling.")] = 0.0,
     repetition_penalty: Annotated[float, typer.Option(help="Repetition penalty (1 = off).")] = 1.0,
-    stop_token_ids: Annotated[str | None, typer.Option(help="Extra stop ids, comma-separated (EOS always stops).")] = None,
+    stop_token_ids: Annotated[
+        str | None, typer.Option(help="Extra stop ids, comma-separated (EOS always stops).")
+    ] = None,
     n: Annotated[int, typer.Option("--n", help="Samples per prompt; each is its own record.")] = 1,
     seed: Annotated[int | None, typer.Option(help="Base seed: each sample gets a stable sampling_seed.")] = None,
     batch_size: Annotated[int, typer.Option(help="Prompts per task.")] = 16,
-    turns: Annotated[str, typer.Option(help="'last': regenerate the answer at the last regeneration point (user turn or tool results); 'all': one prompt per point (with --history dataset).")] = "last",
-    history: Annotated[str, typer.Option(help="'dataset': prompts on the row's own history; 'own': answer every user turn in order, each on the model's own earlier answers.")] = "dataset",
-    max_turns: Annotated[int | None, typer.Option(help="With --history own: answer at most this many user turns per conversation.")] = None,
-    variants: Annotated[Path | None, typer.Option(help="JSON list of {name, weight, sampling, chat_template_kwargs} variants, one per conversation by a stable hash.")] = None,
+    turns: Annotated[
+        str,
+        typer.Option(
+            help="'last': regenerate the answer at the last regeneration point (user turn or tool results); 'all': one prompt per point (with --history dataset)."
+        ),
+    ] = "last",
+    history: Annotated[
+        str,
+        typer.Option(
+            help="'dataset': prompts on the row's own history; 'own': answer every user turn in order, each on the model's own earlier answers."
+        ),
+    ] = "dataset",
+    max_turns: Annotated[
+        int | None, typer.Option(help="With --history own: answer at most this many user turns per conversation.")
+    ] = None,
+    variants: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSON list of {name, weight, sampling, chat_template_kwargs} variants, one per conversation by a stable hash."
+        ),
+    ] = None,
     system: Annotated[str | None, typer.Option(help="Default system prompt for rows without one.")] = None,
-    chat_template: Annotated[Path | None, typer.Option(help="Jinja chat template file overriding the tokenizer's.")] = None,
-    chat_template_kwargs: Annotated[str | None, typer.Option(help='Extra template arguments as JSON, e.g. \'{"enable_thinking": false}\'.')] = None,
+    chat_template: Annotated[
+        Path | None, typer.Option(help="Jinja chat template file overriding the tokenizer's.")
+    ] = None,
+    chat_template_kwargs: Annotated[
+        str | None, typer.Option(help="Extra template arguments as JSON, e.g. '{\"enable_thinking\": false}'.")
+    ] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow tokenizers that ship their own code.")] = False,
-    max_prompt_tokens: Annotated[int | None, typer.Option(help="Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else 131072.")] = None,
-    max_prompt_chars: Annotated[int, typer.Option(help="Skip conversations with more characters than this, before templating (0 = no cap).")] = 1_000_000,
-    allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
-    max_backlog: Annotated[int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")] = 200_000,
+    max_prompt_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else 131072."
+        ),
+    ] = None,
+    max_prompt_chars: Annotated[
+        int, typer.Option(help="Skip conversations with more characters than this, before templating (0 = no cap).")
+    ] = 1_000_000,
+    allow_evicting_redis: Annotated[
+        bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
+    ] = False,
+    max_backlog: Annotated[
+        int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")
+    ] = 200_000,
     strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
-    dry_run: Annotated[bool, typer.Option(help="Template and count, print a length histogram, enqueue nothing.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option(help="Template and count, print a length histogram, enqueue nothing.")
+    ] = False,
     processes: Annotated[int | None, typer.Option(help="Templating processes (default: all cores).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
     redis: RedisOpt = None,
@@ -83,8 +123,15 @@ def enqueue(
         fail(f"--chat-template-kwargs must be a JSON object: {exc}")
     stops = _stop_token_ids(stop_token_ids)
     sampling = SamplingParams(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=min_p, repetition_penalty=repetition_penalty, stop_token_ids=stops, n=n, seed=seed,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        stop_token_ids=stops,
+        n=n,
+        seed=seed,
     )
     if batch_size < 1:
         fail("--batch-size must be at least 1")
@@ -97,13 +144,26 @@ def enqueue(
         except VariantsError as exc:
             fail(str(exc))
     options = EnqueueOptions(
-        inputs=files, campaign=campaign, tokenizer=tokenizer, sampling=sampling, batch_size=batch_size,
-        turns=cast("Literal['last', 'all']", turns), system=system, chat_template=str(chat_template) if chat_template else None,
-        chat_template_kwargs=kwargs, trust_remote_code=trust_remote_code,
-        max_prompt_tokens=max_prompt_tokens, max_prompt_chars=max_prompt_chars or None,
-        max_backlog=max_backlog, strict=strict, dry_run=dry_run, processes=processes,
-        allow_evicting_redis=allow_evicting_redis, history=cast("Literal['dataset', 'own']", history),
-        max_turns=max_turns, variants=loaded_variants,
+        inputs=files,
+        campaign=campaign,
+        tokenizer=tokenizer,
+        sampling=sampling,
+        batch_size=batch_size,
+        turns=cast("Literal['last', 'all']", turns),
+        system=system,
+        chat_template=str(chat_template) if chat_template else None,
+        chat_template_kwargs=kwargs,
+        trust_remote_code=trust_remote_code,
+        max_prompt_tokens=max_prompt_tokens,
+        max_prompt_chars=max_prompt_chars or None,
+        max_backlog=max_backlog,
+        strict=strict,
+        dry_run=dry_run,
+        processes=processes,
+        allow_evicting_redis=allow_evicting_redis,
+        history=cast("Literal['dataset', 'own']", history),
+        max_turns=max_turns,
+        variants=loaded_variants,
     )
     broker = None if dry_run else broker_settings(redis_url=redis)
     total_rows = None
@@ -111,8 +171,14 @@ def enqueue(
         total_rows = estimate_rows(files)
     progress = EnqueueProgress(enabled=not as_json, total_rows=total_rows)
     with progress:
-        summary = run_enqueue(options, broker=broker, stdin=sys.stdin.buffer,
-                              on_rows=progress.update, on_wait=progress.waiting, on_warning=warn)
+        summary = run_enqueue(
+            options,
+            broker=broker,
+            stdin=sys.stdin.buffer,
+            on_rows=progress.update,
+            on_wait=progress.waiting,
+            on_warning=warn,
+        )
     if as_json:
         print(json.dumps(summary.to_dict()))
     else:
@@ -158,8 +224,11 @@ def campaigns(
     if not rows:
         typer.echo("no campaigns")
     for r in rows:
-        typer.echo(f"{r['campaign']:<30} {100 * r['finished_share']:5.1f}%  done {r['done']}  failed {r['failed']}  "
-                   f"queued {r['queued']}  in flight {r['inflight']}" + (f"  stranded {r['stranded']}" if r['stranded'] else ""))
+        typer.echo(
+            f"{r['campaign']:<30} {100 * r['finished_share']:5.1f}%  done {r['done']}  failed {r['failed']}  "
+            f"queued {r['queued']}  in flight {r['inflight']}"
+            + (f"  stranded {r['stranded']}" if r["stranded"] else "")
+        )
 
 
 @app.command()
@@ -200,5 +269,7 @@ def retry_failed(
     typer.echo(f"re-enqueued {count} failed prompts of {campaign}" + (f" (reason {reason})" if reason else ""))
     damaged = target.failure_counts().get(RECORD_DAMAGED, 0) if reason in (None, RECORD_DAMAGED) else 0
     if damaged:
-        typer.echo(f"{damaged} prompts failed `{RECORD_DAMAGED}` have no prompt ids to replay: rerun the campaign's "
-                   "original `eagle-synth enqueue` command to enqueue them again")
+        typer.echo(
+            f"{damaged} prompts failed `{RECORD_DAMAGED}` have no prompt ids to replay: rerun the campaign's "
+            "original `eagle-synth enqueue` command to enqueue them again"
+        )

@@ -18,12 +18,20 @@ def flower(
     ctx: typer.Context,
     port: Annotated[int, typer.Option(help="Port of Flower's web UI and API.")] = 5555,
     address: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 to serve other hosts.")] = "127.0.0.1",
-    basic_auth: Annotated[str | None, typer.Option(
-        "--basic-auth", help="user:password[,user2:password2]. Default: $FLOWER_BASIC_AUTH (preferred: not shown by ps).",
-    )] = None,
-    no_auth: Annotated[bool, typer.Option(
-        "--no-auth", help="Start without credentials (UI open to anyone who can reach it; API refused).",
-    )] = False,
+    basic_auth: Annotated[
+        str | None,
+        typer.Option(
+            "--basic-auth",
+            help="user:password[,user2:password2]. Default: $FLOWER_BASIC_AUTH (preferred: not shown by ps).",
+        ),
+    ] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="Start without credentials (UI open to anyone who can reach it; API refused).",
+        ),
+    ] = False,
     redis: RedisOpt = None,
 ) -> None:
     """Run Flower on the campaign broker, with basic auth. Unknown options go to Flower (e.g. --url_prefix=flower)."""
@@ -34,7 +42,9 @@ def flower(
     credentials = resolve_auth(basic_auth=basic_auth, no_auth=no_auth, environ=os.environ)
     options = FlowerOptions(
         credentials=tuple(credentials) if credentials is not None else None,
-        port=port, address=address, extra_args=tuple(ctx.args),
+        port=port,
+        address=address,
+        extra_args=tuple(ctx.args),
     )
     users = ", ".join(c.split(":", 1)[0] for c in credentials) if credentials else "none (--no-auth)"
     broker_page, queue_api = flower_urls(address=address, port=port)
@@ -44,7 +54,9 @@ def flower(
 
 @app.command()
 def demo(
-    folder: Annotated[Path, typer.Option("--dir", help="Working folder for the demo's Redis, logs, tokenizer and records.")] = Path("demo-run"),
+    folder: Annotated[
+        Path, typer.Option("--dir", help="Working folder for the demo's Redis, logs, tokenizer and records.")
+    ] = Path("demo-run"),
 ) -> None:
     """Run a whole campaign locally on embedded defaults: Redis, devserver, worker, prompts."""
     from eagle_synth.demo.run import run_demo

@@ -14,7 +14,10 @@ if TYPE_CHECKING:
 
 RedisOpt = Annotated[
     str | None,
-    typer.Option("--redis", help="Redis URL (redis://[user:pass@]host:port/db or rediss://). Default: $REDIS_URL, then redis://127.0.0.1:6379/0."),
+    typer.Option(
+        "--redis",
+        help="Redis URL (redis://[user:pass@]host:port/db or rediss://). Default: $REDIS_URL, then redis://127.0.0.1:6379/0.",
+    ),
 ]
 
 
@@ -51,4 +54,3 @@ def redis_client(redis_url: str | None) -> redis.Redis:
     from eagle_synth.redis_client import connect
 
     return connect(broker_settings(redis_url=redis_url))
-

@@ -19,24 +19,66 @@ CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<camp
 
 
 # Row filters, shared by export and vocab so a draft vocabulary counts the rows a drafter trains on.
-DropTruncatedOpt = Annotated[bool, typer.Option("--drop-truncated", help="Skip records that hit max_new_tokens (finish_reason length).")]
-MinOutputTokensOpt = Annotated[int, typer.Option("--min-output-tokens", help="Skip records with fewer generated ids (before clipping).")]
-MaxLengthOpt = Annotated[int | None, typer.Option("--max-length", help="Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer.")]
-DropLongerOpt = Annotated[bool, typer.Option("--drop-longer", help="With --max-length: skip longer records instead of clipping them.")]
-MinLossTokensOpt = Annotated[int, typer.Option("--min-loss-tokens", help="Skip rows with fewer mask-1 (generated) ids after clipping.")]
-SplitOpt = Annotated[str | None, typer.Option("--split", help="NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.")]
-VocabSplitOpt = Annotated[str | None, typer.Option("--split", help="The export's --split: only the rows of 'train' are counted.")]
-SampleOpt = Annotated[int | None, typer.Option("--sample", help="Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice.")]
+DropTruncatedOpt = Annotated[
+    bool, typer.Option("--drop-truncated", help="Skip records that hit max_new_tokens (finish_reason length).")
+]
+MinOutputTokensOpt = Annotated[
+    int, typer.Option("--min-output-tokens", help="Skip records with fewer generated ids (before clipping).")
+]
+MaxLengthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-length", help="Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer."
+    ),
+]
+DropLongerOpt = Annotated[
+    bool, typer.Option("--drop-longer", help="With --max-length: skip longer records instead of clipping them.")
+]
+MinLossTokensOpt = Annotated[
+    int, typer.Option("--min-loss-tokens", help="Skip rows with fewer mask-1 (generated) ids after clipping.")
+]
+SplitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--split",
+        help="NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.",
+    ),
+]
+VocabSplitOpt = Annotated[
+    str | None, typer.Option("--split", help="The export's --split: only the rows of 'train' are counted.")
+]
+SampleOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--sample", help="Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice."
+    ),
+]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
 
 
-def _filters(*, drop_truncated: bool, min_output_tokens: int, max_length: int | None, drop_longer: bool,
-             min_loss_tokens: int, split: str | None, sample: int | None, seed: int) -> ExportFilters:
+def _filters(
+    *,
+    drop_truncated: bool,
+    min_output_tokens: int,
+    max_length: int | None,
+    drop_longer: bool,
+    min_loss_tokens: int,
+    split: str | None,
+    sample: int | None,
+    seed: int,
+) -> ExportFilters:
     from eagle_synth.tools.filters import ExportFilters, parse_split
 
-    return ExportFilters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens,
-                         max_length=max_length, drop_longer=drop_longer, min_loss_tokens=min_loss_tokens,
-                         splits=parse_split(split), sample=sample, seed=seed)
+    return ExportFilters(
+        drop_truncated=drop_truncated,
+        min_output_tokens=min_output_tokens,
+        max_length=max_length,
+        drop_longer=drop_longer,
+        min_loss_tokens=min_loss_tokens,
+        splits=parse_split(split),
+        sample=sample,
+        seed=seed,
+    )
 
 
 def _expected_records(campaign_dir: Path) -> int | None:
@@ -55,8 +97,20 @@ def _damaged(exc: Exception, campaign_dir: Path) -> NoReturn:
 @app.command()
 def export(
     campaign_dir: CampaignDirArg,
-    out: Annotated[Path, typer.Option("--out", help="jsonl/parquet/specforge: output file (.jsonl, .jsonl.gz, .parquet); with --shard-rows a name to number or a folder. speculators/hf: a folder.")],
-    format: Annotated[str, typer.Option("--format", help="jsonl or parquet (every record field); specforge (JSONL for data.prompts_path); speculators (its prepared-data folder + token_freq); hf (a datasets folder, load_from_disk).")] = "jsonl",
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            help="jsonl/parquet/specforge: output file (.jsonl, .jsonl.gz, .parquet); with --shard-rows a name to number or a folder. speculators/hf: a folder.",
+        ),
+    ],
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="jsonl or parquet (every record field); specforge (JSONL for data.prompts_path); speculators (its prepared-data folder + token_freq); hf (a datasets folder, load_from_disk).",
+        ),
+    ] = "jsonl",
     drop_truncated: DropTruncatedOpt = False,
     min_output_tokens: MinOutputTokensOpt = 0,
     max_length: MaxLengthOpt = None,
@@ -65,8 +119,16 @@ def export(
     split: SplitOpt = None,
     sample: SampleOpt = None,
     seed: SeedOpt = 0,
-    shard_rows: Annotated[int | None, typer.Option("--shard-rows", help="Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).")] = None,
-    turns: Annotated[str, typer.Option(help="--history own campaigns: 'all' turns of each conversation, or only its 'last' one.")] = "all",
+    shard_rows: Annotated[
+        int | None,
+        typer.Option(
+            "--shard-rows",
+            help="Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).",
+        ),
+    ] = None,
+    turns: Annotated[
+        str, typer.Option(help="--history own campaigns: 'all' turns of each conversation, or only its 'last' one.")
+    ] = "all",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
@@ -74,12 +136,21 @@ def export(
     from eagle_synth.tools.export import export_records
     from eagle_synth.tools.export_progress import RecordsProgress
 
-    filters = _filters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens, max_length=max_length,
-                       drop_longer=drop_longer, min_loss_tokens=min_loss_tokens, split=split, sample=sample, seed=seed)
+    filters = _filters(
+        drop_truncated=drop_truncated,
+        min_output_tokens=min_output_tokens,
+        max_length=max_length,
+        drop_longer=drop_longer,
+        min_loss_tokens=min_loss_tokens,
+        split=split,
+        sample=sample,
+        seed=seed,
+    )
     try:
         with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
-            written = export_records(campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows,
-                                     progress=progress, turns=turns)
+            written = export_records(
+                campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows, progress=progress, turns=turns
+            )
     except RecordFormatError as exc:
         _damaged(exc, campaign_dir)
     for warning in written.warnings:
@@ -89,17 +160,33 @@ def export(
         return
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(written.dropped.items())) or "none"
     splits = "; splits: " + ", ".join(f"{k} {v}" for k, v in written.split_rows.items()) if written.split_rows else ""
-    typer.echo(f"exported {written.rows} rows ({written.tokens} tokens, {written.loss_tokens} with loss, "
-               f"{written.tokens_per_s:,.0f} tokens/s; clipped {written.clipped}; dropped: {dropped}{splits}) "
-               f"to {', '.join(str(p) for p in written.paths)}")
+    typer.echo(
+        f"exported {written.rows} rows ({written.tokens} tokens, {written.loss_tokens} with loss, "
+        f"{written.tokens_per_s:,.0f} tokens/s; clipped {written.clipped}; dropped: {dropped}{splits}) "
+        f"to {', '.join(str(p) for p in written.paths)}"
+    )
 
 
 @app.command()
 def vocab(
     campaign_dir: CampaignDirArg,
-    draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size", help="Size of the draft vocabulary (e.g. 32000).")],
-    out: Annotated[Path, typer.Option("--out", help="Folder for token_freq.json, d2t.npy, t2d.npy, vocab_mapping.json (and .pt files with torch); a speculators data folder is a good place.")],
-    target_vocab_size: Annotated[int | None, typer.Option("--target-vocab-size", help="The target model's vocab_size (default: config.json in the manifest's tokenizer_path).")] = None,
+    draft_vocab_size: Annotated[
+        int, typer.Option("--draft-vocab-size", help="Size of the draft vocabulary (e.g. 32000).")
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            help="Folder for token_freq.json, d2t.npy, t2d.npy, vocab_mapping.json (and .pt files with torch); a speculators data folder is a good place.",
+        ),
+    ],
+    target_vocab_size: Annotated[
+        int | None,
+        typer.Option(
+            "--target-vocab-size",
+            help="The target model's vocab_size (default: config.json in the manifest's tokenizer_path).",
+        ),
+    ] = None,
     drop_truncated: DropTruncatedOpt = False,
     min_output_tokens: MinOutputTokensOpt = 0,
     max_length: MaxLengthOpt = None,
@@ -118,34 +205,63 @@ def vocab(
     from eagle_synth.tools.export_progress import RecordsProgress
     from eagle_synth.tools.vocab import build_vocab
 
-    filters = _filters(drop_truncated=drop_truncated, min_output_tokens=min_output_tokens, max_length=max_length,
-                       drop_longer=drop_longer, min_loss_tokens=min_loss_tokens, split=split, sample=sample, seed=seed)
+    filters = _filters(
+        drop_truncated=drop_truncated,
+        min_output_tokens=min_output_tokens,
+        max_length=max_length,
+        drop_longer=drop_longer,
+        min_loss_tokens=min_loss_tokens,
+        split=split,
+        sample=sample,
+        seed=seed,
+    )
     try:
         with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
-            result = build_vocab(campaign_dir, out, draft_vocab_size=draft_vocab_size,
-                                 target_vocab_size=target_vocab_size, filters=filters, progress=progress)
+            result = build_vocab(
+                campaign_dir,
+                out,
+                draft_vocab_size=draft_vocab_size,
+                target_vocab_size=target_vocab_size,
+                filters=filters,
+                progress=progress,
+            )
     except RecordFormatError as exc:
         _damaged(exc, campaign_dir)
     mapping = result.mapping
-    summary = {"rows": result.rows, "loss_tokens": mapping.total, "covered_tokens": mapping.covered,
-               "coverage": round(mapping.coverage, 6), "draft_vocab_size": len(mapping.d2t),
-               "target_vocab_size": len(mapping.t2d), "read": result.stats.read, "dropped": result.stats.dropped,
-               "clipped": result.stats.clipped, "torch_files": result.torch_files, "warnings": result.warnings,
-               "paths": [str(p) for p in result.paths], "seconds": round(result.seconds, 3)}
+    summary = {
+        "rows": result.rows,
+        "loss_tokens": mapping.total,
+        "covered_tokens": mapping.covered,
+        "coverage": round(mapping.coverage, 6),
+        "draft_vocab_size": len(mapping.d2t),
+        "target_vocab_size": len(mapping.t2d),
+        "read": result.stats.read,
+        "dropped": result.stats.dropped,
+        "clipped": result.stats.clipped,
+        "torch_files": result.torch_files,
+        "warnings": result.warnings,
+        "paths": [str(p) for p in result.paths],
+        "seconds": round(result.seconds, 3),
+    }
     for warning in result.warnings:
         warn(warning)
     if as_json:
         print(json.dumps(summary))
         return
-    typer.echo(f"counted {mapping.total} loss tokens in {result.rows} rows; the {len(mapping.d2t)} most frequent "
-               f"of {len(mapping.t2d)} target ids cover {100 * mapping.coverage:.2f}% of them; wrote "
-               f"{', '.join(p.name for p in result.paths)} to {out}")
+    typer.echo(
+        f"counted {mapping.total} loss tokens in {result.rows} rows; the {len(mapping.d2t)} most frequent "
+        f"of {len(mapping.t2d)} target ids cover {100 * mapping.coverage:.2f}% of them; wrote "
+        f"{', '.join(p.name for p in result.paths)} to {out}"
+    )
 
 
 @app.command()
 def verify(
     campaign_dir: CampaignDirArg,
-    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: the settings in manifest.json).")] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: the settings in manifest.json)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit nonzero on warnings too.")] = False,
 ) -> None:
@@ -172,7 +288,10 @@ def verify(
 def inspect(
     campaign_dir: CampaignDirArg,
     key: Annotated[str | None, typer.Argument(help="A record key, or a unique prefix of one.")] = None,
-    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: tokenizer_path in manifest.json).")] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: tokenizer_path in manifest.json)."),
+    ] = None,
     random_n: Annotated[int | None, typer.Option("--random", help="Show N records drawn at random instead.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for --random.")] = None,
     prompt_tail: Annotated[int | None, typer.Option(help="Show only the last N prompt tokens.")] = None,
@@ -211,34 +330,50 @@ def compact(
         if not as_json:
             typer.echo(f"wrote {path.name}: {records} records")
 
-    result = run_compact(campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads,
-                         on_shard=progress)
+    result = run_compact(campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads, on_shard=progress)
     if as_json:
         print(json.dumps(result.to_dict()))
         return
-    saved = (f", {result.bytes_before / 2**20:.1f} MiB -> {result.bytes_after / 2**20:.1f} MiB"
-             if result.files_compacted else "")
-    typer.echo(f"compacted {result.files_compacted} batch files into {len(result.shards)} shards "
-               f"({result.records} records, {result.duplicates_dropped} repeated keys dropped{saved})")
+    saved = (
+        f", {result.bytes_before / 2**20:.1f} MiB -> {result.bytes_after / 2**20:.1f} MiB"
+        if result.files_compacted
+        else ""
+    )
+    typer.echo(
+        f"compacted {result.files_compacted} batch files into {len(result.shards)} shards "
+        f"({result.records} records, {result.duplicates_dropped} repeated keys dropped{saved})"
+    )
     if result.leftovers_deleted:
         typer.echo(f"deleted {result.leftovers_deleted} batch files an earlier stopped run had already merged")
     if result.young_skipped:
         typer.echo(f"left {result.young_skipped} batch files younger than {min_age:g} s for a later run")
     if result.unverified_shards:
-        typer.secho(f"deleted {len(result.unverified_shards)} shards that did not read back after writing; "
-                    "their batch files are kept (check the disk and memory, then run compact again): "
-                    f"{', '.join(result.unverified_shards[:5])}", err=True, fg=typer.colors.YELLOW)
+        typer.secho(
+            f"deleted {len(result.unverified_shards)} shards that did not read back after writing; "
+            "their batch files are kept (check the disk and memory, then run compact again): "
+            f"{', '.join(result.unverified_shards[:5])}",
+            err=True,
+            fg=typer.colors.YELLOW,
+        )
     if result.damaged:
-        typer.secho(f"left {len(result.damaged)} damaged batch files in place (see `eagle-synth verify`): "
-                    f"{', '.join(result.damaged[:5])}", err=True, fg=typer.colors.YELLOW)
+        typer.secho(
+            f"left {len(result.damaged)} damaged batch files in place (see `eagle-synth verify`): "
+            f"{', '.join(result.damaged[:5])}",
+            err=True,
+            fg=typer.colors.YELLOW,
+        )
 
 
 @app.command()
 def repair(
     campaign_dir: Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")],
-    campaign: Annotated[str | None, typer.Option("--campaign", help="Campaign name (default: manifest.json's, else the folder's name).")] = None,
+    campaign: Annotated[
+        str | None, typer.Option("--campaign", help="Campaign name (default: manifest.json's, else the folder's name).")
+    ] = None,
     dry_run: Annotated[bool, typer.Option(help="Show what would be moved and requeued; change nothing.")] = False,
-    force: Annotated[bool, typer.Option(help="Requeue lost keys even when more are missing than the damaged files can have held.")] = False,
+    force: Annotated[
+        bool, typer.Option(help="Requeue lost keys even when more are missing than the damaged files can have held.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan and outcome as one JSON object.")] = False,
     redis: RedisOpt = None,
 ) -> None:
@@ -289,9 +424,11 @@ def repair(
 
 def _print_repair(plan, outcome: dict, *, dry_run: bool) -> None:
     live = [d for d in plan.damaged if not d.moved_before]
-    typer.echo(f"{plan.folder}: {plan.healthy_records} readable records in {plan.healthy_files} files; "
-               f"{len(live)} damaged files; {plan.done} keys done in Redis, {len(plan.lost)} of them "
-               "without a readable record here")
+    typer.echo(
+        f"{plan.folder}: {plan.healthy_records} readable records in {plan.healthy_files} files; "
+        f"{len(live)} damaged files; {plan.done} keys done in Redis, {len(plan.lost)} of them "
+        "without a readable record here"
+    )
     if not live and not plan.lost:
         typer.echo("nothing to repair")
         return
@@ -301,13 +438,19 @@ def _print_repair(plan, outcome: dict, *, dry_run: bool) -> None:
     if plan.refusal is not None:
         return
     if dry_run:
-        typer.echo(f"would requeue {len(plan.recoverable)} prompts read back intact and record "
-                   f"{len(plan.unrecoverable)} as failed `record-damaged`")
+        typer.echo(
+            f"would requeue {len(plan.recoverable)} prompts read back intact and record "
+            f"{len(plan.unrecoverable)} as failed `record-damaged`"
+        )
         return
     if outcome["republished_from_outbox"]:
         typer.echo(f"published {outcome['republished_from_outbox']} prompts an earlier stopped run left in the outbox")
-    typer.echo(f"moved {len(outcome['moved'])} damaged files aside; requeued {outcome['requeued']} prompts; "
-               f"recorded {outcome['record_damaged']} as failed `record-damaged`")
+    typer.echo(
+        f"moved {len(outcome['moved'])} damaged files aside; requeued {outcome['requeued']} prompts; "
+        f"recorded {outcome['record_damaged']} as failed `record-damaged`"
+    )
     if outcome["record_damaged"]:
-        typer.echo("  their prompts could not be read back: rerun the campaign's original `eagle-synth enqueue` "
-                   "command to enqueue them again (everything else counts as duplicate)")
+        typer.echo(
+            "  their prompts could not be read back: rerun the campaign's original `eagle-synth enqueue` "
+            "command to enqueue them again (everything else counts as duplicate)"
+        )

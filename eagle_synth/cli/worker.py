@@ -15,10 +15,14 @@ app = typer.Typer()
 
 # The flag of each WorkerConfig setting the command takes, for messages that name the setting.
 SETTING_FLAGS = {
-    "inflight": "--inflight", "allow_server_parsers": "--allow-server-parsers",
-    "allow_server_settings": "--allow-server-setting", "max_attempts": "--max-attempts",
-    "timeout_base": "--timeout-base", "timeout_per_token": "--timeout-per-token",
-    "backoff_max": "--backoff-max", "probe_timeout": "--probe-timeout",
+    "inflight": "--inflight",
+    "allow_server_parsers": "--allow-server-parsers",
+    "allow_server_settings": "--allow-server-setting",
+    "max_attempts": "--max-attempts",
+    "timeout_base": "--timeout-base",
+    "timeout_per_token": "--timeout-per-token",
+    "backoff_max": "--backoff-max",
+    "probe_timeout": "--probe-timeout",
 }
 
 
@@ -40,9 +44,14 @@ def worker(
     out: Annotated[Path, _worker_option("out", "--out")],
     backend: Annotated[list[str] | None, _worker_option("backend", "--backend")] = None,
     inflight: Annotated[int | None, _worker_option("inflight")] = None,
-    concurrency: Annotated[int | None, typer.Option(help="Batches held open at once (batch threads). Default: 8 x inflight x servers / 16.")] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(help="Batches held open at once (batch threads). Default: 8 x inflight x servers / 16."),
+    ] = None,
     allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
-    allow_server_setting: Annotated[list[str] | None, _worker_option("allow_server_settings", "--allow-server-setting")] = None,
+    allow_server_setting: Annotated[
+        list[str] | None, _worker_option("allow_server_settings", "--allow-server-setting")
+    ] = None,
     max_attempts: Annotated[int | None, _worker_option("max_attempts")] = None,
     timeout_base: Annotated[float | None, _worker_option("timeout_base")] = None,
     timeout_per_token: Annotated[float | None, _worker_option("timeout_per_token")] = None,
@@ -50,9 +59,16 @@ def worker(
     probe_timeout: Annotated[float | None, _worker_option("probe_timeout")] = None,
     render_processes: Annotated[int | None, _worker_option("render_processes")] = None,
     name: Annotated[str | None, typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
-    task_events: Annotated[bool, typer.Option(help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record).")] = True,
+    task_events: Annotated[
+        bool,
+        typer.Option(
+            help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record)."
+        ),
+    ] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
-    allow_evicting_redis: Annotated[bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")] = False,
+    allow_evicting_redis: Annotated[
+        bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
+    ] = False,
     redis: RedisOpt = None,
 ) -> None:
     """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""
@@ -67,18 +83,26 @@ def worker(
     import dataclasses
     import os
 
+    from workers.backends import REFUSABLE_SETTINGS, preflight_at_start
     from workers.config import ConfigError, WorkerConfig, default_concurrency, env_name
     from workers.disk import probe_folder
-    from workers.backends import REFUSABLE_SETTINGS, preflight_at_start
 
     problem = probe_folder(out)
     if problem:
         fail(f"--out cannot take records: {problem}")
     # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
-    given: dict[str, Any] = {"allow_server_parsers": allow_server_parsers or None, "max_attempts": max_attempts, "timeout_base": timeout_base,
-             "timeout_per_token": timeout_per_token, "backoff_max": backoff_max, "probe_timeout": probe_timeout,
-             "inflight": inflight, "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None,
-             "backend": tuple(backend) if backend else None, "render_processes": render_processes}
+    given: dict[str, Any] = {
+        "allow_server_parsers": allow_server_parsers or None,
+        "max_attempts": max_attempts,
+        "timeout_base": timeout_base,
+        "timeout_per_token": timeout_per_token,
+        "backoff_max": backoff_max,
+        "probe_timeout": probe_timeout,
+        "inflight": inflight,
+        "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None,
+        "backend": tuple(backend) if backend else None,
+        "render_processes": render_processes,
+    }
     os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
     os.environ[env_name("out")] = str(out)
     try:
@@ -89,11 +113,17 @@ def worker(
     servers = config.servers
     unknown = sorted(set(config.allow_server_settings) - set(REFUSABLE_SETTINGS))
     if unknown:
-        fail(f"--allow-server-setting {', '.join(unknown)}: not a setting preflight refuses "
-              f"(known: {', '.join(REFUSABLE_SETTINGS)})")
+        fail(
+            f"--allow-server-setting {', '.join(unknown)}: not a setting preflight refuses "
+            f"(known: {', '.join(REFUSABLE_SETTINGS)})"
+        )
     # Preflight the servers that already answer; the others are checked when they come up.
-    found = preflight_at_start(servers, forced=config.backend_for, allow_server_parsers=config.allow_server_parsers,
-                               allowed_settings=config.allow_server_settings)
+    found = preflight_at_start(
+        servers,
+        forced=config.backend_for,
+        allow_server_parsers=config.allow_server_parsers,
+        allowed_settings=config.allow_server_settings,
+    )
     for line in found.accepted:
         typer.echo(line)
     for url, why in found.not_answering:
@@ -109,5 +139,7 @@ def worker(
     run_worker(
         config=config,
         concurrency=concurrency or default_concurrency(inflight=sizing, servers=len(servers)),
-        loglevel=loglevel, name=name, task_events=task_events,
+        loglevel=loglevel,
+        name=name,
+        task_events=task_events,
     )

@@ -61,7 +61,8 @@ def run_demo(folder: Path) -> int:
     try:
         console.print(f"2. private redis-server: {redis_server.url}")
         devserver, url = start_devserver(
-            tokenizer=tokenizer, logdir=logs,
+            tokenizer=tokenizer,
+            logdir=logs,
             args=["--token-latency", DEMO_TOKEN_LATENCY, "--mean-output-tokens", DEMO_MEAN_OUTPUT_TOKENS],
         )
         processes.append(devserver)
@@ -69,8 +70,11 @@ def run_demo(folder: Path) -> int:
 
         broker = broker_settings(redis_url=redis_server.url)
         options = EnqueueOptions(
-            inputs=[str(bundled_prompts())], campaign=DEMO_CAMPAIGN, tokenizer=str(tokenizer),
-            sampling=SamplingParams(max_new_tokens=256, temperature=0.7, top_p=0.95), batch_size=8,
+            inputs=[str(bundled_prompts())],
+            campaign=DEMO_CAMPAIGN,
+            tokenizer=str(tokenizer),
+            sampling=SamplingParams(max_new_tokens=256, temperature=0.7, top_p=0.95),
+            batch_size=8,
             history="own",
         )
         console.print(f"4. eagle-synth enqueue {bundled_prompts().name} --campaign {DEMO_CAMPAIGN} --history own ...")
@@ -78,20 +82,30 @@ def run_demo(folder: Path) -> int:
         print_summary(summary)
 
         out = folder / "out"
-        worker = start_worker(servers=[url], out=out, redis_url=redis_server.url, logdir=logs, concurrency=2,
-                              args=["--render-processes", "1"])
+        worker = start_worker(
+            servers=[url],
+            out=out,
+            redis_url=redis_server.url,
+            logdir=logs,
+            concurrency=2,
+            args=["--render-processes", "1"],
+        )
         processes.append(worker)
         console.print(f"5. eagle-synth worker --server {url} --out {out} (a real Celery worker)")
         campaign = Campaign(connect(broker), DEMO_CAMPAIGN)
         conversations = ConversationStore(campaign)
         started = time.monotonic()
         with console.status("generating...") as spinner:
+
             def finished() -> bool:
                 progress, counts = campaign.progress(), conversations.counts()
-                spinner.update(f"generating... {progress.done} records; conversations {counts['total']}: "
-                               f"{counts['in_progress']} in progress")
-                return (not counts["in_progress"] and not counts["followups_waiting"] and not progress.pending) \
-                    or not worker.alive()
+                spinner.update(
+                    f"generating... {progress.done} records; conversations {counts['total']}: "
+                    f"{counts['in_progress']} in progress"
+                )
+                return (
+                    not counts["in_progress"] and not counts["followups_waiting"] and not progress.pending
+                ) or not worker.alive()
 
             try:
                 wait_for(finished, timeout=DEMO_TIMEOUT, interval=0.25, what="the demo campaign")
@@ -109,7 +123,9 @@ def run_demo(folder: Path) -> int:
         console.print("its prompt holds the model's own earlier answers; the output is this turn's answer")
         show_record(record, tokenizer_path=tokenizer, console=console)
         console.rule()
-        console.print(f"records: {out / DEMO_CAMPAIGN}  (export: eagle-synth export {out / DEMO_CAMPAIGN} --out train.jsonl)")
+        console.print(
+            f"records: {out / DEMO_CAMPAIGN}  (export: eagle-synth export {out / DEMO_CAMPAIGN} --out train.jsonl)"
+        )
         return 0
     finally:
         for process in reversed(processes):

@@ -42,13 +42,18 @@ def build_demo_tokenizer(folder: Path, *, extra_text: Sequence[str] = ()) -> Pat
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=DEMO_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=DEMO_VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator([CORPUS_TEXT, *extra_text], trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        bos_token=None, unk_token=None,
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
     )
     fast.chat_template = CHAT_TEMPLATE
     folder.mkdir(parents=True, exist_ok=True)

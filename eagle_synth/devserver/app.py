@@ -116,8 +116,11 @@ class DevServerApp:
         self.config = config
         self.vocab = vocab
         self.generator = Generator(
-            vocab=vocab, mean_output_tokens=config.mean_output_tokens, seed=config.seed,
-            length_median=config.length_median, length_sigma=config.length_sigma,
+            vocab=vocab,
+            mean_output_tokens=config.mean_output_tokens,
+            seed=config.seed,
+            length_median=config.length_median,
+            length_sigma=config.length_sigma,
         )
         self.cache = PrefixCache()
         self.stats = DevStats()
@@ -287,8 +290,7 @@ class DevServerApp:
         running, waiting = self.scheduler.load
         if running or waiting:
             return text_reply(
-                "Cache not flushed because there are pending requests. "
-                f"#queue-req: {waiting}, #running-req: {running}",
+                f"Cache not flushed because there are pending requests. #queue-req: {waiting}, #running-req: {running}",
                 status=400,
             )
         self.cache.flush()
@@ -430,9 +432,7 @@ class DevServerApp:
             if not aborted:
                 item["text"] = self.generator.render_text(completion, prompt.params)
             else:
-                item["text"] = self.vocab.decode(
-                    output_ids, skip_special_tokens=prompt.params.skip_special_tokens
-                )
+                item["text"] = self.vocab.decode(output_ids, skip_special_tokens=prompt.params.skip_special_tokens)
         item["output_ids"] = shown
         item["meta_info"] = {
             "id": prompt.rid,

@@ -31,11 +31,18 @@ APIS = ("sglang", "vllm")
 VLLM_GENERATION_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 # Knobs that exist only on one kind of server: (field, its default, the API it belongs to).
 API_ONLY_KNOBS = (
-    ("max_queued_requests", None, "sglang"), ("prefix_bug", 0, "sglang"), ("allow_auto_truncate", False, "sglang"),
-    ("preferred_sampling_params", None, "sglang"), ("enable_deterministic_inference", False, "sglang"),
-    ("speculative_algorithm", None, "sglang"), ("tool_call_parser", None, "sglang"),
-    ("api_key", None, "sglang"), ("admin_api_key", None, "sglang"),
-    ("override_generation_config", None, "vllm"), ("generation_config", "auto", "vllm"), ("dev_mode", False, "vllm"),
+    ("max_queued_requests", None, "sglang"),
+    ("prefix_bug", 0, "sglang"),
+    ("allow_auto_truncate", False, "sglang"),
+    ("preferred_sampling_params", None, "sglang"),
+    ("enable_deterministic_inference", False, "sglang"),
+    ("speculative_algorithm", None, "sglang"),
+    ("tool_call_parser", None, "sglang"),
+    ("api_key", None, "sglang"),
+    ("admin_api_key", None, "sglang"),
+    ("override_generation_config", None, "vllm"),
+    ("generation_config", "auto", "vllm"),
+    ("dev_mode", False, "vllm"),
 )
 # Largest --prefix-bug we emulate; the real bug leaked at most 5 tokens, leave some headroom.
 MAX_PREFIX_BUG_TOKENS = 64
@@ -113,11 +120,12 @@ class DevServerConfig:
         None, f"Model context length (default {DEFAULT_CONTEXT_LENGTH}; server_info reports null)."
     )
     vocab_size: int | None = _opt(None, "Vocabulary size; ids outside it kill the server.")
-    slots: int = _opt(DEFAULT_SLOTS, "Prompts generating at once (SGLang's max_running_requests); the rest queue.",
-                      aliases=("--max-running", "--max-running-requests"))
-    max_queued_requests: int | None = _opt(
-        None, "Queued prompts beyond this get 503 'The request queue is full.'"
+    slots: int = _opt(
+        DEFAULT_SLOTS,
+        "Prompts generating at once (SGLang's max_running_requests); the rest queue.",
+        aliases=("--max-running", "--max-running-requests"),
     )
+    max_queued_requests: int | None = _opt(None, "Queued prompts beyond this get 503 'The request queue is full.'")
     token_latency: float = _opt(0.0, "Seconds per output token while holding a slot.")
     prefill_latency: float = _opt(0.0, "Seconds per prompt before its first token.")
     mean_output_tokens: int = _opt(
@@ -144,9 +152,7 @@ class DevServerConfig:
     # ---- server settings that change results, and malformed replies ----
     api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
     admin_api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
-    allow_auto_truncate: bool = _opt(
-        False, "Cut prompts and max_new_tokens that do not fit instead of answering 400."
-    )
+    allow_auto_truncate: bool = _opt(False, "Cut prompts and max_new_tokens that do not fit instead of answering 400.")
     preferred_sampling_params: str | None = _opt(
         None, "JSON object of sampling params merged under each request's own."
     )
@@ -157,9 +163,7 @@ class DevServerConfig:
     speculative_num_steps: int | None = _opt(None, "Speculative draft steps.")
     speculative_eagle_topk: int | None = _opt(None, "Speculative EAGLE top-k.")
     speculative_num_draft_tokens: int | None = _opt(None, "Speculative draft tokens per step.")
-    malformed_rate: float = _opt(
-        0.0, "Fraction of /generate replies answered 200 with a malformed item."
-    )
+    malformed_rate: float = _opt(0.0, "Fraction of /generate replies answered 200 with a malformed item.")
     # ---- vLLM (--api vllm) ----
     vllm_version: str = _opt(DEFAULT_VLLM_VERSION, "Version reported by /version (--api vllm).")
     served_model_name: str | None = _opt(None, "Model name in /v1/models (default: the model path).")

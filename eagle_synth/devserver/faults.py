@@ -15,8 +15,7 @@ DROP = "drop"
 MALFORMED = "malformed"
 # The malformed item shapes, used in turn by --malformed-rate: the item replaced by a bare list
 # of ints, meta_info a string, ids as strings, negative ids, no output_ids at all.
-MALFORMED_SHAPES = ("list-of-ints", "meta-info-string", "ids-as-strings", "negative-ids",
-                    "missing-output-ids")
+MALFORMED_SHAPES = ("list-of-ints", "meta-info-string", "ids-as-strings", "negative-ids", "missing-output-ids")
 
 
 def malform(item: dict, shape: str) -> Any:

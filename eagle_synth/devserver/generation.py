@@ -77,8 +77,15 @@ class Generator:
         length_median, length_sigma: lognormal lengths instead of gamma (median None: gamma).
     """
 
-    def __init__(self, *, vocab: ModelVocab, mean_output_tokens: int, seed: int,
-                 length_median: int | None = None, length_sigma: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        vocab: ModelVocab,
+        mean_output_tokens: int,
+        seed: int,
+        length_median: int | None = None,
+        length_sigma: float = 1.0,
+    ) -> None:
         self.vocab = vocab
         self.mean_output_tokens = mean_output_tokens
         self.seed = seed
@@ -93,7 +100,9 @@ class Generator:
         rng = random.Random(seed)
         reasoning = self.vocab.prompt_opens_reasoning(prompt.input_ids)
         answer = self._tool_call_ids(prompt, seed)
-        out, finish = self._cut(self._stream(rng, reasoning=reasoning, answer_ids=answer), params, prompt.max_new_tokens)
+        out, finish = self._cut(
+            self._stream(rng, reasoning=reasoning, answer_ids=answer), params, prompt.max_new_tokens
+        )
         if params.stop and out:
             out, finish = self._cut_at_stop_string(out, finish, params)
         return Completion(output_ids=out, finish_reason=finish)
@@ -129,9 +138,18 @@ class Generator:
             h.update(b"greedy")
         else:
             key = [
-                "sample", p.temperature, p.top_p, p.top_k, p.min_p, p.frequency_penalty,
-                p.presence_penalty, p.repetition_penalty, p.sampling_seed, list(p.extra),
-                prompt.sample_index, self.seed,
+                "sample",
+                p.temperature,
+                p.top_p,
+                p.top_k,
+                p.min_p,
+                p.frequency_penalty,
+                p.presence_penalty,
+                p.repetition_penalty,
+                p.sampling_seed,
+                list(p.extra),
+                prompt.sample_index,
+                self.seed,
             ]
             h.update(json.dumps(key).encode())
         return int.from_bytes(h.digest(), "big")
@@ -179,9 +197,7 @@ class Generator:
         while True:
             yield from self._body(rng, CONTINUATION_TOKENS)
 
-    def _cut(
-        self, stream: Iterator[int], params: SamplingParams, cap: int
-    ) -> tuple[list[int], dict[str, Any]]:
+    def _cut(self, stream: Iterator[int], params: SamplingParams, cap: int) -> tuple[list[int], dict[str, Any]]:
         eos = self.vocab.eos_id
         stoppers: set[int] = set()
         if not params.ignore_eos:

@@ -168,14 +168,19 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(
-        value
-    )
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
 # How the msgspec-based SamplingParams of SGLang 0.5.x names JSON types in its errors.
-_JSON_TYPE_NAMES = {"int": "int", "float": "float", "str": "str", "bool": "bool", "list": "array",
-                    "dict": "object", "NoneType": "null"}
+_JSON_TYPE_NAMES = {
+    "int": "int",
+    "float": "float",
+    "str": "str",
+    "bool": "bool",
+    "list": "array",
+    "dict": "object",
+    "NoneType": "null",
+}
 
 
 def _type_error(key: str, value: Any, expected: str, *, as_400: bool) -> ProtocolError:
@@ -198,9 +203,7 @@ def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingP
         if errors_are_400:
             # msgspec's TypeError text, answered as SGLang answers ValueErrors.
             raise bad_request(f"Unexpected keyword argument '{unknown[0]}'")
-        raise internal_error(
-            f"TypeError: SamplingParams.__init__() got an unexpected keyword argument '{unknown[0]}'"
-        )
+        raise internal_error(f"TypeError: SamplingParams.__init__() got an unexpected keyword argument '{unknown[0]}'")
     values: dict[str, Any] = {}
     extra: list[tuple[str, str]] = []
     for key, value in raw.items():
@@ -211,7 +214,11 @@ def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingP
                 raise _type_error(key, value, "int", as_400=errors_are_400)
             values[key] = value
         elif key in (
-            "temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+            "temperature",
+            "top_p",
+            "min_p",
+            "frequency_penalty",
+            "presence_penalty",
             "repetition_penalty",
         ):
             if not _is_number(value):
@@ -253,13 +260,8 @@ def _verify(p: SamplingParams) -> None:
         raise bad_request(f"repetition_penalty must be in [0, 2], got {p.repetition_penalty}.")
     if p.max_new_tokens is not None and p.max_new_tokens < 0:
         raise bad_request(f"max_new_tokens must be at least 0, got {p.max_new_tokens}.")
-    if p.min_new_tokens < 0 or (
-        p.max_new_tokens is not None and p.min_new_tokens > p.max_new_tokens
-    ):
-        raise bad_request(
-            f"min_new_tokens must be in [0, max_new_tokens({p.max_new_tokens})], "
-            f"got {p.min_new_tokens}."
-        )
+    if p.min_new_tokens < 0 or (p.max_new_tokens is not None and p.min_new_tokens > p.max_new_tokens):
+        raise bad_request(f"min_new_tokens must be in [0, max_new_tokens({p.max_new_tokens})], got {p.min_new_tokens}.")
     if p.n < 1:
         raise bad_request(f"n must be at least 1, got {p.n}.")
 
@@ -322,10 +324,7 @@ def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tup
     held = len(ids) + rules.reserved_tokens
     if held >= ctx:
         if not rules.allow_auto_truncate:
-            raise bad_request(
-                f"The input ({held} tokens) is longer than the model's context length "
-                f"({ctx} tokens)."
-            )
+            raise bad_request(f"The input ({held} tokens) is longer than the model's context length ({ctx} tokens).")
         ids = ids[:ctx]
         held = len(ids)  # as SGLang: the reserve is not counted again after the cut
     max_new = raw_params.get("max_new_tokens") if isinstance(raw_params, dict) else None

@@ -118,11 +118,7 @@ class SlotScheduler:
                 if would_wait > self.max_queued:
                     raise QueueFullError("The request queue is full.")
             for job in jobs:
-                if (
-                    not self._waiting
-                    and len(self._running) < self.slots
-                    and self.duration(job.output_tokens) == 0
-                ):
+                if not self._waiting and len(self._running) < self.slots and self.duration(job.output_tokens) == 0:
                     job.admitted_at = job.decode_start = job.finish_at = time.monotonic()
                     job.outcome = FINISHED
                     job.tokens_done = job.output_tokens

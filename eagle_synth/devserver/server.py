@@ -203,8 +203,13 @@ class DevServer:
         vocab = self._vocab or ModelVocab.load(tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size)
         log.info(
             "devserver loaded tokenizer %s in %.1fs: vocab %d, eos %s, think %s/%s, corpus %d tokens",
-            c.tokenizer, time.monotonic() - t0, vocab.size, vocab.eos_id,
-            vocab.think_open_id, vocab.think_close_id, len(vocab.corpus_ids),
+            c.tokenizer,
+            time.monotonic() - t0,
+            vocab.size,
+            vocab.eos_id,
+            vocab.think_open_id,
+            vocab.think_close_id,
+            len(vocab.corpus_ids),
         )
         self.app = DevServerApp(config=c, vocab=vocab, on_death=self._on_death)
         if c.startup_delay > 0:

@@ -68,8 +68,11 @@ class ToolCaller:
         ids = tokenizer.encode(CALL_TOKEN, add_special_tokens=False)
         if len(ids) != 1:  # not a single token: this is not a Qwen tokenizer after all
             return None
-        return cls(family=family, call_token_id=ids[0],
-                   decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+        return cls(
+            family=family,
+            call_token_id=ids[0],
+            decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
+        )
 
     def call_text(self, prompt_ids: Sequence[int], rng: random.Random) -> str | None:
         """The tool-call text the model answers with, or None when it answers in words."""
@@ -80,7 +83,9 @@ class ToolCaller:
         user_text = last_user_text(prompt)
         if not tools or user_text is None:
             return None
-        calls = [{"name": name, "arguments": fill_arguments(schema, rng)} for name, schema in chosen_tools(tools, user_text)]
+        calls = [
+            {"name": name, "arguments": fill_arguments(schema, rng)} for name, schema in chosen_tools(tools, user_text)
+        ]
         return render_calls(calls, family=self.family)
 
 
@@ -91,7 +96,7 @@ def offered_tools(prompt: str) -> list[dict]:
     if start < 0 or end < 0:
         return []
     tools = []
-    for line in prompt[start + len(TOOLS_BEGIN):end].splitlines():
+    for line in prompt[start + len(TOOLS_BEGIN) : end].splitlines():
         try:
             tool = json.loads(line)
         except ValueError:
@@ -107,7 +112,7 @@ def last_user_text(prompt: str) -> str | None:
     at = prompt.rfind(USER_TURN)
     if at < 0:
         return None
-    text = prompt[at + len(USER_TURN):]
+    text = prompt[at + len(USER_TURN) :]
     return None if text.lstrip().startswith(TOOL_RESPONSE) else text
 
 
@@ -155,12 +160,17 @@ def render_calls(calls: list[dict], *, family: str) -> str:
     """Calls written the way the family's template renders an assistant's tool_calls."""
     if family == "hermes":
         return "\n".join(
-            "<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False) + "\n</tool_call>"
-            for c in calls)
+            "<tool_call>\n"
+            + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False)
+            + "\n</tool_call>"
+            for c in calls
+        )
     blocks = []
     for call in calls:
-        parameters = "".join(f"<parameter={key}>\n{_qwen3_coder_value(value)}\n</parameter>\n"
-                             for key, value in call["arguments"].items())
+        parameters = "".join(
+            f"<parameter={key}>\n{_qwen3_coder_value(value)}\n</parameter>\n"
+            for key, value in call["arguments"].items()
+        )
         blocks.append(f"<tool_call>\n<function={call['name']}>\n{parameters}</function>\n</tool_call>")
     return "\n".join(blocks)
 

@@ -34,8 +34,7 @@ REPORTED_DTYPE = "bfloat16"
 
 def error_reply(message: str, *, status: int, err_type: str, param: str | None = None) -> Reply:
     """vLLM's ErrorResponse: {"error": {"message", "type", "param", "code"}}."""
-    return json_reply({"error": {"message": message, "type": err_type, "param": param, "code": status}},
-                      status=status)
+    return json_reply({"error": {"message": message, "type": err_type, "param": param, "code": status}}, status=status)
 
 
 class VllmApi:
@@ -54,8 +53,10 @@ class VllmApi:
         self.app = app
         c = app.config
         self.rules = VllmRules(
-            max_model_len=c.effective_context_length, vocab_size=app.vocab.size,
-            served_model_name=c.effective_served_model_name, overrides=c.generation_overrides,
+            max_model_len=c.effective_context_length,
+            vocab_size=app.vocab.size,
+            served_model_name=c.effective_served_model_name,
+            overrides=c.generation_overrides,
         )
         self._ignored_logged: set[tuple[str, ...]] = set()
 
@@ -69,14 +70,38 @@ class VllmApi:
         """/v1/models: the served name, the model path as root, max_model_len."""
         c = self.app.config
         created = int(self.app.stats.started_at)
-        return json_reply({"object": "list", "data": [{
-            "id": c.effective_served_model_name, "object": "model", "created": created, "owned_by": "vllm",
-            "root": c.effective_model_path, "parent": None, "max_model_len": c.effective_context_length,
-            "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                            "created": created, "allow_create_engine": False, "allow_sampling": True,
-                            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                            "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}],
-        }]})
+        return json_reply(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": c.effective_served_model_name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "vllm",
+                        "root": c.effective_model_path,
+                        "parent": None,
+                        "max_model_len": c.effective_context_length,
+                        "permission": [
+                            {
+                                "id": f"modelperm-{uuid.uuid4().hex}",
+                                "object": "model_permission",
+                                "created": created,
+                                "allow_create_engine": False,
+                                "allow_sampling": True,
+                                "allow_logprobs": True,
+                                "allow_search_indices": False,
+                                "allow_view": True,
+                                "allow_fine_tuning": False,
+                                "organization": "*",
+                                "group": None,
+                                "is_blocking": False,
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
 
     def version(self, body: bytes) -> Reply:
         """/version."""
@@ -89,11 +114,17 @@ class VllmApi:
             return json_reply({"detail": "Not Found"}, status=404)
         config = {
             "model_config": {
-                "model": c.effective_model_path, "served_model_name": c.effective_served_model_name,
-                "tokenizer": c.tokenizer, "max_model_len": c.effective_context_length, "dtype": REPORTED_DTYPE,
-                "seed": c.seed, "generation_config": c.generation_config,
+                "model": c.effective_model_path,
+                "served_model_name": c.effective_served_model_name,
+                "tokenizer": c.tokenizer,
+                "max_model_len": c.effective_context_length,
+                "dtype": REPORTED_DTYPE,
+                "seed": c.seed,
+                "generation_config": c.generation_config,
                 "override_generation_config": json.loads(c.override_generation_config or "{}"),
-                "skip_tokenizer_init": c.skip_tokenizer_init, "logits_processors": None, "runner_type": "generate",
+                "skip_tokenizer_init": c.skip_tokenizer_init,
+                "logits_processors": None,
+                "runner_type": "generate",
             },
             "scheduler_config": {"max_num_seqs": c.slots, "max_num_batched_tokens": c.effective_context_length},
             "cache_config": {"enable_prefix_caching": True, "kv_cache_dtype": "auto"},
@@ -127,8 +158,11 @@ class VllmApi:
             app.stats.count("injected_failures")
             return error_reply(ENGINE_ERROR_MESSAGE, status=500, err_type="InternalServerError")
         try:
-            req = parse_completion_request(json.loads(body), rules=self.rules,
-                                           tokenize=None if app.config.skip_tokenizer_init else app.vocab.encode)
+            req = parse_completion_request(
+                json.loads(body),
+                rules=self.rules,
+                tokenize=None if app.config.skip_tokenizer_init else app.vocab.encode,
+            )
         except ValueError:
             app.stats.count("client_errors")
             return error_reply("JSON decode error", status=400, err_type="BadRequestError")
@@ -143,8 +177,10 @@ class VllmApi:
             log.warning("The following fields were present in the request but ignored: %s", set(req.unknown_fields))
 
         completions = [app.generator.complete(p) for p in req.prompts]
-        jobs = [SlotJob(rid=p.rid, group_rid=p.group_rid, output_tokens=len(c.output_ids))
-                for p, c in zip(req.prompts, completions)]
+        jobs = [
+            SlotJob(rid=p.rid, group_rid=p.group_rid, output_tokens=len(c.output_ids))
+            for p, c in zip(req.prompts, completions)
+        ]
         app.scheduler.submit(jobs)  # vLLM has no queue cap: requests wait as long as it takes
         for job in jobs:
             job.done.wait()
@@ -157,11 +193,19 @@ class VllmApi:
             completion_tokens += generated
         prompt_tokens = sum(len(p.input_ids) for p in req.prompts if p.sample_index == 0)
         reply: dict[str, Any] = {
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": self.rules.served_model_name, "choices": choices, "service_tier": None,
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.rules.served_model_name,
+            "choices": choices,
+            "service_tier": None,
             "system_fingerprint": None,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                      "completion_tokens": completion_tokens, "prompt_tokens_details": None},
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "completion_tokens": completion_tokens,
+                "prompt_tokens_details": None,
+            },
             "kv_transfer_params": None,
         }
         if fate.action == DROP:
@@ -194,7 +238,12 @@ class VllmApi:
         else:
             text = app.generator.render_text(completion, prompt.params)
         return {
-            "index": index, "text": text, "logprobs": None, "finish_reason": finish_reason,
-            "stop_reason": stop_reason, "token_ids": output_ids if return_token_ids else None,
-            "prompt_logprobs": None, "prompt_token_ids": prompt.input_ids if return_token_ids else None,
+            "index": index,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+            "token_ids": output_ids if return_token_ids else None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt.input_ids if return_token_ids else None,
         }, len(output_ids)

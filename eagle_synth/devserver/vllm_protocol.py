@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from eagle_synth.devserver.protocol import ProtocolError, PromptRequest, SamplingParams
+from eagle_synth.devserver.protocol import PromptRequest, ProtocolError, SamplingParams
 
 # vLLM's default max_tokens on /v1/completions.
 DEFAULT_MAX_TOKENS = 16
@@ -38,18 +38,61 @@ OPENAI_DEFAULTS = {"repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, 
 # Fields that change a sampled completion without the Generator acting on them.
 EXTRA_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "spaces_between_special_tokens")
 # CompletionRequest fields by JSON type, for pydantic's checks.
-FLOAT_FIELDS = ("frequency_penalty", "presence_penalty", "temperature", "top_p", "min_p", "repetition_penalty",
-                "length_penalty")
-INT_FIELDS = ("max_tokens", "n", "seed", "top_k", "min_tokens", "logprobs", "prompt_logprobs",
-              "truncate_prompt_tokens", "priority")
-BOOL_FIELDS = ("echo", "stream", "use_beam_search", "include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
-               "spaces_between_special_tokens", "add_special_tokens", "return_token_ids", "return_tokens_as_token_ids")
+FLOAT_FIELDS = (
+    "frequency_penalty",
+    "presence_penalty",
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "length_penalty",
+)
+INT_FIELDS = (
+    "max_tokens",
+    "n",
+    "seed",
+    "top_k",
+    "min_tokens",
+    "logprobs",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
+    "priority",
+)
+BOOL_FIELDS = (
+    "echo",
+    "stream",
+    "use_beam_search",
+    "include_stop_str_in_output",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "add_special_tokens",
+    "return_token_ids",
+    "return_tokens_as_token_ids",
+)
 # Every field of vLLM's CompletionRequest the devserver knows; others are ignored, as vLLM does.
-KNOWN_FIELDS = frozenset({
-    "model", "prompt", "suffix", "user", "stop", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words",
-    "stream_options", "response_format", "structured_outputs", "request_id", "cache_salt", "vllm_xargs",
-    *FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS,
-})
+KNOWN_FIELDS = frozenset(
+    {
+        "model",
+        "prompt",
+        "suffix",
+        "user",
+        "stop",
+        "stop_token_ids",
+        "logit_bias",
+        "allowed_token_ids",
+        "bad_words",
+        "stream_options",
+        "response_format",
+        "structured_outputs",
+        "request_id",
+        "cache_salt",
+        "vllm_xargs",
+        *FLOAT_FIELDS,
+        *INT_FIELDS,
+        *BOOL_FIELDS,
+    }
+)
 
 
 def bad_request(message: str) -> ProtocolError:
@@ -59,9 +102,11 @@ def bad_request(message: str) -> ProtocolError:
 
 def _field_error(field: str, value: Any, expected: str) -> ProtocolError:
     """pydantic's RequestValidationError as vLLM answers it (400, the field at ('body', ...))."""
-    return bad_request(f"1 validation error for CompletionRequest: [{{'type': '{expected}_type', "
-                       f"'loc': ('body', '{field}'), 'msg': 'Input should be a valid {expected}', "
-                       f"'input': {value!r}}}]")
+    return bad_request(
+        f"1 validation error for CompletionRequest: [{{'type': '{expected}_type', "
+        f"'loc': ('body', '{field}'), 'msg': 'Input should be a valid {expected}', "
+        f"'input': {value!r}}}]"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +158,11 @@ def _check_types(body: dict) -> None:
         if value is not None and not isinstance(value, bool):
             raise _field_error(field, value, "boolean")
     stop = body.get("stop")
-    if stop is not None and not isinstance(stop, str) and not (
-            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+    if (
+        stop is not None
+        and not isinstance(stop, str)
+        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
         raise _field_error("stop", stop, "list")
     stop_ids = body.get("stop_token_ids")
     if stop_ids is not None and not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
@@ -140,9 +188,11 @@ def _prompts(body: dict, tokenize) -> list[list[int]]:
     for ids in prompts:
         negative = next((i for i in ids if i < 0), None)
         if negative is not None:
-            raise bad_request(f"1 validation error for CompletionRequest: [{{'type': 'greater_than_equal', "
-                              f"'loc': ('body', 'prompt'), 'msg': 'Input should be greater than or equal to 0', "
-                              f"'input': {negative}}}]")
+            raise bad_request(
+                f"1 validation error for CompletionRequest: [{{'type': 'greater_than_equal', "
+                f"'loc': ('body', 'prompt'), 'msg': 'Input should be greater than or equal to 0', "
+                f"'input': {negative}}}]"
+            )
     return prompts
 
 
@@ -171,8 +221,9 @@ def _verify(p: dict) -> None:
     if p["min_tokens"] < 0:
         raise bad_request(f"min_tokens must be greater than or equal to 0, got {p['min_tokens']}.")
     if p["min_tokens"] > p["max_tokens"]:
-        raise bad_request(f"min_tokens must be less than or equal to max_tokens={p['max_tokens']}, "
-                          f"got {p['min_tokens']}.")
+        raise bad_request(
+            f"min_tokens must be less than or equal to max_tokens={p['max_tokens']}, got {p['min_tokens']}."
+        )
     if any(not s for s in p["stop"]):
         raise bad_request("stop cannot contain an empty string.")
     if p["temperature"] < SAMPLING_EPS and p["n"] > 1:
@@ -196,11 +247,15 @@ def parse_completion_request(body: Any, *, rules: VllmRules, tokenize) -> Comple
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if max_tokens > rules.max_model_len:
-        raise bad_request(f"max_tokens={max_tokens} cannot be greater than max_model_len={rules.max_model_len}. "
-                          "Please request fewer output tokens.")
+        raise bad_request(
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={rules.max_model_len}. "
+            "Please request fewer output tokens."
+        )
     # user -> server default (generation config, override) -> OpenAI default
-    values = {key: body[key] if body.get(key) is not None else rules.overrides.get(key, default)
-              for key, default in OPENAI_DEFAULTS.items()}
+    values = {
+        key: body[key] if body.get(key) is not None else rules.overrides.get(key, default)
+        for key, default in OPENAI_DEFAULTS.items()
+    }
     stop = body.get("stop")
     params = {
         **values,
@@ -223,7 +278,8 @@ def parse_completion_request(body: Any, *, rules: VllmRules, tokenize) -> Comple
             raise bad_request(
                 f"You passed {len(ids)} input tokens and requested {max_tokens} output tokens. However, the "
                 f"model's context length is only {rules.max_model_len} tokens, resulting in a maximum input length "
-                f"of {rules.max_model_len - max_tokens} tokens. Please reduce the length of the input prompt.")
+                f"of {rules.max_model_len - max_tokens} tokens. Please reduce the length of the input prompt."
+            )
         bad = next((i for i in ids if i >= rules.vocab_size), None)
         if bad is not None:
             raise bad_request(f"Token id {bad} is out of vocabulary")
@@ -233,8 +289,10 @@ def parse_completion_request(body: Any, *, rules: VllmRules, tokenize) -> Comple
         sampling = _sampling(body, params)
         rid = f"cmpl-{uuid.uuid4().hex}-{index}"
         # vLLM answers n choices per prompt, prompt-major.
-        out.extend(PromptRequest(input_ids=ids, params=sampling, max_new_tokens=cap, rid=rid, group_rid=rid,
-                                 sample_index=j) for j in range(params["n"]))
+        out.extend(
+            PromptRequest(input_ids=ids, params=sampling, max_new_tokens=cap, rid=rid, group_rid=rid, sample_index=j)
+            for j in range(params["n"])
+        )
     unknown = tuple(sorted(set(body) - KNOWN_FIELDS))
     return CompletionRequest(prompts=out, return_token_ids=bool(body.get("return_token_ids")), unknown_fields=unknown)
 
@@ -248,11 +306,21 @@ def _sampling(body: dict, p: dict) -> SamplingParams:
     # side (where spaces_between_special_tokens is such a field too).
     extra = tuple(sorted((key, repr(body[key])) for key in EXTRA_FIELDS if body.get(key) is not None))
     return SamplingParams(
-        max_new_tokens=p["max_tokens"], min_new_tokens=p["min_tokens"], temperature=temperature,
-        top_p=p["top_p"], top_k=-1 if p["top_k"] in (0, -1) else p["top_k"], min_p=p["min_p"],
-        frequency_penalty=float(p["frequency_penalty"]), presence_penalty=float(p["presence_penalty"]),
-        repetition_penalty=float(p["repetition_penalty"]), stop=tuple(p["stop"]),
-        stop_token_ids=tuple(body.get("stop_token_ids") or ()), ignore_eos=bool(body.get("ignore_eos")),
+        max_new_tokens=p["max_tokens"],
+        min_new_tokens=p["min_tokens"],
+        temperature=temperature,
+        top_p=p["top_p"],
+        top_k=-1 if p["top_k"] in (0, -1) else p["top_k"],
+        min_p=p["min_p"],
+        frequency_penalty=float(p["frequency_penalty"]),
+        presence_penalty=float(p["presence_penalty"]),
+        repetition_penalty=float(p["repetition_penalty"]),
+        stop=tuple(p["stop"]),
+        stop_token_ids=tuple(body.get("stop_token_ids") or ()),
+        ignore_eos=bool(body.get("ignore_eos")),
         skip_special_tokens=body.get("skip_special_tokens", True) is not False,
-        no_stop_trim=bool(body.get("include_stop_str_in_output")), n=p["n"], sampling_seed=seed, extra=extra,
+        no_stop_trim=bool(body.get("include_stop_str_in_output")),
+        n=p["n"],
+        sampling_seed=seed,
+        extra=extra,
     )

@@ -72,11 +72,7 @@ class ModelVocab:
             return False
         if prompt_ids[-1] == self.think_open_id:
             return True
-        return (
-            len(prompt_ids) >= 2
-            and prompt_ids[-2] == self.think_open_id
-            and prompt_ids[-1] in self.newline_ids
-        )
+        return len(prompt_ids) >= 2 and prompt_ids[-2] == self.think_open_id and prompt_ids[-1] in self.newline_ids
 
     def _special_id(self, token: str) -> int | None:
         """Id of `token` if the tokenizer really has it (not the unknown-token fallback)."""

@@ -25,12 +25,28 @@ from eagle_synth.toolcalls.minimax import MINIMAX_M1, MINIMAX_M2
 from eagle_synth.toolcalls.qwen3_coder import QWEN3_CODER
 from eagle_synth.toolcalls.values import parameter_schemas
 
-__all__ = ["TOOL_FORMATS", "ParsedAnswer", "ToolFormatError", "detect_tool_format", "parse_tool_calls",
-           "resolve_tool_format"]
+__all__ = [
+    "TOOL_FORMATS",
+    "ParsedAnswer",
+    "ToolFormatError",
+    "detect_tool_format",
+    "parse_tool_calls",
+    "resolve_tool_format",
+]
 
-FORMATS: dict[str, ToolFormat] = {f.name: f for f in (
-    HERMES, QWEN3_CODER, KIMI_K2, DEEPSEEK_V3, DEEPSEEK_V31, GLM45, MINIMAX_M1, MINIMAX_M2,
-)}
+FORMATS: dict[str, ToolFormat] = {
+    f.name: f
+    for f in (
+        HERMES,
+        QWEN3_CODER,
+        KIMI_K2,
+        DEEPSEEK_V3,
+        DEEPSEEK_V31,
+        GLM45,
+        MINIMAX_M1,
+        MINIMAX_M2,
+    )
+}
 # The values `--tool-format` accepts.
 TOOL_FORMATS: tuple[str, ...] = tuple(FORMATS)
 
@@ -63,7 +79,7 @@ def parse_tool_calls(text: str, *, family: str, tools: list[dict] | None = None)
         form.parse_section(cursor, parameter_schemas(tools), calls)
         cursor.skip_space()
         if not cursor.at_end():
-            raise Malformed(f"text after the tool calls: {body[cursor.pos:cursor.pos + 60]!r}")
+            raise Malformed(f"text after the tool calls: {body[cursor.pos : cursor.pos + 60]!r}")
     except Malformed as exc:
         return ParsedAnswer(content=content, tool_calls=calls, unparsed=True, problem=str(exc))
     return ParsedAnswer(content=content, tool_calls=calls)

@@ -61,7 +61,9 @@ class Cursor:
         if after_space:
             self.skip_space()
         if not self.text.startswith(literal, self.pos):
-            raise Malformed(f"expected {literal!r} at character {self.pos}, found {self.text[self.pos:self.pos + 30]!r}")
+            raise Malformed(
+                f"expected {literal!r} at character {self.pos}, found {self.text[self.pos : self.pos + 30]!r}"
+            )
         self.pos += len(literal)
 
     def upto(self, *literals: str) -> str:
@@ -69,7 +71,7 @@ class Cursor:
         found = [at for at in (self.text.find(literal, self.pos) for literal in literals) if at >= 0]
         if not found:
             raise Malformed(f"truncated: no {' or '.join(map(repr, literals))} after character {self.pos}")
-        piece = self.text[self.pos:min(found)]
+        piece = self.text[self.pos : min(found)]
         self.pos = min(found)
         return piece
 
@@ -82,7 +84,7 @@ class Cursor:
                 best = (at, literal)
         if best is None:
             raise Malformed(f"truncated: no {' or '.join(map(repr, literals))} after character {self.pos}")
-        piece = self.text[self.pos:best[0]]
+        piece = self.text[self.pos : best[0]]
         self.pos = best[0] + len(best[1])
         return piece, best[1]
 

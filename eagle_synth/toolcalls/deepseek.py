@@ -63,7 +63,7 @@ def parse_v31(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> No
     _parse(cursor, calls, fenced=False)
 
 
-DEEPSEEK_V3 = ToolFormat(name="deepseek_v3", start=CALLS_BEGIN, parse_section=parse_v3,
-                         end_markers=(END_OF_SENTENCE,))
-DEEPSEEK_V31 = ToolFormat(name="deepseek_v31", start=CALLS_BEGIN, parse_section=parse_v31,
-                          end_markers=(END_OF_SENTENCE,))
+DEEPSEEK_V3 = ToolFormat(name="deepseek_v3", start=CALLS_BEGIN, parse_section=parse_v3, end_markers=(END_OF_SENTENCE,))
+DEEPSEEK_V31 = ToolFormat(
+    name="deepseek_v31", start=CALLS_BEGIN, parse_section=parse_v31, end_markers=(END_OF_SENTENCE,)
+)

@@ -47,10 +47,14 @@ def resolve_tool_format(chat_template: str | dict | None, *, override: str | Non
     the one the template shows. Raises ToolFormatError with a one-line fix for the user."""
     if override is not None:
         if override not in known:
-            raise ToolFormatError(f"--tool-format {override!r} is not a known format; choose one of: {', '.join(known)}")
+            raise ToolFormatError(
+                f"--tool-format {override!r} is not a known format; choose one of: {', '.join(known)}"
+            )
         return override
     family = detect_tool_format(chat_template)
     if family is None:
-        raise ToolFormatError("the chat template's tool-call format is not one eagle-synth can parse; "
-                              f"pass --tool-format with one of: {', '.join(known)}")
+        raise ToolFormatError(
+            "the chat template's tool-call format is not one eagle-synth can parse; "
+            f"pass --tool-format with one of: {', '.join(known)}"
+        )
     return family

@@ -41,5 +41,9 @@ def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -
         calls.append({"name": name, "arguments": arguments})
 
 
-GLM45 = ToolFormat(name="glm45", start=CALL_BEGIN, parse_section=parse_section,
-                   end_markers=("<|user|>", "<|observation|>", "<|endoftext|>"))
+GLM45 = ToolFormat(
+    name="glm45",
+    start=CALL_BEGIN,
+    parse_section=parse_section,
+    end_markers=("<|user|>", "<|observation|>", "<|endoftext|>"),
+)

@@ -23,5 +23,6 @@ def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -
         calls.append(json_call(body))
 
 
-HERMES = ToolFormat(name="hermes", start=CALL_BEGIN, parse_section=parse_section,
-                    end_markers=("<|im_end|>", "<|endoftext|>"))
+HERMES = ToolFormat(
+    name="hermes", start=CALL_BEGIN, parse_section=parse_section, end_markers=("<|im_end|>", "<|endoftext|>")
+)

@@ -34,5 +34,4 @@ def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -
     cursor.expect(SECTION_END)
 
 
-KIMI_K2 = ToolFormat(name="kimi_k2", start=SECTION_BEGIN, parse_section=parse_section,
-                     end_markers=("<|im_end|>",))
+KIMI_K2 = ToolFormat(name="kimi_k2", start=SECTION_BEGIN, parse_section=parse_section, end_markers=("<|im_end|>",))

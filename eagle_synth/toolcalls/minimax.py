@@ -79,7 +79,5 @@ def parse_m2(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> Non
         cursor.expect(M2_END)
 
 
-MINIMAX_M1 = ToolFormat(name="minimax_m1", start=M1_BEGIN, parse_section=parse_m1,
-                        end_markers=("<end_of_sentence>",))
-MINIMAX_M2 = ToolFormat(name="minimax_m2", start=M2_BEGIN, parse_section=parse_m2,
-                        end_markers=("[e~[",))
+MINIMAX_M1 = ToolFormat(name="minimax_m1", start=M1_BEGIN, parse_section=parse_m1, end_markers=("<end_of_sentence>",))
+MINIMAX_M2 = ToolFormat(name="minimax_m2", start=M2_BEGIN, parse_section=parse_m2, end_markers=("[e~[",))

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from eagle_synth.toolcalls.answer import ParsedAnswer
 
 # Mismatch.reason slugs (recorded as failure reasons; stable).
-TOOL_CALL_MISMATCH = "tool-call-mismatch"     # other function, other number of calls, a call where none was
-TOOL_CALL_UNPARSED = "tool-call-unparsed"     # the model's answer opens a call that does not parse
+TOOL_CALL_MISMATCH = "tool-call-mismatch"  # other function, other number of calls, a call where none was
+TOOL_CALL_UNPARSED = "tool-call-unparsed"  # the model's answer opens a call that does not parse
 TOOL_RESULTS_UNPAIRED = "tool-results-unpaired"  # the dataset's step has not one result per call
 
 
@@ -63,7 +63,7 @@ def dataset_step(messages: list[dict], point: int) -> ToolStep:
     if answer is None or answer["role"] != "assistant" or not answer.get("tool_calls"):
         return ToolStep()
     results = []
-    for message in messages[point + 2:]:
+    for message in messages[point + 2 :]:
         if message["role"] != "tool":
             break
         results.append(message)
@@ -80,8 +80,13 @@ def assistant_message(answer: ParsedAnswer, *, reasoning: str, call_ids: list[st
         calls = []
         for i, call in enumerate(answer.tool_calls):
             call_id = call.get("id") or (call_ids[i] if call_ids and i < len(call_ids) else None)
-            calls.append({**({"id": call_id} if call_id else {}), "type": "function",
-                          "function": {"name": call["name"], "arguments": copy.deepcopy(call["arguments"])}})
+            calls.append(
+                {
+                    **({"id": call_id} if call_id else {}),
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": copy.deepcopy(call["arguments"])},
+                }
+            )
         message["tool_calls"] = calls
     return message
 
@@ -101,8 +106,9 @@ def pair_tool_results(answer: ParsedAnswer, step: ToolStep, *, reasoning: str) -
         return Replay(assistant=assistant_message(answer, reasoning=reasoning), tool_messages=[])
     results = _results_in_call_order(step)
     if len(results) != len(step.calls):
-        return Mismatch(TOOL_RESULTS_UNPAIRED,
-                        f"the dataset's step has {len(step.calls)} call(s) but {len(results)} result(s)")
+        return Mismatch(
+            TOOL_RESULTS_UNPAIRED, f"the dataset's step has {len(step.calls)} call(s) but {len(results)} result(s)"
+        )
     assistant = assistant_message(answer, reasoning=reasoning, call_ids=[c.get("id") for c in step.calls])
     tool_messages = []
     for call, result in zip(assistant["tool_calls"], results):
@@ -118,8 +124,10 @@ def _count_detail(model_names: list[str], dataset_names: list[str]) -> str:
         return f"no tool call where the dataset called {', '.join(dataset_names)}"
     if not dataset_names:
         return f"called {', '.join(model_names)} where the dataset answered without tools"
-    return (f"{len(model_names)} call(s) ({', '.join(model_names)}) where the dataset made "
-            f"{len(dataset_names)} ({', '.join(dataset_names)})")
+    return (
+        f"{len(model_names)} call(s) ({', '.join(model_names)}) where the dataset made "
+        f"{len(dataset_names)} ({', '.join(dataset_names)})"
+    )
 
 
 def _results_in_call_order(step: ToolStep) -> list[dict]:

@@ -47,5 +47,6 @@ def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -
         calls.append({"name": name, "arguments": arguments})
 
 
-QWEN3_CODER = ToolFormat(name="qwen3_coder", start=CALL_BEGIN, parse_section=parse_section,
-                         end_markers=("<|im_end|>", "<|endoftext|>"))
+QWEN3_CODER = ToolFormat(
+    name="qwen3_coder", start=CALL_BEGIN, parse_section=parse_section, end_markers=("<|im_end|>", "<|endoftext|>")
+)

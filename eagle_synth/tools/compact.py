@@ -88,11 +88,16 @@ class CompactResult:
 
     def to_dict(self) -> dict:
         return {
-            "shards": [str(p) for p in self.shards], "files_compacted": self.files_compacted,
-            "records": self.records, "duplicates_dropped": self.duplicates_dropped,
-            "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
-            "leftovers_deleted": self.leftovers_deleted, "young_skipped": self.young_skipped,
-            "damaged": self.damaged, "unverified_shards": self.unverified_shards,
+            "shards": [str(p) for p in self.shards],
+            "files_compacted": self.files_compacted,
+            "records": self.records,
+            "duplicates_dropped": self.duplicates_dropped,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "leftovers_deleted": self.leftovers_deleted,
+            "young_skipped": self.young_skipped,
+            "damaged": self.damaged,
+            "unverified_shards": self.unverified_shards,
         }
 
 
@@ -182,9 +187,15 @@ def _keys_already_sharded(scan: CampaignFiles, batches: set[str]) -> set[str]:
     return keys
 
 
-def compact(campaign_path: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHARD_BYTES,
-            min_age: float = DEFAULT_MIN_AGE, level: int = SHARD_ZSTD_LEVEL, threads: int = 0,
-            on_shard: Callable[[Path, int], None] | None = None) -> CompactResult:
+def compact(
+    campaign_path: str | os.PathLike,
+    *,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    min_age: float = DEFAULT_MIN_AGE,
+    level: int = SHARD_ZSTD_LEVEL,
+    threads: int = 0,
+    on_shard: Callable[[Path, int], None] | None = None,
+) -> CompactResult:
     """Merge a campaign's batch files into shards of about `shard_bytes`; see the module docstring.
 
     Parameters:
@@ -222,13 +233,20 @@ def compact(campaign_path: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHAR
         if len(candidates) < MIN_FILES:
             return result
         for group in _plan(candidates, shard_bytes=shard_bytes):
-            _compact_group(campaign_path, scan, group, level=level, threads=threads, result=result,
-                           on_shard=on_shard)
+            _compact_group(campaign_path, scan, group, level=level, threads=threads, result=result, on_shard=on_shard)
     return result
 
 
-def _compact_group(campaign_path, scan: CampaignFiles, group: list[tuple[Path, int]], *, level: int,
-                   threads: int, result: CompactResult, on_shard) -> None:
+def _compact_group(
+    campaign_path,
+    scan: CampaignFiles,
+    group: list[tuple[Path, int]],
+    *,
+    level: int,
+    threads: int,
+    result: CompactResult,
+    on_shard,
+) -> None:
     sources = []
     for path, size in group:
         if _readable(path):
@@ -242,8 +260,9 @@ def _compact_group(campaign_path, scan: CampaignFiles, group: list[tuple[Path, i
     seen = _keys_already_sharded(scan, batches & scan.repeated_batches)
     dropped = 0
     written_keys: list[str] = []
-    with ShardWriter(campaign_path, campaign=campaign, sources=[p.name for p, _ in sources],
-                     level=level, threads=threads) as writer:
+    with ShardWriter(
+        campaign_path, campaign=campaign, sources=[p.name for p, _ in sources], level=level, threads=threads
+    ) as writer:
         for index, (path, _) in enumerate(sources):
             for raw in read_raw_file(path):
                 if raw.key in seen:

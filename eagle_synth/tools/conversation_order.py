@@ -57,8 +57,9 @@ def _sorted(records: list[RawRecord], *, turns: str, dropped: Callable[[str], No
         yield raw
 
 
-def ordered_records(campaign_path: str | os.PathLike, *, turns: str = "all",
-                    dropped: Callable[[str], None] = lambda reason: None) -> Iterator[RawRecord]:
+def ordered_records(
+    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
+) -> Iterator[RawRecord]:
     """Every record, conversations' turns together and in order; with turns="last" only each
     conversation's last turn (`dropped("earlier_turn")` is called for each one left out)."""
     if turns not in TURNS:
@@ -78,17 +79,27 @@ def ordered_records(campaign_path: str | os.PathLike, *, turns: str = "all",
         paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
         packer = msgpack.Packer(use_bin_type=True)
         with ExitStack() as files:
-            writers = [files.enter_context(zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(
-                files.enter_context(open(path, "wb")))) for path in paths]
+            writers = [
+                files.enter_context(
+                    zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(
+                        files.enter_context(open(path, "wb"))
+                    )
+                )
+                for path in paths
+            ]
             for raw in iter_raw_records(campaign_path):
                 conversation = raw.meta.get("conversation")
                 if not conversation:
                     yield raw
                     continue
-                writers[_bucket_of(conversation, buckets)].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
+                writers[_bucket_of(conversation, buckets)].write(
+                    packer.pack([raw.meta, raw.prompt_u32, raw.output_u32])
+                )
         for path in paths:
             with open(path, "rb") as handle:
                 reader = zstandard.ZstdDecompressor().stream_reader(handle)
-                records = [RawRecord(meta=meta, prompt_u32=prompt, output_u32=output)
-                           for meta, prompt, output in msgpack.Unpacker(reader, raw=False)]
+                records = [
+                    RawRecord(meta=meta, prompt_u32=prompt, output_u32=output)
+                    for meta, prompt, output in msgpack.Unpacker(reader, raw=False)
+                ]
             yield from _sorted(records, turns=turns, dropped=dropped)

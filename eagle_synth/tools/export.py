@@ -94,10 +94,20 @@ class ExportResult:
 
     def to_dict(self) -> dict:
         """The `--json` summary."""
-        return {"format": self.format, "rows": self.rows, "tokens": self.tokens, "loss_tokens": self.loss_tokens,
-                "read": self.read, "dropped": self.dropped, "clipped": self.clipped, "splits": self.split_rows,
-                "paths": [str(p) for p in self.paths], "warnings": self.warnings,
-                "seconds": round(self.seconds, 3), "tokens_per_s": round(self.tokens_per_s)}
+        return {
+            "format": self.format,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "loss_tokens": self.loss_tokens,
+            "read": self.read,
+            "dropped": self.dropped,
+            "clipped": self.clipped,
+            "splits": self.split_rows,
+            "paths": [str(p) for p in self.paths],
+            "warnings": self.warnings,
+            "seconds": round(self.seconds, 3),
+            "tokens_per_s": round(self.tokens_per_s),
+        }
 
 
 def training_row(raw: RawRecord) -> dict:
@@ -138,8 +148,9 @@ class _Outputs:
     def __init__(self, out: Path, *, suffix: str, shard_rows: int | None, split: str | None = None) -> None:
         self.shard_rows = shard_rows
         if out.is_dir() and not shard_rows:
-            raise ExportError(f"--out {out} is a folder: give a file name, or --shard-rows N to write "
-                             "part-00000... files into it")
+            raise ExportError(
+                f"--out {out} is a folder: give a file name, or --shard-rows N to write part-00000... files into it"
+            )
         if shard_rows and (out.is_dir() or not out.suffix):
             self.folder, self.stem, self.suffix = out, split or "part", suffix
         else:
@@ -188,8 +199,13 @@ class _FileSink:
     readers find the columns).
     """
 
-    def __init__(self, outputs: _Outputs, *, open_file: Callable[[Path], Any],
-                 write_group: Callable[[Any, list[RawRecord]], None]) -> None:
+    def __init__(
+        self,
+        outputs: _Outputs,
+        *,
+        open_file: Callable[[Path], Any],
+        write_group: Callable[[Any, list[RawRecord]], None],
+    ) -> None:
         self.outputs = outputs
         self._open_file = open_file
         self._write_group = write_group
@@ -201,7 +217,7 @@ class _FileSink:
         shard_rows = self.outputs.shard_rows
         while group:
             take = group[: shard_rows - self._in_shard] if shard_rows else group
-            group = group[len(take):]
+            group = group[len(take) :]
             if self._handle is None:
                 self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
             self._write_group(self._handle, take)
@@ -239,8 +255,13 @@ def _open_jsonl(path: Path) -> IO[str]:
 def _parquet_writer(path: Path, schema):
     import pyarrow.parquet as pq
 
-    return pq.ParquetWriter(path, schema, compression=PARQUET_COMPRESSION,
-                            compression_level=PARQUET_COMPRESSION_LEVEL, use_dictionary=PARQUET_DICTIONARY_COLUMNS)
+    return pq.ParquetWriter(
+        path,
+        schema,
+        compression=PARQUET_COMPRESSION,
+        compression_level=PARQUET_COMPRESSION_LEVEL,
+        use_dictionary=PARQUET_DICTIONARY_COLUMNS,
+    )
 
 
 def parquet_schema():
@@ -252,14 +273,24 @@ def _file_sink(format: str, out: Path, split: str | None, shard_rows: int | None
     outputs = _Outputs(out, suffix=".parquet" if format == "parquet" else ".jsonl", shard_rows=shard_rows, split=split)
     if format == "parquet":
         schema = parquet_schema()
-        return _FileSink(outputs, open_file=lambda path: _parquet_writer(path, schema),
-                         write_group=lambda writer, group: writer.write_batch(arrow_batch(group, schema),
-                                                                              row_group_size=len(group)))
+        return _FileSink(
+            outputs,
+            open_file=lambda path: _parquet_writer(path, schema),
+            write_group=lambda writer, group: writer.write_batch(arrow_batch(group, schema), row_group_size=len(group)),
+        )
     if format == "specforge":
-        return _FileSink(outputs, open_file=lambda path: open(path, "w", encoding="utf-8"),
-                         write_group=lambda handle, group: handle.write(specforge_lines(group)))
-    return _FileSink(outputs, open_file=_open_jsonl, write_group=lambda handle, group: handle.write(
-        "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)))
+        return _FileSink(
+            outputs,
+            open_file=lambda path: open(path, "w", encoding="utf-8"),
+            write_group=lambda handle, group: handle.write(specforge_lines(group)),
+        )
+    return _FileSink(
+        outputs,
+        open_file=_open_jsonl,
+        write_group=lambda handle, group: handle.write(
+            "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)
+        ),
+    )
 
 
 def _check_options(format: str, out: Path, shard_rows: int | None) -> None:
@@ -313,8 +344,15 @@ class _Groups:
             self.flush(split)
 
 
-def _fill(sinks: dict[str | None, Any], records: Iterable[RawRecord], filters: ExportFilters, *,
-          stats: SelectionStats, cutoff: int | None, result: ExportResult) -> None:
+def _fill(
+    sinks: dict[str | None, Any],
+    records: Iterable[RawRecord],
+    filters: ExportFilters,
+    *,
+    stats: SelectionStats,
+    cutoff: int | None,
+    result: ExportResult,
+) -> None:
     """The one pass: records through the filters, into row groups, into each split's sink."""
     groups = _Groups(sinks, result)
     for split, row in select_rows(records, filters, stats, cutoff=cutoff):
@@ -322,9 +360,15 @@ def _fill(sinks: dict[str | None, Any], records: Iterable[RawRecord], filters: E
     groups.flush_all()
 
 
-def export_rows(records: Iterable[RawRecord], out: str | os.PathLike, *, format: str = "jsonl",
-                filters: ExportFilters = ExportFilters(), shard_rows: int | None = None,
-                cutoff: int | None = None) -> ExportResult:
+def export_rows(
+    records: Iterable[RawRecord],
+    out: str | os.PathLike,
+    *,
+    format: str = "jsonl",
+    filters: ExportFilters = ExportFilters(),
+    shard_rows: int | None = None,
+    cutoff: int | None = None,
+) -> ExportResult:
     """Export rows from any stream of records (a generator is read once, lazily).
 
     Parameters are export_records'; `cutoff` is the one tools.filters.sample_cutoff finds
@@ -342,8 +386,11 @@ def export_rows(records: Iterable[RawRecord], out: str | os.PathLike, *, format:
         staged: dict[str | None, StagedSplit] = {}
         try:
             for name in splits:
-                staged[name] = StagedSplit(staging / f"{name or 'all'}.arrow", count_tokens=format == "speculators",
-                                           selected=SPECULATORS_COLUMNS if format == "speculators" else None)
+                staged[name] = StagedSplit(
+                    staging / f"{name or 'all'}.arrow",
+                    count_tokens=format == "speculators",
+                    selected=SPECULATORS_COLUMNS if format == "speculators" else None,
+                )
             _fill(staged, records, filters, stats=stats, cutoff=cutoff, result=result)
             for part in staged.values():
                 part.close()
@@ -369,9 +416,16 @@ def export_rows(records: Iterable[RawRecord], out: str | os.PathLike, *, format:
     return result
 
 
-def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, format: str = "jsonl",
-                   filters: ExportFilters = ExportFilters(), shard_rows: int | None = None,
-                   progress: Progress | None = None, turns: str = "all") -> ExportResult:
+def export_records(
+    campaign_path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    format: str = "jsonl",
+    filters: ExportFilters = ExportFilters(),
+    shard_rows: int | None = None,
+    progress: Progress | None = None,
+    turns: str = "all",
+) -> ExportResult:
     """Export a campaign's records as training rows; streams, so memory stays flat.
 
     Parameters:
@@ -402,7 +456,8 @@ def export_records(campaign_path: str | os.PathLike, out: str | os.PathLike, *, 
     return result
 
 
-def export_jsonl(campaign_path: str | os.PathLike, out: str | os.PathLike, *,
-                 filters: ExportFilters = ExportFilters()) -> int:
+def export_jsonl(
+    campaign_path: str | os.PathLike, out: str | os.PathLike, *, filters: ExportFilters = ExportFilters()
+) -> int:
     """Write one JSON object per line and per kept record; returns rows written."""
     return export_records(campaign_path, out, format="jsonl", filters=filters).rows

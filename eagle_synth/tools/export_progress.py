@@ -63,8 +63,13 @@ class RecordsProgress:
             columns = [SpinnerColumn(), TextColumn("{task.description}")]
             if self.total_records:
                 columns += [BarColumn(), TimeRemainingColumn()]
-            self._progress = RichProgress(*columns, TimeElapsedColumn(), console=Console(stderr=True),
-                                      refresh_per_second=REFRESH_PER_SECOND, transient=True)
+            self._progress = RichProgress(
+                *columns,
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                refresh_per_second=REFRESH_PER_SECOND,
+                transient=True,
+            )
             self._progress.__enter__()
             self._task = self._progress.add_task(self._phase, total=self.total_records)
         return self
@@ -84,5 +89,6 @@ class RecordsProgress:
         if self._progress is None:
             return
         rate = records_read / max(time.monotonic() - self._started, 1e-6)
-        self._progress.update(self._task, completed=records_read,
-                              description=f"{self._phase}: {records_read:,} records ({rate:,.0f}/s)")
+        self._progress.update(
+            self._task, completed=records_read, description=f"{self._phase}: {records_read:,} records ({rate:,.0f}/s)"
+        )

@@ -23,16 +23,29 @@ from eagle_synth.records import RawRecord, Record
 # Leading columns, in order (the export's columns before every Record field was added) and
 # their kinds; prompt_tokens/completion_tokens count the row's own ids, after clipping.
 LEAD_COLUMNS = (
-    ("key", "string"), ("id", "string"), ("sample", "int32"), ("turn", "int32"),
-    ("input_ids", "ids"), ("loss_mask", "mask"), ("prompt_tokens", "int32"), ("completion_tokens", "int32"),
+    ("key", "string"),
+    ("id", "string"),
+    ("sample", "int32"),
+    ("turn", "int32"),
+    ("input_ids", "ids"),
+    ("loss_mask", "mask"),
+    ("prompt_tokens", "int32"),
+    ("completion_tokens", "int32"),
     ("finish_reason", "string"),
 )
 # Record fields that are not columns of their own: the ids become input_ids/loss_mask, and the
 # server's counts are replaced by the row's own (a clipped row has fewer ids than the server made).
 _NOT_COLUMNS = frozenset({"prompt_ids", "output_ids"})
 # Column kind of each scalar Record annotation; any other annotation is stored as JSON text.
-ANNOTATION_KINDS = {"str": "string", "int": "int64", "float": "float64", "float | None": "float64",
-                    "bool": "bool", "str | None": "string", "int | None": "int64"}
+ANNOTATION_KINDS = {
+    "str": "string",
+    "int": "int64",
+    "float": "float64",
+    "float | None": "float64",
+    "bool": "bool",
+    "str | None": "string",
+    "int | None": "int64",
+}
 JSON_KIND = "json"
 
 
@@ -79,12 +92,16 @@ def _field_default(name: str) -> Any:
 @lru_cache(maxsize=1)
 def columns() -> tuple[Column, ...]:
     """Every exported column, in order: LEAD_COLUMNS, then the other Record fields in their order."""
-    lead = [Column(name, kind, _field_default(name) if name in Record.__dataclass_fields__ else None)
-            for name, kind in LEAD_COLUMNS]
+    lead = [
+        Column(name, kind, _field_default(name) if name in Record.__dataclass_fields__ else None)
+        for name, kind in LEAD_COLUMNS
+    ]
     lead_names = {name for name, _ in LEAD_COLUMNS}
-    rest = [Column(name, ANNOTATION_KINDS.get(str(spec.type), JSON_KIND), _field_default(name))
-            for name, spec in Record.__dataclass_fields__.items()
-            if name not in lead_names and name not in _NOT_COLUMNS]
+    rest = [
+        Column(name, ANNOTATION_KINDS.get(str(spec.type), JSON_KIND), _field_default(name))
+        for name, spec in Record.__dataclass_fields__.items()
+        if name not in lead_names and name not in _NOT_COLUMNS
+    ]
     return tuple(lead + rest)
 
 
@@ -94,8 +111,12 @@ def column_names() -> tuple[str, ...]:
 
 def _meta_with_lengths(raw: RawRecord) -> dict:
     """The record's metadata plus the row's own lengths (seq_len is speculators' name for the total)."""
-    return {**raw.meta, "prompt_tokens": raw.prompt_len, "completion_tokens": raw.output_len,
-            "seq_len": raw.prompt_len + raw.output_len}
+    return {
+        **raw.meta,
+        "prompt_tokens": raw.prompt_len,
+        "completion_tokens": raw.output_len,
+        "seq_len": raw.prompt_len + raw.output_len,
+    }
 
 
 def json_row(raw: RawRecord) -> dict:
@@ -118,9 +139,16 @@ def json_row(raw: RawRecord) -> dict:
 def _arrow_type(kind: str):
     import pyarrow as pa
 
-    return {"string": pa.string(), "json": pa.string(), "int32": pa.int32(), "int64": pa.int64(),
-            "float64": pa.float64(), "bool": pa.bool_(), "ids": pa.list_(pa.int32()),
-            "mask": pa.list_(pa.int8())}[kind]
+    return {
+        "string": pa.string(),
+        "json": pa.string(),
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+        "float64": pa.float64(),
+        "bool": pa.bool_(),
+        "ids": pa.list_(pa.int32()),
+        "mask": pa.list_(pa.int8()),
+    }[kind]
 
 
 def arrow_schema(selected: Sequence[Column] | None = None):

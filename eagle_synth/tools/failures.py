@@ -24,13 +24,22 @@ def failures_by_reason(campaign: Campaign, *, examples: int = 5) -> dict:
     stopped = ConversationStore(campaign).stopped(examples=examples) if settings and settings.history == "own" else {}
     by_reason: dict[str, list[dict]] = {}
     for key, failure in sorted(failures.items()):
-        by_reason.setdefault(failure.reason, []).append({
-            "key": key, "id": failure.item.get("row_id"), "source": failure.item.get("source"),
-            "message": failure.message, "at": failure.at, "worker": failure.worker,
-        })
-    return {"campaign": campaign.name, "failed": len(failures),
-            "by_reason": {reason: {"count": len(prompts), "prompts": prompts} for reason, prompts in by_reason.items()},
-            "conversations_stopped": stopped}
+        by_reason.setdefault(failure.reason, []).append(
+            {
+                "key": key,
+                "id": failure.item.get("row_id"),
+                "source": failure.item.get("source"),
+                "message": failure.message,
+                "at": failure.at,
+                "worker": failure.worker,
+            }
+        )
+    return {
+        "campaign": campaign.name,
+        "failed": len(failures),
+        "by_reason": {reason: {"count": len(prompts), "prompts": prompts} for reason, prompts in by_reason.items()},
+        "conversations_stopped": stopped,
+    }
 
 
 def format_failures(report: dict, *, limit: int) -> list[str]:
@@ -39,12 +48,15 @@ def format_failures(report: dict, *, limit: int) -> list[str]:
     lines = [f"{report['failed']} failed prompts in {report['campaign']}"]
     for reason, group in sorted(report["by_reason"].items(), key=lambda kv: -kv[1]["count"]):
         lines.append(f"  {reason}: {group['count']}")
-        lines.extend(f"    {p['key']} ({p['source']}): {p['message'][:MESSAGE_PREVIEW_CHARS]}"
-                     for p in group["prompts"][:limit])
+        lines.extend(
+            f"    {p['key']} ({p['source']}): {p['message'][:MESSAGE_PREVIEW_CHARS]}" for p in group["prompts"][:limit]
+        )
     stopped = report.get("conversations_stopped") or {}
     if stopped:
-        lines.append(f"{sum(s['count'] for s in stopped.values())} conversations stopped early (their records are "
-                     "kept; failed turns above stop theirs too)")
+        lines.append(
+            f"{sum(s['count'] for s in stopped.values())} conversations stopped early (their records are "
+            "kept; failed turns above stop theirs too)"
+        )
         for reason, info in sorted(stopped.items(), key=lambda kv: -kv[1]["count"]):
             lines.append(f"  {reason}: {info['count']}")
             for end in info["examples"]:

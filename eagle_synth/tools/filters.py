@@ -56,8 +56,10 @@ def parse_split(text: str | None) -> tuple[tuple[str, float], ...]:
         except ValueError:
             fraction = -1.0
         if not sep or not SPLIT_NAME.fullmatch(name) or not 0.0 < fraction < 1.0:
-            raise ExportError(f"--split {text!r}: give NAME=FRACTION pairs, comma-separated, each fraction "
-                             "between 0 and 1, e.g. --split test=0.01")
+            raise ExportError(
+                f"--split {text!r}: give NAME=FRACTION pairs, comma-separated, each fraction "
+                "between 0 and 1, e.g. --split test=0.01"
+            )
         splits.append((name, fraction))
     _check_splits(tuple(splits), flag=f"--split {text!r}")
     return tuple(splits)
@@ -178,8 +180,12 @@ def clip(raw: RawRecord, max_length: int) -> RawRecord:
     """The record cut to its first max_length ids: the output first, then the prompt."""
     prompt_keep = min(raw.prompt_len, max_length)
     output_keep = max_length - prompt_keep
-    return RawRecord(meta=raw.meta, prompt_u32=raw.prompt_u32[: 4 * prompt_keep],
-                     output_u32=raw.output_u32[: 4 * output_keep], src=raw.src)
+    return RawRecord(
+        meta=raw.meta,
+        prompt_u32=raw.prompt_u32[: 4 * prompt_keep],
+        output_u32=raw.output_u32[: 4 * output_keep],
+        src=raw.src,
+    )
 
 
 @dataclass(slots=True)
@@ -223,8 +229,9 @@ def sample_cutoff(records: Iterable[RawRecord], filters: ExportFilters) -> int |
     return -largest[0]
 
 
-def select_rows(records: Iterable[RawRecord], filters: ExportFilters, stats: SelectionStats, *,
-                cutoff: int | None = None) -> Iterator[tuple[str | None, RawRecord]]:
+def select_rows(
+    records: Iterable[RawRecord], filters: ExportFilters, stats: SelectionStats, *, cutoff: int | None = None
+) -> Iterator[tuple[str | None, RawRecord]]:
     """(split name or None, row) for each kept record, in record order; one pass, streaming.
 
     `cutoff` comes from sample_cutoff over the same records; a sampled export without it

@@ -105,7 +105,9 @@ class FlowerOptions:
     def celery_argv(self) -> list[str]:
         """Arguments of Celery's command line that start Flower on our app."""
         return [
-            "-A", APP_SYMBOL, "flower",
+            "-A",
+            APP_SYMBOL,
+            "flower",
             f"--port={self.port}",
             f"--address={self.address}",
             f"--purge_offline_workers={PURGE_OFFLINE_WORKERS_S}",
@@ -128,8 +130,12 @@ def run_flower(*, settings: BrokerSettings, options: FlowerOptions) -> int:
     export_to_environment(settings)
     options.apply_environment(os.environ)
     try:
-        celery_command.main(args=options.celery_argv(), prog_name="eagle-synth flower",
-                            auto_envvar_prefix="CELERY", standalone_mode=True)
+        celery_command.main(
+            args=options.celery_argv(),
+            prog_name="eagle-synth flower",
+            auto_envvar_prefix="CELERY",
+            standalone_mode=True,
+        )
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0

@@ -69,8 +69,9 @@ def _boundary(record: Record) -> Text:
     return marker
 
 
-def render_record(record: Record, *, tokenizer: Any, console: Console | None = None,
-                  prompt_tail: int | None = None) -> None:
+def render_record(
+    record: Record, *, tokenizer: Any, console: Console | None = None, prompt_tail: int | None = None
+) -> None:
     """Print one record: header, [prompt], the boundary, [output], finish and lengths.
 
     Parameters:
@@ -82,18 +83,28 @@ def render_record(record: Record, *, tokenizer: Any, console: Console | None = N
     console = console or Console()
     specials = special_ids(tokenizer)
     console.rule(Text(f"record {record.key}", style="bold"))
-    extra = (f"  conversation {record.conversation}" if record.conversation else "") + \
-        (f"  variant {record.variant}" if record.variant else "")
-    console.print(f"id {record.id}  sample {record.sample}  turn {record.turn}  source {record.source or '-'}  "
-                  f"batch {record.batch or '-'}{extra}", markup=False, highlight=False)
+    extra = (f"  conversation {record.conversation}" if record.conversation else "") + (
+        f"  variant {record.variant}" if record.variant else ""
+    )
+    console.print(
+        f"id {record.id}  sample {record.sample}  turn {record.turn}  source {record.source or '-'}  "
+        f"batch {record.batch or '-'}{extra}",
+        markup=False,
+        highlight=False,
+    )
     prompt = record.prompt_ids
     hidden = 0
     if prompt_tail is not None and len(prompt) > prompt_tail:
         hidden = len(prompt) - prompt_tail
         prompt = prompt[hidden:]
     # Text, not a str: rich would read "[prompt]" as markup.
-    console.rule(Text(f"[prompt] {len(record.prompt_ids)} tokens" + (f" (first {hidden} not shown)" if hidden else ""),
-                      style="bold cyan"), align="left")
+    console.rule(
+        Text(
+            f"[prompt] {len(record.prompt_ids)} tokens" + (f" (first {hidden} not shown)" if hidden else ""),
+            style="bold cyan",
+        ),
+        align="left",
+    )
     console.print(render_ids(tokenizer, prompt, specials=specials), highlight=False)
     console.rule(Text("▼ prompt ends, output begins ▼", style=BOUNDARY_STYLE), style=BOUNDARY_STYLE)
     console.print(_boundary(record), highlight=False)
@@ -109,12 +120,14 @@ def render_record(record: Record, *, tokenizer: Any, console: Console | None = N
         f"output {len(record.output_ids)} (server {record.completion_tokens})  "
         f"cached {record.cached_tokens}  repaired prefix {record.repaired_prefix}  "
         f"server {record.server or '-'}  latency {record.e2e_latency if record.e2e_latency is not None else '-'}",
-        markup=False, highlight=False,
+        markup=False,
+        highlight=False,
     )
 
 
-def find_records(campaign_path: str | os.PathLike, *, key: str | None = None, random_n: int | None = None,
-                 seed: int | None = None) -> list[Record]:
+def find_records(
+    campaign_path: str | os.PathLike, *, key: str | None = None, random_n: int | None = None, seed: int | None = None
+) -> list[Record]:
     """The record whose key starts with `key` (it must be unique), or `random_n` records drawn uniformly.
 
     One streaming pass; a random draw keeps only `random_n` records in memory (reservoir sampling).

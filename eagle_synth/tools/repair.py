@@ -135,11 +135,23 @@ class RepairPlan:
 
     def to_dict(self) -> dict:
         return {
-            "campaign": self.campaign, "folder": str(self.folder),
-            "damaged": [{"file": str(d.path), "error": d.error, "size": d.size, "salvaged": d.salvaged,
-                         "moved_before": d.moved_before} for d in self.damaged],
-            "healthy_files": self.healthy_files, "healthy_records": self.healthy_records,
-            "done": self.done, "lost": len(self.lost), "recoverable": len(self.recoverable),
+            "campaign": self.campaign,
+            "folder": str(self.folder),
+            "damaged": [
+                {
+                    "file": str(d.path),
+                    "error": d.error,
+                    "size": d.size,
+                    "salvaged": d.salvaged,
+                    "moved_before": d.moved_before,
+                }
+                for d in self.damaged
+            ],
+            "healthy_files": self.healthy_files,
+            "healthy_records": self.healthy_records,
+            "done": self.done,
+            "lost": len(self.lost),
+            "recoverable": len(self.recoverable),
             "unrecoverable": len(self.unrecoverable),
             "capacity": None if self.capacity is None else round(self.capacity, 1),
             "refusal": self.refusal,
@@ -197,8 +209,11 @@ def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
             unpacker.feed(data)
             for value in unpacker:
                 if header is None:
-                    if not (isinstance(value, dict) and value.get("format") == FORMAT_NAME
-                            and value.get("version") in READABLE_VERSIONS):
+                    if not (
+                        isinstance(value, dict)
+                        and value.get("format") == FORMAT_NAME
+                        and value.get("version") in READABLE_VERSIONS
+                    ):
                         return
                     header = value
                 elif isinstance(value, dict):
@@ -214,8 +229,10 @@ def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
 def _intact(record: Record, key_sampling: dict) -> bool:
     """True if the record's prompt ids, sampling and sample index hash to its key."""
     try:
-        return prompt_key(prompt_ids=pack_ids(record.prompt_ids), sampling=key_sampling,
-                          sample=record.sample) == record.key
+        return (
+            prompt_key(prompt_ids=pack_ids(record.prompt_ids), sampling=key_sampling, sample=record.sample)
+            == record.key
+        )
     except (TypeError, ValueError, OverflowError):
         return False
 
@@ -223,9 +240,15 @@ def _intact(record: Record, key_sampling: dict) -> bool:
 def _replay_item(record: Record) -> tuple[dict, PromptItem]:
     sampling = dict(record.sampling or {})
     seed = sampling.pop("sampling_seed", None)
-    return sampling, PromptItem(key=record.key, row_id=str(record.id), sample=record.sample,
-                                ids=list(record.prompt_ids), seed=seed, source=record.source,
-                                turn=record.turn)
+    return sampling, PromptItem(
+        key=record.key,
+        row_id=str(record.id),
+        sample=record.sample,
+        ids=list(record.prompt_ids),
+        seed=seed,
+        source=record.source,
+        turn=record.turn,
+    )
 
 
 def _read_keys(path: Path, keys: set[str]) -> int:
@@ -264,7 +287,9 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
         except FileNotFoundError:
             continue
     # Batch files a damaged shard absorbed but that are still here hold its records again.
-    still_listed = {name for shard, names in scan.shard_sources.items() if shard not in damaged_shards for name in names}
+    still_listed = {
+        name for shard, names in scan.shard_sources.items() if shard not in damaged_shards for name in names
+    }
     for path in scan.absorbed:
         if path.name in still_listed:
             continue
@@ -278,8 +303,11 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
             continue
     aside = damaged_dir(folder)
     for path in sorted(aside.glob(f"*{RECORD_SUFFIX}")) if aside.is_dir() else ():
-        plan.damaged.append(DamagedFile(path=path, error="moved aside by an earlier repair",
-                                        size=path.stat().st_size, moved_before=True))
+        plan.damaged.append(
+            DamagedFile(
+                path=path, error="moved aside by an earlier repair", size=path.stat().st_size, moved_before=True
+            )
+        )
 
     lost = done - healthy
     plan.lost = sorted(lost)
@@ -335,19 +363,21 @@ def mark_record_damaged(campaign: Campaign, keys: list[str], *, worker: str = "e
     Their failure carries no prompt ids: `retry-failed` cannot replay them, a rerun of the
     campaign's original `enqueue` command does. Returns how many moved.
     """
-    message = ("its record file was damaged and its prompt could not be read back; rerun the campaign's "
-               "original `eagle-synth enqueue` command to enqueue it again")
+    message = (
+        "its record file was damaged and its prompt could not be read back; rerun the campaign's "
+        "original `eagle-synth enqueue` command to enqueue it again"
+    )
     k = campaign.keys
     moved = 0
     for start in range(0, len(keys), FAILURE_CHUNK):
         args: list[str] = [RECORD_DAMAGED]
-        for key in keys[start: start + FAILURE_CHUNK]:
+        for key in keys[start : start + FAILURE_CHUNK]:
             item = PromptItem(key=key, row_id="", sample=0, ids=[]).to_replay()
-            failure = Failure(reason=RECORD_DAMAGED, message=message, item=item, sampling={},
-                              at=time.time(), worker=worker)
+            failure = Failure(
+                reason=RECORD_DAMAGED, message=message, item=item, sampling={}, at=time.time(), worker=worker
+            )
             args += [key, failure.to_json()]
-        moved += int(campaign.client.eval(_DONE_TO_FAILED, 4, k.done, k.failed, k.failed_reasons,
-                                           k.counters, *args))
+        moved += int(campaign.client.eval(_DONE_TO_FAILED, 4, k.done, k.failed, k.failed_reasons, k.counters, *args))
     return moved
 
 
@@ -359,5 +389,3 @@ def campaign_name_of(campaign_path: str | os.PathLike) -> str:
     except (OSError, ValueError):
         name = None
     return str(name or Path(campaign_path).resolve().name)
-
-

@@ -25,19 +25,58 @@ MIN_RATE_SPAN = 1.0
 
 # Top-level keys of campaign_status(), in the order `status --json` documents them.
 STATUS_KEYS = (
-    "campaign", "enqueued", "queued", "inflight", "done", "failed", "finished_share",
-    "failed_by_reason", "failures_recorded_by_reason", "rows_read", "rows_skipped", "skipped_by_reason",
-    "tokens_in", "tokens_out", "repaired_prefix", "records_per_s", "tokens_per_s", "rate_window_s",
-    "eta_seconds", "workers", "at", "stranded", "conversations",
+    "campaign",
+    "enqueued",
+    "queued",
+    "inflight",
+    "done",
+    "failed",
+    "finished_share",
+    "failed_by_reason",
+    "failures_recorded_by_reason",
+    "rows_read",
+    "rows_skipped",
+    "skipped_by_reason",
+    "tokens_in",
+    "tokens_out",
+    "repaired_prefix",
+    "records_per_s",
+    "tokens_per_s",
+    "rate_window_s",
+    "eta_seconds",
+    "workers",
+    "at",
+    "stranded",
+    "conversations",
 )
 # Keys of "conversations" (None unless the campaign regenerates with --history own).
 CONVERSATION_KEYS = ("total", "done", "in_progress", "stopped", "stopped_by_reason", "followups_waiting")
 # Keys of each entry of "workers": one per (worker node, server) pair.
-WORKER_KEYS = ("node", "host", "server", "state", "since", "detail", "consuming", "inflight", "heartbeat_at",
-               "disk", "backend")
+WORKER_KEYS = (
+    "node",
+    "host",
+    "server",
+    "state",
+    "since",
+    "detail",
+    "consuming",
+    "inflight",
+    "heartbeat_at",
+    "disk",
+    "backend",
+)
 # Keys of each row of `eagle-synth campaigns --json`.
-CAMPAIGN_ROW_KEYS = ("campaign", "enqueued", "queued", "inflight", "done", "failed", "records_per_s", "eta_seconds",
-                     "stranded")
+CAMPAIGN_ROW_KEYS = (
+    "campaign",
+    "enqueued",
+    "queued",
+    "inflight",
+    "done",
+    "failed",
+    "records_per_s",
+    "eta_seconds",
+    "stranded",
+)
 
 
 def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None) -> dict:
@@ -71,7 +110,7 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "finished_share": round(finished / progress.enqueued, 4) if progress.enqueued else 0.0,
         "failed_by_reason": campaign.failure_counts(),
         "failures_recorded_by_reason": {
-            key[len("failed-"):]: value for key, value in progress.counters.items() if key.startswith("failed-")
+            key[len("failed-") :]: value for key, value in progress.counters.items() if key.startswith("failed-")
         },
         "rows_read": progress.counters.get("rows-read", 0),
         "rows_skipped": progress.counters.get("rows-skipped", 0),
@@ -131,17 +170,23 @@ def _workers(nodes: list[dict]) -> list[dict]:
         for url in _json_list(node.get("servers")):
             states.setdefault(url, {"state": UNKNOWN, "since": None, "detail": "not probed yet"})
         for url, state in sorted(states.items()):
-            rows.append({
-                "node": node.get("node"), "host": node.get("host"), "server": url,
-                "state": state.get("state"), "since": state.get("since") or None, "detail": state.get("detail"),
-                "consuming": node.get("consuming") == "1",
-                "inflight": node.get("inflight_by_server", {}).get(url, 0),
-                "heartbeat_at": _float(node.get("updated") or node.get("started")),
-                # Why the worker's output folder cannot take records (None when it can).
-                "disk": node.get("disk") or None,
-                # The server's kind as preflight found it ("sglang", "vllm"; None before).
-                "backend": state.get("backend"),
-            })
+            rows.append(
+                {
+                    "node": node.get("node"),
+                    "host": node.get("host"),
+                    "server": url,
+                    "state": state.get("state"),
+                    "since": state.get("since") or None,
+                    "detail": state.get("detail"),
+                    "consuming": node.get("consuming") == "1",
+                    "inflight": node.get("inflight_by_server", {}).get(url, 0),
+                    "heartbeat_at": _float(node.get("updated") or node.get("started")),
+                    # Why the worker's output folder cannot take records (None when it can).
+                    "disk": node.get("disk") or None,
+                    # The server's kind as preflight found it ("sglang", "vllm"; None before).
+                    "backend": state.get("backend"),
+                }
+            )
     return rows
 
 
@@ -158,5 +203,3 @@ def _float(raw: str | None) -> float | None:
         return float(raw) if raw else None
     except ValueError:
         return None
-
-

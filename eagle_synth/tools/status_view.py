@@ -37,7 +37,18 @@ MIN_PROGRESS_BAR_WIDTH = 10
 # A width no console has: measuring a table in it gives the width its rows want unwrapped.
 UNLIMITED_WIDTH = 100_000
 # Columns of the wide workers table, in order.
-WORKER_COLUMNS = ("node", "host", "server", "kind", "state", "for", "in flight", "taking batches", "last heartbeat", "detail")
+WORKER_COLUMNS = (
+    "node",
+    "host",
+    "server",
+    "kind",
+    "state",
+    "for",
+    "in flight",
+    "taking batches",
+    "last heartbeat",
+    "detail",
+)
 # Errors that mean "Redis is not answering right now" rather than a bug: --watch waits them out.
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
@@ -83,8 +94,9 @@ def _header(data: dict, width: int) -> RenderableType:
 
 
 def _bar(data: dict, width: int) -> ProgressBar:
-    return ProgressBar(total=1.0, completed=data["finished_share"], width=width,
-                       complete_style="green", finished_style="bold green")
+    return ProgressBar(
+        total=1.0, completed=data["finished_share"], width=width, complete_style="green", finished_style="bold green"
+    )
 
 
 def _figures(title: str, rows: list[tuple[str, str | Text]]) -> Table:
@@ -98,48 +110,61 @@ def _figures(title: str, rows: list[tuple[str, str | Text]]) -> Table:
 
 
 def _counts(data: dict) -> Table:
-    return _figures("prompts", [
-        ("enqueued", f"{data['enqueued']:,}"),
-        ("queued", f"{data['queued']:,}"),
-        ("in flight", f"{data['inflight']:,}"),
-        ("stranded", Text(f"{data.get('stranded', 0):,}", style="yellow" if data.get("stranded") else "")),
-        ("done", f"{data['done']:,}"),
-        ("failed", Text(f"{data['failed']:,}", style="red" if data["failed"] else "")),
-    ])
+    return _figures(
+        "prompts",
+        [
+            ("enqueued", f"{data['enqueued']:,}"),
+            ("queued", f"{data['queued']:,}"),
+            ("in flight", f"{data['inflight']:,}"),
+            ("stranded", Text(f"{data.get('stranded', 0):,}", style="yellow" if data.get("stranded") else "")),
+            ("done", f"{data['done']:,}"),
+            ("failed", Text(f"{data['failed']:,}", style="red" if data["failed"] else "")),
+        ],
+    )
 
 
 def _throughput(data: dict) -> Table:
     window = format_duration(data["rate_window_s"])
-    return _figures("throughput", [
-        ("tokens in", f"{data['tokens_in']:,}"),
-        ("tokens out", f"{data['tokens_out']:,}"),
-        (f"records/s ({window})", f"{data['records_per_s']:,.2f}"),
-        (f"tokens/s ({window})", f"{data['tokens_per_s']:,.0f}"),
-        ("ETA", format_duration(data["eta_seconds"])),
-    ])
+    return _figures(
+        "throughput",
+        [
+            ("tokens in", f"{data['tokens_in']:,}"),
+            ("tokens out", f"{data['tokens_out']:,}"),
+            (f"records/s ({window})", f"{data['records_per_s']:,.2f}"),
+            (f"tokens/s ({window})", f"{data['tokens_per_s']:,.0f}"),
+            ("ETA", format_duration(data["eta_seconds"])),
+        ],
+    )
 
 
 def _input(data: dict) -> Table:
     skipped = sorted(data["skipped_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))
-    return _figures("input", [
-        ("rows read", f"{data['rows_read']:,}"),
-        ("rows skipped", f"{data['rows_skipped']:,}"),
-        # One reason a line keeps the block narrow however many reasons there are.
-        ("skipped by reason", "\n".join(f"{r} {c:,}" for r, c in skipped) or "-"),
-        ("prefix repairs", f"{data['repaired_prefix']:,}"),
-    ])
+    return _figures(
+        "input",
+        [
+            ("rows read", f"{data['rows_read']:,}"),
+            ("rows skipped", f"{data['rows_skipped']:,}"),
+            # One reason a line keeps the block narrow however many reasons there are.
+            ("skipped by reason", "\n".join(f"{r} {c:,}" for r, c in skipped) or "-"),
+            ("prefix repairs", f"{data['repaired_prefix']:,}"),
+        ],
+    )
 
 
 def _failures(data: dict) -> Table:
-    table = Table(title="failed by reason", title_justify="left", title_style="bold", show_header=True,
-                  header_style="bold")
+    table = Table(
+        title="failed by reason", title_justify="left", title_style="bold", show_header=True, header_style="bold"
+    )
     table.add_column("reason")
     table.add_column("prompts now", justify="right", no_wrap=True)
     table.add_column("ever recorded", justify="right", no_wrap=True)
     reasons = set(data["failed_by_reason"]) | set(data["failures_recorded_by_reason"])
     for reason in sorted(reasons, key=lambda r: (-data["failed_by_reason"].get(r, 0), r)):
-        table.add_row(reason, f"{data['failed_by_reason'].get(reason, 0):,}",
-                      f"{data['failures_recorded_by_reason'].get(reason, 0):,}")
+        table.add_row(
+            reason,
+            f"{data['failed_by_reason'].get(reason, 0):,}",
+            f"{data['failures_recorded_by_reason'].get(reason, 0):,}",
+        )
     if not reasons:
         table.add_row("(none)", "0", "0")
     return table
@@ -165,12 +190,19 @@ def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
     beat = w.get("heartbeat_at")
     beat_age = now - beat if beat else None
     return {
-        "node": str(w["node"]), "host": str(w["host"]), "server": w["server"], "kind": w.get("backend") or "-",
+        "node": str(w["node"]),
+        "host": str(w["host"]),
+        "server": w["server"],
+        "kind": w.get("backend") or "-",
         "state": Text(str(w["state"]), style=STATE_STYLES.get(w["state"], "red")),
-        "for": _since(w["since"], now), "in flight": f"{w['inflight']:,}",
+        "for": _since(w["since"], now),
+        "in flight": f"{w['inflight']:,}",
         "taking batches": "yes" if w["consuming"] else Text("no (disk)" if w.get("disk") else "no", style="yellow"),
-        "last heartbeat": Text(f"{format_duration(beat_age)} ago", style="red" if (beat_age or 0) > STALE_HEARTBEAT_S else "")
-        if beat_age is not None else "-",
+        "last heartbeat": Text(
+            f"{format_duration(beat_age)} ago", style="red" if (beat_age or 0) > STALE_HEARTBEAT_S else ""
+        )
+        if beat_age is not None
+        else "-",
         "detail": Text(w.get("disk") or "", style="red") if w.get("disk") else Text(w.get("detail") or "", style="dim"),
     }
 
@@ -199,11 +231,27 @@ def _workers_blocks(data: dict) -> Group:
         cells = _worker_cells(w, data["at"])
         if w["node"] != node:
             node = w["node"]
-            lines.append(Padding(Text.assemble((str(w["node"]), "bold"), f" on {cells['host']}: last heartbeat ",
-                                               cells["last heartbeat"], ", taking batches ",
-                                               cells["taking batches"]), (0, 0, 0, 2), expand=False))
-        server = Text.assemble(cells["server"], f" ({cells['kind']}) ", cells["state"], " for ", cells["for"],
-                               f"; in flight {cells['in flight']}")
+            lines.append(
+                Padding(
+                    Text.assemble(
+                        (str(w["node"]), "bold"),
+                        f" on {cells['host']}: last heartbeat ",
+                        cells["last heartbeat"],
+                        ", taking batches ",
+                        cells["taking batches"],
+                    ),
+                    (0, 0, 0, 2),
+                    expand=False,
+                )
+            )
+        server = Text.assemble(
+            cells["server"],
+            f" ({cells['kind']}) ",
+            cells["state"],
+            " for ",
+            cells["for"],
+            f"; in flight {cells['in flight']}",
+        )
         if cells["detail"]:
             server.append_text(Text.assemble("; ", cells["detail"]))
         lines.append(Padding(server, (0, 0, 0, 4), expand=False))
@@ -255,9 +303,16 @@ def _problem(message: str) -> Text:
     return Text(message, style="bold red")
 
 
-def watch_status(client: redis.Redis, campaign: str, *, interval: float, as_json: bool,
-                 console: Console | None = None, refreshes: int | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+def watch_status(
+    client: redis.Redis,
+    campaign: str,
+    *,
+    interval: float,
+    as_json: bool,
+    console: Console | None = None,
+    refreshes: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Refresh every `interval` s until Ctrl-C (or `refreshes` times); with as_json, one JSON line each.
 
     Redis errors and a vanished campaign are shown (on stderr with as_json) and retried at the
@@ -296,8 +351,13 @@ def watch_status(client: redis.Redis, campaign: str, *, interval: float, as_json
                     live.update(status_renderable(data, footer=footer), refresh=True)
                 elif last_good is not None:
                     # Keep the last figures on screen, marked stale, so the operator keeps context.
-                    live.update(Group(_problem(f"{problem} — figures below are from {_clock(last_good['at'])}"),
-                                      status_renderable(last_good, footer=footer)), refresh=True)
+                    live.update(
+                        Group(
+                            _problem(f"{problem} — figures below are from {_clock(last_good['at'])}"),
+                            status_renderable(last_good, footer=footer),
+                        ),
+                        refresh=True,
+                    )
                 else:
                     live.update(_problem(problem or "no data"), refresh=True)
                 count += 1

@@ -35,13 +35,20 @@ DATASET_MARKERS = ("state.json", "dataset_dict.json")
 # Provenance columns kept in a speculators folder: flat, one type each, none its loader reads
 # specially (a `messages` column would send rows to vLLM's chat API).
 SPECULATORS_COLUMNS = (
-    Column("input_ids", "ids"), Column("loss_mask", "mask"), Column("seq_len", "int64"),
-    Column("key", "string"), Column("id", "string"), Column("sample", "int32"), Column("turn", "int32"),
+    Column("input_ids", "ids"),
+    Column("loss_mask", "mask"),
+    Column("seq_len", "int64"),
+    Column("key", "string"),
+    Column("id", "string"),
+    Column("sample", "int32"),
+    Column("turn", "int32"),
     Column("finish_reason", "string"),
 )
-TORCH_MISSING = ("torch is not importable here: wrote token_freq.json but not token_freq.pt, and the rows "
-                 "without the torch format speculators' trainer indexes them in; run this export where torch "
-                 "is installed (the training machine) for a drop-in folder")
+TORCH_MISSING = (
+    "torch is not importable here: wrote token_freq.json but not token_freq.pt, and the rows "
+    "without the torch format speculators' trainer indexes them in; run this export where torch "
+    "is installed (the training machine) for a drop-in folder"
+)
 
 
 def specforge_lines(group: Sequence[RawRecord]) -> str:
@@ -61,8 +68,10 @@ def require_datasets(format: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec("datasets") is None:
-        raise ExportError(f"--format {format} writes a Hugging Face datasets folder and needs the `datasets` "
-                         "package: pip install 'eagle-synth[trainers]' (or pip install datasets)")
+        raise ExportError(
+            f"--format {format} writes a Hugging Face datasets folder and needs the `datasets` "
+            "package: pip install 'eagle-synth[trainers]' (or pip install datasets)"
+        )
 
 
 def check_dataset_out(out: Path) -> None:
@@ -70,8 +79,10 @@ def check_dataset_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file: give a folder for a datasets export")
     if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in DATASET_MARKERS):
-        raise ExportError(f"--out {out} is a folder with other files in it; give a new or empty folder "
-                         "(an earlier datasets export there is replaced)")
+        raise ExportError(
+            f"--out {out} is a folder with other files in it; give a new or empty folder "
+            "(an earlier datasets export there is replaced)"
+        )
 
 
 class StagedSplit:
@@ -118,8 +129,9 @@ def _save(dataset: Any, folder: Path, shard_rows: int | None) -> None:
     dataset.save_to_disk(str(folder), num_shards=_shards(dataset.num_rows, shard_rows))
 
 
-def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], *, format: str,
-                         shard_rows: int | None) -> tuple[list[Path], list[str]]:
+def write_dataset_folder(
+    out: Path, staged: dict[str | None, StagedSplit], *, format: str, shard_rows: int | None
+) -> tuple[list[Path], list[str]]:
     """Write the datasets folder from staged splits; returns (paths written, warnings).
 
     The folder is built under a dot name next to `out` and renamed into place, so an
@@ -139,7 +151,8 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], *, fo
                 _save(loaded[None], tmp, shard_rows)
             else:
                 DatasetDict(loaded).save_to_disk(
-                    str(tmp), num_shards={name: _shards(d.num_rows, shard_rows) for name, d in loaded.items()})
+                    str(tmp), num_shards={name: _shards(d.num_rows, shard_rows) for name, d in loaded.items()}
+                )
         else:
             torch = torch_module()
             if torch is None:

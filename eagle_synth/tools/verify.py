@@ -30,18 +30,30 @@ from eagle_synth.records import (
 EXAMPLES_PER_CHECK = 5
 # Every check, its severity and what it means; the report always lists all of them.
 CHECKS: dict[str, tuple[str, str]] = {
-    "damaged_file": ("error", ("record files that cannot be read (truncated, corrupt or of a newer format); "
-                               "`eagle-synth repair DIR` moves them aside and requeues their prompts")),
+    "damaged_file": (
+        "error",
+        (
+            "record files that cannot be read (truncated, corrupt or of a newer format); "
+            "`eagle-synth repair DIR` moves them aside and requeues their prompts"
+        ),
+    ),
     "duplicate_key": ("error", "keys stored more than once"),
     "id_out_of_vocab": ("error", "records with an id at or above the vocabulary size"),
     "completion_tokens_mismatch": ("error", "records whose completion_tokens differs from the number of output ids"),
     "stop_without_eos": ("warning", "finish_reason stop, but the last output id is neither EOS nor a stop id"),
     "empty_output": ("warning", "records with no output ids"),
-    "stripped_reasoning": ("warning", ("prompts open a think block but no output that stopped closes it: "
-                                       "the signature of reasoning tokens stripped from the output")),
+    "stripped_reasoning": (
+        "warning",
+        (
+            "prompts open a think block but no output that stopped closes it: "
+            "the signature of reasoning tokens stripped from the output"
+        ),
+    ),
     "tokenizer_mismatch": ("warning", "the tokenizer given is not the one the campaign was made with"),
-    "conversation_gap": ("error", ("conversations (--history own) whose turns are not 0..n-1: a turn is missing "
-                                   "below one that exists")),
+    "conversation_gap": (
+        "error",
+        ("conversations (--history own) whose turns are not 0..n-1: a turn is missing below one that exists"),
+    ),
 }
 
 
@@ -72,9 +84,12 @@ class CheckSettings:
 
     def to_dict(self) -> dict:
         return {
-            "vocab_size": self.vocab_size, "eos_token_ids": sorted(self.eos_token_ids),
-            "stop_token_ids": sorted(self.stop_token_ids), "think_open_id": self.think_open_id,
-            "think_close_id": self.think_close_id, "from": self.source,
+            "vocab_size": self.vocab_size,
+            "eos_token_ids": sorted(self.eos_token_ids),
+            "stop_token_ids": sorted(self.stop_token_ids),
+            "think_open_id": self.think_open_id,
+            "think_close_id": self.think_close_id,
+            "from": self.source,
         }
 
 
@@ -106,9 +121,12 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
                 "with settings; pass --tokenizer with the campaign's tokenizer"
             )
         return CheckSettings(
-            vocab_size=int(stored["vocab_size"]), eos_token_ids=frozenset(stored.get("eos_token_ids") or ()),
-            stop_token_ids=stops, think_open_id=stored.get("think_open_id"),
-            think_close_id=stored.get("think_close_id"), source="manifest",
+            vocab_size=int(stored["vocab_size"]),
+            eos_token_ids=frozenset(stored.get("eos_token_ids") or ()),
+            stop_token_ids=stops,
+            think_open_id=stored.get("think_open_id"),
+            think_close_id=stored.get("think_close_id"),
+            source="manifest",
         )
     from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, tokenizer_facts
 
@@ -117,15 +135,20 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
         # Hashing the vocabulary takes about a second: only when there is a fingerprint to compare.
         fingerprint = tokenizer_facts(tokenizer).fingerprint
         if fingerprint != stored["tokenizer_fingerprint"]:
-            mismatch = (f"tokenizer fingerprint {fingerprint} differs from the campaign's "
-                        f"{stored['tokenizer_fingerprint']} ({stored.get('tokenizer_path', '?')})")
+            mismatch = (
+                f"tokenizer fingerprint {fingerprint} differs from the campaign's "
+                f"{stored['tokenizer_fingerprint']} ({stored.get('tokenizer_path', '?')})"
+            )
     eos = tokenizer.eos_token_id
     eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
     return CheckSettings(
-        vocab_size=len(tokenizer), eos_token_ids=frozenset(eos_ids | set(stored.get("eos_token_ids") or ())),
-        stop_token_ids=stops, think_open_id=_token_id(tokenizer, THINK_OPEN),
+        vocab_size=len(tokenizer),
+        eos_token_ids=frozenset(eos_ids | set(stored.get("eos_token_ids") or ())),
+        stop_token_ids=stops,
+        think_open_id=_token_id(tokenizer, THINK_OPEN),
         think_close_id=_token_id(tokenizer, THINK_CLOSE),
-        source="tokenizer+manifest" if stored else "tokenizer", fingerprint_mismatch=mismatch,
+        source="tokenizer+manifest" if stored else "tokenizer",
+        fingerprint_mismatch=mismatch,
     )
 
 
@@ -209,7 +232,9 @@ class _Checker:
             self.tally.hit("empty_output", key)
         if finish == "stop" and not isinstance(meta.get("finish_matched"), str):
             # A stop on a stop *string* may end mid-text; only token stops must end on their id.
-            stops = s.eos_token_ids | s.stop_token_ids | frozenset((meta.get("sampling") or {}).get("stop_token_ids") or ())
+            stops = (
+                s.eos_token_ids | s.stop_token_ids | frozenset((meta.get("sampling") or {}).get("stop_token_ids") or ())
+            )
             if not output or output[-1] not in stops:
                 self.tally.hit("stop_without_eos", key)
         self._reasoning(raw, finish)
@@ -292,8 +317,11 @@ def verify_campaign(campaign_path: str | os.PathLike, *, tokenizer: Any = None) 
     if settings.fingerprint_mismatch:
         checker.tally.hit("tokenizer_mismatch", settings.fingerprint_mismatch)
     if checker.open_stopped and not checker.open_stopped_closed:
-        checker.tally.hit("stripped_reasoning", f"{checker.open_stopped} stopped records open a think block; none closes it",
-                          amount=checker.open_stopped)
+        checker.tally.hit(
+            "stripped_reasoning",
+            f"{checker.open_stopped} stopped records open a think block; none closes it",
+            amount=checker.open_stopped,
+        )
     return _report(campaign_path, scan, settings, checker, damaged, manifest)
 
 
@@ -301,11 +329,16 @@ def _share(part: int, whole: int) -> float | None:
     return round(part / whole, 6) if whole else None
 
 
-def _report(campaign_path: Path, scan, settings: CheckSettings, c: _Checker, damaged: list[dict],
-            manifest: dict | None) -> dict:
+def _report(
+    campaign_path: Path, scan, settings: CheckSettings, c: _Checker, damaged: list[dict], manifest: dict | None
+) -> dict:
     checks = {
-        name: {"severity": severity, "count": int(c.tally.counts[name]),
-               "examples": c.tally.examples.get(name, []), "message": message}
+        name: {
+            "severity": severity,
+            "count": int(c.tally.counts[name]),
+            "examples": c.tally.examples.get(name, []),
+            "message": message,
+        }
         for name, (severity, message) in CHECKS.items()
     }
     errors = sum(1 for v in checks.values() if v["severity"] == "error" and v["count"])
@@ -316,8 +349,12 @@ def _report(campaign_path: Path, scan, settings: CheckSettings, c: _Checker, dam
         "errors": errors,
         "warnings": warnings,
         "format_version": (manifest or {}).get("format_version"),
-        "files": {"batch_files": len(scan.batch_files), "shards": len(scan.shards),
-                  "compaction_leftovers": len(scan.absorbed), "damaged": len(damaged)},
+        "files": {
+            "batch_files": len(scan.batch_files),
+            "shards": len(scan.shards),
+            "compaction_leftovers": len(scan.absorbed),
+            "damaged": len(damaged),
+        },
         "records": c.records,
         "tokens": {"prompt": c.prompt_tokens, "output": c.output_tokens},
         "finish_reasons": dict(sorted(c.finish.items())),
@@ -331,9 +368,11 @@ def _report(campaign_path: Path, scan, settings: CheckSettings, c: _Checker, dam
             "stopped_closed_in_output": c.open_stopped_closed,
             "outputs_opening_think": c.outputs_opening,
         },
-        "conversations": {"count": len(c.conversations),
-                          "turns": sum(bin(turns).count("1") for turns in c.conversations.values()),
-                          "longest": max((turns.bit_length() for turns in c.conversations.values()), default=0)},
+        "conversations": {
+            "count": len(c.conversations),
+            "turns": sum(bin(turns).count("1") for turns in c.conversations.values()),
+            "longest": max((turns.bit_length() for turns in c.conversations.values()), default=0),
+        },
         "settings": settings.to_dict(),
         "checks": checks,
         "damaged": damaged,
@@ -345,30 +384,54 @@ def format_report(report: dict) -> list[tuple[str, str | None]]:
     lines: list[tuple[str, str | None]] = []
     files = report["files"]
     tokens = report["tokens"]
-    lines.append((f"{report['campaign']}: {report['records']} records, {tokens['prompt']} prompt + "
-                  f"{tokens['output']} output tokens in {files['batch_files']} batch files and "
-                  f"{files['shards']} shards", "bold"))
+    lines.append(
+        (
+            f"{report['campaign']}: {report['records']} records, {tokens['prompt']} prompt + "
+            f"{tokens['output']} output tokens in {files['batch_files']} batch files and "
+            f"{files['shards']} shards",
+            "bold",
+        )
+    )
     s = report["settings"]
-    lines.append((f"checked against vocab {s['vocab_size']}, EOS {s['eos_token_ids']}, stop ids "
-                  f"{s['stop_token_ids']} (from {s['from']})", None))
+    lines.append(
+        (
+            f"checked against vocab {s['vocab_size']}, EOS {s['eos_token_ids']}, stop ids "
+            f"{s['stop_token_ids']} (from {s['from']})",
+            None,
+        )
+    )
     finish = ", ".join(f"{k} {v}" for k, v in report["finish_reasons"].items()) or "none"
     truncated = report["truncated_share"]
-    lines.append((f"finish reasons: {finish}; truncated by length: "
-                  f"{'-' if truncated is None else f'{100 * truncated:.1f}%'}", None))
+    lines.append(
+        (
+            f"finish reasons: {finish}; truncated by length: {'-' if truncated is None else f'{100 * truncated:.1f}%'}",
+            None,
+        )
+    )
     backends = ", ".join(f"{k} {v}" for k, v in report["backends"].items()) or "none"
     lines.append((f"generated by: {backends}", None))
     r = report["reasoning"]
     if r["prompts_open_think"]:
-        lines.append((f"reasoning: {r['prompts_open_think']} prompts end in an open think block; "
-                      f"{r['closed_in_output']} outputs close it ({100 * (r['closed_share'] or 0):.1f}%)", None))
+        lines.append(
+            (
+                f"reasoning: {r['prompts_open_think']} prompts end in an open think block; "
+                f"{r['closed_in_output']} outputs close it ({100 * (r['closed_share'] or 0):.1f}%)",
+                None,
+            )
+        )
     else:
         lines.append(("reasoning: no prompt ends in an open think block", None))
     if report["conversations"]["count"]:
         conv = report["conversations"]
         lines.append((f"conversations: {conv['count']} with {conv['turns']} turns (longest {conv['longest']})", None))
     if files["compaction_leftovers"]:
-        lines.append((f"{files['compaction_leftovers']} batch files already in a shard (a stopped compact); "
-                      "readers skip them, `eagle-synth compact` deletes them", None))
+        lines.append(
+            (
+                f"{files['compaction_leftovers']} batch files already in a shard (a stopped compact); "
+                "readers skip them, `eagle-synth compact` deletes them",
+                None,
+            )
+        )
     for name, check in report["checks"].items():
         if not check["count"]:
             continue
@@ -376,7 +439,7 @@ def format_report(report: dict) -> list[tuple[str, str | None]]:
         lines.append((f"{check['severity'].upper()} {name}: {check['count']} - {check['message']}", style))
         for example in check["examples"]:
             lines.append((f"    {example}", style))
-    verdict = ("OK: no hard errors" if report["ok"] else f"FAILED: {report['errors']} kinds of hard error")
+    verdict = "OK: no hard errors" if report["ok"] else f"FAILED: {report['errors']} kinds of hard error"
     if report["warnings"]:
         verdict += f", {report['warnings']} kinds of warning"
     lines.append((verdict, "bold green" if report["ok"] else "bold red"))

@@ -48,13 +48,15 @@ from eagle_synth.tools.filters import (
 COUNT_BATCH_ROWS = 1024
 # File names, as the trainers look for them.
 TOKEN_FREQ_JSON = "token_freq.json"
-TOKEN_FREQ_TORCH = "token_freq.pt"          # speculators: {data-path}/token_freq.pt, a dict id -> count
-D2T_NPY, T2D_NPY = "d2t.npy", "t2d.npy"     # speculators: {data-path}/d2t.npy and t2d.npy
+TOKEN_FREQ_TORCH = "token_freq.pt"  # speculators: {data-path}/token_freq.pt, a dict id -> count
+D2T_NPY, T2D_NPY = "d2t.npy", "t2d.npy"  # speculators: {data-path}/d2t.npy and t2d.npy
 VOCAB_MAPPING_JSON = "vocab_mapping.json"
-VOCAB_MAPPING_TORCH = "vocab_mapping.pt"    # SpecForge: model.vocab_mapping_path, {"d2t", "t2d"} tensors
+VOCAB_MAPPING_TORCH = "vocab_mapping.pt"  # SpecForge: model.vocab_mapping_path, {"d2t", "t2d"} tensors
 # What the user is told when torch is missing.
-TORCH_MISSING = ("torch is not importable here: wrote the .npy and JSON files, not token_freq.pt and "
-                 "vocab_mapping.pt (SpecForge's model.vocab_mapping_path); run where torch is installed for them")
+TORCH_MISSING = (
+    "torch is not importable here: wrote the .npy and JSON files, not token_freq.pt and "
+    "vocab_mapping.pt (SpecForge's model.vocab_mapping_path); run where torch is installed for them"
+)
 # Where the target model's vocabulary size is read when --target-vocab-size is not given.
 MODEL_CONFIG_NAME = "config.json"
 
@@ -140,8 +142,9 @@ def check_sizes(*, draft_vocab_size: int, target_vocab_size: int) -> None:
     if draft_vocab_size < 1:
         raise VocabError("--draft-vocab-size must be at least 1")
     if draft_vocab_size > target_vocab_size:
-        raise VocabError(f"--draft-vocab-size {draft_vocab_size} is larger than the target vocabulary "
-                         f"({target_vocab_size})")
+        raise VocabError(
+            f"--draft-vocab-size {draft_vocab_size} is larger than the target vocabulary ({target_vocab_size})"
+        )
 
 
 def build_vocab_mapping(counts: np.ndarray, *, draft_vocab_size: int, target_vocab_size: int) -> VocabMapping:
@@ -149,8 +152,10 @@ def build_vocab_mapping(counts: np.ndarray, *, draft_vocab_size: int, target_voc
     check_sizes(draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
     counted = np.flatnonzero(counts)
     if len(counted) and counted[-1] >= target_vocab_size:
-        raise VocabError(f"the records hold token id {int(counted[-1])}, outside a target vocabulary of "
-                         f"{target_vocab_size}: pass the target model's vocab_size as --target-vocab-size")
+        raise VocabError(
+            f"the records hold token id {int(counted[-1])}, outside a target vocabulary of "
+            f"{target_vocab_size}: pass the target model's vocab_size as --target-vocab-size"
+        )
     full = np.zeros(target_vocab_size, dtype=np.int64)
     full[: len(counts)] = counts[:target_vocab_size]
     # A stable sort on -count keeps equal counts in id order: higher count first, then lower id.
@@ -167,12 +172,14 @@ def target_vocab_size_of(campaign_path: str | os.PathLike) -> int:
     t2d must have one entry per row of the target's lm_head, which can be more than the
     tokenizer's length (padded vocabularies), so the tokenizer length is not used.
     """
-    settings = ((read_manifest(campaign_path) or {}).get("settings") or {})
+    settings = (read_manifest(campaign_path) or {}).get("settings") or {}
     folder = settings.get("tokenizer_path")
     config_path = Path(folder) / MODEL_CONFIG_NAME if folder else None
     if config_path is None or not config_path.is_file():
-        raise VocabError("pass --target-vocab-size: the target model's vocab_size from its config.json "
-                         f"({'no tokenizer_path in manifest.json' if folder is None else f'{config_path} not found'})")
+        raise VocabError(
+            "pass --target-vocab-size: the target model's vocab_size from its config.json "
+            f"({'no tokenizer_path in manifest.json' if folder is None else f'{config_path} not found'})"
+        )
     try:
         config = json.loads(config_path.read_text())
         size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
@@ -217,10 +224,14 @@ def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> list[Path]:
     atomic_write_bytes(paths[0], _npy_bytes(mapping.d2t))
     atomic_write_bytes(paths[1], _npy_bytes(mapping.t2d))
     summary = {
-        "draft_vocab_size": len(mapping.d2t), "target_vocab_size": len(mapping.t2d),
-        "loss_tokens": mapping.total, "covered_tokens": mapping.covered, "coverage": round(mapping.coverage, 6),
+        "draft_vocab_size": len(mapping.d2t),
+        "target_vocab_size": len(mapping.t2d),
+        "loss_tokens": mapping.total,
+        "covered_tokens": mapping.covered,
+        "coverage": round(mapping.coverage, 6),
         "order": "count descending, then token id ascending; kept ids sorted ascending",
-        "d2t": mapping.d2t.tolist(), "t2d": mapping.t2d.tolist(),
+        "d2t": mapping.d2t.tolist(),
+        "t2d": mapping.t2d.tolist(),
     }
     atomic_write_bytes(paths[2], json.dumps(summary, separators=(",", ":")).encode())
     torch = torch_module()
@@ -257,8 +268,9 @@ class VocabResult:
     seconds: float = 0.0
 
 
-def count_loss_tokens(records: Iterable[RawRecord], filters: ExportFilters, stats: SelectionStats, *,
-                      cutoff: int | None = None) -> tuple[TokenCounts, int]:
+def count_loss_tokens(
+    records: Iterable[RawRecord], filters: ExportFilters, stats: SelectionStats, *, cutoff: int | None = None
+) -> tuple[TokenCounts, int]:
     """Counts of loss-masked ids over the rows the filters keep (the `train` split when splitting)."""
     counts = TokenCounts()
     rows = 0
@@ -274,9 +286,15 @@ def count_loss_tokens(records: Iterable[RawRecord], filters: ExportFilters, stat
     return counts, rows
 
 
-def build_vocab(campaign_path: str | os.PathLike, out: str | os.PathLike, *, draft_vocab_size: int,
-                target_vocab_size: int | None = None, filters: ExportFilters = ExportFilters(),
-                progress: Progress | None = None) -> VocabResult:
+def build_vocab(
+    campaign_path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    draft_vocab_size: int,
+    target_vocab_size: int | None = None,
+    filters: ExportFilters = ExportFilters(),
+    progress: Progress | None = None,
+) -> VocabResult:
     """Count a campaign's loss-masked tokens and write token frequencies and the draft vocabulary.
 
     Parameters:
@@ -297,13 +315,20 @@ def build_vocab(campaign_path: str | os.PathLike, out: str | os.PathLike, *, dra
     if filters.sample is not None:
         cutoff = sample_cutoff(reported(iter_raw_records(campaign_path), progress, "sampling"), filters)
     stats = SelectionStats()
-    counts, rows = count_loss_tokens(reported(iter_raw_records(campaign_path), progress, "counting"), filters,
-                                     stats, cutoff=cutoff)
-    mapping = build_vocab_mapping(counts.counts, draft_vocab_size=draft_vocab_size,
-                                  target_vocab_size=target_vocab_size)
+    counts, rows = count_loss_tokens(
+        reported(iter_raw_records(campaign_path), progress, "counting"), filters, stats, cutoff=cutoff
+    )
+    mapping = build_vocab_mapping(counts.counts, draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     paths = write_token_freq(folder, counts) + write_vocab_mapping(folder, mapping)
     torch_files = torch_module() is not None
-    return VocabResult(mapping=mapping, rows=rows, stats=stats, paths=paths, torch_files=torch_files,
-                       warnings=[] if torch_files else [TORCH_MISSING], seconds=time.perf_counter() - started)
+    return VocabResult(
+        mapping=mapping,
+        rows=rows,
+        stats=stats,
+        paths=paths,
+        torch_files=torch_files,
+        warnings=[] if torch_files else [TORCH_MISSING],
+        seconds=time.perf_counter() - started,
+    )

@@ -32,8 +32,18 @@ REFUSABLE_SETTINGS = tuple(dict.fromkeys([*SGLangBackend.checks, *VllmBackend.ch
 OWNERS = {"sglang": SGLANG, "vllm": VLLM}
 
 __all__ = [
-    "AUTO", "BACKEND_CHOICES", "BACKENDS", "Backend", "Preflighted", "REFUSABLE_SETTINGS", "SGLANG", "VLLM",
-    "UntranslatableSampling", "backend_for_state", "detect_kind", "preflight_server",
+    "AUTO",
+    "BACKEND_CHOICES",
+    "BACKENDS",
+    "Backend",
+    "Preflighted",
+    "REFUSABLE_SETTINGS",
+    "SGLANG",
+    "VLLM",
+    "UntranslatableSampling",
+    "backend_for_state",
+    "detect_kind",
+    "preflight_server",
 ]
 
 
@@ -70,8 +80,9 @@ def detect_kind(client: SGLangClient) -> tuple[str | None, str]:
     return None, f"/v1/models owned_by {owner!r}, no /model_info, no vLLM /server_info"
 
 
-def preflight_server(client: SGLangClient, *, forced: str = AUTO, allow_server_parsers: bool = False,
-                     allowed_settings=None) -> Preflighted:
+def preflight_server(
+    client: SGLangClient, *, forced: str = AUTO, allow_server_parsers: bool = False, allowed_settings=None
+) -> Preflighted:
     """Detect (or take `forced`), gather facts and check one server.
 
     Raises PreflightError for a refused server (wrong or unknown kind, refused settings, a
@@ -83,18 +94,21 @@ def preflight_server(client: SGLangClient, *, forced: str = AUTO, allow_server_p
         if detected is not None and detected != forced:
             raise PreflightError(
                 f"refusing server {where}: --backend {forced} was given for it, but it answers like {detected} "
-                f"({evidence}); give the right --backend or leave it to detection")
+                f"({evidence}); give the right --backend or leave it to detection"
+            )
         kind, how = forced, "--backend"
     elif detected is None:
         raise PreflightError(
             f"refusing server {where}: cannot tell whether it is SGLang or vLLM ({evidence}); "
-            "give --backend sglang or --backend vllm")
+            "give --backend sglang or --backend vllm"
+        )
     else:
         kind, how = detected, evidence
     backend = BACKENDS[kind]
     facts = backend.facts(client)
-    accepted = check_server(facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings,
-                            checks=backend.checks)
+    accepted = check_server(
+        facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings, checks=backend.checks
+    )
     return Preflighted(kind=kind, how=how, facts=facts, accepted=accepted)
 
 
@@ -105,22 +119,28 @@ def backend_for_state(state: ServerState | None) -> Backend | None:
     return BACKENDS[state.backend].from_state(state)
 
 
-def preflight_at_start(servers: Iterable[str], *, forced: Callable[[str], str], allow_server_parsers: bool,
-                       allowed_settings: Iterable[str]) -> StartupPreflight:
+def preflight_at_start(
+    servers: Iterable[str], *, forced: Callable[[str], str], allow_server_parsers: bool, allowed_settings: Iterable[str]
+) -> StartupPreflight:
     """Preflight each server that answers now, once, before the worker starts (the health gate
     checks the others when they come up). `forced(url)` is the kind given for it, or AUTO."""
     found = StartupPreflight(refused=[], capacities=[], not_answering=[])
     allowed = tuple(allowed_settings)
     for url in servers:
         try:
-            checked = preflight_server(SGLangClient(url), forced=forced(url), allow_server_parsers=allow_server_parsers,
-                                       allowed_settings=allowed)
+            checked = preflight_server(
+                SGLangClient(url),
+                forced=forced(url),
+                allow_server_parsers=allow_server_parsers,
+                allowed_settings=allowed,
+            )
         except PreflightError as exc:
             found.refused.append(str(exc))
         except (ServerDown, TransientError) as exc:
             found.not_answering.append((url, str(exc)))
         else:
             found.capacities.append(checked.facts.max_running_requests)
-            found.accepted.append(f"server {redact_url(url)}: {checked.kind} {checked.facts.version or ''} "
-                                  f"(kind from {checked.how})")
+            found.accepted.append(
+                f"server {redact_url(url)}: {checked.kind} {checked.facts.version or ''} (kind from {checked.how})"
+            )
     return found

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
 from eagle_synth.node_state import ServerState
-from workers.client import BadSamplingParams, SGLangClient, ServerFacts
+from workers.client import BadSamplingParams, ServerFacts, SGLangClient
 from workers.preflight import Check
 from workers.replies import GeneratedItem
 

@@ -15,7 +15,7 @@ from eagle_synth.node_state import ServerState
 from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
 from workers import preflight
 from workers.backends.base import SGLANG, UntranslatableSampling
-from workers.client import SGLangClient, ServerFacts
+from workers.client import ServerFacts, SGLangClient
 from workers.preflight import Check, ContextLimits, context_message, fits_context
 from workers.replies import GeneratedItem, parse_generate_item
 

@@ -38,11 +38,23 @@ from typing import ClassVar
 from eagle_synth.node_state import ServerState
 from workers.backends.base import VLLM, UntranslatableSampling
 from workers.client import (
-    SGLangClient, ServerFacts, TransientError, _positive_int, error_for_status, error_message,
+    ServerFacts,
+    SGLangClient,
+    TransientError,
+    _positive_int,
+    error_for_status,
+    error_message,
 )
 from workers.preflight import Check, PreflightError, Problem, redact_url
 from workers.replies import (
-    BadResponse, GeneratedItem, PromptMismatch, SamplingOverridden, checked_ids, excerpt, is_token_int, kind_of,
+    BadResponse,
+    GeneratedItem,
+    PromptMismatch,
+    SamplingOverridden,
+    checked_ids,
+    excerpt,
+    is_token_int,
+    kind_of,
 )
 
 log = logging.getLogger("eagle_synth.preflight")
@@ -72,10 +84,22 @@ RENAMES = {
 # vLLM's generation-config defaults never fill the gap. The seed has no default (none sent).
 SGLANG_MAX_NEW_TOKENS = 128
 SGLANG_DEFAULTS = {
-    "max_new_tokens": SGLANG_MAX_NEW_TOKENS, "min_new_tokens": 0, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-    "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "stop": [], "stop_token_ids": [], "ignore_eos": False, "skip_special_tokens": True,
-    "spaces_between_special_tokens": True, "no_stop_trim": False, "n": 1,
+    "max_new_tokens": SGLANG_MAX_NEW_TOKENS,
+    "min_new_tokens": 0,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "stop": [],
+    "stop_token_ids": [],
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "n": 1,
 }
 # vLLM raises temperatures in (0, this) to this value (SamplingParams.__post_init__).
 VLLM_MIN_TEMPERATURE = 0.01
@@ -100,16 +124,29 @@ DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
 # Dev-mode configuration entries kept in provenance, as (section, key): an allow-list, so a
 # secret a later version adds is never copied.
 PROVENANCE_CONFIG = (
-    ("model_config", "model"), ("model_config", "served_model_name"), ("model_config", "tokenizer"),
-    ("model_config", "revision"), ("model_config", "dtype"), ("model_config", "max_model_len"),
-    ("model_config", "quantization"), ("model_config", "seed"), ("model_config", "generation_config"),
-    ("model_config", "override_generation_config"), ("model_config", "skip_tokenizer_init"),
-    ("model_config", "logits_processors"), ("model_config", "runner_type"),
-    ("cache_config", "kv_cache_dtype"), ("cache_config", "enable_prefix_caching"),
-    ("parallel_config", "tensor_parallel_size"), ("parallel_config", "pipeline_parallel_size"),
-    ("parallel_config", "data_parallel_size"), ("scheduler_config", "max_num_seqs"),
-    ("scheduler_config", "max_num_batched_tokens"), ("speculative_config", "method"),
-    ("speculative_config", "num_speculative_tokens"), ("structured_outputs_config", "reasoning_parser"),
+    ("model_config", "model"),
+    ("model_config", "served_model_name"),
+    ("model_config", "tokenizer"),
+    ("model_config", "revision"),
+    ("model_config", "dtype"),
+    ("model_config", "max_model_len"),
+    ("model_config", "quantization"),
+    ("model_config", "seed"),
+    ("model_config", "generation_config"),
+    ("model_config", "override_generation_config"),
+    ("model_config", "skip_tokenizer_init"),
+    ("model_config", "logits_processors"),
+    ("model_config", "runner_type"),
+    ("cache_config", "kv_cache_dtype"),
+    ("cache_config", "enable_prefix_caching"),
+    ("parallel_config", "tensor_parallel_size"),
+    ("parallel_config", "pipeline_parallel_size"),
+    ("parallel_config", "data_parallel_size"),
+    ("scheduler_config", "max_num_seqs"),
+    ("scheduler_config", "max_num_batched_tokens"),
+    ("speculative_config", "method"),
+    ("speculative_config", "num_speculative_tokens"),
+    ("structured_outputs_config", "reasoning_parser"),
 )
 
 
@@ -138,8 +175,17 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     if finish not in FINISH_REASONS:
         raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_REASONS)}")
     if finish == "abort":
-        return GeneratedItem(output_ids=[], finish_type="abort", finish_matched=None, prompt_tokens=len(prompt_ids),
-                             completion_tokens=0, cached_tokens=0, e2e_latency=None, repaired_prefix=0, aborted=True)
+        return GeneratedItem(
+            output_ids=[],
+            finish_type="abort",
+            finish_matched=None,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=0,
+            cached_tokens=0,
+            e2e_latency=None,
+            repaired_prefix=0,
+            aborted=True,
+        )
     if "token_ids" not in choice or choice["token_ids"] is None:
         raise BadResponse(f"choices[0] has no token_ids (vLLM before {TOKEN_IDS_VERSION} ignores return_token_ids)")
     output_ids = checked_ids(choice["token_ids"], field="token_ids", vocab_size=vocab_size)
@@ -149,8 +195,11 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     if seen != prompt_ids:
         if not isinstance(seen, list):
             raise BadResponse(f"prompt_token_ids is {kind_of(seen)}, not a list: {excerpt(seen)}")
-        raise PromptMismatch(f"the server generated from other prompt ids than those sent: "
-                             f"{prompt_difference(prompt_ids, seen)}", sent=len(prompt_ids), reported=len(seen))
+        raise PromptMismatch(
+            f"the server generated from other prompt ids than those sent: {prompt_difference(prompt_ids, seen)}",
+            sent=len(prompt_ids),
+            reported=len(seen),
+        )
     usage = item.get("usage")
     usage = usage if isinstance(usage, dict) else {}
     completion = usage.get("completion_tokens")
@@ -166,7 +215,8 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
             raise SamplingOverridden(
                 f"the server ended a generation on length after {len(output_ids)} tokens although max_tokens "
                 f"{max_tokens} was sent: it caps max_tokens (--override-generation-config max_new_tokens, or a "
-                "--generation-config folder setting max_new_tokens); relaunch vLLM without that cap")
+                "--generation-config folder setting max_new_tokens); relaunch vLLM without that cap"
+            )
         matched = None
     else:
         matched = stop_reason if stop_reason is not None else (output_ids[-1] if output_ids else None)
@@ -174,22 +224,32 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     cached = cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0
     return GeneratedItem(
-        output_ids=output_ids, finish_type=finish, finish_matched=matched, prompt_tokens=len(prompt_ids),
-        completion_tokens=len(output_ids), cached_tokens=cached,
-        e2e_latency=None, repaired_prefix=0, aborted=False,
+        output_ids=output_ids,
+        finish_type=finish,
+        finish_matched=matched,
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(output_ids),
+        cached_tokens=cached,
+        e2e_latency=None,
+        repaired_prefix=0,
+        aborted=False,
     )
 
 
 def prompt_difference(sent: list[int], seen: list) -> str:
     """How the prompt the server reports differs from the one sent, in words."""
-    if len(seen) > len(sent) and seen[len(seen) - len(sent):] == sent:
-        return (f"it put {len(seen) - len(sent)} ids in front of the {len(sent)} sent "
-                f"({excerpt(seen[:len(seen) - len(sent)])}: a BOS token?)")
-    if len(seen) < len(sent) and sent[len(sent) - len(seen):] == seen:
+    if len(seen) > len(sent) and seen[len(seen) - len(sent) :] == sent:
+        return (
+            f"it put {len(seen) - len(sent)} ids in front of the {len(sent)} sent "
+            f"({excerpt(seen[: len(seen) - len(sent)])}: a BOS token?)"
+        )
+    if len(seen) < len(sent) and sent[len(sent) - len(seen) :] == seen:
         return f"it dropped the first {len(sent) - len(seen)} of the {len(sent)} ids sent (truncate_prompt_tokens?)"
     position = next((i for i, (a, b) in enumerate(zip(sent, seen)) if a != b), min(len(sent), len(seen)))
-    return (f"{len(sent)} ids sent, {len(seen)} reported, first difference at position {position} "
-            f"(sent {excerpt(sent[position:position + 5])}, reported {excerpt(seen[position:position + 5])})")
+    return (
+        f"{len(sent)} ids sent, {len(seen)} reported, first difference at position {position} "
+        f"(sent {excerpt(sent[position : position + 5])}, reported {excerpt(seen[position : position + 5])})"
+    )
 
 
 # ---- preflight ------------------------------------------------------------------------------
@@ -210,9 +270,15 @@ def _config(config: dict, section: str, key: str) -> object:
 def _probe(client: SGLangClient, *, model: str | None) -> dict:
     """Send the probe request; {"status", "reply" or "message"}. Transport failures and 5xx
     raise (the gate looks again later): only an answer says something about the server."""
-    path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), {
-        "max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False,
-    })
+    path, body = VllmBackend(model=model).request(
+        list(PROBE_PROMPT),
+        {
+            "max_new_tokens": PROBE_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+        },
+    )
     status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
     if status == 200:
         try:
@@ -220,8 +286,9 @@ def _probe(client: SGLangClient, *, model: str | None) -> dict:
         except ValueError:
             return {"status": status, "message": f"not JSON: {raw[:200]!r}"}
     if status >= 500 or status == 429:
-        raise TransientError(f"{client.url}: the preflight probe: {error_for_status(status, raw, path=path)}",
-                             status=status)
+        raise TransientError(
+            f"{client.url}: the preflight probe: {error_for_status(status, raw, path=path)}", status=status
+        )
     return {"status": status, "message": error_message(raw, status)}
 
 
@@ -245,11 +312,14 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
     probe = facts.probe or {}
     where = f"refusing server {redact_url(facts.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
     if probe.get("status") != 200 or "reply" not in probe:
-        raise PreflightError(f"{where} was answered {probe.get('status')}: {probe.get('message')}. Is it a vLLM "
-                             "server serving a generation model? (--backend forces the kind)")
+        raise PreflightError(
+            f"{where} was answered {probe.get('status')}: {probe.get('message')}. Is it a vLLM "
+            "server serving a generation model? (--backend forces the kind)"
+        )
     try:
-        item = parse_completion(probe["reply"], vocab_size=PROBE_VOCAB_BOUND, prompt_ids=list(PROBE_PROMPT),
-                                max_tokens=PROBE_TOKENS)
+        item = parse_completion(
+            probe["reply"], vocab_size=PROBE_VOCAB_BOUND, prompt_ids=list(PROBE_PROMPT), max_tokens=PROBE_TOKENS
+        )
     except PromptMismatch as exc:
         raise PreflightError(f"{where}: {exc}") from None
     except SamplingOverridden as exc:
@@ -257,15 +327,22 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
     except BadResponse as exc:
         version = _version_tuple(facts.version)
         if "token_ids" in str(exc) and version is not None and version < TOKEN_IDS_VERSION_TUPLE:
-            raise PreflightError(f"{where} came back without token ids: vLLM {facts.version} is older than "
-                                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM") from None
-        log.warning("server %s: the preflight probe's reply is malformed (%s); accepting the server, each reply "
-                    "is checked before it becomes a record", redact_url(facts.url), exc)
+            raise PreflightError(
+                f"{where} came back without token ids: vLLM {facts.version} is older than "
+                f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM"
+            ) from None
+        log.warning(
+            "server %s: the preflight probe's reply is malformed (%s); accepting the server, each reply "
+            "is checked before it becomes a record",
+            redact_url(facts.url),
+            exc,
+        )
         return
     if not item.aborted and (item.finish_type != "length" or len(item.output_ids) != PROBE_TOKENS):
         raise PreflightError(
             f"{where} asked for exactly {PROBE_TOKENS} tokens (max_tokens with ignore_eos) and got "
-            f"{len(item.output_ids)} ending on {item.finish_type!r}: the server does not sample as asked")
+            f"{len(item.output_ids)} ending on {item.finish_type!r}: the server does not sample as asked"
+        )
 
 
 def _probe_text_empty(facts: ServerFacts) -> bool:
@@ -280,51 +357,65 @@ def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
     if not configured and not _probe_text_empty(facts):
         return None
     evidence = "skip_tokenizer_init=True" if configured else f"the probe's {PROBE_TOKENS} ids came back with no text"
-    return Problem("skip_tokenizer_init",
-                   f"the server skips its tokenizer: it stops on the model config's EOS only [{evidence}]",
-                   "relaunch it without --skip-tokenizer-init")
+    return Problem(
+        "skip_tokenizer_init",
+        f"the server skips its tokenizer: it stops on the model config's EOS only [{evidence}]",
+        "relaunch it without --skip-tokenizer-init",
+    )
 
 
 def _reasoning_parser(facts: ServerFacts) -> Problem | None:
     parser = _config(facts.server_info, "structured_outputs_config", "reasoning_parser")
     if not parser:
         return None
-    return Problem("reasoning_parser", f"the server runs a reasoning parser [reasoning_parser={parser!r}]",
-                   "relaunch it without --reasoning-parser")
+    return Problem(
+        "reasoning_parser",
+        f"the server runs a reasoning parser [reasoning_parser={parser!r}]",
+        "relaunch it without --reasoning-parser",
+    )
 
 
 def _generation_config(facts: ServerFacts) -> Problem | None:
     source = _config(facts.server_info, "model_config", "generation_config")
     if source in DEFAULT_GENERATION_CONFIGS:
         return None
-    return Problem("generation_config",
-                   f"the server reads sampling defaults from {source!r}: a max_new_tokens there caps every "
-                   "request's max_tokens without a word", "relaunch it with --generation-config auto")
+    return Problem(
+        "generation_config",
+        f"the server reads sampling defaults from {source!r}: a max_new_tokens there caps every "
+        "request's max_tokens without a word",
+        "relaunch it with --generation-config auto",
+    )
 
 
 def _override_generation_config(facts: ServerFacts) -> Problem | None:
     override = _config(facts.server_info, "model_config", "override_generation_config")
     if not isinstance(override, dict) or "max_new_tokens" not in override:
         return None  # the other keys it can set are sent by every request, which wins
-    return Problem("override_generation_config",
-                   f"--override-generation-config caps every request's max_tokens at {override['max_new_tokens']}",
-                   "relaunch it without max_new_tokens in --override-generation-config")
+    return Problem(
+        "override_generation_config",
+        f"--override-generation-config caps every request's max_tokens at {override['max_new_tokens']}",
+        "relaunch it without max_new_tokens in --override-generation-config",
+    )
 
 
 def _logits_processors(facts: ServerFacts) -> Problem | None:
     processors = _config(facts.server_info, "model_config", "logits_processors")
     if not processors:
         return None
-    return Problem("logits_processors", f"custom logits processors can act on every request [{excerpt(processors)}]",
-                   "relaunch it without --logits-processors")
+    return Problem(
+        "logits_processors",
+        f"custom logits processors can act on every request [{excerpt(processors)}]",
+        "relaunch it without --logits-processors",
+    )
 
 
 def _not_generation(facts: ServerFacts) -> Problem | None:
     runner = _config(facts.server_info, "model_config", "runner_type")
     if runner in (None, "generate"):
         return None
-    return Problem("is_generation", f"the model is not run for generation (runner_type={runner!r})",
-                   "serve a generation model")
+    return Problem(
+        "is_generation", f"the model is not run for generation (runner_type={runner!r})", "serve a generation model"
+    )
 
 
 # Every refusable vLLM setting and its check, in the order problems are reported. All but the
@@ -384,25 +475,32 @@ class VllmBackend:
         if unknown:
             raise UntranslatableSampling(
                 f"the campaign's sampling keys {unknown} have no vLLM /v1/completions equivalent "
-                "(run this campaign on SGLang servers, or enqueue it without them)")
+                "(run this campaign on SGLang servers, or enqueue it without them)"
+            )
         values = {**SGLANG_DEFAULTS, **{key: value for key, value in sampling.items() if value is not None}}
         temperature = values["temperature"]
         if 0 < temperature < VLLM_MIN_TEMPERATURE:
             raise UntranslatableSampling(
                 f"temperature {temperature}: vLLM raises temperatures below {VLLM_MIN_TEMPERATURE} to "
                 f"{VLLM_MIN_TEMPERATURE}, so it would not sample as asked (use 0 for greedy, or at least "
-                f"{VLLM_MIN_TEMPERATURE})")
+                f"{VLLM_MIN_TEMPERATURE})"
+            )
         if temperature > VLLM_MAX_TEMPERATURE:
-            raise UntranslatableSampling(
-                f"temperature {temperature}: vLLM accepts at most {VLLM_MAX_TEMPERATURE}")
+            raise UntranslatableSampling(f"temperature {temperature}: vLLM accepts at most {VLLM_MAX_TEMPERATURE}")
         if values["n"] != 1:
             raise UntranslatableSampling(f"n {values['n']}: samples are sent as separate requests, n must be 1")
         return {RENAMES[key]: value for key, value in values.items()}
 
     def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
         body: dict = {} if self.model is None else {"model": self.model}
-        body.update(prompt=ids, **self.translate_sampling(sampling), return_token_ids=True, stream=False,
-                    echo=False, add_special_tokens=False)
+        body.update(
+            prompt=ids,
+            **self.translate_sampling(sampling),
+            return_token_ids=True,
+            stream=False,
+            echo=False,
+            add_special_tokens=False,
+        )
         return self.path, body
 
     def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
@@ -413,8 +511,10 @@ class VllmBackend:
         ctx = state.context_length
         if not ctx or prompt_len + max_new_tokens <= ctx:
             return None
-        return (f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} exceeds the server's "
-                f"context length {ctx} (vLLM's max_model_len)")
+        return (
+            f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} exceeds the server's "
+            f"context length {ctx} (vLLM's max_model_len)"
+        )
 
     # ---- preflight ----------------------------------------------------------------------
     @staticmethod
