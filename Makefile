@@ -24,6 +24,9 @@ demo: $(VENV)/.installed redis-server
 	$(BIN)/eagle-synth demo
 
 test: $(VENV)/.installed redis-server
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 bench: $(VENV)/.installed redis-server

@@ -27,6 +27,7 @@ import json
 
 from eagle_synth.campaign import EVENTS_MAXLEN, MARK_DONE_LUA, Campaign
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
+from eagle_synth.redis_client import text
 
 # Counter (in the campaign's counters hash) of conversations the producer started.
 CONVERSATIONS_COUNTER = "conversations"
@@ -224,20 +225,20 @@ class ConversationStore:
 
     def owners(self) -> dict[str, str]:
         """Every outbox field and the process holding it."""
-        return {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.followup_owners).items()}
+        return {text(k): text(v) for k, v in self.client.hgetall(self.keys.followup_owners).items()}
 
     def adopt(self, fields: list[str], *, owner: str, dead: str) -> list[str]:
         """Take over fields a dead process held; returns those taken (compare-and-set)."""
         if not fields:
             return []
         taken = self.client.eval(_ADOPT, 1, self.keys.followup_owners, owner, dead, *fields)
-        return [field.decode() for field in taken]
+        return [text(field) for field in taken]
 
     def entry(self, key: str) -> bytes | None:
-        return self.client.hget(self.keys.followups, key)
+        return _as_bytes(self.client.hget(self.keys.followups, key))
 
     def batch(self, batch: str) -> bytes | None:
-        return self.client.hget(self.keys.followup_batches, batch)
+        return _as_bytes(self.client.hget(self.keys.followup_batches, batch))
 
     # reading ----------------------------------------------------------------------------
     def waiting(self) -> int:
@@ -290,3 +291,8 @@ class ConversationStore:
                 listed["examples"].append(end)
                 wanted -= 1
         return out
+
+
+def _as_bytes(raw: bytes | str | None) -> bytes | None:
+    """A Redis reply as bytes (our clients return bytes; redis-py types replies as bytes | str)."""
+    return raw.encode() if isinstance(raw, str) else raw

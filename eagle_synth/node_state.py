@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 import redis
@@ -212,7 +213,7 @@ def all_nodes(client: redis.Redis) -> list[dict]:
 
 
 def publish_inflight(
-    state: NodeState, *, pid: int, counts: dict[tuple[str, str], int], previous: dict[tuple[str, str], int]
+    state: NodeState, *, pid: int, counts: Mapping[tuple[str, str], int], previous: Mapping[tuple[str, str], int]
 ) -> None:
     """Write a worker process's prompts in flight per (campaign, server URL), in one round trip;
     entries that dropped to zero since `previous` are removed."""

@@ -95,5 +95,5 @@ def fetch_tokenizer(
             "(deleted, or evicted by a Redis that may evict): run the same `eagle-synth enqueue ... --history own` "
             "again to store it, then `eagle-synth retry-failed CAMPAIGN`"
         )
-    unpack_tokenizer(blob, folder)
+    unpack_tokenizer(blob if isinstance(blob, bytes) else blob.encode(), folder)
     return folder

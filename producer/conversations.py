@@ -16,6 +16,7 @@ chat template arguments (so its prompt ids) and its sampling overrides.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, cast
 
 from eagle_synth.conversation import ConversationState, conversation_key, turn_key
 from eagle_synth.ids import pack_ids
@@ -112,7 +113,11 @@ class PromptPlanner:
                 )
             ]
         conversations: list[Conversation] = conversations_from_row(
-            data, source=source, line=line, turns=self.turns, default_system=self.default_system
+            data,
+            source=source,
+            line=line,
+            turns=cast("Literal['last', 'all']", self.turns),
+            default_system=self.default_system,
         )
         last = conversations[-1]
         variant = pick_variant(self.variants, conversation_key(turns=[last.messages], tools=last.tools, sample=0))

@@ -16,10 +16,12 @@ import os
 import signal
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
-from celery import bootsteps
+from celery import Task, bootsteps
 from celery.exceptions import Reject, Retry
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
@@ -95,7 +97,7 @@ def _on_shutdown(**_: object) -> None:
 
 
 @worker_ready.connect
-def _on_ready(sender=None, **_: object) -> None:
+def _on_ready(sender: Any = None, **_: object) -> None:
     # Conversations' next turns held by a dead worker process are adopted even by a worker
     # that has no batch yet (the queue may be empty precisely because they wait).
     _get_runtime(getattr(sender, "hostname", None) or "eagle-synth@unknown").followups.start()
@@ -108,7 +110,7 @@ def _on_worker_shutdown(**_: object) -> None:
 
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, max_retries=None)
-def generate_batch(self, payload: dict, errors: int = 0) -> dict:
+def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
     """Generate one batch of prompts and write their records.
 
     Endings: all prompts recorded or failed (ack); Requeue or DiskUnavailable (the message
@@ -183,7 +185,7 @@ def generate_batch(self, payload: dict, errors: int = 0) -> dict:
 
 
 def _retry_or_requeue(
-    task, payload: dict, errors: int, exc: Exception, countdown: float, max_retries: int | None = None
+    task: Task, payload: dict, errors: int, exc: Exception, countdown: float, max_retries: int | None = None
 ) -> None:
     """Retry later (a copy with a countdown); if even that cannot be published, put the
     message back (or leave it unacknowledged for the broker to redeliver)."""
@@ -206,25 +208,25 @@ class HealthGateStep(bootsteps.StartStopStep):
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
 
-    def __init__(self, parent, **kwargs):
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.gate: HealthGate | None = None
 
-    def start(self, c):
+    def start(self, c: Any) -> None:
         settings = broker_settings()
         queue = settings.queue
         hub = getattr(c, "hub", None)
 
-        def in_loop(fn, *args):
+        def in_loop(fn: Callable[..., object], *args: object) -> None:
             if hub is not None:
                 hub.call_soon(fn, *args)
             else:
                 fn(*args)
 
-        def open_gate():
+        def open_gate() -> None:
             in_loop(c.add_task_queue, queue)
 
-        def close_gate():
+        def close_gate() -> None:
             in_loop(c.cancel_task_queue, queue)
             if self.gate is not None and self.gate.all_refused():
                 log.error("every server was refused by preflight: stopping this worker")
@@ -255,7 +257,7 @@ class HealthGateStep(bootsteps.StartStopStep):
         elif not self.gate.is_open:
             c.cancel_task_queue(queue)
 
-    def shutdown(self, c):
+    def shutdown(self, c: Any) -> None:
         if self.gate is not None:
             self.gate.stop()
 

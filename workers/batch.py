@@ -26,6 +26,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -340,7 +341,14 @@ class BatchRunner:
         outcome.failed[reason] = outcome.failed.get(reason, 0) + 1
         log.warning("prompt %s (%s) failed: %s: %s", item.key, item.source, reason, message)
 
-    def _drop_invalid(self, campaign, payload, settings: CampaignSettings, items, outcome) -> list[PromptItem]:
+    def _drop_invalid(
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        settings: CampaignSettings,
+        items: list[PromptItem],
+        outcome: BatchOutcome,
+    ) -> list[PromptItem]:
         """One id outside the vocabulary crashes a real SGLang server for everyone."""
         vocab = settings.vocab_size
         good = []
@@ -377,7 +385,12 @@ class BatchRunner:
         return healthy
 
     def _drop_untranslatable(
-        self, campaign, payload, states: dict[str, ServerState], items, outcome
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        states: dict[str, ServerState],
+        items: list[PromptItem],
+        outcome: BatchOutcome,
     ) -> list[PromptItem]:
         """Any healthy server may get any prompt, so the campaign's sampling must mean the same on
         every kind of server among them (vLLM has no equivalent of some SGLang values)."""
@@ -395,7 +408,14 @@ class BatchRunner:
                 return []
         return items
 
-    def _drop_too_long(self, campaign, payload, states: dict[str, ServerState], items, outcome) -> list[PromptItem]:
+    def _drop_too_long(
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        states: dict[str, ServerState],
+        items: list[PromptItem],
+        outcome: BatchOutcome,
+    ) -> list[PromptItem]:
         # Any healthy server may get any prompt, so a prompt must fit every one of them.
         backends = [(backend, state) for state in states.values() if (backend := backend_for_state(state))]
         good = []
@@ -483,14 +503,14 @@ class BatchRunner:
 
     def _settle(
         self,
-        campaign,
-        payload,
+        campaign: Campaign,
+        payload: TaskPayload,
         settings: CampaignSettings,
         item: PromptItem,
         answer: Answer,
         attempt: _Attempt,
         outcome: BatchOutcome,
-        send,
+        send: Callable[[PromptItem], None],
     ) -> None:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
         url = answer.url
@@ -539,7 +559,13 @@ class BatchRunner:
         self._retry(campaign, payload, item, attempt, outcome, reason, str(error))
 
     def _refuse_sampling(
-        self, campaign, payload, item: PromptItem, attempt: _Attempt, outcome: BatchOutcome, error: BadSamplingParams
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        item: PromptItem,
+        attempt: _Attempt,
+        outcome: BatchOutcome,
+        error: BadSamplingParams,
     ) -> None:
         """The server refuses the campaign's sampling parameters: every prompt would get the same
         answer, so the batch's open prompts are recorded at once and nothing more is sent."""
@@ -559,7 +585,14 @@ class BatchRunner:
             self._fail(campaign, payload, open_item, BAD_SAMPLING_REASON, str(error), outcome)
 
     def _retry(
-        self, campaign, payload, item: PromptItem, attempt: _Attempt, outcome: BatchOutcome, reason: str, message: str
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        item: PromptItem,
+        attempt: _Attempt,
+        outcome: BatchOutcome,
+        reason: str,
+        message: str,
     ) -> None:
         attempt.attempts[item.key] += 1
         tries = attempt.attempts[item.key]

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import redis
@@ -420,9 +420,11 @@ class FollowUps:
             entries, ready = [], {}
             for pending, result in results:
                 parent = unpack_item(pending.data["item"])
-                state = ConversationState.from_dict(parent.conversation)
+                state = ConversationState.from_dict(parent.conversation or {})
                 if result[0] == "ready":
-                    item = self._next_item(parent, ids=result[1], state=result[2], settings=settings)
+                    item = self._next_item(
+                        parent, ids=cast(list, result[1]), state=cast(dict, result[2]), settings=settings
+                    )
                     data = {"s": "ready", "sampling": pending.data["sampling"], "item": pack_item(item)}
                     ready[pending.key] = _Pending(campaign=name, key=pending.key, data=data)
                     entries.append((pending.key, "ready", state.key, msgpack.packb(data, use_bin_type=True)))

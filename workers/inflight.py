@@ -166,7 +166,8 @@ class InflightPool:
             for task in tasks:
                 task.cancel()
             self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            self._loop.run_until_complete(self._session.close())
+            if self._session is not None:
+                self._loop.run_until_complete(self._session.close())
             self._loop.close()
 
     async def _ticker(self) -> None:

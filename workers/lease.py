@@ -18,6 +18,7 @@ import time
 import redis
 
 from eagle_synth.processes import holder_dead, holder_id
+from eagle_synth.redis_client import text
 
 # Seconds a lease lives without renewal: how long a batch whose holder died stays blocked.
 LEASE_TTL = float(os.environ.get("EAGLE_SYNTH_LEASE_TTL", "60"))
@@ -101,7 +102,7 @@ class BatchLease:
         current = self.client.get(self.key)
         if current is None:
             return bool(self.client.set(self.key, self.holder, nx=True, px=self.ttl_ms))
-        current_text = current.decode()
+        current_text = text(current)
         if holder_dead(current_text):
             self.took_over = bool(self.client.eval(_TAKEOVER, 1, self.key, current_text, self.holder, self.ttl_ms))
             return self.took_over

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Any
 
 import redis
 from celery import bootsteps
@@ -90,12 +91,12 @@ class ReaperStep(bootsteps.StartStopStep):
     Started once; it survives consumer restarts (broker reconnections) and stops with the worker.
     """
 
-    def __init__(self, parent, **kwargs):
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, c):
+    def start(self, c: Any) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
         settings = broker_settings()
@@ -103,5 +104,5 @@ class ReaperStep(bootsteps.StartStopStep):
         self._thread = threading.Thread(target=reaper.run, args=(self._stop,), name="eagle-synth-reaper", daemon=True)
         self._thread.start()
 
-    def shutdown(self, c):
+    def shutdown(self, c: Any) -> None:
         self._stop.set()

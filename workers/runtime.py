@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState, publish_inflight
 from eagle_synth.redis_client import connect
@@ -96,7 +96,7 @@ class WorkerRuntime:
             log.warning("server %s: keeping %d prompts in flight (%s)", url, tickets, source)
         return tickets
 
-    def tick(self, counts: dict[tuple[str, str], int]) -> dict[str, int]:
+    def tick(self, counts: Mapping[tuple[str, str], int]) -> dict[str, int]:
         """The pool's periodic call: publish prompts in flight, return tickets per server."""
         if counts != self._published:
             publish_inflight(self.node_state, pid=os.getpid(), counts=counts, previous=self._published)
@@ -105,8 +105,10 @@ class WorkerRuntime:
         limits = {}
         for url in self.config.servers:
             state = states.get(url)
-            usable = state is not None and state.state == HEALTHY and suspects.get(url, 0.0) <= state.since
-            limits[url] = self.tickets(url, state) if usable and self._route(url, state) else 0
+            if state is None or state.state != HEALTHY or suspects.get(url, 0.0) > state.since:
+                limits[url] = 0
+            else:
+                limits[url] = self.tickets(url, state) if self._route(url, state) else 0
         return limits
 
     def _route(self, url: str, state: ServerState | None) -> bool:

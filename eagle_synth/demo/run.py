@@ -119,7 +119,9 @@ def run_demo(folder: Path) -> int:
 
         records = list(iter_records(out / DEMO_CAMPAIGN))
         record = max(records, key=lambda r: (r.turn, r.key))
-        console.rule(f"turn {record.turn} of conversation {record.conversation[:12]}..., decoded (eagle-synth inspect)")
+        console.rule(
+            f"turn {record.turn} of conversation {(record.conversation or '')[:12]}..., decoded (eagle-synth inspect)"
+        )
         console.print("its prompt holds the model's own earlier answers; the output is this turn's answer")
         show_record(record, tokenizer_path=tokenizer, console=console)
         console.rule()

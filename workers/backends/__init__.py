@@ -81,7 +81,11 @@ def detect_kind(client: SGLangClient) -> tuple[str | None, str]:
 
 
 def preflight_server(
-    client: SGLangClient, *, forced: str = AUTO, allow_server_parsers: bool = False, allowed_settings=None
+    client: SGLangClient,
+    *,
+    forced: str = AUTO,
+    allow_server_parsers: bool = False,
+    allowed_settings: Iterable[str] | None = None,
 ) -> Preflighted:
     """Detect (or take `forced`), gather facts and check one server.
 
