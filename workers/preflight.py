@@ -35,7 +35,6 @@ from eagle_synth.errors import UserError
 from eagle_synth.node_state import ServerState
 from eagle_synth.sampling import SENT_SAMPLING_KEYS
 from workers.client import ServerFacts
-from workers.config import auto_inflight
 
 log = logging.getLogger("eagle_synth.preflight")
 
@@ -289,6 +288,8 @@ class StartupPreflight:
     def inflight(self) -> int:
         """In flight per server sized from the largest capacity a server reports now (a server
         still loading counts as the default until it answers)."""
+        from workers.config import auto_inflight  # config imports the backends, which import us
+
         return max((auto_inflight(capacity) for capacity in self.capacities), default=auto_inflight(None))
 
 
