@@ -114,12 +114,13 @@ class WorkerRuntime:
     def _route(self, url: str, state: ServerState | None) -> bool:
         """Give the pool the backend preflight found for `url`; False while it is unknown."""
         backend = backend_for_state(state)
-        if backend is None:
+        pool = getattr(self, "pool", None)  # the pool's first tick can come before __init__ returns
+        if backend is None or pool is None:
             return False
         identity = (backend.name, getattr(backend, "model", None))
         if self._backends.get(url) != identity:
             self._backends[url] = identity
-            self.pool.set_backend(url, backend)
+            pool.set_backend(url, backend)
             log.warning(
                 "server %s: sending prompts to %s%s",
                 url,
