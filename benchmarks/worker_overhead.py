@@ -99,30 +99,7 @@ def _bare_loop(url: str, payloads: list, out) -> dict:
         response.raise_for_status()
         records = []
         for item, answer, params in zip(payload.items, response.json(), sampling, strict=True):
-            meta = answer["meta_info"]
-            finish = meta["finish_reason"]
-            records.append(
-                Record(
-                    key=item.key,
-                    id=item.row_id,
-                    sample=item.sample,
-                    turn=item.turn,
-                    prompt_ids=item.ids,
-                    output_ids=answer["output_ids"],
-                    finish_reason=finish["type"],
-                    finish_matched=finish.get("matched"),
-                    prompt_tokens=meta["prompt_tokens"],
-                    completion_tokens=meta["completion_tokens"],
-                    cached_tokens=meta.get("cached_tokens") or 0,
-                    campaign=payload.campaign,
-                    sampling=params,
-                    source=item.source,
-                    server=url,
-                    worker="bare",
-                    e2e_latency=meta.get("e2e_latency"),
-                    created_at=time.time(),
-                )
-            )
+            records.append(_bare_record(url, payload, item, answer, params))
         write_record_file(out, campaign=payload.campaign, batch=payload.batch, records=records)
         records_written += len(records)
     cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
@@ -131,6 +108,32 @@ def _bare_loop(url: str, payloads: list, out) -> dict:
         "records": records_written,
         "records_per_s": records_written / wall,
     }
+
+
+def _bare_record(url: str, payload, item, answer: dict, params: dict) -> Record:
+    """A Record from one SGLang reply item, with nothing the worker adds around it."""
+    meta = answer["meta_info"]
+    finish = meta["finish_reason"]
+    return Record(
+        key=item.key,
+        id=item.row_id,
+        sample=item.sample,
+        turn=item.turn,
+        prompt_ids=item.ids,
+        output_ids=answer["output_ids"],
+        finish_reason=finish["type"],
+        finish_matched=finish.get("matched"),
+        prompt_tokens=meta["prompt_tokens"],
+        completion_tokens=meta["completion_tokens"],
+        cached_tokens=meta.get("cached_tokens") or 0,
+        campaign=payload.campaign,
+        sampling=params,
+        source=item.source,
+        server=url,
+        worker="bare",
+        e2e_latency=meta.get("e2e_latency"),
+        created_at=time.time(),
+    )
 
 
 async def _bare_prompt_loop_async(url: str, payloads: list, out, inflight: int) -> int:
@@ -149,27 +152,7 @@ async def _bare_prompt_loop_async(url: str, payloads: list, out, inflight: int) 
                 session.post(f"{url}/generate", json={"input_ids": item.ids, "sampling_params": params}) as response,
             ):
                 answer = await response.json()
-            meta, finish = answer["meta_info"], answer["meta_info"]["finish_reason"]
-            return Record(
-                key=item.key,
-                id=item.row_id,
-                sample=item.sample,
-                turn=item.turn,
-                prompt_ids=item.ids,
-                output_ids=answer["output_ids"],
-                finish_reason=finish["type"],
-                finish_matched=finish.get("matched"),
-                prompt_tokens=meta["prompt_tokens"],
-                completion_tokens=meta["completion_tokens"],
-                cached_tokens=meta.get("cached_tokens") or 0,
-                campaign=payload.campaign,
-                sampling=params,
-                source=item.source,
-                server=url,
-                worker="bare",
-                e2e_latency=meta.get("e2e_latency"),
-                created_at=time.time(),
-            )
+            return _bare_record(url, payload, item, answer, params)
 
         async def batch(payload) -> int:
             records = await asyncio.gather(*(one(payload, item) for item in payload.items))
