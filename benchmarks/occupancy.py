@@ -5,7 +5,7 @@ spends generating. Setup: a devserver with SLOTS running slots, TOKEN_LATENCY se
 output token and MEAN_OUTPUT_TOKENS tokens per answer (so a prompt holds a slot ~0.5 s and
 the server finishes ~64 prompts/s); a deep backlog enqueued with the real producer BEFORE
 the worker starts; one `eagle-synth worker` with default settings (inflight 256 / batch 16 =
-16 pool processes).
+the default in-flight budget).
 
 Measurement: after the first /generate and WARMUP seconds, /dev/reset_stats, wait WINDOW
 seconds, read /dev/stats: occupancy = busy_slot_seconds / (SLOTS x window). The backlog is
@@ -16,7 +16,7 @@ the same number of single-prompt /generate requests in flight, with the same pro
 sampling parameters, measured the same way. Ratio = ours / ceiling.
 
 If the default worker misses the target, the same measurement is repeated with
-ALTERNATIVE_CONCURRENCY pool processes to show which setting reaches it.
+ALTERNATIVE_CONCURRENCY batch threads to show which setting reaches it.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _queued_prompts(redis_url: str) -> list[tuple[list[int], dict]]:
 
 
 def measure_worker(quick: bool, concurrency: int) -> tuple[dict, list[tuple[list[int], dict]]]:
-    """Occupancy a worker with `concurrency` pool processes reaches; returns (stats + CPU,
+    """Occupancy a worker with `concurrency` batch threads reaches; returns (stats + CPU,
     the queued prompts, for the ceiling client to send the same ones)."""
     backlog = int(SERVER_RATE * (WARMUP[quick] + WINDOW[quick]) * BACKLOG_MARGIN) + 200
     with Stack("occupancy") as stack:
@@ -195,7 +195,7 @@ def run(quick: bool) -> list[Result]:
     )
     note = (
         f"{setup}; running count sampled every {SAMPLE_EVERY:g} s: ours {100 * ours['sampled_occupancy']:.1f} %, "
-        f"ceiling {100 * ceiling['sampled_occupancy']:.1f} %; default worker = {concurrency} pool processes "
+        f"ceiling {100 * ceiling['sampled_occupancy']:.1f} %; default worker = {concurrency} batch threads "
         f"used {ours['worker_cpu_cores']:.2f} cores, "
         f"PSS {ours['worker_pss_mib']:.0f} MiB; ceiling: aiohttp, {DEFAULT_INFLIGHT} requests in flight"
     )
