@@ -6,7 +6,7 @@ WARM + MEASURED prompts enqueued with the real producer, one `eagle-synth worker
 --concurrency CONCURRENCY (default settings otherwise).
 
 Measurement: user + system CPU of the worker's whole process tree (main process and every
-pool child, psutil) between the moment WARM records are done (imports, connections and
+batch thread, psutil) between the moment WARM records are done (imports, connections and
 caches warm) and the moment WARM + MEASURED are done, divided by the records done between.
 
 A second baseline is the floor of the per-prompt design the worker uses (one request per

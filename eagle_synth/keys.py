@@ -102,7 +102,7 @@ class CampaignKeys:
         return f"{self._base}:producer:{run_id}"
 
     def lease(self, batch: str) -> str:
-        """String: which pool child runs a batch right now (a renewed, expiring lease)."""
+        """String: which batch thread (host|pid|token) runs a batch right now (a renewed, expiring lease)."""
         return f"{self._base}:lease:{batch}"
 
     @property

@@ -1,4 +1,4 @@
-"""A worker node's shared state in Redis: what its pool children and `status` read.
+"""A worker node's shared state in Redis: what its batch threads and `status` read.
 
 The health gate (in the worker's main process) writes each server's state here; pool
 children read it before every batch, report suspect servers and successful generations, and
@@ -183,7 +183,7 @@ class NodeState:
         return float(raw) if raw else 0.0
 
     def set_inflight(self, *, pid: int, url: str, campaign: str, prompts: int) -> None:
-        """A pool child (one batch at a time) says how many prompts it has at a server."""
+        """A worker process says how many prompts it has at a server for one campaign."""
         name = f"inflight:{pid}:{campaign}:{url}"
         if prompts:
             self.client.hset(self.key, name, prompts)
@@ -191,11 +191,11 @@ class NodeState:
             self.client.hdel(self.key, name)
 
     def inflight_children(self) -> list[tuple[int, str, str, int]]:
-        """(pid, campaign, server URL, prompts) of every pool child with a batch in flight."""
+        """(pid, campaign, server URL, prompts) of every worker process with prompts in flight."""
         return self._read().inflight
 
     def prune_dead_children(self, is_alive) -> None:
-        """Drop in-flight counts of pool children that died (SIGKILL leaves them behind)."""
+        """Drop in-flight counts of worker processes that died (SIGKILL leaves them behind)."""
         dead = [f"inflight:{pid}:{c}:{u}" for pid, c, u, _ in self.inflight_children() if not is_alive(pid)]
         if dead:
             self.client.hdel(self.key, *dead)

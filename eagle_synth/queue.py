@@ -15,7 +15,7 @@ from celery import Celery
 
 from eagle_synth.settings import BrokerSettings, broker_settings
 
-# Batches a pool child runs before it is replaced, to cap slow leaks over a days-long run.
+# Batches a prefork pool child would run before being replaced (the thread pool ignores it).
 MAX_TASKS_PER_CHILD = 1000
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import requests
 from requests.adapters import HTTPAdapter
 
-# Connections kept open per server: enough for every pool child's batch plus probes.
+# Connections kept open per server by the synchronous client (probes, info, quick health checks).
 POOL_CONNECTIONS = 64
 # Seconds to open a TCP connection; a listening server accepts at once even when busy.
 CONNECT_TIMEOUT = 5.0

@@ -54,9 +54,9 @@ BACKOFF_MAX = 1.0
 BACKOFF_FACTOR = 1.5
 # Seconds between heartbeat refreshes of the node's hash when nothing changed.
 HEARTBEAT_INTERVAL = 10.0
-# Seconds between sweeps for in-flight counts left by pool children that died.
+# Seconds between sweeps for in-flight counts left by worker processes that died.
 PRUNE_INTERVAL = 5.0
-# How often the gate loop wakes to read hints from pool children, seconds.
+# How often the gate loop wakes to read hints from batch threads, seconds.
 TICK = 0.1
 
 
@@ -75,7 +75,7 @@ class HealthGate:
 
     Parameters:
         servers: base URLs of the servers this worker serves.
-        node_state: where states are published for pool children and `status`.
+        node_state: where states are published for batch threads and `status`.
         on_open: called (from the gate thread) when the first server turns healthy.
         on_close: called when no server is healthy any more.
         allow_server_parsers: accept servers running parsers or skipping their tokenizer.

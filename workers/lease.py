@@ -1,4 +1,4 @@
-"""A batch lease: at most one pool child generates a given batch at a time.
+"""A batch lease: at most one batch thread, on any host, generates a given batch at a time.
 
 Redis can hold two copies of one batch message: after a broker connection loss Celery
 restores unacked messages while the tasks that held them still run or retry. Without a
@@ -48,7 +48,7 @@ return 0
 
 
 class BatchBusy(Exception):
-    """Another live pool child holds this batch; try the message again later."""
+    """Another live batch thread holds this batch; try the message again later."""
 
 
 class BatchLease:
