@@ -25,7 +25,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -45,6 +45,14 @@ log = logging.getLogger("eagle_synth.inflight")
 TICK_INTERVAL = 0.5
 # Seconds `close` waits for the loop thread to stop.
 CLOSE_TIMEOUT = 5.0
+
+
+class Route(NamedTuple):
+    """What one tick says of one server: tickets it may use now (0 = do not route), and the
+    backend its requests are built with (None: unknown yet, keep what the pool has)."""
+
+    tickets: int
+    backend: Backend | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,20 +88,21 @@ class InflightPool:
     waiting prompt goes to the routable server with the most free tickets. A server that
     refuses connections is taken out of routing at once (until the next tick says otherwise).
     Every `TICK_INTERVAL` seconds `on_tick(counts)` runs in a helper thread with the prompts in
-    flight per (tag, url) and returns the tickets each server may use now (0 = do not route).
+    flight per (tag, url) and returns each server's route: the tickets it may use now (0 = do
+    not route) and the backend its requests are built with (a plain int keeps the backend).
 
     Parameters:
         servers: base URLs.
-        on_tick: reports in-flight counts and returns {url: tickets}; see above.
+        on_tick: reports in-flight counts and returns {url: Route or tickets}; see above.
         initial_tickets: tickets per server before the first tick answers.
-        backends: each server's backend if known now; later ones come through `set_backend`.
+        backends: each server's backend if known before the first tick.
     """
 
     def __init__(
         self,
         *,
         servers: list[str],
-        on_tick: Callable[[Mapping[tuple[str, str], int]], dict[str, int]],
+        on_tick: Callable[[Mapping[tuple[str, str], int]], Mapping[str, Route | int]],
         initial_tickets: int = 0,
         backends: Mapping[str, Backend] | None = None,
     ) -> None:
@@ -119,11 +128,6 @@ class InflightPool:
         job = _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=future)
         self._loop.call_soon_threadsafe(self._enqueue, job)
         return future
-
-    def set_backend(self, url: str, backend: Backend) -> None:
-        """The backend requests to `url` are built with from now on (its kind, learned at
-        preflight, may change when another server takes the address)."""
-        self._backends[url] = backend
 
     def routable(self) -> bool:
         """True if some server may take prompts right now."""
@@ -173,11 +177,20 @@ class InflightPool:
     async def _ticker(self) -> None:
         while True:
             try:
-                limits = await asyncio.to_thread(self._on_tick, dict(self._by_tag))
+                routes = await asyncio.to_thread(self._on_tick, dict(self._by_tag))
             except Exception:  # a Redis blip must not stop routing; keep the last limits
                 log.warning("in-flight pool: routing refresh failed", exc_info=True)
             else:
-                self._limits = {url: int(limits.get(url, 0)) for url in self.servers}
+                limits = {}
+                for url in self.servers:
+                    route = routes.get(url, 0)
+                    if isinstance(route, Route):
+                        if route.backend is not None:
+                            # Learned at preflight; it may change when another server takes the address.
+                            self._backends[url] = route.backend
+                        route = route.tickets
+                    limits[url] = int(route)
+                self._limits = limits
                 self._refused.clear()
                 self._pump()
             await asyncio.sleep(TICK_INTERVAL)

@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState, publish_inflight
 from eagle_synth.redis_client import connect
 from eagle_synth.settings import BrokerSettings, broker_settings
-from workers.backends import backend_for_state
+from workers.backends import Backend, backend_for_state
 from workers.batch import BatchRunner, server_capacity
 from workers.config import WorkerConfig, auto_inflight
 from workers.conversations import FollowUps
 from workers.disk import DiskState
-from workers.inflight import InflightPool
+from workers.inflight import InflightPool, Route
 
 log = logging.getLogger("eagle_synth.worker")
 
@@ -96,38 +96,35 @@ class WorkerRuntime:
             log.warning("server %s: keeping %d prompts in flight (%s)", url, tickets, source)
         return tickets
 
-    def tick(self, counts: Mapping[tuple[str, str], int]) -> dict[str, int]:
-        """The pool's periodic call: publish prompts in flight, return tickets per server."""
+    def tick(self, counts: Mapping[tuple[str, str], int]) -> dict[str, Route]:
+        """The pool's periodic call: publish prompts in flight, return each server's route
+        (tickets, and the backend preflight found; no tickets while its kind is unknown)."""
         if counts != self._published:
             publish_inflight(self.node_state, pid=os.getpid(), counts=counts, previous=self._published)
             self._published = dict(counts)
         states, suspects, _ = self.node_state.routing()
-        limits = {}
+        routes = {}
         for url in self.config.servers:
             state = states.get(url)
-            if state is None or state.state != HEALTHY or suspects.get(url, 0.0) > state.since:
-                limits[url] = 0
+            backend = backend_for_state(state) if state is not None else None
+            if state is None or state.state != HEALTHY or suspects.get(url, 0.0) > state.since or backend is None:
+                routes[url] = Route(0)
             else:
-                limits[url] = self.tickets(url, state) if self._route(url, state) else 0
-        return limits
+                self._log_backend(url, backend)
+                routes[url] = Route(self.tickets(url, state), backend)
+        return routes
 
-    def _route(self, url: str, state: ServerState | None) -> bool:
-        """Give the pool the backend preflight found for `url`; False while it is unknown."""
-        backend = backend_for_state(state)
-        pool = getattr(self, "pool", None)  # the pool's first tick can come before __init__ returns
-        if backend is None or pool is None:
-            return False
+    def _log_backend(self, url: str, backend: Backend) -> None:
+        """Say once which endpoint (and model) a server's prompts go to."""
         identity = (backend.name, getattr(backend, "model", None))
         if self._backends.get(url) != identity:
             self._backends[url] = identity
-            pool.set_backend(url, backend)
             log.warning(
                 "server %s: sending prompts to %s%s",
                 url,
                 backend.path,
                 f" (model {identity[1]})" if identity[1] else "",
             )
-        return True
 
 
 def _own_sender(settings: BrokerSettings) -> Callable[[dict], None]:
