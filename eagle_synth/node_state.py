@@ -182,13 +182,19 @@ class NodeState:
         raw = self.client.hget(self.key, f"ok:{url}")
         return float(raw) if raw else 0.0
 
-    def set_inflight(self, *, pid: int, url: str, campaign: str, prompts: int) -> None:
-        """A worker process says how many prompts it has at a server for one campaign."""
-        name = f"inflight:{pid}:{campaign}:{url}"
-        if prompts:
-            self.client.hset(self.key, name, prompts)
-        else:
-            self.client.hdel(self.key, name)
+    def publish_inflight(
+        self, *, pid: int, counts: Mapping[tuple[str, str], int], previous: Mapping[tuple[str, str], int]
+    ) -> None:
+        """A worker process says how many prompts it has in flight per (campaign, server URL), in
+        one round trip; entries that dropped to zero since `previous` are removed."""
+        pipe = self.client.pipeline(transaction=False)
+        for (campaign, url), prompts in counts.items():
+            if prompts and previous.get((campaign, url)) != prompts:
+                pipe.hset(self.key, f"inflight:{pid}:{campaign}:{url}", prompts)
+        gone = [f"inflight:{pid}:{c}:{u}" for (c, u) in previous if not counts.get((c, u))]
+        if gone:
+            pipe.hdel(self.key, *gone)
+        pipe.execute()
 
     def inflight_children(self) -> list[tuple[int, str, str, int]]:
         """(pid, campaign, server URL, prompts) of every worker process with prompts in flight."""
@@ -210,18 +216,3 @@ def all_nodes(client: redis.Redis) -> list[dict]:
         node = key.decode().split(":", 2)[2]
         nodes.append(NodeState(client, node).snapshot())
     return sorted(nodes, key=lambda n: n.get("node", ""))
-
-
-def publish_inflight(
-    state: NodeState, *, pid: int, counts: Mapping[tuple[str, str], int], previous: Mapping[tuple[str, str], int]
-) -> None:
-    """Write a worker process's prompts in flight per (campaign, server URL), in one round trip;
-    entries that dropped to zero since `previous` are removed."""
-    pipe = state.client.pipeline(transaction=False)
-    for (campaign, url), prompts in counts.items():
-        if prompts and previous.get((campaign, url)) != prompts:
-            pipe.hset(state.key, f"inflight:{pid}:{campaign}:{url}", prompts)
-    gone = [f"inflight:{pid}:{c}:{u}" for (c, u) in previous if not counts.get((c, u))]
-    if gone:
-        pipe.hdel(state.key, *gone)
-    pipe.execute()

@@ -154,9 +154,6 @@ class _Attempt:
             self.first_uncommitted = time.monotonic()
         self.records.append(record)
 
-    def unfinished(self) -> list[PromptItem]:
-        return list(self.pending.values()) + [entry[2] for entry in self.retries]
-
     def sampling(self, payload: TaskPayload, item: PromptItem) -> dict:
         return payload.sampling_for(item, with_seed=self.send_seeds)
 

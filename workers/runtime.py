@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 
-from eagle_synth.node_state import HEALTHY, NodeState, ServerState, publish_inflight
+from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.redis_client import connect
 from eagle_synth.settings import BrokerSettings, broker_settings
 from workers.backends import Backend, backend_for_state
@@ -100,7 +100,7 @@ class WorkerRuntime:
         """The pool's periodic call: publish prompts in flight, return each server's route
         (tickets, and the backend preflight found; no tickets while its kind is unknown)."""
         if counts != self._published:
-            publish_inflight(self.node_state, pid=os.getpid(), counts=counts, previous=self._published)
+            self.node_state.publish_inflight(pid=os.getpid(), counts=counts, previous=self._published)
             self._published = dict(counts)
         states, suspects, _ = self.node_state.routing()
         routes = {}
