@@ -120,6 +120,8 @@ class CampaignSettings:
             answered in order on the model's own earlier answers; docs/producer.md).
         max_turns: with history "own", conversations stop after this many answered turns.
         variants: the variants list (eagle_synth.variants.Variant.to_dict), if any.
+        tool_format: with history "own", the format the model's tool calls are parsed in (one of
+            eagle_synth.toolcalls.TOOL_FORMATS), or None when the template has none we parse.
     """
 
     name: str
@@ -138,6 +140,7 @@ class CampaignSettings:
     history: str = "dataset"
     max_turns: int | None = None
     variants: list = field(default_factory=list)
+    tool_format: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -161,6 +161,8 @@ class Record:
         batch: the batch id the record was generated in (filled in by readers).
         conversation: with `--history own`, the conversation's stable key (its turns share it).
         variant: the name of the `--variants` entry the record was made with, if any.
+        tool_calls: in `--history own` conversations with tools, how many tool calls the
+            answer makes (0: it answers in words); None elsewhere.
     """
 
     key: str
@@ -186,6 +188,7 @@ class Record:
     batch: str = ""
     conversation: str | None = None
     variant: str | None = None
+    tool_calls: int | None = None
 
     @property
     def input_ids(self) -> list[int]:
@@ -222,7 +225,7 @@ class Record:
 
 _FIELD_NAMES = tuple(Record.__dataclass_fields__)
 # Fields only some campaigns use: left out of the stored map when unset.
-_OMITTED_WHEN_NONE = frozenset({"conversation", "variant"})
+_OMITTED_WHEN_NONE = frozenset({"conversation", "variant", "tool_calls"})
 _FIELD_SET = frozenset(_FIELD_NAMES)
 _META_FIELDS = tuple(n for n in _FIELD_NAMES if n not in ("prompt_ids", "output_ids"))
 

@@ -69,7 +69,9 @@ class PromptPlanner:
         template_kwargs: the campaign's chat template arguments.
         variants: the `--variants` entries (may be empty).
         default_system: the `--system` prompt for rows without one.
-        max_turns: own history: answer at most this many user turns per conversation.
+        max_turns: own history: answer at most this many turns per conversation.
+        no_tool_format: own history: why the campaign cannot parse tool calls (rows with tools
+            are then skipped with it), or None when it can.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class PromptPlanner:
         variants: list[Variant] | tuple[Variant, ...] = (),
         default_system: str | None = None,
         max_turns: int | None = None,
+        no_tool_format: str | None = None,
     ) -> None:
         if history not in HISTORIES:
             raise ValueError(f"--history must be one of {', '.join(HISTORIES)}, got {history!r}")
@@ -92,15 +95,23 @@ class PromptPlanner:
         self.variants = list(variants)
         self.default_system = default_system
         self.max_turns = max_turns
+        self.no_tool_format = no_tool_format
         self._key_sampling = _key_sampling(sampling)
 
     def plan(self, data: dict, *, source: str, line: int) -> list[PlannedPrompt]:
         """The row's prompts; raises producer.rows.RowError for a row that does not fit."""
         if self.history == "own":
             own = own_history_from_row(
-                data, source=source, line=line, default_system=self.default_system, max_turns=self.max_turns
+                data,
+                source=source,
+                line=line,
+                default_system=self.default_system,
+                max_turns=self.max_turns,
+                no_tool_format=self.no_tool_format,
             )
-            variant = pick_variant(self.variants, conversation_key(turns=own.turns, tools=own.tools, sample=0))
+            variant = pick_variant(
+                self.variants, conversation_key(turns=own.turns, tools=own.tools, sample=0, steps=own.steps)
+            )
             return [
                 PlannedPrompt(
                     messages=[dict(m) for m in own.turns[0]],
@@ -145,7 +156,7 @@ class PromptPlanner:
             if planned.own is not None:
                 own = planned.own
                 state = ConversationState(
-                    key=conversation_key(turns=own.turns, tools=own.tools, sample=sample),
+                    key=conversation_key(turns=own.turns, tools=own.tools, sample=sample, steps=own.steps),
                     messages=planned.messages,
                     upcoming=[list(turn) for turn in own.turns[1:]],
                     tools=own.tools,
@@ -153,6 +164,7 @@ class PromptPlanner:
                     if planned.template_kwargs is not None
                     else dict(self.template_kwargs),
                     cut=own.cut,
+                    steps=own.steps,
                 )
                 key = turn_key(state.key, 0)
             else:

@@ -79,8 +79,10 @@ class EnqueueOptions:
         allow_evicting_redis: go on (with a warning) when Redis may evict keys.
         history: "dataset" (prompts on the row's history) or "own" (every user turn answered in
             order on the model's own answers; workers render the later turns).
-        max_turns: with history "own", answer at most this many user turns per conversation.
+        max_turns: with history "own", answer at most this many turns per conversation.
         variants: `--variants` entries, assigned per conversation by a stable hash.
+        tool_format: with history "own", the tool-call format the model's answers are parsed in
+            (one of eagle_synth.toolcalls.TOOL_FORMATS); None: detected from the chat template.
     """
 
     inputs: Sequence[str]
@@ -103,8 +105,9 @@ class EnqueueOptions:
     history: Literal["dataset", "own"] = "dataset"
     max_turns: int | None = None
     variants: tuple[Variant, ...] = ()
+    tool_format: str | None = None
 
-    def planner(self) -> PromptPlanner:
+    def planner(self, *, no_tool_format: str | None = None) -> PromptPlanner:
         return PromptPlanner(
             history=self.history,
             turns=self.turns,
@@ -113,6 +116,7 @@ class EnqueueOptions:
             variants=self.variants,
             default_system=self.system,
             max_turns=self.max_turns,
+            no_tool_format=no_tool_format,
         )
 
 
@@ -269,6 +273,27 @@ def resolve_max_prompt_tokens(requested: int | None, stored: CampaignSettings | 
     return DEFAULT_MAX_PROMPT_TOKENS
 
 
+def resolve_tool_format(options: EnqueueOptions, tokenizer) -> tuple[str | None, str | None]:
+    """(the format tool calls are parsed in, why there is none) for a run's options.
+
+    Only `--history own` parses the model's answers. Raises UserError for an unknown
+    `tool_format`; a template whose format is not detected leaves rows with tools to be skipped.
+    """
+    from eagle_synth.toolcalls import ToolFormatError
+    from eagle_synth.toolcalls import resolve_tool_format as resolve
+
+    if options.history != "own":
+        if options.tool_format is not None:
+            raise UserError("tool_format applies with history 'own' only")
+        return None, None
+    try:
+        return resolve(getattr(tokenizer, "chat_template", None), override=options.tool_format), None
+    except ToolFormatError as exc:
+        if options.tool_format is not None:
+            raise UserError(str(exc)) from exc
+        return None, str(exc)
+
+
 def campaign_settings(options: EnqueueOptions, tokenizer, *, max_prompt_tokens: int | None = None) -> CampaignSettings:
     facts = tokenizer_facts(tokenizer)
     return CampaignSettings(
@@ -288,6 +313,7 @@ def campaign_settings(options: EnqueueOptions, tokenizer, *, max_prompt_tokens: 
         history=options.history,
         max_turns=options.max_turns if options.history == "own" else None,
         variants=[v.to_dict() for v in options.variants],
+        tool_format=resolve_tool_format(options, tokenizer)[0],
     )
 
 
@@ -312,7 +338,6 @@ def enqueue(
     summary = EnqueueSummary(campaign=options.campaign, dry_run=options.dry_run)
     inputs = expand_inputs(options.inputs)
     check_tokenizer_path(options.tokenizer)
-    planner = options.planner()
     if options.history == "own" and options.trust_remote_code:
         raise UserError(
             "history 'own' cannot be used with trust_remote_code: workers would run tokenizer "
@@ -322,6 +347,7 @@ def enqueue(
         options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
     )
     warn = on_warning or log.warning
+    planner = options.planner(no_tool_format=resolve_tool_format(options, tokenizer)[1])
 
     publisher = None
     stored = None

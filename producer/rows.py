@@ -70,6 +70,10 @@ UNSUPPORTED_CONTENT = "unsupported-content"
 UNKNOWN_ROLE = "unknown-role"
 BAD_JSON = "bad-json"
 BAD_TOOL_CALL = "bad-tool-call"
+# With --history own: tool results that do not answer the dataset's calls one for one.
+UNPAIRED_TOOL_RESULTS = "unpaired-tool-results"
+# With --history own: a row with tools, and no tool-call format to parse the model's calls in.
+NO_TOOL_FORMAT = "no-tool-format"
 
 _SHAPE_KEYS = ("messages", "conversations")
 _ENTRY_KEYS = frozenset({"role", "from", "content", "value"})
@@ -153,23 +157,36 @@ class OwnConversation:
     ``turns`` holds each turn's new messages (system messages, then the user message that
     closes the turn); the dataset's assistant and tool messages are left out, since the
     model's answers replace them. ``cut`` says turns beyond ``max_turns`` were dropped.
+    In a row with tools every regeneration point is a turn (a turn answering tool results
+    has no new messages) and ``steps`` holds the dataset's calls and results after each
+    point, which the workers pair with the model's own calls; None in other rows.
     """
 
     turns: list[list[dict]]
     tools: list[dict] | None
     row_id: str
     cut: bool = False
+    steps: list[dict] | None = None
 
 
 def own_history_from_row(
-    data: dict, *, source: str, line: int, default_system: str | None = None, max_turns: int | None = None
+    data: dict,
+    *,
+    source: str,
+    line: int,
+    default_system: str | None = None,
+    max_turns: int | None = None,
+    no_tool_format: str | None = None,
 ) -> OwnConversation:
-    """Turn one row into the user turns to answer in order (see OwnConversation).
+    """Turn one row into the turns to answer in order (see OwnConversation).
 
     The same normalization as conversations_from_row (shapes, roles, system prompt); every
-    user turn must have content. Raises RowError.
+    user turn must have content. In a row with tools, every tool-result run must answer the
+    dataset's calls of the step before it, one result per call. `no_tool_format` is why the
+    campaign cannot parse tool calls (None when it can): rows with tools are then refused with
+    it. Raises RowError.
     """
-    from eagle_synth.conversation import split_turns
+    from eagle_synth.conversation import has_tools, split_tool_turns, split_turns
 
     row_id, messages, fields, tools, positions = _normalized(
         data, source=source, line=line, default_system=default_system
@@ -177,9 +194,40 @@ def own_history_from_row(
     for position in positions:
         if messages[position]["role"] == "user" and not messages[position]["content"].strip():
             raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
-    turns, _trailing = split_turns(dict(m) for m in messages)
+    steps = None
+    if has_tools(messages, tools):
+        if no_tool_format is not None:
+            raise RowError(NO_TOOL_FORMAT, "tools" if tools else None, no_tool_format)
+        turns, steps, points = split_tool_turns(messages)
+        _check_steps_replayable(messages, fields, steps, points)
+    else:
+        turns, _trailing = split_turns(dict(m) for m in messages)
     cut = max_turns is not None and len(turns) > max_turns
-    return OwnConversation(turns=turns[:max_turns] if cut else turns, tools=tools, row_id=row_id, cut=cut)
+    if cut:
+        turns = turns[:max_turns]
+        steps = steps[:max_turns] if steps is not None else None
+    return OwnConversation(turns=turns, tools=tools, row_id=row_id, cut=cut, steps=steps)
+
+
+def _check_steps_replayable(messages: list[dict], fields: list[str], steps: list[dict], points: list[int]) -> None:
+    """Every turn but the last is followed by what the next turn's prompt carries: a step with
+    calls has one result per call, and tool results answer the calls right before them."""
+    for index, (point, step) in enumerate(zip(points[:-1], steps[:-1])):
+        following = points[index + 1]
+        calls, results = step["calls"], step["results"]
+        if messages[following]["role"] == "tool" and (not calls or point + 1 + len(results) != following):
+            raise RowError(
+                UNPAIRED_TOOL_RESULTS,
+                fields[following],
+                "tool results that do not answer the assistant's tool calls right before them cannot be "
+                "replayed on the model's own calls",
+            )
+        if calls and len(results) != len(calls):
+            raise RowError(
+                UNPAIRED_TOOL_RESULTS,
+                fields[point + 1],
+                f"{len(calls)} tool call(s) answered by {len(results)} tool result(s); replay pairs them one for one",
+            )
 
 
 def _normalized(

@@ -126,11 +126,9 @@ def test_own_history_rows_keep_system_and_user_turns_only():
     row = {
         "id": "r",
         "system": "Sys.",
-        "tools": [{"type": "function", "function": {"name": "f"}}],
         "conversations": [
             {"from": "human", "value": "one"},
             {"from": "gpt", "value": "old"},
-            {"from": "function_response", "value": "x"},
             {"from": "human", "value": "two"},
             {"from": "gpt", "value": "old"},
             {"from": "human", "value": "three"},
@@ -142,7 +140,13 @@ def test_own_history_rows_keep_system_and_user_turns_only():
         [{"role": "user", "content": "two"}],
         [{"role": "user", "content": "three"}],
     ]
-    assert own.tools == row["tools"] and not own.cut
+    assert own.tools is None and own.steps is None and not own.cut
+    # A tool result answering no call cannot be replayed on the model's own calls.
+    orphan = {**row, "conversations": [*row["conversations"][:2], {"from": "function_response", "value": "x"}]}
+    orphan["conversations"].append({"from": "human", "value": "two"})
+    with pytest.raises(RowError) as refused:
+        own_history_from_row(orphan, source="f.jsonl", line=1)
+    assert refused.value.reason == "unpaired-tool-results" and refused.value.field == "conversations[2].value"
     capped = own_history_from_row(row, source="f.jsonl", line=1, max_turns=2)
     assert len(capped.turns) == 2 and capped.cut
     with pytest.raises(RowError) as error:

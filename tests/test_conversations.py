@@ -22,22 +22,12 @@ VARIANTS = [
     {"name": "hot", "weight": 0.2, "sampling": {"temperature": 1.0}},
     {"name": "no-think", "weight": 0.3, "chat_template_kwargs": {"enable_thinking": False}},
 ]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look a word up.",
-            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
-        },
-    }
-]
 MAX_TURNS = 3
 
 
 def own_rows(count: int) -> list[dict]:
     """ShareGPT rows of 1 to 4 user turns (old answers between them), some with a system
-    message, one with tools and a tool exchange in its history."""
+    message (rows with tools: tests/test_tool_conversations.py)."""
     rows = []
     for i in range(count):
         conversation = []
@@ -49,25 +39,6 @@ def own_rows(count: int) -> list[dict]:
             )
             conversation.append({"from": "gpt", "value": f"An old answer {turn}, written by another model."})
         rows.append({"id": f"conv-{i}", "conversations": conversation})
-    rows.append(
-        {
-            "id": "tools",
-            "tools": TOOLS,
-            "messages": [
-                {"role": "user", "content": "Look up 'river' for me."},
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {"type": "function", "function": {"name": "lookup", "arguments": {"word": "river"}}}
-                    ],
-                },
-                {"role": "tool", "content": "a natural stream of water"},
-                {"role": "assistant", "content": "A river is a natural stream of water."},
-                {"role": "user", "content": "And 'ford'?"},
-            ],
-        }
-    )
     return rows
 
 

@@ -674,6 +674,8 @@ class BatchRunner:
         records, attempt.records = attempt.records, []
         if not records:
             return
+        # Turns of conversations with tools say how many tool calls they make.
+        self.followups.count_tool_calls(self._campaign_settings(campaign), payload, records)
         try:
             if campaign.name not in self._swept:
                 self._swept.add(campaign.name)

@@ -85,6 +85,8 @@ RENDER_CHUNK = 16
 RENDER_ATTEMPTS = 3
 # Seconds before a stored tokenizer that failed to start or to match is tried again.
 PREPARE_RETRY = 30.0
+# Seconds a batch thread waits for the rendering processes to count its answers' tool calls.
+COUNT_TIMEOUT = 120.0
 
 
 @dataclass(slots=True)
@@ -189,6 +191,42 @@ class FollowUps:
             self._settings.setdefault(campaign.name, settings)
             self._renderer(settings)
             self.start()
+
+    def count_tool_calls(self, settings: CampaignSettings, payload: TaskPayload, records: list[Record]) -> None:
+        """Set `tool_calls` on the records of conversation turns with tools, before they are
+        written. Parsing needs the tokenizer, so it runs in the rendering processes while this
+        batch thread waits; a pool that breaks is replaced and asked once more."""
+        items = {item.key: item for item in payload.items}
+        wanted = [
+            (record, items[record.key])
+            for record in records
+            if record.key in items and (items[record.key].conversation or {}).get("steps") is not None
+        ]
+        if not wanted or settings.tool_format is None:
+            return
+        jobs = [
+            {
+                "state": item.conversation,
+                "output_ids": record.output_ids,
+                "matched": record.finish_matched,
+                "eos_token_ids": list(settings.eos_token_ids),
+                "think_close_id": settings.think_close_id,
+                "tool_format": settings.tool_format,
+            }
+            for record, item in wanted
+        ]
+        for attempt in range(RENDER_ATTEMPTS):
+            renderer = self._renderer(settings)
+            try:
+                counts = renderer.count_tool_calls(jobs).result(timeout=COUNT_TIMEOUT)
+                break
+            except Exception as exc:  # the pool broke (a process died): a new one, or give up
+                log.warning("renderer failed counting tool calls (%s: %s)", type(exc).__name__, exc)
+                self._drop_renderer(settings)
+                if attempt + 1 == RENDER_ATTEMPTS:
+                    raise
+        for (record, _), count in zip(wanted, counts):
+            record.tool_calls = count
 
     def commit(self, campaign: Campaign, payload: TaskPayload, records: list[Record]) -> int:
         """Mark committed records done (their records are on disk); for conversation turns, in
@@ -616,4 +654,5 @@ def _render_job(data: dict, settings: CampaignSettings) -> dict:
         "eos_token_ids": list(settings.eos_token_ids),
         "think_close_id": settings.think_close_id,
         "max_prompt_tokens": settings.max_prompt_tokens,
+        "tool_format": settings.tool_format,
     }

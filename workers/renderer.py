@@ -54,6 +54,7 @@ def _render(jobs: list[dict]) -> list[tuple]:
                 eos_token_ids=job["eos_token_ids"],
                 think_close_id=job["think_close_id"],
                 max_prompt_tokens=job["max_prompt_tokens"],
+                tool_format=job.get("tool_format"),
             )
         except Exception as exc:  # a conversation the contract cannot handle ends; the others go on
             out.append(("end", "template-error", f"{type(exc).__name__}: {exc}"))
@@ -64,6 +65,24 @@ def _render(jobs: list[dict]) -> list[tuple]:
             assert turn.ids is not None and turn.state is not None
             out.append(("ready", turn.ids, turn.state.to_dict()))
     return out
+
+
+def _count_tool_calls(jobs: list[dict]) -> list[int]:
+    """For each job: how many tool calls its answer makes (eagle_synth.conversation.count_tool_calls)."""
+    from eagle_synth.conversation import ConversationState, count_tool_calls
+
+    return [
+        count_tool_calls(
+            _tokenizer,
+            ConversationState.from_dict(job["state"]),
+            job["output_ids"],
+            matched=job["matched"],
+            eos_token_ids=job["eos_token_ids"],
+            think_close_id=job["think_close_id"],
+            tool_format=job["tool_format"],
+        )
+        for job in jobs
+    ]
 
 
 class RendererMismatch(RuntimeError):
@@ -105,8 +124,12 @@ class Renderer:
 
     def submit(self, jobs: list[dict]) -> Future:
         """Render jobs (dicts: state, output_ids, finish_reason, matched, eos_token_ids,
-        think_close_id, max_prompt_tokens); the future gives one result per job."""
+        think_close_id, max_prompt_tokens, tool_format); the future gives one result per job."""
         return self._pool.submit(_render, jobs)
+
+    def count_tool_calls(self, jobs: list[dict]) -> Future:
+        """Count the tool calls of answers (the same job dicts); the future gives one int per job."""
+        return self._pool.submit(_count_tool_calls, jobs)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -11,6 +11,7 @@ import typer
 
 from eagle_synth.cli.options import RedisOpt, check_campaign_name, fail, redis_client, warn
 from eagle_synth.settings import broker_settings
+from eagle_synth.toolcalls import TOOL_FORMATS
 
 app = typer.Typer()
 
@@ -54,11 +55,20 @@ def enqueue(
     history: Annotated[
         str,
         typer.Option(
-            help="'dataset': prompts on the row's own history; 'own': answer every user turn in order, each on the model's own earlier answers."
+            help="'dataset': prompts on the row's own history; 'own': answer every user turn (and tool results) in order, each on the model's own earlier answers, replaying the dataset's tool results against the model's own tool calls."
         ),
     ] = "dataset",
     max_turns: Annotated[
-        int | None, typer.Option(help="With --history own: answer at most this many user turns per conversation.")
+        int | None,
+        typer.Option(
+            help="With --history own: answer at most this many turns per conversation (user turns and, in rows with tools, tool results)."
+        ),
+    ] = None,
+    tool_format: Annotated[
+        str | None,
+        typer.Option(
+            help=f"With --history own: the format the model writes tool calls in, one of {', '.join(TOOL_FORMATS)}; default: detected from the chat template."
+        ),
     ] = None,
     variants: Annotated[
         Path | None,
@@ -113,6 +123,10 @@ def enqueue(
         fail("--history must be 'dataset' or 'own'")
     if max_turns is not None and (max_turns < 1 or history != "own"):
         fail("--max-turns takes a number >= 1 and applies with --history own")
+    if tool_format is not None and history != "own":
+        fail("--tool-format applies with --history own")
+    if tool_format is not None and tool_format not in TOOL_FORMATS:
+        fail(f"--tool-format {tool_format!r} is not a known format; choose one of: {', '.join(TOOL_FORMATS)}")
     if history == "own" and trust_remote_code:
         fail("--history own cannot be used with --trust-remote-code: workers would run tokenizer code taken from Redis")
     try:
@@ -164,6 +178,7 @@ def enqueue(
         history=cast("Literal['dataset', 'own']", history),
         max_turns=max_turns,
         variants=loaded_variants,
+        tool_format=tool_format,
     )
     broker = None if dry_run else broker_settings(redis_url=redis)
     total_rows = None
