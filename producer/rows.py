@@ -225,7 +225,7 @@ def _check_steps_replayable(messages: list[dict], fields: list[str], steps: list
         if calls and len(results) != len(calls):
             raise RowError(
                 UNPAIRED_TOOL_RESULTS,
-                fields[point + 1],
+                _calls_field(fields[point + 1]),
                 f"{len(calls)} tool call(s) answered by {len(results)} tool result(s); replay pairs them one for one",
             )
 
@@ -252,6 +252,11 @@ def _normalized(
     if not positions:
         raise RowError(NO_USER_TURN, _shape_field(fields), "conversation has no user turn to answer")
     return row_id, messages, fields, tools, positions
+
+
+def _calls_field(content_field: str) -> str:
+    """The path of a message's tool calls, from the path of its content (ShareGPT: the value)."""
+    return content_field[: -len(".content")] + ".tool_calls" if content_field.endswith(".content") else content_field
 
 
 def _copy_messages(messages: list[dict]) -> list[dict]:

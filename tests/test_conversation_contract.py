@@ -415,3 +415,106 @@ def test_enqueue_flags_for_conversations_fail_in_one_line(tmp_path, tokenizer_pa
         assert result.returncode == 2 and message in stderr and "Traceback" not in stderr, stderr
     dry = cli(*base, "--history", "own", "--variants", str(tmp_path / "missing.json"), check=False)
     assert dry.returncode == 2 and "cannot read it" in dry.stderr.decode()
+
+
+# ---- rows with tools -----------------------------------------------------------------------
+
+LOOKUP = {
+    "type": "function",
+    "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}},
+}
+
+
+def tool_row(results: int = 1) -> dict:
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arguments": {"word": "w"}}} for i in (0, 1)
+    ]
+    return {
+        "id": "t",
+        "tools": [LOOKUP],
+        "messages": [
+            {"role": "user", "content": "Look up two words."},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            *[{"role": "tool", "tool_call_id": f"c{i}", "content": f"result {i}"} for i in range(results)],
+            {"role": "assistant", "content": "Done."},
+            {"role": "user", "content": "Thanks."},
+        ],
+    }
+
+
+def test_tool_rows_become_a_turn_per_point_with_the_datasets_steps():
+    own = own_history_from_row(tool_row(results=2), source="f.jsonl", line=1)
+    assert own.turns == [
+        [{"role": "user", "content": "Look up two words."}],
+        [],
+        [{"role": "user", "content": "Thanks."}],
+    ]
+    assert [len(step["calls"]) for step in own.steps] == [2, 0, 0]
+    assert [r["content"] for r in own.steps[0]["results"]] == ["result 0", "result 1"]
+    capped = own_history_from_row(tool_row(results=2), source="f.jsonl", line=1, max_turns=2)
+    assert capped.cut and len(capped.turns) == len(capped.steps) == 2
+    # The dataset's results are part of what the prompts carry, so of the conversation's key.
+    other = tool_row(results=2)
+    other["messages"][3]["content"] = "another result"
+    other_steps = own_history_from_row(other, source="f.jsonl", line=1).steps
+    assert conversation_key(turns=own.turns, tools=own.tools, sample=0, steps=own.steps) != conversation_key(
+        turns=own.turns, tools=own.tools, sample=0, steps=other_steps
+    )
+
+
+def test_tool_rows_that_cannot_be_replayed_are_refused_naming_the_field():
+    with pytest.raises(RowError) as unpaired:
+        own_history_from_row(tool_row(results=1), source="f.jsonl", line=1)
+    assert unpaired.value.reason == "unpaired-tool-results" and unpaired.value.field == "messages[1].tool_calls"
+    assert "2 tool call(s) answered by 1 tool result(s)" in str(unpaired.value)
+    with pytest.raises(RowError) as no_format:
+        own_history_from_row(tool_row(results=2), source="f.jsonl", line=1, no_tool_format="pass --tool-format")
+    assert no_format.value.reason == "no-tool-format" and no_format.value.field == "tools"
+
+
+def tool_state(results: list[dict], calls: list[dict]) -> ConversationState:
+    user = {"role": "user", "content": "Look it up."}
+    return ConversationState(
+        key="k",
+        messages=[user],
+        upcoming=[[], [{"role": "user", "content": "Thanks."}]],
+        tools=[LOOKUP],
+        steps=[{"calls": calls, "results": results}, {"calls": [], "results": []}, {"calls": [], "results": []}],
+    )
+
+
+def test_next_turn_pairs_the_models_call_with_the_datasets_result_or_ends(tokenizer, ids):
+    dataset_call = {"id": "c0", "type": "function", "function": {"name": "lookup", "arguments": {"word": "w"}}}
+    result = {"role": "tool", "tool_call_id": "c0", "content": "result 0"}
+    state = tool_state([result], [dataset_call])
+    written = "<tool_call>\n<function=lookup>\n<parameter=word>\nriver\n</parameter>\n</function>\n</tool_call>"
+    output = ids["encode"]("hm") + [ids["close"]] + ids["encode"]("\n\nLet me check.\n\n" + written) + [ids["eos"]]
+    common = {
+        "finish_reason": "stop",
+        "matched": ids["eos"],
+        "eos_token_ids": [ids["eos"]],
+        "think_close_id": ids["close"],
+    }
+    turn = next_turn(tokenizer, state, output, tool_format="qwen3_coder", **common)
+    assistant = {
+        "role": "assistant",
+        "content": "Let me check.",
+        "reasoning_content": "hm",
+        "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "lookup", "arguments": {"word": "river"}}}
+        ],
+    }
+    assert turn.state.messages == [state.messages[0], assistant, result]
+    assert turn.ids == template(tokenizer, turn.state.messages, tools=[LOOKUP])
+    assert turn.state.steps == state.steps[1:] and turn.state.upcoming == state.upcoming[1:]
+    # The same answer read as Hermes JSON does not parse; a call where the dataset answered in
+    # words, or words where it called, depart from the dataset.
+    assert next_turn(tokenizer, state, output, tool_format="hermes", **common).end == "tool-call-unparsed"
+    in_words = tool_state([], [])
+    departed = next_turn(tokenizer, in_words, output, tool_format="qwen3_coder", **common)
+    assert departed.end == "tool-call-mismatch" and "where the dataset answered without tools" in departed.message
+    words = ids["encode"]("Just words.") + [ids["eos"]]
+    assert next_turn(tokenizer, state, words, tool_format="qwen3_coder", **common).end == "tool-call-mismatch"
+    # Words where the dataset answered in words: the plain contract's answer (no reasoning here).
+    plain = next_turn(tokenizer, in_words, words, tool_format="qwen3_coder", **common)
+    assert plain.state.messages[1] == {"role": "assistant", "content": "Just words."}

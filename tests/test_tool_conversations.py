@@ -257,3 +257,20 @@ def test_tool_format_flag_errors_name_the_flag(tmp_path, tokenizer_path, flags, 
         args += ["--history", "own"]
     result = cli(*args, *flags, check=False)
     assert result.returncode == 2 and message in result.stderr.decode()
+
+
+def test_rows_with_tools_are_skipped_with_the_fix_when_the_template_has_no_known_format(tmp_path, tokenizer_path):
+    rows = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    plain = tmp_path / "plain.jinja"
+    plain.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    args = ["enqueue", str(rows), "--campaign", "c", "--tokenizer", str(tokenizer_path), "--history", "own"]
+    result = cli(*args, "--dry-run", "--chat-template", str(plain)).stdout.decode()
+    assert f"rows read {len(ROWS)} / would enqueue 1 / duplicate 0 / skipped {len(ROWS) - 1}" in result
+    assert f"skipped no-tool-format: {len(ROWS) - 1}" in result
+    assert f"{rows}:1: tools: the chat template's tool-call format is not one eagle-synth can parse" in result
+    # Naming the format makes them regenerable.
+    named = cli(*args, "--dry-run", "--chat-template", str(plain), "--tool-format", "hermes").stdout.decode()
+    assert f"rows read {len(ROWS)} / would enqueue {len(ROWS)} / duplicate 0 / skipped 0" in named
