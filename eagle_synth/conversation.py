@@ -34,7 +34,7 @@ turn's record is kept. `reasoning_content` is absent when the output has no thin
 
 The producer and the workers both use this module, so turn 0 and every later turn are made
 by the same code. Keys: a conversation's key is a hash of what defines it (its messages without
-the dataset's answers, tools, and the sample index); a turn's key is a hash of the conversation
+the dataset's answers, tools, tool steps, and the sample index); a turn's key is a hash of the conversation
 key and the turn index, so each turn of a conversation can be claimed exactly once, whatever
 happens to the records before it (docs/reliability.md).
 """
