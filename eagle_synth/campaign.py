@@ -2,7 +2,8 @@
 
 Exactly one of these holds for every prompt key ever enqueued: it is pending, its record is
 on disk (`done`), or its failure is recorded (`failed`). The producer adds keys; workers move
-them to done or failed; `retry-failed` moves failed keys back to pending.
+them to done or failed; `retry-failed` moves failed keys back to pending; `repair` moves done
+keys whose record files are damaged back to pending, or to failed when their prompt is lost.
 """
 
 from __future__ import annotations
@@ -258,7 +259,9 @@ class Progress:
 
 
 class Campaign:
-    """One campaign's state in Redis.
+    """One campaign's state in Redis; producer, workers and tools change it only through its
+    methods (and those of its outbox and its ConversationStore), so every change that must be
+    atomic is one Lua script here.
 
     Parameters:
         client: a redis-py client (eagle_synth.redis_client.connect).
@@ -364,6 +367,13 @@ class Campaign:
         )
         self.client.hincrby(self.keys.counters, counters.failed(reason), 1)
 
+    def note_server(self, url: str, info: dict) -> None:
+        self.client.hset(self.keys.servers, url, json.dumps(info, sort_keys=True))
+
+    def servers(self) -> dict[str, dict]:
+        return {text(k): json.loads(v) for k, v in self.client.hgetall(self.keys.servers).items()}
+
+    # repair -------------------------------------------------------------------
     def undo_done(self, keys: list[str]) -> int:
         """Take keys whose records were lost back out of `done` (counted as `records-damaged`);
         returns how many were done."""
@@ -386,12 +396,6 @@ class Campaign:
                     self.client.eval(_DONE_TO_FAILED, 4, k.done, k.failed, k.failed_reasons, k.counters, reason, *pairs)
                 )
         return moved
-
-    def note_server(self, url: str, info: dict) -> None:
-        self.client.hset(self.keys.servers, url, json.dumps(info, sort_keys=True))
-
-    def servers(self) -> dict[str, dict]:
-        return {text(k): json.loads(v) for k, v in self.client.hgetall(self.keys.servers).items()}
 
     # reading ------------------------------------------------------------------
     def failures(self) -> dict[str, Failure]:
