@@ -113,6 +113,21 @@ def test_status_figures(client: redis.Redis) -> None:
     }
 
 
+def test_counter_names_are_those_running_campaigns_hold(client: redis.Redis) -> None:
+    # Pinned: renaming a counter would orphan the counts of campaigns already in Redis.
+    held = {field.decode() for field in client.hkeys(Campaign(client, NAME).keys.counters)}
+    assert held == {
+        "rows-read",
+        "rows-skipped",
+        "prompts-enqueued",
+        "records",
+        "tokens-in",
+        "tokens-out",
+        "failed-prompt-too-long",
+        "failed-invalid-token-id",
+    }
+
+
 def test_status_json_keys(client: redis.Redis) -> None:
     result = CliRunner().invoke(cli_app, ["status", NAME, "--json", "--redis", _url(client)])
     assert result.exit_code == 0, result.output
