@@ -2,19 +2,26 @@
 
 Exactly one of these holds for every prompt key ever enqueued: it is pending, its record is
 on disk (`done`), or its failure is recorded (`failed`). The producer adds keys; workers move
-them to done or failed; `retry-failed` moves failed keys back to pending.
+them to done or failed; `retry-failed` moves failed keys back to pending; `repair` moves done
+keys whose record files are damaged back to pending, or to failed when their prompt is lost.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from itertools import islice
 
 import redis
 
+from eagle_synth import counters
+from eagle_synth.counters import in_lua
 from eagle_synth.errors import UserError
 from eagle_synth.keys import CAMPAIGNS, CampaignKeys
+from eagle_synth.outbox import Outbox
 from eagle_synth.payload import PromptItem
 from eagle_synth.redis_client import text
 
@@ -22,6 +29,10 @@ from eagle_synth.redis_client import text
 EVENTS_MAXLEN = 20_000
 # Settings fields that do not change what a campaign generates, so they may differ.
 _IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path"})
+# Keys moved from done to failed per Redis round trip.
+FAILURE_CHUNK = 1000
+# Keys read from the done set per SSCAN step.
+DONE_SCAN_COUNT = 10_000
 
 
 # KEYS: failed hash, reasons hash. ARGV: prompt key, failure JSON, reason.
@@ -51,7 +62,8 @@ return removed
 # Lua functions shared by every script that marks keys done (this module's and
 # eagle_synth/conversation_store.py's). KEYS[1..5]: done set, failed hash, reasons hash,
 # counters hash, events stream.
-MARK_DONE_LUA = """
+MARK_DONE_LUA = in_lua(
+    """
 local function mark_done(key)
   local added = redis.call('SADD', KEYS[1], key)
   local old = redis.call('HGET', KEYS[2], key)
@@ -63,15 +75,16 @@ local function mark_done(key)
 end
 local function count_done(added, tokens_in, tokens_out, repaired, maxlen)
   if added > 0 then
-    redis.call('HINCRBY', KEYS[4], 'records', added)
-    redis.call('HINCRBY', KEYS[4], 'tokens-in', tokens_in)
-    redis.call('HINCRBY', KEYS[4], 'tokens-out', tokens_out)
-    if tonumber(repaired) > 0 then redis.call('HINCRBY', KEYS[4], 'repaired-prefix', repaired) end
+    redis.call('HINCRBY', KEYS[4], '$RECORDS', added)
+    redis.call('HINCRBY', KEYS[4], '$TOKENS_IN', tokens_in)
+    redis.call('HINCRBY', KEYS[4], '$TOKENS_OUT', tokens_out)
+    if tonumber(repaired) > 0 then redis.call('HINCRBY', KEYS[4], '$REPAIRED_PREFIX', repaired) end
     redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*',
                'records', added, 'tokens_out', tokens_out, 'tokens_in', tokens_in)
   end
 end
 """
+)
 # ARGV: tokens_in, tokens_out, repaired, events maxlen, then prompt keys.
 # One round trip for what a finished batch changes; counts only keys that were new.
 _MARK_DONE = (
@@ -81,6 +94,42 @@ local added = 0
 for i = 5, #ARGV do added = added + mark_done(ARGV[i]) end
 count_done(added, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 return added
+"""
+)
+# KEYS: done set, counters hash. ARGV: prompt keys. Returns how many were done.
+# Takes keys whose records were lost back out of `done`, keeping the records counter true.
+_UNDO_DONE = in_lua(
+    """
+local removed = 0
+for i = 1, #ARGV do removed = removed + redis.call('SREM', KEYS[1], ARGV[i]) end
+if removed > 0 then
+  redis.call('HINCRBY', KEYS[2], '$RECORDS', -removed)
+  redis.call('HINCRBY', KEYS[2], '$RECORDS_DAMAGED', removed)
+end
+return removed
+"""
+)
+# KEYS: done set, failed hash, reasons hash, counters hash. ARGV: reason, then key, failure
+# JSON pairs. Moves done keys to failed in one step; keys no longer done are left alone.
+# Writes that need memory come before the SREM, so a full Redis never leaves a key in neither.
+_DONE_TO_FAILED = in_lua(
+    """
+local moved = 0
+for i = 2, #ARGV, 2 do
+  if redis.call('SISMEMBER', KEYS[1], ARGV[i]) == 1 then
+    if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
+      redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+    end
+    redis.call('SREM', KEYS[1], ARGV[i])
+    moved = moved + 1
+  end
+end
+if moved > 0 then
+  redis.call('HINCRBY', KEYS[4], '$RECORDS', -moved)
+  redis.call('HINCRBY', KEYS[4], '$RECORDS_DAMAGED', moved)
+  redis.call('HINCRBY', KEYS[4], '$FAILED_PREFIX' .. ARGV[1], moved)
+end
+return moved
 """
 )
 
@@ -213,7 +262,9 @@ class Progress:
 
 
 class Campaign:
-    """One campaign's state in Redis.
+    """One campaign's state in Redis; producer, workers and tools change it only through its
+    methods (and those of its outbox and its ConversationStore), so every change that must be
+    atomic is one Lua script here.
 
     Parameters:
         client: a redis-py client (eagle_synth.redis_client.connect).
@@ -252,24 +303,17 @@ class Campaign:
         return bool(self.client.exists(self.keys.settings))
 
     # producer side ------------------------------------------------------------
-    def claim_new(self, keys: list[str]) -> list[bool]:
-        """Add keys to the enqueued set; True for each key that was not there before."""
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.sadd(self.keys.enqueued, key)
-        return [bool(added) for added in pipe.execute()]
+    @cached_property
+    def outbox(self) -> Outbox:
+        """The producer's outbox: claimed prompt chunks until their batches are published."""
+        return Outbox(self.client, self.keys)
 
-    def release(self, keys: list[str]) -> None:
-        """Forget claimed keys whose task could not be published, so a rerun enqueues them."""
-        if keys:
-            self.client.srem(self.keys.enqueued, *keys)
-
-    def count(self, **increments: int) -> None:
-        """Add to the campaign's integer counters (names with '_' become '-')."""
+    def count(self, increments: dict[str, int]) -> None:
+        """Add to the campaign's integer counters (names from eagle_synth.counters)."""
         pipe = self.client.pipeline(transaction=False)
         for name, value in increments.items():
             if value:
-                pipe.hincrby(self.keys.counters, name.replace("_", "-"), value)
+                pipe.hincrby(self.keys.counters, name, value)
         pipe.execute()
 
     def count_skipped(self, reasons: dict[str, int]) -> None:
@@ -324,7 +368,7 @@ class Campaign:
         self.client.eval(
             _RECORD_FAILURE, 2, self.keys.failed, self.keys.failed_reasons, item.key, failure.to_json(), reason
         )
-        self.client.hincrby(self.keys.counters, f"failed-{reason}", 1)
+        self.client.hincrby(self.keys.counters, counters.failed(reason), 1)
 
     def note_server(self, url: str, info: dict) -> None:
         self.client.hset(self.keys.servers, url, json.dumps(info, sort_keys=True))
@@ -332,9 +376,44 @@ class Campaign:
     def servers(self) -> dict[str, dict]:
         return {text(k): json.loads(v) for k, v in self.client.hgetall(self.keys.servers).items()}
 
+    # repair -------------------------------------------------------------------
+    def undo_done(self, keys: list[str]) -> int:
+        """Take keys whose records were lost back out of `done` (counted as `records-damaged`);
+        returns how many were done."""
+        if not keys:
+            return 0
+        return int(self.client.eval(_UNDO_DONE, 2, self.keys.done, self.keys.counters, *keys))
+
+    def fail_done(self, failures: Iterable[tuple[str, Failure]]) -> int:
+        """Move done keys to `failed`, each with its failure, FAILURE_CHUNK keys per round trip
+        (`failures` is read as it goes); keys no longer done are left alone. Returns how many moved."""
+        k = self.keys
+        moved = 0
+        pending = iter(failures)
+        while chunk := list(islice(pending, FAILURE_CHUNK)):
+            by_reason: dict[str, list[str]] = {}
+            for key, failure in chunk:
+                by_reason.setdefault(failure.reason, []).extend((key, failure.to_json()))
+            for reason, pairs in by_reason.items():
+                moved += int(
+                    self.client.eval(_DONE_TO_FAILED, 4, k.done, k.failed, k.failed_reasons, k.counters, reason, *pairs)
+                )
+        return moved
+
     # reading ------------------------------------------------------------------
     def failures(self) -> dict[str, Failure]:
         return {text(k): Failure.from_json(v) for k, v in self.client.hscan_iter(self.keys.failed)}
+
+    def failure_reasons(self, keys: list[str]) -> list[str | None]:
+        """Each key's failure reason, None where it has no recorded failure."""
+        if not keys:
+            return []
+        raw = self.client.hmget(self.keys.failed, keys)
+        return [None if failure is None else json.loads(failure).get("reason") for failure in raw]
+
+    def done_keys(self) -> set[str]:
+        """Every key marked done, read in steps (SSCAN) so Redis is never blocked for long."""
+        return {text(key) for key in self.client.sscan_iter(self.keys.done, count=DONE_SCAN_COUNT)}
 
     def drop_failures(self, keys: list[str]) -> int:
         """Remove keys from `failed` (keeping the per-reason counts true); returns how many."""
@@ -352,12 +431,12 @@ class Campaign:
         pipe.scard(self.keys.done)
         pipe.hlen(self.keys.failed)
         pipe.hgetall(self.keys.counters)
-        enqueued, done, failed, counters = pipe.execute()
+        enqueued, done, failed, counts = pipe.execute()
         return Progress(
             enqueued=int(enqueued),
             done=int(done),
             failed=int(failed),
-            counters={text(k): int(v) for k, v in counters.items()},
+            counters={text(k): int(v) for k, v in counts.items()},
         )
 
     def skipped(self) -> dict[str, int]:

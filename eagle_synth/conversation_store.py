@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import json
 
+from eagle_synth import counters
 from eagle_synth.campaign import EVENTS_MAXLEN, MARK_DONE_LUA, Campaign
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
+from eagle_synth.counters import in_lua
 from eagle_synth.redis_client import text
 
-# Counter (in the campaign's counters hash) of conversations the producer started.
-CONVERSATIONS_COUNTER = "conversations"
-# Prefix of the per-end-reason counters: `conversations-complete`, `conversations-truncated`...
-END_COUNTER_PREFIX = "conversations-"
 # Owner field prefix of a formed batch (plain fields are turn keys).
 BATCH_FIELD_PREFIX = "batch:"
 # Entries of the ends hash read at most for `failed`'s examples.
@@ -46,9 +44,8 @@ NOTHING = ""
 # ARGV: tokens_in, tokens_out, repaired, events maxlen, owner, then per record:
 # key, action (follow | end | ''), target (next turn key | conversation key), data.
 # Returns {number newly done, the next turn keys stored...}.
-_COMMIT = (
-    MARK_DONE_LUA
-    + """
+_COMMIT = MARK_DONE_LUA + in_lua(
+    """
 local added = 0
 local stored = {}
 for i = 6, #ARGV, 4 do
@@ -61,7 +58,7 @@ for i = 6, #ARGV, 4 do
       stored[#stored + 1] = target
     elseif action == 'end' then
       local reason = cjson.decode(data)['reason']
-      redis.call('HINCRBY', KEYS[4], 'conversations-' .. reason, 1)
+      redis.call('HINCRBY', KEYS[4], '$CONVERSATION_END_PREFIX' .. reason, 1)
       if reason ~= 'complete' then redis.call('HSET', KEYS[8], target, data) end
     end
   end
@@ -74,7 +71,8 @@ return stored
 # KEYS: enqueued, followups, owners, counters, ends. ARGV: owner, then per entry:
 # turn key, action (ready | end), conversation key, data (rendered entry | end JSON).
 # Returns the turn keys this owner still held (the others were adopted meanwhile).
-_READY = """
+_READY = in_lua(
+    """
 local done = {}
 for i = 2, #ARGV, 4 do
   local key, action, conversation, data = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
@@ -86,7 +84,7 @@ for i = 2, #ARGV, 4 do
       redis.call('HDEL', KEYS[2], key)
       redis.call('HDEL', KEYS[3], key)
       local reason = cjson.decode(data)['reason']
-      redis.call('HINCRBY', KEYS[4], 'conversations-' .. reason, 1)
+      redis.call('HINCRBY', KEYS[4], '$CONVERSATION_END_PREFIX' .. reason, 1)
       if reason ~= 'complete' then redis.call('HSET', KEYS[5], conversation, data) end
     end
     done[#done + 1] = key
@@ -94,6 +92,7 @@ for i = 2, #ARGV, 4 do
 end
 return done
 """
+)
 # KEYS: followups, owners, batches. ARGV: owner, batch id, payload, then turn keys.
 # Returns the keys this owner does not hold (then nothing changed), or {} when formed.
 _FORM = """
@@ -256,12 +255,12 @@ class ConversationStore:
         is a conversation stopped by that failure (`retry-failed` resumes it).
         """
         progress = self.campaign.progress()
-        counters = progress.counters
-        ended = {reason: counters.get(END_COUNTER_PREFIX + reason, 0) for reason in END_REASONS}
+        counts = progress.counters
+        ended = {reason: counts.get(counters.conversation_end(reason), 0) for reason in END_REASONS}
         stopped = {reason: count for reason, count in ended.items() if reason != END_COMPLETE and count}
         for reason, count in self.campaign.failure_counts().items():
             stopped[reason] = stopped.get(reason, 0) + count
-        total = counters.get(CONVERSATIONS_COUNTER, 0)
+        total = counts.get(counters.CONVERSATIONS, 0)
         done = ended[END_COMPLETE]
         return {
             "total": total,
@@ -275,10 +274,10 @@ class ConversationStore:
     def stopped(self, *, examples: int = 5) -> dict[str, dict]:
         """Conversations that stopped early without a failure, by reason: count and a few
         examples (each: conversation, turns answered, row id, source, message)."""
-        counters = self.campaign.progress().counters
+        counts = self.campaign.progress().counters
         out: dict[str, dict] = {}
         for reason in END_REASONS:
-            count = counters.get(END_COUNTER_PREFIX + reason, 0)
+            count = counts.get(counters.conversation_end(reason), 0)
             if reason != END_COMPLETE and count:
                 out[reason] = {"count": count, "examples": []}
         wanted = examples * len(out)

@@ -79,7 +79,8 @@ class CampaignKeys:
 
     @property
     def counters(self) -> str:
-        """Hash of integer counters (rows read, prompts enqueued, tokens in/out, repairs...)."""
+        """Hash of integer counters (rows read, prompts enqueued, tokens in/out...), named in
+        eagle_synth.counters."""
         return f"{self._base}:counters"
 
     @property

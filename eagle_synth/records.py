@@ -260,13 +260,6 @@ class RawRecord:
     def output_len(self) -> int:
         return len(self.output_u32) // 4
 
-    def to_record(self) -> Record:
-        return Record(
-            prompt_ids=unpack_ids(self.prompt_u32),
-            output_ids=unpack_ids(self.output_u32),
-            **{k: v for k, v in self.meta.items() if k in _FIELD_SET},
-        )
-
     def to_wire(self) -> dict:
         """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
         data = dict(self.meta)

@@ -181,13 +181,3 @@ class SamplingParams:
             material = prompt_key_material + f"|{self.seed}|{sample}".encode()
         digest = hashlib.blake2b(material, digest_size=8).digest()
         return int.from_bytes(digest, "little") % MAX_SEED
-
-
-def validate_server_params(params: dict) -> None:
-    """Refuse a `sampling_params` dict with keys SGLang would crash on (HTTP 500)."""
-    unknown = sorted(set(params) - SGLANG_SAMPLING_KEYS)
-    if unknown:
-        raise SamplingError(
-            f"sampling_params has keys SGLang does not accept: {unknown}; "
-            f"accepted keys are {sorted(SGLANG_SAMPLING_KEYS)}"
-        )

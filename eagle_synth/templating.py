@@ -170,8 +170,3 @@ def render_prompt_ids_batch(
     except Exception as exc:  # jinja2 TemplateError, TypeError from templates, ...
         raise TemplateError(f"chat template rejected the conversation: {exc}") from exc
     return [list(ids) for ids in encoded["input_ids"]]
-
-
-def decode_with_specials(tokenizer, ids: Sequence[int]) -> str:
-    """Text with special tokens left visible, for people reading records."""
-    return tokenizer.decode(list(ids), skip_special_tokens=False)

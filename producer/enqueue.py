@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Literal
 
+from eagle_synth import counters
 from eagle_synth.campaign import Campaign, CampaignSettings
 from eagle_synth.errors import UserError
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
@@ -373,7 +374,7 @@ def enqueue(
             batch_size=options.batch_size,
             max_backlog=options.max_backlog,
             on_wait=on_wait,
-            count_new_as="conversations" if options.history == "own" else None,
+            count_new_as=counters.CONVERSATIONS if options.history == "own" else None,
         )
     max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
     settings = campaign_settings(options, tokenizer, max_prompt_tokens=max_prompt_tokens)
@@ -432,9 +433,11 @@ def enqueue(
             summary.prompts_replayed = publisher.replayed
             if registered:
                 publisher.campaign.count(
-                    rows_read=summary.rows_read,
-                    rows_skipped=summary.rows_skipped,
-                    prompts_enqueued=summary.prompts_enqueued,
+                    {
+                        counters.ROWS_READ: summary.rows_read,
+                        counters.ROWS_SKIPPED: summary.rows_skipped,
+                        counters.PROMPTS_ENQUEUED: summary.prompts_enqueued,
+                    }
                 )
                 publisher.campaign.count_skipped(dict(summary.skipped))
         summary.seconds = time.monotonic() - started

@@ -17,6 +17,7 @@ import redis
 from rich.console import Console
 from typer.testing import CliRunner
 
+from eagle_synth import counters
 from eagle_synth.campaign import Campaign, CampaignSettings
 from eagle_synth.cli import app as cli_app
 from eagle_synth.local import RedisServer, scratch_dir, wait_for
@@ -57,8 +58,10 @@ def _write_campaign(client: redis.Redis) -> None:
         )
     )
     keys = [f"k{i:03d}" for i in range(ENQUEUED)]
-    campaign.claim_new(keys)
-    campaign.count(rows_read=ENQUEUED + 3, rows_skipped=3, prompts=ENQUEUED)
+    # Claimed as the producer claims (its outbox entry cleared as after publishing).
+    campaign.outbox.claim("test-run:1", [PromptItem(key=key, row_id="r", sample=0, ids=[1, 2, 3]) for key in keys])
+    campaign.outbox.clear("test-run:1")
+    campaign.count({counters.ROWS_READ: ENQUEUED + 3, counters.ROWS_SKIPPED: 3, counters.PROMPTS_ENQUEUED: ENQUEUED})
     campaign.count_skipped({"empty-prompt": 2, "too-long": 1})
     # Two completions some time apart, as two batches would land.
     campaign.mark_done(keys[:6], tokens_in=TOKENS_IN // 2, tokens_out=TOKENS_OUT // 2)
@@ -107,6 +110,21 @@ def test_status_figures(client: redis.Redis) -> None:
         ("w1@gpu-a", "gpu-a", GPU_A): HEALTHY,
         ("w2@gpu-b", "gpu-b", GPU_B): UNHEALTHY,
         ("w2@gpu-b", "gpu-b", "http://gpu-b:30001"): LOADING,
+    }
+
+
+def test_counter_names_are_those_running_campaigns_hold(client: redis.Redis) -> None:
+    # Pinned: renaming a counter would orphan the counts of campaigns already in Redis.
+    held = {field.decode() for field in client.hkeys(Campaign(client, NAME).keys.counters)}
+    assert held == {
+        "rows-read",
+        "rows-skipped",
+        "prompts-enqueued",
+        "records",
+        "tokens-in",
+        "tokens-out",
+        "failed-prompt-too-long",
+        "failed-invalid-token-id",
     }
 
 

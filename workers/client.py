@@ -198,35 +198,6 @@ class SGLangClient:
         except requests.RequestException as exc:
             raise TransientError(f"{self.url}{path}: {exc}") from exc
 
-    def generate(
-        self,
-        input_ids: list[list[int]],
-        sampling_params: dict | list[dict],
-        *,
-        timeout: float,
-        rids: list[str] | None = None,
-    ) -> list[dict]:
-        """POST /generate for a batch; returns one response item per prompt, in order."""
-        body: dict = {"input_ids": input_ids, "sampling_params": sampling_params}
-        if rids is not None:
-            body["rid"] = rids
-        response = self._request("POST", "/generate", timeout=timeout, json=body)
-        error = error_for_status(response.status_code, response.content, path="/generate")
-        if error is not None:
-            raise error
-        try:
-            items = response.json()
-        except ValueError as exc:
-            raise TransientError(f"/generate answered 200 with a body that is not JSON: {exc}") from exc
-        if isinstance(items, dict):
-            items = [items]
-        if not isinstance(items, list) or len(items) != len(input_ids):
-            raise TransientError(
-                f"/generate answered {len(items) if isinstance(items, list) else type(items).__name__} "
-                f"items for {len(input_ids)} prompts"
-            )
-        return items
-
     def health(self, *, timeout: float = HEALTH_TIMEOUT) -> tuple[bool, str]:
         """(healthy, detail). Raises ServerDown when nothing listens."""
         try:

@@ -53,11 +53,6 @@ class ModelVocab:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         return cls(tokenizer=tokenizer, vocab_size=vocab_size)
 
-    @property
-    def has_think(self) -> bool:
-        """True when the tokenizer has both reasoning delimiters."""
-        return self.think_open_id is not None
-
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without BOS/EOS."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -454,10 +454,3 @@ def export_records(
         result.dropped[reason] = result.dropped.get(reason, 0) + count
     result.seconds = time.perf_counter() - started
     return result
-
-
-def export_jsonl(
-    campaign_path: str | os.PathLike, out: str | os.PathLike, *, filters: ExportFilters = ExportFilters()
-) -> int:
-    """Write one JSON object per line and per kept record; returns rows written."""
-    return export_records(campaign_path, out, format="jsonl", filters=filters).rows

@@ -59,30 +59,6 @@ SALVAGE_STEP = 4096
 # Lost keys a folder may have per record its damaged files can have held (estimated from the
 # healthy files' bytes per record) before repair decides the folder is not the whole campaign.
 MISSING_ALLOWANCE = 2.0
-# Keys moved from done to failed per Redis round trip.
-FAILURE_CHUNK = 1000
-
-# KEYS: done set, failed hash, reasons hash, counters hash. ARGV: reason, then key, failure
-# JSON pairs. Moves done keys to failed in one step; keys no longer done are left alone.
-# Writes that need memory come before the SREM, so a full Redis never leaves a key in neither.
-_DONE_TO_FAILED = """
-local moved = 0
-for i = 2, #ARGV, 2 do
-  if redis.call('SISMEMBER', KEYS[1], ARGV[i]) == 1 then
-    if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
-      redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-    end
-    redis.call('SREM', KEYS[1], ARGV[i])
-    moved = moved + 1
-  end
-end
-if moved > 0 then
-  redis.call('HINCRBY', KEYS[4], 'records', -moved)
-  redis.call('HINCRBY', KEYS[4], 'records-damaged', moved)
-  redis.call('HINCRBY', KEYS[4], 'failed-' .. ARGV[1], moved)
-end
-return moved
-"""
 
 
 @dataclass(slots=True)
@@ -269,7 +245,7 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
         raise CampaignNotFound(campaign.name)
     plan = RepairPlan(campaign=campaign.name, folder=folder)
     # Done first, files second: see the module docstring.
-    done = {key.decode() for key in campaign.client.sscan_iter(campaign.keys.done, count=10_000)}
+    done = campaign.done_keys()
     plan.done = len(done)
     scan = scan_campaign(folder)
     healthy: set[str] = set()
@@ -367,18 +343,21 @@ def mark_record_damaged(campaign: Campaign, keys: list[str], *, worker: str = "e
         "its record file was damaged and its prompt could not be read back; rerun the campaign's "
         "original `eagle-synth enqueue` command to enqueue it again"
     )
-    k = campaign.keys
-    moved = 0
-    for start in range(0, len(keys), FAILURE_CHUNK):
-        args: list[str] = [RECORD_DAMAGED]
-        for key in keys[start : start + FAILURE_CHUNK]:
-            item = PromptItem(key=key, row_id="", sample=0, ids=[]).to_replay()
-            failure = Failure(
-                reason=RECORD_DAMAGED, message=message, item=item, sampling={}, at=time.time(), worker=worker
-            )
-            args += [key, failure.to_json()]
-        moved += int(campaign.client.eval(_DONE_TO_FAILED, 4, k.done, k.failed, k.failed_reasons, k.counters, *args))
-    return moved
+    failures = (
+        (
+            key,
+            Failure(
+                reason=RECORD_DAMAGED,
+                message=message,
+                item=PromptItem(key=key, row_id="", sample=0, ids=[]).to_replay(),
+                sampling={},
+                at=time.time(),
+                worker=worker,
+            ),
+        )
+        for key in keys
+    )
+    return campaign.fail_done(failures)
 
 
 def campaign_name_of(campaign_path: str | os.PathLike) -> str:

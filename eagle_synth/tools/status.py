@@ -13,6 +13,7 @@ import time
 
 import redis
 
+from eagle_synth import counters
 from eagle_synth.campaign import Campaign, campaign_names
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.node_state import UNKNOWN, all_nodes
@@ -110,14 +111,16 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "finished_share": round(finished / progress.enqueued, 4) if progress.enqueued else 0.0,
         "failed_by_reason": campaign.failure_counts(),
         "failures_recorded_by_reason": {
-            key[len("failed-") :]: value for key, value in progress.counters.items() if key.startswith("failed-")
+            key.removeprefix(counters.FAILED_PREFIX): value
+            for key, value in progress.counters.items()
+            if key.startswith(counters.FAILED_PREFIX)
         },
-        "rows_read": progress.counters.get("rows-read", 0),
-        "rows_skipped": progress.counters.get("rows-skipped", 0),
+        "rows_read": progress.counters.get(counters.ROWS_READ, 0),
+        "rows_skipped": progress.counters.get(counters.ROWS_SKIPPED, 0),
         "skipped_by_reason": campaign.skipped(),
-        "tokens_in": progress.counters.get("tokens-in", 0),
-        "tokens_out": progress.counters.get("tokens-out", 0),
-        "repaired_prefix": progress.counters.get("repaired-prefix", 0),
+        "tokens_in": progress.counters.get(counters.TOKENS_IN, 0),
+        "tokens_out": progress.counters.get(counters.TOKENS_OUT, 0),
+        "repaired_prefix": progress.counters.get(counters.REPAIRED_PREFIX, 0),
         "records_per_s": round(records_per_s, 3),
         "tokens_per_s": round(tokens_per_s, 1),
         "rate_window_s": RATE_WINDOW,

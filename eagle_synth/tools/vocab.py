@@ -128,11 +128,6 @@ class VocabMapping:
     total: int
 
     @property
-    def target_ids(self) -> np.ndarray:
-        """The kept target ids, ascending."""
-        return self.d2t + np.arange(len(self.d2t), dtype=np.int64)
-
-    @property
     def coverage(self) -> float:
         return self.covered / self.total if self.total else 0.0
 

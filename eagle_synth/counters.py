@@ -1,0 +1,61 @@
+"""Names of a campaign's counters: the fields of its counters hash (CampaignKeys.counters).
+
+The one place they are spelled. Lua scripts that count get them through `in_lua`, so a
+script and the Python that reads its counts cannot drift apart. Renaming one would orphan
+the counts of running campaigns: these names are part of the Redis data layout.
+"""
+
+from __future__ import annotations
+
+from string import Template
+
+# Input rows the producer read, and of them the rows it skipped (empty, too long...).
+ROWS_READ = "rows-read"
+ROWS_SKIPPED = "rows-skipped"
+# Prompt keys the producer enqueued for the first time.
+PROMPTS_ENQUEUED = "prompts-enqueued"
+# Records on disk (keys marked done), and their prompt and output tokens.
+RECORDS = "records"
+TOKENS_IN = "tokens-in"
+TOKENS_OUT = "tokens-out"
+# Records whose output began with prompt-tail ids the worker dropped (an old SGLang bug).
+REPAIRED_PREFIX = "repaired-prefix"
+# Done keys `repair` took back out of done because their record file was damaged.
+RECORDS_DAMAGED = "records-damaged"
+# Conversations the producer started (`--history own`).
+CONVERSATIONS = "conversations"
+# Prefix of the per-reason counts of failures ever recorded: `failed-server-error`...
+FAILED_PREFIX = "failed-"
+# Prefix of the per-end-reason counts of conversations: `conversations-complete`...
+CONVERSATION_END_PREFIX = "conversations-"
+
+# What `in_lua` substitutes: `$RECORDS` in a script becomes RECORDS's value.
+_LUA_NAMES = {
+    "ROWS_READ": ROWS_READ,
+    "ROWS_SKIPPED": ROWS_SKIPPED,
+    "PROMPTS_ENQUEUED": PROMPTS_ENQUEUED,
+    "RECORDS": RECORDS,
+    "TOKENS_IN": TOKENS_IN,
+    "TOKENS_OUT": TOKENS_OUT,
+    "REPAIRED_PREFIX": REPAIRED_PREFIX,
+    "RECORDS_DAMAGED": RECORDS_DAMAGED,
+    "CONVERSATIONS": CONVERSATIONS,
+    "FAILED_PREFIX": FAILED_PREFIX,
+    "CONVERSATION_END_PREFIX": CONVERSATION_END_PREFIX,
+}
+
+
+def failed(reason: str) -> str:
+    """Counter of failures ever recorded with this reason (retries do not lower it)."""
+    return FAILED_PREFIX + reason
+
+
+def conversation_end(reason: str) -> str:
+    """Counter of conversations that ended for this reason (eagle_synth.conversation.END_REASONS)."""
+    return CONVERSATION_END_PREFIX + reason
+
+
+def in_lua(script: str) -> str:
+    """A Lua script's text with each `$NAME` replaced by the counter name NAME of this module
+    (KeyError for an unknown one, so a typo fails at import, not in Redis)."""
+    return Template(script).substitute(_LUA_NAMES)

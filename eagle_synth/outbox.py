@@ -1,0 +1,157 @@
+"""A campaign's producer outbox: prompt chunks claimed but maybe not yet published, and the
+liveness keys of the enqueue runs that own them.
+
+Claiming keys and recording what was claimed happen in one Lua script; an entry is cleared
+only after every batch made from it is published, with progress noted after each batch. A run
+that finds entries of a run that is gone publishes them (producer/publisher.py).
+
+Each chunk is up to three fields of the outbox hash: `<run id>:<serial>` (the items, msgpack),
+`...:new` (JSON indices of the items that were newly claimed) and `...:sent` (items published).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import cast
+
+import msgpack
+import redis
+
+from eagle_synth.keys import CampaignKeys
+from eagle_synth.payload import PromptItem, pack_item, unpack_item
+
+# Seconds a producer's liveness key lasts; another run recovers its outbox only after that.
+PRODUCER_TTL = 60
+# Suffixes of a chunk's companion fields: indices of new items, items published so far.
+_NEW = ":new"
+_SENT = ":sent"
+
+# KEYS: enqueued set, outbox hash, counters hash. ARGV: outbox field, chunk blob, counter
+# name ('' for none), then prompt keys. Returns the 0-based indices of keys that were new;
+# records them with the chunk, and adds their number to the counter (e.g. conversations
+# started: counted in the same step as the claim, so a killed run counts each exactly once).
+_CLAIM = """
+local new = {}
+for i = 4, #ARGV do
+  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then new[#new + 1] = i - 4 end
+end
+if #new > 0 then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  redis.call('HSET', KEYS[2], ARGV[1] .. ':new', cjson.encode(new))
+  if ARGV[3] ~= '' then redis.call('HINCRBY', KEYS[3], ARGV[3], #new) end
+end
+return new
+"""
+
+
+def chunk_field(run_id: str, serial: int) -> str:
+    """The outbox field of a run's serial-th chunk (run ids hold no ':')."""
+    return f"{run_id}:{serial}"
+
+
+def _pack_items(items: list[PromptItem]) -> bytes:
+    return msgpack.packb([pack_item(item) for item in items], use_bin_type=True)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """One chunk in the outbox.
+
+    Parameters:
+        field: its outbox field (chunk_field).
+        run_id: the enqueue run that claimed it.
+        sent: how many of its items were published.
+        blob: its items as stored.
+        new: indices of the items that were newly claimed (None: all of them).
+    """
+
+    field: str
+    run_id: str
+    sent: int
+    blob: bytes
+    new: frozenset[int] | None
+
+    def items(self) -> list[PromptItem]:
+        """The items to publish (the newly claimed ones), in claim order."""
+        items = [unpack_item(packed) for packed in msgpack.unpackb(self.blob, raw=False)]
+        if self.new is None:
+            return items
+        return [item for i, item in enumerate(items) if i in self.new]
+
+
+class Outbox:
+    """The producer outbox of one campaign and its enqueue runs' liveness keys.
+
+    Parameters:
+        client: a redis-py client returning bytes (eagle_synth.redis_client.connect).
+        keys: the campaign's key names.
+    """
+
+    def __init__(self, client: redis.Redis, keys: CampaignKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self._claim = client.register_script(_CLAIM)
+
+    def claim(self, field: str, items: list[PromptItem], *, count_as: str | None = None) -> list[bool]:
+        """Add the items' keys to the enqueued set and, if any was new, store the chunk under
+        `field`, all in one step; `count_as` (a counter name) grows by the number of new keys.
+        Returns, per item, whether its key was new."""
+        k = self.keys
+        indices = self._claim(
+            keys=[k.enqueued, k.outbox, k.counters],
+            args=[field, _pack_items(items), count_as or "", *[item.key for item in items]],
+        )
+        new = [False] * len(items)
+        for index in indices:
+            new[int(index)] = True
+        return new
+
+    def stash(self, field: str, items: list[PromptItem]) -> None:
+        """Store a chunk of items already claimed (being queued again)."""
+        self.client.hset(self.keys.outbox, field, _pack_items(items))
+
+    def note_sent(self, field: str, sent: int, *, run_id: str) -> None:
+        """Record that the chunk's first `sent` items are published and that its run is alive,
+        in one round trip (this runs once per published batch)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.keys.producer(run_id), 1, ex=PRODUCER_TTL)
+        pipe.hset(self.keys.outbox, field + _SENT, sent)
+        pipe.execute()
+
+    def clear(self, field: str) -> None:
+        """Every item of the chunk is published: forget it."""
+        self.client.hdel(self.keys.outbox, field, field + _NEW, field + _SENT)
+
+    def entries(self) -> list[OutboxEntry]:
+        """Every chunk in the outbox, whatever run it belongs to."""
+        # Our client returns bytes; redis-py types replies as bytes | str.
+        fields = cast("dict[bytes, bytes]", self.client.hgetall(self.keys.outbox))
+        entries = []
+        for raw_field, blob in fields.items():
+            name = raw_field.decode()
+            if name.endswith((_NEW, _SENT)):
+                continue
+            new_raw = fields.get((name + _NEW).encode())
+            entries.append(
+                OutboxEntry(
+                    field=name,
+                    run_id=name.split(":", 1)[0],
+                    sent=int(fields.get((name + _SENT).encode(), 0)),
+                    blob=blob,
+                    new=None if new_raw is None else frozenset(json.loads(new_raw)),
+                )
+            )
+        return entries
+
+    def heartbeat(self, run_id: str) -> None:
+        """Say this run is alive, so a concurrent enqueue does not republish its chunks."""
+        self.client.set(self.keys.producer(run_id), 1, ex=PRODUCER_TTL)
+
+    def end_run(self, run_id: str) -> None:
+        """The run ended normally: its chunks are cleared and its liveness key can go."""
+        self.client.delete(self.keys.producer(run_id))
+
+    def run_alive(self, run_id: str) -> bool:
+        """True while the run's liveness key lasts (it may still have died: see processes)."""
+        return bool(self.client.exists(self.keys.producer(run_id)))
