@@ -222,6 +222,14 @@ class ConversationStore:
         pipe.hdel(self.keys.followup_owners, BATCH_FIELD_PREFIX + batch)
         pipe.execute()
 
+    @staticmethod
+    def campaigns_with_entries(client, names: list[str]) -> list[str]:
+        """Those of the named campaigns whose outbox holds entries (one round trip)."""
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.hlen(Campaign(client, name).keys.followup_owners)
+        return [name for name, count in zip(names, pipe.execute()) if count]
+
     def owners(self) -> dict[str, str]:
         """Every outbox field and the process holding it."""
         return {text(k): text(v) for k, v in self.client.hgetall(self.keys.followup_owners).items()}

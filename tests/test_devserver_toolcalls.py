@@ -19,8 +19,8 @@ from eagle_synth.devserver.toolcalls import (
     render_calls,
 )
 from eagle_synth.devserver.vocab import ModelVocab
-from eagle_synth.reasoning import split_reasoning
 from eagle_synth.toolcalls import parse_tool_calls
+from tests.answer_text import split_reasoning
 
 TOOLS = [
     {

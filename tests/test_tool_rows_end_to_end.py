@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from eagle_synth.reasoning import split_reasoning
 from eagle_synth.toolcalls import parse_tool_calls
+from tests.answer_text import split_reasoning
 from tests.conftest import write_jsonl
 from tests.helpers import assert_exactly_once, cli, wait_finished
 

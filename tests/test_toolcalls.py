@@ -13,7 +13,6 @@ import json
 import jinja2
 import pytest
 
-from eagle_synth.reasoning import split_reasoning
 from eagle_synth.toolcalls import (
     FORMATS,
     TOOL_FORMATS,
@@ -26,6 +25,7 @@ from eagle_synth.toolcalls import (
 )
 from eagle_synth.toolcalls.pairing import assistant_message
 from eagle_synth.toolcalls.values import convert_value, parameter_schemas, schema_types
+from tests.answer_text import split_reasoning
 from tests.fixture_tokenizer import package_model_dir
 
 TOOLS = [
@@ -420,23 +420,6 @@ def test_parameter_schemas_accept_bare_functions_and_skip_junk():
         "weather": TOOLS[0]["function"]["parameters"]["properties"],
         "bare": {"x": {"type": "integer"}},
     }
-
-
-@pytest.mark.parametrize(
-    ("text", "split"),
-    [
-        ("\nthinking hard\n</think>\n\nThe answer.", ("thinking hard", "The answer.")),
-        ("<think>\nself-opened\n</think>answer", ("self-opened", "answer")),
-        ("no reasoning here ", ("", "no reasoning here")),
-        ("a</think>b</think>c", ("a", "b</think>c")),
-    ],
-)
-def test_split_reasoning(text, split):
-    assert tuple(split_reasoning(text)) == split
-
-
-def test_split_reasoning_other_marker():
-    assert split_reasoning("r</mm:think>c", "</mm:think>", think_start="<mm:think>") == ("r", "c")
 
 
 def test_with_text_arguments_only_touches_object_arguments():

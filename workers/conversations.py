@@ -565,14 +565,8 @@ class FollowUps:
         if now - self._swept_at < SWEEP_INTERVAL:
             return
         self._swept_at = now
-        names = campaign_names(self.client)
-        pipe = self.client.pipeline(transaction=False)
-        for name in names:
-            pipe.hlen(Campaign(self.client, name).keys.followup_owners)
         untracked_now: set[tuple[str, str]] = set()
-        for name, count in zip(names, pipe.execute()):
-            if not count:
-                continue
+        for name in ConversationStore.campaigns_with_entries(self.client, campaign_names(self.client)):
             store = ConversationStore(Campaign(self.client, name))
             by_owner: dict[str, list[str]] = {}
             for entry, owner in store.owners().items():

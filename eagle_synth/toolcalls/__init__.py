@@ -9,7 +9,7 @@ to write), one module per family; detect.py tells the family from the template t
 Parsers take decoded text, not ids: every marker is a special or plain token that decodes to
 itself when the answer is decoded with `skip_special_tokens=False`, and text keeps the parsers
 independent of any tokenizer. Decode with `clean_up_tokenization_spaces=False`, and split off
-the reasoning first (eagle_synth.reasoning.split_reasoning): a call inside `<think>` is not one.
+the reasoning first (eagle_synth.conversation.parse_answer does both): a call inside `<think>` is not one.
 """
 
 from __future__ import annotations
