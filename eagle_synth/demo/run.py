@@ -3,8 +3,9 @@
 A private redis-server, the devserver standing in for SGLang, one real Celery worker, the
 bundled prompt set and a tokenizer trained on the spot; then the campaign's status and one
 record decoded. The campaign regenerates whole conversations on the model's own answers
-(`--history own`), so the record shown is a second turn: its prompt holds the model's own
-first answer. Everything lives under one folder, which is left behind for a look.
+(`--history own`), tool calls included, so the record shown is a later turn: its prompt holds
+the model's own earlier answers (a tool conversation's: its own calls, answered by the
+dataset's tool results). Everything lives under one folder, which is left behind for a look.
 """
 
 from __future__ import annotations
@@ -122,7 +123,13 @@ def run_demo(folder: Path) -> int:
         console.rule(
             f"turn {record.turn} of conversation {(record.conversation or '')[:12]}..., decoded (eagle-synth inspect)"
         )
-        console.print("its prompt holds the model's own earlier answers; the output is this turn's answer")
+        if record.tool_calls is not None:
+            console.print(
+                "its prompt holds the model's own earlier answers, its own tool calls among them, each answered "
+                "by the dataset's tool result; the output is this turn's answer"
+            )
+        else:
+            console.print("its prompt holds the model's own earlier answers; the output is this turn's answer")
         show_record(record, tokenizer_path=tokenizer, console=console)
         console.rule()
         console.print(

@@ -14,11 +14,32 @@ from eagle_synth.devserver.corpus import CORPUS_TEXT
 
 # Vocabulary size of the demo tokenizer (small: it trains in about a second).
 DEMO_VOCAB_SIZE = 4000
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
 
+# ChatML with Hermes-style tools (Qwen2.5/3's layout, condensed): the tool schemas one JSON per
+# line in a `<tools>` block, calls as `<tool_call>` JSON, tool results in a user turn.
 CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}{{- messages[0]['content'] + '\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call these functions:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    '{{- \'\\n</tools>\\n\\nCall one as <tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call><|im_end|>\\n\' -}}'
+    "{%- endif -%}"
     "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' and tools and loop.first -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' -}}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] -%}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') -}}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{{- '\\n<tool_call>\\n{\"name\": ' + (call['function']['name'] | tojson) -}}"
+    "{{- ', \"arguments\": ' + (call['function']['arguments'] | tojson) + '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{%- if enable_thinking is defined and enable_thinking is false -%}"
