@@ -129,6 +129,16 @@ class InflightPool:
         self._loop.call_soon_threadsafe(self._enqueue, job)
         return future
 
+    def submit_many(self, *, prompts: list[tuple[list[int], dict]], timeout: float, tag: str) -> list[Future]:
+        """Queue (ids, sampling) prompts in this order, as `submit` would one by one, with one
+        wake-up of the event loop for all of them; one future per prompt, in the same order."""
+        jobs = [
+            _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=Future()) for ids, sampling in prompts
+        ]
+        if jobs:
+            self._loop.call_soon_threadsafe(self._enqueue_all, jobs)
+        return [job.future for job in jobs]
+
     def routable(self) -> bool:
         """True if some server may take prompts right now."""
         return any(
@@ -197,6 +207,10 @@ class InflightPool:
 
     def _enqueue(self, job: _Job) -> None:
         self._waiting.append(job)
+        self._pump()
+
+    def _enqueue_all(self, jobs: list[_Job]) -> None:
+        self._waiting.extend(jobs)
         self._pump()
 
     def _free_server(self) -> str | None:
