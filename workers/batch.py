@@ -27,7 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,16 +124,56 @@ def server_capacity(state: ServerState | None) -> int | None:
     return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
+class _Inbox:
+    """The resolved futures of one batch, and the wake-ups of its thread.
+
+    Each answer that wakes a thread costs two context switches, a large share of a record's
+    CPU when a server answers at once. So the batch thread is woken only when every future it
+    waits for has resolved, or at once when a request failed (a retry, a resend to another
+    server or a requeue must not wait); answers that went well also wait for the thread's next
+    WAIT_SLICE look, so one that a straggler's batch-mate left waits at most that long.
+    """
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition(threading.Lock())
+        self._arrived: list[Future] = []
+        self._want = 0
+        self._failed = False
+
+    def put(self, future: Future) -> None:
+        """A future's done callback (any thread)."""
+        failed = not future.cancelled() and (future.exception() is not None or future.result().error is not None)
+        with self._ready:
+            self._arrived.append(future)
+            self._failed = self._failed or failed
+            if self._want and (failed or len(self._arrived) >= self._want):
+                self._ready.notify()  # only a waiting thread is told: Condition.notify is not free
+
+    def take(self, *, want: int, timeout: float) -> list[Future]:
+        """Futures resolved since the last call, after waiting up to `timeout` s for `want`
+        of them (or for one whose request failed)."""
+        with self._ready:
+            if not self._failed and len(self._arrived) < want:
+                self._want = want
+                self._ready.wait(timeout)
+                self._want = 0
+            arrived, self._arrived, self._failed = self._arrived, [], False
+        return arrived
+
+
 class _Attempt:
     """The in-flight bookkeeping of one batch run: futures, retries and uncommitted records.
 
     `send_seeds` is False when a healthy server would refuse `sampling_seed` as an unknown key
     (SGLang before it existed): then samples go without their seed, and records say so.
+    Every future sent puts itself in `answered` when it resolves, so the batch thread waits on
+    one inbox (and takes every answer that arrived at once) instead of on each future.
     """
 
     def __init__(self, *, send_seeds: bool = True) -> None:
         self.send_seeds = send_seeds
         self.pending: dict[Future, PromptItem] = {}
+        self.answered = _Inbox()
         self.retries: list[tuple[float, int, PromptItem]] = []  # heap by due time
         self.attempts: Counter[str] = Counter()
         self.records: list[Record] = []
@@ -350,7 +390,10 @@ class BatchRunner:
         vocab = settings.vocab_size
         good = []
         for item in items:
-            bad = next((i for i in item.ids if i < 0 or i >= vocab), None)
+            bad = None
+            # min/max run in C; the culprit is looked for only when there is one.
+            if item.ids and (min(item.ids) < 0 or max(item.ids) >= vocab):
+                bad = next(i for i in item.ids if i < 0 or i >= vocab)
             if not item.ids:
                 self._fail(campaign, payload, item, "empty-prompt", "the prompt has no ids", outcome)
             elif bad is not None:
@@ -461,40 +504,46 @@ class BatchRunner:
         deadline = time.monotonic() + self.task_budget
         timeout = self.config.request_timeout(max_new)
 
-        def send(item: PromptItem) -> None:
+        def send(*sent: PromptItem) -> None:
             remaining = max(1.0, deadline - time.monotonic())
-            future = self.pool.submit(
-                ids=item.ids,
-                sampling=attempt.sampling(payload, item),
+            futures = self.pool.submit_many(
+                prompts=[(item.ids, attempt.sampling(payload, item)) for item in sent],
                 timeout=min(timeout, remaining),
                 tag=campaign.name,
             )
-            attempt.pending[future] = item
+            for future, item in zip(futures, sent, strict=True):
+                attempt.pending[future] = item
+                future.add_done_callback(attempt.answered.put)
 
-        for item in items:
-            send(item)
+        def settle(done: list[Future]) -> None:
+            for future in done:
+                item = attempt.pending.pop(future, None)
+                if item is None:
+                    continue  # withdrawn (cancelled) after a refusal of the sampling parameters
+                self._settle(campaign, payload, settings, item, future.result(), attempt, outcome, send)
+
+        send(*items)
         while attempt.pending or attempt.retries:
             why = self._deadline_passed(deadline)
             if why:
+                settle(attempt.answered.take(want=0, timeout=0))  # answers that arrived are kept
                 raise Requeue(why)
             if lease.lost:
                 raise Requeue(
                     "the batch lease was lost (Redis unreachable, or the batch given to another worker); "
                     "nothing of this attempt is written"
                 )
-            for item in attempt.due_retries():
-                send(item)
+            if due := attempt.due_retries():
+                send(*due)
             wake = WAIT_SLICE
             if attempt.retries:
                 wake = min(wake, max(0.0, attempt.retries[0][0] - time.monotonic()))
             if attempt.pending:
-                done, _ = wait(list(attempt.pending), timeout=wake, return_when=FIRST_COMPLETED)
+                done = attempt.answered.take(want=len(attempt.pending), timeout=wake)
             else:
-                done = set()
+                done = []
                 time.sleep(wake)
-            for future in done:
-                item = attempt.pending.pop(future)
-                self._settle(campaign, payload, settings, item, future.result(), attempt, outcome, send)
+            settle(done)
             if attempt.records and time.monotonic() - attempt.first_uncommitted >= COMMIT_AFTER:
                 self._commit(campaign, payload, folder, attempt, outcome)
 

@@ -3,13 +3,16 @@
 Redis can hold two copies of one batch message: after a broker connection loss Celery
 restores unacked messages while the tasks that held them still run or retry. Without a
 lease both copies would generate and write the same prompts. The holder renews the lease
-from a background thread; if it dies the lease expires within LEASE_TTL, and on the same
-host a dead holder process is recognised at once. A copy of the batch on another thread of
+from a background thread (one per process renews every lease the process holds: a thread
+started and joined per batch costs more CPU than the rest of the lease when servers answer
+quickly); if it dies the lease expires within LEASE_TTL, and on the same host a dead holder
+process is recognised at once. A copy of the batch on another thread of
 the same live process waits (BatchBusy) until the holder is done.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import threading
@@ -19,6 +22,8 @@ import redis
 
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.redis_client import text
+
+log = logging.getLogger("eagle_synth.lease")
 
 # Seconds a lease lives without renewal: how long a batch whose holder died stays blocked.
 LEASE_TTL = float(os.environ.get("EAGLE_SYNTH_LEASE_TTL", "60"))
@@ -47,6 +52,55 @@ return 0
 """
 
 
+class _Renewer:
+    """The process's lease renewal thread: renews each held lease RENEW_EVERY seconds after
+    it was taken or last renewed (RENEW_EVERY is read at each lease's turn, as tests change it).
+    Started with the first lease, and again if it is gone (after a fork)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._leases: dict[BatchLease, float] = {}  # lease -> when it is due
+        self._sleep_until = float("inf")
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: BatchLease) -> None:
+        due = time.monotonic() + RENEW_EVERY
+        with self._lock:
+            self._leases[lease] = due
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="eagle-synth-lease", daemon=True)
+                self._thread.start()
+            elif due < self._sleep_until:
+                self._changed.notify()  # only when it sleeps past the new lease's turn
+
+    def remove(self, lease: BatchLease) -> None:
+        with self._lock:
+            self._leases.pop(lease, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [lease for lease, at in self._leases.items() if at <= now]
+                if not due:
+                    self._sleep_until = min(self._leases.values(), default=now + RENEW_EVERY)
+                    self._changed.wait(self._sleep_until - now)
+                    self._sleep_until = float("inf")
+                    continue
+            for lease in due:
+                try:
+                    lease._renew()
+                except Exception:  # one lease's surprise must not stop the renewal of the others
+                    log.exception("renewing batch lease %s failed", lease.key)
+                with self._lock:
+                    if lease in self._leases:
+                        self._leases[lease] = time.monotonic() + RENEW_EVERY
+
+
+_renewer = _Renewer()
+
+
 class BatchBusy(Exception):
     """Another live batch thread holds this batch; try the message again later."""
 
@@ -66,8 +120,6 @@ class BatchLease:
         self.ttl_ms = int(ttl * 1000)
         # Unique per lease: batch threads of one process must not mistake each other's leases.
         self.holder = holder_id(secrets.token_hex(4))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.took_over = False  # the previous holder died mid-batch: it may have left files
         self._renewed_at = time.monotonic()
         self._refused = False
@@ -82,14 +134,12 @@ class BatchLease:
     def __enter__(self) -> BatchLease:
         if not self._acquire():
             raise BatchBusy(f"batch lease {self.key} is held by {self.client.get(self.key)!r}")
-        self._thread = threading.Thread(target=self._renew_loop, name="eagle-synth-lease", daemon=True)
-        self._thread.start()
+        _renewer.add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        # A renewal still under way when the lease is released finds it gone and does nothing.
+        _renewer.remove(self)
         try:
             self.client.eval(_RELEASE, 1, self.key, self.holder)
         except redis.RedisError:
@@ -108,13 +158,12 @@ class BatchLease:
             return self.took_over
         return False
 
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(RENEW_EVERY):
-            try:
-                renewed = self.client.eval(_RENEW, 1, self.key, self.holder, self.ttl_ms)
-            except redis.RedisError:
-                continue  # Redis away: try again; `lost` turns true if it lasts
-            if renewed:
-                self._renewed_at = time.monotonic()
-            else:
-                self._refused = True
+    def _renew(self) -> None:
+        try:
+            renewed = self.client.eval(_RENEW, 1, self.key, self.holder, self.ttl_ms)
+        except redis.RedisError:
+            return  # Redis away: try again next turn; `lost` turns true if it lasts
+        if renewed:
+            self._renewed_at = time.monotonic()
+        else:
+            self._refused = True

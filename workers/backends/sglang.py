@@ -28,8 +28,9 @@ class SGLangBackend:
     checks: ClassVar[Mapping[str, Check]] = preflight.CHECKS
 
     def translate_sampling(self, sampling: dict) -> dict:
-        unknown = sorted(set(sampling) - SGLANG_SAMPLING_KEYS)
-        if unknown:
+        # Checked on every request: the subset test allocates nothing when all keys are known.
+        if not SGLANG_SAMPLING_KEYS.issuperset(sampling):
+            unknown = sorted(set(sampling) - SGLANG_SAMPLING_KEYS)
             raise UntranslatableSampling(f"sampling keys SGLang does not accept: {unknown}", status=None)
         return sampling
 
