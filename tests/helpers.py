@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -67,26 +68,44 @@ def enqueue_rows(
     max_new_tokens: int = 64,
     **options,
 ):
-    """Enqueue rows with the real producer, in this process (one templating process)."""
+    """Enqueue rows with the real producer, in this process (one templating process).
+
+    The tokenizer folder is loaded once per test process and reused (see loaded_tokenizer):
+    the producer's own loading is what the CLI enqueue tests exercise."""
     from eagle_synth.sampling import SamplingParams
     from producer.enqueue import EnqueueOptions, enqueue
     from tests.conftest import write_jsonl
 
     path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+    enqueue_options = EnqueueOptions(
+        inputs=[str(path)],
+        campaign=name,
+        tokenizer=str(tokenizer),
+        batch_size=batch_size,
+        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
+        processes=1,
+        **options,
+    )
     summary = enqueue(
-        EnqueueOptions(
-            inputs=[str(path)],
-            campaign=name,
-            tokenizer=str(tokenizer),
-            batch_size=batch_size,
-            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
-            processes=1,
-            **options,
-        ),
+        enqueue_options,
         broker=broker_settings(redis_url=redis_url),
+        tokenizer=loaded_tokenizer(
+            enqueue_options.tokenizer,
+            trust_remote_code=enqueue_options.trust_remote_code,
+            chat_template=enqueue_options.chat_template,
+        ),
     )
     assert summary.accounted
     return summary
+
+
+@functools.cache
+def loaded_tokenizer(path: str, *, trust_remote_code: bool, chat_template: str | None):
+    """load_tokenizer(...) once per test process and arguments: a load costs about a second of
+    CPU (Qwen3.5's 248k-token vocabulary), and the producer never changes a loaded tokenizer."""
+    from eagle_synth.templating import load_tokenizer
+
+    return load_tokenizer(path, trust_remote_code=trust_remote_code, chat_template_file=chat_template)
 
 
 def records_by_key(campaign_dir) -> dict:
