@@ -3,6 +3,11 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
+# Tests run in parallel processes, one per core up to 4 (each test starts its own redis-server,
+# devservers and workers on free ports); worksteal keeps every process busy when a long test comes last.
+# `make test PYTEST_PARALLEL=-n0` runs them one at a time.
+PYTEST_PARALLEL ?= -n auto --maxprocesses 4 --dist worksteal
+
 .PHONY: demo test bench redis-server clean
 
 $(BIN)/python:
@@ -27,7 +32,7 @@ test: $(VENV)/.installed redis-server
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 bench: $(VENV)/.installed redis-server
 	$(BIN)/python -m benchmarks

@@ -124,11 +124,36 @@ class RedisServer:
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> RedisServer:
+        """Start it and wait until it listens. On a port it picked itself it tries another one
+        if something else took that port first (parallel test processes pick ports too)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
-        self.port = self.port or free_port()
+        picked = not self.port
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.tls:
+            make_test_certificates(self.workdir)
+        log = self.workdir / "redis.log"
+        for attempt in range(PORT_ATTEMPTS):
+            self.port = free_port() if picked else self.port
+            logged = log.stat().st_size if log.exists() else 0
+            proc = self.proc = subprocess.Popen(
+                self._args(binary), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
+            wait_for(
+                partial(_redis_up, proc, self.port),
+                timeout=START_TIMEOUT,
+                what=f"redis-server on {self.port}",
+            )
+            if proc.poll() is None:
+                return self
+            # The log is appended to across attempts and restarts: read this attempt's lines.
+            said = log.read_bytes()[logged:].decode(errors="replace") if log.exists() else ""
+            if not picked or "Address already in use" not in said or attempt == PORT_ATTEMPTS - 1:
+                raise RuntimeError(f"redis-server exited: {said[-2000:]}")
+        raise AssertionError("unreachable")
+
+    def _args(self, binary: str) -> list[str]:
         args = [
             binary,
             "--port",
@@ -162,25 +187,12 @@ class RedisServer:
                 "--tls-auth-clients",
                 "no",
             ]
-            make_test_certificates(self.workdir)
         if self.password:
             args += ["--requirepass", self.password]
         if self.acl_user:
             name, secret = self.acl_user
             args += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
-        args += list(self.extra_args)
-        proc = self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-        wait_for(
-            lambda: listening(proc.pid, self.port) or proc.poll() is not None,
-            timeout=START_TIMEOUT,
-            what=f"redis-server on {self.port}",
-        )
-        if self.proc.poll() is not None:
-            log = self.workdir / "redis.log"
-            raise RuntimeError(f"redis-server exited: {log.read_text()[-2000:] if log.exists() else ''}")
-        return self
+        return args + list(self.extra_args)
 
     @property
     def url(self) -> str:
@@ -199,6 +211,11 @@ class RedisServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def _redis_up(proc: subprocess.Popen, port: int) -> bool:
+    """True once redis-server `proc` listens on `port`, or has exited (the caller reads its log)."""
+    return listening(proc.pid, port) or proc.poll() is not None
 
 
 def make_test_certificates(folder: Path) -> None:

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 from eagle_synth import counters
 from eagle_synth.campaign import Campaign, CampaignSettings
@@ -326,8 +326,13 @@ def enqueue(
     on_rows: Callable[[EnqueueSummary], None] | None = None,
     on_wait: Callable[[int], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
+    tokenizer: Any = None,
 ) -> EnqueueSummary:
     """Template every row of the inputs and enqueue new prompts; returns the summary.
+
+    `tokenizer` is the tokenizer of `options.tokenizer` already loaded as load_tokenizer
+    would (with options.chat_template applied), for a caller that enqueues several times in
+    one process (tests); None loads it here.
 
     A campaign is registered only once it has a prompt to enqueue: an empty input, or one
     whose every row is skipped, leaves no campaign behind. Raises CampaignMismatch if the
@@ -344,9 +349,10 @@ def enqueue(
             "history 'own' cannot be used with trust_remote_code: workers would run tokenizer "
             "code taken from Redis; use a tokenizer that needs no custom code"
         )
-    tokenizer = load_tokenizer(
-        options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
-    )
+    if tokenizer is None:
+        tokenizer = load_tokenizer(
+            options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
+        )
     warn = on_warning or log.warning
     planner = options.planner(no_tool_format=resolve_tool_format(options, tokenizer)[1])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -53,7 +54,20 @@ def wait_finished(redis_url: str, name: str, *, expected: int, timeout: float = 
 
 
 def status_json(redis_url: str, name: str) -> dict:
+    """`eagle-synth status NAME --json`, run as a user would (a process: about 0.6 s of CPU)."""
     return json.loads(cli("status", name, "--json", "--redis", redis_url).stdout)
+
+
+def status_now(redis_url: str, name: str, *, reap_after: float | None = None) -> dict:
+    """What `status NAME --json` prints (the same campaign_status), read in this process: for
+    polling, where a process per look costs CPU and may miss a state that lasts seconds.
+    `reap_after` stands for the EAGLE_SYNTH_REAP_AFTER a CLI process would be given."""
+    from eagle_synth.stranded import stranded_prompts
+    from eagle_synth.tools.status import campaign_status
+
+    client = connect(broker_settings(redis_url=redis_url))
+    stranded = None if reap_after is None else stranded_prompts(client, reap_after=reap_after)
+    return campaign_status(client, name, stranded=stranded)
 
 
 def enqueue_rows(
@@ -67,26 +81,44 @@ def enqueue_rows(
     max_new_tokens: int = 64,
     **options,
 ):
-    """Enqueue rows with the real producer, in this process (one templating process)."""
+    """Enqueue rows with the real producer, in this process (one templating process).
+
+    The tokenizer folder is loaded once per test process and reused (see loaded_tokenizer):
+    the producer's own loading is what the CLI enqueue tests exercise."""
     from eagle_synth.sampling import SamplingParams
     from producer.enqueue import EnqueueOptions, enqueue
     from tests.conftest import write_jsonl
 
     path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+    enqueue_options = EnqueueOptions(
+        inputs=[str(path)],
+        campaign=name,
+        tokenizer=str(tokenizer),
+        batch_size=batch_size,
+        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
+        processes=1,
+        **options,
+    )
     summary = enqueue(
-        EnqueueOptions(
-            inputs=[str(path)],
-            campaign=name,
-            tokenizer=str(tokenizer),
-            batch_size=batch_size,
-            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
-            processes=1,
-            **options,
-        ),
+        enqueue_options,
         broker=broker_settings(redis_url=redis_url),
+        tokenizer=loaded_tokenizer(
+            enqueue_options.tokenizer,
+            trust_remote_code=enqueue_options.trust_remote_code,
+            chat_template=enqueue_options.chat_template,
+        ),
     )
     assert summary.accounted
     return summary
+
+
+@functools.cache
+def loaded_tokenizer(path: str, *, trust_remote_code: bool, chat_template: str | None):
+    """load_tokenizer(...) once per test process and arguments: a load costs about a second of
+    CPU (Qwen3.5's 248k-token vocabulary), and the producer never changes a loaded tokenizer."""
+    from eagle_synth.templating import load_tokenizer
+
+    return load_tokenizer(path, trust_remote_code=trust_remote_code, chat_template_file=chat_template)
 
 
 def records_by_key(campaign_dir) -> dict:

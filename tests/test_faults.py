@@ -15,6 +15,7 @@ from tests.helpers import (
     devserver_stats,
     enqueue_rows,
     status_json,
+    status_now,
     wait_finished,
 )
 
@@ -55,17 +56,19 @@ def test_server_down_at_start_then_warming_then_up(tmp_path, redis_server, stack
     stack.worker(servers=[url], out=out, redis_url=redis_server.url)
     c = campaign(redis_server.url, "late")
 
-    def state_is(wanted: str):
-        workers = status_json(redis_server.url, "late")["workers"]
+    def state_is(wanted: str, status=status_now):
+        workers = status(redis_server.url, "late")["workers"]
         return workers and workers[0]["state"] == wanted and workers[0]["since"]
 
-    wait_for(lambda: state_is("loading"), timeout=60, interval=0.3, what="status to show the server loading")
+    wait_for(lambda: state_is("loading"), timeout=60, interval=0.1, what="status to show the server loading")
+    assert state_is("loading", status=status_json), "the CLI shows it too (it stays until the server starts)"
     queued_tasks = c.client.llen("eagle-synth")
     assert queued_tasks == 2, "no batch may be taken while the server refuses connections"
 
     if server_api == "sglang":
         stack.devserver("--startup-delay", "2", "--warmup", "3", port=port, wait=False)
-        wait_for(lambda: state_is("warming"), timeout=60, interval=0.2, what="status to show the server warming")
+        # Warming lasts 3 s: looked at in this process, which a loaded machine cannot make miss it.
+        wait_for(lambda: state_is("warming"), timeout=60, interval=0.1, what="status to show the server warming")
         assert c.client.llen("eagle-synth") == 2
     else:
         # vLLM listens only once its model is loaded: from refused connections straight to ready.
@@ -186,11 +189,12 @@ def test_server_dies_mid_campaign_and_comes_back(tmp_path, redis_server, stack, 
     c = campaign(redis_server.url, "dies")
     wait_for(lambda: not first.alive(), timeout=60, what="the server to die")
 
-    def state_is(wanted: str) -> bool:
-        workers = status_json(redis_server.url, "dies")["workers"]
+    def state_is(wanted: str, status=status_now) -> bool:
+        workers = status(redis_server.url, "dies")["workers"]
         return bool(workers) and workers[0]["state"] == wanted
 
-    wait_for(lambda: state_is("loading"), timeout=60, interval=0.3, what="status to show the server down")
+    wait_for(lambda: state_is("loading"), timeout=60, interval=0.1, what="status to show the server down")
+    assert state_is("loading", status=status_json), "the CLI shows it too (it stays until the server is back)"
     assert c.progress().done < 32
     stack.devserver("--token-latency", "0.002", port=port, api=server_api)
     wait_finished(redis_server.url, "dies", expected=32, stack=stack, timeout=120)

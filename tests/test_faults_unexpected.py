@@ -13,6 +13,7 @@ from tests.helpers import (
     devserver_stats,
     enqueue_rows,
     status_json,
+    status_now,
     wait_finished,
 )
 
@@ -31,11 +32,12 @@ def test_unwritable_output_requeues_closes_the_gate_and_resumes_unattended(
     stack.worker(servers=[url], out=out, redis_url=redis_server.url)
     c = campaign(redis_server.url, "disk")
 
-    def gate_closed_for_disk() -> bool:
-        workers = status_json(redis_server.url, "disk")["workers"]
+    def gate_closed_for_disk(status=status_now) -> bool:
+        workers = status(redis_server.url, "disk")["workers"]
         return bool(workers) and bool(workers[0]["disk"]) and not workers[0]["consuming"]
 
-    wait_for(gate_closed_for_disk, timeout=60, interval=0.3, what="the worker to stop for its output folder")
+    wait_for(gate_closed_for_disk, timeout=60, interval=0.1, what="the worker to stop for its output folder")
+    assert gate_closed_for_disk(status=status_json), "the CLI shows it too (it stays until the disk is freed)"
     progress = c.progress()
     assert (progress.done, progress.failed) == (0, 0)
     assert c.client.llen("eagle-synth") >= 1, "the batches went back to the queue"

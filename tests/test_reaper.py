@@ -30,6 +30,7 @@ from tests.helpers import (
     cli,
     devserver_stats,
     enqueue_rows,
+    status_now,
     wait_finished,
 )
 from workers.reaper import Reaper
@@ -90,12 +91,14 @@ def test_dead_worker_batches_come_back_long_before_the_visibility_timeout(
     def status() -> dict:
         return json.loads(cli("status", "reap", "--json", "--redis", redis_server.url, env=REAPER_ENV).stdout)
 
-    shown = wait_for(
-        lambda: (data := status())["stranded"] and data,
+    reap_after = float(REAPER_ENV["EAGLE_SYNTH_REAP_AFTER"])
+    wait_for(
+        lambda: status_now(redis_server.url, "reap", reap_after=reap_after)["stranded"],
         timeout=60,
-        interval=0.5,
+        interval=0.2,
         what="status to show stranded prompts",
     )
+    shown = status()  # the CLI, once they are there: they stay stranded while no worker runs
     pending_in_held = sum(len(set(h.keys) - c.finished_keys(list(h.keys))) for h in held)
     assert shown["stranded"] == pending_in_held
     assert shown["queued"] + shown["inflight"] + shown["stranded"] + shown["done"] + shown["failed"] == 24
