@@ -366,27 +366,3 @@ def next_turn(
         steps=state.steps[1:] if state.steps is not None else None,
     )
     return NextTurn(ids=ids, state=following)
-
-
-def count_tool_calls(
-    tokenizer,
-    state: ConversationState,
-    output_ids: Sequence[int],
-    *,
-    matched: int | str | None,
-    eos_token_ids: Iterable[int],
-    think_close_id: int | None,
-    tool_format: str,
-) -> int:
-    """How many tool calls a turn's answer makes (parsed in the campaign's format; the calls
-    before a fault when a call does not parse): the record's `tool_calls`."""
-    parsed, _ = parse_answer(
-        tokenizer,
-        output_ids,
-        eos_token_ids=eos_token_ids,
-        matched=matched,
-        think_close_id=think_close_id,
-        tool_format=tool_format,
-        tools=state.tools,
-    )
-    return len(parsed.tool_calls)

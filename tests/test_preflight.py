@@ -23,11 +23,13 @@ from eagle_synth.node_state import HEALTHY, REFUSED, NodeState, ServerState
 from eagle_synth.redis_client import connect
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
+from workers.backends.sglang import SGLangBackend
 from workers.client import (
     BadRequest,
     BadSamplingParams,
     ServerFacts,
     SGLangClient,
+    error_for_status,
     is_sampling_error,
 )
 from workers.config import auto_inflight
@@ -507,24 +509,35 @@ def test_fits_context_agrees_with_the_server_at_every_edge(fleet, server):
     assert disagreements == []
 
 
+def generate(url: str, ids: list[int], sampling: dict) -> dict:
+    """POST one prompt to /generate as sent (any sampling keys) and read the reply's status as
+    the in-flight pool reads it (raises its ClientError)."""
+    path = SGLangBackend.path
+    response = requests.post(url + path, json={"input_ids": ids, "sampling_params": sampling}, timeout=TIMEOUT)
+    error = error_for_status(response.status_code, response.content, path=path)
+    if error is not None:
+        raise error
+    return response.json()
+
+
 def test_a_server_that_cuts_the_prompt_gives_a_prompt_mismatch(fleet):
     url = fleet["refused"]  # context 64, --allow-auto-truncate: a 70-token prompt is cut, not refused
     ids = list(range(1000, 1070))
-    item = SGLangClient(url).generate([ids], {"max_new_tokens": 4, "ignore_eos": True}, timeout=TIMEOUT)[0]
+    item = generate(url, ids, {"max_new_tokens": 4, "ignore_eos": True})
     with pytest.raises(PromptMismatch) as caught:
         parse_generate_item(item, vocab_size=VOCAB, prompt_len=len(ids))
     assert caught.value.sent == 70 and caught.value.reported < 70
 
 
 def test_bad_sampling_params_are_told_apart_from_a_bad_prompt(fleet):
-    client = SGLangClient(fleet["plain"])
+    url = fleet["plain"]
     good = SamplingParams(max_new_tokens=4).for_server()
-    assert client.generate([[1000, 1001]], good, timeout=TIMEOUT)  # every key we send is accepted
+    assert generate(url, [1000, 1001], good)["output_ids"]  # every key we send is accepted
     with pytest.raises(BadSamplingParams, match="Unexpected keyword argument 'seed'"):
-        client.generate([[1000, 1001]], {**good, "seed": 3}, timeout=TIMEOUT)
+        generate(url, [1000, 1001], {**good, "seed": 3})
     with pytest.raises(BadSamplingParams, match="top_p"):
-        client.generate([[1000, 1001]], {**good, "top_p": 0.0}, timeout=TIMEOUT)
+        generate(url, [1000, 1001], {**good, "top_p": 0.0})
     with pytest.raises(BadRequest) as caught:
-        client.generate([list(range(1000, 1100))], good, timeout=TIMEOUT)
+        generate(url, list(range(1000, 1100)), good)
     assert not isinstance(caught.value, BadSamplingParams)
     assert "context length" in str(caught.value)

@@ -206,7 +206,7 @@ class FollowUps:
             return
         jobs = [
             {
-                "state": item.conversation,
+                "tools": (item.conversation or {}).get("tools"),
                 "output_ids": record.output_ids,
                 "matched": record.finish_matched,
                 "eos_token_ids": list(settings.eos_token_ids),

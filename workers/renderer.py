@@ -68,21 +68,23 @@ def _render(jobs: list[dict]) -> list[tuple]:
 
 
 def _count_tool_calls(jobs: list[dict]) -> list[int]:
-    """For each job: how many tool calls its answer makes (eagle_synth.conversation.count_tool_calls)."""
-    from eagle_synth.conversation import ConversationState, count_tool_calls
+    """For each job: how many tool calls its answer makes, parsed in the campaign's format (the
+    calls before a fault when one does not parse): the record's `tool_calls`."""
+    from eagle_synth.conversation import parse_answer
 
-    return [
-        count_tool_calls(
+    counts = []
+    for job in jobs:
+        parsed, _ = parse_answer(
             _tokenizer,
-            ConversationState.from_dict(job["state"]),
             job["output_ids"],
-            matched=job["matched"],
             eos_token_ids=job["eos_token_ids"],
+            matched=job["matched"],
             think_close_id=job["think_close_id"],
             tool_format=job["tool_format"],
+            tools=job["tools"],
         )
-        for job in jobs
-    ]
+        counts.append(len(parsed.tool_calls))
+    return counts
 
 
 class RendererMismatch(RuntimeError):
