@@ -1,5 +1,6 @@
 """Conversations with tools on the model's own answers (`--history own`) through the whole path:
-CLI enqueue -> Redis -> a real Celery worker -> devserver over HTTP -> records -> status / failed.
+CLI enqueue -> Redis -> a real Celery worker -> devserver (SGLang's or vLLM's API) over HTTP ->
+records -> status / failed.
 
 The devserver answers a user turn that offers tools with calls to the tools that turn names
 (written in Qwen3.5's format), and tool results with words. Every turn's prompt ids are checked
@@ -201,9 +202,9 @@ def by_conversation(records: dict) -> dict[str, list]:
 
 
 def test_tool_conversations_replay_the_datasets_results_on_the_models_own_calls(
-    tmp_path, redis_server, stack, tokenizer, tokenizer_path
+    tmp_path, redis_server, stack, tokenizer, tokenizer_path, server_api
 ):
-    _, url = stack.devserver("--token-latency", "0.001", "--mean-output-tokens", "12")
+    _, url = stack.devserver("--token-latency", "0.001", "--mean-output-tokens", "12", api=server_api)
     out = tmp_path / "out"
     enqueue(tmp_path, redis_server.url, tokenizer_path, "tools")
     # The same rows parsed as Hermes JSON calls: the model's Qwen3.5 calls do not parse.
@@ -212,6 +213,7 @@ def test_tool_conversations_replay_the_datasets_results_on_the_models_own_calls(
     status = wait_conversations_finished(redis_server.url, "tools", stack=stack)
 
     records = assert_exactly_once(redis_server.url, "tools", out / "tools", expected=status["enqueued"])
+    assert {r.backend for r in records.values()} == {server_api}
     turns = by_conversation(records)
     assert {row: (len(t)) for row, t in turns.items()} == {row: n for row, (_, n) in EXPECTED.items()}
     for row in ROWS:
