@@ -156,36 +156,20 @@ def turn_key(conversation: str, turn: int) -> str:
     return _digest(f"{conversation}|turn|{turn}".encode())
 
 
-def split_turns(messages: Iterable[dict]) -> tuple[list[list[dict]], list[dict]]:
-    """The new messages of each turn, and the messages after the last user turn.
-
-    Assistant and tool messages are dropped (the model's answers replace them); every other
-    message (system, user) stays in order, and a turn closes with each user message.
-    """
-    turns: list[list[dict]] = []
-    current: list[dict] = []
-    for message in messages:
-        if message["role"] in REPLACED_ROLES:
-            continue
-        current.append(message)
-        if message["role"] == "user":
-            turns.append(current)
-            current = []
-    return turns, current
-
-
 def has_tools(messages: Iterable[dict], tools: list[dict] | None) -> bool:
     """Is this row replayed with tools: does it offer tools, or does its history use them?"""
     return bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
 
 
-def split_tool_turns(messages: Sequence[dict]) -> tuple[list[list[dict]], list[dict], list[int]]:
-    """A row with tools as turns: (new messages of each turn, the dataset's step after each
-    turn's point, the points' indexes in `messages`).
+def split_turns(messages: Sequence[dict]) -> tuple[list[list[dict]], list[dict], list[int]]:
+    """A row as turns: (new messages of each turn, the dataset's step after each turn's point,
+    the points' indexes in `messages`).
 
-    Every regeneration point is a turn. A turn's new messages are those after the previous
-    point up to its own, without assistant and tool messages (a step's results come back
-    paired with the model's calls), so a turn that answers tool results has none.
+    Every regeneration point is a turn (in a row without tools: every user message). A turn's
+    new messages are those after the previous point up to its own, without assistant and tool
+    messages: the model's answers replace the dataset's, and a step's results come back paired
+    with the model's calls, so a turn that answers tool results has none. Messages after the
+    last point belong to no turn.
     """
     points = regeneration_points(messages)
     turns, steps = [], []

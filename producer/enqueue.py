@@ -295,7 +295,10 @@ def resolve_tool_format(options: EnqueueOptions, tokenizer) -> tuple[str | None,
         return None, str(exc)
 
 
-def campaign_settings(options: EnqueueOptions, tokenizer, *, max_prompt_tokens: int | None = None) -> CampaignSettings:
+def campaign_settings(
+    options: EnqueueOptions, tokenizer, *, tool_format: str | None, max_prompt_tokens: int | None = None
+) -> CampaignSettings:
+    """The settings a run's options make; `tool_format` from resolve_tool_format."""
     facts = tokenizer_facts(tokenizer)
     return CampaignSettings(
         name=options.campaign,
@@ -314,7 +317,7 @@ def campaign_settings(options: EnqueueOptions, tokenizer, *, max_prompt_tokens: 
         history=options.history,
         max_turns=options.max_turns if options.history == "own" else None,
         variants=[v.to_dict() for v in options.variants],
-        tool_format=resolve_tool_format(options, tokenizer)[0],
+        tool_format=tool_format,
     )
 
 
@@ -354,7 +357,8 @@ def enqueue(
             options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
         )
     warn = on_warning or log.warning
-    planner = options.planner(no_tool_format=resolve_tool_format(options, tokenizer)[1])
+    tool_format, no_tool_format = resolve_tool_format(options, tokenizer)
+    planner = options.planner(no_tool_format=no_tool_format)
 
     publisher = None
     stored = None
@@ -383,7 +387,7 @@ def enqueue(
             count_new_as=counters.CONVERSATIONS if options.history == "own" else None,
         )
     max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
-    settings = campaign_settings(options, tokenizer, max_prompt_tokens=max_prompt_tokens)
+    settings = campaign_settings(options, tokenizer, tool_format=tool_format, max_prompt_tokens=max_prompt_tokens)
     registered = False
     if publisher is not None and stored is not None:
         _register(publisher.campaign, settings, options, tokenizer)  # refuses other settings before templating

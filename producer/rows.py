@@ -186,7 +186,7 @@ def own_history_from_row(
     campaign cannot parse tool calls (None when it can): rows with tools are then refused with
     it. Raises RowError.
     """
-    from eagle_synth.conversation import has_tools, split_tool_turns, split_turns
+    from eagle_synth.conversation import has_tools, split_turns
 
     row_id, messages, fields, tools, positions = _normalized(
         data, source=source, line=line, default_system=default_system
@@ -194,14 +194,13 @@ def own_history_from_row(
     for position in positions:
         if messages[position]["role"] == "user" and not messages[position]["content"].strip():
             raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
+    turns, all_steps, points = split_turns(messages)
     steps = None
     if has_tools(messages, tools):
         if no_tool_format is not None:
             raise RowError(NO_TOOL_FORMAT, "tools" if tools else None, no_tool_format)
-        turns, steps, points = split_tool_turns(messages)
-        _check_steps_replayable(messages, fields, steps, points)
-    else:
-        turns, _trailing = split_turns(dict(m) for m in messages)
+        _check_steps_replayable(messages, fields, all_steps, points)
+        steps = all_steps
     cut = max_turns is not None and len(turns) > max_turns
     if cut:
         turns = turns[:max_turns]

@@ -154,8 +154,9 @@ def test_own_history_rows_keep_system_and_user_turns_only():
             {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": " "}]}, source="f.jsonl", line=2
         )
     assert error.value.field == "messages[1].content"
-    turns, trailing = split_turns([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
-    assert turns == [[{"role": "user", "content": "a"}]] and trailing == []
+    turns, steps, points = split_turns([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+    assert turns == [[{"role": "user", "content": "a"}]] and points == [0]
+    assert steps == [{"calls": [], "results": []}]  # the dataset answered in words
 
 
 def test_keys_are_stable_and_tell_samples_and_turns_apart():

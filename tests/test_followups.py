@@ -24,7 +24,7 @@ from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from eagle_synth.templating import tokenizer_facts
 from eagle_synth.tokenizer_store import store_tokenizer
-from producer.enqueue import EnqueueOptions, campaign_settings
+from producer.enqueue import EnqueueOptions, campaign_settings, resolve_tool_format
 from workers import conversations
 from workers.conversations import FollowUps
 
@@ -44,7 +44,8 @@ def setup(tmp_path, redis_server, tokenizer, tokenizer_path, monkeypatch):
         history="own",
         sampling=SamplingParams(max_new_tokens=32, temperature=0.0),
     )
-    settings = campaign.register(campaign_settings(options, tokenizer))
+    tool_format, _ = resolve_tool_format(options, tokenizer)
+    settings = campaign.register(campaign_settings(options, tokenizer, tool_format=tool_format))
     facts = tokenizer_facts(tokenizer)
     store_tokenizer(client, tokenizer, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash)
     return client, campaign, settings

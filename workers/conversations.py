@@ -196,13 +196,15 @@ class FollowUps:
         """Set `tool_calls` on the records of conversation turns with tools, before they are
         written. Parsing needs the tokenizer, so it runs in the rendering processes while this
         batch thread waits; a pool that breaks is replaced and asked once more."""
+        if settings.tool_format is None:  # not --history own, or no format to parse calls in
+            return
         items = {item.key: item for item in payload.items}
         wanted = [
             (record, items[record.key])
             for record in records
             if record.key in items and (items[record.key].conversation or {}).get("steps") is not None
         ]
-        if not wanted or settings.tool_format is None:
+        if not wanted:
             return
         jobs = [
             {

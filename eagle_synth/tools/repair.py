@@ -250,33 +250,30 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
     scan = scan_campaign(folder)
     healthy: set[str] = set()
     healthy_bytes = 0
-    damaged_shards: set[Path] = set()
-    for path in scan.live:
+
+    def tally(path: Path) -> bool:
+        """Count a file's keys as healthy, or the file as damaged (False); a vanished file is neither."""
+        nonlocal healthy_bytes
         try:
             plan.healthy_records += _read_keys(path, healthy)
-            plan.healthy_files += 1
-            healthy_bytes += path.stat().st_size
+            size = path.stat().st_size
         except RecordFormatError as exc:
             plan.damaged.append(DamagedFile(path=path, error=str(exc), size=path.stat().st_size))
-            if path in scan.shard_sources:
-                damaged_shards.add(path)
+            return False
         except FileNotFoundError:
-            continue
+            return True
+        plan.healthy_files += 1
+        healthy_bytes += size
+        return True
+
+    damaged_shards = {path for path in scan.live if not tally(path) and path in scan.shard_sources}
     # Batch files a damaged shard absorbed but that are still here hold its records again.
     still_listed = {
         name for shard, names in scan.shard_sources.items() if shard not in damaged_shards for name in names
     }
     for path in scan.absorbed:
-        if path.name in still_listed:
-            continue
-        try:
-            plan.healthy_records += _read_keys(path, healthy)
-            plan.healthy_files += 1
-            healthy_bytes += path.stat().st_size
-        except RecordFormatError as exc:
-            plan.damaged.append(DamagedFile(path=path, error=str(exc), size=path.stat().st_size))
-        except FileNotFoundError:
-            continue
+        if path.name not in still_listed:
+            tally(path)
     aside = damaged_dir(folder)
     for path in sorted(aside.glob(f"*{RECORD_SUFFIX}")) if aside.is_dir() else ():
         plan.damaged.append(
