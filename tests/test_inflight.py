@@ -82,18 +82,16 @@ def test_pool_refills_a_freed_ticket_while_a_long_request_runs(stack):
     pool = InflightPool(servers=[url], on_tick=tick, backends={url: SGLangBackend()})
     try:
         wait_for(pool.routable, timeout=10, what="the pool's first routing tick")
-        long = pool.submit(
-            ids=[1, 2, 3], sampling={"max_new_tokens": 300, "ignore_eos": True, "temperature": 0.0}, timeout=60, tag="c"
+        (long,) = pool.submit_many(
+            prompts=[([1, 2, 3], {"max_new_tokens": 300, "ignore_eos": True, "temperature": 0.0})],
+            timeout=60,
+            tag="c",
         )
-        shorts = [
-            pool.submit(
-                ids=[4, 5, i],
-                sampling={"max_new_tokens": 5, "ignore_eos": True, "temperature": 0.0},
-                timeout=60,
-                tag="c",
-            )
-            for i in range(6)
-        ]
+        shorts = pool.submit_many(
+            prompts=[([4, 5, i], {"max_new_tokens": 5, "ignore_eos": True, "temperature": 0.0}) for i in range(6)],
+            timeout=60,
+            tag="c",
+        )
         for future in shorts:
             answer = future.result(timeout=30)
             assert answer.error is None, answer.error
@@ -114,7 +112,8 @@ def test_pool_answers_connection_refused_as_server_down():
     pool = InflightPool(servers=[url], on_tick=lambda counts: {url: 4}, backends={url: SGLangBackend()})
     try:
         wait_for(pool.routable, timeout=10, what="the pool's first routing tick")
-        answer = pool.submit(ids=[1], sampling={"max_new_tokens": 1}, timeout=5, tag="c").result(timeout=10)
+        (future,) = pool.submit_many(prompts=[([1], {"max_new_tokens": 1})], timeout=5, tag="c")
+        answer = future.result(timeout=10)
         assert isinstance(answer.error, ServerDown)
         assert answer.url == url
     finally:

@@ -150,16 +150,10 @@ class InflightPool:
         self._ready.wait()
 
     # ---- thread-safe API ----------------------------------------------------------------
-    def submit(self, *, ids: list[int], sampling: dict, timeout: float, tag: str) -> Future:
-        """Queue one prompt; the future resolves to an Answer once a server replied or failed."""
-        future: Future = Future()
-        job = _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=future)
-        self._loop.call_soon_threadsafe(self._enqueue, job)
-        return future
-
     def submit_many(self, *, prompts: list[tuple[list[int], dict]], timeout: float, tag: str) -> list[Future]:
-        """Queue (ids, sampling) prompts in this order, as `submit` would one by one, with one
-        wake-up of the event loop for all of them; one future per prompt, in the same order."""
+        """Queue (ids, sampling) prompts in this order, with one wake-up of the event loop for all
+        of them; one future per prompt, in the same order, each resolving to an Answer once a
+        server replied or failed."""
         jobs = [
             _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=Future()) for ids, sampling in prompts
         ]
@@ -232,10 +226,6 @@ class InflightPool:
                 self._refused.clear()
                 self._pump()
             await asyncio.sleep(TICK_INTERVAL)
-
-    def _enqueue(self, job: _Job) -> None:
-        self._waiting.append(job)
-        self._pump()
 
     def _enqueue_all(self, jobs: list[_Job]) -> None:
         self._waiting.extend(jobs)
