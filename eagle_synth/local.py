@@ -129,29 +129,25 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
-        picked = not self.port
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.tls:
             make_test_certificates(self.workdir)
         log = self.workdir / "redis.log"
-        for attempt in range(PORT_ATTEMPTS):
-            self.port = free_port() if picked else self.port
+
+        def launch(port: int) -> str | None:
+            self.port = port
             logged = log.stat().st_size if log.exists() else 0
             proc = self.proc = subprocess.Popen(
                 self._args(binary), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
             )
-            wait_for(
-                partial(_redis_up, proc, self.port),
-                timeout=START_TIMEOUT,
-                what=f"redis-server on {self.port}",
-            )
+            wait_for(partial(_redis_up, proc, port), timeout=START_TIMEOUT, what=f"redis-server on {port}")
             if proc.poll() is None:
-                return self
-            # The log is appended to across attempts and restarts: read this attempt's lines.
-            said = log.read_bytes()[logged:].decode(errors="replace") if log.exists() else ""
-            if not picked or "Address already in use" not in said or attempt == PORT_ATTEMPTS - 1:
-                raise RuntimeError(f"redis-server exited: {said[-2000:]}")
-        raise AssertionError("unreachable")
+                return None
+            # The log is appended to across attempts and restarts: this attempt's lines.
+            return log.read_bytes()[logged:].decode(errors="replace")[-2000:] if log.exists() else ""
+
+        start_on_a_port(launch, port=self.port, what="redis-server")
+        return self
 
     def _args(self, binary: str) -> list[str]:
         args = [
@@ -211,6 +207,23 @@ class RedisServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str) -> int:
+    """Run `launch(port)`, or on a port picked here when `port` is 0; returns the port used.
+
+    `launch` returns None once the process is up, else what it said before it exited. A picked
+    port that something else took first (parallel test processes pick ports too) is traded
+    for another, up to PORT_ATTEMPTS times; any other exit raises RuntimeError with its words.
+    """
+    for attempt in range(PORT_ATTEMPTS):
+        chosen = port or free_port()
+        said = launch(chosen)
+        if said is None:
+            return chosen
+        if port or "Address already in use" not in said or attempt == PORT_ATTEMPTS - 1:
+            raise RuntimeError(f"{what} exited:\n{said}")
+    raise AssertionError("unreachable")
 
 
 def _redis_up(proc: subprocess.Popen, port: int) -> bool:
@@ -322,8 +335,10 @@ def start_devserver(
 ) -> tuple[ManagedProcess, str]:
     """Start a devserver; returns (process, base URL). With wait, returns once it listens
     (on a port it picked itself, it tries another one if something else took that port first)."""
-    for attempt in range(PORT_ATTEMPTS):
-        chosen = port or free_port()
+    process: ManagedProcess | None = None
+
+    def launch(chosen: int) -> str | None:
+        nonlocal process
         process = ManagedProcess(
             args=[
                 sys.executable,
@@ -341,12 +356,12 @@ def start_devserver(
             log_path=logdir / f"devserver-{chosen}.log",
         ).start()
         if not wait:
-            break
+            return None
         wait_for(partial(_up, process, chosen), timeout=START_TIMEOUT, what="the devserver")
-        if process.alive():
-            break
-        if port or "Address already in use" not in process.log() or attempt == PORT_ATTEMPTS - 1:
-            raise RuntimeError(f"devserver exited:\n{process.log()}")
+        return None if process.alive() else process.log()
+
+    chosen = start_on_a_port(launch, port=port, what="devserver")
+    assert process is not None
     return process, f"http://127.0.0.1:{chosen}"
 
 
