@@ -228,3 +228,18 @@ def test_cli_inspect_shows_a_record(tmp_path, ids, tokenizer_path):
     assert "record 01aa" in result.output and "[output]" in result.output and "<think>" in result.output
     ambiguous = CliRunner().invoke(app, ["inspect", str(folder), "0", "--tokenizer", str(tokenizer_path)])
     assert ambiguous.exit_code == 2 and "give more characters" in ambiguous.output
+
+
+@pytest.mark.parametrize("command", ["export", "vocab"])
+def test_export_and_vocab_stop_on_a_damaged_file_saying_what_to_do(tmp_path, ids, command):
+    folder = clean_campaign(tmp_path, ids, n=2)
+    bad = write_record_file(folder, campaign="camp", batch="cc", records=[rec(ids, "lost")])
+    bad.write_bytes(bad.read_bytes()[:-12])
+    flags = {
+        "export": ["--out", str(tmp_path / "rows.jsonl")],
+        "vocab": ["--out", str(tmp_path / "v"), "--draft-vocab-size", "8", "--target-vocab-size", str(ids["vocab"])],
+    }[command]
+    result = CliRunner().invoke(app, [command, str(folder), *flags])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert bad.name in said and "to list damaged files" in said

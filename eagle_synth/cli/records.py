@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from eagle_synth.cli.options import RedisOpt, fail, redis_client, warn
 
 if TYPE_CHECKING:
+    from eagle_synth.tools.export_progress import RecordsProgress
     from eagle_synth.tools.filters import ExportFilters
 
 app = typer.Typer()
@@ -90,8 +93,19 @@ def _expected_records(campaign_dir: Path) -> int | None:
         return None
 
 
-def _damaged(exc: Exception, campaign_dir: Path) -> NoReturn:
-    fail(f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest.")
+@contextmanager
+def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
+    """A progress bar over the campaign's records; a damaged file ends the command, saying what to do."""
+    from eagle_synth.records import RecordFormatError
+    from eagle_synth.tools.export_progress import RecordsProgress
+
+    try:
+        with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
+            yield progress
+    except RecordFormatError as exc:
+        fail(
+            f"{exc}\nRun `eagle-synth verify {campaign_dir}` to list damaged files; move them aside to export the rest."
+        )
 
 
 @app.command()
@@ -132,9 +146,7 @@ def export(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
-    from eagle_synth.records import RecordFormatError
     from eagle_synth.tools.export import export_records
-    from eagle_synth.tools.export_progress import RecordsProgress
 
     filters = _filters(
         drop_truncated=drop_truncated,
@@ -146,13 +158,10 @@ def export(
         sample=sample,
         seed=seed,
     )
-    try:
-        with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
-            written = export_records(
-                campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows, progress=progress, turns=turns
-            )
-    except RecordFormatError as exc:
-        _damaged(exc, campaign_dir)
+    with _reading(campaign_dir) as progress:
+        written = export_records(
+            campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows, progress=progress, turns=turns
+        )
     for warning in written.warnings:
         warn(warning)
     if as_json:
@@ -201,8 +210,6 @@ def vocab(
 
     Pass the same filters as the export the drafter trains on; with --split only 'train' is counted.
     """
-    from eagle_synth.records import RecordFormatError
-    from eagle_synth.tools.export_progress import RecordsProgress
     from eagle_synth.tools.vocab import build_vocab
 
     filters = _filters(
@@ -215,18 +222,15 @@ def vocab(
         sample=sample,
         seed=seed,
     )
-    try:
-        with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
-            result = build_vocab(
-                campaign_dir,
-                out,
-                draft_vocab_size=draft_vocab_size,
-                target_vocab_size=target_vocab_size,
-                filters=filters,
-                progress=progress,
-            )
-    except RecordFormatError as exc:
-        _damaged(exc, campaign_dir)
+    with _reading(campaign_dir) as progress:
+        result = build_vocab(
+            campaign_dir,
+            out,
+            draft_vocab_size=draft_vocab_size,
+            target_vocab_size=target_vocab_size,
+            filters=filters,
+            progress=progress,
+        )
     mapping = result.mapping
     summary = {
         "rows": result.rows,
