@@ -330,10 +330,43 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# Mode of a new file before the umask, as open() creates files: with the usual umask 022 that is
+# 0644, so a trainer running as another user can read records, manifests and exports.
+NEW_FILE_MODE = 0o666
+
+
+def _current_umask() -> int:
+    """The process umask, read without changing it (Linux /proc), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def open_temporary(folder: Path, *, prefix: str, suffix: str) -> tuple[int, str]:
+    """mkstemp in `folder`, then given the mode open() would give (0o666 minus the umask) instead of
+    mkstemp's 0600, so the file renamed into place is readable as any other file the user makes."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+    try:
+        os.fchmod(fd, NEW_FILE_MODE & ~_current_umask())
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a file so that it appears whole or not at all, even across a power cut."""
+    """Write a file so that it appears whole or not at all, even across a power cut; its mode
+    honours the umask (0644 by default)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
+    fd, tmp = open_temporary(path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -438,7 +471,7 @@ class ShardWriter:
     ) -> None:
         self.folder = records_dir(campaign_path)
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
+        fd, tmp = open_temporary(self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
         self.tmp = Path(tmp)
         self.records = 0
         self._handle = os.fdopen(fd, "wb")

@@ -65,3 +65,16 @@ def write_campaign(folder: Path, records: list[Record], *, per_file: int = 16) -
 def by_key(folder: Path) -> dict[str, Record]:
     """The campaign's records as iter_records reads them, by key."""
     return {record.key: record for record in iter_records(folder)}
+
+
+def torch_format_stand_in(monkeypatch) -> None:
+    """Let `datasets` apply the torch format a speculators folder's state.json names where torch
+    is not installed: NumPy arrays stand in for tensors (they have the `.tolist()` speculators
+    calls on rows, train/data.py:83 at c05b95b). With torch installed, the real format is used."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        from datasets import formatting
+        from datasets.formatting.np_formatter import NumpyFormatter
+
+        monkeypatch.setitem(formatting._FORMAT_TYPES, "torch", NumpyFormatter)

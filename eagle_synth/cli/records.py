@@ -143,6 +143,27 @@ def export(
     turns: Annotated[
         str, typer.Option(help="--history own campaigns: 'all' turns of each conversation, or only its 'last' one.")
     ] = "all",
+    shard_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--shard-tokens",
+            help="jsonl/parquet/specforge: at most N ids per output file; one SpecForge run per file holds about 44 bytes per id.",
+        ),
+    ] = None,
+    zero_last_loss: Annotated[
+        bool,
+        typer.Option(
+            "--zero-last-loss",
+            help="specforge, EAGLE-3 strategies: loss_mask 0 on each row's last token, which SpecForge trains on a zero target (upstream #885). Not for DFlash.",
+        ),
+    ] = False,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace",
+            help="speculators/hf: replace --out even if it holds files no export wrote (hidden_states/, d2t.npy, vocab files).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
@@ -160,10 +181,21 @@ def export(
     )
     with _reading(campaign_dir) as progress:
         written = export_records(
-            campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows, progress=progress, turns=turns
+            campaign_dir,
+            out,
+            format=format,
+            filters=filters,
+            shard_rows=shard_rows,
+            progress=progress,
+            turns=turns,
+            shard_tokens=shard_tokens,
+            zero_last_loss=zero_last_loss,
+            replace=replace,
         )
     for warning in written.warnings:
         warn(warning)
+    for command in written.commands:
+        typer.echo(command, err=True)
     if as_json:
         print(json.dumps(written.to_dict()))
         return
@@ -174,6 +206,16 @@ def export(
         f"{written.tokens_per_s:,.0f} tokens/s; clipped {written.clipped}; dropped: {dropped}{splits}) "
         f"to {', '.join(str(p) for p in written.paths)}"
     )
+    for split, ratio in written.train_data_ratio.items():
+        if ratio is not None:
+            where = f" for {split}" if split else ""
+            typer.echo(f"speculators{where}: --train-data-ratio {ratio} cuts between conversations")
+    if written.format == "specforge":
+        summary = written.to_dict()
+        typer.echo(
+            f"SpecForge holds about {summary['specforge_memory_bytes'] / 1e9:.2f} GB for the largest file "
+            f"({written.largest_file_tokens} ids); --shard-tokens or --sample make it smaller"
+        )
 
 
 @app.command()
@@ -242,20 +284,24 @@ def vocab(
         "read": result.stats.read,
         "dropped": result.stats.dropped,
         "clipped": result.stats.clipped,
+        "target_vocab_size_source": result.target_vocab_size_source,
         "torch_files": result.torch_files,
         "warnings": result.warnings,
+        "commands": result.commands,
         "paths": [str(p) for p in result.paths],
         "seconds": round(result.seconds, 3),
     }
     for warning in result.warnings:
         warn(warning)
+    for command in result.commands:
+        typer.echo(command, err=True)
     if as_json:
         print(json.dumps(summary))
         return
     typer.echo(
         f"counted {mapping.total} loss tokens in {result.rows} rows; the {len(mapping.d2t)} most frequent "
-        f"of {len(mapping.t2d)} target ids cover {100 * mapping.coverage:.2f}% of them; wrote "
-        f"{', '.join(p.name for p in result.paths)} to {out}"
+        f"of {len(mapping.t2d)} target ids ({result.target_vocab_size_source}) cover "
+        f"{100 * mapping.coverage:.2f}% of them; wrote {', '.join(p.name for p in result.paths)} to {out}"
     )
 
 

@@ -6,6 +6,12 @@ last). Records are streamed once into buckets by a hash of their conversation ke
 bucket a zstd-compressed spill file in a temporary folder, or memory for a small campaign),
 then each bucket is sorted by (conversation, turn) and read back: memory is bounded by one
 bucket, whatever the campaign's size. Records without a conversation come first, as read.
+
+`grouped_records` does the same for every campaign, grouping by the split's conversation key
+(tools/filters.py: the `conversation` field, else row id and sample) and ordering the groups
+by its hash: buckets take consecutive slices of the hash range, so reading them in turn gives
+one global order. A tail split by index (speculators' validation rows) then cuts at most one
+conversation, and takes a random set of conversations, not the last input rows.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import msgpack
 import zstandard
 
 from eagle_synth.records import RawRecord, iter_raw_records, scan_campaign
+from eagle_synth.tools.filters import conversation_hash, conversation_key
 
 # Bytes of records (ids as uint32 plus metadata) a bucket may hold in memory when sorted.
 BUCKET_BYTES = 256 << 20
@@ -103,3 +110,64 @@ def ordered_records(
                     for meta, prompt, output in msgpack.Unpacker(reader, raw=False)
                 ]
             yield from _sorted(records, turns=turns, dropped=dropped)
+
+
+def _group_order(raw: RawRecord) -> tuple:
+    meta = raw.meta
+    return (
+        conversation_hash(meta),
+        conversation_key(meta),
+        int(meta.get("turn", 0)),
+        int(meta.get("sample", 0)),
+        raw.key,
+    )
+
+
+def _in_group_order(records: list[RawRecord], *, turns: str, dropped: Callable[[str], None]) -> Iterator[RawRecord]:
+    records.sort(key=_group_order)
+    for index, raw in enumerate(records):
+        conversation = raw.meta.get("conversation")
+        if turns == "last" and conversation:
+            following = records[index + 1] if index + 1 < len(records) else None
+            if following is not None and following.meta.get("conversation") == conversation:
+                dropped("earlier_turn")
+                continue
+        yield raw
+
+
+def grouped_records(
+    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
+) -> Iterator[RawRecord]:
+    """Every record, each conversation's records together (turn, then sample order), the
+    conversations ordered by the hash of their key; with turns="last" only the last turn of
+    each `--history own` conversation (`dropped("earlier_turn")` for each one left out)."""
+    if turns not in TURNS:
+        raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
+    campaign_path = Path(campaign_path)
+    buckets = _bucket_count(campaign_path)
+    if buckets == 1:
+        yield from _in_group_order(list(iter_raw_records(campaign_path)), turns=turns, dropped=dropped)
+        return
+    with tempfile.TemporaryDirectory(prefix="eagle-synth-export-") as folder:
+        paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
+        packer = msgpack.Packer(use_bin_type=True)
+        with ExitStack() as files:
+            writers = [
+                files.enter_context(
+                    zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(
+                        files.enter_context(open(path, "wb"))
+                    )
+                )
+                for path in paths
+            ]
+            for raw in iter_raw_records(campaign_path):
+                bucket = (conversation_hash(raw.meta) * buckets) >> 64
+                writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
+        for path in paths:
+            with open(path, "rb") as handle:
+                reader = zstandard.ZstdDecompressor().stream_reader(handle)
+                records = [
+                    RawRecord(meta=meta, prompt_u32=prompt, output_u32=output)
+                    for meta, prompt, output in msgpack.Unpacker(reader, raw=False)
+                ]
+            yield from _in_group_order(records, turns=turns, dropped=dropped)

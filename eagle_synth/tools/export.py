@@ -10,6 +10,7 @@ hf (tools/trainer_formats.py). Conventions: docs/records.md, "Export".
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -37,7 +38,7 @@ from eagle_synth.tools.trainer_formats import (
     write_dataset_folder,
 )
 
-__all__ = ["ExportFilters", "ExportResult", "FORMATS", "export_records", "export_rows", "training_row"]
+__all__ = ["ExportFilters", "ExportResult", "FORMATS", "OutputOptions", "export_records", "export_rows", "training_row"]
 
 FORMATS = ("jsonl", "parquet", "specforge", "speculators", "hf")
 # Rows per Parquet row group (and per JSONL write): big enough for fast scans, small enough for flat memory.
@@ -55,6 +56,11 @@ PARQUET_DICTIONARY_COLUMNS = ["finish_reason", "finish_matched", "campaign", "se
 SHARD_DIGITS = 5
 # Columns of a jsonl / parquet / hf row, in order: every Record field (tools/export_rows.py).
 COLUMNS = column_names()
+# Bytes SpecForge holds per pre-tokenized token: it keeps each row as Python lists of ints
+# (data/prompt_builder.py:199-252 at a6b6b02): an 8-byte list slot plus a 28-byte int object per
+# id, an 8-byte slot per mask entry (0 and 1 are shared objects). Measured: 44.0
+# (tests/test_trainer_exports.py::test_specforge_holds_about_44_bytes_per_token).
+SPECFORGE_BYTES_PER_TOKEN = 44
 
 
 @dataclass(slots=True)
@@ -73,6 +79,11 @@ class ExportResult:
         clipped: rows cut to max_length.
         split_rows: rows per split (empty when not splitting).
         warnings: what the user should know (a trainer file that could not be written).
+        commands: without torch, the one-line commands that make the missing torch files.
+        train_data_ratio: speculators: per split name ("" when not splitting), the
+            --train-data-ratio nearest 0.9 whose validation cut falls between conversations.
+        largest_file_tokens: jsonl / parquet / specforge: ids in the largest output file (what
+            one SpecForge run over it holds in memory, times SPECFORGE_BYTES_PER_TOKEN).
         seconds: wall time.
     """
 
@@ -86,6 +97,9 @@ class ExportResult:
     clipped: int = 0
     split_rows: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    train_data_ratio: dict[str, float | None] = field(default_factory=dict)
+    largest_file_tokens: int = 0
     seconds: float = 0.0
 
     @property
@@ -105,6 +119,16 @@ class ExportResult:
             "splits": self.split_rows,
             "paths": [str(p) for p in self.paths],
             "warnings": self.warnings,
+            "commands": self.commands,
+            **({"train_data_ratio": self.train_data_ratio} if self.format == "speculators" else {}),
+            **(
+                {
+                    "largest_file_tokens": self.largest_file_tokens,
+                    "specforge_memory_bytes": self.largest_file_tokens * SPECFORGE_BYTES_PER_TOKEN,
+                }
+                if self.format == "specforge"
+                else {}
+            ),
             "seconds": round(self.seconds, 3),
             "tokens_per_s": round(self.tokens_per_s),
         }
@@ -115,21 +139,26 @@ def training_row(raw: RawRecord) -> dict:
     return json_row(raw)
 
 
-def _source(campaign_path: str | os.PathLike, turns: str, dropped: dict[str, int]) -> Iterator[RawRecord]:
+def _source(
+    campaign_path: str | os.PathLike, turns: str, dropped: dict[str, int], *, grouped: bool = False
+) -> Iterator[RawRecord]:
     """The records to export: in conversation order for `--history own` campaigns (or `turns`
-    "last"); records a `turns` choice leaves out are counted in `dropped`."""
+    "last"); with `grouped` (speculators) every campaign's conversations together, ordered by
+    the hash of their key; records a `turns` choice leaves out are counted in `dropped`."""
     from eagle_synth.records import read_manifest
-    from eagle_synth.tools.conversation_order import ordered_records
+    from eagle_synth.tools.conversation_order import grouped_records, ordered_records
 
     if turns not in ("all", "last"):
         raise UserError(f"turns {turns!r}: use all or last")
-    history = (((read_manifest(campaign_path) or {}).get("settings")) or {}).get("history")
-    if history != "own" and turns == "all":
-        return iter_raw_records(campaign_path)
 
     def count(reason: str) -> None:
         dropped[reason] = dropped.get(reason, 0) + 1
 
+    if grouped:
+        return grouped_records(campaign_path, turns=turns, dropped=count)
+    history = (((read_manifest(campaign_path) or {}).get("settings")) or {}).get("history")
+    if history != "own" and turns == "all":
+        return iter_raw_records(campaign_path)
     return ordered_records(campaign_path, turns=turns, dropped=count)
 
 
@@ -145,13 +174,13 @@ class _Outputs:
     in a folder (the names `datasets.load_dataset` maps to splits by itself).
     """
 
-    def __init__(self, out: Path, *, suffix: str, shard_rows: int | None, split: str | None = None) -> None:
-        self.shard_rows = shard_rows
-        if out.is_dir() and not shard_rows:
+    def __init__(self, out: Path, *, suffix: str, sharded: bool, split: str | None = None) -> None:
+        self.sharded = sharded
+        if out.is_dir() and not sharded:
             raise ExportError(
                 f"--out {out} is a folder: give a file name, or --shard-rows N to write part-00000... files into it"
             )
-        if shard_rows and (out.is_dir() or not out.suffix):
+        if sharded and (out.is_dir() or not out.suffix):
             self.folder, self.stem, self.suffix = out, split or "part", suffix
         else:
             name = out.name
@@ -164,7 +193,7 @@ class _Outputs:
         self.done: list[Path] = []
 
     def path(self, index: int) -> Path:
-        if not self.shard_rows:
+        if not self.sharded:
             return self.single
         return self.folder / f"{self.stem}-{index:0{SHARD_DIGITS}d}{self.suffix}"
 
@@ -179,7 +208,7 @@ class _Outputs:
 
     def remove_stale_shards(self) -> None:
         """Shards of an earlier, larger export to the same name would be read as part of this one."""
-        if not self.shard_rows:
+        if not self.sharded:
             return
         pattern = re.compile(rf"{re.escape(self.stem)}-\d{{{SHARD_DIGITS}}}{re.escape(self.suffix)}")
         for path in self.folder.iterdir():
@@ -195,8 +224,9 @@ class _Outputs:
 class _FileSink:
     """Writes one split's row groups into its numbered files; each appears whole or not at all.
 
-    With no rows, one empty file is written (a Parquet one still carries the schema, so
-    readers find the columns).
+    A file is closed at `shard_rows` rows, or before a row that would take it past
+    `shard_tokens` ids (a longer row gets a file of its own). With no rows, one empty file is
+    written (a Parquet one still carries the schema, so readers find the columns).
     """
 
     def __init__(
@@ -205,26 +235,51 @@ class _FileSink:
         *,
         open_file: Callable[[Path], Any],
         write_group: Callable[[Any, list[RawRecord]], None],
+        shard_rows: int | None = None,
+        shard_tokens: int | None = None,
     ) -> None:
         self.outputs = outputs
         self._open_file = open_file
         self._write_group = write_group
+        self._shard_rows = shard_rows
+        self._shard_tokens = shard_tokens
         self._handle: Any = None
         self._index = 0
         self._in_shard = 0
+        self._tokens_in_shard = 0
+        self.largest_file_tokens = 0
+
+    def _fitting(self, group: list[RawRecord]) -> int:
+        """How many of the group's first rows go into the current file."""
+        room = len(group) if not self._shard_rows else min(len(group), self._shard_rows - self._in_shard)
+        if not self._shard_tokens:
+            return room
+        tokens = self._tokens_in_shard
+        for n, raw in enumerate(group[:room]):
+            tokens += raw.prompt_len + raw.output_len
+            if tokens > self._shard_tokens and (n or self._in_shard):
+                return n
+        return room
 
     def add_group(self, group: list[RawRecord]) -> None:
-        shard_rows = self.outputs.shard_rows
         while group:
-            take = group[: shard_rows - self._in_shard] if shard_rows else group
-            group = group[len(take) :]
+            count = self._fitting(group)
+            if count == 0:
+                self._next_file()
+                continue
+            take, group = group[:count], group[count:]
             if self._handle is None:
                 self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
             self._write_group(self._handle, take)
             self._in_shard += len(take)
-            if shard_rows and self._in_shard >= shard_rows:
-                self._publish()
-                self._index, self._in_shard = self._index + 1, 0
+            self._tokens_in_shard += sum(raw.prompt_len + raw.output_len for raw in take)
+            self.largest_file_tokens = max(self.largest_file_tokens, self._tokens_in_shard)
+            if self._shard_rows and self._in_shard >= self._shard_rows:
+                self._next_file()
+
+    def _next_file(self) -> None:
+        self._publish()
+        self._index, self._in_shard, self._tokens_in_shard = self._index + 1, 0, 0
 
     def _publish(self) -> None:
         self._handle.close()
@@ -269,20 +324,31 @@ def parquet_schema():
     return arrow_schema()
 
 
-def _file_sink(format: str, out: Path, split: str | None, shard_rows: int | None) -> _FileSink:
-    outputs = _Outputs(out, suffix=".parquet" if format == "parquet" else ".jsonl", shard_rows=shard_rows, split=split)
+def _file_sink(format: str, out: Path, split: str | None, options: OutputOptions) -> _FileSink:
+    outputs = _Outputs(
+        out,
+        suffix=".parquet" if format == "parquet" else ".jsonl",
+        sharded=bool(options.shard_rows or options.shard_tokens),
+        split=split,
+    )
+    sharding = {"shard_rows": options.shard_rows, "shard_tokens": options.shard_tokens}
     if format == "parquet":
         schema = parquet_schema()
         return _FileSink(
             outputs,
             open_file=lambda path: _parquet_writer(path, schema),
             write_group=lambda writer, group: writer.write_batch(arrow_batch(group, schema), row_group_size=len(group)),
+            **sharding,
         )
     if format == "specforge":
+        zero_last = options.zero_last_loss
         return _FileSink(
             outputs,
             open_file=lambda path: open(path, "w", encoding="utf-8"),
-            write_group=lambda handle, group: handle.write(specforge_lines(group)),
+            write_group=lambda handle, group: handle.write(
+                specforge_lines(group, zero_last_loss=True) if zero_last else specforge_lines(group)
+            ),
+            **sharding,
         )
     return _FileSink(
         outputs,
@@ -290,22 +356,47 @@ def _file_sink(format: str, out: Path, split: str | None, shard_rows: int | None
         write_group=lambda handle, group: handle.write(
             "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)
         ),
+        **sharding,
     )
 
 
-def _check_options(format: str, out: Path, shard_rows: int | None) -> None:
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """How the output is written (what rows there are is ExportFilters').
+
+    Parameters:
+        shard_rows: rows per output file (None: one file; datasets formats: datasets' default).
+        shard_tokens: jsonl / parquet / specforge: at most this many ids per output file (a
+            longer row gets a file of its own), so one SpecForge run per file stays under a
+            memory budget (SPECFORGE_BYTES_PER_TOKEN each).
+        zero_last_loss: specforge: set each row's last loss_mask entry to 0 (EAGLE-3 online
+            runs before upstream SpecForge #895; not DFlash).
+        replace: speculators / hf: replace an --out folder even if it holds files an export did
+            not write (hidden_states/, d2t.npy, vocab files).
+    """
+
+    shard_rows: int | None = None
+    shard_tokens: int | None = None
+    zero_last_loss: bool = False
+    replace: bool = False
+
+
+def _check_options(format: str, out: Path, options: OutputOptions) -> None:
     if format not in FORMATS:
         raise ExportError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
-    if shard_rows is not None and shard_rows < 1:
+    if options.shard_rows is not None and options.shard_rows < 1:
         raise ExportError("--shard-rows must be at least 1")
-    if format == "specforge":
-        if out.name.endswith(".gz"):
-            raise ExportError("--format specforge: SpecForge opens data.prompts_path as plain text; drop the .gz")
-        if shard_rows:
-            raise ExportError("--format specforge writes one file, as data.prompts_path takes one; drop --shard-rows")
+    if options.shard_tokens is not None and options.shard_tokens < 1:
+        raise ExportError("--shard-tokens must be at least 1")
+    if options.zero_last_loss and format != "specforge":
+        raise ExportError("--zero-last-loss is for --format specforge (SpecForge's EAGLE-3 online target shift)")
+    if format == "specforge" and out.name.endswith(".gz"):
+        raise ExportError("--format specforge: SpecForge opens data.prompts_path as plain text; drop the .gz")
     if format in DATASET_FORMATS:
+        if options.shard_tokens:
+            raise ExportError(f"--shard-tokens is for file formats; --format {format} takes --shard-rows")
         require_datasets(format)
-        check_dataset_out(out)
+        check_dataset_out(out, replace=options.replace)
 
 
 # ----------------------------------------------------------------------------- the export
@@ -368,6 +459,9 @@ def export_rows(
     filters: ExportFilters = ExportFilters(),
     shard_rows: int | None = None,
     cutoff: int | None = None,
+    shard_tokens: int | None = None,
+    zero_last_loss: bool = False,
+    replace: bool = False,
 ) -> ExportResult:
     """Export rows from any stream of records (a generator is read once, lazily).
 
@@ -376,7 +470,13 @@ def export_rows(
     """
     started = time.perf_counter()
     out = Path(out)
-    _check_options(format, out, shard_rows)
+    options = OutputOptions(
+        shard_rows=shard_rows, shard_tokens=shard_tokens, zero_last_loss=zero_last_loss, replace=replace
+    )
+    _check_options(format, out, options)
+    if zero_last_loss:
+        # The zeroed position is not learned: a row needs one more generated id to keep min_loss_tokens.
+        filters = dataclasses.replace(filters, min_loss_tokens=filters.min_loss_tokens + 1)
     result = ExportResult(format=format)
     splits: tuple[str | None, ...] = filters.split_names or (None,)
     stats = SelectionStats()
@@ -394,13 +494,15 @@ def export_rows(
             _fill(staged, records, filters, stats=stats, cutoff=cutoff, result=result)
             for part in staged.values():
                 part.close()
-            result.paths, result.warnings = write_dataset_folder(out, staged, format=format, shard_rows=shard_rows)
+            written = write_dataset_folder(out, staged, format=format, shard_rows=shard_rows)
+            result.paths, result.warnings, result.commands = written.paths, written.warnings, written.commands
+            result.train_data_ratio = {name or "": ratio for name, ratio in written.train_data_ratio.items()}
         finally:
             for part in staged.values():
                 part.close()
             shutil.rmtree(staging, ignore_errors=True)
     else:
-        sinks = {name: _file_sink(format, out, name, shard_rows) for name in splits}
+        sinks = {name: _file_sink(format, out, name, options) for name in splits}
         try:
             _fill(sinks, records, filters, stats=stats, cutoff=cutoff, result=result)
             for sink in sinks.values():
@@ -409,6 +511,9 @@ def export_rows(
             for sink in sinks.values():
                 sink.abort()
             raise
+        result.largest_file_tokens = max(sink.largest_file_tokens for sink in sinks.values())
+    if zero_last_loss:
+        result.loss_tokens -= result.rows
     result.read, result.dropped, result.clipped = stats.read, stats.dropped, stats.clipped
     if filters.splits:
         result.split_rows = {name: result.split_rows.get(name, 0) for name in filters.split_names}
@@ -425,15 +530,18 @@ def export_records(
     shard_rows: int | None = None,
     progress: Progress | None = None,
     turns: str = "all",
+    shard_tokens: int | None = None,
+    zero_last_loss: bool = False,
+    replace: bool = False,
 ) -> ExportResult:
     """Export a campaign's records as training rows; streams, so memory stays flat.
 
     Parameters:
         campaign_path: the campaign folder (OUT/<campaign>).
         out: jsonl / parquet / specforge: output file (`.jsonl`, `.jsonl.gz` or `.parquet`),
-            or with shard_rows a file name to number (`out-00000.parquet`) or a folder
-            (`part-00000.parquet`); with splits each file name gains `-<split>`.
-            speculators / hf: a folder (replaced if it holds an earlier datasets export).
+            or with shard_rows / shard_tokens a file name to number (`out-00000.parquet`) or a
+            folder (`part-00000.parquet`); with splits each file name gains `-<split>`.
+            speculators / hf: a folder (replaced if it holds only an earlier export).
         format: one of FORMATS.
         filters: which records to keep, clipped how, split how.
         shard_rows: rows per output file (None: one file; datasets formats: datasets' default
@@ -441,15 +549,33 @@ def export_records(
         progress: told the phase and the records read as the export goes.
         turns: "all", or "last" for only the last turn of each `--history own` conversation;
             such campaigns are written in conversation order (turns together, in order).
+        shard_tokens, zero_last_loss, replace: OutputOptions'.
     """
     started = time.perf_counter()
-    _check_options(format, Path(out), shard_rows)
+    _check_options(
+        format,
+        Path(out),
+        OutputOptions(shard_rows=shard_rows, shard_tokens=shard_tokens, zero_last_loss=zero_last_loss, replace=replace),
+    )
     cutoff = None
     by_turn: dict[str, int] = {}
     if filters.sample is not None:
-        cutoff = sample_cutoff(reported(_source(campaign_path, turns, {}), progress, "sampling"), filters)
-    records = reported(_source(campaign_path, turns, by_turn), progress, "exporting")
-    result = export_rows(records, out, format=format, filters=filters, shard_rows=shard_rows, cutoff=cutoff)
+        sample_filters = (
+            dataclasses.replace(filters, min_loss_tokens=filters.min_loss_tokens + 1) if zero_last_loss else filters
+        )
+        cutoff = sample_cutoff(reported(_source(campaign_path, turns, {}), progress, "sampling"), sample_filters)
+    records = reported(_source(campaign_path, turns, by_turn, grouped=format == "speculators"), progress, "exporting")
+    result = export_rows(
+        records,
+        out,
+        format=format,
+        filters=filters,
+        shard_rows=shard_rows,
+        cutoff=cutoff,
+        shard_tokens=shard_tokens,
+        zero_last_loss=zero_last_loss,
+        replace=replace,
+    )
     for reason, count in by_turn.items():
         result.dropped[reason] = result.dropped.get(reason, 0) + count
     result.seconds = time.perf_counter() - started

@@ -98,9 +98,14 @@ def _hash64(text: str, person: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8, person=person).digest(), "little")
 
 
+def conversation_hash(meta: dict) -> int:
+    """The 64-bit hash of a record's conversation key that splits (and speculators' row order) use."""
+    return _hash64(conversation_key(meta), _SPLIT_PERSON)
+
+
 def split_of(meta: dict, splits: tuple[tuple[str, float], ...]) -> str:
     """The split a record belongs to: named splits take consecutive slices of [0, 1) in order."""
-    point = _hash64(conversation_key(meta), _SPLIT_PERSON) / _HASH_RANGE
+    point = conversation_hash(meta) / _HASH_RANGE
     edge = 0.0
     for name, fraction in splits:
         edge += fraction

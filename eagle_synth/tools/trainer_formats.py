@@ -4,9 +4,11 @@
   SpecForge's `data.prompts_path` takes as pre-tokenized (it decides from the first row
   having both keys, and opens the file as plain text: no gzip).
 - `speculators`: the folder speculators' `prepare_data` would save (`save_to_disk`): columns
-  `input_ids`, `loss_mask`, `seq_len` plus flat provenance columns, and `token_freq` (id ->
-  count over mask-1 ids) as `token_freq.json`, and `token_freq.pt` with rows in the torch
-  format its trainer reads when torch is importable.
+  `input_ids`, `loss_mask`, `seq_len` plus flat provenance columns, `state.json` naming the
+  torch format its trainer indexes rows in (plain JSON, written without torch), and
+  `token_freq` (id -> count over mask-1 ids) as `token_freq.json` (and `token_freq.pt` when
+  torch is importable). Rows come in conversation order (export.py), so its tail validation
+  split cuts at most one conversation, none with the `train_data_ratio` the export reports.
 - `hf`: a `datasets` folder (a Dataset, or a DatasetDict with splits) of every exported column.
 
 Rows are staged as Arrow IPC streams, built from the ids' bytes (export_rows.arrow_batch), and
@@ -18,20 +20,40 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
+from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from eagle_synth.records import RawRecord
+from eagle_synth.records import RawRecord, atomic_write_bytes
 from eagle_synth.tools.export_rows import Column, arrow_batch, arrow_schema
-from eagle_synth.tools.filters import ExportError
-from eagle_synth.tools.vocab import TokenCounts, torch_module, write_token_freq
+from eagle_synth.tools.filters import ExportError, conversation_key
+from eagle_synth.tools.vocab import TOKEN_FREQ_JSON, TOKEN_FREQ_TORCH, TokenCounts, torch_module, write_token_freq
 
 DATASET_FORMATS = ("speculators", "hf")
 # Files that mark a folder as a saved `datasets` folder, which a new export may replace.
 DATASET_MARKERS = ("state.json", "dataset_dict.json")
+# What an export writes into its folder (and so may replace): datasets' own files, the token
+# frequencies and our summary. Anything else (speculators' hidden_states/ cache, d2t.npy,
+# t2d.npy, `eagle-synth vocab` files, the user's files) is only deleted with --replace.
+EXPORT_SUMMARY = "eagle-synth-export.json"
+EXPORT_FILES = frozenset(
+    {"state.json", "dataset_info.json", "dataset_dict.json", TOKEN_FREQ_JSON, TOKEN_FREQ_TORCH, EXPORT_SUMMARY}
+)
+EXPORT_FILE_PATTERN = re.compile(r"data-\d{5}-of-\d{5}\.arrow")
+# speculators' default --train-data-ratio (train/config/schema.py:213 at c05b95b): the last
+# 10% of rows by index are its validation split.
+SPECULATORS_TRAIN_DATA_RATIO = 0.9
+# Said wherever a speculators folder is replaced.
+HIDDEN_STATES_NOTE = (
+    "speculators caches hidden states as hidden_states/hs_<row index>.safetensors: keyed by row "
+    "index, so a re-export with other rows or filters invalidates them (its trainer then skips "
+    "every row whose cached ids differ)"
+)
 # Provenance columns kept in a speculators folder: flat, one type each, none its loader reads
 # specially (a `messages` column would send rows to vLLM's chat API).
 SPECULATORS_COLUMNS = (
@@ -45,19 +67,27 @@ SPECULATORS_COLUMNS = (
     Column("finish_reason", "string"),
 )
 TORCH_MISSING = (
-    "torch is not importable here: wrote token_freq.json but not token_freq.pt, and the rows "
-    "without the torch format speculators' trainer indexes them in; run this export where torch "
-    "is installed (the training machine) for a drop-in folder"
+    "torch is not importable here: wrote token_freq.json but not token_freq.pt (speculators only "
+    "needs it when d2t.npy and t2d.npy are absent); run the command below where torch is installed "
+    "to make it. The rows load as torch tensors anyway (state.json names the torch format)"
 )
 
 
-def specforge_lines(group: Sequence[RawRecord]) -> str:
-    """The JSONL lines of a row group: input_ids and loss_mask only, so no other key can mislead a reader."""
+def specforge_lines(group: Sequence[RawRecord], *, zero_last_loss: bool = False) -> str:
+    """The JSONL lines of a row group: input_ids and loss_mask only, so no other key can mislead a reader.
+
+    `zero_last_loss` sets the last position's mask to 0: SpecForge's EAGLE-3 step shifts its
+    target left and pads it with zeros without shifting the mask (upstream #885), so a row
+    ending on a mask-1 token (every row here) trains its last position on a zero target.
+    """
     from eagle_synth.ids import unpack_ids
 
     lines = []
     for raw in group:
-        mask = ",".join(["0"] * raw.prompt_len + ["1"] * raw.output_len)
+        flags = ["0"] * raw.prompt_len + ["1"] * raw.output_len
+        if zero_last_loss and flags:
+            flags[-1] = "0"
+        mask = ",".join(flags)
         ids = json.dumps(unpack_ids(raw.prompt_u32 + raw.output_u32), separators=(",", ":"))
         lines.append(f'{{"input_ids":{ids},"loss_mask":[{mask}]}}\n')
     return "".join(lines)
@@ -74,15 +104,50 @@ def require_datasets(format: str) -> None:
         )
 
 
-def check_dataset_out(out: Path) -> None:
-    """Refuse an --out folder that holds something other than an earlier datasets export."""
+def _foreign_entries(folder: Path) -> list[str]:
+    """Entries of `folder` an export did not write (split folders are looked into)."""
+    foreign = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir() and (entry / "state.json").is_file():
+            foreign += [f"{entry.name}/{name}" for name in _foreign_entries(entry)]
+        elif not entry.is_file() or not (entry.name in EXPORT_FILES or EXPORT_FILE_PATTERN.fullmatch(entry.name)):
+            foreign.append(entry.name + ("/" if entry.is_dir() else ""))
+    return foreign
+
+
+def check_dataset_out(out: Path, *, replace: bool = False) -> None:
+    """Refuse an --out folder holding anything an export did not write, unless `replace`."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file: give a folder for a datasets export")
-    if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in DATASET_MARKERS):
+    if replace or not out.is_dir() or not any(out.iterdir()):
+        return
+    if not any((out / name).exists() for name in DATASET_MARKERS):
         raise ExportError(
             f"--out {out} is a folder with other files in it; give a new or empty folder "
-            "(an earlier datasets export there is replaced)"
+            "(an earlier datasets export there is replaced), or --replace to delete them"
         )
+    foreign = _foreign_entries(out)
+    if foreign:
+        shown = ", ".join(foreign[:6]) + (f" and {len(foreign) - 6} more" if len(foreign) > 6 else "")
+        raise ExportError(
+            f"--out {out} holds files this export did not write ({shown}); --replace deletes them "
+            f"with the earlier export. {HIDDEN_STATES_NOTE}; d2t.npy/t2d.npy and the vocab files "
+            "must be made again from the new rows"
+        )
+
+
+def train_data_ratio(
+    rows: int, boundaries: Sequence[int], *, near: float = SPECULATORS_TRAIN_DATA_RATIO
+) -> float | None:
+    """The --train-data-ratio nearest to `near` whose cut (speculators' int(rows * ratio),
+    train/data.py:171 at c05b95b) falls between two conversations; None without such a cut."""
+    inside = [b for b in boundaries if 0 < b < rows]
+    if not inside:
+        return None
+    cut = min(inside, key=lambda b: (abs(b - near * rows), b))
+    ratio = round((cut + 0.5) / rows, 9)
+    assert int(rows * ratio) == cut
+    return ratio
 
 
 class StagedSplit:
@@ -101,6 +166,10 @@ class StagedSplit:
         self.selected = selected
         self.schema = arrow_schema(selected)
         self.counts = TokenCounts() if count_tokens else None
+        self.rows = 0
+        # Row indexes where a new conversation starts (8 bytes each): where a tail split can cut.
+        self.boundaries = array("q")
+        self._last_conversation: str | None = None
         self._file: IO[bytes] = open(path, "wb")
         self._writer = pa.ipc.new_stream(self._file, self.schema)
         self._open = True
@@ -109,6 +178,12 @@ class StagedSplit:
         self._writer.write_batch(arrow_batch(group, self.schema, self.selected))
         if self.counts is not None:
             self.counts.add_rows(group)
+        for raw in group:
+            conversation = conversation_key(raw.meta)
+            if conversation != self._last_conversation:
+                self.boundaries.append(self.rows)
+                self._last_conversation = conversation
+            self.rows += 1
 
     def close(self) -> None:
         if self._open:
@@ -129,10 +204,50 @@ def _save(dataset: Any, folder: Path, shard_rows: int | None) -> None:
     dataset.save_to_disk(str(folder), num_shards=_shards(dataset.num_rows, shard_rows))
 
 
+@dataclass(slots=True)
+class WrittenFolder:
+    """What write_dataset_folder wrote.
+
+    Parameters:
+        paths: the dataset folders, one per split.
+        warnings: what the user should know (a trainer file that could not be written).
+        commands: without torch, the one-line commands that make the missing torch files.
+        train_data_ratio: speculators, per split (None when not splitting): the
+            --train-data-ratio nearest 0.9 whose validation cut falls between conversations.
+    """
+
+    paths: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    train_data_ratio: dict[str | None, float | None] = field(default_factory=dict)
+
+
+def mark_torch_format(folder: Path) -> None:
+    """Name the torch format in a saved dataset's state.json, as `with_format("torch")` before
+    save_to_disk would: load_from_disk applies it (datasets' Dataset.load_from_disk reads
+    `_format_type`, `_format_kwargs`, `_format_columns`, `_output_all_columns`), so rows come
+    back as tensors wherever torch is installed. It is JSON: no torch is needed to write it."""
+    path = folder / "state.json"
+    state = json.loads(path.read_text())
+    state.update({"_format_type": "torch", "_format_kwargs": {}, "_format_columns": None, "_output_all_columns": False})
+    atomic_write_bytes(path, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _write_summary(folder: Path, *, rows: int, ratio: float | None) -> None:
+    summary = {
+        "format": "speculators",
+        "rows": rows,
+        "row_order": "conversations together, ordered by a hash of the conversation key",
+        "train_data_ratio": ratio,
+        "hidden_states": HIDDEN_STATES_NOTE,
+    }
+    atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
+
+
 def write_dataset_folder(
     out: Path, staged: dict[str | None, StagedSplit], *, format: str, shard_rows: int | None
-) -> tuple[list[Path], list[str]]:
-    """Write the datasets folder from staged splits; returns (paths written, warnings).
+) -> WrittenFolder:
+    """Write the datasets folder from staged splits.
 
     The folder is built under a dot name next to `out` and renamed into place, so an
     interrupted export leaves the earlier one (or nothing), never half a folder.
@@ -140,7 +255,7 @@ def write_dataset_folder(
     from datasets import Dataset, DatasetDict
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    warnings: list[str] = []
+    written = WrittenFolder(paths=[out if name is None else out / name for name in staged])
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     quiet = are_progress_bars_disabled()
     disable_progress_bars()  # our own progress line is the one shown
@@ -154,17 +269,20 @@ def write_dataset_folder(
                     str(tmp), num_shards={name: _shards(d.num_rows, shard_rows) for name, d in loaded.items()}
                 )
         else:
-            torch = torch_module()
-            if torch is None:
-                warnings.append(TORCH_MISSING)
+            if torch_module() is None:
+                written.warnings.append(TORCH_MISSING)
             for name, dataset in loaded.items():
                 folder = tmp if name is None else tmp / name
-                if torch is not None:
-                    dataset = dataset.with_format("torch")
                 _save(dataset, folder, shard_rows)
-                counts = staged[name].counts
-                assert counts is not None
-                write_token_freq(folder, counts)
+                mark_torch_format(folder)
+                part = staged[name]
+                assert part.counts is not None
+                _, commands = write_token_freq(folder, part.counts)
+                final = out if name is None else out / name
+                written.commands += [c.replace(str(folder.resolve()), str(final.resolve())) for c in commands]
+                ratio = train_data_ratio(part.rows, part.boundaries)
+                written.train_data_ratio[name] = ratio
+                _write_summary(folder, rows=part.rows, ratio=ratio)
         del loaded  # unmaps the staging files before they are deleted
         _replace_folder(tmp, out)
     except BaseException:
@@ -173,7 +291,7 @@ def write_dataset_folder(
     finally:
         if not quiet:
             enable_progress_bars()
-    return [out if name is None else out / name for name in staged], warnings
+    return written
 
 
 def _replace_folder(new: Path, out: Path) -> None:

@@ -11,7 +11,10 @@ count first, then lower id; with fewer than N distinct ids counted, the lowest u
 fill the rest (count 0). This is speculators' rule exactly; SpecForge breaks ties between
 equal counts in the order it first met the ids, so the two can differ only among ids tied at
 the cut. Written as .npy (speculators' `d2t.npy` / `t2d.npy`), JSON, and, when torch is
-importable, SpecForge's `vocab_mapping.pt` and speculators' `token_freq.pt`. docs/records.md.
+importable, SpecForge's `vocab_mapping.pt`, ModelOpt's `d2t.pt` and speculators' `token_freq.pt`;
+without torch, the one-line command that makes them on the training machine (a hand-written
+torch zip would depend on torch's pickle globals and archive layout, which torch does not
+promise, so it is not attempted). docs/records.md.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import importlib.util
 import io
 import json
 import os
+import shlex
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -52,10 +56,12 @@ TOKEN_FREQ_TORCH = "token_freq.pt"  # speculators: {data-path}/token_freq.pt, a 
 D2T_NPY, T2D_NPY = "d2t.npy", "t2d.npy"  # speculators: {data-path}/d2t.npy and t2d.npy
 VOCAB_MAPPING_JSON = "vocab_mapping.json"
 VOCAB_MAPPING_TORCH = "vocab_mapping.pt"  # SpecForge: model.vocab_mapping_path, {"d2t", "t2d"} tensors
+MODELOPT_D2T_TORCH = "d2t.pt"  # ModelOpt: data.draft_vocab_cache, the int64 d2t tensor alone
 # What the user is told when torch is missing.
 TORCH_MISSING = (
-    "torch is not importable here: wrote the .npy and JSON files, not token_freq.pt and "
-    "vocab_mapping.pt (SpecForge's model.vocab_mapping_path); run where torch is installed for them"
+    "torch is not importable here: wrote the .npy and JSON files, not token_freq.pt, "
+    "vocab_mapping.pt (SpecForge's model.vocab_mapping_path) and d2t.pt (ModelOpt's "
+    "data.draft_vocab_cache); run the commands below where torch is installed to make them"
 )
 # Where the target model's vocabulary size is read when --target-vocab-size is not given.
 MODEL_CONFIG_NAME = "config.json"
@@ -161,8 +167,43 @@ def build_vocab_mapping(counts: np.ndarray, *, draft_vocab_size: int, target_voc
     return VocabMapping(d2t=d2t, t2d=t2d, covered=int(full[chosen].sum()), total=int(full.sum()))
 
 
-def target_vocab_size_of(campaign_path: str | os.PathLike) -> int:
-    """The target model's vocab_size from config.json in the campaign's tokenizer folder.
+@dataclass(frozen=True, slots=True)
+class TargetVocabSize:
+    """The target vocabulary size, as each trainer reads it from the model's config.json.
+
+    Parameters:
+        size: the size t2d is built with.
+        source: where it was read (`config.json text_config.vocab_size`, `--target-vocab-size`).
+    """
+
+    size: int
+    source: str
+
+
+def _config_value(config: dict, name: str) -> int | None:
+    value = config.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
+    """{trainer: (size, where it is read)} as each trainer reads config.json.
+
+    SpecForge (modeling/target/target_utils.py:66-74 at a6b6b02): text_config if the config has
+    one, else the config; then its padded_vocab_size, else its vocab_size. speculators
+    (train/vocab_mapping.py:121-125 and models/utils.py:28-29 at c05b95b): text_config if
+    present, else the config; then its vocab_size.
+    """
+    text = config.get("text_config")
+    section, prefix = (text, "text_config.") if isinstance(text, dict) else (config, "")
+    padded = _config_value(section, "padded_vocab_size")
+    plain = _config_value(section, "vocab_size")
+    specforge = (padded, f"{prefix}padded_vocab_size") if padded else (plain, f"{prefix}vocab_size")
+    return {"SpecForge": specforge, "speculators": (plain, f"{prefix}vocab_size")}
+
+
+def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
+    """The target model's vocabulary size from config.json in the campaign's tokenizer folder,
+    read the way both trainers read it; refused when they would read different sizes.
 
     t2d must have one entry per row of the target's lm_head, which can be more than the
     tokenizer's length (padded vocabularies), so the tokenizer length is not used.
@@ -177,12 +218,23 @@ def target_vocab_size_of(campaign_path: str | os.PathLike) -> int:
         )
     try:
         config = json.loads(config_path.read_text())
-        size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
-    except (OSError, ValueError, AttributeError) as exc:
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
         raise VocabError(f"{config_path}: cannot read vocab_size ({exc}); pass --target-vocab-size") from exc
-    if not isinstance(size, int) or size < 1:
+    sizes = trainer_vocab_sizes(config)
+    found = {trainer: read for trainer, read in sizes.items() if read[0] is not None}
+    if not found:
         raise VocabError(f"{config_path} has no vocab_size; pass --target-vocab-size")
-    return size
+    if len({size for size, _ in found.values()}) > 1 or len(found) < len(sizes):
+        said = "; ".join(f"{trainer} reads {where} = {size}" for trainer, (size, where) in sizes.items())
+        raise VocabError(
+            f"{config_path}: the trainers read different target vocabulary sizes ({said}), so one "
+            "mapping cannot load in both; pass --target-vocab-size with the size of the trainer you use"
+        )
+    size, where = next(iter(found.values()))
+    assert size is not None
+    return TargetVocabSize(size=size, source=f"{config_path} {where}")
 
 
 # ----------------------------------------------------------------------------- files
@@ -200,20 +252,48 @@ def _torch_bytes(torch: Any, obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def write_token_freq(folder: Path, counts: TokenCounts) -> list[Path]:
-    """token_freq.json ({"id": count}) always; token_freq.pt ({id: count}, speculators') with torch."""
+def _python_command(code: str) -> str:
+    """A one-line shell command running `code` with the training machine's python."""
+    return f"python -c {shlex.quote(code)}"
+
+
+def token_freq_torch_command(folder: Path) -> str:
+    """The command that makes token_freq.pt from token_freq.json where torch is installed."""
+    source, target = str((folder / TOKEN_FREQ_JSON).resolve()), str((folder / TOKEN_FREQ_TORCH).resolve())
+    return _python_command(
+        f"import json, torch; torch.save({{int(k): v for k, v in json.load(open({source!r})).items()}}, {target!r})"
+    )
+
+
+def vocab_torch_command(folder: Path) -> str:
+    """The command that makes SpecForge's vocab_mapping.pt and ModelOpt's d2t.pt from the .npy files."""
+    d2t, t2d = str((folder / D2T_NPY).resolve()), str((folder / T2D_NPY).resolve())
+    mapping, modelopt = str((folder / VOCAB_MAPPING_TORCH).resolve()), str((folder / MODELOPT_D2T_TORCH).resolve())
+    return _python_command(
+        f"import numpy as np, torch; d2t = torch.from_numpy(np.load({d2t!r})); "
+        f"torch.save({{'d2t': d2t, 't2d': torch.from_numpy(np.load({t2d!r}))}}, {mapping!r}); "
+        f"torch.save(d2t, {modelopt!r})"
+    )
+
+
+def write_token_freq(folder: Path, counts: TokenCounts) -> tuple[list[Path], list[str]]:
+    """token_freq.json ({"id": count}) always; token_freq.pt ({id: count}, speculators') with
+    torch. Returns (paths written, the command that makes token_freq.pt when torch is absent)."""
     freq = counts.as_dict()
     paths = [folder / TOKEN_FREQ_JSON]
     atomic_write_bytes(paths[0], json.dumps({str(k): v for k, v in freq.items()}, separators=(",", ":")).encode())
     torch = torch_module()
-    if torch is not None:
-        paths.append(folder / TOKEN_FREQ_TORCH)
-        atomic_write_bytes(paths[-1], _torch_bytes(torch, freq))
-    return paths
+    if torch is None:
+        return paths, [token_freq_torch_command(folder)]
+    paths.append(folder / TOKEN_FREQ_TORCH)
+    atomic_write_bytes(paths[-1], _torch_bytes(torch, freq))
+    return paths, []
 
 
-def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> list[Path]:
-    """d2t.npy, t2d.npy and vocab_mapping.json always; vocab_mapping.pt (SpecForge's) with torch."""
+def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path], list[str]]:
+    """d2t.npy, t2d.npy and vocab_mapping.json always; with torch, SpecForge's vocab_mapping.pt
+    ({"d2t", "t2d"} tensors) and ModelOpt's d2t.pt (the int64 d2t tensor alone). Returns (paths
+    written, the command that makes the .pt files when torch is absent)."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / D2T_NPY, folder / T2D_NPY, folder / VOCAB_MAPPING_JSON]
     atomic_write_bytes(paths[0], _npy_bytes(mapping.d2t))
@@ -230,11 +310,15 @@ def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> list[Path]:
     }
     atomic_write_bytes(paths[2], json.dumps(summary, separators=(",", ":")).encode())
     torch = torch_module()
-    if torch is not None:
-        paths.append(folder / VOCAB_MAPPING_TORCH)
-        tensors = {"d2t": torch.from_numpy(mapping.d2t.copy()), "t2d": torch.from_numpy(mapping.t2d.copy())}
-        atomic_write_bytes(paths[-1], _torch_bytes(torch, tensors))
-    return paths
+    if torch is None:
+        return paths, [vocab_torch_command(folder)]
+    d2t = torch.from_numpy(mapping.d2t.copy())
+    tensors = {"d2t": d2t, "t2d": torch.from_numpy(mapping.t2d.copy())}
+    paths.append(folder / VOCAB_MAPPING_TORCH)
+    atomic_write_bytes(paths[-1], _torch_bytes(torch, tensors))
+    paths.append(folder / MODELOPT_D2T_TORCH)
+    atomic_write_bytes(paths[-1], _torch_bytes(torch, d2t))
+    return paths, []
 
 
 # ----------------------------------------------------------------------------- the command
@@ -251,6 +335,9 @@ class VocabResult:
         paths: files written.
         torch_files: whether the torch files were written (torch importable).
         warnings: what the user should know (a trainer file that could not be written).
+        commands: without torch, the one-line commands that make the .pt files on a machine
+            with torch (paths filled in).
+        target_vocab_size_source: where the target vocabulary size was read.
         seconds: wall time.
     """
 
@@ -260,6 +347,8 @@ class VocabResult:
     paths: list[Path] = field(default_factory=list)
     torch_files: bool = False
     warnings: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    target_vocab_size_source: str = ""
     seconds: float = 0.0
 
 
@@ -304,7 +393,10 @@ def build_vocab(
     """
     started = time.perf_counter()
     if target_vocab_size is None:
-        target_vocab_size = target_vocab_size_of(campaign_path)
+        read = target_vocab_size_of(campaign_path)
+        target_vocab_size, size_source = read.size, read.source
+    else:
+        size_source = "--target-vocab-size"
     check_sizes(draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
     cutoff = None
     if filters.sample is not None:
@@ -316,14 +408,17 @@ def build_vocab(
     mapping = build_vocab_mapping(counts.counts, draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = write_token_freq(folder, counts) + write_vocab_mapping(folder, mapping)
+    freq_paths, freq_commands = write_token_freq(folder, counts)
+    vocab_paths, vocab_commands = write_vocab_mapping(folder, mapping)
     torch_files = torch_module() is not None
     return VocabResult(
         mapping=mapping,
         rows=rows,
         stats=stats,
-        paths=paths,
+        paths=freq_paths + vocab_paths,
         torch_files=torch_files,
         warnings=[] if torch_files else [TORCH_MISSING],
+        commands=freq_commands + vocab_commands,
+        target_vocab_size_source=size_source,
         seconds=time.perf_counter() - started,
     )
