@@ -232,9 +232,10 @@ def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
             f"{config_path}: the trainers read different target vocabulary sizes ({said}), so one "
             "mapping cannot load in both; pass --target-vocab-size with the size of the trainer you use"
         )
-    size, where = next(iter(found.values()))
+    size = next(iter(found.values()))[0]
     assert size is not None
-    return TargetVocabSize(size=size, source=f"{config_path} {where}")
+    keys = " and ".join(sorted({where for _, where in found.values()}))
+    return TargetVocabSize(size=size, source=f"{config_path} {keys}")
 
 
 # ----------------------------------------------------------------------------- files
