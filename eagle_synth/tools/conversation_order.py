@@ -64,23 +64,23 @@ def _sorted(records: list[RawRecord], *, turns: str, dropped: Callable[[str], No
         yield raw
 
 
-def ordered_records(
-    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
+def _through_buckets(
+    campaign_path: Path,
+    buckets: int,
+    bucket_of: Callable[[RawRecord], int | None],
+    order: Callable[[list[RawRecord]], Iterator[RawRecord]],
 ) -> Iterator[RawRecord]:
-    """Every record, conversations' turns together and in order; with turns="last" only each
-    conversation's last turn (`dropped("earlier_turn")` is called for each one left out)."""
-    if turns not in TURNS:
-        raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
-    campaign_path = Path(campaign_path)
-    buckets = _bucket_count(campaign_path)
+    """The campaign's records: those `bucket_of` gives None first, as read; the others held by
+    bucket (in memory for one bucket, else in zstd spill files), then each bucket, in bucket
+    order, through `order`."""
     if buckets == 1:
         held: list[RawRecord] = []
         for raw in iter_raw_records(campaign_path):
-            if raw.meta.get("conversation"):
-                held.append(raw)
-            else:
+            if bucket_of(raw) is None:
                 yield raw
-        yield from _sorted(held, turns=turns, dropped=dropped)
+            else:
+                held.append(raw)
+        yield from order(held)
         return
     with tempfile.TemporaryDirectory(prefix="eagle-synth-export-") as folder:
         paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
@@ -95,13 +95,11 @@ def ordered_records(
                 for path in paths
             ]
             for raw in iter_raw_records(campaign_path):
-                conversation = raw.meta.get("conversation")
-                if not conversation:
+                bucket = bucket_of(raw)
+                if bucket is None:
                     yield raw
                     continue
-                writers[_bucket_of(conversation, buckets)].write(
-                    packer.pack([raw.meta, raw.prompt_u32, raw.output_u32])
-                )
+                writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
         for path in paths:
             with open(path, "rb") as handle:
                 reader = zstandard.ZstdDecompressor().stream_reader(handle)
@@ -109,7 +107,26 @@ def ordered_records(
                     RawRecord(meta=meta, prompt_u32=prompt, output_u32=output)
                     for meta, prompt, output in msgpack.Unpacker(reader, raw=False)
                 ]
-            yield from _sorted(records, turns=turns, dropped=dropped)
+            yield from order(records)
+
+
+def ordered_records(
+    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
+) -> Iterator[RawRecord]:
+    """Every record, conversations' turns together and in order; with turns="last" only each
+    conversation's last turn (`dropped("earlier_turn")` is called for each one left out)."""
+    if turns not in TURNS:
+        raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
+    campaign_path = Path(campaign_path)
+    buckets = _bucket_count(campaign_path)
+
+    def bucket_of(raw: RawRecord) -> int | None:
+        conversation = raw.meta.get("conversation")
+        return _bucket_of(conversation, buckets) if conversation else None
+
+    yield from _through_buckets(
+        campaign_path, buckets, bucket_of, lambda records: _sorted(records, turns=turns, dropped=dropped)
+    )
 
 
 def _group_order(raw: RawRecord) -> tuple:
@@ -145,29 +162,11 @@ def grouped_records(
         raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
     campaign_path = Path(campaign_path)
     buckets = _bucket_count(campaign_path)
-    if buckets == 1:
-        yield from _in_group_order(list(iter_raw_records(campaign_path)), turns=turns, dropped=dropped)
-        return
-    with tempfile.TemporaryDirectory(prefix="eagle-synth-export-") as folder:
-        paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
-        packer = msgpack.Packer(use_bin_type=True)
-        with ExitStack() as files:
-            writers = [
-                files.enter_context(
-                    zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(
-                        files.enter_context(open(path, "wb"))
-                    )
-                )
-                for path in paths
-            ]
-            for raw in iter_raw_records(campaign_path):
-                bucket = (conversation_hash(raw.meta) * buckets) >> 64
-                writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
-        for path in paths:
-            with open(path, "rb") as handle:
-                reader = zstandard.ZstdDecompressor().stream_reader(handle)
-                records = [
-                    RawRecord(meta=meta, prompt_u32=prompt, output_u32=output)
-                    for meta, prompt, output in msgpack.Unpacker(reader, raw=False)
-                ]
-            yield from _in_group_order(records, turns=turns, dropped=dropped)
+
+    def bucket_of(raw: RawRecord) -> int:
+        # Buckets are consecutive slices of the hash range, so reading them in turn keeps hash order.
+        return (conversation_hash(raw.meta) * buckets) >> 64
+
+    yield from _through_buckets(
+        campaign_path, buckets, bucket_of, lambda records: _in_group_order(records, turns=turns, dropped=dropped)
+    )
