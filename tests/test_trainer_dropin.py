@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from eagle_synth.cli import app
 from eagle_synth.records import Record, write_manifest, write_record_file
 from eagle_synth.tools import conversation_order
+from eagle_synth.tools.compact import compact
 from eagle_synth.tools.export import SPECFORGE_BYTES_PER_TOKEN, export_records
 from eagle_synth.tools.filters import ExportFilters, conversation_key
 from eagle_synth.tools.vocab import VocabError, build_vocab, target_vocab_size_of, torch_module
@@ -131,7 +132,7 @@ def test_tail_split_keeps_conversations_on_one_side(campaign, tmp_path, monkeypa
             assert rows["turn"][start] > rows["turn"][start - 1]
     for cut in range(1, len(keys)):
         assert len(set(keys[:cut]) & set(keys[cut:])) <= 1
-    ratio = result.train_data_ratio[""]
+    ratio = result.train_data_ratio["all"]
     assert ratio is not None and abs(ratio - 0.9) < 0.05
     train, _ = speculators_split(out, train_ratio=ratio, split="train")
     val, _ = speculators_split(out, train_ratio=ratio, split="val")
@@ -399,6 +400,25 @@ def test_target_vocab_size_is_read_as_the_trainers_read_it(campaign, tmp_path, c
     assert result.mapping.t2d.shape == (read.size,) and result.target_vocab_size_source == read.source
 
 
+def test_cli_vocab_names_the_size_it_read_and_refuses_when_the_trainers_disagree(campaign, tmp_path):
+    folder, _ = campaign
+    model = tmp_path / "model"
+    model.mkdir()
+    write_manifest(folder, {"settings": {"tokenizer_path": str(model)}})
+    runner = CliRunner()
+    args = ["vocab", str(folder), "--draft-vocab-size", "8", "--out", str(tmp_path / "v")]
+    (model / "config.json").write_text(json.dumps({"text_config": {"vocab_size": TARGET_VOCAB}}))
+    ok = runner.invoke(app, [*args, "--json"])
+    assert ok.exit_code == 0, ok.output
+    summary = json.loads(ok.stdout)
+    assert summary["target_vocab_size"] == TARGET_VOCAB
+    assert summary["target_vocab_size_source"].endswith("config.json text_config.vocab_size")
+    (model / "config.json").write_text(json.dumps({"vocab_size": TARGET_VOCAB, "padded_vocab_size": 248_384}))
+    bad = runner.invoke(app, args)
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert bad.output.startswith("error: ") and "--target-vocab-size" in bad.output
+
+
 class _TorchStandIn(types.ModuleType):
     """Records what torch.save is given; from_numpy passes arrays through."""
 
@@ -488,9 +508,13 @@ def test_written_files_honour_the_umask(campaign, tmp_path, monkeypatch):
         previous = os.umask(umask)
         try:
             root = tmp_path / f"u{umask:o}"
-            record = write_record_file(root / "camp", campaign="c", batch="bb", records=[conversation_records(1)[0]])
+            three = conversation_records(1)
+            write_record_file(root / "camp", campaign="c", batch="bb", records=three[:1])
+            write_record_file(root / "camp", campaign="c", batch="cc", records=three[1:2])
+            shard = compact(root / "camp", min_age=0).shards[0]  # ShardWriter's file
+            record = write_record_file(root / "camp", campaign="c", batch="dd", records=three[2:3])
             manifest = write_manifest(root / "camp", {"campaign": "c"})
-            files = [record, manifest]
+            files = [record, manifest, shard]
             for fmt, name in (("jsonl", "r.jsonl"), ("parquet", "r.parquet"), ("specforge", "p.jsonl")):
                 files += export_records(folder, root / name, format=fmt).paths
             export_records(folder, root / "spec", format="speculators")

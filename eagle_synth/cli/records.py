@@ -208,7 +208,7 @@ def export(
     )
     for split, ratio in written.train_data_ratio.items():
         if ratio is not None:
-            where = f" for {split}" if split else ""
+            where = f" ({split}/)" if split != "all" else ""
             typer.echo(f"speculators{where}: --train-data-ratio {ratio} cuts between conversations")
     if written.format == "specforge":
         summary = written.to_dict()

@@ -80,7 +80,7 @@ class ExportResult:
         split_rows: rows per split (empty when not splitting).
         warnings: what the user should know (a trainer file that could not be written).
         commands: without torch, the one-line commands that make the missing torch files.
-        train_data_ratio: speculators: per split name ("" when not splitting), the
+        train_data_ratio: speculators: per split name ("all" when not splitting), the
             --train-data-ratio nearest 0.9 whose validation cut falls between conversations.
         largest_file_tokens: jsonl / parquet / specforge: ids in the largest output file (what
             one SpecForge run over it holds in memory, times SPECFORGE_BYTES_PER_TOKEN).
@@ -496,7 +496,7 @@ def export_rows(
                 part.close()
             written = write_dataset_folder(out, staged, format=format, shard_rows=shard_rows)
             result.paths, result.warnings, result.commands = written.paths, written.warnings, written.commands
-            result.train_data_ratio = {name or "": ratio for name, ratio in written.train_data_ratio.items()}
+            result.train_data_ratio = {name or "all": ratio for name, ratio in written.train_data_ratio.items()}
         finally:
             for part in staged.values():
                 part.close()

@@ -14,7 +14,7 @@ the cut. Written as .npy (speculators' `d2t.npy` / `t2d.npy`), JSON, and, when t
 importable, SpecForge's `vocab_mapping.pt`, ModelOpt's `d2t.pt` and speculators' `token_freq.pt`;
 without torch, the one-line command that makes them on the training machine (a hand-written
 torch zip would depend on torch's pickle globals and archive layout, which torch does not
-promise, so it is not attempted). docs/records.md.
+promise, and without torch it could not be checked here, so it is not attempted). docs/records.md.
 """
 
 from __future__ import annotations
