@@ -177,8 +177,13 @@ def positions_trained_on_padding(input_ids: list[int], loss_mask: list[int]) -> 
 
 
 def test_zero_last_loss_keeps_specforge_off_its_zero_padded_target(campaign, tmp_path):
-    """Upstream SpecForge #885 (fix open in #895): every row of ours ends on a generated,
-    mask-1 token, so without the option every row trains its last position on padding."""
+    """Upstream SpecForge #885 (fix open in #895): online EAGLE-3 rows stream with
+    target_representation "hidden_state" and loss_mask passed through
+    (algorithms/eagle3/providers.py:214-228 at a6b6b02), so the strategy runs
+    TargetHead.preprocess on them (training/strategies/base.py:95-121), with no normalizer
+    zeroing the last position (only the offline one does, algorithms/eagle3/data.py:10-20).
+    Every row of ours ends on a generated, mask-1 token: without the option every row trains
+    its last position on padding."""
     folder, records = campaign
     plain = tmp_path / "plain.jsonl"
     zeroed = tmp_path / "zeroed.jsonl"
