@@ -104,6 +104,14 @@ def test_reexport_refuses_a_folder_holding_trainer_files_unless_replace(campaign
     assert ok.exit_code == 0, ok.output
     assert not (out / "hidden_states").exists() and not (out / "d2t.npy").exists()
     assert datasets.load_from_disk(str(out)).num_rows == 120  # every record: 20 rows x 2 samples x 3 turns
+    # An export with splits (train/, test/) is ours too, and replaced by the next one.
+    split = ExportFilters(splits=(("test", 0.2),))
+    export_records(folder, tmp_path / "splits", format="speculators", filters=split)
+    again = export_records(folder, tmp_path / "splits", format="speculators", filters=split)
+    assert sum(datasets.load_from_disk(str(p)).num_rows for p in again.paths) == 120
+    (tmp_path / "splits" / "train" / "hidden_states").mkdir()
+    with pytest.raises(ValueError, match="train/hidden_states/"):
+        export_records(folder, tmp_path / "splits", format="speculators", filters=split)
 
 
 def _runs(keys: list[str]) -> list[str]:

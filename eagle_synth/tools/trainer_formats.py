@@ -119,14 +119,19 @@ def check_dataset_out(out: Path, *, replace: bool = False) -> None:
     """Refuse an --out folder holding anything an export did not write, unless `replace`."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file: give a folder for a datasets export")
-    if replace or not out.is_dir() or not any(out.iterdir()):
+    if replace or not out.is_dir():
         return
-    if not any((out / name).exists() for name in DATASET_MARKERS):
+    foreign = _foreign_entries(out)
+    if not foreign:
+        return
+    earlier = any((out / name).exists() for name in DATASET_MARKERS) or any(
+        (entry / "state.json").is_file() for entry in out.iterdir() if entry.is_dir()
+    )
+    if not earlier:
         raise ExportError(
             f"--out {out} is a folder with other files in it; give a new or empty folder "
             "(an earlier datasets export there is replaced), or --replace to delete them"
         )
-    foreign = _foreign_entries(out)
     if foreign:
         shown = ", ".join(foreign[:6]) + (f" and {len(foreign) - 6} more" if len(foreign) > 6 else "")
         raise ExportError(
