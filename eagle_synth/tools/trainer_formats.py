@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from eagle_synth.records import RawRecord, atomic_write_bytes
 from eagle_synth.tools.export_rows import Column, arrow_batch, arrow_schema
 from eagle_synth.tools.filters import ExportError, conversation_key
@@ -132,27 +134,32 @@ def check_dataset_out(out: Path, *, replace: bool = False) -> None:
             f"--out {out} is a folder with other files in it; give a new or empty folder "
             "(an earlier datasets export there is replaced), or --replace to delete them"
         )
-    if foreign:
-        shown = ", ".join(foreign[:6]) + (f" and {len(foreign) - 6} more" if len(foreign) > 6 else "")
-        raise ExportError(
-            f"--out {out} holds files this export did not write ({shown}); --replace deletes them "
-            f"with the earlier export. {HIDDEN_STATES_NOTE}; d2t.npy/t2d.npy and the vocab files "
-            "must be made again from the new rows"
-        )
+    shown = ", ".join(foreign[:6]) + (f" and {len(foreign) - 6} more" if len(foreign) > 6 else "")
+    raise ExportError(
+        f"--out {out} holds files this export did not write ({shown}); --replace deletes them "
+        f"with the earlier export. {HIDDEN_STATES_NOTE}; d2t.npy/t2d.npy and the vocab files "
+        "must be made again from the new rows"
+    )
 
 
 def train_data_ratio(
     rows: int, boundaries: Sequence[int], *, near: float = SPECULATORS_TRAIN_DATA_RATIO
 ) -> float | None:
     """The --train-data-ratio nearest to `near` whose cut (speculators' int(rows * ratio),
-    train/data.py:171 at c05b95b) falls between two conversations; None without such a cut."""
-    inside = [b for b in boundaries if 0 < b < rows]
-    if not inside:
+    train/data.py:171 at c05b95b) falls between two conversations; None without such a cut.
+
+    `boundaries` are the row indexes where a conversation starts (an int64 array: numpy
+    reads it without a Python int each)."""
+    starts = np.asarray(boundaries, dtype=np.int64)
+    inside = starts[(starts > 0) & (starts < rows)]
+    if not len(inside):
         return None
-    cut = min(inside, key=lambda b: (abs(b - near * rows), b))
-    ratio = round((cut + 0.5) / rows, 9)
-    assert int(rows * ratio) == cut
-    return ratio
+    # Nearest to the default cut; on a tie the earlier one (argmin takes the first).
+    cut = int(inside[np.argmin(np.abs(inside - near * rows))])
+    exact = (cut + 0.5) / rows  # half a row of margin either way: int(rows * exact) == cut
+    # The shortest decimal that still cuts there, for a readable --train-data-ratio.
+    shortest = (round(exact, digits) for digits in range(1, 18))
+    return next((r for r in shortest if int(rows * r) == cut and 0 < r < 1), exact)
 
 
 class StagedSplit:
