@@ -28,7 +28,7 @@ from eagle_synth.records import Record, write_manifest, write_record_file
 from eagle_synth.tools import conversation_order
 from eagle_synth.tools.compact import compact
 from eagle_synth.tools.export import SPECFORGE_BYTES_PER_TOKEN, export_records
-from eagle_synth.tools.filters import ExportFilters, conversation_key
+from eagle_synth.tools.filters import ExportFilters
 from eagle_synth.tools.vocab import VocabError, build_vocab, target_vocab_size_of, torch_module
 from tests.export_helpers import by_key, conversation_records, torch_format_stand_in, write_campaign
 
@@ -114,46 +114,46 @@ def test_reexport_refuses_a_folder_holding_trainer_files_unless_replace(campaign
         export_records(folder, tmp_path / "splits", format="speculators", filters=split)
 
 
-def _runs(keys: list[str]) -> list[str]:
-    """The conversation keys in row order, one per run of consecutive rows."""
-    return [key for index, key in enumerate(keys) if index == 0 or keys[index - 1] != key]
-
-
-def test_tail_split_keeps_conversations_on_one_side(campaign, tmp_path, monkeypatch):
+def test_tail_split_keeps_each_input_row_on_one_side(campaign, tmp_path, monkeypatch):
     """speculators' validation split is the last (1 - train_data_ratio) of rows by index
     (train/data.py:171-181, train/dataloader.py:116-147 at c05b95b; default 0.9,
-    train/config/schema.py:213). Rows come grouped by conversation (all turns and samples
-    together), so any cut splits at most one conversation and the reported ratio none."""
+    train/config/schema.py:213). Rows come grouped by input row (every sample and turn of a
+    conversation together), so any cut splits at most one row group and the reported ratio none."""
     torch_format_stand_in(monkeypatch)
     folder, records = campaign
     out = tmp_path / "spec"
     result = export_records(folder, out, format="speculators")
     rows = datasets.load_from_disk(str(out)).with_format(None)
-    keys = [
-        conversation_key({"id": i, "sample": s, "key": k})
-        for i, s, k in zip(rows["id"], rows["sample"], rows["key"], strict=True)
-    ]
-    runs = _runs(keys)
-    assert len(runs) == len(set(runs)) == 40  # each conversation is one run of rows
-    for start in range(len(keys)):  # turns in order inside a conversation
-        if start and keys[start] == keys[start - 1]:
-            assert rows["turn"][start] > rows["turn"][start - 1]
-    for cut in range(1, len(keys)):
-        assert len(set(keys[:cut]) & set(keys[cut:])) <= 1
+    ids, samples, turns = rows["id"], rows["sample"], rows["turn"]
+    assert len(_runs(ids)) == len(set(ids)) == 20  # each input row is one run of rows
+    for index in range(1, len(ids)):  # inside a row: conversation by conversation, turns in order
+        if ids[index] == ids[index - 1] and samples[index] == samples[index - 1]:
+            assert turns[index] == turns[index - 1] + 1
+    conversations = [(i, s) for i, s in zip(ids, samples, strict=True)]
+    assert len(_runs(conversations)) == len(set(conversations)) == 40
+    for cut in range(1, len(ids)):
+        assert len(set(ids[:cut]) & set(ids[cut:])) <= 1
     ratio = result.train_data_ratio["all"]
     assert ratio is not None and abs(ratio - 0.9) < 0.05
     train, _ = speculators_split(out, train_ratio=ratio, split="train")
     val, _ = speculators_split(out, train_ratio=ratio, split="val")
-    train_keys = {conversation_key({"id": r["id"], "sample": r["sample"]}) for r in train.with_format(None)}
-    val_keys = {conversation_key({"id": r["id"], "sample": r["sample"]}) for r in val.with_format(None)}
-    assert train_keys and val_keys and not train_keys & val_keys
+    train_ids, val_ids = set(train.with_format(None)["id"]), set(val.with_format(None)["id"])
+    assert train_ids and val_ids and not train_ids & val_ids
+    assert len(train) + len(val) == len(records)
     summary = json.loads((out / "eagle-synth-export.json").read_text())
     assert summary["train_data_ratio"] == ratio and "row index" in summary["hidden_states"]
+    # The held-out rows are not simply the last input rows read.
+    assert sorted(val_ids) != sorted({r.id for r in list(records.values())[-len(val) :]})
     # The order does not depend on how many spill buckets the export used.
     monkeypatch.setattr(conversation_order, "BUCKET_BYTES", 2_000)
     assert conversation_order._bucket_count(folder) > 3
     spilled = [raw.key for raw in conversation_order.grouped_records(folder)]
     assert spilled == rows["key"] and len(spilled) == len(records)
+
+
+def _runs(values: list) -> list:
+    """The values in row order, one per run of equal consecutive values."""
+    return [value for index, value in enumerate(values) if index == 0 or values[index - 1] != value]
 
 
 # ----------------------------------------------------------------------------- SpecForge

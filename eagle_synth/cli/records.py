@@ -209,7 +209,7 @@ def export(
     for split, ratio in written.train_data_ratio.items():
         if ratio is not None:
             where = f" ({split}/)" if split != "all" else ""
-            typer.echo(f"speculators{where}: --train-data-ratio {ratio} cuts between conversations")
+            typer.echo(f"speculators{where}: --train-data-ratio {ratio} keeps every input row on one side")
     if written.format == "specforge":
         summary = written.to_dict()
         typer.echo(

@@ -7,11 +7,12 @@ bucket a zstd-compressed spill file in a temporary folder, or memory for a small
 then each bucket is sorted by (conversation, turn) and read back: memory is bounded by one
 bucket, whatever the campaign's size. Records without a conversation come first, as read.
 
-`grouped_records` does the same for every campaign, grouping by the split's conversation key
-(tools/filters.py: the `conversation` field, else row id and sample) and ordering the groups
-by its hash: buckets take consecutive slices of the hash range, so reading them in turn gives
-one global order. A tail split by index (speculators' validation rows) then cuts at most one
-conversation, and takes a random set of conversations, not the last input rows.
+`grouped_records` does the same for every campaign, grouping by input row (tools/filters.py
+row_group: every sample, turn and variant of one row together, each conversation's turns in
+order) and ordering the groups by its hash: buckets take consecutive slices of the hash
+range, so reading them in turn gives one global order. A tail split by index (speculators'
+validation rows) then cuts at most one row group, and takes a random set of them, not the
+last input rows.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import msgpack
 import zstandard
 
 from eagle_synth.records import RawRecord, iter_raw_records, scan_campaign
-from eagle_synth.tools.filters import conversation_hash, conversation_key
+from eagle_synth.tools.filters import conversation_key, row_group, row_group_hash
 
 # Bytes of records (ids as uint32 plus metadata) a bucket may hold in memory when sorted.
 BUCKET_BYTES = 256 << 20
@@ -132,10 +133,10 @@ def ordered_records(
 def _group_order(raw: RawRecord) -> tuple:
     meta = raw.meta
     return (
-        conversation_hash(meta),
+        row_group_hash(meta),
+        row_group(meta),
         conversation_key(meta),
         int(meta.get("turn", 0)),
-        int(meta.get("sample", 0)),
         raw.key,
     )
 
@@ -155,9 +156,9 @@ def _in_group_order(records: list[RawRecord], *, turns: str, dropped: Callable[[
 def grouped_records(
     campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
 ) -> Iterator[RawRecord]:
-    """Every record, each conversation's records together (turn, then sample order), the
-    conversations ordered by the hash of their key; with turns="last" only the last turn of
-    each `--history own` conversation (`dropped("earlier_turn")` for each one left out)."""
+    """Every record, each input row's records together (conversation by conversation, turns
+    in order), the rows ordered by the hash of their group; with turns="last" only the last
+    turn of each `--history own` conversation (`dropped("earlier_turn")` for each one left out)."""
     if turns not in TURNS:
         raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
     campaign_path = Path(campaign_path)
@@ -165,7 +166,7 @@ def grouped_records(
 
     def bucket_of(raw: RawRecord) -> int:
         # Buckets are consecutive slices of the hash range, so reading them in turn keeps hash order.
-        return (conversation_hash(raw.meta) * buckets) >> 64
+        return (row_group_hash(raw.meta) * buckets) >> 64
 
     yield from _through_buckets(
         campaign_path, buckets, bucket_of, lambda records: _in_group_order(records, turns=turns, dropped=dropped)

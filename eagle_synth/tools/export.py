@@ -81,7 +81,7 @@ class ExportResult:
         warnings: what the user should know (a trainer file that could not be written).
         commands: without torch, the one-line commands that make the missing torch files.
         train_data_ratio: speculators: per split name ("all" when not splitting), the
-            --train-data-ratio nearest 0.9 whose validation cut falls between conversations.
+            --train-data-ratio nearest 0.9 whose validation cut falls between input rows.
         largest_file_tokens: jsonl / parquet / specforge: ids in the largest output file (what
             one SpecForge run over it holds in memory, times SPECFORGE_BYTES_PER_TOKEN).
         seconds: wall time.

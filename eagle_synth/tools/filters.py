@@ -36,6 +36,7 @@ DEFAULT_MIN_LOSS_TOKENS = 1
 # blake2b personalisations: the split and sample hashes of one key are independent of each other.
 _SPLIT_PERSON = b"eagle-synth-spl"
 _SAMPLE_PERSON = b"eagle-synth-smp"
+_GROUP_PERSON = b"eagle-synth-grp"
 _HASH_RANGE = float(1 << 64)
 
 
@@ -99,8 +100,22 @@ def _hash64(text: str, person: bytes) -> int:
 
 
 def conversation_hash(meta: dict) -> int:
-    """The 64-bit hash of a record's conversation key that splits (and speculators' row order) use."""
+    """The 64-bit hash of a record's conversation key that splits use."""
     return _hash64(conversation_key(meta), _SPLIT_PERSON)
+
+
+def row_group(meta: dict) -> str:
+    """What ties every record made from one input row: its id (all samples, turns and
+    variants of the row share it), else its conversation key. speculators' row order keeps a
+    row group together, so a tail split never puts one sample of a prompt in training and
+    another in validation."""
+    row_id = meta.get("id")
+    return f"id\x00{row_id}" if row_id not in (None, "") else conversation_key(meta)
+
+
+def row_group_hash(meta: dict) -> int:
+    """The 64-bit hash of a record's row group, which orders the groups."""
+    return _hash64(row_group(meta), _GROUP_PERSON)
 
 
 def split_of(meta: dict, splits: tuple[tuple[str, float], ...]) -> str:

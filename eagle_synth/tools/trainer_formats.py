@@ -7,8 +7,9 @@
   `input_ids`, `loss_mask`, `seq_len` plus flat provenance columns, `state.json` naming the
   torch format its trainer indexes rows in (plain JSON, written without torch), and
   `token_freq` (id -> count over mask-1 ids) as `token_freq.json` (and `token_freq.pt` when
-  torch is importable). Rows come in conversation order (export.py), so its tail validation
-  split cuts at most one conversation, none with the `train_data_ratio` the export reports.
+  torch is importable). Rows come grouped by input row (every sample and turn of a row
+  together, export.py), so its tail validation split cuts at most one row group, none with
+  the `train_data_ratio` the export reports.
 - `hf`: a `datasets` folder (a Dataset, or a DatasetDict with splits) of every exported column.
 
 Rows are staged as Arrow IPC streams, built from the ids' bytes (export_rows.arrow_batch), and
@@ -33,7 +34,7 @@ import numpy as np
 
 from eagle_synth.records import RawRecord, atomic_write_bytes
 from eagle_synth.tools.export_rows import Column, arrow_batch, arrow_schema
-from eagle_synth.tools.filters import ExportError, conversation_key
+from eagle_synth.tools.filters import ExportError, row_group
 from eagle_synth.tools.vocab import TOKEN_FREQ_JSON, TOKEN_FREQ_TORCH, TokenCounts, torch_module, write_token_freq
 
 DATASET_FORMATS = ("speculators", "hf")
@@ -146,9 +147,9 @@ def train_data_ratio(
     rows: int, boundaries: Sequence[int], *, near: float = SPECULATORS_TRAIN_DATA_RATIO
 ) -> float | None:
     """The --train-data-ratio nearest to `near` whose cut (speculators' int(rows * ratio),
-    train/data.py:171 at c05b95b) falls between two conversations; None without such a cut.
+    train/data.py:171 at c05b95b) falls between two row groups; None without such a cut.
 
-    `boundaries` are the row indexes where a conversation starts (an int64 array: numpy
+    `boundaries` are the row indexes where a row group starts (an int64 array: numpy
     reads it without a Python int each)."""
     starts = np.asarray(boundaries, dtype=np.int64)
     inside = starts[(starts > 0) & (starts < rows)]
@@ -179,9 +180,9 @@ class StagedSplit:
         self.schema = arrow_schema(selected)
         self.counts = TokenCounts() if count_tokens else None
         self.rows = 0
-        # Row indexes where a new conversation starts (8 bytes each): where a tail split can cut.
+        # Row indexes where a new row group starts (8 bytes each): where a tail split can cut.
         self.boundaries = array("q")
-        self._last_conversation: str | None = None
+        self._last_group: str | None = None
         self._file: IO[bytes] = open(path, "wb")
         self._writer = pa.ipc.new_stream(self._file, self.schema)
         self._open = True
@@ -191,10 +192,10 @@ class StagedSplit:
         if self.counts is not None:
             self.counts.add_rows(group)
         for raw in group:
-            conversation = conversation_key(raw.meta)
-            if conversation != self._last_conversation:
+            key = row_group(raw.meta)
+            if key != self._last_group:
                 self.boundaries.append(self.rows)
-                self._last_conversation = conversation
+                self._last_group = key
             self.rows += 1
 
     def close(self) -> None:
@@ -225,7 +226,7 @@ class WrittenFolder:
         warnings: what the user should know (a trainer file that could not be written).
         commands: without torch, the one-line commands that make the missing torch files.
         train_data_ratio: speculators, per split (None when not splitting): the
-            --train-data-ratio nearest 0.9 whose validation cut falls between conversations.
+            --train-data-ratio nearest 0.9 whose validation cut falls between input rows.
     """
 
     paths: list[Path] = field(default_factory=list)
@@ -249,7 +250,7 @@ def _write_summary(folder: Path, *, rows: int, ratio: float | None) -> None:
     summary = {
         "format": "speculators",
         "rows": rows,
-        "row_order": "conversations together, ordered by a hash of the conversation key",
+        "row_order": "each input row's samples and turns together, rows ordered by a hash of their id",
         "train_data_ratio": ratio,
         "hidden_states": HIDDEN_STATES_NOTE,
     }
