@@ -258,22 +258,28 @@ def _python_command(code: str) -> str:
     return f"python -c {shlex.quote(code)}"
 
 
+def _literal(path: Path) -> str:
+    """An absolute path as a Python string literal in double quotes (JSON's escapes are
+    Python's), so the command's code has no single quote for the shell to escape."""
+    return json.dumps(str(path.resolve()))
+
+
 def token_freq_torch_command(folder: Path) -> str:
     """The command that makes token_freq.pt from token_freq.json where torch is installed."""
-    source, target = str((folder / TOKEN_FREQ_JSON).resolve()), str((folder / TOKEN_FREQ_TORCH).resolve())
+    source, target = _literal(folder / TOKEN_FREQ_JSON), _literal(folder / TOKEN_FREQ_TORCH)
     return _python_command(
-        f"import json, torch; torch.save({{int(k): v for k, v in json.load(open({source!r})).items()}}, {target!r})"
+        f"import json, torch; torch.save({{int(k): v for k, v in json.load(open({source})).items()}}, {target})"
     )
 
 
 def vocab_torch_command(folder: Path) -> str:
     """The command that makes SpecForge's vocab_mapping.pt and ModelOpt's d2t.pt from the .npy files."""
-    d2t, t2d = str((folder / D2T_NPY).resolve()), str((folder / T2D_NPY).resolve())
-    mapping, modelopt = str((folder / VOCAB_MAPPING_TORCH).resolve()), str((folder / MODELOPT_D2T_TORCH).resolve())
+    d2t, t2d = _literal(folder / D2T_NPY), _literal(folder / T2D_NPY)
+    mapping, modelopt = _literal(folder / VOCAB_MAPPING_TORCH), _literal(folder / MODELOPT_D2T_TORCH)
     return _python_command(
-        f"import numpy as np, torch; d2t = torch.from_numpy(np.load({d2t!r})); "
-        f"torch.save({{'d2t': d2t, 't2d': torch.from_numpy(np.load({t2d!r}))}}, {mapping!r}); "
-        f"torch.save(d2t, {modelopt!r})"
+        f"import numpy as np, torch; d2t = torch.from_numpy(np.load({d2t})); "
+        f'torch.save({{"d2t": d2t, "t2d": torch.from_numpy(np.load({t2d}))}}, {mapping}); '
+        f"torch.save(d2t, {modelopt})"
     )
 
 
