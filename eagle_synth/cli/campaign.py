@@ -15,7 +15,8 @@ from eagle_synth.toolcalls import TOOL_FORMATS
 
 if TYPE_CHECKING:
     from eagle_synth.campaign import Campaign
-    from producer.enqueue import EnqueueSummary
+    from eagle_synth.settings import BrokerSettings
+    from producer.enqueue import EnqueueOptions, EnqueueSummary
 
 app = command_group()
 
@@ -216,7 +217,7 @@ def enqueue(
                 on_warning=warn,
             )
     except KeyboardInterrupt:
-        _interrupted(so_far[0] if so_far else None, dry_run=dry_run)
+        _interrupted(so_far[0] if so_far else None, options=options, broker=broker)
     if as_json:
         print(json.dumps(summary.to_dict()))
     else:
@@ -229,20 +230,31 @@ def enqueue(
         fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
 
 
-def _interrupted(summary: EnqueueSummary | None, *, dry_run: bool) -> NoReturn:
+def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, broker: BrokerSettings) -> NoReturn:
     """Ctrl-C during enqueue: say what the run kept and that rerunning it resumes; exit 130."""
-    if dry_run:
+    if options.dry_run:
         fail("interrupted: a dry run enqueues nothing", code=INTERRUPTED_EXIT)
-    kept = (
-        f"{summary.prompts_enqueued} prompts of the {summary.rows_read} rows read so far are enqueued and kept"
-        if summary is not None
-        else "interrupted before the first rows were counted; whatever was enqueued is kept"
-    )
+    read = f"; this run read {summary.rows_read} rows" if summary is not None else ""
     fail(
-        f"interrupted: {kept}. Rerun the same command to resume: prompts already enqueued count as "
-        "duplicates, and batches this run left half-published are published then",
+        f"interrupted: campaign {options.campaign!r} holds {_enqueued_now(options.campaign, broker)} "
+        f"enqueued prompts, kept in Redis{read}. Rerun the same command to resume: prompts already "
+        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then",
         code=INTERRUPTED_EXIT,
     )
+
+
+def _enqueued_now(name: str, broker: BrokerSettings) -> str:
+    """The campaign's enqueued prompts as Redis holds them (the producer's own tally can lag a
+    chunk behind when it is stopped mid-chunk); `?` when Redis does not answer."""
+    import redis as redis_errors
+
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.redis_client import connect
+
+    try:
+        return f"{Campaign(connect(broker), name).progress().enqueued:,}"
+    except redis_errors.RedisError:
+        return "?"
 
 
 @app.command()

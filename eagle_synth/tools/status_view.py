@@ -54,7 +54,7 @@ WORKER_COLUMNS = (
 # ahead would read as today's.
 CLOCK_ETA_LIMIT_S = 86400
 # Failure reasons listed in the compact view (--watch on a short terminal); the rest are summed.
-COMPACT_FAILURE_REASONS = 4
+COMPACT_FAILURE_REASONS = 3
 # Errors that mean "Redis is not answering right now" rather than a bug: --watch waits them out.
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
@@ -263,9 +263,10 @@ def _workers_table(data: dict) -> Table:
     return table
 
 
-def _workers_blocks(data: dict) -> Group:
+def _workers_blocks(data: dict, *, compact: bool = False) -> Group:
     """Each worker node on a line, its servers indented below it, fields labelled in the text
-    rather than under headers: for narrow terminals and pipes. Wrapped lines keep their indent."""
+    rather than under headers: for narrow terminals and pipes. Wrapped lines keep their indent.
+    Compact: a state's duration without its clock time, so a server's line fits 80 columns."""
     lines: list[RenderableType] = [Text("workers", style="bold")]
     if not data["workers"]:
         lines.append(Padding(Text("(no live worker)", style="yellow"), (0, 0, 0, 2), expand=False))
@@ -292,7 +293,7 @@ def _workers_blocks(data: dict) -> Group:
             f" ({cells['kind']}) ",
             cells["state"],
             " for ",
-            cells["for"],
+            format_duration(data["at"] - w["since"]) if compact and w["since"] else cells["for"],
             f"; in flight {cells['in flight']}",
         )
         if cells["detail"]:
@@ -337,7 +338,7 @@ class StatusView:
         table = _workers_table(self.data)
         # Measured without a width limit: rich clamps a measurement to the width it is given.
         fits = Measurement.get(console, options.update_width(UNLIMITED_WIDTH), table).maximum <= width
-        parts.append(table if fits else _workers_blocks(self.data))
+        parts.append(table if fits else _workers_blocks(self.data, compact=compact))
         if self.footer:
             parts.append(Text(self.footer, style="dim"))
         return parts
