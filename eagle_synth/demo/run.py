@@ -136,13 +136,18 @@ def run_demo(folder: Path) -> int:
         console.rule()
         command, activate = runnable_command()
         records_at = shown_path(out / DEMO_CAMPAIGN)
-        console.print(f"records: {records_at}", highlight=False)
-        # Printed as the user's shell can run them: eagle-synth is on PATH only in an activated venv.
-        console.print("next, in this shell:", highlight=False)
-        console.print(f"  {command} export {records_at} --out {shown_path(folder / 'train.jsonl')}", highlight=False)
-        console.print(f"  {command} inspect {records_at} --random 1", highlight=False)
+
+        # Printed as the user's shell can run them (eagle-synth is on PATH only in an activated
+        # venv), each on one line however narrow the terminal, so a copy runs as it is.
+        def hint(line: str) -> None:
+            console.print(line, highlight=False, soft_wrap=True)
+
+        hint(f"records: {records_at}")
+        hint("next, in this shell:")
+        hint(f"  {command} export {records_at} --out {shown_path(folder / 'train.jsonl')}")
+        hint(f"  {command} inspect {records_at} --random 1")
         if activate:
-            console.print(f"  (or `{activate}` first: it puts eagle-synth on PATH in this shell)", highlight=False)
+            hint(f"  (or `{activate}` first: it puts eagle-synth on PATH in this shell)")
         return 0
     finally:
         for process in reversed(processes):
