@@ -195,7 +195,7 @@ def export(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
-    from eagle_synth.tools.export import export_records
+    from eagle_synth.tools.export import FORMATS, export_records
 
     filters = _filters(
         drop_truncated=drop_truncated,
@@ -208,7 +208,8 @@ def export(
         seed=seed,
     )
     format = export_format(format, out)
-    _require_records(campaign_dir, "export")
+    if format in FORMATS:  # an unknown --format is named by the exporter first, listing the known ones
+        _require_records(campaign_dir, "export")
     with _reading(campaign_dir) as progress:
         written = export_records(
             campaign_dir, out, format=format, filters=filters, shard_rows=shard_rows, progress=progress, turns=turns
