@@ -32,3 +32,9 @@ class CampaignNotFound(UserError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+def clause(value: object) -> str:
+    """`value` as text to go on inside a sentence: without the full stop it may end with, so a
+    message built as f"...: {clause(exc)}. Check ..." never shows two periods."""
+    return str(value).rstrip().rstrip(".")

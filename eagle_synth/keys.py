@@ -112,6 +112,12 @@ class CampaignKeys:
         return f"{self._base}:skipped"
 
     @property
+    def input_rows(self) -> str:
+        """Hash input source -> rows the latest enqueue of that source read and skipped (JSON;
+        eagle_synth.input_rows): `status` figures that a rerun replaces instead of adding to."""
+        return f"{self._base}:input-rows"
+
+    @property
     def followups(self) -> str:
         """Hash turn key -> a conversation's next turn between its previous turn's commit and
         its batch (to render, or rendered and claimed): the follow-up outbox."""

@@ -13,11 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import UserError, clause
 
 # Tokens a reasoning template opens and closes its think block with.
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+# Files of which a tokenizer folder holds at least one.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 class TemplateError(UserError, ValueError):
@@ -44,6 +46,28 @@ class TokenizerFacts:
     think_close_id: int | None
 
 
+def check_tokenizer_path(path: str | os.PathLike) -> None:
+    """Refuse, in plain words, a --tokenizer that is no tokenizer folder.
+
+    A value that looks like a hub name (`org/model`) is left to transformers, which fetches
+    it where a hub is reachable. Raises TemplateError.
+    """
+    text = str(path)
+    folder = Path(text).expanduser()
+    if folder.is_dir():
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise TemplateError(
+                f"--tokenizer {text}: this folder holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                "pass the model's folder, the one with tokenizer.json and tokenizer_config.json"
+            )
+        return
+    if folder.exists():
+        raise TemplateError(f"--tokenizer {text}: is a file; pass the folder that holds tokenizer.json")
+    # `org/model` may be a hub name; an absolute, relative-dotted or deeper path is a folder.
+    if text.startswith(("/", "./", "../", "~")) or text.count("/") >= 2:
+        raise TemplateError(f"--tokenizer {text}: no such folder; check the path")
+
+
 def load_tokenizer(
     path: str | os.PathLike, *, trust_remote_code: bool = False, chat_template_file: str | os.PathLike | None = None
 ):
@@ -58,7 +82,7 @@ def load_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
         raise TemplateError(
-            f"cannot load a tokenizer from {path}: {exc}. Pass --tokenizer a folder with "
+            f"cannot load a tokenizer from {path}: {clause(exc)}. Pass --tokenizer a folder with "
             "tokenizer.json / tokenizer_config.json (add --trust-remote-code if it needs custom code)."
         ) from exc
     if chat_template_file is not None:

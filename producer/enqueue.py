@@ -20,6 +20,7 @@ from typing import IO, Any, Literal
 from eagle_synth import counters
 from eagle_synth.campaign import Campaign, CampaignSettings
 from eagle_synth.errors import UserError
+from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import BrokerSettings
@@ -75,7 +76,8 @@ class EnqueueOptions:
             (None or 0: no cap).
         max_backlog: wait while more prompts than this are pending (0 = never).
         strict: stop at the first skipped row.
-        dry_run: template and count, enqueue nothing (Redis not needed).
+        dry_run: template and count, enqueue nothing (Redis not needed; read, when it answers, to
+            count against an existing campaign and refuse its settings as the real run would).
         processes: templating processes (default: every core).
         allow_evicting_redis: go on (with a warning) when Redis may evict keys.
         history: "dataset" (prompts on the row's history) or "own" (every user turn answered in
@@ -141,14 +143,26 @@ class EnqueueSummary:
     length_buckets: Counter = field(default_factory=Counter)
     seconds: float = 0.0
     dry_run: bool = False
+    # A dry run found the campaign in Redis: its counts are what the real run would enqueue there.
+    consulted_redis: bool = False
+    # Rows read and skipped per source (as given), stored per source so a rerun replaces them.
+    by_source: dict[str, SourceRows] = field(default_factory=dict)
 
     @property
     def accounted(self) -> bool:
         return self.rows_read == self.rows_enqueued + self.rows_duplicate + self.rows_skipped
 
+    def source(self, source: str) -> SourceRows:
+        """The rows tally of one source."""
+        return self.by_source.setdefault(source, SourceRows())
+
     def skip(self, where: str, reason: str, detail: str) -> None:
+        """Count a skipped row; `where` is `source:line`."""
         self.rows_skipped += 1
         self.skipped[reason] += 1
+        tally = self.source(where.rsplit(":", 1)[0])
+        tally.skipped += 1
+        tally.skipped_by_reason[reason] += 1
         examples = self.examples.setdefault(reason, [])
         if len(examples) < EXAMPLES_PER_REASON:
             examples.append(f"{where}: {detail}")
@@ -167,6 +181,7 @@ class EnqueueSummary:
         return {
             "campaign": self.campaign,
             "dry_run": self.dry_run,
+            "consulted_redis": self.consulted_redis,
             "rows_read": self.rows_read,
             "rows_enqueued": self.rows_enqueued,
             "rows_duplicate": self.rows_duplicate,
@@ -198,6 +213,7 @@ def _plans(
     flat: list = []
     for row in iter_source_rows(inputs, stdin=stdin):
         summary.rows_read += 1
+        summary.source(row.source).read += 1
         where = f"{row.source}:{row.line}"
         if isinstance(row, BadRow):
             _skip(options, summary, where, row.reason, row.detail)
@@ -386,8 +402,16 @@ def enqueue(
             on_wait=on_wait,
             count_new_as=counters.CONVERSATIONS if options.history == "own" else None,
         )
+    existing = None  # a dry run's view of the campaign in Redis, when it exists and Redis answers
+    if options.dry_run:
+        existing = _existing_campaign(options.campaign, broker)
+        stored = existing.settings() if existing is not None else None
+        summary.consulted_redis = existing is not None
     max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
     settings = campaign_settings(options, tokenizer, tool_format=tool_format, max_prompt_tokens=max_prompt_tokens)
+    if existing is not None and stored is not None:
+        # Refuse what the real run would refuse, without writing anything.
+        refuse_other_settings(existing.name, stored, settings)
     registered = False
     if publisher is not None and stored is not None:
         _register(publisher.campaign, settings, options, tokenizer)  # refuses other settings before templating
@@ -421,6 +445,10 @@ def enqueue(
             else:
                 new = [item.key not in seen_in_dry_run for item in flat]
                 seen_in_dry_run.update(item.key for item in flat)
+                if existing is not None and flat:
+                    # What the real run would skip as enqueued before.
+                    before = existing.client.smismember(existing.keys.enqueued, [item.key for item in flat])
+                    new = [is_new and not was for is_new, was in zip(new, before)]
             position = 0
             for items in items_per_row:
                 if not items:
@@ -450,8 +478,38 @@ def enqueue(
                     }
                 )
                 publisher.campaign.count_skipped(dict(summary.skipped))
+                store_latest(publisher.campaign.client, publisher.campaign.keys, summary.by_source)
         summary.seconds = time.monotonic() - started
     return summary
+
+
+def refuse_other_settings(name: str, stored: CampaignSettings, settings: CampaignSettings) -> None:
+    """Raise CampaignMismatch, as Campaign.register would, when `settings` differ from the stored ones."""
+    from eagle_synth.campaign import CampaignMismatch
+
+    diff = stored.differences(settings)
+    if diff:
+        raise CampaignMismatch(
+            f"campaign {name!r} was created with other settings:\n  "
+            + "\n  ".join(diff)
+            + "\nUse a new --campaign name, or the original settings."
+        )
+
+
+def _existing_campaign(name: str, broker: BrokerSettings | None) -> Campaign | None:
+    """For a dry run: the campaign in Redis if Redis answers and holds it, else None (a dry run
+    needs no Redis; without one it counts as for a new campaign, and says so). Reads only."""
+    import redis
+
+    from eagle_synth.redis_client import connect
+    from eagle_synth.settings import broker_settings
+
+    try:
+        campaign = Campaign(connect(broker or broker_settings()), name)
+        return campaign if campaign.exists() else None
+    except redis.RedisError as exc:
+        log.info("dry run without Redis (%s): counting as for a new campaign", exc)
+        return None
 
 
 def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) -> None:
@@ -520,6 +578,13 @@ def print_summary(summary: EnqueueSummary, *, file=sys.stdout) -> None:
         print(f"  skipped {reason}: {count}", file=file)
         for example in summary.examples.get(reason, []):
             print(f"    {example}", file=file)
+    if summary.dry_run:
+        print(
+            f"dry run: counted against campaign {summary.campaign!r} as it stands in Redis"
+            if summary.consulted_redis
+            else f"dry run: no campaign {summary.campaign!r} in Redis (or Redis not reachable): counted as a new campaign",
+            file=file,
+        )
     if summary.dry_run and summary.length_buckets:
         print("prompt length histogram (tokens):", file=file)
         peak = max(count for _, count in summary.histogram())

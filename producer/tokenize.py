@@ -13,43 +13,27 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import groupby
-from pathlib import Path
 from typing import TypeVar
 
-from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_ids, render_prompt_ids_batch
+from eagle_synth.templating import (
+    TemplateError,
+    check_tokenizer_path,
+    load_tokenizer,
+    render_prompt_ids,
+    render_prompt_ids_batch,
+)
+
+__all__ = ["TemplateJob", "TemplatingPool", "check_tokenizer_path"]
 
 # Chunks submitted to the pool ahead of the one being consumed (bounds memory).
 CHUNKS_AHEAD_PER_PROCESS = 3
-# Files of which a tokenizer folder holds at least one.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # What the caller pairs with each chunk and gets back with its results (TemplatingPool.map).
 _Context = TypeVar("_Context")
-
-
-def check_tokenizer_path(path: str | os.PathLike) -> None:
-    """Refuse, in plain words, a --tokenizer that is no tokenizer folder.
-
-    A value that looks like a hub name (`org/model`) is left to transformers, which fetches
-    it where a hub is reachable. Raises TemplateError.
-    """
-    text = str(path)
-    folder = Path(text).expanduser()
-    if folder.is_dir():
-        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-            raise TemplateError(
-                f"--tokenizer {text}: this folder holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
-                "pass the model's folder, the one with tokenizer.json and tokenizer_config.json"
-            )
-        return
-    if folder.exists():
-        raise TemplateError(f"--tokenizer {text}: is a file; pass the folder that holds tokenizer.json")
-    # `org/model` may be a hub name; an absolute, relative-dotted or deeper path is a folder.
-    if text.startswith(("/", "./", "../", "~")) or text.count("/") >= 2:
-        raise TemplateError(f"--tokenizer {text}: no such folder; check the path")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +102,13 @@ def _tools_key(tools: list[dict] | None) -> str:
     return json.dumps(tools, sort_keys=True) if tools else ""
 
 
+def _init_pool_process(job: TemplateJob) -> None:
+    """A pool process: Ctrl-C is the parent's to handle (it says what was kept), not each child's
+    to print a KeyboardInterrupt traceback for; the parent's shutdown ends the children."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init(job)
+
+
 class TemplatingPool:
     """Templates chunks in order, `processes` at a time (1 = in this process).
 
@@ -139,7 +130,7 @@ class TemplatingPool:
             if context.get_start_method() != "fork":
                 _tokenizer = None
             self._pool = ProcessPoolExecutor(
-                max_workers=self.processes, initializer=_init, initargs=(job,), mp_context=context
+                max_workers=self.processes, initializer=_init_pool_process, initargs=(job,), mp_context=context
             )
         else:
             _init(job)

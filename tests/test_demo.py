@@ -3,7 +3,11 @@ private Redis, devserver, a real worker, conversations with tool calls; then sho
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from eagle_synth.records import iter_records
 from tests.helpers import cli
@@ -21,3 +25,14 @@ def test_demo_runs_a_campaign_with_tool_conversations_end_to_end(tmp_path):
     assert turns[0].tool_calls == 2 and turns[1].tool_calls == 0 and 2 in turns
     assert re.search(r"tool-call-mismatch\s+│\s+1 │", shown)
     assert "its own tool calls among them" in shown and "<tool_response>" in shown
+    # The closing hints run as printed in a new shell of the same folder (no venv on PATH).
+    hints = shown[shown.index("next, in this shell:") :].splitlines()[1:]
+    export = next(line.strip() for line in hints if " export " in line)
+    venv_bin = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
+    ran = subprocess.run(["bash", "-c", export], env=env, capture_output=True, timeout=120)
+    assert ran.returncode == 0, (export, ran.stderr.decode())
+    assert len((tmp_path / "demo" / "train.jsonl").read_text().splitlines()) == done
+    if not export.startswith("eagle-synth "):  # named by its path: say how to put it on PATH
+        assert any("bin/activate` first" in line for line in hints), hints

@@ -106,6 +106,16 @@ def test_api_and_pages_refuse_without_or_with_wrong_credentials(flower) -> None:
         assert requests.get(base + path, auth=(USER, "wrong"), timeout=HTTP_TIMEOUT_S).status_code == 401, path
 
 
+def test_metrics_need_credentials_and_only_healthcheck_is_open(flower) -> None:
+    base, _ = flower
+    assert requests.get(f"{base}/metrics", timeout=HTTP_TIMEOUT_S).status_code == 401
+    assert requests.get(f"{base}/metrics", auth=(USER, "wrong"), timeout=HTTP_TIMEOUT_S).status_code == 401
+    scraped = requests.get(f"{base}/metrics", auth=(USER, PASSWORD), timeout=HTTP_TIMEOUT_S)
+    assert scraped.status_code == 200 and "flower_" in scraped.text
+    health = requests.get(f"{base}/healthcheck", timeout=HTTP_TIMEOUT_S)
+    assert health.status_code == 200 and health.text == "OK"
+
+
 def test_broker_page_shows_our_queue(flower) -> None:
     base, _ = flower
     page = requests.get(f"{base}/broker", auth=(USER, PASSWORD), timeout=HTTP_TIMEOUT_S)

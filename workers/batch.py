@@ -743,10 +743,14 @@ class BatchRunner:
         self._refresh_manifest(campaign, folder)
 
     def _refresh_manifest(self, campaign: Campaign, folder: Path) -> None:
+        """Rewrite manifest.json at most every MANIFEST_REFRESH s, and always after the commit
+        that leaves the campaign with nothing pending (its last batch), so its counts are final."""
         now = time.monotonic()
         with self._lock:
-            if now - self._manifest_at.get(campaign.name, -MANIFEST_REFRESH) < MANIFEST_REFRESH:
-                return
+            throttled = now - self._manifest_at.get(campaign.name, -MANIFEST_REFRESH) < MANIFEST_REFRESH
+        if throttled and campaign.progress().pending:
+            return
+        with self._lock:
             self._manifest_at[campaign.name] = now
         try:
             write_manifest(folder, build_manifest(campaign))

@@ -90,7 +90,7 @@ class WorkerRuntime:
                 else (
                     f"1.25 x the server's max_running_requests {server_capacity(state)}"
                     if server_capacity(state)
-                    else "the default (the server does not report its capacity)"
+                    else "the default: the server does not report its capacity"
                 )
             )
             log.warning("server %s: keeping %d prompts in flight (%s)", url, tickets, source)

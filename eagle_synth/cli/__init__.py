@@ -17,8 +17,8 @@ import typer
 from typer.core import TyperGroup
 
 from eagle_synth.cli import campaign, ops, records, worker
-from eagle_synth.cli.options import fail, print_error
-from eagle_synth.errors import USER_ERROR_EXIT, UserError
+from eagle_synth.cli.options import HELP_MARKUP_MODE, fail, print_error
+from eagle_synth.errors import USER_ERROR_EXIT, UserError, clause
 
 
 class _Commands(TyperGroup):
@@ -37,6 +37,7 @@ class _Commands(TyperGroup):
 app = typer.Typer(
     cls=_Commands,
     add_completion=False,
+    rich_markup_mode=HELP_MARKUP_MODE,
     no_args_is_help=True,
     help="Regenerate prompt sets through a target model served by SGLang or vLLM, keeping exact token ids.",
 )
@@ -63,12 +64,12 @@ def main() -> None:
             stop(out_of_memory_message())
         if isinstance(exc, redis.AuthenticationError):
             stop(
-                f"Redis refused the credentials: {exc}. Check the user and password in "
+                f"Redis refused the credentials: {clause(exc)}. Check the user and password in "
                 "--redis / REDIS_URL (redis://user:password@host:port/db)."
             )
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OperationalError)):
             stop(
-                f"cannot reach Redis: {exc}. Check --redis / REDIS_URL; for TLS use rediss:// "
+                f"cannot reach Redis: {clause(exc)}. Check --redis / REDIS_URL; for TLS use rediss:// "
                 "and EAGLE_SYNTH_REDIS_CA. Rerunning a command is safe: enqueue resumes where it stopped."
             )
         raise

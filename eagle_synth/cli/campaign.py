@@ -5,15 +5,23 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Literal, NoReturn, cast
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, check_campaign_name, fail, redis_client, warn
+from eagle_synth.cli.options import RedisOpt, check_campaign_name, command_group, fail, redis_client, warn
 from eagle_synth.settings import broker_settings
 from eagle_synth.toolcalls import TOOL_FORMATS
 
-app = typer.Typer()
+if TYPE_CHECKING:
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.settings import BrokerSettings
+    from producer.enqueue import EnqueueOptions, EnqueueSummary
+
+app = command_group()
+
+# Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED_EXIT = 130
 
 
 def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
@@ -121,8 +129,15 @@ def enqueue(
         fail("--max-prompt-tokens and --max-prompt-chars must be 0 (no cap) or positive")
     if history not in ("dataset", "own"):
         fail("--history must be 'dataset' or 'own'")
-    if max_turns is not None and (max_turns < 1 or history != "own"):
-        fail("--max-turns takes a number >= 1 and applies with --history own")
+    if max_turns is not None and history != "own":
+        fail("--max-turns needs --history own (it caps the turns answered on the model's own answers)")
+    if max_turns is not None and max_turns < 1:
+        fail(f"--max-turns {max_turns}: give a number of turns, at least 1")
+    if history == "own" and turns == "all":
+        fail(
+            "--turns all applies with --history dataset; --history own already answers every turn "
+            "(--max-turns caps how many)"
+        )
     if tool_format is not None and history != "own":
         fail("--tool-format applies with --history own")
     if tool_format is not None and tool_format not in TOOL_FORMATS:
@@ -180,26 +195,66 @@ def enqueue(
         variants=loaded_variants,
         tool_format=tool_format,
     )
-    broker = None if dry_run else broker_settings(redis_url=redis)
+    broker = broker_settings(redis_url=redis)  # a dry run reads the campaign from it too, when it answers
     total_rows = None
     if not as_json and EnqueueProgress.wanted() and "-" not in files:
         total_rows = estimate_rows(files)
     progress = EnqueueProgress(enabled=not as_json, total_rows=total_rows)
-    with progress:
-        summary = run_enqueue(
-            options,
-            broker=broker,
-            stdin=sys.stdin.buffer,
-            on_rows=progress.update,
-            on_wait=progress.waiting,
-            on_warning=warn,
-        )
+    so_far: list[EnqueueSummary] = []  # the run's summary, as the producer last reported it
+
+    def on_rows(summary: EnqueueSummary) -> None:
+        so_far[:] = [summary]
+        progress.update(summary)
+
+    try:
+        with progress:
+            summary = run_enqueue(
+                options,
+                broker=broker,
+                stdin=sys.stdin.buffer,
+                on_rows=on_rows,
+                on_wait=progress.waiting,
+                on_warning=warn,
+            )
+    except KeyboardInterrupt:
+        _interrupted(so_far[0] if so_far else None, options=options, broker=broker)
     if as_json:
         print(json.dumps(summary.to_dict()))
     else:
         print_summary(summary)
+    if summary.rows_read == 0:
+        warn("the input holds no rows: nothing " + ("would be " if dry_run else "") + "enqueued, no campaign created")
+    elif not summary.dry_run and summary.rows_skipped == summary.rows_read:
+        warn("every row was skipped (reasons above): nothing enqueued, no campaign created")
     if not summary.accounted:
         fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
+
+
+def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, broker: BrokerSettings) -> NoReturn:
+    """Ctrl-C during enqueue: say what the run kept and that rerunning it resumes; exit 130."""
+    if options.dry_run:
+        fail("interrupted: a dry run enqueues nothing", code=INTERRUPTED_EXIT)
+    read = f"; this run read {summary.rows_read} rows" if summary is not None else ""
+    fail(
+        f"interrupted: campaign {options.campaign!r} holds {_enqueued_now(options.campaign, broker)} "
+        f"enqueued prompts, kept in Redis{read}. Rerun the same command to resume: prompts already "
+        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then",
+        code=INTERRUPTED_EXIT,
+    )
+
+
+def _enqueued_now(name: str, broker: BrokerSettings) -> str:
+    """The campaign's enqueued prompts as Redis holds them (the producer's own tally can lag a
+    chunk behind when it is stopped mid-chunk); `?` when Redis does not answer."""
+    import redis as redis_errors
+
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.redis_client import connect
+
+    try:
+        return f"{Campaign(connect(broker), name).progress().enqueued:,}"
+    except redis_errors.RedisError:
+        return "?"
 
 
 @app.command()
@@ -246,6 +301,38 @@ def campaigns(
         )
 
 
+def _existing_campaign(redis_url: str | None, name: str) -> Campaign:
+    """The campaign `name`, or the one-line error a missing campaign gets (exit 2)."""
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.errors import CampaignNotFound
+
+    target = Campaign(redis_client(redis_url), name)
+    if not target.exists():
+        raise CampaignNotFound(name)
+    return target
+
+
+def _check_failure_reason(target: Campaign, reason: str) -> None:
+    """Stop naming --reason unless the campaign has, or once had, failures with that reason: a
+    misspelt reason would otherwise re-enqueue nothing and look like success."""
+    from eagle_synth import counters
+
+    current = target.failure_counts()
+    ever = {
+        key.removeprefix(counters.FAILED_PREFIX)
+        for key in target.progress().counters
+        if key.startswith(counters.FAILED_PREFIX)
+    }
+    if reason in current or reason in ever:
+        return
+    known = sorted(set(current) | ever)
+    fail(
+        f"--reason {reason!r}: campaign {target.name!r} has no failures with that reason; "
+        + (f"its reasons: {', '.join(known)}" if known else "it has no failures at all")
+        + " (`eagle-synth failed` lists them)"
+    )
+
+
 @app.command()
 def failed(
     campaign: Annotated[str, typer.Argument(help="Campaign name.")],
@@ -254,10 +341,9 @@ def failed(
     redis: RedisOpt = None,
 ) -> None:
     """List a campaign's failed prompts by reason."""
-    from eagle_synth.campaign import Campaign
     from eagle_synth.tools.failures import failures_by_reason, format_failures
 
-    report = failures_by_reason(Campaign(redis_client(redis), campaign), examples=limit)
+    report = failures_by_reason(_existing_campaign(redis, campaign), examples=limit)
     if as_json:
         print(json.dumps(report))
         return
@@ -272,14 +358,14 @@ def retry_failed(
     redis: RedisOpt = None,
 ) -> None:
     """Enqueue a campaign's failed prompts again."""
-    from eagle_synth.campaign import Campaign
     from eagle_synth.queue import make_celery
     from eagle_synth.tools.repair import RECORD_DAMAGED
     from producer.retry import retry_failed as run_retry
 
     settings = broker_settings(redis_url=redis)
-    client = redis_client(redis)
-    target = Campaign(client, campaign)
+    target = _existing_campaign(redis, campaign)
+    if reason is not None:
+        _check_failure_reason(target, reason)
     count = run_retry(target, app=make_celery(settings), queue=settings.queue, reason=reason)
     typer.echo(f"re-enqueued {count} failed prompts of {campaign}" + (f" (reason {reason})" if reason else ""))
     damaged = target.failure_counts().get(RECORD_DAMAGED, 0) if reason in (None, RECORD_DAMAGED) else 0

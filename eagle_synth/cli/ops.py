@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt
+from eagle_synth.cli.options import RedisOpt, command_group
 
-app = typer.Typer()
+app = command_group()
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -35,11 +35,16 @@ def flower(
     redis: RedisOpt = None,
 ) -> None:
     """Run Flower on the campaign broker, with basic auth. Unknown options go to Flower (e.g. --url_prefix=flower)."""
+    from eagle_synth.cli.options import redis_client
     from eagle_synth.settings import broker_settings
-    from eagle_synth.tools.flower import FlowerOptions, flower_urls, resolve_auth, run_flower
+    from eagle_synth.tools.flower import FlowerOptions, check_port_free, flower_urls, resolve_auth, run_flower
 
     settings = broker_settings(redis_url=redis)
     credentials = resolve_auth(basic_auth=basic_auth, no_auth=no_auth, environ=os.environ)
+    check_port_free(address=address, port=port)
+    # Flower would start and show an empty dashboard on a Redis it cannot reach: say it once
+    # (main() turns a Redis connection error into one `error: cannot reach Redis` line).
+    redis_client(redis).ping()
     options = FlowerOptions(
         credentials=tuple(credentials) if credentials is not None else None,
         port=port,

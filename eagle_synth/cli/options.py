@@ -12,6 +12,17 @@ from eagle_synth.settings import broker_settings
 if TYPE_CHECKING:
     import redis
 
+# How --help is laid out: click's plain format. Rich's boxed tables cut flag names at 80 columns
+# ("--repetition-pena...") and read "[default: 6]" in a help text as markup, dropping it; the plain
+# format puts a long flag on a line of its own and wraps the help beside it, at any width.
+HELP_MARKUP_MODE = None
+
+
+def command_group() -> typer.Typer:
+    """The Typer app of one command group (merged into the top-level app by eagle_synth.cli)."""
+    return typer.Typer(rich_markup_mode=HELP_MARKUP_MODE)
+
+
 RedisOpt = Annotated[
     str | None,
     typer.Option(

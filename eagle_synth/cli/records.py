@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, fail, redis_client, warn
+from eagle_synth.cli.options import RedisOpt, command_group, fail, redis_client, warn
 
 if TYPE_CHECKING:
     from eagle_synth.tools.export_progress import RecordsProgress
     from eagle_synth.tools.filters import ExportFilters
 
-app = typer.Typer()
+app = command_group()
 
 CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")]
 
@@ -93,6 +93,55 @@ def _expected_records(campaign_dir: Path) -> int | None:
         return None
 
 
+# Formats --out names by its extension (export infers them when --format is absent).
+FILE_FORMATS_BY_SUFFIX = {".parquet": "parquet", ".jsonl": "jsonl", ".jsonl.gz": "jsonl"}
+# Formats that write a folder (datasets' save_to_disk); never inferred: a folder's name says no trainer.
+FOLDER_FORMATS = ("speculators", "hf")
+# What each file format may be written as (specforge is JSONL, read as plain text).
+SUFFIXES_OF_FORMAT = {"jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",), "specforge": (".jsonl", ".jsonl.gz")}
+
+
+def _suffix(out: Path) -> str | None:
+    """The export-relevant extension of --out (.jsonl.gz counts as one), or None."""
+    name = out.name.lower()
+    return next((suffix for suffix in (".jsonl.gz", ".jsonl", ".parquet") if name.endswith(suffix)), None)
+
+
+def export_format(format: str | None, out: Path) -> str:
+    """The format an export writes: --format, else the one --out's extension names, else jsonl.
+
+    A --format that contradicts --out's extension (parquet into .jsonl, jsonl into .parquet, a
+    folder format into a file name) stops the command: the file would not be what its name says.
+    An unknown --format is left to the exporter, which lists the known ones.
+    """
+    suffix = _suffix(out)
+    if format is None:
+        return FILE_FORMATS_BY_SUFFIX.get(suffix or "", "jsonl")
+    if suffix is None:
+        return format
+    if format in FOLDER_FORMATS:
+        fail(f"--format {format} writes a folder (datasets' save_to_disk), but --out {out} names a {suffix} file")
+    allowed = SUFFIXES_OF_FORMAT.get(format)
+    if allowed is not None and suffix not in allowed:
+        fail(
+            f"--format {format} contradicts --out {out}: a {suffix} file holds {FILE_FORMATS_BY_SUFFIX[suffix]}; "
+            f"name it {' or '.join(allowed)}, or drop --format to write {FILE_FORMATS_BY_SUFFIX[suffix]}"
+        )
+    return format
+
+
+def _require_records(campaign_dir: Path, what: str) -> None:
+    """Stop, saying so, when campaign_dir is no campaign folder or holds no record yet: an
+    export of nothing or a verify of nothing would otherwise read as success."""
+    from eagle_synth.records import record_files, records_dir
+
+    if not record_files(campaign_dir):  # NotACampaignFolder when there is no records/ folder
+        fail(
+            f"{records_dir(campaign_dir)} holds no record files yet: nothing to {what} "
+            "(workers write them as batches finish; `eagle-synth status NAME` shows the campaign's progress)"
+        )
+
+
 @contextmanager
 def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
     """A progress bar over the campaign's records; a damaged file ends the command, saying what to do."""
@@ -119,12 +168,12 @@ def export(
         ),
     ],
     format: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--format",
-            help="jsonl or parquet (every record field); specforge (JSONL for data.prompts_path); speculators (its prepared-data folder + token_freq); hf (a datasets folder, load_from_disk).",
+            help="jsonl or parquet (every record field); specforge (JSONL for data.prompts_path); speculators (its prepared-data folder + token_freq); hf (a datasets folder, load_from_disk). Default: from --out's extension (.parquet, .jsonl, .jsonl.gz), else jsonl.",
         ),
-    ] = "jsonl",
+    ] = None,
     drop_truncated: DropTruncatedOpt = False,
     min_output_tokens: MinOutputTokensOpt = 0,
     max_length: MaxLengthOpt = None,
@@ -167,7 +216,7 @@ def export(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
-    from eagle_synth.tools.export import export_records
+    from eagle_synth.tools.export import FORMATS, export_records
 
     filters = _filters(
         drop_truncated=drop_truncated,
@@ -179,6 +228,9 @@ def export(
         sample=sample,
         seed=seed,
     )
+    format = export_format(format, out)
+    if format in FORMATS:  # an unknown --format is named by the exporter first, listing the known ones
+        _require_records(campaign_dir, "export")
     with _reading(campaign_dir) as progress:
         written = export_records(
             campaign_dir,
@@ -264,6 +316,7 @@ def vocab(
         sample=sample,
         seed=seed,
     )
+    _require_records(campaign_dir, "count")
     with _reading(campaign_dir) as progress:
         result = build_vocab(
             campaign_dir,
@@ -323,6 +376,7 @@ def verify(
 
     from eagle_synth.tools.verify import format_report, verify_campaign
 
+    _require_records(campaign_dir, "verify")
     report = verify_campaign(campaign_dir, tokenizer=tokenizer)
     if as_json:
         print(json.dumps(report))
@@ -351,15 +405,20 @@ def inspect(
 
     from eagle_synth.records import read_manifest
     from eagle_synth.tools.inspect import find_records, render_record
-    from eagle_synth.tools.verify import load_plain_tokenizer
+    from eagle_synth.tools.verify import check_settings, load_plain_tokenizer
 
+    _require_records(campaign_dir, "inspect")
+    manifest = read_manifest(campaign_dir)
     if tokenizer is None:
-        stored = ((read_manifest(campaign_dir) or {}).get("settings") or {}).get("tokenizer_path")
+        stored = ((manifest or {}).get("settings") or {}).get("tokenizer_path")
         if not stored:
             fail("pass --tokenizer with the campaign's tokenizer folder (manifest.json does not name one)")
         tokenizer = Path(stored)
     records = find_records(campaign_dir, key=key, random_n=random_n, seed=seed)
     loaded = load_plain_tokenizer(tokenizer)
+    mismatch = check_settings(tokenizer=loaded, manifest=manifest).fingerprint_mismatch
+    if mismatch:
+        warn(f"{mismatch}: the text below is decoded with another model's vocabulary and may be garbage")
     console = Console()
     for record in records:
         render_record(record, tokenizer=loaded, console=console, prompt_tail=prompt_tail)

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, fail, redis_client, warn
+from eagle_synth.cli.options import RedisOpt, command_group, fail, redis_client, warn
 from eagle_synth.settings import broker_settings, export_to_environment
 
-app = typer.Typer()
+app = command_group()
 
 # The flag of each WorkerConfig setting the command takes, for messages that name the setting.
 SETTING_FLAGS = {
@@ -24,6 +24,37 @@ SETTING_FLAGS = {
     "backoff_max": "--backoff-max",
     "probe_timeout": "--probe-timeout",
 }
+
+
+# Paths of the servers' own endpoints: a --server URL ending in one names an endpoint, not the
+# server (the worker adds /generate, /v1/completions, /health, ... itself).
+ENDPOINT_PATHS = (
+    "/generate",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1",
+    "/health",
+    "/health_generate",
+    "/get_model_info",
+    "/get_server_info",
+)
+
+
+def _check_server_url(url: str) -> None:
+    """Stop naming --server unless `url` is http(s)://host[:port][/prefix] without an endpoint path."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        fail(f"--server {url!r}: not an http:// or https:// URL; e.g. --server http://{url.split('://')[-1]}")
+    path = parts.path.rstrip("/")
+    for endpoint in ENDPOINT_PATHS:
+        if path.endswith(endpoint):
+            base = url[: url.index(parts.netloc) + len(parts.netloc)] + path[: -len(endpoint)]
+            fail(
+                f"--server {url!r}: give the server's address without the {endpoint} path "
+                f"(the worker adds it): --server {base}"
+            )
 
 
 def _worker_option(name: str, *flags: str):
@@ -62,7 +93,7 @@ def worker(
     task_events: Annotated[
         bool,
         typer.Option(
-            help="Send Celery task events (Flower's task views need them; they cost about 0.25 ms of CPU per record)."
+            help="Send Celery task events (Flower's task views need them; they cost about 0.07 ms of CPU per record, BENCHMARKS.md)."
         ),
     ] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
@@ -74,6 +105,8 @@ def worker(
     """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""
     from eagle_synth.redis_policy import check_redis_ready
 
+    for url in server:
+        _check_server_url(url)
     settings = broker_settings(redis_url=redis)
     # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
     warning = check_redis_ready(redis_client(redis), allow_evicting=allow_evicting_redis)

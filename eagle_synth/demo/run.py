@@ -10,6 +10,8 @@ dataset's tool results). Everything lives under one folder, which is left behind
 
 from __future__ import annotations
 
+import shutil
+import sys
 import time
 from importlib import resources
 from pathlib import Path
@@ -132,14 +134,48 @@ def run_demo(folder: Path) -> int:
             console.print("its prompt holds the model's own earlier answers; the output is this turn's answer")
         show_record(record, tokenizer_path=tokenizer, console=console)
         console.rule()
-        console.print(
-            f"records: {out / DEMO_CAMPAIGN}  (export: eagle-synth export {out / DEMO_CAMPAIGN} --out train.jsonl)"
-        )
+        command, activate = runnable_command()
+        records_at = shown_path(out / DEMO_CAMPAIGN)
+
+        # Printed as the user's shell can run them (eagle-synth is on PATH only in an activated
+        # venv), each on one line however narrow the terminal, so a copy runs as it is.
+        def hint(line: str) -> None:
+            console.print(line, highlight=False, soft_wrap=True)
+
+        hint(f"records: {records_at}")
+        hint("next, in this shell:")
+        hint(f"  {command} export {records_at} --out {shown_path(folder / 'train.jsonl')}")
+        hint(f"  {command} inspect {records_at} --random 1")
+        if activate:
+            hint(f"  (or `{activate}` first: it puts eagle-synth on PATH in this shell)")
         return 0
     finally:
         for process in reversed(processes):
             process.stop(timeout=20)
         redis_server.stop()
+
+
+def shown_path(path: Path) -> str:
+    """A path as the user's shell takes it: relative to the current folder when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def runnable_command() -> tuple[str, str | None]:
+    """(how to run eagle-synth in the shell that started this process, the line that puts it on
+    PATH or None). `make demo` runs .venv/bin/eagle-synth without activating the venv, so a bare
+    `eagle-synth` there is "command not found": the hints name the script by its path instead."""
+    script = Path(sys.executable).parent / "eagle-synth"
+    found = shutil.which("eagle-synth")
+    if found and script.exists() and Path(found).resolve() == script.resolve():
+        return "eagle-synth", None
+    if not script.exists():
+        return f"{shown_path(Path(sys.executable))} -m eagle_synth", None
+    activate = Path(sys.prefix) / "bin" / "activate"
+    in_venv = sys.prefix != sys.base_prefix and activate.exists()
+    return shown_path(script), (f". {shown_path(activate)}" if in_venv else None)
 
 
 def show_record(record: Record, *, tokenizer_path: Path, console: Console) -> None:

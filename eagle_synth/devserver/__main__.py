@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import logging
 import sys
 import types
@@ -16,6 +17,8 @@ from collections.abc import Sequence
 
 from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.devserver.server import run_devserver
+from eagle_synth.errors import USER_ERROR_EXIT
+from eagle_synth.templating import TemplateError, check_tokenizer_path
 
 # Log line format on stderr (stdout carries only the "listening" line).
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -69,12 +72,48 @@ def config_from_argv(argv: Sequence[str] | None = None) -> DevServerConfig:
         raise  # unreachable: parser.error exits
 
 
+def _stop(message: str) -> int:
+    """One `error: ...` line on stderr, as every eagle-synth command says it; exit status 2."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return USER_ERROR_EXIT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the process exit status."""
+    """CLI entry point; returns the process exit status (2, with one line, for a flag to fix)."""
     config = config_from_argv(argv)
+    port_taken = (
+        f"--port {config.port}: address {config.host}:{config.port} is already in use; "
+        "pick another port (--port 0 takes a free one)"
+    )
+    try:
+        check_tokenizer_path(config.tokenizer)
+    except TemplateError as exc:
+        return _stop(str(exc))
+    if config.port and not _can_bind(config.host, config.port):
+        return _stop(port_taken)  # before the tokenizer's seconds of loading
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
-    run_devserver(config)
+    try:
+        run_devserver(config)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        return _stop(port_taken)  # taken while the tokenizer loaded
     return 0
+
+
+def _can_bind(host: str, port: int) -> bool:
+    """Whether (host, port) can be bound now, as the HTTP server binds it (SO_REUSEADDR)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
 
 
 if __name__ == "__main__":

@@ -61,5 +61,7 @@ def format_failures(report: dict, *, limit: int) -> list[str]:
             lines.append(f"  {reason}: {info['count']}")
             for end in info["examples"]:
                 detail = f": {end['message'][:MESSAGE_PREVIEW_CHARS]}" if end.get("message") else ""
-                lines.append(f"    {end['conversation']} ({end['source']}) after {end['turns']} turns{detail}")
+                lines.append(
+                    f"    {end['conversation']} ({end['source']}) after {end['turns']} turn{'' if end['turns'] == 1 else 's'}{detail}"
+                )
     return lines

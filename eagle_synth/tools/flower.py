@@ -123,10 +123,48 @@ class FlowerOptions:
             environ[ENV_BASIC_AUTH] = ",".join(self.credentials)
 
 
+class FlowerPortInUse(UserError, OSError):
+    """Flower's port is taken on its address; the message names --port."""
+
+
+def check_port_free(*, address: str, port: int) -> None:
+    """Raise FlowerPortInUse if (address, port) cannot be bound now, before Flower's own start
+    would fail there with a traceback. SO_REUSEADDR as Tornado binds, so a port in TIME_WAIT passes."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as exc:
+            raise FlowerPortInUse(
+                f"--port {port}: cannot listen on {address}:{port} ({exc.strerror}); "
+                "another Flower (or another program) holds it: pick another --port"
+            ) from exc
+
+
+def require_auth_on_metrics() -> None:
+    """Put Flower's /metrics behind the same authentication as its pages and API.
+
+    Flower 2.x serves /metrics (Prometheus: task names, worker names, queue figures) without
+    checking credentials; its other views are decorated with tornado's `authenticated`, which
+    with basic auth answers 401 to a request without the right ones. The same decorator goes on
+    /metrics here, so only /healthcheck (one word, "OK") stays open. Idempotent.
+    """
+    from flower.views.monitor import Metrics
+    from tornado import web
+
+    if not getattr(Metrics.get, "_eagle_synth_authenticated", False):
+        guarded = web.authenticated(Metrics.get)
+        guarded._eagle_synth_authenticated = True  # type: ignore[attr-defined]
+        Metrics.get = guarded
+
+
 def run_flower(*, settings: BrokerSettings, options: FlowerOptions) -> int:
     """Run Flower in this process until it is stopped; returns its exit code."""
     from celery.bin.celery import celery as celery_command
 
+    require_auth_on_metrics()
     export_to_environment(settings)
     options.apply_environment(os.environ)
     try:

@@ -13,7 +13,7 @@ import time
 
 import redis
 
-from eagle_synth import counters
+from eagle_synth import counters, input_rows
 from eagle_synth.campaign import Campaign, campaign_names
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.node_state import UNKNOWN, all_nodes
@@ -101,6 +101,7 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
     records_per_s, tokens_per_s = _rates(campaign.recent_events(seconds=RATE_WINDOW), now=now)
     eta = progress.pending / records_per_s if records_per_s > 0 else None
     finished = progress.done + progress.failed
+    inputs = input_rows.totals(client, campaign.keys)
     return {
         "campaign": name,
         "enqueued": progress.enqueued,
@@ -115,9 +116,10 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
             for key, value in progress.counters.items()
             if key.startswith(counters.FAILED_PREFIX)
         },
-        "rows_read": progress.counters.get(counters.ROWS_READ, 0),
-        "rows_skipped": progress.counters.get(counters.ROWS_SKIPPED, 0),
-        "skipped_by_reason": campaign.skipped(),
+        # Per source as its latest enqueue read it (a rerun replaces, not adds); older campaigns: all-time counters.
+        "rows_read": inputs.read if inputs else progress.counters.get(counters.ROWS_READ, 0),
+        "rows_skipped": inputs.skipped if inputs else progress.counters.get(counters.ROWS_SKIPPED, 0),
+        "skipped_by_reason": dict(inputs.skipped_by_reason) if inputs else campaign.skipped(),
         "tokens_in": progress.counters.get(counters.TOKENS_IN, 0),
         "tokens_out": progress.counters.get(counters.TOKENS_OUT, 0),
         "repaired_prefix": progress.counters.get(counters.REPAIRED_PREFIX, 0),

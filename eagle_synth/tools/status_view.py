@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 import redis
+from rich import box
 from rich.columns import Columns
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
@@ -49,6 +50,11 @@ WORKER_COLUMNS = (
     "last heartbeat",
     "detail",
 )
+# Beyond this many seconds the expected end is shown as a duration: a clock time a day or more
+# ahead would read as today's.
+CLOCK_ETA_LIMIT_S = 86400
+# Failure reasons listed in the compact view (--watch on a short terminal); the rest are summed.
+COMPACT_FAILURE_REASONS = 3
 # Errors that mean "Redis is not answering right now" rather than a bug: --watch waits them out.
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
@@ -77,12 +83,25 @@ def _since(since: float | None, now: float) -> str:
     return f"{format_duration(now - since)} (since {_clock(since)})"
 
 
+def finish_estimate(data: dict) -> str:
+    """When the campaign should finish at the current rate: `ends ~18:50:12` (the clock time),
+    `ends in 2d04h` beyond a day, `` when there is no rate (nothing finishing, or all done)."""
+    eta = data.get("eta_seconds")
+    if eta is None or data["finished_share"] >= 1.0:
+        return ""
+    if eta >= CLOCK_ETA_LIMIT_S:
+        return f"ends in {format_duration(eta)}"
+    return f"ends ~{_clock(data['at'] + eta)}"
+
+
 def _header(data: dict, width: int) -> RenderableType:
-    """Campaign name, progress bar, share finished and clock on one line; the bar shrinks to the
-    width, and a name too long for that goes on a line of its own above the rest."""
+    """Campaign name, progress bar, share finished, its expected end and the time of the figures
+    on one line; the bar shrinks to the width, and a name too long for that goes on a line of its
+    own above the rest."""
     name = Text(f"campaign {data['campaign']}", style="bold")
-    share = Text(f"{100 * data['finished_share']:.1f}% finished")
-    clock = Text(f"at {_clock(data['at'])}", style="dim")
+    estimate = finish_estimate(data)
+    share = Text(f"{100 * data['finished_share']:.1f}% finished" + (f", {estimate}" if estimate else ""))
+    clock = Text(f"as of {_clock(data['at'])}", style="dim")
     grid = Table.grid(padding=(0, 1))
     beside = width - name.cell_len - share.cell_len - clock.cell_len - 3  # the grid's padding
     if beside >= MIN_PROGRESS_BAR_WIDTH:
@@ -99,9 +118,17 @@ def _bar(data: dict, width: int) -> ProgressBar:
     )
 
 
-def _figures(title: str, rows: list[tuple[str, str | Text]]) -> Table:
-    """A two-column block: label, value (right-aligned); legible at any width."""
-    table = Table(title=title, title_justify="left", title_style="bold", show_header=False)
+def _figures(title: str, rows: list[tuple[str, str | Text]], *, compact: bool = False) -> Table:
+    """A two-column block: label, value (right-aligned); legible at any width. Compact: no box
+    (four lines fewer per block, for --watch on a 24-line terminal)."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        title_style="bold",
+        show_header=False,
+        box=None if compact else box.SQUARE,
+        padding=(0, 1, 0, 0) if compact else (0, 1),
+    )
     table.add_column("figure", style="dim", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     for label, value in rows:
@@ -109,7 +136,7 @@ def _figures(title: str, rows: list[tuple[str, str | Text]]) -> Table:
     return table
 
 
-def _counts(data: dict) -> Table:
+def _counts(data: dict, *, compact: bool = False) -> Table:
     return _figures(
         "prompts",
         [
@@ -120,10 +147,11 @@ def _counts(data: dict) -> Table:
             ("done", f"{data['done']:,}"),
             ("failed", Text(f"{data['failed']:,}", style="red" if data["failed"] else "")),
         ],
+        compact=compact,
     )
 
 
-def _throughput(data: dict) -> Table:
+def _throughput(data: dict, *, compact: bool = False) -> Table:
     window = format_duration(data["rate_window_s"])
     return _figures(
         "throughput",
@@ -134,10 +162,11 @@ def _throughput(data: dict) -> Table:
             (f"tokens/s ({window})", f"{data['tokens_per_s']:,.0f}"),
             ("ETA", format_duration(data["eta_seconds"])),
         ],
+        compact=compact,
     )
 
 
-def _input(data: dict) -> Table:
+def _input(data: dict, *, compact: bool = False) -> Table:
     skipped = sorted(data["skipped_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))
     return _figures(
         "input",
@@ -148,29 +177,43 @@ def _input(data: dict) -> Table:
             ("skipped by reason", "\n".join(f"{r} {c:,}" for r, c in skipped) or "-"),
             ("prefix repairs", f"{data['repaired_prefix']:,}"),
         ],
+        compact=compact,
     )
 
 
-def _failures(data: dict) -> Table:
+def _failures(data: dict, *, compact: bool = False) -> Table:
+    """Failures by reason, most first; compact: no box, and the reasons past
+    COMPACT_FAILURE_REASONS summed on one line."""
     table = Table(
-        title="failed by reason", title_justify="left", title_style="bold", show_header=True, header_style="bold"
+        title="failed by reason",
+        title_justify="left",
+        title_style="bold",
+        show_header=True,
+        header_style="bold",
+        box=None if compact else box.HEAVY_HEAD,
+        padding=(0, 1, 0, 0) if compact else (0, 1),
     )
     table.add_column("reason")
     table.add_column("prompts now", justify="right", no_wrap=True)
     table.add_column("ever recorded", justify="right", no_wrap=True)
-    reasons = set(data["failed_by_reason"]) | set(data["failures_recorded_by_reason"])
-    for reason in sorted(reasons, key=lambda r: (-data["failed_by_reason"].get(r, 0), r)):
+    now, ever = data["failed_by_reason"], data["failures_recorded_by_reason"]
+    reasons = sorted(set(now) | set(ever), key=lambda r: (-now.get(r, 0), r))
+    shown = reasons[:COMPACT_FAILURE_REASONS] if compact and len(reasons) > COMPACT_FAILURE_REASONS + 1 else reasons
+    for reason in shown:
+        table.add_row(reason, f"{now.get(reason, 0):,}", f"{ever.get(reason, 0):,}")
+    rest = reasons[len(shown) :]
+    if rest:
         table.add_row(
-            reason,
-            f"{data['failed_by_reason'].get(reason, 0):,}",
-            f"{data['failures_recorded_by_reason'].get(reason, 0):,}",
+            Text(f"{len(rest)} more reasons", style="dim"),
+            f"{sum(now.get(r, 0) for r in rest):,}",
+            f"{sum(ever.get(r, 0) for r in rest):,}",
         )
     if not reasons:
         table.add_row("(none)", "0", "0")
     return table
 
 
-def _conversations(data: dict) -> Table:
+def _conversations(data: dict, *, compact: bool = False) -> Table:
     """`--history own` campaigns: how many conversations, and why the stopped ones stopped."""
     conversations = data["conversations"]
     rows: list[tuple[str, str | Text]] = [
@@ -182,7 +225,7 @@ def _conversations(data: dict) -> Table:
     ]
     for reason, count in sorted(conversations["stopped_by_reason"].items(), key=lambda kv: -kv[1]):
         rows.append((f"  {reason}", f"{count:,}"))
-    return _figures("conversations", rows)
+    return _figures("conversations", rows, compact=compact)
 
 
 def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
@@ -220,9 +263,10 @@ def _workers_table(data: dict) -> Table:
     return table
 
 
-def _workers_blocks(data: dict) -> Group:
+def _workers_blocks(data: dict, *, compact: bool = False) -> Group:
     """Each worker node on a line, its servers indented below it, fields labelled in the text
-    rather than under headers: for narrow terminals and pipes. Wrapped lines keep their indent."""
+    rather than under headers: for narrow terminals and pipes. Wrapped lines keep their indent.
+    Compact: a state's duration without its clock time, so a server's line fits 80 columns."""
     lines: list[RenderableType] = [Text("workers", style="bold")]
     if not data["workers"]:
         lines.append(Padding(Text("(no live worker)", style="yellow"), (0, 0, 0, 2), expand=False))
@@ -249,7 +293,7 @@ def _workers_blocks(data: dict) -> Group:
             f" ({cells['kind']}) ",
             cells["state"],
             " for ",
-            cells["for"],
+            format_duration(data["at"] - w["since"]) if compact and w["since"] else cells["for"],
             f"; in flight {cells['in flight']}",
         )
         if cells["detail"]:
@@ -263,36 +307,55 @@ class StatusView:
 
     The figures are label/value blocks set side by side while they fit; the workers are a table
     when every row fits on one line, else a block per worker. No header is ever cut, and no
-    line is wider than the console (80 columns when stdout is not a terminal).
+    line is wider than the console (80 columns when stdout is not a terminal). Given a height
+    (--watch: the terminal's), a view that would be taller drops the boxes around its blocks
+    and sums the rarest failure reasons, so that at 80x24 the failures and the workers stay on
+    screen (Live crops what is taller than the terminal).
 
     Parameters:
         data: a campaign_status() dict.
         footer: a dim last line (e.g. watch hints), or None.
+        height: lines the view should fit in, or None (printed once: any height).
     """
 
-    def __init__(self, data: dict, *, footer: str | None = None) -> None:
+    def __init__(self, data: dict, *, footer: str | None = None, height: int | None = None) -> None:
         self.data = data
         self.footer = footer
+        self.height = height
 
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+    def _parts(self, console: Console, options: ConsoleOptions, *, compact: bool) -> list[RenderableType]:
         width = options.max_width
-        yield _header(self.data, width)
-        blocks = [_counts(self.data), _throughput(self.data), _input(self.data)]
+        parts: list[RenderableType] = [_header(self.data, width)]
+        blocks = [
+            _counts(self.data, compact=compact),
+            _throughput(self.data, compact=compact),
+            _input(self.data, compact=compact),
+        ]
         if self.data.get("conversations"):
-            blocks.insert(1, _conversations(self.data))
-        yield Columns(blocks, padding=(0, 2))
-        yield _failures(self.data)
+            blocks.insert(1, _conversations(self.data, compact=compact))
+        parts.append(Columns(blocks, padding=(0, 2)))
+        parts.append(_failures(self.data, compact=compact))
         table = _workers_table(self.data)
         # Measured without a width limit: rich clamps a measurement to the width it is given.
         fits = Measurement.get(console, options.update_width(UNLIMITED_WIDTH), table).maximum <= width
-        yield table if fits else _workers_blocks(self.data)
+        parts.append(table if fits else _workers_blocks(self.data, compact=compact))
         if self.footer:
-            yield Text(self.footer, style="dim")
+            parts.append(Text(self.footer, style="dim"))
+        return parts
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        parts = self._parts(console, options, compact=False)
+        if self.height is not None:
+            tall = len(console.render_lines(Group(*parts), options.update(height=None), pad=False))
+            if tall > self.height:
+                parts = self._parts(console, options, compact=True)
+        yield from parts
 
 
-def status_renderable(data: dict, *, footer: str | None = None) -> StatusView:
-    """The whole view of one campaign_status() dict; footer is a dim last line (e.g. watch hints)."""
-    return StatusView(data, footer=footer)
+def status_renderable(data: dict, *, footer: str | None = None, height: int | None = None) -> StatusView:
+    """The whole view of one campaign_status() dict; footer is a dim last line (e.g. watch hints);
+    height: the lines it should fit in (--watch: the terminal's), None for any."""
+    return StatusView(data, footer=footer, height=height)
 
 
 def render_status(data: dict, *, console: Console | None = None) -> None:
@@ -346,15 +409,16 @@ def watch_status(
         with Live(console=console, auto_refresh=False, transient=False) as live:
             while refreshes is None or count < refreshes:
                 data, problem = snapshot()
+                height = console.size.height
                 if data is not None:
                     last_good = data
-                    live.update(status_renderable(data, footer=footer), refresh=True)
+                    live.update(status_renderable(data, footer=footer, height=height), refresh=True)
                 elif last_good is not None:
                     # Keep the last figures on screen, marked stale, so the operator keeps context.
                     live.update(
                         Group(
                             _problem(f"{problem} — figures below are from {_clock(last_good['at'])}"),
-                            status_renderable(last_good, footer=footer),
+                            status_renderable(last_good, footer=footer, height=height - 1),
                         ),
                         refresh=True,
                     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import UserError, clause
 from eagle_synth.records import (
     RawRecord,
     RecordFormatError,
@@ -105,7 +105,7 @@ def load_plain_tokenizer(path: str | os.PathLike):
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
         raise VerifyError(
-            f"cannot load a tokenizer from {path}: {exc}. Pass --tokenizer a folder with tokenizer.json "
+            f"cannot load a tokenizer from {path}: {clause(exc)}. Pass --tokenizer a folder with tokenizer.json "
             "/ tokenizer_config.json (the one the campaign was enqueued with)."
         ) from exc
 
