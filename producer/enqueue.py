@@ -38,6 +38,10 @@ ROWS_PER_CHUNK = 256
 EXAMPLES_PER_REASON = 3
 # Default cap on pending prompts before enqueue waits (keeps Redis memory bounded).
 DEFAULT_MAX_BACKLOG = 200_000
+# Default cap on the MB the backlog holds in Redis (queued tasks, failures, outbox): at 2k-token
+# prompts the 200,000-prompt cap alone allows ~0.8 GB; 256 MB keeps a 10M-prompt campaign's peak
+# (its key sets, ~170 B a prompt, plus this) under 2 GB.
+DEFAULT_MAX_BACKLOG_MB = 256
 # Default cap on a prompt's tokens after templating: above the context of most served models,
 # and far below the 10M-token prompt a 50 MB row made. The worker also fails prompts over its
 # server's own context length.
@@ -74,6 +78,8 @@ class EnqueueOptions:
         max_prompt_chars: skip conversations with more characters than this, before templating
             (None or 0: no cap).
         max_backlog: wait while more prompts than this are pending (0 = never).
+        max_backlog_mb: wait while the backlog (queue, failures, outbox) holds more MB than this
+            in Redis (0 = no byte cap; never more than half of a set maxmemory).
         strict: stop at the first skipped row.
         dry_run: template and count, enqueue nothing (Redis not needed).
         processes: templating processes (default: every core).
@@ -99,6 +105,7 @@ class EnqueueOptions:
     max_prompt_tokens: int | None = None
     max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS
     max_backlog: int = DEFAULT_MAX_BACKLOG
+    max_backlog_mb: int = DEFAULT_MAX_BACKLOG_MB
     strict: bool = False
     dry_run: bool = False
     processes: int | None = None
@@ -318,6 +325,7 @@ def campaign_settings(
         max_turns=options.max_turns if options.history == "own" else None,
         variants=[v.to_dict() for v in options.variants],
         tool_format=tool_format,
+        batch_size=options.batch_size,
     )
 
 
@@ -327,7 +335,7 @@ def enqueue(
     broker: BrokerSettings | None = None,
     stdin: IO[bytes] | None = None,
     on_rows: Callable[[EnqueueSummary], None] | None = None,
-    on_wait: Callable[[int], None] | None = None,
+    on_wait: Callable[..., None] | None = None,
     on_warning: Callable[[str], None] | None = None,
     tokenizer: Any = None,
 ) -> EnqueueSummary:
@@ -376,6 +384,10 @@ def enqueue(
             warn(warning)
         campaign = Campaign(client, options.campaign)
         stored = campaign.settings()
+        if stored is not None:
+            from eagle_synth.campaign_archive import reopen_if_closed
+
+            reopen_if_closed(campaign)  # a closed campaign's keys come back before any is claimed
         publisher = Publisher(
             campaign=campaign,
             app=make_celery(broker),
@@ -383,6 +395,7 @@ def enqueue(
             sampling=options.sampling.for_server(),
             batch_size=options.batch_size,
             max_backlog=options.max_backlog,
+            max_backlog_bytes=options.max_backlog_mb * 1_000_000,
             on_wait=on_wait,
             count_new_as=counters.CONVERSATIONS if options.history == "own" else None,
         )
