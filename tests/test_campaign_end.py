@@ -63,5 +63,5 @@ def test_close_then_rerun_and_retry_stay_exact(tmp_path, redis_server, stack, to
 
     # The end: every key folded, Redis holds only the settings, counters and marker.
     assert "7 done and 0 failed" in _close(url, "fold", out).stdout.decode()
-    left = [key.decode() for key in c.client.scan_iter(match=f"eagle-synth:campaign:fold:*")]
+    left = [key.decode() for key in c.client.scan_iter(match="eagle-synth:campaign:fold:*")]
     assert c.keys.enqueued not in left and c.keys.done not in left and c.keys.ended in left

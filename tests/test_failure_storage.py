@@ -128,7 +128,9 @@ def test_failed_lists_stream_every_failure(redis_server, tmp_path):
     assert streamed["failed"] == whole["failed"] == 1200
     for reason, group in whole["by_reason"].items():
         assert streamed["by_reason"][reason]["count"] == group["count"]
-        assert sorted(p["key"] for p in streamed["by_reason"][reason]["prompts"]) == [p["key"] for p in group["prompts"]]
+        assert sorted(p["key"] for p in streamed["by_reason"][reason]["prompts"]) == [
+            p["key"] for p in group["prompts"]
+        ]
     summary = failure_summary(c, examples=3)
     assert {r: g["count"] for r, g in summary["by_reason"].items()} == {"bad-request": 800, "server-error": 400}
     assert summary["by_reason"]["server-error"]["prompts"] == whole["by_reason"]["server-error"]["prompts"][:3]
