@@ -31,6 +31,7 @@ BENCHMARKS = (
     "scaling",
     "compact_level",
     "scale",
+    "worker_memory",
 )
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"
