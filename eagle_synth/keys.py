@@ -119,6 +119,12 @@ class CampaignKeys:
         return f"{self._base}:ended"
 
     @property
+    def cursors(self) -> str:
+        """Hash (run scope | input file | size | mtime) -> the last line of that file whose rows
+        are all claimed: a rerun skips them before templating (producer/resume.py)."""
+        return f"{self._base}:cursors"
+
+    @property
     def skipped(self) -> str:
         """Hash reason -> count of input rows the producer skipped."""
         return f"{self._base}:skipped"

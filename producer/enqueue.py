@@ -26,6 +26,7 @@ from eagle_synth.settings import BrokerSettings
 from eagle_synth.templating import load_tokenizer, tokenizer_facts
 from eagle_synth.variants import Variant
 from producer.conversations import PromptPlanner
+from producer.resume import ResumeCursors, run_scope
 from producer.rows import RowError
 from producer.sources import BadRow, expand_inputs, iter_source_rows
 from producer.tokenize import TemplateJob, TemplatingPool, check_tokenizer_path
@@ -130,7 +131,8 @@ class EnqueueOptions:
 
 @dataclass(slots=True)
 class EnqueueSummary:
-    """What one enqueue did. rows_read == rows_enqueued + rows_duplicate + rows_skipped."""
+    """What one enqueue did. rows_read == rows_enqueued + rows_duplicate + rows_skipped;
+    rows_resumed of the duplicates were claimed by an earlier run and skipped before templating."""
 
     campaign: str
     rows_read: int = 0
@@ -142,6 +144,7 @@ class EnqueueSummary:
     prompts_skipped: int = 0
     prompts_recovered: int = 0
     prompts_replayed: int = 0
+    rows_resumed: int = 0
     tasks: int = 0
     skipped: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -183,6 +186,7 @@ class EnqueueSummary:
             "prompts_skipped": self.prompts_skipped,
             "prompts_recovered": self.prompts_recovered,
             "prompts_replayed": self.prompts_replayed,
+            "rows_resumed": self.rows_resumed,
             "tasks": self.tasks,
             "skipped_by_reason": dict(self.skipped),
             "examples": self.examples,
@@ -197,14 +201,33 @@ class _RowPlan:
     conversations: list = field(default_factory=list)
 
 
+class _Chunk(list):
+    """A chunk's row plans, and per source the last line read when it was cut: once the chunk
+    is claimed, every row up to there is accounted for (producer/resume.py)."""
+
+    reached: dict[str, int]
+
+
 def _plans(
-    options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | None, inputs: list[str], planner: PromptPlanner
-) -> Iterator[tuple[list[_RowPlan], list]]:
-    """Chunks of (row plans, flat list of (messages, tools, kwargs)) for the templating pool."""
-    plans: list[_RowPlan] = []
+    options: EnqueueOptions,
+    summary: EnqueueSummary,
+    stdin: IO[bytes] | None,
+    inputs: list[str],
+    planner: PromptPlanner,
+    cursors: ResumeCursors | None = None,
+) -> Iterator[tuple[_Chunk, list]]:
+    """Chunks of (row plans, flat list of (messages, tools, kwargs)) for the templating pool;
+    rows an earlier run claimed (`cursors`) are counted and left out before templating."""
+    plans = _Chunk()
     flat: list = []
+    reached: dict[str, int] = {}
     for row in iter_source_rows(inputs, stdin=stdin):
         summary.rows_read += 1
+        reached[row.source] = row.line
+        if cursors is not None and row.line <= cursors.resume_after(row.source):
+            summary.rows_duplicate += 1
+            summary.rows_resumed += 1
+            continue
         where = f"{row.source}:{row.line}"
         if isinstance(row, BadRow):
             _skip(options, summary, where, row.reason, row.detail)
@@ -221,10 +244,11 @@ def _plans(
         plans.append(plan)
         flat.extend(c.template_input() for c in conversations)
         if len(plans) >= ROWS_PER_CHUNK:
+            plans.reached = dict(reached)
             yield plans, flat
-            plans, flat = [], []
-    if plans:
-        yield plans, flat
+            plans, flat = _Chunk(), []
+    plans.reached = dict(reached)
+    yield plans, flat  # the last, maybe empty: its `reached` covers rows skipped at the end
 
 
 def _text_size(value: object) -> int:
@@ -414,9 +438,21 @@ def enqueue(
         chat_template_file=options.chat_template,
         template_kwargs=tuple(sorted(options.chat_template_kwargs.items())),
     )
+    cursors = None
+    if publisher is not None:
+        from eagle_synth.tools.repair import RECORD_DAMAGED
+
+        scope = run_scope(
+            settings.to_json(),
+            turns=options.turns,
+            max_prompt_chars=options.max_prompt_chars,
+            max_prompt_tokens=max_prompt_tokens,
+        )
+        damaged = publisher.campaign.failure_counts().get(RECORD_DAMAGED, 0) > 0
+        cursors = ResumeCursors(publisher.campaign.client, publisher.campaign.keys, scope=scope, enabled=not damaged)
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
     try:
-        for plans, results in pool.map(_plans(options, summary, stdin, inputs, planner)):
+        for plans, results in pool.map(_plans(options, summary, stdin, inputs, planner, cursors)):
             items_per_row: list[list[PromptItem]] = []
             cursor = 0
             for plan in plans:
@@ -446,6 +482,8 @@ def enqueue(
                     summary.rows_enqueued += 1
                 else:
                     summary.rows_duplicate += 1
+            if cursors is not None and registered:
+                cursors.note(plans.reached)
             if on_rows:
                 on_rows(summary)
     finally:
