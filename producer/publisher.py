@@ -157,8 +157,13 @@ class Publisher:
         field = self._next_field()
         self.campaign.outbox.stash(field, items)
         taken = self.campaign.take_failures([item.key for item in items])
-        self._publish_all([item for item in items if item.key in taken], outbox_field=field)
-        return len(taken)
+        once = []
+        for item in items:
+            if item.key in taken:  # each taken key once, however often the scan listed it
+                taken.remove(item.key)
+                once.append(item)
+        self._publish_all(once, outbox_field=field)
+        return len(once)
 
     def _publish_all(self, items: list[PromptItem], *, outbox_field: str, already_sent: int = 0) -> None:
         """Publish items batch by batch, noting progress in the outbox after each batch so a
