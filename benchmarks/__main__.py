@@ -32,6 +32,7 @@ BENCHMARKS = (
     "compact_level",
     "scale",
     "worker_memory",
+    "resume",
 )
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"
