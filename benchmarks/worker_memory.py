@@ -45,8 +45,8 @@ def _one(stack: Stack, url: str, redis_url: str, name: str, records: int, env: d
     def sample() -> None:
         while not stop.is_set():
             try:
-                samples.append((campaign_progress(redis_url, name).done, tree_rss(worker.pid)))
-            except Exception:  # noqa: BLE001 -- a sample lost to a race is just skipped
+                samples.append((campaign_progress(redis_url, name).done, tree_rss(worker.proc.pid)))
+            except (OSError, ValueError, ConnectionError):  # a sample lost to a race is skipped
                 pass
             stop.wait(1.0)
 
@@ -60,6 +60,8 @@ def _one(stack: Stack, url: str, redis_url: str, name: str, records: int, env: d
         thread.join()
     wall = time.perf_counter() - started
     stack.stop_worker(worker)
+    if not samples:
+        raise RuntimeError("no RSS sample was taken")
     warm = next((rss for done, rss in samples if done >= WARM_SHARE * records), samples[-1][1])
     end = max(rss for done, rss in samples if done >= 0.9 * records) if samples else 0
     return {"warm": warm, "end": end, "peak": max(rss for _, rss in samples), "wall": wall, "samples": samples}
