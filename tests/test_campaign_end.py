@@ -6,7 +6,7 @@ from __future__ import annotations
 from eagle_synth.campaign_archive import STATE_FILE
 from eagle_synth.local import wait_for
 from tests.conftest import chat_rows
-from tests.helpers import assert_exactly_once, campaign, cli, enqueue_rows, wait_finished
+from tests.helpers import assert_exactly_once, campaign, cli, enqueue_rows, status_json, wait_finished
 
 
 def _close(redis_url: str, name: str, out, *, check: bool = True):
@@ -43,6 +43,7 @@ def test_close_then_rerun_and_retry_stay_exact(tmp_path, redis_server, stack, to
     assert not any(c.client.exists(key) for key in (c.keys.enqueued, c.keys.done, c.keys.failed))
     assert c.client.exists(c.keys.ended) and c.settings() is not None
     assert c.progress().counters["records"] == 6  # the counters stay for `status`
+    assert status_json(url, "fold")["ended"]["done"] == 6
 
     # A rerun of the campaign's enqueue on the same rows: the state comes back, nothing is new.
     rerun = enqueue_rows(tmp_path, url, "fold", rows, tokenizer=tokenizer_path)
