@@ -44,6 +44,7 @@ def test_close_then_rerun_and_retry_stay_exact(tmp_path, redis_server, stack, to
     assert c.client.exists(c.keys.ended) and c.settings() is not None
     assert c.progress().counters["records"] == 6  # the counters stay for `status`
     assert status_json(url, "fold")["ended"]["done"] == 6
+    assert "closed: 1 failures are folded" in cli("failed", "fold", "--redis", url).stdout.decode()
 
     # A rerun of the campaign's enqueue on the same rows: the state comes back, nothing is new.
     rerun = enqueue_rows(tmp_path, url, "fold", rows, tokenizer=tokenizer_path)

@@ -16,6 +16,7 @@ import tempfile
 from typing import IO
 
 from eagle_synth.campaign import Campaign, Failure
+from eagle_synth.campaign_archive import ended_info
 
 # Characters of a failure message shown per example line; the JSON keeps it whole.
 MESSAGE_PREVIEW_CHARS = 200
@@ -75,6 +76,7 @@ def failure_summary(campaign: Campaign, *, examples: int = 5) -> dict:
         "failed": sum(counts.values()),
         "by_reason": by_reason,
         "conversations_stopped": _stopped(campaign, examples),
+        "ended": ended_info(campaign),
     }
 
 
@@ -107,6 +109,11 @@ def format_failures(report: dict, *, limit: int) -> list[str]:
     """The lines `eagle-synth failed` prints: a total, then each reason (most first) with up to
     `limit` examples."""
     lines = [f"{report['failed']} failed prompts in {report['campaign']}"]
+    ended = report.get("ended")
+    if ended:
+        lines.append(
+            f"  (closed: {ended['failed']} failures are folded into {ended['path']}; `retry-failed` reads them back)"
+        )
     for reason, group in sorted(report["by_reason"].items(), key=lambda kv: -kv[1]["count"]):
         lines.append(f"  {reason}: {group['count']}")
         lines.extend(
