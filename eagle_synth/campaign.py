@@ -10,66 +10,110 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from itertools import islice
 
+import msgpack
 import redis
+import zstandard
 
 from eagle_synth import counters
 from eagle_synth.counters import in_lua
 from eagle_synth.errors import UserError
 from eagle_synth.keys import CAMPAIGNS, CampaignKeys
 from eagle_synth.outbox import Outbox
-from eagle_synth.payload import PromptItem
+from eagle_synth.payload import PromptItem, pack_item, unpack_item
 from eagle_synth.redis_client import text
 
 # Completion events kept per campaign for throughput figures (about the last few minutes).
 EVENTS_MAXLEN = 20_000
 # Settings fields that do not change what a campaign generates, so they may differ.
-_IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path"})
+_IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path", "batch_size"})
 # Keys moved from done to failed per Redis round trip.
 FAILURE_CHUNK = 1000
 # Keys read from the done set per SSCAN step.
 DONE_SCAN_COUNT = 10_000
+# Failures read per HSCAN step by `failed` and `retry-failed`: a few MB of 2k-token prompts, so
+# both commands stay in bounded memory however many failures a campaign has.
+FAILURE_SCAN_COUNT = 500
+# Leading bytes of a compact failure (Failure.encode): `F1 <reason>\n<zstd msgpack>`. The reason
+# stays readable so Lua scripts count it without decoding; the old format is JSON (starts '{').
+FAILURE_MAGIC = b"F1 "
+# zstd level of a stored failure: ids compress to ~1.4 B a token at level 3 (JSON ids: ~5.6).
+FAILURE_ZSTD_LEVEL = 3
 
+# A Lua function every script that reads a failure's reason uses: it reads both the compact
+# failure layout and the JSON one campaigns enqueued before it still hold.
+FAILURE_REASON_LUA = """
+local function failure_reason(raw)
+  if string.sub(raw, 1, 3) == 'F1 ' then
+    return string.sub(raw, 4, string.find(raw, '\\n', 4, true) - 1)
+  end
+  return cjson.decode(raw)['reason']
+end
+"""
 
 # KEYS: failed hash, reasons hash. ARGV: prompt key, failure JSON, reason.
 # Keeps the per-reason counts equal to what the failed hash holds.
-_RECORD_FAILURE = """
+_RECORD_FAILURE = (
+    FAILURE_REASON_LUA
+    + """
 local old = redis.call('HGET', KEYS[1], ARGV[1])
-if old then redis.call('HINCRBY', KEYS[2], cjson.decode(old)['reason'], -1) end
+if old then redis.call('HINCRBY', KEYS[2], failure_reason(old), -1) end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
 return 1
 """
+)
 # KEYS: failed hash, reasons hash. ARGV: prompt keys. Returns how many were removed.
-_DROP_FAILURES = """
+_DROP_FAILURES = (
+    FAILURE_REASON_LUA
+    + """
 local removed = 0
 for i = 1, #ARGV do
   local old = redis.call('HGET', KEYS[1], ARGV[i])
   if old then
     redis.call('HDEL', KEYS[1], ARGV[i])
-    redis.call('HINCRBY', KEYS[2], cjson.decode(old)['reason'], -1)
+    redis.call('HINCRBY', KEYS[2], failure_reason(old), -1)
     removed = removed + 1
   end
 end
 return removed
 """
+)
+
+# KEYS: failed hash, reasons hash. ARGV: prompt keys. Returns the keys it removed: a key listed
+# twice (HSCAN may return one twice) or dropped meanwhile is taken once, so it is queued once.
+_TAKE_FAILURES = (
+    FAILURE_REASON_LUA
+    + """
+local taken = {}
+for i = 1, #ARGV do
+  local old = redis.call('HGET', KEYS[1], ARGV[i])
+  if old then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('HINCRBY', KEYS[2], failure_reason(old), -1)
+    taken[#taken + 1] = ARGV[i]
+  end
+end
+return taken
+"""
+)
 
 
 # Lua functions shared by every script that marks keys done (this module's and
 # eagle_synth/conversation_store.py's). KEYS[1..5]: done set, failed hash, reasons hash,
 # counters hash, events stream.
-MARK_DONE_LUA = in_lua(
+MARK_DONE_LUA = FAILURE_REASON_LUA + in_lua(
     """
 local function mark_done(key)
   local added = redis.call('SADD', KEYS[1], key)
   local old = redis.call('HGET', KEYS[2], key)
   if old then
     redis.call('HDEL', KEYS[2], key)
-    redis.call('HINCRBY', KEYS[3], cjson.decode(old)['reason'], -1)
+    redis.call('HINCRBY', KEYS[3], failure_reason(old), -1)
   end
   return added
 end
@@ -171,6 +215,8 @@ class CampaignSettings:
         variants: the variants list (eagle_synth.variants.Variant.to_dict), if any.
         tool_format: with history "own", the format the model's tool calls are parsed in (one of
             eagle_synth.toolcalls.TOOL_FORMATS), or None when the template has none we parse.
+        batch_size: prompts per task of the first enqueue, which `retry-failed` batches by
+            (0: not recorded, a campaign from before it was; a rerun may use another size).
     """
 
     name: str
@@ -190,6 +236,7 @@ class CampaignSettings:
     max_turns: int | None = None
     variants: list = field(default_factory=list)
     tool_format: str | None = None
+    batch_size: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -245,6 +292,46 @@ class Failure:
     @classmethod
     def from_json(cls, raw: str | bytes) -> Failure:
         return cls(**json.loads(raw))
+
+    def encode(self) -> bytes:
+        """The compact stored form: FAILURE_MAGIC, the reason, a newline, then one zstd frame of
+        msgpack holding the rest, with the ids packed as the queue packs them (uint32 bytes)."""
+        body = [self.message, self.at, self.worker, self.sampling, pack_item(PromptItem.from_replay(self.item))]
+        packed = msgpack.packb(body, use_bin_type=True)
+        return FAILURE_MAGIC + self.reason.encode() + b"\n" + _compressor().compress(packed)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Failure:
+        """Read a stored failure, compact (encode) or JSON (what older versions stored)."""
+        data = raw.encode() if isinstance(raw, str) else raw
+        if not data.startswith(FAILURE_MAGIC):
+            return cls.from_json(data)
+        head, _, blob = data.partition(b"\n")
+        message, at, worker, sampling, packed = msgpack.unpackb(_decompressor().decompress(blob), raw=False)
+        return cls(
+            reason=head[len(FAILURE_MAGIC) :].decode(),
+            message=message,
+            item=unpack_item(packed).to_replay(),
+            sampling=sampling,
+            at=at,
+            worker=worker,
+        )
+
+    @staticmethod
+    def reason_of(raw: bytes | str) -> str:
+        """A stored failure's reason without decoding the rest."""
+        data = raw.encode() if isinstance(raw, str) else raw
+        if data.startswith(FAILURE_MAGIC):
+            return data[len(FAILURE_MAGIC) : data.index(b"\n")].decode()
+        return str(json.loads(data).get("reason"))
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    return zstandard.ZstdCompressor(level=FAILURE_ZSTD_LEVEL)
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    return zstandard.ZstdDecompressor()
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,7 +453,7 @@ class Campaign:
             worker=worker,
         )
         self.client.eval(
-            _RECORD_FAILURE, 2, self.keys.failed, self.keys.failed_reasons, item.key, failure.to_json(), reason
+            _RECORD_FAILURE, 2, self.keys.failed, self.keys.failed_reasons, item.key, failure.encode(), reason
         )
         self.client.hincrby(self.keys.counters, counters.failed(reason), 1)
 
@@ -391,9 +478,9 @@ class Campaign:
         moved = 0
         pending = iter(failures)
         while chunk := list(islice(pending, FAILURE_CHUNK)):
-            by_reason: dict[str, list[str]] = {}
+            by_reason: dict[str, list[str | bytes]] = {}
             for key, failure in chunk:
-                by_reason.setdefault(failure.reason, []).extend((key, failure.to_json()))
+                by_reason.setdefault(failure.reason, []).extend((key, failure.encode()))
             for reason, pairs in by_reason.items():
                 moved += int(
                     self.client.eval(_DONE_TO_FAILED, 4, k.done, k.failed, k.failed_reasons, k.counters, reason, *pairs)
@@ -402,14 +489,22 @@ class Campaign:
 
     # reading ------------------------------------------------------------------
     def failures(self) -> dict[str, Failure]:
-        return {text(k): Failure.from_json(v) for k, v in self.client.hscan_iter(self.keys.failed)}
+        """Every failure at once (tests, small campaigns); `iter_failures` streams them."""
+        return dict(self.iter_failures())
+
+    def iter_failures(self, *, count: int = FAILURE_SCAN_COUNT) -> Iterator[tuple[str, Failure]]:
+        """(key, failure) pairs read in HSCAN steps of about `count`, so memory stays bounded
+        whatever the number of failures; a failure recorded or dropped meanwhile may or may not
+        be seen (HSCAN's guarantee: every key present throughout is seen at least once)."""
+        for key, raw in self.client.hscan_iter(self.keys.failed, count=count):
+            yield text(key), Failure.decode(raw)
 
     def failure_reasons(self, keys: list[str]) -> list[str | None]:
         """Each key's failure reason, None where it has no recorded failure."""
         if not keys:
             return []
         raw = self.client.hmget(self.keys.failed, keys)
-        return [None if failure is None else json.loads(failure).get("reason") for failure in raw]
+        return [None if failure is None else Failure.reason_of(failure) for failure in raw]
 
     def done_keys(self) -> set[str]:
         """Every key marked done, read in steps (SSCAN) so Redis is never blocked for long."""
@@ -420,6 +515,13 @@ class Campaign:
         if not keys:
             return 0
         return int(self.client.eval(_DROP_FAILURES, 2, self.keys.failed, self.keys.failed_reasons, *keys))
+
+    def take_failures(self, keys: list[str]) -> set[str]:
+        """Remove keys from `failed` like drop_failures; returns the keys that were there."""
+        if not keys:
+            return set()
+        taken = self.client.eval(_TAKE_FAILURES, 2, self.keys.failed, self.keys.failed_reasons, *keys)
+        return {text(key) for key in taken}
 
     def failure_counts(self) -> dict[str, int]:
         """Prompts currently failed, by reason, without reading the failures themselves."""

@@ -32,10 +32,13 @@ class SourceRows:
     Parameters:
         read: rows read (every row: enqueued, duplicate or skipped).
         skipped: rows skipped, with skipped_by_reason saying why.
+        resumed: rows an earlier run had accounted for, passed over before templating
+            (producer/resume.py); whatever of them that run skipped is kept from its entry.
     """
 
     read: int = 0
     skipped: int = 0
+    resumed: int = 0
     skipped_by_reason: Counter = field(default_factory=Counter)
 
     def to_json(self) -> str:
@@ -60,9 +63,27 @@ def source_name(source: str) -> str:
 
 
 def store_latest(client: redis.Redis, keys: CampaignKeys, by_source: dict[str, SourceRows]) -> None:
-    """Store one run's rows per source, replacing an earlier run's entry for each of them."""
-    if by_source:
-        client.hset(keys.input_rows, mapping={source_name(s): rows.to_json() for s, rows in by_source.items()})
+    """Store one run's rows per source, replacing an earlier run's entry for each of them.
+
+    A run that resumed a source past rows an earlier run accounted for never saw why those rows
+    were skipped, so the earlier entry's skips are carried over (its rows read are not: this run
+    read the whole source again)."""
+    if not by_source:
+        return
+    names = {source_name(s): rows for s, rows in by_source.items()}
+    earlier = dict(zip(names, client.hmget(keys.input_rows, list(names)), strict=True))
+    mapping = {}
+    for name, rows in names.items():
+        raw = earlier[name]
+        if rows.resumed and raw is not None:
+            before = SourceRows.from_json(raw)
+            rows = SourceRows(
+                read=rows.read,
+                skipped=rows.skipped + before.skipped,
+                skipped_by_reason=rows.skipped_by_reason + before.skipped_by_reason,
+            )
+        mapping[name] = rows.to_json()
+    client.hset(keys.input_rows, mapping=mapping)  # type: ignore[arg-type]
 
 
 def totals(client: redis.Redis, keys: CampaignKeys) -> SourceRows | None:

@@ -23,6 +23,10 @@ def worker_key(node: str) -> str:
 
 
 WORKER_PATTERN = f"{KEY_PREFIX}:worker:*"
+# Sorted set node -> unix time its heartbeat hash expires: how `status` finds workers without
+# scanning the keyspace (a SCAN of a 10M-prompt Redis walks every key). Entries past their
+# time are pruned by the reader.
+WORKERS_INDEX = f"{KEY_PREFIX}:workers"
 # String with a TTL: the worker whose reaper sweeps for stranded batches this round.
 REAPER_LOCK = f"{KEY_PREFIX}:reaper"
 
@@ -105,6 +109,20 @@ class CampaignKeys:
     def lease(self, batch: str) -> str:
         """String: which batch thread (host|pid|token) runs a batch right now (a renewed, expiring lease)."""
         return f"{self._base}:lease:{batch}"
+
+    @property
+    def ended(self) -> str:
+        """String (JSON: path, host, at, done, failed): the campaign was closed (`eagle-synth
+        close`): its enqueued, done and failed sets were folded into the file at `path` on `host`
+        and freed. Workers and reconcilers leave an ended campaign alone; `enqueue` and
+        `retry-failed` read the file back (eagle_synth/campaign_archive.py) before going on."""
+        return f"{self._base}:ended"
+
+    @property
+    def cursors(self) -> str:
+        """Hash (run scope | input file | size | mtime) -> the last line of that file whose rows
+        are all claimed: a rerun skips them before templating (producer/resume.py)."""
+        return f"{self._base}:cursors"
 
     @property
     def skipped(self) -> str:

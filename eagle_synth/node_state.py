@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import redis
 
-from eagle_synth.keys import WORKER_TTL, worker_key
+from eagle_synth.keys import WORKER_TTL, WORKERS_INDEX, worker_key
 from eagle_synth.redis_client import text as as_text
 
 HEALTHY = "healthy"
@@ -106,6 +106,7 @@ class NodeState:
             },
         )
         pipe.expire(self.key, WORKER_TTL)
+        pipe.zadd(WORKERS_INDEX, {self.node: time.time() + WORKER_TTL})
         pipe.execute()
 
     def publish(self, states: dict[str, ServerState], *, consuming: bool, disk: str | None = None) -> None:
@@ -122,6 +123,7 @@ class NodeState:
             },
         )
         pipe.expire(self.key, WORKER_TTL)
+        pipe.zadd(WORKERS_INDEX, {self.node: time.time() + WORKER_TTL})
         pipe.execute()
 
     def _read(self) -> _NodeView:
@@ -208,11 +210,12 @@ class NodeState:
 
 
 def all_nodes(client: redis.Redis) -> list[dict]:
-    """Snapshots of every live worker node."""
-    from eagle_synth.keys import WORKER_PATTERN
-
+    """Snapshots of every live worker node, found through WORKERS_INDEX (entries whose
+    heartbeat expired are pruned; a node in the index whose hash is gone is skipped)."""
+    client.zremrangebyscore(WORKERS_INDEX, "-inf", time.time())
     nodes = []
-    for key in client.scan_iter(match=WORKER_PATTERN, count=100):
-        node = key.decode().split(":", 2)[2]
-        nodes.append(NodeState(client, node).snapshot())
+    for raw in client.zrange(WORKERS_INDEX, 0, -1):
+        node = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if client.exists(worker_key(node)):
+            nodes.append(NodeState(client, node).snapshot())
     return sorted(nodes, key=lambda n: n.get("node", ""))

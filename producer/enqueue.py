@@ -27,6 +27,7 @@ from eagle_synth.settings import BrokerSettings
 from eagle_synth.templating import load_tokenizer, tokenizer_facts
 from eagle_synth.variants import Variant
 from producer.conversations import PromptPlanner
+from producer.resume import ResumeCursors, run_scope
 from producer.rows import RowError
 from producer.sources import BadRow, expand_inputs, iter_source_rows
 from producer.tokenize import TemplateJob, TemplatingPool, check_tokenizer_path
@@ -39,6 +40,10 @@ ROWS_PER_CHUNK = 256
 EXAMPLES_PER_REASON = 3
 # Default cap on pending prompts before enqueue waits (keeps Redis memory bounded).
 DEFAULT_MAX_BACKLOG = 200_000
+# Default cap on the MB the backlog holds in Redis (queued tasks, failures, outbox): at 2k-token
+# prompts the 200,000-prompt cap alone allows ~0.8 GB; 256 MB keeps a 10M-prompt campaign's peak
+# (its key sets, ~170 B a prompt, plus this) under 2 GB.
+DEFAULT_MAX_BACKLOG_MB = 256
 # Default cap on a prompt's tokens after templating: above the context of most served models,
 # and far below the 10M-token prompt a 50 MB row made. The worker also fails prompts over its
 # server's own context length.
@@ -75,6 +80,8 @@ class EnqueueOptions:
         max_prompt_chars: skip conversations with more characters than this, before templating
             (None or 0: no cap).
         max_backlog: wait while more prompts than this are pending (0 = never).
+        max_backlog_mb: wait while the backlog (queue, failures, outbox) holds more MB than this
+            in Redis (0 = no byte cap; never more than half of a set maxmemory).
         strict: stop at the first skipped row.
         dry_run: template and count, enqueue nothing (Redis not needed; read, when it answers, to
             count against an existing campaign and refuse its settings as the real run would).
@@ -101,6 +108,7 @@ class EnqueueOptions:
     max_prompt_tokens: int | None = None
     max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS
     max_backlog: int = DEFAULT_MAX_BACKLOG
+    max_backlog_mb: int = DEFAULT_MAX_BACKLOG_MB
     strict: bool = False
     dry_run: bool = False
     processes: int | None = None
@@ -125,7 +133,8 @@ class EnqueueOptions:
 
 @dataclass(slots=True)
 class EnqueueSummary:
-    """What one enqueue did. rows_read == rows_enqueued + rows_duplicate + rows_skipped."""
+    """What one enqueue did. rows_read == rows_enqueued + rows_duplicate + rows_skipped;
+    rows_resumed of the duplicates were claimed by an earlier run and skipped before templating."""
 
     campaign: str
     rows_read: int = 0
@@ -137,6 +146,7 @@ class EnqueueSummary:
     prompts_skipped: int = 0
     prompts_recovered: int = 0
     prompts_replayed: int = 0
+    rows_resumed: int = 0
     tasks: int = 0
     skipped: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -191,6 +201,7 @@ class EnqueueSummary:
             "prompts_skipped": self.prompts_skipped,
             "prompts_recovered": self.prompts_recovered,
             "prompts_replayed": self.prompts_replayed,
+            "rows_resumed": self.rows_resumed,
             "tasks": self.tasks,
             "skipped_by_reason": dict(self.skipped),
             "examples": self.examples,
@@ -205,15 +216,35 @@ class _RowPlan:
     conversations: list = field(default_factory=list)
 
 
+class _Chunk(list):
+    """A chunk's row plans, and per source the last line read when it was cut: once the chunk
+    is claimed, every row up to there is accounted for (producer/resume.py)."""
+
+    reached: dict[str, int]
+
+
 def _plans(
-    options: EnqueueOptions, summary: EnqueueSummary, stdin: IO[bytes] | None, inputs: list[str], planner: PromptPlanner
-) -> Iterator[tuple[list[_RowPlan], list]]:
-    """Chunks of (row plans, flat list of (messages, tools, kwargs)) for the templating pool."""
-    plans: list[_RowPlan] = []
+    options: EnqueueOptions,
+    summary: EnqueueSummary,
+    stdin: IO[bytes] | None,
+    inputs: list[str],
+    planner: PromptPlanner,
+    cursors: ResumeCursors | None = None,
+) -> Iterator[tuple[_Chunk, list]]:
+    """Chunks of (row plans, flat list of (messages, tools, kwargs)) for the templating pool;
+    rows an earlier run claimed (`cursors`) are counted and left out before templating."""
+    plans = _Chunk()
     flat: list = []
+    reached: dict[str, int] = {}
     for row in iter_source_rows(inputs, stdin=stdin):
         summary.rows_read += 1
         summary.source(row.source).read += 1
+        reached[row.source] = row.line
+        if cursors is not None and row.line <= cursors.resume_after(row.source):
+            summary.rows_duplicate += 1
+            summary.rows_resumed += 1
+            summary.source(row.source).resumed += 1
+            continue
         where = f"{row.source}:{row.line}"
         if isinstance(row, BadRow):
             _skip(options, summary, where, row.reason, row.detail)
@@ -230,10 +261,11 @@ def _plans(
         plans.append(plan)
         flat.extend(c.template_input() for c in conversations)
         if len(plans) >= ROWS_PER_CHUNK:
+            plans.reached = dict(reached)
             yield plans, flat
-            plans, flat = [], []
-    if plans:
-        yield plans, flat
+            plans, flat = _Chunk(), []
+    plans.reached = dict(reached)
+    yield plans, flat  # the last, maybe empty: its `reached` covers rows skipped at the end
 
 
 def _text_size(value: object) -> int:
@@ -334,6 +366,7 @@ def campaign_settings(
         max_turns=options.max_turns if options.history == "own" else None,
         variants=[v.to_dict() for v in options.variants],
         tool_format=tool_format,
+        batch_size=options.batch_size,
     )
 
 
@@ -343,7 +376,7 @@ def enqueue(
     broker: BrokerSettings | None = None,
     stdin: IO[bytes] | None = None,
     on_rows: Callable[[EnqueueSummary], None] | None = None,
-    on_wait: Callable[[int], None] | None = None,
+    on_wait: Callable[..., None] | None = None,
     on_warning: Callable[[str], None] | None = None,
     tokenizer: Any = None,
 ) -> EnqueueSummary:
@@ -392,6 +425,10 @@ def enqueue(
             warn(warning)
         campaign = Campaign(client, options.campaign)
         stored = campaign.settings()
+        if stored is not None:
+            from eagle_synth.campaign_archive import reopen_if_closed
+
+            reopen_if_closed(campaign)  # a closed campaign's keys come back before any is claimed
         publisher = Publisher(
             campaign=campaign,
             app=make_celery(broker),
@@ -399,6 +436,7 @@ def enqueue(
             sampling=options.sampling.for_server(),
             batch_size=options.batch_size,
             max_backlog=options.max_backlog,
+            max_backlog_bytes=options.max_backlog_mb * 1_000_000,
             on_wait=on_wait,
             count_new_as=counters.CONVERSATIONS if options.history == "own" else None,
         )
@@ -425,9 +463,21 @@ def enqueue(
         chat_template_file=options.chat_template,
         template_kwargs=tuple(sorted(options.chat_template_kwargs.items())),
     )
+    cursors = None
+    if publisher is not None:
+        from eagle_synth.tools.repair import RECORD_DAMAGED
+
+        scope = run_scope(
+            settings.to_json(),
+            turns=options.turns,
+            max_prompt_chars=options.max_prompt_chars,
+            max_prompt_tokens=max_prompt_tokens,
+        )
+        damaged = publisher.campaign.failure_counts().get(RECORD_DAMAGED, 0) > 0
+        cursors = ResumeCursors(publisher.campaign.client, publisher.campaign.keys, scope=scope, enabled=not damaged)
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
     try:
-        for plans, results in pool.map(_plans(options, summary, stdin, inputs, planner)):
+        for plans, results in pool.map(_plans(options, summary, stdin, inputs, planner, cursors)):
             items_per_row: list[list[PromptItem]] = []
             cursor = 0
             for plan in plans:
@@ -461,6 +511,8 @@ def enqueue(
                     summary.rows_enqueued += 1
                 else:
                     summary.rows_duplicate += 1
+            if cursors is not None and registered:
+                cursors.note(plans.reached)
             if on_rows:
                 on_rows(summary)
     finally:

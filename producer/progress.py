@@ -74,8 +74,13 @@ class EnqueueProgress:
         """Whether a progress display would show (so the row count is worth taking)."""
         return sys.stderr.isatty()
 
-    def waiting(self, pending: int) -> None:
+    def waiting(self, pending: int, *, held_bytes: int | None = None, max_bytes: int | None = None) -> None:
         message = f"backlog {pending:,} prompts is over --max-backlog: waiting for workers"
+        if held_bytes is not None and max_bytes is not None:
+            message = (
+                f"backlog holds {held_bytes / 1e6:,.0f} MB in Redis (queue, failures, outbox), over "
+                f"--max-backlog-mb {max_bytes / 1e6:,.0f}: waiting for workers (or `retry-failed`)"
+            )
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, description=message)
         else:

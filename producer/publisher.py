@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import redis
 from celery import Celery
 
 from eagle_synth.campaign import Campaign
@@ -19,12 +20,18 @@ from eagle_synth.outbox import chunk_field
 from eagle_synth.payload import PromptItem, TaskPayload, batch_id
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.queue import send_payload
+from eagle_synth.redis_client import text
 from eagle_synth.tools.repair import RECORD_DAMAGED
 
 log = logging.getLogger("eagle_synth.producer")
 
 # Seconds between backlog checks while waiting for the queue to drain.
 BACKLOG_POLL = 2.0
+# Share of Redis's `maxmemory` (when set) the backlog may hold at most, whatever the flag says:
+# the rest is the campaign's key sets and Celery's own bookkeeping.
+MAXMEMORY_SHARE = 0.5
+# Elements MEMORY USAGE samples per key: an estimate in constant time, whatever the queue length.
+MEMORY_SAMPLES = 5
 
 
 class Publisher:
@@ -37,7 +44,10 @@ class Publisher:
         sampling: SGLang sampling_params for every batch.
         batch_size: prompts per task.
         max_backlog: wait while more prompts than this are pending (0 = never wait).
-        on_wait: called with the pending count while waiting (for the progress display).
+        max_backlog_bytes: wait while the queue, the failures and the outbox hold more bytes than
+            this in Redis (0 = no byte cap); never more than MAXMEMORY_SHARE of a set maxmemory.
+        on_wait: called with the pending count (and, for the byte cap, `held_bytes` and
+            `max_bytes`) while waiting (for the progress display).
         count_new_as: a campaign counter that newly claimed keys add to (eagle_synth.counters).
     """
 
@@ -50,7 +60,8 @@ class Publisher:
         sampling: dict,
         batch_size: int,
         max_backlog: int = 0,
-        on_wait: Callable[[int], None] | None = None,
+        max_backlog_bytes: int = 0,
+        on_wait: Callable[..., None] | None = None,
         count_new_as: str | None = None,
     ) -> None:
         self.campaign = campaign
@@ -59,6 +70,7 @@ class Publisher:
         self.sampling = sampling
         self.batch_size = batch_size
         self.max_backlog = max_backlog
+        self.max_backlog_bytes = max_backlog_bytes
         self.on_wait = on_wait
         self.count_new_as = count_new_as
         self.tasks = 0
@@ -66,6 +78,7 @@ class Publisher:
         self._damaged_waiting: bool | None = None
         self._chunk_serial = 0
         self._run_id = holder_id(f"{time.time_ns():x}")
+        self._maxmemory: int | None = None
 
     def _heartbeat(self) -> None:
         """Say this run is alive, so a concurrent enqueue does not republish its outbox."""
@@ -136,6 +149,22 @@ class Publisher:
         self.campaign.drop_failures([item.key for item in items])
         self._publish_all(items, outbox_field=field)
 
+    def retry(self, items: list[PromptItem]) -> int:
+        """Queue failed prompts again, like republish, but only those still failed when taken
+        (a key seen twice by a scan, or retried meanwhile, is queued once); returns how many."""
+        if not items:
+            return 0
+        field = self._next_field()
+        self.campaign.outbox.stash(field, items)
+        taken = self.campaign.take_failures([item.key for item in items])
+        once = []
+        for item in items:
+            if item.key in taken:  # each taken key once, however often the scan listed it
+                taken.remove(item.key)
+                once.append(item)
+        self._publish_all(once, outbox_field=field)
+        return len(once)
+
     def _publish_all(self, items: list[PromptItem], *, outbox_field: str, already_sent: int = 0) -> None:
         """Publish items batch by batch, noting progress in the outbox after each batch so a
         killed run republishes at most the one batch it was sending."""
@@ -158,17 +187,45 @@ class Publisher:
 
     def _wait_for_backlog(self, *, unpublished: int) -> None:
         """Wait while more than max_backlog prompts are queued or running (claimed prompts this
-        run has not published yet are not in the queue, so they do not count)."""
-        if not self.max_backlog:
+        run has not published yet are not in the queue, so they do not count), or while the
+        backlog holds more than the byte cap in Redis."""
+        if not self.max_backlog and not self.max_backlog_bytes:
             return
+        byte_cap = self._byte_cap() if self.max_backlog_bytes else 0
         while True:
-            pending = self.campaign.progress().pending - unpublished
-            if pending <= self.max_backlog:
-                return
-            if self.on_wait:
-                self.on_wait(pending)
+            pending = self.campaign.progress().pending - unpublished if self.max_backlog else 0
+            if self.max_backlog and pending > self.max_backlog:
+                if self.on_wait:
+                    self.on_wait(pending)
+            else:
+                held = self.backlog_bytes() if byte_cap else 0
+                if held <= byte_cap:
+                    return
+                if self.on_wait:
+                    self.on_wait(pending, held_bytes=held, max_bytes=byte_cap)
             self._heartbeat()
             time.sleep(BACKLOG_POLL)
+
+    def backlog_bytes(self) -> int:
+        """Bytes the backlog holds in Redis: the queue list, the campaign's failures and its
+        outbox, each estimated by MEMORY USAGE from a few sampled elements (constant time)."""
+        keys = self.campaign.keys
+        pipe = self.campaign.client.pipeline(transaction=False)
+        for key in (self.queue, keys.failed, keys.outbox):
+            pipe.memory_usage(key, samples=MEMORY_SAMPLES)
+        return sum(int(size or 0) for size in pipe.execute())
+
+    def _byte_cap(self) -> int:
+        """max_backlog_bytes, lowered to MAXMEMORY_SHARE of Redis's maxmemory when that is set
+        (a Redis that refuses CONFIG GET, as some managed ones do, keeps the flag's cap)."""
+        if self._maxmemory is None:
+            try:
+                reply = {text(k or ""): v for k, v in self.campaign.client.config_get("maxmemory").items()}
+                self._maxmemory = int(reply.get("maxmemory") or 0)
+            except redis.ResponseError:
+                self._maxmemory = 0
+        share = int(self._maxmemory * MAXMEMORY_SHARE)
+        return min(self.max_backlog_bytes, share) if share else self.max_backlog_bytes
 
     def recover(self) -> int:
         """Publish what a killed run claimed but did not publish; returns prompts published."""

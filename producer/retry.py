@@ -20,24 +20,57 @@ def _by_sampling(pairs: list[tuple[dict, PromptItem]]) -> list[tuple[dict, list[
     return list(groups.values())
 
 
+# Batches taken off `failed` and queued per step: one round trip takes this many batches' keys,
+# while a step's prompts (2k tokens each) stay a few MB in memory.
+RETRY_STEP_BATCHES = 16
+
+
+def _without_seed(sampling: dict) -> dict:
+    """A failure's sampling as its batch had it: the per-sample seed travels with the item."""
+    return {k: v for k, v in sampling.items() if k != "sampling_seed"}
+
+
 def retry_failed(
-    campaign: Campaign, *, app: Celery, queue: str, reason: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE
+    campaign: Campaign, *, app: Celery, queue: str, reason: str | None = None, batch_size: int | None = None
 ) -> int:
     """Enqueue again the failed prompts (of one reason, or all); returns how many.
 
-    Failures without prompt ids (`record-damaged`: `repair` could not read the prompt back)
-    stay: a rerun of the campaign's original `enqueue` command replays those.
+    Failures are read in HSCAN steps and queued in batches of `batch_size` (default: the
+    campaign's own, else DEFAULT_BATCH_SIZE), each item keeping its seed and variant overrides,
+    all with the campaign's sampling parameters; one Publisher per sampling (one for a campaign
+    with settings), closed at the end. Failures without prompt ids (`record-damaged`: `repair`
+    could not read the prompt back) stay: a rerun of the campaign's original `enqueue` command
+    replays those.
     """
-    pairs = [
-        (failure.sampling, PromptItem.from_replay(failure.item))
-        for failure in campaign.failures().values()
-        if (reason is None or failure.reason == reason) and failure.item.get("ids")
-    ]
+    from eagle_synth.campaign_archive import reopen_if_closed
+
+    reopen_if_closed(campaign)  # a closed campaign's failures come back from its state file
+    settings = campaign.settings()
+    size = batch_size or (settings.batch_size if settings and settings.batch_size else DEFAULT_BATCH_SIZE)
+    base = SamplingParams.from_dict(settings.sampling).for_server() if settings is not None else None
+    publishers: dict[str, Publisher] = {}
+    waiting: dict[str, list[PromptItem]] = {}
     total = 0
-    for sampling, items in _by_sampling(pairs):
-        publisher = Publisher(campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=batch_size)
-        publisher.republish(items)
-        total += len(items)
+    try:
+        for _, failure in campaign.iter_failures():
+            if (reason is not None and failure.reason != reason) or not failure.item.get("ids"):
+                continue
+            sampling = base if base is not None else _without_seed(failure.sampling)
+            group = repr(sorted(sampling.items()))
+            if group not in publishers:
+                publishers[group] = Publisher(
+                    campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=size
+                )
+            items = waiting.setdefault(group, [])
+            items.append(PromptItem.from_replay(failure.item))
+            if len(items) >= size * RETRY_STEP_BATCHES:
+                total += publishers[group].retry(items)
+                items.clear()
+        for group, items in waiting.items():
+            total += publishers[group].retry(items)
+    finally:
+        for publisher in publishers.values():
+            publisher.close()
     return total
 
 

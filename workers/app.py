@@ -271,6 +271,9 @@ def run_worker(
 ) -> None:
     """Start a Celery worker in this process (blocks until it stops); `concurrency` is the
     number of batch threads, i.e. batches held open at once."""
+    from workers.memory import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before Celery starts the batch threads
     os.environ.update(config.to_env())
     settings = broker_settings()
     node = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"

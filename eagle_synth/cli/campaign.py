@@ -107,6 +107,12 @@ def enqueue(
     max_backlog: Annotated[
         int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")
     ] = 200_000,
+    max_backlog_mb: Annotated[
+        int,
+        typer.Option(
+            help="Also wait while the queue, the campaign's failures and its outbox hold more MB than this in Redis (0 = no byte cap; at most half of Redis's maxmemory)."
+        ),
+    ] = 256,
     strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
     dry_run: Annotated[
         bool, typer.Option(help="Template and count, print a length histogram, enqueue nothing.")
@@ -186,6 +192,7 @@ def enqueue(
         max_prompt_tokens=max_prompt_tokens,
         max_prompt_chars=max_prompt_chars or None,
         max_backlog=max_backlog,
+        max_backlog_mb=max_backlog_mb,
         strict=strict,
         dry_run=dry_run,
         processes=processes,
@@ -341,13 +348,13 @@ def failed(
     redis: RedisOpt = None,
 ) -> None:
     """List a campaign's failed prompts by reason."""
-    from eagle_synth.tools.failures import failures_by_reason, format_failures
+    from eagle_synth.tools.failures import failure_summary, format_failures, write_failures_json
 
-    report = failures_by_reason(_existing_campaign(redis, campaign), examples=limit)
+    target = _existing_campaign(redis, campaign)
     if as_json:
-        print(json.dumps(report))
+        write_failures_json(target, sys.stdout, examples=limit)
         return
-    for line in format_failures(report, limit=limit):
+    for line in format_failures(failure_summary(target, examples=limit), limit=limit):
         typer.echo(line)
 
 
@@ -374,3 +381,43 @@ def retry_failed(
             f"{damaged} prompts failed `{RECORD_DAMAGED}` have no prompt ids to replay: rerun the campaign's "
             "original `eagle-synth enqueue` command to enqueue them again"
         )
+
+
+@app.command()
+def close(
+    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    out: Annotated[Path, typer.Option("--out", help="Output folder holding NAME/records (the workers' --out).")],
+    redis: RedisOpt = None,
+) -> None:
+    """End a complete campaign: fold its Redis state (keys, failures, counts) into OUT/NAME and free Redis."""
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.campaign_archive import close_campaign
+
+    settings = broker_settings(redis_url=redis)
+    summary = close_campaign(Campaign(redis_client(redis), campaign), out, queue=settings.queue)
+    typer.echo(
+        f"closed {campaign}: {summary.done} done and {summary.failed} failed keys folded into {summary.path} "
+        f"({summary.file_bytes:,} bytes); Redis used {summary.redis_bytes_before / 1e6:,.1f} MB before, "
+        f"{summary.redis_bytes_after / 1e6:,.1f} MB after"
+    )
+
+
+@app.command()
+def reopen(
+    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    state: Annotated[
+        Path | None, typer.Option("--state", help="The state file `close` wrote (default: where it wrote it).")
+    ] = None,
+    redis: RedisOpt = None,
+) -> None:
+    """Read a closed campaign's state back into Redis (enqueue and retry-failed do this themselves)."""
+    from eagle_synth.campaign import Campaign
+    from eagle_synth.campaign_archive import ended_info, reopen_campaign
+
+    target = Campaign(redis_client(redis), campaign)
+    info = ended_info(target)
+    if info is None and state is None:
+        fail(f"campaign {campaign!r} is not closed")
+    path = state if state is not None else Path(info["path"] if info else "")
+    done, failed = reopen_campaign(target, path)
+    typer.echo(f"reopened {campaign}: {done} done and {failed} failed keys read back")

@@ -429,11 +429,17 @@ def compact(
     campaign_dir: CampaignDirArg,
     shard_mb: Annotated[int, typer.Option(help="MiB of batch files merged into each shard.")] = 256,
     min_age: Annotated[float, typer.Option(help="Only merge batch files at least this many seconds old.")] = 300.0,
-    threads: Annotated[int, typer.Option(help="zstd compression threads (0 = one).")] = 0,
+    threads: Annotated[
+        int | None, typer.Option(help="zstd compression threads (0 = the calling thread only). Default: one per core.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Merge small batch files into large shards; safe while workers write and if stopped midway."""
+    from eagle_synth.tools.compact import DEFAULT_THREADS
     from eagle_synth.tools.compact import compact as run_compact
+
+    if threads is None:
+        threads = DEFAULT_THREADS
 
     def progress(path: Path, records: int) -> None:
         if not as_json:

@@ -3,11 +3,20 @@
 `failures_by_reason` returns one JSON-ready dict; its keys are the contract of
 `eagle-synth failed --json`: {"campaign", "failed", "by_reason": {reason: {"count", "prompts"}}},
 each prompt {"key", "id", "source", "message", "at", "worker"}, reasons in order of first key.
+`write_failures_json` writes the same object streamed (prompts in scan order), and
+`failure_summary` the same with up to `examples` prompts per reason: both read failures in HSCAN
+steps, so `failed` runs in bounded memory at any number of failures.
 """
 
 from __future__ import annotations
 
-from eagle_synth.campaign import Campaign
+import bisect
+import json
+import tempfile
+from typing import IO
+
+from eagle_synth.campaign import Campaign, Failure
+from eagle_synth.campaign_archive import ended_info
 
 # Characters of a failure message shown per example line; the JSON keeps it whole.
 MESSAGE_PREVIEW_CHARS = 200
@@ -17,23 +26,11 @@ def failures_by_reason(campaign: Campaign, *, examples: int = 5) -> dict:
     """The campaign's current failures, grouped by reason, prompts sorted by key; for
     `--history own` campaigns also the conversations that stopped early, by reason (with up to
     `examples` of each)."""
-    from eagle_synth.conversation_store import ConversationStore
-
     failures = campaign.failures()
-    settings = campaign.settings()
-    stopped = ConversationStore(campaign).stopped(examples=examples) if settings and settings.history == "own" else {}
+    stopped = _stopped(campaign, examples)
     by_reason: dict[str, list[dict]] = {}
     for key, failure in sorted(failures.items()):
-        by_reason.setdefault(failure.reason, []).append(
-            {
-                "key": key,
-                "id": failure.item.get("row_id"),
-                "source": failure.item.get("source"),
-                "message": failure.message,
-                "at": failure.at,
-                "worker": failure.worker,
-            }
-        )
+        by_reason.setdefault(failure.reason, []).append(_listed(key, failure))
     return {
         "campaign": campaign.name,
         "failed": len(failures),
@@ -42,10 +39,81 @@ def failures_by_reason(campaign: Campaign, *, examples: int = 5) -> dict:
     }
 
 
+def _listed(key: str, failure: Failure) -> dict:
+    """One prompt as the report lists it."""
+    return {
+        "key": key,
+        "id": failure.item.get("row_id"),
+        "source": failure.item.get("source"),
+        "message": failure.message,
+        "at": failure.at,
+        "worker": failure.worker,
+    }
+
+
+def _stopped(campaign: Campaign, examples: int) -> dict:
+    from eagle_synth.conversation_store import ConversationStore
+
+    settings = campaign.settings()
+    return ConversationStore(campaign).stopped(examples=examples) if settings and settings.history == "own" else {}
+
+
+def failure_summary(campaign: Campaign, *, examples: int = 5) -> dict:
+    """failures_by_reason's report with only the `examples` lowest keys of each reason (its
+    counts are whole): what `eagle-synth failed` prints, read in bounded memory."""
+    counts = campaign.failure_counts()  # kept equal to `failed` by every script that changes it
+    lowest: dict[str, list[tuple[str, dict]]] = {}  # per reason, the lowest keys so far, sorted
+    for key, failure in campaign.iter_failures():
+        kept = lowest.setdefault(failure.reason, [])
+        if examples and (len(kept) < examples or key < kept[-1][0]) and all(k != key for k, _ in kept):
+            bisect.insort(kept, (key, _listed(key, failure)), key=lambda entry: entry[0])
+            del kept[examples:]
+    by_reason = {
+        reason: {"count": counts[reason], "prompts": [p for _, p in lowest.get(reason, [])]} for reason in counts
+    }
+    return {
+        "campaign": campaign.name,
+        "failed": sum(counts.values()),
+        "by_reason": by_reason,
+        "conversations_stopped": _stopped(campaign, examples),
+        "ended": ended_info(campaign),
+    }
+
+
+def write_failures_json(campaign: Campaign, out: IO[str], *, examples: int = 5) -> None:
+    """Write failures_by_reason's report as one JSON object, streamed: each reason's prompts are
+    spooled to a temporary file while the failures are scanned, then copied out in turn."""
+    spools: dict[str, tuple[IO[str], list[int]]] = {}
+    try:
+        for key, failure in campaign.iter_failures():
+            if failure.reason not in spools:
+                spools[failure.reason] = (tempfile.TemporaryFile("w+", encoding="utf-8"), [0])
+            spool, count = spools[failure.reason]
+            spool.write(json.dumps(_listed(key, failure)) + "\n")
+            count[0] += 1
+        total = sum(count[0] for _, count in spools.values())
+        out.write(f'{{"campaign": {json.dumps(campaign.name)}, "failed": {total}, "by_reason": {{')
+        for n, (reason, (spool, count)) in enumerate(spools.items()):
+            out.write(("" if n == 0 else ", ") + f'{json.dumps(reason)}: {{"count": {count[0]}, "prompts": [')
+            spool.seek(0)
+            for i, line in enumerate(spool):
+                out.write(("" if i == 0 else ", ") + line.rstrip("\n"))
+            out.write("]}")
+        out.write(f'}}, "conversations_stopped": {json.dumps(_stopped(campaign, examples))}}}\n')
+    finally:
+        for spool, _ in spools.values():
+            spool.close()
+
+
 def format_failures(report: dict, *, limit: int) -> list[str]:
     """The lines `eagle-synth failed` prints: a total, then each reason (most first) with up to
     `limit` examples."""
     lines = [f"{report['failed']} failed prompts in {report['campaign']}"]
+    ended = report.get("ended")
+    if ended:
+        lines.append(
+            f"  (closed: {ended['failed']} failures are folded into {ended['path']}; `retry-failed` reads them back)"
+        )
     for reason, group in sorted(report["by_reason"].items(), key=lambda kv: -kv[1]["count"]):
         lines.append(f"  {reason}: {group['count']}")
         lines.extend(

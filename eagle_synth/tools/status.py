@@ -15,6 +15,7 @@ import redis
 
 from eagle_synth import counters, input_rows
 from eagle_synth.campaign import Campaign, campaign_names
+from eagle_synth.campaign_archive import ended_info
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.node_state import UNKNOWN, all_nodes
 from eagle_synth.stranded import stranded_prompts
@@ -49,6 +50,7 @@ STATUS_KEYS = (
     "at",
     "stranded",
     "conversations",
+    "ended",
 )
 # Keys of "conversations" (None unless the campaign regenerates with --history own).
 CONVERSATION_KEYS = ("total", "done", "in_progress", "stopped", "stopped_by_reason", "followups_waiting")
@@ -131,6 +133,8 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "at": now,
         "stranded": stranded_here,
         "conversations": _conversations(campaign),
+        # Closed (`eagle-synth close`): where its state was folded, with its done and failed counts.
+        "ended": ended_info(campaign),
     }
 
 

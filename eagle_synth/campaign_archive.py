@@ -1,0 +1,368 @@
+"""A campaign's end: its Redis state folded into one file of the campaign folder, and read back.
+
+`eagle-synth close NAME --out DIR` runs once a campaign is complete (every enqueued key done or
+failed, nothing queued, claimed or in flight) and its records are safe: every done key has its
+record under DIR/NAME/records on the host it runs on. It then writes DIR/NAME/STATE_FILE (the
+done keys, the failures as stored, the conversations' early ends, the counters) and frees the
+campaign's key sets in Redis, leaving only its settings, counters and the `ended` marker
+(CampaignKeys.ended: where the file is, on which host).
+
+`enqueue` and `retry-failed` on an ended campaign read the file back first (`reopen`), so a
+rerun stays exact: nothing done is enqueued again, every failure can be retried.
+
+The file is one zstd frame holding a msgpack stream: a header map, then chunks
+["done", [key, ...]], ["failed", [[key, stored failure], ...]], ["ends", [[conversation, end
+JSON], ...]], and a last ["end", {"done": n, "failed": n, "ends": n}] that says it is whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import msgpack
+import zstandard
+
+from eagle_synth.campaign import Campaign
+from eagle_synth.errors import UserError
+from eagle_synth.records import campaign_dir, fsync_dir, read_raw_file, scan_campaign
+from eagle_synth.redis_client import text
+
+# The folded state's file name inside the campaign folder.
+STATE_FILE = "campaign-state.msgpack.zst"
+# Version of the file's layout; `reopen` refuses others.
+STATE_FORMAT = 1
+# Keys per chunk (and per Redis round trip when folding or reading back): ~0.4 MB of keys, few
+# enough that both directions stay in bounded memory, many enough that round trips do not dominate.
+FOLD_CHUNK = 10_000
+# Failures per chunk: a 2k-token failure is ~3.7 KB, so chunks of FOLD_CHUNK would hold ~37 MB
+# (measured: `close` at 100k failures peaked at 204 MiB); this many keep a chunk near 2 MB.
+FAILURE_FOLD_CHUNK = 500
+# zstd level of the state file: hex keys halve at any level; 3 is the fastest that does.
+STATE_ZSTD_LEVEL = 3
+# Queue messages read per LRANGE step when checking that none of the campaign's batches waits.
+QUEUE_SCAN_STEP = 1000
+# kombu's hash of delivered-but-unacked messages (batches a worker is running).
+UNACKED = "unacked"
+
+# KEYS: enqueued, done, failed, ended, outbox, events, conversation ends, followups, followup
+# batches. ARGV: expected enqueued, done, failed counts, the marker JSON. Frees the folded sets
+# only if nothing changed since they were read (an enqueue or retry that ran meanwhile aborts it).
+_FREE = """
+if redis.call('SCARD', KEYS[1]) ~= tonumber(ARGV[1]) or redis.call('SCARD', KEYS[2]) ~= tonumber(ARGV[2])
+   or redis.call('HLEN', KEYS[3]) ~= tonumber(ARGV[3]) or redis.call('HLEN', KEYS[5]) ~= 0
+   or redis.call('HLEN', KEYS[8]) ~= 0 or redis.call('HLEN', KEYS[9]) ~= 0 then
+  return 0
+end
+redis.call('SET', KEYS[4], ARGV[4])
+redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7])
+return 1
+"""
+
+
+class CampaignNotClosable(UserError, RuntimeError):
+    """The campaign is not complete or its records are not all here; the message says why and what to do."""
+
+
+class StateFileUnavailable(UserError, FileNotFoundError):
+    """An ended campaign's state file is not readable here; the message names the file and its host."""
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSummary:
+    """What `close` did.
+
+    Parameters:
+        path: the state file written.
+        done, failed: keys folded of each kind.
+        file_bytes: the state file's size.
+        redis_bytes_before, redis_bytes_after: Redis's used_memory around the freeing.
+    """
+
+    path: Path
+    done: int
+    failed: int
+    file_bytes: int
+    redis_bytes_before: int
+    redis_bytes_after: int
+
+
+def state_path(out: str | os.PathLike, name: str) -> Path:
+    return campaign_dir(out, name) / STATE_FILE
+
+
+def ended_info(campaign: Campaign) -> dict | None:
+    """The campaign's `ended` marker, or None while it is open."""
+    raw = campaign.client.get(campaign.keys.ended)
+    return json.loads(raw) if raw else None
+
+
+def _key_digest(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=16).digest(), "little")
+
+
+# The sum of 128-bit key digests mod this identifies a set of keys (with its count) in constant
+# memory: equal sums for unequal sets take a collision no campaign comes near.
+_DIGEST_MOD = 1 << 128
+
+
+def done_fingerprint(campaign: Campaign) -> tuple[int, int]:
+    """(count, digest sum) of the done set, read in SSCAN steps."""
+    count = total = 0
+    for key in campaign.client.sscan_iter(campaign.keys.done, count=FOLD_CHUNK):
+        count += 1
+        total = (total + _key_digest(text(key))) % _DIGEST_MOD
+    return count, total
+
+
+def records_fingerprint(folder: Path) -> tuple[int, int]:
+    """(count, digest sum) of the distinct keys of the records under `folder`, reading one
+    file at a time; only keys of batches found in more than one file are remembered."""
+    files = scan_campaign(folder)
+    seen_repeated: set[str] = set()
+    count = total = 0
+    for path in files.live:
+        for raw in read_raw_file(path):
+            if raw.meta.get("batch") in files.repeated_batches:
+                if raw.key in seen_repeated:
+                    continue
+                seen_repeated.add(raw.key)
+            count += 1
+            total = (total + _key_digest(raw.key)) % _DIGEST_MOD
+    return count, total
+
+
+def _queued_batches(campaign: Campaign, queue: str) -> int:
+    """Batches of this campaign waiting in the queue or delivered and not yet acked."""
+    from eagle_synth.queue import payload_of_message
+
+    client, found = campaign.client, 0
+
+    def ours(raw: bytes | str) -> bool:
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            return False
+        if isinstance(message, list) and message:  # unacked entries are [message, exchange, key]
+            message = message[0]
+        payload = payload_of_message(message)
+        return payload is not None and payload.get("campaign") == campaign.name
+
+    length = int(client.llen(queue))
+    for start in range(0, length, QUEUE_SCAN_STEP):
+        found += sum(ours(raw) for raw in client.lrange(queue, start, start + QUEUE_SCAN_STEP - 1))
+    found += sum(ours(raw) for _, raw in client.hscan_iter(UNACKED, count=QUEUE_SCAN_STEP))
+    return found
+
+
+def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
+    """Raise CampaignNotClosable unless the campaign is complete and its records are all in `folder`."""
+    name, k, client = campaign.name, campaign.keys, campaign.client
+    if campaign.settings() is None:
+        raise CampaignNotClosable(f"campaign {name!r} does not exist in this Redis")
+    progress = campaign.progress()
+    if progress.pending:
+        raise CampaignNotClosable(
+            f"campaign {name!r} is not complete: {progress.pending} of {progress.enqueued} prompts are still "
+            "pending (queued or being generated); wait until `eagle-synth status` shows none, then close"
+        )
+    busy = {
+        "claimed by an enqueue and not yet published": client.hlen(k.outbox),
+        "follow-up turns still to generate": client.hlen(k.followups) + client.hlen(k.followup_batches),
+    }
+    for what, count in busy.items():
+        if int(count):
+            raise CampaignNotClosable(f"campaign {name!r} is not complete: {count} entries {what}")
+    queued = _queued_batches(campaign, queue)
+    if queued:
+        raise CampaignNotClosable(
+            f"campaign {name!r} still has {queued} batches in the queue (repeats of finished prompts): "
+            "let the workers drain them, then close"
+        )
+    if not (folder / "records").is_dir():
+        if progress.done:
+            raise CampaignNotClosable(
+                f"{folder} holds no records folder, but {progress.done} prompts of {name!r} are done: run close "
+                "where the workers' output is (--out), after gathering every worker host's records there"
+            )
+        return
+    want = done_fingerprint(campaign)
+    have = records_fingerprint(folder)
+    if want != have:
+        raise CampaignNotClosable(
+            f"the records under {folder / 'records'} are not the campaign's done prompts: Redis has {want[0]} done, "
+            f"the folder has {have[0]} distinct records{'' if want[0] != have[0] else ' (other keys)'}. If workers "
+            "wrote to several hosts, gather each host's records folder here (file names never collide) and close "
+            "again; if records are damaged, run `eagle-synth repair` first"
+        )
+
+
+def _chunks(iterator: Iterator[Any], size: int = FOLD_CHUNK) -> Iterator[list]:
+    chunk: list = []
+    for value in iterator:
+        chunk.append(value)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _write_state(campaign: Campaign, out: IO[bytes]) -> tuple[int, int, int]:
+    """Write the state stream to `out`; returns (done, failed, ends) written."""
+    client, k = campaign.client, campaign.keys
+    settings = campaign.settings()
+    header = {
+        "format": STATE_FORMAT,
+        "campaign": campaign.name,
+        "settings": settings.to_json() if settings else None,
+        "counters": campaign.progress().counters,
+        "skipped": campaign.skipped(),
+        "failed_reasons": campaign.failure_counts(),
+        "closed_at": time.time(),
+        "host": socket.gethostname(),
+    }
+    packer = msgpack.Packer(use_bin_type=True)
+    writer = zstandard.ZstdCompressor(level=STATE_ZSTD_LEVEL).stream_writer(out, closefd=False)
+    writer.write(packer.pack(header))
+    counts = {"done": 0, "failed": 0, "ends": 0}
+    for chunk in _chunks(text(key) for key in client.sscan_iter(k.done, count=FOLD_CHUNK)):
+        writer.write(packer.pack(["done", chunk]))
+        counts["done"] += len(chunk)
+    failures = client.hscan_iter(k.failed, count=FAILURE_FOLD_CHUNK)
+    for chunk in _chunks(((text(key), bytes(raw)) for key, raw in failures), FAILURE_FOLD_CHUNK):
+        writer.write(packer.pack(["failed", chunk]))
+        counts["failed"] += len(chunk)
+    for chunk in _chunks((text(c), text(e)) for c, e in client.hscan_iter(k.conversation_ends, count=FOLD_CHUNK)):
+        writer.write(packer.pack(["ends", chunk]))
+        counts["ends"] += len(chunk)
+    writer.write(packer.pack(["end", counts]))
+    writer.flush(zstandard.FLUSH_FRAME)
+    return counts["done"], counts["failed"], counts["ends"]
+
+
+def _used_memory(campaign: Campaign) -> int:
+    return int(campaign.client.info("memory").get("used_memory", 0))
+
+
+def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) -> CloseSummary:
+    """Fold a complete campaign's Redis state into OUT/NAME/STATE_FILE and free its key sets.
+
+    Order: check, write the file (fsynced, renamed into place), then in one script check that
+    nothing changed, set the `ended` marker and free the sets. A kill at any step leaves the
+    campaign either open and whole or ended with its file in place.
+    """
+    folder = campaign_dir(out, campaign.name)
+    info = ended_info(campaign)
+    if info is not None:
+        raise CampaignNotClosable(f"campaign {campaign.name!r} is already closed (into {info['path']})")
+    check_closable(campaign, folder, queue=queue)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / STATE_FILE
+    tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as handle:
+        done, failed, _ = _write_state(campaign, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(folder)
+    before = _used_memory(campaign)
+    k = campaign.keys
+    marker = json.dumps(
+        {"path": str(path.resolve()), "host": socket.gethostname(), "at": time.time(), "done": done, "failed": failed}
+    )
+    freed = campaign.client.eval(
+        _FREE,
+        9,
+        k.enqueued,
+        k.done,
+        k.failed,
+        k.ended,
+        k.outbox,
+        k.events,
+        k.conversation_ends,
+        k.followups,
+        k.followup_batches,
+        done + failed,
+        done,
+        failed,
+        marker,
+    )
+    if not int(freed):
+        raise CampaignNotClosable(
+            f"campaign {campaign.name!r} changed while it was being closed (an enqueue or retry ran): "
+            "nothing was freed; close again once it is complete"
+        )
+    return CloseSummary(
+        path=path,
+        done=done,
+        failed=failed,
+        file_bytes=path.stat().st_size,
+        redis_bytes_before=before,
+        redis_bytes_after=_used_memory(campaign),
+    )
+
+
+def _read_state(path: Path) -> Iterator[Any]:
+    with open(path, "rb") as handle:
+        reader = zstandard.ZstdDecompressor().stream_reader(handle)
+        unpacker = msgpack.Unpacker(reader, raw=False, max_buffer_size=1 << 30)
+        yield from unpacker
+
+
+def reopen_campaign(campaign: Campaign, path: str | os.PathLike) -> tuple[int, int]:
+    """Read a state file back into Redis (the done set, the failures, the enqueued set of both)
+    and remove the `ended` marker; returns (done, failed) restored. Safe to run again after a
+    kill (every write is a set or hash insert); the marker goes only once the file was read whole."""
+    client, k = campaign.client, campaign.keys
+    stream = _read_state(Path(path))
+    header = next(stream, None)
+    if not isinstance(header, dict) or header.get("format") != STATE_FORMAT:
+        raise StateFileUnavailable(f"{path}: not a campaign state file of format {STATE_FORMAT}")
+    if header.get("campaign") != campaign.name:
+        raise StateFileUnavailable(f"{path}: holds campaign {header.get('campaign')!r}, not {campaign.name!r}")
+    counts = {"done": 0, "failed": 0, "ends": 0}
+    whole = None
+    for kind, chunk in stream:
+        if kind == "end":
+            whole = chunk
+            break
+        pipe = client.pipeline(transaction=False)
+        if kind == "done":
+            pipe.sadd(k.enqueued, *chunk)
+            pipe.sadd(k.done, *chunk)
+        elif kind == "failed":
+            pipe.sadd(k.enqueued, *(key for key, _ in chunk))
+            pipe.hset(k.failed, mapping=dict(chunk))
+        elif kind == "ends":
+            pipe.hset(k.conversation_ends, mapping=dict(chunk))
+        pipe.execute()
+        counts[kind] += len(chunk)
+    if whole != counts:
+        raise StateFileUnavailable(f"{path}: the file is cut short (read {counts}, it says {whole})")
+    client.delete(k.ended)
+    return counts["done"], counts["failed"]
+
+
+def reopen_if_closed(campaign: Campaign) -> tuple[int, int] | None:
+    """Before enqueueing into (or retrying) a campaign: read its state back if it was closed.
+    Returns (done, failed) restored, None for an open campaign; StateFileUnavailable when the
+    file is not where `close` wrote it."""
+    info = ended_info(campaign)
+    if info is None:
+        return None
+    path = Path(info["path"])
+    if not path.is_file():
+        raise StateFileUnavailable(
+            f"campaign {campaign.name!r} was closed into {path} on host {info.get('host')!r}, which is not "
+            f"readable here: run this on that host, or copy the file to that path, or run "
+            f"`eagle-synth reopen {campaign.name} --state FILE` with the copy"
+        )
+    return reopen_campaign(campaign, path)
