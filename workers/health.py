@@ -123,6 +123,20 @@ class HealthGate:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="eagle-synth-health", daemon=True)
         self._thread.start()
+        # The heartbeat has its own thread: a probe or preflight that takes long (a slow or
+        # trickling server, vLLM's probe request) must not make the worker vanish from status.
+        threading.Thread(target=self._beat, name="eagle-synth-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL / 2):
+            if time.time() - self._last_publish < HEARTBEAT_INTERVAL / 2:
+                continue
+            try:
+                self._publish()
+            except redis.RedisError as exc:
+                log.info("heartbeat: Redis not answering (%s)", exc)
+            except Exception:  # a bug must not silently stop the heartbeat
+                log.exception("heartbeat failed")
 
     def stop(self) -> None:
         self._stop.set()
