@@ -181,19 +181,23 @@ def test_two_hosts_with_one_hostname_never_take_each_others_leases(tmp_path, red
 # 5 ------------------------------------------------------------------------------------------------
 def test_retry_failed_while_a_batch_holds_the_key_does_not_double(tmp_path, redis_server, stack, tokenizer_path):
     enqueue_rows(tmp_path, redis_server.url, "hold", single_rows(8), tokenizer=tokenizer_path, batch_size=4)
-    _, url = stack.devserver("--token-latency", "0.05", "--mean-output-tokens", "80", "--slots", "16")
+    # Slow prompts (about 10 s each), so the batch still holds its keys when the copy arrives.
+    _, url = stack.devserver("--token-latency", "0.1", "--mean-output-tokens", "100", "--slots", "16")
     out = tmp_path / "out"
     stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST, concurrency=4)
     c = campaign(redis_server.url, "hold")
 
-    def held() -> TaskPayload | None:
+    def held() -> tuple[TaskPayload, object] | None:
         for stored in stored_batches(c.client, "hold"):
             if c.client.exists(c.keys.lease(stored.batch)):
-                return TaskPayload.decode(stored.payload)
+                payload = TaskPayload.decode(stored.payload)
+                finished = c.finished_keys([i.key for i in payload.items])
+                for item in payload.items:
+                    if item.key not in finished and c.client.hexists(c.keys.claims, item.key):
+                        return payload, item
         return None
 
-    payload = wait_for(held, timeout=60, what="a batch running")
-    item = payload.items[0]
+    payload, item = wait_for(held, timeout=60, what="a batch generating")
     # The key is recorded failed while its batch still generates it (a late copy's failure,
     # an operator's mistake): retry-failed publishes it in a new batch at once.
     c.record_failure(item, reason="server-error", message="injected", sampling=payload.sampling_for(item))
@@ -222,7 +226,7 @@ def test_a_trickling_health_endpoint_hangs_nothing(tmp_path, redis_server, stack
 
     def states() -> dict:
         nodes = [n for n in all_nodes(c.client) if n.get("node") == "tr@t"]
-        return nodes[0]["servers"] if nodes else {}
+        return nodes[0].get("server_states", {}) if nodes else {}
 
     # Probes of the trickling server end at their deadline, again and again; the heartbeat goes on.
     wait_for(lambda: devserver_stats(bad).get("health_trickled", 0) >= 3, timeout=60, what="three trickled probes")
