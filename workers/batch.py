@@ -4,17 +4,28 @@ Celery-free, so it can be read and tested on its own; workers/app.py wraps it in
 Prompts are sent one per request through the worker's InflightPool (workers/inflight.py), so
 a prompt that finishes frees its in-flight ticket at once while its batch-mates still run.
 
-Exactly one record or one recorded failure per prompt key:
+Exactly one record or one recorded failure per prompt key. The campaign in Redis, not the
+broker, is the source of truth: it knows every key enqueued, which are done or failed, and
+keeps every published batch until its keys end (eagle_synth/batch_store.py); what the broker
+loses, the reconciler (workers/reconciler.py) publishes again. So a batch may arrive twice, or
+a key in two batches, and this module makes sure such copies never both write:
   * keys already done or failed (Redis) are skipped before any request;
-  * record files a crashed attempt of this batch left on this host are adopted, not redone;
+  * the batch lease (workers/lease.py) keeps one batch id on one thread at a time; per-key
+    claims (eagle_synth/claims.py), taken in one Lua script at batch start and tied to that
+    lease, keep one key in one live batch whatever published it; a key another live batch
+    claimed is skipped and left to it;
+  * every write is fenced (eagle_synth/fence.py): the lease is renewed just before a record
+    file's rename, and the keys are marked done (or failed) in one transaction that checks the
+    lease; if that check fails the file is removed again, so a worker frozen past its lease
+    writes nothing that stays;
   * records are written (atomically) before their keys are marked done, and the message is
     acknowledged only after both, so a crash at any point leaves the batch to be redone
-    minus whatever was committed;
+    minus whatever was committed; files a crashed attempt left on this host are adopted;
   * every other ending raises: Requeue (the message goes back to the queue), DiskUnavailable
     (likewise, and the worker stops taking batches), or an unexpected error that the task's
     catch-all retries and finally records as failures (`fail_unfinished`);
-  * readers drop a repeated key, covering the one window left (a crash after the rename on
-    one host and the redo on another).
+  * readers drop a repeated key across all files (eagle_synth/key_set.py), covering the one
+    window left: a crash between a rename and its mark, redone elsewhere.
 """
 
 from __future__ import annotations
