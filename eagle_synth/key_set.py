@@ -4,8 +4,8 @@ A record can sit in two files (a crash after a rename and before its keys were m
 or a writer frozen past its lease in the instant between its lease check and its rename), in
 any two files, not only two of one batch. So readers remember every key they yielded. A
 Python set of strings costs about 120 bytes per key (1.2 GB for 10M records); this set keeps
-a 64-bit digest of each key in an open-addressing table of machine words, at most half full:
-8 to 16 bytes per key after a resize (doubling), i.e. at most 160 MB for 10M keys.
+a 64-bit digest of each key in an open-addressing table of machine words, kept between a
+quarter and half full (it doubles): 16 to 32 bytes per key, 256 MB for 10M keys.
 
 Two different keys with one digest would drop the second's record: for n keys the chance is
 about n^2 / 2^65 (3e-6 for 10M keys), and `eagle-synth verify` counts records against the done

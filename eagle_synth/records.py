@@ -718,8 +718,8 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
 
     With `dedupe` (the default) a repeated key is skipped, whatever files hold it, so a training
     job sees one record per prompt sample even where a crash (or a stopped `compact`) left two.
-    Keys are remembered as 64-bit digests (eagle_synth/key_set.py): 8 to 16 bytes per record,
-    160 MB at most for 10M records. Safe to run while workers
+    Keys are remembered as 64-bit digests (eagle_synth/key_set.py): 16 to 32 bytes per record,
+    256 MB for 10M records. Safe to run while workers
     write and while `eagle-synth compact` runs (a batch file compacted away mid-read is read
     from its shard). Usage from training code:
 

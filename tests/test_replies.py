@@ -177,3 +177,20 @@ def test_the_item_is_not_modified():
     before = copy.deepcopy(item)
     parse(item)
     assert item == before
+
+
+def test_a_surplus_that_is_not_the_prompts_tail_is_a_bad_response_not_a_repair():
+    item = good_item(completion_tokens=1)
+    item["output_ids"] = [5, 6, 7, 2]  # completion_tokens under-reported: the ids are real output
+    with pytest.raises(BadResponse, match="not the prompt's tail"):
+        parse(item)
+    item = good_item(completion_tokens=0)
+    with pytest.raises(BadResponse):
+        parse(item)
+
+
+def test_a_stop_on_a_token_id_must_end_with_that_id():
+    item = good_item(completion_tokens=3)
+    item["output_ids"] = [5, 6, 7]  # "stopped on 2", yet 2 is not there
+    with pytest.raises(BadResponse, match="does not end with it"):
+        parse(item)
