@@ -22,6 +22,7 @@ import zstandard
 from eagle_synth import counters
 from eagle_synth.counters import in_lua
 from eagle_synth.errors import UserError
+from eagle_synth.fence import Fence
 from eagle_synth.keys import CAMPAIGNS, CampaignKeys
 from eagle_synth.outbox import Outbox
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
@@ -420,30 +421,32 @@ class Campaign:
         done, failed = pipe.execute()
         return {k for k, d, f in zip(keys, done, failed) if d or f is not None}
 
-    def mark_done(self, keys: list[str], *, tokens_in: int, tokens_out: int, repaired: int = 0) -> int:
-        """Record that these keys' records are on disk; returns how many were new."""
+    def mark_done(
+        self, keys: list[str], *, tokens_in: int, tokens_out: int, repaired: int = 0, fence: Fence | None = None
+    ) -> int:
+        """Record that these keys' records are on disk; returns how many were new. With a fence,
+        only while its batch lease is the writer's (else LeaseLost, nothing marked), releasing the
+        keys' claims in the same step."""
         if not keys:
             return 0
         k = self.keys
-        return int(
-            self.client.eval(
-                _MARK_DONE,
-                5,
-                k.done,
-                k.failed,
-                k.failed_reasons,
-                k.counters,
-                k.events,
-                tokens_in,
-                tokens_out,
-                repaired,
-                EVENTS_MAXLEN,
-                *keys,
-            )
-        )
+        args = (k.done, k.failed, k.failed_reasons, k.counters, k.events, tokens_in, tokens_out, repaired)
+        if fence is not None:
+            return int(fence.eval(self.client, _MARK_DONE, 5, *args, EVENTS_MAXLEN, *keys, release=keys))
+        return int(self.client.eval(_MARK_DONE, 5, *args, EVENTS_MAXLEN, *keys))
 
-    def record_failure(self, item: PromptItem, *, reason: str, message: str, sampling: dict, worker: str = "") -> None:
-        """Keep a prompt that failed for good, with what is needed to replay it."""
+    def record_failure(
+        self,
+        item: PromptItem,
+        *,
+        reason: str,
+        message: str,
+        sampling: dict,
+        worker: str = "",
+        fence: Fence | None = None,
+    ) -> None:
+        """Keep a prompt that failed for good, with what is needed to replay it. With a fence,
+        only while its batch lease is the writer's (else LeaseLost, nothing recorded)."""
         failure = Failure(
             reason=reason,
             message=message[:2000],
@@ -452,9 +455,16 @@ class Campaign:
             at=time.time(),
             worker=worker,
         )
-        self.client.eval(
-            _RECORD_FAILURE, 2, self.keys.failed, self.keys.failed_reasons, item.key, failure.encode(), reason
-        )
+        args = (self.keys.failed, self.keys.failed_reasons, item.key, failure.encode(), reason)
+        if fence is not None:
+
+            def write(pipe: redis.client.Pipeline) -> None:
+                pipe.eval(_RECORD_FAILURE, 2, *args)
+                pipe.hincrby(self.keys.counters, counters.failed(reason), 1)
+
+            fence.run(self.client, write)
+            return
+        self.client.eval(_RECORD_FAILURE, 2, *args)
         self.client.hincrby(self.keys.counters, counters.failed(reason), 1)
 
     def note_server(self, url: str, info: dict) -> None:

@@ -53,8 +53,10 @@ QUEUE_SCAN_STEP = 1000
 UNACKED = "unacked"
 
 # KEYS: enqueued, done, failed, ended, outbox, events, conversation ends, followups, followup
-# batches. ARGV: expected enqueued, done, failed counts, the marker JSON. Frees the folded sets
-# only if nothing changed since they were read (an enqueue or retry that ran meanwhile aborts it).
+# batches, stored batches, key claims. ARGV: expected enqueued, done, failed counts, the marker
+# JSON. Frees the folded sets only if nothing changed since they were read (an enqueue or retry
+# that ran meanwhile aborts it). The stored batches and claims go too: every key of a complete
+# campaign has ended, so no stored batch has anything left that the reconciler could publish.
 _FREE = """
 if redis.call('SCARD', KEYS[1]) ~= tonumber(ARGV[1]) or redis.call('SCARD', KEYS[2]) ~= tonumber(ARGV[2])
    or redis.call('HLEN', KEYS[3]) ~= tonumber(ARGV[3]) or redis.call('HLEN', KEYS[5]) ~= 0
@@ -62,7 +64,7 @@ if redis.call('SCARD', KEYS[1]) ~= tonumber(ARGV[1]) or redis.call('SCARD', KEYS
   return 0
 end
 redis.call('SET', KEYS[4], ARGV[4])
-redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7])
+redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7], KEYS[10], KEYS[11])
 return 1
 """
 
@@ -280,7 +282,7 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
     )
     freed = campaign.client.eval(
         _FREE,
-        9,
+        11,
         k.enqueued,
         k.done,
         k.failed,
@@ -290,6 +292,8 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
         k.conversation_ends,
         k.followups,
         k.followup_batches,
+        k.batches,
+        k.claims,
         done + failed,
         done,
         failed,

@@ -29,6 +29,7 @@ from eagle_synth import counters
 from eagle_synth.campaign import EVENTS_MAXLEN, MARK_DONE_LUA, Campaign
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
 from eagle_synth.counters import in_lua
+from eagle_synth.fence import Fence
 from eagle_synth.redis_client import text
 
 # Owner field prefix of a formed batch (plain fields are turn keys).
@@ -163,8 +164,10 @@ class ConversationStore:
         tokens_in: int,
         tokens_out: int,
         repaired: int = 0,
+        fence: Fence | None = None,
     ) -> tuple[int, set[str]]:
-        """Mark keys done and, for each newly done one, store its follow-up or its end.
+        """Mark keys done and, for each newly done one, store its follow-up or its end (with a
+        fence: only while its batch lease is the writer's, else LeaseLost and nothing changes).
 
         `entries` are (key, action, target, data) with action FOLLOW (target: next turn key,
         data: the entry to render), END (target: conversation key, data: end_json) or NOTHING.
@@ -176,19 +179,12 @@ class ConversationStore:
         args: list = [tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner]
         for entry in entries:
             args.extend(entry)
-        reply = self.client.eval(
-            _COMMIT,
-            8,
-            k.done,
-            k.failed,
-            k.failed_reasons,
-            k.counters,
-            k.events,
-            k.followups,
-            k.followup_owners,
-            k.conversation_ends,
-            *args,
-        )
+        names = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.followups, k.followup_owners)
+        if fence is not None:
+            released = [entry[0] for entry in entries]
+            reply = fence.eval(self.client, _COMMIT, 8, *names, k.conversation_ends, *args, release=released)
+        else:
+            reply = self.client.eval(_COMMIT, 8, *names, k.conversation_ends, *args)
         return int(reply[0]), {key.decode() for key in reply[1:]}
 
     def ready(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str) -> set[str]:

@@ -29,6 +29,10 @@ WORKER_PATTERN = f"{KEY_PREFIX}:worker:*"
 WORKERS_INDEX = f"{KEY_PREFIX}:workers"
 # String with a TTL: the worker whose reaper sweeps for stranded batches this round.
 REAPER_LOCK = f"{KEY_PREFIX}:reaper"
+# String with a TTL: the worker whose reconciler looks for lost batches this round.
+RECONCILER_LOCK = f"{KEY_PREFIX}:reconciler"
+# Hash of the reconciler's memory between rounds (Redis run id last seen, rounds with a deficit).
+RECONCILER_STATE = f"{KEY_PREFIX}:reconciler-state"
 
 
 def tokenizer_blob(fingerprint: str, chat_template_hash: str) -> str:
@@ -123,6 +127,18 @@ class CampaignKeys:
         """Hash (run scope | input file | size | mtime) -> the last line of that file whose rows
         are all claimed: a rerun skips them before templating (producer/resume.py)."""
         return f"{self._base}:cursors"
+
+    @property
+    def claims(self) -> str:
+        """Hash prompt key -> the batch lease (key and holder) whose batch generates it right now:
+        at most one live batch generates a key, whatever published it (eagle_synth/claims.py)."""
+        return f"{self._base}:claims"
+
+    @property
+    def batches(self) -> str:
+        """Hash batch id -> every published batch not yet finished (its payload and when it was
+        published): what the reconciler publishes again when a batch is lost (eagle_synth/batch_store.py)."""
+        return f"{self._base}:batches"
 
     @property
     def skipped(self) -> str:

@@ -104,6 +104,9 @@ class RedisServer:
         password: `requirepass` for the default user.
         acl_user: (name, password) of an extra ACL user with full access.
         appendonly: persist every write (survives restarts).
+        save: RDB snapshot schedule (`redis-server --save`); the default counts as persisting for
+            eagle-synth's check (eagle_synth/redis_persistence.py) without writing during short
+            runs; "" with appendonly off is a Redis that keeps nothing (tests of the refusal).
         tls: serve TLS only, with a throwaway CA and certificate made in workdir (needs openssl).
         port: 0 picks a free one.
         maxmemory_policy: what Redis does when full; eagle-synth needs `noeviction` (tests of the
@@ -116,6 +119,7 @@ class RedisServer:
     password: str | None = None
     acl_user: tuple[str, str] | None = None
     appendonly: bool = False
+    save: str = "3600 1"
     tls: bool = False
     port: int = 0
     maxmemory_policy: str = "noeviction"
@@ -159,7 +163,7 @@ class RedisServer:
             "--dir",
             str(self.workdir),
             "--save",
-            "",
+            self.save,
             "--appendonly",
             "yes" if self.appendonly else "no",
             "--maxmemory-policy",

@@ -9,7 +9,6 @@ vanishes from `eagle-synth status` by itself.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -17,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 import redis
 
 from eagle_synth.keys import WORKER_TTL, WORKERS_INDEX, worker_key
+from eagle_synth.processes import hostname
 from eagle_synth.redis_client import text as as_text
 
 HEALTHY = "healthy"
@@ -100,7 +100,7 @@ class NodeState:
             self.key,
             mapping={
                 "node": self.node,
-                "host": socket.gethostname(),
+                "host": hostname(),
                 "started": time.time(),
                 "servers": json.dumps(servers),
             },

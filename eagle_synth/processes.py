@@ -1,19 +1,53 @@
 """Who holds something in Redis, and whether that holder is a process that has died.
 
-Leases, producer runs and in-flight counts name their holder as `host|pid[|extra]`. Only a
-holder on this host can be checked (a dead process on another host is found by its key
-expiring instead).
+Leases, producer runs and in-flight counts name their holder as `host|pid|boot[|extra]`:
+`host` for people reading Redis, `boot` a token unique to this boot of this machine (the
+kernel's random boot id, or a random one when the system has none). A pid can only be checked
+by a process of the same boot: two hosts may share a hostname (cloned VMs, bare-metal images),
+and a pid that is not running here says nothing about a process on another machine. A dead
+process on another machine is found by its key expiring instead.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
+from functools import cache
+
+# Environment variables that override what this module reads from the system, so tests can run
+# two "hosts" with one hostname on one machine (and operators can name nodes explicitly).
+ENV_HOSTNAME = "EAGLE_SYNTH_HOSTNAME"
+ENV_BOOT_ID = "EAGLE_SYNTH_BOOT_ID"
+# The kernel's random id of the current boot (Linux): differs between cloned VMs and after reboots.
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def hostname() -> str:
+    """The host's name as eagle-synth records it (EAGLE_SYNTH_HOSTNAME overrides)."""
+    return os.environ.get(ENV_HOSTNAME) or socket.gethostname()
+
+
+@cache
+def boot_id() -> str:
+    """A token unique to this boot of this machine: the kernel's boot id, else one random per
+    process (then a pid is never taken as proof of death: only key expiry is)."""
+    given = os.environ.get(ENV_BOOT_ID)
+    if given:
+        return given
+    try:
+        with open(BOOT_ID_FILE) as f:
+            found = f.read().strip().replace("-", "")
+        if found:
+            return found[:16]
+    except OSError:
+        pass
+    return "r" + secrets.token_hex(8)
 
 
 def holder_id(*extra: str) -> str:
-    """This process's holder id: `host|pid`, plus any extra parts."""
-    return "|".join([socket.gethostname(), str(os.getpid()), *extra])
+    """This process's holder id: `host|pid|boot`, plus any extra parts."""
+    return "|".join([hostname(), str(os.getpid()), boot_id(), *extra])
 
 
 def process_alive(pid: int) -> bool:
@@ -28,9 +62,11 @@ def process_alive(pid: int) -> bool:
 
 
 def holder_dead(holder: str) -> bool:
-    """True if the holder is a process on this host that no longer exists."""
-    host, _, rest = holder.partition("|")
-    pid = rest.split("|", 1)[0]
-    if host != socket.gethostname() or not pid.isdigit():
+    """True if the holder is a process of this very boot of this machine that no longer exists.
+
+    A holder from another machine (another boot id, whatever its hostname) or in an older
+    form without a boot id is never called dead here: its key's expiry tells."""
+    parts = holder.split("|")
+    if len(parts) < 3 or parts[2] != boot_id() or not parts[1].isdigit():
         return False
-    return not process_alive(int(pid))
+    return not process_alive(int(parts[1]))

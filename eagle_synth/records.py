@@ -30,6 +30,7 @@ import zstandard
 
 from eagle_synth.errors import UserError
 from eagle_synth.ids import pack_ids, unpack_ids
+from eagle_synth.key_set import KeySet
 
 FORMAT_NAME = "eagle-synth-records"
 # Version of the record layout written now; readers refuse newer versions rather than misread them.
@@ -431,6 +432,15 @@ def remove_stale_temporaries(
     return removed
 
 
+def remove_uncommitted(path: Path) -> None:
+    """Delete a record file whose keys could not be marked done (its writer lost its lease)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
+
+
 def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch: str, records: list[Record]) -> Path:
     """Atomically write one batch's records; returns the new file's path.
 
@@ -686,17 +696,11 @@ def scan_campaign(campaign_path: str | os.PathLike) -> CampaignFiles:
 
 def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Callable[[dict, dict], _T]) -> Iterator[_T]:
     scan = scan_campaign(campaign_path)
-    seen: set[str] = set()
+    seen = KeySet()
 
     def fresh(data: dict, header: dict) -> bool:
-        # Decided on the stored map, before any id is decoded.
-        if not dedupe or (data.get("batch") or header.get("batch")) not in scan.repeated_batches:
-            return True
-        key = str(data.get("key"))
-        if key in seen:
-            return False
-        seen.add(key)
-        return True
+        # Decided on the stored map, before any id is decoded; across every file of the campaign.
+        return not dedupe or seen.add(str(data.get("key")))
 
     missing: list[str] = []
     for path in scan.batch_files:
@@ -745,10 +749,10 @@ def _iter_moved(
 def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[Record]:
     """Stream every record of a campaign folder, file by file, without loading it whole.
 
-    With `dedupe` (the default) a repeated key is skipped, so a training job sees one record
-    per prompt sample even where a crash (or a stopped `compact`) left two. Repeats can only
-    come from a batch whose records sit in more than one file, so only those batches' keys
-    are remembered: memory stays flat however large the campaign. Safe to run while workers
+    With `dedupe` (the default) a repeated key is skipped, whatever files hold it, so a training
+    job sees one record per prompt sample even where a crash (or a stopped `compact`) left two.
+    Keys are remembered as 64-bit digests (eagle_synth/key_set.py): 16 to 32 bytes per record,
+    256 MB for 10M records. Safe to run while workers
     write and while `eagle-synth compact` runs (a batch file compacted away mid-read is read
     from its shard). Usage from training code:
 

@@ -75,14 +75,22 @@ def check_eviction_policy(client: redis.Redis, *, allow_evicting: bool = False) 
     return f"{OVERRIDE_FLAG}: {message.split(':', 1)[0]}; going on at your own risk"
 
 
-def check_redis_ready(client: redis.Redis, *, allow_evicting: bool = False) -> str | None:
-    """Ping (which authenticates) and check the eviction policy; returns a warning or None.
+def check_redis_ready(client: redis.Redis, *, allow_evicting: bool = False, allow_volatile: bool = False) -> str | None:
+    """Ping (which authenticates), check the eviction policy and that Redis persists its data
+    (eagle_synth.redis_persistence); returns a warning or None.
 
     Raises redis.AuthenticationError / ConnectionError for bad credentials or an unreachable
-    Redis, and EvictingRedisError, so a command can stop with one line before doing anything.
+    Redis, EvictingRedisError and VolatileRedisError, so a command can stop with one line
+    before doing anything.
     """
+    from eagle_synth.redis_persistence import check_persistence
+
     client.ping()
-    return check_eviction_policy(client, allow_evicting=allow_evicting)
+    warnings = [
+        check_eviction_policy(client, allow_evicting=allow_evicting),
+        check_persistence(client, allow_volatile=allow_volatile),
+    ]
+    return "; ".join(w for w in warnings if w) or None
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

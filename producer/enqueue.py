@@ -87,6 +87,7 @@ class EnqueueOptions:
             count against an existing campaign and refuse its settings as the real run would).
         processes: templating processes (default: every core).
         allow_evicting_redis: go on (with a warning) when Redis may evict keys.
+        allow_volatile_redis: go on (with a warning) when Redis persists nothing across a restart.
         history: "dataset" (prompts on the row's history) or "own" (every user turn answered in
             order on the model's own answers; workers render the later turns).
         max_turns: with history "own", answer at most this many turns per conversation.
@@ -113,6 +114,7 @@ class EnqueueOptions:
     dry_run: bool = False
     processes: int | None = None
     allow_evicting_redis: bool = False
+    allow_volatile_redis: bool = False
     history: Literal["dataset", "own"] = "dataset"
     max_turns: int | None = None
     variants: tuple[Variant, ...] = ()
@@ -420,7 +422,9 @@ def enqueue(
 
         broker = broker or broker_settings()
         client = connect(broker)
-        warning = check_redis_ready(client, allow_evicting=options.allow_evicting_redis)
+        warning = check_redis_ready(
+            client, allow_evicting=options.allow_evicting_redis, allow_volatile=options.allow_volatile_redis
+        )
         if warning:
             warn(warning)
         campaign = Campaign(client, options.campaign)

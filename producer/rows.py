@@ -74,6 +74,9 @@ BAD_TOOL_CALL = "bad-tool-call"
 UNPAIRED_TOOL_RESULTS = "unpaired-tool-results"
 # With --history own: a row with tools, and no tool-call format to parse the model's calls in.
 NO_TOOL_FORMAT = "no-tool-format"
+# A string that is not Unicode text (a lone surrogate such as "\ud800", which JSON can spell):
+# no tokenizer or hash can take it.
+BAD_TEXT = "bad-text"
 
 _SHAPE_KEYS = ("messages", "conversations")
 _ENTRY_KEYS = frozenset({"role", "from", "content", "value"})
@@ -236,6 +239,7 @@ def _normalized(
     (user turns and the ends of tool-result runs)."""
     if not isinstance(data, dict):
         raise RowError(WRONG_TYPE, None, f"row must be an object, got {type(data).__name__}")
+    _check_text(data, field=None)
     row_id = _row_id(data.get("id"), source=source, line=line)
     messages, fields = _messages(data)
     tools = _tools(data.get("tools"))
@@ -251,6 +255,24 @@ def _normalized(
     if not positions:
         raise RowError(NO_USER_TURN, _shape_field(fields), "conversation has no user turn to answer")
     return row_id, messages, fields, tools, positions
+
+
+def _check_text(value: object, *, field: str | None) -> None:
+    """RowError(BAD_TEXT) naming the field of the first string that is not valid Unicode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start : exc.end].encode("unicode_escape").decode()
+            raise RowError(
+                BAD_TEXT, field, f"not valid Unicode text: lone surrogate {bad} at character {exc.start}"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(item, field=f"{field}.{key}" if field else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_text(item, field=f"{field}[{index}]" if field else f"[{index}]")
 
 
 def _calls_field(content_field: str) -> str:

@@ -177,3 +177,14 @@ def test_header_reads_without_reading_records(tmp_path):
     path = write_record_file(tmp_path, campaign="c", batch="aa", records=[rec("k1")])
     header = read_file_header(path)
     assert header["kind"] == "batch" and header["batch"] == "aa" and header["campaign"] == "c"
+
+
+def test_key_set_remembers_every_key_compactly():
+    from eagle_synth.key_set import KeySet
+
+    seen = KeySet()
+    keys = [f"key-{i}" for i in range(50_000)]
+    assert all(seen.add(k) for k in keys)
+    assert not any(seen.add(k) for k in keys[::7])
+    assert len(seen) == 50_000
+    assert seen.nbytes <= 32 * 50_000, "at most 32 bytes per key (a table between a quarter and half full)"

@@ -37,8 +37,12 @@ def good_item(**meta) -> dict:
     }
 
 
-def parse(item, *, vocab_size=VOCAB, prompt_len=PROMPT_LEN) -> GeneratedItem:
-    return parse_generate_item(item, vocab_size=vocab_size, prompt_len=prompt_len)
+# The ids sent: a prompt ending in 9, 9, 9 (what the old-SGLang prefix repair checks against).
+PROMPT_IDS = [1] * (PROMPT_LEN - 3) + [9, 9, 9]
+
+
+def parse(item, *, vocab_size=VOCAB, prompt_len=PROMPT_LEN, prompt_ids=PROMPT_IDS) -> GeneratedItem:
+    return parse_generate_item(item, vocab_size=vocab_size, prompt_len=prompt_len, prompt_ids=prompt_ids)
 
 
 def test_a_good_item_becomes_every_record_field():
@@ -99,7 +103,8 @@ def test_empty_generation_is_allowed_when_the_counts_agree():
 
 
 def test_ids_at_the_vocabulary_edges():
-    item = good_item(completion_tokens=2)
+    # A `length` ending: a `stop` on token 2 would have to end with 2.
+    item = good_item(completion_tokens=2, finish_reason={"type": "length", "length": 2})
     item["output_ids"] = [0, VOCAB - 1]
     assert parse(item).output_ids == [0, VOCAB - 1]
 
@@ -172,3 +177,20 @@ def test_the_item_is_not_modified():
     before = copy.deepcopy(item)
     parse(item)
     assert item == before
+
+
+def test_a_surplus_that_is_not_the_prompts_tail_is_a_bad_response_not_a_repair():
+    item = good_item(completion_tokens=1)
+    item["output_ids"] = [5, 6, 7, 2]  # completion_tokens under-reported: the ids are real output
+    with pytest.raises(BadResponse, match="not the prompt's tail"):
+        parse(item)
+    item = good_item(completion_tokens=0)
+    with pytest.raises(BadResponse):
+        parse(item)
+
+
+def test_a_stop_on_a_token_id_must_end_with_that_id():
+    item = good_item(completion_tokens=3)
+    item["output_ids"] = [5, 6, 7]  # "stopped on 2", yet 2 is not there
+    with pytest.raises(BadResponse, match="does not end with it"):
+        parse(item)

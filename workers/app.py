@@ -36,6 +36,7 @@ from workers.disk import DiskState, DiskUnavailable, probe_folder
 from workers.health import HealthGate
 from workers.lease import BatchBusy
 from workers.reaper import ReaperStep
+from workers.reconciler import ReconcilerStep
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger("eagle_synth.worker")
@@ -64,6 +65,10 @@ _runtime: WorkerRuntime | None = None
 _runtime_lock = threading.Lock()
 # Set when the worker begins to shut down: batches finish what they can, then requeue.
 STOPPING = threading.Event()
+# Set when preflight refused every server: the process then exits with REFUSED_EXIT_CODE.
+ALL_REFUSED = threading.Event()
+# What `eagle-synth worker` exits with when every server is refused (docs/worker.md).
+REFUSED_EXIT_CODE = 2
 # The output folder's state, shared by batch threads (which find it broken) and the gate
 # (which stops taking batches until it works again).
 _disk: DiskState | None = None
@@ -228,9 +233,11 @@ class HealthGateStep(bootsteps.StartStopStep):
 
         def close_gate() -> None:
             in_loop(c.cancel_task_queue, queue)
-            if self.gate is not None and self.gate.all_refused():
-                log.error("every server was refused by preflight: stopping this worker")
-                os.kill(os.getpid(), signal.SIGTERM)
+
+        def all_refused() -> None:
+            log.error("every server was refused by preflight: stopping this worker (exit 2)")
+            ALL_REFUSED.set()
+            os.kill(os.getpid(), signal.SIGTERM)
 
         if self.gate is None:
             c.cancel_task_queue(queue)
@@ -252,6 +259,7 @@ class HealthGateStep(bootsteps.StartStopStep):
                 probe_timeout=config.probe_timeout,
                 disk=disk,
                 backends={url: config.backend_for(url) for url in config.servers},
+                on_all_refused=all_refused,
             )
             self.gate.start()
         elif not self.gate.is_open:
@@ -264,6 +272,7 @@ class HealthGateStep(bootsteps.StartStopStep):
 
 app.steps["consumer"].add(HealthGateStep)
 app.steps["consumer"].add(ReaperStep)
+app.steps["consumer"].add(ReconcilerStep)
 
 
 def run_worker(
@@ -278,11 +287,22 @@ def run_worker(
     settings = broker_settings()
     node = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
     app.conf.worker_send_task_events = task_events
+    try:
+        _start_celery(settings.queue, concurrency=concurrency, node=node, loglevel=loglevel, task_events=task_events)
+    except SystemExit as exc:
+        if ALL_REFUSED.is_set():
+            raise SystemExit(REFUSED_EXIT_CODE) from exc
+        raise
+    if ALL_REFUSED.is_set():
+        raise SystemExit(REFUSED_EXIT_CODE)
+
+
+def _start_celery(queue: str, *, concurrency: int, node: str, loglevel: str, task_events: bool) -> None:
     app.worker_main(
         [
             "worker",
             "--queues",
-            settings.queue,
+            queue,
             "--concurrency",
             str(concurrency),
             "--pool",

@@ -4,17 +4,28 @@ Celery-free, so it can be read and tested on its own; workers/app.py wraps it in
 Prompts are sent one per request through the worker's InflightPool (workers/inflight.py), so
 a prompt that finishes frees its in-flight ticket at once while its batch-mates still run.
 
-Exactly one record or one recorded failure per prompt key:
+Exactly one record or one recorded failure per prompt key. The campaign in Redis, not the
+broker, is the source of truth: it knows every key enqueued, which are done or failed, and
+keeps every published batch until its keys end (eagle_synth/batch_store.py); what the broker
+loses, the reconciler (workers/reconciler.py) publishes again. So a batch may arrive twice, or
+a key in two batches, and this module makes sure such copies never both write:
   * keys already done or failed (Redis) are skipped before any request;
-  * record files a crashed attempt of this batch left on this host are adopted, not redone;
+  * the batch lease (workers/lease.py) keeps one batch id on one thread at a time; per-key
+    claims (eagle_synth/claims.py), taken in one Lua script at batch start and tied to that
+    lease, keep one key in one live batch whatever published it; a key another live batch
+    claimed is skipped and left to it;
+  * every write is fenced (eagle_synth/fence.py): the lease is renewed just before a record
+    file's rename, and the keys are marked done (or failed) in one transaction that checks the
+    lease; if that check fails the file is removed again, so a worker frozen past its lease
+    writes nothing that stays;
   * records are written (atomically) before their keys are marked done, and the message is
     acknowledged only after both, so a crash at any point leaves the batch to be redone
-    minus whatever was committed;
+    minus whatever was committed; files a crashed attempt left on this host are adopted;
   * every other ending raises: Requeue (the message goes back to the queue), DiskUnavailable
     (likewise, and the worker stops taking batches), or an unexpected error that the task's
     catch-all retries and finally records as failures (`fail_unfinished`);
-  * readers drop a repeated key, covering the one window left (a crash after the rename on
-    one host and the redo on another).
+  * readers drop a repeated key across all files (eagle_synth/key_set.py), covering the one
+    window left: a crash between a rename and its mark, redone elsewhere.
 """
 
 from __future__ import annotations
@@ -33,7 +44,12 @@ from pathlib import Path
 
 import redis
 
+from eagle_synth.batch_store import forget_if_finished
 from eagle_synth.campaign import Campaign, CampaignSettings
+from eagle_synth.claims import ClaimLeaseLost
+from eagle_synth.claims import claim as claim_keys
+from eagle_synth.claims import release as release_claims
+from eagle_synth.fence import Fence, LeaseLost
 from eagle_synth.manifest import build_manifest
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
@@ -45,6 +61,7 @@ from eagle_synth.records import (
     read_record_file,
     records_dir,
     remove_stale_temporaries,
+    remove_uncommitted,
     write_manifest,
     write_record_file,
 )
@@ -108,6 +125,10 @@ class BatchOutcome:
     failed: dict[str, int] = field(default_factory=dict)
     repaired: int = 0
     servers: set[str] = field(default_factory=set)
+    # Keys another live batch had claimed: left to it (or, if it dies, to the reaper or reconciler).
+    claimed_elsewhere: int = 0
+    # The batch lease every write of this run is fenced by (None outside a lease: fail_unfinished).
+    fence: Fence | None = None
 
 
 def classify_bad_request(message: str) -> str:
@@ -257,7 +278,20 @@ class BatchRunner:
         """
         campaign = Campaign(self.redis, payload.campaign)
         with BatchLease(self.redis, campaign.keys.lease(payload.batch)) as lease:
-            return self._run(campaign, payload, lease, look_for_files=retried or lease.took_over)
+            outcome = BatchOutcome(fence=Fence(lease.key, lease.holder, lease.ttl_ms, campaign.keys.claims))
+            claimed: list[str] = []
+            try:
+                self._run(campaign, payload, lease, outcome, claimed, look_for_files=retried or lease.took_over)
+            except (LeaseLost, ClaimLeaseLost) as exc:
+                raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
+            finally:
+                try:
+                    release_claims(self.redis, campaign.keys.claims, lease.key, lease.holder, claimed)
+                except redis.RedisError:
+                    pass  # they lapse with the lease
+        # The campaign's copy of the batch is no longer needed once every key ended.
+        forget_if_finished(self.redis, payload.campaign, payload.batch, [item.key for item in payload.items])
+        return outcome
 
     def fail_unfinished(self, payload: TaskPayload, *, reason: str, message: str) -> int:
         """Record every prompt of the batch that has neither record nor failure as failed.
@@ -275,15 +309,27 @@ class BatchRunner:
                     item, reason=reason, message=message, sampling=payload.sampling_for(item), worker=self.node
                 )
                 failed += 1
+        forget_if_finished(self.redis, payload.campaign, payload.batch, [item.key for item in payload.items])
         return failed
 
     # one batch ----------------------------------------------------------------------
     def _run(
-        self, campaign: Campaign, payload: TaskPayload, lease: BatchLease, *, look_for_files: bool
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        lease: BatchLease,
+        outcome: BatchOutcome,
+        claimed: list[str],
+        *,
+        look_for_files: bool,
     ) -> BatchOutcome:
-        outcome = BatchOutcome()
         folder = campaign_dir(self.config.out, payload.campaign)
-        items = self._unfinished(campaign, payload, folder, outcome, look_for_files=look_for_files)
+        if self.redis.exists(campaign.keys.ended):
+            # `close` folded the done set to disk, so every key would look open: generating would
+            # double records. Only a message published after the close can get here.
+            log.warning("batch %s of closed campaign %s: nothing generated", payload.batch, payload.campaign)
+            return outcome
+        items = self._unfinished(campaign, payload, folder, outcome, lease, claimed, look_for_files=look_for_files)
         if not items:
             return outcome
         try:
@@ -335,11 +381,27 @@ class BatchRunner:
         return self._settings[campaign.name]
 
     def _unfinished(
-        self, campaign: Campaign, payload: TaskPayload, folder: Path, outcome: BatchOutcome, *, look_for_files: bool
+        self,
+        campaign: Campaign,
+        payload: TaskPayload,
+        folder: Path,
+        outcome: BatchOutcome,
+        lease: BatchLease,
+        claimed: list[str],
+        *,
+        look_for_files: bool,
     ) -> list[PromptItem]:
         keys = [item.key for item in payload.items]
         finished = campaign.finished_keys(keys)
         outcome.skipped_done = len(finished)
+        # Claimed before anything is adopted or sent: a key another live batch holds is its own.
+        open_keys = list(dict.fromkeys(k for k in keys if k not in finished))
+        busy = claim_keys(self.redis, campaign.keys.claims, lease.key, lease.holder, open_keys)
+        claimed.extend(k for k in open_keys if k not in busy)
+        if busy:
+            outcome.claimed_elsewhere = len(busy)
+            log.info("batch %s: %d prompts are held by another live batch; left to it", payload.batch, len(busy))
+            finished |= busy
         # A crash between writing a file and marking its keys done leaves the file here.
         adopted: dict[str, Record] = {}
         for path in batch_files(folder, payload.batch) if look_for_files else ():
@@ -351,7 +413,7 @@ class BatchRunner:
                 continue
             adopted.update(found)
         if adopted:
-            self.followups.commit(campaign, payload, list(adopted.values()))
+            self.followups.commit(campaign, payload, list(adopted.values()), fence=outcome.fence)
             outcome.adopted = len(adopted)
             log.info("batch %s: adopted %d records a previous attempt wrote", payload.batch, len(adopted))
         seen: set[str] = set()
@@ -373,7 +435,12 @@ class BatchRunner:
         outcome: BatchOutcome,
     ) -> None:
         campaign.record_failure(
-            item, reason=reason, message=message, sampling=payload.sampling_for(item), worker=self.node
+            item,
+            reason=reason,
+            message=message,
+            sampling=payload.sampling_for(item),
+            worker=self.node,
+            fence=outcome.fence,
         )
         outcome.failed[reason] = outcome.failed.get(reason, 0) + 1
         log.warning("prompt %s (%s) failed: %s: %s", item.key, item.source, reason, message)
@@ -729,15 +796,24 @@ class BatchRunner:
             if campaign.name not in self._swept:
                 self._swept.add(campaign.name)
                 remove_stale_temporaries(folder)
-            write_record_file(folder, campaign=campaign.name, batch=payload.batch, records=records)
+            # A full lease TTL for the rename and the mark that follow; a lost lease writes nothing.
+            if outcome.fence is not None:
+                outcome.fence.renew(self.redis)
+            path = write_record_file(folder, campaign=campaign.name, batch=payload.batch, records=records)
         except OSError as exc:
             if not is_disk_error(exc):
                 raise
             detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
             self.disk.failed(detail, folder=records_dir(folder))
             raise DiskUnavailable(detail) from exc
-        # Marks them done; a conversation's turn also stores its next turn in the same step.
-        self.followups.commit(campaign, payload, records)
+        # Marks them done (fenced); a conversation's turn also stores its next turn in the same step.
+        try:
+            self.followups.commit(campaign, payload, records, fence=outcome.fence)
+        except LeaseLost:
+            # Lost between the renewal and the mark (a freeze longer than the TTL just there):
+            # another batch may write these keys, so this file must not stay.
+            remove_uncommitted(path)
+            raise
         outcome.written += len(records)
         outcome.repaired += sum(1 for r in records if r.repaired_prefix)
         self._refresh_manifest(campaign, folder)

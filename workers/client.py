@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 
 # Connections kept open per server by the synchronous client (probes, info, quick health checks).
@@ -26,6 +28,8 @@ CONNECT_TIMEOUT = 5.0
 HEALTH_TIMEOUT = 25.0
 # Seconds for the small info endpoints.
 INFO_TIMEOUT = 10.0
+# Bytes asked of the socket per read while an answer's body arrives (each read returns what is there).
+READ_PIECE = 65536
 
 
 class ClientError(Exception):
@@ -184,8 +188,30 @@ class SGLangClient:
         self.session.trust_env = False
 
     def _request(self, method: str, path: str, *, timeout: float, json: dict | None = None) -> requests.Response:
+        """One request whose whole answer must arrive within `timeout` seconds.
+
+        requests' own timeout bounds each read, not the answer: a server (or proxy) sending a
+        byte every few seconds would hold the caller forever. So the body is read here in
+        pieces, each read bounded by the socket timeout, and given up on at the deadline."""
+        deadline = time.monotonic() + timeout
         try:
-            return self.session.request(method, f"{self.url}{path}", json=json, timeout=(CONNECT_TIMEOUT, timeout))
+            response = self.session.request(
+                method, f"{self.url}{path}", json=json, timeout=(CONNECT_TIMEOUT, timeout), stream=True
+            )
+            try:
+                body = bytearray()
+                while piece := response.raw.read1(READ_PIECE, decode_content=True):
+                    body += piece
+                    if time.monotonic() > deadline:
+                        raise requests.Timeout(f"the answer was not complete after {timeout:.0f} s")
+            except BaseException:
+                response.close()  # the connection is in an unknown state: never reused
+                raise
+            response._content = bytes(body)  # what .content and .json() read
+            response.raw.release_conn()
+            return response
+        except urllib3.exceptions.HTTPError as exc:
+            raise TransientError(f"{self.url}{path}: {exc}") from exc
         except requests.ConnectionError as exc:
             # A refused connection means nothing listens; a reset mid-request may be a dying
             # server or a network blip: the caller's health check tells them apart.

@@ -25,7 +25,6 @@ import logging
 import os
 import queue
 import secrets
-import socket
 import threading
 import time
 from collections import deque
@@ -48,6 +47,7 @@ from eagle_synth.conversation_store import (
     ConversationStore,
     end_json,
 )
+from eagle_synth.fence import Fence
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.keys import followup_owner
 from eagle_synth.payload import (
@@ -58,6 +58,7 @@ from eagle_synth.payload import (
     pack_item,
     unpack_item,
 )
+from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.records import Record
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
@@ -126,7 +127,7 @@ class FollowUps:
         self.hungry = hungry
         self.render_processes = render_processes
         self.stopping = stopping or threading.Event()
-        self.owner = f"{socket.gethostname()}|{os.getpid()}|{secrets.token_hex(4)}"
+        self.owner = holder_id(secrets.token_hex(4))
         self._lock = threading.Lock()
         self._renderer_lock = threading.Lock()
         self._renderers: dict[tuple[str, str], Renderer] = {}
@@ -230,9 +231,12 @@ class FollowUps:
         for (record, _), count in zip(wanted, counts):
             record.tool_calls = count
 
-    def commit(self, campaign: Campaign, payload: TaskPayload, records: list[Record]) -> int:
+    def commit(
+        self, campaign: Campaign, payload: TaskPayload, records: list[Record], *, fence: Fence | None = None
+    ) -> int:
         """Mark committed records done (their records are on disk); for conversation turns, in
-        the same step, store each conversation's end or its next turn. Returns how many were new."""
+        the same step, store each conversation's end or its next turn. Returns how many were new.
+        With a fence, only while the batch lease is the writer's (else LeaseLost, nothing changes)."""
         tokens_in = sum(len(r.prompt_ids) for r in records)
         tokens_out = sum(len(r.output_ids) for r in records)
         if not records:
@@ -241,7 +245,7 @@ class FollowUps:
         items = {item.key: item for item in payload.items}
         if not any(items[r.key].conversation for r in records if r.key in items):
             return campaign.mark_done(
-                [r.key for r in records], tokens_in=tokens_in, tokens_out=tokens_out, repaired=repaired
+                [r.key for r in records], tokens_in=tokens_in, tokens_out=tokens_out, repaired=repaired, fence=fence
             )
         self.start()  # alive (liveness key) before storing entries that name this process
         entries: list[tuple[str, str, str, bytes | str]] = []
@@ -286,7 +290,7 @@ class FollowUps:
                 self._rendering[(campaign.name, pending.key)] = pending
         try:
             added, stored = ConversationStore(campaign).commit(
-                entries, owner=self.owner, tokens_in=tokens_in, tokens_out=tokens_out, repaired=repaired
+                entries, owner=self.owner, tokens_in=tokens_in, tokens_out=tokens_out, repaired=repaired, fence=fence
             )
         except BaseException:
             self._forget(campaign.name, follow)
@@ -623,15 +627,8 @@ class FollowUps:
                 self._ready.setdefault((name, _group_of(data)), {})[entry] = pending
 
     def _owner_dead(self, owner: str) -> bool:
-        host, _, rest = owner.partition("|")
-        pid, _, _ = rest.partition("|")
-        if host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid():
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                return True
-            except PermissionError:
-                pass
+        if owner != self.owner and holder_dead(owner):
+            return True
         return not self.client.exists(followup_owner(owner))
 
 

@@ -85,6 +85,7 @@ class HealthGate:
         disk: the output folder's state; while it cannot take records the gate stays closed.
         backends: the kind given per server (--backend: "sglang", "vllm"); a server not
             listed, or "auto", is detected at preflight (workers/backends/).
+        on_all_refused: called once when preflight has refused every server (the worker exits 2).
     """
 
     def __init__(
@@ -99,8 +100,10 @@ class HealthGate:
         probe_timeout: float = 25.0,
         disk: DiskState | None = None,
         backends: dict[str, str] | None = None,
+        on_all_refused: Callable[[], None] | None = None,
     ) -> None:
         self.node_state = node_state
+        self.on_all_refused = on_all_refused
         self.on_open = on_open
         self.on_close = on_close
         self.allow_server_parsers = allow_server_parsers
@@ -120,6 +123,20 @@ class HealthGate:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="eagle-synth-health", daemon=True)
         self._thread.start()
+        # The heartbeat has its own thread: a probe or preflight that takes long (a slow or
+        # trickling server, vLLM's probe request) must not make the worker vanish from status.
+        threading.Thread(target=self._beat, name="eagle-synth-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL / 2):
+            if time.time() - self._last_publish < HEARTBEAT_INTERVAL / 2:
+                continue
+            try:
+                self._publish()
+            except redis.RedisError as exc:
+                log.info("heartbeat: Redis not answering (%s)", exc)
+            except Exception:  # a bug must not silently stop the heartbeat
+                log.exception("heartbeat failed")
 
     def stop(self) -> None:
         self._stop.set()
@@ -157,6 +174,9 @@ class HealthGate:
                 tracked.next_probe = now + HEALTHY_PROBE_INTERVAL
                 continue
             changed |= self._probe(url, tracked)
+        if self.on_all_refused is not None and self.all_refused():
+            callback, self.on_all_refused = self.on_all_refused, None
+            callback()
         if now - self._last_prune > PRUNE_INTERVAL:
             self._last_prune = now
             self.node_state.prune_dead_children(process_alive)

@@ -12,8 +12,12 @@ checked here, in one pure function, before any record exists:
   another prompt; asking again gives the same, so the prompt fails as `prompt-mismatch`.
 
 The old-SGLang repair (before about 0.5.5 `output_ids` could start with up to 5 prompt-tail
-ids; `completion_tokens` stayed right) happens here too: the extra leading ids are dropped and
-counted in `repaired_prefix`.
+ids; `completion_tokens` stayed right) happens here too, but only for what is provably that
+bug: the extra leading ids must equal the tail of the prompt sent. They are dropped and counted
+in `repaired_prefix`. Any other surplus of ids over `completion_tokens` (a server under-reporting
+its count) is a BadResponse: dropping ids that are not the prompt's would cut real output.
+A `stop` that names a matched token id (EOS or a stop token) must end with that id: SGLang keeps
+the matched id in `output_ids`; a reply without it is a BadResponse too.
 """
 
 from __future__ import annotations
@@ -151,11 +155,15 @@ def _count(meta: dict, name: str) -> int | None:
     return value
 
 
-def parse_generate_item(item: object, *, vocab_size: int, prompt_len: int) -> GeneratedItem:
+def parse_generate_item(
+    item: object, *, vocab_size: int, prompt_len: int, prompt_ids: list[int] | None = None
+) -> GeneratedItem:
     """Check one /generate reply item against the prompt that was sent.
 
     Raises BadResponse (transient) for every malformed shape and PromptMismatch when the
     server reports another prompt length than `prompt_len`. `vocab_size` bounds the ids.
+    `prompt_ids` (the ids sent) allow the old-SGLang prefix repair; without them a surplus of
+    ids is a BadResponse.
     """
     if not isinstance(item, dict):
         raise BadResponse(f"the reply item is {kind_of(item)}, not an object: {excerpt(item)}")
@@ -194,11 +202,20 @@ def parse_generate_item(item: object, *, vocab_size: int, prompt_len: int) -> Ge
     if completion is None:
         completion = len(output_ids)
     elif len(output_ids) > completion:
-        # Old SGLang (< ~0.5.5) prefixed output_ids with prompt-tail ids.
+        # Old SGLang (< ~0.5.5) prefixed output_ids with prompt-tail ids: repaired only when the
+        # surplus is exactly the prompt's tail.
         repaired = len(output_ids) - completion
+        if prompt_ids is None or repaired > len(prompt_ids) or output_ids[:repaired] != prompt_ids[-repaired:]:
+            raise BadResponse(
+                f"output_ids has {len(output_ids)} ids but completion_tokens says {completion}, and the "
+                f"{repaired} extra leading ids are not the prompt's tail: not repairable"
+            )
         output_ids = output_ids[repaired:]
     elif len(output_ids) < completion:
         raise BadResponse(f"output_ids has {len(output_ids)} ids but completion_tokens says {completion}")
+
+    if kind == "stop" and is_token_int(matched) and (not output_ids or output_ids[-1] != matched):
+        raise BadResponse(f"finish_reason says it stopped on token {matched}, but output_ids does not end with it")
 
     cached = meta.get("cached_tokens")
     latency = meta.get("e2e_latency")

@@ -104,6 +104,10 @@ def enqueue(
     allow_evicting_redis: Annotated[
         bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
     ] = False,
+    allow_volatile_redis: Annotated[
+        bool,
+        typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign)."),
+    ] = False,
     max_backlog: Annotated[
         int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")
     ] = 200_000,
@@ -197,6 +201,7 @@ def enqueue(
         dry_run=dry_run,
         processes=processes,
         allow_evicting_redis=allow_evicting_redis,
+        allow_volatile_redis=allow_volatile_redis,
         history=cast("Literal['dataset', 'own']", history),
         max_turns=max_turns,
         variants=loaded_variants,

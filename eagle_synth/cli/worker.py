@@ -100,6 +100,10 @@ def worker(
     allow_evicting_redis: Annotated[
         bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
     ] = False,
+    allow_volatile_redis: Annotated[
+        bool,
+        typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign)."),
+    ] = False,
     redis: RedisOpt = None,
 ) -> None:
     """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""
@@ -109,7 +113,9 @@ def worker(
         _check_server_url(url)
     settings = broker_settings(redis_url=redis)
     # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
-    warning = check_redis_ready(redis_client(redis), allow_evicting=allow_evicting_redis)
+    warning = check_redis_ready(
+        redis_client(redis), allow_evicting=allow_evicting_redis, allow_volatile=allow_volatile_redis
+    )
     if warning:
         warn(warning)
     export_to_environment(settings)
@@ -167,12 +173,15 @@ def worker(
         typer.secho(message, err=True, fg=typer.colors.YELLOW)
     # Batch threads are sized once, at start: from --inflight, else from the servers answering now.
     sizing = config.inflight or found.inflight()
-    from workers.app import run_worker
+    from workers.supervisor import supervise_worker
 
-    run_worker(
-        config=config,
+    # The Celery worker runs in a child process that is started again if it crashes.
+    os.environ.update(config.to_env())
+    code = supervise_worker(
         concurrency=concurrency or default_concurrency(inflight=sizing, servers=len(servers)),
         loglevel=loglevel,
         name=name,
         task_events=task_events,
     )
+    if code:
+        raise typer.Exit(code)

@@ -65,6 +65,7 @@ class Reply:
         content_type: response content type.
         drop: close the connection without any response instead.
         die_reason: after replying (or dropping), the server dies with this log message.
+        trickle: seconds between the body's bytes (0: all at once), as a stuck proxy sends them.
     """
 
     status: int = 200
@@ -72,6 +73,11 @@ class Reply:
     content_type: str = "application/json"
     drop: bool = False
     die_reason: str | None = None
+    trickle: float = 0.0
+
+
+# What a trickling /health sends, a byte at a time: long enough to outlast any probe timeout.
+TRICKLE_BODY = b"." * 4096
 
 
 def json_reply(obj: Any, status: int = 200) -> Reply:
@@ -189,6 +195,9 @@ class DevServerApp:
         if not self.healthy() or self.faults.health_flake():
             self.stats.count("health_unavailable")
             return Reply(status=503)
+        if self.config.trickle_health:
+            self.stats.count("health_trickled")
+            return Reply(status=200, body=TRICKLE_BODY, content_type="text/plain", trickle=self.config.trickle_health)
         return Reply(status=200)
 
     @property
@@ -425,6 +434,8 @@ class DevServerApp:
         aborted = job.outcome in (ABORTED_WAITING, ABORTED_RUNNING)
         self.stats.prompt_done(output_tokens=len(output_ids), aborted=aborted)
         shown = output_ids
+        if self.config.drop_stop_id and finish.get("type") == "stop" and isinstance(finish.get("matched"), int):
+            shown = output_ids = [i for i in output_ids[:-1]] if output_ids[-1:] == [finish["matched"]] else output_ids
         if self.config.prefix_bug:
             shown = prompt.input_ids[-self.config.prefix_bug :] + output_ids
         item: dict[str, Any] = {}
@@ -438,7 +449,7 @@ class DevServerApp:
             "id": prompt.rid,
             "finish_reason": finish,
             "prompt_tokens": len(prompt.input_ids),
-            "completion_tokens": len(output_ids),
+            "completion_tokens": max(0, len(output_ids) - self.config.understate_completion),
             "cached_tokens": cached_tokens,
             "e2e_latency": time.monotonic() - received,
             "weight_version": WEIGHT_VERSION,

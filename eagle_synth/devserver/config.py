@@ -33,6 +33,8 @@ VLLM_GENERATION_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "
 API_ONLY_KNOBS = (
     ("max_queued_requests", None, "sglang"),
     ("prefix_bug", 0, "sglang"),
+    ("understate_completion", 0, "sglang"),
+    ("drop_stop_id", False, "sglang"),
     ("allow_auto_truncate", False, "sglang"),
     ("preferred_sampling_params", None, "sglang"),
     ("enable_deterministic_inference", False, "sglang"),
@@ -142,6 +144,11 @@ class DevServerConfig:
     health_fail_rate: float = _opt(0.0, "Fraction of health probes answered 503 after warm-up.")
     die_after: int | None = _opt(None, "Exit right after answering the N-th /generate request.")
     prefix_bug: int = _opt(0, "Prepend K prompt-tail tokens to output_ids (old SGLang bug).")
+    understate_completion: int = _opt(
+        0, "Report completion_tokens K below the ids returned (a buggy server; the ids are unchanged)."
+    )
+    trickle_health: float = _opt(0.0, "Answer /health 200 with a body sent a byte every S seconds (a stuck proxy).")
+    drop_stop_id: bool = _opt(False, "Leave the matched stop id out of output_ids on a stop (a buggy server).")
     reasoning_parser: str | None = _opt(None, "Reported in server_info only.")
     tool_call_parser: str | None = _opt(None, "Reported in server_info only.")
     skip_tokenizer_init: bool = _opt(False, "Omit `text` from responses; reported in server_info.")
@@ -223,6 +230,8 @@ class DevServerConfig:
                 bad(name, "must be in [0, 1]")
         if self.die_after is not None and self.die_after < 1:
             bad("die_after", "must be at least 1")
+        if self.understate_completion < 0:
+            bad("understate_completion", "must be at least 0")
         if not 0 <= self.prefix_bug <= MAX_PREFIX_BUG_TOKENS:
             bad("prefix_bug", f"must be 0..{MAX_PREFIX_BUG_TOKENS}")
         if not 0.0 <= self.malformed_rate <= 1.0:

@@ -128,6 +128,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(reply.body)))
         self.end_headers()
+        if reply.trickle:
+            try:
+                for index in range(len(reply.body)):
+                    self.wfile.write(reply.body[index : index + 1])
+                    self.wfile.flush()
+                    time.sleep(reply.trickle)
+            except OSError:
+                self.close_connection = True  # the client gave up: what a deadline does
+            return
         if reply.body:
             self.wfile.write(reply.body)
 

@@ -37,6 +37,7 @@ class DevStats:
             self.aborted = 0
             self.health_requests = 0
             self.health_unavailable = 0
+            self.health_trickled = 0
             self.injected_malformed = 0
             self.deprecated_info_calls = 0
             self.peak_running = 0
@@ -95,6 +96,7 @@ class DevStats:
                 "aborted": self.aborted,
                 "health_requests": self.health_requests,
                 "health_unavailable": self.health_unavailable,
+                "health_trickled": self.health_trickled,
                 "injected_malformed": self.injected_malformed,
                 "deprecated_info_calls": self.deprecated_info_calls,
                 "peak_running": self.peak_running,

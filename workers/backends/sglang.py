@@ -38,7 +38,7 @@ class SGLangBackend:
         return self.path, {"input_ids": ids, "sampling_params": self.translate_sampling(sampling)}
 
     def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
-        return parse_generate_item(item, vocab_size=vocab_size, prompt_len=len(prompt_ids))
+        return parse_generate_item(item, vocab_size=vocab_size, prompt_len=len(prompt_ids), prompt_ids=prompt_ids)
 
     def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:
         limits = ContextLimits.from_state(state)

@@ -1,0 +1,83 @@
+"""The campaign's copy of every published, unfinished batch: what makes a lost message recoverable.
+
+A batch message can vanish from the broker without a trace: kombu pops it with BRPOP and
+records it in `unacked` in a later step, so a Redis death (or a worker's) between the two
+leaves it only in a worker's memory. The reaper cannot see it (it is in no `unacked`), enqueue
+skips its keys as known, `retry-failed` never sees them. So every publish (eagle_synth.queue
+send_payload, the one way in) first stores the payload here, under its batch id; the worker
+that finishes a batch deletes it. What stays here too long, in no queue, no `unacked` and no
+live lease, with keys neither done nor failed, is lost: the reconciler (workers/reconciler.py)
+publishes it again.
+
+Memory: one copy of each queued or running batch's payload (ids compressed as on the queue),
+so Redis holds the backlog twice; `enqueue --max-backlog` bounds both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgpack
+import redis
+
+from eagle_synth.keys import CampaignKeys
+from eagle_synth.redis_client import text
+
+# Entries read per HSCAN step.
+SCAN_COUNT = 200
+
+# KEYS: batches hash, done set, failed hash. ARGV: batch id, then its keys.
+# Deletes the entry when every key is done or failed; returns 1 if it did.
+_FORGET_IF_FINISHED = """
+for i = 2, #ARGV do
+  if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then
+    return 0
+  end
+end
+return redis.call('HDEL', KEYS[1], ARGV[1])
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBatch:
+    """One stored batch: its id, when it was last published (unix time), its raw payload."""
+
+    batch: str
+    published_at: float
+    payload: dict
+
+    @property
+    def keys(self) -> list[str]:
+        return [str(k) for k in self.payload.get("keys") or ()]
+
+
+def remember(client: redis.Redis, payload: dict) -> None:
+    """Store (or refresh) a batch's payload before it is published."""
+    blob = msgpack.packb({"at": time.time(), "p": payload}, use_bin_type=True)
+    client.hset(CampaignKeys(str(payload["campaign"])).batches, str(payload["batch"]), blob)
+
+
+def forget_if_finished(client: redis.Redis, campaign: str, batch: str, keys: list[str]) -> bool:
+    """Delete the batch's entry if every key of it is done or failed."""
+    k = CampaignKeys(campaign)
+    return bool(client.eval(_FORGET_IF_FINISHED, 3, k.batches, k.done, k.failed, batch, *keys))
+
+
+def stored_count(client: redis.Redis, campaign: str) -> int:
+    return int(client.hlen(CampaignKeys(campaign).batches))
+
+
+def stored_batches(client: redis.Redis, campaign: str) -> Iterator[StoredBatch]:
+    """Every stored batch of a campaign, read in HSCAN steps (Redis is never blocked for long)."""
+    for batch, blob in client.hscan_iter(CampaignKeys(campaign).batches, count=SCAN_COUNT):
+        try:
+            data = msgpack.unpackb(blob, raw=False)
+            yield StoredBatch(batch=text(batch), published_at=float(data["at"]), payload=dict(data["p"]))
+        except (ValueError, KeyError, TypeError, msgpack.UnpackException):
+            continue  # not written by us: left alone
+
+
+def forget(client: redis.Redis, campaign: str, batch: str) -> None:
+    client.hdel(CampaignKeys(campaign).batches, batch)

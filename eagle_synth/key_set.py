@@ -1,0 +1,82 @@
+"""A compact set of prompt keys for readers that must drop repeats across a whole campaign.
+
+A record can sit in two files (a crash after a rename and before its keys were marked done,
+or a writer frozen past its lease in the instant between its lease check and its rename), in
+any two files, not only two of one batch. So readers remember every key they yielded. A
+Python set of strings costs about 120 bytes per key (1.2 GB for 10M records); this set keeps
+a 64-bit digest of each key in an open-addressing table of machine words, kept between a
+quarter and half full (it doubles): 16 to 32 bytes per key, 256 MB for 10M keys.
+
+Two different keys with one digest would drop the second's record: for n keys the chance is
+about n^2 / 2^65 (3e-6 for 10M keys), and `eagle-synth verify` counts records against the done
+set, which would show it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from hashlib import blake2b
+
+# Slots of a new table (a power of two).
+INITIAL_SLOTS = 1 << 12
+# Hex digits of a 64-bit digest.
+HEX_DIGITS = 16
+# Grow (double) when this share of the slots is taken: lookups stay about one probe.
+MAX_LOAD = 0.5
+
+
+def _digest(key: str) -> int:
+    # Prompt keys are hex digests already (eagle_synth/payload.py): their first 64 bits are the
+    # digest, at a fifth of blake2b's cost. 0 marks an empty slot, so no digest may be 0.
+    if len(key) >= HEX_DIGITS:
+        try:
+            return int(key[:HEX_DIGITS], 16) or 1
+        except ValueError:
+            pass
+    return int.from_bytes(blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") or 1
+
+
+class KeySet:
+    """Remembers keys by 64-bit digest; `add` says whether a key is new."""
+
+    def __init__(self) -> None:
+        self._slots = array("Q", bytes(8 * INITIAL_SLOTS))
+        self._mask = INITIAL_SLOTS - 1
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the table itself."""
+        return len(self._slots) * self._slots.itemsize
+
+    def add(self, key: str) -> bool:
+        """Remember `key`; True if it was not there yet."""
+        if self._insert(_digest(key)):
+            self._count += 1
+            if self._count > MAX_LOAD * len(self._slots):
+                self._grow()
+            return True
+        return False
+
+    def _insert(self, digest: int) -> bool:
+        slots, mask = self._slots, self._mask
+        index = digest & mask
+        while True:
+            current = slots[index]
+            if current == 0:
+                slots[index] = digest
+                return True
+            if current == digest:
+                return False
+            index = (index + 1) & mask
+
+    def _grow(self) -> None:
+        old = self._slots
+        self._slots = array("Q", bytes(8 * len(old) * 2))
+        self._mask = len(self._slots) - 1
+        for digest in old:
+            if digest:
+                self._insert(digest)

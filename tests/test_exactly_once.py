@@ -1,0 +1,334 @@
+"""Exactly once when the broker is not to be trusted (issue 23): each fault of the adversarial run,
+with real processes (redis-server that the test kills and restarts, `eagle-synth worker` processes
+under their supervisor, devservers over HTTP), each ending in the exact accounting check.
+docs/reliability.md lists them."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import psutil
+
+from eagle_synth.batch_store import stored_batches
+from eagle_synth.local import RedisServer, free_port, wait_for
+from eagle_synth.node_state import all_nodes
+from eagle_synth.payload import TaskPayload
+from eagle_synth.stranded import UNACKED_KEY
+from tests.conftest import write_jsonl
+from tests.helpers import (
+    assert_exactly_once,
+    campaign,
+    cli,
+    devserver_stats,
+    enqueue_rows,
+    queued_items,
+    wait_finished,
+)
+
+# Short lease, reap and reconcile settings (the env knobs of workers/lease.py, stranded.py,
+# reaper.py, reconciler.py, supervisor.py) and an hour-long visibility timeout, so nothing in a
+# test comes back by kombu's own redelivery: only by the mechanisms under test.
+FAST = {
+    "EAGLE_SYNTH_VISIBILITY_TIMEOUT": "3600",
+    "EAGLE_SYNTH_LEASE_TTL": "4",
+    "EAGLE_SYNTH_REAP_AFTER": "5",
+    "EAGLE_SYNTH_REAP_INTERVAL": "1",
+    "EAGLE_SYNTH_RECONCILE_INTERVAL": "1",
+    "EAGLE_SYNTH_RECONCILE_AFTER": "4",
+    "EAGLE_SYNTH_BACKOFF_MAX": "0.5",
+    "EAGLE_SYNTH_RESTART_BACKOFF": "0.5",
+    "EAGLE_SYNTH_RESTART_BACKOFF_MAX": "2",
+    "EAGLE_SYNTH_ERROR_RETRY_DELAY": "1",
+}
+
+
+def single_rows(count: int, prefix: str = "row") -> list[dict]:
+    """Rows of one user turn each: one prompt per row."""
+    return [{"id": f"{prefix}-{i}", "messages": [{"role": "user", "content": f"Say {i} twice."}]} for i in range(count)]
+
+
+def celery_child(worker) -> psutil.Process | None:
+    """The supervised Celery process of an `eagle-synth worker` (None while it is being restarted)."""
+    try:
+        children = psutil.Process(worker.proc.pid).children()
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        try:
+            if "workers.child" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def busy_on(c, name: str, node: str | None = None) -> bool:
+    return any(
+        n.get("inflight_by_campaign", {}).get(name) and (node is None or n.get("node") == node)
+        for n in all_nodes(c.client)
+    )
+
+
+# 1 ------------------------------------------------------------------------------------------------
+def test_worker_survives_redis_restarts_and_its_crashed_process_comes_back(tmp_path, stack, tokenizer_path):
+    redis_server = RedisServer(workdir=tmp_path / "redis", appendonly=True).start()
+    try:
+        enqueue_rows(tmp_path, redis_server.url, "rr", single_rows(48), tokenizer=tokenizer_path, batch_size=4)
+        _, url = stack.devserver("--token-latency", "0.004", "--mean-output-tokens", "60", "--slots", "8")
+        out = tmp_path / "out"
+        worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST, name="rr@test")
+        c = campaign(redis_server.url, "rr")
+        child = wait_for(lambda: celery_child(worker), timeout=60, what="the Celery process")
+        for restart in range(6):
+            before = c.progress().done
+            wait_for(
+                lambda before=before: c.progress().done > before or c.progress().done == 48,
+                timeout=60,
+                what=f"progress before Redis restart {restart + 1}",
+            )
+            redis_server.restart()
+        # The Celery process itself dies: the supervisor starts it again.
+        child = celery_child(worker) or wait_for(lambda: celery_child(worker), timeout=60, what="the Celery process")
+        child.kill()
+        wait_for(
+            lambda: (now := celery_child(worker)) is not None and now.pid != child.pid,
+            timeout=60,
+            what="a new Celery process",
+        )
+        wait_finished(redis_server.url, "rr", expected=48, stack=stack, timeout=180)
+        assert_exactly_once(redis_server.url, "rr", out / "rr", expected=48)
+        assert c.progress().failed == 0
+        assert worker.alive(), "the worker (its supervisor) is alive"
+        assert "starting it again" in worker.log()
+    finally:
+        redis_server.stop()
+
+
+# 2 ------------------------------------------------------------------------------------------------
+def test_a_message_the_broker_lost_is_published_again_by_the_reconciler(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "lost", single_rows(16), tokenizer=tokenizer_path, batch_size=4)
+    c = campaign(redis_server.url, "lost")
+    # What a Redis death between kombu's BRPOP and its `unacked` write leaves: a message popped
+    # that is in no queue and not unacked, known only to a worker that is gone.
+    raw = c.client.rpop("eagle-synth")
+    assert raw is not None and c.client.hlen(UNACKED_KEY) == 0
+    assert len({s.batch for s in stored_batches(c.client, "lost")}) == 4, "the campaign keeps every batch"
+    _, url = stack.devserver("--token-latency", "0.002", "--mean-output-tokens", "30")
+    out = tmp_path / "out"
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST)
+    wait_finished(redis_server.url, "lost", expected=16, stack=stack, timeout=120)
+    assert_exactly_once(redis_server.url, "lost", out / "lost", expected=16)
+    assert c.progress().failed == 0
+    assert "the broker lost it" in worker.log()
+    wait_for(lambda: c.client.hlen(c.keys.batches) == 0, timeout=30, what="the finished batches forgotten")
+
+
+# 3 ------------------------------------------------------------------------------------------------
+def test_a_frozen_worker_writes_nothing_after_losing_its_lease(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "frozen", single_rows(16), tokenizer=tokenizer_path, batch_size=4)
+    # Slow prompts (about 2 s each): the frozen worker holds answers it has not written.
+    _, url = stack.devserver("--token-latency", "0.03", "--mean-output-tokens", "60", "--slots", "16")
+    out = tmp_path / "out"
+    env = {**FAST, "EAGLE_SYNTH_ERROR_RETRY_DELAY": "1"}
+    frozen = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=env, name="frozen@test")
+    c = campaign(redis_server.url, "frozen")
+    wait_for(lambda: busy_on(c, "frozen"), timeout=60, what="batches in flight")
+    child = celery_child(frozen)
+    assert child is not None
+    child.send_signal(signal.SIGSTOP)
+    try:
+        stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=env, name="other@test")
+        wait_finished(redis_server.url, "frozen", expected=16, stack=stack, timeout=120)
+    finally:
+        child.send_signal(signal.SIGCONT)
+    # Woken, it finds its leases gone: its batches end without a write, nothing is left held.
+    wait_for(
+        lambda: not busy_on(c, "frozen") and c.client.hlen(UNACKED_KEY) == 0 and c.client.llen("eagle-synth") == 0,
+        timeout=60,
+        what="the woken worker to let go of its batches",
+    )
+    records = assert_exactly_once(redis_server.url, "frozen", out / "frozen", expected=16)
+    assert c.progress().failed == 0
+    assert {r.worker for r in records.values()} >= {"other@test"}
+
+
+# 4 ------------------------------------------------------------------------------------------------
+def test_two_hosts_with_one_hostname_never_take_each_others_leases(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "clones", single_rows(32), tokenizer=tokenizer_path, batch_size=4)
+    c = campaign(redis_server.url, "clones")
+    # A batch held by a live process on a cloned host: our hostname, a pid that does not run
+    # here, another boot. Only its lease's expiry may free it, never a pid check on this machine.
+    planted = TaskPayload.decode(next(iter(stored_batches(c.client, "clones"))).payload)
+    lease = c.keys.lease(planted.batch)
+    c.client.set(lease, f"clone-host|{2**22 + 7}|otherboot|cafe", px=120_000)
+    _, url = stack.devserver("--token-latency", "0.002", "--mean-output-tokens", "30")
+    out = tmp_path / "out"
+    same = {**FAST, "EAGLE_SYNTH_HOSTNAME": "clone-host"}
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env={**same, "EAGLE_SYNTH_BOOT_ID": "boot-a"})
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env={**same, "EAGLE_SYNTH_BOOT_ID": "boot-b"})
+    planted_keys = {item.key for item in planted.items}
+    wait_finished(redis_server.url, "clones", expected=32 - len(planted_keys), stack=stack, timeout=120)
+    assert not c.finished_keys(sorted(planted_keys)), "the clone's live lease was not taken over"
+    assert c.client.exists(lease)
+    c.client.delete(lease)  # the clone's lease lapses: its batch is reaped and done
+    wait_finished(redis_server.url, "clones", expected=32, stack=stack, timeout=120)
+    assert_exactly_once(redis_server.url, "clones", out / "clones", expected=32)
+    nodes = all_nodes(c.client)
+    assert {n.get("host") for n in nodes} == {"clone-host"} and len(nodes) == 2
+
+
+# 5 ------------------------------------------------------------------------------------------------
+def test_retry_failed_while_a_batch_holds_the_key_does_not_double(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "hold", single_rows(8), tokenizer=tokenizer_path, batch_size=4)
+    # Slow prompts (about 10 s each), so the batch still holds its keys when the copy arrives.
+    _, url = stack.devserver("--token-latency", "0.1", "--mean-output-tokens", "100", "--slots", "16")
+    out = tmp_path / "out"
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST, concurrency=4)
+    c = campaign(redis_server.url, "hold")
+
+    def held() -> tuple[TaskPayload, object] | None:
+        for stored in stored_batches(c.client, "hold"):
+            if c.client.exists(c.keys.lease(stored.batch)):
+                payload = TaskPayload.decode(stored.payload)
+                finished = c.finished_keys([i.key for i in payload.items])
+                for item in payload.items:
+                    if item.key not in finished and c.client.hexists(c.keys.claims, item.key):
+                        return payload, item
+        return None
+
+    payload, item = wait_for(held, timeout=60, what="a batch generating")
+    # The key is recorded failed while its batch still generates it (a late copy's failure,
+    # an operator's mistake): retry-failed publishes it in a new batch at once.
+    c.record_failure(item, reason="server-error", message="injected", sampling=payload.sampling_for(item))
+    result = cli("retry-failed", "hold", "--redis", redis_server.url).stdout.decode()
+    assert "re-enqueued 1" in result
+    wait_for(
+        lambda: c.progress().done + c.progress().failed == 8 and c.client.llen("eagle-synth") == 0,
+        timeout=120,
+        what="every prompt ended and the retried copy consumed",
+    )
+    wait_for(lambda: c.client.hlen(UNACKED_KEY) == 0, timeout=60, what="every message acknowledged")
+    assert_exactly_once(redis_server.url, "hold", out / "hold", expected=8)
+    assert c.progress().failed == 0
+
+
+# 6 ------------------------------------------------------------------------------------------------
+def test_a_trickling_health_endpoint_hangs_nothing(tmp_path, redis_server, stack, tokenizer_path):
+    enqueue_rows(tmp_path, redis_server.url, "trickle", single_rows(16), tokenizer=tokenizer_path, batch_size=4)
+    _, bad = stack.devserver("--trickle-health", "2")
+    _, good = stack.devserver("--token-latency", "0.05", "--mean-output-tokens", "40")
+    out = tmp_path / "out"
+    stack.worker(
+        servers=[bad, good], out=out, redis_url=redis_server.url, env=FAST, args=["--probe-timeout", "3"], name="tr@t"
+    )
+    c = campaign(redis_server.url, "trickle")
+
+    def states() -> dict:
+        nodes = [n for n in all_nodes(c.client) if n.get("node") == "tr@t"]
+        return nodes[0].get("server_states", {}) if nodes else {}
+
+    # Probes of the trickling server end at their deadline, again and again; the heartbeat goes on.
+    wait_for(lambda: devserver_stats(bad).get("health_trickled", 0) >= 3, timeout=60, what="three trickled probes")
+    wait_finished(redis_server.url, "trickle", expected=16, stack=stack, timeout=120)
+    seen = states()
+    assert seen[good]["state"] == "healthy" and seen[bad]["state"] != "healthy"
+    assert "within" in seen[bad]["detail"] or "complete" in seen[bad]["detail"]
+    assert_exactly_once(redis_server.url, "trickle", out / "trickle", expected=16)
+
+
+# 7 ------------------------------------------------------------------------------------------------
+def test_a_low_completion_tokens_or_a_missing_stop_id_never_becomes_a_record(
+    tmp_path, redis_server, stack, tokenizer_path
+):
+    enqueue_rows(tmp_path, redis_server.url, "low", single_rows(8), tokenizer=tokenizer_path, batch_size=4)
+    _, understated = stack.devserver("--understate-completion", "3", "--mean-output-tokens", "20")
+    out = tmp_path / "out"
+    worker = stack.worker(
+        servers=[understated], out=out, redis_url=redis_server.url, env=FAST, args=["--max-attempts", "2"]
+    )
+    wait_finished(redis_server.url, "low", expected=8, stack=stack, timeout=120)
+    c = campaign(redis_server.url, "low")
+    assert c.failure_counts() == {"bad-response": 8}, "no record lost its first 3 ids"
+    assert_exactly_once(redis_server.url, "low", out / "low", expected=8)
+    worker.stop()
+
+    enqueue_rows(tmp_path, redis_server.url, "nostop", single_rows(24), tokenizer=tokenizer_path, batch_size=4)
+    _, dropping = stack.devserver("--drop-stop-id", "--mean-output-tokens", "20")
+    stack.worker(servers=[dropping], out=out, redis_url=redis_server.url, env=FAST, args=["--max-attempts", "2"])
+    wait_finished(redis_server.url, "nostop", expected=24, stack=stack, timeout=120)
+    records = assert_exactly_once(redis_server.url, "nostop", out / "nostop", expected=24)
+    c = campaign(redis_server.url, "nostop")
+    assert set(c.failure_counts()) <= {"bad-response"} and c.failure_counts(), "stops without their id refused"
+    for record in records.values():
+        assert record.finish_reason != "stop" or record.output_ids[-1:] == [record.finish_matched]
+
+
+# 8 ------------------------------------------------------------------------------------------------
+def test_a_lone_surrogate_is_one_skipped_row(tmp_path, redis_server, stack, tokenizer_path):
+    path = tmp_path / "rows.jsonl"
+    rows = single_rows(3)
+    lines = [json.dumps(r) for r in rows]
+    lines[1] = lines[1].replace("Say 1 twice.", "Say \\ud800 twice.")
+    path.write_text("\n".join(lines) + "\n")
+    common = ["--tokenizer", str(tokenizer_path), "--redis", redis_server.url, "--max-new-tokens", "16"]
+    result = cli("enqueue", str(path), "--campaign", "sur", *common, check=False)
+    said = result.stdout.decode() + result.stderr.decode()
+    assert result.returncode == 0, said
+    assert f"{path}:2" in said and "bad-text" in said and "\\ud800" in said
+    c = campaign(redis_server.url, "sur")
+    assert c.skipped() == {"bad-text": 1}
+    rerun = cli("enqueue", str(path), "--campaign", "sur", *common, check=False)
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    _, url = stack.devserver("--mean-output-tokens", "10")
+    stack.worker(servers=[url], out=tmp_path / "out", redis_url=redis_server.url, env=FAST)
+    wait_finished(redis_server.url, "sur", expected=2, stack=stack)
+    assert_exactly_once(redis_server.url, "sur", tmp_path / "out" / "sur", expected=2)
+
+
+# 9 ------------------------------------------------------------------------------------------------
+def test_a_redis_that_persists_nothing_is_refused_unless_accepted(tmp_path, stack, tokenizer_path):
+    volatile = RedisServer(workdir=tmp_path / "redis", save="", appendonly=False).start()
+    try:
+        path = write_jsonl(tmp_path / "rows.jsonl", single_rows(4))
+        common = ["--tokenizer", str(tokenizer_path), "--redis", volatile.url, "--max-new-tokens", "16"]
+        refused = cli("enqueue", str(path), "--campaign", "vol", *common, check=False)
+        assert refused.returncode == 2
+        error = refused.stderr.decode()
+        assert "persists nothing" in error and "--appendonly yes" in error and "--allow-volatile-redis" in error
+        _, url = stack.devserver("--mean-output-tokens", "10")
+        out = tmp_path / "out"
+        worker = cli("worker", "--server", url, "--out", str(out), "--redis", volatile.url, check=False, timeout=60)
+        assert worker.returncode == 2 and "--allow-volatile-redis" in worker.stderr.decode()
+        assert not campaign(volatile.url, "vol").exists(), "nothing was written"
+
+        accepted = cli("enqueue", str(path), "--campaign", "vol", *common, "--allow-volatile-redis")
+        assert "--allow-volatile-redis" in accepted.stderr.decode()
+        stack.worker(servers=[url], out=out, redis_url=volatile.url, env=FAST, args=["--allow-volatile-redis"])
+        wait_finished(volatile.url, "vol", expected=4, stack=stack)
+        assert_exactly_once(volatile.url, "vol", out / "vol", expected=4)
+    finally:
+        volatile.stop()
+
+
+# 10 -----------------------------------------------------------------------------------------------
+def test_a_worker_whose_only_server_is_refused_at_its_first_preflight_exits_2(
+    tmp_path, redis_server, stack, tokenizer_path
+):
+    enqueue_rows(tmp_path, redis_server.url, "refused", single_rows(8), tokenizer=tokenizer_path, batch_size=4)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    worker = stack.worker(servers=[url], out=tmp_path / "out", redis_url=redis_server.url, env=FAST)
+    c = campaign(redis_server.url, "refused")
+    wait_for(lambda: all_nodes(c.client), timeout=60, what="the worker waiting for its server")
+    # The server comes up after the worker, launched with a parser preflight refuses.
+    stack.devserver("--reasoning-parser", "deepseek-r1", port=port)
+    wait_for(lambda: not worker.alive(), timeout=60, what="the worker to exit")
+    assert worker.proc.returncode == 2, worker.log()[-2000:]
+    assert "refused by preflight" in worker.log()
+    # Nothing was taken: every prompt is still queued, none done or failed.
+    assert c.progress().done == c.progress().failed == 0
+    assert sorted(i.key for i in queued_items(redis_server.url)) == sorted(
+        k.decode() for k in c.client.smembers(c.keys.enqueued)
+    )
+    assert not c.client.exists(c.keys.claims)

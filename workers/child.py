@@ -1,0 +1,22 @@
+"""The supervised Celery worker process (workers/supervisor.py starts it): `python -m workers.child OPTIONS`.
+
+OPTIONS is the JSON of run_worker's keyword arguments but `config`, which the child reads from
+the EAGLE_SYNTH_* environment the CLI set.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from workers.app import run_worker
+from workers.config import WorkerConfig
+
+
+def main() -> None:
+    options = json.loads(sys.argv[1])
+    run_worker(config=WorkerConfig.from_env(), **options)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The reconciler: the campaign, not the broker, decides what still has to be generated.
+
+Every published batch has a copy in its campaign (eagle_synth/batch_store.py) until its keys
+end. A batch is lost when its copy is older than RECONCILE_AFTER and it is in no queue, in no
+`unacked` entry and under no live lease, while some of its keys are neither done, nor failed,
+nor claimed by another live batch: the broker dropped it (a Redis death between kombu's BRPOP
+and its `unacked` write, a worker killed in that instant). The reconciler publishes such a
+batch again (the worker skips what is done; claims keep two copies from both generating).
+
+Cost: each round (RECONCILE_INTERVAL, one worker per round by a Redis lock) compares three
+counts, O(campaigns): stored batches against queued messages plus unacked ones. Only when the
+stored ones are more, two rounds running or after Redis restarted (its run id changed), does it
+read the queue and `unacked` (one pass, in LRANGE/HSCAN steps) and look at each stored batch.
+A healthy campaign of any size costs a few commands per round.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import bootsteps
+
+from eagle_synth.batch_store import StoredBatch, forget, stored_batches, stored_count
+from eagle_synth.campaign import Campaign, campaign_names
+from eagle_synth.claims import live_claims
+from eagle_synth.keys import RECONCILER_LOCK, RECONCILER_STATE, CampaignKeys
+from eagle_synth.queue import payload_of_message
+from eagle_synth.redis_client import connect, text
+from eagle_synth.settings import broker_settings
+from eagle_synth.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches
+
+log = logging.getLogger("eagle_synth.reconciler")
+
+# Seconds between rounds (cluster-wide: the lock lives this long, so one worker looks per round).
+RECONCILE_INTERVAL = float(os.environ.get("EAGLE_SYNTH_RECONCILE_INTERVAL", "30"))
+# Seconds a stored batch must be old before it can count as lost: longer than a publish takes
+# (the copy is stored just before the message is sent) and than kombu's BRPOP-to-unacked step.
+RECONCILE_AFTER = float(os.environ.get("EAGLE_SYNTH_RECONCILE_AFTER", "60"))
+# Queue messages read per LRANGE step.
+QUEUE_CHUNK = 200
+
+
+class Reconciler:
+    """Finds lost batches and publishes them again.
+
+    Parameters:
+        client: redis-py client of the broker's Redis.
+        node: this worker's node name (held in the lock).
+        queue: our queue's name.
+        send: publishes one encoded payload (eagle_synth.queue.send_payload bound to the app).
+        interval: seconds between rounds, and the lock's lifetime.
+        reconcile_after: seconds a stored batch must be old before it can be lost.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        node: str,
+        queue: str,
+        send: Callable[[dict], None],
+        interval: float = RECONCILE_INTERVAL,
+        reconcile_after: float = RECONCILE_AFTER,
+    ) -> None:
+        self.client = client
+        self.node = node
+        self.queue = queue
+        self.send = send
+        self.interval = interval
+        self.reconcile_after = reconcile_after
+        self.full_sweeps = 0  # for logs and tests
+
+    # the cheap look -----------------------------------------------------------------
+    def _queue_lists(self) -> list[str]:
+        return [f"{self.queue}{PRIORITY_SEPARATOR}{step}" if step else self.queue for step in PRIORITY_STEPS]
+
+    def needs_full_sweep(self) -> bool:
+        """True when the stored batches outnumber what the broker holds (queued + unacked) in two
+        rounds running, or in one right after Redis restarted."""
+        names = campaign_names(self.client)
+        stored = sum(stored_count(self.client, name) for name in names)
+        pipe = self.client.pipeline(transaction=False)
+        for name in self._queue_lists():
+            pipe.llen(name)
+        pipe.hlen(UNACKED_KEY)
+        counts = pipe.execute()
+        held = sum(int(c) for c in counts)
+        run_id = str(self.client.info("server").get("run_id", ""))
+        state = {text(k): text(v) for k, v in self.client.hgetall(RECONCILER_STATE).items()}
+        restarted = state.get("run_id") not in (None, run_id)
+        short = stored > held
+        again = short and state.get("short") == "1"
+        self.client.hset(RECONCILER_STATE, mapping={"run_id": run_id, "short": "1" if short else "0"})
+        return short and (again or restarted)
+
+    # the full look ------------------------------------------------------------------
+    def _queued_batches(self) -> set[tuple[str, str]]:
+        found: set[tuple[str, str]] = set()
+        for name in self._queue_lists():
+            start = 0
+            while True:
+                chunk = self.client.lrange(name, start, start + QUEUE_CHUNK - 1)
+                for raw in chunk:
+                    try:
+                        payload = payload_of_message(json.loads(raw))
+                    except ValueError:
+                        payload = None
+                    if payload is not None:
+                        found.add((str(payload["campaign"]), str(payload["batch"])))
+                if len(chunk) < QUEUE_CHUNK:
+                    break
+                start += QUEUE_CHUNK
+        return found
+
+    def sweep(self, *, force: bool = False) -> int:
+        """One round if this worker wins the round's lock; returns how many batches it republished."""
+        if not self.client.set(RECONCILER_LOCK, self.node, nx=True, px=max(int(self.interval * 1000), 1)):
+            return 0
+        if not force and not self.needs_full_sweep():
+            return 0
+        self.full_sweeps += 1
+        # The queue before `unacked`: a message moves from the first to the second, never back
+        # unseen (a restore pushes it to the queue, where the next round sees it).
+        live = self._queued_batches()
+        live |= {(h.campaign, h.batch) for h in held_batches(self.client, fetched_before=time.time() + 3600)}
+        republished = 0
+        cutoff = time.time() - self.reconcile_after
+        for name in campaign_names(self.client):
+            campaign = Campaign(self.client, name)
+            if self.client.exists(campaign.keys.ended):
+                # Closed: its done set is folded to disk, so every key would look open here.
+                continue
+            for stored in stored_batches(self.client, name):
+                if stored.published_at > cutoff or (name, stored.batch) in live:
+                    continue
+                if self._republish_if_lost(campaign, stored):
+                    republished += 1
+        return republished
+
+    def _republish_if_lost(self, campaign: Campaign, stored: StoredBatch) -> bool:
+        if self.client.exists(campaign.keys.lease(stored.batch)):
+            return False  # a live batch thread holds it
+        keys = stored.keys
+        open_keys = [k for k in keys if k not in campaign.finished_keys(keys)]
+        if not open_keys:
+            forget(self.client, campaign.name, stored.batch)
+            return False
+        if len(live_claims(self.client, CampaignKeys(campaign.name).claims, open_keys)) == len(open_keys):
+            return False  # other live batches hold every open key
+        log.warning(
+            "batch %s of campaign %s (%d open prompts) is in no queue, not held and not leased: "
+            "the broker lost it; publishing it again",
+            stored.batch,
+            campaign.name,
+            len(open_keys),
+        )
+        self.send(stored.payload)
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """A round every interval until `stop` is set; Redis errors wait for the next round."""
+        while not stop.wait(self.interval):
+            try:
+                self.sweep()
+            except redis.RedisError as exc:
+                log.info("reconciler: Redis not answering (%s); trying again in %.0f s", exc, self.interval)
+            except Exception:  # never let a bug end the thread silently
+                log.exception("reconciler: round failed; trying again in %.0f s", self.interval)
+
+
+class ReconcilerStep(bootsteps.StartStopStep):
+    """Consumer step: run a Reconciler in a daemon thread of the worker's main process.
+
+    Started once; it survives consumer restarts (broker reconnections) and stops with the worker.
+    """
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, c: Any) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        from eagle_synth.queue import send_payload
+
+        settings = broker_settings()
+        app = c.app
+        reconciler = Reconciler(
+            connect(settings),
+            node=c.hostname,
+            queue=settings.queue,
+            send=lambda payload: send_payload(app, settings.queue, payload),
+        )
+        self._thread = threading.Thread(
+            target=reconciler.run, args=(self._stop,), name="eagle-synth-reconciler", daemon=True
+        )
+        self._thread.start()
+
+    def shutdown(self, c: Any) -> None:
+        self._stop.set()

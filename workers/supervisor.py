@@ -1,0 +1,106 @@
+"""Keeps `eagle-synth worker`'s Celery process running: a crashed one comes back by itself.
+
+The command's own process only supervises: it runs the Celery worker (workers/app.py
+run_worker) as a child process and starts it again, after a backoff, whenever it ends by any
+cause but a deliberate stop. Causes seen: kombu's Redis transport ending the worker with
+"Unrecoverable error" after a broker restart (AttributeError on a `None` connection while
+restoring unacked messages, long-standing upstream: celery/kombu #582, #970), an out-of-memory
+kill, a bug. A restarted worker takes its batches' leases back at once (their holder, the old
+child, is a dead process of this boot) or finds them restored by the reaper.
+
+Exit codes: the child's 0 (stopped by SIGTERM/SIGINT) and 2 (every server refused by preflight,
+a bad setting: restarting cannot help) end the supervisor with the same code; anything else,
+including death by a signal, is a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from types import FrameType
+
+log = logging.getLogger("eagle_synth.supervisor")
+
+# First wait before restarting a crashed worker, seconds; it doubles per crash up to the max.
+RESTART_BACKOFF_START = float(os.environ.get("EAGLE_SYNTH_RESTART_BACKOFF", "1"))
+RESTART_BACKOFF_MAX = float(os.environ.get("EAGLE_SYNTH_RESTART_BACKOFF_MAX", "30"))
+# A worker that ran this long before crashing was healthy: the next restart waits the least again.
+STABLE_AFTER = 60.0
+# Exit codes that end the supervisor instead of a restart (stopped; refused, as docs say).
+FINAL_EXIT_CODES = frozenset({0, 2})
+# Environment variable telling the child it runs under a supervisor (for logs and tests).
+ENV_CHILD = "EAGLE_SYNTH_SUPERVISED"
+
+
+class Supervisor:
+    """Run `argv` as a child and restart it with backoff until it exits 0 or 2 or we are stopped.
+
+    Parameters:
+        argv: the child's command line.
+        env: its environment.
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.argv = argv
+        self.env = env
+        self.child: subprocess.Popen | None = None
+        self.stopping = False
+        self.restarts = 0
+
+    def _forward(self, signum: int, _frame: FrameType | None) -> None:
+        self.stopping = True
+        if self.child is not None and self.child.poll() is None:
+            try:
+                self.child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._forward)
+        backoff = RESTART_BACKOFF_START
+        while True:
+            started = time.monotonic()
+            self.child = subprocess.Popen(self.argv, env={**self.env, ENV_CHILD: "1"})
+            code = self._wait()
+            if self.stopping or code in FINAL_EXIT_CODES:
+                return 0 if code < 0 and self.stopping else code
+            if time.monotonic() - started > STABLE_AFTER:
+                backoff = RESTART_BACKOFF_START
+            self.restarts += 1
+            log.error(
+                "the worker process exited with %s; starting it again in %.1f s (restart %d)",
+                f"signal {-code}" if code < 0 else f"code {code}",
+                backoff,
+                self.restarts,
+            )
+            deadline = time.monotonic() + backoff
+            while not self.stopping and time.monotonic() < deadline:
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            if self.stopping:
+                return 0
+            backoff = min(backoff * 2, RESTART_BACKOFF_MAX)
+
+    def _wait(self) -> int:
+        assert self.child is not None
+        while True:
+            try:
+                return self.child.wait()
+            except InterruptedError:  # pragma: no cover - PEP 475 retries waits itself
+                continue
+
+
+def supervise_worker(*, concurrency: int, loglevel: str, name: str | None, task_events: bool) -> int:
+    """Run the Celery worker (with the environment already set by the CLI) under a Supervisor."""
+    # One node name for every restart: status and the reaper see one worker, not a new one per crash.
+    name = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
+    options = {"concurrency": concurrency, "loglevel": loglevel, "name": name, "task_events": task_events}
+    argv = [sys.executable, "-m", "workers.child", json.dumps(options)]
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/supervisor] %(message)s")
+    return Supervisor(argv, dict(os.environ)).run()
