@@ -28,7 +28,8 @@ from eagle_synth.redis_client import text
 # Completion events kept per campaign for throughput figures (about the last few minutes).
 EVENTS_MAXLEN = 20_000
 # Settings fields that do not change what a campaign generates, so they may differ.
-_IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path"})
+# model_vocab_size and tokenizer_canary follow from the tokenizer folder (its fingerprint is compared).
+_IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path", "model_vocab_size", "tokenizer_canary"})
 # Keys moved from done to failed per Redis round trip.
 FAILURE_CHUNK = 1000
 # Keys read from the done set per SSCAN step.
@@ -171,6 +172,11 @@ class CampaignSettings:
         variants: the variants list (eagle_synth.variants.Variant.to_dict), if any.
         tool_format: with history "own", the format the model's tool calls are parsed in (one of
             eagle_synth.toolcalls.TOOL_FORMATS), or None when the template has none we parse.
+        model_vocab_size: the checkpoint's vocab_size (config.json beside the tokenizer), which
+            padded vocabularies make larger than vocab_size; output ids may reach it. None when
+            the tokenizer folder has no config.json (eagle_synth/model_identity.py).
+        tokenizer_canary: {"text", "ids"}: a text with special tokens and the ids this tokenizer
+            gives it; a server whose /tokenize differs serves another model. Empty: not checked.
     """
 
     name: str
@@ -190,6 +196,8 @@ class CampaignSettings:
     max_turns: int | None = None
     variants: list = field(default_factory=list)
     tool_format: str | None = None
+    model_vocab_size: int | None = None
+    tokenizer_canary: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

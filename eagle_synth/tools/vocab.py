@@ -162,12 +162,14 @@ def build_vocab_mapping(counts: np.ndarray, *, draft_vocab_size: int, target_voc
 
 
 def target_vocab_size_of(campaign_path: str | os.PathLike) -> int:
-    """The target model's vocab_size from config.json in the campaign's tokenizer folder.
+    """The target model's vocab_size: recorded at enqueue, else config.json in the campaign's tokenizer folder.
 
     t2d must have one entry per row of the target's lm_head, which can be more than the
     tokenizer's length (padded vocabularies), so the tokenizer length is not used.
     """
     settings = (read_manifest(campaign_path) or {}).get("settings") or {}
+    if isinstance(settings.get("model_vocab_size"), int):
+        return settings["model_vocab_size"]  # read from that config.json at enqueue (model_identity.py)
     folder = settings.get("tokenizer_path")
     config_path = Path(folder) / MODEL_CONFIG_NAME if folder else None
     if config_path is None or not config_path.is_file():
