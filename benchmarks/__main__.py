@@ -20,7 +20,17 @@ from benchmarks.common import ROOT, Result, fmt, machine
 
 # In the order (figures 1-7). storage is written by another module owner and may be
 # absent: it is imported lazily and reported as missing rather than failing the run.
-BENCHMARKS = ("tail", "occupancy", "recovery", "worker_overhead", "producer", "storage", "queue_memory", "scaling")
+BENCHMARKS = (
+    "tail",
+    "occupancy",
+    "recovery",
+    "worker_overhead",
+    "producer",
+    "storage",
+    "queue_memory",
+    "scaling",
+    "real_vllm",
+)
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"
 

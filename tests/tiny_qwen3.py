@@ -8,9 +8,14 @@ chat template copied in, so vLLM serves it like a released model:
 
 * head_dim 64: vLLM's CPU attention refuses smaller heads at the first request;
 * the embedding is padded past the tokenizer as released checkpoints are (Qwen3: 151,669
-  tokens, vocab_size 151,936): vocab_size is len(tokenizer) rounded up to PAD_MULTIPLE. The
-  padded rows are scaled up (PADDED_ROW_SCALE) so the random model generates such ids often,
-  greedy too: the tests need them to show that a record keeps what the model produced;
+  tokens, vocab_size 151,936): vocab_size is len(tokenizer) rounded up to PAD_MULTIPLE;
+* the tests need the model to generate padded ids, greedy too, to show that a record keeps
+  what the model produced. A random model with tied embeddings repeats the token it was given
+  (its hidden state stays close to that token's embedding), and chat prompts end on "\n", so
+  greedy outputs are runs of "\n". The output row of the first padded id is made a little
+  larger than the "\n" row (MIRROR_SCALE) and its input row is that of " and": greedy then
+  writes the padded id where it would write "\n", and goes on as after " and". Every other
+  output row equals its input row, as if tied (the embeddings are untied only for that);
 * float32 weights and a fixed seed: the same folder every run, and greedy choices that do not
   flip with the batch a request lands in.
 
@@ -37,9 +42,11 @@ HEAD_DIM = 64
 INTERMEDIATE = 256
 # Positions the model accepts; the server's --max-model-len is set below it.
 MAX_POSITIONS = 4096
-# Padded embedding rows are multiplied by this: a random model then picks padded ids on a few
-# percent of its tokens (measured here: enough that 8 short greedy generations hold some).
-PADDED_ROW_SCALE = 1.6
+# The first padded id's output row is the "\n" row times this: just enough to win its argmax.
+MIRROR_SCALE = 1.02
+# The text whose token the padded id mirrors, and the text whose input row it takes.
+MIRRORED_TEXT = "\n"
+FOLLOW_TEXT = " and"
 # Fixed seed: the same weights every build.
 SEED = 0
 # Tokenizer files copied into the checkpoint when the tokenizer folder has them.
@@ -69,7 +76,7 @@ def build(tokenizer_dir: Path, out: Path) -> None:
         num_key_value_heads=KV_HEADS,
         head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
         eos_token_id=eos,
         bos_token_id=None,
         pad_token_id=tokenizer.pad_token_id,
@@ -77,10 +84,16 @@ def build(tokenizer_dir: Path, out: Path) -> None:
     )
     torch.manual_seed(SEED)
     model = Qwen3ForCausalLM(config).to(torch.float32)
+    mirrored = tokenizer.encode(MIRRORED_TEXT, add_special_tokens=False)[0]
+    follow = tokenizer.encode(FOLLOW_TEXT, add_special_tokens=False)[0]
     with torch.no_grad():
-        model.get_input_embeddings().weight[tokens:] *= PADDED_ROW_SCALE
+        inputs, outputs = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        outputs.copy_(inputs)
+        outputs[tokens] = outputs[mirrored] * MIRROR_SCALE
+        inputs[tokens] = inputs[follow]
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    stage.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any model folder
     try:
         model.save_pretrained(stage)
         GenerationConfig(eos_token_id=[eos], pad_token_id=tokenizer.pad_token_id).save_pretrained(stage)
