@@ -5,8 +5,8 @@ random Qwen3 around the bench tokenizer, --enforce-eager, no chunked prefill). T
 prompts (chat rows templated by the real producer, PROMPTS of them) are generated twice on
 the same server, greedy, MAX_NEW_TOKENS each, INFLIGHT requests in flight on both sides:
 
-* theirs: `vllm bench serve` (vLLM's benchmark client, run as its CLI module by the vLLM
-  venv's python) with --max-concurrency INFLIGHT on a ShareGPT-format file holding each
+* theirs: `vllm bench serve` (vLLM's benchmark client: its module's parser and main, run by
+  the vLLM venv's python) with --max-concurrency INFLIGHT on a ShareGPT-format file holding each
   prompt's templated text (the server tokenizes it to the same ids: checked on a sample);
   its figure is its own `output_throughput` (output tokens / its benchmark duration);
 * ours: `eagle-synth worker --inflight INFLIGHT` on the campaign enqueued beforehand; output
@@ -59,6 +59,13 @@ CONCURRENCY = 4
 RUN_TIMEOUT = 1800.0
 # Prompts whose ids the server's own tokenization of the templated text is checked on.
 TOKENIZE_SAMPLE = 8
+# `vllm bench serve` itself: its CLI entry point looks up a distribution named `vllm`, which the
+# CPU build is not (the same as `vllm serve`), so its module's parser and main run directly.
+BENCH_SERVE = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "parser = FlexibleArgumentParser(); add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))"
+)
 # vLLM's gauge of requests running, in /metrics.
 RUNNING_METRIC = re.compile(r"^vllm:num_requests_running\{[^}]*\}\s+([0-9.e+]+)$", re.M)
 
@@ -95,10 +102,8 @@ def _theirs(stack: Stack, server: VllmServer, dataset: Path, count: int) -> dict
     out = stack.dir / "bench"
     args = [
         str(vllm_env.require()),
-        "-m",
-        "vllm.entrypoints.cli.main",
-        "bench",
-        "serve",
+        "-c",
+        BENCH_SERVE,
         "--backend",
         "vllm",
         "--base-url",

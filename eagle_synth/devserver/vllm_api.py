@@ -199,7 +199,9 @@ class VllmApi:
             return error_reply(err.message, status=404, err_type="NotFoundError", param="model")
         except ProtocolError as err:
             app.stats.count("client_errors")
-            return error_reply(err.message, status=err.status, err_type="BadRequestError")
+            return error_reply(
+                err.message, status=err.status, err_type="BadRequestError", param=getattr(err, "param", None)
+            )
         if req.unknown_fields and req.unknown_fields not in self._ignored_logged:
             self._ignored_logged.add(req.unknown_fields)
             log.warning("The following fields were present in the request but ignored: %s", set(req.unknown_fields))

@@ -115,6 +115,14 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(numbers)
 
 
+class FieldError(ProtocolError):
+    """A 400 vLLM 0.32 words with the field it is about (`param` in its error body)."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message, status=400)
+        self.param = param
+
+
 def bad_request(message: str) -> ProtocolError:
     """vLLM's 400 (a VLLMValidationError or ValueError)."""
     return ProtocolError(message, status=400)
@@ -299,13 +307,16 @@ def parse_completion_request(body: Any, *, rules: VllmRules, tokenize) -> Comple
             raise bad_request("The decoder prompt cannot be empty")
         room = rules.max_model_len - len(ids)
         if rules.shortens_max_tokens and room < 0:
-            raise bad_request(
+            raise FieldError(
                 f"This model's maximum context length is {rules.max_model_len} tokens. However, your prompt "
                 f"contains {len(ids)} input tokens, which exceeds this limit even without any output tokens. "
-                f"Please reduce the length of the input prompt. (parameter=input_tokens, value={len(ids)})"
+                f"Please reduce the length of the input prompt. (parameter=input_tokens, value={len(ids)})",
+                param="input_tokens",
             )
         if rules.shortens_max_tokens and room == 0:
-            raise bad_request("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)")
+            raise FieldError(
+                "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", param="max_tokens"
+            )
         if len(ids) + max_tokens > rules.max_model_len and not rules.shortens_max_tokens:
             raise bad_request(
                 f"You passed {len(ids)} input tokens and requested {max_tokens} output tokens. However, the "
