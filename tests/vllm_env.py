@@ -102,6 +102,9 @@ def install(*, log=sys.stderr) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent install finishes first; then it is reused
         if venv_python(final).exists():
             return venv_python(final)
+        # Under the lock, any staging folder of this key is what an interrupted install left.
+        for stale in final.parent.glob(f".{final.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         started = time.monotonic()
         stage = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
