@@ -49,6 +49,8 @@ from tests.vllm_server import SERVED_NAME, VllmServer, build_model
 PROMPTS = {False: 200, True: 48}
 # Requests in flight on both sides (the hand measurement used 32).
 INFLIGHT = 32
+# The server's context: the longest bench rows (multi-turn) template to about 1,100 tokens.
+MAX_MODEL_LEN = 2048
 # Output tokens per prompt, greedy.
 MAX_NEW_TOKENS = 64
 # The target for ours / theirs.
@@ -161,7 +163,7 @@ def _ours(stack: Stack, server: VllmServer, redis_url: str, campaign: str, count
         wait_for(lambda: _running(server.url) > 0, timeout=RUN_TIMEOUT, interval=0.02, what="the first request")
         t0, cpu0 = time.monotonic(), tree_cpu_seconds(worker.proc.pid)
         wait_for(
-            lambda: campaign_progress(redis_url, campaign).done >= count,
+            lambda: (lambda p: p.done + p.failed)(campaign_progress(redis_url, campaign)) >= count,
             timeout=RUN_TIMEOUT,
             interval=0.05,
             what=f"{count} records",
@@ -187,7 +189,7 @@ def run(quick: bool) -> list[Result]:
     cores = os.cpu_count() or 1
     with Stack("real-vllm") as stack:
         model = build_model(bench_tokenizer())
-        server = VllmServer(model=model, logdir=stack.dir / "logs").start()
+        server = VllmServer(model=model, logdir=stack.dir / "logs", max_model_len=MAX_MODEL_LEN).start()
         try:
             redis = stack.redis()
             enqueue_backlog(
