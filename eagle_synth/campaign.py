@@ -31,7 +31,9 @@ from eagle_synth.redis_client import text
 # Completion events kept per campaign for throughput figures (about the last few minutes).
 EVENTS_MAXLEN = 20_000
 # Settings fields that do not change what a campaign generates, so they may differ.
-_IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path", "batch_size"})
+# model_vocab_size and tokenizer_canary follow from the tokenizer folder (its fingerprint is compared);
+# batch_size only groups prompts into tasks.
+_IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path", "batch_size", "model_vocab_size", "tokenizer_canary"})
 # Keys moved from done to failed per Redis round trip.
 FAILURE_CHUNK = 1000
 # Keys read from the done set per SSCAN step.
@@ -218,6 +220,11 @@ class CampaignSettings:
             eagle_synth.toolcalls.TOOL_FORMATS), or None when the template has none we parse.
         batch_size: prompts per task of the first enqueue, which `retry-failed` batches by
             (0: not recorded, a campaign from before it was; a rerun may use another size).
+        model_vocab_size: the checkpoint's vocab_size (config.json beside the tokenizer), which
+            padded vocabularies make larger than vocab_size; output ids may reach it. None when
+            the tokenizer folder has no config.json (eagle_synth/model_identity.py).
+        tokenizer_canary: {"text", "ids"}: a text with special tokens and the ids this tokenizer
+            gives it; a server whose /tokenize differs serves another model. Empty: not checked.
     """
 
     name: str
@@ -238,6 +245,8 @@ class CampaignSettings:
     variants: list = field(default_factory=list)
     tool_format: str | None = None
     batch_size: int = 0
+    model_vocab_size: int | None = None
+    tokenizer_canary: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -21,6 +21,7 @@ from eagle_synth import counters
 from eagle_synth.campaign import Campaign, CampaignSettings
 from eagle_synth.errors import UserError
 from eagle_synth.input_rows import SourceRows, store_latest
+from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import BrokerSettings
@@ -369,6 +370,8 @@ def campaign_settings(
         variants=[v.to_dict() for v in options.variants],
         tool_format=tool_format,
         batch_size=options.batch_size,
+        model_vocab_size=model_vocab_size(options.tokenizer),
+        tokenizer_canary=tokenizer_canary(tokenizer),
     )
 
 

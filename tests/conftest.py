@@ -13,6 +13,7 @@ import pytest
 
 from eagle_synth.local import RedisServer, start_devserver, start_worker
 from tests.fixture_tokenizer import FixtureTokenizerError, fixture_tokenizer
+from tests.vllm_fixtures import own_vllm, real_vllm, vllm_model  # noqa: F401  (the real vLLM server's fixtures)
 
 
 def pytest_report_header(config) -> str:

@@ -114,7 +114,9 @@ def test_hard_errors_are_counted_with_examples(tmp_path, ids, tokenizer):
         batch="bb",
         records=[
             rec(ids, "00aa"),  # the key of batch aa again
-            rec(ids, "oov", output=[ids["vocab"] + 5, ids["eos"]]),  # beyond the vocabulary
+            # A prompt id beyond the tokenizer (an output id there may be a padded vocabulary's:
+            # with no model vocab_size known it is legal, as for the worker; test_real_vllm.py).
+            rec(ids, "oov", prompt_ids=[*ids["prompt"], ids["vocab"] + 5], prompt_tokens=len(ids["prompt"]) + 1),
             rec(ids, "count", completion_tokens=99),  # disagrees with the output
         ],
     )

@@ -51,6 +51,7 @@ from eagle_synth.claims import claim as claim_keys
 from eagle_synth.claims import release as release_claims
 from eagle_synth.fence import Fence, LeaseLost
 from eagle_synth.manifest import build_manifest
+from eagle_synth.model_identity import output_id_bound
 from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.records import (
@@ -73,6 +74,7 @@ from workers.conversations import FollowUps
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
+from workers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.replies import (
     BAD_RESPONSE_REASON,
     PROMPT_MISMATCH_REASON,
@@ -260,6 +262,7 @@ class BatchRunner:
         self.shutdown_grace = shutdown_grace
         self._stop_deadline: float | None = None
         self.health_clients = {url: SGLangClient(url, pool_connections=4) for url in config.servers}
+        self.model_check = ModelCheck(self.health_clients)
         self._health_seen: dict[str, tuple[float, bool]] = {}
         self._settings: dict[str, CampaignSettings] = {}
         self._noted: set[tuple[str, str]] = set()
@@ -352,6 +355,9 @@ class BatchRunner:
         states = self._healthy_states()
         if not states:
             raise Requeue("no healthy server")
+        states = self._serving_the_model(settings, states)
+        if not states:
+            raise Requeue("no healthy server serves the campaign's model")
         items = self._drop_untranslatable(campaign, payload, states, items, outcome)
         items = self._drop_too_long(campaign, payload, states, items, outcome)
         if not items:
@@ -490,6 +496,18 @@ class BatchRunner:
             ):
                 healthy[url] = state
         return healthy
+
+    def _serving_the_model(self, settings: CampaignSettings, states: dict[str, ServerState]) -> dict[str, ServerState]:
+        """`states` minus the servers that serve another model than the campaign's; each of
+        those is handed to the health gate to be refused (workers/model_check.py)."""
+        kept = {}
+        for url, state in states.items():
+            line = self.model_check.problem(url, state, settings)
+            if line is None:
+                kept[url] = state
+            else:
+                self.node_state.suspect(url, REFUSE_PREFIX + line)
+        return kept
 
     def _drop_untranslatable(
         self,
@@ -634,7 +652,11 @@ class BatchRunner:
             try:
                 reply = backend.parse(
                     answer.item,
-                    vocab_size=settings.vocab_size,
+                    # Outputs may reach the model's padded vocabulary; prompts were checked
+                    # against the tokenizer's (_drop_invalid).
+                    vocab_size=output_id_bound(
+                        tokenizer_size=settings.vocab_size, model_vocab=settings.model_vocab_size
+                    ),
                     prompt_ids=item.ids,
                     sampling=attempt.sampling(payload, item),
                 )

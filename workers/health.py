@@ -39,6 +39,7 @@ from eagle_synth.processes import process_alive
 from workers.backends import AUTO, BACKENDS, preflight_server
 from workers.client import ServerDown, SGLangClient, TransientError
 from workers.disk import DiskState
+from workers.model_check import REFUSE_PREFIX
 from workers.preflight import PreflightError
 
 log = logging.getLogger("eagle_synth.health")
@@ -68,6 +69,10 @@ class _Tracked:
     wait: float = BACKOFF_START
     next_probe: float = 0.0
     preflighted: bool = False
+    # The last failure a batch reported, and how the server went down if it did while serving:
+    # kept in the state's detail until it is healthy again, so `status` says more than "refused".
+    last_cause: str | None = None
+    went_down: str | None = None
 
 
 class HealthGate:
@@ -160,12 +165,20 @@ class HealthGate:
     # one round ------------------------------------------------------------------
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
+        changed = False
         for url, detail in self.node_state.take_suspects().items():
             tracked = self.tracked.get(url)
+            reported = str(detail.get("detail") or "")
+            if tracked and tracked.state.state != REFUSED and reported.startswith(REFUSE_PREFIX):
+                # A batch found it serving another model than the campaign's (workers/model_check.py);
+                # _set logs the line.
+                tracked.next_probe = float("inf")
+                changed = self._set(tracked, REFUSED, reported[len(REFUSE_PREFIX) :]) or changed
+                continue
             if tracked and tracked.state.state != REFUSED:
                 log.info("server %s reported failing by a batch (%s): probing now", url, detail.get("detail"))
                 tracked.next_probe = 0.0
-        changed = False
+                tracked.last_cause = reported or tracked.last_cause
         for url, tracked in self.tracked.items():
             if tracked.state.state == REFUSED or now < tracked.next_probe:
                 continue
@@ -201,7 +214,7 @@ class HealthGate:
         except ServerDown as exc:
             # Nothing listens: certain, no hysteresis; it must pass preflight again when back.
             tracked.preflighted = False
-            return self._failed(tracked, LOADING, str(exc), certain=True, now=now)
+            return self._failed(tracked, LOADING, self._down_detail(tracked, str(exc)), certain=True, now=now)
         if not ok:
             state = WARMING if tracked.state.state in (UNKNOWN, LOADING, WARMING) else UNHEALTHY
             return self._failed(tracked, state, detail, certain=False, now=now)
@@ -236,7 +249,18 @@ class HealthGate:
         tracked.failures = 0
         tracked.wait = BACKOFF_START
         tracked.next_probe = now + HEALTHY_PROBE_INTERVAL
+        tracked.went_down = tracked.last_cause = None
         return self._set(tracked, HEALTHY, "ok")
+
+    @staticmethod
+    def _down_detail(tracked: _Tracked, message: str) -> str:
+        """The detail of a server nothing listens on: plain while it loads, and for one that
+        was serving, when it went down and the last failure a batch saw (a server killed by a
+        request shows as such, not as one still loading)."""
+        if tracked.state.state in (HEALTHY, UNHEALTHY):
+            cause = f" (last error a batch saw: {tracked.last_cause})" if tracked.last_cause else ""
+            tracked.went_down = f"went down at {time.strftime('%H:%M:%S')} right after serving our requests{cause}"
+        return f"{tracked.went_down}; now: {message}" if tracked.went_down else message
 
     def _failed(self, tracked: _Tracked, state: str, detail: str, *, certain: bool, now: float) -> bool:
         tracked.failures += 1

@@ -61,6 +61,7 @@ VLLM_ROUTES: dict[str, _Route] = {
     "/v1/models": _Route(frozenset({"GET"}), "models"),
     "/version": _Route(frozenset({"GET"}), "version"),
     "/server_info": _Route(frozenset({"GET"}), "server_info"),
+    "/tokenize": _Route(frozenset({"POST"}), "tokenize"),
     "/dev/stats": _Route(frozenset({"GET"}), "dev_stats"),
     "/dev/reset_stats": _Route(frozenset({"POST"}), "dev_reset_stats"),
 }

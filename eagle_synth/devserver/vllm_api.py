@@ -19,7 +19,13 @@ from eagle_synth.devserver.app import Reply, json_reply
 from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, GenerateFate, malform_completion
 from eagle_synth.devserver.protocol import ProtocolError
 from eagle_synth.devserver.scheduler import ABORTED_RUNNING, ABORTED_WAITING, KILLED, SlotJob
-from eagle_synth.devserver.vllm_protocol import ModelNotFound, VllmRules, parse_completion_request
+from eagle_synth.devserver.vllm_protocol import (
+    SHORTENS_MAX_TOKENS_FROM,
+    ModelNotFound,
+    VllmRules,
+    parse_completion_request,
+    version_tuple,
+)
 
 if TYPE_CHECKING:
     from eagle_synth.devserver.app import DevServerApp
@@ -57,6 +63,7 @@ class VllmApi:
             vocab_size=app.vocab.size,
             served_model_name=c.effective_served_model_name,
             overrides=c.generation_overrides,
+            shortens_max_tokens=version_tuple(c.vllm_version) >= SHORTENS_MAX_TOKENS_FROM,
         )
         self._ignored_logged: set[tuple[str, ...]] = set()
 
@@ -134,6 +141,27 @@ class VllmApi:
         }
         return json_reply({"vllm_config": config, "vllm_env": {}, "system_env": {}})
 
+    def tokenize(self, body: bytes) -> Reply:
+        """/tokenize of a text prompt (vLLM's TokenizeCompletionRequest): `tokens`, `count`,
+        `max_model_len`; `add_special_tokens` defaults to true, as vLLM's does."""
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return error_reply("JSON decode error", status=400, err_type="BadRequestError")
+        prompt = request.get("prompt") if isinstance(request, dict) else None
+        if not isinstance(prompt, str):
+            return error_reply("Field required: ('body', 'prompt')", status=400, err_type="BadRequestError")
+        model = request.get("model")
+        if model is not None and model != self.rules.served_model_name:
+            return error_reply(
+                f"The model `{model}` does not exist.", status=404, err_type="NotFoundError", param="model"
+            )
+        add_special = request.get("add_special_tokens", True) is not False
+        tokens = [int(i) for i in self.app.vocab.tokenizer.encode(prompt, add_special_tokens=add_special)]
+        return json_reply(
+            {"count": len(tokens), "max_model_len": self.rules.max_model_len, "tokens": tokens, "token_strs": None}
+        )
+
     def dev_stats(self, body: bytes) -> Reply:
         return self.app.dev_stats(body)
 
@@ -171,7 +199,9 @@ class VllmApi:
             return error_reply(err.message, status=404, err_type="NotFoundError", param="model")
         except ProtocolError as err:
             app.stats.count("client_errors")
-            return error_reply(err.message, status=err.status, err_type="BadRequestError")
+            return error_reply(
+                err.message, status=err.status, err_type="BadRequestError", param=getattr(err, "param", None)
+            )
         if req.unknown_fields and req.unknown_fields not in self._ignored_logged:
             self._ignored_logged.add(req.unknown_fields)
             log.warning("The following fields were present in the request but ignored: %s", set(req.unknown_fields))
@@ -199,14 +229,18 @@ class VllmApi:
             "model": self.rules.served_model_name,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            # vLLM 0.32 answers "vllm-<version>-<build hash>"; the rest as the real CPU build does.
+            "system_fingerprint": f"vllm-{app.config.vllm_version}-devserver",
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
                 "completion_tokens": completion_tokens,
                 "prompt_tokens_details": None,
+                "completion_tokens_details": None,
             },
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
         if fate.action == DROP:
             app.stats.count("injected_drops")
@@ -246,4 +280,5 @@ class VllmApi:
             "token_ids": output_ids if return_token_ids else None,
             "prompt_logprobs": None,
             "prompt_token_ids": prompt.input_ids if return_token_ids else None,
+            "routed_experts": None,
         }, len(output_ids)

@@ -12,7 +12,10 @@ completion/serving.py, vllm/sampling_params.py, vllm/renderers/params.py, entryp
 * SamplingParams: temperatures in (0, 0.01) are raised to 0.01, range errors are 400s worded
   "<field> must ...", greedy sampling allows n = 1 only;
 * the prompt plus max_tokens must fit max_model_len (400), ids outside the vocabulary are a
-  400 (vLLM checks them; SGLang dies on them).
+  400 (vLLM checks them; SGLang dies on them). vLLM 0.32 (seen on the real CPU build) instead
+  shortens max_tokens to the room the prompt leaves, silently (a 200 ending on `length`), and
+  refuses only a prompt longer than the context, or one that fills it (max_tokens 0):
+  `VllmRules.shortens_max_tokens`.
 
 The parsed prompts reuse the SGLang-side PromptRequest/SamplingParams, so a request means the
 same to the Generator whichever API carried it: the same campaign gives the same ids on both.
@@ -20,6 +23,7 @@ same to the Generator whichever API carried it: the same campaign gives the same
 
 from __future__ import annotations
 
+import itertools
 import math
 import uuid
 from dataclasses import dataclass
@@ -27,6 +31,9 @@ from typing import Any
 
 from eagle_synth.devserver.protocol import PromptRequest, ProtocolError, SamplingParams
 
+# The first vLLM version seen shortening max_tokens to the context's room (0.32.0, the real CPU
+# build tried here); 0.11 refuses with a 400. Versions between were not tried.
+SHORTENS_MAX_TOKENS_FROM = (0, 32, 0)
 # vLLM's default max_tokens on /v1/completions.
 DEFAULT_MAX_TOKENS = 16
 # vLLM raises a temperature in (0, this) to this (SamplingParams.__post_init__).
@@ -95,6 +102,27 @@ KNOWN_FIELDS = frozenset(
 )
 
 
+def version_tuple(version: str) -> tuple[int, ...]:
+    """(0, 32, 0) from "0.32.0" or "0.32.0rc1+cpu"; () if it does not start with a number."""
+    numbers = []
+    for part in version.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if digits != part:
+            break
+    return tuple(numbers)
+
+
+class FieldError(ProtocolError):
+    """A 400 vLLM 0.32 words with the field it is about (`param` in its error body)."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message, status=400)
+        self.param = param
+
+
 def bad_request(message: str) -> ProtocolError:
     """vLLM's 400 (a VLLMValidationError or ValueError)."""
     return ProtocolError(message, status=400)
@@ -118,12 +146,15 @@ class VllmRules:
         vocab_size: ids at or above it are refused (400).
         served_model_name: the only `model` accepted.
         overrides: --override-generation-config's sampling keys (defaults; max_new_tokens a cap).
+        shortens_max_tokens: a prompt that leaves less room than max_tokens gets the room left
+            (vLLM 0.32) instead of a 400 (older vLLM).
     """
 
     max_model_len: int
     vocab_size: int
     served_model_name: str
     overrides: dict
+    shortens_max_tokens: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +305,19 @@ def parse_completion_request(body: Any, *, rules: VllmRules, tokenize) -> Comple
     for index, ids in enumerate(prompts):
         if not ids:
             raise bad_request("The decoder prompt cannot be empty")
-        if len(ids) + max_tokens > rules.max_model_len:
+        room = rules.max_model_len - len(ids)
+        if rules.shortens_max_tokens and room < 0:
+            raise FieldError(
+                f"This model's maximum context length is {rules.max_model_len} tokens. However, your prompt "
+                f"contains {len(ids)} input tokens, which exceeds this limit even without any output tokens. "
+                f"Please reduce the length of the input prompt. (parameter=input_tokens, value={len(ids)})",
+                param="input_tokens",
+            )
+        if rules.shortens_max_tokens and room == 0:
+            raise FieldError(
+                "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", param="max_tokens"
+            )
+        if len(ids) + max_tokens > rules.max_model_len and not rules.shortens_max_tokens:
             raise bad_request(
                 f"You passed {len(ids)} input tokens and requested {max_tokens} output tokens. However, the "
                 f"model's context length is only {rules.max_model_len} tokens, resulting in a maximum input length "
@@ -283,7 +326,7 @@ def parse_completion_request(body: Any, *, rules: VllmRules, tokenize) -> Comple
         bad = next((i for i in ids if i >= rules.vocab_size), None)
         if bad is not None:
             raise bad_request(f"Token id {bad} is out of vocabulary")
-        cap = max_tokens
+        cap = min(max_tokens, room)  # equal to max_tokens unless shortens_max_tokens
         if rules.overrides.get("max_new_tokens") is not None:
             cap = min(cap, int(rules.overrides["max_new_tokens"]))  # vLLM's silent ceiling
         sampling = _sampling(body, params)

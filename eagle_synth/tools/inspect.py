@@ -39,7 +39,8 @@ def special_ids(tokenizer: Any) -> frozenset[int]:
 
 
 def render_ids(tokenizer: Any, ids: Sequence[int], *, specials: frozenset[int] | None = None) -> Text:
-    """Decoded text; runs of ordinary ids are decoded together (multi-byte characters stay whole)."""
+    """Decoded text; runs of ordinary ids are decoded together (multi-byte characters stay whole).
+    Ids past the tokenizer (a padded vocabulary's) are shown as `<padded id N>`."""
     specials = special_ids(tokenizer) if specials is None else specials
     text = Text()
     run: list[int] = []
@@ -49,8 +50,14 @@ def render_ids(tokenizer: Any, ids: Sequence[int], *, specials: frozenset[int] |
             text.append(tokenizer.decode(run, skip_special_tokens=False))
             run.clear()
 
+    size = len(tokenizer)
     for token in ids:
-        if token in specials:
+        if token >= size:
+            # The model's padded vocabulary (ids past the tokenizer a checkpoint's embedding has):
+            # legal output the tokenizer has no text for.
+            flush()
+            text.append(f"<padded id {token}>", style=SPECIAL_STYLE)
+        elif token in specials:
             flush()
             text.append(tokenizer.decode([token], skip_special_tokens=False), style=SPECIAL_STYLE)
         else:

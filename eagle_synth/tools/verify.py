@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_synth.errors import UserError, clause
+from eagle_synth.model_identity import model_vocab_size, output_id_bound
 from eagle_synth.records import (
     RawRecord,
     RecordFormatError,
@@ -38,7 +39,10 @@ CHECKS: dict[str, tuple[str, str]] = {
         ),
     ),
     "duplicate_key": ("error", "keys stored more than once"),
-    "id_out_of_vocab": ("error", "records with an id at or above the vocabulary size"),
+    "id_out_of_vocab": (
+        "error",
+        "records with a prompt id at or above the tokenizer's size, or an output id at or above the model's vocab_size",
+    ),
     "completion_tokens_mismatch": ("error", "records whose completion_tokens differs from the number of output ids"),
     "stop_without_eos": ("warning", "finish_reason stop, but the last output id is neither EOS nor a stop id"),
     "empty_output": ("warning", "records with no output ids"),
@@ -66,7 +70,9 @@ class CheckSettings:
     """What records are checked against.
 
     Parameters:
-        vocab_size: ids must be below this.
+        vocab_size: prompt ids must be below this (len(tokenizer)).
+        model_vocab_size: the checkpoint's vocab_size, which output ids may reach (padded
+            vocabularies); None when unknown: then any output id is legal, as for the worker.
         eos_token_ids: ids a `stop` may end with.
         stop_token_ids: extra stop ids of the campaign (each record's own sampling adds its own).
         think_open_id, think_close_id: `<think>` / `</think>`, if the tokenizer has them.
@@ -81,10 +87,17 @@ class CheckSettings:
     think_close_id: int | None = None
     source: str = "tokenizer"
     fingerprint_mismatch: str | None = None
+    model_vocab_size: int | None = None
+
+    @property
+    def output_bound(self) -> int:
+        """Output ids are legal below this (the worker's rule: eagle_synth/model_identity.py)."""
+        return output_id_bound(tokenizer_size=self.vocab_size, model_vocab=self.model_vocab_size)
 
     def to_dict(self) -> dict:
         return {
             "vocab_size": self.vocab_size,
+            "model_vocab_size": self.model_vocab_size,
             "eos_token_ids": sorted(self.eos_token_ids),
             "stop_token_ids": sorted(self.stop_token_ids),
             "think_open_id": self.think_open_id,
@@ -127,6 +140,7 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
             think_open_id=stored.get("think_open_id"),
             think_close_id=stored.get("think_close_id"),
             source="manifest",
+            model_vocab_size=stored.get("model_vocab_size"),
         )
     from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, tokenizer_facts
 
@@ -149,6 +163,7 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
         think_close_id=_token_id(tokenizer, THINK_CLOSE),
         source="tokenizer+manifest" if stored else "tokenizer",
         fingerprint_mismatch=mismatch,
+        model_vocab_size=stored.get("model_vocab_size") or model_vocab_size(getattr(tokenizer, "name_or_path", "")),
     )
 
 
@@ -224,7 +239,7 @@ class _Checker:
         prompt, output = array("I"), array("I")
         prompt.frombytes(raw.prompt_u32)
         output.frombytes(raw.output_u32)
-        if max(max(prompt, default=0), max(output, default=0)) >= s.vocab_size:
+        if max(prompt, default=0) >= s.vocab_size or max(output, default=0) >= s.output_bound:
             self.tally.hit("id_out_of_vocab", key)
         if meta.get("completion_tokens") != raw.output_len:
             self.tally.hit("completion_tokens_mismatch", key)
@@ -395,7 +410,8 @@ def format_report(report: dict) -> list[tuple[str, str | None]]:
     s = report["settings"]
     lines.append(
         (
-            f"checked against vocab {s['vocab_size']}, EOS {s['eos_token_ids']}, stop ids "
+            f"checked against vocab {s['vocab_size']} (outputs: model vocab_size "
+            f"{s.get('model_vocab_size') or 'unknown'}), EOS {s['eos_token_ids']}, stop ids "
             f"{s['stop_token_ids']} (from {s['from']})",
             None,
         )

@@ -203,7 +203,9 @@ def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
 
 def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
     """The target model's vocabulary size from config.json in the campaign's tokenizer folder,
-    read the way both trainers read it; refused when they would read different sizes.
+    read the way both trainers read it; refused when they would read different sizes. Where that
+    folder is not on this machine, the size recorded at enqueue from the same config.json
+    (model_identity.py) is used.
 
     t2d must have one entry per row of the target's lm_head, which can be more than the
     tokenizer's length (padded vocabularies), so the tokenizer length is not used.
@@ -211,6 +213,9 @@ def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
     settings = (read_manifest(campaign_path) or {}).get("settings") or {}
     folder = settings.get("tokenizer_path")
     config_path = Path(folder) / MODEL_CONFIG_NAME if folder else None
+    recorded = settings.get("model_vocab_size")
+    if (config_path is None or not config_path.is_file()) and isinstance(recorded, int):
+        return TargetVocabSize(size=recorded, source="manifest.json settings.model_vocab_size (config.json at enqueue)")
     if config_path is None or not config_path.is_file():
         raise VocabError(
             "pass --target-vocab-size: the target model's vocab_size from its config.json "

@@ -1,0 +1,68 @@
+"""What a campaign knows about its model beyond the tokenizer: the vocabulary the model's
+embedding has, and a canary that tells whether a server tokenizes like the campaign.
+
+* `model_vocab_size`: released checkpoints pad the embedding past the tokenizer (Qwen3:
+  151,669 tokens, `vocab_size` 151,936), and a sampling model can produce those padded ids.
+  The model's vocabulary is the checkpoint's `vocab_size` (config.json beside the tokenizer,
+  or its `text_config`), not len(tokenizer). Prompt ids stay checked against the tokenizer
+  (an id it cannot produce crashes SGLang); output ids against this (`output_id_bound`).
+* `tokenizer_canary`: a short text with the tokenizer's special tokens and its ids as the
+  campaign's tokenizer gives them. A server that tokenizes it differently serves another
+  model, and is refused before it gets a batch (workers/model_check.py).
+
+Both are stored in the campaign's settings by the producer; workers and the record tools
+(`verify`, `inspect`, `vocab`) read them from there, so they agree on which ids are legal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+# The checkpoint file with the model's vocab_size, beside the tokenizer in a model folder.
+MODEL_CONFIG_NAME = "config.json"
+# Output ids are stored as uint32 and sent as JSON ints; with no model vocabulary known, an id
+# is legal below this (what the model produced is kept).
+UNKNOWN_VOCAB_BOUND = 2**31
+# Ordinary text of the canary: accents, CJK, digits and spacing, where tokenizers differ most.
+CANARY_TEXT = "eagle-synth canary: Grüße aus 東京, 12345 tokens\n  done."
+# Special tokens put in the canary at most (its EOS, think tokens and a few others).
+CANARY_SPECIALS = 4
+
+
+def model_vocab_size(folder: str | os.PathLike) -> int | None:
+    """The checkpoint's vocab_size from config.json in `folder`, or None if there is none."""
+    path = Path(folder) / MODEL_CONFIG_NAME
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    size = config.get("vocab_size")
+    if size is None and isinstance(config.get("text_config"), dict):
+        size = config["text_config"].get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def output_id_bound(*, tokenizer_size: int, model_vocab: int | None) -> int:
+    """Output ids are legal below this: the model's vocabulary when known (never below the
+    tokenizer's), else any id a record can store."""
+    if model_vocab is None:
+        return UNKNOWN_VOCAB_BOUND
+    return max(tokenizer_size, model_vocab)
+
+
+def tokenizer_canary(tokenizer) -> dict:
+    """{"text", "ids"}: the canary text around the tokenizer's special tokens, and its ids
+    without added special tokens (what a server's /tokenize returns for it)."""
+    specials = []
+    for token in [getattr(tokenizer, "eos_token", None), "<think>", "</think>", *tokenizer.all_special_tokens]:
+        if isinstance(token, str) and token and token not in specials and token in tokenizer.get_vocab():
+            specials.append(token)
+        if len(specials) >= CANARY_SPECIALS:
+            break
+    text = f"{specials[0] if specials else ''}{CANARY_TEXT}{''.join(specials[1:])}"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return {"text": text, "ids": [int(i) for i in ids]}
