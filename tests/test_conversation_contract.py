@@ -406,7 +406,7 @@ def test_enqueue_flags_for_conversations_fail_in_one_line(tmp_path, tokenizer_pa
     variants.write_text('[{"weight": 1, "sampling": {"top_p": 0}}]')
     base = ["enqueue", str(rows), "--campaign", "c", "--tokenizer", str(tokenizer_path), "--dry-run"]
     for extra, message in [
-        (["--max-turns", "2"], "--max-turns takes a number >= 1 and applies with --history own"),
+        (["--max-turns", "2"], "--max-turns needs --history own"),
         (["--history", "mine"], "--history must be 'dataset' or 'own'"),
         (["--history", "own", "--trust-remote-code"], "--history own cannot be used with --trust-remote-code"),
         (["--variants", str(variants)], f"--variants {variants}: entry 0.sampling: --top-p 0"),
