@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 import redis
+from celery import bootsteps
 
 from eagle_synth.keys import REAPER_LOCK
 from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
 from eagle_synth.stranded import REAP_AFTER, restore, stranded_batches
-from workers.sweeps import SweepStep
 
 log = logging.getLogger("eagle_synth.reaper")
 
@@ -73,13 +74,35 @@ class Reaper:
                 )
         return restored
 
+    def run(self, stop: threading.Event) -> None:
+        """Sweep every interval until `stop` is set; Redis errors wait for the next round."""
+        while not stop.wait(self.interval):
+            try:
+                self.sweep()
+            except redis.RedisError as exc:
+                log.info("reaper: Redis not answering (%s); trying again in %.0f s", exc, self.interval)
+            except Exception:  # never let a bug end the thread silently
+                log.exception("reaper: sweep failed; trying again in %.0f s", self.interval)
 
-class ReaperStep(SweepStep):
-    """Consumer step: the worker's reaper thread (workers/sweeps.py)."""
 
-    sweep_name = "reaper"
-    log = log
+class ReaperStep(bootsteps.StartStopStep):
+    """Consumer step: run a Reaper in a daemon thread of the worker's main process.
 
-    def make_sweeper(self, c: Any) -> Reaper:
+    Started once; it survives consumer restarts (broker reconnections) and stops with the worker.
+    """
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, c: Any) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
         settings = broker_settings()
-        return Reaper(connect(settings), node=c.hostname, queue=settings.queue)
+        reaper = Reaper(connect(settings), node=c.hostname, queue=settings.queue)
+        self._thread = threading.Thread(target=reaper.run, args=(self._stop,), name="eagle-synth-reaper", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, c: Any) -> None:
+        self._stop.set()
