@@ -383,13 +383,7 @@ class Campaign:
             return settings
         stored = self.settings()
         assert stored is not None
-        diff = stored.differences(settings)
-        if diff:
-            raise CampaignMismatch(
-                f"campaign {self.name!r} was created with other settings:\n  "
-                + "\n  ".join(diff)
-                + "\nUse a new --campaign name, or the original settings."
-            )
+        refuse_other_settings(self.name, stored, settings)
         return stored
 
     def settings(self) -> CampaignSettings | None:
@@ -576,3 +570,15 @@ class Campaign:
 
 def campaign_names(client: redis.Redis) -> list[str]:
     return sorted(text(n) for n in client.smembers(CAMPAIGNS))
+
+
+def refuse_other_settings(name: str, stored: CampaignSettings, settings: CampaignSettings) -> None:
+    """Raise CampaignMismatch when `settings` differ from the campaign's stored ones (used by
+    `register` and by a dry run, which must refuse what the real run refuses)."""
+    diff = stored.differences(settings)
+    if diff:
+        raise CampaignMismatch(
+            f"campaign {name!r} was created with other settings:\n  "
+            + "\n  ".join(diff)
+            + "\nUse a new --campaign name, or the original settings."
+        )

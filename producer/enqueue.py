@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from eagle_synth import counters
-from eagle_synth.campaign import Campaign, CampaignSettings
+from eagle_synth.campaign import Campaign, CampaignSettings, refuse_other_settings
 from eagle_synth.errors import UserError
 from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
@@ -540,19 +540,6 @@ def enqueue(
                 store_latest(publisher.campaign.client, publisher.campaign.keys, summary.by_source)
         summary.seconds = time.monotonic() - started
     return summary
-
-
-def refuse_other_settings(name: str, stored: CampaignSettings, settings: CampaignSettings) -> None:
-    """Raise CampaignMismatch, as Campaign.register would, when `settings` differ from the stored ones."""
-    from eagle_synth.campaign import CampaignMismatch
-
-    diff = stored.differences(settings)
-    if diff:
-        raise CampaignMismatch(
-            f"campaign {name!r} was created with other settings:\n  "
-            + "\n  ".join(diff)
-            + "\nUse a new --campaign name, or the original settings."
-        )
 
 
 def _existing_campaign(name: str, broker: BrokerSettings | None) -> Campaign | None:
