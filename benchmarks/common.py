@@ -420,9 +420,9 @@ def reset_stats(url: str) -> None:
 
 def campaign_progress(redis_url: str, name: str):
     """The campaign's Progress (enqueued, done, failed, pending)."""
-    from eagle_synth.campaign import Campaign
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.campaign import Campaign
+    from eagle_synth.state.redis_client import connect
 
     client = connect(broker_settings(redis_url=redis_url))
     try:
@@ -433,9 +433,9 @@ def campaign_progress(redis_url: str, name: str):
 
 def wait_done(redis_url: str, name: str, at_least: int, *, timeout: float, stack: Stack | None = None) -> float:
     """Wait until at least `at_least` prompts of the campaign are done; returns monotonic time."""
-    from eagle_synth.campaign import Campaign
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.campaign import Campaign
+    from eagle_synth.state.redis_client import connect
 
     client = connect(broker_settings(redis_url=redis_url))
     campaign = Campaign(client, name)
@@ -599,8 +599,8 @@ def last_user_turn(messages: list[dict]) -> list[dict]:
 def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
     """Every task waiting in the queue list, decoded as a worker would (TaskPayload objects)."""
     from eagle_synth.queue import queued_payloads as peek
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.redis_client import connect
 
     client = connect(broker_settings(redis_url=redis_url))
     try:

@@ -37,7 +37,7 @@ def _memory(client, key: str) -> int:
 
 
 def _campaign_bytes(client, campaign: str) -> int:
-    from eagle_synth.keys import CampaignKeys
+    from eagle_synth.state.keys import CampaignKeys
 
     prefix = CampaignKeys(campaign).settings.rsplit(":", 1)[0]
     return sum(_memory(client, key) for key in client.scan_iter(match=f"{prefix}:*", count=1000))
@@ -45,8 +45,8 @@ def _campaign_bytes(client, campaign: str) -> int:
 
 def run(quick: bool) -> list[Result]:
     from eagle_synth.queue import make_celery
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.redis_client import connect
 
     count = PROMPTS[quick]
     with Stack("queue-memory") as stack:

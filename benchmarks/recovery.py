@@ -55,9 +55,9 @@ def _poll_healthy(url: str, timeout: float) -> float:
 
 def _gate_started(redis_url: str, node: str) -> float | None:
     """Unix time the worker's health gate started (its heartbeat hash's `started`)."""
-    from eagle_synth.keys import worker_key
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.keys import worker_key
+    from eagle_synth.state.redis_client import connect
 
     client = connect(broker_settings(redis_url=redis_url))
     try:

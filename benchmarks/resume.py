@@ -43,9 +43,9 @@ def _enqueue(redis_url: str, rows) -> Measured:
 def run(quick: bool) -> list[Result]:
     import json
 
-    from eagle_synth.keys import CampaignKeys
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.keys import CampaignKeys
+    from eagle_synth.state.redis_client import connect
 
     count = ROWS[quick]
     with Stack("resume") as stack:

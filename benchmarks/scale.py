@@ -54,8 +54,8 @@ def _ids(rng, count: int) -> list[int]:
 
 
 def _campaign(client):
-    from eagle_synth.campaign import Campaign, CampaignSettings
     from eagle_synth.sampling import SamplingParams
+    from eagle_synth.state.campaign import Campaign, CampaignSettings
 
     c = Campaign(client, NAME)
     c.register(
@@ -73,8 +73,8 @@ def _campaign(client):
 
 
 def _inject_failures(c, keys: list[str], rng) -> None:
-    from eagle_synth.campaign import Failure
     from eagle_synth.payload import PromptItem
+    from eagle_synth.state.campaign import Failure
 
     pipe = c.client.pipeline(transaction=False)
     for n, key in enumerate(keys, 1):
@@ -129,8 +129,8 @@ def _cli(redis_url: str, *args: str):
 def _size_run(size: int) -> dict:
     import numpy
 
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.redis_client import connect
 
     rng = numpy.random.default_rng(size)
     failed = int(size * FAILED_SHARE)
@@ -159,9 +159,9 @@ def _size_run(size: int) -> dict:
 def _failure_run(count: int) -> dict:
     import numpy
 
-    from eagle_synth.campaign import Failure
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.campaign import Failure
+    from eagle_synth.state.redis_client import connect
 
     rng = numpy.random.default_rng(count)
     keys = [_key(i) for i in range(count)]

@@ -6,7 +6,7 @@ stores, per source it read (a file's real path, a dataset split, or `-` for stdi
 read and skipped there, replacing what an earlier run stored for that source; `status` shows the
 sum over sources. A campaign's figures therefore mean "rows in its inputs, as last read", and
 two different files add up while one file read twice does not. (The all-time counters
-`rows-read` / `rows-skipped` in eagle_synth.counters still add up every run, for campaigns
+`rows-read` / `rows-skipped` in eagle_synth.state.counters still add up every run, for campaigns
 enqueued before this store existed.)
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from eagle_synth.keys import CampaignKeys
+from eagle_synth.state.keys import CampaignKeys
 
 # The source name stdin rows carry (producer.sources.STDIN): one entry, replaced by each stdin run.
 STDIN_SOURCE = "-"

@@ -105,7 +105,7 @@ class RedisServer:
         acl_user: (name, password) of an extra ACL user with full access.
         appendonly: persist every write (survives restarts).
         save: RDB snapshot schedule (`redis-server --save`); the default counts as persisting for
-            eagle-synth's check (eagle_synth/redis_persistence.py) without writing during short
+            eagle-synth's check (eagle_synth/state/redis_persistence.py) without writing during short
             runs; "" with appendonly off is a Redis that keeps nothing (tests of the refusal).
         tls: serve TLS only, with a throwaway CA and certificate made in workdir (needs openssl).
         port: 0 picks a free one.

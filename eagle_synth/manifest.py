@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from eagle_synth.campaign import Campaign
 from eagle_synth.records import FORMAT_NAME, FORMAT_VERSION, ID_CODEC
+from eagle_synth.state.campaign import Campaign
 
 
 def build_manifest(campaign: Campaign) -> dict:

@@ -87,13 +87,13 @@ TASK_CONTENT_TYPE = "application/x-msgpack"
 
 def send_payload(app: Celery, queue: str, payload: dict) -> None:
     """Publish one encoded TaskPayload as a generate task (producer and workers alike), keeping
-    the campaign's copy of it (eagle_synth/batch_store.py) first."""
-    from eagle_synth.batch_store import remember
+    the campaign's copy of it (eagle_synth/state/batch_store.py) first."""
     from eagle_synth.payload import TASK_NAME
+    from eagle_synth.state.batch_store import remember
 
     with app.producer_or_acquire() as producer:
         # The campaign keeps a copy first, so a message the broker loses can be published again
-        # (eagle_synth/batch_store.py); the broker's own client, so no second connection.
+        # (eagle_synth/state/batch_store.py); the broker's own client, so no second connection.
         remember(producer.channel.client, payload)
         # A short argsrepr: Celery would otherwise repr the whole id blob into every message.
         app.send_task(

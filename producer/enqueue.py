@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
-from eagle_synth import counters
-from eagle_synth.campaign import Campaign, CampaignSettings, refuse_other_settings
 from eagle_synth.errors import UserError
 from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import BrokerSettings
+from eagle_synth.state import counters
+from eagle_synth.state.campaign import Campaign, CampaignSettings, refuse_other_settings
 from eagle_synth.templating import load_tokenizer, tokenizer_facts
 from eagle_synth.variants import Variant
 from producer.conversations import PromptPlanner
@@ -418,9 +418,9 @@ def enqueue(
     stored = None
     if not options.dry_run:
         from eagle_synth.queue import make_celery
-        from eagle_synth.redis_client import connect
-        from eagle_synth.redis_policy import check_redis_ready
         from eagle_synth.settings import broker_settings
+        from eagle_synth.state.redis_client import connect
+        from eagle_synth.state.redis_policy import check_redis_ready
         from producer.publisher import Publisher
 
         broker = broker or broker_settings()
@@ -433,7 +433,7 @@ def enqueue(
         campaign = Campaign(client, options.campaign)
         stored = campaign.settings()
         if stored is not None:
-            from eagle_synth.campaign_archive import reopen_if_closed
+            from eagle_synth.state.campaign_archive import reopen_if_closed
 
             reopen_if_closed(campaign)  # a closed campaign's keys come back before any is claimed
         publisher = Publisher(
@@ -547,8 +547,8 @@ def _existing_campaign(name: str, broker: BrokerSettings | None) -> Campaign | N
     needs no Redis; without one it counts as for a new campaign, and says so). Reads only."""
     import redis
 
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.redis_client import connect
 
     try:
         campaign = Campaign(connect(broker or broker_settings()), name)
@@ -563,7 +563,7 @@ def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) 
     render the later turns with (exactly this one, checked by fingerprint)."""
     campaign.register(settings)
     if options.history == "own":
-        from eagle_synth.tokenizer_store import store_tokenizer
+        from eagle_synth.state.tokenizer_store import store_tokenizer
 
         store_tokenizer(
             campaign.client,

@@ -1,6 +1,6 @@
 """Claim prompt keys and publish their batches, so that a killed enqueue loses nothing.
 
-Claiming keys and recording what was claimed (the campaign's outbox, eagle_synth/outbox.py)
+Claiming keys and recording what was claimed (the campaign's outbox, eagle_synth/state/outbox.py)
 happen in one Lua script; the outbox entry is deleted only after every batch made from it is
 published. A run that finds outbox entries (its predecessor was killed in between) publishes
 them first.
@@ -15,12 +15,12 @@ from collections.abc import Callable
 import redis
 from celery import Celery
 
-from eagle_synth.campaign import Campaign
-from eagle_synth.outbox import chunk_field
 from eagle_synth.payload import PromptItem, TaskPayload, batch_id
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.queue import send_payload
-from eagle_synth.redis_client import text
+from eagle_synth.state.campaign import Campaign
+from eagle_synth.state.outbox import chunk_field
+from eagle_synth.state.redis_client import text
 from eagle_synth.tools.repair import RECORD_DAMAGED
 
 log = logging.getLogger("eagle_synth.producer")
@@ -48,7 +48,7 @@ class Publisher:
             this in Redis (0 = no byte cap); never more than MAXMEMORY_SHARE of a set maxmemory.
         on_wait: called with the pending count (and, for the byte cap, `held_bytes` and
             `max_bytes`) while waiting (for the progress display).
-        count_new_as: a campaign counter that newly claimed keys add to (eagle_synth.counters).
+        count_new_as: a campaign counter that newly claimed keys add to (eagle_synth.state.counters).
     """
 
     def __init__(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from eagle_synth.keys import CampaignKeys
+from eagle_synth.state.keys import CampaignKeys
 
 
 def run_scope(settings_json: str, **options: object) -> str:

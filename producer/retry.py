@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from celery import Celery
 
-from eagle_synth.campaign import Campaign
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
 from eagle_synth.sampling import SamplingParams
+from eagle_synth.state.campaign import Campaign
 from producer.publisher import Publisher
 
 
@@ -42,7 +42,7 @@ def retry_failed(
     could not read the prompt back) stay: a rerun of the campaign's original `enqueue` command
     replays those.
     """
-    from eagle_synth.campaign_archive import reopen_if_closed
+    from eagle_synth.state.campaign_archive import reopen_if_closed
 
     reopen_if_closed(campaign)  # a closed campaign's failures come back from its state file
     settings = campaign.settings()

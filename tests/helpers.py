@@ -7,10 +7,10 @@ import json
 import subprocess
 import sys
 
-from eagle_synth.campaign import Campaign
 from eagle_synth.local import wait_for
-from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
+from eagle_synth.state.campaign import Campaign
+from eagle_synth.state.redis_client import connect
 
 
 def cli(
@@ -62,7 +62,7 @@ def status_now(redis_url: str, name: str, *, reap_after: float | None = None) ->
     """What `status NAME --json` prints (the same campaign_status), read in this process: for
     polling, where a process per look costs CPU and may miss a state that lasts seconds.
     `reap_after` stands for the EAGLE_SYNTH_REAP_AFTER a CLI process would be given."""
-    from eagle_synth.stranded import stranded_prompts
+    from eagle_synth.state.stranded import stranded_prompts
     from eagle_synth.tools.status import campaign_status
 
     client = connect(broker_settings(redis_url=redis_url))

@@ -262,14 +262,14 @@ def test_dataset_history_variants_set_template_kwargs_sampling_and_keys(tokenize
 
 
 def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(tmp_path, redis_server, tokenizer, ids):
-    from eagle_synth.redis_client import connect
     from eagle_synth.settings import broker_settings
-    from eagle_synth.templating import tokenizer_facts
-    from eagle_synth.tokenizer_store import (
+    from eagle_synth.state.redis_client import connect
+    from eagle_synth.state.tokenizer_store import (
         TokenizerUnavailable,
         fetch_tokenizer,
         store_tokenizer,
     )
+    from eagle_synth.templating import tokenizer_facts
     from workers.renderer import Renderer, RendererMismatch
 
     client = connect(broker_settings(redis_url=redis_server.url))

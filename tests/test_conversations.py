@@ -11,8 +11,8 @@ import json
 import requests
 
 from eagle_synth.local import wait_for
-from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
+from eagle_synth.state.redis_client import connect
 from eagle_synth.tools.status import campaign_status
 from tests.conftest import write_jsonl
 from tests.helpers import assert_exactly_once, cli, status_json
@@ -250,7 +250,7 @@ def long_rows(count: int) -> list[dict]:
 def assert_conversations_accounted(redis_url: str, name: str, folder, rows: list[dict]) -> dict:
     """Every turn has exactly one record or failure; every conversation's turns are 0..n-1 and
     it ended for its reason (all user turns answered, or truncated); none is lost or in progress."""
-    from eagle_synth.conversation_store import ConversationStore
+    from eagle_synth.state.conversation_store import ConversationStore
     from tests.helpers import campaign
 
     c = campaign(redis_url, name)
@@ -328,7 +328,7 @@ def test_worker_killed_mid_conversation_loses_and_doubles_no_turn(tmp_path, redi
 
 def test_redis_restart_and_server_death_mid_conversation(tmp_path, stack, tokenizer_path):
     from eagle_synth.local import RedisServer, free_port
-    from eagle_synth.node_state import all_nodes
+    from eagle_synth.state.node_state import all_nodes
     from tests.helpers import campaign, enqueue_rows
 
     redis_server = RedisServer(workdir=tmp_path / "redis", appendonly=True).start()
@@ -380,7 +380,7 @@ def test_redis_restart_and_server_death_mid_conversation(tmp_path, stack, tokeni
 def test_turns_fail_without_the_stored_tokenizer_and_retry_failed_resumes_them(
     tmp_path, redis_server, stack, tokenizer_path
 ):
-    from eagle_synth.keys import tokenizer_blob
+    from eagle_synth.state.keys import tokenizer_blob
     from tests.helpers import campaign, enqueue_rows
 
     rows = long_rows(4)

@@ -10,11 +10,11 @@ import signal
 
 import psutil
 
-from eagle_synth.batch_store import stored_batches
 from eagle_synth.local import RedisServer, free_port, wait_for
-from eagle_synth.node_state import all_nodes
 from eagle_synth.payload import TaskPayload
-from eagle_synth.stranded import UNACKED_KEY
+from eagle_synth.state.batch_store import stored_batches
+from eagle_synth.state.node_state import all_nodes
+from eagle_synth.state.stranded import UNACKED_KEY
 from tests.conftest import write_jsonl
 from tests.helpers import (
     assert_exactly_once,

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from eagle_synth.campaign import FAILURE_MAGIC, Campaign, CampaignSettings, Failure
-from eagle_synth.keys import WORKERS_INDEX, worker_key
-from eagle_synth.node_state import NodeState, all_nodes
 from eagle_synth.payload import PromptItem
 from eagle_synth.queue import make_celery
-from eagle_synth.redis_client import connect
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
+from eagle_synth.state.campaign import FAILURE_MAGIC, Campaign, CampaignSettings, Failure
+from eagle_synth.state.keys import WORKERS_INDEX, worker_key
+from eagle_synth.state.node_state import NodeState, all_nodes
+from eagle_synth.state.redis_client import connect
 from eagle_synth.tools.failures import failure_summary, failures_by_reason, write_failures_json
 from tests.helpers import cli, queued_payloads
 

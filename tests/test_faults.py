@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 
 from eagle_synth.local import free_port, wait_for
-from eagle_synth.node_state import all_nodes
+from eagle_synth.state.node_state import all_nodes
 from tests.conftest import chat_rows
 from tests.helpers import (
     assert_exactly_once,

@@ -12,18 +12,18 @@ from dataclasses import replace
 import msgpack
 import pytest
 
-from eagle_synth.campaign import Campaign
 from eagle_synth.conversation import ConversationState, next_turn, turn_key
-from eagle_synth.conversation_store import FOLLOW, ConversationStore
 from eagle_synth.ids import pack_ids
 from eagle_synth.local import wait_for
 from eagle_synth.payload import PromptItem, TaskPayload, pack_item
 from eagle_synth.records import Record
-from eagle_synth.redis_client import connect
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
+from eagle_synth.state.campaign import Campaign
+from eagle_synth.state.conversation_store import FOLLOW, ConversationStore
+from eagle_synth.state.redis_client import connect
+from eagle_synth.state.tokenizer_store import store_tokenizer
 from eagle_synth.templating import tokenizer_facts
-from eagle_synth.tokenizer_store import store_tokenizer
 from producer.enqueue import EnqueueOptions, campaign_settings, resolve_tool_format
 from workers import conversations
 from workers.conversations import FollowUps

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from eagle_synth.campaign import CampaignSettings
 from eagle_synth.model_identity import UNKNOWN_VOCAB_BOUND, model_vocab_size, output_id_bound, tokenizer_canary
-from eagle_synth.node_state import ServerState
+from eagle_synth.state.campaign import CampaignSettings
+from eagle_synth.state.node_state import ServerState
 from eagle_synth.tools.verify import CheckSettings
 from workers.client import SGLangClient
 from workers.model_check import ModelCheck

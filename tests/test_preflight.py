@@ -16,13 +16,13 @@ from dataclasses import asdict
 import pytest
 import requests
 
-from eagle_synth.campaign import Campaign
 from eagle_synth.local import free_port, port_open, start_devserver, wait_for
 from eagle_synth.manifest import build_manifest
-from eagle_synth.node_state import HEALTHY, REFUSED, NodeState, ServerState
-from eagle_synth.redis_client import connect
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
+from eagle_synth.state.campaign import Campaign
+from eagle_synth.state.node_state import HEALTHY, REFUSED, NodeState, ServerState
+from eagle_synth.state.redis_client import connect
 from workers.backends.sglang import SGLangBackend
 from workers.client import (
     BadRequest,

@@ -236,7 +236,7 @@ def test_preflight_against_the_real_models_version_and_health(real_vllm, vllm_mo
 
 
 def _applied(facts):
-    from eagle_synth.node_state import ServerState
+    from eagle_synth.state.node_state import ServerState
 
     state = ServerState()
     VllmBackend.apply_facts(state, facts, accepted=[])

@@ -1,5 +1,5 @@
 """A dead worker's batches come back within minutes, not after the 6 h visibility timeout:
-the reaper restores messages held without a live batch lease (eagle_synth/stranded.py,
+the reaper restores messages held without a live batch lease (eagle_synth/state/stranded.py,
 workers/reaper.py), exactly once, as kombu would; `status` shows them stranded meanwhile."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import subprocess
 import sys
 import time
 
-from eagle_synth.keys import CampaignKeys
 from eagle_synth.local import wait_for
-from eagle_synth.node_state import all_nodes
 from eagle_synth.queue import make_celery, queued_payloads
-from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
-from eagle_synth.stranded import (
+from eagle_synth.state.keys import CampaignKeys
+from eagle_synth.state.node_state import all_nodes
+from eagle_synth.state.redis_client import connect
+from eagle_synth.state.stranded import (
     UNACKED_INDEX_KEY,
     UNACKED_KEY,
     held_batches,

@@ -9,13 +9,13 @@ import random
 import pytest
 
 from eagle_synth.local import RedisServer, wait_for
-from eagle_synth.redis_client import connect
-from eagle_synth.redis_policy import (
+from eagle_synth.settings import broker_settings
+from eagle_synth.state.redis_client import connect
+from eagle_synth.state.redis_policy import (
     EvictingRedisError,
     check_eviction_policy,
     read_eviction_policy,
 )
-from eagle_synth.settings import broker_settings
 from tests.conftest import chat_rows, write_jsonl
 from tests.helpers import campaign, cli, queued_items
 

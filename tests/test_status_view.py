@@ -17,12 +17,12 @@ import redis
 from rich.console import Console
 from typer.testing import CliRunner
 
-from eagle_synth import counters
-from eagle_synth.campaign import Campaign, CampaignSettings
 from eagle_synth.cli import app as cli_app
 from eagle_synth.local import RedisServer, scratch_dir, wait_for
-from eagle_synth.node_state import HEALTHY, LOADING, UNHEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem
+from eagle_synth.state import counters
+from eagle_synth.state.campaign import Campaign, CampaignSettings
+from eagle_synth.state.node_state import HEALTHY, LOADING, UNHEALTHY, NodeState, ServerState
 from eagle_synth.tools.failures import failures_by_reason, format_failures
 from eagle_synth.tools.status import CAMPAIGN_ROW_KEYS, STATUS_KEYS, WORKER_KEYS, campaign_status, campaigns_overview
 from eagle_synth.tools.status_view import format_duration, render_status, watch_status

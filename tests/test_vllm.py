@@ -11,8 +11,8 @@ import requests
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES, malform_completion
 from eagle_synth.local import port_open, start_devserver, wait_for
-from eagle_synth.node_state import HEALTHY, REFUSED, ServerState
 from eagle_synth.sampling import SamplingParams
+from eagle_synth.state.node_state import HEALTHY, REFUSED, ServerState
 from tests.conftest import chat_rows
 from tests.helpers import (
     assert_exactly_once,

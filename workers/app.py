@@ -25,11 +25,11 @@ from celery import Task, bootsteps
 from celery.exceptions import Reject, Retry
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
-from eagle_synth.node_state import NodeState
 from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
 from eagle_synth.queue import make_celery, send_payload
-from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
+from eagle_synth.state.node_state import NodeState
+from eagle_synth.state.redis_client import connect
 from workers.batch import Requeue
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, probe_folder

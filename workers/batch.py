@@ -6,15 +6,15 @@ a prompt that finishes frees its in-flight ticket at once while its batch-mates 
 
 Exactly one record or one recorded failure per prompt key. The campaign in Redis, not the
 broker, is the source of truth: it knows every key enqueued, which are done or failed, and
-keeps every published batch until its keys end (eagle_synth/batch_store.py); what the broker
+keeps every published batch until its keys end (eagle_synth/state/batch_store.py); what the broker
 loses, the reconciler (workers/reconciler.py) publishes again. So a batch may arrive twice, or
 a key in two batches, and this module makes sure such copies never both write:
   * keys already done or failed (Redis) are skipped before any request;
   * the batch lease (workers/lease.py) keeps one batch id on one thread at a time; per-key
-    claims (eagle_synth/claims.py), taken in one Lua script at batch start and tied to that
+    claims (eagle_synth/state/claims.py), taken in one Lua script at batch start and tied to that
     lease, keep one key in one live batch whatever published it; a key another live batch
     claimed is skipped and left to it;
-  * every write is fenced (eagle_synth/fence.py): the lease is renewed just before a record
+  * every write is fenced (eagle_synth/state/fence.py): the lease is renewed just before a record
     file's rename, and the keys are marked done (or failed) in one transaction that checks the
     lease; if that check fails the file is removed again, so a worker frozen past its lease
     writes nothing that stays;
@@ -44,15 +44,8 @@ from pathlib import Path
 
 import redis
 
-from eagle_synth.batch_store import forget_if_finished
-from eagle_synth.campaign import Campaign, CampaignSettings
-from eagle_synth.claims import ClaimLeaseLost
-from eagle_synth.claims import claim as claim_keys
-from eagle_synth.claims import release as release_claims
-from eagle_synth.fence import Fence, LeaseLost
 from eagle_synth.manifest import build_manifest
 from eagle_synth.model_identity import output_id_bound
-from eagle_synth.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.records import (
     Record,
@@ -66,7 +59,14 @@ from eagle_synth.records import (
     write_manifest,
     write_record_file,
 )
-from eagle_synth.tokenizer_store import TokenizerUnavailable
+from eagle_synth.state.batch_store import forget_if_finished
+from eagle_synth.state.campaign import Campaign, CampaignSettings
+from eagle_synth.state.claims import ClaimLeaseLost
+from eagle_synth.state.claims import claim as claim_keys
+from eagle_synth.state.claims import release as release_claims
+from eagle_synth.state.fence import Fence, LeaseLost
+from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
+from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
 from workers.client import BadRequest, BadSamplingParams, ServerDown, SGLangClient, TransientError
 from workers.config import WorkerConfig

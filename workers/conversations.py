@@ -1,7 +1,7 @@
 """FollowUps: a worker process's part in multi-turn regeneration (`enqueue --history own`).
 
 From a committed turn to its next turn on the queue (states and scripts:
-eagle_synth/conversation_store.py; the crash analysis: docs/reliability.md):
+eagle_synth/state/conversation_store.py; the crash analysis: docs/reliability.md):
 
 1. commit (the batch thread, in place of marking keys done): one script marks turn k done
    and stores either the conversation's end (truncated, complete, max-turns) or an outbox
@@ -37,19 +37,8 @@ from typing import Any, cast
 import msgpack
 import redis
 
-from eagle_synth.campaign import Campaign, CampaignSettings, campaign_names
 from eagle_synth.conversation import ConversationState, end_before_render, turn_key
-from eagle_synth.conversation_store import (
-    BATCH_FIELD_PREFIX,
-    END,
-    FOLLOW,
-    NOTHING,
-    ConversationStore,
-    end_json,
-)
-from eagle_synth.fence import Fence
 from eagle_synth.ids import pack_ids, unpack_ids
-from eagle_synth.keys import followup_owner
 from eagle_synth.payload import (
     DEFAULT_BATCH_SIZE,
     PromptItem,
@@ -61,7 +50,18 @@ from eagle_synth.payload import (
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.records import Record
 from eagle_synth.sampling import SamplingParams
-from eagle_synth.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
+from eagle_synth.state.campaign import Campaign, CampaignSettings, campaign_names
+from eagle_synth.state.conversation_store import (
+    BATCH_FIELD_PREFIX,
+    END,
+    FOLLOW,
+    NOTHING,
+    ConversationStore,
+    end_json,
+)
+from eagle_synth.state.fence import Fence
+from eagle_synth.state.keys import followup_owner
+from eagle_synth.state.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
 from workers.config import default as _config_default
 from workers.lease import LEASE_TTL
 from workers.renderer import Renderer, RendererMismatch

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from eagle_synth.node_state import (
+from eagle_synth.processes import process_alive
+from eagle_synth.state.node_state import (
     HEALTHY,
     LOADING,
     REFUSED,
@@ -35,7 +36,6 @@ from eagle_synth.node_state import (
     NodeState,
     ServerState,
 )
-from eagle_synth.processes import process_alive
 from workers.backends import AUTO, BACKENDS, preflight_server
 from workers.client import ServerDown, SGLangClient, TransientError
 from workers.disk import DiskState

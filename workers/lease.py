@@ -21,7 +21,7 @@ import time
 import redis
 
 from eagle_synth.processes import holder_dead, holder_id
-from eagle_synth.redis_client import text
+from eagle_synth.state.redis_client import text
 
 log = logging.getLogger("eagle_synth.lease")
 

@@ -23,8 +23,8 @@ import json
 import logging
 import threading
 
-from eagle_synth.campaign import CampaignSettings
-from eagle_synth.node_state import ServerState
+from eagle_synth.state.campaign import CampaignSettings
+from eagle_synth.state.node_state import ServerState
 from workers.backends.base import VLLM
 from workers.client import ServerDown, SGLangClient, TransientError
 from workers.preflight import redact_url

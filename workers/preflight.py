@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from eagle_synth.errors import UserError
-from eagle_synth.node_state import ServerState
 from eagle_synth.sampling import SENT_SAMPLING_KEYS
+from eagle_synth.state.node_state import ServerState
 from workers.client import ServerFacts
 
 log = logging.getLogger("eagle_synth.preflight")

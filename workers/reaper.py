@@ -3,7 +3,7 @@
 A worker whose host dies (SIGKILL, power loss) leaves its batches in kombu's `unacked` hash
 until the visibility timeout (6 h). Every worker's main process runs a reaper thread; each
 REAP_INTERVAL one of them (whoever takes the Redis lock) sweeps: a batch fetched more than
-REAP_AFTER seconds ago whose lease has lapsed is restored to its queue (eagle_synth.stranded
+REAP_AFTER seconds ago whose lease has lapsed is restored to its queue (eagle_synth.state.stranded
 has the rule and the atomic restore). So a dead host's batches come back about LEASE_TTL
 (60 s) + REAP_INTERVAL after it dies, or REAP_AFTER after they were fetched if later.
 """
@@ -18,10 +18,10 @@ from typing import Any
 import redis
 from celery import bootsteps
 
-from eagle_synth.keys import REAPER_LOCK
-from eagle_synth.redis_client import connect
 from eagle_synth.settings import broker_settings
-from eagle_synth.stranded import REAP_AFTER, restore, stranded_batches
+from eagle_synth.state.keys import REAPER_LOCK
+from eagle_synth.state.redis_client import connect
+from eagle_synth.state.stranded import REAP_AFTER, restore, stranded_batches
 
 log = logging.getLogger("eagle_synth.reaper")
 

@@ -1,6 +1,6 @@
 """The reconciler: the campaign, not the broker, decides what still has to be generated.
 
-Every published batch has a copy in its campaign (eagle_synth/batch_store.py) until its keys
+Every published batch has a copy in its campaign (eagle_synth/state/batch_store.py) until its keys
 end. A batch is lost when its copy is older than RECONCILE_AFTER and it is in no queue, in no
 `unacked` entry and under no live lease, while some of its keys are neither done, nor failed,
 nor claimed by another live batch: the broker dropped it (a Redis death between kombu's BRPOP
@@ -27,14 +27,14 @@ from typing import Any
 import redis
 from celery import bootsteps
 
-from eagle_synth.batch_store import StoredBatch, forget, stored_batches, stored_count
-from eagle_synth.campaign import Campaign, campaign_names
-from eagle_synth.claims import live_claims
-from eagle_synth.keys import RECONCILER_LOCK, RECONCILER_STATE, CampaignKeys
 from eagle_synth.queue import payload_of_message
-from eagle_synth.redis_client import connect, text
 from eagle_synth.settings import broker_settings
-from eagle_synth.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches
+from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
+from eagle_synth.state.campaign import Campaign, campaign_names
+from eagle_synth.state.claims import live_claims
+from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE, CampaignKeys
+from eagle_synth.state.redis_client import connect, text
+from eagle_synth.state.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches
 
 log = logging.getLogger("eagle_synth.reconciler")
 

@@ -95,7 +95,7 @@ class Renderer:
     """A pool of `processes` rendering processes for one stored tokenizer.
 
     Parameters:
-        folder: the unpacked tokenizer files (eagle_synth.tokenizer_store.fetch_tokenizer).
+        folder: the unpacked tokenizer files (eagle_synth.state.tokenizer_store.fetch_tokenizer).
         processes: pool size.
         fingerprint, chat_template_hash: what the campaign was made with; the loaded
             tokenizer must match both or RendererMismatch is raised (nothing is rendered).

@@ -13,9 +13,9 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 
-from eagle_synth.node_state import HEALTHY, NodeState, ServerState
-from eagle_synth.redis_client import connect
 from eagle_synth.settings import BrokerSettings, broker_settings
+from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
+from eagle_synth.state.redis_client import connect
 from workers.backends import Backend, backend_for_state
 from workers.batch import BatchRunner, server_capacity
 from workers.config import WorkerConfig, auto_inflight

@@ -50,7 +50,7 @@ def main() -> None:
     import redis
     from kombu.exceptions import OperationalError
 
-    from eagle_synth.redis_policy import is_out_of_memory, out_of_memory_message
+    from eagle_synth.state.redis_policy import is_out_of_memory, out_of_memory_message
 
     def stop(message: str) -> None:
         print_error(message)

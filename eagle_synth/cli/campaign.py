@@ -14,8 +14,8 @@ from eagle_synth.settings import broker_settings
 from eagle_synth.toolcalls import TOOL_FORMATS
 
 if TYPE_CHECKING:
-    from eagle_synth.campaign import Campaign
     from eagle_synth.settings import BrokerSettings
+    from eagle_synth.state.campaign import Campaign
     from producer.enqueue import EnqueueOptions, EnqueueSummary
 
 app = command_group()
@@ -260,8 +260,8 @@ def _enqueued_now(name: str, broker: BrokerSettings) -> str:
     chunk behind when it is stopped mid-chunk); `?` when Redis does not answer."""
     import redis as redis_errors
 
-    from eagle_synth.campaign import Campaign
-    from eagle_synth.redis_client import connect
+    from eagle_synth.state.campaign import Campaign
+    from eagle_synth.state.redis_client import connect
 
     try:
         return f"{Campaign(connect(broker), name).progress().enqueued:,}"
@@ -315,8 +315,8 @@ def campaigns(
 
 def _existing_campaign(redis_url: str | None, name: str) -> Campaign:
     """The campaign `name`, or the one-line error a missing campaign gets (exit 2)."""
-    from eagle_synth.campaign import Campaign
     from eagle_synth.errors import CampaignNotFound
+    from eagle_synth.state.campaign import Campaign
 
     target = Campaign(redis_client(redis_url), name)
     if not target.exists():
@@ -327,7 +327,7 @@ def _existing_campaign(redis_url: str | None, name: str) -> Campaign:
 def _check_failure_reason(target: Campaign, reason: str) -> None:
     """Stop naming --reason unless the campaign has, or once had, failures with that reason: a
     misspelt reason would otherwise re-enqueue nothing and look like success."""
-    from eagle_synth import counters
+    from eagle_synth.state import counters
 
     current = target.failure_counts()
     ever = {
@@ -395,8 +395,8 @@ def close(
     redis: RedisOpt = None,
 ) -> None:
     """End a complete campaign: fold its Redis state (keys, failures, counts) into OUT/NAME and free Redis."""
-    from eagle_synth.campaign import Campaign
-    from eagle_synth.campaign_archive import close_campaign
+    from eagle_synth.state.campaign import Campaign
+    from eagle_synth.state.campaign_archive import close_campaign
 
     settings = broker_settings(redis_url=redis)
     summary = close_campaign(Campaign(redis_client(redis), campaign), out, queue=settings.queue)
@@ -416,8 +416,8 @@ def reopen(
     redis: RedisOpt = None,
 ) -> None:
     """Read a closed campaign's state back into Redis (enqueue and retry-failed do this themselves)."""
-    from eagle_synth.campaign import Campaign
-    from eagle_synth.campaign_archive import ended_info, reopen_campaign
+    from eagle_synth.state.campaign import Campaign
+    from eagle_synth.state.campaign_archive import ended_info, reopen_campaign
 
     target = Campaign(redis_client(redis), campaign)
     info = ended_info(target)

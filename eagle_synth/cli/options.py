@@ -51,8 +51,8 @@ def warn(message: str) -> None:
 
 def check_campaign_name(name: str) -> None:
     """Stop with one line naming --campaign if `name` cannot be a campaign's name."""
-    from eagle_synth.campaign import BadCampaignName
-    from eagle_synth.campaign import check_campaign_name as check
+    from eagle_synth.state.campaign import BadCampaignName
+    from eagle_synth.state.campaign import check_campaign_name as check
 
     try:
         check(name)
@@ -62,6 +62,6 @@ def check_campaign_name(name: str) -> None:
 
 def redis_client(redis_url: str | None) -> redis.Redis:
     """A client for --redis (else $REDIS_URL, else the default)."""
-    from eagle_synth.redis_client import connect
+    from eagle_synth.state.redis_client import connect
 
     return connect(broker_settings(redis_url=redis_url))

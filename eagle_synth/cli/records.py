@@ -498,10 +498,10 @@ def repair(
     `record-damaged`, which a rerun of the campaign's original `enqueue` command re-enqueues.
     Rerun it until it reports nothing; see docs/reliability.md.
     """
-    from eagle_synth.campaign import BadCampaignName, Campaign
     from eagle_synth.queue import make_celery
     from eagle_synth.records import records_dir
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.campaign import BadCampaignName, Campaign
     from eagle_synth.tools.compact import exclusive
     from eagle_synth.tools.repair import (
         campaign_name_of,

@@ -107,7 +107,7 @@ def worker(
     redis: RedisOpt = None,
 ) -> None:
     """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""
-    from eagle_synth.redis_policy import check_redis_ready
+    from eagle_synth.state.redis_policy import check_redis_ready
 
     for url in server:
         _check_server_url(url)

@@ -40,13 +40,13 @@ def run_demo(folder: Path) -> int:
     """Run the demo in `folder`; returns a process exit code."""
     from rich.console import Console
 
-    from eagle_synth.campaign import Campaign
-    from eagle_synth.conversation_store import ConversationStore
     from eagle_synth.demo.tokenizer import build_demo_tokenizer
     from eagle_synth.records import iter_records
-    from eagle_synth.redis_client import connect
     from eagle_synth.sampling import SamplingParams
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.campaign import Campaign
+    from eagle_synth.state.conversation_store import ConversationStore
+    from eagle_synth.state.redis_client import connect
     from eagle_synth.tools.status import campaign_status
     from eagle_synth.tools.status_view import render_status
     from producer.enqueue import EnqueueOptions, enqueue, print_summary

@@ -33,7 +33,6 @@ from pathlib import Path
 import msgpack
 import zstandard
 
-from eagle_synth.campaign import Campaign, Failure
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.ids import pack_ids
 from eagle_synth.payload import PromptItem, prompt_key
@@ -48,6 +47,7 @@ from eagle_synth.records import (
     records_dir,
     scan_campaign,
 )
+from eagle_synth.state.campaign import Campaign, Failure
 
 # Failure reason of a done prompt whose record file is damaged and whose prompt is unknown.
 RECORD_DAMAGED = "record-damaged"

@@ -1,5 +1,5 @@
 """Where a campaign stands: counts from Redis, in-flight prompts and server states from the
-workers' heartbeats, stranded prompts (held by a dead worker, see eagle_synth.stranded),
+workers' heartbeats, stranded prompts (held by a dead worker, see eagle_synth.state.stranded),
 throughput over the last minute and an ETA.
 
 `campaign_status` returns one JSON-ready dict; its keys are the contract of
@@ -13,12 +13,13 @@ import time
 
 import redis
 
-from eagle_synth import counters, input_rows
-from eagle_synth.campaign import Campaign, campaign_names
-from eagle_synth.campaign_archive import ended_info
+from eagle_synth import input_rows
 from eagle_synth.errors import CampaignNotFound
-from eagle_synth.node_state import UNKNOWN, all_nodes
-from eagle_synth.stranded import stranded_prompts
+from eagle_synth.state import counters
+from eagle_synth.state.campaign import Campaign, campaign_names
+from eagle_synth.state.campaign_archive import ended_info
+from eagle_synth.state.node_state import UNKNOWN, all_nodes
+from eagle_synth.state.stranded import stranded_prompts
 
 # Window for records/s and tokens/s, seconds.
 RATE_WINDOW = 60.0
@@ -143,7 +144,7 @@ def _conversations(campaign: Campaign) -> dict | None:
     settings = campaign.settings()
     if settings is None or settings.history != "own":
         return None
-    from eagle_synth.conversation_store import ConversationStore
+    from eagle_synth.state.conversation_store import ConversationStore
 
     return ConversationStore(campaign).counts()
 

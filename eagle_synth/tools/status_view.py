@@ -25,7 +25,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from eagle_synth.node_state import HEALTHY, LOADING, UNKNOWN, WARMING
+from eagle_synth.state.node_state import HEALTHY, LOADING, UNKNOWN, WARMING
 from eagle_synth.tools.status import campaign_status
 
 # Colour of each server state; anything else (unhealthy, refused) is red.

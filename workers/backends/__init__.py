@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from eagle_synth.node_state import ServerState
+from eagle_synth.state.node_state import ServerState
 from workers.backends.base import AUTO, BACKEND_CHOICES, SGLANG, VLLM, Backend, UntranslatableSampling
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import VllmBackend

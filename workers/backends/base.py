@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
-from eagle_synth.node_state import ServerState
+from eagle_synth.state.node_state import ServerState
 from workers.client import BadSamplingParams, ServerFacts, SGLangClient
 from workers.preflight import Check
 from workers.replies import GeneratedItem

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from eagle_synth.node_state import ServerState
 from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
+from eagle_synth.state.node_state import ServerState
 from workers import preflight
 from workers.backends.base import SGLANG, UntranslatableSampling
 from workers.client import ServerFacts, SGLangClient

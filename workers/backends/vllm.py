@@ -35,7 +35,7 @@ import logging
 from collections.abc import Mapping
 from typing import ClassVar
 
-from eagle_synth.node_state import ServerState
+from eagle_synth.state.node_state import ServerState
 from workers.backends.base import VLLM, UntranslatableSampling
 from workers.client import (
     ServerFacts,

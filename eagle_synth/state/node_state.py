@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 import redis
 
-from eagle_synth.keys import WORKER_TTL, WORKERS_INDEX, worker_key
 from eagle_synth.processes import hostname
-from eagle_synth.redis_client import text as as_text
+from eagle_synth.state.keys import WORKER_TTL, WORKERS_INDEX, worker_key
+from eagle_synth.state.redis_client import text as as_text
 
 HEALTHY = "healthy"
 LOADING = "loading"  # connection refused: weights loading, restarting or dead

@@ -33,9 +33,9 @@ from typing import cast
 import redis
 from kombu.transport.redis import Channel
 
-from eagle_synth.keys import CampaignKeys
 from eagle_synth.queue import payload_of_message
-from eagle_synth.redis_client import text
+from eagle_synth.state.keys import CampaignKeys
+from eagle_synth.state.redis_client import text
 
 ENV_REAP_AFTER = "EAGLE_SYNTH_REAP_AFTER"
 # Seconds since fetch after which a message without a live batch lease is stranded. It must
@@ -170,7 +170,7 @@ def stranded_prompts(
     client: redis.Redis, *, now: float | None = None, reap_after: float = REAP_AFTER
 ) -> dict[str, int]:
     """Per campaign, prompts of stranded batches that are neither done nor failed."""
-    from eagle_synth.campaign import Campaign
+    from eagle_synth.state.campaign import Campaign
 
     keys_by_campaign: dict[str, set[str]] = {}
     for batch in stranded_batches(client, now=now, reap_after=reap_after):

@@ -30,10 +30,10 @@ from typing import IO, Any
 import msgpack
 import zstandard
 
-from eagle_synth.campaign import Campaign
 from eagle_synth.errors import UserError
 from eagle_synth.records import campaign_dir, fsync_dir, read_raw_file, scan_campaign
-from eagle_synth.redis_client import text
+from eagle_synth.state.campaign import Campaign
+from eagle_synth.state.redis_client import text
 
 # The folded state's file name inside the campaign folder.
 STATE_FILE = "campaign-state.msgpack.zst"

@@ -21,7 +21,7 @@ import msgpack
 import redis
 import zstandard
 
-from eagle_synth.keys import tokenizer_blob
+from eagle_synth.state.keys import tokenizer_blob
 
 # zstd level of the stored files: 3.5 MB for Qwen3.5's 12.8 MB tokenizer.json in 0.4 s.
 TOKENIZER_ZSTD_LEVEL = 10

@@ -88,7 +88,7 @@ class CampaignKeys:
     @property
     def counters(self) -> str:
         """Hash of integer counters (rows read, prompts enqueued, tokens in/out...), named in
-        eagle_synth.counters."""
+        eagle_synth.state.counters."""
         return f"{self._base}:counters"
 
     @property
@@ -119,7 +119,7 @@ class CampaignKeys:
         """String (JSON: path, host, at, done, failed): the campaign was closed (`eagle-synth
         close`): its enqueued, done and failed sets were folded into the file at `path` on `host`
         and freed. Workers and reconcilers leave an ended campaign alone; `enqueue` and
-        `retry-failed` read the file back (eagle_synth/campaign_archive.py) before going on."""
+        `retry-failed` read the file back (eagle_synth/state/campaign_archive.py) before going on."""
         return f"{self._base}:ended"
 
     @property
@@ -131,13 +131,13 @@ class CampaignKeys:
     @property
     def claims(self) -> str:
         """Hash prompt key -> the batch lease (key and holder) whose batch generates it right now:
-        at most one live batch generates a key, whatever published it (eagle_synth/claims.py)."""
+        at most one live batch generates a key, whatever published it (eagle_synth/state/claims.py)."""
         return f"{self._base}:claims"
 
     @property
     def batches(self) -> str:
         """Hash batch id -> every published batch not yet finished (its payload and when it was
-        published): what the reconciler publishes again when a batch is lost (eagle_synth/batch_store.py)."""
+        published): what the reconciler publishes again when a batch is lost (eagle_synth/state/batch_store.py)."""
         return f"{self._base}:batches"
 
     @property

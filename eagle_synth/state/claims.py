@@ -9,14 +9,14 @@ a claim counts only while that lease still names its holder, so it lapses with t
 (holder dead, lease expired or taken over) and needs no renewal of its own. A key claimed
 by another live batch is skipped: that batch ends it, or, if it dies, the reaper or the
 reconciler brings it back. Claims are released by the fenced commit that marks the key done
-(eagle_synth/fence.py) and, for the rest, when the batch ends.
+(eagle_synth/state/fence.py) and, for the rest, when the batch ends.
 """
 
 from __future__ import annotations
 
 import redis
 
-from eagle_synth.redis_client import text
+from eagle_synth.state.redis_client import text
 
 # Separates the lease key from its holder in a claim's value (neither contains a newline).
 SEPARATOR = "\n"

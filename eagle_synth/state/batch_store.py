@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import msgpack
 import redis
 
-from eagle_synth.keys import CampaignKeys
-from eagle_synth.redis_client import text
+from eagle_synth.state.keys import CampaignKeys
+from eagle_synth.state.redis_client import text
 
 # Entries read per HSCAN step.
 SCAN_COUNT = 200

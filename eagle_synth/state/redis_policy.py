@@ -77,13 +77,13 @@ def check_eviction_policy(client: redis.Redis, *, allow_evicting: bool = False) 
 
 def check_redis_ready(client: redis.Redis, *, allow_evicting: bool = False, allow_volatile: bool = False) -> str | None:
     """Ping (which authenticates), check the eviction policy and that Redis persists its data
-    (eagle_synth.redis_persistence); returns a warning or None.
+    (eagle_synth.state.redis_persistence); returns a warning or None.
 
     Raises redis.AuthenticationError / ConnectionError for bad credentials or an unreachable
     Redis, EvictingRedisError and VolatileRedisError, so a command can stop with one line
     before doing anything.
     """
-    from eagle_synth.redis_persistence import check_persistence
+    from eagle_synth.state.redis_persistence import check_persistence
 
     client.ping()
     warnings = [

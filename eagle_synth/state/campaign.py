@@ -19,14 +19,14 @@ import msgpack
 import redis
 import zstandard
 
-from eagle_synth import counters
-from eagle_synth.counters import in_lua
 from eagle_synth.errors import UserError
-from eagle_synth.fence import Fence
-from eagle_synth.keys import CAMPAIGNS, CampaignKeys
-from eagle_synth.outbox import Outbox
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
-from eagle_synth.redis_client import text
+from eagle_synth.state import counters
+from eagle_synth.state.counters import in_lua
+from eagle_synth.state.fence import Fence
+from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys
+from eagle_synth.state.outbox import Outbox
+from eagle_synth.state.redis_client import text
 
 # Completion events kept per campaign for throughput figures (about the last few minutes).
 EVENTS_MAXLEN = 20_000
@@ -107,7 +107,7 @@ return taken
 
 
 # Lua functions shared by every script that marks keys done (this module's and
-# eagle_synth/conversation_store.py's). KEYS[1..5]: done set, failed hash, reasons hash,
+# eagle_synth/state/conversation_store.py's). KEYS[1..5]: done set, failed hash, reasons hash,
 # counters hash, events stream.
 MARK_DONE_LUA = FAILURE_REASON_LUA + in_lua(
     """
@@ -364,7 +364,7 @@ class Campaign:
     atomic is one Lua script here.
 
     Parameters:
-        client: a redis-py client (eagle_synth.redis_client.connect).
+        client: a redis-py client (eagle_synth.state.redis_client.connect).
         name: campaign name.
     """
 
@@ -400,7 +400,7 @@ class Campaign:
         return Outbox(self.client, self.keys)
 
     def count(self, increments: dict[str, int]) -> None:
-        """Add to the campaign's integer counters (names from eagle_synth.counters)."""
+        """Add to the campaign's integer counters (names from eagle_synth.state.counters)."""
         pipe = self.client.pipeline(transaction=False)
         for name, value in increments.items():
             if value:

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import json
 
-from eagle_synth import counters
-from eagle_synth.campaign import EVENTS_MAXLEN, MARK_DONE_LUA, Campaign
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
-from eagle_synth.counters import in_lua
-from eagle_synth.fence import Fence
-from eagle_synth.redis_client import text
+from eagle_synth.state import counters
+from eagle_synth.state.campaign import EVENTS_MAXLEN, MARK_DONE_LUA, Campaign
+from eagle_synth.state.counters import in_lua
+from eagle_synth.state.fence import Fence
+from eagle_synth.state.redis_client import text
 
 # Owner field prefix of a formed batch (plain fields are turn keys).
 BATCH_FIELD_PREFIX = "batch:"

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from eagle_synth.redis_client import text
+from eagle_synth.state.redis_client import text
 
 # KEYS: lease. ARGV: holder, ttl ms. Renews the lease if it is still the holder's.
 _RENEW = """

@@ -18,8 +18,8 @@ from typing import cast
 import msgpack
 import redis
 
-from eagle_synth.keys import CampaignKeys
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
+from eagle_synth.state.keys import CampaignKeys
 
 # Seconds a producer's liveness key lasts; another run recovers its outbox only after that.
 PRODUCER_TTL = 60
@@ -84,7 +84,7 @@ class Outbox:
     """The producer outbox of one campaign and its enqueue runs' liveness keys.
 
     Parameters:
-        client: a redis-py client returning bytes (eagle_synth.redis_client.connect).
+        client: a redis-py client returning bytes (eagle_synth.state.redis_client.connect).
         keys: the campaign's key names.
     """
 
