@@ -5,7 +5,7 @@ vLLM's own OpenAI server (tests/vllm_server.py): exact ids through the whole pat
 rows, a slow start, a server killed mid-campaign, vLLM's own refusals, `--history own`, a
 tool row, preflight, and the model's padded vocabulary. Each whole-path test ends in the exact
 accounting check. One server serves the session (tests/vllm_fixtures.py); the kill test starts
-its own. Prompts are few and short: on 2 cores the server generates a few hundred tokens/s.
+its own, and kills it. Prompts are few and short: on 2 cores the server generates a few hundred tokens/s.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tests.helpers import (
     status_now,
     wait_finished,
 )
+from tests.tcp_forward import TcpForward
 from tests.vllm_fixtures import MARKS
 from tests.vllm_server import MAX_MODEL_LEN, SERVED_NAME
 from workers.backends import VLLM, preflight_server
@@ -268,10 +269,14 @@ def test_a_server_serving_another_model_is_refused_before_the_first_batch(tmp_pa
 
 
 def test_worker_before_the_server_then_the_server_killed_and_restarted(
-    tmp_path, redis_server, stack, own_vllm, vllm_model
+    tmp_path, redis_server, stack, own_vllm, real_vllm, vllm_model
 ):
     """A real slow start costs no prompt, retry or failure; a server killed mid-campaign shows
-    as gone down after serving, and the campaign finishes once it is back, exactly once."""
+    as gone down after serving, and the campaign finishes once it is back, exactly once.
+
+    The server that comes back at the worker's port is the session's vLLM behind a TCP
+    forwarder (tests/tcp_forward.py): the same model, real vLLM replies, and one cold start
+    of the server saved (2-5 minutes of 2 cores)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     rows = user_rows(16, prefix="k")
@@ -298,7 +303,10 @@ def test_worker_before_the_server_then_the_server_killed_and_restarted(
     assert "right after serving" in went_down["detail"]
     done_at_kill = c.progress().done
     assert done_at_kill < len(rows), "killed mid-campaign"
-    own_vllm(port=port, wait=False)
-    wait_finished(redis_server.url, "kill", expected=len(rows), timeout=600, stack=stack)
+    forward = TcpForward(port, real_vllm.port)
+    try:
+        wait_finished(redis_server.url, "kill", expected=len(rows), timeout=600, stack=stack)
+    finally:
+        forward.close()
     records = assert_exactly_once(redis_server.url, "kill", out / "kill", expected=len(rows))
     assert c.failure_counts() == {} and len(records) == len(rows)
