@@ -67,8 +67,15 @@ class CampaignKeys:
 
     @property
     def enqueued(self) -> str:
-        """Set of every prompt key ever enqueued: the producer's duplicate check."""
+        """Set of the prompt keys enqueued and not done (pending or failed): with `done`, every key
+        ever enqueued, the producer's duplicate check. A key marked done leaves it (layout 2)."""
         return f"{self._base}:enqueued"
+
+    @property
+    def layout(self) -> str:
+        """String: the layout of the key sets (eagle_synth.state.campaign.LAYOUT); absent in a
+        campaign made before done keys left `enqueued`, which Campaign.progress moves over once."""
+        return f"{self._base}:layout"
 
     @property
     def done(self) -> str:
