@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import msgpack
 import zstandard
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import EagleSynthError, UserError
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.key_set import KeySet
 
@@ -63,7 +63,7 @@ _U24_LIMIT = 1 << 24
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
-class RecordFormatError(ValueError):
+class RecordFormatError(EagleSynthError, ValueError):
     """A record file is damaged or of an unknown format; the message names the file."""
 
 

@@ -160,7 +160,7 @@ class Failure:
     """A prompt that will not be retried automatically.
 
     Parameters:
-        reason: stable slug (`invalid-token-id`, `prompt-too-long`, `bad-request`, `server-error`...).
+        reason: a slug of eagle_synth.reasons.
         message: the server's or our own message.
         item: the prompt, enough to enqueue it again.
         sampling: the batch's sampling_params.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import redis
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
@@ -29,7 +30,7 @@ _LIVE = script("claim_lib", "claims_live")
 CHUNK = 1000
 
 
-class ClaimLeaseLost(Exception):
+class ClaimLeaseLost(EagleSynthError):
     """The batch's own lease was gone when it tried to claim its keys."""
 
 

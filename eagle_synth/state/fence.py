@@ -20,11 +20,12 @@ from typing import Any
 
 import redis
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
 
-class LeaseLost(Exception):
+class LeaseLost(EagleSynthError):
     """The batch lease is no longer the writer's: nothing was written."""
 
 
