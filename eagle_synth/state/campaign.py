@@ -4,6 +4,8 @@ Exactly one of these holds for every prompt key ever enqueued: it is pending, it
 on disk (`done`), or its failure is recorded (`failed`). The producer adds keys; workers move
 them to done or failed; `retry-failed` moves failed keys back to pending; `repair` moves done
 keys whose record files are damaged back to pending, or to failed when their prompt is lost.
+The `enqueued` set holds the pending and failed keys, `done` the done ones (layout 2: a key
+marked done leaves `enqueued`, so a finished prompt costs one set member, not two).
 """
 
 from __future__ import annotations
@@ -76,34 +78,22 @@ def check_campaign_name(name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class CampaignSettings:
-    """What every prompt of a campaign is made with.
+    """What every prompt of a campaign is made with, fixed at its first enqueue.
 
-    Parameters:
-        name: campaign name.
-        tokenizer_path: where the producer loaded the tokenizer from (informational).
-        tokenizer_fingerprint: hash of the tokenizer's vocabulary and special tokens.
-        chat_template_hash: hash of the chat template text used.
-        chat_template_kwargs: extra template arguments (e.g. enable_thinking).
-        system_prompt: the default system prompt, if any.
-        sampling: SamplingParams.to_dict().
-        vocab_size: ids must be below this; workers never send a larger one.
-        eos_token_ids: ids that end a generation.
-        think_open_id, think_close_id: ids of `<think>` and `</think>` if the tokenizer has them.
-        max_prompt_tokens: longer prompts were skipped by the producer.
-        created_at: unix time of the first enqueue.
-        history: "dataset" (prompts end at the dataset's user turns) or "own" (every user turn
-            answered in order on the model's own earlier answers; docs/producer.md).
-        max_turns: with history "own", conversations stop after this many answered turns.
-        variants: the variants list (eagle_synth.variants.Variant.to_dict), if any.
-        tool_format: with history "own", the format the model's tool calls are parsed in (one of
-            eagle_synth.toolcalls.TOOL_FORMATS), or None when the template has none we parse.
-        batch_size: prompts per task of the first enqueue, which `retry-failed` batches by
-            (0: not recorded, a campaign from before it was; a rerun may use another size).
-        model_vocab_size: the checkpoint's vocab_size (config.json beside the tokenizer), which
-            padded vocabularies make larger than vocab_size; output ids may reach it. None when
-            the tokenizer folder has no config.json (eagle_synth/model_identity.py).
-        tokenizer_canary: {"text", "ids"}: a text with special tokens and the ids this tokenizer
-            gives it; a server whose /tokenize differs serves another model. Empty: not checked.
+    The tokenizer (`tokenizer_fingerprint`: a hash of its vocabulary and special tokens;
+    `tokenizer_path`, informational), the chat template (`chat_template_hash`, its
+    `chat_template_kwargs`), the default `system_prompt`, `sampling` (SamplingParams.to_dict()),
+    `vocab_size` (workers never send a larger id), `eos_token_ids`, the `<think>` ids if any,
+    `max_prompt_tokens` (longer prompts were skipped) and `created_at`. `history` is "dataset"
+    (prompts end at the dataset's user turns) or "own" (every user turn answered on the model's
+    own earlier answers, up to `max_turns`; docs/producer.md), whose tool calls are parsed in
+    `tool_format` (eagle_synth.toolcalls.TOOL_FORMATS; None: none we parse). `variants` holds
+    Variant.to_dict()s. `batch_size` is the first enqueue's, which `retry-failed` batches by (0: a
+    campaign from before it was recorded). `model_vocab_size` is the checkpoint's vocab_size,
+    which padded vocabularies make larger than vocab_size (output ids may reach it; None without
+    a config.json: eagle_synth/model_identity.py). `tokenizer_canary` {"text", "ids"}: a text with
+    special tokens and the ids this tokenizer gives it; a server whose /tokenize differs serves
+    another model (empty: not checked).
     """
 
     name: str
@@ -157,16 +147,9 @@ class CampaignSettings:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A prompt that will not be retried automatically.
-
-    Parameters:
-        reason: a slug of eagle_synth.reasons.
-        message: the server's or our own message.
-        item: the prompt, enough to enqueue it again.
-        sampling: the batch's sampling_params.
-        at: unix time.
-        worker: node that recorded it.
-    """
+    """A prompt that will not be retried automatically: its `reason` (a slug of
+    eagle_synth.reasons), the server's or our own `message`, the `item` to enqueue it again, the
+    batch's `sampling`, when (`at`, unix time) and which `worker` recorded it."""
 
     reason: str
     message: str
@@ -187,7 +170,7 @@ class Failure:
         msgpack holding the rest, with the ids packed as the queue packs them (uint32 bytes)."""
         body = [self.message, self.at, self.worker, self.sampling, pack_item(PromptItem.from_replay(self.item))]
         packed = msgpack.packb(body, use_bin_type=True)
-        return FAILURE_MAGIC + self.reason.encode() + b"\n" + _compressor().compress(packed)
+        return FAILURE_MAGIC + self.reason.encode() + b"\n" + zstandard.compress(packed, FAILURE_ZSTD_LEVEL)
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Failure:
@@ -196,7 +179,7 @@ class Failure:
         if not data.startswith(FAILURE_MAGIC):
             return cls.from_json(data)
         head, _, blob = data.partition(b"\n")
-        message, at, worker, sampling, packed = msgpack.unpackb(_decompressor().decompress(blob), raw=False)
+        message, at, worker, sampling, packed = msgpack.unpackb(zstandard.decompress(blob), raw=False)
         return cls(
             reason=head[len(FAILURE_MAGIC) :].decode(),
             message=message,
@@ -215,14 +198,6 @@ class Failure:
         return str(json.loads(data).get("reason"))
 
 
-def _compressor() -> zstandard.ZstdCompressor:
-    return zstandard.ZstdCompressor(level=FAILURE_ZSTD_LEVEL)
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    return zstandard.ZstdDecompressor()
-
-
 @dataclass(frozen=True, slots=True)
 class Progress:
     """Counts of one campaign. `pending` includes prompts being generated right now."""
@@ -238,14 +213,9 @@ class Progress:
 
 
 class Campaign:
-    """One campaign's state in Redis; producer, workers and tools change it only through its
-    methods (and those of its outbox and its ConversationStore), so every change that must be
-    atomic is one Lua script here.
-
-    Parameters:
-        client: a redis-py client (eagle_synth.state.redis_client.connect).
-        name: campaign name.
-    """
+    """One campaign's state in Redis (`client`: eagle_synth.state.redis_client.connect); producer,
+    workers and tools change it only through its methods (and those of its outbox and its
+    ConversationStore), so every change that must be atomic is one Lua script."""
 
     def __init__(self, client: redis.Redis, name: str) -> None:
         check_campaign_name(name)

@@ -22,8 +22,9 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
@@ -193,14 +194,9 @@ def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
         )
 
 
-def _chunks(iterator: Iterator[Any], size: int = FOLD_CHUNK) -> Iterator[list]:
-    chunk: list = []
-    for value in iterator:
-        chunk.append(value)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
+def _chunks(values: Iterable[Any], size: int = FOLD_CHUNK) -> Iterator[list]:
+    values = iter(values)
+    while chunk := list(islice(values, size)):
         yield chunk
 
 
@@ -267,38 +263,16 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
     marker = json.dumps(
         {"path": str(path.resolve()), "host": socket.gethostname(), "at": time.time(), "done": done, "failed": failed}
     )
-    freed = campaign.client.eval(
-        _FREE,
-        11,
-        k.enqueued,
-        k.done,
-        k.failed,
-        k.ended,
-        k.outbox,
-        k.events,
-        k.conversation_ends,
-        k.followups,
-        k.followup_batches,
-        k.batches,
-        k.claims,
-        failed,  # layout 2: `enqueued` holds the failed keys, done ones left it
-        done,
-        failed,
-        marker,
-    )
+    names = [k.enqueued, k.done, k.failed, k.ended, k.outbox, k.events, k.conversation_ends, k.followups]
+    names += [k.followup_batches, k.batches, k.claims]
+    # Layout 2: `enqueued` holds the failed keys only, the done ones left it.
+    freed = campaign.client.eval(_FREE, len(names), *names, failed, done, failed, marker)
     if not int(freed):
         raise CampaignNotClosable(
             f"campaign {campaign.name!r} changed while it was being closed (an enqueue or retry ran): "
             "nothing was freed; close again once it is complete"
         )
-    return CloseSummary(
-        path=path,
-        done=done,
-        failed=failed,
-        file_bytes=path.stat().st_size,
-        redis_bytes_before=before,
-        redis_bytes_after=_used_memory(campaign),
-    )
+    return CloseSummary(path, done, failed, path.stat().st_size, before, _used_memory(campaign))
 
 
 def _read_state(path: Path) -> Iterator[Any]:

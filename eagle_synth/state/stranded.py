@@ -128,16 +128,7 @@ def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bo
         if decoded is None:
             continue
         campaign, batch, keys = decoded
-        held.append(
-            HeldBatch(
-                tag=name,
-                fetched_at=float(score),
-                campaign=campaign,
-                batch=batch,
-                keys=keys,
-                entry=entry if with_entries else None,
-            )
-        )
+        held.append(HeldBatch(name, float(score), campaign, batch, keys, entry if with_entries else None))
     return held
 
 
@@ -220,17 +211,8 @@ def restore(client: redis.Redis, held: HeldBatch, *, queue_name: str | None = No
         message["properties"]["delivery_info"]["redelivered"] = True
     except (KeyError, TypeError):
         pass
-    restored = client.eval(
-        script("restore"),
-        4,
-        UNACKED_KEY,
-        UNACKED_INDEX_KEY,
-        held.lease_key,
-        destination,
-        held.tag,
-        held.entry,
-        json.dumps(message),
-    )
+    names = (UNACKED_KEY, UNACKED_INDEX_KEY, held.lease_key, destination)
+    restored = client.eval(script("restore"), 4, *names, held.tag, held.entry, json.dumps(message))
     if restored:
         _decoded.pop(held.tag, None)
     return bool(restored)
