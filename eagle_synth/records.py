@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -61,7 +60,6 @@ READ_CHUNK = 1 << 18
 MAX_OBJECT_BYTES = 1 << 30
 
 _U24_LIMIT = 1 << 24
-_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 class RecordFormatError(EagleSynthError, ValueError):

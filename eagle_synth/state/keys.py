@@ -22,7 +22,6 @@ def worker_key(node: str) -> str:
     return f"{KEY_PREFIX}:worker:{node}"
 
 
-WORKER_PATTERN = f"{KEY_PREFIX}:worker:*"
 # Sorted set node -> unix time its heartbeat hash expires: how `status` finds workers without
 # scanning the keyspace (a SCAN of a 10M-prompt Redis walks every key). Entries past their
 # time are pruned by the reader.

@@ -1,10 +1,12 @@
 -- KEYS: done set, counters hash, enqueued set. ARGV: prompt keys. Returns how many were done.
 -- Takes keys whose records were lost back out of `done` into pending, keeping the records
--- counter true.
+-- counter true. The SADD (which needs memory) comes before the SREM, so a full Redis never
+-- leaves a key in neither set.
 local removed = 0
 for i = 1, #ARGV do
-  if redis.call('SREM', KEYS[1], ARGV[i]) == 1 then
+  if redis.call('SISMEMBER', KEYS[1], ARGV[i]) == 1 then
     redis.call('SADD', KEYS[3], ARGV[i])
+    redis.call('SREM', KEYS[1], ARGV[i])
     removed = removed + 1
   end
 end
