@@ -78,9 +78,9 @@ class Outbox:
         self._claim = client.register_script(script("outbox_claim"))
 
     def claim(self, field: str, items: list[PromptItem], *, count_as: str | None = None) -> list[bool]:
-        """Add the items' keys that are neither enqueued nor done to the enqueued set and, if any was new, store the chunk under
-        `field`, all in one step; `count_as` (a counter name) grows by the number of new keys.
-        Returns, per item, whether its key was new."""
+        """Add the items' keys that are neither enqueued nor done to the enqueued set and, if any
+        was new, store the chunk under `field`, all in one step; `count_as` (a counter name) grows
+        by the number of new keys. Returns, per item, whether its key was new."""
         k = self.keys
         indices = self._claim(
             keys=[k.enqueued, k.outbox, k.counters, k.done],
