@@ -3,7 +3,7 @@ peak RSS and CPU per prompt, at two sizes, with the growth between them.
 
 Setup (a private redis-server per size): a campaign's state is injected as the producer and
 workers would leave it, without templating or generating (the issue is Redis state size):
-N prompt keys in `enqueued`, 99 % of them `done` (their records written to disk as shards of
+N prompt keys, 99 % of them `done` (their records written to disk as shards of
 tiny records, so `close` finds them), 1 % failed with 2,048-token prompts stored as workers
 store them (Campaign.record_failure). Prompt ids are Zipf-distributed over a 150k vocabulary,
 close to text's id statistics.
@@ -101,8 +101,7 @@ def _inject_done(c, keys: list[str], folder: Path) -> None:
     for start in range(0, len(keys), INJECT_CHUNK):
         chunk = keys[start : start + INJECT_CHUNK]
         pipe = c.client.pipeline(transaction=False)
-        pipe.sadd(c.keys.enqueued, *chunk)
-        pipe.sadd(c.keys.done, *chunk)
+        pipe.sadd(c.keys.done, *chunk)  # a done key is in `done` only (layout 2)
         pipe.hincrby(c.keys.counters, "records", len(chunk))
         pipe.execute()
     for start in range(0, len(keys), SHARD_RECORDS):

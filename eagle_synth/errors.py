@@ -5,6 +5,27 @@ a bad argument, an input file that cannot be read, a campaign that does not exis
 configured in a way that would change the data. The CLI's entry point catches it once and
 prints its one-line message (exit status 2); library messages speak of arguments and values,
 not of CLI flags. Any other exception is a bug or an outage and keeps its traceback.
+
+    EagleSynthError
+    ├── UserError
+    │   ├── CampaignNotFound             (errors; also a KeyError)
+    │   ├── CampaignMismatch, BadCampaignName             (state/campaign.py)
+    │   ├── CampaignNotClosable, StateFileUnavailable     (state/campaign_archive.py)
+    │   ├── EvictingRedisError           (state/redis_policy.py)
+    │   ├── VolatileRedisError           (state/redis_persistence.py)
+    │   ├── NotACampaignFolder, RecordFilesVanished       (records.py)
+    │   ├── SamplingError, SettingsError, TemplateError   (sampling, settings, templating)
+    │   ├── InputError, StrictModeError  (producer/sources.py, producer/enqueue.py)
+    │   ├── ConfigError, PreflightError  (workers/config.py, workers/preflight.py)
+    │   └── VocabError, VerifyError, ExportError, CompactBusy, InspectError,
+    │       FlowerAuthError, FlowerPortInUse                (eagle_synth/tools/)
+    ├── RecordFormatError                (records.py: a damaged or unknown record file)
+    ├── LeaseLost                        (state/fence.py: a fenced write found its lease gone)
+    ├── ClaimLeaseLost                   (state/claims.py: the same, when claiming keys)
+    └── TokenizerUnavailable             (state/tokenizer_store.py)
+
+Each subclass also derives from the builtin it stands for (ValueError, FileNotFoundError...)
+where callers catch that.
 """
 
 from __future__ import annotations

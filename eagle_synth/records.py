@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import msgpack
 import zstandard
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import EagleSynthError, UserError
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.key_set import KeySet
 
@@ -60,10 +60,9 @@ READ_CHUNK = 1 << 18
 MAX_OBJECT_BYTES = 1 << 30
 
 _U24_LIMIT = 1 << 24
-_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
-class RecordFormatError(ValueError):
+class RecordFormatError(EagleSynthError, ValueError):
     """A record file is damaged or of an unknown format; the message names the file."""
 
 
@@ -137,33 +136,16 @@ def _codec_for_u32(*u32_arrays: bytes) -> str:
 
 @dataclass(slots=True)
 class Record:
-    """One generated sample, exactly as the server produced it.
+    """One generated sample, exactly as the server produced it (every field: docs/records.md).
 
-    Parameters:
-        key: stable prompt key (prompt ids + sampling + sample index).
-        id: source row id (provenance).
-        sample: sample index among the prompt's n samples.
-        turn: index of the user turn the prompt ends at.
-        prompt_ids: the prompt ids exactly as the chat template rendered them.
-        output_ids: the generated ids exactly as the server returned them (EOS included).
-        finish_reason: "stop", "length" or "abort".
-        finish_matched: the stop token id or string that ended generation, if any.
-        prompt_tokens, completion_tokens, cached_tokens: the server's own counts.
-        campaign: campaign name.
-        sampling: the sampling parameters sent (with this sample's seed).
-        source: `file:line` of the input row.
-        server: URL of the server that generated it.
-        worker: the worker node that wrote it.
-        e2e_latency: server-side latency in seconds.
-        created_at: unix time the record was written.
-        repaired_prefix: ids dropped from the front of output_ids by the prompt-tail repair.
-        backend: the kind of server that generated it: "sglang" or "vllm" (files written
-            before vLLM support hold SGLang records and read as "sglang").
-        batch: the batch id the record was generated in (filled in by readers).
-        conversation: with `--history own`, the conversation's stable key (its turns share it).
-        variant: the name of the `--variants` entry the record was made with, if any.
-        tool_calls: in `--history own` conversations with tools, how many tool calls the
-            answer makes (0: it answers in words); None elsewhere.
+    `key` is the stable prompt key (prompt ids + sampling + sample index); `id`, `source`
+    (`file:line`), `turn` (the user turn the prompt ends at) and `sample` say where it came from.
+    `prompt_ids` are exactly as the chat template rendered them, `output_ids` exactly as the server
+    returned them (EOS included), `repaired_prefix` ids dropped from their front by the prompt-tail
+    repair. `finish_reason` ("stop", "length", "abort"), `finish_matched` and the token counts are
+    the server's own; `sampling` is what was sent (with this sample's seed). `backend` is "sglang"
+    or "vllm" (files from before vLLM support read as "sglang"); readers fill in `batch`.
+    `conversation`, `variant` and `tool_calls` are set only by the campaigns that use them.
     """
 
     key: str
@@ -277,16 +259,22 @@ class RawRecord:
         return data
 
 
+def _with_header_names(data: dict, header: dict) -> dict:
+    """Version 1 files keep the batch id and campaign in the header only."""
+    if data.get("batch") and data.get("campaign"):
+        return data
+    return {
+        **data,
+        "batch": data.get("batch") or header.get("batch", ""),
+        "campaign": data.get("campaign") or header.get("campaign", ""),
+    }
+
+
 def _raw_from_wire(data: dict, header: dict) -> RawRecord:
     codec = data.get("id_codec") or header["id_codec"]
-    meta = {k: data[k] for k in _META_FIELDS if k in data}
-    # Version 1 files keep the batch id and campaign in the header only.
-    if not meta.get("batch"):
-        meta["batch"] = header.get("batch", "")
-    if not meta.get("campaign"):
-        meta["campaign"] = header.get("campaign", "")
+    data = _with_header_names(data, header)
     return RawRecord(
-        meta=meta,
+        meta={k: data[k] for k in _META_FIELDS if k in data},
         prompt_u32=ids_as_u32le(data["prompt_ids"], codec),
         output_u32=ids_as_u32le(data["output_ids"], codec),
         src=data.get("src"),
@@ -294,12 +282,7 @@ def _raw_from_wire(data: dict, header: dict) -> RawRecord:
 
 
 def _record_from_wire(data: dict, header: dict) -> Record:
-    record = Record.from_wire(data, codec=header["id_codec"])
-    if not record.batch:
-        record.batch = header.get("batch", "")
-    if not record.campaign:
-        record.campaign = header.get("campaign", "")
-    return record
+    return Record.from_wire(_with_header_names(data, header), codec=header["id_codec"])
 
 
 # ----------------------------------------------------------------------------- paths
@@ -681,13 +664,9 @@ def scan_campaign(campaign_path: str | os.PathLike) -> CampaignFiles:
     for path in files:
         if not is_shard(path):
             (absorbed if path.name in absorbed_names else batch_list).append(path)
-    places: dict[str, int] = {}
-    for path in batch_list:
-        batch = batch_of_file(path)
-        places[batch] = places.get(batch, 0) + 1
+    places = Counter(batch_of_file(path) for path in batch_list)
     for names in sources.values():
-        for batch in {batch_of_file(name) for name in names}:
-            places[batch] = places.get(batch, 0) + 1
+        places.update({batch_of_file(name) for name in names})
     repeated = frozenset(b for b, count in places.items() if count > 1)
     return CampaignFiles(
         batch_files=batch_list, shards=shards, absorbed=absorbed, shard_sources=sources, repeated_batches=repeated

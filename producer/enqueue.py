@@ -504,7 +504,7 @@ def enqueue(
                 seen_in_dry_run.update(item.key for item in flat)
                 if existing is not None and flat:
                     # What the real run would skip as enqueued before.
-                    before = existing.client.smismember(existing.keys.enqueued, [item.key for item in flat])
+                    before = existing.was_enqueued([item.key for item in flat])
                     new = [is_new and not was for is_new, was in zip(new, before)]
             position = 0
             for items in items_per_row:

@@ -135,8 +135,10 @@ def records_by_key(campaign_dir) -> dict:
 def assert_exactly_once(redis_url: str, name: str, campaign_dir, *, expected: int) -> dict:
     """Every enqueued key has exactly one record or one recorded failure: none lost, none doubled."""
     c = campaign(redis_url, name)
-    enqueued = {k.decode() for k in c.client.smembers(c.keys.enqueued)}
+    pending_or_failed = {k.decode() for k in c.client.smembers(c.keys.enqueued)}
     done = {k.decode() for k in c.client.smembers(c.keys.done)}
+    assert not (pending_or_failed & done), "a done key is still in the enqueued set"
+    enqueued = pending_or_failed | done
     failed = set(c.failures())
     records = records_by_key(campaign_dir) if (campaign_dir / "records").exists() else {}
     assert len(enqueued) == expected

@@ -50,7 +50,7 @@ def test_close_then_rerun_and_retry_stay_exact(tmp_path, redis_server, stack, to
     rerun = enqueue_rows(tmp_path, url, "fold", rows, tokenizer=tokenizer_path)
     assert (rerun.prompts_enqueued, rerun.prompts_duplicate) == (0, 7)
     assert not c.client.exists(c.keys.ended)
-    assert (c.client.scard(c.keys.enqueued), c.client.scard(c.keys.done), c.progress().failed) == (7, 6, 1)
+    assert (c.progress().enqueued, c.client.scard(c.keys.done), c.progress().failed) == (7, 6, 1)
 
     # Closed again, then the failure is retried on a bigger server: read back and replayed.
     _close(url, "fold", out)

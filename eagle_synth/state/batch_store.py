@@ -23,21 +23,11 @@ import msgpack
 import redis
 
 from eagle_synth.state.keys import CampaignKeys
+from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
 # Entries read per HSCAN step.
 SCAN_COUNT = 200
-
-# KEYS: batches hash, done set, failed hash. ARGV: batch id, then its keys.
-# Deletes the entry when every key is done or failed; returns 1 if it did.
-_FORGET_IF_FINISHED = """
-for i = 2, #ARGV do
-  if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then
-    return 0
-  end
-end
-return redis.call('HDEL', KEYS[1], ARGV[1])
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +52,7 @@ def remember(client: redis.Redis, payload: dict) -> None:
 def forget_if_finished(client: redis.Redis, campaign: str, batch: str, keys: list[str]) -> bool:
     """Delete the batch's entry if every key of it is done or failed."""
     k = CampaignKeys(campaign)
-    return bool(client.eval(_FORGET_IF_FINISHED, 3, k.batches, k.done, k.failed, batch, *keys))
+    return bool(client.eval(script("forget_if_finished"), 3, k.batches, k.done, k.failed, batch, *keys))
 
 
 def stored_count(client: redis.Redis, campaign: str) -> int:

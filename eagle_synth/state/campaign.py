@@ -4,6 +4,8 @@ Exactly one of these holds for every prompt key ever enqueued: it is pending, it
 on disk (`done`), or its failure is recorded (`failed`). The producer adds keys; workers move
 them to done or failed; `retry-failed` moves failed keys back to pending; `repair` moves done
 keys whose record files are damaged back to pending, or to failed when their prompt is lost.
+The `enqueued` set holds the pending and failed keys, `done` the done ones (layout 2: a key
+marked done leaves `enqueued`, so a finished prompt costs one set member, not two).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import zstandard
 from eagle_synth.errors import UserError
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
 from eagle_synth.state import counters
-from eagle_synth.state.counters import in_lua
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys
+from eagle_synth.state.lua import script
 from eagle_synth.state.outbox import Outbox
 from eagle_synth.state.redis_client import text
 
@@ -47,138 +49,17 @@ FAILURE_MAGIC = b"F1 "
 # zstd level of a stored failure: ids compress to ~1.4 B a token at level 3 (JSON ids: ~5.6).
 FAILURE_ZSTD_LEVEL = 3
 
-# A Lua function every script that reads a failure's reason uses: it reads both the compact
-# failure layout and the JSON one campaigns enqueued before it still hold.
-FAILURE_REASON_LUA = """
-local function failure_reason(raw)
-  if string.sub(raw, 1, 3) == 'F1 ' then
-    return string.sub(raw, 4, string.find(raw, '\\n', 4, true) - 1)
-  end
-  return cjson.decode(raw)['reason']
-end
-"""
-
-# KEYS: failed hash, reasons hash. ARGV: prompt key, failure JSON, reason.
-# Keeps the per-reason counts equal to what the failed hash holds.
-_RECORD_FAILURE = (
-    FAILURE_REASON_LUA
-    + """
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-if old then redis.call('HINCRBY', KEYS[2], failure_reason(old), -1) end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
-return 1
-"""
-)
-# KEYS: failed hash, reasons hash. ARGV: prompt keys. Returns how many were removed.
-_DROP_FAILURES = (
-    FAILURE_REASON_LUA
-    + """
-local removed = 0
-for i = 1, #ARGV do
-  local old = redis.call('HGET', KEYS[1], ARGV[i])
-  if old then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    redis.call('HINCRBY', KEYS[2], failure_reason(old), -1)
-    removed = removed + 1
-  end
-end
-return removed
-"""
-)
-
-# KEYS: failed hash, reasons hash. ARGV: prompt keys. Returns the keys it removed: a key listed
-# twice (HSCAN may return one twice) or dropped meanwhile is taken once, so it is queued once.
-_TAKE_FAILURES = (
-    FAILURE_REASON_LUA
-    + """
-local taken = {}
-for i = 1, #ARGV do
-  local old = redis.call('HGET', KEYS[1], ARGV[i])
-  if old then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    redis.call('HINCRBY', KEYS[2], failure_reason(old), -1)
-    taken[#taken + 1] = ARGV[i]
-  end
-end
-return taken
-"""
-)
-
-
-# Lua functions shared by every script that marks keys done (this module's and
-# eagle_synth/state/conversation_store.py's). KEYS[1..5]: done set, failed hash, reasons hash,
-# counters hash, events stream.
-MARK_DONE_LUA = FAILURE_REASON_LUA + in_lua(
-    """
-local function mark_done(key)
-  local added = redis.call('SADD', KEYS[1], key)
-  local old = redis.call('HGET', KEYS[2], key)
-  if old then
-    redis.call('HDEL', KEYS[2], key)
-    redis.call('HINCRBY', KEYS[3], failure_reason(old), -1)
-  end
-  return added
-end
-local function count_done(added, tokens_in, tokens_out, repaired, maxlen)
-  if added > 0 then
-    redis.call('HINCRBY', KEYS[4], '$RECORDS', added)
-    redis.call('HINCRBY', KEYS[4], '$TOKENS_IN', tokens_in)
-    redis.call('HINCRBY', KEYS[4], '$TOKENS_OUT', tokens_out)
-    if tonumber(repaired) > 0 then redis.call('HINCRBY', KEYS[4], '$REPAIRED_PREFIX', repaired) end
-    redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*',
-               'records', added, 'tokens_out', tokens_out, 'tokens_in', tokens_in)
-  end
-end
-"""
-)
-# ARGV: tokens_in, tokens_out, repaired, events maxlen, then prompt keys.
-# One round trip for what a finished batch changes; counts only keys that were new.
-_MARK_DONE = (
-    MARK_DONE_LUA
-    + """
-local added = 0
-for i = 5, #ARGV do added = added + mark_done(ARGV[i]) end
-count_done(added, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-return added
-"""
-)
-# KEYS: done set, counters hash. ARGV: prompt keys. Returns how many were done.
-# Takes keys whose records were lost back out of `done`, keeping the records counter true.
-_UNDO_DONE = in_lua(
-    """
-local removed = 0
-for i = 1, #ARGV do removed = removed + redis.call('SREM', KEYS[1], ARGV[i]) end
-if removed > 0 then
-  redis.call('HINCRBY', KEYS[2], '$RECORDS', -removed)
-  redis.call('HINCRBY', KEYS[2], '$RECORDS_DAMAGED', removed)
-end
-return removed
-"""
-)
-# KEYS: done set, failed hash, reasons hash, counters hash. ARGV: reason, then key, failure
-# JSON pairs. Moves done keys to failed in one step; keys no longer done are left alone.
-# Writes that need memory come before the SREM, so a full Redis never leaves a key in neither.
-_DONE_TO_FAILED = in_lua(
-    """
-local moved = 0
-for i = 2, #ARGV, 2 do
-  if redis.call('SISMEMBER', KEYS[1], ARGV[i]) == 1 then
-    if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
-      redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-    end
-    redis.call('SREM', KEYS[1], ARGV[i])
-    moved = moved + 1
-  end
-end
-if moved > 0 then
-  redis.call('HINCRBY', KEYS[4], '$RECORDS', -moved)
-  redis.call('HINCRBY', KEYS[4], '$RECORDS_DAMAGED', moved)
-  redis.call('HINCRBY', KEYS[4], '$FAILED_PREFIX' .. ARGV[1], moved)
-end
-return moved
-"""
-)
+# The scripts that change a campaign's key sets (eagle_synth/state/lua/*.lua). MARK_DONE_LUA's
+# functions are shared with the conversation store's commit.
+MARK_DONE_LUA = script("failure_reason", "mark_done_lib")
+_RECORD_FAILURE = script("failure_reason", "record_failure")
+_TAKE_FAILURES = script("failure_reason", "take_failures")
+_MARK_DONE = script("failure_reason", "mark_done_lib", "mark_done")
+_UNDO_DONE = script("undo_done")
+_DONE_TO_FAILED = script("done_to_failed")
+_FOLD_DONE = script("fold_done")
+# The layout of a campaign's key sets (CampaignKeys.layout): 2 since done keys leave `enqueued`.
+LAYOUT = "2"
 
 
 class CampaignMismatch(UserError, ValueError):
@@ -197,34 +78,22 @@ def check_campaign_name(name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class CampaignSettings:
-    """What every prompt of a campaign is made with.
+    """What every prompt of a campaign is made with, fixed at its first enqueue.
 
-    Parameters:
-        name: campaign name.
-        tokenizer_path: where the producer loaded the tokenizer from (informational).
-        tokenizer_fingerprint: hash of the tokenizer's vocabulary and special tokens.
-        chat_template_hash: hash of the chat template text used.
-        chat_template_kwargs: extra template arguments (e.g. enable_thinking).
-        system_prompt: the default system prompt, if any.
-        sampling: SamplingParams.to_dict().
-        vocab_size: ids must be below this; workers never send a larger one.
-        eos_token_ids: ids that end a generation.
-        think_open_id, think_close_id: ids of `<think>` and `</think>` if the tokenizer has them.
-        max_prompt_tokens: longer prompts were skipped by the producer.
-        created_at: unix time of the first enqueue.
-        history: "dataset" (prompts end at the dataset's user turns) or "own" (every user turn
-            answered in order on the model's own earlier answers; docs/producer.md).
-        max_turns: with history "own", conversations stop after this many answered turns.
-        variants: the variants list (eagle_synth.variants.Variant.to_dict), if any.
-        tool_format: with history "own", the format the model's tool calls are parsed in (one of
-            eagle_synth.toolcalls.TOOL_FORMATS), or None when the template has none we parse.
-        batch_size: prompts per task of the first enqueue, which `retry-failed` batches by
-            (0: not recorded, a campaign from before it was; a rerun may use another size).
-        model_vocab_size: the checkpoint's vocab_size (config.json beside the tokenizer), which
-            padded vocabularies make larger than vocab_size; output ids may reach it. None when
-            the tokenizer folder has no config.json (eagle_synth/model_identity.py).
-        tokenizer_canary: {"text", "ids"}: a text with special tokens and the ids this tokenizer
-            gives it; a server whose /tokenize differs serves another model. Empty: not checked.
+    The tokenizer (`tokenizer_fingerprint`: a hash of its vocabulary and special tokens;
+    `tokenizer_path`, informational), the chat template (`chat_template_hash`, its
+    `chat_template_kwargs`), the default `system_prompt`, `sampling` (SamplingParams.to_dict()),
+    `vocab_size` (workers never send a larger id), `eos_token_ids`, the `<think>` ids if any,
+    `max_prompt_tokens` (longer prompts were skipped) and `created_at`. `history` is "dataset"
+    (prompts end at the dataset's user turns) or "own" (every user turn answered on the model's
+    own earlier answers, up to `max_turns`; docs/producer.md), whose tool calls are parsed in
+    `tool_format` (eagle_synth.toolcalls.TOOL_FORMATS; None: none we parse). `variants` holds
+    Variant.to_dict()s. `batch_size` is the first enqueue's, which `retry-failed` batches by (0: a
+    campaign from before it was recorded). `model_vocab_size` is the checkpoint's vocab_size,
+    which padded vocabularies make larger than vocab_size (output ids may reach it; None without
+    a config.json: eagle_synth/model_identity.py). `tokenizer_canary` {"text", "ids"}: a text with
+    special tokens and the ids this tokenizer gives it; a server whose /tokenize differs serves
+    another model (empty: not checked).
     """
 
     name: str
@@ -278,16 +147,9 @@ class CampaignSettings:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A prompt that will not be retried automatically.
-
-    Parameters:
-        reason: stable slug (`invalid-token-id`, `prompt-too-long`, `bad-request`, `server-error`...).
-        message: the server's or our own message.
-        item: the prompt, enough to enqueue it again.
-        sampling: the batch's sampling_params.
-        at: unix time.
-        worker: node that recorded it.
-    """
+    """A prompt that will not be retried automatically: its `reason` (a slug of
+    eagle_synth.reasons), the server's or our own `message`, the `item` to enqueue it again, the
+    batch's `sampling`, when (`at`, unix time) and which `worker` recorded it."""
 
     reason: str
     message: str
@@ -308,7 +170,7 @@ class Failure:
         msgpack holding the rest, with the ids packed as the queue packs them (uint32 bytes)."""
         body = [self.message, self.at, self.worker, self.sampling, pack_item(PromptItem.from_replay(self.item))]
         packed = msgpack.packb(body, use_bin_type=True)
-        return FAILURE_MAGIC + self.reason.encode() + b"\n" + _compressor().compress(packed)
+        return FAILURE_MAGIC + self.reason.encode() + b"\n" + zstandard.compress(packed, FAILURE_ZSTD_LEVEL)
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Failure:
@@ -317,7 +179,7 @@ class Failure:
         if not data.startswith(FAILURE_MAGIC):
             return cls.from_json(data)
         head, _, blob = data.partition(b"\n")
-        message, at, worker, sampling, packed = msgpack.unpackb(_decompressor().decompress(blob), raw=False)
+        message, at, worker, sampling, packed = msgpack.unpackb(zstandard.decompress(blob), raw=False)
         return cls(
             reason=head[len(FAILURE_MAGIC) :].decode(),
             message=message,
@@ -336,14 +198,6 @@ class Failure:
         return str(json.loads(data).get("reason"))
 
 
-def _compressor() -> zstandard.ZstdCompressor:
-    return zstandard.ZstdCompressor(level=FAILURE_ZSTD_LEVEL)
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    return zstandard.ZstdDecompressor()
-
-
 @dataclass(frozen=True, slots=True)
 class Progress:
     """Counts of one campaign. `pending` includes prompts being generated right now."""
@@ -359,14 +213,9 @@ class Progress:
 
 
 class Campaign:
-    """One campaign's state in Redis; producer, workers and tools change it only through its
-    methods (and those of its outbox and its ConversationStore), so every change that must be
-    atomic is one Lua script here.
-
-    Parameters:
-        client: a redis-py client (eagle_synth.state.redis_client.connect).
-        name: campaign name.
-    """
+    """One campaign's state in Redis (`client`: eagle_synth.state.redis_client.connect); producer,
+    workers and tools change it only through its methods (and those of its outbox and its
+    ConversationStore), so every change that must be atomic is one Lua script."""
 
     def __init__(self, client: redis.Redis, name: str) -> None:
         check_campaign_name(name)
@@ -380,6 +229,7 @@ class Campaign:
         created = self.client.set(self.keys.settings, settings.to_json(), nx=True)
         self.client.sadd(CAMPAIGNS, self.name)
         if created:
+            self.client.set(self.keys.layout, LAYOUT)
             return settings
         stored = self.settings()
         assert stored is not None
@@ -482,7 +332,7 @@ class Campaign:
         returns how many were done."""
         if not keys:
             return 0
-        return int(self.client.eval(_UNDO_DONE, 2, self.keys.done, self.keys.counters, *keys))
+        return int(self.client.eval(_UNDO_DONE, 3, self.keys.done, self.keys.counters, self.keys.enqueued, *keys))
 
     def fail_done(self, failures: Iterable[tuple[str, Failure]]) -> int:
         """Move done keys to `failed`, each with its failure, FAILURE_CHUNK keys per round trip
@@ -495,9 +345,8 @@ class Campaign:
             for key, failure in chunk:
                 by_reason.setdefault(failure.reason, []).extend((key, failure.encode()))
             for reason, pairs in by_reason.items():
-                moved += int(
-                    self.client.eval(_DONE_TO_FAILED, 4, k.done, k.failed, k.failed_reasons, k.counters, reason, *pairs)
-                )
+                names = (k.done, k.failed, k.failed_reasons, k.counters, k.enqueued)
+                moved += int(self.client.eval(_DONE_TO_FAILED, 5, *names, reason, *pairs))
         return moved
 
     # reading ------------------------------------------------------------------
@@ -523,36 +372,60 @@ class Campaign:
         """Every key marked done, read in steps (SSCAN) so Redis is never blocked for long."""
         return {text(key) for key in self.client.sscan_iter(self.keys.done, count=DONE_SCAN_COUNT)}
 
-    def drop_failures(self, keys: list[str]) -> int:
-        """Remove keys from `failed` (keeping the per-reason counts true); returns how many."""
-        if not keys:
-            return 0
-        return int(self.client.eval(_DROP_FAILURES, 2, self.keys.failed, self.keys.failed_reasons, *keys))
-
     def take_failures(self, keys: list[str]) -> set[str]:
-        """Remove keys from `failed` like drop_failures; returns the keys that were there."""
+        """Remove keys from `failed` (keeping the per-reason counts true); returns the keys that were there."""
         if not keys:
             return set()
         taken = self.client.eval(_TAKE_FAILURES, 2, self.keys.failed, self.keys.failed_reasons, *keys)
         return {text(key) for key in taken}
 
+    def drop_failures(self, keys: list[str]) -> int:
+        """take_failures, counted."""
+        return len(self.take_failures(keys))
+
     def failure_counts(self) -> dict[str, int]:
         """Prompts currently failed, by reason, without reading the failures themselves."""
         return {text(k): int(v) for k, v in self.client.hgetall(self.keys.failed_reasons).items() if int(v) > 0}
 
+    def was_enqueued(self, keys: list[str]) -> list[bool]:
+        """Per key, whether it was ever enqueued (it is in `enqueued` or in `done`)."""
+        if not keys:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.smismember(self.keys.enqueued, keys)
+        pipe.smismember(self.keys.done, keys)
+        enqueued, done = pipe.execute()
+        return [bool(e or d) for e, d in zip(enqueued, done)]
+
     def progress(self) -> Progress:
+        """Counts in one round trip (a campaign of the old layout is moved to the new one first)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.scard(self.keys.enqueued)
         pipe.scard(self.keys.done)
         pipe.hlen(self.keys.failed)
         pipe.hgetall(self.keys.counters)
-        enqueued, done, failed, counts = pipe.execute()
+        pipe.get(self.keys.layout)
+        enqueued, done, failed, counts, layout = pipe.execute()
+        if layout is None and done and self.fold_done():
+            return self.progress()
         return Progress(
-            enqueued=int(enqueued),
+            enqueued=int(enqueued) + int(done),
             done=int(done),
             failed=int(failed),
             counters={text(k): int(v) for k, v in counts.items()},
         )
+
+    def fold_done(self) -> int:
+        """Move a campaign made before layout 2 (every done key also in `enqueued`) to layout 2:
+        its done keys leave `enqueued`, in SSCAN steps, each checked and moved in one script, so
+        workers may run meanwhile. Returns how many keys left `enqueued`."""
+        k = self.keys
+        moved = 0
+        keys = self.client.sscan_iter(k.done, count=DONE_SCAN_COUNT)
+        while chunk := list(islice(keys, FAILURE_CHUNK)):
+            moved += int(self.client.eval(_FOLD_DONE, 2, k.done, k.enqueued, *chunk))
+        self.client.set(k.layout, LAYOUT)
+        return moved
 
     def skipped(self) -> dict[str, int]:
         return {text(k): int(v) for k, v in self.client.hgetall(self.keys.skipped).items()}

@@ -22,8 +22,9 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,7 +33,8 @@ import zstandard
 
 from eagle_synth.errors import UserError
 from eagle_synth.records import campaign_dir, fsync_dir, read_raw_file, scan_campaign
-from eagle_synth.state.campaign import Campaign
+from eagle_synth.state.campaign import LAYOUT, Campaign
+from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
 # The folded state's file name inside the campaign folder.
@@ -52,21 +54,7 @@ QUEUE_SCAN_STEP = 1000
 # kombu's hash of delivered-but-unacked messages (batches a worker is running).
 UNACKED = "unacked"
 
-# KEYS: enqueued, done, failed, ended, outbox, events, conversation ends, followups, followup
-# batches, stored batches, key claims. ARGV: expected enqueued, done, failed counts, the marker
-# JSON. Frees the folded sets only if nothing changed since they were read (an enqueue or retry
-# that ran meanwhile aborts it). The stored batches and claims go too: every key of a complete
-# campaign has ended, so no stored batch has anything left that the reconciler could publish.
-_FREE = """
-if redis.call('SCARD', KEYS[1]) ~= tonumber(ARGV[1]) or redis.call('SCARD', KEYS[2]) ~= tonumber(ARGV[2])
-   or redis.call('HLEN', KEYS[3]) ~= tonumber(ARGV[3]) or redis.call('HLEN', KEYS[5]) ~= 0
-   or redis.call('HLEN', KEYS[8]) ~= 0 or redis.call('HLEN', KEYS[9]) ~= 0 then
-  return 0
-end
-redis.call('SET', KEYS[4], ARGV[4])
-redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7], KEYS[10], KEYS[11])
-return 1
-"""
+_FREE = script("free")
 
 
 class CampaignNotClosable(UserError, RuntimeError):
@@ -206,14 +194,9 @@ def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
         )
 
 
-def _chunks(iterator: Iterator[Any], size: int = FOLD_CHUNK) -> Iterator[list]:
-    chunk: list = []
-    for value in iterator:
-        chunk.append(value)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
+def _chunks(values: Iterable[Any], size: int = FOLD_CHUNK) -> Iterator[list]:
+    values = iter(values)
+    while chunk := list(islice(values, size)):
         yield chunk
 
 
@@ -280,38 +263,16 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
     marker = json.dumps(
         {"path": str(path.resolve()), "host": socket.gethostname(), "at": time.time(), "done": done, "failed": failed}
     )
-    freed = campaign.client.eval(
-        _FREE,
-        11,
-        k.enqueued,
-        k.done,
-        k.failed,
-        k.ended,
-        k.outbox,
-        k.events,
-        k.conversation_ends,
-        k.followups,
-        k.followup_batches,
-        k.batches,
-        k.claims,
-        done + failed,
-        done,
-        failed,
-        marker,
-    )
+    names = [k.enqueued, k.done, k.failed, k.ended, k.outbox, k.events, k.conversation_ends, k.followups]
+    names += [k.followup_batches, k.batches, k.claims]
+    # Layout 2: `enqueued` holds the failed keys only, the done ones left it.
+    freed = campaign.client.eval(_FREE, len(names), *names, failed, done, failed, marker)
     if not int(freed):
         raise CampaignNotClosable(
             f"campaign {campaign.name!r} changed while it was being closed (an enqueue or retry ran): "
             "nothing was freed; close again once it is complete"
         )
-    return CloseSummary(
-        path=path,
-        done=done,
-        failed=failed,
-        file_bytes=path.stat().st_size,
-        redis_bytes_before=before,
-        redis_bytes_after=_used_memory(campaign),
-    )
+    return CloseSummary(path, done, failed, path.stat().st_size, before, _used_memory(campaign))
 
 
 def _read_state(path: Path) -> Iterator[Any]:
@@ -322,7 +283,7 @@ def _read_state(path: Path) -> Iterator[Any]:
 
 
 def reopen_campaign(campaign: Campaign, path: str | os.PathLike) -> tuple[int, int]:
-    """Read a state file back into Redis (the done set, the failures, the enqueued set of both)
+    """Read a state file back into Redis (the done set, the failures and their enqueued keys)
     and remove the `ended` marker; returns (done, failed) restored. Safe to run again after a
     kill (every write is a set or hash insert); the marker goes only once the file was read whole."""
     client, k = campaign.client, campaign.keys
@@ -340,7 +301,6 @@ def reopen_campaign(campaign: Campaign, path: str | os.PathLike) -> tuple[int, i
             break
         pipe = client.pipeline(transaction=False)
         if kind == "done":
-            pipe.sadd(k.enqueued, *chunk)
             pipe.sadd(k.done, *chunk)
         elif kind == "failed":
             pipe.sadd(k.enqueued, *(key for key, _ in chunk))
@@ -351,6 +311,7 @@ def reopen_campaign(campaign: Campaign, path: str | os.PathLike) -> tuple[int, i
         counts[kind] += len(chunk)
     if whole != counts:
         raise StateFileUnavailable(f"{path}: the file is cut short (read {counts}, it says {whole})")
+    client.set(k.layout, LAYOUT)
     client.delete(k.ended)
     return counts["done"], counts["failed"]
 

@@ -16,60 +16,21 @@ from __future__ import annotations
 
 import redis
 
+from eagle_synth.errors import EagleSynthError
+from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
 # Separates the lease key from its holder in a claim's value (neither contains a newline).
 SEPARATOR = "\n"
 
-# KEYS: claims hash, own lease. ARGV: own holder, then prompt keys.
-# Returns -1 if the own lease is gone, else the keys claimed by another live batch (skipped).
-_CLAIM = """
-local own = KEYS[2] .. '\\n' .. ARGV[1]
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-local busy = {}
-for i = 2, #ARGV do
-  local current = redis.call('HGET', KEYS[1], ARGV[i])
-  local free = true
-  if current and current ~= own then
-    local cut = string.find(current, '\\n', 1, true)
-    if cut and redis.call('GET', string.sub(current, 1, cut - 1)) == string.sub(current, cut + 1) then
-      free = false
-    end
-  end
-  if free then redis.call('HSET', KEYS[1], ARGV[i], own) else table.insert(busy, ARGV[i]) end
-end
-return busy
-"""
-# KEYS: claims hash. ARGV: claim value, then keys. Releases the keys still claimed with that value.
-_RELEASE = """
-local released = 0
-for i = 2, #ARGV do
-  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[1] then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    released = released + 1
-  end
-end
-return released
-"""
-# KEYS: claims hash. ARGV: keys. Returns the keys whose claim's lease is live.
-_LIVE = """
-local live = {}
-for i = 1, #ARGV do
-  local current = redis.call('HGET', KEYS[1], ARGV[i])
-  if current then
-    local cut = string.find(current, '\\n', 1, true)
-    if cut and redis.call('GET', string.sub(current, 1, cut - 1)) == string.sub(current, cut + 1) then
-      table.insert(live, ARGV[i])
-    end
-  end
-end
-return live
-"""
+_CLAIM = script("claim_lib", "claim")
+_RELEASE = script("claim_release")
+_LIVE = script("claim_lib", "claims_live")
 # Keys per script call (a script blocks Redis while it runs; a batch rarely has more).
 CHUNK = 1000
 
 
-class ClaimLeaseLost(Exception):
+class ClaimLeaseLost(EagleSynthError):
     """The batch's own lease was gone when it tried to claim its keys."""
 
 

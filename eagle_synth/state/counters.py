@@ -29,20 +29,8 @@ FAILED_PREFIX = "failed-"
 # Prefix of the per-end-reason counts of conversations: `conversations-complete`...
 CONVERSATION_END_PREFIX = "conversations-"
 
-# What `in_lua` substitutes: `$RECORDS` in a script becomes RECORDS's value.
-_LUA_NAMES = {
-    "ROWS_READ": ROWS_READ,
-    "ROWS_SKIPPED": ROWS_SKIPPED,
-    "PROMPTS_ENQUEUED": PROMPTS_ENQUEUED,
-    "RECORDS": RECORDS,
-    "TOKENS_IN": TOKENS_IN,
-    "TOKENS_OUT": TOKENS_OUT,
-    "REPAIRED_PREFIX": REPAIRED_PREFIX,
-    "RECORDS_DAMAGED": RECORDS_DAMAGED,
-    "CONVERSATIONS": CONVERSATIONS,
-    "FAILED_PREFIX": FAILED_PREFIX,
-    "CONVERSATION_END_PREFIX": CONVERSATION_END_PREFIX,
-}
+# What `in_lua` substitutes: `$RECORDS` in a script becomes RECORDS's value (every name above).
+_LUA_NAMES = {name: value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str)}
 
 
 def failed(reason: str) -> str:

@@ -20,16 +20,12 @@ from typing import Any
 
 import redis
 
+from eagle_synth.errors import EagleSynthError
+from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
-# KEYS: lease. ARGV: holder, ttl ms. Renews the lease if it is still the holder's.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
 
-
-class LeaseLost(Exception):
+class LeaseLost(EagleSynthError):
     """The batch lease is no longer the writer's: nothing was written."""
 
 
@@ -51,7 +47,7 @@ class Fence:
 
     def renew(self, client: redis.Redis) -> None:
         """Renew the lease now (a full TTL for what follows), or raise LeaseLost."""
-        if not client.eval(_RENEW, 1, self.lease_key, self.holder, self.ttl_ms):
+        if not client.eval(script("renew"), 1, self.lease_key, self.holder, self.ttl_ms):
             raise LeaseLost(f"batch lease {self.lease_key} is not {self.holder} any more")
 
     def run(self, client: redis.Redis, write: Callable[[Any], None], *, release: Sequence[str] = ()) -> list:

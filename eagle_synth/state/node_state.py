@@ -29,26 +29,13 @@ UNKNOWN = "unknown"  # not probed yet
 
 @dataclass(slots=True)
 class ServerState:
-    """One server as this node sees it.
-
-    Parameters:
-        state: one of the module's state names.
-        since: unix time the state began.
-        detail: the last probe's message.
-        context_length: from preflight, if known.
-        provenance: preflight's provenance dict (version, model, launch args).
-        draft_reserved_tokens: token slots speculative decoding reserves per request on top
-            of its prompt (they count against the context).
-        max_req_input_len: the server's cap on prompt length, if reported.
-        max_running_requests: requests the server runs at once, if reported.
-        max_total_num_tokens: tokens its KV cache holds, all requests together, if reported.
-        deterministic_inference: whether the server honours `sampling_seed`
-            (--enable-deterministic-inference); None if unknown.
-        sampling_seed_supported: whether the server accepts a `sampling_seed` key at all
-            (servers before it reject it as unknown); None if unknown.
-        backend: the server's kind, "sglang" or "vllm" (workers/backends/); None until
-            preflight told.
-    """
+    """One server as this node sees it: its `state` (one of the module's names) `since` when, the
+    last probe's `detail`; then what preflight learnt (None: not reported): `context_length`,
+    `provenance` (version, model, launch args), `draft_reserved_tokens` (slots speculative
+    decoding reserves per request on top of its prompt, counted against the context), the caps
+    `max_req_input_len`, `max_running_requests`, `max_total_num_tokens` (its KV cache),
+    `deterministic_inference` (honours `sampling_seed`), `sampling_seed_supported` (accepts the
+    key at all: older servers reject it) and `backend` ("sglang" or "vllm", workers/backends/)."""
 
     state: str = UNKNOWN
     since: float = 0.0
@@ -81,12 +68,7 @@ class _NodeView:
 
 
 class NodeState:
-    """Read and write one worker node's hash.
-
-    Parameters:
-        client: redis-py client.
-        node: the Celery node name (e.g. eagle-synth@gpu-host-1).
-    """
+    """Read and write one worker node's hash (`node`: the Celery node name, eagle-synth@gpu-host-1)."""
 
     def __init__(self, client: redis.Redis, node: str) -> None:
         self.client = client
@@ -98,12 +80,7 @@ class NodeState:
         pipe.delete(self.key)
         pipe.hset(
             self.key,
-            mapping={
-                "node": self.node,
-                "host": hostname(),
-                "started": time.time(),
-                "servers": json.dumps(servers),
-            },
+            mapping={"node": self.node, "host": hostname(), "started": time.time(), "servers": json.dumps(servers)},
         )
         pipe.expire(self.key, WORKER_TTL)
         pipe.zadd(WORKERS_INDEX, {self.node: time.time() + WORKER_TTL})

@@ -20,29 +20,13 @@ import redis
 
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
 from eagle_synth.state.keys import CampaignKeys
+from eagle_synth.state.lua import script
 
 # Seconds a producer's liveness key lasts; another run recovers its outbox only after that.
 PRODUCER_TTL = 60
 # Suffixes of a chunk's companion fields: indices of new items, items published so far.
 _NEW = ":new"
 _SENT = ":sent"
-
-# KEYS: enqueued set, outbox hash, counters hash. ARGV: outbox field, chunk blob, counter
-# name ('' for none), then prompt keys. Returns the 0-based indices of keys that were new;
-# records them with the chunk, and adds their number to the counter (e.g. conversations
-# started: counted in the same step as the claim, so a killed run counts each exactly once).
-_CLAIM = """
-local new = {}
-for i = 4, #ARGV do
-  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then new[#new + 1] = i - 4 end
-end
-if #new > 0 then
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-  redis.call('HSET', KEYS[2], ARGV[1] .. ':new', cjson.encode(new))
-  if ARGV[3] ~= '' then redis.call('HINCRBY', KEYS[3], ARGV[3], #new) end
-end
-return new
-"""
 
 
 def chunk_field(run_id: str, serial: int) -> str:
@@ -91,15 +75,15 @@ class Outbox:
     def __init__(self, client: redis.Redis, keys: CampaignKeys) -> None:
         self.client = client
         self.keys = keys
-        self._claim = client.register_script(_CLAIM)
+        self._claim = client.register_script(script("outbox_claim"))
 
     def claim(self, field: str, items: list[PromptItem], *, count_as: str | None = None) -> list[bool]:
-        """Add the items' keys to the enqueued set and, if any was new, store the chunk under
-        `field`, all in one step; `count_as` (a counter name) grows by the number of new keys.
-        Returns, per item, whether its key was new."""
+        """Add the items' keys that are neither enqueued nor done to the enqueued set and, if any
+        was new, store the chunk under `field`, all in one step; `count_as` (a counter name) grows
+        by the number of new keys. Returns, per item, whether its key was new."""
         k = self.keys
         indices = self._claim(
-            keys=[k.enqueued, k.outbox, k.counters],
+            keys=[k.enqueued, k.outbox, k.counters, k.done],
             args=[field, _pack_items(items), count_as or "", *[item.key for item in items]],
         )
         new = [False] * len(items)

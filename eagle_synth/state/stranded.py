@@ -35,6 +35,7 @@ from kombu.transport.redis import Channel
 
 from eagle_synth.queue import payload_of_message
 from eagle_synth.state.keys import CampaignKeys
+from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
 ENV_REAP_AFTER = "EAGLE_SYNTH_REAP_AFTER"
@@ -55,18 +56,6 @@ FETCH_CHUNK = 200
 # Decoded (campaign, batch, keys) remembered per delivery tag, so `status --watch` does not
 # decode every held message on every refresh.
 DECODED_CACHE_SIZE = 50_000
-
-# KEYS: unacked hash, unacked index, batch lease, destination list.
-# ARGV: delivery tag, the entry as read, the message to push back.
-# The push comes first: a Redis that refuses it (full) then changes nothing.
-_RESTORE = """
-if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('RPUSH', KEYS[4], ARGV[3])
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-return 1
-"""
 
 _decoded: dict[str, tuple[str, str, tuple[str, ...]] | None] = {}
 
@@ -139,16 +128,7 @@ def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bo
         if decoded is None:
             continue
         campaign, batch, keys = decoded
-        held.append(
-            HeldBatch(
-                tag=name,
-                fetched_at=float(score),
-                campaign=campaign,
-                batch=batch,
-                keys=keys,
-                entry=entry if with_entries else None,
-            )
-        )
+        held.append(HeldBatch(name, float(score), campaign, batch, keys, entry if with_entries else None))
     return held
 
 
@@ -231,17 +211,8 @@ def restore(client: redis.Redis, held: HeldBatch, *, queue_name: str | None = No
         message["properties"]["delivery_info"]["redelivered"] = True
     except (KeyError, TypeError):
         pass
-    restored = client.eval(
-        _RESTORE,
-        4,
-        UNACKED_KEY,
-        UNACKED_INDEX_KEY,
-        held.lease_key,
-        destination,
-        held.tag,
-        held.entry,
-        json.dumps(message),
-    )
+    names = (UNACKED_KEY, UNACKED_INDEX_KEY, held.lease_key, destination)
+    restored = client.eval(script("restore"), 4, *names, held.tag, held.entry, json.dumps(message))
     if restored:
         _decoded.pop(held.tag, None)
     return bool(restored)

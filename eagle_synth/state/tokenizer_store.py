@@ -21,6 +21,7 @@ import msgpack
 import redis
 import zstandard
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.state.keys import tokenizer_blob
 
 # zstd level of the stored files: 3.5 MB for Qwen3.5's 12.8 MB tokenizer.json in 0.4 s.
@@ -34,7 +35,7 @@ DEFAULT_CACHE_DIR = Path.home() / ".cache" / "eagle-synth"
 COMPLETE_MARKER = ".complete"
 
 
-class TokenizerUnavailable(RuntimeError):
+class TokenizerUnavailable(EagleSynthError, RuntimeError):
     """The campaign's tokenizer cannot be had on this worker; the message says what to do."""
 
 
