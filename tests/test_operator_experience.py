@@ -50,6 +50,7 @@ def fresh_shell_env() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------- 1. PATH
 
 
+@pytest.mark.integration
 def test_readme_quick_start_puts_eagle_synth_on_path_in_a_fresh_shell() -> None:
     """The README's lines after `make demo` / `make test`, run in a new shell exactly as printed."""
     readme = (REPO / "README.md").read_text()
