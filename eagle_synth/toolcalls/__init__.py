@@ -35,17 +35,7 @@ __all__ = [
 ]
 
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f
-    for f in (
-        HERMES,
-        QWEN3_CODER,
-        KIMI_K2,
-        DEEPSEEK_V3,
-        DEEPSEEK_V31,
-        GLM45,
-        MINIMAX_M1,
-        MINIMAX_M2,
-    )
+    f.name: f for f in (HERMES, QWEN3_CODER, KIMI_K2, DEEPSEEK_V3, DEEPSEEK_V31, GLM45, MINIMAX_M1, MINIMAX_M2)
 }
 # The values `--tool-format` accepts.
 TOOL_FORMATS: tuple[str, ...] = tuple(FORMATS)

@@ -19,13 +19,7 @@ from typing import Any
 
 from eagle_synth.errors import UserError, clause
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
-from eagle_synth.records import (
-    RawRecord,
-    RecordFormatError,
-    read_manifest,
-    read_raw_file,
-    scan_campaign,
-)
+from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
 
 # Keys (or files) kept as examples per check in the report.
 EXAMPLES_PER_CHECK = 5

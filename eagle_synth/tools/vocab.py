@@ -33,20 +33,9 @@ from typing import Any
 import numpy as np
 
 from eagle_synth.errors import UserError
-from eagle_synth.records import (
-    RawRecord,
-    atomic_write_bytes,
-    iter_raw_records,
-    read_manifest,
-)
+from eagle_synth.records import RawRecord, atomic_write_bytes, iter_raw_records, read_manifest
 from eagle_synth.tools.export_progress import Progress, reported
-from eagle_synth.tools.filters import (
-    SPLIT_REMAINDER,
-    ExportFilters,
-    SelectionStats,
-    sample_cutoff,
-    select_rows,
-)
+from eagle_synth.tools.filters import SPLIT_REMAINDER, ExportFilters, SelectionStats, sample_cutoff, select_rows
 
 # Rows whose output ids are counted in one numpy call: amortises the call, keeps memory small.
 COUNT_BATCH_ROWS = 1024
