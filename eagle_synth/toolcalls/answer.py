@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from eagle_synth.errors import EagleSynthError
+
 
 @dataclass(frozen=True, slots=True)
 class ParsedAnswer:
@@ -26,7 +28,7 @@ class ParsedAnswer:
     problem: str | None = None
 
 
-class Malformed(ValueError):
+class Malformed(EagleSynthError, ValueError):
     """A tool call that does not follow its format; the message says where and how."""
 
 

@@ -26,7 +26,6 @@ import secrets
 import shutil
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -217,24 +216,6 @@ def _save(dataset: Any, folder: Path, shard_rows: int | None) -> None:
     dataset.save_to_disk(str(folder), num_shards=_shards(dataset.num_rows, shard_rows))
 
 
-@dataclass(slots=True)
-class WrittenFolder:
-    """What write_dataset_folder wrote.
-
-    Parameters:
-        paths: the dataset folders, one per split.
-        warnings: what the user should know (a trainer file that could not be written).
-        commands: without torch, the one-line commands that make the missing torch files.
-        train_data_ratio: speculators, per split (None when not splitting): the
-            --train-data-ratio nearest 0.9 whose validation cut falls between input rows.
-    """
-
-    paths: list[Path] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    commands: list[str] = field(default_factory=list)
-    train_data_ratio: dict[str | None, float | None] = field(default_factory=dict)
-
-
 def mark_torch_format(folder: Path) -> None:
     """Name the torch format in a saved dataset's state.json, as `with_format("torch")` before
     save_to_disk would: load_from_disk applies it (datasets' Dataset.load_from_disk reads
@@ -257,10 +238,9 @@ def _write_summary(folder: Path, *, rows: int, ratio: float | None) -> None:
     atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
 
 
-def write_dataset_folder(
-    out: Path, staged: dict[str | None, StagedSplit], *, format: str, shard_rows: int | None
-) -> WrittenFolder:
-    """Write the datasets folder from staged splits.
+def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], result: Any, shard_rows: int | None) -> None:
+    """Write the datasets folder (result.format) from staged splits; sets the ExportResult's
+    paths, warnings, commands and train_data_ratio.
 
     The folder is built under a dot name next to `out` and renamed into place, so an
     interrupted export leaves the earlier one (or nothing), never half a folder.
@@ -268,7 +248,8 @@ def write_dataset_folder(
     from datasets import Dataset, DatasetDict
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    written = WrittenFolder(paths=[out if name is None else out / name for name in staged])
+    format = result.format
+    result.paths = [out if name is None else out / name for name in staged]
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     quiet = are_progress_bars_disabled()
     disable_progress_bars()  # our own progress line is the one shown
@@ -283,7 +264,7 @@ def write_dataset_folder(
                 )
         else:
             if torch_module() is None:
-                written.warnings.append(TORCH_MISSING)
+                result.warnings.append(TORCH_MISSING)
             for name, dataset in loaded.items():
                 folder = tmp if name is None else tmp / name
                 _save(dataset, folder, shard_rows)
@@ -292,9 +273,9 @@ def write_dataset_folder(
                 assert part.counts is not None
                 _, commands = write_token_freq(folder, part.counts)
                 final = out if name is None else out / name
-                written.commands += [c.replace(str(folder.resolve()), str(final.resolve())) for c in commands]
+                result.commands += [c.replace(str(folder.resolve()), str(final.resolve())) for c in commands]
                 ratio = train_data_ratio(part.rows, part.boundaries)
-                written.train_data_ratio[name] = ratio
+                result.train_data_ratio[name or "all"] = ratio
                 _write_summary(folder, rows=part.rows, ratio=ratio)
         del loaded  # unmaps the staging files before they are deleted
         _replace_folder(tmp, out)
@@ -304,7 +285,6 @@ def write_dataset_folder(
     finally:
         if not quiet:
             enable_progress_bars()
-    return written
 
 
 def _replace_folder(new: Path, out: Path) -> None:
