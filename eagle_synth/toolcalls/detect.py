@@ -42,21 +42,3 @@ def detect_tool_format(chat_template: str | dict | None) -> str | None:
 
 class ToolFormatError(UserError, ValueError):
     """No usable tool-call format: the message names the flag to pass and the choices."""
-
-
-def resolve_tool_format(chat_template: str | dict | None, *, override: str | None, known: tuple[str, ...]) -> str:
-    """The family to parse answers with: `override` (the `--tool-format` value) when given, else
-    the one the template shows. Raises ToolFormatError with a one-line fix for the user."""
-    if override is not None:
-        if override not in known:
-            raise ToolFormatError(
-                f"--tool-format {override!r} is not a known format; choose one of: {', '.join(known)}"
-            )
-        return override
-    family = detect_tool_format(chat_template)
-    if family is None:
-        raise ToolFormatError(
-            "the chat template's tool-call format is not one eagle-synth can parse; "
-            f"pass --tool-format with one of: {', '.join(known)}"
-        )
-    return family
