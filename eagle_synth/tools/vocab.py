@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from eagle_synth.errors import UserError
+from eagle_synth.model_identity import MODEL_CONFIG_NAME, config_size
 from eagle_synth.records import RawRecord, atomic_write_bytes, iter_raw_records, read_manifest
 from eagle_synth.tools.export_progress import Progress, reported
 from eagle_synth.tools.filters import SPLIT_REMAINDER, ExportFilters, SelectionStats, sample_cutoff, select_rows
@@ -52,8 +53,6 @@ TORCH_MISSING = (
     "vocab_mapping.pt (SpecForge's model.vocab_mapping_path) and d2t.pt (ModelOpt's "
     "data.draft_vocab_cache); run the commands below where torch is installed to make them"
 )
-# Where the target model's vocabulary size is read when --target-vocab-size is not given.
-MODEL_CONFIG_NAME = "config.json"
 
 
 class VocabError(UserError, ValueError):
@@ -155,11 +154,6 @@ class TargetVocabSize:
     source: str
 
 
-def _config_value(config: dict, name: str) -> int | None:
-    value = config.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
 def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
     """{trainer: (size, where it is read)} as each trainer reads config.json.
 
@@ -170,8 +164,8 @@ def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
     """
     text = config.get("text_config")
     section, prefix = (text, "text_config.") if isinstance(text, dict) else (config, "")
-    padded = _config_value(section, "padded_vocab_size")
-    plain = _config_value(section, "vocab_size")
+    padded = config_size(section, "padded_vocab_size")
+    plain = config_size(section, "vocab_size")
     specforge = (padded, f"{prefix}padded_vocab_size") if padded else (plain, f"{prefix}vocab_size")
     return {"SpecForge": specforge, "speculators": (plain, f"{prefix}vocab_size")}
 
