@@ -123,10 +123,9 @@ SectionParser = Callable[[Cursor, dict[str, dict], list[dict]], None]
 
 @dataclass(frozen=True, slots=True)
 class ToolFormat:
-    """How one model family writes tool calls in its answer.
+    """How one model family (`name`, a TOOL_FORMATS entry) writes tool calls in its answer.
 
     Parameters:
-        name: the family's name (a TOOL_FORMATS entry).
         start: the text that opens the tool calls; the answer's content is what precedes it.
         parse_section: reads every call from `start` on, appending each to the list as soon as it
             parses (so a fault keeps the calls before it), and raises Malformed on a fault.

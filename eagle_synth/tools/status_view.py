@@ -308,11 +308,7 @@ class StatusView:
     (--watch: the terminal's), a view that would be taller drops the boxes around its blocks
     and sums the rarest failure reasons, so that at 80x24 the failures and the workers stay on
     screen (Live crops what is taller than the terminal).
-
-    Parameters:
-        data: a campaign_status() dict.
-        footer: a dim last line (e.g. watch hints), or None.
-        height: lines the view should fit in, or None (printed once: any height).
+    `footer` is a dim last line (e.g. watch hints); `height` None: printed once, any height.
     """
 
     def __init__(self, data: dict, *, footer: str | None = None, height: int | None = None) -> None:

@@ -163,13 +163,8 @@ def train_data_ratio(
 
 
 class StagedSplit:
-    """One split's rows, staged as an Arrow IPC stream file until the datasets folder is written.
-
-    Parameters:
-        path: the staging file.
-        selected: the columns to write.
-        count_tokens: also count the rows' loss-masked ids (speculators' token_freq).
-    """
+    """One split's rows, staged as an Arrow IPC stream file at `path` until the datasets folder
+    is written; `count_tokens` also counts the rows' loss-masked ids (speculators' token_freq)."""
 
     def __init__(self, path: Path, *, selected: Sequence[Column] | None, count_tokens: bool) -> None:
         import pyarrow as pa
@@ -210,10 +205,6 @@ def _shards(rows: int, shard_rows: int | None) -> int | None:
     if not rows:
         return 1
     return -(-rows // shard_rows) if shard_rows else None
-
-
-def _save(dataset: Any, folder: Path, shard_rows: int | None) -> None:
-    dataset.save_to_disk(str(folder), num_shards=_shards(dataset.num_rows, shard_rows))
 
 
 def mark_torch_format(folder: Path) -> None:
@@ -257,7 +248,7 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
         loaded = {name: Dataset.from_file(str(part.path)) for name, part in staged.items()}
         if format == "hf":
             if None in loaded:
-                _save(loaded[None], tmp, shard_rows)
+                loaded[None].save_to_disk(str(tmp), num_shards=_shards(loaded[None].num_rows, shard_rows))
             else:
                 DatasetDict(loaded).save_to_disk(
                     str(tmp), num_shards={name: _shards(d.num_rows, shard_rows) for name, d in loaded.items()}
@@ -267,7 +258,7 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
                 result.warnings.append(TORCH_MISSING)
             for name, dataset in loaded.items():
                 folder = tmp if name is None else tmp / name
-                _save(dataset, folder, shard_rows)
+                dataset.save_to_disk(str(folder), num_shards=_shards(dataset.num_rows, shard_rows))
                 mark_torch_format(folder)
                 part = staged[name]
                 assert part.counts is not None
