@@ -221,14 +221,13 @@ class _FileSink:
         *,
         open_file: Callable[[Path], Any],
         write_group: Callable[[Any, list[RawRecord]], None],
-        shard_rows: int | None = None,
-        shard_tokens: int | None = None,
+        options: OutputOptions,
     ) -> None:
         self.outputs = outputs
         self._open_file = open_file
         self._write_group = write_group
-        self._shard_rows = shard_rows
-        self._shard_tokens = shard_tokens
+        self._shard_rows = options.shard_rows
+        self._shard_tokens = options.shard_tokens
         self._handle: Any = None
         self._index = 0
         self._in_shard = 0
@@ -255,13 +254,16 @@ class _FileSink:
                 continue
             take, group = group[:count], group[count:]
             if self._handle is None:
-                self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
+                self._open()
             self._write_group(self._handle, take)
             self._in_shard += len(take)
             self._tokens_in_shard += sum(raw.prompt_len + raw.output_len for raw in take)
             self.largest_file_tokens = max(self.largest_file_tokens, self._tokens_in_shard)
             if self._shard_rows and self._in_shard >= self._shard_rows:
                 self._next_file()
+
+    def _open(self) -> None:
+        self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
 
     def _next_file(self) -> None:
         self._publish()
@@ -274,7 +276,7 @@ class _FileSink:
 
     def close(self) -> list[Path]:
         if self._handle is None and not self.outputs.done:
-            self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
+            self._open()
         if self._handle is not None:
             self._publish()
         self.outputs.remove_stale_shards()
@@ -312,24 +314,22 @@ def _file_sink(format: str, out: Path, split: str | None, options: OutputOptions
         sharded=bool(options.shard_rows or options.shard_tokens),
         split=split,
     )
-    sharding = {"shard_rows": options.shard_rows, "shard_tokens": options.shard_tokens}
     if format == "parquet":
         schema = arrow_schema()
         return _FileSink(
             outputs,
             open_file=lambda path: _parquet_writer(path, schema),
             write_group=lambda writer, group: writer.write_batch(arrow_batch(group, schema), row_group_size=len(group)),
-            **sharding,
+            options=options,
         )
     if format == "specforge":
-        zero_last = options.zero_last_loss
         return _FileSink(
             outputs,
             open_file=lambda path: open(path, "w", encoding="utf-8"),
             write_group=lambda handle, group: handle.write(
-                specforge_lines(group, zero_last_loss=True) if zero_last else specforge_lines(group)
+                specforge_lines(group, zero_last_loss=True) if options.zero_last_loss else specforge_lines(group)
             ),
-            **sharding,
+            options=options,
         )
     return _FileSink(
         outputs,
@@ -337,7 +337,7 @@ def _file_sink(format: str, out: Path, split: str | None, options: OutputOptions
         write_group=lambda handle, group: handle.write(
             "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)
         ),
-        **sharding,
+        options=options,
     )
 
 
