@@ -507,19 +507,14 @@ def export_records(
     """Export a campaign's records as training rows; streams, so memory stays flat.
 
     Parameters:
-        campaign_path: the campaign folder (OUT/<campaign>).
         out: jsonl / parquet / specforge: output file (`.jsonl`, `.jsonl.gz` or `.parquet`),
             or with shard_rows / shard_tokens a file name to number (`out-00000.parquet`) or a
             folder (`part-00000.parquet`); with splits each file name gains `-<split>`.
             speculators / hf: a folder (replaced if it holds only an earlier export).
-        format: one of FORMATS.
-        filters: which records to keep, clipped how, split how.
-        shard_rows: rows per output file (None: one file; datasets formats: datasets' default
-            shard size).
         progress: told the phase and the records read as the export goes.
         turns: "all", or "last" for only the last turn of each `--history own` conversation;
             such campaigns are written in conversation order (turns together, in order).
-        shard_tokens, zero_last_loss, replace: OutputOptions'.
+        shard_rows, shard_tokens, zero_last_loss, replace: OutputOptions'.
     """
     started = time.perf_counter()
     _check_options(
