@@ -40,10 +40,15 @@ def model_vocab_size(folder: str | os.PathLike) -> int | None:
         return None
     if not isinstance(config, dict):
         return None
-    size = config.get("vocab_size")
-    if size is None and isinstance(config.get("text_config"), dict):
-        size = config["text_config"].get("vocab_size")
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    if config.get("vocab_size") is None and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]
+    return config_size(config, "vocab_size")
+
+
+def config_size(config: dict, name: str) -> int | None:
+    """`config[name]` when it is a positive int (JSON's true is not a size), else None."""
+    value = config.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def output_id_bound(*, tokenizer_size: int, model_vocab: int | None) -> int:

@@ -149,3 +149,76 @@ def chat_rows(count: int) -> list[dict]:
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# ----------------------------------------------------------------------------- the `integration` marker
+# A test that starts processes (redis-server, servers, workers, CLI subprocesses) is marked `integration`,
+# so `pytest -m "not integration"` runs the pure part in seconds (docs/testing.md, "Markers"). The mark
+# comes from the fixtures a test uses (by name, or because a fixture's code names a process starter),
+# from the starters the test's own code names, or from an explicit mark; an unmarked test that starts
+# a process fails, so a mark cannot go missing unnoticed.
+PROCESS_FIXTURES = frozenset({"redis_server", "stack", "real_vllm", "own_vllm", "vllm_model"})
+
+
+def _process_starters() -> tuple:
+    from eagle_synth import local
+    from tests import helpers
+
+    return (helpers.cli, local.RedisServer, local.start_devserver, local.start_worker, subprocess.run, subprocess.Popen)
+
+
+def _names_a_starter(function, starters: tuple) -> bool:
+    """Whether `function` (or a function defined in it) refers to one of `starters` by a global name."""
+    codes, names = [getattr(function, "__code__", None)], set()
+    while codes:
+        code = codes.pop()
+        if code is not None:
+            names.update(code.co_names)
+            codes += [const for const in code.co_consts if hasattr(const, "co_names")]
+    found = getattr(function, "__globals__", {})
+    return any(found.get(name) is starter for name in names for starter in starters)
+
+
+def _starts_processes(item, starters: tuple) -> bool:
+    if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    functions = [getattr(item, "function", None), *(d.func for defs in fixtures.values() for d in defs)]
+    return any(_names_a_starter(function, starters) for function in functions)
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "integration: starts processes (redis-server, servers, workers, CLI)")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    starters = _process_starters()
+    for item in items:
+        if _starts_processes(item, starters):
+            item.add_marker(pytest.mark.integration)
+
+
+def _refuse_processes(item):
+    """Makes an unmarked test that starts a process fail, saying so."""
+    import contextlib
+    import unittest.mock
+
+    if item.get_closest_marker("integration"):
+        return contextlib.nullcontext()
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{item.nodeid} starts a process: mark it pytest.mark.integration (tests/conftest.py)")
+
+    return unittest.mock.patch.object(subprocess.Popen, "_execute_child", refuse)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _refuse_processes(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _refuse_processes(item):
+        yield

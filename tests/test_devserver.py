@@ -22,6 +22,8 @@ import requests
 
 from eagle_synth.devserver.faults import DROP, FAIL, FaultPlan
 
+# Every test here talks to the module's devserver processes.
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 # Ids of the qwen3.5 fixture tokenizer (tests/fixture_tokenizer.py).

@@ -182,6 +182,7 @@ def test_malformed_rate_cycles_through_the_shapes(fleet):
     assert single.status_code == 200 and isinstance(single.json(), list)  # shape 1 again: a list of ints
 
 
+@pytest.mark.integration
 def test_bad_settings_are_refused_at_launch(tokenizer_path, tmp_path):
     import subprocess
     import sys

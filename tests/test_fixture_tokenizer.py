@@ -69,6 +69,7 @@ def test_a_lost_rename_race_keeps_the_winner_and_leaves_no_staging(tmp_path, pac
     assert [p.name for p in final.parent.iterdir()] == [final.name]
 
 
+@pytest.mark.integration
 def test_processes_unpacking_at_once_agree_on_one_folder(tmp_path):
     cache = tmp_path / "cache"
     code = (

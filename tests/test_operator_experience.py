@@ -50,6 +50,7 @@ def fresh_shell_env() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------- 1. PATH
 
 
+@pytest.mark.integration
 def test_readme_quick_start_puts_eagle_synth_on_path_in_a_fresh_shell() -> None:
     """The README's lines after `make demo` / `make test`, run in a new shell exactly as printed."""
     readme = (REPO / "README.md").read_text()
@@ -362,7 +363,7 @@ def test_watch_view_at_80x24_keeps_the_failures_and_the_workers() -> None:
     """The --watch view of a campaign with failures of five reasons and three servers, at 80x24."""
     from rich.console import Console
 
-    from eagle_synth.tools.status_view import status_renderable
+    from eagle_synth.tools.status_view import StatusView
 
     now = time.time()
     data = {
@@ -416,7 +417,7 @@ def test_watch_view_at_80x24_keeps_the_failures_and_the_workers() -> None:
         ],
     }
     console = Console(record=True, width=80, height=24, color_system=None)
-    console.print(status_renderable(data, footer="every 2s; Ctrl-C to stop", height=console.size.height))
+    console.print(StatusView(data, footer="every 2s; Ctrl-C to stop", height=console.size.height))
     text = console.export_text()
     lines = text.rstrip("\n").splitlines()
     assert len(lines) <= 24, text

@@ -70,11 +70,7 @@ def build_demo_tokenizer(folder: Path, *, extra_text: Sequence[str] = ()) -> Pat
     )
     tokenizer.train_from_iterator([CORPUS_TEXT, *extra_text], trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        unk_token=None,
+        tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
     )
     fast.chat_template = CHAT_TEMPLATE
     folder.mkdir(parents=True, exist_ok=True)

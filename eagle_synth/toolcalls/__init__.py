@@ -17,7 +17,6 @@ from __future__ import annotations
 from eagle_synth.toolcalls.answer import Cursor, Malformed, ParsedAnswer, ToolFormat
 from eagle_synth.toolcalls.deepseek import DEEPSEEK_V3, DEEPSEEK_V31
 from eagle_synth.toolcalls.detect import ToolFormatError, detect_tool_format
-from eagle_synth.toolcalls.detect import resolve_tool_format as _resolve
 from eagle_synth.toolcalls.glm import GLM45
 from eagle_synth.toolcalls.hermes import HERMES
 from eagle_synth.toolcalls.kimi_k2 import KIMI_K2
@@ -35,26 +34,27 @@ __all__ = [
 ]
 
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f
-    for f in (
-        HERMES,
-        QWEN3_CODER,
-        KIMI_K2,
-        DEEPSEEK_V3,
-        DEEPSEEK_V31,
-        GLM45,
-        MINIMAX_M1,
-        MINIMAX_M2,
-    )
+    f.name: f for f in (HERMES, QWEN3_CODER, KIMI_K2, DEEPSEEK_V3, DEEPSEEK_V31, GLM45, MINIMAX_M1, MINIMAX_M2)
 }
 # The values `--tool-format` accepts.
 TOOL_FORMATS: tuple[str, ...] = tuple(FORMATS)
 
 
 def resolve_tool_format(chat_template: str | dict | None, *, override: str | None = None) -> str:
-    """The family for `--tool-format VALUE` (checked against TOOL_FORMATS), else detected from the
-    template; ToolFormatError (one line, naming the flag and the choices) when neither works."""
-    return _resolve(chat_template, override=override, known=TOOL_FORMATS)
+    """The family to parse answers with: `override` (the `--tool-format` value, checked against
+    TOOL_FORMATS) when given, else the one the template shows; ToolFormatError (one line,
+    naming the flag and the choices) when neither works."""
+    known = ", ".join(TOOL_FORMATS)
+    if override is not None:
+        if override not in FORMATS:
+            raise ToolFormatError(f"--tool-format {override!r} is not a known format; choose one of: {known}")
+        return override
+    family = detect_tool_format(chat_template)
+    if family is None:
+        raise ToolFormatError(
+            f"the chat template's tool-call format is not one eagle-synth can parse; pass --tool-format with one of: {known}"
+        )
+    return family
 
 
 def parse_tool_calls(text: str, *, family: str, tools: list[dict] | None = None) -> ParsedAnswer:

@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from eagle_synth.errors import EagleSynthError
+
 
 @dataclass(frozen=True, slots=True)
 class ParsedAnswer:
@@ -26,17 +28,12 @@ class ParsedAnswer:
     problem: str | None = None
 
 
-class Malformed(ValueError):
+class Malformed(EagleSynthError, ValueError):
     """A tool call that does not follow its format; the message says where and how."""
 
 
 class Cursor:
-    """A position in the text being parsed; every method either advances or raises Malformed.
-
-    Parameters:
-        text: the text to walk.
-        pos: where to start.
-    """
+    """A position `pos` in the `text` being parsed; every method either advances or raises Malformed."""
 
     def __init__(self, text: str, pos: int = 0) -> None:
         self.text = text
@@ -66,27 +63,23 @@ class Cursor:
             )
         self.pos += len(literal)
 
-    def upto(self, *literals: str) -> str:
-        """The text up to the nearest of `literals`, which is left unconsumed."""
-        found = [at for at in (self.text.find(literal, self.pos) for literal in literals) if at >= 0]
+    def _nearest(self, literals: tuple[str, ...]) -> tuple[int, str]:
+        found = [(at, literal) for literal in literals if (at := self.text.find(literal, self.pos)) >= 0]
         if not found:
             raise Malformed(f"truncated: no {' or '.join(map(repr, literals))} after character {self.pos}")
-        piece = self.text[self.pos : min(found)]
-        self.pos = min(found)
+        return min(found, key=lambda place: place[0])
+
+    def upto(self, *literals: str) -> str:
+        """The text up to the nearest of `literals`, which is left unconsumed."""
+        at, _ = self._nearest(literals)
+        piece, self.pos = self.text[self.pos : at], at
         return piece
 
     def until(self, *literals: str) -> tuple[str, str]:
         """The text up to the nearest of `literals`, and which one ended it (consumed)."""
-        best: tuple[int, str] | None = None
-        for literal in literals:
-            at = self.text.find(literal, self.pos)
-            if at >= 0 and (best is None or at < best[0]):
-                best = (at, literal)
-        if best is None:
-            raise Malformed(f"truncated: no {' or '.join(map(repr, literals))} after character {self.pos}")
-        piece = self.text[self.pos : best[0]]
-        self.pos = best[0] + len(best[1])
-        return piece, best[1]
+        at, literal = self._nearest(literals)
+        piece, self.pos = self.text[self.pos : at], at + len(literal)
+        return piece, literal
 
 
 def json_call(text: str) -> dict:
@@ -130,10 +123,9 @@ SectionParser = Callable[[Cursor, dict[str, dict], list[dict]], None]
 
 @dataclass(frozen=True, slots=True)
 class ToolFormat:
-    """How one model family writes tool calls in its answer.
+    """How one model family (`name`, a TOOL_FORMATS entry) writes tool calls in its answer.
 
     Parameters:
-        name: the family's name (a TOOL_FORMATS entry).
         start: the text that opens the tool calls; the answer's content is what precedes it.
         parse_section: reads every call from `start` on, appending each to the list as soon as it
             parses (so a fault keeps the calls before it), and raises Malformed on a fault.

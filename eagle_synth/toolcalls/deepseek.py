@@ -18,13 +18,7 @@ from __future__ import annotations
 
 import re
 
-from eagle_synth.toolcalls.answer import (
-    Cursor,
-    Malformed,
-    ToolFormat,
-    call_name,
-    json_arguments,
-)
+from eagle_synth.toolcalls.answer import Cursor, Malformed, ToolFormat, call_name, json_arguments
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"

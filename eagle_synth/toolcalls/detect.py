@@ -8,6 +8,8 @@ format is not one of TOOL_FORMATS gives None, and `--tool-format` has to name on
 
 from __future__ import annotations
 
+from eagle_synth.errors import UserError
+
 # (family, markers that must all appear in the template), most specific first.
 TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # MiniMax-M3 writes `]<]minimax[>[<tool_call>` with nested XML arguments: not supported.
@@ -38,23 +40,5 @@ def detect_tool_format(chat_template: str | dict | None) -> str | None:
     return None
 
 
-class ToolFormatError(ValueError):
+class ToolFormatError(UserError, ValueError):
     """No usable tool-call format: the message names the flag to pass and the choices."""
-
-
-def resolve_tool_format(chat_template: str | dict | None, *, override: str | None, known: tuple[str, ...]) -> str:
-    """The family to parse answers with: `override` (the `--tool-format` value) when given, else
-    the one the template shows. Raises ToolFormatError with a one-line fix for the user."""
-    if override is not None:
-        if override not in known:
-            raise ToolFormatError(
-                f"--tool-format {override!r} is not a known format; choose one of: {', '.join(known)}"
-            )
-        return override
-    family = detect_tool_format(chat_template)
-    if family is None:
-        raise ToolFormatError(
-            "the chat template's tool-call format is not one eagle-synth can parse; "
-            f"pass --tool-format with one of: {', '.join(known)}"
-        )
-    return family

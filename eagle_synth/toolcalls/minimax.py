@@ -22,13 +22,7 @@ from __future__ import annotations
 
 import json
 
-from eagle_synth.toolcalls.answer import (
-    Cursor,
-    Malformed,
-    ToolFormat,
-    call_name,
-    json_call,
-)
+from eagle_synth.toolcalls.answer import Cursor, Malformed, ToolFormat, call_name, json_call
 from eagle_synth.toolcalls.values import convert_value
 
 M1_BEGIN = "<tool_calls>"

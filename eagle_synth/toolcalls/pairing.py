@@ -22,13 +22,9 @@ TOOL_RESULTS_UNPAIRED = "tool-results-unpaired"  # the dataset's step has not on
 
 @dataclass(frozen=True, slots=True)
 class ToolStep:
-    """What the dataset did right after a regeneration point.
-
-    Parameters:
-        calls: the dataset assistant's tool calls there (normalised OpenAI shape, as producer.rows
-            gives them); [] when it answered with text only.
-        results: the tool messages that follow those calls, in dataset order.
-    """
+    """What the dataset did right after a regeneration point: its assistant's tool calls there
+    (normalised OpenAI shape, as producer.rows gives them; [] for a text answer) and the tool
+    messages that follow them, in dataset order."""
 
     calls: list[dict] = field(default_factory=list)
     results: list[dict] = field(default_factory=list)
@@ -36,13 +32,9 @@ class ToolStep:
 
 @dataclass(frozen=True, slots=True)
 class Replay:
-    """The model's turn as the next prompt carries it.
-
-    Parameters:
-        assistant: {"role": "assistant", "content", "reasoning_content", "tool_calls"?}.
-        tool_messages: the dataset's results, each answering the model's call at its index
-            (tool_call_id set to that call's id when there is one); [] after a text answer.
-    """
+    """The model's turn as the next prompt carries it: its assistant message {"role",
+    "content", "reasoning_content", "tool_calls"?}, then the dataset's results, each answering
+    the model's call at its index (tool_call_id set to that call's id when there is one)."""
 
     assistant: dict
     tool_messages: list[dict]

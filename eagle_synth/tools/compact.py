@@ -17,6 +17,7 @@ were old enough) when it started.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import time
@@ -67,14 +68,10 @@ class CompactBusy(UserError, RuntimeError):
 
 @dataclass(slots=True)
 class CompactResult:
-    """What one compaction run did.
+    """What one compaction run did: shards written, the batch files merged into them (and
+    deleted), their records, repeated keys left out, bytes of the batch files and of the shards.
 
     Parameters:
-        shards: the shards written.
-        files_compacted: batch files merged into them (and deleted).
-        records: records written into the shards.
-        duplicates_dropped: repeated keys left out.
-        bytes_before, bytes_after: size of the merged batch files, and of the shards.
         leftovers_deleted: batch files an earlier stopped run had already merged.
         young_skipped: batch files left for a later run because they are newer than min_age.
         damaged: batch files that could not be read, left in place (run `eagle-synth verify`).
@@ -94,18 +91,7 @@ class CompactResult:
     unverified_shards: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {
-            "shards": [str(p) for p in self.shards],
-            "files_compacted": self.files_compacted,
-            "records": self.records,
-            "duplicates_dropped": self.duplicates_dropped,
-            "bytes_before": self.bytes_before,
-            "bytes_after": self.bytes_after,
-            "leftovers_deleted": self.leftovers_deleted,
-            "young_skipped": self.young_skipped,
-            "damaged": self.damaged,
-            "unverified_shards": self.unverified_shards,
-        }
+        return dataclasses.asdict(self) | {"shards": [str(p) for p in self.shards]}
 
 
 @contextmanager
@@ -203,16 +189,9 @@ def compact(
     threads: int = 0,
     on_shard: Callable[[Path, int], None] | None = None,
 ) -> CompactResult:
-    """Merge a campaign's batch files into shards of about `shard_bytes`; see the module docstring.
-
-    Parameters:
-        campaign_path: the campaign folder (OUT/<campaign>).
-        shard_bytes: compressed batch-file bytes gathered into one shard.
-        min_age: only batch files at least this many seconds old are merged.
-        level: zstd level of the shards.
-        threads: zstd worker threads (0 = the calling thread only).
-        on_shard: called with (shard path, records) after each shard is committed.
-    """
+    """Merge a campaign folder's batch files at least `min_age` seconds old into shards of
+    about `shard_bytes` compressed bytes (see the module docstring), at zstd `level` on
+    `threads` worker threads (0: the calling thread); `on_shard(path, records)` after each."""
     folder = records_dir(campaign_path)
     if not folder.is_dir():
         raise NotACampaignFolder(campaign_path)

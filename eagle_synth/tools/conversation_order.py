@@ -54,17 +54,6 @@ def _bucket_of(conversation: str, buckets: int) -> int:
     return int(conversation[:15], 16) % buckets if buckets > 1 else 0
 
 
-def _sorted(records: list[RawRecord], *, turns: str, dropped: Callable[[str], None]) -> Iterator[RawRecord]:
-    records.sort(key=lambda r: (r.meta["conversation"], int(r.meta.get("turn", 0))))
-    for index, raw in enumerate(records):
-        if turns == "last":
-            following = records[index + 1] if index + 1 < len(records) else None
-            if following is not None and following.meta["conversation"] == raw.meta["conversation"]:
-                dropped("earlier_turn")
-                continue
-        yield raw
-
-
 def _through_buckets(
     campaign_path: Path,
     buckets: int,
@@ -111,46 +100,59 @@ def _through_buckets(
             yield from order(records)
 
 
+def _in_order(
+    records: list[RawRecord], key: Callable[[RawRecord], tuple], *, turns: str, dropped: Callable[[str], None]
+) -> Iterator[RawRecord]:
+    """`records` sorted by `key`; with turns="last" only each conversation's last turn (its
+    turns are next to each other in that order)."""
+    records.sort(key=key)
+    for index, raw in enumerate(records):
+        conversation = raw.meta.get("conversation")
+        following = records[index + 1].meta.get("conversation") if index + 1 < len(records) else None
+        if turns == "last" and conversation and following == conversation:
+            dropped("earlier_turn")
+            continue
+        yield raw
+
+
+def _conversation_order(raw: RawRecord) -> tuple:
+    return raw.meta["conversation"], int(raw.meta.get("turn", 0))
+
+
+def _group_order(raw: RawRecord) -> tuple:
+    meta = raw.meta
+    return (row_group_hash(meta), row_group(meta), conversation_key(meta), int(meta.get("turn", 0)), raw.key)
+
+
+def _records(
+    campaign_path: str | os.PathLike,
+    turns: str,
+    dropped: Callable[[str], None],
+    bucket_of: Callable[[RawRecord, int], int | None],
+    key: Callable[[RawRecord], tuple],
+) -> Iterator[RawRecord]:
+    if turns not in TURNS:
+        raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
+    buckets = _bucket_count(Path(campaign_path))
+    yield from _through_buckets(
+        Path(campaign_path),
+        buckets,
+        lambda raw: bucket_of(raw, buckets),
+        lambda records: _in_order(records, key, turns=turns, dropped=dropped),
+    )
+
+
 def ordered_records(
     campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
 ) -> Iterator[RawRecord]:
     """Every record, conversations' turns together and in order; with turns="last" only each
     conversation's last turn (`dropped("earlier_turn")` is called for each one left out)."""
-    if turns not in TURNS:
-        raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
-    campaign_path = Path(campaign_path)
-    buckets = _bucket_count(campaign_path)
 
-    def bucket_of(raw: RawRecord) -> int | None:
+    def bucket_of(raw: RawRecord, buckets: int) -> int | None:
         conversation = raw.meta.get("conversation")
         return _bucket_of(conversation, buckets) if conversation else None
 
-    yield from _through_buckets(
-        campaign_path, buckets, bucket_of, lambda records: _sorted(records, turns=turns, dropped=dropped)
-    )
-
-
-def _group_order(raw: RawRecord) -> tuple:
-    meta = raw.meta
-    return (
-        row_group_hash(meta),
-        row_group(meta),
-        conversation_key(meta),
-        int(meta.get("turn", 0)),
-        raw.key,
-    )
-
-
-def _in_group_order(records: list[RawRecord], *, turns: str, dropped: Callable[[str], None]) -> Iterator[RawRecord]:
-    records.sort(key=_group_order)
-    for index, raw in enumerate(records):
-        conversation = raw.meta.get("conversation")
-        if turns == "last" and conversation:
-            following = records[index + 1] if index + 1 < len(records) else None
-            if following is not None and following.meta.get("conversation") == conversation:
-                dropped("earlier_turn")
-                continue
-        yield raw
+    return _records(campaign_path, turns, dropped, bucket_of, _conversation_order)
 
 
 def grouped_records(
@@ -159,15 +161,7 @@ def grouped_records(
     """Every record, each input row's records together (conversation by conversation, turns
     in order), the rows ordered by the hash of their group; with turns="last" only the last
     turn of each `--history own` conversation (`dropped("earlier_turn")` for each one left out)."""
-    if turns not in TURNS:
-        raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
-    campaign_path = Path(campaign_path)
-    buckets = _bucket_count(campaign_path)
-
-    def bucket_of(raw: RawRecord) -> int:
-        # Buckets are consecutive slices of the hash range, so reading them in turn keeps hash order.
-        return (row_group_hash(raw.meta) * buckets) >> 64
-
-    yield from _through_buckets(
-        campaign_path, buckets, bucket_of, lambda records: _in_group_order(records, turns=turns, dropped=dropped)
+    # Buckets are consecutive slices of the hash range, so reading them in turn keeps hash order.
+    return _records(
+        campaign_path, turns, dropped, lambda raw, buckets: (row_group_hash(raw.meta) * buckets) >> 64, _group_order
     )

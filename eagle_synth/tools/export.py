@@ -38,7 +38,7 @@ from eagle_synth.tools.trainer_formats import (
     write_dataset_folder,
 )
 
-__all__ = ["ExportFilters", "ExportResult", "FORMATS", "OutputOptions", "export_records", "export_rows", "training_row"]
+__all__ = ["ExportFilters", "ExportResult", "FORMATS", "OutputOptions", "export_records", "export_rows"]
 
 FORMATS = ("jsonl", "parquet", "specforge", "speculators", "hf")
 # Rows per Parquet row group (and per JSONL write): big enough for fast scans, small enough for flat memory.
@@ -65,26 +65,17 @@ SPECFORGE_BYTES_PER_TOKEN = 44
 
 @dataclass(slots=True)
 class ExportResult:
-    """What an export wrote.
+    """What an export wrote: rows and ids (`tokens`, `loss_tokens` mask-1) of all splits, the
+    output files (datasets formats: folders) in order, and SelectionStats' read / dropped / clipped.
 
     Parameters:
-        format: the output format.
-        rows: rows written, all splits.
-        paths: the output files (or, for datasets formats, folders), in order.
-        tokens: ids written (sum of input_ids lengths).
-        loss_tokens: mask-1 ids written.
-        read: records read.
-        dropped: records left out, by filter (truncated, short_output, too_long,
-            few_loss_tokens, not_sampled).
-        clipped: rows cut to max_length.
         split_rows: rows per split (empty when not splitting).
-        warnings: what the user should know (a trainer file that could not be written).
-        commands: without torch, the one-line commands that make the missing torch files.
+        warnings, commands: what the user should know (a trainer file that could not be
+            written), and without torch the one-line commands that make the missing torch files.
         train_data_ratio: speculators: per split name ("all" when not splitting), the
             --train-data-ratio nearest 0.9 whose validation cut falls between input rows.
         largest_file_tokens: jsonl / parquet / specforge: ids in the largest output file (what
             one SpecForge run over it holds in memory, times SPECFORGE_BYTES_PER_TOKEN).
-        seconds: wall time.
     """
 
     format: str = "jsonl"
@@ -132,11 +123,6 @@ class ExportResult:
             "seconds": round(self.seconds, 3),
             "tokens_per_s": round(self.tokens_per_s),
         }
-
-
-def training_row(raw: RawRecord) -> dict:
-    """The exported row of one record, with Python lists (docs/records.md, "Export")."""
-    return json_row(raw)
 
 
 def _source(
@@ -235,14 +221,13 @@ class _FileSink:
         *,
         open_file: Callable[[Path], Any],
         write_group: Callable[[Any, list[RawRecord]], None],
-        shard_rows: int | None = None,
-        shard_tokens: int | None = None,
+        options: OutputOptions,
     ) -> None:
         self.outputs = outputs
         self._open_file = open_file
         self._write_group = write_group
-        self._shard_rows = shard_rows
-        self._shard_tokens = shard_tokens
+        self._shard_rows = options.shard_rows
+        self._shard_tokens = options.shard_tokens
         self._handle: Any = None
         self._index = 0
         self._in_shard = 0
@@ -269,13 +254,16 @@ class _FileSink:
                 continue
             take, group = group[:count], group[count:]
             if self._handle is None:
-                self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
+                self._open()
             self._write_group(self._handle, take)
             self._in_shard += len(take)
             self._tokens_in_shard += sum(raw.prompt_len + raw.output_len for raw in take)
             self.largest_file_tokens = max(self.largest_file_tokens, self._tokens_in_shard)
             if self._shard_rows and self._in_shard >= self._shard_rows:
                 self._next_file()
+
+    def _open(self) -> None:
+        self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
 
     def _next_file(self) -> None:
         self._publish()
@@ -288,7 +276,7 @@ class _FileSink:
 
     def close(self) -> list[Path]:
         if self._handle is None and not self.outputs.done:
-            self._handle = self._open_file(self.outputs.tmp(self.outputs.path(self._index)))
+            self._open()
         if self._handle is not None:
             self._publish()
         self.outputs.remove_stale_shards()
@@ -319,11 +307,6 @@ def _parquet_writer(path: Path, schema):
     )
 
 
-def parquet_schema():
-    """The Arrow schema of a Parquet (and hf) export."""
-    return arrow_schema()
-
-
 def _file_sink(format: str, out: Path, split: str | None, options: OutputOptions) -> _FileSink:
     outputs = _Outputs(
         out,
@@ -331,24 +314,22 @@ def _file_sink(format: str, out: Path, split: str | None, options: OutputOptions
         sharded=bool(options.shard_rows or options.shard_tokens),
         split=split,
     )
-    sharding = {"shard_rows": options.shard_rows, "shard_tokens": options.shard_tokens}
     if format == "parquet":
-        schema = parquet_schema()
+        schema = arrow_schema()
         return _FileSink(
             outputs,
             open_file=lambda path: _parquet_writer(path, schema),
             write_group=lambda writer, group: writer.write_batch(arrow_batch(group, schema), row_group_size=len(group)),
-            **sharding,
+            options=options,
         )
     if format == "specforge":
-        zero_last = options.zero_last_loss
         return _FileSink(
             outputs,
             open_file=lambda path: open(path, "w", encoding="utf-8"),
             write_group=lambda handle, group: handle.write(
-                specforge_lines(group, zero_last_loss=True) if zero_last else specforge_lines(group)
+                specforge_lines(group, zero_last_loss=True) if options.zero_last_loss else specforge_lines(group)
             ),
-            **sharding,
+            options=options,
         )
     return _FileSink(
         outputs,
@@ -356,7 +337,7 @@ def _file_sink(format: str, out: Path, split: str | None, options: OutputOptions
         write_group=lambda handle, group: handle.write(
             "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)
         ),
-        **sharding,
+        options=options,
     )
 
 
@@ -402,6 +383,12 @@ def _check_options(format: str, out: Path, options: OutputOptions) -> None:
 # ----------------------------------------------------------------------------- the export
 
 
+def _learned(filters: ExportFilters, zero_last_loss: bool) -> ExportFilters:
+    """With zero_last_loss the zeroed position is not learned: a row needs one more generated id
+    to keep min_loss_tokens."""
+    return dataclasses.replace(filters, min_loss_tokens=filters.min_loss_tokens + 1) if zero_last_loss else filters
+
+
 class _Groups:
     """Buffers each split's rows into row groups of at most ROW_GROUP_ROWS rows or ROW_GROUP_TOKENS ids."""
 
@@ -430,25 +417,12 @@ class _Groups:
             self.result.split_rows[split] = self.result.split_rows.get(split, 0) + len(group)
         self._rows[split], self._tokens[split] = [], 0
 
-    def flush_all(self) -> None:
+    def fill(self, records: Iterable[RawRecord], filters: ExportFilters, stats: SelectionStats, cutoff: int | None):
+        """The one pass: records through the filters, into row groups, into each split's sink."""
+        for split, row in select_rows(records, filters, stats, cutoff=cutoff):
+            self.add(split, row)
         for split in self.sinks:
             self.flush(split)
-
-
-def _fill(
-    sinks: dict[str | None, Any],
-    records: Iterable[RawRecord],
-    filters: ExportFilters,
-    *,
-    stats: SelectionStats,
-    cutoff: int | None,
-    result: ExportResult,
-) -> None:
-    """The one pass: records through the filters, into row groups, into each split's sink."""
-    groups = _Groups(sinks, result)
-    for split, row in select_rows(records, filters, stats, cutoff=cutoff):
-        groups.add(split, row)
-    groups.flush_all()
 
 
 def export_rows(
@@ -474,9 +448,7 @@ def export_rows(
         shard_rows=shard_rows, shard_tokens=shard_tokens, zero_last_loss=zero_last_loss, replace=replace
     )
     _check_options(format, out, options)
-    if zero_last_loss:
-        # The zeroed position is not learned: a row needs one more generated id to keep min_loss_tokens.
-        filters = dataclasses.replace(filters, min_loss_tokens=filters.min_loss_tokens + 1)
+    filters = _learned(filters, zero_last_loss)
     result = ExportResult(format=format)
     splits: tuple[str | None, ...] = filters.split_names or (None,)
     stats = SelectionStats()
@@ -491,12 +463,10 @@ def export_rows(
                     count_tokens=format == "speculators",
                     selected=SPECULATORS_COLUMNS if format == "speculators" else None,
                 )
-            _fill(staged, records, filters, stats=stats, cutoff=cutoff, result=result)
+            _Groups(staged, result).fill(records, filters, stats, cutoff)
             for part in staged.values():
                 part.close()
-            written = write_dataset_folder(out, staged, format=format, shard_rows=shard_rows)
-            result.paths, result.warnings, result.commands = written.paths, written.warnings, written.commands
-            result.train_data_ratio = {name or "all": ratio for name, ratio in written.train_data_ratio.items()}
+            write_dataset_folder(out, staged, result, shard_rows)
         finally:
             for part in staged.values():
                 part.close()
@@ -504,7 +474,7 @@ def export_rows(
     else:
         sinks = {name: _file_sink(format, out, name, options) for name in splits}
         try:
-            _fill(sinks, records, filters, stats=stats, cutoff=cutoff, result=result)
+            _Groups(sinks, result).fill(records, filters, stats, cutoff)
             for sink in sinks.values():
                 result.paths += sink.close()
         except BaseException:
@@ -537,19 +507,14 @@ def export_records(
     """Export a campaign's records as training rows; streams, so memory stays flat.
 
     Parameters:
-        campaign_path: the campaign folder (OUT/<campaign>).
         out: jsonl / parquet / specforge: output file (`.jsonl`, `.jsonl.gz` or `.parquet`),
             or with shard_rows / shard_tokens a file name to number (`out-00000.parquet`) or a
             folder (`part-00000.parquet`); with splits each file name gains `-<split>`.
             speculators / hf: a folder (replaced if it holds only an earlier export).
-        format: one of FORMATS.
-        filters: which records to keep, clipped how, split how.
-        shard_rows: rows per output file (None: one file; datasets formats: datasets' default
-            shard size).
         progress: told the phase and the records read as the export goes.
         turns: "all", or "last" for only the last turn of each `--history own` conversation;
             such campaigns are written in conversation order (turns together, in order).
-        shard_tokens, zero_last_loss, replace: OutputOptions'.
+        shard_rows, shard_tokens, zero_last_loss, replace: OutputOptions'.
     """
     started = time.perf_counter()
     _check_options(
@@ -560,10 +525,8 @@ def export_records(
     cutoff = None
     by_turn: dict[str, int] = {}
     if filters.sample is not None:
-        sample_filters = (
-            dataclasses.replace(filters, min_loss_tokens=filters.min_loss_tokens + 1) if zero_last_loss else filters
-        )
-        cutoff = sample_cutoff(reported(_source(campaign_path, turns, {}), progress, "sampling"), sample_filters)
+        sampled = reported(_source(campaign_path, turns, {}), progress, "sampling")
+        cutoff = sample_cutoff(sampled, _learned(filters, zero_last_loss))
     records = reported(_source(campaign_path, turns, by_turn, grouped=format == "speculators"), progress, "exporting")
     result = export_rows(
         records,

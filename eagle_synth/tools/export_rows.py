@@ -51,14 +51,9 @@ JSON_KIND = "json"
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """One exported column.
-
-    Parameters:
-        name: column name (a Record field's name, or input_ids / loss_mask).
-        kind: string, int32, int64, float64, bool, json (JSON text), ids (list of int32) or
-            mask (list of int8).
-        default: the value for a record stored without this field (an older file).
-    """
+    """One exported column (a Record field, or input_ids / loss_mask) of one `kind`: string,
+    int32, int64, float64, bool, json (JSON text), ids (list of int32) or mask (list of int8);
+    `default` is the value for a record stored without the field (an older file)."""
 
     name: str
     kind: str

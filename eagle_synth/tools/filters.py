@@ -99,11 +99,6 @@ def _hash64(text: str, person: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8, person=person).digest(), "little")
 
 
-def conversation_hash(meta: dict) -> int:
-    """The 64-bit hash of a record's conversation key that splits use."""
-    return _hash64(conversation_key(meta), _SPLIT_PERSON)
-
-
 def row_group(meta: dict) -> str:
     """What ties every record made from one input row: its id (all samples, turns and
     variants of the row share it), else its conversation key. speculators' row order keeps a
@@ -120,7 +115,7 @@ def row_group_hash(meta: dict) -> int:
 
 def split_of(meta: dict, splits: tuple[tuple[str, float], ...]) -> str:
     """The split a record belongs to: named splits take consecutive slices of [0, 1) in order."""
-    point = conversation_hash(meta) / _HASH_RANGE
+    point = _hash64(conversation_key(meta), _SPLIT_PERSON) / _HASH_RANGE
     edge = 0.0
     for name, fraction in splits:
         edge += fraction
@@ -136,18 +131,8 @@ def sample_priority(key: str, seed: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ExportFilters:
-    """Which records become rows, clipped how, and split how (the module docstring has the order).
-
-    Parameters:
-        drop_truncated: skip records that stopped on max_new_tokens (finish_reason length).
-        min_output_tokens: skip records with fewer output ids (counted before clipping).
-        max_length: clip rows to this many ids, prompt + output (None: no limit).
-        drop_longer: with max_length, skip longer records instead of clipping them.
-        min_loss_tokens: skip rows with fewer mask-1 ids after clipping.
-        splits: ((name, fraction), ...) from parse_split; the remainder is `train`.
-        sample: keep this many rows, drawn by a hash of (seed, key); None keeps all.
-        seed: seed of `sample`.
-    """
+    """Which records become rows, clipped how, and split how: each field is the filter of the
+    same name in the module docstring (splits as parse_split gives them; sample None keeps all)."""
 
     drop_truncated: bool = False
     min_output_tokens: int = 0
@@ -188,13 +173,6 @@ class ExportFilters:
             return None, "few_loss_tokens"
         return raw, None
 
-    def reason_to_drop(self, raw: RawRecord) -> str | None:
-        """None to keep the record (perhaps clipped), else the filter that drops it."""
-        return self.shape(raw)[1]
-
-    def keep(self, raw: RawRecord) -> bool:
-        return self.reason_to_drop(raw) is None
-
 
 def clip(raw: RawRecord, max_length: int) -> RawRecord:
     """The record cut to its first max_length ids: the output first, then the prompt."""
@@ -210,14 +188,8 @@ def clip(raw: RawRecord, max_length: int) -> RawRecord:
 
 @dataclass(slots=True)
 class SelectionStats:
-    """What a selection pass saw.
-
-    Parameters:
-        read: records read.
-        dropped: records left out, by filter (truncated, short_output, too_long,
-            few_loss_tokens, not_sampled).
-        clipped: rows cut to max_length.
-    """
+    """What a selection pass saw: records read, left out by filter (truncated, short_output,
+    too_long, few_loss_tokens, not_sampled), and rows cut to max_length."""
 
     read: int = 0
     dropped: dict[str, int] = field(default_factory=dict)

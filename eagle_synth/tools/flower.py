@@ -88,14 +88,9 @@ def resolve_auth(*, basic_auth: str | None, no_auth: bool, environ: Mapping[str,
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FlowerOptions:
-    """How to run Flower.
-
-    Parameters:
-        credentials: `user:password` entries for basic auth, or None for no auth (explicit).
-        port: TCP port of the web UI and API.
-        address: interface to bind; 0.0.0.0 to serve other hosts (e.g. in a container).
-        extra_args: further Flower options passed through unchanged (e.g. --url_prefix=flower).
-    """
+    """How to run Flower: `user:password` credentials (None: no auth, chosen explicitly), the
+    port and interface of its UI and API (0.0.0.0 serves other hosts, e.g. from a container),
+    and further Flower options passed through unchanged (e.g. --url_prefix=flower)."""
 
     credentials: tuple[str, ...] | None
     port: int = DEFAULT_PORT

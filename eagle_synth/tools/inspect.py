@@ -79,14 +79,8 @@ def _boundary(record: Record) -> Text:
 def render_record(
     record: Record, *, tokenizer: Any, console: Console | None = None, prompt_tail: int | None = None
 ) -> None:
-    """Print one record: header, [prompt], the boundary, [output], finish and lengths.
-
-    Parameters:
-        record: the record.
-        tokenizer: the campaign's tokenizer.
-        console: where to print (default: a new rich Console).
-        prompt_tail: show only the last this many prompt ids (None: all).
-    """
+    """Print one record: header, [prompt] (only its last `prompt_tail` ids if given), the
+    boundary, [output], finish and lengths, decoded with the campaign's tokenizer."""
     console = console or Console()
     specials = special_ids(tokenizer)
     console.rule(Text(f"record {record.key}", style="bold"))

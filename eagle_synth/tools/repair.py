@@ -23,6 +23,7 @@ deleted; a rerun reads them again, so a repair stopped half way is finished by r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -63,15 +64,9 @@ MISSING_ALLOWANCE = 2.0
 
 @dataclass(slots=True)
 class DamagedFile:
-    """A record file that does not read back.
-
-    Parameters:
-        path: where it is now.
-        error: the reader's message.
-        size: its size in bytes.
-        salvaged: records read from it whose key proves their prompt intact.
-        moved_before: it was already in damaged/ (an earlier repair run).
-    """
+    """A record file that does not read back: where it is now, the reader's message, its bytes,
+    the records read from it whose key proves their prompt intact, and whether an earlier
+    repair run already moved it into damaged/."""
 
     path: Path
     error: str
@@ -82,15 +77,10 @@ class DamagedFile:
 
 @dataclass(slots=True)
 class RepairPlan:
-    """What a repair finds and would do.
+    """What a repair finds and would do (the module docstring's terms).
 
     Parameters:
-        campaign: campaign name.
-        folder: the campaign folder.
-        damaged: damaged files (live ones are moved aside when applied).
-        healthy_files, healthy_records: the files that read back, and their records.
         done: keys Redis counted as done when the repair started.
-        lost: done keys with no readable record in the folder.
         recoverable: (sampling, item) of lost keys whose prompt was read back intact.
         unrecoverable: lost keys whose prompt is unknown (become `record-damaged` failures).
         capacity: records the damaged files can have held (None: no healthy file to estimate from).
@@ -114,21 +104,13 @@ class RepairPlan:
             "campaign": self.campaign,
             "folder": str(self.folder),
             "damaged": [
-                {
-                    "file": str(d.path),
-                    "error": d.error,
-                    "size": d.size,
-                    "salvaged": d.salvaged,
-                    "moved_before": d.moved_before,
-                }
+                {"file": str(d.path), **{k: v for k, v in dataclasses.asdict(d).items() if k != "path"}}
                 for d in self.damaged
             ],
             "healthy_files": self.healthy_files,
             "healthy_records": self.healthy_records,
             "done": self.done,
-            "lost": len(self.lost),
-            "recoverable": len(self.recoverable),
-            "unrecoverable": len(self.unrecoverable),
+            **{name: len(getattr(self, name)) for name in ("lost", "recoverable", "unrecoverable")},
             "capacity": None if self.capacity is None else round(self.capacity, 1),
             "refusal": self.refusal,
         }

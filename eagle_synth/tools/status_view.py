@@ -9,6 +9,7 @@ going through Redis outages and says so, because an operator watches exactly whe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -118,17 +119,21 @@ def _bar(data: dict, width: int) -> ProgressBar:
     )
 
 
-def _figures(title: str, rows: list[tuple[str, str | Text]], *, compact: bool = False) -> Table:
-    """A two-column block: label, value (right-aligned); legible at any width. Compact: no box
-    (four lines fewer per block, for --watch on a 24-line terminal)."""
-    table = Table(
+def _table(title: str, *, compact: bool, frame: box.Box | None, **options) -> Table:
+    """A titled table; compact: no box (four lines fewer per block, for --watch on a 24-line terminal)."""
+    return Table(
         title=title,
         title_justify="left",
         title_style="bold",
-        show_header=False,
-        box=None if compact else box.SQUARE,
+        box=None if compact else frame,
         padding=(0, 1, 0, 0) if compact else (0, 1),
+        **options,
     )
+
+
+def _figures(title: str, rows: list[tuple[str, str | Text]], *, compact: bool = False) -> Table:
+    """A two-column block: label, value (right-aligned); legible at any width."""
+    table = _table(title, compact=compact, frame=box.SQUARE, show_header=False)
     table.add_column("figure", style="dim", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     for label, value in rows:
@@ -184,15 +189,7 @@ def _input(data: dict, *, compact: bool = False) -> Table:
 def _failures(data: dict, *, compact: bool = False) -> Table:
     """Failures by reason, most first; compact: no box, and the reasons past
     COMPACT_FAILURE_REASONS summed on one line."""
-    table = Table(
-        title="failed by reason",
-        title_justify="left",
-        title_style="bold",
-        show_header=True,
-        header_style="bold",
-        box=None if compact else box.HEAVY_HEAD,
-        padding=(0, 1, 0, 0) if compact else (0, 1),
-    )
+    table = _table("failed by reason", compact=compact, frame=box.HEAVY_HEAD, header_style="bold")
     table.add_column("reason")
     table.add_column("prompts now", justify="right", no_wrap=True)
     table.add_column("ever recorded", justify="right", no_wrap=True)
@@ -311,11 +308,7 @@ class StatusView:
     (--watch: the terminal's), a view that would be taller drops the boxes around its blocks
     and sums the rarest failure reasons, so that at 80x24 the failures and the workers stay on
     screen (Live crops what is taller than the terminal).
-
-    Parameters:
-        data: a campaign_status() dict.
-        footer: a dim last line (e.g. watch hints), or None.
-        height: lines the view should fit in, or None (printed once: any height).
+    `footer` is a dim last line (e.g. watch hints); `height` None: printed once, any height.
     """
 
     def __init__(self, data: dict, *, footer: str | None = None, height: int | None = None) -> None:
@@ -352,18 +345,8 @@ class StatusView:
         yield from parts
 
 
-def status_renderable(data: dict, *, footer: str | None = None, height: int | None = None) -> StatusView:
-    """The whole view of one campaign_status() dict; footer is a dim last line (e.g. watch hints);
-    height: the lines it should fit in (--watch: the terminal's), None for any."""
-    return StatusView(data, footer=footer, height=height)
-
-
 def render_status(data: dict, *, console: Console | None = None) -> None:
-    (console or Console()).print(status_renderable(data))
-
-
-def _problem(message: str) -> Text:
-    return Text(message, style="bold red")
+    (console or Console()).print(StatusView(data))
 
 
 def watch_status(
@@ -384,6 +367,7 @@ def watch_status(
     footer = f"every {interval:g}s; Ctrl-C to stop"
     count = 0
     last_good: dict | None = None
+    console = console or Console()
 
     def snapshot() -> tuple[dict | None, str | None]:
         try:
@@ -393,37 +377,34 @@ def watch_status(
         except KeyError as exc:
             return None, str(exc.args[0])
 
+    def show(live: Live, data: dict | None, problem: str | None) -> None:
+        nonlocal last_good
+        height = console.size.height
+        if data is not None:
+            last_good = data
+            live.update(StatusView(data, footer=footer, height=height), refresh=True)
+        elif last_good is not None:
+            # Keep the last figures on screen, marked stale, so the operator keeps context.
+            problem = f"{problem} — figures below are from {_clock(last_good['at'])}"
+            live.update(
+                Group(Text(problem, style="bold red"), StatusView(last_good, footer=footer, height=height - 1)),
+                refresh=True,
+            )
+        else:
+            live.update(Text(problem or "no data", style="bold red"), refresh=True)
+
     try:
-        if as_json:
+        with (
+            contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=False) as live
+        ):
             while refreshes is None or count < refreshes:
                 data, problem = snapshot()
-                if data is not None:
+                if live is not None:
+                    show(live, data, problem)
+                elif data is not None:
                     print(json.dumps(data), flush=True)
                 else:
                     print(f"eagle-synth status: {problem}", file=sys.stderr, flush=True)
-                count += 1
-                if refreshes is None or count < refreshes:
-                    sleep(interval)
-            return
-        console = console or Console()
-        with Live(console=console, auto_refresh=False, transient=False) as live:
-            while refreshes is None or count < refreshes:
-                data, problem = snapshot()
-                height = console.size.height
-                if data is not None:
-                    last_good = data
-                    live.update(status_renderable(data, footer=footer, height=height), refresh=True)
-                elif last_good is not None:
-                    # Keep the last figures on screen, marked stale, so the operator keeps context.
-                    live.update(
-                        Group(
-                            _problem(f"{problem} — figures below are from {_clock(last_good['at'])}"),
-                            status_renderable(last_good, footer=footer, height=height - 1),
-                        ),
-                        refresh=True,
-                    )
-                else:
-                    live.update(_problem(problem or "no data"), refresh=True)
                 count += 1
                 if refreshes is None or count < refreshes:
                     sleep(interval)

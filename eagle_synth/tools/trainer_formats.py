@@ -26,7 +26,6 @@ import secrets
 import shutil
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -164,13 +163,8 @@ def train_data_ratio(
 
 
 class StagedSplit:
-    """One split's rows, staged as an Arrow IPC stream file until the datasets folder is written.
-
-    Parameters:
-        path: the staging file.
-        selected: the columns to write.
-        count_tokens: also count the rows' loss-masked ids (speculators' token_freq).
-    """
+    """One split's rows, staged as an Arrow IPC stream file at `path` until the datasets folder
+    is written; `count_tokens` also counts the rows' loss-masked ids (speculators' token_freq)."""
 
     def __init__(self, path: Path, *, selected: Sequence[Column] | None, count_tokens: bool) -> None:
         import pyarrow as pa
@@ -213,28 +207,6 @@ def _shards(rows: int, shard_rows: int | None) -> int | None:
     return -(-rows // shard_rows) if shard_rows else None
 
 
-def _save(dataset: Any, folder: Path, shard_rows: int | None) -> None:
-    dataset.save_to_disk(str(folder), num_shards=_shards(dataset.num_rows, shard_rows))
-
-
-@dataclass(slots=True)
-class WrittenFolder:
-    """What write_dataset_folder wrote.
-
-    Parameters:
-        paths: the dataset folders, one per split.
-        warnings: what the user should know (a trainer file that could not be written).
-        commands: without torch, the one-line commands that make the missing torch files.
-        train_data_ratio: speculators, per split (None when not splitting): the
-            --train-data-ratio nearest 0.9 whose validation cut falls between input rows.
-    """
-
-    paths: list[Path] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    commands: list[str] = field(default_factory=list)
-    train_data_ratio: dict[str | None, float | None] = field(default_factory=dict)
-
-
 def mark_torch_format(folder: Path) -> None:
     """Name the torch format in a saved dataset's state.json, as `with_format("torch")` before
     save_to_disk would: load_from_disk applies it (datasets' Dataset.load_from_disk reads
@@ -257,10 +229,9 @@ def _write_summary(folder: Path, *, rows: int, ratio: float | None) -> None:
     atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
 
 
-def write_dataset_folder(
-    out: Path, staged: dict[str | None, StagedSplit], *, format: str, shard_rows: int | None
-) -> WrittenFolder:
-    """Write the datasets folder from staged splits.
+def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], result: Any, shard_rows: int | None) -> None:
+    """Write the datasets folder (result.format) from staged splits; sets the ExportResult's
+    paths, warnings, commands and train_data_ratio.
 
     The folder is built under a dot name next to `out` and renamed into place, so an
     interrupted export leaves the earlier one (or nothing), never half a folder.
@@ -268,7 +239,8 @@ def write_dataset_folder(
     from datasets import Dataset, DatasetDict
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    written = WrittenFolder(paths=[out if name is None else out / name for name in staged])
+    format = result.format
+    result.paths = [out if name is None else out / name for name in staged]
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     quiet = are_progress_bars_disabled()
     disable_progress_bars()  # our own progress line is the one shown
@@ -276,25 +248,25 @@ def write_dataset_folder(
         loaded = {name: Dataset.from_file(str(part.path)) for name, part in staged.items()}
         if format == "hf":
             if None in loaded:
-                _save(loaded[None], tmp, shard_rows)
+                loaded[None].save_to_disk(str(tmp), num_shards=_shards(loaded[None].num_rows, shard_rows))
             else:
                 DatasetDict(loaded).save_to_disk(
                     str(tmp), num_shards={name: _shards(d.num_rows, shard_rows) for name, d in loaded.items()}
                 )
         else:
             if torch_module() is None:
-                written.warnings.append(TORCH_MISSING)
+                result.warnings.append(TORCH_MISSING)
             for name, dataset in loaded.items():
                 folder = tmp if name is None else tmp / name
-                _save(dataset, folder, shard_rows)
+                dataset.save_to_disk(str(folder), num_shards=_shards(dataset.num_rows, shard_rows))
                 mark_torch_format(folder)
                 part = staged[name]
                 assert part.counts is not None
                 _, commands = write_token_freq(folder, part.counts)
                 final = out if name is None else out / name
-                written.commands += [c.replace(str(folder.resolve()), str(final.resolve())) for c in commands]
+                result.commands += [c.replace(str(folder.resolve()), str(final.resolve())) for c in commands]
                 ratio = train_data_ratio(part.rows, part.boundaries)
-                written.train_data_ratio[name] = ratio
+                result.train_data_ratio[name or "all"] = ratio
                 _write_summary(folder, rows=part.rows, ratio=ratio)
         del loaded  # unmaps the staging files before they are deleted
         _replace_folder(tmp, out)
@@ -304,7 +276,6 @@ def write_dataset_folder(
     finally:
         if not quiet:
             enable_progress_bars()
-    return written
 
 
 def _replace_folder(new: Path, out: Path) -> None:

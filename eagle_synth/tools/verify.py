@@ -19,13 +19,7 @@ from typing import Any
 
 from eagle_synth.errors import UserError, clause
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
-from eagle_synth.records import (
-    RawRecord,
-    RecordFormatError,
-    read_manifest,
-    read_raw_file,
-    scan_campaign,
-)
+from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
 
 # Keys (or files) kept as examples per check in the report.
 EXAMPLES_PER_CHECK = 5
@@ -33,10 +27,8 @@ EXAMPLES_PER_CHECK = 5
 CHECKS: dict[str, tuple[str, str]] = {
     "damaged_file": (
         "error",
-        (
-            "record files that cannot be read (truncated, corrupt or of a newer format); "
-            "`eagle-synth repair DIR` moves them aside and requeues their prompts"
-        ),
+        "record files that cannot be read (truncated, corrupt or of a newer format); "
+        "`eagle-synth repair DIR` moves them aside and requeues their prompts",
     ),
     "duplicate_key": ("error", "keys stored more than once"),
     "id_out_of_vocab": (
@@ -48,15 +40,13 @@ CHECKS: dict[str, tuple[str, str]] = {
     "empty_output": ("warning", "records with no output ids"),
     "stripped_reasoning": (
         "warning",
-        (
-            "prompts open a think block but no output that stopped closes it: "
-            "the signature of reasoning tokens stripped from the output"
-        ),
+        "prompts open a think block but no output that stopped closes it: "
+        "the signature of reasoning tokens stripped from the output",
     ),
     "tokenizer_mismatch": ("warning", "the tokenizer given is not the one the campaign was made with"),
     "conversation_gap": (
         "error",
-        ("conversations (--history own) whose turns are not 0..n-1: a turn is missing below one that exists"),
+        "conversations (--history own) whose turns are not 0..n-1: a turn is missing below one that exists",
     ),
 }
 
@@ -67,15 +57,12 @@ class VerifyError(UserError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class CheckSettings:
-    """What records are checked against.
+    """What records are checked against: prompt ids below `vocab_size` (len(tokenizer)); a
+    `stop` ending on an EOS or stop id (each record's own sampling adds its own stop ids).
 
     Parameters:
-        vocab_size: prompt ids must be below this (len(tokenizer)).
         model_vocab_size: the checkpoint's vocab_size, which output ids may reach (padded
             vocabularies); None when unknown: then any output id is legal, as for the worker.
-        eos_token_ids: ids a `stop` may end with.
-        stop_token_ids: extra stop ids of the campaign (each record's own sampling adds its own).
-        think_open_id, think_close_id: `<think>` / `</think>`, if the tokenizer has them.
         source: where these came from ("tokenizer", "manifest" or "tokenizer+manifest").
         fingerprint_mismatch: a note when the tokenizer's fingerprint differs from the manifest's.
     """
@@ -397,66 +384,48 @@ def _report(
 def format_report(report: dict) -> list[tuple[str, str | None]]:
     """The human summary as (line, rich style) pairs."""
     lines: list[tuple[str, str | None]] = []
-    files = report["files"]
-    tokens = report["tokens"]
-    lines.append(
-        (
-            f"{report['campaign']}: {report['records']} records, {tokens['prompt']} prompt + "
-            f"{tokens['output']} output tokens in {files['batch_files']} batch files and "
-            f"{files['shards']} shards",
-            "bold",
-        )
+
+    def say(line: str, style: str | None = None) -> None:
+        lines.append((line, style))
+
+    files, tokens, s = report["files"], report["tokens"], report["settings"]
+    say(
+        f"{report['campaign']}: {report['records']} records, {tokens['prompt']} prompt + {tokens['output']} output "
+        f"tokens in {files['batch_files']} batch files and {files['shards']} shards",
+        "bold",
     )
-    s = report["settings"]
-    lines.append(
-        (
-            f"checked against vocab {s['vocab_size']} (outputs: model vocab_size "
-            f"{s.get('model_vocab_size') or 'unknown'}), EOS {s['eos_token_ids']}, stop ids "
-            f"{s['stop_token_ids']} (from {s['from']})",
-            None,
-        )
+    say(
+        f"checked against vocab {s['vocab_size']} (outputs: model vocab_size {s.get('model_vocab_size') or 'unknown'}), "
+        f"EOS {s['eos_token_ids']}, stop ids {s['stop_token_ids']} (from {s['from']})"
     )
     finish = ", ".join(f"{k} {v}" for k, v in report["finish_reasons"].items()) or "none"
     truncated = report["truncated_share"]
-    lines.append(
-        (
-            f"finish reasons: {finish}; truncated by length: {'-' if truncated is None else f'{100 * truncated:.1f}%'}",
-            None,
-        )
-    )
-    backends = ", ".join(f"{k} {v}" for k, v in report["backends"].items()) or "none"
-    lines.append((f"generated by: {backends}", None))
+    say(f"finish reasons: {finish}; truncated by length: {'-' if truncated is None else f'{100 * truncated:.1f}%'}")
+    say(f"generated by: {', '.join(f'{k} {v}' for k, v in report['backends'].items()) or 'none'}")
     r = report["reasoning"]
     if r["prompts_open_think"]:
-        lines.append(
-            (
-                f"reasoning: {r['prompts_open_think']} prompts end in an open think block; "
-                f"{r['closed_in_output']} outputs close it ({100 * (r['closed_share'] or 0):.1f}%)",
-                None,
-            )
+        say(
+            f"reasoning: {r['prompts_open_think']} prompts end in an open think block; "
+            f"{r['closed_in_output']} outputs close it ({100 * (r['closed_share'] or 0):.1f}%)"
         )
     else:
-        lines.append(("reasoning: no prompt ends in an open think block", None))
-    if report["conversations"]["count"]:
-        conv = report["conversations"]
-        lines.append((f"conversations: {conv['count']} with {conv['turns']} turns (longest {conv['longest']})", None))
+        say("reasoning: no prompt ends in an open think block")
+    conv = report["conversations"]
+    if conv["count"]:
+        say(f"conversations: {conv['count']} with {conv['turns']} turns (longest {conv['longest']})")
     if files["compaction_leftovers"]:
-        lines.append(
-            (
-                f"{files['compaction_leftovers']} batch files already in a shard (a stopped compact); "
-                "readers skip them, `eagle-synth compact` deletes them",
-                None,
-            )
+        say(
+            f"{files['compaction_leftovers']} batch files already in a shard (a stopped compact); "
+            "readers skip them, `eagle-synth compact` deletes them"
         )
     for name, check in report["checks"].items():
-        if not check["count"]:
-            continue
-        style = "red" if check["severity"] == "error" else "yellow"
-        lines.append((f"{check['severity'].upper()} {name}: {check['count']} - {check['message']}", style))
-        for example in check["examples"]:
-            lines.append((f"    {example}", style))
+        if check["count"]:
+            style = "red" if check["severity"] == "error" else "yellow"
+            say(f"{check['severity'].upper()} {name}: {check['count']} - {check['message']}", style)
+            for example in check["examples"]:
+                say(f"    {example}", style)
     verdict = "OK: no hard errors" if report["ok"] else f"FAILED: {report['errors']} kinds of hard error"
     if report["warnings"]:
         verdict += f", {report['warnings']} kinds of warning"
-    lines.append((verdict, "bold green" if report["ok"] else "bold red"))
+    say(verdict, "bold green" if report["ok"] else "bold red")
     return lines

@@ -25,7 +25,7 @@ import json
 import os
 import shlex
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,20 +33,10 @@ from typing import Any
 import numpy as np
 
 from eagle_synth.errors import UserError
-from eagle_synth.records import (
-    RawRecord,
-    atomic_write_bytes,
-    iter_raw_records,
-    read_manifest,
-)
+from eagle_synth.model_identity import MODEL_CONFIG_NAME, config_size
+from eagle_synth.records import RawRecord, atomic_write_bytes, iter_raw_records, read_manifest
 from eagle_synth.tools.export_progress import Progress, reported
-from eagle_synth.tools.filters import (
-    SPLIT_REMAINDER,
-    ExportFilters,
-    SelectionStats,
-    sample_cutoff,
-    select_rows,
-)
+from eagle_synth.tools.filters import SPLIT_REMAINDER, ExportFilters, SelectionStats, sample_cutoff, select_rows
 
 # Rows whose output ids are counted in one numpy call: amortises the call, keeps memory small.
 COUNT_BATCH_ROWS = 1024
@@ -63,8 +53,6 @@ TORCH_MISSING = (
     "vocab_mapping.pt (SpecForge's model.vocab_mapping_path) and d2t.pt (ModelOpt's "
     "data.draft_vocab_cache); run the commands below where torch is installed to make them"
 )
-# Where the target model's vocabulary size is read when --target-vocab-size is not given.
-MODEL_CONFIG_NAME = "config.json"
 
 
 class VocabError(UserError, ValueError):
@@ -91,10 +79,7 @@ class TokenCounts:
         if not ids_u32:
             return
         found = np.bincount(np.frombuffer(ids_u32, dtype="<u4"))
-        if len(found) > len(self.counts):
-            grown = np.zeros(len(found), dtype=np.int64)
-            grown[: len(self.counts)] = self.counts
-            self.counts = grown
+        self.counts = np.pad(self.counts, (0, max(0, len(found) - len(self.counts))))
         self.counts[: len(found)] += found
 
     def add_rows(self, rows: Iterable[RawRecord]) -> None:
@@ -119,14 +104,8 @@ class TokenCounts:
 
 @dataclass(frozen=True, slots=True)
 class VocabMapping:
-    """The draft vocabulary of an EAGLE-3 drafter.
-
-    Parameters:
-        d2t: int64 [draft_vocab_size]: target id of draft index i is i + d2t[i].
-        t2d: bool [target_vocab_size]: True on the target ids the draft vocabulary keeps.
-        covered: loss-masked tokens whose id the draft vocabulary keeps.
-        total: loss-masked tokens counted.
-    """
+    """The draft vocabulary of an EAGLE-3 drafter (d2t, t2d: the module docstring), and how many
+    of the `total` loss-masked tokens counted have an id it keeps (`covered`)."""
 
     d2t: np.ndarray
     t2d: np.ndarray
@@ -169,20 +148,10 @@ def build_vocab_mapping(counts: np.ndarray, *, draft_vocab_size: int, target_voc
 
 @dataclass(frozen=True, slots=True)
 class TargetVocabSize:
-    """The target vocabulary size, as each trainer reads it from the model's config.json.
-
-    Parameters:
-        size: the size t2d is built with.
-        source: where it was read (`config.json text_config.vocab_size`, `--target-vocab-size`).
-    """
+    """The size t2d is built with, and where it was read (`config.json text_config.vocab_size`)."""
 
     size: int
     source: str
-
-
-def _config_value(config: dict, name: str) -> int | None:
-    value = config.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
@@ -195,8 +164,8 @@ def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
     """
     text = config.get("text_config")
     section, prefix = (text, "text_config.") if isinstance(text, dict) else (config, "")
-    padded = _config_value(section, "padded_vocab_size")
-    plain = _config_value(section, "vocab_size")
+    padded = config_size(section, "padded_vocab_size")
+    plain = config_size(section, "vocab_size")
     specforge = (padded, f"{prefix}padded_vocab_size") if padded else (plain, f"{prefix}vocab_size")
     return {"SpecForge": specforge, "speculators": (plain, f"{prefix}vocab_size")}
 
@@ -214,9 +183,9 @@ def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
     folder = settings.get("tokenizer_path")
     config_path = Path(folder) / MODEL_CONFIG_NAME if folder else None
     recorded = settings.get("model_vocab_size")
-    if (config_path is None or not config_path.is_file()) and isinstance(recorded, int):
-        return TargetVocabSize(size=recorded, source="manifest.json settings.model_vocab_size (config.json at enqueue)")
     if config_path is None or not config_path.is_file():
+        if isinstance(recorded, int):
+            return TargetVocabSize(recorded, "manifest.json settings.model_vocab_size (config.json at enqueue)")
         raise VocabError(
             "pass --target-vocab-size: the target model's vocab_size from its config.json "
             f"({'no tokenizer_path in manifest.json' if folder is None else f'{config_path} not found'})"
@@ -294,12 +263,7 @@ def write_token_freq(folder: Path, counts: TokenCounts) -> tuple[list[Path], lis
     freq = counts.as_dict()
     paths = [folder / TOKEN_FREQ_JSON]
     atomic_write_bytes(paths[0], json.dumps({str(k): v for k, v in freq.items()}, separators=(",", ":")).encode())
-    torch = torch_module()
-    if torch is None:
-        return paths, [token_freq_torch_command(folder)]
-    paths.append(folder / TOKEN_FREQ_TORCH)
-    atomic_write_bytes(paths[-1], _torch_bytes(torch, freq))
-    return paths, []
+    return _with_torch(paths, {TOKEN_FREQ_TORCH: lambda torch: freq}, folder, token_freq_torch_command)
 
 
 def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path], list[str]]:
@@ -321,15 +285,31 @@ def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path]
         "t2d": mapping.t2d.tolist(),
     }
     atomic_write_bytes(paths[2], json.dumps(summary, separators=(",", ":")).encode())
+    return _with_torch(
+        paths,
+        {
+            VOCAB_MAPPING_TORCH: lambda torch: {
+                "d2t": torch.from_numpy(mapping.d2t.copy()),
+                "t2d": torch.from_numpy(mapping.t2d.copy()),
+            },
+            MODELOPT_D2T_TORCH: lambda torch: torch.from_numpy(mapping.d2t.copy()),
+        },
+        folder,
+        vocab_torch_command,
+    )
+
+
+def _with_torch(
+    paths: list[Path], files: dict[str, Callable[[Any], Any]], folder: Path, command: Callable[[Path], str]
+) -> tuple[list[Path], list[str]]:
+    """`paths` plus the torch files (name -> its object, made with torch) when torch is
+    importable; else `paths` and the command that makes them where it is."""
     torch = torch_module()
     if torch is None:
-        return paths, [vocab_torch_command(folder)]
-    d2t = torch.from_numpy(mapping.d2t.copy())
-    tensors = {"d2t": d2t, "t2d": torch.from_numpy(mapping.t2d.copy())}
-    paths.append(folder / VOCAB_MAPPING_TORCH)
-    atomic_write_bytes(paths[-1], _torch_bytes(torch, tensors))
-    paths.append(folder / MODELOPT_D2T_TORCH)
-    atomic_write_bytes(paths[-1], _torch_bytes(torch, d2t))
+        return paths, [command(folder)]
+    for name, make in files.items():
+        paths.append(folder / name)
+        atomic_write_bytes(paths[-1], _torch_bytes(torch, make(torch)))
     return paths, []
 
 
@@ -338,20 +318,8 @@ def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path]
 
 @dataclass(slots=True)
 class VocabResult:
-    """What `eagle-synth vocab` counted and wrote.
-
-    Parameters:
-        mapping: the draft vocabulary.
-        rows: rows counted.
-        stats: the selection pass (records read, dropped by filter, clipped).
-        paths: files written.
-        torch_files: whether the torch files were written (torch importable).
-        warnings: what the user should know (a trainer file that could not be written).
-        commands: without torch, the one-line commands that make the .pt files on a machine
-            with torch (paths filled in).
-        target_vocab_size_source: where the target vocabulary size was read.
-        seconds: wall time.
-    """
+    """What `eagle-synth vocab` counted and wrote; without torch (`torch_files` False), a
+    warning and the one-line commands that make the .pt files on a machine with torch."""
 
     mapping: VocabMapping
     rows: int
@@ -391,18 +359,10 @@ def build_vocab(
     filters: ExportFilters = ExportFilters(),
     progress: Progress | None = None,
 ) -> VocabResult:
-    """Count a campaign's loss-masked tokens and write token frequencies and the draft vocabulary.
-
-    Parameters:
-        campaign_path: the campaign folder (OUT/<campaign>).
-        out: folder for the files (created; a speculators data folder is a good place).
-        draft_vocab_size: N, the draft vocabulary's size.
-        target_vocab_size: the target model's vocab_size (default: its config.json, found
-            through the manifest's tokenizer_path).
-        filters: the same filters as the export the drafter trains on; with splits, only
-            the `train` split is counted.
-        progress: told the phase and the records read as the count goes.
-    """
+    """Count a campaign's loss-masked tokens and write token frequencies and the draft
+    vocabulary of `draft_vocab_size` ids into the folder `out` (a speculators data folder is a
+    good place). `target_vocab_size` defaults to the model's (target_vocab_size_of). `filters`
+    are the export's the drafter trains on; with splits only the `train` split is counted."""
     started = time.perf_counter()
     if target_vocab_size is None:
         read = target_vocab_size_of(campaign_path)
