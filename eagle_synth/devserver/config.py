@@ -1,7 +1,7 @@
 """DevServerConfig: every knob of the devserver, with its default and its help text.
 
-The help text lives in each field's metadata so the argparse front end (`__main__`) and any
-other front end (the project's typer CLI) describe the same flags from one place.
+Each field's metadata holds its help text (and CLI aliases): `__main__` makes the typer
+command from them, so the flags are declared once.
 """
 
 from __future__ import annotations
