@@ -63,54 +63,12 @@ def _opt(default, help_text: str, **extra):
 class DevServerConfig:
     """Launch arguments of one devserver: what it emulates and which faults it injects.
 
-    Parameters (CLI flag = field name with dashes, e.g. `--token-latency`):
-        tokenizer: Hugging Face tokenizer directory (required); its ids are the model's ids.
-        api: "sglang" (SGLang's /generate and info endpoints) or "vllm" (vLLM's /v1/completions,
-            /v1/models, /version, /health); every other knob works with both unless noted.
-        host, port: where to listen; port 0 picks a free port (the printed line tells which).
-        model_path: reported as the model path; defaults to the tokenizer directory.
-        context_length: model context length; None reports null in server_info (like SGLang
-            when the flag is not given) and uses DEFAULT_CONTEXT_LENGTH.
-        vocab_size: ids >= this kill the server; defaults to len(tokenizer).
-        slots: prompts generating at once (`--max-running-requests` in SGLang); each holds its
-            slot for its own decode time and frees it the moment it ends; further prompts wait
-            in a FIFO queue.
-        max_queued_requests: waiting prompts beyond this are refused with 503; None = no cap.
-        token_latency: seconds per output token while a prompt holds its slot.
-        prefill_latency: seconds per prompt before its first token, slot held.
-        mean_output_tokens: mean of the seeded natural output length (gamma, shape 2).
-        length_median, length_sigma: if length_median is set, natural lengths are lognormal
-            with this median and sigma instead (reasoning-trace tails).
-        startup_delay: seconds before the port is bound (emulates weight loading).
-        warmup: seconds after binding during which /health and /health_generate answer 503.
-        fail_rate: fraction of /generate requests answered HTTP 500.
-        drop_rate: fraction of /generate requests whose connection closes without a response.
-        health_fail_rate: fraction of post-warm-up health probes answered 503 (false alarms).
-        die_after: the process exits right after answering its N-th /generate request.
-        prefix_bug: emulate the pre-0.5.5 bug: output_ids start with K prompt-tail tokens.
-        reasoning_parser, tool_call_parser, skip_tokenizer_init: reported in server_info;
-            skip_tokenizer_init also drops `text` from responses.
-        sglang_version: the `version` reported by /get_server_info.
-        seed: seeds the fault RNG and temperature>0 sampling.
-        access_log: log every HTTP request to stderr.
-        exit_on_death: a fatal fault ends the process (os._exit); False only stops serving,
-            which is what an in-process (thread) server needs.
-        api_key, admin_api_key: reported in server_info unredacted, as SGLang does (the
-            devserver does not check them).
-        allow_auto_truncate: cut prompts and max_new_tokens that do not fit instead of 400.
-        preferred_sampling_params: JSON object merged under every request's own params.
-        enable_deterministic_inference: reported in server_info (sampling_seed is honoured).
-        speculative_algorithm, speculative_num_steps, speculative_eagle_topk,
-            speculative_num_draft_tokens: reported; EAGLE-family drafts are reserved in the
-            context check as SGLang does.
-        malformed_rate: fraction of /generate replies answered 200 with a malformed item.
-        vllm_version: the version vLLM's /version reports (--api vllm).
-        served_model_name: the model name /v1/models reports and `model` must match (vLLM's
-            --served-model-name); defaults to the model path.
-        generation_config, override_generation_config: vLLM's flags (--api vllm): the JSON
-            override fills sampling fields a request leaves out and its max_new_tokens caps
-            every max_tokens, as vLLM does; a generation_config folder is only reported.
-        dev_mode: vLLM's VLLM_SERVER_DEV_MODE=1: /server_info serves the configuration.
+    Each field is a CLI flag (its name with dashes) whose help is in the field's metadata;
+    docs/devserver.md describes them all. Every knob works with both APIs except those in
+    API_ONLY_KNOBS. Not said by the helps: slots free the moment their prompt ends (the rest
+    wait in FIFO order); exit_on_death=False (not a flag) makes a fatal fault only stop
+    serving, which an in-process (thread) server needs; the vLLM override's max_new_tokens
+    caps every max_tokens, as vLLM does.
     """
 
     tokenizer: str = field(metadata={"help": "Hugging Face tokenizer directory (required)."})
