@@ -145,7 +145,7 @@ class RedisServer:
             proc = self.proc = subprocess.Popen(
                 self._args(binary), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
             )
-            wait_for(partial(_redis_up, proc, port), timeout=START_TIMEOUT, what=f"redis-server on {port}")
+            wait_for(partial(_up, proc, port), timeout=START_TIMEOUT, what=f"redis-server on {port}")
             if proc.poll() is None:
                 return None
             # The log is appended to across attempts and restarts: this attempt's lines.
@@ -219,11 +219,6 @@ def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str
     raise AssertionError("unreachable")
 
 
-def _redis_up(proc: subprocess.Popen, port: int) -> bool:
-    """True once redis-server `proc` listens on `port`, or has exited (the caller reads its log)."""
-    return listening(proc.pid, port) or proc.poll() is not None
-
-
 def make_test_certificates(folder: Path) -> None:
     """A throwaway CA and a server certificate for 127.0.0.1, for TLS tests only."""
     if (folder / "server.pem").exists():
@@ -279,9 +274,9 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
-def _up(process: ManagedProcess, port: int) -> bool:
-    """True once `process` listens on `port`, or has exited (the caller then reads its log)."""
-    return not process.alive() or (process.proc is not None and listening(process.proc.pid, port))
+def _up(proc: subprocess.Popen, port: int) -> bool:
+    """True once `proc` listens on `port`, or has exited (the caller then reads its log)."""
+    return proc.poll() is not None or listening(proc.pid, port)
 
 
 def start_devserver(
@@ -307,7 +302,8 @@ def start_devserver(
         ).start()
         if not wait:
             return None
-        wait_for(partial(_up, process, chosen), timeout=START_TIMEOUT, what="the devserver")
+        assert process.proc is not None
+        wait_for(partial(_up, process.proc, chosen), timeout=START_TIMEOUT, what="the devserver")
         return None if process.alive() else process.log()
 
     chosen = start_on_a_port(launch, port=port, what="devserver")

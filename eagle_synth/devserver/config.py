@@ -54,6 +54,21 @@ SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 
 
+# Smallest allowed value of each knob that has one (unset, None, passes).
+MINIMUMS = (
+    *(("context_length", 2), ("vocab_size", 1), ("slots", 1), ("mean_output_tokens", 1), ("length_median", 1)),
+    *(("die_after", 1), ("understate_completion", 0), ("speculative_num_steps", 1), ("speculative_eagle_topk", 1)),
+    ("speculative_num_draft_tokens", 1),
+)
+
+
+def _json_or_none(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def _opt(default, help_text: str, **extra):
     """A dataclass field carrying its CLI help (and optional `cli: False` to hide it)."""
     return field(default=default, metadata={"help": help_text, **extra})
@@ -157,57 +172,28 @@ class DevServerConfig:
         for name, unset, api in API_ONLY_KNOBS:
             if self.api != api and getattr(self, name) != unset:
                 bad(name, f"only with --api {api} (the other kind of server has no such setting)")
-        if self.override_generation_config is not None:
-            try:
-                override = json.loads(self.override_generation_config)
-            except ValueError:
-                override = None
-            if not isinstance(override, dict):
-                bad("override_generation_config", "must be a JSON object")
+        for name in ("override_generation_config", "preferred_sampling_params"):
+            if getattr(self, name) is not None and not isinstance(_json_or_none(getattr(self, name)), dict):
+                bad(name, "must be a JSON object")
         if not 0 <= self.port <= 65535:
             bad("port", "must be 0..65535")
-        if self.context_length is not None and self.context_length < 2:
-            bad("context_length", "must be at least 2")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            bad("vocab_size", "must be at least 1")
-        if self.slots < 1:
-            bad("slots", "must be at least 1")
-        if self.max_queued_requests is not None and self.max_queued_requests < 0:
-            bad("max_queued_requests", "must be >= 0")
-        for name in ("token_latency", "prefill_latency", "startup_delay", "warmup"):
-            if getattr(self, name) < 0:
+        for name, low in MINIMUMS:
+            if getattr(self, name) is not None and getattr(self, name) < low:
+                bad(name, f"must be at least {low}")
+        for name in ("max_queued_requests", "token_latency", "prefill_latency", "startup_delay", "warmup"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 bad(name, "must be >= 0")
-        if self.mean_output_tokens < 1:
-            bad("mean_output_tokens", "must be at least 1")
-        if self.length_median is not None and self.length_median < 1:
-            bad("length_median", "must be at least 1")
-        if not 0.0 <= self.length_sigma <= 4.0:
-            bad("length_sigma", "must be in [0, 4]")
-        for name in ("fail_rate", "drop_rate", "health_fail_rate"):
+        for name in ("fail_rate", "drop_rate", "health_fail_rate", "malformed_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 bad(name, "must be in [0, 1]")
-        if self.die_after is not None and self.die_after < 1:
-            bad("die_after", "must be at least 1")
-        if self.understate_completion < 0:
-            bad("understate_completion", "must be at least 0")
+        if not 0.0 <= self.length_sigma <= 4.0:
+            bad("length_sigma", "must be in [0, 4]")
         if not 0 <= self.prefix_bug <= MAX_PREFIX_BUG_TOKENS:
             bad("prefix_bug", f"must be 0..{MAX_PREFIX_BUG_TOKENS}")
-        if not 0.0 <= self.malformed_rate <= 1.0:
-            bad("malformed_rate", "must be in [0, 1]")
         if self.fail_rate + self.drop_rate + self.malformed_rate > 1.0:
             out.append("--fail-rate + --drop-rate + --malformed-rate: must not exceed 1")
-        if self.preferred_sampling_params is not None:
-            try:
-                preferred = json.loads(self.preferred_sampling_params)
-            except ValueError:
-                preferred = None
-            if not isinstance(preferred, dict):
-                bad("preferred_sampling_params", "must be a JSON object")
         if self.speculative_algorithm is not None and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
             bad("speculative_algorithm", f"must be one of {', '.join(SPECULATIVE_ALGORITHMS)}")
-        for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                bad(name, "must be at least 1")
         if self.draft_reserved_tokens >= self.effective_context_length:
             out.append("speculative settings: the reserved draft tokens must be below the context length")
         return out

@@ -38,7 +38,8 @@ SHUTDOWN_TIMEOUT_S = 1.0
 # Line printed (and flushed) once the port listens; tests and scripts wait for it.
 LISTENING_LINE = "devserver listening on http://{host}:{port}"
 
-# path -> (methods, endpoint method name); the endpoint object is the app, or its VllmApi.
+# path -> (methods, endpoint method name): a method of the app, or with --api vllm of its
+# VllmApi (falling back to the app's for the shared ones: /health, /dev/stats).
 ROUTES: dict[str, tuple[frozenset[str], str]] = {
     "/generate": (frozenset({"POST", "PUT"}), "generate"),
     "/health": (frozenset({"GET"}), "health"),
@@ -53,7 +54,7 @@ ROUTES: dict[str, tuple[frozenset[str], str]] = {
     "/dev/stats": (frozenset({"GET"}), "dev_stats"),
     "/dev/reset_stats": (frozenset({"POST"}), "dev_reset_stats"),
 }
-# vLLM's endpoints with --api vllm (VllmApi methods); every other path is a 404.
+# vLLM's endpoints with --api vllm; every other path is a 404.
 VLLM_ROUTES: dict[str, tuple[frozenset[str], str]] = {
     "/v1/completions": (frozenset({"POST"}), "completions"),
     "/health": (frozenset({"GET"}), "health"),
@@ -139,8 +140,12 @@ class DevServer:
             if self._stop.is_set():
                 return
         routes, endpoints = (VLLM_ROUTES, VllmApi(self.app)) if c.api == "vllm" else (ROUTES, self.app)
+        handlers = {
+            path: (methods, getattr(endpoints, name, None) or getattr(self.app, name))
+            for path, (methods, name) in routes.items()
+        }
         web_app = web.Application(client_max_size=MAX_BODY_BYTES)
-        web_app.router.add_route("*", "/{path:.*}", partial(self._dispatch, routes, endpoints))
+        web_app.router.add_route("*", "/{path:.*}", partial(self._dispatch, handlers))
         runner = web.AppRunner(
             web_app,
             access_log=log if c.access_log else None,
@@ -161,7 +166,7 @@ class DevServer:
         finally:
             await runner.cleanup()
 
-    async def _dispatch(self, routes: dict, endpoints: object, request: web.Request) -> web.StreamResponse:
+    async def _dispatch(self, handlers: dict, request: web.Request) -> web.StreamResponse:
         app = self.app
         assert app is not None
         if app.dead:
@@ -171,14 +176,14 @@ class DevServer:
         except web.HTTPRequestEntityTooLarge:
             return await _send(request, json_reply({"detail": "Request body too large"}, status=413), close=True)
         path = request.path.rstrip("/") or "/"
-        route = routes.get(path)
+        route = handlers.get(path)
         if route is None:
             reply = json_reply({"detail": "Not Found"}, status=404)
         elif request.method not in route[0]:
             reply = json_reply({"detail": "Method Not Allowed"}, status=405)
         else:
             try:
-                reply = await asyncio.get_running_loop().run_in_executor(self._pool, getattr(endpoints, route[1]), body)
+                reply = await asyncio.get_running_loop().run_in_executor(self._pool, route[1], body)
             except Exception:
                 log.exception("%s %s failed", request.method, path)
                 reply = Reply(status=500, body=b"Internal Server Error", content_type="text/plain")

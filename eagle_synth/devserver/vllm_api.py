@@ -68,10 +68,6 @@ class VllmApi:
 
     # ---- health and information ----------------------------------------------------------
 
-    def health(self, body: bytes) -> Reply:
-        """/health: 200 with an empty body (503 only for the injected faults)."""
-        return self.app.health(body)
-
     def models(self, body: bytes) -> Reply:
         """/v1/models: the served name, the model path as root, max_model_len."""
         c = self.app.config
@@ -160,12 +156,6 @@ class VllmApi:
         return json_reply(
             {"count": len(tokens), "max_model_len": self.rules.max_model_len, "tokens": tokens, "token_strs": None}
         )
-
-    def dev_stats(self, body: bytes) -> Reply:
-        return self.app.dev_stats(body)
-
-    def dev_reset_stats(self, body: bytes) -> Reply:
-        return self.app.dev_reset_stats(body)
 
     # ---- generation ----------------------------------------------------------------------
 
