@@ -13,22 +13,21 @@ import json
 import os
 import platform
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import psutil
 import requests
 
-from eagle_synth.local import ManagedProcess, RedisServer, scratch_dir, start_devserver, start_worker, wait_for
+from eagle_synth import harness
+from eagle_synth.harness import scratch_dir, wait_for
 from tests.fixture_tokenizer import fixture_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,92 +193,23 @@ def machine() -> dict[str, str]:
 # ----------------------------------------------------------------------------- processes
 
 
-class Stack:
-    """The processes of one benchmark; `with Stack(name) as stack:` stops all of them on exit.
-
-    Workers stop first (while their server still answers, so soft shutdown is quick), then
-    devservers and other processes, then Redis servers; the scratch folder is removed unless
-    $EAGLE_SYNTH_BENCH_KEEP is set.
-    """
+class Stack(harness.Stack):
+    """The processes of one benchmark in a scratch folder; `with Stack(name) as stack:` stops all
+    of them on exit and removes the folder unless $EAGLE_SYNTH_BENCH_KEEP is set."""
 
     def __init__(self, name: str) -> None:
-        self.dir = scratch_dir(f"eagle-bench-{name}-")
-        self.workers: list[ManagedProcess] = []
-        self.others: list[ManagedProcess] = []
-        self.redis_servers: list[RedisServer] = []
-
-    def __enter__(self) -> Stack:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def redis(self) -> RedisServer:
-        server = RedisServer(workdir=self.dir / f"redis-{len(self.redis_servers)}")
-        self.redis_servers.append(server)
-        return server.start()
-
-    def devserver(self, *args: str, wait: bool = True, port: int = 0) -> tuple[ManagedProcess, str]:
-        process, url = start_devserver(
-            tokenizer=bench_tokenizer(), logdir=self.dir / "logs", args=list(args), wait=wait, port=port
+        super().__init__(
+            scratch_dir(f"eagle-bench-{name}-"),
+            tokenizer=bench_tokenizer(),
+            worker_env={"EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": str(BENCH_SOFT_SHUTDOWN)},
+            stop_timeout=WORKER_STOP_TIMEOUT,
+            remove=not os.environ.get(KEEP_ENV),
         )
-        self.others.append(process)
-        return process, url
-
-    def worker(
-        self,
-        *,
-        servers: list[str],
-        redis_url: str,
-        concurrency: int,
-        out: Path | None = None,
-        args: tuple[str, ...] = (),
-        name: str | None = None,
-    ) -> ManagedProcess:
-        process = start_worker(
-            servers=servers,
-            out=out or self.dir / "out",
-            redis_url=redis_url,
-            logdir=self.dir / "logs",
-            concurrency=concurrency,
-            args=list(args),
-            name=name,
-            env={"EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": str(BENCH_SOFT_SHUTDOWN)},
-        )
-        self.workers.append(process)
-        return process
-
-    def process(self, args: list[str], name: str) -> ManagedProcess:
-        """Any other child process (e.g. a baseline client), logged and stopped like the rest."""
-        process = ManagedProcess(
-            args=args, env={**os.environ, "PYTHONUNBUFFERED": "1"}, log_path=self.dir / "logs" / f"{name}.log"
-        ).start()
-        self.others.append(process)
-        return process
-
-    def stop_worker(self, process: ManagedProcess) -> None:
-        process.stop(timeout=WORKER_STOP_TIMEOUT)
-
-    def logs(self, tail: int = 3000) -> str:
-        return "\n".join(f"--- {p.log_path.name}\n{p.log()[-tail:]}" for p in self.workers + self.others)
 
     def close(self) -> None:
-        # Every stop is attempted even if one fails: nothing may outlive the benchmark.
-        for process in [*reversed(self.workers), *reversed(self.others)]:
-            _quietly(partial(process.stop, timeout=WORKER_STOP_TIMEOUT))
-        for server in reversed(self.redis_servers):
-            _quietly(server.stop)
-        if not os.environ.get(KEEP_ENV):
-            shutil.rmtree(self.dir, ignore_errors=True)
-        else:
+        super().close()
+        if not self.remove:
             print(f"  (kept {self.dir})", file=sys.stderr)
-
-
-def _quietly(fn: Callable[[], object]) -> None:
-    try:
-        fn()
-    except Exception as exc:  # cleanup must go on; say what failed
-        print(f"  cleanup: {exc!r}", file=sys.stderr)
 
 
 def tree(pid: int) -> list[psutil.Process]:

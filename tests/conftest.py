@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from eagle_synth.local import RedisServer, start_devserver, start_worker
+from eagle_synth.harness import RedisServer, Stack
 from tests.fixture_tokenizer import FixtureTokenizerError, fixture_tokenizer
 from tests.vllm_fixtures import own_vllm, real_vllm, vllm_model  # noqa: F401  (the real vLLM server's fixtures)
 
@@ -56,69 +53,20 @@ def server_api(request) -> str:
     return request.param
 
 
-@pytest.fixture
-def stack(tmp_path, tokenizer_path):
-    """Starts devservers and workers for a test and stops them all afterwards."""
-
-    class Stack:
-        def __init__(self) -> None:
-            self.processes = []
-            self.logdir = tmp_path / "logs"
-
-        def devserver(self, *args: str, wait: bool = True, port: int = 0, api: str = "sglang"):
-            """A devserver process speaking `api` ("sglang" or "vllm"); (process, base URL)."""
-            args = ("--api", api, *args) if api != "sglang" else args
-            process, url = start_devserver(
-                tokenizer=tokenizer_path, logdir=self.logdir, args=list(args), wait=wait, port=port
-            )
-            self.processes.append(process)
-            return process, url
-
-        def worker(self, *, servers, out, redis_url, concurrency=2, args=(), env=None, name=None):
-            env = {"EAGLE_SYNTH_RESTORE_INTERVAL": "1", **(env or {})}
-            process = start_worker(
-                servers=servers,
-                out=out,
-                redis_url=redis_url,
-                logdir=self.logdir,
-                concurrency=concurrency,
-                args=list(args),
-                env=env,
-                name=name,
-            )
-            self.processes.append(process)
-            return process
-
-        def logs(self) -> str:
-            return "\n".join(f"--- {p.log_path.name}\n{p.log()[-4000:]}" for p in self.processes)
-
-    s = Stack()
-    yield s
-    stop_together(s.processes, timeout=STACK_STOP_TIMEOUT)
-
-
 # Seconds the processes of a test's stack get to exit after SIGTERM before they are killed.
 STACK_STOP_TIMEOUT = 15.0
 
 
-def stop_together(processes, *, timeout: float) -> None:
-    """SIGTERM every process, then wait for all (SIGKILL what outlives `timeout`): a worker's
-    warm shutdown takes about a second (Celery's event loop notices the signal on its next
-    wake-up), and stopping them one after the other would add those seconds up."""
-    signalled = []
-    for process in processes:
-        if process.alive():
-            try:
-                os.killpg(process.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            signalled.append(process)
-    deadline = time.monotonic() + timeout
-    for process in signalled:
-        try:
-            process.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
+@pytest.fixture
+def stack(tmp_path, tokenizer_path):
+    """Starts devservers and workers for a test and stops them all afterwards."""
+    with Stack(
+        tmp_path,
+        tokenizer=tokenizer_path,
+        worker_env={"EAGLE_SYNTH_RESTORE_INTERVAL": "1"},
+        stop_timeout=STACK_STOP_TIMEOUT,
+    ) as s:
+        yield s
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

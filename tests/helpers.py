@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from eagle_synth.local import wait_for
+from eagle_synth.harness import wait_for
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.redis_client import connect

@@ -3,7 +3,7 @@ folds into its folder, and a rerun of `enqueue` or `retry-failed` afterwards sta
 
 from __future__ import annotations
 
-from eagle_synth.local import wait_for
+from eagle_synth.harness import wait_for
 from eagle_synth.state.campaign_archive import STATE_FILE
 from tests.conftest import chat_rows
 from tests.helpers import assert_exactly_once, campaign, cli, enqueue_rows, status_json, wait_finished

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from eagle_synth.local import RedisServer, free_port
+from eagle_synth.harness import RedisServer, free_port
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import CampaignSettings
 from eagle_synth.state.redis_client import connect

@@ -57,12 +57,11 @@ def documented_flags(doc: Path, command: str) -> set[str]:
 def help_flags(command: str) -> set[str]:
     """The option names `eagle-synth COMMAND --help` lists (no --help; no --no-X of a switch)."""
     if command == "devserver":
-        from eagle_synth.devserver.__main__ import build_parser
+        from eagle_synth.devserver.__main__ import cli as devserver_cli
 
-        return {o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")} - {
-            "--help"
-        }
-    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+        click_command = typer.main.get_command(devserver_cli)
+    else:
+        click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
     return {o for param in click_command.params for o in getattr(param, "opts", ()) if o.startswith("--")} - {"--help"}
 
 

@@ -10,7 +10,7 @@ import signal
 
 import psutil
 
-from eagle_synth.local import RedisServer, free_port, wait_for
+from eagle_synth.harness import RedisServer, free_port, wait_for
 from eagle_synth.payload import TaskPayload
 from eagle_synth.state.batch_store import stored_batches
 from eagle_synth.state.node_state import all_nodes

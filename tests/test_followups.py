@@ -13,8 +13,8 @@ import msgpack
 import pytest
 
 from eagle_synth.conversation import ConversationState, next_turn, turn_key
+from eagle_synth.harness import wait_for
 from eagle_synth.ids import pack_ids
-from eagle_synth.local import wait_for
 from eagle_synth.payload import PromptItem, TaskPayload, pack_item
 from eagle_synth.records import Record
 from eagle_synth.sampling import SamplingParams

@@ -6,7 +6,7 @@ from __future__ import annotations
 from eagle_synth.devserver.generation import Generator
 from eagle_synth.devserver.protocol import ServerRules, parse_generate_request
 from eagle_synth.devserver.vocab import ModelVocab
-from eagle_synth.local import wait_for
+from eagle_synth.harness import wait_for
 from eagle_synth.templating import render_prompt_ids
 from tests.helpers import assert_exactly_once, devserver_stats, enqueue_rows, wait_finished
 from workers.backends.sglang import SGLangBackend
@@ -105,7 +105,7 @@ def test_pool_refills_a_freed_ticket_while_a_long_request_runs(stack):
 
 
 def test_pool_answers_connection_refused_as_server_down():
-    from eagle_synth.local import free_port
+    from eagle_synth.harness import free_port
     from workers.client import ServerDown
 
     url = f"http://127.0.0.1:{free_port()}"

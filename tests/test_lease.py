@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle_synth.local import wait_for
+from eagle_synth.harness import wait_for
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.redis_client import connect
 from workers.lease import BatchBusy, BatchLease

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle_synth.local import free_port, wait_for
+from eagle_synth.harness import free_port, wait_for
 from eagle_synth.payload import PromptItem
 from eagle_synth.records import MANIFEST_NAME, write_manifest
 from eagle_synth.state.campaign import Campaign, CampaignSettings

@@ -16,7 +16,7 @@ from dataclasses import asdict
 import pytest
 import requests
 
-from eagle_synth.local import free_port, port_open, start_devserver, wait_for
+from eagle_synth.harness import free_port, port_open, start_devserver, wait_for
 from eagle_synth.manifest import build_manifest
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings

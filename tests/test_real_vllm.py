@@ -15,7 +15,7 @@ import json
 
 import requests
 
-from eagle_synth.local import free_port, wait_for
+from eagle_synth.harness import free_port, wait_for
 from tests.conftest import write_jsonl
 from tests.helpers import (
     assert_exactly_once,

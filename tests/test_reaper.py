@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from eagle_synth.local import wait_for
+from eagle_synth.harness import wait_for
 from eagle_synth.queue import make_celery, queued_payloads
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.keys import CampaignKeys

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from eagle_synth.local import RedisServer, wait_for
+from eagle_synth.harness import RedisServer, wait_for
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.redis_policy import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 
-from eagle_synth.local import RedisServer, wait_for
+from eagle_synth.harness import RedisServer, wait_for
 from eagle_synth.payload import TaskPayload
 from eagle_synth.state.batch_store import stored_batches
 from eagle_synth.state.redis_client import text

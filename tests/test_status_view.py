@@ -18,7 +18,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from eagle_synth.cli import app as cli_app
-from eagle_synth.local import RedisServer, scratch_dir, wait_for
+from eagle_synth.harness import RedisServer, scratch_dir, wait_for
 from eagle_synth.payload import PromptItem
 from eagle_synth.state import counters
 from eagle_synth.state.campaign import Campaign, CampaignSettings

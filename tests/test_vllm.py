@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES, malform_completion
-from eagle_synth.local import port_open, start_devserver, wait_for
+from eagle_synth.harness import port_open, start_devserver, wait_for
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.state.node_state import HEALTHY, REFUSED, ServerState
 from tests.conftest import chat_rows

@@ -7,7 +7,7 @@ import time
 import pytest
 import requests
 
-from eagle_synth.local import RedisServer, free_port, wait_for
+from eagle_synth.harness import RedisServer, free_port, wait_for
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.queue import make_celery
 from eagle_synth.settings import broker_settings

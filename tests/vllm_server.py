@@ -26,7 +26,7 @@ from pathlib import Path
 
 import requests
 
-from eagle_synth.local import ManagedProcess, free_port
+from eagle_synth.harness import ManagedProcess, free_port
 from tests import vllm_env
 
 ROOT = Path(__file__).resolve().parent.parent

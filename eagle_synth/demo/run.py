@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eagle_synth.local import RedisServer, start_devserver, start_worker, wait_for
+from eagle_synth.harness import Stack, wait_for
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -30,6 +30,8 @@ DEMO_MEAN_OUTPUT_TOKENS = "120"
 DEMO_CAMPAIGN = "demo"
 # Seconds the demo waits for its campaign before it gives up and shows the logs.
 DEMO_TIMEOUT = 300
+# Seconds its processes get to exit after SIGTERM (a worker's soft shutdown) before SIGKILL.
+DEMO_STOP_TIMEOUT = 20
 
 
 def bundled_prompts() -> Path:
@@ -53,22 +55,15 @@ def run_demo(folder: Path) -> int:
 
     console = Console()
     folder = Path(folder).resolve()
-    logs = folder / "logs"
     console.rule("eagle-synth demo")
     console.print(f"working folder: {folder}")
     tokenizer = build_demo_tokenizer(folder / "tokenizer")
     console.print(f"1. tokenizer with a reasoning chat template: {tokenizer}")
 
-    redis_server = RedisServer(workdir=folder / "redis").start()
-    processes = []
-    try:
+    with Stack(folder, tokenizer=tokenizer, stop_timeout=DEMO_STOP_TIMEOUT) as stack:
+        redis_server = stack.redis()
         console.print(f"2. private redis-server: {redis_server.url}")
-        devserver, url = start_devserver(
-            tokenizer=tokenizer,
-            logdir=logs,
-            args=["--token-latency", DEMO_TOKEN_LATENCY, "--mean-output-tokens", DEMO_MEAN_OUTPUT_TOKENS],
-        )
-        processes.append(devserver)
+        _, url = stack.devserver("--token-latency", DEMO_TOKEN_LATENCY, "--mean-output-tokens", DEMO_MEAN_OUTPUT_TOKENS)
         console.print(f"3. devserver (SGLang's /generate contract, no GPU): {url}")
 
         broker = broker_settings(redis_url=redis_server.url)
@@ -85,15 +80,7 @@ def run_demo(folder: Path) -> int:
         print_summary(summary)
 
         out = folder / "out"
-        worker = start_worker(
-            servers=[url],
-            out=out,
-            redis_url=redis_server.url,
-            logdir=logs,
-            concurrency=2,
-            args=["--render-processes", "1"],
-        )
-        processes.append(worker)
+        worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, args=["--render-processes", "1"])
         console.print(f"5. eagle-synth worker --server {url} --out {out} (a real Celery worker)")
         campaign = Campaign(connect(broker), DEMO_CAMPAIGN)
         conversations = ConversationStore(campaign)
@@ -149,10 +136,6 @@ def run_demo(folder: Path) -> int:
         if activate:
             hint(f"  (or `{activate}` first: it puts eagle-synth on PATH in this shell)")
         return 0
-    finally:
-        for process in reversed(processes):
-            process.stop(timeout=20)
-        redis_server.stop()
 
 
 def shown_path(path: Path) -> str:

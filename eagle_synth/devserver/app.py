@@ -14,14 +14,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, FaultPlan, GenerateFate, malform
-from eagle_synth.devserver.generation import Generator
+from eagle_synth.devserver.generation import Completion, Generator
 from eagle_synth.devserver.prefix_cache import PrefixCache
 from eagle_synth.devserver.protocol import (
     SAMPLING_400_VERSION,
+    PromptRequest,
     ProtocolError,
     ServerRules,
     parse_generate_request,
@@ -347,17 +349,39 @@ class DevServerApp:
 
     # ---- generation ----------------------------------------------------------------------
 
-    def generate(self, body: bytes) -> Reply:
-        """/generate: SGLang's native generation endpoint, with faults applied."""
-        received = time.monotonic()
+    def fated(self, body: bytes, endpoint: str, serve: Callable[[bytes, GenerateFate], Reply]) -> Reply:
+        """One generation request (either API) with its fault drawn; the --die-after one dies
+        once answered."""
         self.stats.generate_received(healthy=self.healthy())
         fate = self.faults.next_generate()
-        reply = self._generate(body, fate, received)
+        reply = serve(body, fate)
         if fate.die_after_response and reply.die_reason is None:
-            reply.die_reason = f"--die-after {fate.number}: answered the last allowed /generate"
+            reply.die_reason = f"--die-after {fate.number}: answered the last allowed {endpoint}"
         return reply
 
-    def _generate(self, body: bytes, fate: GenerateFate, received: float) -> Reply:
+    def hold_slots(self, prompts: list[PromptRequest], completions: list[Completion]) -> list[SlotJob] | None:
+        """Each prompt holds a slot for its emulated time (QueueFullError past the queue cap);
+        None when the GPU died meanwhile, which drops the reply."""
+        jobs = [
+            SlotJob(rid=p.rid, group_rid=p.group_rid, output_tokens=len(c.output_ids))
+            for p, c in zip(prompts, completions)
+        ]
+        self.scheduler.submit(jobs)
+        for job in jobs:
+            job.done.wait()
+        return None if any(job.outcome == KILLED for job in jobs) else jobs
+
+    def text(self, prompt: PromptRequest, completion: Completion, output_ids: list[int], aborted: bool) -> str:
+        """A reply's text: the rendered completion, or an aborted one's tokens decoded."""
+        if aborted:
+            return self.vocab.decode(output_ids, skip_special_tokens=prompt.params.skip_special_tokens)
+        return self.generator.render_text(completion, prompt.params)
+
+    def generate(self, body: bytes) -> Reply:
+        """/generate: SGLang's native generation endpoint, with faults applied."""
+        return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()))
+
+    def _generate(self, body: bytes, fate: GenerateFate, *, received: float) -> Reply:
         if fate.action == FAIL:
             self.stats.count("injected_failures")
             return Reply(status=500, body=INTERNAL_ERROR_BODY, content_type="text/plain")
@@ -390,21 +414,15 @@ class DevServerApp:
 
         completions = [self.generator.complete(p) for p in req.prompts]
         cached = [self.cache.lookup(p.input_ids) for p in req.prompts]
-        jobs = [
-            SlotJob(rid=p.rid, group_rid=p.group_rid, output_tokens=len(c.output_ids))
-            for p, c in zip(req.prompts, completions)
-        ]
         try:
-            self.scheduler.submit(jobs)
+            jobs = self.hold_slots(req.prompts, completions)
         except QueueFullError as err:
             self.stats.count("queue_full")
             return json_reply(
                 {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503},
                 status=503,
             )
-        for job in jobs:
-            job.done.wait()
-        if any(job.outcome == KILLED for job in jobs):
+        if jobs is None:
             return Reply(drop=True)
 
         items = [
@@ -440,10 +458,7 @@ class DevServerApp:
             shown = prompt.input_ids[-self.config.prefix_bug :] + output_ids
         item: dict[str, Any] = {}
         if not self.config.skip_tokenizer_init:
-            if not aborted:
-                item["text"] = self.generator.render_text(completion, prompt.params)
-            else:
-                item["text"] = self.vocab.decode(output_ids, skip_special_tokens=prompt.params.skip_special_tokens)
+            item["text"] = self.text(prompt, completion, output_ids, aborted)
         item["output_ids"] = shown
         item["meta_info"] = {
             "id": prompt.rid,

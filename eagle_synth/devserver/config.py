@@ -1,7 +1,7 @@
 """DevServerConfig: every knob of the devserver, with its default and its help text.
 
-The help text lives in each field's metadata so the argparse front end (`__main__`) and any
-other front end (the project's typer CLI) describe the same flags from one place.
+Each field's metadata holds its help text (and CLI aliases): `__main__` makes the typer
+command from them, so the flags are declared once.
 """
 
 from __future__ import annotations
@@ -54,6 +54,21 @@ SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 
 
+# Smallest allowed value of each knob that has one (unset, None, passes).
+MINIMUMS = (
+    *(("context_length", 2), ("vocab_size", 1), ("slots", 1), ("mean_output_tokens", 1), ("length_median", 1)),
+    *(("die_after", 1), ("understate_completion", 0), ("speculative_num_steps", 1), ("speculative_eagle_topk", 1)),
+    ("speculative_num_draft_tokens", 1),
+)
+
+
+def _json_or_none(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def _opt(default, help_text: str, **extra):
     """A dataclass field carrying its CLI help (and optional `cli: False` to hide it)."""
     return field(default=default, metadata={"help": help_text, **extra})
@@ -63,54 +78,12 @@ def _opt(default, help_text: str, **extra):
 class DevServerConfig:
     """Launch arguments of one devserver: what it emulates and which faults it injects.
 
-    Parameters (CLI flag = field name with dashes, e.g. `--token-latency`):
-        tokenizer: Hugging Face tokenizer directory (required); its ids are the model's ids.
-        api: "sglang" (SGLang's /generate and info endpoints) or "vllm" (vLLM's /v1/completions,
-            /v1/models, /version, /health); every other knob works with both unless noted.
-        host, port: where to listen; port 0 picks a free port (the printed line tells which).
-        model_path: reported as the model path; defaults to the tokenizer directory.
-        context_length: model context length; None reports null in server_info (like SGLang
-            when the flag is not given) and uses DEFAULT_CONTEXT_LENGTH.
-        vocab_size: ids >= this kill the server; defaults to len(tokenizer).
-        slots: prompts generating at once (`--max-running-requests` in SGLang); each holds its
-            slot for its own decode time and frees it the moment it ends; further prompts wait
-            in a FIFO queue.
-        max_queued_requests: waiting prompts beyond this are refused with 503; None = no cap.
-        token_latency: seconds per output token while a prompt holds its slot.
-        prefill_latency: seconds per prompt before its first token, slot held.
-        mean_output_tokens: mean of the seeded natural output length (gamma, shape 2).
-        length_median, length_sigma: if length_median is set, natural lengths are lognormal
-            with this median and sigma instead (reasoning-trace tails).
-        startup_delay: seconds before the port is bound (emulates weight loading).
-        warmup: seconds after binding during which /health and /health_generate answer 503.
-        fail_rate: fraction of /generate requests answered HTTP 500.
-        drop_rate: fraction of /generate requests whose connection closes without a response.
-        health_fail_rate: fraction of post-warm-up health probes answered 503 (false alarms).
-        die_after: the process exits right after answering its N-th /generate request.
-        prefix_bug: emulate the pre-0.5.5 bug: output_ids start with K prompt-tail tokens.
-        reasoning_parser, tool_call_parser, skip_tokenizer_init: reported in server_info;
-            skip_tokenizer_init also drops `text` from responses.
-        sglang_version: the `version` reported by /get_server_info.
-        seed: seeds the fault RNG and temperature>0 sampling.
-        access_log: log every HTTP request to stderr.
-        exit_on_death: a fatal fault ends the process (os._exit); False only stops serving,
-            which is what an in-process (thread) server needs.
-        api_key, admin_api_key: reported in server_info unredacted, as SGLang does (the
-            devserver does not check them).
-        allow_auto_truncate: cut prompts and max_new_tokens that do not fit instead of 400.
-        preferred_sampling_params: JSON object merged under every request's own params.
-        enable_deterministic_inference: reported in server_info (sampling_seed is honoured).
-        speculative_algorithm, speculative_num_steps, speculative_eagle_topk,
-            speculative_num_draft_tokens: reported; EAGLE-family drafts are reserved in the
-            context check as SGLang does.
-        malformed_rate: fraction of /generate replies answered 200 with a malformed item.
-        vllm_version: the version vLLM's /version reports (--api vllm).
-        served_model_name: the model name /v1/models reports and `model` must match (vLLM's
-            --served-model-name); defaults to the model path.
-        generation_config, override_generation_config: vLLM's flags (--api vllm): the JSON
-            override fills sampling fields a request leaves out and its max_new_tokens caps
-            every max_tokens, as vLLM does; a generation_config folder is only reported.
-        dev_mode: vLLM's VLLM_SERVER_DEV_MODE=1: /server_info serves the configuration.
+    Each field is a CLI flag (its name with dashes) whose help is in the field's metadata;
+    docs/devserver.md describes them all. Every knob works with both APIs except those in
+    API_ONLY_KNOBS. Not said by the helps: slots free the moment their prompt ends (the rest
+    wait in FIFO order); exit_on_death=False (not a flag) makes a fatal fault only stop
+    serving, which an in-process (thread) server needs; the vLLM override's max_new_tokens
+    caps every max_tokens, as vLLM does.
     """
 
     tokenizer: str = field(metadata={"help": "Hugging Face tokenizer directory (required)."})
@@ -199,57 +172,28 @@ class DevServerConfig:
         for name, unset, api in API_ONLY_KNOBS:
             if self.api != api and getattr(self, name) != unset:
                 bad(name, f"only with --api {api} (the other kind of server has no such setting)")
-        if self.override_generation_config is not None:
-            try:
-                override = json.loads(self.override_generation_config)
-            except ValueError:
-                override = None
-            if not isinstance(override, dict):
-                bad("override_generation_config", "must be a JSON object")
+        for name in ("override_generation_config", "preferred_sampling_params"):
+            if getattr(self, name) is not None and not isinstance(_json_or_none(getattr(self, name)), dict):
+                bad(name, "must be a JSON object")
         if not 0 <= self.port <= 65535:
             bad("port", "must be 0..65535")
-        if self.context_length is not None and self.context_length < 2:
-            bad("context_length", "must be at least 2")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            bad("vocab_size", "must be at least 1")
-        if self.slots < 1:
-            bad("slots", "must be at least 1")
-        if self.max_queued_requests is not None and self.max_queued_requests < 0:
-            bad("max_queued_requests", "must be >= 0")
-        for name in ("token_latency", "prefill_latency", "startup_delay", "warmup"):
-            if getattr(self, name) < 0:
+        for name, low in MINIMUMS:
+            if getattr(self, name) is not None and getattr(self, name) < low:
+                bad(name, f"must be at least {low}")
+        for name in ("max_queued_requests", "token_latency", "prefill_latency", "startup_delay", "warmup"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 bad(name, "must be >= 0")
-        if self.mean_output_tokens < 1:
-            bad("mean_output_tokens", "must be at least 1")
-        if self.length_median is not None and self.length_median < 1:
-            bad("length_median", "must be at least 1")
-        if not 0.0 <= self.length_sigma <= 4.0:
-            bad("length_sigma", "must be in [0, 4]")
-        for name in ("fail_rate", "drop_rate", "health_fail_rate"):
+        for name in ("fail_rate", "drop_rate", "health_fail_rate", "malformed_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 bad(name, "must be in [0, 1]")
-        if self.die_after is not None and self.die_after < 1:
-            bad("die_after", "must be at least 1")
-        if self.understate_completion < 0:
-            bad("understate_completion", "must be at least 0")
+        if not 0.0 <= self.length_sigma <= 4.0:
+            bad("length_sigma", "must be in [0, 4]")
         if not 0 <= self.prefix_bug <= MAX_PREFIX_BUG_TOKENS:
             bad("prefix_bug", f"must be 0..{MAX_PREFIX_BUG_TOKENS}")
-        if not 0.0 <= self.malformed_rate <= 1.0:
-            bad("malformed_rate", "must be in [0, 1]")
         if self.fail_rate + self.drop_rate + self.malformed_rate > 1.0:
             out.append("--fail-rate + --drop-rate + --malformed-rate: must not exceed 1")
-        if self.preferred_sampling_params is not None:
-            try:
-                preferred = json.loads(self.preferred_sampling_params)
-            except ValueError:
-                preferred = None
-            if not isinstance(preferred, dict):
-                bad("preferred_sampling_params", "must be a JSON object")
         if self.speculative_algorithm is not None and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
             bad("speculative_algorithm", f"must be one of {', '.join(SPECULATIVE_ALGORITHMS)}")
-        for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                bad(name, "must be at least 1")
         if self.draft_reserved_tokens >= self.effective_context_length:
             out.append("speculative settings: the reserved draft tokens must be below the context length")
         return out

@@ -18,46 +18,39 @@ MALFORMED = "malformed"
 MALFORMED_SHAPES = ("list-of-ints", "meta-info-string", "ids-as-strings", "negative-ids", "missing-output-ids")
 
 
-def malform(item: dict, shape: str) -> Any:
-    """A broken copy of one /generate reply item, in one of MALFORMED_SHAPES."""
-    ids = list(item.get("output_ids") or [0])
+def _broken(holder: dict, key: str, shape: str) -> Any:
+    """A copy of `holder` whose ids under `key` are broken as `shape` says (the bare ids for
+    list-of-ints; an unchanged copy for meta-info-string, which the callers break)."""
+    ids = list(holder.get(key) or [0])
     if shape == "list-of-ints":
         return ids
-    broken = dict(item)
+    broken = dict(holder)
+    if shape == "ids-as-strings":
+        broken[key] = [str(i) for i in ids]
+    elif shape == "negative-ids":
+        broken[key] = [-1 - i for i in ids]
+    elif shape == "missing-output-ids":
+        broken.pop(key, None)
+    elif shape != "meta-info-string":
+        raise ValueError(f"unknown malformed shape {shape!r}")
+    return broken
+
+
+def malform(item: dict, shape: str) -> Any:
+    """A broken copy of one /generate reply item, in one of MALFORMED_SHAPES."""
+    broken = _broken(item, "output_ids", shape)
     if shape == "meta-info-string":
         broken["meta_info"] = str(item.get("meta_info"))
-    elif shape == "ids-as-strings":
-        broken["output_ids"] = [str(i) for i in ids]
-    elif shape == "negative-ids":
-        broken["output_ids"] = [-1 - i for i in ids]
-    elif shape == "missing-output-ids":
-        broken.pop("output_ids", None)
-    else:
-        raise ValueError(f"unknown malformed shape {shape!r}")
     return broken
 
 
 def malform_completion(reply: dict, shape: str) -> Any:
     """A broken copy of one vLLM /v1/completions reply, in one of MALFORMED_SHAPES (the same
     faults in vLLM's shape: meta-info-string makes `choices` a string)."""
-    choice = dict(reply["choices"][0])
-    ids = list(choice.get("token_ids") or [0])
-    if shape == "list-of-ints":
-        return ids
-    broken = dict(reply)
     if shape == "meta-info-string":
-        broken["choices"] = str(reply["choices"])
-        return broken
-    if shape == "ids-as-strings":
-        choice["token_ids"] = [str(i) for i in ids]
-    elif shape == "negative-ids":
-        choice["token_ids"] = [-1 - i for i in ids]
-    elif shape == "missing-output-ids":
-        choice.pop("token_ids", None)
-    else:
-        raise ValueError(f"unknown malformed shape {shape!r}")
-    broken["choices"] = [choice, *reply["choices"][1:]]
-    return broken
+        return {**reply, "choices": str(reply["choices"])}
+    choice = _broken(reply["choices"][0], "token_ids", shape)
+    return choice if shape == "list-of-ints" else {**reply, "choices": [choice, *reply["choices"][1:]]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,15 +95,11 @@ class FaultPlan:
         seed: int,
         malformed_rate: float = 0.0,
     ) -> None:
-        self.fail_rate = fail_rate
-        self.drop_rate = drop_rate
-        self.malformed_rate = malformed_rate
-        self._malformed_count = 0
-        self.health_fail_rate = health_fail_rate
-        self.die_after = die_after
+        self.fail_rate, self.drop_rate, self.malformed_rate = fail_rate, drop_rate, malformed_rate
+        self.health_fail_rate, self.die_after = health_fail_rate, die_after
         self._generate_rng = random.Random(f"devserver-generate-faults-{seed}")
         self._health_rng = random.Random(f"devserver-health-faults-{seed}")
-        self._count = 0
+        self._count = self._malformed_count = 0
         self._lock = threading.Lock()
 
     def next_generate(self) -> GenerateFate:

@@ -137,21 +137,9 @@ class Generator:
         if p.greedy:
             h.update(b"greedy")
         else:
-            key = [
-                "sample",
-                p.temperature,
-                p.top_p,
-                p.top_k,
-                p.min_p,
-                p.frequency_penalty,
-                p.presence_penalty,
-                p.repetition_penalty,
-                p.sampling_seed,
-                list(p.extra),
-                prompt.sample_index,
-                self.seed,
-            ]
-            h.update(json.dumps(key).encode())
+            penalties = [p.frequency_penalty, p.presence_penalty, p.repetition_penalty]
+            key = ["sample", p.temperature, p.top_p, p.top_k, p.min_p, *penalties, p.sampling_seed, list(p.extra)]
+            h.update(json.dumps([*key, prompt.sample_index, self.seed]).encode())
         return int.from_bytes(h.digest(), "big")
 
     def _natural_length(self, rng: random.Random) -> int:

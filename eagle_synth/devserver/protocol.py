@@ -13,6 +13,7 @@ not check them either, the server dies on them later.
 
 from __future__ import annotations
 
+import itertools
 import math
 import uuid
 from collections.abc import Callable
@@ -23,6 +24,9 @@ from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
 
 # Keys SGLang's SamplingParams accepts; anything else is a TypeError in the real server.
 SAMPLING_KEYS = SGLANG_SAMPLING_KEYS
+# Sampling keys by the JSON type SGLang's SamplingParams takes.
+INT_KEYS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "sampling_seed")
+FLOAT_KEYS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 # SGLang's default max_new_tokens when the request leaves it out.
 DEFAULT_MAX_NEW_TOKENS = 128
 # Below this temperature SGLang samples greedily.
@@ -34,18 +38,14 @@ SAMPLING_400_VERSION = (0, 5, 23)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
-    """(0, 5, 23) from "0.5.23" or "0.5.23rc1"; unparsable parts end the tuple."""
+    """(0, 5, 23) from "0.5.23" or "0.32.0rc1+cpu"; unparsable parts end the tuple."""
     numbers = []
     for part in version.split("."):
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
+        digits = "".join(itertools.takewhile(str.isdigit, part))
         if not digits:
             break
         numbers.append(int(digits))
-        if len(digits) != len(part):
+        if digits != part:
             break
     return tuple(numbers)
 
@@ -172,15 +172,7 @@ def _is_number(value: Any) -> bool:
 
 
 # How the msgspec-based SamplingParams of SGLang 0.5.x names JSON types in its errors.
-_JSON_TYPE_NAMES = {
-    "int": "int",
-    "float": "float",
-    "str": "str",
-    "bool": "bool",
-    "list": "array",
-    "dict": "object",
-    "NoneType": "null",
-}
+_JSON_TYPE_NAMES = {"list": "array", "dict": "object", "NoneType": "null"}  # int, float, str, bool: as named
 
 
 def _type_error(key: str, value: Any, expected: str, *, as_400: bool) -> ProtocolError:
@@ -209,18 +201,11 @@ def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingP
     for key, value in raw.items():
         if value is None:
             continue
-        if key in ("max_new_tokens", "min_new_tokens", "top_k", "n", "sampling_seed"):
+        if key in INT_KEYS:
             if not _is_int(value):
                 raise _type_error(key, value, "int", as_400=errors_are_400)
             values[key] = value
-        elif key in (
-            "temperature",
-            "top_p",
-            "min_p",
-            "frequency_penalty",
-            "presence_penalty",
-            "repetition_penalty",
-        ):
+        elif key in FLOAT_KEYS:
             if not _is_number(value):
                 raise _type_error(key, value, "float", as_400=errors_are_400)
             values[key] = float(value)

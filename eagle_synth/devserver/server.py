@@ -1,19 +1,22 @@
 """HTTP transport and lifecycle: load the tokenizer, wait out the startup delay, bind, serve.
 
-Stdlib only: a ThreadingHTTPServer speaking HTTP/1.1 with keep-alive, one daemon thread per
-connection, JSON in and out. Endpoint behaviour lives in `app.py` (SGLang's API) and
-`vllm_api.py` (vLLM's, with --api vllm).
+aiohttp.web on an event loop of its own (the main thread, or a daemon thread in-process).
+Endpoint methods block (a /generate holds its slot for the emulated time), so each runs in a
+pool thread: a waiting request costs one thread, as a thread-per-connection server did.
+Endpoint behaviour lives in `app.py` (SGLang's API) and `vllm_api.py` (vLLM's, with --api vllm).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import socket
 import threading
 import time
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+from aiohttp import web
 
 from eagle_synth.devserver.app import DevServerApp, Reply, json_reply
 from eagle_synth.devserver.config import DevServerConfig
@@ -26,141 +29,42 @@ log = logging.getLogger("eagle_synth.devserver")
 KEEPALIVE_TIMEOUT_S = 5.0
 # Listen backlog: hundreds of clients connecting at once must queue, not be refused.
 LISTEN_BACKLOG = 2048
+# Requests blocked in endpoint methods at once (threads start on demand, up to this many).
+HANDLER_THREADS = 4096
 # Largest request body accepted (a big batch of long prompts is a few MB).
 MAX_BODY_BYTES = 512 * 1024 * 1024
-# How often serve_forever checks for shutdown; bounds how long stop() and death take.
-POLL_INTERVAL_S = 0.1
+# Seconds stop() gives unfinished replies (a trickling /health) before closing them.
+SHUTDOWN_TIMEOUT_S = 1.0
 # Line printed (and flushed) once the port listens; tests and scripts wait for it.
 LISTENING_LINE = "devserver listening on http://{host}:{port}"
 
-
-@dataclass(frozen=True, slots=True)
-class _Route:
-    methods: frozenset[str]
-    handler: str  # DevServerApp method name
-
-
-ROUTES: dict[str, _Route] = {
-    "/generate": _Route(frozenset({"POST", "PUT"}), "generate"),
-    "/health": _Route(frozenset({"GET"}), "health"),
-    "/health_generate": _Route(frozenset({"GET"}), "health"),
-    "/model_info": _Route(frozenset({"GET"}), "model_info"),
-    "/get_model_info": _Route(frozenset({"GET"}), "get_model_info"),
-    "/server_info": _Route(frozenset({"GET"}), "server_info"),
-    "/get_server_info": _Route(frozenset({"GET"}), "get_server_info"),
-    "/v1/models": _Route(frozenset({"GET"}), "models"),
-    "/flush_cache": _Route(frozenset({"GET", "POST"}), "flush_cache"),
-    "/abort_request": _Route(frozenset({"POST", "PUT"}), "abort_request"),
-    "/dev/stats": _Route(frozenset({"GET"}), "dev_stats"),
-    "/dev/reset_stats": _Route(frozenset({"POST"}), "dev_reset_stats"),
+# path -> (methods, endpoint method name): a method of the app, or with --api vllm of its
+# VllmApi (falling back to the app's for the shared ones: /health, /dev/stats).
+ROUTES: dict[str, tuple[frozenset[str], str]] = {
+    "/generate": (frozenset({"POST", "PUT"}), "generate"),
+    "/health": (frozenset({"GET"}), "health"),
+    "/health_generate": (frozenset({"GET"}), "health"),
+    "/model_info": (frozenset({"GET"}), "model_info"),
+    "/get_model_info": (frozenset({"GET"}), "get_model_info"),
+    "/server_info": (frozenset({"GET"}), "server_info"),
+    "/get_server_info": (frozenset({"GET"}), "get_server_info"),
+    "/v1/models": (frozenset({"GET"}), "models"),
+    "/flush_cache": (frozenset({"GET", "POST"}), "flush_cache"),
+    "/abort_request": (frozenset({"POST", "PUT"}), "abort_request"),
+    "/dev/stats": (frozenset({"GET"}), "dev_stats"),
+    "/dev/reset_stats": (frozenset({"POST"}), "dev_reset_stats"),
 }
-# vLLM's endpoints with --api vllm (handlers are VllmApi methods); every other path is a 404.
-VLLM_ROUTES: dict[str, _Route] = {
-    "/v1/completions": _Route(frozenset({"POST"}), "completions"),
-    "/health": _Route(frozenset({"GET"}), "health"),
-    "/v1/models": _Route(frozenset({"GET"}), "models"),
-    "/version": _Route(frozenset({"GET"}), "version"),
-    "/server_info": _Route(frozenset({"GET"}), "server_info"),
-    "/tokenize": _Route(frozenset({"POST"}), "tokenize"),
-    "/dev/stats": _Route(frozenset({"GET"}), "dev_stats"),
-    "/dev/reset_stats": _Route(frozenset({"POST"}), "dev_reset_stats"),
+# vLLM's endpoints with --api vllm; every other path is a 404.
+VLLM_ROUTES: dict[str, tuple[frozenset[str], str]] = {
+    "/v1/completions": (frozenset({"POST"}), "completions"),
+    "/health": (frozenset({"GET"}), "health"),
+    "/v1/models": (frozenset({"GET"}), "models"),
+    "/version": (frozenset({"GET"}), "version"),
+    "/server_info": (frozenset({"GET"}), "server_info"),
+    "/tokenize": (frozenset({"POST"}), "tokenize"),
+    "/dev/stats": (frozenset({"GET"}), "dev_stats"),
+    "/dev/reset_stats": (frozenset({"POST"}), "dev_reset_stats"),
 }
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """One connection: routes each request to the app and writes (or drops) the reply."""
-
-    protocol_version = "HTTP/1.1"
-    server_version = "eagle-synth-devserver"
-    sys_version = ""
-    # Headers and body go out in separate writes; without this Nagle + delayed ACK add ~40 ms.
-    disable_nagle_algorithm = True
-    timeout = KEEPALIVE_TIMEOUT_S
-    app: DevServerApp  # set on the per-server subclass
-    routes: dict[str, _Route]  # ROUTES or VLLM_ROUTES, per --api
-    endpoints: object  # the object whose methods the routes name: the app, or its VllmApi
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def _dispatch(self, method: str) -> None:
-        app = self.app
-        if app.dead:
-            self._drop()
-            return
-        body = self._read_body()
-        if body is None:
-            self._send(json_reply({"detail": "Request body too large"}, status=413))
-            self.close_connection = True
-            return
-        path = urlsplit(self.path).path.rstrip("/") or "/"
-        route = self.routes.get(path)
-        if route is None:
-            reply = json_reply({"detail": "Not Found"}, status=404)
-        elif method not in route.methods:
-            reply = json_reply({"detail": "Method Not Allowed"}, status=405)
-        else:
-            try:
-                reply = getattr(self.endpoints, route.handler)(body)
-            except Exception:
-                log.exception("%s %s failed", method, path)
-                reply = Reply(status=500, body=b"Internal Server Error", content_type="text/plain")
-        if reply.drop or app.dead:
-            self._drop()
-        else:
-            self._send(reply)
-        if reply.die_reason is not None:
-            app.die(reply.die_reason)
-
-    def _read_body(self) -> bytes | None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            return None
-        return self.rfile.read(length) if length > 0 else b""
-
-    def _send(self, reply: Reply) -> None:
-        self.send_response(reply.status)
-        self.send_header("Content-Type", reply.content_type)
-        self.send_header("Content-Length", str(len(reply.body)))
-        self.end_headers()
-        if reply.trickle:
-            try:
-                for index in range(len(reply.body)):
-                    self.wfile.write(reply.body[index : index + 1])
-                    self.wfile.flush()
-                    time.sleep(reply.trickle)
-            except OSError:
-                self.close_connection = True  # the client gave up: what a deadline does
-            return
-        if reply.body:
-            self.wfile.write(reply.body)
-
-    def _drop(self) -> None:
-        """Close the connection with no response at all (the client sees a disconnect)."""
-        self.close_connection = True
-        try:
-            self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
-        if self.app.config.access_log:
-            super().log_message(format, *args)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG
-
-    def handle_error(self, request, client_address) -> None:
-        # Clients that hang up mid-reply are routine under fault tests and benchmarks.
-        log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
 class DevServer:
@@ -183,13 +87,16 @@ class DevServer:
         self.stopped = threading.Event()
         self.error: BaseException | None = None
         self._vocab = vocab
-        self._httpd: _HTTPServer | None = None
+        self._port = config.port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
         self._stop_requested = threading.Event()
+        self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="devserver")
 
     @property
     def port(self) -> int:
         """The bound port (meaningful once `listening` is set)."""
-        return self._httpd.server_address[1] if self._httpd is not None else self.config.port
+        return self._port
 
     @property
     def url(self) -> str:
@@ -199,16 +106,20 @@ class DevServer:
     def run(self) -> None:
         """Load, delay, bind and serve; returns after `stop()` or an in-process death."""
         try:
-            self._run()
+            asyncio.run(self._run())
         except BaseException as exc:
             self.error = exc
             raise
         finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self.stopped.set()
             self.listening.set()  # release waiters even when start failed
 
-    def _run(self) -> None:
+    async def _run(self) -> None:
         c = self.config
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        if self._stop_requested.is_set():
+            return
         t0 = time.monotonic()
         vocab = self._vocab or ModelVocab.load(tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size)
         log.info(
@@ -221,54 +132,112 @@ class DevServer:
             vocab.think_close_id,
             len(vocab.corpus_ids),
         )
-        self.app = DevServerApp(config=c, vocab=vocab, on_death=self._on_death)
+        self.app = DevServerApp(config=c, vocab=vocab, on_death=self._request_stop)
         if c.startup_delay > 0:
             log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)
-            if self._stop_requested.wait(c.startup_delay):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), c.startup_delay)
+            if self._stop.is_set():
                 return
-        endpoints: object
-        if c.api == "vllm":
-            routes, endpoints = VLLM_ROUTES, VllmApi(self.app)
-        else:
-            routes, endpoints = ROUTES, self.app
-        handler = type("DevServerHandler", (_Handler,), {"app": self.app, "routes": routes, "endpoints": endpoints})
-        self._httpd = _HTTPServer((c.host, c.port), handler)
-        self.app.mark_listening()
-        print(LISTENING_LINE.format(host=c.host, port=self.port), flush=True)
-        self.listening.set()
-        if c.warmup > 0:
-            log.info("devserver warm-up: health answers 503 for %.1fs", c.warmup)
+        routes, endpoints = (VLLM_ROUTES, VllmApi(self.app)) if c.api == "vllm" else (ROUTES, self.app)
+        handlers = {
+            path: (methods, getattr(endpoints, name, None) or getattr(self.app, name))
+            for path, (methods, name) in routes.items()
+        }
+        web_app = web.Application(client_max_size=MAX_BODY_BYTES)
+        web_app.router.add_route("*", "/{path:.*}", partial(self._dispatch, handlers))
+        runner = web.AppRunner(
+            web_app,
+            access_log=log if c.access_log else None,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        )
+        await runner.setup()
         try:
-            self._httpd.serve_forever(poll_interval=POLL_INTERVAL_S)
+            site = web.TCPSite(runner, c.host, c.port, backlog=LISTEN_BACKLOG, reuse_address=True)
+            await site.start()
+            self._port = runner.addresses[0][1]
+            self.app.mark_listening()
+            print(LISTENING_LINE.format(host=c.host, port=self.port), flush=True)
+            self.listening.set()
+            if c.warmup > 0:
+                log.info("devserver warm-up: health answers 503 for %.1fs", c.warmup)
+            await self._stop.wait()
         finally:
-            self._httpd.server_close()
+            await runner.cleanup()
+
+    async def _dispatch(self, handlers: dict, request: web.Request) -> web.StreamResponse:
+        app = self.app
+        assert app is not None
+        if app.dead:
+            return _drop(request)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return await _send(request, json_reply({"detail": "Request body too large"}, status=413), close=True)
+        path = request.path.rstrip("/") or "/"
+        route = handlers.get(path)
+        if route is None:
+            reply = json_reply({"detail": "Not Found"}, status=404)
+        elif request.method not in route[0]:
+            reply = json_reply({"detail": "Method Not Allowed"}, status=405)
+        else:
+            try:
+                reply = await asyncio.get_running_loop().run_in_executor(self._pool, route[1], body)
+            except Exception:
+                log.exception("%s %s failed", request.method, path)
+                reply = Reply(status=500, body=b"Internal Server Error", content_type="text/plain")
+        response = _drop(request) if reply.drop or app.dead else await _send(request, reply)
+        if reply.die_reason is not None:
+            app.die(reply.die_reason)  # after the reply went out: with exit_on_death it ends the process
+        return response
+
+    def _request_stop(self) -> None:
+        self._stop_requested.set()
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already closed
+                self._loop.call_soon_threadsafe(self._stop.set)
 
     def stop(self) -> None:
         """Stop serving (from another thread) and fail whatever is still generating."""
-        self._stop_requested.set()
+        self._request_stop()
         if self.app is not None:
             self.app.scheduler.kill_all()
-        if self._httpd is not None and self.listening.is_set():
-            self._httpd.shutdown()
         self.stopped.wait(timeout=10)
 
-    def _on_death(self) -> None:
-        httpd = self._httpd
-        if httpd is None:
-            return
-        if self.config.exit_on_death:
-            # The process is about to exit; close the listener so nothing more is accepted.
-            httpd.socket.close()
-            return
-        # In-process: shutdown() blocks until serve_forever returns, so not on a handler's back.
-        threading.Thread(target=httpd.shutdown, name="devserver-death", daemon=True).start()
+
+async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> web.StreamResponse:
+    """Write `reply` whole (or, with `trickle`, a byte at a time), flushed before returning."""
+    response = web.StreamResponse(
+        status=reply.status, headers={"Content-Type": reply.content_type, "Content-Length": str(len(reply.body))}
+    )
+    if close:
+        response.force_close()
+    await response.prepare(request)
+    try:
+        if not reply.trickle:
+            await response.write(reply.body)
+        else:
+            for index in range(len(reply.body)):
+                await response.write(reply.body[index : index + 1])
+                await asyncio.sleep(reply.trickle)
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the client gave up (what a deadline does); aiohttp closes the connection
+    return response
+
+
+def _drop(request: web.Request) -> web.StreamResponse:
+    """Close the connection with no response at all (the client sees a disconnect)."""
+    if request.transport is not None:
+        request.transport.close()
+    return web.Response()  # its write fails on the closed transport, which aiohttp ignores
 
 
 def run_devserver(config: DevServerConfig) -> None:
     """Run a devserver in the calling thread until interrupted (Ctrl-C) or it dies."""
-    server = DevServer(config)
     try:
-        server.run()
+        DevServer(config).run()
     except KeyboardInterrupt:
         log.info("devserver interrupted")
 
@@ -287,8 +256,7 @@ def start_devserver_thread(
     TimeoutError after `timeout` seconds); pass wait=False to observe a startup delay.
     """
     server = DevServer(config.replace(exit_on_death=False), vocab=vocab)
-    thread = threading.Thread(target=_run_quietly, args=(server,), name="devserver", daemon=True)
-    thread.start()
+    threading.Thread(target=_run_quietly, args=(server,), name="devserver", daemon=True).start()
     if wait:
         wait_listening(server, timeout=timeout)
     return server
@@ -309,14 +277,3 @@ def _run_quietly(server: DevServer) -> None:
         server.run()
     except BaseException:  # kept on server.error for wait_listening
         log.exception("devserver thread failed")
-
-
-__all__ = [
-    "DevServer",
-    "run_devserver",
-    "start_devserver_thread",
-    "wait_listening",
-    "ROUTES",
-    "VLLM_ROUTES",
-    "LISTENING_LINE",
-]

@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from eagle_synth.devserver.app import Reply, json_reply
 from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, GenerateFate, malform_completion
-from eagle_synth.devserver.protocol import ProtocolError
-from eagle_synth.devserver.scheduler import ABORTED_RUNNING, ABORTED_WAITING, KILLED, SlotJob
+from eagle_synth.devserver.protocol import ProtocolError, version_tuple
+from eagle_synth.devserver.scheduler import ABORTED_RUNNING, ABORTED_WAITING, SlotJob
 from eagle_synth.devserver.vllm_protocol import (
     SHORTENS_MAX_TOKENS_FROM,
     ModelNotFound,
     VllmRules,
     parse_completion_request,
-    version_tuple,
 )
 
 if TYPE_CHECKING:
@@ -68,10 +67,6 @@ class VllmApi:
         self._ignored_logged: set[tuple[str, ...]] = set()
 
     # ---- health and information ----------------------------------------------------------
-
-    def health(self, body: bytes) -> Reply:
-        """/health: 200 with an empty body (503 only for the injected faults)."""
-        return self.app.health(body)
 
     def models(self, body: bytes) -> Reply:
         """/v1/models: the served name, the model path as root, max_model_len."""
@@ -162,23 +157,11 @@ class VllmApi:
             {"count": len(tokens), "max_model_len": self.rules.max_model_len, "tokens": tokens, "token_strs": None}
         )
 
-    def dev_stats(self, body: bytes) -> Reply:
-        return self.app.dev_stats(body)
-
-    def dev_reset_stats(self, body: bytes) -> Reply:
-        return self.app.dev_reset_stats(body)
-
     # ---- generation ----------------------------------------------------------------------
 
     def completions(self, body: bytes) -> Reply:
         """/v1/completions, with faults applied."""
-        app = self.app
-        app.stats.generate_received(healthy=app.healthy())
-        fate = app.faults.next_generate()
-        reply = self._complete(body, fate)
-        if fate.die_after_response and reply.die_reason is None:
-            reply.die_reason = f"--die-after {fate.number}: answered the last allowed /v1/completions"
-        return reply
+        return self.app.fated(body, "/v1/completions", self._complete)
 
     def _complete(self, body: bytes, fate: GenerateFate) -> Reply:
         app = self.app
@@ -207,14 +190,8 @@ class VllmApi:
             log.warning("The following fields were present in the request but ignored: %s", set(req.unknown_fields))
 
         completions = [app.generator.complete(p) for p in req.prompts]
-        jobs = [
-            SlotJob(rid=p.rid, group_rid=p.group_rid, output_tokens=len(c.output_ids))
-            for p, c in zip(req.prompts, completions)
-        ]
-        app.scheduler.submit(jobs)  # vLLM has no queue cap: requests wait as long as it takes
-        for job in jobs:
-            job.done.wait()
-        if any(job.outcome == KILLED for job in jobs):
+        jobs = app.hold_slots(req.prompts, completions)  # vLLM has no queue cap: requests wait
+        if jobs is None:
             return Reply(drop=True)
         choices, completion_tokens = [], 0
         for i, (prompt, completion, job) in enumerate(zip(req.prompts, completions, jobs)):
@@ -265,15 +242,9 @@ class VllmApi:
             # vLLM reports the matched stop id or string; the model's EOS is reported as None.
             stop_reason = None if matched is None or matched == app.vocab.eos_id else matched
         app.stats.prompt_done(output_tokens=len(output_ids), aborted=aborted)
-        if app.config.skip_tokenizer_init:
-            text = ""
-        elif aborted:
-            text = app.vocab.decode(output_ids, skip_special_tokens=prompt.params.skip_special_tokens)
-        else:
-            text = app.generator.render_text(completion, prompt.params)
         return {
             "index": index,
-            "text": text,
+            "text": "" if app.config.skip_tokenizer_init else app.text(prompt, completion, output_ids, aborted),
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,

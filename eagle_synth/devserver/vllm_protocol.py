@@ -23,13 +23,18 @@ same to the Generator whichever API carried it: the same campaign gives the same
 
 from __future__ import annotations
 
-import itertools
 import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from eagle_synth.devserver.protocol import PromptRequest, ProtocolError, SamplingParams
+from eagle_synth.devserver.protocol import (
+    PromptRequest,
+    ProtocolError,
+    SamplingParams,
+    _is_int,
+    bad_request,
+)
 
 # The first vLLM version seen shortening max_tokens to the context's room (0.32.0, the real CPU
 # build tried here); 0.11 refuses with a 400. Versions between were not tried.
@@ -46,73 +51,25 @@ OPENAI_DEFAULTS = {"repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, 
 EXTRA_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "spaces_between_special_tokens")
 # CompletionRequest fields by JSON type, for pydantic's checks.
 FLOAT_FIELDS = (
-    "frequency_penalty",
-    "presence_penalty",
-    "temperature",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
+    *("frequency_penalty", "presence_penalty", "temperature", "top_p", "min_p", "repetition_penalty"),
     "length_penalty",
 )
 INT_FIELDS = (
-    "max_tokens",
-    "n",
-    "seed",
-    "top_k",
-    "min_tokens",
-    "logprobs",
-    "prompt_logprobs",
-    "truncate_prompt_tokens",
+    *("max_tokens", "n", "seed", "top_k", "min_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"),
     "priority",
 )
 BOOL_FIELDS = (
-    "echo",
-    "stream",
-    "use_beam_search",
-    "include_stop_str_in_output",
-    "ignore_eos",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "add_special_tokens",
-    "return_token_ids",
-    "return_tokens_as_token_ids",
+    *("echo", "stream", "use_beam_search", "include_stop_str_in_output", "ignore_eos", "skip_special_tokens"),
+    *("spaces_between_special_tokens", "add_special_tokens", "return_token_ids", "return_tokens_as_token_ids"),
 )
 # Every field of vLLM's CompletionRequest the devserver knows; others are ignored, as vLLM does.
 KNOWN_FIELDS = frozenset(
     {
-        "model",
-        "prompt",
-        "suffix",
-        "user",
-        "stop",
-        "stop_token_ids",
-        "logit_bias",
-        "allowed_token_ids",
-        "bad_words",
-        "stream_options",
-        "response_format",
-        "structured_outputs",
-        "request_id",
-        "cache_salt",
-        "vllm_xargs",
-        *FLOAT_FIELDS,
-        *INT_FIELDS,
-        *BOOL_FIELDS,
+        *("model", "prompt", "suffix", "user", "stop", "stop_token_ids", "logit_bias", "allowed_token_ids"),
+        *("bad_words", "stream_options", "response_format", "structured_outputs", "request_id", "cache_salt"),
+        *("vllm_xargs", *FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS),
     }
 )
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """(0, 32, 0) from "0.32.0" or "0.32.0rc1+cpu"; () if it does not start with a number."""
-    numbers = []
-    for part in version.split("."):
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if not digits:
-            break
-        numbers.append(int(digits))
-        if digits != part:
-            break
-    return tuple(numbers)
 
 
 class FieldError(ProtocolError):
@@ -121,11 +78,6 @@ class FieldError(ProtocolError):
     def __init__(self, message: str, *, param: str) -> None:
         super().__init__(message, status=400)
         self.param = param
-
-
-def bad_request(message: str) -> ProtocolError:
-    """vLLM's 400 (a VLLMValidationError or ValueError)."""
-    return ProtocolError(message, status=400)
 
 
 def _field_error(field: str, value: Any, expected: str) -> ProtocolError:
@@ -169,10 +121,6 @@ class CompletionRequest:
 
 class ModelNotFound(ProtocolError):
     """`model` names a model the server does not serve (vLLM: 404 NotFoundError)."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_types(body: dict) -> None:

@@ -1,7 +1,8 @@
 """Start the local pieces of a campaign as real processes: redis-server, devserver, worker.
 
-The demo, the end-to-end and fault tests and the benchmarks all run the real thing on one
-machine; this module is the one place that knows how to start, wait for and stop them.
+The demo, the tests and the benchmarks all run the real thing on one machine; this module is
+the one place that knows how to start, wait for and stop them (`Stack` keeps a run's set).
+Outside the core: nothing under eagle_synth/ but the demo imports it.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class RedisServer:
             proc = self.proc = subprocess.Popen(
                 self._args(binary), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
             )
-            wait_for(partial(_redis_up, proc, port), timeout=START_TIMEOUT, what=f"redis-server on {port}")
+            wait_for(partial(_up, proc, port), timeout=START_TIMEOUT, what=f"redis-server on {port}")
             if proc.poll() is None:
                 return None
             # The log is appended to across attempts and restarts: this attempt's lines.
@@ -154,41 +155,29 @@ class RedisServer:
         return self
 
     def _args(self, binary: str) -> list[str]:
-        args = [
-            binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.workdir),
-            "--save",
-            self.save,
-            "--appendonly",
-            "yes" if self.appendonly else "no",
-            "--maxmemory-policy",
-            self.maxmemory_policy,
-            "--logfile",
-            str(self.workdir / "redis.log"),
-        ]
+        tls = self.tls
+        options: dict[str, object] = {
+            "--port": 0 if tls else self.port,
+            "--bind": "127.0.0.1",
+            "--dir": self.workdir,
+            "--save": self.save,
+            "--appendonly": "yes" if self.appendonly else "no",
+            "--maxmemory-policy": self.maxmemory_policy,
+            "--logfile": self.workdir / "redis.log",
+        }
         if self.maxmemory:
-            args += ["--maxmemory", self.maxmemory]
-        if self.tls:
-            args[args.index("--port") + 1] = "0"
-            args += [
-                "--tls-port",
-                str(self.port),
-                "--tls-cert-file",
-                str(self.workdir / "server.pem"),
-                "--tls-key-file",
-                str(self.workdir / "server.key"),
-                "--tls-ca-cert-file",
-                str(self.ca_file),
-                "--tls-auth-clients",
-                "no",
-            ]
+            options["--maxmemory"] = self.maxmemory
+        if tls:
+            options |= {
+                "--tls-port": self.port,
+                "--tls-cert-file": self.workdir / "server.pem",
+                "--tls-key-file": self.workdir / "server.key",
+                "--tls-ca-cert-file": self.ca_file,
+                "--tls-auth-clients": "no",
+            }
         if self.password:
-            args += ["--requirepass", self.password]
+            options["--requirepass"] = self.password
+        args = [binary, *(str(part) for pair in options.items() for part in pair)]
         if self.acl_user:
             name, secret = self.acl_user
             args += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
@@ -230,55 +219,17 @@ def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str
     raise AssertionError("unreachable")
 
 
-def _redis_up(proc: subprocess.Popen, port: int) -> bool:
-    """True once redis-server `proc` listens on `port`, or has exited (the caller reads its log)."""
-    return listening(proc.pid, port) or proc.poll() is not None
-
-
 def make_test_certificates(folder: Path) -> None:
     """A throwaway CA and a server certificate for 127.0.0.1, for TLS tests only."""
     if (folder / "server.pem").exists():
         return
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=eagle-synth test CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    )
-    openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr"
-    )
     (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.pem",
-    )
+    for command in (
+        "req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=eagle-synth-test-CA -keyout ca.key -out ca.pem",
+        "req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr",
+        "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext -out server.pem",
+    ):
+        subprocess.run(["openssl", *command.split()], cwd=folder, check=True, capture_output=True)
 
 
 @dataclass
@@ -323,9 +274,9 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
-def _up(process: ManagedProcess, port: int) -> bool:
-    """True once `process` listens on `port`, or has exited (the caller then reads its log)."""
-    return not process.alive() or (process.proc is not None and listening(process.proc.pid, port))
+def _up(proc: subprocess.Popen, port: int) -> bool:
+    """True once `proc` listens on `port`, or has exited (the caller then reads its log)."""
+    return proc.poll() is not None or listening(proc.pid, port)
 
 
 def start_devserver(
@@ -343,25 +294,16 @@ def start_devserver(
 
     def launch(chosen: int) -> str | None:
         nonlocal process
+        server = ["-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer), "--host", "127.0.0.1"]
         process = ManagedProcess(
-            args=[
-                sys.executable,
-                "-m",
-                "eagle_synth.devserver",
-                "--tokenizer",
-                str(tokenizer),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(chosen),
-                *args,
-            ],
+            args=[sys.executable, *server, "--port", str(chosen), *args],
             env=_env(env),
             log_path=logdir / f"devserver-{chosen}.log",
         ).start()
         if not wait:
             return None
-        wait_for(partial(_up, process, chosen), timeout=START_TIMEOUT, what="the devserver")
+        assert process.proc is not None
+        wait_for(partial(_up, process.proc, chosen), timeout=START_TIMEOUT, what="the devserver")
         return None if process.alive() else process.log()
 
     chosen = start_on_a_port(launch, port=port, what="devserver")
@@ -382,21 +324,8 @@ def start_worker(
 ) -> ManagedProcess:
     """Start `eagle-synth worker` as a child process (a real Celery worker)."""
     name = name or f"w{free_port()}@{socket.gethostname()}"
-    argv = [
-        sys.executable,
-        "-m",
-        "eagle_synth",
-        "worker",
-        "--out",
-        str(out),
-        "--redis",
-        redis_url,
-        "--concurrency",
-        str(concurrency),
-        "--name",
-        name,
-        *args,
-    ]
+    argv = [sys.executable, "-m", "eagle_synth", "worker", "--out", str(out), "--redis", redis_url]
+    argv += ["--concurrency", str(concurrency), "--name", name, *args]
     for url in servers:
         argv += ["--server", url]
     return ManagedProcess(args=argv, env=_env(env), log_path=logdir / f"worker-{name.split('@')[0]}.log").start()
@@ -404,3 +333,130 @@ def start_worker(
 
 def scratch_dir(prefix: str = "eagle-synth-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def stop_together(processes: Sequence[ManagedProcess], *, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM every process, then wait for all (SIGKILL what outlives `timeout`): a worker's
+    warm shutdown takes about a second (Celery's event loop notices the signal on its next
+    wake-up), and stopping them one after the other would add those seconds up."""
+    signalled = []
+    for process in processes:
+        if process.alive():
+            assert process.proc is not None
+            try:
+                os.killpg(process.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            signalled.append(process)
+    deadline = time.monotonic() + timeout
+    for process in signalled:
+        assert process.proc is not None
+        try:
+            process.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+class Stack:
+    """The processes of one run (a test, a benchmark, the demo); `close()` stops them all.
+
+    Workers stop first (while their server still answers, so soft shutdown is quick), then
+    devservers and other processes, then Redis servers; every stop is attempted even if one
+    fails, so nothing outlives the run.
+
+    Parameters:
+        folder: where logs, Redis data and (by default) records go.
+        tokenizer: the devservers' tokenizer folder.
+        worker_env: environment every worker gets (a call's `env` adds to it).
+        stop_timeout: seconds processes get after SIGTERM before SIGKILL.
+        remove: delete `folder` on close (a scratch folder).
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        tokenizer: str | os.PathLike,
+        worker_env: dict[str, str] | None = None,
+        stop_timeout: float = STOP_TIMEOUT,
+        remove: bool = False,
+    ) -> None:
+        self.dir, self.logdir, self.tokenizer = folder, folder / "logs", tokenizer
+        self.worker_env, self.stop_timeout, self.remove = worker_env or {}, stop_timeout, remove
+        self.workers: list[ManagedProcess] = []
+        self.others: list[ManagedProcess] = []
+        self.redis_servers: list[RedisServer] = []
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def redis(self, **options) -> RedisServer:
+        """A private redis-server (RedisServer's options), started."""
+        count = len(self.redis_servers)
+        server = RedisServer(workdir=self.dir / (f"redis-{count}" if count else "redis"), **options)
+        self.redis_servers.append(server)
+        return server.start()
+
+    def devserver(
+        self, *args: str, wait: bool = True, port: int = 0, api: str = "sglang"
+    ) -> tuple[ManagedProcess, str]:
+        """A devserver process speaking `api` ("sglang" or "vllm"); (process, base URL)."""
+        args = ("--api", api, *args) if api != "sglang" else args
+        process, url = start_devserver(tokenizer=self.tokenizer, logdir=self.logdir, args=args, wait=wait, port=port)
+        self.others.append(process)
+        return process, url
+
+    def worker(
+        self,
+        *,
+        servers: list[str],
+        redis_url: str,
+        out: Path | None = None,
+        concurrency: int = 2,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+    ) -> ManagedProcess:
+        """An `eagle-synth worker` process (records in `out`, default folder/out)."""
+        process = start_worker(
+            servers=servers,
+            out=out or self.dir / "out",
+            redis_url=redis_url,
+            logdir=self.logdir,
+            concurrency=concurrency,
+            args=args,
+            env={**self.worker_env, **(env or {})},
+            name=name,
+        )
+        self.workers.append(process)
+        return process
+
+    def process(self, args: list[str], name: str) -> ManagedProcess:
+        """Any other child process (e.g. a baseline client), logged and stopped like the rest."""
+        process = ManagedProcess(args=args, env=_env(None), log_path=self.logdir / f"{name}.log").start()
+        self.others.append(process)
+        return process
+
+    def stop_worker(self, process: ManagedProcess) -> None:
+        process.stop(timeout=self.stop_timeout)
+
+    def logs(self, tail: int = 4000) -> str:
+        return "\n".join(f"--- {p.log_path.name}\n{p.log()[-tail:]}" for p in self.workers + self.others)
+
+    def close(self) -> None:
+        for group in (self.workers, self.others):
+            _quietly(partial(stop_together, group[::-1], timeout=self.stop_timeout))
+        for server in reversed(self.redis_servers):
+            _quietly(server.stop)
+        if self.remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _quietly(fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # cleanup must go on; say what failed
+        print(f"  cleanup: {exc!r}", file=sys.stderr)
