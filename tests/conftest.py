@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -109,10 +110,18 @@ PROCESS_FIXTURES = frozenset({"redis_server", "stack", "real_vllm", "own_vllm", 
 
 
 def _process_starters() -> tuple:
-    from eagle_synth import local
+    from eagle_synth import harness
     from tests import helpers
 
-    return (helpers.cli, local.RedisServer, local.start_devserver, local.start_worker, subprocess.run, subprocess.Popen)
+    return (
+        helpers.cli,
+        harness.RedisServer,
+        harness.Stack,
+        harness.start_devserver,
+        harness.start_worker,
+        subprocess.run,
+        subprocess.Popen,
+    )
 
 
 def _names_a_starter(function, starters: tuple) -> bool:
