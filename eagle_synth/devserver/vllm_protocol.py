@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,28 +125,22 @@ class ModelNotFound(ProtocolError):
 
 
 def _check_types(body: dict) -> None:
-    for field in FLOAT_FIELDS:
-        value = body.get(field)
-        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
-            raise _field_error(field, value, "number")
-    for field in INT_FIELDS:
-        value = body.get(field)
-        if value is not None and not _is_int(value):
-            raise _field_error(field, value, "integer")
-    for field in BOOL_FIELDS:
-        value = body.get(field)
-        if value is not None and not isinstance(value, bool):
-            raise _field_error(field, value, "boolean")
-    stop = body.get("stop")
-    if (
-        stop is not None
-        and not isinstance(stop, str)
-        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
-    ):
-        raise _field_error("stop", stop, "list")
-    stop_ids = body.get("stop_token_ids")
-    if stop_ids is not None and not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
-        raise _field_error("stop_token_ids", stop_ids, "list")
+    """pydantic's type checks of CompletionRequest: the first mistyped field is the 400."""
+    checks: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
+        (FLOAT_FIELDS, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "number"),
+        (INT_FIELDS, _is_int, "integer"),
+        (BOOL_FIELDS, lambda v: isinstance(v, bool), "boolean"),
+        (
+            ("stop",),
+            lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
+            "list",
+        ),
+        (("stop_token_ids",), lambda v: isinstance(v, list) and all(_is_int(t) for t in v), "list"),
+    )
+    for fields, valid, expected in checks:
+        for field in fields:
+            if body.get(field) is not None and not valid(body[field]):
+                raise _field_error(field, body[field], expected)
 
 
 def _prompts(body: dict, tokenize) -> list[list[int]]:
