@@ -21,6 +21,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from eagle_synth.errors import UserError
 from eagle_synth.sampling import SamplingError, SamplingParams
 
 # SamplingParams fields a variant may override (n and seed stay the campaign's).
@@ -39,7 +40,7 @@ VARIANT_KEYS = frozenset({"name", "weight", "sampling", "chat_template_kwargs"})
 _PICK_SCALE = 2**64
 
 
-class VariantsError(ValueError):
+class VariantsError(UserError, ValueError):
     """A variants file that cannot be used; the message names the file, the entry and the field."""
 
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.regeneration import regeneration_points
 
 __all__ = [
@@ -100,7 +101,7 @@ class Conversation:
     turn: int
 
 
-class RowError(Exception):
+class RowError(EagleSynthError):
     """A row that cannot become a conversation.
 
     ``reason`` is a stable slug; ``field`` is the path of the offending value

@@ -3,7 +3,7 @@
 Turns input paths into a stream of parsed rows (``SourceRow``) and per-row
 failures (``BadRow``) without ever holding a whole file in memory.  Fatal
 problems that make an input unusable before reading starts (missing path,
-unknown format, missing optional decompressor) raise ``InputError``.
+unknown format) raise ``InputError``.
 
 Supported inputs (see docs/inputs.md):
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import enum
 import glob
 import gzip
-import importlib
 import io
 import json
 import os
@@ -30,8 +29,10 @@ import sys
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import IO, Any, cast
+
+import ijson
+import zstandard
 
 from eagle_synth.errors import UserError
 
@@ -230,21 +231,7 @@ def _detect(path: str) -> _Spec:
         kind = _Kind.PARQUET
     else:
         raise InputError(f"{path}: unknown input format '{ext or '(no extension)'}'; supported: {_SUPPORTED_HINT}")
-    if compression == "zstd":
-        _require("zstandard", path)
-    if kind is _Kind.JSON:
-        _require("ijson", path)
-    if kind is _Kind.PARQUET:
-        _require("pyarrow.parquet", path)
     return _Spec(kind, compression)
-
-
-def _require(module: str, path: str) -> ModuleType:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        package = module.split(".")[0]
-        raise InputError(f"{path}: reading this input needs the '{package}' package; pip install {package}") from exc
 
 
 # --------------------------------------------------------------------------- reading
@@ -312,9 +299,8 @@ class _ZstdReader(io.RawIOBase):
 
     def __init__(self, raw: IO[bytes]) -> None:
         super().__init__()
-        self._zstd = importlib.import_module("zstandard")
         self._raw = raw
-        self._decoder: Any = None  # a zstandard decompressobj (zstandard is imported lazily)
+        self._decoder: Any = None  # a zstandard decompressobj
         self._out = b""
         self._pos = 0
         self._done = False
@@ -347,10 +333,10 @@ class _ZstdReader(io.RawIOBase):
         try:
             while chunk:
                 if self._decoder is None or self._decoder.eof:
-                    self._decoder = self._zstd.ZstdDecompressor().decompressobj()
+                    self._decoder = zstandard.ZstdDecompressor().decompressobj()
                 parts.append(self._decoder.decompress(chunk))
                 chunk = self._decoder.unused_data if self._decoder.eof else b""
-        except self._zstd.ZstdError as exc:
+        except zstandard.ZstdError as exc:
             self._error = OSError(f"corrupt zstd data: {exc}")
             self._error.__cause__ = exc
         if self._error is not None and not parts:
@@ -489,7 +475,6 @@ def _iter_jsonl_in_json_file(stream: IO[bytes], source: str) -> Iterator[SourceR
 
 
 def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[SourceRow | BadRow]:
-    ijson = importlib.import_module("ijson")
     if has_bom:
         stream.read(len(_UTF8_BOM))
     items = ijson.items(stream, "item", use_float=True)

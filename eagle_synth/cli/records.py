@@ -13,7 +13,7 @@ import typer
 from eagle_synth.cli.options import RedisOpt, command_group, fail, redis_client, warn
 
 if TYPE_CHECKING:
-    from eagle_synth.tools.export_progress import RecordsProgress
+    from eagle_synth.progress import RecordsProgress
     from eagle_synth.tools.filters import ExportFilters
 
 app = command_group()
@@ -145,8 +145,8 @@ def _require_records(campaign_dir: Path, what: str) -> None:
 @contextmanager
 def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
     """A progress bar over the campaign's records; a damaged file ends the command, saying what to do."""
+    from eagle_synth.progress import RecordsProgress
     from eagle_synth.records import RecordFormatError
-    from eagle_synth.tools.export_progress import RecordsProgress
 
     try:
         with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:

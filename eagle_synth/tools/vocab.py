@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 
 from eagle_synth.errors import UserError
+from eagle_synth.progress import Progress, reported
 from eagle_synth.records import (
     RawRecord,
     atomic_write_bytes,
     iter_raw_records,
     read_manifest,
 )
-from eagle_synth.tools.export_progress import Progress, reported
 from eagle_synth.tools.filters import (
     SPLIT_REMAINDER,
     ExportFilters,
