@@ -24,13 +24,13 @@ from eagle_synth.payload import PromptItem
 from eagle_synth.settings import BrokerSettings
 from eagle_synth.state import counters
 from eagle_synth.state.campaign import RECORD_DAMAGED, Campaign, CampaignSettings, refuse_other_settings
-from eagle_synth.templating import load_tokenizer, tokenizer_facts
+from eagle_synth.templating import check_tokenizer_path, load_tokenizer, tokenizer_facts
 from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 from producer.planner import PromptPlanner
 from producer.resume import ResumeCursors, run_scope
 from producer.rows import RowError
 from producer.sources import BadRow, expand_inputs, iter_source_rows
-from producer.tokenize import TemplateJob, TemplatingPool, check_tokenizer_path
+from producer.tokenize import TemplateJob, TemplatingPool
 
 log = logging.getLogger("eagle_synth.producer")
 
@@ -103,21 +103,14 @@ class EnqueueSummary:
         self.length_buckets[bound] += 1
 
     def to_dict(self) -> dict:
+        counts = {
+            name: getattr(self, name) for name in self.__slots__ if name.startswith(("rows_", "prompts_", "tasks"))
+        }
         return {
             "campaign": self.campaign,
             "dry_run": self.dry_run,
             "consulted_redis": self.consulted_redis,
-            "rows_read": self.rows_read,
-            "rows_enqueued": self.rows_enqueued,
-            "rows_duplicate": self.rows_duplicate,
-            "rows_skipped": self.rows_skipped,
-            "prompts_enqueued": self.prompts_enqueued,
-            "prompts_duplicate": self.prompts_duplicate,
-            "prompts_skipped": self.prompts_skipped,
-            "prompts_recovered": self.prompts_recovered,
-            "prompts_replayed": self.prompts_replayed,
-            "rows_resumed": self.rows_resumed,
-            "tasks": self.tasks,
+            **counts,
             "skipped_by_reason": dict(self.skipped),
             "examples": self.examples,
             "prompt_length_histogram": dict(self.histogram()),

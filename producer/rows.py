@@ -30,15 +30,6 @@ from typing import Literal
 from eagle_synth.errors import EagleSynthError
 from eagle_synth.regeneration import regeneration_points
 
-__all__ = [
-    "ROLE_ALIASES",
-    "Conversation",
-    "OwnConversation",
-    "RowError",
-    "conversations_from_row",
-    "own_history_from_row",
-]
-
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
     "system": "system",

@@ -36,16 +36,6 @@ import zstandard
 
 from eagle_synth.errors import UserError
 
-__all__ = [
-    "STDIN",
-    "BadRow",
-    "InputError",
-    "SourceRow",
-    "expand_inputs",
-    "iter_source_rows",
-    "source_fingerprint",
-]
-
 STDIN = "-"  # the path that means "JSONL on standard input"
 
 PARQUET_BATCH_ROWS = 1024  # rows decoded per parquet batch: bounds memory without per-batch overhead dominating
@@ -79,20 +69,17 @@ class InputError(UserError):
 
 @dataclass(frozen=True, slots=True)
 class SourceRow:
-    """One parsed row: a JSON object (or a Parquet/Arrow row) as a python dict."""
+    """One row as a dict; `source` as given ("-": stdin, "<dir>/<split>": a DatasetDict split);
+    `line` 1-based: the physical line of JSONL, the row index otherwise."""
 
-    source: str  # path as given ("-" for stdin; "<dir>/<split>" for DatasetDict splits)
-    line: int  # 1-based physical line for JSONL; 1-based row index otherwise
+    source: str
+    line: int
     data: dict
 
 
 @dataclass(frozen=True, slots=True)
 class BadRow:
-    """A row, or the rest of a file, that could not be parsed.
-
-    ``line`` is where the problem is (same numbering as ``SourceRow.line``);
-    0 means the file as a whole (e.g. it could not be opened).
-    """
+    """A row, or the rest of a file, that could not be parsed; ``line`` 0 is the whole file."""
 
     source: str
     line: int
@@ -119,18 +106,10 @@ class _Spec:
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """Expand paths and glob patterns into the list of inputs to read.
-
-    Each pattern is, in order: ``"-"`` (kept as is); an existing path (kept
-    as given, even if it contains glob characters); or a glob (``**``
-    allowed), whose matches are sorted.  Glob matches keep files and saved
-    dataset directories; other directories are skipped.  Duplicates (same
-    real path) are dropped, first occurrence wins.  Every kept input has its
-    format checked.
-
-    Raises InputError when no pattern is given, a pattern matches nothing, a
-    plain path does not exist, or an input's format is not supported.
-    """
+    """The inputs to read: ``"-"``, an existing path (as given, glob characters and all), or a
+    glob's sorted matches (``**`` allowed; files and saved datasets, not other folders); the
+    same real path once. Raises InputError for no pattern, a pattern matching nothing, a
+    missing path or an unsupported format (each input's format is checked)."""
     if not patterns:
         raise InputError(
             f"no inputs given; pass one or more files, globs, dataset directories or '-' ({_SUPPORTED_HINT})"
@@ -158,16 +137,9 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
 
 
 def source_fingerprint(path: str) -> str:
-    """Cheap identity of an input for progress/resume bookkeeping.
-
-    ``"<name>:<size>:<mtime_ns>"`` for a file; for a dataset directory the
-    size is the total over its files and the mtime their newest, with the file
-    count added (``"<name>:dir:<count>:<size>:<mtime_ns>"``).  Content is not
-    hashed, so an in-place rewrite with identical size and mtime goes
-    unnoticed.  Stdin has no identity and fingerprints as ``"-"``.
-
-    Raises InputError if the path cannot be stat'ed.
-    """
+    """Cheap identity of an input: ``"<name>:<size>:<mtime_ns>"`` for a file,
+    ``"<name>:dir:<count>:<size>:<newest mtime_ns>"`` for a dataset folder, ``"-"`` for stdin.
+    Content is not hashed. Raises InputError if the path cannot be stat'ed."""
     if path == STDIN:
         return STDIN
     name = os.path.basename(os.path.normpath(path))
@@ -238,15 +210,12 @@ def _detect(path: str) -> _Spec:
 
 
 def iter_source_rows(paths: Sequence[str], *, stdin: IO[bytes] | None = None) -> Iterator[SourceRow | BadRow]:
-    """Stream every row of ``paths``, in order, as SourceRow or BadRow.
+    """Every row of ``paths``, in order, as SourceRow or BadRow.
 
-    All paths are checked before anything is read, so a missing file or an
-    unknown format raises InputError from this call rather than after hours
-    of work.  Problems found while reading never raise: they become BadRow
-    items (a file that breaks off mid-way yields all rows before the break,
-    then one BadRow).  ``stdin`` replaces ``sys.stdin.buffer`` for ``"-"``;
-    it is never closed.  Memory stays bounded by one line (JSONL), one
-    array element (JSON) or one record batch (Parquet/Arrow).
+    Every path is checked first (InputError now, not after hours of work); problems met while
+    reading become BadRows (a file cut mid-way yields its rows before the cut, then one
+    BadRow). ``stdin`` replaces ``sys.stdin.buffer`` for ``"-"`` and is never closed. Memory
+    stays bounded by one line, one array element or one record batch.
     """
     plan = [(path, _detect(path)) for path in paths]
     return _iter_plan(plan, stdin)
@@ -290,12 +259,9 @@ def _with_opened(
 
 
 class _ZstdReader(io.RawIOBase):
-    """Raw zstd decoder over a file that reports a stream cut mid-frame.
-
-    ``zstandard.ZstdDecompressor().stream_reader`` silently returns EOF on a
-    truncated frame, which would hide lost rows; this reader raises EOFError
-    instead (the same signal gzip gives) and decodes concatenated frames.
-    """
+    """Raw zstd decoder over a file, raising EOFError (as gzip does) on a stream cut mid-frame:
+    ``stream_reader`` returns a silent EOF there, which would hide lost rows. Decodes
+    concatenated frames."""
 
     def __init__(self, raw: IO[bytes]) -> None:
         super().__init__()
@@ -544,11 +510,8 @@ def _iter_parquet(path: str) -> Iterator[SourceRow | BadRow]:
 def _iter_record_batches(
     batches: Iterable, source: str, start: int
 ) -> Generator[SourceRow | BadRow, None, tuple[int, bool]]:
-    """Rows of arrow record batches numbered from ``start + 1``.
-
-    Returns (via StopIteration.value) the last row number and whether the
-    batches were read to the end without error.
-    """
+    """Rows of arrow record batches numbered from ``start + 1``; returns the last row number
+    and whether the batches were read to the end without error."""
     import pyarrow as pa
 
     index = start
@@ -626,11 +589,8 @@ COUNT_CHUNK_BYTES = 1 << 22
 
 
 def estimate_rows(paths: Sequence[str]) -> int | None:
-    """Rows the inputs hold, where that is cheap to know (for a progress total and ETA).
-
-    Plain JSONL files are counted by their non-blank lines at disk speed, Parquet from its
-    metadata; anything else (stdin, compressed or JSON-array files, datasets) gives None.
-    """
+    """Rows the inputs hold where that is cheap (a progress total): plain JSONL by its lines at
+    disk speed, Parquet from its metadata; None for anything else."""
     total = 0
     for path in expand_inputs(paths):
         spec = _detect(path)
