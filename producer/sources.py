@@ -19,7 +19,6 @@ Supported inputs (see docs/inputs.md):
 
 from __future__ import annotations
 
-import enum
 import glob
 import gzip
 import io
@@ -87,19 +86,10 @@ class BadRow:
     detail: str  # human message
 
 
-class _Kind(enum.Enum):
-    STDIN = "stdin"
-    JSONL = "jsonl"
-    JSON = "json"  # array or JSONL, decided by sniffing
-    PARQUET = "parquet"
-    HF_DATASET = "hf-dataset"
-    HF_DATASET_DICT = "hf-dataset-dict"
-
-
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    kind: _Kind
-    compression: str | None = None
+# Input kinds (_detect): "json" is an array or JSONL, decided by sniffing.
+STDIN_KIND, JSONL, JSON, PARQUET, HF_DATASET, HF_DATASET_DICT = "stdin", "jsonl", "json", "parquet", "hf", "hf-dict"
+# What _detect says of an input: its kind and compression ("gzip", "zstd" or None).
+_Spec = tuple[str, str | None]
 
 
 # --------------------------------------------------------------------------- discovery
@@ -175,12 +165,12 @@ def _is_dataset_dir(path: str) -> bool:
 def _detect(path: str) -> _Spec:
     """Decide how to read ``path``; raise InputError if it cannot be read at all."""
     if path == STDIN:
-        return _Spec(_Kind.STDIN)
+        return STDIN_KIND, None
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "dataset_dict.json")):
-            return _Spec(_Kind.HF_DATASET_DICT)
+            return HF_DATASET_DICT, None
         if os.path.isfile(os.path.join(path, "state.json")):
-            return _Spec(_Kind.HF_DATASET)
+            return HF_DATASET, None
         raise InputError(
             f"{path}: directory is not a saved Hugging Face dataset (no state.json or dataset_dict.json); "
             f"pass its files or a glob such as '{os.path.join(path, '*.jsonl')}'"
@@ -192,18 +182,18 @@ def _detect(path: str) -> _Spec:
     if compression is not None:
         stem, ext = os.path.splitext(stem)
     if ext in _JSONL_SUFFIXES:
-        kind = _Kind.JSONL
+        kind = JSONL
     elif ext == ".json":
-        kind = _Kind.JSON
+        kind = JSON
     elif ext == ".parquet":
         if compression is not None:
             raise InputError(
                 f"{path}: compressed parquet is not supported (parquet compresses internally); decompress it first"
             )
-        kind = _Kind.PARQUET
+        kind = PARQUET
     else:
         raise InputError(f"{path}: unknown input format '{ext or '(no extension)'}'; supported: {_SUPPORTED_HINT}")
-    return _Spec(kind, compression)
+    return kind, compression
 
 
 # --------------------------------------------------------------------------- reading
@@ -222,16 +212,16 @@ def iter_source_rows(paths: Sequence[str], *, stdin: IO[bytes] | None = None) ->
 
 
 def _iter_plan(plan: list[tuple[str, _Spec]], stdin: IO[bytes] | None) -> Iterator[SourceRow | BadRow]:
-    for path, spec in plan:
-        if spec.kind is _Kind.STDIN:
+    for path, (kind, compression) in plan:
+        if kind == STDIN_KIND:
             yield from _iter_jsonl(stdin if stdin is not None else sys.stdin.buffer, STDIN)
-        elif spec.kind is _Kind.JSONL:
-            yield from _with_opened(path, spec.compression, _iter_jsonl)
-        elif spec.kind is _Kind.JSON:
-            yield from _iter_json_file(path, spec.compression)
-        elif spec.kind is _Kind.PARQUET:
+        elif kind == JSONL:
+            yield from _with_opened(path, compression, _iter_jsonl)
+        elif kind == JSON:
+            yield from _iter_json_file(path, compression)
+        elif kind == PARQUET:
             yield from _iter_parquet(path)
-        elif spec.kind is _Kind.HF_DATASET:
+        elif kind == HF_DATASET:
             yield from _iter_hf_dataset(path, path)
         else:
             yield from _iter_hf_dataset_dict(path)
@@ -593,10 +583,10 @@ def estimate_rows(paths: Sequence[str]) -> int | None:
     disk speed, Parquet from its metadata; None for anything else."""
     total = 0
     for path in expand_inputs(paths):
-        spec = _detect(path)
-        if spec.kind is _Kind.JSONL and spec.compression is None:
+        kind, compression = _detect(path)
+        if kind == JSONL and compression is None:
             total += _count_lines(path)
-        elif spec.kind is _Kind.PARQUET:
+        elif kind == PARQUET:
             import pyarrow.parquet as pq
 
             total += pq.ParquetFile(path).metadata.num_rows

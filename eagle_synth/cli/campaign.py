@@ -39,6 +39,11 @@ SAMPLING = SamplingParams()
 OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(EnqueueOptions)}
 
 
+def _fields(cls: Any, flags: dict[str, Any]) -> dict[str, Any]:
+    """The flags that set a field of dataclass `cls`, as they are."""
+    return {f.name: flags[f.name] for f in fields(cls) if f.name in flags}
+
+
 def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
     parts = [part.strip() for part in (raw or "").split(",") if part.strip()]
     bad = [part for part in parts if not part.isdigit()]
@@ -153,44 +158,21 @@ def enqueue(
     redis: RedisOpt = None,
 ) -> None:
     """Template prompt rows with the model's chat template and enqueue their token ids."""
+    flags = dict(locals())  # each flag by the name of the field it sets
     from eagle_synth.variants import load_variants
 
     check_campaign_name(campaign)
-    sampling = SamplingParams(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        stop_token_ids=_stop_token_ids(stop_token_ids),
-        n=n,
-        seed=seed,
-    )
+    sampling = SamplingParams(**{**_fields(SamplingParams, flags), "stop_token_ids": _stop_token_ids(stop_token_ids)})
     options = EnqueueOptions(
-        inputs=files,
-        campaign=campaign,
-        tokenizer=tokenizer,
-        sampling=sampling,
-        batch_size=batch_size,
-        turns=turns,  # type: ignore[arg-type]  # EnqueueOptions checks it
-        system=system,
-        chat_template=str(chat_template) if chat_template else None,
-        chat_template_kwargs=_template_kwargs(chat_template_kwargs),
-        trust_remote_code=trust_remote_code,
-        max_prompt_tokens=max_prompt_tokens,
-        max_prompt_chars=max_prompt_chars or None,
-        max_backlog=max_backlog,
-        max_backlog_mb=max_backlog_mb,
-        strict=strict,
-        dry_run=dry_run,
-        processes=processes,
-        allow_evicting_redis=allow_evicting_redis,
-        allow_volatile_redis=allow_volatile_redis,
-        history=history,  # type: ignore[arg-type]
-        max_turns=max_turns,
-        variants=tuple(load_variants(variants, base=sampling)) if variants is not None else (),
-        tool_format=tool_format,
+        **{
+            **_fields(EnqueueOptions, flags),
+            "inputs": files,
+            "sampling": sampling,
+            "chat_template": str(chat_template) if chat_template else None,
+            "chat_template_kwargs": _template_kwargs(chat_template_kwargs),
+            "max_prompt_chars": max_prompt_chars or None,
+            "variants": tuple(load_variants(variants, base=sampling)) if variants is not None else (),
+        }
     )
     broker = broker_settings(redis_url=redis)  # a dry run reads the campaign from it too, when it answers
     so_far: list[EnqueueSummary] = []  # the run's summary, as the producer last reported it
