@@ -21,7 +21,7 @@ from eagle_synth.errors import UserError
 from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
 from eagle_synth.payload import PromptItem
-from eagle_synth.settings import BrokerSettings
+from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state import counters
 from eagle_synth.state.campaign import RECORD_DAMAGED, Campaign, CampaignSettings, refuse_other_settings
 from eagle_synth.templating import check_tokenizer_path, load_tokenizer, tokenizer_facts
@@ -309,6 +309,7 @@ def enqueue(
             options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
         )
     warn = on_warning or log.warning
+    broker = broker or broker_settings()
     tool_format, no_tool_format = resolve_tool_format(options, tokenizer)
     planner = PromptPlanner(
         history=options.history,
@@ -325,12 +326,10 @@ def enqueue(
     stored = None
     if not options.dry_run:
         from eagle_synth.queue import make_celery
-        from eagle_synth.settings import broker_settings
         from eagle_synth.state.redis_client import connect
         from eagle_synth.state.redis_policy import check_redis_ready
         from producer.publisher import Publisher
 
-        broker = broker or broker_settings()
         client = connect(broker)
         warning = check_redis_ready(
             client, allow_evicting=options.allow_evicting_redis, allow_volatile=options.allow_volatile_redis
@@ -447,16 +446,15 @@ def enqueue(
     return summary
 
 
-def _existing_campaign(name: str, broker: BrokerSettings | None) -> Campaign | None:
+def _existing_campaign(name: str, broker: BrokerSettings) -> Campaign | None:
     """For a dry run: the campaign in Redis if Redis answers and holds it, else None (a dry run
     needs no Redis; without one it counts as for a new campaign, and says so). Reads only."""
     import redis
 
-    from eagle_synth.settings import broker_settings
     from eagle_synth.state.redis_client import connect
 
     try:
-        campaign = Campaign(connect(broker or broker_settings()), name)
+        campaign = Campaign(connect(broker), name)
         return campaign if campaign.exists() else None
     except redis.RedisError as exc:
         log.info("dry run without Redis (%s): counting as for a new campaign", exc)
