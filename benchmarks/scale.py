@@ -212,7 +212,7 @@ def _command_rows(small: dict, big: dict, *, what: str, unit_count: str) -> list
 
 
 def run(quick: bool) -> list[Result]:
-    from producer.enqueue import DEFAULT_MAX_BACKLOG_MB
+    from producer.options import DEFAULT_MAX_BACKLOG_MB
 
     small_size, big_size = SIZES[quick]
     small, big = _size_run(small_size), _size_run(big_size)

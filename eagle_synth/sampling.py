@@ -57,24 +57,6 @@ NEUTRAL_SERVER_PARAMS = {
     "no_stop_trim": False,
     "n": 1,
 }
-# Every key a /generate request of ours carries: for_server()'s keys plus the per-sample
-# `sampling_seed` the worker adds. A server's preferred sampling params on any other key would
-# apply to our requests (preflight refuses such a server).
-SENT_SAMPLING_KEYS = frozenset(
-    {
-        "max_new_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "skip_special_tokens",
-        "stop_token_ids",
-        "stop",
-        "sampling_seed",
-        *NEUTRAL_SERVER_PARAMS,
-    }
-)
 
 
 class SamplingError(UserError, ValueError):
@@ -162,7 +144,6 @@ class SamplingParams:
         }
         unknown = set(params) - SGLANG_SAMPLING_KEYS
         assert not unknown, f"not SGLang sampling keys: {unknown}"
-        assert set(params) | {"sampling_seed"} == SENT_SAMPLING_KEYS
         return params
 
     def sample_seed(self, *, prompt_key_material: bytes, sample: int, prompt_key: str) -> int:
@@ -181,3 +162,9 @@ class SamplingParams:
             material = prompt_key_material + f"|{self.seed}|{sample}".encode()
         digest = hashlib.blake2b(material, digest_size=8).digest()
         return int.from_bytes(digest, "little") % MAX_SEED
+
+
+# Every key a /generate request of ours carries: for_server()'s keys plus the per-sample
+# `sampling_seed` the worker adds. A server's preferred sampling params on any other key would
+# apply to our requests (preflight refuses such a server).
+SENT_SAMPLING_KEYS = frozenset({*SamplingParams().for_server(), "sampling_seed"})

@@ -18,28 +18,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from eagle_synth.errors import UserError
 from eagle_synth.sampling import SamplingError, SamplingParams
 
 # SamplingParams fields a variant may override (n and seed stay the campaign's).
-OVERRIDABLE_SAMPLING = (
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "stop_token_ids",
-)
+OVERRIDABLE_SAMPLING = tuple(f.name for f in fields(SamplingParams) if f.name not in ("n", "seed"))
 # Keys a variant entry may have.
 VARIANT_KEYS = frozenset({"name", "weight", "sampling", "chat_template_kwargs"})
 # Resolution of the stable hash that picks a variant.
 _PICK_SCALE = 2**64
 
 
-class VariantsError(ValueError):
+class VariantsError(UserError, ValueError):
     """A variants file that cannot be used; the message names the file, the entry and the field."""
 
 

@@ -13,25 +13,24 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 from eagle_synth.errors import UserError
 from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
-from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
-from eagle_synth.sampling import SamplingParams
-from eagle_synth.settings import BrokerSettings
+from eagle_synth.payload import PromptItem
+from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state import counters
-from eagle_synth.state.campaign import Campaign, CampaignSettings, refuse_other_settings
-from eagle_synth.templating import load_tokenizer, tokenizer_facts
-from eagle_synth.variants import Variant
-from producer.conversations import PromptPlanner
+from eagle_synth.state.campaign import RECORD_DAMAGED, Campaign, CampaignSettings, refuse_other_settings
+from eagle_synth.templating import check_tokenizer_path, load_tokenizer, tokenizer_facts
+from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
+from producer.planner import PromptPlanner
 from producer.resume import ResumeCursors, run_scope
 from producer.rows import RowError
 from producer.sources import BadRow, expand_inputs, iter_source_rows
-from producer.tokenize import TemplateJob, TemplatingPool, check_tokenizer_path
+from producer.tokenize import TemplateJob, TemplatingPool
 
 log = logging.getLogger("eagle_synth.producer")
 
@@ -39,99 +38,12 @@ log = logging.getLogger("eagle_synth.producer")
 ROWS_PER_CHUNK = 256
 # Examples of each skip reason kept for the summary.
 EXAMPLES_PER_REASON = 3
-# Default cap on pending prompts before enqueue waits (keeps Redis memory bounded).
-DEFAULT_MAX_BACKLOG = 200_000
-# Default cap on the MB the backlog holds in Redis (queued tasks, failures, outbox): at 2k-token
-# prompts the 200,000-prompt cap alone allows ~0.8 GB; 256 MB keeps a 10M-prompt campaign's peak
-# (its key sets, ~170 B a prompt, plus this) under 2 GB.
-DEFAULT_MAX_BACKLOG_MB = 256
-# Default cap on a prompt's tokens after templating: above the context of most served models,
-# and far below the 10M-token prompt a 50 MB row made. The worker also fails prompts over its
-# server's own context length.
-DEFAULT_MAX_PROMPT_TOKENS = 131_072
-# Default cap on a conversation's characters, checked before templating so a huge row never
-# reaches the tokenizer (a 50 MB row took 6.6 GB to template). Eight characters per token of
-# the token cap: plain text averages about four, so no prompt the token cap keeps is cut here.
-DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 # Skip reason for prompts over either cap (the worker uses the same slug for the server's context).
 PROMPT_TOO_LONG = "prompt-too-long"
 
 
 class StrictModeError(UserError, RuntimeError):
     """--strict and a row was skipped; the message names the row and the reason."""
-
-
-@dataclass(frozen=True, slots=True)
-class EnqueueOptions:
-    """Everything `enqueue` needs.
-
-    Parameters:
-        inputs: files, globs, or "-" for JSONL on stdin.
-        campaign: campaign name.
-        tokenizer: tokenizer folder (or hub name where reachable).
-        sampling: sampling parameters.
-        batch_size: prompts per task.
-        turns: "last" (default) or "all" user turns.
-        system: default system prompt for rows that have none.
-        chat_template: a template file overriding the tokenizer's.
-        chat_template_kwargs: extra template arguments, e.g. {"enable_thinking": False}.
-        trust_remote_code: allow tokenizers that ship code.
-        max_prompt_tokens: skip prompts longer than this many tokens; None: the campaign's cap if
-            it exists, else DEFAULT_MAX_PROMPT_TOKENS; 0: no cap.
-        max_prompt_chars: skip conversations with more characters than this, before templating
-            (None or 0: no cap).
-        max_backlog: wait while more prompts than this are pending (0 = never).
-        max_backlog_mb: wait while the backlog (queue, failures, outbox) holds more MB than this
-            in Redis (0 = no byte cap; never more than half of a set maxmemory).
-        strict: stop at the first skipped row.
-        dry_run: template and count, enqueue nothing (Redis not needed; read, when it answers, to
-            count against an existing campaign and refuse its settings as the real run would).
-        processes: templating processes (default: every core).
-        allow_evicting_redis: go on (with a warning) when Redis may evict keys.
-        allow_volatile_redis: go on (with a warning) when Redis persists nothing across a restart.
-        history: "dataset" (prompts on the row's history) or "own" (every user turn answered in
-            order on the model's own answers; workers render the later turns).
-        max_turns: with history "own", answer at most this many turns per conversation.
-        variants: `--variants` entries, assigned per conversation by a stable hash.
-        tool_format: with history "own", the tool-call format the model's answers are parsed in
-            (one of eagle_synth.toolcalls.TOOL_FORMATS); None: detected from the chat template.
-    """
-
-    inputs: Sequence[str]
-    campaign: str
-    tokenizer: str
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    batch_size: int = DEFAULT_BATCH_SIZE
-    turns: Literal["last", "all"] = "last"
-    system: str | None = None
-    chat_template: str | None = None
-    chat_template_kwargs: dict = field(default_factory=dict)
-    trust_remote_code: bool = False
-    max_prompt_tokens: int | None = None
-    max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS
-    max_backlog: int = DEFAULT_MAX_BACKLOG
-    max_backlog_mb: int = DEFAULT_MAX_BACKLOG_MB
-    strict: bool = False
-    dry_run: bool = False
-    processes: int | None = None
-    allow_evicting_redis: bool = False
-    allow_volatile_redis: bool = False
-    history: Literal["dataset", "own"] = "dataset"
-    max_turns: int | None = None
-    variants: tuple[Variant, ...] = ()
-    tool_format: str | None = None
-
-    def planner(self, *, no_tool_format: str | None = None) -> PromptPlanner:
-        return PromptPlanner(
-            history=self.history,
-            turns=self.turns,
-            sampling=self.sampling,
-            template_kwargs=self.chat_template_kwargs,
-            variants=self.variants,
-            default_system=self.system,
-            max_turns=self.max_turns,
-            no_tool_format=no_tool_format,
-        )
 
 
 @dataclass(slots=True)
@@ -191,21 +103,14 @@ class EnqueueSummary:
         self.length_buckets[bound] += 1
 
     def to_dict(self) -> dict:
+        counts = {
+            name: getattr(self, name) for name in self.__slots__ if name.startswith(("rows_", "prompts_", "tasks"))
+        }
         return {
             "campaign": self.campaign,
             "dry_run": self.dry_run,
             "consulted_redis": self.consulted_redis,
-            "rows_read": self.rows_read,
-            "rows_enqueued": self.rows_enqueued,
-            "rows_duplicate": self.rows_duplicate,
-            "rows_skipped": self.rows_skipped,
-            "prompts_enqueued": self.prompts_enqueued,
-            "prompts_duplicate": self.prompts_duplicate,
-            "prompts_skipped": self.prompts_skipped,
-            "prompts_recovered": self.prompts_recovered,
-            "prompts_replayed": self.prompts_replayed,
-            "rows_resumed": self.rows_resumed,
-            "tasks": self.tasks,
+            **counts,
             "skipped_by_reason": dict(self.skipped),
             "examples": self.examples,
             "prompt_length_histogram": dict(self.histogram()),
@@ -328,15 +233,13 @@ def resolve_max_prompt_tokens(requested: int | None, stored: CampaignSettings | 
 def resolve_tool_format(options: EnqueueOptions, tokenizer) -> tuple[str | None, str | None]:
     """(the format tool calls are parsed in, why there is none) for a run's options.
 
-    Only `--history own` parses the model's answers. Raises UserError for an unknown
-    `tool_format`; a template whose format is not detected leaves rows with tools to be skipped.
+    Only `--history own` parses the model's answers; a template whose format is not detected
+    leaves rows with tools to be skipped.
     """
     from eagle_synth.toolcalls import ToolFormatError
     from eagle_synth.toolcalls import resolve_tool_format as resolve
 
     if options.history != "own":
-        if options.tool_format is not None:
-            raise UserError("tool_format applies with history 'own' only")
         return None, None
     try:
         return resolve(getattr(tokenizer, "chat_template", None), override=options.tool_format), None
@@ -401,29 +304,32 @@ def enqueue(
     summary = EnqueueSummary(campaign=options.campaign, dry_run=options.dry_run)
     inputs = expand_inputs(options.inputs)
     check_tokenizer_path(options.tokenizer)
-    if options.history == "own" and options.trust_remote_code:
-        raise UserError(
-            "history 'own' cannot be used with trust_remote_code: workers would run tokenizer "
-            "code taken from Redis; use a tokenizer that needs no custom code"
-        )
     if tokenizer is None:
         tokenizer = load_tokenizer(
             options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
         )
     warn = on_warning or log.warning
+    broker = broker or broker_settings()
     tool_format, no_tool_format = resolve_tool_format(options, tokenizer)
-    planner = options.planner(no_tool_format=no_tool_format)
+    planner = PromptPlanner(
+        history=options.history,
+        turns=options.turns,
+        sampling=options.sampling,
+        template_kwargs=options.chat_template_kwargs,
+        variants=options.variants,
+        default_system=options.system,
+        max_turns=options.max_turns,
+        no_tool_format=no_tool_format,
+    )
 
     publisher = None
     stored = None
     if not options.dry_run:
         from eagle_synth.queue import make_celery
-        from eagle_synth.settings import broker_settings
         from eagle_synth.state.redis_client import connect
         from eagle_synth.state.redis_policy import check_redis_ready
         from producer.publisher import Publisher
 
-        broker = broker or broker_settings()
         client = connect(broker)
         warning = check_redis_ready(
             client, allow_evicting=options.allow_evicting_redis, allow_volatile=options.allow_volatile_redis
@@ -472,8 +378,6 @@ def enqueue(
     )
     cursors = None
     if publisher is not None:
-        from eagle_synth.tools.repair import RECORD_DAMAGED
-
         scope = run_scope(
             settings.to_json(),
             turns=options.turns,
@@ -542,16 +446,15 @@ def enqueue(
     return summary
 
 
-def _existing_campaign(name: str, broker: BrokerSettings | None) -> Campaign | None:
+def _existing_campaign(name: str, broker: BrokerSettings) -> Campaign | None:
     """For a dry run: the campaign in Redis if Redis answers and holds it, else None (a dry run
     needs no Redis; without one it counts as for a new campaign, and says so). Reads only."""
     import redis
 
-    from eagle_synth.settings import broker_settings
     from eagle_synth.state.redis_client import connect
 
     try:
-        campaign = Campaign(connect(broker or broker_settings()), name)
+        campaign = Campaign(connect(broker), name)
         return campaign if campaign.exists() else None
     except redis.RedisError as exc:
         log.info("dry run without Redis (%s): counting as for a new campaign", exc)

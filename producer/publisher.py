@@ -18,10 +18,9 @@ from celery import Celery
 from eagle_synth.payload import PromptItem, TaskPayload, batch_id
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.queue import send_payload
-from eagle_synth.state.campaign import Campaign
+from eagle_synth.state.campaign import RECORD_DAMAGED, Campaign
 from eagle_synth.state.outbox import chunk_field
 from eagle_synth.state.redis_client import text
-from eagle_synth.tools.repair import RECORD_DAMAGED
 
 log = logging.getLogger("eagle_synth.producer")
 
@@ -35,19 +34,15 @@ MEMORY_SAMPLES = 5
 
 
 class Publisher:
-    """Turns prompt items into queued batches for one campaign.
+    """Turns prompt items into queued batches (of `batch_size`, each with the server's
+    `sampling`) for one campaign.
 
     Parameters:
-        campaign: the campaign's state.
-        app: the Celery app to publish with.
-        queue: queue name.
-        sampling: SGLang sampling_params for every batch.
-        batch_size: prompts per task.
-        max_backlog: wait while more prompts than this are pending (0 = never wait).
-        max_backlog_bytes: wait while the queue, the failures and the outbox hold more bytes than
-            this in Redis (0 = no byte cap); never more than MAXMEMORY_SHARE of a set maxmemory.
-        on_wait: called with the pending count (and, for the byte cap, `held_bytes` and
-            `max_bytes`) while waiting (for the progress display).
+        max_backlog, max_backlog_bytes: wait while more prompts are pending, or the queue, the
+            failures and the outbox hold more bytes in Redis (0 = no cap; the byte cap never
+            above MAXMEMORY_SHARE of a set maxmemory).
+        on_wait: told the pending count (and, for the byte cap, `held_bytes` and `max_bytes`)
+            while waiting, for the progress display.
         count_new_as: a campaign counter that newly claimed keys add to (eagle_synth.state.counters).
     """
 
@@ -94,6 +89,12 @@ class Publisher:
         self._chunk_serial += 1
         return chunk_field(self._run_id, self._chunk_serial)
 
+    def _stash(self, items: list[PromptItem]) -> str:
+        """Put items in a new outbox field of this run, before they leave where they are."""
+        field = self._next_field()
+        self.campaign.outbox.stash(field, items)
+        return field
+
     def claim(self, items: list[PromptItem]) -> list[bool]:
         """Claim a chunk of items; returns, per item, whether it was new. New items are
         published in batches of batch_size."""
@@ -132,30 +133,26 @@ class Publisher:
         """
         if not items:
             return 0
-        field = self._next_field()
-        self.campaign.outbox.stash(field, items)
+        field = self._stash(items)
         removed = self.campaign.undo_done([item.key for item in items])
         self._publish_all(items, outbox_field=field)
         return removed
 
     def republish(self, items: list[PromptItem]) -> None:
-        """Queue failed prompts again: they leave `failed` and enter the outbox atomically."""
-        if not items:
-            return
-        field = self._next_field()
-        # Outbox first: a kill between the two leaves the prompts failed *and* queued, which is
-        # safe (the worker marks them done and drops the failure); the other order could lose them.
-        self.campaign.outbox.stash(field, items)
-        self.campaign.drop_failures([item.key for item in items])
-        self._publish_all(items, outbox_field=field)
+        """Queue failed prompts again. Outbox first: a kill between the two leaves the prompts
+        failed *and* queued, which is safe (the worker marks them done and drops the failure);
+        the other order could lose them."""
+        if items:
+            field = self._stash(items)
+            self.campaign.drop_failures([item.key for item in items])
+            self._publish_all(items, outbox_field=field)
 
     def retry(self, items: list[PromptItem]) -> int:
         """Queue failed prompts again, like republish, but only those still failed when taken
         (a key seen twice by a scan, or retried meanwhile, is queued once); returns how many."""
         if not items:
             return 0
-        field = self._next_field()
-        self.campaign.outbox.stash(field, items)
+        field = self._stash(items)
         taken = self.campaign.take_failures([item.key for item in items])
         once = []
         for item in items:

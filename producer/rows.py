@@ -27,16 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.regeneration import regeneration_points
-
-__all__ = [
-    "ROLE_ALIASES",
-    "Conversation",
-    "OwnConversation",
-    "RowError",
-    "conversations_from_row",
-    "own_history_from_row",
-]
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
@@ -86,13 +78,9 @@ _CALL_KEYS = frozenset({"tool_calls", "function_call"})
 
 @dataclass(frozen=True, slots=True)
 class Conversation:
-    """A prompt to regenerate an answer for.
-
-    ``messages`` are fresh dicts (safe to mutate), OpenAI style, ending with
-    what the model answers: a user turn, or the tool results of a tool-call
-    step.  ``turn`` is that point's 0-based index among the row's
-    regeneration points (for a row without tools: among its user turns).
-    """
+    """A prompt to regenerate an answer for: fresh OpenAI-style message dicts (safe to mutate)
+    ending with what the model answers (a user turn, or a tool-call step's results); ``turn`` is
+    that point's 0-based index among the row's regeneration points."""
 
     messages: list[dict]
     tools: list[dict] | None
@@ -100,12 +88,9 @@ class Conversation:
     turn: int
 
 
-class RowError(Exception):
-    """A row that cannot become a conversation.
-
-    ``reason`` is a stable slug; ``field`` is the path of the offending value
-    (e.g. ``"messages[2].content"``) or None when the row as a whole is at fault.
-    """
+class RowError(EagleSynthError):
+    """A row that cannot become a conversation: ``reason`` a stable slug, ``field`` the path of
+    the offending value (``"messages[2].content"``), None when the whole row is at fault."""
 
     def __init__(self, reason: str, field: str | None, message: str) -> None:
         super().__init__(f"{field}: {message}" if field else message)
@@ -121,20 +106,15 @@ def conversations_from_row(
     turns: Literal["last", "all"] = "last",
     default_system: str | None = None,
 ) -> list[Conversation]:
-    """Turn one row into the conversation(s) to regenerate.
+    """The conversation(s) to regenerate of one row.
 
-    A regeneration point is a user turn, or the last of a run of tool results
-    that follows the first user turn: the model answers after either.
-    ``turns="last"`` gives one Conversation ending at the last point (later
-    assistant messages are the old answer and are dropped); ``turns="all"``
-    gives one per point, each with the dataset's history before it.  A row
-    without a system message gets one from its ``system`` field, or else from
-    ``default_system``; empty strings count as absent.  Content strings are
-    kept exactly as given; text-part lists are joined with no separator.  Keys
-    whose value is null are dropped from messages, since Parquet/Arrow rows
-    carry null for every field another row has.
-
-    Raises RowError (see module docstring); ValueError for a bad ``turns``.
+    A regeneration point is a user turn, or the last of a run of tool results after the first
+    user turn: the model answers after either. ``turns="last"``: one Conversation ending at the
+    last point (later assistant messages are the old answer); ``"all"``: one per point, on the
+    dataset's history. A row without a system message gets its ``system`` field, else
+    ``default_system`` (empty counts as absent). Contents are kept exactly; text-part lists are
+    joined with no separator; null-valued keys are dropped (Parquet/Arrow rows carry null for
+    every field another row has). Raises RowError; ValueError for a bad ``turns``.
     """
     if turns not in ("last", "all"):
         raise ValueError(f"turns must be 'last' or 'all', got {turns!r}")

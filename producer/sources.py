@@ -3,7 +3,7 @@
 Turns input paths into a stream of parsed rows (``SourceRow``) and per-row
 failures (``BadRow``) without ever holding a whole file in memory.  Fatal
 problems that make an input unusable before reading starts (missing path,
-unknown format, missing optional decompressor) raise ``InputError``.
+unknown format) raise ``InputError``.
 
 Supported inputs (see docs/inputs.md):
 
@@ -19,10 +19,8 @@ Supported inputs (see docs/inputs.md):
 
 from __future__ import annotations
 
-import enum
 import glob
 import gzip
-import importlib
 import io
 import json
 import os
@@ -30,20 +28,12 @@ import sys
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import IO, Any, cast
 
-from eagle_synth.errors import UserError
+import ijson
+import zstandard
 
-__all__ = [
-    "STDIN",
-    "BadRow",
-    "InputError",
-    "SourceRow",
-    "expand_inputs",
-    "iter_source_rows",
-    "source_fingerprint",
-]
+from eagle_synth.errors import UserError
 
 STDIN = "-"  # the path that means "JSONL on standard input"
 
@@ -78,20 +68,17 @@ class InputError(UserError):
 
 @dataclass(frozen=True, slots=True)
 class SourceRow:
-    """One parsed row: a JSON object (or a Parquet/Arrow row) as a python dict."""
+    """One row as a dict; `source` as given ("-": stdin, "<dir>/<split>": a DatasetDict split);
+    `line` 1-based: the physical line of JSONL, the row index otherwise."""
 
-    source: str  # path as given ("-" for stdin; "<dir>/<split>" for DatasetDict splits)
-    line: int  # 1-based physical line for JSONL; 1-based row index otherwise
+    source: str
+    line: int
     data: dict
 
 
 @dataclass(frozen=True, slots=True)
 class BadRow:
-    """A row, or the rest of a file, that could not be parsed.
-
-    ``line`` is where the problem is (same numbering as ``SourceRow.line``);
-    0 means the file as a whole (e.g. it could not be opened).
-    """
+    """A row, or the rest of a file, that could not be parsed; ``line`` 0 is the whole file."""
 
     source: str
     line: int
@@ -99,37 +86,20 @@ class BadRow:
     detail: str  # human message
 
 
-class _Kind(enum.Enum):
-    STDIN = "stdin"
-    JSONL = "jsonl"
-    JSON = "json"  # array or JSONL, decided by sniffing
-    PARQUET = "parquet"
-    HF_DATASET = "hf-dataset"
-    HF_DATASET_DICT = "hf-dataset-dict"
-
-
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    kind: _Kind
-    compression: str | None = None
+# Input kinds (_detect): "json" is an array or JSONL, decided by sniffing.
+STDIN_KIND, JSONL, JSON, PARQUET, HF_DATASET, HF_DATASET_DICT = "stdin", "jsonl", "json", "parquet", "hf", "hf-dict"
+# What _detect says of an input: its kind and compression ("gzip", "zstd" or None).
+_Spec = tuple[str, str | None]
 
 
 # --------------------------------------------------------------------------- discovery
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """Expand paths and glob patterns into the list of inputs to read.
-
-    Each pattern is, in order: ``"-"`` (kept as is); an existing path (kept
-    as given, even if it contains glob characters); or a glob (``**``
-    allowed), whose matches are sorted.  Glob matches keep files and saved
-    dataset directories; other directories are skipped.  Duplicates (same
-    real path) are dropped, first occurrence wins.  Every kept input has its
-    format checked.
-
-    Raises InputError when no pattern is given, a pattern matches nothing, a
-    plain path does not exist, or an input's format is not supported.
-    """
+    """The inputs to read: ``"-"``, an existing path (as given, glob characters and all), or a
+    glob's sorted matches (``**`` allowed; files and saved datasets, not other folders); the
+    same real path once. Raises InputError for no pattern, a pattern matching nothing, a
+    missing path or an unsupported format (each input's format is checked)."""
     if not patterns:
         raise InputError(
             f"no inputs given; pass one or more files, globs, dataset directories or '-' ({_SUPPORTED_HINT})"
@@ -157,16 +127,9 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
 
 
 def source_fingerprint(path: str) -> str:
-    """Cheap identity of an input for progress/resume bookkeeping.
-
-    ``"<name>:<size>:<mtime_ns>"`` for a file; for a dataset directory the
-    size is the total over its files and the mtime their newest, with the file
-    count added (``"<name>:dir:<count>:<size>:<mtime_ns>"``).  Content is not
-    hashed, so an in-place rewrite with identical size and mtime goes
-    unnoticed.  Stdin has no identity and fingerprints as ``"-"``.
-
-    Raises InputError if the path cannot be stat'ed.
-    """
+    """Cheap identity of an input: ``"<name>:<size>:<mtime_ns>"`` for a file,
+    ``"<name>:dir:<count>:<size>:<newest mtime_ns>"`` for a dataset folder, ``"-"`` for stdin.
+    Content is not hashed. Raises InputError if the path cannot be stat'ed."""
     if path == STDIN:
         return STDIN
     name = os.path.basename(os.path.normpath(path))
@@ -202,12 +165,12 @@ def _is_dataset_dir(path: str) -> bool:
 def _detect(path: str) -> _Spec:
     """Decide how to read ``path``; raise InputError if it cannot be read at all."""
     if path == STDIN:
-        return _Spec(_Kind.STDIN)
+        return STDIN_KIND, None
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "dataset_dict.json")):
-            return _Spec(_Kind.HF_DATASET_DICT)
+            return HF_DATASET_DICT, None
         if os.path.isfile(os.path.join(path, "state.json")):
-            return _Spec(_Kind.HF_DATASET)
+            return HF_DATASET, None
         raise InputError(
             f"{path}: directory is not a saved Hugging Face dataset (no state.json or dataset_dict.json); "
             f"pass its files or a glob such as '{os.path.join(path, '*.jsonl')}'"
@@ -219,63 +182,46 @@ def _detect(path: str) -> _Spec:
     if compression is not None:
         stem, ext = os.path.splitext(stem)
     if ext in _JSONL_SUFFIXES:
-        kind = _Kind.JSONL
+        kind = JSONL
     elif ext == ".json":
-        kind = _Kind.JSON
+        kind = JSON
     elif ext == ".parquet":
         if compression is not None:
             raise InputError(
                 f"{path}: compressed parquet is not supported (parquet compresses internally); decompress it first"
             )
-        kind = _Kind.PARQUET
+        kind = PARQUET
     else:
         raise InputError(f"{path}: unknown input format '{ext or '(no extension)'}'; supported: {_SUPPORTED_HINT}")
-    if compression == "zstd":
-        _require("zstandard", path)
-    if kind is _Kind.JSON:
-        _require("ijson", path)
-    if kind is _Kind.PARQUET:
-        _require("pyarrow.parquet", path)
-    return _Spec(kind, compression)
-
-
-def _require(module: str, path: str) -> ModuleType:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        package = module.split(".")[0]
-        raise InputError(f"{path}: reading this input needs the '{package}' package; pip install {package}") from exc
+    return kind, compression
 
 
 # --------------------------------------------------------------------------- reading
 
 
 def iter_source_rows(paths: Sequence[str], *, stdin: IO[bytes] | None = None) -> Iterator[SourceRow | BadRow]:
-    """Stream every row of ``paths``, in order, as SourceRow or BadRow.
+    """Every row of ``paths``, in order, as SourceRow or BadRow.
 
-    All paths are checked before anything is read, so a missing file or an
-    unknown format raises InputError from this call rather than after hours
-    of work.  Problems found while reading never raise: they become BadRow
-    items (a file that breaks off mid-way yields all rows before the break,
-    then one BadRow).  ``stdin`` replaces ``sys.stdin.buffer`` for ``"-"``;
-    it is never closed.  Memory stays bounded by one line (JSONL), one
-    array element (JSON) or one record batch (Parquet/Arrow).
+    Every path is checked first (InputError now, not after hours of work); problems met while
+    reading become BadRows (a file cut mid-way yields its rows before the cut, then one
+    BadRow). ``stdin`` replaces ``sys.stdin.buffer`` for ``"-"`` and is never closed. Memory
+    stays bounded by one line, one array element or one record batch.
     """
     plan = [(path, _detect(path)) for path in paths]
     return _iter_plan(plan, stdin)
 
 
 def _iter_plan(plan: list[tuple[str, _Spec]], stdin: IO[bytes] | None) -> Iterator[SourceRow | BadRow]:
-    for path, spec in plan:
-        if spec.kind is _Kind.STDIN:
+    for path, (kind, compression) in plan:
+        if kind == STDIN_KIND:
             yield from _iter_jsonl(stdin if stdin is not None else sys.stdin.buffer, STDIN)
-        elif spec.kind is _Kind.JSONL:
-            yield from _with_opened(path, spec.compression, _iter_jsonl)
-        elif spec.kind is _Kind.JSON:
-            yield from _iter_json_file(path, spec.compression)
-        elif spec.kind is _Kind.PARQUET:
+        elif kind == JSONL:
+            yield from _with_opened(path, compression, _iter_jsonl)
+        elif kind == JSON:
+            yield from _iter_json_file(path, compression)
+        elif kind == PARQUET:
             yield from _iter_parquet(path)
-        elif spec.kind is _Kind.HF_DATASET:
+        elif kind == HF_DATASET:
             yield from _iter_hf_dataset(path, path)
         else:
             yield from _iter_hf_dataset_dict(path)
@@ -303,18 +249,14 @@ def _with_opened(
 
 
 class _ZstdReader(io.RawIOBase):
-    """Raw zstd decoder over a file that reports a stream cut mid-frame.
-
-    ``zstandard.ZstdDecompressor().stream_reader`` silently returns EOF on a
-    truncated frame, which would hide lost rows; this reader raises EOFError
-    instead (the same signal gzip gives) and decodes concatenated frames.
-    """
+    """Raw zstd decoder over a file, raising EOFError (as gzip does) on a stream cut mid-frame:
+    ``stream_reader`` returns a silent EOF there, which would hide lost rows. Decodes
+    concatenated frames."""
 
     def __init__(self, raw: IO[bytes]) -> None:
         super().__init__()
-        self._zstd = importlib.import_module("zstandard")
         self._raw = raw
-        self._decoder: Any = None  # a zstandard decompressobj (zstandard is imported lazily)
+        self._decoder: Any = None  # a zstandard decompressobj
         self._out = b""
         self._pos = 0
         self._done = False
@@ -347,10 +289,10 @@ class _ZstdReader(io.RawIOBase):
         try:
             while chunk:
                 if self._decoder is None or self._decoder.eof:
-                    self._decoder = self._zstd.ZstdDecompressor().decompressobj()
+                    self._decoder = zstandard.ZstdDecompressor().decompressobj()
                 parts.append(self._decoder.decompress(chunk))
                 chunk = self._decoder.unused_data if self._decoder.eof else b""
-        except self._zstd.ZstdError as exc:
+        except zstandard.ZstdError as exc:
             self._error = OSError(f"corrupt zstd data: {exc}")
             self._error.__cause__ = exc
         if self._error is not None and not parts:
@@ -489,7 +431,6 @@ def _iter_jsonl_in_json_file(stream: IO[bytes], source: str) -> Iterator[SourceR
 
 
 def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[SourceRow | BadRow]:
-    ijson = importlib.import_module("ijson")
     if has_bom:
         stream.read(len(_UTF8_BOM))
     items = ijson.items(stream, "item", use_float=True)
@@ -559,11 +500,8 @@ def _iter_parquet(path: str) -> Iterator[SourceRow | BadRow]:
 def _iter_record_batches(
     batches: Iterable, source: str, start: int
 ) -> Generator[SourceRow | BadRow, None, tuple[int, bool]]:
-    """Rows of arrow record batches numbered from ``start + 1``.
-
-    Returns (via StopIteration.value) the last row number and whether the
-    batches were read to the end without error.
-    """
+    """Rows of arrow record batches numbered from ``start + 1``; returns the last row number
+    and whether the batches were read to the end without error."""
     import pyarrow as pa
 
     index = start
@@ -641,17 +579,14 @@ COUNT_CHUNK_BYTES = 1 << 22
 
 
 def estimate_rows(paths: Sequence[str]) -> int | None:
-    """Rows the inputs hold, where that is cheap to know (for a progress total and ETA).
-
-    Plain JSONL files are counted by their non-blank lines at disk speed, Parquet from its
-    metadata; anything else (stdin, compressed or JSON-array files, datasets) gives None.
-    """
+    """Rows the inputs hold where that is cheap (a progress total): plain JSONL by its lines at
+    disk speed, Parquet from its metadata; None for anything else."""
     total = 0
     for path in expand_inputs(paths):
-        spec = _detect(path)
-        if spec.kind is _Kind.JSONL and spec.compression is None:
+        kind, compression = _detect(path)
+        if kind == JSONL and compression is None:
             total += _count_lines(path)
-        elif spec.kind is _Kind.PARQUET:
+        elif kind == PARQUET:
             import pyarrow.parquet as pq
 
             total += pq.ParquetFile(path).metadata.num_rows

@@ -20,15 +20,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import TypeVar
 
-from eagle_synth.templating import (
-    TemplateError,
-    check_tokenizer_path,
-    load_tokenizer,
-    render_prompt_ids,
-    render_prompt_ids_batch,
-)
-
-__all__ = ["TemplateJob", "TemplatingPool", "check_tokenizer_path"]
+from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_ids, render_prompt_ids_batch
 
 # Chunks submitted to the pool ahead of the one being consumed (bounds memory).
 CHUNKS_AHEAD_PER_PROCESS = 3

@@ -229,7 +229,7 @@ def test_variants_are_picked_stably_by_weight():
 
 
 def test_dataset_history_variants_set_template_kwargs_sampling_and_keys(tokenizer, tokenizer_path):
-    from producer.conversations import PromptPlanner
+    from producer.planner import PromptPlanner
     from producer.tokenize import TemplateJob, TemplatingPool
 
     base = SamplingParams(temperature=0.6)

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
+from eagle_synth.progress import reported
 from eagle_synth.records import RawRecord
 from eagle_synth.tools.export import export_records
-from eagle_synth.tools.export_progress import reported
 from eagle_synth.tools.filters import ExportFilters, conversation_key, parse_split, split_of
 from tests.export_helpers import by_key, conversation_records, write_campaign
 

@@ -231,8 +231,10 @@ def test_ctrl_c_during_enqueue_says_what_was_kept_and_a_rerun_resumes(tmp_path, 
     )
     target = campaign(redis_server.url, "stop")
     try:
+        # A state, not a time: 8 prompts queued means the run has published (so it is past every
+        # import) and now waits on its backlog cap, mid-input.
         wait_for(
-            lambda: proc.poll() is None and target.exists() and target.progress().enqueued >= 8,
+            lambda: proc.poll() is None and len(queued_items(redis_server.url)) >= 8,
             timeout=120,
             what="enqueue to wait on its backlog",
         )

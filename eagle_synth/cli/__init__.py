@@ -1,75 +1,48 @@
-"""The `eagle-synth` command: a thin layer over producer/, workers/ and eagle_synth.tools.
+"""The `eagle-synth` command: a thin layer over producer/, workers/ and eagle_synth.tools (the
+app is in commands.py).
 
-Each command group lives in its own module with its own `typer.Typer()`; the app here merges
-them (typer's add_typer without a name) so every command sits at the top level. Shared options
-and helpers are in options.py; the command modules import that, never `app` or `main` from here.
-
-Errors: library code raises eagle_synth.errors.UserError (or a subclass) for what the user can
-fix; the app prints it once (see _Commands). Commands call options.fail only for a problem the
-library cannot name (a flag's spelling), or to add what the library does not know.
+This module stays light to import: `main` first makes Ctrl-C wait for a command to handle it,
+then imports the commands. A KeyboardInterrupt raised in the middle of those imports would end
+the process with a traceback that no command can catch.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 from typing import Any
 
-import typer
-from typer.core import TyperGroup
-
-from eagle_synth.cli import campaign, ops, records, worker
-from eagle_synth.cli.options import HELP_MARKUP_MODE, fail, print_error
-from eagle_synth.errors import USER_ERROR_EXIT, UserError, clause
+# A Ctrl-C that came before a command could handle it.
+_pending_interrupt = False
 
 
-class _Commands(TyperGroup):
-    """The top-level command group. A UserError raised by any command ends it here, once:
-    `error: <message>` in red on stderr, exit status 2 (UserError.exit_code). Here rather than
-    in main() so the app behaves the same wherever it runs (main, typer's CliRunner)."""
-
-    # ctx is typer's click Context; Any because recent typer vendors its own click (typer._click).
-    def invoke(self, ctx: Any) -> Any:
-        try:
-            return super().invoke(ctx)
-        except UserError as exc:
-            fail(str(exc), code=exc.exit_code)
+def _note_interrupt(signum: int, frame: object) -> None:
+    global _pending_interrupt
+    _pending_interrupt = True
 
 
-app = typer.Typer(
-    cls=_Commands,
-    add_completion=False,
-    rich_markup_mode=HELP_MARKUP_MODE,
-    no_args_is_help=True,
-    help="Regenerate prompt sets through a target model served by SGLang or vLLM, keeping exact token ids.",
-)
-for group in (campaign, worker, records, ops):
-    app.add_typer(group.app)
+def arm_interrupts() -> None:
+    """Ctrl-C raises KeyboardInterrupt again from here on; at once if one came while it waited."""
+    global _pending_interrupt
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _pending_interrupt:
+        _pending_interrupt = False
+        raise KeyboardInterrupt
 
 
 def main() -> None:
-    """The `eagle-synth` entry point: the app, plus Redis failures said in one line (exit 2)."""
-    import redis
-    from kombu.exceptions import OperationalError
+    """The `eagle-synth` entry point."""
+    signal.signal(signal.SIGINT, _note_interrupt)
+    from eagle_synth.cli.commands import run
 
-    from eagle_synth.state.redis_policy import is_out_of_memory, out_of_memory_message
+    run()
 
-    def stop(message: str) -> None:
-        print_error(message)
-        raise SystemExit(USER_ERROR_EXIT) from None
 
-    try:
-        app()
-    except (redis.RedisError, OperationalError) as exc:
-        # Redis full (noeviction) refuses writes: OutOfMemoryError, or wrapped by kombu on publish.
-        if is_out_of_memory(exc):
-            stop(out_of_memory_message())
-        if isinstance(exc, redis.AuthenticationError):
-            stop(
-                f"Redis refused the credentials: {clause(exc)}. Check the user and password in "
-                "--redis / REDIS_URL (redis://user:password@host:port/db)."
-            )
-        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OperationalError)):
-            stop(
-                f"cannot reach Redis: {clause(exc)}. Check --redis / REDIS_URL; for TLS use rediss:// "
-                "and EAGLE_SYNTH_REDIS_CA. Rerunning a command is safe: enqueue resumes where it stopped."
-            )
-        raise
+def __getattr__(name: str) -> Any:
+    """`eagle_synth.cli.app`, the typer app (for tests and `typer.main.get_command`)."""
+    if name == "app":
+        from eagle_synth.cli.commands import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

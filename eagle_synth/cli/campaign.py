@@ -4,24 +4,44 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, NoReturn, cast
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, check_campaign_name, command_group, fail, redis_client, warn
+from eagle_synth.cli import arm_interrupts
+from eagle_synth.cli.options import (
+    INTERRUPTED_EXIT,
+    CampaignArg,
+    JsonOpt,
+    RedisOpt,
+    check_campaign_name,
+    command_group,
+    fail,
+    redis_client,
+    warn,
+)
+from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from eagle_synth.toolcalls import TOOL_FORMATS
+from producer.options import EnqueueOptions
 
 if TYPE_CHECKING:
     from eagle_synth.settings import BrokerSettings
     from eagle_synth.state.campaign import Campaign
-    from producer.enqueue import EnqueueOptions, EnqueueSummary
+    from producer.enqueue import EnqueueSummary
 
 app = command_group()
 
-# Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
-INTERRUPTED_EXIT = 130
+# The flags' defaults are the library's: one place says what a run does unless told otherwise.
+SAMPLING = SamplingParams()
+OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(EnqueueOptions)}
+
+
+def _fields(cls: Any, flags: dict[str, Any]) -> dict[str, Any]:
+    """The flags that set a field of dataclass `cls`, as they are."""
+    return {f.name: flags[f.name] for f in fields(cls) if f.name in flags}
 
 
 def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
@@ -34,6 +54,16 @@ def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
     return tuple(int(part) for part in parts)
 
 
+def _template_kwargs(raw: str | None) -> dict:
+    try:
+        kwargs = json.loads(raw) if raw else {}
+        if not isinstance(kwargs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        fail(f"--chat-template-kwargs must be a JSON object: {exc}")
+    return kwargs
+
+
 @app.command()
 def enqueue(
     files: Annotated[
@@ -42,30 +72,32 @@ def enqueue(
     ],
     campaign: Annotated[str, typer.Option("--campaign", help="Campaign name; records go to OUT/NAME/.")],
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="Tokenizer folder with the model's chat template.")],
-    max_new_tokens: Annotated[int, typer.Option(help="Cap on generated tokens per prompt.")] = 2048,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.6,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 0.95,
-    top_k: Annotated[int, typer.Option(help="Top-k sampling (-1 = off).")] = -1,
-    min_p: Annotated[float, typer.Option(help="Min-p sampling.")] = 0.0,
-    repetition_penalty: Annotated[float, typer.Option(help="Repetition penalty (1 = off).")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Cap on generated tokens per prompt.")] = SAMPLING.max_new_tokens,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = SAMPLING.temperature,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = SAMPLING.top_p,
+    top_k: Annotated[int, typer.Option(help="Top-k sampling (-1 = off).")] = SAMPLING.top_k,
+    min_p: Annotated[float, typer.Option(help="Min-p sampling.")] = SAMPLING.min_p,
+    repetition_penalty: Annotated[
+        float, typer.Option(help="Repetition penalty (1 = off).")
+    ] = SAMPLING.repetition_penalty,
     stop_token_ids: Annotated[
         str | None, typer.Option(help="Extra stop ids, comma-separated (EOS always stops).")
     ] = None,
-    n: Annotated[int, typer.Option("--n", help="Samples per prompt; each is its own record.")] = 1,
+    n: Annotated[int, typer.Option("--n", help="Samples per prompt; each is its own record.")] = SAMPLING.n,
     seed: Annotated[int | None, typer.Option(help="Base seed: each sample gets a stable sampling_seed.")] = None,
-    batch_size: Annotated[int, typer.Option(help="Prompts per task.")] = 16,
+    batch_size: Annotated[int, typer.Option(help="Prompts per task.")] = OPTIONS["batch_size"],
     turns: Annotated[
         str,
         typer.Option(
             help="'last': regenerate the answer at the last regeneration point (user turn or tool results); 'all': one prompt per point (with --history dataset)."
         ),
-    ] = "last",
+    ] = OPTIONS["turns"],
     history: Annotated[
         str,
         typer.Option(
             help="'dataset': prompts on the row's own history; 'own': answer every user turn (and tool results) in order, each on the model's own earlier answers, replaying the dataset's tool results against the model's own tool calls."
         ),
-    ] = "dataset",
+    ] = OPTIONS["history"],
     max_turns: Annotated[
         int | None,
         typer.Option(
@@ -100,7 +132,7 @@ def enqueue(
     ] = None,
     max_prompt_chars: Annotated[
         int, typer.Option(help="Skip conversations with more characters than this, before templating (0 = no cap).")
-    ] = 1_000_000,
+    ] = OPTIONS["max_prompt_chars"],
     allow_evicting_redis: Annotated[
         bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
     ] = False,
@@ -110,13 +142,13 @@ def enqueue(
     ] = False,
     max_backlog: Annotated[
         int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")
-    ] = 200_000,
+    ] = OPTIONS["max_backlog"],
     max_backlog_mb: Annotated[
         int,
         typer.Option(
             help="Also wait while the queue, the campaign's failures and its outbox hold more MB than this in Redis (0 = no byte cap; at most half of Redis's maxmemory)."
         ),
-    ] = 256,
+    ] = OPTIONS["max_backlog_mb"],
     strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
     dry_run: Annotated[
         bool, typer.Option(help="Template and count, print a length histogram, enqueue nothing.")
@@ -126,113 +158,34 @@ def enqueue(
     redis: RedisOpt = None,
 ) -> None:
     """Template prompt rows with the model's chat template and enqueue their token ids."""
-    from eagle_synth.sampling import SamplingParams
-    from producer.enqueue import EnqueueOptions, print_summary
-    from producer.enqueue import enqueue as run_enqueue
-    from producer.progress import EnqueueProgress
-    from producer.sources import estimate_rows
+    flags = dict(locals())  # each flag by the name of the field it sets
+    from eagle_synth.variants import load_variants
 
     check_campaign_name(campaign)
-    if turns not in ("last", "all"):
-        fail("--turns must be 'last' or 'all'")
-    if (max_prompt_tokens is not None and max_prompt_tokens < 0) or max_prompt_chars < 0:
-        fail("--max-prompt-tokens and --max-prompt-chars must be 0 (no cap) or positive")
-    if history not in ("dataset", "own"):
-        fail("--history must be 'dataset' or 'own'")
-    if max_turns is not None and history != "own":
-        fail("--max-turns needs --history own (it caps the turns answered on the model's own answers)")
-    if max_turns is not None and max_turns < 1:
-        fail(f"--max-turns {max_turns}: give a number of turns, at least 1")
-    if history == "own" and turns == "all":
-        fail(
-            "--turns all applies with --history dataset; --history own already answers every turn "
-            "(--max-turns caps how many)"
-        )
-    if tool_format is not None and history != "own":
-        fail("--tool-format applies with --history own")
-    if tool_format is not None and tool_format not in TOOL_FORMATS:
-        fail(f"--tool-format {tool_format!r} is not a known format; choose one of: {', '.join(TOOL_FORMATS)}")
-    if history == "own" and trust_remote_code:
-        fail("--history own cannot be used with --trust-remote-code: workers would run tokenizer code taken from Redis")
-    try:
-        kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else {}
-        if not isinstance(kwargs, dict):
-            raise ValueError("not a JSON object")
-    except ValueError as exc:
-        fail(f"--chat-template-kwargs must be a JSON object: {exc}")
-    stops = _stop_token_ids(stop_token_ids)
-    sampling = SamplingParams(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        stop_token_ids=stops,
-        n=n,
-        seed=seed,
-    )
-    if batch_size < 1:
-        fail("--batch-size must be at least 1")
-    loaded_variants: tuple = ()
-    if variants is not None:
-        from eagle_synth.variants import VariantsError, load_variants
-
-        try:
-            loaded_variants = tuple(load_variants(variants, base=sampling))
-        except VariantsError as exc:
-            fail(str(exc))
+    sampling = SamplingParams(**{**_fields(SamplingParams, flags), "stop_token_ids": _stop_token_ids(stop_token_ids)})
     options = EnqueueOptions(
-        inputs=files,
-        campaign=campaign,
-        tokenizer=tokenizer,
-        sampling=sampling,
-        batch_size=batch_size,
-        turns=cast("Literal['last', 'all']", turns),
-        system=system,
-        chat_template=str(chat_template) if chat_template else None,
-        chat_template_kwargs=kwargs,
-        trust_remote_code=trust_remote_code,
-        max_prompt_tokens=max_prompt_tokens,
-        max_prompt_chars=max_prompt_chars or None,
-        max_backlog=max_backlog,
-        max_backlog_mb=max_backlog_mb,
-        strict=strict,
-        dry_run=dry_run,
-        processes=processes,
-        allow_evicting_redis=allow_evicting_redis,
-        allow_volatile_redis=allow_volatile_redis,
-        history=cast("Literal['dataset', 'own']", history),
-        max_turns=max_turns,
-        variants=loaded_variants,
-        tool_format=tool_format,
+        **{
+            **_fields(EnqueueOptions, flags),
+            "inputs": files,
+            "sampling": sampling,
+            "chat_template": str(chat_template) if chat_template else None,
+            "chat_template_kwargs": _template_kwargs(chat_template_kwargs),
+            "max_prompt_chars": max_prompt_chars or None,
+            "variants": tuple(load_variants(variants, base=sampling)) if variants is not None else (),
+        }
     )
     broker = broker_settings(redis_url=redis)  # a dry run reads the campaign from it too, when it answers
-    total_rows = None
-    if not as_json and EnqueueProgress.wanted() and "-" not in files:
-        total_rows = estimate_rows(files)
-    progress = EnqueueProgress(enabled=not as_json, total_rows=total_rows)
     so_far: list[EnqueueSummary] = []  # the run's summary, as the producer last reported it
-
-    def on_rows(summary: EnqueueSummary) -> None:
-        so_far[:] = [summary]
-        progress.update(summary)
-
     try:
-        with progress:
-            summary = run_enqueue(
-                options,
-                broker=broker,
-                stdin=sys.stdin.buffer,
-                on_rows=on_rows,
-                on_wait=progress.waiting,
-                on_warning=warn,
-            )
+        arm_interrupts()  # a Ctrl-C from here on, or one that came while the command started, lands below
+        summary = _run_enqueue(options, broker, as_json=as_json, so_far=so_far)
     except KeyboardInterrupt:
         _interrupted(so_far[0] if so_far else None, options=options, broker=broker)
     if as_json:
         print(json.dumps(summary.to_dict()))
     else:
+        from producer.enqueue import print_summary
+
         print_summary(summary)
     if summary.rows_read == 0:
         warn("the input holds no rows: nothing " + ("would be " if dry_run else "") + "enqueued, no campaign created")
@@ -240,6 +193,27 @@ def enqueue(
         warn("every row was skipped (reasons above): nothing enqueued, no campaign created")
     if not summary.accounted:
         fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
+
+
+def _run_enqueue(
+    options: EnqueueOptions, broker: BrokerSettings, *, as_json: bool, so_far: list[EnqueueSummary]
+) -> EnqueueSummary:
+    """The producer's run behind a progress line; `so_far` holds its latest summary."""
+    from eagle_synth import progress
+    from producer.enqueue import enqueue
+    from producer.sources import STDIN, estimate_rows
+
+    total = estimate_rows(options.inputs) if not as_json and progress.wanted() and STDIN not in options.inputs else None
+    line = progress.EnqueueProgress(enabled=not as_json, total_rows=total)
+
+    def on_rows(summary: EnqueueSummary) -> None:
+        so_far[:] = [summary]
+        line.update(summary)
+
+    with line:
+        return enqueue(
+            options, broker=broker, stdin=sys.stdin.buffer, on_rows=on_rows, on_wait=line.waiting, on_warning=warn
+        )
 
 
 def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, broker: BrokerSettings) -> NoReturn:
@@ -271,8 +245,8 @@ def _enqueued_now(name: str, broker: BrokerSettings) -> str:
 
 @app.command()
 def status(
-    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    campaign: CampaignArg,
+    as_json: JsonOpt = False,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh a live view until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
     redis: RedisOpt = None,
@@ -293,7 +267,7 @@ def status(
 
 @app.command()
 def campaigns(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonOpt = False,
     redis: RedisOpt = None,
 ) -> None:
     """List campaigns with their progress."""
@@ -347,8 +321,8 @@ def _check_failure_reason(target: Campaign, reason: str) -> None:
 
 @app.command()
 def failed(
-    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    campaign: CampaignArg,
+    as_json: JsonOpt = False,
     limit: Annotated[int, typer.Option(help="Examples shown per reason.")] = 5,
     redis: RedisOpt = None,
 ) -> None:
@@ -365,13 +339,13 @@ def failed(
 
 @app.command("retry-failed")
 def retry_failed(
-    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    campaign: CampaignArg,
     reason: Annotated[str | None, typer.Option(help="Only failures with this reason.")] = None,
     redis: RedisOpt = None,
 ) -> None:
     """Enqueue a campaign's failed prompts again."""
     from eagle_synth.queue import make_celery
-    from eagle_synth.tools.repair import RECORD_DAMAGED
+    from eagle_synth.state.campaign import RECORD_DAMAGED
     from producer.retry import retry_failed as run_retry
 
     settings = broker_settings(redis_url=redis)
@@ -390,7 +364,7 @@ def retry_failed(
 
 @app.command()
 def close(
-    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    campaign: CampaignArg,
     out: Annotated[Path, typer.Option("--out", help="Output folder holding NAME/records (the workers' --out).")],
     redis: RedisOpt = None,
 ) -> None:
@@ -409,7 +383,7 @@ def close(
 
 @app.command()
 def reopen(
-    campaign: Annotated[str, typer.Argument(help="Campaign name.")],
+    campaign: CampaignArg,
     state: Annotated[
         Path | None, typer.Option("--state", help="The state file `close` wrote (default: where it wrote it).")
     ] = None,

@@ -1,4 +1,4 @@
-"""What the eagle-synth commands share: the --redis option, error and warning lines, the Redis client."""
+"""What the eagle-synth commands share: common options, error and warning lines, the Redis client."""
 
 from __future__ import annotations
 
@@ -30,6 +30,13 @@ RedisOpt = Annotated[
         help="Redis URL (redis://[user:pass@]host:port/db or rediss://). Default: $REDIS_URL, then redis://127.0.0.1:6379/0.",
     ),
 ]
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+CampaignArg = Annotated[str, typer.Argument(help="Campaign name.")]
+
+# Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED_EXIT = 130
 
 
 def print_error(message: str) -> None:

@@ -13,7 +13,7 @@ import typer
 from eagle_synth.cli.options import RedisOpt, command_group, fail, redis_client, warn
 
 if TYPE_CHECKING:
-    from eagle_synth.tools.export_progress import RecordsProgress
+    from eagle_synth.progress import RecordsProgress
     from eagle_synth.tools.filters import ExportFilters
 
 app = command_group()
@@ -59,29 +59,15 @@ SampleOpt = Annotated[
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
 
 
-def _filters(
-    *,
-    drop_truncated: bool,
-    min_output_tokens: int,
-    max_length: int | None,
-    drop_longer: bool,
-    min_loss_tokens: int,
-    split: str | None,
-    sample: int | None,
-    seed: int,
-) -> ExportFilters:
+# The flags of both commands that ExportFilters takes as they are (--split is parsed first).
+FILTER_FLAGS = ("drop_truncated", "min_output_tokens", "max_length", "drop_longer", "min_loss_tokens", "sample", "seed")
+
+
+def _filters(flags: dict) -> ExportFilters:
+    """The row filters of a command's flags (its locals())."""
     from eagle_synth.tools.filters import ExportFilters, parse_split
 
-    return ExportFilters(
-        drop_truncated=drop_truncated,
-        min_output_tokens=min_output_tokens,
-        max_length=max_length,
-        drop_longer=drop_longer,
-        min_loss_tokens=min_loss_tokens,
-        splits=parse_split(split),
-        sample=sample,
-        seed=seed,
-    )
+    return ExportFilters(splits=parse_split(flags["split"]), **{name: flags[name] for name in FILTER_FLAGS})
 
 
 def _expected_records(campaign_dir: Path) -> int | None:
@@ -145,8 +131,8 @@ def _require_records(campaign_dir: Path, what: str) -> None:
 @contextmanager
 def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
     """A progress bar over the campaign's records; a damaged file ends the command, saying what to do."""
+    from eagle_synth.progress import RecordsProgress
     from eagle_synth.records import RecordFormatError
-    from eagle_synth.tools.export_progress import RecordsProgress
 
     try:
         with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
@@ -218,16 +204,7 @@ def export(
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
     from eagle_synth.tools.export import FORMATS, export_records
 
-    filters = _filters(
-        drop_truncated=drop_truncated,
-        min_output_tokens=min_output_tokens,
-        max_length=max_length,
-        drop_longer=drop_longer,
-        min_loss_tokens=min_loss_tokens,
-        split=split,
-        sample=sample,
-        seed=seed,
-    )
+    filters = _filters(locals())
     format = export_format(format, out)
     if format in FORMATS:  # an unknown --format is named by the exporter first, listing the known ones
         _require_records(campaign_dir, "export")
@@ -306,16 +283,7 @@ def vocab(
     """
     from eagle_synth.tools.vocab import build_vocab
 
-    filters = _filters(
-        drop_truncated=drop_truncated,
-        min_output_tokens=min_output_tokens,
-        max_length=max_length,
-        drop_longer=drop_longer,
-        min_loss_tokens=min_loss_tokens,
-        split=split,
-        sample=sample,
-        seed=seed,
-    )
+    filters = _filters(locals())
     _require_records(campaign_dir, "count")
     with _reading(campaign_dir) as progress:
         result = build_vocab(

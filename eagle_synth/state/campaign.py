@@ -145,6 +145,11 @@ class CampaignSettings:
         return lines
 
 
+# Failure reason of a done prompt whose record file is damaged and whose prompt is unknown
+# (`repair` records it; a rerun of the campaign's enqueue replays it).
+RECORD_DAMAGED = "record-damaged"
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     """A prompt that will not be retried automatically: its `reason` (a slug of

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from eagle_synth.errors import UserError
+from eagle_synth.progress import Progress, reported
 from eagle_synth.records import RawRecord, iter_raw_records
-from eagle_synth.tools.export_progress import Progress, reported
 from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, column_names, json_row
 from eagle_synth.tools.filters import ExportError, ExportFilters, SelectionStats, sample_cutoff, select_rows
 from eagle_synth.tools.trainer_formats import (

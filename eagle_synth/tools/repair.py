@@ -48,10 +48,8 @@ from eagle_synth.records import (
     records_dir,
     scan_campaign,
 )
-from eagle_synth.state.campaign import Campaign, Failure
+from eagle_synth.state.campaign import RECORD_DAMAGED, Campaign, Failure
 
-# Failure reason of a done prompt whose record file is damaged and whose prompt is unknown.
-RECORD_DAMAGED = "record-damaged"
 # Folder (inside the campaign folder, beside records/) that damaged files are moved into.
 DAMAGED_DIR = "damaged"
 # Compressed bytes fed per step when reading a damaged file, so the part before the damage

@@ -34,8 +34,8 @@ import numpy as np
 
 from eagle_synth.errors import UserError
 from eagle_synth.model_identity import MODEL_CONFIG_NAME, config_size
+from eagle_synth.progress import Progress, reported
 from eagle_synth.records import RawRecord, atomic_write_bytes, iter_raw_records, read_manifest
-from eagle_synth.tools.export_progress import Progress, reported
 from eagle_synth.tools.filters import SPLIT_REMAINDER, ExportFilters, SelectionStats, sample_cutoff, select_rows
 
 # Rows whose output ids are counted in one numpy call: amortises the call, keeps memory small.

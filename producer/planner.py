@@ -35,16 +35,9 @@ HISTORIES = ("dataset", "own")
 
 @dataclass(frozen=True, slots=True)
 class PlannedPrompt:
-    """One prompt of a row, before templating.
-
-    Parameters:
-        messages, tools: what the chat template renders.
-        row_id: the row's id.
-        turn: the user turn the prompt ends at.
-        template_kwargs: the chat template arguments (None: the campaign's, no variant).
-        variant: the row's variant, if any.
-        own: the row's turns with `--history own` (the prompt is turn 0), else None.
-    """
+    """One prompt of a row, before templating: what the chat template renders (`template_kwargs`
+    None: the campaign's), the user turn it ends at, the row's variant, and with `--history
+    own` the row's turns (`own`; the prompt is turn 0)."""
 
     messages: list[dict]
     tools: list[dict] | None
@@ -62,16 +55,9 @@ class PlannedPrompt:
 class PromptPlanner:
     """Plans a row's prompts and turns templated ids into keyed PromptItems.
 
-    Parameters:
-        history: "dataset" or "own".
-        turns: "last" or "all" (dataset history only).
-        sampling: the campaign's sampling parameters.
-        template_kwargs: the campaign's chat template arguments.
-        variants: the `--variants` entries (may be empty).
-        default_system: the `--system` prompt for rows without one.
-        max_turns: own history: answer at most this many turns per conversation.
-        no_tool_format: own history: why the campaign cannot parse tool calls (rows with tools
-            are then skipped with it), or None when it can.
+    The parameters are EnqueueOptions' of those names (`default_system`: its `system`), and
+    `no_tool_format`: with history "own", why the campaign cannot parse tool calls (rows with
+    tools are then skipped with it), or None when it can.
     """
 
     def __init__(

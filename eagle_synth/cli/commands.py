@@ -1,0 +1,89 @@
+"""The `eagle-synth` app: every command group's commands at the top level, errors said once.
+
+Each command group lives in its own module with its own `typer.Typer()`; the app here merges
+them (typer's add_typer without a name). Shared options and helpers are in options.py; the
+command modules import that, never this module.
+
+Errors: library code raises eagle_synth.errors.UserError (or a subclass) for what the user can
+fix; the app prints it once (see _Commands). Commands call options.fail only for a problem the
+library cannot name (a flag's spelling), or to add what the library does not know.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from eagle_synth.cli import arm_interrupts, campaign, ops, records, worker
+from eagle_synth.cli.options import HELP_MARKUP_MODE, INTERRUPTED_EXIT, fail, print_error
+from eagle_synth.errors import USER_ERROR_EXIT, UserError, clause
+
+
+class _Commands(TyperGroup):
+    """The top-level command group. A UserError raised by any command ends it here, once:
+    `error: <message>` in red on stderr, exit status 2 (UserError.exit_code). Here rather than
+    in main() so the app behaves the same wherever it runs (main, typer's CliRunner)."""
+
+    # ctx is typer's click Context; Any because recent typer vendors its own click (typer._click).
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            fail(str(exc), code=exc.exit_code)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name, command, rest = super().resolve_command(ctx, args)
+        if name not in SAYS_WHAT_WAS_KEPT:
+            arm_interrupts()
+        return name, command, rest
+
+
+# Commands that arm Ctrl-C themselves, to say what a stopped run kept and how to resume it.
+SAYS_WHAT_WAS_KEPT = frozenset({"enqueue"})
+
+
+app = typer.Typer(
+    cls=_Commands,
+    add_completion=False,
+    rich_markup_mode=HELP_MARKUP_MODE,
+    no_args_is_help=True,
+    help="Regenerate prompt sets through a target model served by SGLang or vLLM, keeping exact token ids.",
+)
+for group in (campaign, worker, records, ops):
+    app.add_typer(group.app)
+
+
+def run() -> None:
+    """The app, plus Redis failures said in one line (exit 2) and a Ctrl-C outside any command's
+    own handling said in one line too (exit 130)."""
+    import redis
+    from kombu.exceptions import OperationalError
+
+    from eagle_synth.state.redis_policy import is_out_of_memory, out_of_memory_message
+
+    def stop(message: str) -> None:
+        print_error(message)
+        raise SystemExit(USER_ERROR_EXIT) from None
+
+    try:
+        app()
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        raise SystemExit(INTERRUPTED_EXIT) from None
+    except (redis.RedisError, OperationalError) as exc:
+        # Redis full (noeviction) refuses writes: OutOfMemoryError, or wrapped by kombu on publish.
+        if is_out_of_memory(exc):
+            stop(out_of_memory_message())
+        if isinstance(exc, redis.AuthenticationError):
+            stop(
+                f"Redis refused the credentials: {clause(exc)}. Check the user and password in "
+                "--redis / REDIS_URL (redis://user:password@host:port/db)."
+            )
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OperationalError)):
+            stop(
+                f"cannot reach Redis: {clause(exc)}. Check --redis / REDIS_URL; for TLS use rediss:// "
+                "and EAGLE_SYNTH_REDIS_CA. Rerunning a command is safe: enqueue resumes where it stopped."
+            )
+        raise

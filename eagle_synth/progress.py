@@ -1,0 +1,139 @@
+"""The live progress line of long commands: `enqueue` (rows read) and `export` / `vocab` (records read).
+
+A line on stderr when it is a terminal, silent otherwise (logs, CI, pipes, --json).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol, TypeVar
+
+# Redraws per second of the terminal line.
+REFRESH_PER_SECOND = 4
+# Records read between two progress reports.
+REPORT_EVERY = 512
+
+_T = TypeVar("_T")
+
+
+class Progress(Protocol):
+    """What a pass over records reports to."""
+
+    def phase(self, description: str) -> None: ...
+
+    def update(self, records_read: int) -> None: ...
+
+
+def reported(records: Iterable[_T], progress: Progress | None, phase: str) -> Iterator[_T]:
+    """The records, unchanged, telling `progress` the phase and then the count read every REPORT_EVERY."""
+    if progress is None:
+        yield from records
+        return
+    progress.phase(phase)
+    read = 0
+    for raw in records:
+        yield raw
+        read += 1
+        if read % REPORT_EVERY == 0:
+            progress.update(read)
+    progress.update(read)
+
+
+def wanted() -> bool:
+    """Whether a progress line would show (so counting the rows for its total is worth it)."""
+    return sys.stderr.isatty()
+
+
+class LiveLine:
+    """A spinner, a description, a bar and ETA when `total` is known, the time elapsed.
+
+    Parameters:
+        total: items expected, or None if unknown.
+        enabled: False to show nothing whatever the terminal.
+    """
+
+    def __init__(self, *, total: int | None = None, enabled: bool = True, description: str = "") -> None:
+        self.enabled = enabled and wanted()
+        self.total = total or None
+        self.description = description
+        self.started = time.monotonic()
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            columns: list = [SpinnerColumn(), TextColumn("{task.description}")]
+            if self.total:
+                columns += [BarColumn(), TimeRemainingColumn()]
+            self._progress = RichProgress(
+                *columns,
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                refresh_per_second=REFRESH_PER_SECOND,
+                transient=True,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self.description, total=self.total)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def show(self, description: str, completed: int | None = None) -> bool:
+        """Redraw the line; False when there is none (not a terminal)."""
+        if self._progress is None:
+            return False
+        self._progress.update(self._task, completed=completed, description=description)
+        return True
+
+    def rate(self, count: int) -> float:
+        return count / max(time.monotonic() - self.started, 1e-6)
+
+
+class RecordsProgress(LiveLine):
+    """Progress of a pass over records (`total`: the manifest's done count)."""
+
+    def __init__(self, *, total_records: int | None = None, enabled: bool = True) -> None:
+        super().__init__(total=total_records, enabled=enabled, description="reading")
+
+    def phase(self, description: str) -> None:
+        """Start a pass over the records (a sampled export reads them twice)."""
+        self.description = description
+        self.started = time.monotonic()
+        if self._progress is not None:
+            self._progress.reset(self._task, total=self.total, description=description)
+
+    def update(self, records_read: int) -> None:
+        self.show(f"{self.description}: {records_read:,} records ({self.rate(records_read):,.0f}/s)", records_read)
+
+
+class EnqueueProgress(LiveLine):
+    """Progress of `enqueue`: rows read, rows/s, and why it waits when the backlog is full."""
+
+    def __init__(self, *, enabled: bool = True, total_rows: int | None = None) -> None:
+        super().__init__(total=total_rows, enabled=enabled, description="reading rows")
+
+    def update(self, summary) -> None:
+        read = summary.rows_read
+        self.show(
+            f"rows {read:,} ({self.rate(read):,.0f}/s) | enqueued {summary.prompts_enqueued:,} | "
+            f"duplicate {summary.prompts_duplicate:,} | skipped {summary.rows_skipped:,}",
+            read,
+        )
+
+    def waiting(self, pending: int, *, held_bytes: int | None = None, max_bytes: int | None = None) -> None:
+        message = f"backlog {pending:,} prompts is over --max-backlog: waiting for workers"
+        if held_bytes is not None and max_bytes is not None:
+            message = (
+                f"backlog holds {held_bytes / 1e6:,.0f} MB in Redis (queue, failures, outbox), over "
+                f"--max-backlog-mb {max_bytes / 1e6:,.0f}: waiting for workers (or `retry-failed`)"
+            )
+        if not self.show(message):
+            print(message, file=sys.stderr, flush=True)
