@@ -68,7 +68,7 @@ from eagle_synth.state.fence import Fence, LeaseLost
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
-from workers.client import BadRequest, BadSamplingParams, ServerDown, SGLangClient, TransientError
+from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError
 from workers.config import WorkerConfig
 from workers.conversations import FollowUps
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
@@ -261,7 +261,7 @@ class BatchRunner:
         self.stopping = stopping or threading.Event()
         self.shutdown_grace = shutdown_grace
         self._stop_deadline: float | None = None
-        self.health_clients = {url: SGLangClient(url, pool_connections=4) for url in config.servers}
+        self.health_clients = {url: ServerClient(url, pool_connections=4) for url in config.servers}
         self.model_check = ModelCheck(self.health_clients)
         self._health_seen: dict[str, tuple[float, bool]] = {}
         self._settings: dict[str, CampaignSettings] = {}

@@ -167,7 +167,7 @@ class ServerFacts:
     probe: dict | None = None
 
 
-class SGLangClient:
+class ServerClient:
     """HTTP client for one server (named for the first kind it served; vLLM uses it too).
 
     Parameters:

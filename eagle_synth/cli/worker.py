@@ -122,9 +122,10 @@ def worker(
     import dataclasses
     import os
 
-    from workers.backends import REFUSABLE_SETTINGS, preflight_at_start
+    from workers.backends import REFUSABLE_SETTINGS
     from workers.config import ConfigError, WorkerConfig, default_concurrency, env_name
     from workers.disk import probe_folder
+    from workers.preflight import preflight_at_start
 
     problem = probe_folder(out)
     if problem:
