@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import secrets
 import threading
@@ -50,6 +49,7 @@ from eagle_synth.payload import (
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.records import Record
 from eagle_synth.sampling import SamplingParams
+from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, CampaignSettings, campaign_names
 from eagle_synth.state.conversation_store import (
     BATCH_FIELD_PREFIX,
@@ -77,7 +77,7 @@ HUNGRY_WAIT = 0.25
 # Seconds the background thread sleeps when there is nothing to do.
 LOOP_TICK = 0.2
 # Seconds between sweeps for entries of dead processes (and this process's own lost ones).
-SWEEP_INTERVAL = float(os.environ.get("EAGLE_SYNTH_FOLLOWUP_SWEEP", "10"))
+SWEEP_INTERVAL = TIMINGS.followup_sweep
 # Seconds this process's liveness key lives without renewal (as a batch lease does).
 OWNER_TTL = LEASE_TTL
 # Renders sent to the pool per call (amortizes the round trip to a process).

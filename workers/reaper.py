@@ -11,23 +11,21 @@ has the rule and the atomic restore). So a dead host's batches come back about L
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
 import redis
 from celery import bootsteps
 
-from eagle_synth.settings import broker_settings
+from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.keys import REAPER_LOCK
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.stranded import REAP_AFTER, restore, stranded_batches
 
 log = logging.getLogger("eagle_synth.reaper")
 
-ENV_REAP_INTERVAL = "EAGLE_SYNTH_REAP_INTERVAL"
 # Seconds between sweeps (cluster-wide: the lock lives this long, so one worker sweeps per round).
-REAP_INTERVAL = float(os.environ.get(ENV_REAP_INTERVAL, "30"))
+REAP_INTERVAL = TIMINGS.reap_interval
 
 
 class Reaper:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import redis
 from celery import bootsteps
 
 from eagle_synth.queue import payload_of_message
-from eagle_synth.settings import broker_settings
+from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.claims import live_claims
@@ -39,10 +38,10 @@ from eagle_synth.state.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACK
 log = logging.getLogger("eagle_synth.reconciler")
 
 # Seconds between rounds (cluster-wide: the lock lives this long, so one worker looks per round).
-RECONCILE_INTERVAL = float(os.environ.get("EAGLE_SYNTH_RECONCILE_INTERVAL", "30"))
+RECONCILE_INTERVAL = TIMINGS.reconcile_interval
 # Seconds a stored batch must be old before it can count as lost: longer than a publish takes
 # (the copy is stored just before the message is sent) and than kombu's BRPOP-to-unacked step.
-RECONCILE_AFTER = float(os.environ.get("EAGLE_SYNTH_RECONCILE_AFTER", "60"))
+RECONCILE_AFTER = TIMINGS.reconcile_after
 # Queue messages read per LRANGE step.
 QUEUE_CHUNK = 200
 
