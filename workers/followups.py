@@ -46,7 +46,7 @@ from eagle_synth.payload import (
     pack_item,
     unpack_item,
 )
-from eagle_synth.processes import holder_dead, holder_id
+from eagle_synth.processes import holder_alive, holder_id
 from eagle_synth.records import Record
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import TIMINGS
@@ -627,9 +627,7 @@ class FollowUps:
                 self._ready.setdefault((name, _group_of(data)), {})[entry] = pending
 
     def _owner_dead(self, owner: str) -> bool:
-        if owner != self.owner and holder_dead(owner):
-            return True
-        return not self.client.exists(followup_owner(owner))
+        return owner != self.owner and not holder_alive(self.client, owner, followup_owner(owner))
 
 
 def _group_of(data: dict) -> str:
