@@ -157,23 +157,17 @@ class BrokerSettings(EnvSettings):
 
 
 class Timings(EnvSettings):
-    """Seconds of the recovery machinery (docs/reliability.md says what each bounds); tests
-    shorten them through the environment of the processes they start."""
+    """Seconds of the recovery machinery, each described where it is used (workers/lease.py,
+    app.py, followups.py, reaper.py, reconciler.py, supervisor.py, eagle_synth/state/stranded.py);
+    tests shorten them through the environment of the processes they start."""
 
-    # A batch lease's life: renewed every third of it, it lapses this long after its holder dies.
     lease_ttl: float = 60.0
-    # Before a batch that hit an unexpected error is tried again.
     error_retry_delay: float = 15.0
-    # Between sweeps for follow-up turns a dead worker process left.
     followup_sweep: float = 10.0
-    # Between the reaper's sweeps for stranded batches, and how long after its fetch a batch
-    # without a live lease counts as stranded.
     reap_interval: float = 30.0
     reap_after: float = 120.0
-    # Between the reconciler's rounds, and the age of a batch copy it may call lost.
     reconcile_interval: float = 30.0
     reconcile_after: float = 60.0
-    # First wait before a crashed worker process is started again (doubling up to the max).
     restart_backoff: float = 1.0
     restart_backoff_max: float = 30.0
 

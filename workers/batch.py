@@ -44,6 +44,7 @@ from pathlib import Path
 
 import redis
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.manifest import build_manifest
 from eagle_synth.model_identity import output_id_bound
 from eagle_synth.payload import PromptItem, TaskPayload
@@ -108,12 +109,12 @@ BAD_SAMPLING_REASON = "bad-sampling-params"
 SHUTDOWN_GRACE_SHARE = 0.8
 
 
-class Requeue(Exception):
+class Requeue(EagleSynthError):
     """The batch (what is left of it) must go back to the queue: no healthy server, the task's
     time budget is spent, or the worker is shutting down. Not a failure: no retry is used."""
 
 
-class CampaignMissing(Exception):
+class CampaignMissing(EagleSynthError):
     """The campaign's settings are gone from Redis (deleted, or evicted by a Redis that may evict)."""
 
 

@@ -12,7 +12,7 @@ generation reported by a batch counts as a passed probe.
 
 Both kinds of server answer /health with 200 when ready. SGLang listens while it warms up
 (503s); vLLM listens only once its model is loaded, so it goes from loading to healthy. Before
-a server's first batch, preflight (workers/backends/) tells which kind it is and checks it.
+a server's first batch, preflight (workers/preflight.py) tells which kind it is and checks it.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class HealthGate:
         probe_timeout: seconds a /health probe may take.
         disk: the output folder's state; while it cannot take records the gate stays closed.
         backends: the kind given per server (--backend: "sglang", "vllm"); a server not
-            listed, or "auto", is detected at preflight (workers/backends/).
+            listed, or "auto", is detected at preflight (workers/preflight.py).
         on_all_refused: called once when preflight has refused every server (the worker exits 2).
     """
 

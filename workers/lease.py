@@ -19,6 +19,7 @@ import time
 
 import redis
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.redis_client import text
@@ -101,7 +102,7 @@ class _Renewer:
 _renewer = _Renewer()
 
 
-class BatchBusy(Exception):
+class BatchBusy(EagleSynthError):
     """Another live batch thread holds this batch; try the message again later."""
 
 
