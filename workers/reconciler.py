@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import redis
-from celery import bootsteps
 
 from eagle_synth.queue import payload_of_message
 from eagle_synth.settings import TIMINGS, broker_settings
@@ -34,6 +32,7 @@ from eagle_synth.state.claims import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE, CampaignKeys
 from eagle_synth.state.redis_client import connect, text
 from eagle_synth.state.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches
+from workers.reaper import SweepStep
 
 log = logging.getLogger("eagle_synth.reconciler")
 
@@ -163,45 +162,18 @@ class Reconciler:
         self.send(stored.payload)
         return True
 
-    def run(self, stop: threading.Event) -> None:
-        """A round every interval until `stop` is set; Redis errors wait for the next round."""
-        while not stop.wait(self.interval):
-            try:
-                self.sweep()
-            except redis.RedisError as exc:
-                log.info("reconciler: Redis not answering (%s); trying again in %.0f s", exc, self.interval)
-            except Exception:  # never let a bug end the thread silently
-                log.exception("reconciler: round failed; trying again in %.0f s", self.interval)
 
+class ReconcilerStep(SweepStep):
+    label = "reconciler"
 
-class ReconcilerStep(bootsteps.StartStopStep):
-    """Consumer step: run a Reconciler in a daemon thread of the worker's main process.
-
-    Started once; it survives consumer restarts (broker reconnections) and stops with the worker.
-    """
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, c: Any) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
+    def sweeper(self, c: Any) -> Reconciler:
         from eagle_synth.queue import send_payload
 
         settings = broker_settings()
         app = c.app
-        reconciler = Reconciler(
+        return Reconciler(
             connect(settings),
             node=c.hostname,
             queue=settings.queue,
             send=lambda payload: send_payload(app, settings.queue, payload),
         )
-        self._thread = threading.Thread(
-            target=reconciler.run, args=(self._stop,), name="eagle-synth-reconciler", daemon=True
-        )
-        self._thread.start()
-
-    def shutdown(self, c: Any) -> None:
-        self._stop.set()
