@@ -21,6 +21,7 @@ from itertools import accumulate
 import msgpack
 import zstandard
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.ids import pack_ids, unpack_ids
 
 # The Celery task name: the contract between `enqueue` and the worker.
@@ -37,7 +38,7 @@ DEFAULT_BATCH_SIZE = 16
 KEY_HEX_DIGITS = 32
 
 
-class PayloadError(ValueError):
+class PayloadError(EagleSynthError, ValueError):
     """A queued message is not a payload this version understands."""
 
 

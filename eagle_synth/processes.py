@@ -15,6 +15,8 @@ import secrets
 import socket
 from functools import cache
 
+import redis
+
 # Environment variables that override what this module reads from the system, so tests can run
 # two "hosts" with one hostname on one machine (and operators can name nodes explicitly).
 ENV_HOSTNAME = "EAGLE_SYNTH_HOSTNAME"
@@ -70,3 +72,9 @@ def holder_dead(holder: str) -> bool:
     if len(parts) < 3 or parts[2] != boot_id() or not parts[1].isdigit():
         return False
     return not process_alive(int(parts[1]))
+
+
+def holder_alive(client: redis.Redis, holder: str, alive_key: str) -> bool:
+    """The one liveness check of a holder that keeps a liveness key: alive while the key lives
+    (another machine's holder dies by its expiry) and it is not a dead process of this boot."""
+    return not holder_dead(holder) and bool(client.exists(alive_key))

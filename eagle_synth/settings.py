@@ -1,16 +1,22 @@
-"""Where settings come from: flags, then the environment, then these defaults.
+"""Where settings come from: arguments (the CLI's flags), then the environment, then defaults.
 
-Both sides read connection and queue settings here; `celeryconfig.py` turns them into
-Celery's configuration. The CLI writes flags into the environment before starting a worker
-process, so one precedence rule covers the CLI, `celery -A workers.app worker` and tests.
+One pydantic-settings family reads every setting's environment variable (`EAGLE_SYNTH_` + the
+field in capitals, or the alias a field names) and checks its value: `BrokerSettings` here (both
+sides), `Timings` (the knobs tests and operators tune), workers/config.py's `WorkerConfig`. A
+process that starts another writes its resolved settings into the child's environment with
+`to_env`, so one precedence rule covers the CLI, `celery -A workers.app worker` and tests.
+`celeryconfig.py` turns the broker settings into Celery's configuration.
 """
 
 from __future__ import annotations
 
 import os
 import ssl
-from dataclasses import dataclass
+from typing import Any, ClassVar, Self
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlparse, urlunparse
+
+from pydantic import Field, PositiveInt, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eagle_synth.errors import UserError
 
@@ -29,6 +35,7 @@ DEFAULT_SOFT_SHUTDOWN = 30
 # Share of the visibility timeout a task may use before it requeues itself instead.
 TASK_BUDGET_SHARE = 0.8
 
+ENV_PREFIX = "EAGLE_SYNTH_"
 ENV_REDIS_URL = "REDIS_URL"
 ENV_QUEUE = "EAGLE_SYNTH_QUEUE"
 ENV_VISIBILITY_TIMEOUT = "EAGLE_SYNTH_VISIBILITY_TIMEOUT"
@@ -43,12 +50,54 @@ class SettingsError(UserError, ValueError):
     """A setting has a value that cannot work; the message says which and how to fix it."""
 
 
-@dataclass(frozen=True, slots=True)
-class BrokerSettings:
+class EnvSettings(BaseSettings):
+    """The family's rules: EAGLE_SYNTH_ names, an empty variable means unset, values frozen."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_ignore_empty=True, frozen=True, extra="ignore", populate_by_name=True
+    )
+    # Raised (with every problem, by environment name) for a value that does not parse.
+    error: ClassVar[type[UserError]] = SettingsError
+
+    @classmethod
+    def env_name(cls, name: str) -> str:
+        if name not in cls.model_fields:  # already an alias
+            return name
+        alias = cls.model_fields[name].validation_alias
+        return alias if isinstance(alias, str) else ENV_PREFIX + name.upper()
+
+    @classmethod
+    def load(cls, **given: Any) -> Self:
+        """Arguments that are not None, else the environment, else the defaults."""
+        try:
+            return cls(**{name: value for name, value in given.items() if value is not None})
+        except ValidationError as exc:
+            raise cls.error(
+                "; ".join(
+                    f"{cls.env_name(str(e['loc'][0])) if e['loc'] else cls.__name__} {e['input']!r}: "
+                    + e["msg"].removeprefix("Value error, ")
+                    for e in exc.errors()
+                )
+            ) from None
+
+    def to_env(self) -> dict[str, str]:
+        """Every setting as the environment variable a child process reads back."""
+        env = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, bool):
+                value = "1" if value else "0"
+            elif isinstance(value, tuple):
+                value = ",".join(value)
+            env[self.env_name(name)] = "" if value is None else str(value)
+        return env
+
+
+class BrokerSettings(EnvSettings):
     """Connection to Redis (broker and campaign state) and the queue's timing.
 
     Parameters:
-        redis_url: `redis://[user:password@]host:port/db` or `rediss://...` for TLS.
+        redis_url: `redis://[user:password@]host:port/db` or `rediss://...` for TLS (REDIS_URL).
         queue: Celery queue name shared by producer and workers.
         visibility_timeout: seconds before an unacked message is redelivered.
         restore_interval: seconds between kombu's redelivery sweeps.
@@ -56,14 +105,21 @@ class BrokerSettings:
         ssl_ca, ssl_cert, ssl_key: optional certificate files for `rediss://`.
     """
 
-    redis_url: str = DEFAULT_REDIS_URL
+    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias=ENV_REDIS_URL)
     queue: str = DEFAULT_QUEUE
-    visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
-    restore_interval: int = DEFAULT_RESTORE_INTERVAL
-    soft_shutdown_timeout: int = DEFAULT_SOFT_SHUTDOWN
-    ssl_ca: str | None = None
-    ssl_cert: str | None = None
-    ssl_key: str | None = None
+    visibility_timeout: PositiveInt = DEFAULT_VISIBILITY_TIMEOUT
+    restore_interval: PositiveInt = DEFAULT_RESTORE_INTERVAL
+    soft_shutdown_timeout: PositiveInt = DEFAULT_SOFT_SHUTDOWN
+    ssl_ca: str | None = Field(None, validation_alias=ENV_REDIS_CA)
+    ssl_cert: str | None = Field(None, validation_alias=ENV_REDIS_CERT)
+    ssl_key: str | None = Field(None, validation_alias=ENV_REDIS_KEY)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, url: str) -> str:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// (TLS) or unix://")
+        return url
 
     @property
     def uses_tls(self) -> bool:
@@ -86,60 +142,45 @@ class BrokerSettings:
         """Options for Celery's `broker_use_ssl` and redis-py, or None for plain TCP."""
         if not self.uses_tls:
             return None
-        query = parse_qs(urlparse(self.redis_url).query)
-        reqs = (query.get("ssl_cert_reqs") or ["required"])[0].lower()
-        cert_reqs = {
-            "required": ssl.CERT_REQUIRED,
-            "cert_required": ssl.CERT_REQUIRED,
-            "optional": ssl.CERT_OPTIONAL,
-            "cert_optional": ssl.CERT_OPTIONAL,
-            "none": ssl.CERT_NONE,
-            "cert_none": ssl.CERT_NONE,
-        }.get(reqs, ssl.CERT_REQUIRED)
-        options: dict = {"ssl_cert_reqs": cert_reqs}
-        if self.ssl_ca:
-            options["ssl_ca_certs"] = self.ssl_ca
-        if self.ssl_cert:
-            options["ssl_certfile"] = self.ssl_cert
-        if self.ssl_key:
-            options["ssl_keyfile"] = self.ssl_key
+        reqs = (parse_qs(urlparse(self.redis_url).query).get("ssl_cert_reqs") or ["required"])[0].lower()
+        none, optional = ssl.CERT_NONE, ssl.CERT_OPTIONAL
+        cert_reqs = {"optional": optional, "cert_optional": optional, "none": none, "cert_none": none}
+        options: dict = {"ssl_cert_reqs": cert_reqs.get(reqs, ssl.CERT_REQUIRED)}
+        for key, value in (
+            ("ssl_ca_certs", self.ssl_ca),
+            ("ssl_certfile", self.ssl_cert),
+            ("ssl_keyfile", self.ssl_key),
+        ):
+            if value:
+                options[key] = value
         return options
 
 
-def _int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a whole number of seconds") from None
-    if value <= 0:
-        raise SettingsError(f"{name}={raw!r} must be positive")
-    return value
+class Timings(EnvSettings):
+    """Seconds of the recovery machinery, each described where it is used (workers/lease.py,
+    app.py, followups.py, reaper.py, reconciler.py, supervisor.py, eagle_synth/state/stranded.py);
+    tests shorten them through the environment of the processes they start."""
+
+    lease_ttl: float = 60.0
+    error_retry_delay: float = 15.0
+    followup_sweep: float = 10.0
+    reap_interval: float = 30.0
+    reap_after: float = 120.0
+    reconcile_interval: float = 30.0
+    reconcile_after: float = 60.0
+    restart_backoff: float = 1.0
+    restart_backoff_max: float = 30.0
 
 
 def broker_settings(*, redis_url: str | None = None, queue: str | None = None) -> BrokerSettings:
     """Resolve broker settings: explicit arguments, then the environment, then defaults."""
-    url = redis_url or os.environ.get(ENV_REDIS_URL) or DEFAULT_REDIS_URL
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise SettingsError(f"REDIS_URL {url!r} must start with redis://, rediss:// (TLS) or unix://")
-    return BrokerSettings(
-        redis_url=url,
-        queue=queue or os.environ.get(ENV_QUEUE) or DEFAULT_QUEUE,
-        visibility_timeout=_int_env(ENV_VISIBILITY_TIMEOUT, DEFAULT_VISIBILITY_TIMEOUT),
-        restore_interval=_int_env(ENV_RESTORE_INTERVAL, DEFAULT_RESTORE_INTERVAL),
-        soft_shutdown_timeout=_int_env(ENV_SOFT_SHUTDOWN, DEFAULT_SOFT_SHUTDOWN),
-        ssl_ca=os.environ.get(ENV_REDIS_CA) or None,
-        ssl_cert=os.environ.get(ENV_REDIS_CERT) or None,
-        ssl_key=os.environ.get(ENV_REDIS_KEY) or None,
-    )
+    return BrokerSettings.load(redis_url=redis_url or None, queue=queue or None)
 
 
 def export_to_environment(settings: BrokerSettings) -> None:
     """Write resolved settings into the environment so child processes see the same ones."""
-    os.environ[ENV_REDIS_URL] = settings.redis_url
-    os.environ[ENV_QUEUE] = settings.queue
-    os.environ[ENV_VISIBILITY_TIMEOUT] = str(settings.visibility_timeout)
-    os.environ[ENV_RESTORE_INTERVAL] = str(settings.restore_interval)
-    os.environ[ENV_SOFT_SHUTDOWN] = str(settings.soft_shutdown_timeout)
+    os.environ.update(settings.to_env())
+
+
+# Read once, when the first module that needs a knob imports this one.
+TIMINGS = Timings.load()

@@ -1,4 +1,4 @@
-"""A worker process's follow-ups (workers/conversations.py) against a real Redis and real
+"""A worker process's follow-ups (workers/followups.py) against a real Redis and real
 renderer processes, without Celery: a renderer pool killed under it, and the entries of a
 dead worker process adopted and carried to the queue, each next turn exactly once."""
 
@@ -25,8 +25,8 @@ from eagle_synth.state.redis_client import connect
 from eagle_synth.state.tokenizer_store import store_tokenizer
 from eagle_synth.templating import tokenizer_facts
 from producer.enqueue import EnqueueOptions, campaign_settings, resolve_tool_format
-from workers import conversations
-from workers.conversations import FollowUps
+from workers import followups
+from workers.followups import FollowUps
 
 SAMPLING = {"max_new_tokens": 32, "temperature": 0.0}
 
@@ -34,7 +34,7 @@ SAMPLING = {"max_new_tokens": 32, "temperature": 0.0}
 @pytest.fixture
 def setup(tmp_path, redis_server, tokenizer, tokenizer_path, monkeypatch):
     monkeypatch.setenv("EAGLE_SYNTH_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(conversations, "SWEEP_INTERVAL", 0.2)
+    monkeypatch.setattr(followups, "SWEEP_INTERVAL", 0.2)
     client = connect(broker_settings(redis_url=redis_server.url))
     campaign = Campaign(client, "fu")
     options = EnqueueOptions(

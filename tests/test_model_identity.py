@@ -12,7 +12,7 @@ from eagle_synth.model_identity import UNKNOWN_VOCAB_BOUND, model_vocab_size, ou
 from eagle_synth.state.campaign import CampaignSettings
 from eagle_synth.state.node_state import ServerState
 from eagle_synth.tools.verify import CheckSettings
-from workers.client import SGLangClient
+from workers.client import ServerClient
 from workers.model_check import ModelCheck
 
 
@@ -47,7 +47,7 @@ def test_a_server_with_another_tokenizer_is_named_with_the_campaigns(tmp_path, s
 
     _, url = stack.devserver(api="vllm")
     state = ServerState(backend="vllm", provenance={"model_path": "/models/served", "served_model_name": None})
-    check = ModelCheck({url: SGLangClient(url)})
+    check = ModelCheck({url: ServerClient(url)})
     same = CampaignSettings(
         name="same", tokenizer_path="/t", tokenizer_fingerprint="f1", chat_template_hash="h",
         tokenizer_canary=tokenizer_canary(tokenizer),

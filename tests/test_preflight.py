@@ -23,32 +23,29 @@ from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.node_state import HEALTHY, REFUSED, NodeState, ServerState
 from eagle_synth.state.redis_client import connect
-from workers.backends.sglang import SGLangBackend
-from workers.client import (
-    BadRequest,
-    BadSamplingParams,
-    ServerFacts,
-    SGLangClient,
-    error_for_status,
-    is_sampling_error,
-)
-from workers.config import auto_inflight
-from workers.health import HealthGate
-from workers.preflight import (
-    ENV_ALLOW_SETTINGS,
+from workers.backends.base import PreflightError, redact_url
+from workers.backends.sglang import (
     PROVENANCE_LAUNCH_ARGS,
     SGLANG_REFUSABLE_SETTINGS,
     ContextLimits,
-    PreflightError,
-    allowed_settings_from_env,
-    check_server,
+    SGLangBackend,
     context_limits,
     context_message,
     draft_reserved_tokens,
     fits_context,
     provenance,
-    redact_url,
 )
+from workers.client import (
+    BadRequest,
+    BadSamplingParams,
+    ServerClient,
+    ServerFacts,
+    error_for_status,
+    is_sampling_error,
+)
+from workers.config import auto_inflight
+from workers.health import HealthGate
+from workers.preflight import ENV_ALLOW_SETTINGS, allowed_settings_from_env, check_server
 from workers.replies import PromptMismatch, parse_generate_item
 
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"
@@ -447,7 +444,7 @@ def test_refused_server_names_every_setting_then_accepted_by_name(fleet, redis_s
 
 def test_preflight_at_start_sorts_every_server_into_one_list(fleet):
     from workers.backends import AUTO
-    from workers.backends import preflight_at_start as at_start
+    from workers.preflight import preflight_at_start as at_start
 
     def preflight_at_start(servers, **kwargs):
         return at_start(servers, forced=lambda url: AUTO, **kwargs)
@@ -473,7 +470,7 @@ def test_preflight_at_start_sorts_every_server_into_one_list(fleet):
 def test_client_uses_current_info_endpoints_and_reads_capacity(fleet):
     url = fleet["spec"]
     before = requests.get(url + "/dev/stats", timeout=TIMEOUT).json()["deprecated_info_calls"]
-    f = SGLangClient(url).facts()
+    f = ServerClient(url).facts()
     assert requests.get(url + "/dev/stats", timeout=TIMEOUT).json()["deprecated_info_calls"] == before
     assert (f.context_length, f.version) == (64, "0.5.23")
     assert f.max_running_requests == 64 and f.max_total_num_tokens == 64 * 64
@@ -487,7 +484,7 @@ def test_fits_context_agrees_with_the_server_at_every_edge(fleet, server):
     """The worker's check and the server agree token for token: fits_context says yes exactly
     when the server generates the prompt as asked (no 400, no prompt or max_new_tokens cut)."""
     url = fleet[server]
-    limits = context_limits(SGLangClient(url).facts())
+    limits = context_limits(ServerClient(url).facts())
     disagreements = []
     with requests.Session() as session:
         for prompt_len in range(48, 66):

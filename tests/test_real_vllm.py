@@ -28,10 +28,11 @@ from tests.helpers import (
 from tests.tcp_forward import TcpForward
 from tests.vllm_fixtures import MARKS
 from tests.vllm_server import MAX_MODEL_LEN, SERVED_NAME
-from workers.backends import VLLM, preflight_server
+from workers.backends import VLLM
 from workers.backends.vllm import VllmBackend
 from workers.batch import classify_bad_request
-from workers.client import BadRequest, SGLangClient, error_for_status
+from workers.client import BadRequest, ServerClient, error_for_status
+from workers.preflight import preflight_server
 
 pytestmark = MARKS
 
@@ -168,7 +169,7 @@ def test_prompt_over_the_context_is_recorded_prompt_too_long(tmp_path, redis_ser
     assert failure.reason == "prompt-too-long" and "max_model_len" in failure.message
 
     path, body = VllmBackend(model=SERVED_NAME).request(failure.item["ids"], {"max_new_tokens": NEW_TOKENS})
-    status, raw = SGLangClient(real_vllm.url).post_json(path, body, timeout=TIMEOUT)
+    status, raw = ServerClient(real_vllm.url).post_json(path, body, timeout=TIMEOUT)
     error = error_for_status(status, raw, path=path)
     assert status == 400 and isinstance(error, BadRequest)
     assert classify_bad_request(str(error)) == "prompt-too-long", str(error)
@@ -224,7 +225,7 @@ def test_own_history_conversations_and_a_tool_row(tmp_path, redis_server, stack,
 
 
 def test_preflight_against_the_real_models_version_and_health(real_vllm, vllm_model):
-    client = SGLangClient(real_vllm.url)
+    client = ServerClient(real_vllm.url)
     assert client.health(timeout=TIMEOUT)[0]
     checked = preflight_server(client)
     assert checked.kind == VLLM and checked.how == "/v1/models owned_by 'vllm'"

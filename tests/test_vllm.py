@@ -24,12 +24,13 @@ from tests.helpers import (
     wait_finished,
 )
 from tests.test_preflight import gate_state
-from workers.backends import BACKENDS, SGLANG, VLLM, UntranslatableSampling, backend_for_state, preflight_server
+from workers.backends import BACKENDS, SGLANG, VLLM, UntranslatableSampling, backend_for_state
+from workers.backends.base import PreflightError
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import PROBE_TOKENS, VllmBackend, parse_completion
-from workers.client import BadRequest, BadSamplingParams, SGLangClient, error_for_status, is_sampling_error
+from workers.client import BadRequest, BadSamplingParams, ServerClient, error_for_status, is_sampling_error
 from workers.config import ConfigError, WorkerConfig
-from workers.preflight import PreflightError
+from workers.preflight import preflight_server
 from workers.replies import BadResponse, PromptMismatch, SamplingOverridden
 
 VOCAB = 248077
@@ -318,16 +319,16 @@ def test_same_campaign_same_ids_on_either_api(vllm_fleet):
 
 def test_detection_and_a_contradicting_backend(vllm_fleet):
     for name, kind in (("plain", VLLM), ("sglang", SGLANG)):
-        checked = preflight_server(SGLangClient(vllm_fleet[name]))
+        checked = preflight_server(ServerClient(vllm_fleet[name]))
         assert (checked.kind, checked.accepted) == (kind, [])
         state = ServerState()
         BACKENDS[kind].apply_facts(state, checked.facts, accepted=[])
         assert state.backend == kind and state.provenance["backend"] == kind
     assert checked.facts.context_length == 32768
     with pytest.raises(PreflightError, match="--backend sglang was given for it, but it answers like vllm"):
-        preflight_server(SGLangClient(vllm_fleet["plain"]), forced=SGLANG)
+        preflight_server(ServerClient(vllm_fleet["plain"]), forced=SGLANG)
     state = ServerState()
-    VllmBackend.apply_facts(state, preflight_server(SGLangClient(vllm_fleet["plain"])).facts, accepted=[])
+    VllmBackend.apply_facts(state, preflight_server(ServerClient(vllm_fleet["plain"])).facts, accepted=[])
     assert (state.context_length, state.sampling_seed_supported, state.provenance["served_model_name"]) == (
         64,
         True,
@@ -361,10 +362,10 @@ def test_dev_mode_settings_are_refused_by_name_then_accepted(vllm_fleet, redis_s
 
 def test_what_the_probe_shows_without_dev_mode(vllm_fleet):
     with pytest.raises(PreflightError, match=f"asked for exactly {PROBE_TOKENS} tokens"):
-        preflight_server(SGLangClient(vllm_fleet["capped"]))
+        preflight_server(ServerClient(vllm_fleet["capped"]))
     with pytest.raises(PreflightError, match="(?s)no text.*allow-server-setting skip_tokenizer_init"):
-        preflight_server(SGLangClient(vllm_fleet["no-tokenizer"]), allowed_settings=())
-    accepted = preflight_server(SGLangClient(vllm_fleet["no-tokenizer"]), allow_server_parsers=True).accepted
+        preflight_server(ServerClient(vllm_fleet["no-tokenizer"]), allowed_settings=())
+    accepted = preflight_server(ServerClient(vllm_fleet["no-tokenizer"]), allow_server_parsers=True).accepted
     assert [a.split(":")[0] for a in accepted] == ["skip_tokenizer_init"]
 
 

@@ -27,7 +27,7 @@ from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
 from eagle_synth.queue import make_celery, send_payload
-from eagle_synth.settings import broker_settings
+from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import connect
 from workers.batch import Requeue
@@ -42,7 +42,7 @@ from workers.runtime import WorkerRuntime
 log = logging.getLogger("eagle_synth.worker")
 
 # Seconds before a batch that hit an unexpected error is tried again.
-UNEXPECTED_ERROR_RETRY_DELAY = float(os.environ.get("EAGLE_SYNTH_ERROR_RETRY_DELAY", "15"))
+UNEXPECTED_ERROR_RETRY_DELAY = TIMINGS.error_retry_delay
 # Unexpected errors a batch may hit before its unfinished prompts are recorded as failed
 # (reason `worker-error`, replayable with `retry-failed`).
 UNEXPECTED_ERROR_RETRIES = 5
@@ -72,12 +72,21 @@ REFUSED_EXIT_CODE = 2
 # The output folder's state, shared by batch threads (which find it broken) and the gate
 # (which stops taking batches until it works again).
 _disk: DiskState | None = None
+# The process's settings: run_worker's, else (`celery -A workers.app worker`) the environment's.
+_config: WorkerConfig | None = None
+
+
+def _worker_config() -> WorkerConfig:
+    global _config
+    if _config is None:
+        _config = WorkerConfig.from_env()
+    return _config
 
 
 def _disk_state() -> DiskState:
     global _disk
     if _disk is None:
-        _disk = DiskState(folder=Path(WorkerConfig.from_env().out))
+        _disk = DiskState(folder=Path(_worker_config().out))
     return _disk
 
 
@@ -87,7 +96,7 @@ def _get_runtime(node: str) -> WorkerRuntime:
         if _runtime is None:
             queue = broker_settings().queue
             _runtime = WorkerRuntime(
-                config=WorkerConfig.from_env(),
+                config=_worker_config(),
                 node=node,
                 stopping=STOPPING,
                 disk=_disk_state(),
@@ -241,7 +250,7 @@ class HealthGateStep(bootsteps.StartStopStep):
 
         if self.gate is None:
             c.cancel_task_queue(queue)
-            config = WorkerConfig.from_env()
+            config = _worker_config()
             node_state = NodeState(connect(settings), c.hostname)
             node_state.reset(list(config.servers))
             disk = _disk_state()
@@ -282,8 +291,9 @@ def run_worker(
     number of batch threads, i.e. batches held open at once."""
     from workers.memory import limit_malloc_arenas
 
+    global _config
     limit_malloc_arenas()  # before Celery starts the batch threads
-    os.environ.update(config.to_env())
+    _config = config
     settings = broker_settings()
     node = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
     app.conf.worker_send_task_events = task_events

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import redis
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.manifest import build_manifest
 from eagle_synth.model_identity import output_id_bound
 from eagle_synth.payload import PromptItem, TaskPayload
@@ -68,10 +69,10 @@ from eagle_synth.state.fence import Fence, LeaseLost
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
-from workers.client import BadRequest, BadSamplingParams, ServerDown, SGLangClient, TransientError
+from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError
 from workers.config import WorkerConfig
-from workers.conversations import FollowUps
 from workers.disk import DiskState, DiskUnavailable, is_disk_error
+from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
 from workers.model_check import REFUSE_PREFIX, ModelCheck
@@ -108,12 +109,12 @@ BAD_SAMPLING_REASON = "bad-sampling-params"
 SHUTDOWN_GRACE_SHARE = 0.8
 
 
-class Requeue(Exception):
+class Requeue(EagleSynthError):
     """The batch (what is left of it) must go back to the queue: no healthy server, the task's
     time budget is spent, or the worker is shutting down. Not a failure: no retry is used."""
 
 
-class CampaignMissing(Exception):
+class CampaignMissing(EagleSynthError):
     """The campaign's settings are gone from Redis (deleted, or evicted by a Redis that may evict)."""
 
 
@@ -184,17 +185,26 @@ class _Inbox:
         return arrived
 
 
-class _Attempt:
-    """The in-flight bookkeeping of one batch run: futures, retries and uncommitted records.
+class _Run:
+    """One run of one batch: its campaign, payload, fence and outcome, the in-flight bookkeeping
+    (futures, retries, uncommitted records), and how each of its prompts ends (fail, settle,
+    retry, commit).
 
-    `send_seeds` is False when a healthy server would refuse `sampling_seed` as an unknown key
-    (SGLang before it existed): then samples go without their seed, and records say so.
-    Every future sent puts itself in `answered` when it resolves, so the batch thread waits on
-    one inbox (and takes every answer that arrived at once) instead of on each future.
+    Each prompt's sampling is resolved once (`sampling`: as recorded with a failure, seed
+    included). `sent` is what goes to the server: the same, unless a healthy server would
+    refuse `sampling_seed` as an unknown key (SGLang before it existed): then samples go
+    without their seed, and records say so. Every future sent puts itself in `answered` when
+    it resolves, so the batch thread waits on one inbox instead of on each future.
     """
 
-    def __init__(self, *, send_seeds: bool = True) -> None:
-        self.send_seeds = send_seeds
+    def __init__(self, runner: BatchRunner, campaign: Campaign, payload: TaskPayload, outcome: BatchOutcome) -> None:
+        self.runner = runner
+        self.campaign = campaign
+        self.payload = payload
+        self.outcome = outcome
+        self.folder = campaign_dir(runner.config.out, payload.campaign)
+        self.sampling = {item.key: payload.sampling_for(item) for item in payload.items}
+        self.sent = self.sampling
         self.pending: dict[Future, PromptItem] = {}
         self.answered = _Inbox()
         self.retries: list[tuple[float, int, PromptItem]] = []  # heap by due time
@@ -203,7 +213,40 @@ class _Attempt:
         self.first_uncommitted = 0.0
         self._tie = itertools.count()
 
-    def retry_later(self, item: PromptItem, delay: float) -> None:
+    def without_seeds(self) -> None:
+        self.sent = {item.key: self.payload.sampling_for(item, with_seed=False) for item in self.payload.items}
+
+    def max_new_tokens(self, item: PromptItem) -> int:
+        return int(self.sampling[item.key].get("max_new_tokens", 0))
+
+    # endings ------------------------------------------------------------------------
+    def fail(self, item: PromptItem, reason: str, message: str) -> None:
+        self.campaign.record_failure(
+            item,
+            reason=reason,
+            message=message,
+            sampling=self.sampling[item.key],
+            worker=self.runner.node,
+            fence=self.outcome.fence,
+        )
+        self.outcome.failed[reason] = self.outcome.failed.get(reason, 0) + 1
+        log.warning("prompt %s (%s) failed: %s: %s", item.key, item.source, reason, message)
+
+    def fail_all(self, items: list[PromptItem], reason: str, message: str) -> list[PromptItem]:
+        for item in items:
+            self.fail(item, reason, message)
+        return []
+
+    def retry(self, item: PromptItem, reason: str, message: str) -> None:
+        self.attempts[item.key] += 1
+        tries = self.attempts[item.key]
+        config = self.runner.config
+        if tries >= config.max_attempts:
+            self.fail(item, reason, f"{tries} attempts failed; last: {message}")
+            return
+        delay = min(config.backoff_max, BACKOFF_START * 2 ** (tries - 1))
+        delay = random.uniform(delay / 2, delay)
+        log.info("prompt %s: %s (attempt %d), retrying in %.1f s", item.key, message, tries, delay)
         heapq.heappush(self.retries, (time.monotonic() + delay, next(self._tie), item))
 
     def due_retries(self) -> list[PromptItem]:
@@ -212,13 +255,132 @@ class _Attempt:
             due.append(heapq.heappop(self.retries)[2])
         return due
 
-    def add_record(self, record: Record) -> None:
-        if not self.records:
-            self.first_uncommitted = time.monotonic()
-        self.records.append(record)
+    def settle(self, item: PromptItem, answer: Answer, settings: CampaignSettings, send: Callable[..., None]) -> None:
+        """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
+        runner, url, error, backend = self.runner, answer.url, answer.error, answer.backend
+        if error is None:
+            assert backend is not None, "the pool builds every request with its server's backend"
+            try:
+                reply = backend.parse(
+                    answer.item,
+                    # Outputs may reach the model's padded vocabulary; prompts were checked
+                    # against the tokenizer's (_drop_invalid).
+                    vocab_size=output_id_bound(
+                        tokenizer_size=settings.vocab_size, model_vocab=settings.model_vocab_size
+                    ),
+                    prompt_ids=item.ids,
+                    sampling=self.sent[item.key],
+                )
+            except PromptMismatch as exc:
+                self.fail(item, PROMPT_MISMATCH_REASON, str(exc))
+                return
+            except (TransientError, BadSamplingParams) as exc:  # BadSamplingParams: SamplingOverridden
+                error = exc
+            else:
+                runner._report_ok(url)
+                if reply.aborted:
+                    self.retry(item, "aborted", "the server aborted this prompt")
+                    return
+                runner._note_server(self.campaign, url)
+                if not self.records:
+                    self.first_uncommitted = time.monotonic()
+                self.records.append(self.record(url, item, reply, backend=backend.name))
+                self.outcome.servers.add(url)
+                return
+        if isinstance(error, BadSamplingParams):
+            self.refuse_sampling(item, error)
+        elif isinstance(error, BadRequest):
+            self.fail(item, classify_bad_request(str(error)), str(error))
+        elif isinstance(error, ServerDown) or runner._server_down(url, str(error)):
+            runner.node_state.suspect(url, str(error))
+            if not runner.pool.routable():
+                raise Requeue(f"server {url} is down: {error}")
+            send(item)  # another server takes it; the prompt did nothing wrong
+        else:
+            self.retry(item, BAD_RESPONSE_REASON if isinstance(error, BadResponse) else "server-error", str(error))
 
-    def sampling(self, payload: TaskPayload, item: PromptItem) -> dict:
-        return payload.sampling_for(item, with_seed=self.send_seeds)
+    def refuse_sampling(self, item: PromptItem, error: BadSamplingParams) -> None:
+        """The server refuses the campaign's sampling parameters: every prompt would get the same
+        answer, so the batch's open prompts are recorded at once and nothing more is sent."""
+        name = self.campaign.name
+        log.error(
+            "campaign %s: %s. Every prompt of this campaign will be refused the same way: fix the server "
+            "(version, options) or the campaign, then `eagle-synth retry-failed %s --reason %s`",
+            name,
+            error,
+            name,
+            BAD_SAMPLING_REASON,
+        )
+        # Prompts not sent yet are withdrawn; those already sent are settled as they answer.
+        others = [self.pending.pop(future) for future in list(self.pending) if future.cancel()]
+        others += [entry[2] for entry in self.retries]
+        self.retries.clear()
+        self.fail_all([item, *others], BAD_SAMPLING_REASON, str(error))
+
+    def record(self, url: str, item: PromptItem, reply: GeneratedItem, *, backend: str) -> Record:
+        return Record(
+            key=item.key,
+            id=item.row_id,
+            sample=item.sample,
+            turn=item.turn,
+            prompt_ids=item.ids,
+            output_ids=reply.output_ids,
+            finish_reason=reply.finish_type,
+            finish_matched=reply.finish_matched,
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            cached_tokens=reply.cached_tokens,
+            campaign=self.campaign.name,
+            sampling=self.sent[item.key],
+            source=item.source,
+            server=url,
+            worker=self.runner.node,
+            e2e_latency=reply.e2e_latency,
+            created_at=time.time(),
+            repaired_prefix=reply.repaired_prefix,
+            backend=backend,
+            conversation=item.conversation["key"] if item.conversation else None,
+            variant=item.variant,
+        )
+
+    # writing ------------------------------------------------------------------------
+    def mark(self, records: list[Record]) -> None:
+        """Mark records on disk done (fenced); a conversation's turn also stores its next turn
+        in the same step (workers/followups.py)."""
+        self.runner.followups.commit(self.campaign, self.payload, records, fence=self.outcome.fence)
+
+    def commit(self) -> None:
+        """Write the uncommitted records to one file, then mark them done."""
+        records, self.records = self.records, []
+        if not records:
+            return
+        runner, folder, campaign = self.runner, self.folder, self.campaign
+        # Turns of conversations with tools say how many tool calls they make.
+        runner.followups.count_tool_calls(runner._campaign_settings(campaign), self.payload, records)
+        try:
+            if campaign.name not in runner._swept:
+                runner._swept.add(campaign.name)
+                remove_stale_temporaries(folder)
+            # A full lease TTL for the rename and the mark that follow; a lost lease writes nothing.
+            if self.outcome.fence is not None:
+                self.outcome.fence.renew(runner.redis)
+            path = write_record_file(folder, campaign=campaign.name, batch=self.payload.batch, records=records)
+        except OSError as exc:
+            if not is_disk_error(exc):
+                raise
+            detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
+            runner.disk.failed(detail, folder=records_dir(folder))
+            raise DiskUnavailable(detail) from exc
+        try:
+            self.mark(records)
+        except LeaseLost:
+            # Lost between the renewal and the mark (a freeze longer than the TTL just there):
+            # another batch may write these keys, so this file must not stay.
+            remove_uncommitted(path)
+            raise
+        self.outcome.written += len(records)
+        self.outcome.repaired += sum(1 for r in records if r.repaired_prefix)
+        runner._refresh_manifest(campaign, folder)
 
 
 class BatchRunner:
@@ -234,7 +396,7 @@ class BatchRunner:
         stopping: set when the worker begins to shut down.
         shutdown_grace: seconds a batch keeps going after `stopping` before it requeues.
         followups: commits records (marks them done) and, for `--history own` conversations,
-            carries each one's next turn to the queue (workers/conversations.py).
+            carries each one's next turn to the queue (workers/followups.py).
     """
 
     def __init__(
@@ -261,7 +423,7 @@ class BatchRunner:
         self.stopping = stopping or threading.Event()
         self.shutdown_grace = shutdown_grace
         self._stop_deadline: float | None = None
-        self.health_clients = {url: SGLangClient(url, pool_connections=4) for url in config.servers}
+        self.health_clients = {url: ServerClient(url, pool_connections=4) for url in config.servers}
         self.model_check = ModelCheck(self.health_clients)
         self._health_seen: dict[str, tuple[float, bool]] = {}
         self._settings: dict[str, CampaignSettings] = {}
@@ -284,7 +446,9 @@ class BatchRunner:
             outcome = BatchOutcome(fence=Fence(lease.key, lease.holder, lease.ttl_ms, campaign.keys.claims))
             claimed: list[str] = []
             try:
-                self._run(campaign, payload, lease, outcome, claimed, look_for_files=retried or lease.took_over)
+                self._run(
+                    _Run(self, campaign, payload, outcome), lease, claimed, look_for_files=retried or lease.took_over
+                )
             except (LeaseLost, ClaimLeaseLost) as exc:
                 raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
             finally:
@@ -316,63 +480,51 @@ class BatchRunner:
         return failed
 
     # one batch ----------------------------------------------------------------------
-    def _run(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        lease: BatchLease,
-        outcome: BatchOutcome,
-        claimed: list[str],
-        *,
-        look_for_files: bool,
-    ) -> BatchOutcome:
-        folder = campaign_dir(self.config.out, payload.campaign)
+    def _run(self, run: _Run, lease: BatchLease, claimed: list[str], *, look_for_files: bool) -> None:
+        campaign, payload = run.campaign, run.payload
         if self.redis.exists(campaign.keys.ended):
             # `close` folded the done set to disk, so every key would look open: generating would
             # double records. Only a message published after the close can get here.
             log.warning("batch %s of closed campaign %s: nothing generated", payload.batch, payload.campaign)
-            return outcome
-        items = self._unfinished(campaign, payload, folder, outcome, lease, claimed, look_for_files=look_for_files)
+            return
+        items = self._unfinished(run, lease, claimed, look_for_files=look_for_files)
         if not items:
-            return outcome
+            return
         try:
             settings = self._campaign_settings(campaign)
         except CampaignMissing as exc:
-            for item in items:
-                self._fail(campaign, payload, item, "campaign-settings-missing", str(exc), outcome)
-            return outcome
+            run.fail_all(items, "campaign-settings-missing", str(exc))
+            return
         if any(item.conversation for item in items):
             try:
                 self.followups.prepare(campaign, settings)
             except TokenizerUnavailable as exc:
                 # No GPU time for turns whose next turn could not be rendered here.
-                for item in items:
-                    self._fail(campaign, payload, item, "tokenizer-unavailable", str(exc), outcome)
-                return outcome
-        items = self._drop_invalid(campaign, payload, settings, items, outcome)
+                run.fail_all(items, "tokenizer-unavailable", str(exc))
+                return
+        items = self._drop_invalid(run, settings, items)
         if not items:
-            return outcome
+            return
         states = self._healthy_states()
         if not states:
             raise Requeue("no healthy server")
         states = self._serving_the_model(settings, states)
         if not states:
             raise Requeue("no healthy server serves the campaign's model")
-        items = self._drop_untranslatable(campaign, payload, states, items, outcome)
-        items = self._drop_too_long(campaign, payload, states, items, outcome)
+        items = self._drop_too_long(run, states, self._drop_untranslatable(run, states, items))
         if not items:
-            return outcome
-        attempt = _Attempt(send_seeds=all(state.sampling_seed_supported is not False for state in states.values()))
+            return
+        if any(state.sampling_seed_supported is False for state in states.values()):
+            run.without_seeds()
         try:
-            self._generate(campaign, payload, settings, items, attempt, outcome, states, lease)
+            self._generate(run, settings, items, lease)
         finally:
-            for future in attempt.pending:
+            for future in run.pending:
                 future.cancel()
             # Whatever was generated is kept, even when the rest of the batch is requeued,
             # unless the lease is lost: then another host may be committing the same prompts.
             if not lease.lost:
-                self._commit(campaign, payload, folder, attempt, outcome)
-        return outcome
+                run.commit()
 
     def _campaign_settings(self, campaign: Campaign) -> CampaignSettings:
         if campaign.name not in self._settings:
@@ -387,16 +539,9 @@ class BatchRunner:
         return self._settings[campaign.name]
 
     def _unfinished(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        folder: Path,
-        outcome: BatchOutcome,
-        lease: BatchLease,
-        claimed: list[str],
-        *,
-        look_for_files: bool,
+        self, run: _Run, lease: BatchLease, claimed: list[str], *, look_for_files: bool
     ) -> list[PromptItem]:
+        campaign, payload, outcome = run.campaign, run.payload, run.outcome
         keys = [item.key for item in payload.items]
         finished = campaign.finished_keys(keys)
         outcome.skipped_done = len(finished)
@@ -410,7 +555,7 @@ class BatchRunner:
             finished |= busy
         # A crash between writing a file and marking its keys done leaves the file here.
         adopted: dict[str, Record] = {}
-        for path in batch_files(folder, payload.batch) if look_for_files else ():
+        for path in batch_files(run.folder, payload.batch) if look_for_files else ():
             try:
                 found = {r.key: r for r in read_record_file(path) if r.key not in finished}
             except RecordFormatError as exc:
@@ -419,65 +564,26 @@ class BatchRunner:
                 continue
             adopted.update(found)
         if adopted:
-            self.followups.commit(campaign, payload, list(adopted.values()), fence=outcome.fence)
+            run.mark(list(adopted.values()))
             outcome.adopted = len(adopted)
             log.info("batch %s: adopted %d records a previous attempt wrote", payload.batch, len(adopted))
-        seen: set[str] = set()
-        pending = []
+        pending: dict[str, PromptItem] = {}  # one item per open key, in batch order
         for item in payload.items:
-            if item.key in finished or item.key in adopted or item.key in seen:
-                continue
-            seen.add(item.key)
-            pending.append(item)
-        return pending
+            if item.key not in finished and item.key not in adopted:
+                pending.setdefault(item.key, item)
+        return list(pending.values())
 
-    def _fail(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        item: PromptItem,
-        reason: str,
-        message: str,
-        outcome: BatchOutcome,
-    ) -> None:
-        campaign.record_failure(
-            item,
-            reason=reason,
-            message=message,
-            sampling=payload.sampling_for(item),
-            worker=self.node,
-            fence=outcome.fence,
-        )
-        outcome.failed[reason] = outcome.failed.get(reason, 0) + 1
-        log.warning("prompt %s (%s) failed: %s: %s", item.key, item.source, reason, message)
-
-    def _drop_invalid(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        settings: CampaignSettings,
-        items: list[PromptItem],
-        outcome: BatchOutcome,
-    ) -> list[PromptItem]:
+    def _drop_invalid(self, run: _Run, settings: CampaignSettings, items: list[PromptItem]) -> list[PromptItem]:
         """One id outside the vocabulary crashes a real SGLang server for everyone."""
         vocab = settings.vocab_size
         good = []
         for item in items:
-            bad = None
-            # min/max run in C; the culprit is looked for only when there is one.
-            if item.ids and (min(item.ids) < 0 or max(item.ids) >= vocab):
-                bad = next(i for i in item.ids if i < 0 or i >= vocab)
             if not item.ids:
-                self._fail(campaign, payload, item, "empty-prompt", "the prompt has no ids", outcome)
-            elif bad is not None:
-                self._fail(
-                    campaign,
-                    payload,
-                    item,
-                    "invalid-token-id",
-                    f"id {bad} is outside the vocabulary (size {vocab}); never sent",
-                    outcome,
-                )
+                run.fail(item, "empty-prompt", "the prompt has no ids")
+            # min/max run in C; the culprit is looked for only when there is one.
+            elif min(item.ids) < 0 or max(item.ids) >= vocab:
+                bad = next(i for i in item.ids if i < 0 or i >= vocab)
+                run.fail(item, "invalid-token-id", f"id {bad} is outside the vocabulary (size {vocab}); never sent")
             else:
                 good.append(item)
         return good
@@ -510,12 +616,7 @@ class BatchRunner:
         return kept
 
     def _drop_untranslatable(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        states: dict[str, ServerState],
-        items: list[PromptItem],
-        outcome: BatchOutcome,
+        self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]
     ) -> list[PromptItem]:
         """Any healthy server may get any prompt, so the campaign's sampling must mean the same on
         every kind of server among them (vLLM has no equivalent of some SGLang values)."""
@@ -524,28 +625,19 @@ class BatchRunner:
             if backend is None:
                 continue
             try:
-                backend.translate_sampling(payload.sampling)
+                backend.translate_sampling(run.payload.sampling)
             except UntranslatableSampling as exc:
                 error = UntranslatableSampling(f"server {url} ({state.backend}): {exc}")
-                for item in items:
-                    self._fail(campaign, payload, item, BAD_SAMPLING_REASON, str(error), outcome)
-                log.error("campaign %s: %s", campaign.name, error)
-                return []
+                log.error("campaign %s: %s", run.campaign.name, error)
+                return run.fail_all(items, BAD_SAMPLING_REASON, str(error))
         return items
 
-    def _drop_too_long(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        states: dict[str, ServerState],
-        items: list[PromptItem],
-        outcome: BatchOutcome,
-    ) -> list[PromptItem]:
+    def _drop_too_long(self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]) -> list[PromptItem]:
         # Any healthy server may get any prompt, so a prompt must fit every one of them.
         backends = [(backend, state) for state in states.values() if (backend := backend_for_state(state))]
         good = []
         for item in items:
-            max_new = int(payload.sampling_for(item).get("max_new_tokens", 0))
+            max_new = run.max_new_tokens(item)
             problem = next(
                 (
                     why
@@ -555,7 +647,7 @@ class BatchRunner:
                 None,
             )
             if problem is not None:
-                self._fail(campaign, payload, item, "prompt-too-long", problem, outcome)
+                run.fail(item, "prompt-too-long", problem)
             else:
                 good.append(item)
         return good
@@ -573,171 +665,51 @@ class BatchRunner:
                 return "the worker is shutting down"
         return None
 
-    def _generate(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        settings: CampaignSettings,
-        items: list[PromptItem],
-        attempt: _Attempt,
-        outcome: BatchOutcome,
-        states: dict[str, ServerState],
-        lease: BatchLease,
-    ) -> None:
-        folder = campaign_dir(self.config.out, payload.campaign)
-        max_new = max(int(payload.sampling_for(item).get("max_new_tokens", 0)) for item in items)
+    def _generate(self, run: _Run, settings: CampaignSettings, items: list[PromptItem], lease: BatchLease) -> None:
         deadline = time.monotonic() + self.task_budget
-        timeout = self.config.request_timeout(max_new)
+        timeout = self.config.request_timeout(max(run.max_new_tokens(item) for item in items))
 
         def send(*sent: PromptItem) -> None:
             remaining = max(1.0, deadline - time.monotonic())
             futures = self.pool.submit_many(
-                prompts=[(item.ids, attempt.sampling(payload, item)) for item in sent],
+                prompts=[(item.ids, run.sent[item.key]) for item in sent],
                 timeout=min(timeout, remaining),
-                tag=campaign.name,
+                tag=run.campaign.name,
             )
             for future, item in zip(futures, sent, strict=True):
-                attempt.pending[future] = item
-                future.add_done_callback(attempt.answered.put)
+                run.pending[future] = item
+                future.add_done_callback(run.answered.put)
 
         def settle(done: list[Future]) -> None:
             for future in done:
-                item = attempt.pending.pop(future, None)
-                if item is None:
-                    continue  # withdrawn (cancelled) after a refusal of the sampling parameters
-                self._settle(campaign, payload, settings, item, future.result(), attempt, outcome, send)
+                item = run.pending.pop(future, None)
+                if item is not None:  # else withdrawn (cancelled) after a refusal of the sampling
+                    run.settle(item, future.result(), settings, send)
 
         send(*items)
-        while attempt.pending or attempt.retries:
+        while run.pending or run.retries:
             why = self._deadline_passed(deadline)
             if why:
-                settle(attempt.answered.take(want=0, timeout=0))  # answers that arrived are kept
+                settle(run.answered.take(want=0, timeout=0))  # answers that arrived are kept
                 raise Requeue(why)
             if lease.lost:
                 raise Requeue(
                     "the batch lease was lost (Redis unreachable, or the batch given to another worker); "
                     "nothing of this attempt is written"
                 )
-            if due := attempt.due_retries():
+            if due := run.due_retries():
                 send(*due)
             wake = WAIT_SLICE
-            if attempt.retries:
-                wake = min(wake, max(0.0, attempt.retries[0][0] - time.monotonic()))
-            if attempt.pending:
-                done = attempt.answered.take(want=len(attempt.pending), timeout=wake)
+            if run.retries:
+                wake = min(wake, max(0.0, run.retries[0][0] - time.monotonic()))
+            if run.pending:
+                done = run.answered.take(want=len(run.pending), timeout=wake)
             else:
                 done = []
                 time.sleep(wake)
             settle(done)
-            if attempt.records and time.monotonic() - attempt.first_uncommitted >= COMMIT_AFTER:
-                self._commit(campaign, payload, folder, attempt, outcome)
-
-    def _settle(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        settings: CampaignSettings,
-        item: PromptItem,
-        answer: Answer,
-        attempt: _Attempt,
-        outcome: BatchOutcome,
-        send: Callable[[PromptItem], None],
-    ) -> None:
-        """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
-        url = answer.url
-        error = answer.error
-        backend = answer.backend
-        if error is None:
-            assert backend is not None, "the pool builds every request with its server's backend"
-            try:
-                reply = backend.parse(
-                    answer.item,
-                    # Outputs may reach the model's padded vocabulary; prompts were checked
-                    # against the tokenizer's (_drop_invalid).
-                    vocab_size=output_id_bound(
-                        tokenizer_size=settings.vocab_size, model_vocab=settings.model_vocab_size
-                    ),
-                    prompt_ids=item.ids,
-                    sampling=attempt.sampling(payload, item),
-                )
-            except PromptMismatch as exc:
-                self._fail(campaign, payload, item, PROMPT_MISMATCH_REASON, str(exc), outcome)
-                return
-            except (TransientError, BadSamplingParams) as exc:  # BadSamplingParams: SamplingOverridden
-                error = exc
-            else:
-                self._report_ok(url)
-                if reply.aborted:
-                    self._retry(campaign, payload, item, attempt, outcome, "aborted", "the server aborted this prompt")
-                    return
-                self._note_server(campaign, url)
-                attempt.add_record(
-                    self._record(
-                        campaign, payload, url, item, reply, attempt.sampling(payload, item), backend=backend.name
-                    )
-                )
-                outcome.servers.add(url)
-                return
-        if isinstance(error, BadSamplingParams):
-            self._refuse_sampling(campaign, payload, item, attempt, outcome, error)
-            return
-        if isinstance(error, BadRequest):
-            self._fail(campaign, payload, item, classify_bad_request(str(error)), str(error), outcome)
-            return
-        if isinstance(error, ServerDown) or self._server_down(url, str(error)):
-            self.node_state.suspect(url, str(error))
-            if not self.pool.routable():
-                raise Requeue(f"server {url} is down: {error}")
-            send(item)  # another server takes it; the prompt did nothing wrong
-            return
-        reason = BAD_RESPONSE_REASON if isinstance(error, BadResponse) else "server-error"
-        self._retry(campaign, payload, item, attempt, outcome, reason, str(error))
-
-    def _refuse_sampling(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        item: PromptItem,
-        attempt: _Attempt,
-        outcome: BatchOutcome,
-        error: BadSamplingParams,
-    ) -> None:
-        """The server refuses the campaign's sampling parameters: every prompt would get the same
-        answer, so the batch's open prompts are recorded at once and nothing more is sent."""
-        log.error(
-            "campaign %s: %s. Every prompt of this campaign will be refused the same way: fix the server "
-            "(version, options) or the campaign, then `eagle-synth retry-failed %s --reason %s`",
-            campaign.name,
-            error,
-            campaign.name,
-            BAD_SAMPLING_REASON,
-        )
-        # Prompts not sent yet are withdrawn; those already sent are settled as they answer.
-        others = [attempt.pending.pop(future) for future in list(attempt.pending) if future.cancel()]
-        others += [entry[2] for entry in attempt.retries]
-        attempt.retries.clear()
-        for open_item in [item, *others]:
-            self._fail(campaign, payload, open_item, BAD_SAMPLING_REASON, str(error), outcome)
-
-    def _retry(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        item: PromptItem,
-        attempt: _Attempt,
-        outcome: BatchOutcome,
-        reason: str,
-        message: str,
-    ) -> None:
-        attempt.attempts[item.key] += 1
-        tries = attempt.attempts[item.key]
-        if tries >= self.config.max_attempts:
-            self._fail(campaign, payload, item, reason, f"{tries} attempts failed; last: {message}", outcome)
-            return
-        delay = min(self.config.backoff_max, BACKOFF_START * 2 ** (tries - 1))
-        delay = random.uniform(delay / 2, delay)
-        log.info("prompt %s: %s (attempt %d), retrying in %.1f s", item.key, message, tries, delay)
-        attempt.retry_later(item, delay)
+            if run.records and time.monotonic() - run.first_uncommitted >= COMMIT_AFTER:
+                run.commit()
 
     def _server_down(self, url: str, detail: str) -> bool:
         """After a failed request: is the server itself down (requeue) or was it a blip (retry)?"""
@@ -768,77 +740,6 @@ class BatchRunner:
         if state is not None and state.provenance:
             campaign.note_server(url, state.provenance)
             self._noted.add((campaign.name, url))
-
-    def _record(
-        self,
-        campaign: Campaign,
-        payload: TaskPayload,
-        url: str,
-        item: PromptItem,
-        reply: GeneratedItem,
-        sampling: dict,
-        *,
-        backend: str,
-    ) -> Record:
-        return Record(
-            key=item.key,
-            id=item.row_id,
-            sample=item.sample,
-            turn=item.turn,
-            prompt_ids=item.ids,
-            output_ids=reply.output_ids,
-            finish_reason=reply.finish_type,
-            finish_matched=reply.finish_matched,
-            prompt_tokens=reply.prompt_tokens,
-            completion_tokens=reply.completion_tokens,
-            cached_tokens=reply.cached_tokens,
-            campaign=campaign.name,
-            sampling=sampling,
-            source=item.source,
-            server=url,
-            worker=self.node,
-            e2e_latency=reply.e2e_latency,
-            created_at=time.time(),
-            repaired_prefix=reply.repaired_prefix,
-            backend=backend,
-            conversation=item.conversation["key"] if item.conversation else None,
-            variant=item.variant,
-        )
-
-    # writing ------------------------------------------------------------------------
-    def _commit(
-        self, campaign: Campaign, payload: TaskPayload, folder: Path, attempt: _Attempt, outcome: BatchOutcome
-    ) -> None:
-        records, attempt.records = attempt.records, []
-        if not records:
-            return
-        # Turns of conversations with tools say how many tool calls they make.
-        self.followups.count_tool_calls(self._campaign_settings(campaign), payload, records)
-        try:
-            if campaign.name not in self._swept:
-                self._swept.add(campaign.name)
-                remove_stale_temporaries(folder)
-            # A full lease TTL for the rename and the mark that follow; a lost lease writes nothing.
-            if outcome.fence is not None:
-                outcome.fence.renew(self.redis)
-            path = write_record_file(folder, campaign=campaign.name, batch=payload.batch, records=records)
-        except OSError as exc:
-            if not is_disk_error(exc):
-                raise
-            detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
-            self.disk.failed(detail, folder=records_dir(folder))
-            raise DiskUnavailable(detail) from exc
-        # Marks them done (fenced); a conversation's turn also stores its next turn in the same step.
-        try:
-            self.followups.commit(campaign, payload, records, fence=outcome.fence)
-        except LeaseLost:
-            # Lost between the renewal and the mark (a freeze longer than the TTL just there):
-            # another batch may write these keys, so this file must not stay.
-            remove_uncommitted(path)
-            raise
-        outcome.written += len(records)
-        outcome.repaired += sum(1 for r in records if r.repaired_prefix)
-        self._refresh_manifest(campaign, folder)
 
     def _refresh_manifest(self, campaign: Campaign, folder: Path) -> None:
         """Rewrite manifest.json at most every MANIFEST_REFRESH s, and always after the commit

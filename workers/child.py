@@ -1,7 +1,7 @@
 """The supervised Celery worker process (workers/supervisor.py starts it): `python -m workers.child OPTIONS`.
 
 OPTIONS is the JSON of run_worker's keyword arguments but `config`, which the child reads from
-the EAGLE_SYNTH_* environment the CLI set.
+the EAGLE_SYNTH_* environment the CLI wrote for it (WorkerConfig.to_env).
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
+from eagle_synth.errors import EagleSynthError
+
 # Connections kept open per server by the synchronous client (probes, info, quick health checks).
 POOL_CONNECTIONS = 64
 # Seconds to open a TCP connection; a listening server accepts at once even when busy.
@@ -32,7 +34,7 @@ INFO_TIMEOUT = 10.0
 READ_PIECE = 65536
 
 
-class ClientError(Exception):
+class ClientError(EagleSynthError):
     """Base of the client's errors; `status` is the HTTP status if there was a response."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
@@ -167,8 +169,8 @@ class ServerFacts:
     probe: dict | None = None
 
 
-class SGLangClient:
-    """HTTP client for one server (named for the first kind it served; vLLM uses it too).
+class ServerClient:
+    """HTTP client for one server, SGLang or vLLM.
 
     Parameters:
         url: base URL, e.g. http://gpu-host:30000.

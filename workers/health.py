@@ -12,7 +12,7 @@ generation reported by a batch counts as a passed probe.
 
 Both kinds of server answer /health with 200 when ready. SGLang listens while it warms up
 (503s); vLLM listens only once its model is loaded, so it goes from loading to healthy. Before
-a server's first batch, preflight (workers/backends/) tells which kind it is and checks it.
+a server's first batch, preflight (workers/preflight.py) tells which kind it is and checks it.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from eagle_synth.state.node_state import (
     NodeState,
     ServerState,
 )
-from workers.backends import AUTO, BACKENDS, preflight_server
-from workers.client import ServerDown, SGLangClient, TransientError
+from workers.backends import AUTO, BACKENDS
+from workers.backends.base import PreflightError
+from workers.client import ServerClient, ServerDown, TransientError
 from workers.disk import DiskState
 from workers.model_check import REFUSE_PREFIX
-from workers.preflight import PreflightError
+from workers.preflight import preflight_server
 
 log = logging.getLogger("eagle_synth.health")
 
@@ -63,7 +64,7 @@ TICK = 0.1
 
 @dataclass(slots=True)
 class _Tracked:
-    client: SGLangClient
+    client: ServerClient
     state: ServerState = field(default_factory=ServerState)
     failures: int = 0
     wait: float = BACKOFF_START
@@ -89,7 +90,7 @@ class HealthGate:
         probe_timeout: seconds a /health probe may take.
         disk: the output folder's state; while it cannot take records the gate stays closed.
         backends: the kind given per server (--backend: "sglang", "vllm"); a server not
-            listed, or "auto", is detected at preflight (workers/backends/).
+            listed, or "auto", is detected at preflight (workers/preflight.py).
         on_all_refused: called once when preflight has refused every server (the worker exits 2).
     """
 
@@ -116,7 +117,7 @@ class HealthGate:
         self.probe_timeout = probe_timeout
         self.disk = disk
         self._disk_detail: str | None = None
-        self.tracked = {url: _Tracked(client=SGLangClient(url, pool_connections=2)) for url in servers}
+        self.tracked = {url: _Tracked(client=ServerClient(url, pool_connections=2)) for url in servers}
         self.forced = {url: (backends or {}).get(url, AUTO) for url in servers}
         self.is_open = False
         self._last_prune = 0.0

@@ -13,20 +13,21 @@ the same live process waits (BatchBusy) until the holder is done.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import threading
 import time
 
 import redis
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.processes import holder_dead, holder_id
+from eagle_synth.settings import TIMINGS
 from eagle_synth.state.redis_client import text
 
 log = logging.getLogger("eagle_synth.lease")
 
 # Seconds a lease lives without renewal: how long a batch whose holder died stays blocked.
-LEASE_TTL = float(os.environ.get("EAGLE_SYNTH_LEASE_TTL", "60"))
+LEASE_TTL = TIMINGS.lease_ttl
 # Renew this often (a third of the TTL leaves two chances to renew before it lapses).
 RENEW_EVERY = LEASE_TTL / 3
 # Share of the TTL without a successful renewal after which the holder must assume the lease
@@ -101,7 +102,7 @@ class _Renewer:
 _renewer = _Renewer()
 
 
-class BatchBusy(Exception):
+class BatchBusy(EagleSynthError):
     """Another live batch thread holds this batch; try the message again later."""
 
 

@@ -25,9 +25,8 @@ import threading
 
 from eagle_synth.state.campaign import CampaignSettings
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import VLLM
-from workers.client import ServerDown, SGLangClient, TransientError
-from workers.preflight import redact_url
+from workers.backends.base import VLLM, redact_url
+from workers.client import ServerClient, ServerDown, TransientError
 
 log = logging.getLogger("eagle_synth.model_check")
 
@@ -39,7 +38,7 @@ TOKENIZE_TIMEOUT = 30.0
 QUOTED_IDS = 8
 
 
-def served_tokens(client: SGLangClient, state: ServerState, text: str) -> list[int] | None:
+def served_tokens(client: ServerClient, state: ServerState, text: str) -> list[int] | None:
     """The ids the server's tokenizer gives `text` (no special tokens added), or None when it
     does not say (no /tokenize). Transport failures raise (the batch's own requests handle them)."""
     body: dict = {"prompt": text, "add_special_tokens": False}
@@ -88,7 +87,7 @@ class ModelCheck:
         clients: one HTTP client per server URL.
     """
 
-    def __init__(self, clients: dict[str, SGLangClient]) -> None:
+    def __init__(self, clients: dict[str, ServerClient]) -> None:
         self.clients = clients
         self._known: dict[tuple[str, str], str | None] = {}
         self._lock = threading.Lock()

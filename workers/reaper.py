@@ -11,23 +11,21 @@ has the rule and the atomic restore). So a dead host's batches come back about L
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
 import redis
 from celery import bootsteps
 
-from eagle_synth.settings import broker_settings
+from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.keys import REAPER_LOCK
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.stranded import REAP_AFTER, restore, stranded_batches
 
 log = logging.getLogger("eagle_synth.reaper")
 
-ENV_REAP_INTERVAL = "EAGLE_SYNTH_REAP_INTERVAL"
 # Seconds between sweeps (cluster-wide: the lock lives this long, so one worker sweeps per round).
-REAP_INTERVAL = float(os.environ.get(ENV_REAP_INTERVAL, "30"))
+REAP_INTERVAL = TIMINGS.reap_interval
 
 
 class Reaper:
@@ -74,35 +72,48 @@ class Reaper:
                 )
         return restored
 
-    def run(self, stop: threading.Event) -> None:
-        """Sweep every interval until `stop` is set; Redis errors wait for the next round."""
-        while not stop.wait(self.interval):
-            try:
-                self.sweep()
-            except redis.RedisError as exc:
-                log.info("reaper: Redis not answering (%s); trying again in %.0f s", exc, self.interval)
-            except Exception:  # never let a bug end the thread silently
-                log.exception("reaper: sweep failed; trying again in %.0f s", self.interval)
 
+class SweepStep(bootsteps.StartStopStep):
+    """Consumer step: a sweeper's `sweep` every `interval` seconds on a daemon thread of the
+    worker's main process (the reaper, the reconciler). Started once, it survives consumer
+    restarts (broker reconnections) and stops with the worker; a Redis error or a bug waits for
+    the next round, never ends the thread."""
 
-class ReaperStep(bootsteps.StartStopStep):
-    """Consumer step: run a Reaper in a daemon thread of the worker's main process.
-
-    Started once; it survives consumer restarts (broker reconnections) and stops with the worker.
-    """
+    label = "sweeper"
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def sweeper(self, c: Any) -> Any:
+        """The object whose `sweep()` runs each `interval`."""
+        raise NotImplementedError
+
     def start(self, c: Any) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        settings = broker_settings()
-        reaper = Reaper(connect(settings), node=c.hostname, queue=settings.queue)
-        self._thread = threading.Thread(target=reaper.run, args=(self._stop,), name="eagle-synth-reaper", daemon=True)
-        self._thread.start()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._rounds, args=(self.sweeper(c),), name=f"eagle-synth-{self.label}", daemon=True
+            )
+            self._thread.start()
+
+    def _rounds(self, sweeper: Any) -> None:
+        log = logging.getLogger(f"eagle_synth.{self.label}")
+        while not self._stop.wait(sweeper.interval):
+            try:
+                sweeper.sweep()
+            except redis.RedisError as exc:
+                log.info("%s: Redis not answering (%s); trying again in %.0f s", self.label, exc, sweeper.interval)
+            except Exception:
+                log.exception("%s: round failed; trying again in %.0f s", self.label, sweeper.interval)
 
     def shutdown(self, c: Any) -> None:
         self._stop.set()
+
+
+class ReaperStep(SweepStep):
+    label = "reaper"
+
+    def sweeper(self, c: Any) -> Reaper:
+        settings = broker_settings()
+        return Reaper(connect(settings), node=c.hostname, queue=settings.queue)

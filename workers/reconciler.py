@@ -18,31 +18,29 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import redis
-from celery import bootsteps
 
 from eagle_synth.queue import payload_of_message
-from eagle_synth.settings import broker_settings
+from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.claims import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE, CampaignKeys
 from eagle_synth.state.redis_client import connect, text
 from eagle_synth.state.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches
+from workers.reaper import SweepStep
 
 log = logging.getLogger("eagle_synth.reconciler")
 
 # Seconds between rounds (cluster-wide: the lock lives this long, so one worker looks per round).
-RECONCILE_INTERVAL = float(os.environ.get("EAGLE_SYNTH_RECONCILE_INTERVAL", "30"))
+RECONCILE_INTERVAL = TIMINGS.reconcile_interval
 # Seconds a stored batch must be old before it can count as lost: longer than a publish takes
 # (the copy is stored just before the message is sent) and than kombu's BRPOP-to-unacked step.
-RECONCILE_AFTER = float(os.environ.get("EAGLE_SYNTH_RECONCILE_AFTER", "60"))
+RECONCILE_AFTER = TIMINGS.reconcile_after
 # Queue messages read per LRANGE step.
 QUEUE_CHUNK = 200
 
@@ -164,45 +162,18 @@ class Reconciler:
         self.send(stored.payload)
         return True
 
-    def run(self, stop: threading.Event) -> None:
-        """A round every interval until `stop` is set; Redis errors wait for the next round."""
-        while not stop.wait(self.interval):
-            try:
-                self.sweep()
-            except redis.RedisError as exc:
-                log.info("reconciler: Redis not answering (%s); trying again in %.0f s", exc, self.interval)
-            except Exception:  # never let a bug end the thread silently
-                log.exception("reconciler: round failed; trying again in %.0f s", self.interval)
 
+class ReconcilerStep(SweepStep):
+    label = "reconciler"
 
-class ReconcilerStep(bootsteps.StartStopStep):
-    """Consumer step: run a Reconciler in a daemon thread of the worker's main process.
-
-    Started once; it survives consumer restarts (broker reconnections) and stops with the worker.
-    """
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, c: Any) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
+    def sweeper(self, c: Any) -> Reconciler:
         from eagle_synth.queue import send_payload
 
         settings = broker_settings()
         app = c.app
-        reconciler = Reconciler(
+        return Reconciler(
             connect(settings),
             node=c.hostname,
             queue=settings.queue,
             send=lambda payload: send_payload(app, settings.queue, payload),
         )
-        self._thread = threading.Thread(
-            target=reconciler.run, args=(self._stop,), name="eagle-synth-reconciler", daemon=True
-        )
-        self._thread.start()
-
-    def shutdown(self, c: Any) -> None:
-        self._stop.set()

@@ -15,6 +15,8 @@ import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
+from eagle_synth.errors import EagleSynthError
+
 # Start method of rendering processes (see the module docstring).
 START_METHOD = "spawn"
 
@@ -87,7 +89,7 @@ def _count_tool_calls(jobs: list[dict]) -> list[int]:
     return counts
 
 
-class RendererMismatch(RuntimeError):
+class RendererMismatch(EagleSynthError, RuntimeError):
     """The stored tokenizer is not the campaign's (fingerprint or template differs)."""
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eagle_synth.errors import EagleSynthError
 from workers.client import BadSamplingParams, TransientError
 
 # Failure reasons recorded for prompts whose replies never became usable.
@@ -46,7 +47,7 @@ class SamplingOverridden(BadSamplingParams):
     server, so it is handled like a refusal of the sampling parameters."""
 
 
-class PromptMismatch(Exception):
+class PromptMismatch(EagleSynthError):
     """The server reports generating from another prompt than the one sent (another length;
     on vLLM, which echoes the prompt ids, any other id).
 

@@ -19,8 +19,8 @@ from eagle_synth.state.redis_client import connect
 from workers.backends import Backend, backend_for_state
 from workers.batch import BatchRunner, server_capacity
 from workers.config import WorkerConfig, auto_inflight
-from workers.conversations import FollowUps
 from workers.disk import DiskState
+from workers.followups import FollowUps
 from workers.inflight import InflightPool, Route
 
 log = logging.getLogger("eagle_synth.worker")

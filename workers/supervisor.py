@@ -25,11 +25,13 @@ import time
 import uuid
 from types import FrameType
 
+from eagle_synth.settings import TIMINGS
+
 log = logging.getLogger("eagle_synth.supervisor")
 
 # First wait before restarting a crashed worker, seconds; it doubles per crash up to the max.
-RESTART_BACKOFF_START = float(os.environ.get("EAGLE_SYNTH_RESTART_BACKOFF", "1"))
-RESTART_BACKOFF_MAX = float(os.environ.get("EAGLE_SYNTH_RESTART_BACKOFF_MAX", "30"))
+RESTART_BACKOFF_START = TIMINGS.restart_backoff
+RESTART_BACKOFF_MAX = TIMINGS.restart_backoff_max
 # A worker that ran this long before crashing was healthy: the next restart waits the least again.
 STABLE_AFTER = 60.0
 # Exit codes that end the supervisor instead of a restart (stopped; refused, as docs say).
@@ -96,11 +98,13 @@ class Supervisor:
                 continue
 
 
-def supervise_worker(*, concurrency: int, loglevel: str, name: str | None, task_events: bool) -> int:
-    """Run the Celery worker (with the environment already set by the CLI) under a Supervisor."""
+def supervise_worker(
+    *, env: dict[str, str], concurrency: int, loglevel: str, name: str | None, task_events: bool
+) -> int:
+    """Run the Celery worker under a Supervisor; `env` carries its settings (EAGLE_SYNTH_*, REDIS_URL)."""
     # One node name for every restart: status and the reaper see one worker, not a new one per crash.
     name = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
     options = {"concurrency": concurrency, "loglevel": loglevel, "name": name, "task_events": task_events}
     argv = [sys.executable, "-m", "workers.child", json.dumps(options)]
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/supervisor] %(message)s")
-    return Supervisor(argv, dict(os.environ)).run()
+    return Supervisor(argv, {**os.environ, **env}).run()

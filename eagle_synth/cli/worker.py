@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from eagle_synth.cli.options import RedisOpt, command_group, fail, redis_client, warn
-from eagle_synth.settings import broker_settings, export_to_environment
+from eagle_synth.settings import broker_settings
 
 app = command_group()
 
@@ -118,34 +118,29 @@ def worker(
     )
     if warning:
         warn(warning)
-    export_to_environment(settings)
-    import dataclasses
-    import os
-
-    from workers.backends import REFUSABLE_SETTINGS, preflight_at_start
-    from workers.config import ConfigError, WorkerConfig, default_concurrency, env_name
+    from workers.backends import REFUSABLE_SETTINGS
+    from workers.config import ConfigError, WorkerConfig, default_concurrency
     from workers.disk import probe_folder
+    from workers.preflight import preflight_at_start
 
     problem = probe_folder(out)
     if problem:
         fail(f"--out cannot take records: {problem}")
-    # Flags given override the environment (EAGLE_SYNTH_*), which overrides the defaults.
-    given: dict[str, Any] = {
-        "allow_server_parsers": allow_server_parsers or None,
-        "max_attempts": max_attempts,
-        "timeout_base": timeout_base,
-        "timeout_per_token": timeout_per_token,
-        "backoff_max": backoff_max,
-        "probe_timeout": probe_timeout,
-        "inflight": inflight,
-        "allow_server_settings": tuple(allow_server_setting) if allow_server_setting else None,
-        "backend": tuple(backend) if backend else None,
-        "render_processes": render_processes,
-    }
-    os.environ[env_name("servers")] = ",".join(s.rstrip("/") for s in server)
-    os.environ[env_name("out")] = str(out)
-    try:
-        config = dataclasses.replace(WorkerConfig.from_env(), **{k: v for k, v in given.items() if v is not None})
+    try:  # flags given, else the environment (EAGLE_SYNTH_*), else the defaults
+        config = WorkerConfig.load(
+            servers=tuple(server),
+            out=out,
+            backend=tuple(backend) if backend else None,
+            inflight=inflight,
+            allow_server_parsers=allow_server_parsers or None,
+            allow_server_settings=tuple(allow_server_setting) if allow_server_setting else None,
+            max_attempts=max_attempts,
+            timeout_base=timeout_base,
+            timeout_per_token=timeout_per_token,
+            backoff_max=backoff_max,
+            probe_timeout=probe_timeout,
+            render_processes=render_processes,
+        )
     except ConfigError as exc:
         # The library names settings (max_attempts); say the flags (--max-attempts).
         fail(_settings_as_flags(str(exc)))
@@ -175,9 +170,10 @@ def worker(
     sizing = config.inflight or found.inflight()
     from workers.supervisor import supervise_worker
 
-    # The Celery worker runs in a child process that is started again if it crashes.
-    os.environ.update(config.to_env())
+    # The Celery worker runs in a child process that is started again if it crashes; the
+    # resolved settings reach it through its environment.
     code = supervise_worker(
+        env={**settings.to_env(), **config.to_env()},
         concurrency=concurrency or default_concurrency(inflight=sizing, servers=len(servers)),
         loglevel=loglevel,
         name=name,

@@ -24,7 +24,6 @@ workers/reaper.py runs this in every worker; `eagle-synth status` counts strande
 from __future__ import annotations
 
 import json
-import os
 import time
 from bisect import bisect
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import redis
 from kombu.transport.redis import Channel
 
 from eagle_synth.queue import payload_of_message
+from eagle_synth.settings import TIMINGS
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
@@ -42,7 +42,7 @@ ENV_REAP_AFTER = "EAGLE_SYNTH_REAP_AFTER"
 # Seconds since fetch after which a message without a live batch lease is stranded. It must
 # exceed the longest a live worker holds a message before its task takes the lease (task
 # start, retry countdowns of up to 15 s); the lease itself covers running batches.
-REAP_AFTER = float(os.environ.get(ENV_REAP_AFTER, "120"))
+REAP_AFTER = TIMINGS.reap_after
 # kombu's own key names and separators (we use kombu's defaults, never override them).
 UNACKED_KEY = Channel.unacked_key
 UNACKED_INDEX_KEY = Channel.unacked_index_key

@@ -16,12 +16,14 @@ Routing, retries, accounting and records are the same for every kind.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import ClassVar, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
+from eagle_synth.errors import UserError
 from eagle_synth.state.node_state import ServerState
-from workers.client import BadSamplingParams, ServerFacts, SGLangClient
-from workers.preflight import Check
+from workers.client import BadSamplingParams, ServerClient, ServerFacts
 from workers.replies import GeneratedItem
 
 # The kinds of server a worker can drive; "auto" (the --backend default) detects the kind.
@@ -29,6 +31,48 @@ SGLANG = "sglang"
 VLLM = "vllm"
 AUTO = "auto"
 BACKEND_CHOICES = (AUTO, SGLANG, VLLM)
+
+
+class PreflightError(UserError, RuntimeError):
+    """The server is configured in a way that would change the records; says how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One refused server setting.
+
+    Parameters:
+        setting: the name `--allow-server-setting` takes.
+        why: what it would do to the records, with the offending value.
+        fix: how to relaunch the server without it.
+    """
+
+    setting: str
+    why: str
+    fix: str
+
+    def refusal(self) -> str:
+        """The line of the refusal message."""
+        return f"{self.why} ({self.fix}, or accept it with --allow-server-setting {self.setting})"
+
+    def accepted(self) -> str:
+        """The line logged and kept in provenance when the setting is accepted."""
+        return f"{self.setting}: {self.why}"
+
+
+# A setting check: the Problem a server's facts show, or None.
+Check = Callable[[ServerFacts], Problem | None]
+
+
+def redact_url(url: str) -> str:
+    """The URL without a password (`http://user:secret@host` -> `http://user:***@host`)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 class UntranslatableSampling(BadSamplingParams):
@@ -68,7 +112,7 @@ class Backend(Protocol):
         ...
 
     @staticmethod
-    def facts(client: SGLangClient) -> ServerFacts:
+    def facts(client: ServerClient) -> ServerFacts:
         """What preflight learns from the server (raises ServerDown, TransientError, or
         PreflightError when the server cannot produce records at all)."""
         ...

@@ -36,16 +36,15 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import VLLM, UntranslatableSampling
+from workers.backends.base import VLLM, Check, PreflightError, Problem, UntranslatableSampling, redact_url
 from workers.client import (
+    ServerClient,
     ServerFacts,
-    SGLangClient,
     TransientError,
     _positive_int,
     error_for_status,
     error_message,
 )
-from workers.preflight import Check, PreflightError, Problem, redact_url
 from workers.replies import (
     BadResponse,
     GeneratedItem,
@@ -267,7 +266,7 @@ def _config(config: dict, section: str, key: str) -> object:
     return part.get(key) if isinstance(part, dict) else None
 
 
-def _probe(client: SGLangClient, *, model: str | None) -> dict:
+def _probe(client: ServerClient, *, model: str | None) -> dict:
     """Send the probe request; {"status", "reply" or "message"}. Transport failures and 5xx
     raise (the gate looks again later): only an answer says something about the server."""
     path, body = VllmBackend(model=model).request(
@@ -518,7 +517,7 @@ class VllmBackend:
 
     # ---- preflight ----------------------------------------------------------------------
     @staticmethod
-    def facts(client: SGLangClient) -> ServerFacts:
+    def facts(client: ServerClient) -> ServerFacts:
         models = client.get_optional_json("/v1/models")
         card = _first_model(models)
         if card is None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import secrets
 import threading
@@ -47,9 +46,10 @@ from eagle_synth.payload import (
     pack_item,
     unpack_item,
 )
-from eagle_synth.processes import holder_dead, holder_id
+from eagle_synth.processes import holder_alive, holder_id
 from eagle_synth.records import Record
 from eagle_synth.sampling import SamplingParams
+from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, CampaignSettings, campaign_names
 from eagle_synth.state.conversation_store import (
     BATCH_FIELD_PREFIX,
@@ -77,7 +77,7 @@ HUNGRY_WAIT = 0.25
 # Seconds the background thread sleeps when there is nothing to do.
 LOOP_TICK = 0.2
 # Seconds between sweeps for entries of dead processes (and this process's own lost ones).
-SWEEP_INTERVAL = float(os.environ.get("EAGLE_SYNTH_FOLLOWUP_SWEEP", "10"))
+SWEEP_INTERVAL = TIMINGS.followup_sweep
 # Seconds this process's liveness key lives without renewal (as a batch lease does).
 OWNER_TTL = LEASE_TTL
 # Renders sent to the pool per call (amortizes the round trip to a process).
@@ -92,11 +92,13 @@ COUNT_TIMEOUT = 120.0
 
 @dataclass(slots=True)
 class _Pending:
-    """A follow-up this process holds in memory while it moves through render, ready, form."""
+    """A follow-up this process holds in memory while it moves through render, ready, form:
+    `data` as its outbox entry stores it, `item` its prompt item (unpacked once, not per step)."""
 
     campaign: str
     key: str
     data: dict
+    item: PromptItem
     attempts: int = 0
     since: float = field(default_factory=time.monotonic)
 
@@ -275,15 +277,16 @@ class FollowUps:
                 )
                 continue
             following = turn_key(state.key, item.turn + 1)
+            parent = replace(item, ids=[])
             data = {
                 "s": "render",
                 "sampling": payload.sampling,
-                "item": pack_item(replace(item, ids=[])),
+                "item": pack_item(parent),
                 "out": pack_ids(record.output_ids),
                 "finish": record.finish_reason,
                 "matched": record.finish_matched,
             }
-            follow[following] = _Pending(campaign=campaign.name, key=following, data=data)
+            follow[following] = _Pending(campaign=campaign.name, key=following, data=data, item=parent)
             entries.append((record.key, FOLLOW, following, msgpack.packb(data, use_bin_type=True)))
         with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
             for pending in follow.values():
@@ -418,7 +421,7 @@ class FollowUps:
         chunks = [group[start : start + RENDER_CHUNK] for start in range(0, len(group), RENDER_CHUNK)]
         for index, chunk in enumerate(chunks):
             try:
-                future = renderer.submit([_render_job(p.data, settings) for p in chunk])
+                future = renderer.submit([_render_job(p, settings) for p in chunk])
             except Exception as exc:  # the pool broke: a new one at the next tick
                 log.warning("renderer unusable (%s: %s); starting a new one", type(exc).__name__, exc)
                 self._drop_renderer(settings)
@@ -463,14 +466,14 @@ class FollowUps:
             settings = self._campaign_settings(name)
             entries, ready = [], {}
             for pending, result in results:
-                parent = unpack_item(pending.data["item"])
+                parent = pending.item
                 state = ConversationState.from_dict(parent.conversation or {})
                 if result[0] == "ready":
                     item = self._next_item(
                         parent, ids=cast(list, result[1]), state=cast(dict, result[2]), settings=settings
                     )
                     data = {"s": "ready", "sampling": pending.data["sampling"], "item": pack_item(item)}
-                    ready[pending.key] = _Pending(campaign=name, key=pending.key, data=data)
+                    ready[pending.key] = _Pending(campaign=name, key=pending.key, data=data, item=item)
                     entries.append((pending.key, "ready", state.key, msgpack.packb(data, use_bin_type=True)))
                 else:
                     entries.append(
@@ -532,7 +535,7 @@ class FollowUps:
             pendings = sorted(members.values(), key=lambda p: p.since)
             while pendings and (len(pendings) >= FOLLOWUP_BATCH_SIZE or now - pendings[0].since >= wait):
                 chunk = pendings[:FOLLOWUP_BATCH_SIZE]
-                items = [unpack_item(p.data["item"]) for p in chunk]
+                items = [p.item for p in chunk]
                 payload = TaskPayload(
                     campaign=name,
                     batch=batch_id([i.key for i in items]),
@@ -618,7 +621,7 @@ class FollowUps:
         if blob is None:
             return
         data = msgpack.unpackb(blob, raw=False)
-        pending = _Pending(campaign=name, key=entry, data=data)
+        pending = _Pending(campaign=name, key=entry, data=data, item=unpack_item(data["item"]))
         with self._lock:
             if data["s"] == "render":
                 self._rendering[(name, entry)] = pending
@@ -627,9 +630,7 @@ class FollowUps:
                 self._ready.setdefault((name, _group_of(data)), {})[entry] = pending
 
     def _owner_dead(self, owner: str) -> bool:
-        if owner != self.owner and holder_dead(owner):
-            return True
-        return not self.client.exists(followup_owner(owner))
+        return owner != self.owner and not holder_alive(self.client, owner, followup_owner(owner))
 
 
 def _group_of(data: dict) -> str:
@@ -637,10 +638,10 @@ def _group_of(data: dict) -> str:
     return json.dumps(data["sampling"], sort_keys=True)
 
 
-def _render_job(data: dict, settings: CampaignSettings) -> dict:
-    parent = unpack_item(data["item"])
+def _render_job(pending: _Pending, settings: CampaignSettings) -> dict:
+    data = pending.data
     return {
-        "state": parent.conversation,
+        "state": pending.item.conversation,
         "output_ids": unpack_ids(data["out"]),
         "finish_reason": data["finish"],
         "matched": data["matched"],
