@@ -27,7 +27,14 @@ RUN_TIMEOUT = 3600.0
 
 def _one(stack: Stack, url: str, redis_url: str, name: str, records: int, env: dict[str, str]) -> dict:
     rows = write_rows(stack.dir / f"{name}.jsonl", records // SAMPLES_PER_ROW, seed=26)
-    enqueue_backlog(redis_url, rows, name, max_new_tokens=64, samples=SAMPLES_PER_ROW)
+    # Enqueued while the worker drains: the producer's backlog cap (200k prompts) would stop a
+    # 1M backlog enqueued beforehand.
+    producer = threading.Thread(
+        target=enqueue_backlog,
+        args=(redis_url, rows, name),
+        kwargs={"max_new_tokens": 64, "samples": SAMPLES_PER_ROW},
+        daemon=True,
+    )
     import os
 
     saved = {k: os.environ.get(k) for k in env}
@@ -52,6 +59,7 @@ def _one(stack: Stack, url: str, redis_url: str, name: str, records: int, env: d
             stop.wait(1.0)
 
     thread = threading.Thread(target=sample, daemon=True)
+    producer.start()
     thread.start()
     started = time.perf_counter()
     try:
@@ -59,6 +67,7 @@ def _one(stack: Stack, url: str, redis_url: str, name: str, records: int, env: d
     finally:
         stop.set()
         thread.join()
+        producer.join(timeout=60)
     wall = time.perf_counter() - started
     stack.stop_worker(worker)
     if not samples:
