@@ -6,13 +6,14 @@ memory freed in one arena is reused only by the threads that land on it; a worke
 threads (128 by default) decode payloads and encode records in turn, so freed blocks scatter
 over many arenas. Capping them took 35 MiB (21 %) off RSS after 100k records.
 
-Threads: the rest of the growth after warm-up (Python's heap flat under tracemalloc) was the
-thread pool itself. Celery's ThreadPoolExecutor starts a thread only when a task finds none
+Threads: most of the growth after warm-up over 100k records (Python's heap flat under
+tracemalloc) was the thread pool itself. Celery's ThreadPoolExecutor starts a thread only when a task finds none
 idle, so the pool reached its limit over the run: /proc smaps showed 52 new thread stacks
 (8 MiB mappings, ~0.3 MiB resident each) appear at 40k of 100k records, with RSS. Started up
 front they are part of warm-up. Measured (benchmarks/worker_memory.py, 100k records, 128 batch
 threads, arenas capped, process tree RSS from 20 % of the records to the end): 1.16x before
-(158 -> 183 MiB), 1.04x after (178 -> 185 MiB).
+(158 -> 183 MiB), 1.04x after (178 -> 185 MiB). Over 1M records RSS still grows 1.17x, slowing,
+in the second arena (BENCHMARKS.md, targets missed).
 """
 
 from __future__ import annotations
