@@ -115,6 +115,9 @@ def _on_ready(sender: Any = None, **_: object) -> None:
     # Conversations' next turns held by a dead worker process are adopted even by a worker
     # that has no batch yet (the queue may be empty precisely because they wait).
     _get_runtime(getattr(sender, "hostname", None) or "eagle-synth@unknown").followups.start()
+    from workers.memory import start_pool_threads
+
+    start_pool_threads(getattr(sender, "pool", None))  # RSS flat after warm-up: see its docstring
 
 
 @worker_shutdown.connect
