@@ -10,9 +10,7 @@ from workers.batch import BatchRunner
 
 def test_ids_outside_the_vocabulary_are_failed_and_never_kept() -> None:
     failed: list[tuple[str, str, str]] = []
-    runner = SimpleNamespace(
-        _fail=lambda campaign, payload, item, reason, message, outcome: failed.append((item.key, reason, message))
-    )
+    run = SimpleNamespace(fail=lambda item, reason, message: failed.append((item.key, reason, message)))
     items = [
         PromptItem(key="ok", row_id="r0", sample=0, ids=[0, 5, 9]),
         PromptItem(key="high", row_id="r1", sample=0, ids=[1, 10, 2]),
@@ -20,7 +18,7 @@ def test_ids_outside_the_vocabulary_are_failed_and_never_kept() -> None:
         PromptItem(key="empty", row_id="r3", sample=0, ids=[]),
     ]
 
-    kept = BatchRunner._drop_invalid(runner, None, None, SimpleNamespace(vocab_size=10), items, None)
+    kept = BatchRunner._drop_invalid(None, run, SimpleNamespace(vocab_size=10), items)  # type: ignore[arg-type]
 
     assert [item.key for item in kept] == ["ok"]
     assert failed == [

@@ -9,31 +9,14 @@ the process with a traceback that no command can catch.
 from __future__ import annotations
 
 import signal
-import threading
 from typing import Any
 
-# A Ctrl-C that came before a command could handle it.
-_pending_interrupt = False
-
-
-def _note_interrupt(signum: int, frame: object) -> None:
-    global _pending_interrupt
-    _pending_interrupt = True
-
-
-def arm_interrupts() -> None:
-    """Ctrl-C raises KeyboardInterrupt again from here on; at once if one came while it waited."""
-    global _pending_interrupt
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if _pending_interrupt:
-        _pending_interrupt = False
-        raise KeyboardInterrupt
+from eagle_synth.cli.interrupts import note_interrupt
 
 
 def main() -> None:
     """The `eagle-synth` entry point."""
-    signal.signal(signal.SIGINT, _note_interrupt)
+    signal.signal(signal.SIGINT, note_interrupt)
     from eagle_synth.cli.commands import run
 
     run()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from eagle_synth.cli import arm_interrupts
+from eagle_synth.cli.interrupts import arm_interrupts
 from eagle_synth.cli.options import (
     INTERRUPTED_EXIT,
     CampaignArg,

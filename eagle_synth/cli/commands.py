@@ -16,7 +16,8 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from eagle_synth.cli import arm_interrupts, campaign, ops, records, worker
+from eagle_synth.cli import campaign, ops, records, worker
+from eagle_synth.cli.interrupts import arm_interrupts
 from eagle_synth.cli.options import HELP_MARKUP_MODE, INTERRUPTED_EXIT, fail, print_error
 from eagle_synth.errors import USER_ERROR_EXIT, UserError, clause
 
