@@ -46,6 +46,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from eagle_synth import reasons
 from eagle_synth.payload import KEY_HEX_DIGITS
 from eagle_synth.regeneration import regeneration_points
 from eagle_synth.toolcalls import ParsedAnswer, parse_tool_calls
@@ -64,7 +65,7 @@ from eagle_synth.toolcalls.pairing import (
 END_COMPLETE = "complete"  # every user turn (up to --max-turns) was answered
 END_MAX_TURNS = "max-turns"  # --max-turns was reached with user turns left
 END_TRUNCATED = "truncated"  # a turn ended on max_new_tokens; its record is kept
-END_PROMPT_TOO_LONG = "prompt-too-long"  # the next turn's prompt is over --max-prompt-tokens
+END_PROMPT_TOO_LONG = reasons.PROMPT_TOO_LONG  # the next turn's prompt is over --max-prompt-tokens
 END_TEMPLATE_ERROR = "template-error"  # the chat template rejected the next turn
 # ... and, in rows with tools, the model departing from the dataset's step (pairing.py's slugs).
 END_REASONS = (

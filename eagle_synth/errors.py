@@ -11,18 +11,25 @@ not of CLI flags. Any other exception is a bug or an outage and keeps its traceb
     │   ├── CampaignNotFound             (errors; also a KeyError)
     │   ├── CampaignMismatch, BadCampaignName             (state/campaign.py)
     │   ├── CampaignNotClosable, StateFileUnavailable     (state/campaign_archive.py)
-    │   ├── EvictingRedisError           (state/redis_policy.py)
-    │   ├── VolatileRedisError           (state/redis_persistence.py)
+    │   ├── EvictingRedisError, VolatileRedisError        (state/redis_policy.py, redis_persistence.py)
     │   ├── NotACampaignFolder, RecordFilesVanished       (records.py)
-    │   ├── SamplingError, SettingsError, TemplateError   (sampling, settings, templating)
+    │   ├── SamplingError, SettingsError, TemplateError, VariantsError, ToolFormatError
     │   ├── InputError, StrictModeError  (producer/sources.py, producer/enqueue.py)
-    │   ├── ConfigError, PreflightError  (workers/config.py, workers/preflight.py)
+    │   ├── ConfigError, PreflightError  (workers/config.py, workers/backends/base.py)
     │   └── VocabError, VerifyError, ExportError, CompactBusy, InspectError,
     │       FlowerAuthError, FlowerPortInUse                (eagle_synth/tools/)
-    ├── RecordFormatError                (records.py: a damaged or unknown record file)
-    ├── LeaseLost                        (state/fence.py: a fenced write found its lease gone)
-    ├── ClaimLeaseLost                   (state/claims.py: the same, when claiming keys)
-    └── TokenizerUnavailable             (state/tokenizer_store.py)
+    ├── RecordFormatError, PayloadError  (a damaged or unknown record file or task payload)
+    ├── RowError                         (producer/rows.py: one input row; the row is skipped, counted)
+    ├── Malformed                        (toolcalls/answer.py: a tool call the parser cannot read)
+    ├── LeaseLost, ClaimLeaseLost        (state/fence.py, claims.py: a fenced write found its lease gone)
+    ├── TokenizerUnavailable             (state/tokenizer_store.py)
+    ├── ClientError                      (workers/client.py: one request to a server)
+    │   ├── BadRequest → BadSamplingParams → SamplingOverridden, UntranslatableSampling
+    │   ├── ServerDown
+    │   └── TransientError → BadResponse (workers/replies.py)
+    ├── PromptMismatch, RendererMismatch (workers: the server or renderer changed the prompt ids)
+    ├── Requeue, CampaignMissing, BatchBusy, DiskUnavailable   (workers: a batch's endings)
+    └── ProtocolError → FieldError, ModelNotFound; QueueFullError   (devserver/: its refusals)
 
 Each subclass also derives from the builtin it stands for (ValueError, FileNotFoundError...)
 where callers catch that.

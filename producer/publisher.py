@@ -18,7 +18,8 @@ from celery import Celery
 from eagle_synth.payload import PromptItem, TaskPayload, batch_id
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.queue import send_payload
-from eagle_synth.state.campaign import RECORD_DAMAGED, Campaign
+from eagle_synth.reasons import RECORD_DAMAGED
+from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.outbox import chunk_field
 from eagle_synth.state.redis_client import text
 

@@ -25,6 +25,7 @@ from celery import Task, bootsteps
 from celery.exceptions import Reject, Retry
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
+from eagle_synth import reasons
 from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
 from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.settings import TIMINGS, broker_settings
@@ -184,11 +185,11 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
         )
         try:
             failed = _get_runtime(node).runner.fail_unfinished(
-                batch, reason="worker-error", message=f"{type(exc).__name__}: {exc}"
+                batch, reason=reasons.WORKER_ERROR, message=f"{type(exc).__name__}: {exc}"
             )
         except Exception as record_exc:
             raise Reject(f"could not record failures: {record_exc}", requeue=True) from exc
-        return {"written": 0, "failed": {"worker-error": failed}}
+        return {"written": 0, "failed": {reasons.WORKER_ERROR: failed}}
     log.info(
         "batch %s: %d written, %d already done, %d adopted, failed %s, %d repaired",
         batch.batch,

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import redis
 
+from eagle_synth import reasons
 from eagle_synth.errors import EagleSynthError
 from eagle_synth.manifest import build_manifest
 from eagle_synth.model_identity import output_id_bound
@@ -77,8 +78,6 @@ from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
 from workers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.replies import (
-    BAD_RESPONSE_REASON,
-    PROMPT_MISMATCH_REASON,
     BadResponse,
     GeneratedItem,
     PromptMismatch,
@@ -104,7 +103,6 @@ WAIT_SLICE = 0.5
 # Words of SGLang's 400s for a prompt over the context length (tokenizer manager, scheduler).
 CONTEXT_MESSAGES = ("context length", "maximum allowed length")
 # Reason recorded when the server refuses the campaign's sampling parameters.
-BAD_SAMPLING_REASON = "bad-sampling-params"
 # Share of the soft-shutdown timeout a batch keeps working after SIGTERM before it requeues.
 SHUTDOWN_GRACE_SHARE = 0.8
 
@@ -135,7 +133,7 @@ class BatchOutcome:
 
 
 def classify_bad_request(message: str) -> str:
-    return "prompt-too-long" if any(words in message for words in CONTEXT_MESSAGES) else "bad-request"
+    return reasons.PROMPT_TOO_LONG if any(words in message for words in CONTEXT_MESSAGES) else reasons.BAD_REQUEST
 
 
 def server_capacity(state: ServerState | None) -> int | None:
@@ -272,14 +270,14 @@ class _Run:
                     sampling=self.sent[item.key],
                 )
             except PromptMismatch as exc:
-                self.fail(item, PROMPT_MISMATCH_REASON, str(exc))
+                self.fail(item, reasons.PROMPT_MISMATCH, str(exc))
                 return
             except (TransientError, BadSamplingParams) as exc:  # BadSamplingParams: SamplingOverridden
                 error = exc
             else:
                 runner._report_ok(url)
                 if reply.aborted:
-                    self.retry(item, "aborted", "the server aborted this prompt")
+                    self.retry(item, reasons.ABORTED, "the server aborted this prompt")
                     return
                 runner._note_server(self.campaign, url)
                 if not self.records:
@@ -297,7 +295,9 @@ class _Run:
                 raise Requeue(f"server {url} is down: {error}")
             send(item)  # another server takes it; the prompt did nothing wrong
         else:
-            self.retry(item, BAD_RESPONSE_REASON if isinstance(error, BadResponse) else "server-error", str(error))
+            self.retry(
+                item, reasons.BAD_RESPONSE if isinstance(error, BadResponse) else reasons.SERVER_ERROR, str(error)
+            )
 
     def refuse_sampling(self, item: PromptItem, error: BadSamplingParams) -> None:
         """The server refuses the campaign's sampling parameters: every prompt would get the same
@@ -309,13 +309,13 @@ class _Run:
             name,
             error,
             name,
-            BAD_SAMPLING_REASON,
+            reasons.BAD_SAMPLING_PARAMS,
         )
         # Prompts not sent yet are withdrawn; those already sent are settled as they answer.
         others = [self.pending.pop(future) for future in list(self.pending) if future.cancel()]
         others += [entry[2] for entry in self.retries]
         self.retries.clear()
-        self.fail_all([item, *others], BAD_SAMPLING_REASON, str(error))
+        self.fail_all([item, *others], reasons.BAD_SAMPLING_PARAMS, str(error))
 
     def record(self, url: str, item: PromptItem, reply: GeneratedItem, *, backend: str) -> Record:
         return Record(
@@ -493,14 +493,14 @@ class BatchRunner:
         try:
             settings = self._campaign_settings(campaign)
         except CampaignMissing as exc:
-            run.fail_all(items, "campaign-settings-missing", str(exc))
+            run.fail_all(items, reasons.CAMPAIGN_SETTINGS_MISSING, str(exc))
             return
         if any(item.conversation for item in items):
             try:
                 self.followups.prepare(campaign, settings)
             except TokenizerUnavailable as exc:
                 # No GPU time for turns whose next turn could not be rendered here.
-                run.fail_all(items, "tokenizer-unavailable", str(exc))
+                run.fail_all(items, reasons.TOKENIZER_UNAVAILABLE, str(exc))
                 return
         items = self._drop_invalid(run, settings, items)
         if not items:
@@ -579,11 +579,13 @@ class BatchRunner:
         good = []
         for item in items:
             if not item.ids:
-                run.fail(item, "empty-prompt", "the prompt has no ids")
+                run.fail(item, reasons.EMPTY_PROMPT, "the prompt has no ids")
             # min/max run in C; the culprit is looked for only when there is one.
             elif min(item.ids) < 0 or max(item.ids) >= vocab:
                 bad = next(i for i in item.ids if i < 0 or i >= vocab)
-                run.fail(item, "invalid-token-id", f"id {bad} is outside the vocabulary (size {vocab}); never sent")
+                run.fail(
+                    item, reasons.INVALID_TOKEN_ID, f"id {bad} is outside the vocabulary (size {vocab}); never sent"
+                )
             else:
                 good.append(item)
         return good
@@ -629,7 +631,7 @@ class BatchRunner:
             except UntranslatableSampling as exc:
                 error = UntranslatableSampling(f"server {url} ({state.backend}): {exc}")
                 log.error("campaign %s: %s", run.campaign.name, error)
-                return run.fail_all(items, BAD_SAMPLING_REASON, str(error))
+                return run.fail_all(items, reasons.BAD_SAMPLING_PARAMS, str(error))
         return items
 
     def _drop_too_long(self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]) -> list[PromptItem]:
@@ -647,7 +649,7 @@ class BatchRunner:
                 None,
             )
             if problem is not None:
-                run.fail(item, "prompt-too-long", problem)
+                run.fail(item, reasons.PROMPT_TOO_LONG, problem)
             else:
                 good.append(item)
         return good

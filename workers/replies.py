@@ -28,8 +28,6 @@ from eagle_synth.errors import EagleSynthError
 from workers.client import BadSamplingParams, TransientError
 
 # Failure reasons recorded for prompts whose replies never became usable.
-BAD_RESPONSE_REASON = "bad-response"
-PROMPT_MISMATCH_REASON = "prompt-mismatch"
 # finish_reason types SGLang reports; anything else is a shape we do not know how to record.
 FINISH_TYPES = frozenset({"stop", "length", "abort"})
 # Longest excerpt of a bad value quoted in an error message.

@@ -345,7 +345,7 @@ def retry_failed(
 ) -> None:
     """Enqueue a campaign's failed prompts again."""
     from eagle_synth.queue import make_celery
-    from eagle_synth.state.campaign import RECORD_DAMAGED
+    from eagle_synth.reasons import RECORD_DAMAGED
     from producer.retry import retry_failed as run_retry
 
     settings = broker_settings(redis_url=redis)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle_synth.errors import EagleSynthError
 from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
 
 # Keys SGLang's SamplingParams accepts; anything else is a TypeError in the real server.
@@ -81,7 +82,7 @@ class ServerRules:
         return self.effective_max_req_len - INPUT_CAP_MARGIN
 
 
-class ProtocolError(Exception):
+class ProtocolError(EagleSynthError):
     """A request the real server refuses; `status` is the HTTP status it would answer."""
 
     def __init__(self, message: str, *, status: int) -> None:

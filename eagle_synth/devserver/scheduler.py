@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from eagle_synth.errors import EagleSynthError
+
 # Outcomes a waiting handler can find on its job.
 PENDING = "pending"
 FINISHED = "finished"
@@ -24,7 +26,7 @@ ABORTED_RUNNING = "aborted_running"
 KILLED = "killed"
 
 
-class QueueFullError(Exception):
+class QueueFullError(EagleSynthError):
     """More prompts would wait than --max-queued-requests allows."""
 
 

@@ -147,7 +147,6 @@ class CampaignSettings:
 
 # Failure reason of a done prompt whose record file is damaged and whose prompt is unknown
 # (`repair` records it; a rerun of the campaign's enqueue replays it).
-RECORD_DAMAGED = "record-damaged"
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ import zstandard
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.ids import pack_ids
 from eagle_synth.payload import PromptItem, prompt_key
+from eagle_synth.reasons import RECORD_DAMAGED
 from eagle_synth.records import (
     FORMAT_NAME,
     READABLE_VERSIONS,
@@ -48,7 +49,7 @@ from eagle_synth.records import (
     records_dir,
     scan_campaign,
 )
-from eagle_synth.state.campaign import RECORD_DAMAGED, Campaign, Failure
+from eagle_synth.state.campaign import Campaign, Failure
 
 # Folder (inside the campaign folder, beside records/) that damaged files are moved into.
 DAMAGED_DIR = "damaged"
