@@ -283,6 +283,37 @@ class HealthGateStep(bootsteps.StartStopStep):
             self.gate.stop()
 
 
+class StopDeadlineStep(bootsteps.StartStopStep):
+    """Worker step: once the worker begins to stop, by a signal or by an error, batches wind down
+    (STOPPING) and the process ends within the soft-shutdown timeout plus STOP_DEADLINE_MARGIN
+    seconds whatever still holds it, with
+    the worker's exit code (0 when stopped; 1 after kombu's "Unrecoverable error", which the
+    supervisor restarts). Without it a stop after a Redis restart could hang with no exit, and
+    a supervisor restarts only a process that ended.
+    """
+
+    requires = {"celery.worker.components:Pool"}
+
+    def stop(self, w: Any) -> None:
+        STOPPING.set()
+        deadline = broker_settings().soft_shutdown_timeout + STOP_DEADLINE_MARGIN
+
+        def end() -> None:
+            code = w.exitcode if isinstance(w.exitcode, int) else 1
+            log.error("the worker did not finish stopping in %d s; ending it (exit code %d)", deadline, code)
+            logging.shutdown()
+            os._exit(code)
+
+        timer = threading.Timer(deadline, end)
+        timer.daemon = True
+        timer.start()
+
+
+# Seconds past the soft-shutdown timeout (the time batches have to finish or requeue) a
+# stopping worker process may take to close its connections before StopDeadlineStep ends it.
+STOP_DEADLINE_MARGIN = 30
+
+app.steps["worker"].add(StopDeadlineStep)
 app.steps["consumer"].add(HealthGateStep)
 app.steps["consumer"].add(ReaperStep)
 app.steps["consumer"].add(ReconcilerStep)
