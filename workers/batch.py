@@ -105,6 +105,12 @@ CONTEXT_MESSAGES = ("context length", "maximum allowed length")
 # Reason recorded when the server refuses the campaign's sampling parameters.
 # Share of the soft-shutdown timeout a batch keeps working after SIGTERM before it requeues.
 SHUTDOWN_GRACE_SHARE = 0.8
+# Seconds between tries of a mark that Redis could not take (restarting, loading its data). The
+# records are on disk: giving the batch up here would let another host redo them, a double.
+MARK_RETRY_DELAY = 1.0
+# Redis errors after which a mark is tried again; marking is idempotent (a key done twice
+# counts once), so a transaction that did apply before its reply was lost is safe to repeat.
+REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError)
 
 
 class Requeue(EagleSynthError):
@@ -345,9 +351,23 @@ class _Run:
 
     # writing ------------------------------------------------------------------------
     def mark(self, records: list[Record]) -> None:
-        """Mark records on disk done (fenced); a conversation's turn also stores its next turn
-        in the same step (workers/followups.py)."""
-        self.runner.followups.commit(self.campaign, self.payload, records, fence=self.outcome.fence)
+        """Mark records on disk done (fenced), waiting for Redis if it is down; a conversation's
+        turn also stores its next turn in the same step (workers/followups.py)."""
+        while True:
+            try:
+                self.runner.followups.commit(self.campaign, self.payload, records, fence=self.outcome.fence)
+                return
+            except REDIS_UNAVAILABLE as exc:
+                if self.runner.stopping.is_set():
+                    raise
+                log.warning(
+                    "batch %s: Redis did not take the mark of %d records (%s); trying again in %g s",
+                    self.payload.batch,
+                    len(records),
+                    exc,
+                    MARK_RETRY_DELAY,
+                )
+                time.sleep(MARK_RETRY_DELAY)
 
     def commit(self) -> None:
         """Write the uncommitted records to one file, then mark them done."""
