@@ -151,7 +151,7 @@ class DevServerApp:
             max_queued=c.max_queued_requests,
             token_latency=c.token_latency,
             prefill_latency=c.prefill_latency,
-            on_done=lambda job, held: self.stats.slot_released(held),
+            on_done=lambda job, held: self.stats.add(busy_slot_seconds=held),
             on_load=self.stats.load,
         )
         self.dead = False

@@ -16,7 +16,7 @@ import itertools
 import json
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -173,10 +173,6 @@ def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(s, str) for s in value)
 
 
-def _as_bool(value: Any) -> bool:
-    return bool(value)
-
-
 # SamplingParams keys with a type: key -> (msgspec's name of the type, check, conversion).
 # Other known keys (grammars, logit_bias, ...) are kept as `extra`.
 TYPED_KEYS: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] = {
@@ -185,7 +181,7 @@ TYPED_KEYS: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] =
         ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"),
         ("float", _is_number, float),
     ),
-    **dict.fromkeys(("ignore_eos", "skip_special_tokens", "no_stop_trim"), ("bool", lambda v: True, _as_bool)),
+    **dict.fromkeys(("ignore_eos", "skip_special_tokens", "no_stop_trim"), ("bool", lambda v: True, bool)),
     "stop": (
         "str | array[str]",
         lambda v: isinstance(v, str) or _is_str_list(v),
@@ -195,30 +191,41 @@ TYPED_KEYS: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] =
 }
 # How msgspec names JSON types in its errors (int, float, str, bool: as Python names them).
 _JSON_TYPE_NAMES = {"list": "array", "dict": "object", "NoneType": "null"}
-# SGLang's SamplingParams.verify(): (value is out of range, its 400 message).
-RANGE_CHECKS: tuple[tuple[Callable[[SamplingParams], bool], str], ...] = (
-    (lambda p: p.temperature < 0.0, "temperature must be non-negative, got {p.temperature}."),
-    (lambda p: not 0.0 < p.top_p <= 1.0, "top_p must be in (0, 1], got {p.top_p}."),
-    (lambda p: not 0.0 <= p.min_p <= 1.0, "min_p must be in [0, 1], got {p.min_p}."),
-    (lambda p: p.top_k < 1 and p.top_k != -1, "top_k must be -1 (disable), or at least 1, got {p.top_k}."),
-    *(
-        (lambda p, k=k: not -2.0 <= getattr(p, k) <= 2.0, f"{k} must be in [-2, 2], got {{p.{k}}}.")
-        for k in ("frequency_penalty", "presence_penalty")
-    ),
-    (
-        lambda p: not 0.0 <= p.repetition_penalty <= 2.0,
-        "repetition_penalty must be in [0, 2], got {p.repetition_penalty}.",
-    ),
-    (
-        lambda p: p.max_new_tokens is not None and p.max_new_tokens < 0,
-        "max_new_tokens must be at least 0, got {p.max_new_tokens}.",
-    ),
-    (
-        lambda p: p.min_new_tokens < 0 or (p.max_new_tokens is not None and p.min_new_tokens > p.max_new_tokens),
-        "min_new_tokens must be in [0, max_new_tokens({p.max_new_tokens})], got {p.min_new_tokens}.",
-    ),
-    (lambda p: p.n < 1, "n must be at least 1, got {p.n}."),
-)
+
+
+def refuse_first(checks: Iterable[tuple[bool, str]]) -> None:
+    """A 400 with the message of the first check that failed (a (failed, message) pair)."""
+    message = next((message for failed, message in checks if failed), None)
+    if message is not None:
+        raise ProtocolError(message)
+
+
+def _verify(p: SamplingParams) -> None:
+    """SGLang's SamplingParams.verify()."""
+    max_new, min_new = p.max_new_tokens, p.min_new_tokens
+    refuse_first(
+        (
+            (p.temperature < 0.0, f"temperature must be non-negative, got {p.temperature}."),
+            (not 0.0 < p.top_p <= 1.0, f"top_p must be in (0, 1], got {p.top_p}."),
+            (not 0.0 <= p.min_p <= 1.0, f"min_p must be in [0, 1], got {p.min_p}."),
+            (p.top_k < 1 and p.top_k != -1, f"top_k must be -1 (disable), or at least 1, got {p.top_k}."),
+            (
+                not -2.0 <= p.frequency_penalty <= 2.0,
+                f"frequency_penalty must be in [-2, 2], got {p.frequency_penalty}.",
+            ),
+            (not -2.0 <= p.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {p.presence_penalty}."),
+            (
+                not 0.0 <= p.repetition_penalty <= 2.0,
+                f"repetition_penalty must be in [0, 2], got {p.repetition_penalty}.",
+            ),
+            (max_new is not None and max_new < 0, f"max_new_tokens must be at least 0, got {max_new}."),
+            (
+                min_new < 0 or (max_new is not None and min_new > max_new),
+                f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}.",
+            ),
+            (p.n < 1, f"n must be at least 1, got {p.n}."),
+        )
+    )
 
 
 def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingParams:
@@ -250,9 +257,7 @@ def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingP
             raise ProtocolError(f"TypeError: sampling param {key}={value!r} is not {expected}", status=500)
         values[key] = convert(value)
     params = SamplingParams(**values, extra=tuple(sorted(extra)))
-    for out_of_range, message in RANGE_CHECKS:
-        if out_of_range(params):
-            raise ProtocolError(message.format(p=params))
+    _verify(params)
     return params
 
 

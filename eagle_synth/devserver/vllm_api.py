@@ -1,23 +1,8 @@
-"""The emulated vLLM server (`--api vllm`): /v1/completions parsing as vLLM does it, and its endpoints.
-
-From vLLM's source (entrypoints/openai/completion/protocol.py CompletionRequest and serving.py,
-sampling_params.py, renderers/params.py, entrypoints/utils.py):
-
-* the body is a pydantic model: a mistyped field is a 400 naming it at ('body', '<field>');
-  unknown fields are ignored (logged once); `model`, when given, must be the served name (404);
-* `prompt` is token ids (ints >= 0, one list or a list of lists) or text; `max_tokens` is 16
-  when left out; a field left out takes --override-generation-config's value, else OpenAI's
-  default; the override's max_new_tokens caps max_tokens silently;
-* SamplingParams: temperatures in (0, 0.01) are raised to 0.01, range errors are 400s worded
-  "<field> must ...", greedy sampling allows n = 1 only;
-* the prompt plus max_tokens must fit max_model_len (400) and ids must be in the vocabulary
-  (400; SGLang dies on them). vLLM 0.32 (the real CPU build) instead shortens max_tokens to the
-  room the prompt leaves (a 200 ending on `length`) and refuses only a prompt that fills or
-  exceeds the context: `VllmRules.shortens_max_tokens`.
-
-Prompts parse to the SGLang side's PromptRequest/SamplingParams and share the app's generator,
-scheduler, faults and counters, so the same campaign gives the same ids, timing and faults on
-both APIs.
+"""The emulated vLLM server (`--api vllm`): /v1/completions checked as vLLM's source does it
+(entrypoints/openai/completion/protocol.py and serving.py, sampling_params.py,
+renderers/params.py), and its other endpoints; docs/devserver.md lists the rules. Prompts parse
+to the SGLang side's PromptRequest/SamplingParams and share the app's generator, scheduler,
+faults and counters, so the same campaign gives the same ids, timing and faults on both APIs.
 """
 
 from __future__ import annotations
@@ -28,7 +13,6 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, GenerateFate, malform_completion
@@ -39,12 +23,14 @@ from eagle_synth.devserver.protocol import (
     SamplingParams,
     is_int,
     json_reply,
+    refuse_first,
     version_tuple,
 )
 from eagle_synth.devserver.scheduler import ABORTED_RUNNING, ABORTED_WAITING, SlotJob
 
 if TYPE_CHECKING:
     from eagle_synth.devserver.app import DevServerApp
+    from eagle_synth.devserver.config import DevServerConfig
 
 log = logging.getLogger("eagle_synth.devserver")
 
@@ -93,34 +79,6 @@ KNOWN_FIELDS = frozenset(
 ENGINE_ERROR_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 # vLLM's ErrorResponse `type` by HTTP status.
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
-
-
-@dataclass(frozen=True, slots=True)
-class VllmRules:
-    """What a completion request is checked against.
-
-    Parameters:
-        max_model_len: the context length (/v1/models max_model_len).
-        vocab_size: ids at or above it are refused (400).
-        served_model_name: the only `model` accepted.
-        overrides: --override-generation-config's sampling keys (defaults; max_new_tokens a cap).
-        shortens_max_tokens: vLLM 0.32's shortening of max_tokens instead of older vLLM's 400.
-    """
-
-    max_model_len: int
-    vocab_size: int
-    served_model_name: str
-    overrides: dict
-    shortens_max_tokens: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionRequest:
-    """A parsed /v1/completions request: one PromptRequest per choice (n per prompt, prompt-major)."""
-
-    prompts: list[PromptRequest]
-    return_token_ids: bool
-    unknown_fields: tuple[str, ...]
 
 
 def _validation_error(field: str, kind: str, msg: str, value: Any) -> ProtocolError:
@@ -185,15 +143,16 @@ def _verify(p: dict) -> None:
         (any(not s for s in p["stop"]), "stop cannot contain an empty string."),
         (p["temperature"] < SAMPLING_EPS and p["n"] > 1, f"n must be 1 when using greedy sampling, got {p['n']}."),
     )
-    message = next((message for failed, message in checks if failed), None)
-    if message is not None:
-        raise ProtocolError(message)
+    refuse_first(checks)
 
 
-def parse_completion_request(
-    body: Any, *, rules: VllmRules, tokenize: Callable[[str], list[int]] | None
-) -> CompletionRequest:
-    """Parse and validate a /v1/completions body; raises ProtocolError as vLLM would fail."""
+def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int, tokenize) -> list[PromptRequest]:
+    """One PromptRequest per choice (n per prompt, prompt-major) of a /v1/completions body;
+    raises ProtocolError as vLLM would fail. vLLM 0.32 (the real CPU build) shortens max_tokens
+    to the room the prompt leaves and refuses only a prompt that fills the context; older
+    vLLM refuses a prompt + max_tokens above it."""
+    served, overrides = config.effective_served_model_name, config.generation_overrides
+    shortens = version_tuple(config.vllm_version) >= SHORTENS_MAX_TOKENS_FROM
     if not isinstance(body, dict):
         raise ProtocolError("1 validation error for CompletionRequest: Input should be a valid dictionary")
     for fields, valid, expected in TYPE_CHECKS:
@@ -201,7 +160,7 @@ def parse_completion_request(
         if bad is not None:
             raise _field_error(bad, body[bad], expected)
     model = body.get("model")
-    if model is not None and model != rules.served_model_name:
+    if model is not None and model != served:
         raise ProtocolError(f"The model `{model}` does not exist.", status=404, param="model")
     if body.get("stream"):
         raise ProtocolError("The devserver does not support stream=true.")
@@ -210,7 +169,7 @@ def parse_completion_request(
     prompts = _prompts(body, tokenize)
     max_tokens = body.get("max_tokens")
     max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    limit = rules.max_model_len
+    limit = config.effective_context_length
     if max_tokens > limit:
         raise ProtocolError(
             f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output tokens."
@@ -218,7 +177,7 @@ def parse_completion_request(
     stop = body.get("stop")
     params = {
         # user -> server default (generation config, override) -> OpenAI default
-        **{k: body[k] if body.get(k) is not None else rules.overrides.get(k, v) for k, v in OPENAI_DEFAULTS.items()},
+        **{k: body[k] if body.get(k) is not None else overrides.get(k, v) for k, v in OPENAI_DEFAULTS.items()},
         "n": body.get("n") or 1,
         "presence_penalty": body.get("presence_penalty") or 0.0,
         "frequency_penalty": body.get("frequency_penalty") or 0.0,
@@ -236,32 +195,31 @@ def parse_completion_request(
         if not ids:
             raise ProtocolError("The decoder prompt cannot be empty")
         room = limit - len(ids)
-        if rules.shortens_max_tokens and room < 0:
+        if shortens and room < 0:
             raise ProtocolError(
                 f"This model's maximum context length is {limit} tokens. However, your prompt contains {len(ids)} "
                 "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of "
                 f"the input prompt. (parameter=input_tokens, value={len(ids)})",
                 param="input_tokens",
             )
-        if rules.shortens_max_tokens and room == 0:
+        if shortens and room == 0:
             message = "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
             raise ProtocolError(message, param="max_tokens")
-        if room < max_tokens and not rules.shortens_max_tokens:
+        if room < max_tokens and not shortens:
             raise ProtocolError(
                 f"You passed {len(ids)} input tokens and requested {max_tokens} output tokens. However, the model's "
                 f"context length is only {limit} tokens, resulting in a maximum input length of "
                 f"{limit - max_tokens} tokens. Please reduce the length of the input prompt."
             )
-        oov = next((i for i in ids if i >= rules.vocab_size), None)
+        oov = next((i for i in ids if i >= vocab_size), None)
         if oov is not None:
             raise ProtocolError(f"Token id {oov} is out of vocabulary")
         cap = min(max_tokens, room)  # equal to max_tokens unless shortens_max_tokens
-        if rules.overrides.get("max_new_tokens") is not None:
-            cap = min(cap, int(rules.overrides["max_new_tokens"]))  # vLLM's silent ceiling
+        if overrides.get("max_new_tokens") is not None:
+            cap = min(cap, int(overrides["max_new_tokens"]))  # vLLM's silent ceiling
         rid = f"cmpl-{uuid.uuid4().hex}-{index}"
         out.extend(PromptRequest(ids, sampling, cap, rid, rid, j) for j in range(params["n"]))
-    unknown = tuple(sorted(set(body) - KNOWN_FIELDS))
-    return CompletionRequest(prompts=out, return_token_ids=bool(body.get("return_token_ids")), unknown_fields=unknown)
+    return out
 
 
 def _sampling(body: dict, p: dict) -> SamplingParams:
@@ -307,14 +265,6 @@ class VllmApi:
 
     def __init__(self, app: DevServerApp) -> None:
         self.app = app
-        c = app.config
-        self.rules = VllmRules(
-            max_model_len=c.effective_context_length,
-            vocab_size=app.vocab.size,
-            served_model_name=c.effective_served_model_name,
-            overrides=c.generation_overrides,
-            shortens_max_tokens=version_tuple(c.vllm_version) >= SHORTENS_MAX_TOKENS_FROM,
-        )
         self._ignored_logged: set[tuple[str, ...]] = set()
 
     def models(self, body: bytes) -> Reply:
@@ -371,11 +321,11 @@ class VllmApi:
         if not isinstance(prompt, str):
             return error_reply("Field required: ('body', 'prompt')", status=400)
         model = request.get("model")
-        if model is not None and model != self.rules.served_model_name:
+        if model is not None and model != self.app.config.effective_served_model_name:
             return error_reply(f"The model `{model}` does not exist.", status=404, param="model")
         add_special = request.get("add_special_tokens", True) is not False
         tokens = [int(i) for i in self.app.vocab.tokenizer.encode(prompt, add_special_tokens=add_special)]
-        max_model_len = self.rules.max_model_len
+        max_model_len = self.app.config.effective_context_length
         return json_reply({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": None})
 
     def completions(self, body: bytes) -> Reply:
@@ -387,29 +337,32 @@ class VllmApi:
             app.stats.count("injected_failures")
             return error_reply(ENGINE_ERROR_MESSAGE, status=500)
         try:
+            request = json.loads(body)
             tokenize = None if app.config.skip_tokenizer_init else app.vocab.encode
-            req = parse_completion_request(json.loads(body), rules=self.rules, tokenize=tokenize)
+            prompts = parse_completion_request(request, app.config, app.vocab.size, tokenize)
         except (ValueError, ProtocolError) as err:
             app.stats.count("client_errors")
             if isinstance(err, ProtocolError):
                 return error_reply(err.message, status=err.status, param=err.param)
             return error_reply("JSON decode error", status=400)
-        if req.unknown_fields and req.unknown_fields not in self._ignored_logged:
-            self._ignored_logged.add(req.unknown_fields)
-            log.warning("The following fields were present in the request but ignored: %s", set(req.unknown_fields))
-        completions = [app.generator.complete(p) for p in req.prompts]
-        jobs = app.hold_slots(req.prompts, completions)  # vLLM has no queue cap: requests wait
+        unknown = tuple(sorted(set(request) - KNOWN_FIELDS))
+        if unknown and unknown not in self._ignored_logged:
+            self._ignored_logged.add(unknown)
+            log.warning("The following fields were present in the request but ignored: %s", set(unknown))
+        return_token_ids = bool(request.get("return_token_ids"))
+        completions = [app.generator.complete(p) for p in prompts]
+        jobs = app.hold_slots(prompts, completions)  # vLLM has no queue cap: requests wait
         if jobs is None:
             return Reply(drop=True)
-        each = zip(req.prompts, completions, jobs)
-        pairs = [self._choice(i, *choice, req.return_token_ids) for i, choice in enumerate(each)]
+        each = zip(prompts, completions, jobs)
+        pairs = [self._choice(i, *choice, return_token_ids) for i, choice in enumerate(each)]
         choices, completion_tokens = [c for c, _ in pairs], sum(n for _, n in pairs)
-        prompt_tokens = sum(len(p.input_ids) for p in req.prompts if p.sample_index == 0)
+        prompt_tokens = sum(len(p.input_ids) for p in prompts if p.sample_index == 0)
         reply: dict[str, Any] = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": self.rules.served_model_name,
+            "model": app.config.effective_served_model_name,
             "choices": choices,
             "service_tier": None,
             # vLLM 0.32 answers "vllm-<version>-<build hash>"; the rest as the real CPU build does.

@@ -54,31 +54,25 @@ class ModelVocab:
         return cls(tokenizer=tokenizer, vocab_size=vocab_size)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without BOS/EOS."""
+        """Without BOS/EOS."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool) -> str:
-        """Text of `ids`, as SGLang's detokenizer would render it."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def prompt_opens_reasoning(self, prompt_ids: Sequence[int]) -> bool:
         """True when the prompt ends with `<think>` or `<think>` + newline (thinking on)."""
-        if self.think_open_id is None or not prompt_ids:
+        tail = list(prompt_ids[-2:])
+        if self.think_open_id is None or not tail:
             return False
-        if prompt_ids[-1] == self.think_open_id:
-            return True
-        return len(prompt_ids) >= 2 and prompt_ids[-2] == self.think_open_id and prompt_ids[-1] in self.newline_ids
+        return tail[-1] == self.think_open_id or (tail[0] == self.think_open_id and tail[-1] in self.newline_ids)
 
     def _special_id(self, token: str) -> int | None:
         """Id of `token` if the tokenizer really has it (not the unknown-token fallback)."""
         tid = self.tokenizer.convert_tokens_to_ids(token)
-        if tid is None or tid == self.tokenizer.unk_token_id:
-            return None
-        if self.tokenizer.convert_ids_to_tokens(tid) != token:
+        if tid is None or tid == self.tokenizer.unk_token_id or self.tokenizer.convert_ids_to_tokens(tid) != token:
             return None
         return self._in_vocab(tid)
 
     def _in_vocab(self, tid: int | None) -> int | None:
-        if tid is None or not 0 <= tid < self.size:
-            return None
-        return int(tid)
+        return int(tid) if tid is not None and 0 <= tid < self.size else None
