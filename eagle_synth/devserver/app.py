@@ -104,31 +104,27 @@ def internal_error() -> Reply:
     return Reply(status=500, body=b"Internal Server Error", content_type="text/plain")
 
 
-class DevServerApp:
-    """The emulated SGLang server behind HTTP: info, health, /generate, faults, death.
+class DevServer:
+    """One emulated SGLang (or vLLM) server, its endpoints and its lifecycle.
 
-    Behaviour: /generate validates like SGLang (protocol.py), dies on an out-of-vocabulary id,
-    generates deterministic completions (Generator), holds a slot per prompt for the emulated
-    time (SlotScheduler) and answers in SGLang's shape. Health answers 503 until `warmup`
-    seconds after `mark_listening()`; faults come from a seeded FaultPlan. `die()` calls
-    `on_death` (the transport stops listening), then, with config.exit_on_death, exits.
+    Behaviour: `run()` loads the tokenizer, keeps the port closed for `startup_delay` seconds,
+    binds, prints LISTENING_LINE and serves until `stop()` or death, in the calling thread
+    (`run_devserver`) or a daemon thread (`start_devserver_thread`). /generate validates like
+    SGLang (protocol.py), dies on an out-of-vocabulary id, generates deterministic completions
+    (Generator), holds a slot per prompt for the emulated time (SlotScheduler) and answers in
+    SGLang's shape. Health answers 503 for `warmup` seconds after binding; faults come from a
+    seeded FaultPlan. `die()` stops listening, then, with config.exit_on_death, exits.
 
     Parameters:
         config: launch arguments.
-        vocab: the loaded token space.
-        on_death: called once when the server dies, before the process exits.
+        vocab: an already loaded token space (saves the tokenizer load); None loads it in run().
     """
 
-    def __init__(self, *, config: DevServerConfig, vocab: ModelVocab, on_death: Callable[[], None] = lambda: None):
+    def __init__(self, config: DevServerConfig, *, vocab: ModelVocab | None = None) -> None:
         c = self.config = config
-        self.vocab = vocab
-        self.generator = Generator(
-            vocab=vocab,
-            mean_output_tokens=c.mean_output_tokens,
-            seed=c.seed,
-            length_median=c.length_median,
-            length_sigma=c.length_sigma,
-        )
+        self._vocab = vocab
+        self.vocab: ModelVocab
+        self.generator: Generator
         self.cache = PrefixCache()
         self.stats = DevStats()
         self.faults = FaultPlan(
@@ -154,15 +150,17 @@ class DevServerApp:
             on_done=lambda job, held: self.stats.add(busy_slot_seconds=held),
             on_load=self.stats.load,
         )
+        self.port = c.port  # the bound one once `listening` is set
+        self.listening, self.stopped, self.loaded = threading.Event(), threading.Event(), threading.Event()
+        self.error: BaseException | None = None
         self.dead = False
-        self._on_death = on_death
         self._death_lock = threading.Lock()
         self._listening_mono: float | None = None
         self._listening_at: float | None = None
-
-    def mark_listening(self) -> None:
-        """The port is bound: the warm-up clock starts now."""
-        self._listening_mono, self._listening_at = time.monotonic(), time.time()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_requested = threading.Event()
+        self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="devserver")
 
     def healthy(self) -> bool:
         mono = self._listening_mono
@@ -176,7 +174,7 @@ class DevServerApp:
             self.dead = True
         log.error("devserver dying: %s", reason)
         self.scheduler.kill_all()
-        self._on_death()
+        self._request_stop()
         if self.config.exit_on_death:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -361,13 +359,12 @@ class DevServerApp:
             output_ids, finish = output_ids[: job.tokens_done], {"type": "abort", "message": "Aborted"}
         else:
             self.cache.insert(prompt.input_ids + output_ids)
-        aborted = job.outcome in (ABORTED_WAITING, ABORTED_RUNNING)
-        self.stats.prompt_done(output_tokens=len(output_ids), aborted=aborted)
+        self.stats.prompt_done(output_tokens=len(output_ids), aborted=job.aborted)
         matched = finish.get("matched")
         if c.drop_stop_id and finish["type"] == "stop" and isinstance(matched, int) and output_ids[-1:] == [matched]:
             output_ids = output_ids[:-1]
         item: dict[str, Any] = (
-            {} if c.skip_tokenizer_init else {"text": self.text(prompt, completion, output_ids, aborted)}
+            {} if c.skip_tokenizer_init else {"text": self.text(prompt, completion, output_ids, job.aborted)}
         )
         item["output_ids"] = prompt.input_ids[-c.prefix_bug :] + output_ids if c.prefix_bug else output_ids
         item["meta_info"] = {
@@ -376,30 +373,6 @@ class DevServerApp:
             **{"cached_tokens": cached, "e2e_latency": time.monotonic() - received, "weight_version": WEIGHT_VERSION},
         }
         return item
-
-
-class DevServer:
-    """One devserver and its lifecycle: `run()` loads the tokenizer, keeps the port closed for
-    `startup_delay` seconds, binds, prints LISTENING_LINE and serves until `stop()` or death,
-    in the calling thread (`run_devserver`) or a daemon thread (`start_devserver_thread`).
-
-    Parameters:
-        config: launch arguments.
-        vocab: an already loaded token space (saves the tokenizer load); None loads it in run().
-    """
-
-    def __init__(self, config: DevServerConfig, *, vocab: ModelVocab | None = None) -> None:
-        self.config = config
-        self.app: DevServerApp | None = None
-        self.listening = threading.Event()
-        self.stopped = threading.Event()
-        self.error: BaseException | None = None
-        self.port = config.port  # the bound one once `listening` is set
-        self._vocab = vocab
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._stop_requested = threading.Event()
-        self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="devserver")
 
     @property
     def url(self) -> str:
@@ -429,16 +402,24 @@ class DevServer:
             *(c.tokenizer, time.monotonic() - t0, vocab.size, vocab.eos_id, vocab.think_open_id),
             *(vocab.think_close_id, len(vocab.corpus_ids)),
         )
-        app = self.app = DevServerApp(config=c, vocab=vocab, on_death=self._request_stop)
+        self.vocab = vocab
+        self.generator = Generator(
+            vocab=vocab,
+            mean_output_tokens=c.mean_output_tokens,
+            seed=c.seed,
+            length_median=c.length_median,
+            length_sigma=c.length_sigma,
+        )
+        self.loaded.set()
         if c.startup_delay > 0:
             log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), c.startup_delay)
             if self._stop.is_set():
                 return
-        routes, endpoints = (VLLM_ROUTES, VllmApi(app)) if c.api == "vllm" else (ROUTES, app)
+        routes, endpoints = (VLLM_ROUTES, VllmApi(self)) if c.api == "vllm" else (ROUTES, self)
         handlers = {
-            path: (methods.split(), getattr(endpoints, name, None) or getattr(app, name))
+            path: (methods.split(), getattr(endpoints, name, None) or getattr(self, name))
             for path, (methods, name) in routes.items()
         }
         web_app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -453,7 +434,7 @@ class DevServer:
         try:
             await web.TCPSite(runner, c.host, c.port, backlog=LISTEN_BACKLOG, reuse_address=True).start()
             self.port = runner.addresses[0][1]
-            app.mark_listening()
+            self._listening_mono, self._listening_at = time.monotonic(), time.time()  # the warm-up clock starts
             print(LISTENING_LINE.format(host=c.host, port=self.port), flush=True)
             self.listening.set()
             if c.warmup > 0:
@@ -463,9 +444,7 @@ class DevServer:
             await runner.cleanup()
 
     async def _dispatch(self, handlers: dict, request: web.Request) -> web.StreamResponse:
-        app = self.app
-        assert app is not None
-        if app.dead:
+        if self.dead:
             return _drop(request)
         try:
             body = await request.read()
@@ -483,9 +462,9 @@ class DevServer:
             except Exception:
                 log.exception("%s %s failed", request.method, path)
                 reply = internal_error()
-        response = _drop(request) if reply.drop or app.dead else await _send(request, reply)
+        response = _drop(request) if reply.drop or self.dead else await _send(request, reply)
         if reply.die_reason is not None:
-            app.die(reply.die_reason)  # after the reply went out: with exit_on_death it ends the process
+            self.die(reply.die_reason)  # after the reply went out: with exit_on_death it ends the process
         return response
 
     def _request_stop(self) -> None:
@@ -497,8 +476,7 @@ class DevServer:
     def stop(self) -> None:
         """Stop serving (from another thread) and fail whatever is still generating."""
         self._request_stop()
-        if self.app is not None:
-            self.app.scheduler.kill_all()
+        self.scheduler.kill_all()
         self.stopped.wait(timeout=10)
 
 
@@ -565,5 +543,5 @@ def wait_listening(server: DevServer, *, timeout: float) -> None:
         raise TimeoutError(f"devserver did not listen within {timeout}s")
     if server.error is not None:
         raise RuntimeError("devserver failed to start") from server.error
-    if server.stopped.is_set() and server.app is None:
+    if server.stopped.is_set() and not server.loaded.is_set():
         raise RuntimeError("devserver stopped before listening")

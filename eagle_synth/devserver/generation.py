@@ -9,6 +9,7 @@ offers tools gets a tool call as its answer (see toolcalls.py).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -92,17 +93,14 @@ class Generator:
         if isinstance(matched, int) and not params.no_stop_trim and ids:
             ids = ids[:-1]
         text = self.vocab.decode(ids, skip_special_tokens=params.skip_special_tokens)
-        if isinstance(matched, str) and not params.no_stop_trim:
-            cut = text.find(matched)
-            if cut >= 0:
-                text = text[:cut]
+        if isinstance(matched, str) and not params.no_stop_trim and matched in text:
+            text = text[: text.find(matched)]
         return text
 
     def _tool_call_ids(self, prompt: PromptRequest, seed: int) -> list[int] | None:
         """The ids of the tool call answering this prompt, or None to answer in words."""
-        if self.tool_caller is None:
-            return None
-        text = self.tool_caller.call_text(prompt.input_ids, random.Random(seed ^ TOOL_ARGUMENTS_SALT))
+        rng = random.Random(seed ^ TOOL_ARGUMENTS_SALT)
+        text = self.tool_caller.call_text(prompt.input_ids, rng) if self.tool_caller is not None else None
         if text is None:
             return None
         ids = self.vocab.encode(text)
@@ -196,11 +194,5 @@ class Generator:
             return out, finish
         # Containment only grows with the prefix, so the first completing token is found by
         # bisection instead of decoding every prefix.
-        lo, hi = 1, len(out)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if first_match(out[:mid]) is None:
-                lo = mid + 1
-            else:
-                hi = mid
-        return out[:lo], {"type": "stop", "matched": first_match(out[:lo])}
+        end = 1 + bisect.bisect_left(range(1, len(out)), True, key=lambda n: first_match(out[:n]) is not None)
+        return out[:end], {"type": "stop", "matched": first_match(out[:end])}

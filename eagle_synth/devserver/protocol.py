@@ -1,13 +1,9 @@
 """The wire side shared by both APIs (Reply, the parsed prompt) and SGLang's /generate parsing.
 
-Validation order follows SGLang: request shape (empty input, rids, n) first, then per prompt
-the TokenizerManager's context check (prompt + speculative reserve against the context), then
-the sampling params built from the server's preferred ones overlaid with the request's own
-(unknown key or wrong type: a TypeError, HTTP 500 before SGLang 0.5.23 and 400 since), then
-range checks (400); then the scheduler's: the prompt against max_req_input_len (400) and
-max_new_tokens lowered to what max_req_len leaves. allow_auto_truncate cuts instead of
-refusing. The first failing prompt fails the whole request. Out-of-vocabulary ids are not
-checked: real SGLang does not either, it dies on them later.
+Validation follows SGLang's order (docs/devserver.md, "Errors"): request shape, then per prompt
+the TokenizerManager's context check, the sampling params (the preferred ones under the
+request's), the scheduler's input cap and max_new_tokens cut; the first failing prompt fails
+the request. Out-of-vocabulary ids are not checked: SGLang does not either, it dies on them.
 """
 
 from __future__ import annotations
@@ -65,16 +61,10 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ServerRules:
-    """The launch settings a /generate request is checked against.
-
-    Parameters:
-        context_length: the model context (what /v1/models reports).
-        reserved_tokens: slots speculative decoding reserves per request (EAGLE drafts).
-        max_req_len: the scheduler's cap on prompt + generated tokens + 1 (None: context - 1).
-        allow_auto_truncate: cut over-long prompts and max_new_tokens instead of refusing.
-        preferred: --preferred-sampling-params, merged under each request's own params.
-        sampling_errors_are_400: unknown or mistyped sampling keys answer 400, not 500.
-    """
+    """The launch settings a /generate request is checked against: the context, the tokens
+    speculative decoding reserves per request, the scheduler's max_req_len (prompt + generated
+    + 1; None: context - 1), --allow-auto-truncate, --preferred-sampling-params, and whether
+    unknown or mistyped sampling keys answer 400 (else 500)."""
 
     context_length: int
     reserved_tokens: int = 0
@@ -134,16 +124,9 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class PromptRequest:
-    """One prompt after `n` expansion, in response order (either API).
-
-    Parameters:
-        input_ids: the prompt ids generated from (as sent, unless auto-truncation cut them).
-        params: its sampling parameters.
-        max_new_tokens: the effective cap (default applied and clipped to the context).
-        rid: the id reported in the reply.
-        group_rid: the rid the client gave (or generated), which /abort_request matches.
-        sample_index: position among the prompt's n samples (0 when n == 1).
-    """
+    """One prompt after `n` expansion, in response order (either API): its ids (as sent unless
+    auto-truncation cut them), sampling params, effective max_new_tokens, the rid reported, the
+    client's rid (which /abort_request matches) and its index among the n samples."""
 
     input_ids: list[int]
     params: SamplingParams

@@ -19,11 +19,8 @@ from dataclasses import dataclass, field
 from eagle_synth.errors import EagleSynthError
 
 # Outcomes a waiting handler can find on its job.
-PENDING = "pending"
-FINISHED = "finished"
-ABORTED_WAITING = "aborted_waiting"
-ABORTED_RUNNING = "aborted_running"
-KILLED = "killed"
+PENDING, FINISHED, KILLED = "pending", "finished", "killed"
+ABORTED_WAITING, ABORTED_RUNNING = "aborted_waiting", "aborted_running"
 
 
 class QueueFullError(EagleSynthError):
@@ -45,6 +42,10 @@ class SlotJob:
     decode_start: float = 0.0
     finish_at: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def aborted(self) -> bool:
+        return self.outcome in (ABORTED_WAITING, ABORTED_RUNNING)
 
 
 class SlotScheduler:
@@ -101,10 +102,7 @@ class SlotScheduler:
         finished: list[tuple[SlotJob, float]] = []
         with self._cond:
             if self._stopped:
-                for job in jobs:
-                    job.outcome = KILLED
-                    job.done.set()
-                return
+                return _kill(jobs)
             if self.max_queued is not None:
                 free = self.slots - len(self._running)
                 would_wait = len(self._waiting) + max(0, len(jobs) - max(free, 0))
@@ -152,9 +150,7 @@ class SlotScheduler:
             self._waiting.clear()
             self._running.clear()
             self._cond.notify()
-        for job in jobs:
-            job.outcome = KILLED
-            job.done.set()
+        _kill(jobs)
 
     def _tokens_at(self, job: SlotJob, now: float) -> int:
         if self.token_latency <= 0:
@@ -192,3 +188,9 @@ class SlotScheduler:
                     timeout = self._running[0][0] - now if self._running else None
                     self._cond.wait(timeout)
             self._finish(finished)
+
+
+def _kill(jobs: list[SlotJob]) -> None:
+    for job in jobs:
+        job.outcome = KILLED
+        job.done.set()

@@ -26,10 +26,10 @@ from eagle_synth.devserver.protocol import (
     refuse_first,
     version_tuple,
 )
-from eagle_synth.devserver.scheduler import ABORTED_RUNNING, ABORTED_WAITING, SlotJob
+from eagle_synth.devserver.scheduler import SlotJob
 
 if TYPE_CHECKING:
-    from eagle_synth.devserver.app import DevServerApp
+    from eagle_synth.devserver.app import DevServer
     from eagle_synth.devserver.config import DevServerConfig
 
 log = logging.getLogger("eagle_synth.devserver")
@@ -253,7 +253,7 @@ def error_reply(message: str, *, status: int, param: str | None = None) -> Reply
 
 
 class VllmApi:
-    """The vLLM endpoints over a DevServerApp's shared parts (generator, scheduler, faults, stats).
+    """The vLLM endpoints over a DevServer's shared parts (generator, scheduler, faults, stats).
 
     Behaviour: /v1/completions validates as above, holds a slot per choice for its emulated
     time and answers in vLLM's shape; faults are 500s in vLLM's error shape, drops, malformed
@@ -263,7 +263,7 @@ class VllmApi:
         app: the devserver application whose shared parts are used.
     """
 
-    def __init__(self, app: DevServerApp) -> None:
+    def __init__(self, app: DevServer) -> None:
         self.app = app
         self._ignored_logged: set[tuple[str, ...]] = set()
 
@@ -386,7 +386,7 @@ class VllmApi:
         """One choice of the reply and the tokens it generated."""
         app = self.app
         output_ids, finish = completion.output_ids, completion.finish_reason
-        aborted = job.outcome in (ABORTED_WAITING, ABORTED_RUNNING)
+        aborted = job.aborted
         if aborted:
             output_ids, finish_reason, stop_reason = output_ids[: job.tokens_done], "abort", None
         else:
