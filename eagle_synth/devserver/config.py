@@ -77,9 +77,7 @@ class DevServerConfig:
     # SGLang's default port, so a client configured for a real server finds the devserver too.
     port: int = _opt(30000, "Port to listen on; 0 picks a free one.")
     model_path: str | None = _opt(None, "Model path to report (default: the tokenizer dir).")
-    context_length: int | None = _opt(
-        None, f"Model context length (default {DEFAULT_CONTEXT_LENGTH}; server_info reports null)."
-    )
+    context_length: int | None = _opt(None, f"Context length (default {DEFAULT_CONTEXT_LENGTH}; server_info: null).")
     vocab_size: int | None = _opt(None, "Vocabulary size; ids outside it kill the server.")
     # SGLang sizes this from KV-cache memory.
     slots: int = _opt(
@@ -91,9 +89,7 @@ class DevServerConfig:
     token_latency: float = _opt(0.0, "Seconds per output token while holding a slot.")
     prefill_latency: float = _opt(0.0, "Seconds per prompt before its first token.")
     mean_output_tokens: int = _opt(200, "Mean natural output length in tokens (gamma-distributed).")
-    length_median: int | None = _opt(
-        None, "Median natural output length; with it lengths are lognormal (heavy-tailed, like reasoning traces)."
-    )
+    length_median: int | None = _opt(None, "Median output length: lognormal lengths (heavy-tailed, like reasoning).")
     length_sigma: float = _opt(1.0, "Sigma of the lognormal output lengths (with --length-median).")
     startup_delay: float = _opt(0.0, "Seconds before the port is bound (weight loading).")
     warmup: float = _opt(0.0, "Seconds after binding during which health answers 503.")
@@ -102,9 +98,7 @@ class DevServerConfig:
     health_fail_rate: float = _opt(0.0, "Fraction of health probes answered 503 after warm-up.")
     die_after: int | None = _opt(None, "Exit right after answering the N-th /generate request.")
     prefix_bug: int = _opt(0, "Prepend K prompt-tail tokens to output_ids (old SGLang bug).")
-    understate_completion: int = _opt(
-        0, "Report completion_tokens K below the ids returned (a buggy server; the ids are unchanged)."
-    )
+    understate_completion: int = _opt(0, "Report completion_tokens K below the ids returned (a buggy server).")
     trickle_health: float = _opt(0.0, "Answer /health 200 with a body sent a byte every S seconds (a stuck proxy).")
     drop_stop_id: bool = _opt(False, "Leave the matched stop id out of output_ids on a stop (a buggy server).")
     reasoning_parser: str | None = _opt(None, "Reported in server_info only.")
@@ -118,13 +112,9 @@ class DevServerConfig:
     api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
     admin_api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
     allow_auto_truncate: bool = _opt(False, "Cut prompts and max_new_tokens that do not fit instead of answering 400.")
-    preferred_sampling_params: str | None = _opt(
-        None, "JSON object of sampling params merged under each request's own."
-    )
+    preferred_sampling_params: str | None = _opt(None, "JSON sampling params merged under each request's own.")
     enable_deterministic_inference: bool = _opt(False, "Reported in server_info.")
-    speculative_algorithm: str | None = _opt(
-        None, f"One of {', '.join(SPECULATIVE_ALGORITHMS)}; EAGLE-family drafts count against the context."
-    )
+    speculative_algorithm: str | None = _opt(None, f"{', '.join(SPECULATIVE_ALGORITHMS)}; EAGLE drafts use context.")
     speculative_num_steps: int | None = _opt(None, "Speculative draft steps.")
     speculative_eagle_topk: int | None = _opt(None, "Speculative EAGLE top-k.")
     speculative_num_draft_tokens: int | None = _opt(None, "Speculative draft tokens per step.")

@@ -17,16 +17,12 @@ ANSWER_SEPARATOR = "\n\n"
 
 
 class ModelVocab:
-    """Token ids the devserver reads and writes, all real ids of the given tokenizer.
+    """Token ids the devserver reads and writes, all real ids of `tokenizer` (a loaded
+    `transformers` tokenizer; `vocab_size` None means len(tokenizer)).
 
-    Behaviour: loads the tokenizer once, tokenizes CORPUS_TEXT into the id stream output
-    bodies are sliced from, and looks up EOS and the `<think>`/`</think>` ids. Ids at or above
-    `size` are removed from the corpus (and specials outside it are disabled) so that the
-    devserver never emits an id it would itself refuse.
-
-    Parameters:
-        tokenizer: a loaded `transformers` tokenizer.
-        vocab_size: the model vocabulary size; None means len(tokenizer).
+    Behaviour: tokenizes CORPUS_TEXT into the id stream output bodies are sliced from and looks
+    up EOS and `<think>`/`</think>`. Ids at or above `size` are left out of the corpus (and
+    specials outside it disabled), so the devserver never emits an id it would itself refuse.
     """
 
     def __init__(self, *, tokenizer, vocab_size: int | None = None) -> None:
@@ -47,11 +43,9 @@ class ModelVocab:
 
     @classmethod
     def load(cls, *, tokenizer_dir: str, vocab_size: int | None = None) -> ModelVocab:
-        """Load the tokenizer from a local directory (AutoTokenizer) and build the vocab."""
         from transformers import AutoTokenizer  # heavy import, only when a server starts
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        return cls(tokenizer=tokenizer, vocab_size=vocab_size)
+        return cls(tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir), vocab_size=vocab_size)
 
     def encode(self, text: str) -> list[int]:
         """Without BOS/EOS."""
