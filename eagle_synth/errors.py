@@ -29,7 +29,7 @@ not of CLI flags. Any other exception is a bug or an outage and keeps its traceb
     │   └── TransientError → BadResponse (workers/replies.py)
     ├── PromptMismatch, RendererMismatch (workers: the server or renderer changed the prompt ids)
     ├── Requeue, CampaignMissing, BatchBusy, DiskUnavailable   (workers: a batch's endings)
-    └── ProtocolError → FieldError, ModelNotFound; QueueFullError   (devserver/: its refusals)
+    └── ProtocolError, QueueFullError   (devserver/: its refusals)
 
 Each subclass also derives from the builtin it stands for (ValueError, FileNotFoundError...)
 where callers catch that.

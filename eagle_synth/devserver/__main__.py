@@ -1,6 +1,6 @@
 """`python -m eagle_synth.devserver --tokenizer DIR [--port P] ...`: run a devserver.
 
-A typer command whose options are generated from DevServerConfig's fields (name with dashes,
+The typer command's options are generated from DevServerConfig's fields (name with dashes,
 help and aliases from metadata), so the CLI and the dataclass cannot drift apart.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import typer
 
+from eagle_synth.devserver.app import run_devserver
 from eagle_synth.devserver.config import DevServerConfig
-from eagle_synth.devserver.server import run_devserver
 from eagle_synth.errors import USER_ERROR_EXIT
 from eagle_synth.templating import TemplateError, check_tokenizer_path
 
@@ -31,16 +31,13 @@ def serve(**values: typing.Any) -> None:
     """SGLang (or, with --api vllm, vLLM) stand-in for tests, demos and benchmarks (no GPU needed)."""
     try:
         config = DevServerConfig(**values)
-    except ValueError as exc:
+        check_tokenizer_path(config.tokenizer)
+    except (ValueError, TemplateError) as exc:
         _stop(str(exc))
     port_taken = (
         f"--port {config.port}: address {config.host}:{config.port} is already in use; "
         "pick another port (--port 0 takes a free one)"
     )
-    try:
-        check_tokenizer_path(config.tokenizer)
-    except TemplateError as exc:
-        _stop(str(exc))
     if config.port and not _can_bind(config.host, config.port):
         _stop(port_taken)  # before the tokenizer's seconds of loading
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
@@ -52,30 +49,27 @@ def serve(**values: typing.Any) -> None:
         _stop(port_taken)  # taken while the tokenizer loaded
 
 
-def _signature() -> inspect.Signature:
-    """serve()'s parameters: one typer option per CLI-visible config field."""
-    hints = typing.get_type_hints(DevServerConfig)
-    params = []
-    for f in dataclasses.fields(DevServerConfig):
-        if f.metadata.get("cli", True):
-            flags = ("--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
-            option = typer.Option(*flags, help=f.metadata.get("help", ""), show_default=f.default is not None)
-            default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
-            kind = inspect.Parameter.KEYWORD_ONLY
-            params.append(
-                inspect.Parameter(f.name, kind, default=default, annotation=typing.Annotated[hints[f.name], option])
-            )
-    return inspect.Signature(params)
+def _option(f: dataclasses.Field, hint: typing.Any) -> inspect.Parameter:
+    """serve()'s parameter for one config field: a typer option named after it."""
+    flags = ("--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
+    option = typer.Option(*flags, help=f.metadata.get("help", ""), show_default=f.default is not None)
+    default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+    return inspect.Parameter(
+        f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=typing.Annotated[hint, option]
+    )
 
 
-serve.__signature__ = _signature()  # type: ignore[attr-defined]
+_HINTS = typing.get_type_hints(DevServerConfig)
+serve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [_option(f, _HINTS[f.name]) for f in dataclasses.fields(DevServerConfig) if f.metadata.get("cli", True)]
+)
 # Plain (not rich) help, as every eagle-synth command has: see eagle_synth/cli/options.py.
 cli = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 cli.command()(serve)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the process exit status (2, with one line, for a flag to fix)."""
+    """The exit status: 2, with one line, for a flag to fix."""
     try:
         typer.main.get_command(cli).main(args=list(argv) if argv is not None else None, prog_name=PROG)
     except SystemExit as exc:

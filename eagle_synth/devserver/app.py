@@ -1,11 +1,14 @@
-"""DevServerApp: what each devserver endpoint answers, independent of the HTTP transport.
+"""The devserver's endpoints (SGLang's API; vLLM's is vllm_api.py) and its aiohttp transport.
 
-Every endpoint method takes the raw request body and returns a Reply; the transport
-(`server.py`) writes it, drops the connection, or lets the app die afterwards.
+Endpoint methods take the raw body and return a Reply, which the transport writes, drops, or
+dies after. They block (a /generate holds its slot for the emulated time), so each runs in a
+pool thread on an event loop of the server's own (the main thread, or a daemon thread).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -13,9 +16,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
+
+from aiohttp import web
 
 from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, FaultPlan, GenerateFate, malform
@@ -25,7 +30,9 @@ from eagle_synth.devserver.protocol import (
     SAMPLING_400_VERSION,
     PromptRequest,
     ProtocolError,
+    Reply,
     ServerRules,
+    json_reply,
     parse_generate_request,
     version_tuple,
 )
@@ -38,12 +45,11 @@ from eagle_synth.devserver.scheduler import (
     SlotScheduler,
 )
 from eagle_synth.devserver.stats import DevStats
+from eagle_synth.devserver.vllm_api import VllmApi
 from eagle_synth.devserver.vocab import ModelVocab
 
 log = logging.getLogger("eagle_synth.devserver")
 
-# Body of an uncaught exception in SGLang's FastAPI server (unknown sampling key, ...).
-INTERNAL_ERROR_BODY = b"Internal Server Error"
 # What /flush_cache says on success (SGLang's wording).
 FLUSH_OK_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
@@ -51,253 +57,192 @@ FLUSH_OK_TEXT = (
 )
 # meta_info.weight_version of newer SGLang versions; clients must tolerate such extra fields.
 WEIGHT_VERSION = "default"
-# SGLang's warning on every call of a deprecated info endpoint ({old} -> {new}).
-DEPRECATED_ENDPOINT_WARNING = (
-    "Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead."
-)
-
-
-@dataclass(slots=True)
-class Reply:
-    """What the transport does with a request.
-
-    Parameters:
-        status: HTTP status.
-        body: response bytes.
-        content_type: response content type.
-        drop: close the connection without any response instead.
-        die_reason: after replying (or dropping), the server dies with this log message.
-        trickle: seconds between the body's bytes (0: all at once), as a stuck proxy sends them.
-    """
-
-    status: int = 200
-    body: bytes = b""
-    content_type: str = "application/json"
-    drop: bool = False
-    die_reason: str | None = None
-    trickle: float = 0.0
-
-
 # What a trickling /health sends, a byte at a time: long enough to outlast any probe timeout.
 TRICKLE_BODY = b"." * 4096
-
-
-def json_reply(obj: Any, status: int = 200) -> Reply:
-    """A JSON response."""
-    return Reply(status=status, body=json.dumps(obj, separators=(",", ":")).encode())
+# Idle keep-alive connections are closed after this long, like uvicorn (SGLang's server) does.
+KEEPALIVE_TIMEOUT_S = 5.0
+# Listen backlog: hundreds of clients connecting at once must queue, not be refused.
+LISTEN_BACKLOG = 2048
+# Requests blocked in endpoint methods at once (threads start on demand, up to this many).
+HANDLER_THREADS = 4096
+# Largest request body accepted (a big batch of long prompts is a few MB).
+MAX_BODY_BYTES = 512 * 1024 * 1024
+# Seconds stop() gives unfinished replies (a trickling /health) before closing them.
+SHUTDOWN_TIMEOUT_S = 1.0
+# Line printed (and flushed) once the port listens; tests and scripts wait for it.
+LISTENING_LINE = "devserver listening on http://{host}:{port}"
+# Launch arguments /server_info reports as they were given.
+SERVER_INFO_FIELDS = (
+    *("context_length", "skip_tokenizer_init", "reasoning_parser", "tool_call_parser", "api_key", "admin_api_key"),
+    *("allow_auto_truncate", "preferred_sampling_params", "speculative_algorithm", "enable_deterministic_inference"),
+    *("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "host", "port"),
+    "max_queued_requests",
+)
+# path -> (methods, endpoint method): SGLang's endpoints, and vLLM's with --api vllm (a VllmApi
+# method, else the app's); every other path is a 404.
+ROUTES = {
+    **{"/generate": ("POST PUT", "generate"), "/health": ("GET", "health"), "/health_generate": ("GET", "health")},
+    **{"/model_info": ("GET", "model_info"), "/get_model_info": ("GET", "get_model_info")},
+    **{"/server_info": ("GET", "server_info"), "/get_server_info": ("GET", "get_server_info")},
+    **{"/v1/models": ("GET", "models"), "/flush_cache": ("GET POST", "flush_cache")},
+    **{"/abort_request": ("POST PUT", "abort_request"), "/dev/stats": ("GET", "dev_stats")},
+    "/dev/reset_stats": ("POST", "dev_reset_stats"),
+}
+VLLM_ROUTES = {
+    **{"/v1/completions": ("POST", "completions"), "/health": ("GET", "health"), "/v1/models": ("GET", "models")},
+    **{"/version": ("GET", "version"), "/server_info": ("GET", "server_info"), "/tokenize": ("POST", "tokenize")},
+    **{"/dev/stats": ("GET", "dev_stats"), "/dev/reset_stats": ("POST", "dev_reset_stats")},
+}
 
 
 def text_reply(text: str, status: int = 200) -> Reply:
-    """A plain-text response."""
     return Reply(status=status, body=text.encode(), content_type="text/plain; charset=utf-8")
 
 
-def error_reply(err: ProtocolError) -> Reply:
-    """SGLang's answer to a ValueError (400 JSON) or an uncaught exception (500 text)."""
-    if err.status == 500:
-        return Reply(status=500, body=INTERNAL_ERROR_BODY, content_type="text/plain")
-    return json_reply({"error": {"message": err.message}}, status=err.status)
+def internal_error() -> Reply:
+    """SGLang's FastAPI answer to an uncaught exception (a TypeError: unknown sampling key, ...)."""
+    return Reply(status=500, body=b"Internal Server Error", content_type="text/plain")
 
 
-class DevServerApp:
-    """The emulated SGLang server behind HTTP: info, health, /generate, faults, death.
+class DevServer:
+    """One emulated SGLang (or vLLM) server, its endpoints and its lifecycle.
 
-    Behaviour: /generate validates like SGLang, dies on an out-of-vocabulary id, generates
-    deterministic completions (Generator), holds a slot per prompt for the emulated time
-    (SlotScheduler) and answers in SGLang's shape. Health answers 503 until `warmup` seconds
-    after `mark_listening()`. Faults come from a seeded FaultPlan. `die()` calls `on_death`
-    (the transport stops listening) and then, if config.exit_on_death, ends the process.
+    Behaviour: `run()` loads the tokenizer, keeps the port closed for `startup_delay` seconds,
+    binds, prints LISTENING_LINE and serves until `stop()` or death, in the calling thread
+    (`run_devserver`) or a daemon thread (`start_devserver_thread`). /generate validates like
+    SGLang (protocol.py), dies on an out-of-vocabulary id, generates deterministic completions
+    (Generator), holds a slot per prompt for the emulated time (SlotScheduler) and answers in
+    SGLang's shape. Health answers 503 for `warmup` seconds after binding; faults come from a
+    seeded FaultPlan. `die()` stops listening, then, with config.exit_on_death, exits.
 
     Parameters:
         config: launch arguments.
-        vocab: the loaded token space.
-        on_death: called once when the server dies, before the process exits.
+        vocab: an already loaded token space (saves the tokenizer load); None loads it in run().
     """
 
-    def __init__(
-        self,
-        *,
-        config: DevServerConfig,
-        vocab: ModelVocab,
-        on_death: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.config = config
-        self.vocab = vocab
-        self.generator = Generator(
-            vocab=vocab,
-            mean_output_tokens=config.mean_output_tokens,
-            seed=config.seed,
-            length_median=config.length_median,
-            length_sigma=config.length_sigma,
-        )
+    def __init__(self, config: DevServerConfig, *, vocab: ModelVocab | None = None) -> None:
+        c = self.config = config
+        self._vocab = vocab
+        self.vocab: ModelVocab
+        self.generator: Generator
         self.cache = PrefixCache()
         self.stats = DevStats()
         self.faults = FaultPlan(
-            fail_rate=config.fail_rate,
-            drop_rate=config.drop_rate,
-            health_fail_rate=config.health_fail_rate,
-            die_after=config.die_after,
-            seed=config.seed,
-            malformed_rate=config.malformed_rate,
+            **{k: getattr(c, k) for k in ("fail_rate", "drop_rate", "health_fail_rate", "die_after", "seed")},
+            malformed_rate=c.malformed_rate,
         )
+        # The KV-cache size reported in server_info: room for every slot at full context, so the
+        # context (not the cache) is what limits one request, as on a well-sized server.
+        self.max_total_num_tokens = c.slots * c.effective_context_length
         self.rules = ServerRules(
-            context_length=config.effective_context_length,
-            reserved_tokens=config.draft_reserved_tokens,
-            max_req_len=min(config.effective_context_length, self.max_total_num_tokens) - 1,
-            allow_auto_truncate=config.allow_auto_truncate,
-            preferred=config.preferred_params,
-            sampling_errors_are_400=version_tuple(config.sglang_version) >= SAMPLING_400_VERSION,
+            context_length=c.effective_context_length,
+            reserved_tokens=c.draft_reserved_tokens,
+            max_req_len=min(c.effective_context_length, self.max_total_num_tokens) - 1,
+            allow_auto_truncate=c.allow_auto_truncate,
+            preferred=c.preferred_params,
+            sampling_errors_are_400=version_tuple(c.sglang_version) >= SAMPLING_400_VERSION,
         )
         self.scheduler = SlotScheduler(
-            slots=config.slots,
-            max_queued=config.max_queued_requests,
-            token_latency=config.token_latency,
-            prefill_latency=config.prefill_latency,
-            on_done=lambda job, held: self.stats.slot_released(held),
+            slots=c.slots,
+            max_queued=c.max_queued_requests,
+            token_latency=c.token_latency,
+            prefill_latency=c.prefill_latency,
+            on_done=lambda job, held: self.stats.add(busy_slot_seconds=held),
             on_load=self.stats.load,
         )
+        self.port = c.port  # the bound one once `listening` is set
+        self.listening, self.stopped, self.loaded = threading.Event(), threading.Event(), threading.Event()
+        self.error: BaseException | None = None
         self.dead = False
-        self._on_death = on_death
         self._death_lock = threading.Lock()
         self._listening_mono: float | None = None
         self._listening_at: float | None = None
-
-    # ---- lifecycle -------------------------------------------------------------------------
-
-    def mark_listening(self) -> None:
-        """The port is bound: the warm-up clock starts now."""
-        self._listening_mono = time.monotonic()
-        self._listening_at = time.time()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_requested = threading.Event()
+        self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="devserver")
 
     def healthy(self) -> bool:
-        """True once listening for at least `warmup` seconds."""
-        if self._listening_mono is None:
-            return False
-        return time.monotonic() - self._listening_mono >= self.config.warmup
+        mono = self._listening_mono
+        return mono is not None and time.monotonic() - mono >= self.config.warmup
 
     def die(self, reason: str) -> None:
-        """Die like SGLang after a fatal GPU error: log, stop listening, exit (or stop)."""
+        """Die like SGLang after a fatal GPU error: log, stop listening, exit (or just stop)."""
         with self._death_lock:
             if self.dead:
                 return
             self.dead = True
         log.error("devserver dying: %s", reason)
         self.scheduler.kill_all()
-        self._on_death()
+        self._request_stop()
         if self.config.exit_on_death:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
 
-    # ---- health and information ----------------------------------------------------------
+    # ---- health and information (answered during warm-up too, as SGLang does) ----
 
     def health(self, body: bytes) -> Reply:
-        """/health and /health_generate: 503 while warming up (or on a seeded false alarm)."""
         self.stats.count("health_requests")
         if not self.healthy() or self.faults.health_flake():
             self.stats.count("health_unavailable")
             return Reply(status=503)
         if self.config.trickle_health:
             self.stats.count("health_trickled")
-            return Reply(status=200, body=TRICKLE_BODY, content_type="text/plain", trickle=self.config.trickle_health)
-        return Reply(status=200)
-
-    @property
-    def max_total_num_tokens(self) -> int:
-        """The KV-cache size reported in server_info: room for every slot at full context, so
-        the context (not the cache) is what limits one request, as on a well-sized server."""
-        return self.config.slots * self.config.effective_context_length
+            return Reply(body=TRICKLE_BODY, content_type="text/plain", trickle=self.config.trickle_health)
+        return Reply()
 
     def model_info(self, body: bytes) -> Reply:
-        """/model_info: answers during warm-up too, as in SGLang."""
+        c = self.config
         return json_reply(
             {
-                "model_path": self.config.effective_model_path,
-                "tokenizer_path": self.config.tokenizer,
-                "is_generation": True,
-                "preferred_sampling_params": self.config.preferred_sampling_params,
-                "weight_version": WEIGHT_VERSION,
-                "has_image_understanding": False,
-                "has_audio_understanding": False,
+                **{"model_path": c.effective_model_path, "tokenizer_path": c.tokenizer, "is_generation": True},
+                **{"preferred_sampling_params": c.preferred_sampling_params, "weight_version": WEIGHT_VERSION},
+                **{"has_image_understanding": False, "has_audio_understanding": False},
+            }
+        )
+
+    def server_info(self, body: bytes) -> Reply:
+        """Launch arguments (secrets included, as SGLang returns them), the scheduler's limits
+        (SGLang merges its scheduler_info in) and the version."""
+        c = self.config
+        return json_reply(
+            {
+                **{"model_path": c.effective_model_path, "tokenizer_path": c.tokenizer},
+                **{"served_model_name": c.effective_model_path, "tp_size": 1, "dp_size": 1, "page_size": 1},
+                **{"max_running_requests": c.slots, "random_seed": c.seed, "ssl_keyfile_password": None},
+                **{name: getattr(c, name) for name in SERVER_INFO_FIELDS},
+                **{"sampling_defaults": "model", "vocab_size": self.vocab.size},
+                **{
+                    "max_total_num_tokens": self.max_total_num_tokens,
+                    "max_req_input_len": self.rules.max_req_input_len,
+                },
+                **{"version": c.sglang_version, "devserver": True},
             }
         )
 
     def get_model_info(self, body: bytes) -> Reply:
-        """/get_model_info: the deprecated form; SGLang logs a warning on every call."""
-        self._deprecated("/get_model_info", "/model_info")
-        return self.model_info(body)
-
-    def server_info(self, body: bytes) -> Reply:
-        """/server_info: launch arguments (secrets included, as SGLang returns them), the
-        scheduler's limits and version."""
-        c = self.config
-        return json_reply(
-            {
-                "model_path": c.effective_model_path,
-                "tokenizer_path": c.tokenizer,
-                "served_model_name": c.effective_model_path,
-                "host": c.host,
-                "port": c.port,
-                "context_length": c.context_length,
-                "skip_tokenizer_init": c.skip_tokenizer_init,
-                "reasoning_parser": c.reasoning_parser,
-                "tool_call_parser": c.tool_call_parser,
-                "tp_size": 1,
-                "dp_size": 1,
-                "page_size": 1,
-                "max_running_requests": c.slots,
-                "max_queued_requests": c.max_queued_requests,
-                "random_seed": c.seed,
-                "api_key": c.api_key,
-                "admin_api_key": c.admin_api_key,
-                "ssl_keyfile_password": None,
-                "allow_auto_truncate": c.allow_auto_truncate,
-                "preferred_sampling_params": c.preferred_sampling_params,
-                "sampling_defaults": "model",
-                "enable_deterministic_inference": c.enable_deterministic_inference,
-                "speculative_algorithm": c.speculative_algorithm,
-                "speculative_num_steps": c.speculative_num_steps,
-                "speculative_eagle_topk": c.speculative_eagle_topk,
-                "speculative_num_draft_tokens": c.speculative_num_draft_tokens,
-                "vocab_size": self.vocab.size,
-                # From the scheduler (SGLang merges its scheduler_info into server_info).
-                "max_total_num_tokens": self.max_total_num_tokens,
-                "max_req_input_len": self.rules.max_req_input_len,
-                "version": c.sglang_version,
-                "devserver": True,
-            }
-        )
+        return self._deprecated("/get_model_info", "/model_info", self.model_info)
 
     def get_server_info(self, body: bytes) -> Reply:
-        """/get_server_info: the deprecated form; SGLang logs a warning on every call."""
-        self._deprecated("/get_server_info", "/server_info")
-        return self.server_info(body)
+        return self._deprecated("/get_server_info", "/server_info", self.server_info)
 
-    def _deprecated(self, old: str, new: str) -> None:
+    def _deprecated(self, old: str, new: str, endpoint: Callable[[bytes], Reply]) -> Reply:
+        """SGLang's deprecated info endpoints: the same answer, and a warning on every call."""
         self.stats.count("deprecated_info_calls")
-        log.warning(DEPRECATED_ENDPOINT_WARNING.format(old=old, new=new))
+        log.warning(
+            f"Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead."
+        )
+        return endpoint(b"")
 
     def models(self, body: bytes) -> Reply:
-        """/v1/models: `data[0].max_model_len` is the effective context length."""
         path = self.config.effective_model_path
+        model = {"id": path, "object": "model", "created": int(self.stats.started_at), "owned_by": "sglang"}
         return json_reply(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": path,
-                        "object": "model",
-                        "created": int(self.stats.started_at),
-                        "owned_by": "sglang",
-                        "root": path,
-                        "max_model_len": self.config.effective_context_length,
-                    }
-                ],
-            }
+            {"object": "list", "data": [{**model, "root": path, "max_model_len": self.config.effective_context_length}]}
         )
 
     def flush_cache(self, body: bytes) -> Reply:
-        """/flush_cache: refused while requests run or wait, as in SGLang."""
         running, waiting = self.scheduler.load
         if running or waiting:
             return text_reply(
@@ -308,46 +253,31 @@ class DevServerApp:
         return text_reply(FLUSH_OK_TEXT)
 
     def abort_request(self, body: bytes) -> Reply:
-        """/abort_request {"rid": str | [str], "abort_all": bool}: aborted prompts answer 200
-        with finish_reason abort."""
+        """{"rid": str | [str], "abort_all": bool}: the aborted prompts answer 200, finish abort."""
         try:
             req = json.loads(body or b"{}")
         except ValueError:
             return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
         if not isinstance(req, dict):
             return json_reply({"error": {"message": "The body must be a JSON object."}}, status=400)
-        if req.get("abort_all"):
-            self.scheduler.abort(rids=None)
-        else:
-            rid = req.get("rid")
-            rids = {rid} if isinstance(rid, str) else {r for r in rid or [] if isinstance(r, str)}
-            if rids:
-                self.scheduler.abort(rids=rids)
-        return Reply(status=200)
+        rid = req.get("rid")
+        rids = {rid} if isinstance(rid, str) else {r for r in rid or [] if isinstance(r, str)}
+        if req.get("abort_all") or rids:
+            self.scheduler.abort(rids=None if req.get("abort_all") else rids)
+        return Reply()
 
     def dev_stats(self, body: bytes) -> Reply:
-        """/dev/stats: devserver-only counters for benchmarks and fault tests."""
         running, waiting = self.scheduler.load
-        healthy_at = None
-        if self._listening_at is not None and self.healthy():
-            healthy_at = self._listening_at + self.config.warmup
-        return json_reply(
-            self.stats.snapshot(
-                slots=self.config.slots,
-                running=running,
-                waiting=waiting,
-                healthy=self.healthy(),
-                listening_at=self._listening_at,
-                healthy_at=healthy_at,
-            )
-        )
+        healthy, at = self.healthy(), self._listening_at
+        healthy_at = at + self.config.warmup if at is not None and healthy else None
+        live = {"slots": self.config.slots, "running": running, "waiting": waiting, "healthy": healthy}
+        return json_reply(self.stats.snapshot(**live, listening_at=at, healthy_at=healthy_at))
 
     def dev_reset_stats(self, body: bytes) -> Reply:
-        """/dev/reset_stats: zero the counters of /dev/stats."""
         self.stats.reset()
         return json_reply({"ok": True})
 
-    # ---- generation ----------------------------------------------------------------------
+    # ---- generation ----
 
     def fated(self, body: bytes, endpoint: str, serve: Callable[[bytes, GenerateFate], Reply]) -> Reply:
         """One generation request (either API) with its fault drawn; the --die-after one dies
@@ -362,10 +292,7 @@ class DevServerApp:
     def hold_slots(self, prompts: list[PromptRequest], completions: list[Completion]) -> list[SlotJob] | None:
         """Each prompt holds a slot for its emulated time (QueueFullError past the queue cap);
         None when the GPU died meanwhile, which drops the reply."""
-        jobs = [
-            SlotJob(rid=p.rid, group_rid=p.group_rid, output_tokens=len(c.output_ids))
-            for p, c in zip(prompts, completions)
-        ]
+        jobs = [SlotJob(p.rid, p.group_rid, len(c.output_ids)) for p, c in zip(prompts, completions)]
         self.scheduler.submit(jobs)
         for job in jobs:
             job.done.wait()
@@ -378,19 +305,15 @@ class DevServerApp:
         return self.generator.render_text(completion, prompt.params)
 
     def generate(self, body: bytes) -> Reply:
-        """/generate: SGLang's native generation endpoint, with faults applied."""
         return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()))
 
     def _generate(self, body: bytes, fate: GenerateFate, *, received: float) -> Reply:
         if fate.action == FAIL:
             self.stats.count("injected_failures")
-            return Reply(status=500, body=INTERNAL_ERROR_BODY, content_type="text/plain")
+            return internal_error()
         try:
-            req = parse_generate_request(
-                json.loads(body),
-                rules=self.rules,
-                tokenize=None if self.config.skip_tokenizer_init else self.vocab.encode,
-            )
+            tokenize = None if self.config.skip_tokenizer_init else self.vocab.encode
+            req = parse_generate_request(json.loads(body), rules=self.rules, tokenize=tokenize)
         except ValueError:
             self.stats.count("client_errors")
             return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
@@ -398,75 +321,227 @@ class DevServerApp:
             self.stats.count("client_errors")
             if err.status == 500:
                 log.error("/generate raised %s", err.message)
-            return error_reply(err)
-
+                return internal_error()
+            return json_reply({"error": {"message": err.message}}, status=err.status)
         size = self.vocab.size
-        for prompt in req.prompts:
-            bad = next((i for i in prompt.input_ids if not 0 <= i < size), None)
-            if bad is not None:
-                return Reply(
-                    drop=True,
-                    die_reason=(
-                        f"input id {bad} outside the vocabulary [0, {size}): device-side assert "
-                        "(real SGLang dies the same way)"
-                    ),
-                )
-
+        bad = next((i for p in req.prompts for i in p.input_ids if not 0 <= i < size), None)
+        if bad is not None:
+            reason = (
+                f"input id {bad} outside the vocabulary [0, {size}): device-side assert (real SGLang dies the same way)"
+            )
+            return Reply(drop=True, die_reason=reason)
         completions = [self.generator.complete(p) for p in req.prompts]
         cached = [self.cache.lookup(p.input_ids) for p in req.prompts]
         try:
             jobs = self.hold_slots(req.prompts, completions)
         except QueueFullError as err:
             self.stats.count("queue_full")
-            return json_reply(
-                {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503},
-                status=503,
-            )
+            error = {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503}
+            return json_reply(error, status=503)
         if jobs is None:
             return Reply(drop=True)
-
-        items = [
-            self._item(prompt, completion, job, cached_tokens, received)
-            for prompt, completion, job, cached_tokens in zip(req.prompts, completions, jobs, cached)
-        ]
+        items: list[Any] = [self._item(*each, received) for each in zip(req.prompts, completions, jobs, cached)]
         if fate.action == DROP:
             self.stats.count("injected_drops")
             return Reply(drop=True)
-        reply_items: list[Any] = list(items)
         if fate.action == MALFORMED and fate.malformed_shape is not None:
             # A 200 whose first item cannot be a record: what a buggy or patched server sends.
             self.stats.count("injected_malformed")
-            reply_items[0] = malform(items[0], fate.malformed_shape)
-        return json_reply(reply_items[0] if req.single else reply_items)
+            items[0] = malform(items[0], fate.malformed_shape)
+        return json_reply(items[0] if req.single else items)
 
-    def _item(self, prompt, completion, job: SlotJob, cached_tokens: int, received: float) -> dict:
-        output_ids = completion.output_ids
-        finish: dict[str, Any] = completion.finish_reason
+    def _item(self, prompt: PromptRequest, completion: Completion, job: SlotJob, cached: int, received: float):
+        c = self.config
+        output_ids, finish = completion.output_ids, completion.finish_reason
         if job.outcome == ABORTED_WAITING:
             output_ids, finish = [], {"type": "abort", "message": "Abort in waiting queue"}
         elif job.outcome == ABORTED_RUNNING:
-            output_ids = output_ids[: job.tokens_done]
-            finish = {"type": "abort", "message": "Aborted"}
+            output_ids, finish = output_ids[: job.tokens_done], {"type": "abort", "message": "Aborted"}
         else:
             self.cache.insert(prompt.input_ids + output_ids)
-        aborted = job.outcome in (ABORTED_WAITING, ABORTED_RUNNING)
-        self.stats.prompt_done(output_tokens=len(output_ids), aborted=aborted)
-        shown = output_ids
-        if self.config.drop_stop_id and finish.get("type") == "stop" and isinstance(finish.get("matched"), int):
-            shown = output_ids = [i for i in output_ids[:-1]] if output_ids[-1:] == [finish["matched"]] else output_ids
-        if self.config.prefix_bug:
-            shown = prompt.input_ids[-self.config.prefix_bug :] + output_ids
-        item: dict[str, Any] = {}
-        if not self.config.skip_tokenizer_init:
-            item["text"] = self.text(prompt, completion, output_ids, aborted)
-        item["output_ids"] = shown
+        self.stats.prompt_done(output_tokens=len(output_ids), aborted=job.aborted)
+        matched = finish.get("matched")
+        if c.drop_stop_id and finish["type"] == "stop" and isinstance(matched, int) and output_ids[-1:] == [matched]:
+            output_ids = output_ids[:-1]
+        item: dict[str, Any] = (
+            {} if c.skip_tokenizer_init else {"text": self.text(prompt, completion, output_ids, job.aborted)}
+        )
+        item["output_ids"] = prompt.input_ids[-c.prefix_bug :] + output_ids if c.prefix_bug else output_ids
         item["meta_info"] = {
-            "id": prompt.rid,
-            "finish_reason": finish,
-            "prompt_tokens": len(prompt.input_ids),
-            "completion_tokens": max(0, len(output_ids) - self.config.understate_completion),
-            "cached_tokens": cached_tokens,
-            "e2e_latency": time.monotonic() - received,
-            "weight_version": WEIGHT_VERSION,
+            **{"id": prompt.rid, "finish_reason": finish, "prompt_tokens": len(prompt.input_ids)},
+            "completion_tokens": max(0, len(output_ids) - c.understate_completion),
+            **{"cached_tokens": cached, "e2e_latency": time.monotonic() - received, "weight_version": WEIGHT_VERSION},
         }
         return item
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    def run(self) -> None:
+        """Load, delay, bind and serve; returns after `stop()` or an in-process death."""
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self.stopped.set()
+            self.listening.set()  # release waiters even when start failed
+
+    async def _run(self) -> None:
+        c = self.config
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        if self._stop_requested.is_set():
+            return
+        t0 = time.monotonic()
+        vocab = self._vocab or ModelVocab.load(tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size)
+        log.info(
+            "devserver loaded tokenizer %s in %.1fs: vocab %d, eos %s, think %s/%s, corpus %d tokens",
+            *(c.tokenizer, time.monotonic() - t0, vocab.size, vocab.eos_id, vocab.think_open_id),
+            *(vocab.think_close_id, len(vocab.corpus_ids)),
+        )
+        self.vocab = vocab
+        self.generator = Generator(
+            vocab=vocab,
+            mean_output_tokens=c.mean_output_tokens,
+            seed=c.seed,
+            length_median=c.length_median,
+            length_sigma=c.length_sigma,
+        )
+        self.loaded.set()
+        if c.startup_delay > 0:
+            log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), c.startup_delay)
+            if self._stop.is_set():
+                return
+        routes, endpoints = (VLLM_ROUTES, VllmApi(self)) if c.api == "vllm" else (ROUTES, self)
+        handlers = {
+            path: (methods.split(), getattr(endpoints, name, None) or getattr(self, name))
+            for path, (methods, name) in routes.items()
+        }
+        web_app = web.Application(client_max_size=MAX_BODY_BYTES)
+        web_app.router.add_route("*", "/{path:.*}", partial(self._dispatch, handlers))
+        runner = web.AppRunner(
+            web_app,
+            access_log=log if c.access_log else None,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, c.host, c.port, backlog=LISTEN_BACKLOG, reuse_address=True).start()
+            self.port = runner.addresses[0][1]
+            self._listening_mono, self._listening_at = time.monotonic(), time.time()  # the warm-up clock starts
+            print(LISTENING_LINE.format(host=c.host, port=self.port), flush=True)
+            self.listening.set()
+            if c.warmup > 0:
+                log.info("devserver warm-up: health answers 503 for %.1fs", c.warmup)
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+
+    async def _dispatch(self, handlers: dict, request: web.Request) -> web.StreamResponse:
+        if self.dead:
+            return _drop(request)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return await _send(request, json_reply({"detail": "Request body too large"}, status=413), close=True)
+        path = request.path.rstrip("/") or "/"
+        route = handlers.get(path)
+        if route is None:
+            reply = json_reply({"detail": "Not Found"}, status=404)
+        elif request.method not in route[0]:
+            reply = json_reply({"detail": "Method Not Allowed"}, status=405)
+        else:
+            try:
+                reply = await asyncio.get_running_loop().run_in_executor(self._pool, route[1], body)
+            except Exception:
+                log.exception("%s %s failed", request.method, path)
+                reply = internal_error()
+        response = _drop(request) if reply.drop or self.dead else await _send(request, reply)
+        if reply.die_reason is not None:
+            self.die(reply.die_reason)  # after the reply went out: with exit_on_death it ends the process
+        return response
+
+    def _request_stop(self) -> None:
+        self._stop_requested.set()
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already closed
+                self._loop.call_soon_threadsafe(self._stop.set)
+
+    def stop(self) -> None:
+        """Stop serving (from another thread) and fail whatever is still generating."""
+        self._request_stop()
+        self.scheduler.kill_all()
+        self.stopped.wait(timeout=10)
+
+
+async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> web.StreamResponse:
+    """Write `reply` whole (or with `trickle` a byte at a time), flushed before returning."""
+    headers = {"Content-Type": reply.content_type, "Content-Length": str(len(reply.body))}
+    response = web.StreamResponse(status=reply.status, headers=headers)
+    if close:
+        response.force_close()
+    await response.prepare(request)
+    try:
+        if not reply.trickle:
+            await response.write(reply.body)
+        for index in range(len(reply.body) if reply.trickle else 0):
+            await response.write(reply.body[index : index + 1])
+            await asyncio.sleep(reply.trickle)
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the client gave up (what a deadline does); aiohttp closes the connection
+    return response
+
+
+def _drop(request: web.Request) -> web.StreamResponse:
+    """Close the connection with no response at all (the client sees a disconnect)."""
+    if request.transport is not None:
+        request.transport.close()
+    return web.Response()  # its write fails on the closed transport, which aiohttp ignores
+
+
+def run_devserver(config: DevServerConfig) -> None:
+    """Run a devserver in the calling thread until interrupted (Ctrl-C) or it dies."""
+    try:
+        DevServer(config).run()
+    except KeyboardInterrupt:
+        log.info("devserver interrupted")
+
+
+def start_devserver_thread(
+    config: DevServerConfig, *, vocab: ModelVocab | None = None, wait: bool = True, timeout: float = 120.0
+) -> DevServer:
+    """Start a devserver in a daemon thread and return it (call `.stop()` when done).
+
+    Fatal faults (out-of-vocabulary id, --die-after) stop the server instead of exiting the
+    host process. With `wait`, blocks as `wait_listening` does; wait=False to observe a
+    startup delay.
+    """
+    server = DevServer(config.replace(exit_on_death=False), vocab=vocab)
+
+    def run_quietly() -> None:
+        try:
+            server.run()
+        except BaseException:  # kept on server.error for wait_listening
+            log.exception("devserver thread failed")
+
+    threading.Thread(target=run_quietly, name="devserver", daemon=True).start()
+    if wait:
+        wait_listening(server, timeout=timeout)
+    return server
+
+
+def wait_listening(server: DevServer, *, timeout: float) -> None:
+    """Block until `server` listens; raise its start error or TimeoutError."""
+    if not server.listening.wait(timeout):
+        raise TimeoutError(f"devserver did not listen within {timeout}s")
+    if server.error is not None:
+        raise RuntimeError("devserver failed to start") from server.error
+    if server.stopped.is_set() and not server.loaded.is_set():
+        raise RuntimeError("devserver stopped before listening")

@@ -11,62 +11,41 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# SGLang's default port, so a client configured for a real server finds the devserver too.
-DEFAULT_PORT = 30000
 # Context length when --context-length is not given (real SGLang reads it from the model).
 DEFAULT_CONTEXT_LENGTH = 32768
-# Running slots when --slots is not given (SGLang sizes this from KV-cache memory).
-DEFAULT_SLOTS = 64
-# Mean of the natural (uncapped) output length distribution, in tokens.
-DEFAULT_MEAN_OUTPUT_TOKENS = 200
-# Version reported by /server_info; the version whose behaviour the devserver follows (sampling
-# key errors are 400s from 0.5.23 on, 500s before).
-DEFAULT_SGLANG_VERSION = "0.5.23"
-# Version reported by vLLM's /version with --api vllm: one with `return_token_ids` (0.10.2+).
-DEFAULT_VLLM_VERSION = "0.11.0"
-# The APIs the devserver speaks: SGLang's native one, or vLLM's OpenAI-compatible one.
 APIS = ("sglang", "vllm")
 # Keys of vLLM's --override-generation-config the devserver acts on (vLLM's
 # ModelConfig.get_diff_sampling_param): defaults for unsent fields, max_new_tokens a cap.
 VLLM_GENERATION_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
-# Knobs that exist only on one kind of server: (field, its default, the API it belongs to).
-API_ONLY_KNOBS = (
-    ("max_queued_requests", None, "sglang"),
-    ("prefix_bug", 0, "sglang"),
-    ("understate_completion", 0, "sglang"),
-    ("drop_stop_id", False, "sglang"),
-    ("allow_auto_truncate", False, "sglang"),
-    ("preferred_sampling_params", None, "sglang"),
-    ("enable_deterministic_inference", False, "sglang"),
-    ("speculative_algorithm", None, "sglang"),
-    ("tool_call_parser", None, "sglang"),
-    ("api_key", None, "sglang"),
-    ("admin_api_key", None, "sglang"),
-    ("override_generation_config", None, "vllm"),
-    ("generation_config", "auto", "vllm"),
-    ("dev_mode", False, "vllm"),
-)
-# Largest --prefix-bug we emulate; the real bug leaked at most 5 tokens, leave some headroom.
+# Knobs that exist only on one kind of server: field -> (its default, the API it belongs to).
+API_ONLY_KNOBS = {
+    **dict.fromkeys(("max_queued_requests", "preferred_sampling_params", "speculative_algorithm"), (None, "sglang")),
+    **dict.fromkeys(("tool_call_parser", "api_key", "admin_api_key"), (None, "sglang")),
+    **dict.fromkeys(("prefix_bug", "understate_completion"), (0, "sglang")),
+    **dict.fromkeys(("drop_stop_id", "allow_auto_truncate", "enable_deterministic_inference"), (False, "sglang")),
+    **{"override_generation_config": (None, "vllm"), "generation_config": ("auto", "vllm")},
+    "dev_mode": (False, "vllm"),
+}
+# The largest --prefix-bug emulated: the real bug leaked at most 5 tokens, with headroom.
 MAX_PREFIX_BUG_TOKENS = 64
-# --speculative-algorithm values the devserver knows (SGLang's; NEXTN is an alias of EAGLE).
+# --speculative-algorithm values (SGLang's; NEXTN is an alias of EAGLE), and those whose drafts
+# SGLang stores in the request's own token slots (counted in the context).
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-# Those whose drafts SGLang stores in the request's own token slots (counted in the context).
 EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
-
-
-# Smallest allowed value of each knob that has one (unset, None, passes).
-MINIMUMS = (
-    *(("context_length", 2), ("vocab_size", 1), ("slots", 1), ("mean_output_tokens", 1), ("length_median", 1)),
-    *(("die_after", 1), ("understate_completion", 0), ("speculative_num_steps", 1), ("speculative_eagle_topk", 1)),
-    ("speculative_num_draft_tokens", 1),
-)
-
-
-def _json_or_none(text: str) -> object:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
+# Allowed ranges of numeric knobs (unset, None, passes): field -> (low, high or None, the complaint).
+RANGES = {
+    "port": (0, 65535, "must be 0..65535"),
+    **{name: (low, None, f"must be at least {low}") for name, low in (("context_length", 2), ("vocab_size", 1))},
+    **{name: (1, None, "must be at least 1") for name in ("slots", "mean_output_tokens", "length_median")},
+    **{name: (1, None, "must be at least 1") for name in ("die_after", "speculative_num_steps")},
+    **{name: (1, None, "must be at least 1") for name in ("speculative_eagle_topk", "speculative_num_draft_tokens")},
+    "understate_completion": (0, None, "must be at least 0"),
+    **{name: (0, None, "must be >= 0") for name in ("max_queued_requests", "token_latency", "prefill_latency")},
+    **{name: (0, None, "must be >= 0") for name in ("startup_delay", "warmup")},
+    **{name: (0, 1, "must be in [0, 1]") for name in ("fail_rate", "drop_rate", "health_fail_rate", "malformed_rate")},
+    "length_sigma": (0, 4, "must be in [0, 4]"),
+    "prefix_bug": (0, MAX_PREFIX_BUG_TOKENS, f"must be 0..{MAX_PREFIX_BUG_TOKENS}"),
+}
 
 
 def _opt(default, help_text: str, **extra):
@@ -74,41 +53,43 @@ def _opt(default, help_text: str, **extra):
     return field(default=default, metadata={"help": help_text, **extra})
 
 
+def _json_object(text: str | None) -> dict | None:
+    """`text` parsed when it is a JSON object, else None."""
+    try:
+        value = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class DevServerConfig:
     """Launch arguments of one devserver: what it emulates and which faults it injects.
 
-    Each field is a CLI flag (its name with dashes) whose help is in the field's metadata;
-    docs/devserver.md describes them all. Every knob works with both APIs except those in
-    API_ONLY_KNOBS. Not said by the helps: slots free the moment their prompt ends (the rest
-    wait in FIFO order); exit_on_death=False (not a flag) makes a fatal fault only stop
-    serving, which an in-process (thread) server needs; the vLLM override's max_new_tokens
-    caps every max_tokens, as vLLM does.
+    Each field is a CLI flag (its name with dashes); docs/devserver.md describes them all.
+    Every knob works with both APIs except those in API_ONLY_KNOBS. exit_on_death=False (not a
+    flag) makes a fatal fault only stop serving, which an in-process (thread) server needs.
     """
 
     tokenizer: str = field(metadata={"help": "Hugging Face tokenizer directory (required)."})
     api: str = _opt("sglang", "Server API to speak: sglang (/generate) or vllm (/v1/completions).")
     host: str = _opt("127.0.0.1", "Address to listen on.")
-    port: int = _opt(DEFAULT_PORT, "Port to listen on; 0 picks a free one.")
+    # SGLang's default port, so a client configured for a real server finds the devserver too.
+    port: int = _opt(30000, "Port to listen on; 0 picks a free one.")
     model_path: str | None = _opt(None, "Model path to report (default: the tokenizer dir).")
-    context_length: int | None = _opt(
-        None, f"Model context length (default {DEFAULT_CONTEXT_LENGTH}; server_info reports null)."
-    )
+    context_length: int | None = _opt(None, f"Context length (default {DEFAULT_CONTEXT_LENGTH}; server_info: null).")
     vocab_size: int | None = _opt(None, "Vocabulary size; ids outside it kill the server.")
+    # SGLang sizes this from KV-cache memory.
     slots: int = _opt(
-        DEFAULT_SLOTS,
+        64,
         "Prompts generating at once (SGLang's max_running_requests); the rest queue.",
         aliases=("--max-running", "--max-running-requests"),
     )
     max_queued_requests: int | None = _opt(None, "Queued prompts beyond this get 503 'The request queue is full.'")
     token_latency: float = _opt(0.0, "Seconds per output token while holding a slot.")
     prefill_latency: float = _opt(0.0, "Seconds per prompt before its first token.")
-    mean_output_tokens: int = _opt(
-        DEFAULT_MEAN_OUTPUT_TOKENS, "Mean natural output length in tokens (gamma-distributed)."
-    )
-    length_median: int | None = _opt(
-        None, "Median natural output length; with it lengths are lognormal (heavy-tailed, like reasoning traces)."
-    )
+    mean_output_tokens: int = _opt(200, "Mean natural output length in tokens (gamma-distributed).")
+    length_median: int | None = _opt(None, "Median output length: lognormal lengths (heavy-tailed, like reasoning).")
     length_sigma: float = _opt(1.0, "Sigma of the lognormal output lengths (with --length-median).")
     startup_delay: float = _opt(0.0, "Seconds before the port is bound (weight loading).")
     warmup: float = _opt(0.0, "Seconds after binding during which health answers 503.")
@@ -117,35 +98,29 @@ class DevServerConfig:
     health_fail_rate: float = _opt(0.0, "Fraction of health probes answered 503 after warm-up.")
     die_after: int | None = _opt(None, "Exit right after answering the N-th /generate request.")
     prefix_bug: int = _opt(0, "Prepend K prompt-tail tokens to output_ids (old SGLang bug).")
-    understate_completion: int = _opt(
-        0, "Report completion_tokens K below the ids returned (a buggy server; the ids are unchanged)."
-    )
+    understate_completion: int = _opt(0, "Report completion_tokens K below the ids returned (a buggy server).")
     trickle_health: float = _opt(0.0, "Answer /health 200 with a body sent a byte every S seconds (a stuck proxy).")
     drop_stop_id: bool = _opt(False, "Leave the matched stop id out of output_ids on a stop (a buggy server).")
     reasoning_parser: str | None = _opt(None, "Reported in server_info only.")
     tool_call_parser: str | None = _opt(None, "Reported in server_info only.")
     skip_tokenizer_init: bool = _opt(False, "Omit `text` from responses; reported in server_info.")
-    sglang_version: str = _opt(DEFAULT_SGLANG_VERSION, "Version reported by server_info.")
+    # The version whose behaviour is followed: sampling key errors are 400s from 0.5.23 on, 500s before.
+    sglang_version: str = _opt("0.5.23", "Version reported by server_info.")
     seed: int = _opt(0, "Seed of the fault RNG and of temperature>0 sampling.")
     access_log: bool = _opt(False, "Log every HTTP request to stderr.")
     exit_on_death: bool = _opt(True, "Fatal faults end the process.", cli=False)
-    # ---- server settings that change results, and malformed replies ----
     api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
     admin_api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
     allow_auto_truncate: bool = _opt(False, "Cut prompts and max_new_tokens that do not fit instead of answering 400.")
-    preferred_sampling_params: str | None = _opt(
-        None, "JSON object of sampling params merged under each request's own."
-    )
+    preferred_sampling_params: str | None = _opt(None, "JSON sampling params merged under each request's own.")
     enable_deterministic_inference: bool = _opt(False, "Reported in server_info.")
-    speculative_algorithm: str | None = _opt(
-        None, f"One of {', '.join(SPECULATIVE_ALGORITHMS)}; EAGLE-family drafts count against the context."
-    )
+    speculative_algorithm: str | None = _opt(None, f"{', '.join(SPECULATIVE_ALGORITHMS)}; EAGLE drafts use context.")
     speculative_num_steps: int | None = _opt(None, "Speculative draft steps.")
     speculative_eagle_topk: int | None = _opt(None, "Speculative EAGLE top-k.")
     speculative_num_draft_tokens: int | None = _opt(None, "Speculative draft tokens per step.")
     malformed_rate: float = _opt(0.0, "Fraction of /generate replies answered 200 with a malformed item.")
-    # ---- vLLM (--api vllm) ----
-    vllm_version: str = _opt(DEFAULT_VLLM_VERSION, "Version reported by /version (--api vllm).")
+    # ---- vLLM (--api vllm); the default version has `return_token_ids` (0.10.2+) ----
+    vllm_version: str = _opt("0.11.0", "Version reported by /version (--api vllm).")
     served_model_name: str | None = _opt(None, "Model name in /v1/models (default: the model path).")
     generation_config: str = _opt("auto", "vLLM --generation-config: auto, vllm or a folder (only reported).")
     override_generation_config: str | None = _opt(
@@ -160,36 +135,23 @@ class DevServerConfig:
 
     def problems(self) -> list[str]:
         """Every out-of-range knob, as `--flag value: reason` strings."""
-        out: list[str] = []
+        out = [] if self.tokenizer else ["--tokenizer: required"]
 
         def bad(name: str, reason: str) -> None:
             out.append(f"--{name.replace('_', '-')} {getattr(self, name)!r}: {reason}")
 
-        if not self.tokenizer:
-            out.append("--tokenizer: required")
         if self.api not in APIS:
             bad("api", f"must be one of {', '.join(APIS)}")
-        for name, unset, api in API_ONLY_KNOBS:
+        for name, (unset, api) in API_ONLY_KNOBS.items():
             if self.api != api and getattr(self, name) != unset:
                 bad(name, f"only with --api {api} (the other kind of server has no such setting)")
         for name in ("override_generation_config", "preferred_sampling_params"):
-            if getattr(self, name) is not None and not isinstance(_json_or_none(getattr(self, name)), dict):
+            if getattr(self, name) is not None and _json_object(getattr(self, name)) is None:
                 bad(name, "must be a JSON object")
-        if not 0 <= self.port <= 65535:
-            bad("port", "must be 0..65535")
-        for name, low in MINIMUMS:
-            if getattr(self, name) is not None and getattr(self, name) < low:
-                bad(name, f"must be at least {low}")
-        for name in ("max_queued_requests", "token_latency", "prefill_latency", "startup_delay", "warmup"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                bad(name, "must be >= 0")
-        for name in ("fail_rate", "drop_rate", "health_fail_rate", "malformed_rate"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                bad(name, "must be in [0, 1]")
-        if not 0.0 <= self.length_sigma <= 4.0:
-            bad("length_sigma", "must be in [0, 4]")
-        if not 0 <= self.prefix_bug <= MAX_PREFIX_BUG_TOKENS:
-            bad("prefix_bug", f"must be 0..{MAX_PREFIX_BUG_TOKENS}")
+        for name, (low, high, complaint) in RANGES.items():
+            value = getattr(self, name)
+            if value is not None and not (low <= value and (high is None or value <= high)):
+                bad(name, complaint)
         if self.fail_rate + self.drop_rate + self.malformed_rate > 1.0:
             out.append("--fail-rate + --drop-rate + --malformed-rate: must not exceed 1")
         if self.speculative_algorithm is not None and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
@@ -200,44 +162,34 @@ class DevServerConfig:
 
     @property
     def generation_overrides(self) -> dict:
-        """--override-generation-config parsed, restricted to the keys vLLM acts on."""
-        if self.override_generation_config is None:
-            return {}
-        raw = json.loads(self.override_generation_config)
+        """--override-generation-config restricted to the keys vLLM acts on."""
+        raw = _json_object(self.override_generation_config) or {}
         return {key: raw[key] for key in VLLM_GENERATION_KEYS if raw.get(key) is not None}
 
     @property
-    def effective_served_model_name(self) -> str:
-        """The model name /v1/models reports."""
-        return self.served_model_name or self.effective_model_path
-
-    @property
     def preferred_params(self) -> dict | None:
-        """--preferred-sampling-params parsed (validated in __post_init__)."""
-        if self.preferred_sampling_params is None:
-            return None
-        return json.loads(self.preferred_sampling_params) or None
+        return _json_object(self.preferred_sampling_params) or None
 
     @property
     def draft_reserved_tokens(self) -> int:
         """Token slots SGLang reserves per request for EAGLE drafts:
         max(eagle_topk * num_steps, num_draft_tokens); 0 for other algorithms or none."""
-        algorithm = (self.speculative_algorithm or "").upper()
-        if algorithm not in EAGLE_ALGORITHMS:
+        if (self.speculative_algorithm or "").upper() not in EAGLE_ALGORITHMS:
             return 0
-        steps = self.speculative_num_steps or 0
-        topk = self.speculative_eagle_topk or 0
+        steps, topk = self.speculative_num_steps or 0, self.speculative_eagle_topk or 0
         return max(topk * steps, self.speculative_num_draft_tokens or 0)
 
     @property
     def effective_context_length(self) -> int:
-        """The context length the server enforces (what /v1/models reports)."""
         return self.context_length if self.context_length is not None else DEFAULT_CONTEXT_LENGTH
 
     @property
     def effective_model_path(self) -> str:
-        """The model path reported by the info endpoints."""
         return self.model_path if self.model_path is not None else str(Path(self.tokenizer))
+
+    @property
+    def effective_served_model_name(self) -> str:
+        return self.served_model_name or self.effective_model_path
 
     def replace(self, **changes) -> DevServerConfig:
         """A copy with some fields changed (validated again)."""

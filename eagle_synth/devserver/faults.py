@@ -8,31 +8,24 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-# What to do with one /generate request.
-SERVE = "serve"
-FAIL = "fail"
-DROP = "drop"
-MALFORMED = "malformed"
+# What to do with one generation request.
+SERVE, FAIL, DROP, MALFORMED = "serve", "fail", "drop", "malformed"
 # The malformed item shapes, used in turn by --malformed-rate: the item replaced by a bare list
 # of ints, meta_info a string, ids as strings, negative ids, no output_ids at all.
 MALFORMED_SHAPES = ("list-of-ints", "meta-info-string", "ids-as-strings", "negative-ids", "missing-output-ids")
 
 
 def _broken(holder: dict, key: str, shape: str) -> Any:
-    """A copy of `holder` whose ids under `key` are broken as `shape` says (the bare ids for
-    list-of-ints; an unchanged copy for meta-info-string, which the callers break)."""
+    """`holder` with its ids under `key` broken as `shape` says (the bare ids for list-of-ints;
+    an unchanged copy for meta-info-string, which the callers break)."""
     ids = list(holder.get(key) or [0])
+    if shape not in MALFORMED_SHAPES:
+        raise ValueError(f"unknown malformed shape {shape!r}")
     if shape == "list-of-ints":
         return ids
-    broken = dict(holder)
-    if shape == "ids-as-strings":
-        broken[key] = [str(i) for i in ids]
-    elif shape == "negative-ids":
-        broken[key] = [-1 - i for i in ids]
-    elif shape == "missing-output-ids":
-        broken.pop(key, None)
-    elif shape != "meta-info-string":
-        raise ValueError(f"unknown malformed shape {shape!r}")
+    broken = {k: v for k, v in holder.items() if not (k == key and shape == "missing-output-ids")}
+    if shape in ("ids-as-strings", "negative-ids"):
+        broken[key] = [str(i) for i in ids] if shape == "ids-as-strings" else [-1 - i for i in ids]
     return broken
 
 
@@ -45,8 +38,8 @@ def malform(item: dict, shape: str) -> Any:
 
 
 def malform_completion(reply: dict, shape: str) -> Any:
-    """A broken copy of one vLLM /v1/completions reply, in one of MALFORMED_SHAPES (the same
-    faults in vLLM's shape: meta-info-string makes `choices` a string)."""
+    """A broken copy of one vLLM /v1/completions reply: the same faults in vLLM's shape
+    (meta-info-string makes `choices` a string)."""
     if shape == "meta-info-string":
         return {**reply, "choices": str(reply["choices"])}
     choice = _broken(reply["choices"][0], "token_ids", shape)
@@ -55,15 +48,9 @@ def malform_completion(reply: dict, shape: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class GenerateFate:
-    """The fault decision for one /generate request.
-
-    Parameters:
-        number: 1-based arrival number of the request.
-        action: SERVE, FAIL (HTTP 500), DROP (close without a response) or MALFORMED
-            (HTTP 200 with one malformed item).
-        malformed_shape: for MALFORMED, which of MALFORMED_SHAPES (they come in turn).
-        die_after_response: this is the --die-after request; the server dies once it answered.
-    """
+    """The fault decision for one generation request: its 1-based arrival `number`, the
+    `action` (SERVE, FAIL: HTTP 500, DROP: no response, MALFORMED: a 200 with one malformed
+    item of `malformed_shape`), and whether it is the --die-after one (dies once answered)."""
 
     number: int
     action: str
@@ -74,7 +61,7 @@ class GenerateFate:
 class FaultPlan:
     """Seeded fault injection, reproducible for a given seed and arrival order.
 
-    Behaviour: each /generate request draws one number: below fail_rate it fails, below
+    Behaviour: each generation request draws one number: below fail_rate it fails, below
     fail_rate + drop_rate it is dropped, below that + malformed_rate its reply has a malformed
     item (the shapes come in turn). Health probes draw from their own RNG, so how often a
     client polls health does not change which generate requests fail.
@@ -95,7 +82,9 @@ class FaultPlan:
         seed: int,
         malformed_rate: float = 0.0,
     ) -> None:
-        self.fail_rate, self.drop_rate, self.malformed_rate = fail_rate, drop_rate, malformed_rate
+        # (action, upper bound of its draw), in draw order.
+        bounds = (fail_rate, fail_rate + drop_rate, fail_rate + drop_rate + malformed_rate)
+        self._bounds = tuple(zip((FAIL, DROP, MALFORMED), bounds))
         self.health_fail_rate, self.die_after = health_fail_rate, die_after
         self._generate_rng = random.Random(f"devserver-generate-faults-{seed}")
         self._health_rng = random.Random(f"devserver-health-faults-{seed}")
@@ -103,28 +92,16 @@ class FaultPlan:
         self._lock = threading.Lock()
 
     def next_generate(self) -> GenerateFate:
-        """Decide the fate of the next /generate request."""
         shape = None
         with self._lock:
             self._count += 1
             draw = self._generate_rng.random()
-            number = self._count
-            if draw < self.fail_rate:
-                action = FAIL
-            elif draw < self.fail_rate + self.drop_rate:
-                action = DROP
-            elif draw < self.fail_rate + self.drop_rate + self.malformed_rate:
-                action = MALFORMED
+            action = next((action for action, bound in self._bounds if draw < bound), SERVE)
+            if action == MALFORMED:
                 shape = MALFORMED_SHAPES[self._malformed_count % len(MALFORMED_SHAPES)]
                 self._malformed_count += 1
-            else:
-                action = SERVE
-        return GenerateFate(
-            number=number,
-            action=action,
-            die_after_response=self.die_after is not None and number == self.die_after,
-            malformed_shape=shape,
-        )
+            number = self._count
+        return GenerateFate(number, action, self.die_after is not None and number == self.die_after, shape)
 
     def health_flake(self) -> bool:
         """True when this (post-warm-up) health probe should answer a false 503."""

@@ -9,6 +9,7 @@ offers tools gets a tool call as its answer (see toolcalls.py).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -45,36 +46,22 @@ TOOL_ARGUMENTS_SALT = 0x7001_CA11
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """One generated sample before transport concerns (prefix bug, text, timing).
-
-    Parameters:
-        output_ids: the generated ids; a matched stop token is the last id.
-        finish_reason: SGLang's finish_reason object.
-    """
+    """One generated sample: its ids (a matched stop token last) and SGLang's finish_reason."""
 
     output_ids: list[int]
     finish_reason: dict[str, Any]
 
 
 class Generator:
-    """Turns prompts into completions with the shape of a real chat model's output.
-
-    Behaviour: a prompt ending in `<think>` (+ newline) gets reasoning tokens, `</think>`,
-    a blank line and answer tokens; any other prompt gets answer tokens. Then EOS. When the
-    prompt offers tools and ends with the user's words, the answer is a tool call in the
-    template's format instead (toolcalls.py; Qwen-family templates only). Body
-    tokens are seeded slices of the tokenized corpus; the natural length is gamma-distributed
-    with mean `mean_output_tokens`, or lognormal with median `length_median` and sigma
-    `length_sigma` when a median is given. The stream is then cut by SGLang's stop rules: EOS and
-    `stop_token_ids` end it (the matched id included) unless `ignore_eos`; stop tokens are
-    masked until `min_new_tokens`, then the first masked one is emitted; `stop` strings end
-    it at the first token completing one; `max_new_tokens` ends it with finish_reason length.
+    """Turns prompts into completions shaped like a chat model's output (docs/devserver.md,
+    "Generation model"): reasoning (when the prompt opens `<think>`), answer or tool call, EOS,
+    cut by SGLang's stop rules.
 
     Parameters:
         vocab: the model's token space.
-        mean_output_tokens: mean natural output length.
+        mean_output_tokens: mean of the gamma-distributed natural output length.
         seed: the server seed, mixed into temperature>0 sampling only.
-        length_median, length_sigma: lognormal lengths instead of gamma (median None: gamma).
+        length_median, length_sigma: lognormal lengths instead (median None: gamma).
     """
 
     def __init__(
@@ -86,25 +73,17 @@ class Generator:
         length_median: int | None = None,
         length_sigma: float = 1.0,
     ) -> None:
-        self.vocab = vocab
-        self.mean_output_tokens = mean_output_tokens
-        self.seed = seed
-        self.length_median = length_median
-        self.length_sigma = length_sigma
+        self.vocab, self.mean_output_tokens, self.seed = vocab, mean_output_tokens, seed
+        self.length_median, self.length_sigma = length_median, length_sigma
         self.tool_caller = ToolCaller.for_tokenizer(vocab.tokenizer)
 
     def complete(self, prompt: PromptRequest) -> Completion:
-        """The completion of one (expanded) prompt."""
-        params = prompt.params
         seed = self._stream_seed(prompt)
-        rng = random.Random(seed)
         reasoning = self.vocab.prompt_opens_reasoning(prompt.input_ids)
-        answer = self._tool_call_ids(prompt, seed)
-        out, finish = self._cut(
-            self._stream(rng, reasoning=reasoning, answer_ids=answer), params, prompt.max_new_tokens
-        )
-        if params.stop and out:
-            out, finish = self._cut_at_stop_string(out, finish, params)
+        stream = self._stream(random.Random(seed), reasoning=reasoning, answer_ids=self._tool_call_ids(prompt, seed))
+        out, finish = self._cut(stream, prompt.params, prompt.max_new_tokens)
+        if prompt.params.stop and out:
+            out, finish = self._cut_at_stop_string(out, finish, prompt.params)
         return Completion(output_ids=out, finish_reason=finish)
 
     def render_text(self, completion: Completion, params: SamplingParams) -> str:
@@ -114,17 +93,14 @@ class Generator:
         if isinstance(matched, int) and not params.no_stop_trim and ids:
             ids = ids[:-1]
         text = self.vocab.decode(ids, skip_special_tokens=params.skip_special_tokens)
-        if isinstance(matched, str) and not params.no_stop_trim:
-            cut = text.find(matched)
-            if cut >= 0:
-                text = text[:cut]
+        if isinstance(matched, str) and not params.no_stop_trim and matched in text:
+            text = text[: text.find(matched)]
         return text
 
     def _tool_call_ids(self, prompt: PromptRequest, seed: int) -> list[int] | None:
         """The ids of the tool call answering this prompt, or None to answer in words."""
-        if self.tool_caller is None:
-            return None
-        text = self.tool_caller.call_text(prompt.input_ids, random.Random(seed ^ TOOL_ARGUMENTS_SALT))
+        rng = random.Random(seed ^ TOOL_ARGUMENTS_SALT)
+        text = self.tool_caller.call_text(prompt.input_ids, rng) if self.tool_caller is not None else None
         if text is None:
             return None
         ids = self.vocab.encode(text)
@@ -161,25 +137,18 @@ class Generator:
             count -= run
 
     def _stream(self, rng: random.Random, *, reasoning: bool, answer_ids: list[int] | None = None) -> Iterator[int]:
-        """The model's uncut token stream: natural completion, EOS, then endless continuation.
-
-        `answer_ids` (a tool call) replace the answer tokens; the reasoning before stays.
-        """
-        total = self._natural_length(rng)
+        """The uncut stream: natural completion (`answer_ids`, a tool call, replacing the answer
+        tokens), EOS, then endless continuation."""
+        total = thinking = self._natural_length(rng)
         if reasoning:
             thinking = max(1, round(total * rng.uniform(*REASONING_SHARE)))
             yield from self._body(rng, thinking)
             if self.vocab.think_close_id is not None:  # prompt_opens_reasoning needs both think ids
                 yield self.vocab.think_close_id
             yield from self.vocab.separator_ids
-            if answer_ids is None:
-                yield from self._body(rng, max(1, total - thinking))
-            else:
-                yield from answer_ids
-        elif answer_ids is None:
-            yield from self._body(rng, total)
-        else:
-            yield from answer_ids
+        yield from (
+            answer_ids if answer_ids is not None else self._body(rng, max(1, total - thinking) if reasoning else total)
+        )
         if self.vocab.eos_id is not None:
             yield self.vocab.eos_id
         while True:
@@ -187,11 +156,7 @@ class Generator:
 
     def _cut(self, stream: Iterator[int], params: SamplingParams, cap: int) -> tuple[list[int], dict[str, Any]]:
         eos = self.vocab.eos_id
-        stoppers: set[int] = set()
-        if not params.ignore_eos:
-            stoppers.update(params.stop_token_ids)
-            if eos is not None:
-                stoppers.add(eos)
+        stoppers = set() if params.ignore_eos else {*params.stop_token_ids, *([eos] if eos is not None else [])}
         out: list[int] = []
         masked = 0
         wanted_stop: int | None = None  # a stop masked by min_new_tokens, emitted once allowed
@@ -229,11 +194,5 @@ class Generator:
             return out, finish
         # Containment only grows with the prefix, so the first completing token is found by
         # bisection instead of decoding every prefix.
-        lo, hi = 1, len(out)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if first_match(out[:mid]) is None:
-                lo = mid + 1
-            else:
-                hi = mid
-        return out[:lo], {"type": "stop", "matched": first_match(out[:lo])}
+        end = 1 + bisect.bisect_left(range(1, len(out)), True, key=lambda n: first_match(out[:n]) is not None)
+        return out[:end], {"type": "stop", "matched": first_match(out[:end])}

@@ -19,11 +19,8 @@ from dataclasses import dataclass, field
 from eagle_synth.errors import EagleSynthError
 
 # Outcomes a waiting handler can find on its job.
-PENDING = "pending"
-FINISHED = "finished"
-ABORTED_WAITING = "aborted_waiting"
-ABORTED_RUNNING = "aborted_running"
-KILLED = "killed"
+PENDING, FINISHED, KILLED = "pending", "finished", "killed"
+ABORTED_WAITING, ABORTED_RUNNING = "aborted_waiting", "aborted_running"
 
 
 class QueueFullError(EagleSynthError):
@@ -32,14 +29,9 @@ class QueueFullError(EagleSynthError):
 
 @dataclass(eq=False)
 class SlotJob:
-    """One prompt's stay on the emulated GPU.
-
-    Parameters:
-        rid: the prompt's meta_info id.
-        group_rid: the client's rid, which /abort_request may name.
-        output_tokens: tokens it generates (each costs one token latency).
-    Set by the scheduler: `outcome`, `tokens_done` (for a running abort), `done` (event).
-    """
+    """One prompt's stay on the emulated GPU: its `rid`, the client's `group_rid` (which
+    /abort_request may name) and the `output_tokens` it generates; the scheduler sets the rest
+    (`outcome`, `tokens_done` for a running abort, `done` once it ends)."""
 
     rid: str
     group_rid: str
@@ -50,6 +42,10 @@ class SlotJob:
     decode_start: float = 0.0
     finish_at: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def aborted(self) -> bool:
+        return self.outcome in (ABORTED_WAITING, ABORTED_RUNNING)
 
 
 class SlotScheduler:
@@ -80,12 +76,9 @@ class SlotScheduler:
         on_done: Callable[[SlotJob, float], None] = lambda job, held: None,
         on_load: Callable[[int, int], None] = lambda running, waiting: None,
     ) -> None:
-        self.slots = slots
-        self.max_queued = max_queued
-        self.token_latency = token_latency
-        self.prefill_latency = prefill_latency
-        self._on_done = on_done
-        self._on_load = on_load
+        self.slots, self.max_queued = slots, max_queued
+        self.token_latency, self.prefill_latency = token_latency, prefill_latency
+        self._on_done, self._on_load = on_done, on_load
         self._cond = threading.Condition()
         self._waiting: deque[SlotJob] = deque()
         self._running: list[tuple[float, int, SlotJob]] = []  # heap by finish time
@@ -96,12 +89,11 @@ class SlotScheduler:
 
     @property
     def load(self) -> tuple[int, int]:
-        """(running, waiting) right now."""
+        """(running, waiting)."""
         with self._cond:
             return len(self._running), len(self._waiting)
 
     def duration(self, output_tokens: int) -> float:
-        """Seconds a job of `output_tokens` tokens holds its slot."""
         return self.prefill_latency + output_tokens * self.token_latency
 
     def submit(self, jobs: Iterable[SlotJob]) -> None:
@@ -110,10 +102,7 @@ class SlotScheduler:
         finished: list[tuple[SlotJob, float]] = []
         with self._cond:
             if self._stopped:
-                for job in jobs:
-                    job.outcome = KILLED
-                    job.done.set()
-                return
+                return _kill(jobs)
             if self.max_queued is not None:
                 free = self.slots - len(self._running)
                 would_wait = len(self._waiting) + max(0, len(jobs) - max(free, 0))
@@ -122,8 +111,7 @@ class SlotScheduler:
             for job in jobs:
                 if not self._waiting and len(self._running) < self.slots and self.duration(job.output_tokens) == 0:
                     job.admitted_at = job.decode_start = job.finish_at = time.monotonic()
-                    job.outcome = FINISHED
-                    job.tokens_done = job.output_tokens
+                    job.outcome, job.tokens_done = FINISHED, job.output_tokens
                     finished.append((job, 0.0))
                 else:
                     self._waiting.append(job)
@@ -133,28 +121,22 @@ class SlotScheduler:
 
     def abort(self, *, rids: set[str] | None) -> int:
         """End jobs whose rid or group rid is in `rids` (None = all); returns how many."""
-        ended: list[tuple[SlotJob, float]] = []
+
+        def named(job: SlotJob) -> bool:
+            return rids is None or job.rid in rids or job.group_rid in rids
+
         now = time.monotonic()
         with self._cond:
-            keep: deque[SlotJob] = deque()
-            for job in self._waiting:
-                if rids is None or job.rid in rids or job.group_rid in rids:
-                    job.outcome = ABORTED_WAITING
-                    ended.append((job, 0.0))
-                else:
-                    keep.append(job)
-            self._waiting = keep
-            still: list[tuple[float, int, SlotJob]] = []
-            for entry in self._running:
-                job = entry[2]
-                if rids is None or job.rid in rids or job.group_rid in rids:
-                    job.outcome = ABORTED_RUNNING
-                    job.tokens_done = self._tokens_at(job, now)
+            ended = [(job, 0.0) for job in self._waiting if named(job)]
+            for job, _ in ended:
+                job.outcome = ABORTED_WAITING
+            self._waiting = deque(job for job in self._waiting if not named(job))
+            for _, _, job in self._running:
+                if named(job):
+                    job.outcome, job.tokens_done = ABORTED_RUNNING, self._tokens_at(job, now)
                     ended.append((job, now - job.admitted_at))
-                else:
-                    still.append(entry)
-            heapq.heapify(still)
-            self._running = still
+            self._running = [entry for entry in self._running if not named(entry[2])]
+            heapq.heapify(self._running)
             self._on_load(len(self._running), len(self._waiting))
             self._cond.notify()
         self._finish(ended)
@@ -168,9 +150,7 @@ class SlotScheduler:
             self._waiting.clear()
             self._running.clear()
             self._cond.notify()
-        for job in jobs:
-            job.outcome = KILLED
-            job.done.set()
+        _kill(jobs)
 
     def _tokens_at(self, job: SlotJob, now: float) -> int:
         if self.token_latency <= 0:
@@ -193,8 +173,7 @@ class SlotScheduler:
                 # go to waiting prompts in the same step.
                 while self._running and self._running[0][0] <= now:
                     job = heapq.heappop(self._running)[2]
-                    job.outcome = FINISHED
-                    job.tokens_done = job.output_tokens
+                    job.outcome, job.tokens_done = FINISHED, job.output_tokens
                     finished.append((job, job.finish_at - job.admitted_at))
                 while self._waiting and len(self._running) < self.slots:
                     job = self._waiting.popleft()
@@ -209,3 +188,9 @@ class SlotScheduler:
                     timeout = self._running[0][0] - now if self._running else None
                     self._cond.wait(timeout)
             self._finish(finished)
+
+
+def _kill(jobs: list[SlotJob]) -> None:
+    for job in jobs:
+        job.outcome = KILLED
+        job.done.set()

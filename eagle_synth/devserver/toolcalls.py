@@ -1,20 +1,8 @@
 """Tool calls the emulated model writes when its prompt offers tools, in its template's format.
 
-A real agentic model answers a user turn that offers tools with a call, and the tool results
-with text. The emulated one does the same, deterministically, so the tool-call path (parsing,
-pairing, replay) can be exercised end to end without a GPU:
-
-* the prompt offers tools when its system block has the template's `<tools>` section (one JSON
-  schema per line); the model calls only if the prompt's last turn is the user's own words,
-  not tool responses;
-* it calls every offered tool named in that user turn, in order of first mention (several
-  names: parallel calls), or else the first tool;
-* each call fills the schema's properties (the required ones, or all when none are required)
-  with values of their type drawn from a seeded rng, and is written as the template renders an
-  assistant's `tool_calls`.
-
-The formats written are the Qwen family's (`qwen3_coder`, Qwen3.5's; `hermes`, Qwen2.5/3's),
-told from the tokenizer's chat template; with any other template the model never calls tools.
+The rules (which tools, which arguments, when) are in docs/devserver.md, "Tool calls". The
+formats written are the Qwen family's (`qwen3_coder`, Qwen3.5's; `hermes`, Qwen2.5/3's), told
+from the tokenizer's chat template; with any other template the model never calls tools.
 Everything is a pure function of the prompt ids (and the rng the caller seeds from them).
 """
 
@@ -55,9 +43,7 @@ class ToolCaller:
     def __init__(self, *, family: str, call_token_id: int, decode) -> None:
         if family not in WRITABLE_FORMATS:
             raise ValueError(f"cannot write tool calls in format {family!r}; only {', '.join(WRITABLE_FORMATS)}")
-        self.family = family
-        self.call_token_id = call_token_id
-        self._decode = decode
+        self.family, self.call_token_id, self._decode = family, call_token_id, decode
 
     @classmethod
     def for_tokenizer(cls, tokenizer) -> ToolCaller | None:
@@ -118,12 +104,9 @@ def last_user_text(prompt: str) -> str | None:
 
 def chosen_tools(tools: list[dict], user_text: str) -> list[tuple[str, dict]]:
     """(name, parameters schema) of each tool to call, in order of mention (else the first tool)."""
-    mentioned = []
-    for tool in tools:
-        match = re.search(rf"(?<![\w.]){re.escape(tool['name'])}(?![\w.])", user_text)
-        if match:
-            mentioned.append((match.start(), tool))
-    picked = [tool for _, tool in sorted(mentioned, key=lambda m: m[0])] or tools[:1]
+    found = [(re.search(rf"(?<![\w.]){re.escape(tool['name'])}(?![\w.])", user_text), tool) for tool in tools]
+    mentioned = sorted(((match.start(), tool) for match, tool in found if match), key=lambda m: m[0])
+    picked = [tool for _, tool in mentioned] or tools[:1]
     return [(tool["name"], tool.get("parameters") or {}) for tool in picked]
 
 
@@ -159,24 +142,16 @@ def _value(schema: object, rng: random.Random) -> object:
 def render_calls(calls: list[dict], *, family: str) -> str:
     """Calls written the way the family's template renders an assistant's tool_calls."""
     if family == "hermes":
-        return "\n".join(
-            "<tool_call>\n"
-            + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False)
-            + "\n</tool_call>"
-            for c in calls
-        )
-    blocks = []
-    for call in calls:
-        parameters = "".join(
-            f"<parameter={key}>\n{_qwen3_coder_value(value)}\n</parameter>\n"
-            for key, value in call["arguments"].items()
-        )
-        blocks.append(f"<tool_call>\n<function={call['name']}>\n{parameters}</function>\n</tool_call>")
-    return "\n".join(blocks)
-
-
-def _qwen3_coder_value(value: object) -> str:
-    # Qwen3.5's template: objects and lists as JSON, anything else through str().
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
+        bodies = [json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False) for c in calls]
+    else:
+        # Qwen3.5's template: objects and lists as JSON, anything else through str().
+        bodies = [
+            f"<function={call['name']}>\n"
+            + "".join(
+                f"<parameter={key}>\n{json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v}\n</parameter>\n"
+                for key, v in call["arguments"].items()
+            )
+            + "</function>"
+            for call in calls
+        ]
+    return "\n".join(f"<tool_call>\n{body}\n</tool_call>" for body in bodies)

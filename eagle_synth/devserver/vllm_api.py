@@ -1,133 +1,307 @@
-"""VllmApi: what each endpoint of the emulated vLLM server answers (`--api vllm`).
-
-vLLM's OpenAI-compatible server as a token-in/token-out client sees it: /health (200, empty
-body), /v1/models (`owned_by` "vllm", `max_model_len`), /version, /v1/completions with
-`return_token_ids`, and /server_info only in dev mode (VLLM_SERVER_DEV_MODE=1). It shares the
-devserver's generator, slot scheduler, fault plan and counters with the SGLang endpoints
-(app.py), so the same campaign gives the same ids, timing and faults on both APIs.
+"""The emulated vLLM server (`--api vllm`): /v1/completions checked as vLLM's source does it
+(entrypoints/openai/completion/protocol.py and serving.py, sampling_params.py,
+renderers/params.py), and its other endpoints; docs/devserver.md lists the rules. Prompts parse
+to the SGLang side's PromptRequest/SamplingParams and share the app's generator, scheduler,
+faults and counters, so the same campaign gives the same ids, timing and faults on both APIs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from eagle_synth.devserver.app import Reply, json_reply
 from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, GenerateFate, malform_completion
-from eagle_synth.devserver.protocol import ProtocolError, version_tuple
-from eagle_synth.devserver.scheduler import ABORTED_RUNNING, ABORTED_WAITING, SlotJob
-from eagle_synth.devserver.vllm_protocol import (
-    SHORTENS_MAX_TOKENS_FROM,
-    ModelNotFound,
-    VllmRules,
-    parse_completion_request,
+from eagle_synth.devserver.protocol import (
+    PromptRequest,
+    ProtocolError,
+    Reply,
+    SamplingParams,
+    is_int,
+    json_reply,
+    refuse_first,
+    version_tuple,
 )
+from eagle_synth.devserver.scheduler import SlotJob
 
 if TYPE_CHECKING:
-    from eagle_synth.devserver.app import DevServerApp
+    from eagle_synth.devserver.app import DevServer
+    from eagle_synth.devserver.config import DevServerConfig
 
 log = logging.getLogger("eagle_synth.devserver")
 
+# The first vLLM version seen shortening max_tokens to the context's room (0.32.0, the real CPU
+# build tried here); 0.11 refuses with a 400. Versions between were not tried.
+SHORTENS_MAX_TOKENS_FROM = (0, 32, 0)
+DEFAULT_MAX_TOKENS = 16
+# vLLM raises a temperature in (0, this) to this (SamplingParams.__post_init__).
+MIN_TEMPERATURE = 0.01
+# Below this temperature vLLM samples greedily.
+SAMPLING_EPS = 1e-5
+# OpenAI's defaults, used when neither the request nor the server's generation config sets one.
+OPENAI_DEFAULTS = {"repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+# Fields that change a sampled completion without the Generator acting on them.
+EXTRA_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "spaces_between_special_tokens")
+# CompletionRequest fields by JSON type, for pydantic's checks.
+FLOAT_FIELDS = (
+    *("frequency_penalty", "presence_penalty", "temperature", "top_p", "min_p", "repetition_penalty"),
+    "length_penalty",
+)
+INT_FIELDS = (
+    *("max_tokens", "n", "seed", "top_k", "min_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"),
+    "priority",
+)
+BOOL_FIELDS = (
+    *("echo", "stream", "use_beam_search", "include_stop_str_in_output", "ignore_eos", "skip_special_tokens"),
+    *("spaces_between_special_tokens", "add_special_tokens", "return_token_ids", "return_tokens_as_token_ids"),
+)
+# pydantic's type checks: (fields, valid value, the type its message names).
+TYPE_CHECKS: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
+    (FLOAT_FIELDS, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "number"),
+    (INT_FIELDS, is_int, "integer"),
+    (BOOL_FIELDS, lambda v: isinstance(v, bool), "boolean"),
+    (("stop",), lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)), "list"),
+    (("stop_token_ids",), lambda v: isinstance(v, list) and all(is_int(t) for t in v), "list"),
+)
+# Every field of vLLM's CompletionRequest the devserver knows; others are ignored, as vLLM does.
+KNOWN_FIELDS = frozenset(
+    {
+        *("model", "prompt", "suffix", "user", "stop", "stop_token_ids", "logit_bias", "allowed_token_ids"),
+        *("bad_words", "stream_options", "response_format", "structured_outputs", "request_id", "cache_salt"),
+        *("vllm_xargs", *FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS),
+    }
+)
 # vLLM's message when its engine fails mid-request (EngineDeadError / GenerationError), HTTP 500.
 ENGINE_ERROR_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-# The dtype the dev-mode configuration reports (the devserver computes nothing).
-REPORTED_DTYPE = "bfloat16"
+# vLLM's ErrorResponse `type` by HTTP status.
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
 
 
-def error_reply(message: str, *, status: int, err_type: str, param: str | None = None) -> Reply:
+def _validation_error(field: str, kind: str, msg: str, value: Any) -> ProtocolError:
+    """pydantic's RequestValidationError as vLLM answers it (400, the field at ('body', ...))."""
+    return ProtocolError(
+        f"1 validation error for CompletionRequest: [{{'type': '{kind}', 'loc': ('body', '{field}'), "
+        f"'msg': '{msg}', 'input': {value!r}}}]"
+    )
+
+
+def _field_error(field: str, value: Any, expected: str) -> ProtocolError:
+    return _validation_error(field, f"{expected}_type", f"Input should be a valid {expected}", value)
+
+
+def _prompts(body: dict, tokenize: Callable[[str], list[int]] | None) -> list[list[int]]:
+    prompt = body.get("prompt")
+    if prompt is None or prompt == "":
+        raise ProtocolError("Either prompt or prompt_embeds must be provided and non-empty.")
+    prompt = [prompt] if isinstance(prompt, str) else prompt
+    if isinstance(prompt, list) and all(is_int(i) for i in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and all(isinstance(p, list) and all(is_int(i) for i in p) for p in prompt):
+        prompts = prompt
+    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        if tokenize is None:
+            raise ProtocolError("Unable to get tokenizer because `skip_tokenizer_init=True`")
+        prompts = [tokenize(p) for p in prompt]
+    else:
+        raise _field_error("prompt", prompt, "list")
+    negative = next((i for ids in prompts for i in ids if i < 0), None)
+    if negative is not None:
+        raise _validation_error("prompt", "greater_than_equal", "Input should be greater than or equal to 0", negative)
+    return prompts
+
+
+def _verify(p: dict) -> None:
+    """vLLM's SamplingParams._verify_args (400s)."""
+    checks = (
+        (p["n"] < 1, f"n must be at least 1, got {p['n']}."),
+        *(
+            (not -2.0 <= p[k] <= 2.0, f"{k} must be in [-2, 2], got {p[k]}.")
+            for k in ("presence_penalty", "frequency_penalty")
+        ),
+        (
+            not math.isfinite(p["repetition_penalty"]) or p["repetition_penalty"] <= 0.0,
+            f"repetition_penalty must be greater than zero, got {p['repetition_penalty']}.",
+        ),
+        (
+            not math.isfinite(p["temperature"]) or p["temperature"] < 0.0,
+            f"temperature must be non-negative, got {p['temperature']}.",
+        ),
+        (p["temperature"] > 2.0, f"temperature must be in [0, 2], got {p['temperature']}."),
+        (not 0.0 < p["top_p"] <= 1.0, f"top_p must be in (0, 1], got {p['top_p']}."),
+        (p["top_k"] < -1, f"top_k must be 0 (disable), or at least 1, got {p['top_k']}."),
+        (not 0.0 <= p["min_p"] <= 1.0, f"min_p must be in [0, 1], got {p['min_p']}."),
+        (p["max_tokens"] < 1, f"max_tokens must be at least 1, got {p['max_tokens']}."),
+        (p["min_tokens"] < 0, f"min_tokens must be greater than or equal to 0, got {p['min_tokens']}."),
+        (
+            p["min_tokens"] > p["max_tokens"],
+            f"min_tokens must be less than or equal to max_tokens={p['max_tokens']}, got {p['min_tokens']}.",
+        ),
+        (any(not s for s in p["stop"]), "stop cannot contain an empty string."),
+        (p["temperature"] < SAMPLING_EPS and p["n"] > 1, f"n must be 1 when using greedy sampling, got {p['n']}."),
+    )
+    refuse_first(checks)
+
+
+def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int, tokenize) -> list[PromptRequest]:
+    """One PromptRequest per choice (n per prompt, prompt-major) of a /v1/completions body;
+    raises ProtocolError as vLLM would fail. vLLM 0.32 (the real CPU build) shortens max_tokens
+    to the room the prompt leaves and refuses only a prompt that fills the context; older
+    vLLM refuses a prompt + max_tokens above it."""
+    served, overrides = config.effective_served_model_name, config.generation_overrides
+    shortens = version_tuple(config.vllm_version) >= SHORTENS_MAX_TOKENS_FROM
+    if not isinstance(body, dict):
+        raise ProtocolError("1 validation error for CompletionRequest: Input should be a valid dictionary")
+    for fields, valid, expected in TYPE_CHECKS:
+        bad = next((f for f in fields if body.get(f) is not None and not valid(body[f])), None)
+        if bad is not None:
+            raise _field_error(bad, body[bad], expected)
+    model = body.get("model")
+    if model is not None and model != served:
+        raise ProtocolError(f"The model `{model}` does not exist.", status=404, param="model")
+    if body.get("stream"):
+        raise ProtocolError("The devserver does not support stream=true.")
+    if body.get("echo") or body.get("use_beam_search"):
+        raise ProtocolError("The devserver does not support echo or beam search.")
+    prompts = _prompts(body, tokenize)
+    max_tokens = body.get("max_tokens")
+    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    limit = config.effective_context_length
+    if max_tokens > limit:
+        raise ProtocolError(
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output tokens."
+        )
+    stop = body.get("stop")
+    params = {
+        # user -> server default (generation config, override) -> OpenAI default
+        **{k: body[k] if body.get(k) is not None else overrides.get(k, v) for k, v in OPENAI_DEFAULTS.items()},
+        "n": body.get("n") or 1,
+        "presence_penalty": body.get("presence_penalty") or 0.0,
+        "frequency_penalty": body.get("frequency_penalty") or 0.0,
+        "max_tokens": max_tokens,
+        "min_tokens": body.get("min_tokens") or 0,
+        "stop": [stop] if isinstance(stop, str) else list(stop or []),
+        "seed": body.get("seed"),
+    }
+    if 0 < params["temperature"] < MIN_TEMPERATURE:
+        params["temperature"] = MIN_TEMPERATURE
+    _verify(params)
+    sampling = _sampling(body, params)
+    out: list[PromptRequest] = []
+    for index, ids in enumerate(prompts):
+        if not ids:
+            raise ProtocolError("The decoder prompt cannot be empty")
+        room = limit - len(ids)
+        if shortens and room < 0:
+            raise ProtocolError(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains {len(ids)} "
+                "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of "
+                f"the input prompt. (parameter=input_tokens, value={len(ids)})",
+                param="input_tokens",
+            )
+        if shortens and room == 0:
+            message = "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+            raise ProtocolError(message, param="max_tokens")
+        if room < max_tokens and not shortens:
+            raise ProtocolError(
+                f"You passed {len(ids)} input tokens and requested {max_tokens} output tokens. However, the model's "
+                f"context length is only {limit} tokens, resulting in a maximum input length of "
+                f"{limit - max_tokens} tokens. Please reduce the length of the input prompt."
+            )
+        oov = next((i for i in ids if i >= vocab_size), None)
+        if oov is not None:
+            raise ProtocolError(f"Token id {oov} is out of vocabulary")
+        cap = min(max_tokens, room)  # equal to max_tokens unless shortens_max_tokens
+        if overrides.get("max_new_tokens") is not None:
+            cap = min(cap, int(overrides["max_new_tokens"]))  # vLLM's silent ceiling
+        rid = f"cmpl-{uuid.uuid4().hex}-{index}"
+        out.extend(PromptRequest(ids, sampling, cap, rid, rid, j) for j in range(params["n"]))
+    return out
+
+
+def _sampling(body: dict, p: dict) -> SamplingParams:
+    """vLLM's sampling under SGLang's names, so equal values give equal ids on both APIs (vLLM's
+    top_k 0 and -1 both mean off; fields the Generator ignores still seed sampled output)."""
+    return SamplingParams(
+        max_new_tokens=p["max_tokens"],
+        min_new_tokens=p["min_tokens"],
+        temperature=0.0 if p["temperature"] < SAMPLING_EPS else p["temperature"],
+        top_p=p["top_p"],
+        top_k=-1 if p["top_k"] in (0, -1) else p["top_k"],
+        min_p=p["min_p"],
+        frequency_penalty=float(p["frequency_penalty"]),
+        presence_penalty=float(p["presence_penalty"]),
+        repetition_penalty=float(p["repetition_penalty"]),
+        stop=tuple(p["stop"]),
+        stop_token_ids=tuple(body.get("stop_token_ids") or ()),
+        ignore_eos=bool(body.get("ignore_eos")),
+        skip_special_tokens=body.get("skip_special_tokens", True) is not False,
+        no_stop_trim=bool(body.get("include_stop_str_in_output")),
+        n=p["n"],
+        sampling_seed=p["seed"] if p["seed"] != -1 else None,
+        extra=tuple(sorted((key, repr(body[key])) for key in EXTRA_FIELDS if body.get(key) is not None)),
+    )
+
+
+def error_reply(message: str, *, status: int, param: str | None = None) -> Reply:
     """vLLM's ErrorResponse: {"error": {"message", "type", "param", "code"}}."""
-    return json_reply({"error": {"message": message, "type": err_type, "param": param, "code": status}}, status=status)
+    error = {"message": message, "type": ERROR_TYPES[status], "param": param, "code": status}
+    return json_reply({"error": error}, status=status)
 
 
 class VllmApi:
-    """The vLLM endpoints over a DevServerApp's shared parts.
+    """The vLLM endpoints over a DevServer's shared parts (generator, scheduler, faults, stats).
 
-    Behaviour: /v1/completions validates like vLLM (400s worded as vLLM's, 404 for another
-    `model`, ids outside the vocabulary refused rather than fatal), holds a slot per choice
-    for its emulated time and answers in vLLM's shape; faults come from the app's FaultPlan
-    (500s in vLLM's error shape, drops, malformed 200s, death after the N-th request).
+    Behaviour: /v1/completions validates as above, holds a slot per choice for its emulated
+    time and answers in vLLM's shape; faults are 500s in vLLM's error shape, drops, malformed
+    200s and death after the N-th request; /server_info exists only in dev mode.
 
     Parameters:
-        app: the devserver application whose generator, scheduler, faults and stats are used.
+        app: the devserver application whose shared parts are used.
     """
 
-    def __init__(self, app: DevServerApp) -> None:
+    def __init__(self, app: DevServer) -> None:
         self.app = app
-        c = app.config
-        self.rules = VllmRules(
-            max_model_len=c.effective_context_length,
-            vocab_size=app.vocab.size,
-            served_model_name=c.effective_served_model_name,
-            overrides=c.generation_overrides,
-            shortens_max_tokens=version_tuple(c.vllm_version) >= SHORTENS_MAX_TOKENS_FROM,
-        )
         self._ignored_logged: set[tuple[str, ...]] = set()
 
-    # ---- health and information ----------------------------------------------------------
-
     def models(self, body: bytes) -> Reply:
-        """/v1/models: the served name, the model path as root, max_model_len."""
         c = self.app.config
         created = int(self.app.stats.started_at)
-        return json_reply(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": c.effective_served_model_name,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": "vllm",
-                        "root": c.effective_model_path,
-                        "parent": None,
-                        "max_model_len": c.effective_context_length,
-                        "permission": [
-                            {
-                                "id": f"modelperm-{uuid.uuid4().hex}",
-                                "object": "model_permission",
-                                "created": created,
-                                "allow_create_engine": False,
-                                "allow_sampling": True,
-                                "allow_logprobs": True,
-                                "allow_search_indices": False,
-                                "allow_view": True,
-                                "allow_fine_tuning": False,
-                                "organization": "*",
-                                "group": None,
-                                "is_blocking": False,
-                            }
-                        ],
-                    }
-                ],
-            }
-        )
+        permission: dict[str, Any] = {
+            "id": f"modelperm-{uuid.uuid4().hex}",
+            "object": "model_permission",
+            "created": created,
+        }
+        permission |= {"allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True}
+        permission |= {"allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False}
+        permission |= {"organization": "*", "group": None, "is_blocking": False}
+        model: dict[str, Any] = {
+            "id": c.effective_served_model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+        }
+        model |= {"root": c.effective_model_path, "parent": None, "max_model_len": c.effective_context_length}
+        return json_reply({"object": "list", "data": [{**model, "permission": [permission]}]})
 
     def version(self, body: bytes) -> Reply:
-        """/version."""
         return json_reply({"version": self.app.config.vllm_version})
 
     def server_info(self, body: bytes) -> Reply:
-        """/server_info: only in dev mode, the configuration as `?config_format=json` gives it."""
+        """Only in dev mode: the configuration as `?config_format=json` gives it."""
         c = self.app.config
         if not c.dev_mode:
             return json_reply({"detail": "Not Found"}, status=404)
+        model: dict[str, Any] = {"model": c.effective_model_path, "served_model_name": c.effective_served_model_name}
+        model |= {"tokenizer": c.tokenizer, "max_model_len": c.effective_context_length, "dtype": "bfloat16"}
+        model |= {"seed": c.seed, "generation_config": c.generation_config}
+        model |= {"override_generation_config": json.loads(c.override_generation_config or "{}")}
+        model |= {"skip_tokenizer_init": c.skip_tokenizer_init, "logits_processors": None, "runner_type": "generate"}
         config = {
-            "model_config": {
-                "model": c.effective_model_path,
-                "served_model_name": c.effective_served_model_name,
-                "tokenizer": c.tokenizer,
-                "max_model_len": c.effective_context_length,
-                "dtype": REPORTED_DTYPE,
-                "seed": c.seed,
-                "generation_config": c.generation_config,
-                "override_generation_config": json.loads(c.override_generation_config or "{}"),
-                "skip_tokenizer_init": c.skip_tokenizer_init,
-                "logits_processors": None,
-                "runner_type": "generate",
-            },
+            "model_config": model,
             "scheduler_config": {"max_num_seqs": c.slots, "max_num_batched_tokens": c.effective_context_length},
             "cache_config": {"enable_prefix_caching": True, "kv_cache_dtype": "auto"},
             "parallel_config": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1},
@@ -137,87 +311,68 @@ class VllmApi:
         return json_reply({"vllm_config": config, "vllm_env": {}, "system_env": {}})
 
     def tokenize(self, body: bytes) -> Reply:
-        """/tokenize of a text prompt (vLLM's TokenizeCompletionRequest): `tokens`, `count`,
-        `max_model_len`; `add_special_tokens` defaults to true, as vLLM's does."""
+        """A text prompt's `tokens`, `count`, `max_model_len` (TokenizeCompletionRequest);
+        `add_special_tokens` defaults to true, as vLLM's does."""
         try:
             request = json.loads(body)
         except ValueError:
-            return error_reply("JSON decode error", status=400, err_type="BadRequestError")
+            return error_reply("JSON decode error", status=400)
         prompt = request.get("prompt") if isinstance(request, dict) else None
         if not isinstance(prompt, str):
-            return error_reply("Field required: ('body', 'prompt')", status=400, err_type="BadRequestError")
+            return error_reply("Field required: ('body', 'prompt')", status=400)
         model = request.get("model")
-        if model is not None and model != self.rules.served_model_name:
-            return error_reply(
-                f"The model `{model}` does not exist.", status=404, err_type="NotFoundError", param="model"
-            )
+        if model is not None and model != self.app.config.effective_served_model_name:
+            return error_reply(f"The model `{model}` does not exist.", status=404, param="model")
         add_special = request.get("add_special_tokens", True) is not False
         tokens = [int(i) for i in self.app.vocab.tokenizer.encode(prompt, add_special_tokens=add_special)]
-        return json_reply(
-            {"count": len(tokens), "max_model_len": self.rules.max_model_len, "tokens": tokens, "token_strs": None}
-        )
-
-    # ---- generation ----------------------------------------------------------------------
+        max_model_len = self.app.config.effective_context_length
+        return json_reply({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": None})
 
     def completions(self, body: bytes) -> Reply:
-        """/v1/completions, with faults applied."""
         return self.app.fated(body, "/v1/completions", self._complete)
 
     def _complete(self, body: bytes, fate: GenerateFate) -> Reply:
         app = self.app
         if fate.action == FAIL:
             app.stats.count("injected_failures")
-            return error_reply(ENGINE_ERROR_MESSAGE, status=500, err_type="InternalServerError")
+            return error_reply(ENGINE_ERROR_MESSAGE, status=500)
         try:
-            req = parse_completion_request(
-                json.loads(body),
-                rules=self.rules,
-                tokenize=None if app.config.skip_tokenizer_init else app.vocab.encode,
-            )
-        except ValueError:
+            request = json.loads(body)
+            tokenize = None if app.config.skip_tokenizer_init else app.vocab.encode
+            prompts = parse_completion_request(request, app.config, app.vocab.size, tokenize)
+        except (ValueError, ProtocolError) as err:
             app.stats.count("client_errors")
-            return error_reply("JSON decode error", status=400, err_type="BadRequestError")
-        except ModelNotFound as err:
-            app.stats.count("client_errors")
-            return error_reply(err.message, status=404, err_type="NotFoundError", param="model")
-        except ProtocolError as err:
-            app.stats.count("client_errors")
-            return error_reply(
-                err.message, status=err.status, err_type="BadRequestError", param=getattr(err, "param", None)
-            )
-        if req.unknown_fields and req.unknown_fields not in self._ignored_logged:
-            self._ignored_logged.add(req.unknown_fields)
-            log.warning("The following fields were present in the request but ignored: %s", set(req.unknown_fields))
-
-        completions = [app.generator.complete(p) for p in req.prompts]
-        jobs = app.hold_slots(req.prompts, completions)  # vLLM has no queue cap: requests wait
+            if isinstance(err, ProtocolError):
+                return error_reply(err.message, status=err.status, param=err.param)
+            return error_reply("JSON decode error", status=400)
+        unknown = tuple(sorted(set(request) - KNOWN_FIELDS))
+        if unknown and unknown not in self._ignored_logged:
+            self._ignored_logged.add(unknown)
+            log.warning("The following fields were present in the request but ignored: %s", set(unknown))
+        return_token_ids = bool(request.get("return_token_ids"))
+        completions = [app.generator.complete(p) for p in prompts]
+        jobs = app.hold_slots(prompts, completions)  # vLLM has no queue cap: requests wait
         if jobs is None:
             return Reply(drop=True)
-        choices, completion_tokens = [], 0
-        for i, (prompt, completion, job) in enumerate(zip(req.prompts, completions, jobs)):
-            choice, generated = self._choice(i, prompt, completion, job, req.return_token_ids)
-            choices.append(choice)
-            completion_tokens += generated
-        prompt_tokens = sum(len(p.input_ids) for p in req.prompts if p.sample_index == 0)
+        each = zip(prompts, completions, jobs)
+        pairs = [self._choice(i, *choice, return_token_ids) for i, choice in enumerate(each)]
+        choices, completion_tokens = [c for c, _ in pairs], sum(n for _, n in pairs)
+        prompt_tokens = sum(len(p.input_ids) for p in prompts if p.sample_index == 0)
         reply: dict[str, Any] = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": self.rules.served_model_name,
+            "model": app.config.effective_served_model_name,
             "choices": choices,
             "service_tier": None,
             # vLLM 0.32 answers "vllm-<version>-<build hash>"; the rest as the real CPU build does.
             "system_fingerprint": f"vllm-{app.config.vllm_version}-devserver",
             "usage": {
-                "prompt_tokens": prompt_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "completion_tokens": completion_tokens,
-                "prompt_tokens_details": None,
+                **{"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens},
+                **{"completion_tokens": completion_tokens, "prompt_tokens_details": None},
                 "completion_tokens_details": None,
             },
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "metrics": None,
+            **{"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None},
         }
         if fate.action == DROP:
             app.stats.count("injected_drops")
@@ -227,29 +382,21 @@ class VllmApi:
             return json_reply(malform_completion(reply, fate.malformed_shape))
         return json_reply(reply)
 
-    def _choice(self, index: int, prompt, completion, job: SlotJob, return_token_ids: bool) -> tuple[dict, int]:
+    def _choice(self, index: int, prompt: PromptRequest, completion, job: SlotJob, token_ids: bool) -> tuple[dict, int]:
         """One choice of the reply and the tokens it generated."""
         app = self.app
-        output_ids = completion.output_ids
-        finish = completion.finish_reason
-        aborted = job.outcome in (ABORTED_WAITING, ABORTED_RUNNING)
+        output_ids, finish = completion.output_ids, completion.finish_reason
+        aborted = job.aborted
         if aborted:
-            output_ids = output_ids[: job.tokens_done]
-            finish_reason, stop_reason = "abort", None
+            output_ids, finish_reason, stop_reason = output_ids[: job.tokens_done], "abort", None
         else:
-            finish_reason = finish["type"]
-            matched = finish.get("matched")
+            finish_reason, matched = finish["type"], finish.get("matched")
             # vLLM reports the matched stop id or string; the model's EOS is reported as None.
             stop_reason = None if matched is None or matched == app.vocab.eos_id else matched
         app.stats.prompt_done(output_tokens=len(output_ids), aborted=aborted)
+        text = "" if app.config.skip_tokenizer_init else app.text(prompt, completion, output_ids, aborted)
         return {
-            "index": index,
-            "text": "" if app.config.skip_tokenizer_init else app.text(prompt, completion, output_ids, aborted),
-            "logprobs": None,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-            "token_ids": output_ids if return_token_ids else None,
-            "prompt_logprobs": None,
-            "prompt_token_ids": prompt.input_ids if return_token_ids else None,
-            "routed_experts": None,
+            **{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason},
+            **{"stop_reason": stop_reason, "token_ids": output_ids if token_ids else None, "prompt_logprobs": None},
+            **{"prompt_token_ids": prompt.input_ids if token_ids else None, "routed_experts": None},
         }, len(output_ids)

@@ -17,16 +17,12 @@ ANSWER_SEPARATOR = "\n\n"
 
 
 class ModelVocab:
-    """Token ids the devserver reads and writes, all real ids of the given tokenizer.
+    """Token ids the devserver reads and writes, all real ids of `tokenizer` (a loaded
+    `transformers` tokenizer; `vocab_size` None means len(tokenizer)).
 
-    Behaviour: loads the tokenizer once, tokenizes CORPUS_TEXT into the id stream output
-    bodies are sliced from, and looks up EOS and the `<think>`/`</think>` ids. Ids at or above
-    `size` are removed from the corpus (and specials outside it are disabled) so that the
-    devserver never emits an id it would itself refuse.
-
-    Parameters:
-        tokenizer: a loaded `transformers` tokenizer.
-        vocab_size: the model vocabulary size; None means len(tokenizer).
+    Behaviour: tokenizes CORPUS_TEXT into the id stream output bodies are sliced from and looks
+    up EOS and `<think>`/`</think>`. Ids at or above `size` are left out of the corpus (and
+    specials outside it disabled), so the devserver never emits an id it would itself refuse.
     """
 
     def __init__(self, *, tokenizer, vocab_size: int | None = None) -> None:
@@ -47,38 +43,30 @@ class ModelVocab:
 
     @classmethod
     def load(cls, *, tokenizer_dir: str, vocab_size: int | None = None) -> ModelVocab:
-        """Load the tokenizer from a local directory (AutoTokenizer) and build the vocab."""
         from transformers import AutoTokenizer  # heavy import, only when a server starts
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        return cls(tokenizer=tokenizer, vocab_size=vocab_size)
+        return cls(tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir), vocab_size=vocab_size)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without BOS/EOS."""
+        """Without BOS/EOS."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool) -> str:
-        """Text of `ids`, as SGLang's detokenizer would render it."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def prompt_opens_reasoning(self, prompt_ids: Sequence[int]) -> bool:
         """True when the prompt ends with `<think>` or `<think>` + newline (thinking on)."""
-        if self.think_open_id is None or not prompt_ids:
+        tail = list(prompt_ids[-2:])
+        if self.think_open_id is None or not tail:
             return False
-        if prompt_ids[-1] == self.think_open_id:
-            return True
-        return len(prompt_ids) >= 2 and prompt_ids[-2] == self.think_open_id and prompt_ids[-1] in self.newline_ids
+        return tail[-1] == self.think_open_id or (tail[0] == self.think_open_id and tail[-1] in self.newline_ids)
 
     def _special_id(self, token: str) -> int | None:
         """Id of `token` if the tokenizer really has it (not the unknown-token fallback)."""
         tid = self.tokenizer.convert_tokens_to_ids(token)
-        if tid is None or tid == self.tokenizer.unk_token_id:
-            return None
-        if self.tokenizer.convert_ids_to_tokens(tid) != token:
+        if tid is None or tid == self.tokenizer.unk_token_id or self.tokenizer.convert_ids_to_tokens(tid) != token:
             return None
         return self._in_vocab(tid)
 
     def _in_vocab(self, tid: int | None) -> int | None:
-        if tid is None or not 0 <= tid < self.size:
-            return None
-        return int(tid)
+        return int(tid) if tid is not None and 0 <= tid < self.size else None
