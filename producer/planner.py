@@ -23,12 +23,7 @@ from eagle_synth.ids import pack_ids
 from eagle_synth.payload import PromptItem, prompt_key
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.variants import Variant, pick_variant
-from producer.rows import (
-    Conversation,
-    OwnConversation,
-    conversations_from_row,
-    own_history_from_row,
-)
+from producer.rows import Conversation, OwnConversation, conversations_from_row, own_history_from_row
 
 HISTORIES = ("dataset", "own")
 

@@ -175,10 +175,7 @@ class Publisher:
 
     def _publish(self, items: list[PromptItem]) -> None:
         payload = TaskPayload(
-            campaign=self.campaign.name,
-            batch=batch_id([i.key for i in items]),
-            sampling=self.sampling,
-            items=items,
+            campaign=self.campaign.name, batch=batch_id([i.key for i in items]), sampling=self.sampling, items=items
         )
         send_payload(self.app, self.queue, payload.encode())
         self.tasks += 1

@@ -137,8 +137,7 @@ def enqueue(
         bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
     ] = False,
     allow_volatile_redis: Annotated[
-        bool,
-        typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign)."),
+        bool, typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign).")
     ] = False,
     max_backlog: Annotated[
         int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")
@@ -266,10 +265,7 @@ def status(
 
 
 @app.command()
-def campaigns(
-    as_json: JsonOpt = False,
-    redis: RedisOpt = None,
-) -> None:
+def campaigns(as_json: JsonOpt = False, redis: RedisOpt = None) -> None:
     """List campaigns with their progress."""
     from eagle_synth.tools.status import campaigns_overview
 

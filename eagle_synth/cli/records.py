@@ -471,12 +471,7 @@ def repair(
     from eagle_synth.settings import broker_settings
     from eagle_synth.state.campaign import BadCampaignName, Campaign
     from eagle_synth.tools.compact import exclusive
-    from eagle_synth.tools.repair import (
-        campaign_name_of,
-        mark_record_damaged,
-        move_aside,
-        plan_repair,
-    )
+    from eagle_synth.tools.repair import campaign_name_of, mark_record_damaged, move_aside, plan_repair
     from producer.retry import publish_unfinished, return_lost_records
 
     name = campaign or campaign_name_of(campaign_dir)

@@ -101,8 +101,7 @@ def worker(
         bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
     ] = False,
     allow_volatile_redis: Annotated[
-        bool,
-        typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign)."),
+        bool, typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign).")
     ] = False,
     redis: RedisOpt = None,
 ) -> None:
