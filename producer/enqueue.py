@@ -99,10 +99,7 @@ class EnqueueSummary:
         return [(f"<={b}", self.length_buckets[b]) for b in sorted(self.length_buckets)]
 
     def count_length(self, length: int) -> None:
-        bound = 16
-        while bound < length:
-            bound *= 2
-        self.length_buckets[bound] += 1
+        self.length_buckets[max(16, 1 << (length - 1).bit_length())] += 1
 
     def to_dict(self) -> dict:
         counts = {
@@ -194,13 +191,8 @@ def _within_char_cap(options: EnqueueOptions, summary: EnqueueSummary, where: st
         else:
             kept.append(conversation)
     if not kept:
-        _skip(
-            options,
-            summary,
-            where,
-            PROMPT_TOO_LONG,
-            f"{largest} characters > --max-prompt-chars {cap} (checked before templating)",
-        )
+        detail = f"{largest} characters > --max-prompt-chars {cap} (checked before templating)"
+        _skip(options, summary, where, PROMPT_TOO_LONG, detail)
     return kept
 
 
