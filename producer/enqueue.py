@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from eagle_synth import reasons
 from eagle_synth.errors import UserError
 from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
 from eagle_synth.payload import PromptItem
-from eagle_synth.reasons import RECORD_DAMAGED
+from eagle_synth.reasons import PROMPT_TOO_LONG, RECORD_DAMAGED
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state import counters
 from eagle_synth.state.campaign import Campaign, CampaignSettings, refuse_other_settings
@@ -40,8 +39,6 @@ log = logging.getLogger("eagle_synth.producer")
 ROWS_PER_CHUNK = 256
 # Examples of each skip reason kept for the summary.
 EXAMPLES_PER_REASON = 3
-# Skip reason for prompts over either cap (the worker uses the same slug for the server's context).
-PROMPT_TOO_LONG = reasons.PROMPT_TOO_LONG
 
 
 class StrictModeError(UserError, RuntimeError):
