@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from eagle_synth import reasons
 from eagle_synth.errors import UserError
 from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
 from eagle_synth.payload import PromptItem
-from eagle_synth.reasons import RECORD_DAMAGED
+from eagle_synth.reasons import PROMPT_TOO_LONG, RECORD_DAMAGED
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state import counters
 from eagle_synth.state.campaign import Campaign, CampaignSettings, refuse_other_settings
@@ -40,8 +39,6 @@ log = logging.getLogger("eagle_synth.producer")
 ROWS_PER_CHUNK = 256
 # Examples of each skip reason kept for the summary.
 EXAMPLES_PER_REASON = 3
-# Skip reason for prompts over either cap (the worker uses the same slug for the server's context).
-PROMPT_TOO_LONG = reasons.PROMPT_TOO_LONG
 
 
 class StrictModeError(UserError, RuntimeError):
@@ -99,10 +96,7 @@ class EnqueueSummary:
         return [(f"<={b}", self.length_buckets[b]) for b in sorted(self.length_buckets)]
 
     def count_length(self, length: int) -> None:
-        bound = 16
-        while bound < length:
-            bound *= 2
-        self.length_buckets[bound] += 1
+        self.length_buckets[max(16, 1 << (length - 1).bit_length())] += 1
 
     def to_dict(self) -> dict:
         counts = {
@@ -121,39 +115,34 @@ class EnqueueSummary:
 
 
 @dataclass(slots=True)
-class _RowPlan:
-    where: str
-    conversations: list = field(default_factory=list)
+class _Chunk:
+    """Rows templated together: each row's `file:line` and planned prompts, and per source the
+    last line read when the chunk was cut: once it is claimed, every row up to there is
+    accounted for (producer/resume.py)."""
+
+    rows: list[tuple[str, list]] = field(default_factory=list)
+    reached: dict[str, int] = field(default_factory=dict)
 
 
-class _Chunk(list):
-    """A chunk's row plans, and per source the last line read when it was cut: once the chunk
-    is claimed, every row up to there is accounted for (producer/resume.py)."""
-
-    reached: dict[str, int]
-
-
-def _plans(
+def _chunks(
     options: EnqueueOptions,
     summary: EnqueueSummary,
-    stdin: IO[bytes] | None,
-    inputs: list[str],
+    rows: Iterator,
     planner: PromptPlanner,
-    cursors: ResumeCursors | None = None,
+    cursors: ResumeCursors | None,
 ) -> Iterator[tuple[_Chunk, list]]:
-    """Chunks of (row plans, flat list of (messages, tools, kwargs)) for the templating pool;
-    rows an earlier run claimed (`cursors`) are counted and left out before templating."""
-    plans = _Chunk()
-    flat: list = []
-    reached: dict[str, int] = {}
-    for row in iter_source_rows(inputs, stdin=stdin):
+    """(chunk, its prompts' (messages, tools, kwargs)) for the templating pool; rows an earlier
+    run claimed (`cursors`) are counted and left out before templating."""
+    chunk, flat = _Chunk(), list[tuple]()
+    for row in rows:
         summary.rows_read += 1
-        summary.source(row.source).read += 1
-        reached[row.source] = row.line
+        tally = summary.source(row.source)
+        tally.read += 1
+        chunk.reached[row.source] = row.line
         if cursors is not None and row.line <= cursors.resume_after(row.source):
             summary.rows_duplicate += 1
             summary.rows_resumed += 1
-            summary.source(row.source).resumed += 1
+            tally.resumed += 1
             continue
         where = f"{row.source}:{row.line}"
         if isinstance(row, BadRow):
@@ -165,17 +154,13 @@ def _plans(
             _skip(options, summary, where, exc.reason, str(exc))
             continue
         conversations = _within_char_cap(options, summary, where, conversations)
-        if not conversations:
-            continue
-        plan = _RowPlan(where=where, conversations=conversations)
-        plans.append(plan)
-        flat.extend(c.template_input() for c in conversations)
-        if len(plans) >= ROWS_PER_CHUNK:
-            plans.reached = dict(reached)
-            yield plans, flat
-            plans, flat = _Chunk(), []
-    plans.reached = dict(reached)
-    yield plans, flat  # the last, maybe empty: its `reached` covers rows skipped at the end
+        if conversations:
+            chunk.rows.append((where, conversations))
+            flat.extend(c.template_input() for c in conversations)
+        if len(chunk.rows) >= ROWS_PER_CHUNK:
+            yield chunk, flat
+            chunk, flat = _Chunk(reached=dict(chunk.reached)), []
+    yield chunk, flat  # the last, maybe empty: its `reached` covers rows skipped at the end
 
 
 def _text_size(value: object) -> int:
@@ -203,13 +188,8 @@ def _within_char_cap(options: EnqueueOptions, summary: EnqueueSummary, where: st
         else:
             kept.append(conversation)
     if not kept:
-        _skip(
-            options,
-            summary,
-            where,
-            PROMPT_TOO_LONG,
-            f"{largest} characters > --max-prompt-chars {cap} (checked before templating)",
-        )
+        detail = f"{largest} characters > --max-prompt-chars {cap} (checked before templating)"
+        _skip(options, summary, where, PROMPT_TOO_LONG, detail)
     return kept
 
 
@@ -310,7 +290,6 @@ def enqueue(
         tokenizer = load_tokenizer(
             options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
         )
-    warn = on_warning or log.warning
     broker = broker or broker_settings()
     tool_format, no_tool_format = resolve_tool_format(options, tokenizer)
     planner = PromptPlanner(
@@ -324,128 +303,136 @@ def enqueue(
         no_tool_format=no_tool_format,
     )
 
-    publisher = None
-    stored = None
-    if not options.dry_run:
-        from eagle_synth.queue import make_celery
-        from eagle_synth.state.redis_client import connect
-        from eagle_synth.state.redis_policy import check_redis_ready
-        from producer.publisher import Publisher
-
-        client = connect(broker)
-        warning = check_redis_ready(
-            client, allow_evicting=options.allow_evicting_redis, allow_volatile=options.allow_volatile_redis
-        )
-        if warning:
-            warn(warning)
-        campaign = Campaign(client, options.campaign)
-        stored = campaign.settings()
+    publisher = existing = stored = None
+    if options.dry_run:
+        existing = _existing_campaign(options.campaign, broker)  # the campaign in Redis, if Redis answers
+        stored = existing.settings() if existing is not None else None
+        summary.consulted_redis = existing is not None
+    else:
+        publisher = _publisher(options, broker, on_wait, on_warning or log.warning)
+        stored = publisher.campaign.settings()
         if stored is not None:
             from eagle_synth.state.campaign_archive import reopen_if_closed
 
-            reopen_if_closed(campaign)  # a closed campaign's keys come back before any is claimed
-        publisher = Publisher(
-            campaign=campaign,
-            app=make_celery(broker),
-            queue=broker.queue,
-            sampling=options.sampling.for_server(),
-            batch_size=options.batch_size,
-            max_backlog=options.max_backlog,
-            max_backlog_bytes=options.max_backlog_mb * 1_000_000,
-            on_wait=on_wait,
-            count_new_as=counters.CONVERSATIONS if options.history == "own" else None,
-        )
-    existing = None  # a dry run's view of the campaign in Redis, when it exists and Redis answers
-    if options.dry_run:
-        existing = _existing_campaign(options.campaign, broker)
-        stored = existing.settings() if existing is not None else None
-        summary.consulted_redis = existing is not None
+            reopen_if_closed(publisher.campaign)  # a closed campaign's keys come back before any is claimed
     max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
     settings = campaign_settings(options, tokenizer, tool_format=tool_format, max_prompt_tokens=max_prompt_tokens)
     if existing is not None and stored is not None:
-        # Refuse what the real run would refuse, without writing anything.
-        refuse_other_settings(existing.name, stored, settings)
-    registered = False
-    if publisher is not None and stored is not None:
-        _register(publisher.campaign, settings, options, tokenizer)  # refuses other settings before templating
-        registered = True
-        summary.prompts_recovered = publisher.recover()
-
-    seen_in_dry_run: set[str] = set()
-    job = TemplateJob(
-        tokenizer=str(options.tokenizer),
-        trust_remote_code=options.trust_remote_code,
-        chat_template_file=options.chat_template,
-        template_kwargs=tuple(sorted(options.chat_template_kwargs.items())),
-    )
+        refuse_other_settings(existing.name, stored, settings)  # what the real run would refuse, writing nothing
+    registered = publisher is not None and stored is not None
     cursors = None
     if publisher is not None:
+        campaign = publisher.campaign
+        if registered:
+            _register(campaign, settings, options, tokenizer)  # refuses other settings before templating
+            summary.prompts_recovered = publisher.recover()
         scope = run_scope(
             settings.to_json(),
             turns=options.turns,
             max_prompt_chars=options.max_prompt_chars,
             max_prompt_tokens=max_prompt_tokens,
         )
-        damaged = publisher.campaign.failure_counts().get(RECORD_DAMAGED, 0) > 0
-        cursors = ResumeCursors(publisher.campaign.client, publisher.campaign.keys, scope=scope, enabled=not damaged)
+        damaged = campaign.failure_counts().get(RECORD_DAMAGED, 0) > 0
+        cursors = ResumeCursors(campaign.client, campaign.keys, scope=scope, enabled=not damaged)
+    seen_in_dry_run: set[str] = set()
+
+    def claim(items: list[PromptItem]) -> list[bool]:
+        """Per item, whether it is new (a dry run: new to this run and to the campaign in Redis)."""
+        nonlocal registered
+        if publisher is not None:
+            if items and not registered:
+                _register(publisher.campaign, settings, options, tokenizer)
+                registered = True
+            return publisher.claim(items)
+        new = [item.key not in seen_in_dry_run for item in items]
+        seen_in_dry_run.update(item.key for item in items)
+        if existing is not None and items:
+            before = existing.was_enqueued([item.key for item in items])
+            new = [is_new and not was for is_new, was in zip(new, before)]
+        return new
+
+    job = TemplateJob(
+        tokenizer=str(options.tokenizer),
+        trust_remote_code=options.trust_remote_code,
+        chat_template_file=options.chat_template,
+        template_kwargs=tuple(sorted(options.chat_template_kwargs.items())),
+    )
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
     try:
-        for plans, results in pool.map(_plans(options, summary, stdin, inputs, planner, cursors)):
-            items_per_row: list[list[PromptItem]] = []
-            cursor = 0
-            for plan in plans:
-                row_results = results[cursor : cursor + len(plan.conversations)]
-                cursor += len(plan.conversations)
-                items_per_row.append(
-                    _row_items(options, summary, plan, row_results, planner, max_prompt_tokens=max_prompt_tokens)
+        rows = iter_source_rows(inputs, stdin=stdin)
+        for chunk, results in pool.map(_chunks(options, summary, rows, planner, cursors)):
+            per_row, at = [], 0
+            for where, conversations in chunk.rows:
+                row_results = results[at : at + len(conversations)]
+                at += len(conversations)
+                per_row.append(
+                    _row_items(options, summary, planner, where, conversations, row_results, max_prompt_tokens)
                 )
-            flat = [item for items in items_per_row for item in items]
-            if publisher is not None:
-                if flat and not registered:
-                    _register(publisher.campaign, settings, options, tokenizer)
-                    registered = True
-                new = publisher.claim(flat)
-            else:
-                new = [item.key not in seen_in_dry_run for item in flat]
-                seen_in_dry_run.update(item.key for item in flat)
-                if existing is not None and flat:
-                    # What the real run would skip as enqueued before.
-                    before = existing.was_enqueued([item.key for item in flat])
-                    new = [is_new and not was for is_new, was in zip(new, before)]
-            position = 0
-            for items in items_per_row:
-                if not items:
-                    continue  # skipped above
-                flags = new[position : position + len(items)]
-                position += len(items)
-                summary.prompts_enqueued += sum(flags)
-                summary.prompts_duplicate += len(flags) - sum(flags)
-                if any(flags):
+            flags = iter(claim([item for items in per_row for item in items]))
+            for items in filter(None, per_row):  # rows without items were skipped above
+                new = sum(next(flags) for _ in items)
+                summary.prompts_enqueued += new
+                summary.prompts_duplicate += len(items) - new
+                if new:
                     summary.rows_enqueued += 1
                 else:
                     summary.rows_duplicate += 1
             if cursors is not None and registered:
-                cursors.note(plans.reached)
+                cursors.note(chunk.reached)
             if on_rows:
                 on_rows(summary)
     finally:
         pool.close()
         if publisher is not None:
-            publisher.close()
-            summary.tasks = publisher.tasks
-            summary.prompts_replayed = publisher.replayed
-            if registered:
-                publisher.campaign.count(
-                    {
-                        counters.ROWS_READ: summary.rows_read,
-                        counters.ROWS_SKIPPED: summary.rows_skipped,
-                        counters.PROMPTS_ENQUEUED: summary.prompts_enqueued,
-                    }
-                )
-                publisher.campaign.count_skipped(dict(summary.skipped))
-                store_latest(publisher.campaign.client, publisher.campaign.keys, summary.by_source)
+            _finish(publisher, summary, registered)
         summary.seconds = time.monotonic() - started
     return summary
+
+
+def _publisher(
+    options: EnqueueOptions, broker: BrokerSettings, on_wait: Callable[..., None] | None, warn: Callable[[str], None]
+):
+    """The run's Publisher, on a Redis checked to be fit for a campaign."""
+    from eagle_synth.queue import make_celery
+    from eagle_synth.state.redis_client import connect
+    from eagle_synth.state.redis_policy import check_redis_ready
+    from producer.publisher import Publisher
+
+    client = connect(broker)
+    warning = check_redis_ready(
+        client, allow_evicting=options.allow_evicting_redis, allow_volatile=options.allow_volatile_redis
+    )
+    if warning:
+        warn(warning)
+    return Publisher(
+        campaign=Campaign(client, options.campaign),
+        app=make_celery(broker),
+        queue=broker.queue,
+        sampling=options.sampling.for_server(),
+        batch_size=options.batch_size,
+        max_backlog=options.max_backlog,
+        max_backlog_bytes=options.max_backlog_mb * 1_000_000,
+        on_wait=on_wait,
+        count_new_as=counters.CONVERSATIONS if options.history == "own" else None,
+    )
+
+
+def _finish(publisher, summary: EnqueueSummary, registered: bool) -> None:
+    """Close the publisher; a registered campaign adds the run's counts and per-source rows."""
+    publisher.close()
+    summary.tasks = publisher.tasks
+    summary.prompts_replayed = publisher.replayed
+    if registered:
+        campaign = publisher.campaign
+        campaign.count(
+            {
+                counters.ROWS_READ: summary.rows_read,
+                counters.ROWS_SKIPPED: summary.rows_skipped,
+                counters.PROMPTS_ENQUEUED: summary.prompts_enqueued,
+            }
+        )
+        campaign.count_skipped(dict(summary.skipped))
+        store_latest(campaign.client, campaign.keys, summary.by_source)
 
 
 def _existing_campaign(name: str, broker: BrokerSettings) -> Campaign | None:
@@ -481,31 +468,27 @@ def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) 
 def _row_items(
     options: EnqueueOptions,
     summary: EnqueueSummary,
-    plan: _RowPlan,
-    results: list,
     planner: PromptPlanner,
-    *,
+    where: str,
+    conversations: list,
+    results: list,
     max_prompt_tokens: int | None,
 ) -> list[PromptItem]:
     """Prompt items of one row; [] (and the row counted skipped) if none is usable."""
     items: list[PromptItem] = []
-    first_problem: tuple[str, str] | None = None
-    for conversation, result in zip(plan.conversations, results):
+    problems: list[tuple[str, str]] = []
+    for conversation, result in zip(conversations, results):
         if isinstance(result, str):
-            first_problem = first_problem or ("template-error", result)
-            summary.prompts_skipped += options.sampling.n
+            problems.append(("template-error", result))
+        elif max_prompt_tokens and len(result) > max_prompt_tokens:
+            problems.append((PROMPT_TOO_LONG, f"{len(result)} tokens > --max-prompt-tokens {max_prompt_tokens}"))
+        else:
+            summary.count_length(len(result))
+            items.extend(planner.items(conversation, result, where=where))
             continue
-        if max_prompt_tokens and len(result) > max_prompt_tokens:
-            first_problem = first_problem or (
-                PROMPT_TOO_LONG,
-                f"{len(result)} tokens > --max-prompt-tokens {max_prompt_tokens}",
-            )
-            summary.prompts_skipped += options.sampling.n
-            continue
-        summary.count_length(len(result))
-        items.extend(planner.items(conversation, result, where=plan.where))
-    if not items and first_problem:
-        _skip(options, summary, plan.where, *first_problem)
+        summary.prompts_skipped += options.sampling.n
+    if not items and problems:
+        _skip(options, summary, where, *problems[0])
     return items
 
 

@@ -16,19 +16,14 @@ chat template arguments (so its prompt ids) and its sampling overrides.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 
 from eagle_synth.conversation import ConversationState, conversation_key, turn_key
 from eagle_synth.ids import pack_ids
 from eagle_synth.payload import PromptItem, prompt_key
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.variants import Variant, pick_variant
-from producer.rows import (
-    Conversation,
-    OwnConversation,
-    conversations_from_row,
-    own_history_from_row,
-)
+from producer.rows import OwnConversation, conversations_from_row, own_history_from_row
 
 HISTORIES = ("dataset", "own")
 
@@ -52,6 +47,7 @@ class PlannedPrompt:
         return self.messages, self.tools, self.template_kwargs
 
 
+@dataclass
 class PromptPlanner:
     """Plans a row's prompts and turns templated ids into keyed PromptItems.
 
@@ -60,29 +56,21 @@ class PromptPlanner:
     tools are then skipped with it), or None when it can.
     """
 
-    def __init__(
-        self,
-        *,
-        history: str,
-        turns: str,
-        sampling: SamplingParams,
-        template_kwargs: dict,
-        variants: list[Variant] | tuple[Variant, ...] = (),
-        default_system: str | None = None,
-        max_turns: int | None = None,
-        no_tool_format: str | None = None,
-    ) -> None:
-        if history not in HISTORIES:
-            raise ValueError(f"--history must be one of {', '.join(HISTORIES)}, got {history!r}")
-        self.history = history
-        self.turns = turns
-        self.sampling = sampling
-        self.template_kwargs = dict(template_kwargs)
-        self.variants = list(variants)
-        self.default_system = default_system
-        self.max_turns = max_turns
-        self.no_tool_format = no_tool_format
-        self._key_sampling = _key_sampling(sampling)
+    history: str
+    turns: Literal["last", "all"]
+    sampling: SamplingParams
+    template_kwargs: dict
+    variants: list[Variant] | tuple[Variant, ...] = ()
+    default_system: str | None = None
+    max_turns: int | None = None
+    no_tool_format: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.history not in HISTORIES:
+            raise ValueError(f"--history must be one of {', '.join(HISTORIES)}, got {self.history!r}")
+        self.template_kwargs = dict(self.template_kwargs)
+        self._variants = list(self.variants)
+        self._key_sampling = _key_sampling(self.sampling)
 
     def plan(self, data: dict, *, source: str, line: int) -> list[PlannedPrompt]:
         """The row's prompts; raises producer.rows.RowError for a row that does not fit."""
@@ -96,39 +84,16 @@ class PromptPlanner:
                 no_tool_format=self.no_tool_format,
             )
             variant = pick_variant(
-                self.variants, conversation_key(turns=own.turns, tools=own.tools, sample=0, steps=own.steps)
+                self._variants, conversation_key(turns=own.turns, tools=own.tools, sample=0, steps=own.steps)
             )
-            return [
-                PlannedPrompt(
-                    messages=[dict(m) for m in own.turns[0]],
-                    tools=own.tools,
-                    row_id=own.row_id,
-                    turn=0,
-                    template_kwargs=self._kwargs(variant),
-                    variant=variant,
-                    own=own,
-                )
-            ]
-        conversations: list[Conversation] = conversations_from_row(
-            data,
-            source=source,
-            line=line,
-            turns=cast("Literal['last', 'all']", self.turns),
-            default_system=self.default_system,
+            first = [dict(m) for m in own.turns[0]]
+            return [PlannedPrompt(first, own.tools, own.row_id, 0, self._kwargs(variant), variant, own)]
+        found = conversations_from_row(
+            data, source=source, line=line, turns=self.turns, default_system=self.default_system
         )
-        last = conversations[-1]
-        variant = pick_variant(self.variants, conversation_key(turns=[last.messages], tools=last.tools, sample=0))
-        return [
-            PlannedPrompt(
-                messages=c.messages,
-                tools=c.tools,
-                row_id=c.row_id,
-                turn=c.turn,
-                template_kwargs=self._kwargs(variant),
-                variant=variant,
-            )
-            for c in conversations
-        ]
+        last = found[-1]
+        variant = pick_variant(self._variants, conversation_key(turns=[last.messages], tools=last.tools, sample=0))
+        return [PlannedPrompt(c.messages, c.tools, c.row_id, c.turn, self._kwargs(variant), variant) for c in found]
 
     def items(self, planned: PlannedPrompt, ids: list[int], *, where: str) -> list[PromptItem]:
         """One PromptItem per sample of a templated prompt."""

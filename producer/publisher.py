@@ -76,24 +76,19 @@ class Publisher:
         self._run_id = holder_id(f"{time.time_ns():x}")
         self._maxmemory: int | None = None
 
-    def _heartbeat(self) -> None:
-        """Say this run is alive, so a concurrent enqueue does not republish its outbox."""
-        self.campaign.outbox.heartbeat(self._run_id)
-
     def close(self) -> None:
         """The run ended normally: its outbox is empty and its liveness key can go."""
         self.campaign.outbox.end_run(self._run_id)
 
-    def _next_field(self) -> str:
-        """A new outbox field of this run, after saying the run is alive."""
-        self._heartbeat()
+    def _next_field(self, stash: list[PromptItem] | None = None) -> str:
+        """A new outbox field of this run (holding `stash`, put there before those items leave
+        where they are), after saying the run is alive so a concurrent enqueue does not
+        republish its outbox."""
+        self.campaign.outbox.heartbeat(self._run_id)
         self._chunk_serial += 1
-        return chunk_field(self._run_id, self._chunk_serial)
-
-    def _stash(self, items: list[PromptItem]) -> str:
-        """Put items in a new outbox field of this run, before they leave where they are."""
-        field = self._next_field()
-        self.campaign.outbox.stash(field, items)
+        field = chunk_field(self._run_id, self._chunk_serial)
+        if stash is not None:
+            self.campaign.outbox.stash(field, stash)
         return field
 
     def claim(self, items: list[PromptItem]) -> list[bool]:
@@ -134,7 +129,7 @@ class Publisher:
         """
         if not items:
             return 0
-        field = self._stash(items)
+        field = self._next_field(stash=items)
         removed = self.campaign.undo_done([item.key for item in items])
         self._publish_all(items, outbox_field=field)
         return removed
@@ -144,7 +139,7 @@ class Publisher:
         failed *and* queued, which is safe (the worker marks them done and drops the failure);
         the other order could lose them."""
         if items:
-            field = self._stash(items)
+            field = self._next_field(stash=items)
             self.campaign.drop_failures([item.key for item in items])
             self._publish_all(items, outbox_field=field)
 
@@ -153,7 +148,7 @@ class Publisher:
         (a key seen twice by a scan, or retried meanwhile, is queued once); returns how many."""
         if not items:
             return 0
-        field = self._stash(items)
+        field = self._next_field(stash=items)
         taken = self.campaign.take_failures([item.key for item in items])
         once = []
         for item in items:
@@ -169,19 +164,14 @@ class Publisher:
         outbox = self.campaign.outbox
         for start in range(already_sent, len(items), self.batch_size):
             self._wait_for_backlog(unpublished=len(items) - start)
-            self._publish(items[start : start + self.batch_size])
+            batch = items[start : start + self.batch_size]
+            payload = TaskPayload(
+                campaign=self.campaign.name, batch=batch_id([i.key for i in batch]), sampling=self.sampling, items=batch
+            )
+            send_payload(self.app, self.queue, payload.encode())
+            self.tasks += 1
             outbox.note_sent(outbox_field, min(start + self.batch_size, len(items)), run_id=self._run_id)
         outbox.clear(outbox_field)
-
-    def _publish(self, items: list[PromptItem]) -> None:
-        payload = TaskPayload(
-            campaign=self.campaign.name,
-            batch=batch_id([i.key for i in items]),
-            sampling=self.sampling,
-            items=items,
-        )
-        send_payload(self.app, self.queue, payload.encode())
-        self.tasks += 1
 
     def _wait_for_backlog(self, *, unpublished: int) -> None:
         """Wait while more than max_backlog prompts are queued or running (claimed prompts this
@@ -201,7 +191,7 @@ class Publisher:
                     return
                 if self.on_wait:
                     self.on_wait(pending, held_bytes=held, max_bytes=byte_cap)
-            self._heartbeat()
+            self.campaign.outbox.heartbeat(self._run_id)
             time.sleep(BACKLOG_POLL)
 
     def backlog_bytes(self) -> int:

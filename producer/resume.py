@@ -80,14 +80,11 @@ class ResumeCursors:
         """Every row up to these lines (per source) is claimed: keep it for reruns."""
         if not self.enabled:
             return
-        updates: dict[str, str] = {}
+        updates: dict = {}  # field -> line
         for source, line in reached.items():
             field = self._field(source)
             if field and line > self._noted.get(source, 0):
                 updates[field] = str(line)
                 self._noted[source] = line
         if updates:
-            pipe = self.client.pipeline(transaction=False)
-            for name, value in updates.items():
-                pipe.hset(self.keys.cursors, name, value)
-            pipe.execute()
+            self.client.hset(self.keys.cursors, mapping=updates)

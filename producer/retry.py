@@ -1,5 +1,5 @@
 """Put prompts back on the queue: failed ones (`retry-failed`) and ones whose records were
-damaged (`repair`)."""
+damaged (`repair`). Every batch is replayed with the sampling parameters it was first sent with."""
 
 from __future__ import annotations
 
@@ -10,24 +10,32 @@ from eagle_synth.sampling import SamplingParams
 from eagle_synth.state.campaign import Campaign
 from producer.publisher import Publisher
 
-
-def _by_sampling(pairs: list[tuple[dict, PromptItem]]) -> list[tuple[dict, list[PromptItem]]]:
-    """Group prompts by the sampling parameters they were sent with, so every batch is replayed
-    exactly as it was first enqueued."""
-    groups: dict[str, tuple[dict, list[PromptItem]]] = {}
-    for sampling, item in pairs:
-        groups.setdefault(repr(sorted(sampling.items())), (sampling, []))[1].append(item)
-    return list(groups.values())
-
-
 # Batches taken off `failed` and queued per step: one round trip takes this many batches' keys,
 # while a step's prompts (2k tokens each) stay a few MB in memory.
 RETRY_STEP_BATCHES = 16
 
 
-def _without_seed(sampling: dict) -> dict:
-    """A failure's sampling as its batch had it: the per-sample seed travels with the item."""
-    return {k: v for k, v in sampling.items() if k != "sampling_seed"}
+class _Publishers(dict[str, Publisher]):
+    """One Publisher per sampling of a campaign, closed together at the end."""
+
+    def __init__(self, campaign: Campaign, app: Celery, queue: str, batch_size: int) -> None:
+        super().__init__()
+        self.make = lambda sampling: Publisher(
+            campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=batch_size
+        )
+
+    def of(self, sampling: dict) -> tuple[str, Publisher]:
+        group = repr(sorted(sampling.items()))
+        if group not in self:
+            self[group] = self.make(sampling)
+        return group, self[group]
+
+    def __enter__(self) -> _Publishers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for publisher in self.values():
+            publisher.close()
 
 
 def retry_failed(
@@ -37,8 +45,8 @@ def retry_failed(
 
     Failures are read in HSCAN steps and queued in batches of `batch_size` (default: the
     campaign's own, else DEFAULT_BATCH_SIZE), each item keeping its seed and variant overrides,
-    all with the campaign's sampling parameters; one Publisher per sampling (one for a campaign
-    with settings), closed at the end. Failures without prompt ids (`record-damaged`: `repair`
+    all with the campaign's sampling parameters (a failure's own, without the per-sample seed,
+    for a campaign without settings). Failures without prompt ids (`record-damaged`: `repair`
     could not read the prompt back) stay: a rerun of the campaign's original `enqueue` command
     replays those.
     """
@@ -48,29 +56,21 @@ def retry_failed(
     settings = campaign.settings()
     size = batch_size or (settings.batch_size if settings and settings.batch_size else DEFAULT_BATCH_SIZE)
     base = SamplingParams.from_dict(settings.sampling).for_server() if settings is not None else None
-    publishers: dict[str, Publisher] = {}
     waiting: dict[str, list[PromptItem]] = {}
     total = 0
-    try:
+    with _Publishers(campaign, app, queue, size) as publishers:
         for _, failure in campaign.iter_failures():
             if (reason is not None and failure.reason != reason) or not failure.item.get("ids"):
                 continue
-            sampling = base if base is not None else _without_seed(failure.sampling)
-            group = repr(sorted(sampling.items()))
-            if group not in publishers:
-                publishers[group] = Publisher(
-                    campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=size
-                )
+            own = {k: v for k, v in failure.sampling.items() if k != "sampling_seed"}
+            group, publisher = publishers.of(base if base is not None else own)
             items = waiting.setdefault(group, [])
             items.append(PromptItem.from_replay(failure.item))
             if len(items) >= size * RETRY_STEP_BATCHES:
-                total += publishers[group].retry(items)
+                total += publisher.retry(items)
                 items.clear()
         for group, items in waiting.items():
             total += publishers[group].retry(items)
-    finally:
-        for publisher in publishers.values():
-            publisher.close()
     return total
 
 
@@ -84,12 +84,11 @@ def return_lost_records(
 ) -> int:
     """Queue again done prompts whose record file was damaged, given (sampling, item) pairs
     read back intact by `repair`; returns how many left `done`."""
-    total = 0
-    for sampling, items in _by_sampling(pairs):
-        publisher = Publisher(campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=batch_size)
-        total += publisher.return_done(items)
-        publisher.close()
-    return total
+    groups: dict[str, list[PromptItem]] = {}
+    with _Publishers(campaign, app, queue, batch_size) as publishers:
+        for sampling, item in pairs:
+            groups.setdefault(publishers.of(sampling)[0], []).append(item)
+        return sum(publishers[group].return_done(items) for group, items in groups.items())
 
 
 def publish_unfinished(campaign: Campaign, *, app: Celery, queue: str) -> int:
@@ -98,9 +97,5 @@ def publish_unfinished(campaign: Campaign, *, app: Celery, queue: str) -> int:
     settings = campaign.settings()
     if settings is None:
         return 0
-    sampling = SamplingParams.from_dict(settings.sampling).for_server()
-    publisher = Publisher(campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=DEFAULT_BATCH_SIZE)
-    try:
-        return publisher.recover()
-    finally:
-        publisher.close()
+    with _Publishers(campaign, app, queue, DEFAULT_BATCH_SIZE) as publishers:
+        return publishers.of(SamplingParams.from_dict(settings.sampling).for_server())[1].recover()

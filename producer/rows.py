@@ -1,21 +1,13 @@
 """Normalize one input row into the conversation(s) whose next answer is regenerated.
 
-A row is a dict as yielded by ``producer.sources`` and comes in one of three
-shapes (checked in this order, first non-null wins):
-
-* ``messages``: OpenAI-style ``[{"role", "content", ...}]``;
-* ``conversations``: ShareGPT ``[{"from", "value"}]`` (or ``role``/``content``
-  entries);
-* ``prompt``: a plain string, which becomes one user message.
-
-Optional row fields: ``id`` (any scalar), ``system`` (string) and ``tools``
-(a list of OpenAI function schemas or a JSON string of one).  Tool calls come
-as OpenAI ``tool_calls`` (or the legacy ``function_call``) on assistant
-messages, or as ShareGPT ``function_call`` entries; they are normalised to
-OpenAI ``tool_calls`` whose ``function.arguments`` is an object, the shape
-chat templates iterate over.  Anything that does not fit raises RowError with
-a stable ``reason`` slug and the path of the offending ``field``.  The role
-mapping and every slug are documented in docs/inputs.md.
+A row (a dict from ``producer.sources``) holds, first non-null wins: ``messages`` (OpenAI
+``[{"role", "content", ...}]``), ``conversations`` (ShareGPT ``[{"from", "value"}]`` or
+role/content entries) or ``prompt`` (a string: one user message). Optional: ``id`` (any
+scalar), ``system`` (string), ``tools`` (OpenAI function schemas, or a JSON string of them).
+Tool calls (OpenAI ``tool_calls``, legacy ``function_call``, ShareGPT ``function_call``
+entries) become OpenAI ``tool_calls`` whose ``function.arguments`` is an object, the shape chat
+templates iterate over. Anything that does not fit raises RowError with a stable ``reason``
+slug and the path of the offending ``field``; roles and slugs are in docs/inputs.md.
 """
 
 from __future__ import annotations
@@ -25,29 +17,19 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
+from eagle_synth.conversation import has_tools, split_turns
 from eagle_synth.errors import EagleSynthError
 from eagle_synth.regeneration import regeneration_points
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
-    "system": "system",
-    "developer": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "bot": "assistant",
-    "model": "assistant",
-    "chatgpt": "assistant",
-    "function_call": "assistant",
-    "tool": "tool",
-    "function": "tool",
-    "observation": "tool",
-    "function_response": "tool",
+    **dict.fromkeys(("system", "developer"), "system"),
+    **dict.fromkeys(("user", "human"), "user"),
+    **dict.fromkeys(("assistant", "gpt", "bot", "model", "chatgpt", "function_call"), "assistant"),
+    **dict.fromkeys(("tool", "function", "observation", "function_response"), "tool"),
 }
-
 # ShareGPT roles whose value is a tool call (JSON), not assistant text.
 TOOL_CALL_ROLES = frozenset({"function_call"})
 
@@ -70,10 +52,10 @@ NO_TOOL_FORMAT = "no-tool-format"
 # no tokenizer or hash can take it.
 BAD_TEXT = "bad-text"
 
-_SHAPE_KEYS = ("messages", "conversations")
-_ENTRY_KEYS = frozenset({"role", "from", "content", "value"})
-# Message keys rewritten by tool-call normalisation (never copied as given).
-_CALL_KEYS = frozenset({"tool_calls", "function_call"})
+# Keys of a message entry that normalisation rewrites (never copied as given).
+_REWRITTEN_KEYS = frozenset({"role", "from", "content", "value", "tool_calls", "function_call"})
+_T = TypeVar("_T")
+_TYPE_NAMES = ((bool, "boolean"), (int, "number"), (float, "number"), (str, "string"), (list, "list"), (dict, "object"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,51 +68,6 @@ class Conversation:
     tools: list[dict] | None
     row_id: str
     turn: int
-
-
-class RowError(EagleSynthError):
-    """A row that cannot become a conversation: ``reason`` a stable slug, ``field`` the path of
-    the offending value (``"messages[2].content"``), None when the whole row is at fault."""
-
-    def __init__(self, reason: str, field: str | None, message: str) -> None:
-        super().__init__(f"{field}: {message}" if field else message)
-        self.reason = reason
-        self.field = field
-
-
-def conversations_from_row(
-    data: dict,
-    *,
-    source: str,
-    line: int,
-    turns: Literal["last", "all"] = "last",
-    default_system: str | None = None,
-) -> list[Conversation]:
-    """The conversation(s) to regenerate of one row.
-
-    A regeneration point is a user turn, or the last of a run of tool results after the first
-    user turn: the model answers after either. ``turns="last"``: one Conversation ending at the
-    last point (later assistant messages are the old answer); ``"all"``: one per point, on the
-    dataset's history. A row without a system message gets its ``system`` field, else
-    ``default_system`` (empty counts as absent). Contents are kept exactly; text-part lists are
-    joined with no separator; null-valued keys are dropped (Parquet/Arrow rows carry null for
-    every field another row has). Raises RowError; ValueError for a bad ``turns``.
-    """
-    if turns not in ("last", "all"):
-        raise ValueError(f"turns must be 'last' or 'all', got {turns!r}")
-    row_id, messages, fields, tools, positions = _normalized(
-        data, source=source, line=line, default_system=default_system
-    )
-    chosen = list(enumerate(positions))
-    if turns == "last":
-        chosen = chosen[-1:]
-
-    out = []
-    for turn, position in chosen:
-        if messages[position]["role"] == "user" and not messages[position]["content"].strip():
-            raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
-        out.append(Conversation(_copy_messages(messages[: position + 1]), tools, row_id, turn))
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +89,42 @@ class OwnConversation:
     steps: list[dict] | None = None
 
 
+class RowError(EagleSynthError):
+    """A row that cannot become a conversation: ``reason`` a stable slug, ``field`` the path of
+    the offending value (``"messages[2].content"``), None when the whole row is at fault."""
+
+    def __init__(self, reason: str, field: str | None, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.reason = reason
+        self.field = field
+
+
+def conversations_from_row(
+    data: dict, *, source: str, line: int, turns: Literal["last", "all"] = "last", default_system: str | None = None
+) -> list[Conversation]:
+    """The conversation(s) to regenerate of one row.
+
+    A regeneration point is a user turn, or the last of a run of tool results after the first
+    user turn: the model answers after either. ``turns="last"``: one Conversation ending at the
+    last point (later assistant messages are the old answer); ``"all"``: one per point, on the
+    dataset's history. A row without a system message gets its ``system`` field, else
+    ``default_system`` (empty counts as absent). Contents are kept exactly; text-part lists are
+    joined with no separator; null-valued keys are dropped (Parquet/Arrow rows carry null for
+    every field another row has). Raises RowError; ValueError for a bad ``turns``.
+    """
+    if turns not in ("last", "all"):
+        raise ValueError(f"turns must be 'last' or 'all', got {turns!r}")
+    row_id, messages, fields, tools, positions = _normalized(data, source, line, default_system)
+    chosen = list(enumerate(positions))[-1:] if turns == "last" else enumerate(positions)
+    out = []
+    for turn, position in chosen:
+        _check_user_content(messages, fields, position)
+        # Fresh dicts (tool calls copied deeply), so callers may mutate them freely.
+        copied = [copy.deepcopy(m) if "tool_calls" in m else dict(m) for m in messages[: position + 1]]
+        out.append(Conversation(copied, tools, row_id, turn))
+    return out
+
+
 def own_history_from_row(
     data: dict,
     *,
@@ -163,20 +136,14 @@ def own_history_from_row(
 ) -> OwnConversation:
     """Turn one row into the turns to answer in order (see OwnConversation).
 
-    The same normalization as conversations_from_row (shapes, roles, system prompt); every
-    user turn must have content. In a row with tools, every tool-result run must answer the
-    dataset's calls of the step before it, one result per call. `no_tool_format` is why the
-    campaign cannot parse tool calls (None when it can): rows with tools are then refused with
-    it. Raises RowError.
+    The same normalization as conversations_from_row; every user turn must have content. In a
+    row with tools, every tool-result run must answer the dataset's calls of the step before
+    it, one result per call. `no_tool_format` is why the campaign cannot parse tool calls (None
+    when it can): rows with tools are then refused with it. Raises RowError.
     """
-    from eagle_synth.conversation import has_tools, split_turns
-
-    row_id, messages, fields, tools, positions = _normalized(
-        data, source=source, line=line, default_system=default_system
-    )
+    row_id, messages, fields, tools, positions = _normalized(data, source, line, default_system)
     for position in positions:
-        if messages[position]["role"] == "user" and not messages[position]["content"].strip():
-            raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
+        _check_user_content(messages, fields, position)
     turns, all_steps, points = split_turns(messages)
     steps = None
     if has_tools(messages, tools):
@@ -189,6 +156,11 @@ def own_history_from_row(
         turns = turns[:max_turns]
         steps = steps[:max_turns] if steps is not None else None
     return OwnConversation(turns=turns, tools=tools, row_id=row_id, cut=cut, steps=steps)
+
+
+def _check_user_content(messages: list[dict], fields: list[str], position: int) -> None:
+    if messages[position]["role"] == "user" and not messages[position]["content"].strip():
+        raise RowError(EMPTY_CONTENT, fields[position], "user turn to answer has empty content")
 
 
 def _check_steps_replayable(messages: list[dict], fields: list[str], steps: list[dict], points: list[int]) -> None:
@@ -205,39 +177,44 @@ def _check_steps_replayable(messages: list[dict], fields: list[str], steps: list
                 "replayed on the model's own calls",
             )
         if calls and len(results) != len(calls):
+            # The path of the message's tool calls, from the path of its content (ShareGPT: the value).
+            content = fields[point + 1]
             raise RowError(
                 UNPAIRED_TOOL_RESULTS,
-                _calls_field(fields[point + 1]),
+                content.removesuffix(".content") + ".tool_calls" if content.endswith(".content") else content,
                 f"{len(calls)} tool call(s) answered by {len(results)} tool result(s); replay pairs them one for one",
             )
 
 
 def _normalized(
-    data: object, *, source: str, line: int, default_system: str | None
+    data: object, source: str, line: int, default_system: str | None
 ) -> tuple[str, list[dict], list[str], list[dict] | None, list[int]]:
     """Row id, messages (system prompt added), their field paths, tools, regeneration points
     (user turns and the ends of tool-result runs)."""
     if not isinstance(data, dict):
         raise RowError(WRONG_TYPE, None, f"row must be an object, got {type(data).__name__}")
-    _check_text(data, field=None)
-    row_id = _row_id(data.get("id"), source=source, line=line)
+    _check_text(data, None)
+    raw_id = data.get("id")
+    if raw_id is None or raw_id == "":
+        row_id = f"{os.path.basename(source)}:{line}"
+    elif isinstance(raw_id, (str, int, float)):  # bool is an int
+        row_id = str(raw_id)
+    else:
+        raise RowError(WRONG_TYPE, "id", f"expected a string or number, got {_type_name(raw_id)}")
     messages, fields = _messages(data)
     tools = _tools(data.get("tools"))
-    system = _optional_string(data.get("system"), field="system")
-
-    if not any(m["role"] == "system" for m in messages):
-        prompt_system = system or default_system
-        if prompt_system:
-            messages.insert(0, {"role": "system", "content": prompt_system})
-            fields.insert(0, "system" if system else "default_system")
-
+    system = _expect(data.get("system"), str, "system", "a string") or None
+    if not any(m["role"] == "system" for m in messages) and (system or default_system):
+        messages.insert(0, {"role": "system", "content": system or default_system})
+        fields.insert(0, "system" if system else "default_system")
     positions = regeneration_points(messages)
     if not positions:
-        raise RowError(NO_USER_TURN, _shape_field(fields), "conversation has no user turn to answer")
+        # "messages[0].content" -> "messages"; "prompt" stays.
+        raise RowError(NO_USER_TURN, fields[-1].split("[", 1)[0], "conversation has no user turn to answer")
     return row_id, messages, fields, tools, positions
 
 
-def _check_text(value: object, *, field: str | None) -> None:
+def _check_text(value: object, field: str | None) -> None:
     """RowError(BAD_TEXT) naming the field of the first string that is not valid Unicode."""
     if isinstance(value, str):
         try:
@@ -249,147 +226,123 @@ def _check_text(value: object, *, field: str | None) -> None:
             ) from None
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_text(item, field=f"{field}.{key}" if field else str(key))
+            _check_text(item, f"{field}.{key}" if field else str(key))
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _check_text(item, field=f"{field}[{index}]" if field else f"[{index}]")
+            _check_text(item, f"{field}[{index}]" if field else f"[{index}]")
 
 
-def _calls_field(content_field: str) -> str:
-    """The path of a message's tool calls, from the path of its content (ShareGPT: the value)."""
-    return content_field[: -len(".content")] + ".tool_calls" if content_field.endswith(".content") else content_field
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    return next((name for kind, name in _TYPE_NAMES if isinstance(value, kind)), type(value).__name__)
 
 
-def _copy_messages(messages: list[dict]) -> list[dict]:
-    """Fresh message dicts (tool calls copied deeply), so callers may mutate them freely."""
-    return [copy.deepcopy(m) if "tool_calls" in m else dict(m) for m in messages]
+def _expect(value: object, kind: type[_T], field: str, what: str) -> _T | None:
+    """`value` if it is None or a `kind`, else RowError(WRONG_TYPE) naming `field`."""
+    if value is not None and not isinstance(value, kind):
+        raise RowError(WRONG_TYPE, field, f"expected {what}, got {_type_name(value)}")
+    return value
 
 
-def _row_id(value: object, *, source: str, line: int) -> str:
-    if value is None or value == "":
-        return f"{os.path.basename(source)}:{line}"
-    if isinstance(value, (str, int, float)):  # bool is an int
-        return str(value)
-    raise RowError(WRONG_TYPE, "id", f"expected a string or number, got {_type_name(value)}")
+def _loads(value: str, field: str, what: str) -> object:
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise RowError(BAD_JSON, field, f"{what} not valid JSON: {exc}") from None
 
 
 def _messages(data: dict) -> tuple[list[dict], list[str]]:
     """Normalized messages and, in parallel, each one's field path in the row."""
-    for key in _SHAPE_KEYS:
-        entries = data.get(key)
+    for key in ("messages", "conversations"):
+        entries = _expect(data.get(key), list, key, "a list of messages")
         if entries is None:
             continue
-        if not isinstance(entries, list):
-            raise RowError(WRONG_TYPE, key, f"expected a list of messages, got {_type_name(entries)}")
         if not entries:
             raise RowError(EMPTY_CONVERSATION, key, "conversation has no messages")
-        messages = [_message(entry, field=f"{key}[{i}]") for i, entry in enumerate(entries)]
+        messages = [_message(entry, f"{key}[{i}]") for i, entry in enumerate(entries)]
         return messages, [f"{key}[{i}].{_content_key(e)}" for i, e in enumerate(entries)]
-    prompt = data.get("prompt")
+    prompt = _expect(data.get("prompt"), str, "prompt", "a string")
     if prompt is not None:
-        if not isinstance(prompt, str):
-            raise RowError(WRONG_TYPE, "prompt", f"expected a string, got {_type_name(prompt)}")
         return [{"role": "user", "content": prompt}], ["prompt"]
     keys = ", ".join(sorted(map(str, data))[:12]) or "none"
     raise RowError(NO_MESSAGES, None, f"row has no 'messages', 'conversations' or 'prompt' (its keys: {keys})")
 
 
 def _content_key(entry: dict) -> str:
-    if entry.get("content") is None and entry.get("value") is not None:
-        return "value"
-    return "content"
+    return "value" if entry.get("content") is None and entry.get("value") is not None else "content"
 
 
-def _message(entry: object, *, field: str) -> dict:
+def _message(entry: object, field: str) -> dict:
     if not isinstance(entry, dict):
         raise RowError(WRONG_TYPE, field, f"expected a message object, got {_type_name(entry)}")
     role_key = "role" if entry.get("role") is not None else "from"
     raw_role = entry.get(role_key)
     if raw_role is None:
         raise RowError(MISSING_FIELD, f"{field}.role", "message has no 'role' (or ShareGPT 'from')")
-    if not isinstance(raw_role, str):
-        raise RowError(WRONG_TYPE, f"{field}.{role_key}", f"expected a string, got {_type_name(raw_role)}")
+    _expect(raw_role, str, f"{field}.{role_key}", "a string")
     role = ROLE_ALIASES.get(raw_role.lower())
     if role is None:
         raise RowError(
             UNKNOWN_ROLE, f"{field}.{role_key}", f"unknown role {raw_role!r}; known: {', '.join(ROLE_ALIASES)}"
         )
-
-    content_key = _content_key(entry)
-    raw_content = entry.get(content_key)
+    content_field = f"{field}.{_content_key(entry)}"
+    raw_content = entry.get(_content_key(entry))
+    extra = {k: v for k, v in entry.items() if k not in _REWRITTEN_KEYS and v is not None}
     if raw_role.lower() in TOOL_CALL_ROLES:
         # ShareGPT function calling: the value is the call (or a list of parallel calls) as JSON.
-        calls = _sharegpt_calls(raw_content, field=f"{field}.{content_key}")
-        message = {"role": "assistant", "content": "", "tool_calls": calls}
-        message.update(
-            (k, v) for k, v in entry.items() if k not in _ENTRY_KEYS and k not in _CALL_KEYS and v is not None
-        )
-        return message
-    if raw_content is None:
-        # OpenAI sends null content on assistant tool-call turns; "" renders the same in templates.
-        if role != "assistant":
-            raise RowError(MISSING_FIELD, f"{field}.{content_key}", f"{role} message has no content")
-        content = ""
+        return {"role": "assistant", "content": "", "tool_calls": _sharegpt_calls(raw_content, content_field), **extra}
+    if raw_content is not None:
+        content = _content(raw_content, content_field)
+    elif role == "assistant":
+        content = ""  # OpenAI sends null content on assistant tool-call turns; "" renders the same in templates.
     else:
-        content = _content(raw_content, field=f"{field}.{content_key}")
-
-    message = {"role": role, "content": content}
-    message.update((k, v) for k, v in entry.items() if k not in _ENTRY_KEYS and k not in _CALL_KEYS and v is not None)
-    calls = _message_calls(entry, role=role, field=field)
+        raise RowError(MISSING_FIELD, content_field, f"{role} message has no content")
+    message = {"role": role, "content": content, **extra}
+    calls = _message_calls(entry, role, field)
     if calls:
         message["tool_calls"] = calls
     return message
 
 
-def _message_calls(entry: dict, *, role: str, field: str) -> list[dict]:
+def _message_calls(entry: dict, role: str, field: str) -> list[dict]:
     """An OpenAI message's tool calls, normalised; [] when it has none."""
-    raw_calls = entry.get("tool_calls")
-    legacy = entry.get("function_call")
+    raw_calls, legacy = entry.get("tool_calls"), entry.get("function_call")
     if raw_calls is None and legacy is None:
         return []
     if role != "assistant":
         key = "tool_calls" if raw_calls is not None else "function_call"
         raise RowError(BAD_TOOL_CALL, f"{field}.{key}", f"only assistant messages carry tool calls, not {role}")
-    if raw_calls is not None:
-        if not isinstance(raw_calls, list):
-            raise RowError(
-                WRONG_TYPE, f"{field}.tool_calls", f"expected a list of tool calls, got {_type_name(raw_calls)}"
-            )
-        return [_openai_call(call, field=f"{field}.tool_calls[{i}]") for i, call in enumerate(raw_calls)]
-    # The pre-tools OpenAI API: one {"name", "arguments"} object.
-    return [_call(legacy, field=f"{field}.function_call", call_id=None)]
+    if raw_calls is None:  # the pre-tools OpenAI API: one {"name", "arguments"} object
+        return [_call(legacy, f"{field}.function_call", None)]
+    _expect(raw_calls, list, f"{field}.tool_calls", "a list of tool calls")
+    return [_openai_call(call, f"{field}.tool_calls[{i}]") for i, call in enumerate(raw_calls)]
 
 
-def _openai_call(value: object, *, field: str) -> dict:
+def _openai_call(value: object, field: str) -> dict:
     if not isinstance(value, dict):
         raise RowError(WRONG_TYPE, field, f"expected a tool call object, got {_type_name(value)}")
     function = value.get("function")
+    call_id = _expect(value.get("id"), str, f"{field}.id", "a string")
     # Some exports flatten the call ({"name", "arguments"} beside "id"); templates accept both.
-    function_field = f"{field}.function" if function is not None else field
-    call_id = value.get("id")
-    if call_id is not None and not isinstance(call_id, str):
-        raise RowError(WRONG_TYPE, f"{field}.id", f"expected a string, got {_type_name(call_id)}")
-    return _call(function if function is not None else value, field=function_field, call_id=call_id)
+    if function is None:
+        return _call(value, field, call_id)
+    return _call(function, f"{field}.function", call_id)
 
 
-def _sharegpt_calls(value: object, *, field: str) -> list[dict]:
+def _sharegpt_calls(value: object, field: str) -> list[dict]:
     if value is None:
         raise RowError(MISSING_FIELD, field, "function_call entry has no value (the call as JSON)")
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise RowError(BAD_JSON, field, f"function_call value is not valid JSON: {exc}") from None
-    calls = value if isinstance(value, list) else [value]
-    if not calls:
+        value = _loads(value, field, "function_call value is")
+    if not isinstance(value, list):
+        return [_call(value, field, None)]
+    if not value:
         raise RowError(BAD_TOOL_CALL, field, "function_call value holds no call")
-    return [
-        _call(call, field=field if len(calls) == 1 and not isinstance(value, list) else f"{field}[{i}]", call_id=None)
-        for i, call in enumerate(calls)
-    ]
+    return [_call(call, f"{field}[{i}]", None) for i, call in enumerate(value)]
 
 
-def _call(value: object, *, field: str, call_id: str | None) -> dict:
+def _call(value: object, field: str, call_id: object) -> dict:
     """One call as the template expects it: {"type", "function": {"name", "arguments": {...}}} (+ "id")."""
     if not isinstance(value, dict):
         raise RowError(WRONG_TYPE, field, f"expected a function call object, got {_type_name(value)}")
@@ -397,29 +350,20 @@ def _call(value: object, *, field: str, call_id: str | None) -> dict:
     if not isinstance(name, str) or not name.strip():
         problem = "has no 'name'" if name is None else f"'name' must be a non-empty string, got {_type_name(name)}"
         raise RowError(BAD_TOOL_CALL, f"{field}.name", f"tool call {problem}")
-    call: dict = {"id": call_id} if call_id else {}
-    call["type"] = "function"
-    call["function"] = {"name": name, "arguments": _arguments(value, field=field)}
-    return call
-
-
-def _arguments(call: dict, *, field: str) -> dict:
     # "parameters" is what some ShareGPT exports (and Llama-style calls) name the arguments.
-    key = "arguments" if "arguments" in call or "parameters" not in call else "parameters"
-    value = call.get(key)
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise RowError(BAD_JSON, f"{field}.{key}", f"arguments are not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise RowError(BAD_TOOL_CALL, f"{field}.{key}", f"arguments must be a JSON object, got {_type_name(value)}")
-    return value
+    key = "arguments" if "arguments" in value or "parameters" not in value else "parameters"
+    arguments = value.get(key)
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        arguments = {}
+    elif isinstance(arguments, str):
+        arguments = _loads(arguments, f"{field}.{key}", "arguments are")
+    if not isinstance(arguments, dict):
+        raise RowError(BAD_TOOL_CALL, f"{field}.{key}", f"arguments must be a JSON object, got {_type_name(arguments)}")
+    head = {"id": call_id} if call_id else {}
+    return {**head, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _content(value: object, *, field: str) -> str:
+def _content(value: object, field: str) -> str:
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -443,44 +387,9 @@ def _content(value: object, *, field: str) -> str:
 
 def _tools(value: object) -> list[dict] | None:
     if isinstance(value, str):
-        if not value.strip():
-            return None
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise RowError(BAD_JSON, "tools", f"string is not valid JSON: {exc}") from None
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise RowError(WRONG_TYPE, "tools", f"expected a list of function schemas, got {_type_name(value)}")
-    for i, tool in enumerate(value):
+        value = _loads(value, "tools", "string is") if value.strip() else None
+    schemas = _expect(value, list, "tools", "a list of function schemas")
+    for i, tool in enumerate(schemas or []):
         if not isinstance(tool, dict):
             raise RowError(WRONG_TYPE, f"tools[{i}]", f"expected a function schema object, got {_type_name(tool)}")
-    return value or None
-
-
-def _optional_string(value: object, *, field: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value or None
-    raise RowError(WRONG_TYPE, field, f"expected a string, got {_type_name(value)}")
-
-
-def _shape_field(fields: list[str]) -> str:
-    # "messages[0].content" -> "messages"; "prompt" stays.
-    return fields[-1].split("[", 1)[0]
-
-
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return schemas or None

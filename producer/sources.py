@@ -1,20 +1,12 @@
-"""Streaming readers for prompt-set inputs.
+"""Streaming readers for prompt-set inputs (docs/inputs.md).
 
-Turns input paths into a stream of parsed rows (``SourceRow``) and per-row
-failures (``BadRow``) without ever holding a whole file in memory.  Fatal
-problems that make an input unusable before reading starts (missing path,
-unknown format) raise ``InputError``.
-
-Supported inputs (see docs/inputs.md):
-
-* JSONL: ``.jsonl`` / ``.ndjson``, optionally ``.gz`` or ``.zst`` compressed;
-* JSON: ``.json`` (optionally compressed) holding either one array of objects
-  (streamed with ijson) or JSONL, decided by the first non-space character;
-* Parquet: ``.parquet``;
-* a directory written by ``datasets.Dataset.save_to_disk`` (``state.json`` +
-  ``.arrow`` shards) or ``DatasetDict.save_to_disk`` (``dataset_dict.json`` +
-  one such directory per split);
-* ``-``: JSONL on standard input.
+Turns input paths into a stream of parsed rows (``SourceRow``) and per-row failures
+(``BadRow``), holding at most one line, one array element or one record batch in memory. An
+input that is unusable before reading starts (missing path, unknown format) raises
+``InputError``. Inputs: JSONL (``.jsonl``/``.ndjson``), JSON (``.json``: one array of objects,
+streamed with ijson, or JSONL, decided by the first non-space byte), both optionally ``.gz`` or
+``.zst``; Parquet; a ``datasets`` ``save_to_disk`` folder (``state.json`` + ``.arrow`` shards,
+or ``dataset_dict.json`` + one such folder per split); ``-``: JSONL on standard input.
 """
 
 from __future__ import annotations
@@ -41,6 +33,7 @@ PARQUET_BATCH_ROWS = 1024  # rows decoded per parquet batch: bounds memory witho
 ARROW_SLICE_ROWS = 1024  # rows turned into python dicts at once from one arrow record batch of any size
 SNIFF_CHUNK_BYTES = 64 * 1024  # read size while looking for the first non-space byte of a .json file
 ZSTD_READ_BYTES = 64 * 1024  # compressed bytes fed to the zstd decoder per step; output per step is ratio-bound
+COUNT_CHUNK_BYTES = 1 << 22  # bytes read per step when counting a JSONL file's lines for a progress total
 
 # BadRow.reason slugs.  Stable: callers count and report by them.
 BAD_JSON = "bad-json"
@@ -50,16 +43,18 @@ TRUNCATED_FILE = "truncated-file"
 UNREADABLE_FILE = "unreadable-file"
 UNSUPPORTED_LAYOUT = "unsupported-layout"
 
-_JSON_WHITESPACE = b" \t\r\n"
-_UTF8_BOM = b"\xef\xbb\xbf"
-_JSONL_SUFFIXES = (".jsonl", ".ndjson")
+# Input kinds (_detect): "json" is an array or JSONL, decided by sniffing.
+STDIN_KIND, JSONL, JSON, PARQUET, HF_DATASET, HF_DATASET_DICT = "stdin", "jsonl", "json", "parquet", "hf", "hf-dict"
+_KIND_OF_SUFFIX = {".jsonl": JSONL, ".ndjson": JSONL, ".json": JSON, ".parquet": PARQUET}
 _COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_UTF8_BOM = b"\xef\xbb\xbf"
 _SUPPORTED_HINT = (
     ".jsonl/.ndjson/.json (optionally .gz or .zst), .parquet, a datasets.save_to_disk "
     "directory, or '-' for JSONL on stdin"
 )
 # Errors that mean "the bytes could not be read/decoded", as opposed to bad row content.
 _READ_ERRORS: tuple[type[BaseException], ...] = (OSError, zlib.error)
+_JSON_TYPES = ((list, "an array"), (str, "a string"), (bool, "a boolean"), (type(None), "null"))
 
 
 class InputError(UserError):
@@ -86,13 +81,7 @@ class BadRow:
     detail: str  # human message
 
 
-# Input kinds (_detect): "json" is an array or JSONL, decided by sniffing.
-STDIN_KIND, JSONL, JSON, PARQUET, HF_DATASET, HF_DATASET_DICT = "stdin", "jsonl", "json", "parquet", "hf", "hf-dict"
-# What _detect says of an input: its kind and compression ("gzip", "zstd" or None).
-_Spec = tuple[str, str | None]
-
-
-# --------------------------------------------------------------------------- discovery
+Item = SourceRow | BadRow
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
@@ -104,13 +93,13 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         raise InputError(
             f"no inputs given; pass one or more files, globs, dataset directories or '-' ({_SUPPORTED_HINT})"
         )
-    out: list[str] = []
-    seen: set[str] = set()
+    out: dict[str, str] = {}  # real path -> the input as given
     for pattern in patterns:
         if pattern == STDIN or os.path.exists(pattern):
             matches = [pattern]
-        elif _has_glob_magic(pattern):
-            matches = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m) or _is_dataset_dir(m))
+        elif any(ch in pattern for ch in "*?["):
+            found = glob.glob(pattern, recursive=True)
+            matches = sorted(m for m in found if os.path.isfile(m) or _dataset_kind(m))
             if not matches:
                 raise InputError(
                     f"{pattern}: pattern matched no input files; check the pattern and quote it so the shell does not expand it"
@@ -119,11 +108,8 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
             raise InputError(f"{pattern}: no such file or directory; check the path")
         for match in matches:
             _detect(match)
-            key = match if match == STDIN else os.path.realpath(match)
-            if key not in seen:
-                seen.add(key)
-                out.append(match)
-    return out
+            out.setdefault(match if match == STDIN else os.path.realpath(match), match)
+    return list(out.values())
 
 
 def source_fingerprint(path: str) -> str:
@@ -137,82 +123,65 @@ def source_fingerprint(path: str) -> str:
         st = os.stat(path)
         if not os.path.isdir(path):
             return f"{name}:{st.st_size}:{st.st_mtime_ns}"
-        count = size = 0
-        newest = st.st_mtime_ns
-        for root, _dirs, files in os.walk(path):
-            for filename in files:
-                fst = os.stat(os.path.join(root, filename))
-                count += 1
-                size += fst.st_size
-                newest = max(newest, fst.st_mtime_ns)
-        return f"{name}:dir:{count}:{size}:{newest}"
+        stats = [os.stat(os.path.join(root, f)) for root, _dirs, files in os.walk(path) for f in files]
+        newest = max([st.st_mtime_ns, *(s.st_mtime_ns for s in stats)])
+        return f"{name}:dir:{len(stats)}:{sum(s.st_size for s in stats)}:{newest}"
     except OSError as exc:
         raise InputError(
             f"{path}: cannot fingerprint input ({exc.strerror or exc}); check it still exists and is readable"
         ) from exc
 
 
-def _has_glob_magic(pattern: str) -> bool:
-    return any(ch in pattern for ch in "*?[")
+def _dataset_kind(path: str) -> str | None:
+    if os.path.isdir(path):
+        for marker, kind in (("dataset_dict.json", HF_DATASET_DICT), ("state.json", HF_DATASET)):
+            if os.path.isfile(os.path.join(path, marker)):
+                return kind
+    return None
 
 
-def _is_dataset_dir(path: str) -> bool:
-    return os.path.isdir(path) and (
-        os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json"))
-    )
-
-
-def _detect(path: str) -> _Spec:
-    """Decide how to read ``path``; raise InputError if it cannot be read at all."""
+def _detect(path: str) -> tuple[str, str | None]:
+    """How to read ``path``: its kind and compression ("gzip", "zstd" or None); InputError if
+    it cannot be read at all."""
     if path == STDIN:
         return STDIN_KIND, None
     if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, "dataset_dict.json")):
-            return HF_DATASET_DICT, None
-        if os.path.isfile(os.path.join(path, "state.json")):
-            return HF_DATASET, None
-        raise InputError(
-            f"{path}: directory is not a saved Hugging Face dataset (no state.json or dataset_dict.json); "
-            f"pass its files or a glob such as '{os.path.join(path, '*.jsonl')}'"
-        )
+        kind = _dataset_kind(path)
+        if kind is None:
+            raise InputError(
+                f"{path}: directory is not a saved Hugging Face dataset (no state.json or dataset_dict.json); "
+                f"pass its files or a glob such as '{os.path.join(path, '*.jsonl')}'"
+            )
+        return kind, None
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file; check the path")
     stem, ext = os.path.splitext(os.path.basename(path).lower())
     compression = _COMPRESSION_SUFFIXES.get(ext)
     if compression is not None:
         stem, ext = os.path.splitext(stem)
-    if ext in _JSONL_SUFFIXES:
-        kind = JSONL
-    elif ext == ".json":
-        kind = JSON
-    elif ext == ".parquet":
-        if compression is not None:
-            raise InputError(
-                f"{path}: compressed parquet is not supported (parquet compresses internally); decompress it first"
-            )
-        kind = PARQUET
-    else:
+    kind = _KIND_OF_SUFFIX.get(ext)
+    if kind is None:
         raise InputError(f"{path}: unknown input format '{ext or '(no extension)'}'; supported: {_SUPPORTED_HINT}")
+    if kind == PARQUET and compression is not None:
+        raise InputError(
+            f"{path}: compressed parquet is not supported (parquet compresses internally); decompress it first"
+        )
     return kind, compression
 
 
-# --------------------------------------------------------------------------- reading
-
-
-def iter_source_rows(paths: Sequence[str], *, stdin: IO[bytes] | None = None) -> Iterator[SourceRow | BadRow]:
+def iter_source_rows(paths: Sequence[str], *, stdin: IO[bytes] | None = None) -> Iterator[Item]:
     """Every row of ``paths``, in order, as SourceRow or BadRow.
 
     Every path is checked first (InputError now, not after hours of work); problems met while
     reading become BadRows (a file cut mid-way yields its rows before the cut, then one
-    BadRow). ``stdin`` replaces ``sys.stdin.buffer`` for ``"-"`` and is never closed. Memory
-    stays bounded by one line, one array element or one record batch.
+    BadRow). ``stdin`` replaces ``sys.stdin.buffer`` for ``"-"`` and is never closed.
     """
-    plan = [(path, _detect(path)) for path in paths]
+    plan = [(path, *_detect(path)) for path in paths]
     return _iter_plan(plan, stdin)
 
 
-def _iter_plan(plan: list[tuple[str, _Spec]], stdin: IO[bytes] | None) -> Iterator[SourceRow | BadRow]:
-    for path, (kind, compression) in plan:
+def _iter_plan(plan: list[tuple[str, str, str | None]], stdin: IO[bytes] | None) -> Iterator[Item]:
+    for path, kind, compression in plan:
         if kind == STDIN_KIND:
             yield from _iter_jsonl(stdin if stdin is not None else sys.stdin.buffer, STDIN)
         elif kind == JSONL:
@@ -222,7 +191,7 @@ def _iter_plan(plan: list[tuple[str, _Spec]], stdin: IO[bytes] | None) -> Iterat
         elif kind == PARQUET:
             yield from _iter_parquet(path)
         elif kind == HF_DATASET:
-            yield from _iter_hf_dataset(path, path)
+            yield from _iter_hf_dataset(path)
         else:
             yield from _iter_hf_dataset_dict(path)
 
@@ -231,14 +200,12 @@ def _open_bytes(path: str, compression: str | None) -> IO[bytes]:
     if compression == "gzip":
         return cast(IO[bytes], gzip.open(path, "rb"))  # a binary file object; typeshed types it apart
     raw = open(path, "rb")
-    if compression == "zstd":
-        return io.BufferedReader(_ZstdReader(raw))
-    return raw
+    return io.BufferedReader(_ZstdReader(raw)) if compression == "zstd" else raw
 
 
 def _with_opened(
-    path: str, compression: str | None, reader: Callable[..., Iterator[SourceRow | BadRow]], *args: object
-) -> Iterator[SourceRow | BadRow]:
+    path: str, compression: str | None, reader: Callable[..., Iterator[Item]], *args: object
+) -> Iterator[Item]:
     try:
         stream = _open_bytes(path, compression)
     except OSError as exc:
@@ -307,20 +274,19 @@ class _ZstdReader(io.RawIOBase):
             super().close()
 
 
-def _iter_jsonl(stream: IO[bytes], source: str) -> Iterator[SourceRow | BadRow]:
+def _iter_jsonl(stream: IO[bytes], source: str) -> Iterator[Item]:
     """JSONL from a byte stream, one line at a time; blank lines are skipped."""
     lines = iter(stream)
     lineno = 0
     unterminated: bytes | None = None  # a line without "\n" can only be the last one
     while True:
+        at = lineno if unterminated is not None else lineno + 1
         try:
             raw = next(lines, None)
         except EOFError as exc:
-            at = lineno if unterminated is not None else lineno + 1
             yield BadRow(source, at, TRUNCATED_FILE, f"input ends early at line {at} ({exc}); earlier rows were read")
             return
         except _READ_ERRORS as exc:
-            at = lineno if unterminated is not None else lineno + 1
             yield BadRow(source, at, UNREADABLE_FILE, f"read failed at line {at}: {exc}; earlier rows were read")
             return
         if raw is None:
@@ -328,31 +294,23 @@ def _iter_jsonl(stream: IO[bytes], source: str) -> Iterator[SourceRow | BadRow]:
         lineno += 1
         if not raw.endswith(b"\n"):
             unterminated = raw
-            continue
-        row = _parse_line(raw, source, lineno, last_unterminated=False)
-        if row is not None:
+        elif row := _parse_line(raw, source, lineno, last_unterminated=False):
             yield row
-    if unterminated is not None:
-        row = _parse_line(unterminated, source, lineno, last_unterminated=True)
-        if row is not None:
-            yield row
+    if unterminated is not None and (row := _parse_line(unterminated, source, lineno, last_unterminated=True)):
+        yield row
 
 
-def _parse_line(raw: bytes, source: str, lineno: int, *, last_unterminated: bool) -> SourceRow | BadRow | None:
-    if lineno == 1 and raw.startswith(_UTF8_BOM):
-        raw = raw[len(_UTF8_BOM) :]
+def _parse_line(raw: bytes, source: str, lineno: int, *, last_unterminated: bool) -> Item | None:
+    if lineno == 1:
+        raw = raw.removeprefix(_UTF8_BOM)
     if not raw.strip():
         return None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if last_unterminated:
-            return BadRow(
-                source,
-                lineno,
-                TRUNCATED_FILE,
-                f"last line has no newline and is cut inside a UTF-8 character ({exc.reason})",
-            )
+            message = f"last line has no newline and is cut inside a UTF-8 character ({exc.reason})"
+            return BadRow(source, lineno, TRUNCATED_FILE, message)
         return BadRow(source, lineno, NON_UTF8, f"invalid UTF-8 at byte {exc.start}: {exc.reason}")
     try:
         value = json.loads(text)
@@ -363,24 +321,18 @@ def _parse_line(raw: bytes, source: str, lineno: int, *, last_unterminated: bool
         if last_unterminated:
             return BadRow(source, lineno, TRUNCATED_FILE, f"last line has no newline and does not parse ({message})")
         return BadRow(source, lineno, BAD_JSON, message)
-    if not isinstance(value, dict):
-        return BadRow(source, lineno, NOT_AN_OBJECT, f"expected a JSON object, got {_json_type(value)}")
-    return SourceRow(source, lineno, value)
+    return _row(source, lineno, value)
 
 
-def _json_type(value: object) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if value is None:
-        return "null"
-    return "a number"
+def _row(source: str, line: int, value: object) -> Item:
+    """A SourceRow for a JSON object, else a NOT_AN_OBJECT BadRow naming what it was."""
+    if isinstance(value, dict):
+        return SourceRow(source, line, value)
+    kind = next((name for cls, name in _JSON_TYPES if isinstance(value, cls)), "a number")
+    return BadRow(source, line, NOT_AN_OBJECT, f"expected a JSON object, got {kind}")
 
 
-def _iter_json_file(path: str, compression: str | None) -> Iterator[SourceRow | BadRow]:
+def _iter_json_file(path: str, compression: str | None) -> Iterator[Item]:
     """A .json file: an array of objects, or JSONL under a .json name."""
     try:
         with _open_bytes(path, compression) as stream:
@@ -398,91 +350,79 @@ def _iter_json_file(path: str, compression: str | None) -> Iterator[SourceRow | 
 
 
 def _sniff(stream: IO[bytes]) -> tuple[bytes, bool]:
-    """Return the first non-whitespace byte (b"" if none) and whether a BOM leads."""
+    """The first non-whitespace byte (b"" if none) and whether a BOM leads."""
     has_bom = False
-    first_chunk = True
+    first = True
     while chunk := stream.read(SNIFF_CHUNK_BYTES):
-        if first_chunk and chunk.startswith(_UTF8_BOM):
-            has_bom, chunk = True, chunk[len(_UTF8_BOM) :]
-        first_chunk = False
-        stripped = chunk.lstrip(_JSON_WHITESPACE)
+        if first:
+            has_bom, first = chunk.startswith(_UTF8_BOM), False
+            chunk = chunk.removeprefix(_UTF8_BOM)
+        stripped = chunk.lstrip(b" \t\r\n")
         if stripped:
             return stripped[:1], has_bom
     return b"", has_bom
 
 
-def _iter_jsonl_in_json_file(stream: IO[bytes], source: str) -> Iterator[SourceRow | BadRow]:
-    # A .json file that starts with "{" but whose first line is not a whole
-    # object is almost surely one pretty-printed object; reading it as JSONL
-    # would report every line as bad-json, so report the layout once instead.
-    first = True
-    for item in _iter_jsonl(stream, source):
-        if first and isinstance(item, BadRow) and item.reason == BAD_JSON:
-            yield BadRow(
-                source,
-                item.line,
-                UNSUPPORTED_LAYOUT,
-                "file starts with '{' but its first line is not a complete JSON object; "
-                "expected a JSON array of objects or one object per line (JSONL)",
-            )
-            return
-        first = False
-        yield item
+def _iter_jsonl_in_json_file(stream: IO[bytes], source: str) -> Iterator[Item]:
+    # A .json file that starts with "{" but whose first line is not a whole object is almost
+    # surely one pretty-printed object; reading it as JSONL would report every line as
+    # bad-json, so report the layout once instead.
+    items = _iter_jsonl(stream, source)
+    first = next(items, None)
+    if isinstance(first, BadRow) and first.reason == BAD_JSON:
+        yield BadRow(
+            source,
+            first.line,
+            UNSUPPORTED_LAYOUT,
+            "file starts with '{' but its first line is not a complete JSON object; "
+            "expected a JSON array of objects or one object per line (JSONL)",
+        )
+        return
+    if first is not None:
+        yield first
+        yield from items
 
 
-def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[SourceRow | BadRow]:
+def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[Item]:
     if has_bom:
         stream.read(len(_UTF8_BOM))
     items = ijson.items(stream, "item", use_float=True)
     index = 0
     while True:
+        at = index + 1
         try:
             value = next(items, _END)
         except EOFError as exc:
             yield BadRow(
-                source,
-                index + 1,
-                TRUNCATED_FILE,
-                f"input ends early at element {index + 1} ({exc}); earlier rows were read",
+                source, at, TRUNCATED_FILE, f"input ends early at element {at} ({exc}); earlier rows were read"
             )
             return
         except ijson.JSONError as exc:
-            message = _ijson_message(exc)
+            # yajl's messages carry a multi-line excerpt with a caret; keep the first line.
+            arg = exc.args[0] if exc.args else exc
+            text = (arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)).strip()
+            message = text.splitlines()[0] if text else type(exc).__name__
             if "premature EOF" in message or "Incomplete JSON" in message:
                 reason = TRUNCATED_FILE
             elif "UTF8" in message or "UTF-8" in message:
                 reason = NON_UTF8
             else:
                 reason = BAD_JSON
-            yield BadRow(
-                source, index + 1, reason, f"{message} (at or after element {index + 1}); earlier rows were read"
-            )
+            yield BadRow(source, at, reason, f"{message} (at or after element {at}); earlier rows were read")
             return
         except _READ_ERRORS as exc:
-            yield BadRow(
-                source, index + 1, UNREADABLE_FILE, f"read failed at element {index + 1}: {exc}; earlier rows were read"
-            )
+            yield BadRow(source, at, UNREADABLE_FILE, f"read failed at element {at}: {exc}; earlier rows were read")
             return
         if value is _END:
             return
-        index += 1
-        if isinstance(value, dict):
-            yield SourceRow(source, index, value)
-        else:
-            yield BadRow(source, index, NOT_AN_OBJECT, f"expected a JSON object, got {_json_type(value)}")
+        index = at
+        yield _row(source, index, value)
 
 
 _END = object()
 
 
-def _ijson_message(exc: Exception) -> str:
-    # yajl's messages carry a multi-line excerpt with a caret; keep the first line.
-    arg = exc.args[0] if exc.args else exc
-    text = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
-def _iter_parquet(path: str) -> Iterator[SourceRow | BadRow]:
+def _iter_parquet(path: str) -> Iterator[Item]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -497,9 +437,7 @@ def _iter_parquet(path: str) -> Iterator[SourceRow | BadRow]:
         parquet.close()
 
 
-def _iter_record_batches(
-    batches: Iterable, source: str, start: int
-) -> Generator[SourceRow | BadRow, None, tuple[int, bool]]:
+def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generator[Item, None, tuple[int, bool]]:
     """Rows of arrow record batches numbered from ``start + 1``; returns the last row number
     and whether the batches were read to the end without error."""
     import pyarrow as pa
@@ -519,63 +457,66 @@ def _iter_record_batches(
     return index, True
 
 
-def _iter_hf_dataset(path: str, source: str) -> Iterator[SourceRow | BadRow]:
+def _read_listing(path: str, name: str, read: Callable[[Any], list]) -> list | BadRow:
+    """`read` of the JSON file `name` in folder `path`, or the BadRow (line 0) saying why not."""
+    listing = os.path.join(path, name)
+    try:
+        with open(listing, encoding="utf-8") as fh:
+            return read(json.load(fh))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        what = "shard" if name == "state.json" else "split"
+        return BadRow(path, 0, UNREADABLE_FILE, f"cannot read the {what} list in {listing}: {exc!r}")
+
+
+def _iter_hf_dataset(path: str) -> Iterator[Item]:
     """One ``Dataset.save_to_disk`` directory: its arrow shards in state.json order."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    state_path = os.path.join(path, "state.json")
-    try:
-        with open(state_path, encoding="utf-8") as fh:
-            state = json.load(fh)
-        shards = [os.path.join(path, entry["filename"]) for entry in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        yield BadRow(source, 0, UNREADABLE_FILE, f"cannot read the shard list in {state_path}: {exc!r}")
+    shards = _read_listing(path, "state.json", lambda state: [entry["filename"] for entry in state["_data_files"]])
+    if isinstance(shards, BadRow):
+        yield shards
         return
     index = 0
     for shard in shards:
         try:
-            arrow_file = pa.OSFile(shard)
+            arrow_file = pa.OSFile(os.path.join(path, shard))
         except (OSError, pa.ArrowException) as exc:
-            yield BadRow(source, index + 1, UNREADABLE_FILE, f"cannot open shard {os.path.basename(shard)}: {exc}")
+            yield BadRow(path, index + 1, UNREADABLE_FILE, f"cannot open shard {os.path.basename(shard)}: {exc}")
             return
         with arrow_file:
             try:
                 reader = ipc.open_stream(arrow_file)
             except (OSError, pa.ArrowException) as exc:
-                yield BadRow(
-                    source, index + 1, UNREADABLE_FILE, f"shard {os.path.basename(shard)} is not an arrow stream: {exc}"
-                )
+                detail = f"shard {os.path.basename(shard)} is not an arrow stream: {exc}"
+                yield BadRow(path, index + 1, UNREADABLE_FILE, detail)
                 return
             # Row numbers continue across shards, so a broken shard ends the dataset.
-            index, complete = yield from _iter_record_batches(reader, source, index)
+            index, complete = yield from _iter_record_batches(reader, path, index)
             if not complete:
                 return
 
 
-def _iter_hf_dataset_dict(path: str) -> Iterator[SourceRow | BadRow]:
+def _split_names(listing: Any) -> list:
+    splits = listing["splits"]
+    if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+        raise TypeError("'splits' is not a list of names")
+    return splits
+
+
+def _iter_hf_dataset_dict(path: str) -> Iterator[Item]:
     """A ``DatasetDict.save_to_disk`` directory: each split in dataset_dict.json order."""
-    dict_path = os.path.join(path, "dataset_dict.json")
-    try:
-        with open(dict_path, encoding="utf-8") as fh:
-            splits = json.load(fh)["splits"]
-        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
-            raise TypeError("'splits' is not a list of names")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        yield BadRow(path, 0, UNREADABLE_FILE, f"cannot read the split list in {dict_path}: {exc!r}")
+    splits = _read_listing(path, "dataset_dict.json", _split_names)
+    if isinstance(splits, BadRow):
+        yield splits
         return
     for split in splits:
         split_path = os.path.join(path, split)
-        if not os.path.isfile(os.path.join(split_path, "state.json")):
-            yield BadRow(
-                split_path, 0, UNREADABLE_FILE, f"split '{split}' listed in dataset_dict.json has no state.json"
-            )
-            continue
-        yield from _iter_hf_dataset(split_path, split_path)
-
-
-# Bytes read per step when counting the lines of a JSONL file for the progress bar's total.
-COUNT_CHUNK_BYTES = 1 << 22
+        if os.path.isfile(os.path.join(split_path, "state.json")):
+            yield from _iter_hf_dataset(split_path)
+        else:
+            detail = f"split '{split}' listed in dataset_dict.json has no state.json"
+            yield BadRow(split_path, 0, UNREADABLE_FILE, detail)
 
 
 def estimate_rows(paths: Sequence[str]) -> int | None:
@@ -585,7 +526,13 @@ def estimate_rows(paths: Sequence[str]) -> int | None:
     for path in expand_inputs(paths):
         kind, compression = _detect(path)
         if kind == JSONL and compression is None:
-            total += _count_lines(path)
+            with open(path, "rb") as handle:
+                last = b"\n"
+                while chunk := handle.read(COUNT_CHUNK_BYTES):
+                    total += chunk.count(b"\n")
+                    last = chunk[-1:]
+            # A final line without a newline is a row too; blank lines are rare enough to ignore.
+            total += last != b"\n"
         elif kind == PARQUET:
             import pyarrow.parquet as pq
 
@@ -593,14 +540,3 @@ def estimate_rows(paths: Sequence[str]) -> int | None:
         else:
             return None
     return total
-
-
-def _count_lines(path: str) -> int:
-    lines = 0
-    with open(path, "rb") as handle:
-        last = b"\n"
-        while chunk := handle.read(COUNT_CHUNK_BYTES):
-            lines += chunk.count(b"\n")
-            last = chunk[-1:]
-    # A final line without a newline is a row too; blank lines are rare enough to ignore.
-    return lines + (last != b"\n")

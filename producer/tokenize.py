@@ -42,8 +42,12 @@ _tokenizer = None
 _job: TemplateJob | None = None
 
 
-def _init(job: TemplateJob) -> None:
+def _init(job: TemplateJob, in_pool: bool = False) -> None:
     global _tokenizer, _job
+    if in_pool:
+        # Ctrl-C is the parent's to handle (it says what was kept), not each child's to print a
+        # KeyboardInterrupt traceback for; the parent's shutdown ends the children.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One process per core already: the Rust tokenizer's own threads would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _job = job
@@ -67,7 +71,8 @@ def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
         return entry[2] if len(entry) > 2 and entry[2] is not None else default_kwargs
 
     def group_key(i: int) -> str:
-        return _tools_key(conversations[i][1]) + "|" + json.dumps(kwargs_of(i), sort_keys=True)
+        tools = conversations[i][1]
+        return (json.dumps(tools, sort_keys=True) if tools else "") + "|" + json.dumps(kwargs_of(i), sort_keys=True)
 
     out: list[list[int] | str] = [""] * len(conversations)
     indexed = sorted(range(len(conversations)), key=group_key)
@@ -88,17 +93,6 @@ def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
                 except TemplateError as exc:
                     out[i] = str(exc)
     return out
-
-
-def _tools_key(tools: list[dict] | None) -> str:
-    return json.dumps(tools, sort_keys=True) if tools else ""
-
-
-def _init_pool_process(job: TemplateJob) -> None:
-    """A pool process: Ctrl-C is the parent's to handle (it says what was kept), not each child's
-    to print a KeyboardInterrupt traceback for; the parent's shutdown ends the children."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _init(job)
 
 
 class TemplatingPool:
@@ -122,7 +116,7 @@ class TemplatingPool:
             if context.get_start_method() != "fork":
                 _tokenizer = None
             self._pool = ProcessPoolExecutor(
-                max_workers=self.processes, initializer=_init_pool_process, initargs=(job,), mp_context=context
+                max_workers=self.processes, initializer=_init, initargs=(job, True), mp_context=context
             )
         else:
             _init(job)

@@ -13,6 +13,8 @@ import typer
 from eagle_synth.cli.interrupts import arm_interrupts
 from eagle_synth.cli.options import (
     INTERRUPTED_EXIT,
+    AllowEvictingOpt,
+    AllowVolatileOpt,
     CampaignArg,
     JsonOpt,
     RedisOpt,
@@ -25,7 +27,7 @@ from eagle_synth.cli.options import (
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from eagle_synth.toolcalls import TOOL_FORMATS
-from producer.options import EnqueueOptions
+from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 
 if TYPE_CHECKING:
     from eagle_synth.settings import BrokerSettings
@@ -127,19 +129,14 @@ def enqueue(
     max_prompt_tokens: Annotated[
         int | None,
         typer.Option(
-            help="Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else 131072."
+            help=f"Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else {DEFAULT_MAX_PROMPT_TOKENS}."
         ),
     ] = None,
     max_prompt_chars: Annotated[
         int, typer.Option(help="Skip conversations with more characters than this, before templating (0 = no cap).")
     ] = OPTIONS["max_prompt_chars"],
-    allow_evicting_redis: Annotated[
-        bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
-    ] = False,
-    allow_volatile_redis: Annotated[
-        bool,
-        typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign)."),
-    ] = False,
+    allow_evicting_redis: AllowEvictingOpt = False,
+    allow_volatile_redis: AllowVolatileOpt = False,
     max_backlog: Annotated[
         int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")
     ] = OPTIONS["max_backlog"],
@@ -266,10 +263,7 @@ def status(
 
 
 @app.command()
-def campaigns(
-    as_json: JsonOpt = False,
-    redis: RedisOpt = None,
-) -> None:
+def campaigns(as_json: JsonOpt = False, redis: RedisOpt = None) -> None:
     """List campaigns with their progress."""
     from eagle_synth.tools.status import campaigns_overview
 

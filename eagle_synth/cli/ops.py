@@ -27,10 +27,7 @@ def flower(
     ] = None,
     no_auth: Annotated[
         bool,
-        typer.Option(
-            "--no-auth",
-            help="Start without credentials (UI open to anyone who can reach it; API refused).",
-        ),
+        typer.Option("--no-auth", help="Start without credentials (UI open to anyone who can reach it; API refused)."),
     ] = False,
     redis: RedisOpt = None,
 ) -> None:

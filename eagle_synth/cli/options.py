@@ -33,6 +33,13 @@ RedisOpt = Annotated[
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+# Flags of the commands that check Redis is fit for a campaign (enqueue, worker).
+AllowEvictingOpt = Annotated[
+    bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
+]
+AllowVolatileOpt = Annotated[
+    bool, typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign).")
+]
 CampaignArg = Annotated[str, typer.Argument(help="Campaign name.")]
 
 # Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.

@@ -79,18 +79,13 @@ def _expected_records(campaign_dir: Path) -> int | None:
         return None
 
 
-# Formats --out names by its extension (export infers them when --format is absent).
-FILE_FORMATS_BY_SUFFIX = {".parquet": "parquet", ".jsonl": "jsonl", ".jsonl.gz": "jsonl"}
+# Formats --out names by its extension (export infers them when --format is absent); .jsonl.gz
+# before .jsonl, which it ends with too.
+FILE_FORMATS_BY_SUFFIX = {".jsonl.gz": "jsonl", ".jsonl": "jsonl", ".parquet": "parquet"}
 # Formats that write a folder (datasets' save_to_disk); never inferred: a folder's name says no trainer.
 FOLDER_FORMATS = ("speculators", "hf")
 # What each file format may be written as (specforge is JSONL, read as plain text).
 SUFFIXES_OF_FORMAT = {"jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",), "specforge": (".jsonl", ".jsonl.gz")}
-
-
-def _suffix(out: Path) -> str | None:
-    """The export-relevant extension of --out (.jsonl.gz counts as one), or None."""
-    name = out.name.lower()
-    return next((suffix for suffix in (".jsonl.gz", ".jsonl", ".parquet") if name.endswith(suffix)), None)
 
 
 def export_format(format: str | None, out: Path) -> str:
@@ -100,7 +95,7 @@ def export_format(format: str | None, out: Path) -> str:
     folder format into a file name) stops the command: the file would not be what its name says.
     An unknown --format is left to the exporter, which lists the known ones.
     """
-    suffix = _suffix(out)
+    suffix = next((s for s in FILE_FORMATS_BY_SUFFIX if out.name.lower().endswith(s)), None)
     if format is None:
         return FILE_FORMATS_BY_SUFFIX.get(suffix or "", "jsonl")
     if suffix is None:
@@ -471,12 +466,7 @@ def repair(
     from eagle_synth.settings import broker_settings
     from eagle_synth.state.campaign import BadCampaignName, Campaign
     from eagle_synth.tools.compact import exclusive
-    from eagle_synth.tools.repair import (
-        campaign_name_of,
-        mark_record_damaged,
-        move_aside,
-        plan_repair,
-    )
+    from eagle_synth.tools.repair import campaign_name_of, mark_record_damaged, move_aside, plan_repair
     from producer.retry import publish_unfinished, return_lost_records
 
     name = campaign or campaign_name_of(campaign_dir)

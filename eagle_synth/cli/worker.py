@@ -8,22 +8,23 @@ from typing import Annotated
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, command_group, fail, redis_client, warn
+from eagle_synth.cli.options import (
+    AllowEvictingOpt,
+    AllowVolatileOpt,
+    RedisOpt,
+    command_group,
+    fail,
+    redis_client,
+    warn,
+)
 from eagle_synth.settings import broker_settings
 
 app = command_group()
 
 # The flag of each WorkerConfig setting the command takes, for messages that name the setting.
-SETTING_FLAGS = {
-    "inflight": "--inflight",
-    "allow_server_parsers": "--allow-server-parsers",
-    "allow_server_settings": "--allow-server-setting",
-    "max_attempts": "--max-attempts",
-    "timeout_base": "--timeout-base",
-    "timeout_per_token": "--timeout-per-token",
-    "backoff_max": "--backoff-max",
-    "probe_timeout": "--probe-timeout",
-}
+_PLAIN_SETTINGS = "inflight allow_server_parsers max_attempts timeout_base timeout_per_token backoff_max probe_timeout"
+SETTING_FLAGS = {name: "--" + name.replace("_", "-") for name in _PLAIN_SETTINGS.split()}
+SETTING_FLAGS["allow_server_settings"] = "--allow-server-setting"  # one flag per setting allowed
 
 
 # Paths of the servers' own endpoints: a --server URL ending in one names an endpoint, not the
@@ -97,13 +98,8 @@ def worker(
         ),
     ] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
-    allow_evicting_redis: Annotated[
-        bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
-    ] = False,
-    allow_volatile_redis: Annotated[
-        bool,
-        typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign)."),
-    ] = False,
+    allow_evicting_redis: AllowEvictingOpt = False,
+    allow_volatile_redis: AllowVolatileOpt = False,
     redis: RedisOpt = None,
 ) -> None:
     """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""

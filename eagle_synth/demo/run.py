@@ -15,14 +15,8 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from eagle_synth.harness import Stack, wait_for
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from eagle_synth.records import Record
 
 # Devserver pace: slow enough to watch the worker's progress, fast enough to finish in seconds.
 DEMO_TOKEN_LATENCY = "0.002"
@@ -32,10 +26,6 @@ DEMO_CAMPAIGN = "demo"
 DEMO_TIMEOUT = 300
 # Seconds its processes get to exit after SIGTERM (a worker's soft shutdown) before SIGKILL.
 DEMO_STOP_TIMEOUT = 20
-
-
-def bundled_prompts() -> Path:
-    return Path(str(resources.files("eagle_synth.demo") / "prompts.jsonl"))
 
 
 def run_demo(folder: Path) -> int:
@@ -49,11 +39,14 @@ def run_demo(folder: Path) -> int:
     from eagle_synth.state.campaign import Campaign
     from eagle_synth.state.conversation_store import ConversationStore
     from eagle_synth.state.redis_client import connect
+    from eagle_synth.templating import load_tokenizer
+    from eagle_synth.tools.inspect import render_record
     from eagle_synth.tools.status import campaign_status
     from eagle_synth.tools.status_view import render_status
     from producer.enqueue import EnqueueOptions, enqueue, print_summary
 
     console = Console()
+    prompts = Path(str(resources.files("eagle_synth.demo") / "prompts.jsonl"))
     folder = Path(folder).resolve()
     console.rule("eagle-synth demo")
     console.print(f"working folder: {folder}")
@@ -68,14 +61,14 @@ def run_demo(folder: Path) -> int:
 
         broker = broker_settings(redis_url=redis_server.url)
         options = EnqueueOptions(
-            inputs=[str(bundled_prompts())],
+            inputs=[str(prompts)],
             campaign=DEMO_CAMPAIGN,
             tokenizer=str(tokenizer),
             sampling=SamplingParams(max_new_tokens=256, temperature=0.7, top_p=0.95),
             batch_size=8,
             history="own",
         )
-        console.print(f"4. eagle-synth enqueue {bundled_prompts().name} --campaign {DEMO_CAMPAIGN} --history own ...")
+        console.print(f"4. eagle-synth enqueue {prompts.name} --campaign {DEMO_CAMPAIGN} --history own ...")
         summary = enqueue(options, broker=broker)
         print_summary(summary)
 
@@ -119,7 +112,7 @@ def run_demo(folder: Path) -> int:
             )
         else:
             console.print("its prompt holds the model's own earlier answers; the output is this turn's answer")
-        show_record(record, tokenizer_path=tokenizer, console=console)
+        render_record(record, tokenizer=load_tokenizer(tokenizer), console=console)
         console.rule()
         command, activate = runnable_command()
         records_at = shown_path(out / DEMO_CAMPAIGN)
@@ -159,11 +152,3 @@ def runnable_command() -> tuple[str, str | None]:
     activate = Path(sys.prefix) / "bin" / "activate"
     in_venv = sys.prefix != sys.base_prefix and activate.exists()
     return shown_path(script), (f". {shown_path(activate)}" if in_venv else None)
-
-
-def show_record(record: Record, *, tokenizer_path: Path, console: Console) -> None:
-    """Print one record decoded with special tokens visible (the inspect tool's view)."""
-    from eagle_synth.templating import load_tokenizer
-    from eagle_synth.tools.inspect import render_record
-
-    render_record(record, tokenizer=load_tokenizer(tokenizer_path), console=console)
