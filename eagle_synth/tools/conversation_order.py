@@ -1,18 +1,11 @@
-"""Records of a `--history own` campaign in conversation order, for `export`.
+"""Records in conversation order (`ordered_records`) or row-group order (`grouped_records`), for `export`.
 
-A conversation's turns are generated one after the other, by any worker, so they land in
-files far apart. Export wants them together and in turn order (`--turns last` wants only the
-last). Records are streamed once into buckets by a hash of their conversation key (each
-bucket a zstd-compressed spill file in a temporary folder, or memory for a small campaign),
-then each bucket is sorted by (conversation, turn) and read back: memory is bounded by one
-bucket, whatever the campaign's size. Records without a conversation come first, as read.
-
-`grouped_records` does the same for every campaign, grouping by input row (tools/filters.py
-row_group: every sample, turn and variant of one row together, each conversation's turns in
-order) and ordering the groups by its hash: buckets take consecutive slices of the hash
-range, so reading them in turn gives one global order. A tail split by index (speculators'
-validation rows) then cuts at most one row group, and takes a random set of them, not the
-last input rows.
+A conversation's turns land in files far apart. Records are streamed once into buckets by a hash
+of their key (zstd spill files in a temporary folder, or memory for a small campaign), then each
+bucket is sorted and read back: memory is bounded by one bucket. Records without a conversation
+come first, as read. `grouped_records` groups every campaign by input row (filters.row_group) in
+the order of its hash, buckets taking consecutive slices of the hash range: a tail split by index
+(speculators' validation rows) then cuts at most one row group, and takes a random set of them.
 """
 
 from __future__ import annotations
@@ -60,9 +53,7 @@ def _through_buckets(
     bucket_of: Callable[[RawRecord], int | None],
     order: Callable[[list[RawRecord]], Iterator[RawRecord]],
 ) -> Iterator[RawRecord]:
-    """The campaign's records: those `bucket_of` gives None first, as read; the others held by
-    bucket (in memory for one bucket, else in zstd spill files), then each bucket, in bucket
-    order, through `order`."""
+    """Records `bucket_of` gives None first, as read; then each bucket, in order, through `order`."""
     if buckets == 1:
         held: list[RawRecord] = []
         for raw in iter_raw_records(campaign_path):
@@ -103,8 +94,7 @@ def _through_buckets(
 def _in_order(
     records: list[RawRecord], key: Callable[[RawRecord], tuple], *, turns: str, dropped: Callable[[str], None]
 ) -> Iterator[RawRecord]:
-    """`records` sorted by `key`; with turns="last" only each conversation's last turn (its
-    turns are next to each other in that order)."""
+    """`records` sorted by `key`; with turns="last" only each conversation's last turn."""
     records.sort(key=key)
     for index, raw in enumerate(records):
         conversation = raw.meta.get("conversation")
@@ -158,9 +148,8 @@ def ordered_records(
 def grouped_records(
     campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
 ) -> Iterator[RawRecord]:
-    """Every record, each input row's records together (conversation by conversation, turns
-    in order), the rows ordered by the hash of their group; with turns="last" only the last
-    turn of each `--history own` conversation (`dropped("earlier_turn")` for each one left out)."""
+    """Every record, each input row's together (conversation by conversation, turns in order), rows
+    in the order of their group's hash; turns as ordered_records'."""
     # Buckets are consecutive slices of the hash range, so reading them in turn keeps hash order.
     return _records(
         campaign_path, turns, dropped, lambda raw, buckets: (row_group_hash(raw.meta) * buckets) >> 64, _group_order

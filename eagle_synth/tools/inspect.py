@@ -1,8 +1,5 @@
-"""`eagle-synth inspect`: one record as a person reads it.
-
-The prompt and the output are decoded with special tokens left visible and highlighted, the
-boundary between them is marked (with the ids on each side, so exactness can be checked by
-eye), and the finish reason and lengths are shown.
+"""`eagle-synth inspect`: one record as a person reads it: prompt and output decoded with special
+tokens visible and highlighted, the boundary marked with the ids on each side, finish and lengths.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ def special_ids(tokenizer: Any) -> frozenset[int]:
 
 
 def render_ids(tokenizer: Any, ids: Sequence[int], *, specials: frozenset[int] | None = None) -> Text:
-    """Decoded text; runs of ordinary ids are decoded together (multi-byte characters stay whole).
-    Ids past the tokenizer (a padded vocabulary's) are shown as `<padded id N>`."""
+    """Decoded text; runs of ordinary ids decoded together (multi-byte characters stay whole)."""
     specials = special_ids(tokenizer) if specials is None else specials
     text = Text()
     run: list[int] = []
@@ -79,8 +75,7 @@ def _boundary(record: Record) -> Text:
 def render_record(
     record: Record, *, tokenizer: Any, console: Console | None = None, prompt_tail: int | None = None
 ) -> None:
-    """Print one record: header, [prompt] (only its last `prompt_tail` ids if given), the
-    boundary, [output], finish and lengths, decoded with the campaign's tokenizer."""
+    """Print one record: header, [prompt] (its last `prompt_tail` ids if given), boundary, [output], finish."""
     console = console or Console()
     specials = special_ids(tokenizer)
     console.rule(Text(f"record {record.key}", style="bold"))
@@ -129,10 +124,8 @@ def render_record(
 def find_records(
     campaign_path: str | os.PathLike, *, key: str | None = None, random_n: int | None = None, seed: int | None = None
 ) -> list[Record]:
-    """The record whose key starts with `key` (it must be unique), or `random_n` records drawn uniformly.
-
-    One streaming pass; a random draw keeps only `random_n` records in memory (reservoir sampling).
-    """
+    """The record whose key starts with `key` (uniquely), or `random_n` drawn uniformly in one
+    streaming pass (reservoir sampling: `random_n` records in memory)."""
     if (key is None) == (random_n is None):
         raise InspectError("give a KEY (or a unique prefix of one), or --random N")
     if random_n is not None:
