@@ -17,6 +17,7 @@ import re
 import secrets
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +85,7 @@ class ExportResult:
     tokens: int = 0
     loss_tokens: int = 0
     read: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
+    dropped: Counter[str] = field(default_factory=Counter)
     clipped: int = 0
     split_rows: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -121,7 +122,7 @@ class ExportResult:
 
 
 def _source(
-    campaign_path: str | os.PathLike, turns: str, dropped: dict[str, int], *, grouped: bool = False
+    campaign_path: str | os.PathLike, turns: str, dropped: Counter, *, grouped: bool = False
 ) -> Iterator[RawRecord]:
     """The records to export: in conversation order for `--history own` campaigns (or `turns`
     "last"); with `grouped` (speculators) every campaign's conversations together, ordered by
@@ -133,7 +134,7 @@ def _source(
         raise UserError(f"turns {turns!r}: use all or last")
 
     def count(reason: str) -> None:
-        dropped[reason] = dropped.get(reason, 0) + 1
+        dropped[reason] += 1
 
     if grouped:
         return grouped_records(campaign_path, turns=turns, dropped=count)
@@ -353,22 +354,15 @@ def export_rows(
     *,
     format: str = "jsonl",
     filters: ExportFilters = ExportFilters(),
-    shard_rows: int | None = None,
+    options: OutputOptions = OutputOptions(),
     cutoff: int | None = None,
-    shard_tokens: int | None = None,
-    zero_last_loss: bool = False,
-    replace: bool = False,
 ) -> ExportResult:
-    """Export rows from any stream of records (a generator is read once, lazily).
-
-    Parameters are export_records'; `cutoff` is the one tools.filters.sample_cutoff finds
-    for filters.sample over the same records (None keeps every candidate).
-    """
+    """Export rows from any stream of records (a generator is read once, lazily); parameters as
+    export_records', `cutoff` as tools.filters.sample_cutoff finds it over the same records."""
     started = time.perf_counter()
     out = Path(out)
-    options = OutputOptions(shard_rows, shard_tokens, zero_last_loss, replace)
     options.check(format, out)
-    filters = _learned(filters, zero_last_loss)
+    filters = _learned(filters, options.zero_last_loss)
     result = ExportResult(format=format)
     splits: tuple[str | None, ...] = filters.split_names or (None,)
     stats = SelectionStats()
@@ -386,7 +380,7 @@ def export_rows(
             _fill(staged, result, records, filters, stats, cutoff)
             for part in staged.values():
                 part.close()
-            write_dataset_folder(out, staged, result, shard_rows)
+            write_dataset_folder(out, staged, result, options.shard_rows)
         finally:
             for part in staged.values():
                 part.close()
@@ -402,7 +396,7 @@ def export_rows(
                 sink.abort()
             raise
         result.largest_file_tokens = max(sink.largest_file_tokens for sink in sinks.values())
-    if zero_last_loss:
+    if options.zero_last_loss:
         result.loss_tokens -= result.rows
     result.read, result.dropped, result.clipped = stats.read, stats.dropped, stats.clipped
     if filters.splits:
@@ -437,25 +431,15 @@ def export_records(
         shard_rows, shard_tokens, zero_last_loss, replace: OutputOptions'.
     """
     started = time.perf_counter()
-    OutputOptions(shard_rows, shard_tokens, zero_last_loss, replace).check(format, Path(out))
+    options = OutputOptions(shard_rows, shard_tokens, zero_last_loss, replace)
+    options.check(format, Path(out))
     cutoff = None
-    by_turn: dict[str, int] = {}
+    by_turn: Counter[str] = Counter()
     if filters.sample is not None:
-        sampled = reported(_source(campaign_path, turns, {}), progress, "sampling")
+        sampled = reported(_source(campaign_path, turns, Counter()), progress, "sampling")
         cutoff = sample_cutoff(sampled, _learned(filters, zero_last_loss))
     records = reported(_source(campaign_path, turns, by_turn, grouped=format == "speculators"), progress, "exporting")
-    result = export_rows(
-        records,
-        out,
-        format=format,
-        filters=filters,
-        shard_rows=shard_rows,
-        cutoff=cutoff,
-        shard_tokens=shard_tokens,
-        zero_last_loss=zero_last_loss,
-        replace=replace,
-    )
-    for reason, count in by_turn.items():
-        result.dropped[reason] = result.dropped.get(reason, 0) + count
+    result = export_rows(records, out, format=format, filters=filters, options=options, cutoff=cutoff)
+    result.dropped.update(by_turn)
     result.seconds = time.perf_counter() - started
     return result

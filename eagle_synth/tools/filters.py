@@ -15,6 +15,7 @@ import hashlib
 import heapq
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -176,11 +177,8 @@ class SelectionStats:
     """Records a selection pass read, left out by filter (ExportFilters.shape's names, not_sampled), clipped."""
 
     read: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
+    dropped: Counter[str] = field(default_factory=Counter)
     clipped: int = 0
-
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
 
 def sample_cutoff(records: Iterable[RawRecord], filters: ExportFilters) -> int | None:
@@ -212,10 +210,10 @@ def select_rows(
         stats.read += 1
         row, reason = filters.shape(raw)
         if row is None:
-            stats.drop(reason or "")
+            stats.dropped[reason or ""] += 1
             continue
         if cutoff is not None and sample_priority(raw.key, filters.seed) > cutoff:
-            stats.drop("not_sampled")
+            stats.dropped["not_sampled"] += 1
             continue
         if row is not raw:
             stats.clipped += 1
