@@ -6,6 +6,7 @@ through Redis outages and says so: an operator watches exactly when things go wr
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sys
 import time
@@ -139,7 +140,7 @@ def _blocks(data: dict, *, compact: bool = False) -> list[Table]:
     """The label/value blocks: prompts, conversations (`--history own` only), throughput, input."""
     window = format_duration(data["rate_window_s"])
     skipped = sorted(data["skipped_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))
-    blocks = {
+    blocks: dict[str, list[tuple[str, str | Text]] | None] = {
         "prompts": [
             ("enqueued", f"{data['enqueued']:,}"),
             ("queued", f"{data['queued']:,}"),
@@ -340,48 +341,32 @@ def watch_status(
     """Refresh every `interval` s until Ctrl-C (or `refreshes` times); with as_json, one JSON line each.
     Redis errors and a vanished campaign are shown (stderr with as_json) and retried, not fatal."""
     footer = f"every {interval:g}s; Ctrl-C to stop"
-    count = 0
-    last_good: dict | None = None
     console = console or Console()
-
-    def snapshot() -> tuple[dict | None, str | None]:
-        try:
-            return campaign_status(client, campaign), None
-        except REDIS_ERRORS as exc:
-            return None, f"Redis not answering ({exc}); retrying every {interval:g}s"
-        except KeyError as exc:
-            return None, str(exc.args[0])
-
-    def show(live: Live, data: dict | None, problem: str | None) -> None:
-        nonlocal last_good
-        height = console.size.height
-        if data is not None:
-            last_good = data
-            live.update(StatusView(data, footer=footer, height=height), refresh=True)
-        elif last_good is not None:
-            # Keep the last figures on screen, marked stale, so the operator keeps context.
-            problem = f"{problem} — figures below are from {_clock(last_good['at'])}"
-            live.update(
-                Group(Text(problem, style="bold red"), StatusView(last_good, footer=footer, height=height - 1)),
-                refresh=True,
-            )
-        else:
-            live.update(Text(problem or "no data", style="bold red"), refresh=True)
-
-    try:
-        with (
-            contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=False) as live
-        ):
-            while refreshes is None or count < refreshes:
-                data, problem = snapshot()
-                if live is not None:
-                    show(live, data, problem)
-                elif data is not None:
+    last_good: dict | None = None
+    live_view = contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=False)
+    with contextlib.suppress(KeyboardInterrupt), live_view as live:
+        for count in itertools.count(1) if refreshes is None else range(1, refreshes + 1):
+            data, problem = None, None
+            try:
+                data = campaign_status(client, campaign)
+            except REDIS_ERRORS as exc:
+                problem = f"Redis not answering ({exc}); retrying every {interval:g}s"
+            except KeyError as exc:
+                problem = str(exc.args[0])
+            if live is None:
+                if data is not None:
                     print(json.dumps(data), flush=True)
                 else:
                     print(f"eagle-synth status: {problem}", file=sys.stderr, flush=True)
-                count += 1
-                if refreshes is None or count < refreshes:
-                    sleep(interval)
-    except KeyboardInterrupt:
-        pass
+            elif data is not None:
+                last_good = data
+                live.update(StatusView(data, footer=footer, height=console.size.height), refresh=True)
+            elif last_good is not None:
+                # Keep the last figures on screen, marked stale, so the operator keeps context.
+                stale = Text(f"{problem} — figures below are from {_clock(last_good['at'])}", style="bold red")
+                view = StatusView(last_good, footer=footer, height=console.size.height - 1)
+                live.update(Group(stale, view), refresh=True)
+            else:
+                live.update(Text(problem or "no data", style="bold red"), refresh=True)
+            if refreshes is None or count < refreshes:
+                sleep(interval)

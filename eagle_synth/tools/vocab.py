@@ -202,9 +202,9 @@ def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
     return TargetVocabSize(size=size, source=f"{config_path} {keys}")
 
 
-def _saved(save: Callable[[io.BytesIO], Any]) -> bytes:
+def _saved(save: Callable[[io.BytesIO, Any], Any], obj: Any) -> bytes:
     buffer = io.BytesIO()
-    save(buffer)
+    save(buffer, obj)
     return buffer.getvalue()
 
 
@@ -248,7 +248,7 @@ def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path]
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / D2T_NPY, folder / T2D_NPY, folder / VOCAB_MAPPING_JSON]
     for path, array in zip(paths, (mapping.d2t, mapping.t2d), strict=False):
-        atomic_write_bytes(path, _saved(lambda buffer, array=array: np.save(buffer, array, allow_pickle=False)))
+        atomic_write_bytes(path, _saved(lambda buffer, obj: np.save(buffer, obj, allow_pickle=False), array))
     summary = {
         "draft_vocab_size": len(mapping.d2t),
         "target_vocab_size": len(mapping.t2d),
@@ -280,7 +280,7 @@ def _with_torch(
         return paths, [command(folder)]
     for name, make in files.items():
         paths.append(folder / name)
-        atomic_write_bytes(paths[-1], _saved(lambda buffer, obj=make(torch): torch.save(obj, buffer)))
+        atomic_write_bytes(paths[-1], _saved(lambda buffer, obj: torch.save(obj, buffer), make(torch)))
     return paths, []
 
 
