@@ -66,18 +66,11 @@ SPECFORGE_BYTES_PER_TOKEN = 44
 
 @dataclass(slots=True)
 class ExportResult:
-    """What an export wrote: rows and ids (`tokens`, `loss_tokens` mask-1) of all splits, the
-    output files (datasets formats: folders) in order, and SelectionStats' read / dropped / clipped.
-
-    Parameters:
-        split_rows: rows per split (empty when not splitting).
-        warnings, commands: what the user should know (a trainer file that could not be
-            written), and without torch the one-line commands that make the missing torch files.
-        train_data_ratio: speculators: per split name ("all" when not splitting), the
-            --train-data-ratio nearest 0.9 whose validation cut falls between input rows.
-        largest_file_tokens: jsonl / parquet / specforge: ids in the largest output file (what
-            one SpecForge run over it holds in memory, times SPECFORGE_BYTES_PER_TOKEN).
-    """
+    """What an export wrote: rows and ids (`tokens`, `loss_tokens` mask-1) of all splits, the output
+    files (datasets formats: folders), SelectionStats' read / dropped / clipped, rows per split,
+    warnings and (without torch) the commands that make the torch files; speculators: per split
+    ("all" unsplit) the --train-data-ratio nearest 0.9 cutting between input rows; file formats:
+    ids in the largest file (a SpecForge run over it holds SPECFORGE_BYTES_PER_TOKEN each)."""
 
     format: str = "jsonl"
     rows: int = 0
@@ -124,9 +117,8 @@ class ExportResult:
 def _source(
     campaign_path: str | os.PathLike, turns: str, dropped: Counter, *, grouped: bool = False
 ) -> Iterator[RawRecord]:
-    """The records to export: in conversation order for `--history own` campaigns (or `turns`
-    "last"); with `grouped` (speculators) every campaign's conversations together, ordered by
-    the hash of their key; records a `turns` choice leaves out are counted in `dropped`."""
+    """The records to export: in conversation order for `--history own` (or `turns` "last"); `grouped`
+    (speculators): in row-group order; records `turns` leaves out are counted in `dropped`."""
     from eagle_synth.records import read_manifest
     from eagle_synth.tools.conversation_order import grouped_records, ordered_records
 
@@ -146,18 +138,11 @@ def _source(
 
 @dataclass(frozen=True, slots=True)
 class OutputOptions:
-    """How the output is written (what rows there are is ExportFilters').
-
-    Parameters:
-        shard_rows: rows per output file (None: one file; datasets formats: datasets' default).
-        shard_tokens: jsonl / parquet / specforge: at most this many ids per output file (a
-            longer row gets a file of its own), so one SpecForge run per file stays under a
-            memory budget (SPECFORGE_BYTES_PER_TOKEN each).
-        zero_last_loss: specforge: set each row's last loss_mask entry to 0 (EAGLE-3 online
-            runs before upstream SpecForge #895; not DFlash).
-        replace: speculators / hf: replace an --out folder even if it holds files an export did
-            not write (hidden_states/, d2t.npy, vocab files).
-    """
+    """How the output is written: `shard_rows` per file (None: one file; datasets formats: their
+    default); file formats: at most `shard_tokens` ids per file (a longer row gets its own), to keep
+    one SpecForge run per file in a memory budget; specforge: `zero_last_loss` zeroes each row's last
+    mask entry (EAGLE-3 online runs before upstream SpecForge #895; not DFlash); datasets formats:
+    `replace` an --out folder holding files an export did not write (hidden_states/, vocab files)."""
 
     shard_rows: int | None = None
     shard_tokens: int | None = None
@@ -418,18 +403,11 @@ def export_records(
     zero_last_loss: bool = False,
     replace: bool = False,
 ) -> ExportResult:
-    """Export a campaign's records as training rows; streams, so memory stays flat.
-
-    Parameters:
-        out: jsonl / parquet / specforge: output file (`.jsonl`, `.jsonl.gz` or `.parquet`),
-            or with shard_rows / shard_tokens a file name to number (`out-00000.parquet`) or a
-            folder (`part-00000.parquet`); with splits each file name gains `-<split>`.
-            speculators / hf: a folder (replaced if it holds only an earlier export).
-        progress: told the phase and the records read as the export goes.
-        turns: "all", or "last" for only the last turn of each `--history own` conversation;
-            such campaigns are written in conversation order (turns together, in order).
-        shard_rows, shard_tokens, zero_last_loss, replace: OutputOptions'.
-    """
+    """Export a campaign's records as training rows, streaming. `out`: a file (`.jsonl`, `.jsonl.gz`,
+    `.parquet`; sharded, a name to number or a folder: _FileSink), or for datasets formats a folder
+    (replaced if it holds only an earlier export). `progress` is told the phase and records read.
+    `turns` "last": only each `--history own` conversation's last turn (such campaigns are written
+    in conversation order). shard_rows, shard_tokens, zero_last_loss, replace: OutputOptions'."""
     started = time.perf_counter()
     options = OutputOptions(shard_rows, shard_tokens, zero_last_loss, replace)
     options.check(format, Path(out))

@@ -85,18 +85,14 @@ CAMPAIGN_ROW_KEYS = (
 
 def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None) -> dict:
     """One JSON-ready dict with STATUS_KEYS; KeyError (with a hint) if the campaign is unknown.
-
-    `stranded` is stranded_prompts(client) when the caller has it already (one scan for all
-    campaigns); otherwise it is computed here.
-    """
+    `stranded`: stranded_prompts(client) when the caller has it (one scan for all campaigns)."""
     campaign = Campaign(client, name)
     if not campaign.exists():
         raise CampaignNotFound(name)
     progress = campaign.progress()
     nodes = all_nodes(client)
     # Heartbeats can lag a finished batch by a moment; never show more in flight than pending.
-    inflight = sum(n.get("inflight_by_campaign", {}).get(name, 0) for n in nodes)
-    inflight = min(inflight, progress.pending)
+    inflight = min(sum(n.get("inflight_by_campaign", {}).get(name, 0) for n in nodes), progress.pending)
     # Stranded prompts wait for a reaper: fetched by a worker that died, not at any server.
     stranded_here = (stranded_prompts(client) if stranded is None else stranded).get(name, 0)
     stranded_here = min(stranded_here, progress.pending - inflight)

@@ -55,15 +55,10 @@ class VerifyError(UserError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class CheckSettings:
-    """What records are checked against: prompt ids below `vocab_size` (len(tokenizer)); a
-    `stop` ending on an EOS or stop id (each record's own sampling adds its own stop ids).
-
-    Parameters:
-        model_vocab_size: the checkpoint's vocab_size, which output ids may reach (padded
-            vocabularies); None when unknown: then any output id is legal, as for the worker.
-        source: where these came from ("tokenizer", "manifest" or "tokenizer+manifest").
-        fingerprint_mismatch: a note when the tokenizer's fingerprint differs from the manifest's.
-    """
+    """What records are checked against: prompt ids below `vocab_size` (len(tokenizer)), output ids
+    below output_bound (`model_vocab_size` None: any), a `stop` ending on an EOS or stop id (each
+    record's sampling adds its own); `source`: "tokenizer", "manifest" or "tokenizer+manifest";
+    `fingerprint_mismatch`: a note when the tokenizer differs from the manifest's."""
 
     vocab_size: int
     eos_token_ids: frozenset[int]
@@ -95,9 +90,7 @@ def load_plain_tokenizer(path: str | os.PathLike):
     """A tokenizer for reading ids (no chat template needed); VerifyError says what went wrong."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import (
-        AutoTokenizer,  # heavy import: only commands that decode pay it
-    )
+    from transformers import AutoTokenizer  # heavy import: only commands that decode pay it
 
     try:
         return AutoTokenizer.from_pretrained(str(path))
@@ -256,12 +249,8 @@ def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
 
 
 def verify_campaign(campaign_path: str | os.PathLike, *, tokenizer: Any = None) -> dict:
-    """Check every record of a campaign folder; returns the report (stable keys, JSON-ready).
-
-    Parameters:
-        campaign_path: the campaign folder (OUT/<campaign>).
-        tokenizer: a loaded tokenizer, a tokenizer folder, or None to use manifest.json's settings.
-    """
+    """Check every record of a campaign folder (OUT/<campaign>) against `tokenizer` (loaded, a folder,
+    or None: manifest.json's settings); returns the report (stable keys, JSON-ready)."""
     campaign_path = Path(campaign_path)
     manifest = read_manifest(campaign_path)
     if isinstance(tokenizer, (str, os.PathLike)):

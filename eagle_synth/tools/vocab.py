@@ -145,13 +145,9 @@ class TargetVocabSize:
 
 
 def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
-    """{trainer: (size, where it is read)} as each trainer reads config.json.
-
-    SpecForge (modeling/target/target_utils.py:66-74 at a6b6b02): text_config if the config has
-    one, else the config; then its padded_vocab_size, else its vocab_size. speculators
-    (train/vocab_mapping.py:121-125 and models/utils.py:28-29 at c05b95b): text_config if
-    present, else the config; then its vocab_size.
-    """
+    """{trainer: (size, where it is read)}: both read text_config if present, else the config; then
+    SpecForge its padded_vocab_size, else vocab_size (modeling/target/target_utils.py:66-74 at a6b6b02),
+    speculators its vocab_size (train/vocab_mapping.py:121-125, models/utils.py:28-29 at c05b95b)."""
     text = config.get("text_config")
     section, prefix = (text, "text_config.") if isinstance(text, dict) else (config, "")
     padded = config_size(section, "padded_vocab_size")
@@ -161,14 +157,9 @@ def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
 
 
 def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
-    """The target model's vocabulary size from config.json in the campaign's tokenizer folder,
-    read the way both trainers read it; refused when they would read different sizes. Where that
-    folder is not on this machine, the size recorded at enqueue from the same config.json
-    (model_identity.py) is used.
-
-    t2d must have one entry per row of the target's lm_head, which can be more than the
-    tokenizer's length (padded vocabularies), so the tokenizer length is not used.
-    """
+    """The target's vocabulary size from config.json in the campaign's tokenizer folder as both
+    trainers read it (refused when they differ), else as recorded at enqueue. Not the tokenizer's
+    length: t2d needs one entry per row of the lm_head, which padded vocabularies make longer."""
     settings = (read_manifest(campaign_path) or {}).get("settings") or {}
     folder = settings.get("tokenizer_path")
     config_path = Path(folder) / MODEL_CONFIG_NAME if folder else None
@@ -286,8 +277,7 @@ def _with_torch(
 
 @dataclass(slots=True)
 class VocabResult:
-    """What `eagle-synth vocab` counted and wrote; without torch (`torch_files` False), a
-    warning and the one-line commands that make the .pt files on a machine with torch."""
+    """What `eagle-synth vocab` counted and wrote; without torch, a warning and the .pt commands."""
 
     mapping: VocabMapping
     rows: int
@@ -326,10 +316,9 @@ def build_vocab(
     filters: ExportFilters = ExportFilters(),
     progress: Progress | None = None,
 ) -> VocabResult:
-    """Count a campaign's loss-masked tokens and write token frequencies and the draft
-    vocabulary of `draft_vocab_size` ids into the folder `out` (a speculators data folder is a
-    good place). `target_vocab_size` defaults to the model's (target_vocab_size_of). `filters`
-    are the export's the drafter trains on; with splits only the `train` split is counted."""
+    """Count a campaign's loss-masked tokens (rows `filters` keep; with splits the `train` split) and
+    write token frequencies and the draft vocabulary into the folder `out` (a speculators data
+    folder is a good place); `target_vocab_size` defaults to target_vocab_size_of's."""
     started = time.perf_counter()
     if target_vocab_size is None:
         read = target_vocab_size_of(campaign_path)
