@@ -146,11 +146,9 @@ def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
             unpacker.feed(data)
             for value in unpacker:
                 if header is None:
-                    if not (
-                        isinstance(value, dict)
-                        and value.get("format") == FORMAT_NAME
-                        and value.get("version") in READABLE_VERSIONS
-                    ):
+                    if not isinstance(value, dict) or value.get("format") != FORMAT_NAME:
+                        return
+                    if value.get("version") not in READABLE_VERSIONS:
                         return
                     header = value
                 elif isinstance(value, dict):
@@ -166,12 +164,10 @@ def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
 def _intact(record: Record, key_sampling: dict) -> bool:
     """True if the record's prompt ids, sampling and sample index hash to its key."""
     try:
-        return (
-            prompt_key(prompt_ids=pack_ids(record.prompt_ids), sampling=key_sampling, sample=record.sample)
-            == record.key
-        )
+        key = prompt_key(prompt_ids=pack_ids(record.prompt_ids), sampling=key_sampling, sample=record.sample)
     except (TypeError, ValueError, OverflowError):
         return False
+    return key == record.key
 
 
 def _replay_item(record: Record) -> tuple[dict, PromptItem]:

@@ -110,9 +110,8 @@ def _header(data: dict, width: int) -> RenderableType:
 
 
 def _bar(data: dict, width: int) -> ProgressBar:
-    return ProgressBar(
-        total=1.0, completed=data["finished_share"], width=width, complete_style="green", finished_style="bold green"
-    )
+    share = data["finished_share"]
+    return ProgressBar(total=1.0, completed=share, width=width, complete_style="green", finished_style="bold green")
 
 
 def _table(title: str, *, compact: bool, frame: box.Box | None, **options) -> Table:
@@ -202,21 +201,6 @@ def _failures(data: dict, *, compact: bool = False) -> Table:
     if not reasons:
         table.add_row("(none)", "0", "0")
     return table
-
-
-def _conversations(data: dict, *, compact: bool = False) -> Table:
-    """`--history own` campaigns: how many conversations, and why the stopped ones stopped."""
-    conversations = data["conversations"]
-    rows: list[tuple[str, str | Text]] = [
-        ("total", f"{conversations['total']:,}"),
-        ("done", f"{conversations['done']:,}"),
-        ("in progress", f"{conversations['in_progress']:,}"),
-        ("next turns waiting", f"{conversations['followups_waiting']:,}"),
-        ("stopped", Text(f"{conversations['stopped']:,}", style="yellow" if conversations["stopped"] else "")),
-    ]
-    for reason, count in sorted(conversations["stopped_by_reason"].items(), key=lambda kv: -kv[1]):
-        rows.append((f"  {reason}", f"{count:,}"))
-    return _figures("conversations", rows, compact=compact)
 
 
 def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:

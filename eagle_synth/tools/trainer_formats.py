@@ -166,7 +166,6 @@ class StagedSplit:
         self._last_group: str | None = None
         self._file: IO[bytes] = open(path, "wb")
         self._writer = pa.ipc.new_stream(self._file, self.schema)
-        self._open = True
 
     def add_group(self, group: Sequence[RawRecord]) -> None:
         self._writer.write_batch(arrow_batch(group, self.schema, self.selected))
@@ -180,8 +179,7 @@ class StagedSplit:
             self.rows += 1
 
     def close(self) -> None:
-        if self._open:
-            self._open = False
+        if not self._file.closed:
             self._writer.close()
             self._file.close()
 
@@ -201,17 +199,6 @@ def mark_torch_format(folder: Path) -> None:
     state = json.loads(path.read_text())
     state.update({"_format_type": "torch", "_format_kwargs": {}, "_format_columns": None, "_output_all_columns": False})
     atomic_write_bytes(path, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
-
-
-def _write_summary(folder: Path, *, rows: int, ratio: float | None) -> None:
-    summary = {
-        "format": "speculators",
-        "rows": rows,
-        "row_order": "each input row's samples and turns together, rows ordered by a hash of their id",
-        "train_data_ratio": ratio,
-        "hidden_states": HIDDEN_STATES_NOTE,
-    }
-    atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
 
 
 def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], result: Any, shard_rows: int | None) -> None:
@@ -249,7 +236,14 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
                 result.commands += [c.replace(str(folder.resolve()), str(final.resolve())) for c in commands]
                 ratio = train_data_ratio(part.rows, part.boundaries)
                 result.train_data_ratio[name or "all"] = ratio
-                _write_summary(folder, rows=part.rows, ratio=ratio)
+                summary = {
+                    "format": "speculators",
+                    "rows": part.rows,
+                    "row_order": "each input row's samples and turns together, rows ordered by a hash of their id",
+                    "train_data_ratio": ratio,
+                    "hidden_states": HIDDEN_STATES_NOTE,
+                }
+                atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
         del loaded  # unmaps the staging files before they are deleted
         _replace_folder(tmp, out)
     except BaseException:
