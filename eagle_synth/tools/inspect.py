@@ -4,6 +4,7 @@ tokens visible and highlighted, the boundary marked with the ids on each side, f
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import Sequence
@@ -78,30 +79,20 @@ def render_record(
     """Print one record: header, [prompt] (its last `prompt_tail` ids if given), boundary, [output], finish."""
     console = console or Console()
     specials = special_ids(tokenizer)
+    plain = functools.partial(console.print, markup=False, highlight=False)
     console.rule(Text(f"record {record.key}", style="bold"))
     extra = (f"  conversation {record.conversation}" if record.conversation else "") + (
         f"  variant {record.variant}" if record.variant else ""
     )
-    console.print(
+    plain(
         f"id {record.id}  sample {record.sample}  turn {record.turn}  source {record.source or '-'}  "
-        f"batch {record.batch or '-'}{extra}",
-        markup=False,
-        highlight=False,
+        f"batch {record.batch or '-'}{extra}"
     )
-    prompt = record.prompt_ids
-    hidden = 0
-    if prompt_tail is not None and len(prompt) > prompt_tail:
-        hidden = len(prompt) - prompt_tail
-        prompt = prompt[hidden:]
+    hidden = max(len(record.prompt_ids) - prompt_tail, 0) if prompt_tail is not None else 0
     # Text, not a str: rich would read "[prompt]" as markup.
-    console.rule(
-        Text(
-            f"[prompt] {len(record.prompt_ids)} tokens" + (f" (first {hidden} not shown)" if hidden else ""),
-            style="bold cyan",
-        ),
-        align="left",
-    )
-    console.print(render_ids(tokenizer, prompt, specials=specials), highlight=False)
+    shown = f"[prompt] {len(record.prompt_ids)} tokens" + (f" (first {hidden} not shown)" if hidden else "")
+    console.rule(Text(shown, style="bold cyan"), align="left")
+    console.print(render_ids(tokenizer, record.prompt_ids[hidden:], specials=specials), highlight=False)
     console.rule(Text("▼ prompt ends, output begins ▼", style=BOUNDARY_STYLE), style=BOUNDARY_STYLE)
     console.print(_boundary(record), highlight=False)
     console.rule(Text(f"[output] {len(record.output_ids)} tokens", style="bold green"), align="left")
@@ -110,14 +101,12 @@ def render_record(
     matched = record.finish_matched
     if isinstance(matched, int):
         matched = f"{matched} ({tokenizer.decode([matched], skip_special_tokens=False)!r})"
-    console.print(
+    plain(
         f"finish {record.finish_reason}  matched {matched if matched is not None else '-'}  "
         f"prompt {len(record.prompt_ids)} (server {record.prompt_tokens})  "
         f"output {len(record.output_ids)} (server {record.completion_tokens})  "
         f"cached {record.cached_tokens}  repaired prefix {record.repaired_prefix}  "
-        f"server {record.server or '-'}  latency {record.e2e_latency if record.e2e_latency is not None else '-'}",
-        markup=False,
-        highlight=False,
+        f"server {record.server or '-'}  latency {record.e2e_latency if record.e2e_latency is not None else '-'}"
     )
 
 
