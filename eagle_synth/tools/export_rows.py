@@ -118,9 +118,6 @@ def json_row(raw: RawRecord) -> dict:
     return {c.name: special[c.kind]() if c.kind in special else c.value(meta) for c in columns()}
 
 
-# ----------------------------------------------------------------------------- Arrow
-
-
 def _arrow_type(kind: str):
     import pyarrow as pa
 

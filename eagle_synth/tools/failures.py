@@ -26,7 +26,6 @@ def failures_by_reason(campaign: Campaign, *, examples: int = 5) -> dict:
     """Current failures by reason, prompts sorted by key; `--history own`: also the conversations
     that stopped early, by reason (up to `examples` each)."""
     failures = campaign.failures()
-    stopped = _stopped(campaign, examples)
     by_reason: dict[str, list[dict]] = {}
     for key, failure in sorted(failures.items()):
         by_reason.setdefault(failure.reason, []).append(_listed(key, failure))
@@ -34,7 +33,7 @@ def failures_by_reason(campaign: Campaign, *, examples: int = 5) -> dict:
         "campaign": campaign.name,
         "failed": len(failures),
         "by_reason": {reason: {"count": len(prompts), "prompts": prompts} for reason, prompts in by_reason.items()},
-        "conversations_stopped": stopped,
+        "conversations_stopped": _stopped(campaign, examples),
     }
 
 
