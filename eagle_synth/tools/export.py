@@ -210,14 +210,12 @@ class _FileSink:
             raise ExportError(
                 f"--out {out} is a folder: give a file name, or --shard-rows N to write part-00000... files into it"
             )
+        default_suffix = ".parquet" if format == "parquet" else ".jsonl"
         if self.sharded and (out.is_dir() or not out.suffix):
-            self.folder, self.stem = out, split or "part"
-            self.suffix = ".parquet" if format == "parquet" else ".jsonl"
+            self.folder, self.stem, self.suffix = out, split or "part", default_suffix
         else:
             gz = out.suffix == ".gz" and len(out.suffixes) > 1
-            self.suffix = (
-                "".join(out.suffixes[-2:]) if gz else (out.suffix or (".parquet" if format == "parquet" else ".jsonl"))
-            )
+            self.suffix = "".join(out.suffixes[-2:]) if gz else (out.suffix or default_suffix)
             stem = out.name[: len(out.name) - len(self.suffix)]
             self.folder, self.stem = out.parent, f"{stem}-{split}" if split else stem
         self.single = out if split is None else self.folder / f"{self.stem}{self.suffix}"

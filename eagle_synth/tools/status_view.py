@@ -240,37 +240,30 @@ def _workers_blocks(data: dict, *, compact: bool = False) -> Group:
     """Each node on a line, its servers indented below, fields labelled in the text: for narrow
     terminals and pipes. Compact: durations without clock times, so a server's line fits 80 columns."""
     lines: list[RenderableType] = [Text("workers", style="bold")]
+
+    def indented(text: Text, by: int) -> None:
+        lines.append(Padding(text, (0, 0, 0, by), expand=False))  # wrapped lines keep the indent
+
     if not data["workers"]:
-        lines.append(Padding(Text("(no live worker)", style="yellow"), (0, 0, 0, 2), expand=False))
+        indented(Text("(no live worker)", style="yellow"), 2)
     node = None
     for w in data["workers"]:
         cells = _worker_cells(w, data["at"])
         if w["node"] != node:
             node = w["node"]
-            lines.append(
-                Padding(
-                    Text.assemble(
-                        (str(w["node"]), "bold"),
-                        f" on {cells['host']}: last heartbeat ",
-                        cells["last heartbeat"],
-                        ", taking batches ",
-                        cells["taking batches"],
-                    ),
-                    (0, 0, 0, 2),
-                    expand=False,
-                )
+            heartbeat, taking = cells["last heartbeat"], cells["taking batches"]
+            indented(
+                Text.assemble(
+                    (str(node), "bold"), f" on {cells['host']}: last heartbeat ", heartbeat, ", taking batches ", taking
+                ),
+                2,
             )
-        server = Text.assemble(
-            cells["server"],
-            f" ({cells['kind']}) ",
-            cells["state"],
-            " for ",
-            format_duration(data["at"] - w["since"]) if compact and w["since"] else cells["for"],
-            f"; in flight {cells['in flight']}",
-        )
+        since = format_duration(data["at"] - w["since"]) if compact and w["since"] else cells["for"]
+        server = Text.assemble(cells["server"], f" ({cells['kind']}) ", cells["state"], " for ", since)
+        server.append(f"; in flight {cells['in flight']}")
         if cells["detail"]:
             server.append_text(Text.assemble("; ", cells["detail"]))
-        lines.append(Padding(server, (0, 0, 0, 4), expand=False))
+        indented(server, 4)
     return Group(*lines)
 
 
