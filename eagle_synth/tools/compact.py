@@ -1,18 +1,11 @@
 """`eagle-synth compact`: merge many small batch files into large shards, safely while workers write.
 
-The order of steps is what makes it safe to stop at any point:
-
-1. a shard is written under a dot name (invisible to readers), fsynced, then renamed;
-   its header lists the batch files it absorbed;
-2. the shard is read back from disk: every record, in order, with the keys written; a shard
-   that does not read back is deleted and its batch files are kept;
-3. only then are those batch files deleted.
-
-Stopped during 1: a temporary file is left, which the next run deletes; no record moved.
-Stopped during 2 or 3: some absorbed batch files are left; readers skip any file a shard lists,
-and the next run deletes them. So no record is lost or seen twice, whenever it stops.
-Workers keep writing new batch files meanwhile; a run only takes files that existed (and
-were old enough) when it started.
+Safe to stop at any point: (1) a shard, whose header lists the batch files it absorbs, is written
+under a dot name, fsynced and renamed; (2) it is read back from disk, every key in order (one that
+does not read back is deleted, its batch files kept); (3) only then are those batch files deleted.
+A stop in 1 leaves a temporary file the next run deletes; in 2 or 3, absorbed batch files that
+readers skip and the next run deletes: no record is lost or seen twice. A run only takes batch
+files that existed, and were old enough, when it started.
 """
 
 from __future__ import annotations
@@ -68,16 +61,10 @@ class CompactBusy(UserError, RuntimeError):
 
 @dataclass(slots=True)
 class CompactResult:
-    """What one compaction run did: shards written, the batch files merged into them (and
-    deleted), their records, repeated keys left out, bytes of the batch files and of the shards.
-
-    Parameters:
-        leftovers_deleted: batch files an earlier stopped run had already merged.
-        young_skipped: batch files left for a later run because they are newer than min_age.
-        damaged: batch files that could not be read, left in place (run `eagle-synth verify`).
-        unverified_shards: shards that did not read back after writing: deleted, their batch
-            files kept (a disk or memory fault; the next run tries again).
-    """
+    """What one run did: shards written, batch files merged (and deleted), their records, repeated
+    keys left out, bytes before and after; batch files an earlier stopped run had merged
+    (`leftovers_deleted`), newer than min_age (`young_skipped`) or unreadable (`damaged`, left in
+    place); shards that did not read back (`unverified_shards`: deleted, batch files kept)."""
 
     shards: list[Path] = field(default_factory=list)
     files_compacted: int = 0
@@ -134,38 +121,18 @@ def _plan(files: list[Path], *, shard_bytes: int) -> list[list[tuple[Path, int]]
     return groups
 
 
-def _readable(path: Path) -> bool:
-    try:
-        for _ in read_raw_file(path):
-            pass
-    except RecordFormatError:
-        return False
-    return True
-
-
-def _drop_cached_pages(path: Path) -> None:
-    """Ask the kernel to forget a fsynced file's pages, so reading it back reads the disk."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _reads_back(shard: Path, keys: list[str]) -> bool:
     """True if the shard on disk holds exactly these keys, in order, and every record decodes."""
-    _drop_cached_pages(shard)
-    position = 0
+    if hasattr(os, "posix_fadvise"):  # forget the fsynced file's cached pages: read the disk
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
     try:
-        for raw in read_raw_file(shard):
-            if position >= len(keys) or raw.key != keys[position]:
-                return False
-            position += 1
+        return [raw.key for raw in read_raw_file(shard)] == keys
     except RecordFormatError:
         return False
-    return position == len(keys)
 
 
 def _keys_already_sharded(scan: CampaignFiles, batches: set[str]) -> set[str]:
@@ -219,25 +186,18 @@ def compact(
         if len(candidates) < MIN_FILES:
             return result
         for group in _plan(candidates, shard_bytes=shard_bytes):
-            _compact_group(campaign_path, scan, group, level=level, threads=threads, result=result, on_shard=on_shard)
+            _compact_group(campaign_path, scan, group, result, level=level, threads=threads, on_shard=on_shard)
     return result
 
 
-def _compact_group(
-    campaign_path,
-    scan: CampaignFiles,
-    group: list[tuple[Path, int]],
-    *,
-    level: int,
-    threads: int,
-    result: CompactResult,
-    on_shard,
-) -> None:
+def _compact_group(campaign_path, scan: CampaignFiles, group: list[tuple[Path, int]], result: CompactResult, **options):
     sources = []
     for path, size in group:
-        if _readable(path):
+        try:
+            for _ in read_raw_file(path):
+                pass
             sources.append((path, size))
-        else:
+        except RecordFormatError:
             result.damaged.append(path.name)
     if not sources:
         return
@@ -246,9 +206,8 @@ def _compact_group(
     seen = _keys_already_sharded(scan, batches & scan.repeated_batches)
     dropped = 0
     written_keys: list[str] = []
-    with ShardWriter(
-        campaign_path, campaign=campaign, sources=[p.name for p, _ in sources], level=level, threads=threads
-    ) as writer:
+    on_shard = options.pop("on_shard")
+    with ShardWriter(campaign_path, campaign=campaign, sources=[p.name for p, _ in sources], **options) as writer:
         for index, (path, _) in enumerate(sources):
             for raw in read_raw_file(path):
                 if raw.key in seen:

@@ -1,18 +1,11 @@
-"""Records of a `--history own` campaign in conversation order, for `export`.
+"""Records in conversation order (`ordered_records`) or row-group order (`grouped_records`), for `export`.
 
-A conversation's turns are generated one after the other, by any worker, so they land in
-files far apart. Export wants them together and in turn order (`--turns last` wants only the
-last). Records are streamed once into buckets by a hash of their conversation key (each
-bucket a zstd-compressed spill file in a temporary folder, or memory for a small campaign),
-then each bucket is sorted by (conversation, turn) and read back: memory is bounded by one
-bucket, whatever the campaign's size. Records without a conversation come first, as read.
-
-`grouped_records` does the same for every campaign, grouping by input row (tools/filters.py
-row_group: every sample, turn and variant of one row together, each conversation's turns in
-order) and ordering the groups by its hash: buckets take consecutive slices of the hash
-range, so reading them in turn gives one global order. A tail split by index (speculators'
-validation rows) then cuts at most one row group, and takes a random set of them, not the
-last input rows.
+A conversation's turns land in files far apart. Records are streamed once into buckets by a hash
+of their key (zstd spill files in a temporary folder, or memory for a small campaign), then each
+bucket is sorted and read back: memory is bounded by one bucket. Records without a conversation
+come first, as read. `grouped_records` groups every campaign by input row (filters.row_group) in
+the order of its hash, buckets taking consecutive slices of the hash range: a tail split by index
+(speculators' validation rows) then cuts at most one row group, and takes a random set of them.
 """
 
 from __future__ import annotations
@@ -54,67 +47,6 @@ def _bucket_of(conversation: str, buckets: int) -> int:
     return int(conversation[:15], 16) % buckets if buckets > 1 else 0
 
 
-def _through_buckets(
-    campaign_path: Path,
-    buckets: int,
-    bucket_of: Callable[[RawRecord], int | None],
-    order: Callable[[list[RawRecord]], Iterator[RawRecord]],
-) -> Iterator[RawRecord]:
-    """The campaign's records: those `bucket_of` gives None first, as read; the others held by
-    bucket (in memory for one bucket, else in zstd spill files), then each bucket, in bucket
-    order, through `order`."""
-    if buckets == 1:
-        held: list[RawRecord] = []
-        for raw in iter_raw_records(campaign_path):
-            if bucket_of(raw) is None:
-                yield raw
-            else:
-                held.append(raw)
-        yield from order(held)
-        return
-    with tempfile.TemporaryDirectory(prefix="eagle-synth-export-") as folder:
-        paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
-        packer = msgpack.Packer(use_bin_type=True)
-        with ExitStack() as files:
-            writers = [
-                files.enter_context(
-                    zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(
-                        files.enter_context(open(path, "wb"))
-                    )
-                )
-                for path in paths
-            ]
-            for raw in iter_raw_records(campaign_path):
-                bucket = bucket_of(raw)
-                if bucket is None:
-                    yield raw
-                    continue
-                writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
-        for path in paths:
-            with open(path, "rb") as handle:
-                reader = zstandard.ZstdDecompressor().stream_reader(handle)
-                records = [
-                    RawRecord(meta=meta, prompt_u32=prompt, output_u32=output)
-                    for meta, prompt, output in msgpack.Unpacker(reader, raw=False)
-                ]
-            yield from order(records)
-
-
-def _in_order(
-    records: list[RawRecord], key: Callable[[RawRecord], tuple], *, turns: str, dropped: Callable[[str], None]
-) -> Iterator[RawRecord]:
-    """`records` sorted by `key`; with turns="last" only each conversation's last turn (its
-    turns are next to each other in that order)."""
-    records.sort(key=key)
-    for index, raw in enumerate(records):
-        conversation = raw.meta.get("conversation")
-        following = records[index + 1].meta.get("conversation") if index + 1 < len(records) else None
-        if turns == "last" and conversation and following == conversation:
-            dropped("earlier_turn")
-            continue
-        yield raw
-
-
 def _conversation_order(raw: RawRecord) -> tuple:
     return raw.meta["conversation"], int(raw.meta.get("turn", 0))
 
@@ -131,15 +63,55 @@ def _records(
     bucket_of: Callable[[RawRecord, int], int | None],
     key: Callable[[RawRecord], tuple],
 ) -> Iterator[RawRecord]:
+    """Records `bucket_of` gives None first, as read; then each bucket (in memory when there is one,
+    else a zstd spill file) sorted by `key`, with turns="last" only each conversation's last turn."""
     if turns not in TURNS:
         raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
     buckets = _bucket_count(Path(campaign_path))
-    yield from _through_buckets(
-        Path(campaign_path),
-        buckets,
-        lambda raw: bucket_of(raw, buckets),
-        lambda records: _in_order(records, key, turns=turns, dropped=dropped),
-    )
+
+    def in_order(records: list[RawRecord]) -> Iterator[RawRecord]:
+        records.sort(key=key)
+        for index, raw in enumerate(records):
+            conversation = raw.meta.get("conversation")
+            following = records[index + 1].meta.get("conversation") if index + 1 < len(records) else None
+            if turns == "last" and conversation and following == conversation:
+                dropped("earlier_turn")
+                continue
+            yield raw
+
+    if buckets == 1:
+        held: list[RawRecord] = []
+        for raw in iter_raw_records(campaign_path):
+            if bucket_of(raw, 1) is None:
+                yield raw
+            else:
+                held.append(raw)
+        yield from in_order(held)
+        return
+    with tempfile.TemporaryDirectory(prefix="eagle-synth-export-") as folder:
+        paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
+        packer = msgpack.Packer(use_bin_type=True)
+        with ExitStack() as files:
+            writers = [
+                files.enter_context(
+                    zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(files.enter_context(open(p, "wb")))
+                )
+                for p in paths
+            ]
+            for raw in iter_raw_records(campaign_path):
+                bucket = bucket_of(raw, buckets)
+                if bucket is None:
+                    yield raw
+                    continue
+                writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
+        for path in paths:
+            with open(path, "rb") as handle:
+                reader = zstandard.ZstdDecompressor().stream_reader(handle)
+                unpacked = msgpack.Unpacker(reader, raw=False)
+                records = [
+                    RawRecord(meta=meta, prompt_u32=prompt, output_u32=output) for meta, prompt, output in unpacked
+                ]
+            yield from in_order(records)
 
 
 def ordered_records(
@@ -158,9 +130,8 @@ def ordered_records(
 def grouped_records(
     campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
 ) -> Iterator[RawRecord]:
-    """Every record, each input row's records together (conversation by conversation, turns
-    in order), the rows ordered by the hash of their group; with turns="last" only the last
-    turn of each `--history own` conversation (`dropped("earlier_turn")` for each one left out)."""
+    """Every record, each input row's together (conversation by conversation, turns in order), rows
+    in the order of their group's hash; turns as ordered_records'."""
     # Buckets are consecutive slices of the hash range, so reading them in turn keeps hash order.
     return _records(
         campaign_path, turns, dropped, lambda raw, buckets: (row_group_hash(raw.meta) * buckets) >> 64, _group_order

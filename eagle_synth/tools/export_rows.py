@@ -1,10 +1,9 @@
 """The exported row: ids, mask and every Record field as a flat column of one type.
 
-JSONL, Parquet and `--format hf` write this same row, so a Parquet export read with
-`datasets.load_dataset("parquet", ...)` and an hf export read with `load_from_disk` give the
-same rows. Columns come from the Record dataclass: a field added to Record appears in every
-export with no change here, typed from its annotation (str, int, float, bool; anything else,
-such as the `sampling` map, as JSON text so every row keeps one type). Docs: docs/records.md.
+JSONL, Parquet and `--format hf` write this same row (so `load_dataset("parquet")` and
+`load_from_disk` give the same rows). A field added to Record appears in every export with no
+change here, typed from its annotation (str, int, float, bool; anything else, such as the
+`sampling` map, as JSON text so every row keeps one type). Docs: docs/records.md.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ ANNOTATION_KINDS = {
     "int | None": "int64",
 }
 JSON_KIND = "json"
+_CONVERT: dict[str, Any] = {"string": str, "int32": int, "int64": int, "float64": float, "bool": bool}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +64,8 @@ class Column:
         value = meta.get(self.name, self.default)
         if value is None:
             return None
-        if self.kind == "string":
-            return str(value)
-        if self.kind in ("int32", "int64"):
-            return int(value)
-        if self.kind == "float64":
-            return float(value)
-        if self.kind == "bool":
-            return bool(value)
+        if convert := _CONVERT.get(self.kind):
+            return convert(value)
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -105,7 +99,7 @@ def column_names() -> tuple[str, ...]:
 
 
 def _meta_with_lengths(raw: RawRecord) -> dict:
-    """The record's metadata plus the row's own lengths (seq_len is speculators' name for the total)."""
+    # seq_len is speculators' name for the total.
     return {
         **raw.meta,
         "prompt_tokens": raw.prompt_len,
@@ -117,18 +111,11 @@ def _meta_with_lengths(raw: RawRecord) -> dict:
 def json_row(raw: RawRecord) -> dict:
     """One record's row with Python values (lists of ints for the ids and mask)."""
     meta = _meta_with_lengths(raw)
-    row = {}
-    for column in columns():
-        if column.kind == "ids":
-            row[column.name] = unpack_ids(raw.prompt_u32 + raw.output_u32)
-        elif column.kind == "mask":
-            row[column.name] = [0] * raw.prompt_len + [1] * raw.output_len
-        else:
-            row[column.name] = column.value(meta)
-    return row
-
-
-# ----------------------------------------------------------------------------- Arrow
+    special = {
+        "ids": lambda: unpack_ids(raw.prompt_u32 + raw.output_u32),
+        "mask": lambda: [0] * raw.prompt_len + [1] * raw.output_len,
+    }
+    return {c.name: special[c.kind]() if c.kind in special else c.value(meta) for c in columns()}
 
 
 def _arrow_type(kind: str):

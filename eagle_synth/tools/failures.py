@@ -23,11 +23,9 @@ MESSAGE_PREVIEW_CHARS = 200
 
 
 def failures_by_reason(campaign: Campaign, *, examples: int = 5) -> dict:
-    """The campaign's current failures, grouped by reason, prompts sorted by key; for
-    `--history own` campaigns also the conversations that stopped early, by reason (with up to
-    `examples` of each)."""
+    """Current failures by reason, prompts sorted by key; `--history own`: also the conversations
+    that stopped early, by reason (up to `examples` each)."""
     failures = campaign.failures()
-    stopped = _stopped(campaign, examples)
     by_reason: dict[str, list[dict]] = {}
     for key, failure in sorted(failures.items()):
         by_reason.setdefault(failure.reason, []).append(_listed(key, failure))
@@ -35,12 +33,11 @@ def failures_by_reason(campaign: Campaign, *, examples: int = 5) -> dict:
         "campaign": campaign.name,
         "failed": len(failures),
         "by_reason": {reason: {"count": len(prompts), "prompts": prompts} for reason, prompts in by_reason.items()},
-        "conversations_stopped": stopped,
+        "conversations_stopped": _stopped(campaign, examples),
     }
 
 
 def _listed(key: str, failure: Failure) -> dict:
-    """One prompt as the report lists it."""
     return {
         "key": key,
         "id": failure.item.get("row_id"),
@@ -59,8 +56,7 @@ def _stopped(campaign: Campaign, examples: int) -> dict:
 
 
 def failure_summary(campaign: Campaign, *, examples: int = 5) -> dict:
-    """failures_by_reason's report with only the `examples` lowest keys of each reason (its
-    counts are whole): what `eagle-synth failed` prints, read in bounded memory."""
+    """failures_by_reason's report with only each reason's `examples` lowest keys, in bounded memory."""
     counts = campaign.failure_counts()  # kept equal to `failed` by every script that changes it
     lowest: dict[str, list[tuple[str, dict]]] = {}  # per reason, the lowest keys so far, sorted
     for key, failure in campaign.iter_failures():
@@ -81,8 +77,7 @@ def failure_summary(campaign: Campaign, *, examples: int = 5) -> dict:
 
 
 def write_failures_json(campaign: Campaign, out: IO[str], *, examples: int = 5) -> None:
-    """Write failures_by_reason's report as one JSON object, streamed: each reason's prompts are
-    spooled to a temporary file while the failures are scanned, then copied out in turn."""
+    """failures_by_reason's report as one JSON object, streamed: prompts spooled per reason, then copied."""
     spools: dict[str, tuple[IO[str], list[int]]] = {}
     try:
         for key, failure in campaign.iter_failures():
@@ -106,8 +101,7 @@ def write_failures_json(campaign: Campaign, out: IO[str], *, examples: int = 5) 
 
 
 def format_failures(report: dict, *, limit: int) -> list[str]:
-    """The lines `eagle-synth failed` prints: a total, then each reason (most first) with up to
-    `limit` examples."""
+    """`eagle-synth failed`'s lines: a total, then each reason (most first) with up to `limit` examples."""
     lines = [f"{report['failed']} failed prompts in {report['campaign']}"]
     ended = report.get("ended")
     if ended:

@@ -1,18 +1,12 @@
 """Which records become training rows, clipped how, in which split: applied in one pass.
 
-Every export format and `eagle-synth vocab` select rows here, in this order:
-
-1. `drop_truncated`: leave out records that stopped on max_new_tokens (finish_reason length);
-2. `min_output_tokens`: leave out records with fewer generated ids (before clipping);
-3. `max_length`: clip prompt + output to this many ids (the mask is cut with them), or with
-   `drop_longer` leave longer records out;
-4. `min_loss_tokens`: leave out rows with fewer mask-1 ids after clipping (default 1: a row
-   with nothing to learn, which both trainers drop too);
-5. `sample`: keep N rows drawn by a seeded hash of the record key (same records, same seed:
-   same rows, whatever the file order); exact N needs the candidates' hashes first, so a
-   sampled export reads the records twice;
-6. `splits`: route each row by a hash of its conversation key, so every turn and sample of
-   one conversation lands in the same split; the remainder goes to `train`.
+Every export format and `eagle-synth vocab` select rows here, in this order: `drop_truncated`
+(finish_reason length); `min_output_tokens` (before clipping); `max_length` (clip prompt + output,
+mask with them, or with `drop_longer` leave longer records out); `min_loss_tokens` (mask-1 ids
+after clipping; default 1, as both trainers drop rows with nothing to learn); `sample` (N rows by
+a seeded hash of the key, whatever the file order; exact N needs the candidates' hashes first, so
+a sampled export reads twice); `splits` (by a hash of the conversation key, so every turn and
+sample of a conversation lands in one split; the remainder goes to `train`).
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ import hashlib
 import heapq
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -77,13 +72,8 @@ def _check_splits(splits: tuple[tuple[str, float], ...], *, flag: str = "--split
 
 
 def conversation_key(meta: dict) -> str:
-    """What ties a record to its conversation, for splitting.
-
-    A `conversation` field (an id shared by a conversation's turns) wins when records carry
-    one; until then it is the input row id plus the sample index: `--turns all` makes one
-    prompt per user turn of a row, and sample s of each turn continues the same conversation.
-    A record without a row id is its own conversation (its key).
-    """
+    """What ties a record to its conversation, for splitting: its `conversation` field, else the
+    row id plus sample index (sample s of each `--turns all` turn continues one conversation), else its key."""
     conversation = meta.get("conversation")
     if conversation not in (None, ""):
         if isinstance(conversation, str):
@@ -100,21 +90,18 @@ def _hash64(text: str, person: bytes) -> int:
 
 
 def row_group(meta: dict) -> str:
-    """What ties every record made from one input row: its id (all samples, turns and
-    variants of the row share it), else its conversation key. speculators' row order keeps a
-    row group together, so a tail split never puts one sample of a prompt in training and
-    another in validation."""
+    """What ties every record of one input row (samples, turns, variants): its id, else its conversation
+    key; kept together in speculators' row order, so a tail split never divides a prompt's samples."""
     row_id = meta.get("id")
     return f"id\x00{row_id}" if row_id not in (None, "") else conversation_key(meta)
 
 
 def row_group_hash(meta: dict) -> int:
-    """The 64-bit hash of a record's row group, which orders the groups."""
     return _hash64(row_group(meta), _GROUP_PERSON)
 
 
 def split_of(meta: dict, splits: tuple[tuple[str, float], ...]) -> str:
-    """The split a record belongs to: named splits take consecutive slices of [0, 1) in order."""
+    """Named splits take consecutive slices of [0, 1) in order; the rest is `train`."""
     point = _hash64(conversation_key(meta), _SPLIT_PERSON) / _HASH_RANGE
     edge = 0.0
     for name, fraction in splits:
@@ -125,7 +112,6 @@ def split_of(meta: dict, splits: tuple[tuple[str, float], ...]) -> str:
 
 
 def sample_priority(key: str, seed: int) -> int:
-    """A record's place in the seeded random order `sample` keeps the first N of."""
     return _hash64(f"{seed}\x00{key}", _SAMPLE_PERSON)
 
 
@@ -188,22 +174,16 @@ def clip(raw: RawRecord, max_length: int) -> RawRecord:
 
 @dataclass(slots=True)
 class SelectionStats:
-    """What a selection pass saw: records read, left out by filter (truncated, short_output,
-    too_long, few_loss_tokens, not_sampled), and rows cut to max_length."""
+    """Records a selection pass read, left out by filter (ExportFilters.shape's names, not_sampled), clipped."""
 
     read: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
+    dropped: Counter[str] = field(default_factory=Counter)
     clipped: int = 0
-
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
 
 def sample_cutoff(records: Iterable[RawRecord], filters: ExportFilters) -> int | None:
-    """The largest sample priority `filters.sample` keeps (None: every candidate is kept).
-
-    A pass over the records before the export pass; memory is one 8-byte hash per sampled row.
-    """
+    """The largest sample priority `filters.sample` keeps (None: all); a pass before the export's,
+    holding one 8-byte hash per sampled row."""
     if filters.sample is None:
         return None
     largest: list[int] = []  # a max-heap (negated) of the N smallest priorities
@@ -224,19 +204,16 @@ def sample_cutoff(records: Iterable[RawRecord], filters: ExportFilters) -> int |
 def select_rows(
     records: Iterable[RawRecord], filters: ExportFilters, stats: SelectionStats, *, cutoff: int | None = None
 ) -> Iterator[tuple[str | None, RawRecord]]:
-    """(split name or None, row) for each kept record, in record order; one pass, streaming.
-
-    `cutoff` comes from sample_cutoff over the same records; a sampled export without it
-    keeps every row (so refuse that in callers that sample).
-    """
+    """(split name or None, row) for each kept record, in order, streaming; `cutoff`: sample_cutoff's
+    over the same records (without it a sampled selection keeps every row)."""
     for raw in records:
         stats.read += 1
         row, reason = filters.shape(raw)
         if row is None:
-            stats.drop(reason or "")
+            stats.dropped[reason or ""] += 1
             continue
         if cutoff is not None and sample_priority(raw.key, filters.seed) > cutoff:
-            stats.drop("not_sampled")
+            stats.dropped["not_sampled"] += 1
             continue
         if row is not raw:
             stats.clipped += 1

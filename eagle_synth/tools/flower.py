@@ -1,13 +1,10 @@
 """Run Flower against eagle-synth's broker, with basic auth unless explicitly turned off.
 
-Flower is started in this process through Celery's own command line (`celery -A ... flower`),
-on a Celery app built from eagle_synth.settings, so it sees the same Redis URL, TLS options
-and queue as the producer and workers. Because that app declares our queue as
-`task_default_queue`, Flower's `/api/queues/length` and Broker page report the backlog even
-while no worker is connected (Flower falls back to the app's queues when no worker reports any).
-
-Credentials travel in FLOWER_BASIC_AUTH (Flower reads its options from FLOWER_* variables),
-never on a command line where `ps` would show them.
+Flower runs in this process through Celery's command line, on a Celery app built from
+eagle_synth.settings (the producer's and workers' Redis URL, TLS options and queue). That app
+declares our queue as `task_default_queue`, so `/api/queues/length` and the Broker page report the
+backlog even with no worker connected. Credentials travel in FLOWER_BASIC_AUTH, never on a
+command line where `ps` would show them.
 """
 
 from __future__ import annotations
@@ -45,7 +42,7 @@ class FlowerAuthError(UserError, ValueError):
 
 
 def parse_basic_auth(raw: str) -> list[str]:
-    """Split `user:pw[,user2:pw2]` into credentials, refusing empty parts and the placeholder."""
+    """`user:pw[,user2:pw2]` as credentials; empty parts and the placeholder are refused."""
     credentials = [c.strip() for c in raw.split(",") if c.strip()]
     if not credentials:
         raise FlowerAuthError(f"basic auth is empty: give user:password via --basic-auth or ${ENV_BASIC_AUTH}")
@@ -65,12 +62,8 @@ def parse_basic_auth(raw: str) -> list[str]:
 
 
 def resolve_auth(*, basic_auth: str | None, no_auth: bool, environ: Mapping[str, str]) -> list[str] | None:
-    """Credentials to run Flower with, or None when the operator explicitly chose --no-auth.
-
-    Precedence: --basic-auth, then $FLOWER_BASIC_AUTH. With neither, Flower does not start
-    unless no_auth is set; giving credentials together with no_auth is a contradiction and
-    refused rather than guessed.
-    """
+    """Credentials from --basic-auth, else $FLOWER_BASIC_AUTH; None only with no_auth (refused
+    together with credentials: a contradiction is not guessed at)."""
     raw = basic_auth if basic_auth is not None else environ.get(ENV_BASIC_AUTH) or None
     if raw is not None and no_auth:
         raise FlowerAuthError(
@@ -139,13 +132,9 @@ def check_port_free(*, address: str, port: int) -> None:
 
 
 def require_auth_on_metrics() -> None:
-    """Put Flower's /metrics behind the same authentication as its pages and API.
-
-    Flower 2.x serves /metrics (Prometheus: task names, worker names, queue figures) without
-    checking credentials; its other views are decorated with tornado's `authenticated`, which
-    with basic auth answers 401 to a request without the right ones. The same decorator goes on
-    /metrics here, so only /healthcheck (one word, "OK") stays open. Idempotent.
-    """
+    """Flower 2.x serves /metrics (task, worker and queue figures) without checking credentials:
+    put tornado's `authenticated`, which guards its other views, on it too, leaving only
+    /healthcheck open. Idempotent."""
     from flower.views.monitor import Metrics
     from tornado import web
 
@@ -163,12 +152,7 @@ def run_flower(*, settings: BrokerSettings, options: FlowerOptions) -> int:
     export_to_environment(settings)
     options.apply_environment(os.environ)
     try:
-        celery_command.main(
-            args=options.celery_argv(),
-            prog_name="eagle-synth flower",
-            auto_envvar_prefix="CELERY",
-            standalone_mode=True,
-        )
+        celery_command.main(options.celery_argv(), "eagle-synth flower", auto_envvar_prefix="CELERY")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0

@@ -1,12 +1,10 @@
-"""`eagle-synth inspect`: one record as a person reads it.
-
-The prompt and the output are decoded with special tokens left visible and highlighted, the
-boundary between them is marked (with the ids on each side, so exactness can be checked by
-eye), and the finish reason and lengths are shown.
+"""`eagle-synth inspect`: one record as a person reads it: prompt and output decoded with special
+tokens visible and highlighted, the boundary marked with the ids on each side, finish and lengths.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import Sequence
@@ -39,8 +37,7 @@ def special_ids(tokenizer: Any) -> frozenset[int]:
 
 
 def render_ids(tokenizer: Any, ids: Sequence[int], *, specials: frozenset[int] | None = None) -> Text:
-    """Decoded text; runs of ordinary ids are decoded together (multi-byte characters stay whole).
-    Ids past the tokenizer (a padded vocabulary's) are shown as `<padded id N>`."""
+    """Decoded text; runs of ordinary ids decoded together (multi-byte characters stay whole)."""
     specials = special_ids(tokenizer) if specials is None else specials
     text = Text()
     run: list[int] = []
@@ -79,34 +76,23 @@ def _boundary(record: Record) -> Text:
 def render_record(
     record: Record, *, tokenizer: Any, console: Console | None = None, prompt_tail: int | None = None
 ) -> None:
-    """Print one record: header, [prompt] (only its last `prompt_tail` ids if given), the
-    boundary, [output], finish and lengths, decoded with the campaign's tokenizer."""
+    """Print one record: header, [prompt] (its last `prompt_tail` ids if given), boundary, [output], finish."""
     console = console or Console()
     specials = special_ids(tokenizer)
+    plain = functools.partial(console.print, markup=False, highlight=False)
     console.rule(Text(f"record {record.key}", style="bold"))
     extra = (f"  conversation {record.conversation}" if record.conversation else "") + (
         f"  variant {record.variant}" if record.variant else ""
     )
-    console.print(
+    plain(
         f"id {record.id}  sample {record.sample}  turn {record.turn}  source {record.source or '-'}  "
-        f"batch {record.batch or '-'}{extra}",
-        markup=False,
-        highlight=False,
+        f"batch {record.batch or '-'}{extra}"
     )
-    prompt = record.prompt_ids
-    hidden = 0
-    if prompt_tail is not None and len(prompt) > prompt_tail:
-        hidden = len(prompt) - prompt_tail
-        prompt = prompt[hidden:]
+    hidden = max(len(record.prompt_ids) - prompt_tail, 0) if prompt_tail is not None else 0
     # Text, not a str: rich would read "[prompt]" as markup.
-    console.rule(
-        Text(
-            f"[prompt] {len(record.prompt_ids)} tokens" + (f" (first {hidden} not shown)" if hidden else ""),
-            style="bold cyan",
-        ),
-        align="left",
-    )
-    console.print(render_ids(tokenizer, prompt, specials=specials), highlight=False)
+    shown = f"[prompt] {len(record.prompt_ids)} tokens" + (f" (first {hidden} not shown)" if hidden else "")
+    console.rule(Text(shown, style="bold cyan"), align="left")
+    console.print(render_ids(tokenizer, record.prompt_ids[hidden:], specials=specials), highlight=False)
     console.rule(Text("▼ prompt ends, output begins ▼", style=BOUNDARY_STYLE), style=BOUNDARY_STYLE)
     console.print(_boundary(record), highlight=False)
     console.rule(Text(f"[output] {len(record.output_ids)} tokens", style="bold green"), align="left")
@@ -115,24 +101,20 @@ def render_record(
     matched = record.finish_matched
     if isinstance(matched, int):
         matched = f"{matched} ({tokenizer.decode([matched], skip_special_tokens=False)!r})"
-    console.print(
+    plain(
         f"finish {record.finish_reason}  matched {matched if matched is not None else '-'}  "
         f"prompt {len(record.prompt_ids)} (server {record.prompt_tokens})  "
         f"output {len(record.output_ids)} (server {record.completion_tokens})  "
         f"cached {record.cached_tokens}  repaired prefix {record.repaired_prefix}  "
-        f"server {record.server or '-'}  latency {record.e2e_latency if record.e2e_latency is not None else '-'}",
-        markup=False,
-        highlight=False,
+        f"server {record.server or '-'}  latency {record.e2e_latency if record.e2e_latency is not None else '-'}"
     )
 
 
 def find_records(
     campaign_path: str | os.PathLike, *, key: str | None = None, random_n: int | None = None, seed: int | None = None
 ) -> list[Record]:
-    """The record whose key starts with `key` (it must be unique), or `random_n` records drawn uniformly.
-
-    One streaming pass; a random draw keeps only `random_n` records in memory (reservoir sampling).
-    """
+    """The record whose key starts with `key` (uniquely), or `random_n` drawn uniformly in one
+    streaming pass (reservoir sampling: `random_n` records in memory)."""
     if (key is None) == (random_n is None):
         raise InspectError("give a KEY (or a unique prefix of one), or --random N")
     if random_n is not None:

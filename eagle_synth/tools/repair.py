@@ -1,23 +1,13 @@
 """`eagle-synth repair`: move damaged record files aside and give their prompts back to the queue.
 
-A record file that no longer reads back (a flipped bit, a truncated copy) holds keys Redis
-counts as done: without repair they would be lost for good. Repair works out which keys:
-
-* the done set is read first, then the files: a key marked done before the read had its
-  file renamed into place before that (workers write, then mark), so it is found unless
-  its file is damaged or lives elsewhere;
-* lost keys = done keys with no readable record in the folder;
-* a damaged file is read as far as it goes (small steps, so the part before the damage
-  comes out); a record from it is trusted only if its prompt ids and sampling hash to its
-  own key, which proves the prompt intact. Such prompts go straight back on the queue
-  (`producer.retry.return_lost_records`);
-* a lost key whose prompt cannot be read back becomes a failure `record-damaged`; rerunning
-  the campaign's original `enqueue` command templates it again and re-enqueues it (the
-  producer replays exactly those failures), so nothing is lost.
-
-A folder that does not hold the whole campaign (each host keeping its own records) would
-make every other host's keys look lost; repair refuses when more keys are missing than the
-damaged files can have held, unless `force`. Damaged files go to `<campaign>/damaged/`, never
+Lost keys are done keys with no readable record in the folder. The done set is read before the
+files (workers write, then mark done), so a done key's file is found unless damaged or elsewhere.
+A damaged file is read as far as it goes; a record from it is trusted only if its prompt ids and
+sampling hash to its own key, which proves the prompt intact: such prompts go straight back on the
+queue (`producer.retry.return_lost_records`). The others become `record-damaged` failures, which
+a rerun of the campaign's original `enqueue` templates and enqueues again. A folder missing more
+keys than its damaged files can have held does not hold the whole campaign (each host keeping its
+own records): repair refuses it unless `force`. Damaged files go to `<campaign>/damaged/`, never
 deleted; a rerun reads them again, so a repair stopped half way is finished by rerunning it.
 """
 
@@ -63,9 +53,8 @@ MISSING_ALLOWANCE = 2.0
 
 @dataclass(slots=True)
 class DamagedFile:
-    """A record file that does not read back: where it is now, the reader's message, its bytes,
-    the records read from it whose key proves their prompt intact, and whether an earlier
-    repair run already moved it into damaged/."""
+    """A record file that does not read back: where it is now, the reader's message, its bytes, the
+    records salvaged from it (their key proves the prompt intact), and whether it is in damaged/ already."""
 
     path: Path
     error: str
@@ -76,15 +65,10 @@ class DamagedFile:
 
 @dataclass(slots=True)
 class RepairPlan:
-    """What a repair finds and would do (the module docstring's terms).
-
-    Parameters:
-        done: keys Redis counted as done when the repair started.
-        recoverable: (sampling, item) of lost keys whose prompt was read back intact.
-        unrecoverable: lost keys whose prompt is unknown (become `record-damaged` failures).
-        capacity: records the damaged files can have held (None: no healthy file to estimate from).
-        refusal: why it will not act without force, or None.
-    """
+    """What a repair finds and would do (the module docstring's terms): `done` keys when it started,
+    `recoverable` (sampling, item) of lost keys read back intact, `unrecoverable` lost keys, the
+    records the damaged files can have held (`capacity`, None without a healthy file to estimate
+    from), and why it will not act without force (`refusal`)."""
 
     campaign: str
     folder: Path
@@ -120,12 +104,8 @@ def damaged_dir(campaign_path: str | os.PathLike) -> Path:
 
 
 def _decompressed_until_damage(path: str | os.PathLike) -> Iterator[bytes]:
-    """A zstd file's content up to where it breaks.
-
-    One step's output is lost when the step fails, so after a failure the file is decoded
-    again, the failing step one byte at a time: everything before the damaged spot comes out
-    (a block whose checksum or successor is damaged included).
-    """
+    """A zstd file's content up to where it breaks. A failing step loses its output, so after a
+    failure the file is decoded again, that step one byte at a time, to get all before the damage."""
     failed_at = None
     with open(path, "rb") as handle:
         decompressor = zstandard.ZstdDecompressor().decompressobj()
@@ -166,11 +146,9 @@ def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
             unpacker.feed(data)
             for value in unpacker:
                 if header is None:
-                    if not (
-                        isinstance(value, dict)
-                        and value.get("format") == FORMAT_NAME
-                        and value.get("version") in READABLE_VERSIONS
-                    ):
+                    if not isinstance(value, dict) or value.get("format") != FORMAT_NAME:
+                        return
+                    if value.get("version") not in READABLE_VERSIONS:
                         return
                     header = value
                 elif isinstance(value, dict):
@@ -186,12 +164,10 @@ def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
 def _intact(record: Record, key_sampling: dict) -> bool:
     """True if the record's prompt ids, sampling and sample index hash to its key."""
     try:
-        return (
-            prompt_key(prompt_ids=pack_ids(record.prompt_ids), sampling=key_sampling, sample=record.sample)
-            == record.key
-        )
+        key = prompt_key(prompt_ids=pack_ids(record.prompt_ids), sampling=key_sampling, sample=record.sample)
     except (TypeError, ValueError, OverflowError):
         return False
+    return key == record.key
 
 
 def _replay_item(record: Record) -> tuple[dict, PromptItem]:
@@ -206,15 +182,6 @@ def _replay_item(record: Record) -> tuple[dict, PromptItem]:
         source=record.source,
         turn=record.turn,
     )
-
-
-def _read_keys(path: Path, keys: set[str]) -> int:
-    """Add a file's keys to `keys`; returns its record count. Raises RecordFormatError."""
-    count = 0
-    for raw in read_raw_file(path):
-        keys.add(raw.key)
-        count += 1
-    return count
 
 
 def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: bool = False) -> RepairPlan:
@@ -236,13 +203,17 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
         """Count a file's keys as healthy, or the file as damaged (False); a vanished file is neither."""
         nonlocal healthy_bytes
         try:
-            plan.healthy_records += _read_keys(path, healthy)
+            count = 0
+            for raw in read_raw_file(path):
+                healthy.add(raw.key)
+                count += 1
             size = path.stat().st_size
         except RecordFormatError as exc:
             plan.damaged.append(DamagedFile(path=path, error=str(exc), size=path.stat().st_size))
             return False
         except FileNotFoundError:
             return True
+        plan.healthy_records += count
         plan.healthy_files += 1
         healthy_bytes += size
         return True
@@ -312,30 +283,18 @@ def move_aside(plan: RepairPlan) -> list[Path]:
 
 
 def mark_record_damaged(campaign: Campaign, keys: list[str], *, worker: str = "eagle-synth repair") -> int:
-    """Move done keys whose prompt could not be read back to failed (`record-damaged`).
-
-    Their failure carries no prompt ids: `retry-failed` cannot replay them, a rerun of the
-    campaign's original `enqueue` command does. Returns how many moved.
-    """
+    """Move done keys whose prompt could not be read back to failed (`record-damaged`, no prompt
+    ids: a rerun of the original `enqueue` replays them, `retry-failed` cannot); returns how many."""
     message = (
         "its record file was damaged and its prompt could not be read back; rerun the campaign's "
         "original `eagle-synth enqueue` command to enqueue it again"
     )
-    failures = (
-        (
-            key,
-            Failure(
-                reason=RECORD_DAMAGED,
-                message=message,
-                item=PromptItem(key=key, row_id="", sample=0, ids=[]).to_replay(),
-                sampling={},
-                at=time.time(),
-                worker=worker,
-            ),
-        )
-        for key in keys
-    )
-    return campaign.fail_done(failures)
+
+    def failure(key: str) -> Failure:
+        item = PromptItem(key=key, row_id="", sample=0, ids=[]).to_replay()
+        return Failure(RECORD_DAMAGED, message, item, sampling={}, at=time.time(), worker=worker)
+
+    return campaign.fail_done((key, failure(key)) for key in keys)
 
 
 def campaign_name_of(campaign_path: str | os.PathLike) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -85,18 +87,14 @@ CAMPAIGN_ROW_KEYS = (
 
 def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None) -> dict:
     """One JSON-ready dict with STATUS_KEYS; KeyError (with a hint) if the campaign is unknown.
-
-    `stranded` is stranded_prompts(client) when the caller has it already (one scan for all
-    campaigns); otherwise it is computed here.
-    """
+    `stranded`: stranded_prompts(client) when the caller has it (one scan for all campaigns)."""
     campaign = Campaign(client, name)
     if not campaign.exists():
         raise CampaignNotFound(name)
     progress = campaign.progress()
     nodes = all_nodes(client)
     # Heartbeats can lag a finished batch by a moment; never show more in flight than pending.
-    inflight = sum(n.get("inflight_by_campaign", {}).get(name, 0) for n in nodes)
-    inflight = min(inflight, progress.pending)
+    inflight = min(sum(n.get("inflight_by_campaign", {}).get(name, 0) for n in nodes), progress.pending)
     # Stranded prompts wait for a reaper: fetched by a worker that died, not at any server.
     stranded_here = (stranded_prompts(client) if stranded is None else stranded).get(name, 0)
     stranded_here = min(stranded_here, progress.pending - inflight)
@@ -177,7 +175,8 @@ def _workers(nodes: list[dict]) -> list[dict]:
     for node in nodes:
         states = dict(node.get("server_states", {}))
         # A node that has not published yet still lists its servers; show them as unknown.
-        for url in _json_list(node.get("servers")):
+        servers = _parsed(node.get("servers"), json.loads)
+        for url in map(str, servers if isinstance(servers, list) else []):
             states.setdefault(url, {"state": UNKNOWN, "since": None, "detail": "not probed yet"})
         for url, state in sorted(states.items()):
             rows.append(
@@ -190,7 +189,7 @@ def _workers(nodes: list[dict]) -> list[dict]:
                     "detail": state.get("detail"),
                     "consuming": node.get("consuming") == "1",
                     "inflight": node.get("inflight_by_server", {}).get(url, 0),
-                    "heartbeat_at": _float(node.get("updated") or node.get("started")),
+                    "heartbeat_at": _parsed(node.get("updated") or node.get("started"), float),
                     # Why the worker's output folder cannot take records (None when it can).
                     "disk": node.get("disk") or None,
                     # The server's kind as preflight found it ("sglang", "vllm"; None before).
@@ -200,16 +199,9 @@ def _workers(nodes: list[dict]) -> list[dict]:
     return rows
 
 
-def _json_list(raw: str | None) -> list[str]:
+def _parsed(raw: str | None, parse: Callable[[str], Any]) -> Any:
+    """`parse(raw)`, or None when raw is empty or malformed."""
     try:
-        value = json.loads(raw) if raw else []
-    except ValueError:
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else []
-
-
-def _float(raw: str | None) -> float | None:
-    try:
-        return float(raw) if raw else None
+        return parse(raw) if raw else None
     except ValueError:
         return None

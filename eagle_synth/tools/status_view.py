@@ -1,19 +1,17 @@
-"""How `eagle-synth status` looks: tables for people, refreshed in place with --watch.
-
-The view shows every figure of tools.status.campaign_status: counts, failures by reason,
-tokens, throughput over the last minute, ETA, and one entry per worker and server with the
-server's state and since when. It is laid out for the console's width (StatusView): 80
-columns, and pipes, get the same figures as a wide terminal, arranged narrower. --watch keeps
-going through Redis outages and says so, because an operator watches exactly when things go wrong.
+"""How `eagle-synth status` looks: every figure of tools.status.campaign_status as tables, laid
+out for the console's width (StatusView), refreshed in place with --watch, which keeps going
+through Redis outages and says so: an operator watches exactly when things go wrong.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import redis
 from rich import box
@@ -85,8 +83,7 @@ def _since(since: float | None, now: float) -> str:
 
 
 def finish_estimate(data: dict) -> str:
-    """When the campaign should finish at the current rate: `ends ~18:50:12` (the clock time),
-    `ends in 2d04h` beyond a day, `` when there is no rate (nothing finishing, or all done)."""
+    """`ends ~18:50:12` at the current rate, `ends in 2d04h` beyond a day, `` without a rate or when done."""
     eta = data.get("eta_seconds")
     if eta is None or data["finished_share"] >= 1.0:
         return ""
@@ -96,9 +93,8 @@ def finish_estimate(data: dict) -> str:
 
 
 def _header(data: dict, width: int) -> RenderableType:
-    """Campaign name, progress bar, share finished, its expected end and the time of the figures
-    on one line; the bar shrinks to the width, and a name too long for that goes on a line of its
-    own above the rest."""
+    """Name, progress bar, share finished, expected end and time of the figures on one line; the bar
+    shrinks to the width, and a name too long for that goes on a line of its own above."""
     name = Text(f"campaign {data['campaign']}", style="bold")
     estimate = finish_estimate(data)
     share = Text(f"{100 * data['finished_share']:.1f}% finished" + (f", {estimate}" if estimate else ""))
@@ -114,13 +110,12 @@ def _header(data: dict, width: int) -> RenderableType:
 
 
 def _bar(data: dict, width: int) -> ProgressBar:
-    return ProgressBar(
-        total=1.0, completed=data["finished_share"], width=width, complete_style="green", finished_style="bold green"
-    )
+    share = data["finished_share"]
+    return ProgressBar(total=1.0, completed=share, width=width, complete_style="green", finished_style="bold green")
 
 
 def _table(title: str, *, compact: bool, frame: box.Box | None, **options) -> Table:
-    """A titled table; compact: no box (four lines fewer per block, for --watch on a 24-line terminal)."""
+    """A titled table; compact: no box (four lines fewer per block)."""
     return Table(
         title=title,
         title_justify="left",
@@ -132,7 +127,6 @@ def _table(title: str, *, compact: bool, frame: box.Box | None, **options) -> Ta
 
 
 def _figures(title: str, rows: list[tuple[str, str | Text]], *, compact: bool = False) -> Table:
-    """A two-column block: label, value (right-aligned); legible at any width."""
     table = _table(title, compact=compact, frame=box.SQUARE, show_header=False)
     table.add_column("figure", style="dim", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
@@ -141,10 +135,12 @@ def _figures(title: str, rows: list[tuple[str, str | Text]], *, compact: bool = 
     return table
 
 
-def _counts(data: dict, *, compact: bool = False) -> Table:
-    return _figures(
-        "prompts",
-        [
+def _blocks(data: dict, *, compact: bool = False) -> list[Table]:
+    """The label/value blocks: prompts, conversations (`--history own` only), throughput, input."""
+    window = format_duration(data["rate_window_s"])
+    skipped = sorted(data["skipped_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))
+    blocks: dict[str, list[tuple[str, str | Text]] | None] = {
+        "prompts": [
             ("enqueued", f"{data['enqueued']:,}"),
             ("queued", f"{data['queued']:,}"),
             ("in flight", f"{data['inflight']:,}"),
@@ -152,43 +148,40 @@ def _counts(data: dict, *, compact: bool = False) -> Table:
             ("done", f"{data['done']:,}"),
             ("failed", Text(f"{data['failed']:,}", style="red" if data["failed"] else "")),
         ],
-        compact=compact,
-    )
-
-
-def _throughput(data: dict, *, compact: bool = False) -> Table:
-    window = format_duration(data["rate_window_s"])
-    return _figures(
-        "throughput",
-        [
+        "conversations": None,
+        "throughput": [
             ("tokens in", f"{data['tokens_in']:,}"),
             ("tokens out", f"{data['tokens_out']:,}"),
             (f"records/s ({window})", f"{data['records_per_s']:,.2f}"),
             (f"tokens/s ({window})", f"{data['tokens_per_s']:,.0f}"),
             ("ETA", format_duration(data["eta_seconds"])),
         ],
-        compact=compact,
-    )
-
-
-def _input(data: dict, *, compact: bool = False) -> Table:
-    skipped = sorted(data["skipped_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))
-    return _figures(
-        "input",
-        [
+        "input": [
             ("rows read", f"{data['rows_read']:,}"),
             ("rows skipped", f"{data['rows_skipped']:,}"),
             # One reason a line keeps the block narrow however many reasons there are.
             ("skipped by reason", "\n".join(f"{r} {c:,}" for r, c in skipped) or "-"),
             ("prefix repairs", f"{data['repaired_prefix']:,}"),
         ],
-        compact=compact,
-    )
+    }
+    if conversations := data.get("conversations"):
+        stopped = conversations["stopped"]
+        blocks["conversations"] = [
+            ("total", f"{conversations['total']:,}"),
+            ("done", f"{conversations['done']:,}"),
+            ("in progress", f"{conversations['in_progress']:,}"),
+            ("next turns waiting", f"{conversations['followups_waiting']:,}"),
+            ("stopped", Text(f"{stopped:,}", style="yellow" if stopped else "")),
+            *(
+                (f"  {reason}", f"{count:,}")
+                for reason, count in sorted(conversations["stopped_by_reason"].items(), key=lambda kv: -kv[1])
+            ),
+        ]
+    return [_figures(title, rows, compact=compact) for title, rows in blocks.items() if rows is not None]
 
 
 def _failures(data: dict, *, compact: bool = False) -> Table:
-    """Failures by reason, most first; compact: no box, and the reasons past
-    COMPACT_FAILURE_REASONS summed on one line."""
+    """Failures by reason, most first; compact: the reasons past COMPACT_FAILURE_REASONS summed."""
     table = _table("failed by reason", compact=compact, frame=box.HEAVY_HEAD, header_style="bold")
     table.add_column("reason")
     table.add_column("prompts now", justify="right", no_wrap=True)
@@ -210,23 +203,7 @@ def _failures(data: dict, *, compact: bool = False) -> Table:
     return table
 
 
-def _conversations(data: dict, *, compact: bool = False) -> Table:
-    """`--history own` campaigns: how many conversations, and why the stopped ones stopped."""
-    conversations = data["conversations"]
-    rows: list[tuple[str, str | Text]] = [
-        ("total", f"{conversations['total']:,}"),
-        ("done", f"{conversations['done']:,}"),
-        ("in progress", f"{conversations['in_progress']:,}"),
-        ("next turns waiting", f"{conversations['followups_waiting']:,}"),
-        ("stopped", Text(f"{conversations['stopped']:,}", style="yellow" if conversations["stopped"] else "")),
-    ]
-    for reason, count in sorted(conversations["stopped_by_reason"].items(), key=lambda kv: -kv[1]):
-        rows.append((f"  {reason}", f"{count:,}"))
-    return _figures("conversations", rows, compact=compact)
-
-
 def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
-    """One worker/server entry as the cells both layouts show, by column name."""
     beat = w.get("heartbeat_at")
     beat_age = now - beat if beat else None
     return {
@@ -248,7 +225,6 @@ def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
 
 
 def _workers_table(data: dict) -> Table:
-    """One row per worker and server, every field a column: for wide terminals."""
     table = Table(title="workers", title_justify="left", title_style="bold", show_header=True, header_style="bold")
     for column in WORKER_COLUMNS:
         table.add_column(column, no_wrap=True)
@@ -261,80 +237,60 @@ def _workers_table(data: dict) -> Table:
 
 
 def _workers_blocks(data: dict, *, compact: bool = False) -> Group:
-    """Each worker node on a line, its servers indented below it, fields labelled in the text
-    rather than under headers: for narrow terminals and pipes. Wrapped lines keep their indent.
-    Compact: a state's duration without its clock time, so a server's line fits 80 columns."""
+    """Each node on a line, its servers indented below, fields labelled in the text: for narrow
+    terminals and pipes. Compact: durations without clock times, so a server's line fits 80 columns."""
     lines: list[RenderableType] = [Text("workers", style="bold")]
+
+    def indented(text: Text, by: int) -> None:
+        lines.append(Padding(text, (0, 0, 0, by), expand=False))  # wrapped lines keep the indent
+
     if not data["workers"]:
-        lines.append(Padding(Text("(no live worker)", style="yellow"), (0, 0, 0, 2), expand=False))
+        indented(Text("(no live worker)", style="yellow"), 2)
     node = None
     for w in data["workers"]:
         cells = _worker_cells(w, data["at"])
         if w["node"] != node:
             node = w["node"]
-            lines.append(
-                Padding(
-                    Text.assemble(
-                        (str(w["node"]), "bold"),
-                        f" on {cells['host']}: last heartbeat ",
-                        cells["last heartbeat"],
-                        ", taking batches ",
-                        cells["taking batches"],
-                    ),
-                    (0, 0, 0, 2),
-                    expand=False,
-                )
+            heartbeat, taking = cells["last heartbeat"], cells["taking batches"]
+            indented(
+                Text.assemble(
+                    (str(node), "bold"), f" on {cells['host']}: last heartbeat ", heartbeat, ", taking batches ", taking
+                ),
+                2,
             )
-        server = Text.assemble(
-            cells["server"],
-            f" ({cells['kind']}) ",
-            cells["state"],
-            " for ",
-            format_duration(data["at"] - w["since"]) if compact and w["since"] else cells["for"],
-            f"; in flight {cells['in flight']}",
-        )
+        since = format_duration(data["at"] - w["since"]) if compact and w["since"] else cells["for"]
+        server = Text.assemble(cells["server"], f" ({cells['kind']}) ", cells["state"], " for ", since)
+        server.append(f"; in flight {cells['in flight']}")
         if cells["detail"]:
             server.append_text(Text.assemble("; ", cells["detail"]))
-        lines.append(Padding(server, (0, 0, 0, 4), expand=False))
+        indented(server, 4)
     return Group(*lines)
 
 
+@dataclass
 class StatusView:
-    """The whole view of one campaign_status() dict, laid out for the width it is given.
-
-    The figures are label/value blocks set side by side while they fit; the workers are a table
-    when every row fits on one line, else a block per worker. No header is ever cut, and no
-    line is wider than the console (80 columns when stdout is not a terminal). Given a height
-    (--watch: the terminal's), a view that would be taller drops the boxes around its blocks
-    and sums the rarest failure reasons, so that at 80x24 the failures and the workers stay on
-    screen (Live crops what is taller than the terminal).
-    `footer` is a dim last line (e.g. watch hints); `height` None: printed once, any height.
+    """One campaign_status() dict laid out for the console's width: blocks side by side while they
+    fit, workers as a table when each row fits one line, else a block per node; no line wider than
+    the console (80 columns when not a terminal). Given a `height` (--watch: the terminal's; None:
+    any), a taller view goes compact (no boxes, rare failure reasons summed) so at 80x24 failures
+    and workers stay on screen (Live crops the rest). `footer`: a dim last line (watch hints).
     """
 
-    def __init__(self, data: dict, *, footer: str | None = None, height: int | None = None) -> None:
-        self.data = data
-        self.footer = footer
-        self.height = height
+    data: dict
+    footer: str | None = field(default=None, kw_only=True)
+    height: int | None = field(default=None, kw_only=True)
 
     def _parts(self, console: Console, options: ConsoleOptions, *, compact: bool) -> list[RenderableType]:
-        width = options.max_width
-        parts: list[RenderableType] = [_header(self.data, width)]
-        blocks = [
-            _counts(self.data, compact=compact),
-            _throughput(self.data, compact=compact),
-            _input(self.data, compact=compact),
-        ]
-        if self.data.get("conversations"):
-            blocks.insert(1, _conversations(self.data, compact=compact))
-        parts.append(Columns(blocks, padding=(0, 2)))
-        parts.append(_failures(self.data, compact=compact))
         table = _workers_table(self.data)
         # Measured without a width limit: rich clamps a measurement to the width it is given.
-        fits = Measurement.get(console, options.update_width(UNLIMITED_WIDTH), table).maximum <= width
-        parts.append(table if fits else _workers_blocks(self.data, compact=compact))
-        if self.footer:
-            parts.append(Text(self.footer, style="dim"))
-        return parts
+        fits = Measurement.get(console, options.update_width(UNLIMITED_WIDTH), table).maximum <= options.max_width
+        return [
+            _header(self.data, options.max_width),
+            Columns(_blocks(self.data, compact=compact), padding=(0, 2)),
+            _failures(self.data, compact=compact),
+            table if fits else _workers_blocks(self.data, compact=compact),
+            *([Text(self.footer, style="dim")] if self.footer else []),
+        ]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         parts = self._parts(console, options, compact=False)
@@ -360,53 +316,34 @@ def watch_status(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Refresh every `interval` s until Ctrl-C (or `refreshes` times); with as_json, one JSON line each.
-
-    Redis errors and a vanished campaign are shown (on stderr with as_json) and retried at the
-    next refresh instead of ending the watch.
-    """
+    Redis errors and a vanished campaign are shown (stderr with as_json) and retried, not fatal."""
     footer = f"every {interval:g}s; Ctrl-C to stop"
-    count = 0
-    last_good: dict | None = None
     console = console or Console()
-
-    def snapshot() -> tuple[dict | None, str | None]:
-        try:
-            return campaign_status(client, campaign), None
-        except REDIS_ERRORS as exc:
-            return None, f"Redis not answering ({exc}); retrying every {interval:g}s"
-        except KeyError as exc:
-            return None, str(exc.args[0])
-
-    def show(live: Live, data: dict | None, problem: str | None) -> None:
-        nonlocal last_good
-        height = console.size.height
-        if data is not None:
-            last_good = data
-            live.update(StatusView(data, footer=footer, height=height), refresh=True)
-        elif last_good is not None:
-            # Keep the last figures on screen, marked stale, so the operator keeps context.
-            problem = f"{problem} — figures below are from {_clock(last_good['at'])}"
-            live.update(
-                Group(Text(problem, style="bold red"), StatusView(last_good, footer=footer, height=height - 1)),
-                refresh=True,
-            )
-        else:
-            live.update(Text(problem or "no data", style="bold red"), refresh=True)
-
-    try:
-        with (
-            contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=False) as live
-        ):
-            while refreshes is None or count < refreshes:
-                data, problem = snapshot()
-                if live is not None:
-                    show(live, data, problem)
-                elif data is not None:
+    last_good: dict | None = None
+    live_view = contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=False)
+    with contextlib.suppress(KeyboardInterrupt), live_view as live:
+        for count in itertools.count(1) if refreshes is None else range(1, refreshes + 1):
+            data, problem = None, None
+            try:
+                data = campaign_status(client, campaign)
+            except REDIS_ERRORS as exc:
+                problem = f"Redis not answering ({exc}); retrying every {interval:g}s"
+            except KeyError as exc:
+                problem = str(exc.args[0])
+            if live is None:
+                if data is not None:
                     print(json.dumps(data), flush=True)
                 else:
                     print(f"eagle-synth status: {problem}", file=sys.stderr, flush=True)
-                count += 1
-                if refreshes is None or count < refreshes:
-                    sleep(interval)
-    except KeyboardInterrupt:
-        pass
+            elif data is not None:
+                last_good = data
+                live.update(StatusView(data, footer=footer, height=console.size.height), refresh=True)
+            elif last_good is not None:
+                # Keep the last figures on screen, marked stale, so the operator keeps context.
+                stale = Text(f"{problem} — figures below are from {_clock(last_good['at'])}", style="bold red")
+                view = StatusView(last_good, footer=footer, height=console.size.height - 1)
+                live.update(Group(stale, view), refresh=True)
+            else:
+                live.update(Text(problem or "no data", style="bold red"), refresh=True)
+            if refreshes is None or count < refreshes:
+                sleep(interval)

@@ -1,20 +1,15 @@
 """Exports the drafter trainers read as they are: SpecForge JSONL, speculators and HF dataset folders.
 
-- `specforge`: JSONL of `{"input_ids": [...], "loss_mask": [...]}` and nothing else, what
-  SpecForge's `data.prompts_path` takes as pre-tokenized (it decides from the first row
-  having both keys, and opens the file as plain text: no gzip).
-- `speculators`: the folder speculators' `prepare_data` would save (`save_to_disk`): columns
-  `input_ids`, `loss_mask`, `seq_len` plus flat provenance columns, `state.json` naming the
-  torch format its trainer indexes rows in (plain JSON, written without torch), and
-  `token_freq` (id -> count over mask-1 ids) as `token_freq.json` (and `token_freq.pt` when
-  torch is importable). Rows come grouped by input row (every sample and turn of a row
-  together, export.py), so its tail validation split cuts at most one row group, none with
-  the `train_data_ratio` the export reports.
+- `specforge`: JSONL of `{"input_ids": [...], "loss_mask": [...]}` only, what SpecForge's
+  `data.prompts_path` takes as pre-tokenized (judged from the first row; opened as plain text).
+- `speculators`: the folder speculators' `prepare_data` would save: `input_ids`, `loss_mask`,
+  `seq_len` plus flat provenance columns, `state.json` naming the torch format (plain JSON, no
+  torch needed) and `token_freq.json` (`.pt` with torch). Rows come grouped by input row, so its
+  tail validation split cuts at most one row group, none with the `train_data_ratio` reported.
 - `hf`: a `datasets` folder (a Dataset, or a DatasetDict with splits) of every exported column.
 
-Rows are staged as Arrow IPC streams, built from the ids' bytes (export_rows.arrow_batch), and
-`datasets` then writes its own folder from them memory-mapped: memory stays flat, and the
-disk holds the rows twice until the staging files are deleted at the end.
+Rows are staged as Arrow IPC streams built from the ids' bytes, which `datasets` writes its folder
+from memory-mapped: memory stays flat; the disk holds the rows twice until the end.
 """
 
 from __future__ import annotations
@@ -76,12 +71,9 @@ TORCH_MISSING = (
 
 
 def specforge_lines(group: Sequence[RawRecord], *, zero_last_loss: bool = False) -> str:
-    """The JSONL lines of a row group: input_ids and loss_mask only, so no other key can mislead a reader.
-
-    `zero_last_loss` sets the last position's mask to 0: SpecForge's EAGLE-3 step shifts its
-    target left and pads it with zeros without shifting the mask (upstream #885), so a row
-    ending on a mask-1 token (every row here) trains its last position on a zero target.
-    """
+    """The JSONL lines of a row group. `zero_last_loss` sets the last mask entry to 0: SpecForge's
+    EAGLE-3 step shifts its target left and pads it with zeros without shifting the mask (upstream
+    #885), so a row ending on a mask-1 token (every row here) trains its last position on a zero."""
     from eagle_synth.ids import unpack_ids
 
     lines = []
@@ -96,7 +88,6 @@ def specforge_lines(group: Sequence[RawRecord], *, zero_last_loss: bool = False)
 
 
 def require_datasets(format: str) -> None:
-    """Raise ExportError saying what to install when `datasets` is missing."""
     import importlib.util
 
     if importlib.util.find_spec("datasets") is None:
@@ -145,11 +136,8 @@ def check_dataset_out(out: Path, *, replace: bool = False) -> None:
 def train_data_ratio(
     rows: int, boundaries: Sequence[int], *, near: float = SPECULATORS_TRAIN_DATA_RATIO
 ) -> float | None:
-    """The --train-data-ratio nearest to `near` whose cut (speculators' int(rows * ratio),
-    train/data.py:171 at c05b95b) falls between two row groups; None without such a cut.
-
-    `boundaries` are the row indexes where a row group starts (an int64 array: numpy
-    reads it without a Python int each)."""
+    """The --train-data-ratio nearest to `near` whose cut (speculators' int(rows * ratio), train/data.py:171
+    at c05b95b) falls between row groups (`boundaries`: the rows they start at); None without one."""
     starts = np.asarray(boundaries, dtype=np.int64)
     inside = starts[(starts > 0) & (starts < rows)]
     if not len(inside):
@@ -163,8 +151,7 @@ def train_data_ratio(
 
 
 class StagedSplit:
-    """One split's rows, staged as an Arrow IPC stream file at `path` until the datasets folder
-    is written; `count_tokens` also counts the rows' loss-masked ids (speculators' token_freq)."""
+    """One split's rows as an Arrow IPC stream file at `path`; `count_tokens`: also their loss-masked ids."""
 
     def __init__(self, path: Path, *, selected: Sequence[Column] | None, count_tokens: bool) -> None:
         import pyarrow as pa
@@ -179,7 +166,6 @@ class StagedSplit:
         self._last_group: str | None = None
         self._file: IO[bytes] = open(path, "wb")
         self._writer = pa.ipc.new_stream(self._file, self.schema)
-        self._open = True
 
     def add_group(self, group: Sequence[RawRecord]) -> None:
         self._writer.write_batch(arrow_batch(group, self.schema, self.selected))
@@ -193,15 +179,14 @@ class StagedSplit:
             self.rows += 1
 
     def close(self) -> None:
-        if self._open:
-            self._open = False
+        if not self._file.closed:
             self._writer.close()
             self._file.close()
 
 
 def _shards(rows: int, shard_rows: int | None) -> int | None:
-    """Shards for save_to_disk: None lets `datasets` size them, except that an empty dataset saved
-    that way has no data file and does not load again, so it gets one."""
+    """Shards for save_to_disk: None lets `datasets` size them, but an empty dataset saved so has no
+    data file and does not load again: it gets one."""
     if not rows:
         return 1
     return -(-rows // shard_rows) if shard_rows else None
@@ -209,33 +194,17 @@ def _shards(rows: int, shard_rows: int | None) -> int | None:
 
 def mark_torch_format(folder: Path) -> None:
     """Name the torch format in a saved dataset's state.json, as `with_format("torch")` before
-    save_to_disk would: load_from_disk applies it (datasets' Dataset.load_from_disk reads
-    `_format_type`, `_format_kwargs`, `_format_columns`, `_output_all_columns`), so rows come
-    back as tensors wherever torch is installed. It is JSON: no torch is needed to write it."""
+    save_to_disk would; load_from_disk applies it, so rows come back as tensors where torch is."""
     path = folder / "state.json"
     state = json.loads(path.read_text())
     state.update({"_format_type": "torch", "_format_kwargs": {}, "_format_columns": None, "_output_all_columns": False})
     atomic_write_bytes(path, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
 
 
-def _write_summary(folder: Path, *, rows: int, ratio: float | None) -> None:
-    summary = {
-        "format": "speculators",
-        "rows": rows,
-        "row_order": "each input row's samples and turns together, rows ordered by a hash of their id",
-        "train_data_ratio": ratio,
-        "hidden_states": HIDDEN_STATES_NOTE,
-    }
-    atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
-
-
 def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], result: Any, shard_rows: int | None) -> None:
-    """Write the datasets folder (result.format) from staged splits; sets the ExportResult's
-    paths, warnings, commands and train_data_ratio.
-
-    The folder is built under a dot name next to `out` and renamed into place, so an
-    interrupted export leaves the earlier one (or nothing), never half a folder.
-    """
+    """Write the datasets folder (result.format) from staged splits and set the ExportResult's paths,
+    warnings, commands and train_data_ratio. Built under a dot name and renamed into place, so an
+    interrupted export leaves the earlier one (or nothing), never half a folder."""
     from datasets import Dataset, DatasetDict
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
@@ -267,7 +236,14 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
                 result.commands += [c.replace(str(folder.resolve()), str(final.resolve())) for c in commands]
                 ratio = train_data_ratio(part.rows, part.boundaries)
                 result.train_data_ratio[name or "all"] = ratio
-                _write_summary(folder, rows=part.rows, ratio=ratio)
+                summary = {
+                    "format": "speculators",
+                    "rows": part.rows,
+                    "row_order": "each input row's samples and turns together, rows ordered by a hash of their id",
+                    "train_data_ratio": ratio,
+                    "hidden_states": HIDDEN_STATES_NOTE,
+                }
+                atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
         del loaded  # unmaps the staging files before they are deleted
         _replace_folder(tmp, out)
     except BaseException:

@@ -1,10 +1,8 @@
 """`eagle-synth verify`: check a campaign's records against its tokenizer and settings.
 
-Hard errors (nonzero exit): damaged files, repeated keys, ids outside the vocabulary,
-`completion_tokens` that disagree with the stored output, conversations with a missing turn. Warnings: a `stop` whose last id is
-neither EOS nor a stop id, empty outputs, the stripped-reasoning signature, a tokenizer other
-than the campaign's. Figures: finish reasons, the share truncated by length, and the reasoning
-structure (prompts that end inside an open think block, and outputs that close it).
+Every check is in CHECKS (errors make the exit nonzero); the report also gives finish reasons, the
+share truncated by length, and the reasoning structure (prompts that end inside an open think
+block, and outputs that close it).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import hashlib
 import os
 from array import array
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +55,10 @@ class VerifyError(UserError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class CheckSettings:
-    """What records are checked against: prompt ids below `vocab_size` (len(tokenizer)); a
-    `stop` ending on an EOS or stop id (each record's own sampling adds its own stop ids).
-
-    Parameters:
-        model_vocab_size: the checkpoint's vocab_size, which output ids may reach (padded
-            vocabularies); None when unknown: then any output id is legal, as for the worker.
-        source: where these came from ("tokenizer", "manifest" or "tokenizer+manifest").
-        fingerprint_mismatch: a note when the tokenizer's fingerprint differs from the manifest's.
-    """
+    """What records are checked against: prompt ids below `vocab_size` (len(tokenizer)), output ids
+    below output_bound (`model_vocab_size` None: any), a `stop` ending on an EOS or stop id (each
+    record's sampling adds its own); `source`: "tokenizer", "manifest" or "tokenizer+manifest";
+    `fingerprint_mismatch`: a note when the tokenizer differs from the manifest's."""
 
     vocab_size: int
     eos_token_ids: frozenset[int]
@@ -97,9 +90,7 @@ def load_plain_tokenizer(path: str | os.PathLike):
     """A tokenizer for reading ids (no chat template needed); VerifyError says what went wrong."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import (
-        AutoTokenizer,  # heavy import: only commands that decode pay it
-    )
+    from transformers import AutoTokenizer  # heavy import: only commands that decode pay it
 
     try:
         return AutoTokenizer.from_pretrained(str(path))
@@ -159,10 +150,6 @@ def _token_id(tokenizer: Any, token: str) -> int | None:
     return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
 
 
-def _u32(value: int) -> bytes:
-    return value.to_bytes(4, "little")
-
-
 def _rfind_id(data: bytes, needle: bytes | None) -> int:
     """Index of the last occurrence of one id in uint32 bytes, -1 if absent."""
     if needle is None:
@@ -179,39 +166,30 @@ def _key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
-@dataclass(slots=True)
-class _Tally:
-    counts: Counter = field(default_factory=Counter)
-    examples: dict[str, list[str]] = field(default_factory=dict)
+class _Checker:
+    """Runs the per-record checks and keeps the figures (`reasoning`: _report's names); one pass."""
+
+    def __init__(self, settings: CheckSettings) -> None:
+        self.settings = settings
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, list[str]] = {}
+        self.records = self.prompt_tokens = self.output_tokens = 0
+        self.finish: Counter[str] = Counter()
+        self.backends: Counter[str] = Counter()
+        self.reasoning: Counter[str] = Counter()
+        self.key_hashes = array("Q")
+        # Conversation key -> bit mask of the turns seen (a few dozen bytes per conversation).
+        self.conversations: dict[str, int] = {}
+        self._open, self._close = (
+            None if token is None else token.to_bytes(4, "little")
+            for token in (settings.think_open_id, settings.think_close_id)
+        )
 
     def hit(self, check: str, example: str, amount: int = 1) -> None:
         self.counts[check] += amount
         kept = self.examples.setdefault(check, [])
         if len(kept) < EXAMPLES_PER_CHECK:
             kept.append(example)
-
-
-class _Checker:
-    """Runs the per-record checks and keeps the figures; one pass over the records."""
-
-    def __init__(self, settings: CheckSettings) -> None:
-        self.settings = settings
-        self.tally = _Tally()
-        self.records = 0
-        self.prompt_tokens = 0
-        self.output_tokens = 0
-        self.finish: Counter[str] = Counter()
-        self.backends: Counter[str] = Counter()
-        self.key_hashes = array("Q")
-        self.open_prompts = 0
-        self.open_closed = 0
-        self.open_stopped = 0
-        self.open_stopped_closed = 0
-        self.outputs_opening = 0
-        # Conversation key -> bit mask of the turns seen (a few dozen bytes per conversation).
-        self.conversations: dict[str, int] = {}
-        self._open = _u32(settings.think_open_id) if settings.think_open_id is not None else None
-        self._close = _u32(settings.think_close_id) if settings.think_close_id is not None else None
 
     def check(self, raw: RawRecord) -> None:
         s, meta, key = self.settings, raw.meta, raw.key
@@ -223,46 +201,28 @@ class _Checker:
         # Files written before vLLM support hold SGLang records only (Record.backend's default).
         self.backends[meta.get("backend") or "sglang"] += 1
         self.key_hashes.append(_key_hash(key))
-        prompt, output = array("I"), array("I")
-        prompt.frombytes(raw.prompt_u32)
-        output.frombytes(raw.output_u32)
+        prompt, output = array("I", raw.prompt_u32), array("I", raw.output_u32)
         if max(prompt, default=0) >= s.vocab_size or max(output, default=0) >= s.output_bound:
-            self.tally.hit("id_out_of_vocab", key)
+            self.hit("id_out_of_vocab", key)
         if meta.get("completion_tokens") != raw.output_len:
-            self.tally.hit("completion_tokens_mismatch", key)
+            self.hit("completion_tokens_mismatch", key)
         if not output:
-            self.tally.hit("empty_output", key)
+            self.hit("empty_output", key)
         if finish == "stop" and not isinstance(meta.get("finish_matched"), str):
             # A stop on a stop *string* may end mid-text; only token stops must end on their id.
-            stops = (
-                s.eos_token_ids | s.stop_token_ids | frozenset((meta.get("sampling") or {}).get("stop_token_ids") or ())
-            )
-            if not output or output[-1] not in stops:
-                self.tally.hit("stop_without_eos", key)
-        self._reasoning(raw, finish)
-        conversation = meta.get("conversation")
-        if conversation:
+            own = frozenset((meta.get("sampling") or {}).get("stop_token_ids") or ())
+            if not output or output[-1] not in s.eos_token_ids | s.stop_token_ids | own:
+                self.hit("stop_without_eos", key)
+        if self._open is not None and self._close is not None:
+            opened = _rfind_id(raw.prompt_u32, self._open)
+            if opened >= 0 and opened > _rfind_id(raw.prompt_u32, self._close):
+                closes = int(_rfind_id(raw.output_u32, self._close) >= 0)
+                self.reasoning.update(prompts_open_think=1, closed_in_output=closes)
+                if finish == "stop":
+                    self.reasoning.update(stopped_open_think=1, stopped_closed_in_output=closes)
+            self.reasoning["outputs_opening_think"] += _rfind_id(raw.output_u32, self._open) >= 0
+        if conversation := meta.get("conversation"):
             self.conversations[conversation] = self.conversations.get(conversation, 0) | (1 << int(meta.get("turn", 0)))
-
-    def conversation_gaps(self) -> None:
-        for conversation, turns in self.conversations.items():
-            if turns != (1 << turns.bit_length()) - 1:
-                present = [t for t in range(turns.bit_length()) if turns >> t & 1]
-                self.tally.hit("conversation_gap", f"{conversation}: turns {present}")
-
-    def _reasoning(self, raw: RawRecord, finish: str) -> None:
-        if self._open is None or self._close is None:
-            return
-        opened = _rfind_id(raw.prompt_u32, self._open)
-        if opened >= 0 and opened > _rfind_id(raw.prompt_u32, self._close):
-            closes = _rfind_id(raw.output_u32, self._close) >= 0
-            self.open_prompts += 1
-            self.open_closed += closes
-            if finish == "stop":
-                self.open_stopped += 1
-                self.open_stopped_closed += closes
-        if _rfind_id(raw.output_u32, self._open) >= 0:
-            self.outputs_opening += 1
 
 
 def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
@@ -274,10 +234,9 @@ def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
         return {}
     hashes = pa.Array.from_buffers(pa.uint64(), len(checker.key_hashes), [None, pa.py_buffer(checker.key_hashes)])
     counts = pc.value_counts(hashes)
-    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
-    if len(repeated) == 0:
+    wanted = set(counts.filter(pc.greater(counts.field("counts"), 1)).field("values").to_pylist())
+    if not wanted:
         return {}
-    wanted = set(repeated.field("values").to_pylist())
     places: dict[str, list[str]] = {}
     for path in files:
         try:
@@ -290,12 +249,8 @@ def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
 
 
 def verify_campaign(campaign_path: str | os.PathLike, *, tokenizer: Any = None) -> dict:
-    """Check every record of a campaign folder; returns the report (stable keys, JSON-ready).
-
-    Parameters:
-        campaign_path: the campaign folder (OUT/<campaign>).
-        tokenizer: a loaded tokenizer, a tokenizer folder, or None to use manifest.json's settings.
-    """
+    """Check every record of a campaign folder (OUT/<campaign>) against `tokenizer` (loaded, a folder,
+    or None: manifest.json's settings); returns the report (stable keys, JSON-ready)."""
     campaign_path = Path(campaign_path)
     manifest = read_manifest(campaign_path)
     if isinstance(tokenizer, (str, os.PathLike)):
@@ -310,20 +265,20 @@ def verify_campaign(campaign_path: str | os.PathLike, *, tokenizer: Any = None) 
                 checker.check(raw)
         except RecordFormatError as exc:
             damaged.append({"file": path.name, "error": str(exc)})
-            checker.tally.hit("damaged_file", path.name)
+            checker.hit("damaged_file", path.name)
         except FileNotFoundError:
             continue  # compacted away since the scan: its records are in a shard read later or next run
     for key, names in sorted(_duplicates(checker, scan.live).items()):
-        checker.tally.hit("duplicate_key", f"{key} ({', '.join(names)})")
-    checker.conversation_gaps()
+        checker.hit("duplicate_key", f"{key} ({', '.join(names)})")
+    for conversation, turns in checker.conversations.items():
+        if turns != (1 << turns.bit_length()) - 1:
+            present = [t for t in range(turns.bit_length()) if turns >> t & 1]
+            checker.hit("conversation_gap", f"{conversation}: turns {present}")
     if settings.fingerprint_mismatch:
-        checker.tally.hit("tokenizer_mismatch", settings.fingerprint_mismatch)
-    if checker.open_stopped and not checker.open_stopped_closed:
-        checker.tally.hit(
-            "stripped_reasoning",
-            f"{checker.open_stopped} stopped records open a think block; none closes it",
-            amount=checker.open_stopped,
-        )
+        checker.hit("tokenizer_mismatch", settings.fingerprint_mismatch)
+    stopped = checker.reasoning["stopped_open_think"]
+    if stopped and not checker.reasoning["stopped_closed_in_output"]:
+        checker.hit("stripped_reasoning", f"{stopped} stopped records open a think block; none closes it", stopped)
     return _report(campaign_path, scan, settings, checker, damaged, manifest)
 
 
@@ -334,11 +289,12 @@ def _share(part: int, whole: int) -> float | None:
 def _report(
     campaign_path: Path, scan, settings: CheckSettings, c: _Checker, damaged: list[dict], manifest: dict | None
 ) -> dict:
+    r = c.reasoning
     checks = {
         name: {
             "severity": severity,
-            "count": int(c.tally.counts[name]),
-            "examples": c.tally.examples.get(name, []),
+            "count": int(c.counts[name]),
+            "examples": c.examples.get(name, []),
             "message": message,
         }
         for name, (severity, message) in CHECKS.items()
@@ -363,12 +319,12 @@ def _report(
         "backends": dict(sorted(c.backends.items())),
         "truncated_share": _share(c.finish.get("length", 0), c.records),
         "reasoning": {
-            "prompts_open_think": c.open_prompts,
-            "closed_in_output": c.open_closed,
-            "closed_share": _share(c.open_closed, c.open_prompts),
-            "stopped_open_think": c.open_stopped,
-            "stopped_closed_in_output": c.open_stopped_closed,
-            "outputs_opening_think": c.outputs_opening,
+            "prompts_open_think": r["prompts_open_think"],
+            "closed_in_output": r["closed_in_output"],
+            "closed_share": _share(r["closed_in_output"], r["prompts_open_think"]),
+            "stopped_open_think": r["stopped_open_think"],
+            "stopped_closed_in_output": r["stopped_closed_in_output"],
+            "outputs_opening_think": r["outputs_opening_think"],
         },
         "conversations": {
             "count": len(c.conversations),

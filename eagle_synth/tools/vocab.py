@@ -1,20 +1,14 @@
 """`eagle-synth vocab`: loss-masked token frequencies and the EAGLE-3 draft vocabulary mapping.
 
-EAGLE-3 drafters predict over a reduced vocabulary: the N target ids most frequent among the
-tokens they learn (mask 1). Both trainers build the same two arrays from those counts:
-
-- `d2t` (draft -> target), int64 of length N: draft index i stands for target id `i + d2t[i]`;
-- `t2d` (target -> draft), bool of length target_vocab_size: True on the N chosen ids.
-
-The chosen ids are sorted ascending, so `nonzero(t2d) == d2t + arange(N)`. Order: higher
-count first, then lower id; with fewer than N distinct ids counted, the lowest unused ids
-fill the rest (count 0). This is speculators' rule exactly; SpecForge breaks ties between
-equal counts in the order it first met the ids, so the two can differ only among ids tied at
-the cut. Written as .npy (speculators' `d2t.npy` / `t2d.npy`), JSON, and, when torch is
-importable, SpecForge's `vocab_mapping.pt`, ModelOpt's `d2t.pt` and speculators' `token_freq.pt`;
-without torch, the one-line command that makes them on the training machine (a hand-written
-torch zip would depend on torch's pickle globals and archive layout, which torch does not
-promise, and without torch it could not be checked here, so it is not attempted). docs/records.md.
+EAGLE-3 drafters predict over the N target ids most frequent among the tokens they learn (mask 1):
+`d2t` (int64, length N: draft index i stands for target id `i + d2t[i]`) and `t2d` (bool, length
+target_vocab_size: True on the N chosen ids, sorted ascending, so `nonzero(t2d) == d2t + arange(N)`).
+Order: higher count first, then lower id; with fewer than N distinct ids counted, the lowest unused
+ids fill the rest. That is speculators' rule; SpecForge breaks ties in the order it first met the
+ids, so the two differ only among ids tied at the cut. Written as .npy (speculators), JSON, and with
+torch SpecForge's `vocab_mapping.pt`, ModelOpt's `d2t.pt`, speculators' `token_freq.pt`; without
+torch, the one-line command that makes them on the training machine (a hand-written torch zip would
+depend on torch's pickle globals and archive layout, which torch does not promise). docs/records.md.
 """
 
 from __future__ import annotations
@@ -92,10 +86,6 @@ class TokenCounts:
                 batch = []
         self.add_u32(b"".join(batch))
 
-    @property
-    def total(self) -> int:
-        return int(self.counts.sum())
-
     def as_dict(self) -> dict[int, int]:
         """{token id: count} for every id counted at least once, ids ascending."""
         ids = np.flatnonzero(self.counts)
@@ -155,13 +145,9 @@ class TargetVocabSize:
 
 
 def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
-    """{trainer: (size, where it is read)} as each trainer reads config.json.
-
-    SpecForge (modeling/target/target_utils.py:66-74 at a6b6b02): text_config if the config has
-    one, else the config; then its padded_vocab_size, else its vocab_size. speculators
-    (train/vocab_mapping.py:121-125 and models/utils.py:28-29 at c05b95b): text_config if
-    present, else the config; then its vocab_size.
-    """
+    """{trainer: (size, where it is read)}: both read text_config if present, else the config; then
+    SpecForge its padded_vocab_size, else vocab_size (modeling/target/target_utils.py:66-74 at a6b6b02),
+    speculators its vocab_size (train/vocab_mapping.py:121-125, models/utils.py:28-29 at c05b95b)."""
     text = config.get("text_config")
     section, prefix = (text, "text_config.") if isinstance(text, dict) else (config, "")
     padded = config_size(section, "padded_vocab_size")
@@ -171,14 +157,9 @@ def trainer_vocab_sizes(config: dict) -> dict[str, tuple[int | None, str]]:
 
 
 def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
-    """The target model's vocabulary size from config.json in the campaign's tokenizer folder,
-    read the way both trainers read it; refused when they would read different sizes. Where that
-    folder is not on this machine, the size recorded at enqueue from the same config.json
-    (model_identity.py) is used.
-
-    t2d must have one entry per row of the target's lm_head, which can be more than the
-    tokenizer's length (padded vocabularies), so the tokenizer length is not used.
-    """
+    """The target's vocabulary size from config.json in the campaign's tokenizer folder as both
+    trainers read it (refused when they differ), else as recorded at enqueue. Not the tokenizer's
+    length: t2d needs one entry per row of the lm_head, which padded vocabularies make longer."""
     settings = (read_manifest(campaign_path) or {}).get("settings") or {}
     folder = settings.get("tokenizer_path")
     config_path = Path(folder) / MODEL_CONFIG_NAME if folder else None
@@ -212,24 +193,10 @@ def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
     return TargetVocabSize(size=size, source=f"{config_path} {keys}")
 
 
-# ----------------------------------------------------------------------------- files
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
+def _saved(save: Callable[[io.BytesIO, Any], Any], obj: Any) -> bytes:
     buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
+    save(buffer, obj)
     return buffer.getvalue()
-
-
-def _torch_bytes(torch: Any, obj: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
-
-
-def _python_command(code: str) -> str:
-    """A one-line shell command running `code` with the training machine's python."""
-    return f"python -c {shlex.quote(code)}"
 
 
 def _literal(path: Path) -> str:
@@ -241,25 +208,25 @@ def _literal(path: Path) -> str:
 def token_freq_torch_command(folder: Path) -> str:
     """The command that makes token_freq.pt from token_freq.json where torch is installed."""
     source, target = _literal(folder / TOKEN_FREQ_JSON), _literal(folder / TOKEN_FREQ_TORCH)
-    return _python_command(
-        f"import json, torch; torch.save({{int(k): v for k, v in json.load(open({source})).items()}}, {target})"
-    )
+    code = f"import json, torch; torch.save({{int(k): v for k, v in json.load(open({source})).items()}}, {target})"
+    return f"python -c {shlex.quote(code)}"
 
 
 def vocab_torch_command(folder: Path) -> str:
     """The command that makes SpecForge's vocab_mapping.pt and ModelOpt's d2t.pt from the .npy files."""
     d2t, t2d = _literal(folder / D2T_NPY), _literal(folder / T2D_NPY)
     mapping, modelopt = _literal(folder / VOCAB_MAPPING_TORCH), _literal(folder / MODELOPT_D2T_TORCH)
-    return _python_command(
+    code = (
         f"import numpy as np, torch; d2t = torch.from_numpy(np.load({d2t})); "
         f'torch.save({{"d2t": d2t, "t2d": torch.from_numpy(np.load({t2d}))}}, {mapping}); '
         f"torch.save(d2t, {modelopt})"
     )
+    return f"python -c {shlex.quote(code)}"
 
 
 def write_token_freq(folder: Path, counts: TokenCounts) -> tuple[list[Path], list[str]]:
-    """token_freq.json ({"id": count}) always; token_freq.pt ({id: count}, speculators') with
-    torch. Returns (paths written, the command that makes token_freq.pt when torch is absent)."""
+    """token_freq.json ({"id": count}); with torch token_freq.pt ({id: count}, speculators').
+    Returns (paths written, without torch the command that makes token_freq.pt): as _with_torch."""
     freq = counts.as_dict()
     paths = [folder / TOKEN_FREQ_JSON]
     atomic_write_bytes(paths[0], json.dumps({str(k): v for k, v in freq.items()}, separators=(",", ":")).encode())
@@ -267,13 +234,12 @@ def write_token_freq(folder: Path, counts: TokenCounts) -> tuple[list[Path], lis
 
 
 def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path], list[str]]:
-    """d2t.npy, t2d.npy and vocab_mapping.json always; with torch, SpecForge's vocab_mapping.pt
-    ({"d2t", "t2d"} tensors) and ModelOpt's d2t.pt (the int64 d2t tensor alone). Returns (paths
-    written, the command that makes the .pt files when torch is absent)."""
+    """d2t.npy, t2d.npy and vocab_mapping.json; with torch, SpecForge's vocab_mapping.pt
+    ({"d2t", "t2d"} tensors) and ModelOpt's d2t.pt (the d2t tensor alone): as _with_torch."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / D2T_NPY, folder / T2D_NPY, folder / VOCAB_MAPPING_JSON]
-    atomic_write_bytes(paths[0], _npy_bytes(mapping.d2t))
-    atomic_write_bytes(paths[1], _npy_bytes(mapping.t2d))
+    for path, array in zip(paths, (mapping.d2t, mapping.t2d), strict=False):
+        atomic_write_bytes(path, _saved(lambda buffer, obj: np.save(buffer, obj, allow_pickle=False), array))
     summary = {
         "draft_vocab_size": len(mapping.d2t),
         "target_vocab_size": len(mapping.t2d),
@@ -285,18 +251,14 @@ def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path]
         "t2d": mapping.t2d.tolist(),
     }
     atomic_write_bytes(paths[2], json.dumps(summary, separators=(",", ":")).encode())
-    return _with_torch(
-        paths,
-        {
-            VOCAB_MAPPING_TORCH: lambda torch: {
-                "d2t": torch.from_numpy(mapping.d2t.copy()),
-                "t2d": torch.from_numpy(mapping.t2d.copy()),
-            },
-            MODELOPT_D2T_TORCH: lambda torch: torch.from_numpy(mapping.d2t.copy()),
+    tensors = {
+        VOCAB_MAPPING_TORCH: lambda torch: {
+            "d2t": torch.from_numpy(mapping.d2t.copy()),
+            "t2d": torch.from_numpy(mapping.t2d.copy()),
         },
-        folder,
-        vocab_torch_command,
-    )
+        MODELOPT_D2T_TORCH: lambda torch: torch.from_numpy(mapping.d2t.copy()),
+    }
+    return _with_torch(paths, tensors, folder, vocab_torch_command)
 
 
 def _with_torch(
@@ -309,17 +271,13 @@ def _with_torch(
         return paths, [command(folder)]
     for name, make in files.items():
         paths.append(folder / name)
-        atomic_write_bytes(paths[-1], _torch_bytes(torch, make(torch)))
+        atomic_write_bytes(paths[-1], _saved(lambda buffer, obj: torch.save(obj, buffer), make(torch)))
     return paths, []
-
-
-# ----------------------------------------------------------------------------- the command
 
 
 @dataclass(slots=True)
 class VocabResult:
-    """What `eagle-synth vocab` counted and wrote; without torch (`torch_files` False), a
-    warning and the one-line commands that make the .pt files on a machine with torch."""
+    """What `eagle-synth vocab` counted and wrote; without torch, a warning and the .pt commands."""
 
     mapping: VocabMapping
     rows: int
@@ -337,17 +295,16 @@ def count_loss_tokens(
 ) -> tuple[TokenCounts, int]:
     """Counts of loss-masked ids over the rows the filters keep (the `train` split when splitting)."""
     counts = TokenCounts()
-    rows = 0
+    kept = [0]
 
-    def kept() -> Iterable[RawRecord]:
-        nonlocal rows
+    def rows() -> Iterable[RawRecord]:
         for split, row in select_rows(records, filters, stats, cutoff=cutoff):
             if split in (None, SPLIT_REMAINDER):
-                rows += 1
+                kept[0] += 1
                 yield row
 
-    counts.add_rows(kept())
-    return counts, rows
+    counts.add_rows(rows())
+    return counts, kept[0]
 
 
 def build_vocab(
@@ -359,10 +316,9 @@ def build_vocab(
     filters: ExportFilters = ExportFilters(),
     progress: Progress | None = None,
 ) -> VocabResult:
-    """Count a campaign's loss-masked tokens and write token frequencies and the draft
-    vocabulary of `draft_vocab_size` ids into the folder `out` (a speculators data folder is a
-    good place). `target_vocab_size` defaults to the model's (target_vocab_size_of). `filters`
-    are the export's the drafter trains on; with splits only the `train` split is counted."""
+    """Count a campaign's loss-masked tokens (rows `filters` keep; with splits the `train` split) and
+    write token frequencies and the draft vocabulary into the folder `out` (a speculators data
+    folder is a good place); `target_vocab_size` defaults to target_vocab_size_of's."""
     started = time.perf_counter()
     if target_vocab_size is None:
         read = target_vocab_size_of(campaign_path)
