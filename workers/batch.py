@@ -1,14 +1,12 @@
-"""Run one batch: skip what is done, check every id, generate prompt by prompt, write records.
-
-Celery-free, so it can be read and tested on its own; workers/app.py wraps it in a task.
-Prompts are sent one per request through the worker's InflightPool (workers/inflight.py), so
-a prompt that finishes frees its in-flight ticket at once while its batch-mates still run.
+"""Run one batch (Celery-free; workers/app.py wraps it in a task): skip what is done, check
+every id, send prompt by prompt through the InflightPool (a finished prompt frees its ticket at
+once), write records.
 
 Exactly one record or one recorded failure per prompt key. The campaign in Redis, not the
 broker, is the source of truth: it knows every key enqueued, which are done or failed, and
-keeps every published batch until its keys end (eagle_synth/state/batch_store.py); what the broker
-loses, the reconciler (workers/reconciler.py) publishes again. So a batch may arrive twice, or
-a key in two batches, and this module makes sure such copies never both write:
+keeps every published batch until its keys end (eagle_synth/state/batch_store.py); what the
+broker loses, the reconciler publishes again. So a batch may arrive twice, or a key in two
+batches, and this module makes sure such copies never both write:
   * keys already done or failed (Redis) are skipped before any request;
   * the batch lease (workers/lease.py) keeps one batch id on one thread at a time; per-key
     claims (eagle_synth/state/claims.py), taken in one Lua script at batch start and tied to that
@@ -77,11 +75,7 @@ from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
 from workers.model_check import REFUSE_PREFIX, ModelCheck
-from workers.replies import (
-    BadResponse,
-    GeneratedItem,
-    PromptMismatch,
-)
+from workers.replies import BadResponse, GeneratedItem, PromptMismatch
 
 log = logging.getLogger("eagle_synth.batch")
 
@@ -102,7 +96,6 @@ COMMIT_AFTER = 10.0
 WAIT_SLICE = 0.5
 # Words of SGLang's 400s for a prompt over the context length (tokenizer manager, scheduler).
 CONTEXT_MESSAGES = ("context length", "maximum allowed length")
-# Reason recorded when the server refuses the campaign's sampling parameters.
 # Share of the soft-shutdown timeout a batch keeps working after SIGTERM before it requeues.
 SHUTDOWN_GRACE_SHARE = 0.8
 
@@ -118,7 +111,8 @@ class CampaignMissing(EagleSynthError):
 
 @dataclass(slots=True)
 class BatchOutcome:
-    """What a batch did, for logs and tests."""
+    """What a batch did, for logs and tests; `claimed_elsewhere` counts keys another live batch
+    holds (left to it), `fence` is the batch lease every write of the run is fenced by."""
 
     written: int = 0
     skipped_done: int = 0
@@ -126,9 +120,7 @@ class BatchOutcome:
     failed: dict[str, int] = field(default_factory=dict)
     repaired: int = 0
     servers: set[str] = field(default_factory=set)
-    # Keys another live batch had claimed: left to it (or, if it dies, to the reaper or reconciler).
     claimed_elsewhere: int = 0
-    # The batch lease every write of this run is fenced by (None outside a lease: fail_unfinished).
     fence: Fence | None = None
 
 
@@ -149,11 +141,10 @@ def server_capacity(state: ServerState | None) -> int | None:
 class _Inbox:
     """The resolved futures of one batch, and the wake-ups of its thread.
 
-    Each answer that wakes a thread costs two context switches, a large share of a record's
-    CPU when a server answers at once. So the batch thread is woken only when every future it
-    waits for has resolved, or at once when a request failed (a retry, a resend to another
-    server or a requeue must not wait); answers that went well also wait for the thread's next
-    WAIT_SLICE look, so one that a straggler's batch-mate left waits at most that long.
+    Each wake-up costs two context switches, a large share of a record's CPU when a server
+    answers at once. So the thread is woken only when every future it waits for resolved, or at
+    once when a request failed (a retry or requeue must not wait); other answers wait at most
+    until its next WAIT_SLICE look.
     """
 
     def __init__(self) -> None:
@@ -162,8 +153,7 @@ class _Inbox:
         self._want = 0
         self._failed = False
 
-    def put(self, future: Future) -> None:
-        """A future's done callback (any thread)."""
+    def put(self, future: Future) -> None:  # a future's done callback (any thread)
         failed = not future.cancelled() and (future.exception() is not None or future.result().error is not None)
         with self._ready:
             self._arrived.append(future)
@@ -184,15 +174,12 @@ class _Inbox:
 
 
 class _Run:
-    """One run of one batch: its campaign, payload, fence and outcome, the in-flight bookkeeping
-    (futures, retries, uncommitted records), and how each of its prompts ends (fail, settle,
-    retry, commit).
+    """One run of one batch: its in-flight bookkeeping (futures, retries, uncommitted records)
+    and how each prompt ends (fail, settle, retry, commit).
 
-    Each prompt's sampling is resolved once (`sampling`: as recorded with a failure, seed
-    included). `sent` is what goes to the server: the same, unless a healthy server would
-    refuse `sampling_seed` as an unknown key (SGLang before it existed): then samples go
-    without their seed, and records say so. Every future sent puts itself in `answered` when
-    it resolves, so the batch thread waits on one inbox instead of on each future.
+    `sampling` is each prompt's sampling as recorded with a failure, seed included; `sent` is
+    what goes to the server: the same, unless a healthy server would refuse `sampling_seed` as
+    an unknown key (SGLang before it existed): then samples go without it, and records say so.
     """
 
     def __init__(self, runner: BatchRunner, campaign: Campaign, payload: TaskPayload, outcome: BatchOutcome) -> None:
@@ -300,8 +287,7 @@ class _Run:
             )
 
     def refuse_sampling(self, item: PromptItem, error: BadSamplingParams) -> None:
-        """The server refuses the campaign's sampling parameters: every prompt would get the same
-        answer, so the batch's open prompts are recorded at once and nothing more is sent."""
+        """Every prompt would be refused the same way: the open ones fail now, nothing more is sent."""
         name = self.campaign.name
         log.error(
             "campaign %s: %s. Every prompt of this campaign will be refused the same way: fix the server "
@@ -345,8 +331,7 @@ class _Run:
 
     # writing ------------------------------------------------------------------------
     def mark(self, records: list[Record]) -> None:
-        """Mark records on disk done (fenced); a conversation's turn also stores its next turn
-        in the same step (workers/followups.py)."""
+        """Mark records on disk done, fenced (a conversation turn stores its next turn too)."""
         self.runner.followups.commit(self.campaign, self.payload, records, fence=self.outcome.fence)
 
     def commit(self) -> None:
@@ -387,16 +372,12 @@ class BatchRunner:
     """Runs batches on the worker's batch threads; shares one InflightPool and HTTP clients.
 
     Parameters:
-        config: worker settings.
-        redis_client: campaign state and node state.
-        node: this worker's node name.
+        config, redis_client, node: worker settings, campaign and node state, node name.
         task_budget: seconds a batch may run before it requeues what is left.
         pool: the process-wide in-flight pool the prompts are sent through.
         disk: the output folder's state, shared with the health gate.
-        stopping: set when the worker begins to shut down.
-        shutdown_grace: seconds a batch keeps going after `stopping` before it requeues.
-        followups: commits records (marks them done) and, for `--history own` conversations,
-            carries each one's next turn to the queue (workers/followups.py).
+        followups: marks records done and carries conversations' next turns to the queue.
+        stopping, shutdown_grace: set at shutdown; seconds a batch goes on after it.
     """
 
     def __init__(
@@ -437,9 +418,8 @@ class BatchRunner:
     def run(self, payload: TaskPayload, *, retried: bool = False) -> BatchOutcome:
         """Run a batch; raises Requeue, DiskUnavailable or BatchBusy (another thread runs it).
 
-        `retried` says this message was delivered before (redelivered, requeued or retried):
-        only then can an earlier attempt have left record files to adopt, so only then is the
-        records folder searched (listing it costs more as a campaign grows).
+        Only a message delivered before (`retried`) or a lease taken over can have left record
+        files to adopt, so only then is the records folder listed (costly as a campaign grows).
         """
         campaign = Campaign(self.redis, payload.campaign)
         with BatchLease(self.redis, campaign.keys.lease(payload.batch)) as lease:
@@ -461,13 +441,11 @@ class BatchRunner:
         return outcome
 
     def fail_unfinished(self, payload: TaskPayload, *, reason: str, message: str) -> int:
-        """Record every prompt of the batch that has neither record nor failure as failed.
-
-        The catch-all's last step, so that a batch that keeps hitting an unexpected error ends
-        in recorded failures (`retry-failed` replays them) instead of vanishing.
-        """
+        """Record every prompt of the batch with neither record nor failure as failed (the
+        catch-all's last step: a batch that keeps erring ends replayable, not vanished)."""
         campaign = Campaign(self.redis, payload.campaign)
-        finished = campaign.finished_keys([item.key for item in payload.items])
+        keys = [item.key for item in payload.items]
+        finished = campaign.finished_keys(keys)
         failed = 0
         for item in payload.items:
             if item.key not in finished:
@@ -476,7 +454,7 @@ class BatchRunner:
                     item, reason=reason, message=message, sampling=payload.sampling_for(item), worker=self.node
                 )
                 failed += 1
-        forget_if_finished(self.redis, payload.campaign, payload.batch, [item.key for item in payload.items])
+        forget_if_finished(self.redis, payload.campaign, payload.batch, keys)
         return failed
 
     # one batch ----------------------------------------------------------------------
@@ -527,15 +505,14 @@ class BatchRunner:
                 run.commit()
 
     def _campaign_settings(self, campaign: Campaign) -> CampaignSettings:
-        if campaign.name not in self._settings:
-            settings = campaign.settings()
-            if settings is None:
-                raise CampaignMissing(
-                    f"campaign {campaign.name!r} has no settings in Redis (deleted, or evicted by a Redis whose "
-                    "maxmemory-policy is not noeviction); run the same `eagle-synth enqueue` again to restore them, "
-                    f"then `eagle-synth retry-failed {campaign.name}`"
-                )
+        if campaign.name not in self._settings and (settings := campaign.settings()) is not None:
             self._settings[campaign.name] = settings
+        if campaign.name not in self._settings:
+            raise CampaignMissing(
+                f"campaign {campaign.name!r} has no settings in Redis (deleted, or evicted by a Redis whose "
+                "maxmemory-policy is not noeviction); run the same `eagle-synth enqueue` again to restore them, "
+                f"then `eagle-synth retry-failed {campaign.name}`"
+            )
         return self._settings[campaign.name]
 
     def _unfinished(
@@ -592,63 +569,53 @@ class BatchRunner:
 
     def _healthy_states(self) -> dict[str, ServerState]:
         states, suspects, _ = self.node_state.routing()
-        healthy = {}
-        for url in self.config.servers:
-            state = states.get(url)
-            # A server's kind is known once preflight passed; the pool cannot route to it before.
-            if (
-                state is not None
-                and state.state == HEALTHY
-                and state.backend in BACKENDS
-                and suspects.get(url, 0.0) <= state.since
-            ):
-                healthy[url] = state
-        return healthy
+        # A server's kind is known once preflight passed; the pool cannot route to it before.
+        return {
+            url: state
+            for url in self.config.servers
+            if (state := states.get(url)) is not None
+            and state.state == HEALTHY
+            and state.backend in BACKENDS
+            and suspects.get(url, 0.0) <= state.since
+        }
 
     def _serving_the_model(self, settings: CampaignSettings, states: dict[str, ServerState]) -> dict[str, ServerState]:
-        """`states` minus the servers that serve another model than the campaign's; each of
-        those is handed to the health gate to be refused (workers/model_check.py)."""
+        """`states` minus the servers that serve another model than the campaign's, each handed
+        to the health gate to be refused (workers/model_check.py)."""
         kept = {}
         for url, state in states.items():
-            line = self.model_check.problem(url, state, settings)
-            if line is None:
+            if (line := self.model_check.problem(url, state, settings)) is None:
                 kept[url] = state
             else:
                 self.node_state.suspect(url, REFUSE_PREFIX + line)
         return kept
 
+    # Any healthy server may get any prompt: the campaign's sampling must mean the same on every
+    # kind of server among them (vLLM lacks some SGLang values), and a prompt must fit each one.
     def _drop_untranslatable(
         self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]
     ) -> list[PromptItem]:
-        """Any healthy server may get any prompt, so the campaign's sampling must mean the same on
-        every kind of server among them (vLLM has no equivalent of some SGLang values)."""
         for url, state in states.items():
-            backend = backend_for_state(state)
-            if backend is None:
+            if (backend := backend_for_state(state)) is None:
                 continue
             try:
                 backend.translate_sampling(run.payload.sampling)
             except UntranslatableSampling as exc:
-                error = UntranslatableSampling(f"server {url} ({state.backend}): {exc}")
+                error = f"server {url} ({state.backend}): {exc}"
                 log.error("campaign %s: %s", run.campaign.name, error)
-                return run.fail_all(items, reasons.BAD_SAMPLING_PARAMS, str(error))
+                return run.fail_all(items, reasons.BAD_SAMPLING_PARAMS, error)
         return items
 
     def _drop_too_long(self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]) -> list[PromptItem]:
-        # Any healthy server may get any prompt, so a prompt must fit every one of them.
         backends = [(backend, state) for state in states.values() if (backend := backend_for_state(state))]
         good = []
         for item in items:
             max_new = run.max_new_tokens(item)
-            problem = next(
-                (
-                    why
-                    for backend, state in backends
-                    if (why := backend.context_problem(prompt_len=len(item.ids), max_new_tokens=max_new, state=state))
-                ),
-                None,
+            problems = (
+                backend.context_problem(prompt_len=len(item.ids), max_new_tokens=max_new, state=state)
+                for backend, state in backends
             )
-            if problem is not None:
+            if problem := next((why for why in problems if why), None):
                 run.fail(item, reasons.PROMPT_TOO_LONG, problem)
             else:
                 good.append(item)
@@ -736,12 +703,11 @@ class BatchRunner:
             self.node_state.generated_ok(url)
 
     def _note_server(self, campaign: Campaign, url: str) -> None:
-        if (campaign.name, url) in self._noted:
-            return
-        state = self.node_state.routing()[0].get(url)
-        if state is not None and state.provenance:
-            campaign.note_server(url, state.provenance)
-            self._noted.add((campaign.name, url))
+        if (campaign.name, url) not in self._noted:
+            state = self.node_state.routing()[0].get(url)
+            if state is not None and state.provenance:
+                campaign.note_server(url, state.provenance)
+                self._noted.add((campaign.name, url))
 
     def _refresh_manifest(self, campaign: Campaign, folder: Path) -> None:
         """Rewrite manifest.json at most every MANIFEST_REFRESH s, and always after the commit
