@@ -70,7 +70,7 @@ from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError
 from workers.config import WorkerConfig
-from workers.disk import DiskState, DiskUnavailable, is_disk_error
+from workers.disk import DiskState, DiskUnavailable
 from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
@@ -350,9 +350,7 @@ class _Run:
             if self.outcome.fence is not None:
                 self.outcome.fence.renew(runner.redis)
             path = write_record_file(folder, campaign=campaign.name, batch=self.payload.batch, records=records)
-        except OSError as exc:
-            if not is_disk_error(exc):
-                raise
+        except OSError as exc:  # ENOSPC, EROFS, EACCES, EDQUOT, EIO...: the operator can fix each
             detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
             runner.disk.failed(detail, folder=records_dir(folder))
             raise DiskUnavailable(detail) from exc
