@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -126,6 +127,16 @@ class BatchOutcome:
 
 def classify_bad_request(message: str) -> str:
     return reasons.PROMPT_TOO_LONG if any(words in message for words in CONTEXT_MESSAGES) else reasons.BAD_REQUEST
+
+
+def _invalid_ids(item: PromptItem, *, vocab: int) -> tuple[str, str] | None:
+    """One id outside the vocabulary crashes a real SGLang server for everyone."""
+    if not item.ids:
+        return reasons.EMPTY_PROMPT, "the prompt has no ids"
+    if min(item.ids) < 0 or max(item.ids) >= vocab:  # in C; the culprit is looked for only then
+        bad = next(i for i in item.ids if i < 0 or i >= vocab)
+        return reasons.INVALID_TOKEN_ID, f"id {bad} is outside the vocabulary (size {vocab}); never sent"
+    return None
 
 
 def server_capacity(state: ServerState | None) -> int | None:
@@ -222,6 +233,16 @@ class _Run:
             self.fail(item, reason, message)
         return []
 
+    def keep(self, items: list[PromptItem], problem: Callable[[PromptItem], tuple[str, str] | None]) -> list:
+        """`items` but those `problem` names a (reason, message) for, which fail."""
+        good = []
+        for item in items:
+            if (found := problem(item)) is None:
+                good.append(item)
+            else:
+                self.fail(item, *found)
+        return good
+
     def retry(self, item: PromptItem, reason: str, message: str) -> None:
         self.attempts[item.key] += 1
         tries = self.attempts[item.key]
@@ -249,7 +270,7 @@ class _Run:
                 reply = backend.parse(
                     answer.item,
                     # Outputs may reach the model's padded vocabulary; prompts were checked
-                    # against the tokenizer's (_drop_invalid).
+                    # against the tokenizer's (_invalid_ids).
                     vocab_size=output_id_bound(
                         tokenizer_size=settings.vocab_size, model_vocab=settings.model_vocab_size
                     ),
@@ -463,8 +484,7 @@ class BatchRunner:
             # double records. Only a message published after the close can get here.
             log.warning("batch %s of closed campaign %s: nothing generated", payload.batch, payload.campaign)
             return
-        items = self._unfinished(run, lease, claimed, look_for_files=look_for_files)
-        if not items:
+        if not (items := self._unfinished(run, lease, claimed, look_for_files=look_for_files)):
             return
         try:
             settings = self._campaign_settings(campaign)
@@ -478,8 +498,7 @@ class BatchRunner:
                 # No GPU time for turns whose next turn could not be rendered here.
                 run.fail_all(items, reasons.TOKENIZER_UNAVAILABLE, str(exc))
                 return
-        items = self._drop_invalid(run, settings, items)
-        if not items:
+        if not (items := run.keep(items, partial(_invalid_ids, vocab=settings.vocab_size))):
             return
         states = self._healthy_states()
         if not states:
@@ -487,8 +506,7 @@ class BatchRunner:
         states = self._serving_the_model(settings, states)
         if not states:
             raise Requeue("no healthy server serves the campaign's model")
-        items = self._drop_too_long(run, states, self._drop_untranslatable(run, states, items))
-        if not items:
+        if not (items := self._drop_too_long(run, states, self._drop_untranslatable(run, states, items))):
             return
         if any(state.sampling_seed_supported is False for state in states.values()):
             run.without_seeds()
@@ -532,12 +550,10 @@ class BatchRunner:
         adopted: dict[str, Record] = {}
         for path in batch_files(run.folder, payload.batch) if look_for_files else ():
             try:
-                found = {r.key: r for r in read_record_file(path) if r.key not in finished}
+                adopted.update({r.key: r for r in read_record_file(path) if r.key not in finished})
             except RecordFormatError as exc:
                 # Its prompts are generated again; `eagle-synth verify`/`repair` deal with the file.
                 log.warning("batch %s: not adopting damaged file %s: %s", payload.batch, path.name, exc)
-                continue
-            adopted.update(found)
         if adopted:
             run.mark(list(adopted.values()))
             outcome.adopted = len(adopted)
@@ -547,23 +563,6 @@ class BatchRunner:
             if item.key not in finished and item.key not in adopted:
                 pending.setdefault(item.key, item)
         return list(pending.values())
-
-    def _drop_invalid(self, run: _Run, settings: CampaignSettings, items: list[PromptItem]) -> list[PromptItem]:
-        """One id outside the vocabulary crashes a real SGLang server for everyone."""
-        vocab = settings.vocab_size
-        good = []
-        for item in items:
-            if not item.ids:
-                run.fail(item, reasons.EMPTY_PROMPT, "the prompt has no ids")
-            # min/max run in C; the culprit is looked for only when there is one.
-            elif min(item.ids) < 0 or max(item.ids) >= vocab:
-                bad = next(i for i in item.ids if i < 0 or i >= vocab)
-                run.fail(
-                    item, reasons.INVALID_TOKEN_ID, f"id {bad} is outside the vocabulary (size {vocab}); never sent"
-                )
-            else:
-                good.append(item)
-        return good
 
     def _healthy_states(self) -> dict[str, ServerState]:
         states, suspects, _ = self.node_state.routing()
@@ -606,18 +605,17 @@ class BatchRunner:
 
     def _drop_too_long(self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]) -> list[PromptItem]:
         backends = [(backend, state) for state in states.values() if (backend := backend_for_state(state))]
-        good = []
-        for item in items:
+
+        def too_long(item: PromptItem) -> tuple[str, str] | None:
             max_new = run.max_new_tokens(item)
             problems = (
                 backend.context_problem(prompt_len=len(item.ids), max_new_tokens=max_new, state=state)
                 for backend, state in backends
             )
-            if problem := next((why for why in problems if why), None):
-                run.fail(item, reasons.PROMPT_TOO_LONG, problem)
-            else:
-                good.append(item)
-        return good
+            problem = next((why for why in problems if why), None)
+            return None if problem is None else (reasons.PROMPT_TOO_LONG, problem)
+
+        return run.keep(items, too_long)
 
     # generation ---------------------------------------------------------------------
     def _deadline_passed(self, deadline: float) -> str | None:
