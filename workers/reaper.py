@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import redis
@@ -31,6 +32,7 @@ def won_round(client: redis.Redis, lock: str, node: str, interval: float) -> boo
     return bool(client.set(lock, node, nx=True, px=max(int(interval * 1000), 1)))
 
 
+@dataclass
 class Reaper:
     """Sweeps for stranded batches and restores them.
 
@@ -41,20 +43,12 @@ class Reaper:
         reap_after: seconds since fetch before a message without a live lease is stranded.
     """
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        node: str,
-        queue: str,
-        interval: float = REAP_INTERVAL,
-        reap_after: float = REAP_AFTER,
-    ) -> None:
-        self.client = client
-        self.node = node
-        self.queue = queue
-        self.interval = interval
-        self.reap_after = reap_after
+    client: redis.Redis
+    _: KW_ONLY
+    node: str
+    queue: str
+    interval: float = REAP_INTERVAL
+    reap_after: float = REAP_AFTER
 
     def sweep(self) -> int:
         """One sweep if this worker wins the round's lock; returns how many batches it restored."""

@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import redis
@@ -46,6 +47,7 @@ RECONCILE_AFTER = TIMINGS.reconcile_after
 QUEUE_CHUNK = 200
 
 
+@dataclass
 class Reconciler:
     """Finds lost batches and publishes them again.
 
@@ -55,23 +57,14 @@ class Reconciler:
         reconcile_after: seconds a stored batch must be old before it can be lost.
     """
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        node: str,
-        queue: str,
-        send: Callable[[dict], None],
-        interval: float = RECONCILE_INTERVAL,
-        reconcile_after: float = RECONCILE_AFTER,
-    ) -> None:
-        self.client = client
-        self.node = node
-        self.queue = queue
-        self.send = send
-        self.interval = interval
-        self.reconcile_after = reconcile_after
-        self.full_sweeps = 0  # for logs and tests
+    client: redis.Redis
+    _: KW_ONLY
+    node: str
+    queue: str
+    send: Callable[[dict], None]
+    interval: float = RECONCILE_INTERVAL
+    reconcile_after: float = RECONCILE_AFTER
+    full_sweeps: int = field(default=0, init=False)  # for logs and tests
 
     # the cheap look -----------------------------------------------------------------
     def _queue_lists(self) -> list[str]:
