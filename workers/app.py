@@ -209,31 +209,30 @@ class HealthGateStep(bootsteps.StartStopStep):
             ALL_REFUSED.set()
             os.kill(os.getpid(), signal.SIGTERM)
 
-        if self.gate is None:
+        if self.gate is None or not self.gate.is_open:
             c.cancel_task_queue(queue)
-            config = _worker_config()
-            node_state = NodeState(connect(settings), c.hostname)
-            node_state.reset(list(config.servers))
-            disk = _disk_state()
-            problem = probe_folder(disk.folder)
-            if problem:
-                log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
-                disk.failed(problem)
-            self.gate = HealthGate(
-                servers=list(config.servers),
-                node_state=node_state,
-                on_open=in_loop(c.add_task_queue),
-                on_close=in_loop(c.cancel_task_queue),
-                allow_server_parsers=config.allow_server_parsers,
-                allowed_settings=frozenset(config.allow_server_settings),
-                probe_timeout=config.probe_timeout,
-                disk=disk,
-                backends={url: config.backend_for(url) for url in config.servers},
-                on_all_refused=all_refused,
-            )
-            self.gate.start()
-        elif not self.gate.is_open:
-            c.cancel_task_queue(queue)
+        if self.gate is not None:
+            return
+        config = _worker_config()
+        node_state = NodeState(connect(settings), c.hostname)
+        node_state.reset(list(config.servers))
+        disk = _disk_state()
+        if problem := probe_folder(disk.folder):
+            log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
+            disk.failed(problem)
+        self.gate = HealthGate(
+            servers=list(config.servers),
+            node_state=node_state,
+            on_open=in_loop(c.add_task_queue),
+            on_close=in_loop(c.cancel_task_queue),
+            allow_server_parsers=config.allow_server_parsers,
+            allowed_settings=frozenset(config.allow_server_settings),
+            probe_timeout=config.probe_timeout,
+            disk=disk,
+            backends={url: config.backend_for(url) for url in config.servers},
+            on_all_refused=all_refused,
+        )
+        self.gate.start()
 
     def shutdown(self, c: Any) -> None:
         if self.gate is not None:

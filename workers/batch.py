@@ -653,8 +653,7 @@ class BatchRunner:
 
         send(*items)
         while run.pending or run.retries:
-            why = self._deadline_passed(deadline)
-            if why:
+            if why := self._deadline_passed(deadline):
                 settle(run.answered.take(want=0, timeout=0))  # answers that arrived are kept
                 raise Requeue(why)
             if lease.lost:
@@ -668,19 +667,16 @@ class BatchRunner:
             if run.retries:
                 wake = min(wake, max(0.0, run.retries[0][0] - time.monotonic()))
             if run.pending:
-                done = run.answered.take(want=len(run.pending), timeout=wake)
+                settle(run.answered.take(want=len(run.pending), timeout=wake))
             else:
-                done = []
                 time.sleep(wake)
-            settle(done)
             if run.records and time.monotonic() - run.first_uncommitted >= COMMIT_AFTER:
                 run.commit()
 
     def _server_down(self, url: str, detail: str) -> bool:
         """After a failed request: is the server itself down (requeue) or was it a blip (retry)?"""
-        now = time.monotonic()
         seen = self._health_seen.get(url)
-        if seen and now - seen[0] < QUICK_HEALTH_REUSE:
+        if seen and time.monotonic() - seen[0] < QUICK_HEALTH_REUSE:
             return not seen[1]
         try:
             ok, why = self.health_clients[url].health(timeout=QUICK_HEALTH_TIMEOUT)
@@ -717,6 +713,5 @@ class BatchRunner:
             self._manifest_at[campaign.name] = now
         try:
             write_manifest(folder, build_manifest(campaign))
-        except OSError as exc:
-            # The records are committed; the manifest is rewritten on a later batch.
+        except OSError as exc:  # the records are committed; a later batch rewrites it
             log.warning("could not refresh %s/manifest.json: %s", folder, exc)

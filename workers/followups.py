@@ -224,13 +224,8 @@ class FollowUps:
         batch thread waits; a pool that breaks is replaced and asked once more."""
         if settings.tool_format is None:  # not --history own, or no format to parse calls in
             return
-        items = {item.key: item for item in payload.items}
-        wanted = [
-            (record, conversation)
-            for record in records
-            if (conversation := (items[record.key].conversation if record.key in items else None) or {}).get("steps")
-            is not None
-        ]
+        conversations = {item.key: item.conversation or {} for item in payload.items}
+        wanted = [(r, conversations[r.key]) for r in records if conversations.get(r.key, {}).get("steps") is not None]
         if not wanted:
             return
         facts = _parse_facts(settings)
