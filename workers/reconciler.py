@@ -120,18 +120,15 @@ class Reconciler:
             if self.client.exists(campaign.keys.ended):
                 # Closed: its done set is folded to disk, so every key would look open here.
                 continue
-            for stored in stored_batches(self.client, name):
-                if stored.published_at > cutoff or (name, stored.batch) in live:
-                    continue
-                if self._republish_if_lost(campaign, stored):
-                    republished += 1
+            stale = [s for s in stored_batches(self.client, name) if s.published_at <= cutoff]
+            republished += sum(self._republish_if_lost(campaign, s) for s in stale if (name, s.batch) not in live)
         return republished
 
     def _republish_if_lost(self, campaign: Campaign, stored: StoredBatch) -> bool:
         if self.client.exists(campaign.keys.lease(stored.batch)):
             return False  # a live batch thread holds it
-        keys = stored.keys
-        open_keys = [k for k in keys if k not in campaign.finished_keys(keys)]
+        finished = campaign.finished_keys(stored.keys)
+        open_keys = [k for k in stored.keys if k not in finished]
         if not open_keys:
             forget(self.client, campaign.name, stored.batch)
             return False
