@@ -39,18 +39,8 @@ def _render(jobs: list[dict]) -> list[tuple]:
 
     out: list[tuple] = []
     for job in jobs:
-        try:
-            turn = next_turn(
-                _tokenizer,
-                ConversationState.from_dict(job["state"]),
-                job["output_ids"],
-                finish_reason=job["finish_reason"],
-                matched=job["matched"],
-                eos_token_ids=job["eos_token_ids"],
-                think_close_id=job["think_close_id"],
-                max_prompt_tokens=job["max_prompt_tokens"],
-                tool_format=job.get("tool_format"),
-            )
+        try:  # the job's other keys are next_turn's keyword arguments
+            turn = next_turn(_tokenizer, ConversationState.from_dict(job.pop("state")), job.pop("output_ids"), **job)
         except Exception as exc:  # a conversation the contract cannot handle ends; the others go on
             out.append(("end", "template-error", f"{type(exc).__name__}: {exc}"))
             continue
