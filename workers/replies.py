@@ -80,9 +80,8 @@ def is_token_int(value: object) -> bool:
 
 def _finish(meta: dict) -> tuple[str, int | str | None]:
     """(type, matched) from meta_info.finish_reason; BadResponse for any other shape."""
-    if "finish_reason" not in meta or meta["finish_reason"] is None:
+    if (finish := meta.get("finish_reason")) is None:
         raise BadResponse("meta_info has no finish_reason")
-    finish = meta["finish_reason"]
     if isinstance(finish, str):  # very old SGLang reported the bare type
         finish = {"type": finish}
     if not isinstance(finish, dict):
@@ -113,10 +112,7 @@ def checked_ids(ids: object, *, field: str, vocab_size: int) -> list[int]:
 
 def _count(meta: dict, name: str) -> int | None:
     """A non-negative int count from meta_info, None if absent; BadResponse if malformed."""
-    value = meta.get(name)
-    if value is None:
-        return None
-    if not is_token_int(value) or value < 0:
+    if (value := meta.get(name)) is not None and (not is_token_int(value) or value < 0):
         raise BadResponse(f"meta_info.{name} is not a non-negative int: {excerpt(value)}")
     return value
 
