@@ -60,11 +60,9 @@ from eagle_synth.records import (
     write_manifest,
     write_record_file,
 )
+from eagle_synth.state import claims
 from eagle_synth.state.batch_store import forget_if_finished
 from eagle_synth.state.campaign import Campaign, CampaignSettings
-from eagle_synth.state.claims import ClaimLeaseLost
-from eagle_synth.state.claims import claim as claim_keys
-from eagle_synth.state.claims import release as release_claims
 from eagle_synth.state.fence import Fence, LeaseLost
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
@@ -448,11 +446,11 @@ class BatchRunner:
                 self._run(
                     _Run(self, campaign, payload, outcome), lease, claimed, look_for_files=retried or lease.took_over
                 )
-            except (LeaseLost, ClaimLeaseLost) as exc:
+            except (LeaseLost, claims.ClaimLeaseLost) as exc:
                 raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
             finally:
                 try:
-                    release_claims(self.redis, campaign.keys.claims, lease.key, lease.holder, claimed)
+                    claims.release(self.redis, campaign.keys.claims, lease.key, lease.holder, claimed)
                 except redis.RedisError:
                     pass  # they lapse with the lease
         # The campaign's copy of the batch is no longer needed once every key ended.
@@ -540,7 +538,7 @@ class BatchRunner:
         outcome.skipped_done = len(finished)
         # Claimed before anything is adopted or sent: a key another live batch holds is its own.
         open_keys = list(dict.fromkeys(k for k in keys if k not in finished))
-        busy = claim_keys(self.redis, campaign.keys.claims, lease.key, lease.holder, open_keys)
+        busy = claims.claim(self.redis, campaign.keys.claims, lease.key, lease.holder, open_keys)
         claimed.extend(k for k in open_keys if k not in busy)
         if busy:
             outcome.claimed_elsewhere = len(busy)
