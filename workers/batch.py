@@ -28,6 +28,7 @@ batches, and this module makes sure such copies never both write:
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -449,10 +450,8 @@ class BatchRunner:
             except (LeaseLost, claims.ClaimLeaseLost) as exc:
                 raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
             finally:
-                try:
+                with contextlib.suppress(redis.RedisError):  # else they lapse with the lease
                     claims.release(self.redis, campaign.keys.claims, lease.key, lease.holder, claimed)
-                except redis.RedisError:
-                    pass  # they lapse with the lease
         # The campaign's copy of the batch is no longer needed once every key ended.
         forget_if_finished(self.redis, payload.campaign, payload.batch, [item.key for item in payload.items])
         return outcome

@@ -15,6 +15,7 @@ held by a dead process are adopted and carried on from their state.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -183,10 +184,8 @@ class FollowUps:
             if self._thread is not None:
                 return
             self._thread = threading.Thread(target=self._run, name="eagle-synth-followups", daemon=True)
-        try:
+        with contextlib.suppress(redis.RedisError):  # else the thread keeps trying
             self._keep_alive()  # before any entry of ours can be seen by another process's sweep
-        except redis.RedisError:
-            pass  # the thread keeps trying
         self._thread.start()
 
     def close(self, *, timeout: float = 5.0) -> None:
@@ -200,10 +199,8 @@ class FollowUps:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1)
-        try:
+        with contextlib.suppress(redis.RedisError):
             self.client.delete(followup_owner(self.owner))  # others adopt at their next sweep
-        except redis.RedisError:
-            pass
         with self._renderer_lock:
             for renderer in self._renderers.values():
                 renderer.close()

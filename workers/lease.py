@@ -9,6 +9,7 @@ host. A copy on another thread of a live process waits (BatchBusy) until the hol
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
@@ -119,10 +120,8 @@ class BatchLease:
     def __exit__(self, *exc: object) -> None:
         # A renewal still under way when the lease is released finds it gone and does nothing.
         _renewer.remove(self)
-        try:
+        with contextlib.suppress(redis.RedisError):  # else it expires by itself
             self.client.eval(_RELEASE, 1, self.key, self.holder)
-        except redis.RedisError:
-            pass  # it expires by itself
 
     def _acquire(self) -> bool:
         self._renewed_at = time.monotonic()
