@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 
 from eagle_synth.payload import PromptItem
-from workers.batch import BatchRunner
+from workers.batch import _invalid_ids, _Run
 
 
 def test_ids_outside_the_vocabulary_are_failed_and_never_kept() -> None:
@@ -18,7 +19,7 @@ def test_ids_outside_the_vocabulary_are_failed_and_never_kept() -> None:
         PromptItem(key="empty", row_id="r3", sample=0, ids=[]),
     ]
 
-    kept = BatchRunner._drop_invalid(None, run, SimpleNamespace(vocab_size=10), items)  # type: ignore[arg-type]
+    kept = _Run.keep(run, items, partial(_invalid_ids, vocab=10))  # type: ignore[arg-type]
 
     assert [item.key for item in kept] == ["ok"]
     assert failed == [

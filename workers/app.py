@@ -1,16 +1,15 @@
 """The Celery worker: the generate task, the health gate step, and how the CLI starts it.
 
 Run by `eagle-synth worker` (or `celery -A workers.app worker --pool threads` with the
-EAGLE_SYNTH_* environment set). One task is one batch, run on a thread of Celery's thread
-pool; all batches of the process send their prompts through one in-flight pool
-(workers/inflight.py), so the pool's tickets, not the batches, decide what is in flight.
-
-Every way a task can end leaves each of its prompts with a record, a recorded failure, or its
-message back in the queue: see `generate_batch`.
+EAGLE_SYNTH_* environment set). One task is one batch, on a thread of Celery's thread pool;
+all batches send through one in-flight pool, whose tickets decide what is in flight. Every
+way a task ends leaves each prompt with a record, a recorded failure, or its message back in
+the queue: see `generate_batch`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -70,25 +69,21 @@ STOPPING = threading.Event()
 ALL_REFUSED = threading.Event()
 # What `eagle-synth worker` exits with when every server is refused (docs/worker.md).
 REFUSED_EXIT_CODE = 2
-# The output folder's state, shared by batch threads (which find it broken) and the gate
-# (which stops taking batches until it works again).
-_disk: DiskState | None = None
 # The process's settings: run_worker's, else (`celery -A workers.app worker`) the environment's.
 _config: WorkerConfig | None = None
 
 
 def _worker_config() -> WorkerConfig:
     global _config
-    if _config is None:
-        _config = WorkerConfig.from_env()
+    _config = _config or WorkerConfig.from_env()
     return _config
 
 
+@functools.cache
 def _disk_state() -> DiskState:
-    global _disk
-    if _disk is None:
-        _disk = DiskState(folder=Path(_worker_config().out))
-    return _disk
+    """The output folder's state, shared by batch threads (which find it broken) and the gate
+    (which stops taking batches until it works again)."""
+    return DiskState(folder=Path(_worker_config().out))
 
 
 def _get_runtime(node: str) -> WorkerRuntime:
@@ -96,12 +91,9 @@ def _get_runtime(node: str) -> WorkerRuntime:
     with _runtime_lock:
         if _runtime is None:
             queue = broker_settings().queue
+            send = functools.partial(send_payload, app, queue)
             _runtime = WorkerRuntime(
-                config=_worker_config(),
-                node=node,
-                stopping=STOPPING,
-                disk=_disk_state(),
-                send=lambda payload: send_payload(app, queue, payload),
+                config=_worker_config(), node=node, stopping=STOPPING, disk=_disk_state(), send=send
             )
         return _runtime
 
@@ -131,10 +123,10 @@ def _on_worker_shutdown(**_: object) -> None:
 def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
     """Generate one batch of prompts and write their records.
 
-    Endings: all prompts recorded or failed (ack); Requeue or DiskUnavailable (the message
-    goes back to the queue); another thread holds the batch (retry later); Redis unreachable
-    (retry later, uncounted); any other error (retry later, and after UNEXPECTED_ERROR_RETRIES
-    the prompts still open are recorded as `worker-error` failures).
+    Endings: all prompts recorded or failed (ack); Requeue or DiskUnavailable (the message goes
+    back to the queue); another thread holds the batch (retry later); Redis unreachable (retry
+    later, uncounted); any other error (retry later; after UNEXPECTED_ERROR_RETRIES the prompts
+    still open are recorded as `worker-error` failures).
     """
     try:
         batch = TaskPayload.decode(payload)
@@ -142,47 +134,45 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
         # Not ours or corrupt: no prompt keys can be read from it, so nothing can be recorded.
         log.error("dropping a message that is not an eagle-synth payload: %s", exc)
         return {"error": str(exc)}
+    name = batch.batch
     node = self.request.hostname or "eagle-synth@unknown"
-    delivery = self.request.delivery_info or {}
-    retried = bool(delivery.get("redelivered")) or bool(self.request.retries)
+    retried = bool((self.request.delivery_info or {}).get("redelivered")) or bool(self.request.retries)
+
+    def retry(exc: Exception, countdown: float, *, errors: int = errors, max_retries: int | None = None) -> None:
+        """A copy with a countdown; if even that cannot be published, the message goes back."""
+        try:
+            kwargs = {"errors": errors}
+            raise self.retry(args=(payload,), kwargs=kwargs, exc=exc, countdown=countdown, max_retries=max_retries)
+        except Retry:
+            raise
+        except Exception as publish_error:
+            raise Reject(f"retry not published ({publish_error}); requeued", requeue=True) from exc
+
     try:
-        runner = _get_runtime(node).runner
-        outcome = runner.run(batch, retried=retried)
+        outcome = _get_runtime(node).runner.run(batch, retried=retried)
     except Requeue as exc:
-        log.info("batch %s back to the queue: %s", batch.batch, exc)
+        log.info("batch %s back to the queue: %s", name, exc)
         raise Reject(str(exc), requeue=True) from exc
     except DiskUnavailable as exc:
-        log.error("batch %s back to the queue: %s; not taking batches until it can be written", batch.batch, exc)
+        log.error("batch %s back to the queue: %s; not taking batches until it can be written", name, exc)
         raise Reject(str(exc), requeue=True) from exc
     except BatchBusy as exc:
         # A second copy of a batch another thread runs (after a broker reconnection): look
         # again later, when the holder has finished or its lease has lapsed.
-        log.info("batch %s: %s; trying again in %d s", batch.batch, exc, BUSY_RETRY_DELAY)
-        _retry_or_requeue(self, payload, errors, exc, BUSY_RETRY_DELAY, max_retries=BUSY_RETRIES_MAX)
+        log.info("batch %s: %s; trying again in %d s", name, exc, BUSY_RETRY_DELAY)
+        retry(exc, BUSY_RETRY_DELAY, max_retries=BUSY_RETRIES_MAX)
     except STATE_UNAVAILABLE as exc:
-        log.warning(
-            "batch %s: campaign state unavailable (%s); trying again in %g s",
-            batch.batch,
-            exc,
-            UNEXPECTED_ERROR_RETRY_DELAY,
-        )
-        _retry_or_requeue(self, payload, errors, exc, UNEXPECTED_ERROR_RETRY_DELAY)
+        delay = UNEXPECTED_ERROR_RETRY_DELAY
+        log.warning("batch %s: campaign state unavailable (%s); trying again in %g s", name, exc, delay)
+        retry(exc, delay)
     except Exception as exc:  # the catch-all: nothing leaves this task unaccounted for
+        tries = (name, errors + 1, UNEXPECTED_ERROR_RETRIES)
         if errors + 1 < UNEXPECTED_ERROR_RETRIES:
             log.exception(
-                "batch %s: unexpected error %d/%d; trying again in %g s",
-                batch.batch,
-                errors + 1,
-                UNEXPECTED_ERROR_RETRIES,
-                UNEXPECTED_ERROR_RETRY_DELAY,
+                "batch %s: unexpected error %d/%d; trying again in %g s", *tries, UNEXPECTED_ERROR_RETRY_DELAY
             )
-            _retry_or_requeue(self, payload, errors + 1, exc, UNEXPECTED_ERROR_RETRY_DELAY)
-        log.exception(
-            "batch %s: unexpected error %d/%d; recording its open prompts as failed",
-            batch.batch,
-            errors + 1,
-            UNEXPECTED_ERROR_RETRIES,
-        )
+            retry(exc, UNEXPECTED_ERROR_RETRY_DELAY, errors=errors + 1)
+        log.exception("batch %s: unexpected error %d/%d; recording its open prompts as failed", *tries)
         try:
             failed = _get_runtime(node).runner.fail_unfinished(
                 batch, reason=reasons.WORKER_ERROR, message=f"{type(exc).__name__}: {exc}"
@@ -190,39 +180,15 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
         except Exception as record_exc:
             raise Reject(f"could not record failures: {record_exc}", requeue=True) from exc
         return {"written": 0, "failed": {reasons.WORKER_ERROR: failed}}
-    log.info(
-        "batch %s: %d written, %d already done, %d adopted, failed %s, %d repaired",
-        batch.batch,
-        outcome.written,
-        outcome.skipped_done,
-        outcome.adopted,
-        outcome.failed,
-        outcome.repaired,
-    )
+    counts = (outcome.written, outcome.skipped_done, outcome.adopted, outcome.failed, outcome.repaired)
+    log.info("batch %s: %d written, %d already done, %d adopted, failed %s, %d repaired", name, *counts)
     return {"written": outcome.written, "failed": outcome.failed}
 
 
-def _retry_or_requeue(
-    task: Task, payload: dict, errors: int, exc: Exception, countdown: float, max_retries: int | None = None
-) -> None:
-    """Retry later (a copy with a countdown); if even that cannot be published, put the
-    message back (or leave it unacknowledged for the broker to redeliver)."""
-    try:
-        raise task.retry(
-            args=(payload,), kwargs={"errors": errors}, exc=exc, countdown=countdown, max_retries=max_retries
-        )
-    except Retry:
-        raise
-    except Exception as publish_error:
-        raise Reject(f"retry not published ({publish_error}); requeued", requeue=True) from exc
-
-
 class HealthGateStep(bootsteps.StartStopStep):
-    """Consumer step: consume the queue only while a server is healthy.
-
-    Starts closed (the queue is cancelled before the first fetch) and lets the HealthGate
-    open it; survives consumer restarts (broker reconnections) by re-applying the gate.
-    """
+    """Consumer step: consume the queue only while a server is healthy. Starts closed (the
+    queue cancelled before the first fetch) for the HealthGate to open; re-applies the gate
+    after consumer restarts (broker reconnections)."""
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
 
@@ -235,48 +201,38 @@ class HealthGateStep(bootsteps.StartStopStep):
         queue = settings.queue
         hub = getattr(c, "hub", None)
 
-        def in_loop(fn: Callable[..., object], *args: object) -> None:
-            if hub is not None:
-                hub.call_soon(fn, *args)
-            else:
-                fn(*args)
-
-        def open_gate() -> None:
-            in_loop(c.add_task_queue, queue)
-
-        def close_gate() -> None:
-            in_loop(c.cancel_task_queue, queue)
+        def in_loop(fn: Callable[..., object]) -> Callable[[], Any]:
+            return lambda: hub.call_soon(fn, queue) if hub is not None else fn(queue)
 
         def all_refused() -> None:
             log.error("every server was refused by preflight: stopping this worker (exit 2)")
             ALL_REFUSED.set()
             os.kill(os.getpid(), signal.SIGTERM)
 
-        if self.gate is None:
+        if self.gate is None or not self.gate.is_open:
             c.cancel_task_queue(queue)
-            config = _worker_config()
-            node_state = NodeState(connect(settings), c.hostname)
-            node_state.reset(list(config.servers))
-            disk = _disk_state()
-            problem = probe_folder(disk.folder)
-            if problem:
-                log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
-                disk.failed(problem)
-            self.gate = HealthGate(
-                servers=list(config.servers),
-                node_state=node_state,
-                on_open=open_gate,
-                on_close=close_gate,
-                allow_server_parsers=config.allow_server_parsers,
-                allowed_settings=frozenset(config.allow_server_settings),
-                probe_timeout=config.probe_timeout,
-                disk=disk,
-                backends={url: config.backend_for(url) for url in config.servers},
-                on_all_refused=all_refused,
-            )
-            self.gate.start()
-        elif not self.gate.is_open:
-            c.cancel_task_queue(queue)
+        if self.gate is not None:
+            return
+        config = _worker_config()
+        node_state = NodeState(connect(settings), c.hostname)
+        node_state.reset(list(config.servers))
+        disk = _disk_state()
+        if problem := probe_folder(disk.folder):
+            log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
+            disk.failed(problem)
+        self.gate = HealthGate(
+            servers=list(config.servers),
+            node_state=node_state,
+            on_open=in_loop(c.add_task_queue),
+            on_close=in_loop(c.cancel_task_queue),
+            allow_server_parsers=config.allow_server_parsers,
+            allowed_settings=frozenset(config.allow_server_settings),
+            probe_timeout=config.probe_timeout,
+            disk=disk,
+            backends={url: config.backend_for(url) for url in config.servers},
+            on_all_refused=all_refused,
+        )
+        self.gate.start()
 
     def shutdown(self, c: Any) -> None:
         if self.gate is not None:
@@ -322,8 +278,7 @@ app.steps["consumer"].add(ReconcilerStep)
 def run_worker(
     *, config: WorkerConfig, concurrency: int, loglevel: str = "INFO", name: str | None = None, task_events: bool = True
 ) -> None:
-    """Start a Celery worker in this process (blocks until it stops); `concurrency` is the
-    number of batch threads, i.e. batches held open at once."""
+    """Start a Celery worker in this process (blocks until it stops) with `concurrency` batch threads."""
     from workers.memory import limit_malloc_arenas
 
     global _config
@@ -332,34 +287,14 @@ def run_worker(
     settings = broker_settings()
     node = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
     app.conf.worker_send_task_events = task_events
+    argv = ["worker", "--queues", settings.queue, "--concurrency", str(concurrency), "--hostname", node]
+    argv += ["--loglevel", loglevel, *(["--task-events"] if task_events else [])]
+    argv += ["--pool", "threads", "--without-gossip", "--without-mingle", "--prefetch-multiplier", "1"]
     try:
-        _start_celery(settings.queue, concurrency=concurrency, node=node, loglevel=loglevel, task_events=task_events)
+        app.worker_main(argv)
     except SystemExit as exc:
         if ALL_REFUSED.is_set():
             raise SystemExit(REFUSED_EXIT_CODE) from exc
         raise
     if ALL_REFUSED.is_set():
         raise SystemExit(REFUSED_EXIT_CODE)
-
-
-def _start_celery(queue: str, *, concurrency: int, node: str, loglevel: str, task_events: bool) -> None:
-    app.worker_main(
-        [
-            "worker",
-            "--queues",
-            queue,
-            "--concurrency",
-            str(concurrency),
-            "--pool",
-            "threads",
-            "--hostname",
-            node,
-            "--loglevel",
-            loglevel,
-            *(["--task-events"] if task_events else []),
-            "--without-gossip",
-            "--without-mingle",
-            "--prefetch-multiplier",
-            "1",
-        ]
-    )

@@ -1,14 +1,12 @@
-"""Run one batch: skip what is done, check every id, generate prompt by prompt, write records.
-
-Celery-free, so it can be read and tested on its own; workers/app.py wraps it in a task.
-Prompts are sent one per request through the worker's InflightPool (workers/inflight.py), so
-a prompt that finishes frees its in-flight ticket at once while its batch-mates still run.
+"""Run one batch (Celery-free; workers/app.py wraps it in a task): skip what is done, check
+every id, send prompt by prompt through the InflightPool (a finished prompt frees its ticket at
+once), write records.
 
 Exactly one record or one recorded failure per prompt key. The campaign in Redis, not the
 broker, is the source of truth: it knows every key enqueued, which are done or failed, and
-keeps every published batch until its keys end (eagle_synth/state/batch_store.py); what the broker
-loses, the reconciler (workers/reconciler.py) publishes again. So a batch may arrive twice, or
-a key in two batches, and this module makes sure such copies never both write:
+keeps every published batch until its keys end (eagle_synth/state/batch_store.py); what the
+broker loses, the reconciler publishes again. So a batch may arrive twice, or a key in two
+batches, and this module makes sure such copies never both write:
   * keys already done or failed (Redis) are skipped before any request;
   * the batch lease (workers/lease.py) keeps one batch id on one thread at a time; per-key
     claims (eagle_synth/state/claims.py), taken in one Lua script at batch start and tied to that
@@ -30,6 +28,7 @@ a key in two batches, and this module makes sure such copies never both write:
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -40,6 +39,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -61,27 +61,21 @@ from eagle_synth.records import (
     write_manifest,
     write_record_file,
 )
+from eagle_synth.state import claims
 from eagle_synth.state.batch_store import forget_if_finished
 from eagle_synth.state.campaign import Campaign, CampaignSettings
-from eagle_synth.state.claims import ClaimLeaseLost
-from eagle_synth.state.claims import claim as claim_keys
-from eagle_synth.state.claims import release as release_claims
 from eagle_synth.state.fence import Fence, LeaseLost
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError
 from workers.config import WorkerConfig
-from workers.disk import DiskState, DiskUnavailable, is_disk_error
+from workers.disk import DiskState, DiskUnavailable
 from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool
 from workers.lease import BatchLease
 from workers.model_check import REFUSE_PREFIX, ModelCheck
-from workers.replies import (
-    BadResponse,
-    GeneratedItem,
-    PromptMismatch,
-)
+from workers.replies import BadResponse, GeneratedItem, PromptMismatch
 
 log = logging.getLogger("eagle_synth.batch")
 
@@ -102,7 +96,6 @@ COMMIT_AFTER = 10.0
 WAIT_SLICE = 0.5
 # Words of SGLang's 400s for a prompt over the context length (tokenizer manager, scheduler).
 CONTEXT_MESSAGES = ("context length", "maximum allowed length")
-# Reason recorded when the server refuses the campaign's sampling parameters.
 # Share of the soft-shutdown timeout a batch keeps working after SIGTERM before it requeues.
 SHUTDOWN_GRACE_SHARE = 0.8
 # Seconds between tries of a mark that Redis could not take (restarting, loading its data). The
@@ -124,7 +117,8 @@ class CampaignMissing(EagleSynthError):
 
 @dataclass(slots=True)
 class BatchOutcome:
-    """What a batch did, for logs and tests."""
+    """What a batch did, for logs and tests; `claimed_elsewhere` counts keys another live batch
+    holds (left to it), `fence` is the batch lease every write of the run is fenced by."""
 
     written: int = 0
     skipped_done: int = 0
@@ -132,14 +126,22 @@ class BatchOutcome:
     failed: dict[str, int] = field(default_factory=dict)
     repaired: int = 0
     servers: set[str] = field(default_factory=set)
-    # Keys another live batch had claimed: left to it (or, if it dies, to the reaper or reconciler).
     claimed_elsewhere: int = 0
-    # The batch lease every write of this run is fenced by (None outside a lease: fail_unfinished).
     fence: Fence | None = None
 
 
 def classify_bad_request(message: str) -> str:
     return reasons.PROMPT_TOO_LONG if any(words in message for words in CONTEXT_MESSAGES) else reasons.BAD_REQUEST
+
+
+def _invalid_ids(item: PromptItem, *, vocab: int) -> tuple[str, str] | None:
+    """One id outside the vocabulary crashes a real SGLang server for everyone."""
+    if not item.ids:
+        return reasons.EMPTY_PROMPT, "the prompt has no ids"
+    if min(item.ids) < 0 or max(item.ids) >= vocab:  # in C; the culprit is looked for only then
+        bad = next(i for i in item.ids if i < 0 or i >= vocab)
+        return reasons.INVALID_TOKEN_ID, f"id {bad} is outside the vocabulary (size {vocab}); never sent"
+    return None
 
 
 def server_capacity(state: ServerState | None) -> int | None:
@@ -155,11 +157,10 @@ def server_capacity(state: ServerState | None) -> int | None:
 class _Inbox:
     """The resolved futures of one batch, and the wake-ups of its thread.
 
-    Each answer that wakes a thread costs two context switches, a large share of a record's
-    CPU when a server answers at once. So the batch thread is woken only when every future it
-    waits for has resolved, or at once when a request failed (a retry, a resend to another
-    server or a requeue must not wait); answers that went well also wait for the thread's next
-    WAIT_SLICE look, so one that a straggler's batch-mate left waits at most that long.
+    Each wake-up costs two context switches, a large share of a record's CPU when a server
+    answers at once. So the thread is woken only when every future it waits for resolved, or at
+    once when a request failed (a retry or requeue must not wait); other answers wait at most
+    until its next WAIT_SLICE look.
     """
 
     def __init__(self) -> None:
@@ -168,8 +169,7 @@ class _Inbox:
         self._want = 0
         self._failed = False
 
-    def put(self, future: Future) -> None:
-        """A future's done callback (any thread)."""
+    def put(self, future: Future) -> None:  # a future's done callback (any thread)
         failed = not future.cancelled() and (future.exception() is not None or future.result().error is not None)
         with self._ready:
             self._arrived.append(future)
@@ -190,15 +190,12 @@ class _Inbox:
 
 
 class _Run:
-    """One run of one batch: its campaign, payload, fence and outcome, the in-flight bookkeeping
-    (futures, retries, uncommitted records), and how each of its prompts ends (fail, settle,
-    retry, commit).
+    """One run of one batch: its in-flight bookkeeping (futures, retries, uncommitted records)
+    and how each prompt ends (fail, settle, retry, commit).
 
-    Each prompt's sampling is resolved once (`sampling`: as recorded with a failure, seed
-    included). `sent` is what goes to the server: the same, unless a healthy server would
-    refuse `sampling_seed` as an unknown key (SGLang before it existed): then samples go
-    without their seed, and records say so. Every future sent puts itself in `answered` when
-    it resolves, so the batch thread waits on one inbox instead of on each future.
+    `sampling` is each prompt's sampling as recorded with a failure, seed included; `sent` is
+    what goes to the server: the same, unless a healthy server would refuse `sampling_seed` as
+    an unknown key (SGLang before it existed): then samples go without it, and records say so.
     """
 
     def __init__(self, runner: BatchRunner, campaign: Campaign, payload: TaskPayload, outcome: BatchOutcome) -> None:
@@ -241,6 +238,16 @@ class _Run:
             self.fail(item, reason, message)
         return []
 
+    def keep(self, items: list[PromptItem], problem: Callable[[PromptItem], tuple[str, str] | None]) -> list:
+        """`items` but those `problem` names a (reason, message) for, which fail."""
+        good = []
+        for item in items:
+            if (found := problem(item)) is None:
+                good.append(item)
+            else:
+                self.fail(item, *found)
+        return good
+
     def retry(self, item: PromptItem, reason: str, message: str) -> None:
         self.attempts[item.key] += 1
         tries = self.attempts[item.key]
@@ -268,7 +275,7 @@ class _Run:
                 reply = backend.parse(
                     answer.item,
                     # Outputs may reach the model's padded vocabulary; prompts were checked
-                    # against the tokenizer's (_drop_invalid).
+                    # against the tokenizer's (_invalid_ids).
                     vocab_size=output_id_bound(
                         tokenizer_size=settings.vocab_size, model_vocab=settings.model_vocab_size
                     ),
@@ -306,8 +313,7 @@ class _Run:
             )
 
     def refuse_sampling(self, item: PromptItem, error: BadSamplingParams) -> None:
-        """The server refuses the campaign's sampling parameters: every prompt would get the same
-        answer, so the batch's open prompts are recorded at once and nothing more is sent."""
+        """Every prompt would be refused the same way: the open ones fail now, nothing more is sent."""
         name = self.campaign.name
         log.error(
             "campaign %s: %s. Every prompt of this campaign will be refused the same way: fix the server "
@@ -385,9 +391,7 @@ class _Run:
             if self.outcome.fence is not None:
                 self.outcome.fence.renew(runner.redis)
             path = write_record_file(folder, campaign=campaign.name, batch=self.payload.batch, records=records)
-        except OSError as exc:
-            if not is_disk_error(exc):
-                raise
+        except OSError as exc:  # ENOSPC, EROFS, EACCES, EDQUOT, EIO...: the operator can fix each
             detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
             runner.disk.failed(detail, folder=records_dir(folder))
             raise DiskUnavailable(detail) from exc
@@ -407,16 +411,12 @@ class BatchRunner:
     """Runs batches on the worker's batch threads; shares one InflightPool and HTTP clients.
 
     Parameters:
-        config: worker settings.
-        redis_client: campaign state and node state.
-        node: this worker's node name.
+        config, redis_client, node: worker settings, campaign and node state, node name.
         task_budget: seconds a batch may run before it requeues what is left.
         pool: the process-wide in-flight pool the prompts are sent through.
         disk: the output folder's state, shared with the health gate.
-        stopping: set when the worker begins to shut down.
-        shutdown_grace: seconds a batch keeps going after `stopping` before it requeues.
-        followups: commits records (marks them done) and, for `--history own` conversations,
-            carries each one's next turn to the queue (workers/followups.py).
+        followups: marks records done and carries conversations' next turns to the queue.
+        stopping, shutdown_grace: set at shutdown; seconds a batch goes on after it.
     """
 
     def __init__(
@@ -457,9 +457,8 @@ class BatchRunner:
     def run(self, payload: TaskPayload, *, retried: bool = False) -> BatchOutcome:
         """Run a batch; raises Requeue, DiskUnavailable or BatchBusy (another thread runs it).
 
-        `retried` says this message was delivered before (redelivered, requeued or retried):
-        only then can an earlier attempt have left record files to adopt, so only then is the
-        records folder searched (listing it costs more as a campaign grows).
+        Only a message delivered before (`retried`) or a lease taken over can have left record
+        files to adopt, so only then is the records folder listed (costly as a campaign grows).
         """
         campaign = Campaign(self.redis, payload.campaign)
         with BatchLease(self.redis, campaign.keys.lease(payload.batch)) as lease:
@@ -469,25 +468,21 @@ class BatchRunner:
                 self._run(
                     _Run(self, campaign, payload, outcome), lease, claimed, look_for_files=retried or lease.took_over
                 )
-            except (LeaseLost, ClaimLeaseLost) as exc:
+            except (LeaseLost, claims.ClaimLeaseLost) as exc:
                 raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
             finally:
-                try:
-                    release_claims(self.redis, campaign.keys.claims, lease.key, lease.holder, claimed)
-                except redis.RedisError:
-                    pass  # they lapse with the lease
+                with contextlib.suppress(redis.RedisError):  # else they lapse with the lease
+                    claims.release(self.redis, campaign.keys.claims, lease.key, lease.holder, claimed)
         # The campaign's copy of the batch is no longer needed once every key ended.
         forget_if_finished(self.redis, payload.campaign, payload.batch, [item.key for item in payload.items])
         return outcome
 
     def fail_unfinished(self, payload: TaskPayload, *, reason: str, message: str) -> int:
-        """Record every prompt of the batch that has neither record nor failure as failed.
-
-        The catch-all's last step, so that a batch that keeps hitting an unexpected error ends
-        in recorded failures (`retry-failed` replays them) instead of vanishing.
-        """
+        """Record every prompt of the batch with neither record nor failure as failed (the
+        catch-all's last step: a batch that keeps erring ends replayable, not vanished)."""
         campaign = Campaign(self.redis, payload.campaign)
-        finished = campaign.finished_keys([item.key for item in payload.items])
+        keys = [item.key for item in payload.items]
+        finished = campaign.finished_keys(keys)
         failed = 0
         for item in payload.items:
             if item.key not in finished:
@@ -496,7 +491,7 @@ class BatchRunner:
                     item, reason=reason, message=message, sampling=payload.sampling_for(item), worker=self.node
                 )
                 failed += 1
-        forget_if_finished(self.redis, payload.campaign, payload.batch, [item.key for item in payload.items])
+        forget_if_finished(self.redis, payload.campaign, payload.batch, keys)
         return failed
 
     # one batch ----------------------------------------------------------------------
@@ -507,8 +502,7 @@ class BatchRunner:
             # double records. Only a message published after the close can get here.
             log.warning("batch %s of closed campaign %s: nothing generated", payload.batch, payload.campaign)
             return
-        items = self._unfinished(run, lease, claimed, look_for_files=look_for_files)
-        if not items:
+        if not (items := self._unfinished(run, lease, claimed, look_for_files=look_for_files)):
             return
         try:
             settings = self._campaign_settings(campaign)
@@ -522,8 +516,7 @@ class BatchRunner:
                 # No GPU time for turns whose next turn could not be rendered here.
                 run.fail_all(items, reasons.TOKENIZER_UNAVAILABLE, str(exc))
                 return
-        items = self._drop_invalid(run, settings, items)
-        if not items:
+        if not (items := run.keep(items, partial(_invalid_ids, vocab=settings.vocab_size))):
             return
         states = self._healthy_states()
         if not states:
@@ -531,8 +524,7 @@ class BatchRunner:
         states = self._serving_the_model(settings, states)
         if not states:
             raise Requeue("no healthy server serves the campaign's model")
-        items = self._drop_too_long(run, states, self._drop_untranslatable(run, states, items))
-        if not items:
+        if not (items := self._drop_too_long(run, states, self._drop_untranslatable(run, states, items))):
             return
         if any(state.sampling_seed_supported is False for state in states.values()):
             run.without_seeds()
@@ -547,15 +539,14 @@ class BatchRunner:
                 run.commit()
 
     def _campaign_settings(self, campaign: Campaign) -> CampaignSettings:
-        if campaign.name not in self._settings:
-            settings = campaign.settings()
-            if settings is None:
-                raise CampaignMissing(
-                    f"campaign {campaign.name!r} has no settings in Redis (deleted, or evicted by a Redis whose "
-                    "maxmemory-policy is not noeviction); run the same `eagle-synth enqueue` again to restore them, "
-                    f"then `eagle-synth retry-failed {campaign.name}`"
-                )
+        if campaign.name not in self._settings and (settings := campaign.settings()) is not None:
             self._settings[campaign.name] = settings
+        if campaign.name not in self._settings:
+            raise CampaignMissing(
+                f"campaign {campaign.name!r} has no settings in Redis (deleted, or evicted by a Redis whose "
+                "maxmemory-policy is not noeviction); run the same `eagle-synth enqueue` again to restore them, "
+                f"then `eagle-synth retry-failed {campaign.name}`"
+            )
         return self._settings[campaign.name]
 
     def _unfinished(
@@ -567,7 +558,7 @@ class BatchRunner:
         outcome.skipped_done = len(finished)
         # Claimed before anything is adopted or sent: a key another live batch holds is its own.
         open_keys = list(dict.fromkeys(k for k in keys if k not in finished))
-        busy = claim_keys(self.redis, campaign.keys.claims, lease.key, lease.holder, open_keys)
+        busy = claims.claim(self.redis, campaign.keys.claims, lease.key, lease.holder, open_keys)
         claimed.extend(k for k in open_keys if k not in busy)
         if busy:
             outcome.claimed_elsewhere = len(busy)
@@ -577,12 +568,10 @@ class BatchRunner:
         adopted: dict[str, Record] = {}
         for path in batch_files(run.folder, payload.batch) if look_for_files else ():
             try:
-                found = {r.key: r for r in read_record_file(path) if r.key not in finished}
+                adopted.update({r.key: r for r in read_record_file(path) if r.key not in finished})
             except RecordFormatError as exc:
                 # Its prompts are generated again; `eagle-synth verify`/`repair` deal with the file.
                 log.warning("batch %s: not adopting damaged file %s: %s", payload.batch, path.name, exc)
-                continue
-            adopted.update(found)
         if adopted:
             run.mark(list(adopted.values()))
             outcome.adopted = len(adopted)
@@ -593,86 +582,58 @@ class BatchRunner:
                 pending.setdefault(item.key, item)
         return list(pending.values())
 
-    def _drop_invalid(self, run: _Run, settings: CampaignSettings, items: list[PromptItem]) -> list[PromptItem]:
-        """One id outside the vocabulary crashes a real SGLang server for everyone."""
-        vocab = settings.vocab_size
-        good = []
-        for item in items:
-            if not item.ids:
-                run.fail(item, reasons.EMPTY_PROMPT, "the prompt has no ids")
-            # min/max run in C; the culprit is looked for only when there is one.
-            elif min(item.ids) < 0 or max(item.ids) >= vocab:
-                bad = next(i for i in item.ids if i < 0 or i >= vocab)
-                run.fail(
-                    item, reasons.INVALID_TOKEN_ID, f"id {bad} is outside the vocabulary (size {vocab}); never sent"
-                )
-            else:
-                good.append(item)
-        return good
-
     def _healthy_states(self) -> dict[str, ServerState]:
         states, suspects, _ = self.node_state.routing()
-        healthy = {}
-        for url in self.config.servers:
-            state = states.get(url)
-            # A server's kind is known once preflight passed; the pool cannot route to it before.
-            if (
-                state is not None
-                and state.state == HEALTHY
-                and state.backend in BACKENDS
-                and suspects.get(url, 0.0) <= state.since
-            ):
-                healthy[url] = state
-        return healthy
+        # A server's kind is known once preflight passed; the pool cannot route to it before.
+        return {
+            url: state
+            for url in self.config.servers
+            if (state := states.get(url)) is not None
+            and state.state == HEALTHY
+            and state.backend in BACKENDS
+            and suspects.get(url, 0.0) <= state.since
+        }
 
     def _serving_the_model(self, settings: CampaignSettings, states: dict[str, ServerState]) -> dict[str, ServerState]:
-        """`states` minus the servers that serve another model than the campaign's; each of
-        those is handed to the health gate to be refused (workers/model_check.py)."""
+        """`states` minus the servers that serve another model than the campaign's, each handed
+        to the health gate to be refused (workers/model_check.py)."""
         kept = {}
         for url, state in states.items():
-            line = self.model_check.problem(url, state, settings)
-            if line is None:
+            if (line := self.model_check.problem(url, state, settings)) is None:
                 kept[url] = state
             else:
                 self.node_state.suspect(url, REFUSE_PREFIX + line)
         return kept
 
+    # Any healthy server may get any prompt: the campaign's sampling must mean the same on every
+    # kind of server among them (vLLM lacks some SGLang values), and a prompt must fit each one.
     def _drop_untranslatable(
         self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]
     ) -> list[PromptItem]:
-        """Any healthy server may get any prompt, so the campaign's sampling must mean the same on
-        every kind of server among them (vLLM has no equivalent of some SGLang values)."""
         for url, state in states.items():
-            backend = backend_for_state(state)
-            if backend is None:
+            if (backend := backend_for_state(state)) is None:
                 continue
             try:
                 backend.translate_sampling(run.payload.sampling)
             except UntranslatableSampling as exc:
-                error = UntranslatableSampling(f"server {url} ({state.backend}): {exc}")
+                error = f"server {url} ({state.backend}): {exc}"
                 log.error("campaign %s: %s", run.campaign.name, error)
-                return run.fail_all(items, reasons.BAD_SAMPLING_PARAMS, str(error))
+                return run.fail_all(items, reasons.BAD_SAMPLING_PARAMS, error)
         return items
 
     def _drop_too_long(self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]) -> list[PromptItem]:
-        # Any healthy server may get any prompt, so a prompt must fit every one of them.
         backends = [(backend, state) for state in states.values() if (backend := backend_for_state(state))]
-        good = []
-        for item in items:
+
+        def too_long(item: PromptItem) -> tuple[str, str] | None:
             max_new = run.max_new_tokens(item)
-            problem = next(
-                (
-                    why
-                    for backend, state in backends
-                    if (why := backend.context_problem(prompt_len=len(item.ids), max_new_tokens=max_new, state=state))
-                ),
-                None,
+            problems = (
+                backend.context_problem(prompt_len=len(item.ids), max_new_tokens=max_new, state=state)
+                for backend, state in backends
             )
-            if problem is not None:
-                run.fail(item, reasons.PROMPT_TOO_LONG, problem)
-            else:
-                good.append(item)
-        return good
+            problem = next((why for why in problems if why), None)
+            return None if problem is None else (reasons.PROMPT_TOO_LONG, problem)
+
+        return run.keep(items, too_long)
 
     # generation ---------------------------------------------------------------------
     def _deadline_passed(self, deadline: float) -> str | None:
@@ -710,8 +671,7 @@ class BatchRunner:
 
         send(*items)
         while run.pending or run.retries:
-            why = self._deadline_passed(deadline)
-            if why:
+            if why := self._deadline_passed(deadline):
                 settle(run.answered.take(want=0, timeout=0))  # answers that arrived are kept
                 raise Requeue(why)
             if lease.lost:
@@ -725,19 +685,16 @@ class BatchRunner:
             if run.retries:
                 wake = min(wake, max(0.0, run.retries[0][0] - time.monotonic()))
             if run.pending:
-                done = run.answered.take(want=len(run.pending), timeout=wake)
+                settle(run.answered.take(want=len(run.pending), timeout=wake))
             else:
-                done = []
                 time.sleep(wake)
-            settle(done)
             if run.records and time.monotonic() - run.first_uncommitted >= COMMIT_AFTER:
                 run.commit()
 
     def _server_down(self, url: str, detail: str) -> bool:
         """After a failed request: is the server itself down (requeue) or was it a blip (retry)?"""
-        now = time.monotonic()
         seen = self._health_seen.get(url)
-        if seen and now - seen[0] < QUICK_HEALTH_REUSE:
+        if seen and time.monotonic() - seen[0] < QUICK_HEALTH_REUSE:
             return not seen[1]
         try:
             ok, why = self.health_clients[url].health(timeout=QUICK_HEALTH_TIMEOUT)
@@ -756,12 +713,11 @@ class BatchRunner:
             self.node_state.generated_ok(url)
 
     def _note_server(self, campaign: Campaign, url: str) -> None:
-        if (campaign.name, url) in self._noted:
-            return
-        state = self.node_state.routing()[0].get(url)
-        if state is not None and state.provenance:
-            campaign.note_server(url, state.provenance)
-            self._noted.add((campaign.name, url))
+        if (campaign.name, url) not in self._noted:
+            state = self.node_state.routing()[0].get(url)
+            if state is not None and state.provenance:
+                campaign.note_server(url, state.provenance)
+                self._noted.add((campaign.name, url))
 
     def _refresh_manifest(self, campaign: Campaign, folder: Path) -> None:
         """Rewrite manifest.json at most every MANIFEST_REFRESH s, and always after the commit
@@ -775,6 +731,5 @@ class BatchRunner:
             self._manifest_at[campaign.name] = now
         try:
             write_manifest(folder, build_manifest(campaign))
-        except OSError as exc:
-            # The records are committed; the manifest is rewritten on a later batch.
+        except OSError as exc:  # the records are committed; a later batch rewrites it
             log.warning("could not refresh %s/manifest.json: %s", folder, exc)

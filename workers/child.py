@@ -12,11 +12,5 @@ import sys
 from workers.app import run_worker
 from workers.config import WorkerConfig
 
-
-def main() -> None:
-    options = json.loads(sys.argv[1])
-    run_worker(config=WorkerConfig.from_env(), **options)
-
-
 if __name__ == "__main__":
-    main()
+    run_worker(config=WorkerConfig.from_env(), **json.loads(sys.argv[1]))

@@ -1,10 +1,7 @@
-"""Worker settings: the one place each worker option has its default, its help and its
-environment name (`EAGLE_SYNTH_<NAME>`).
-
-The CLI's flags take their defaults and help from `WorkerConfig` (`option_help`) and build it
-in one hop (`WorkerConfig.load(**flags)`: flags given, else the environment, else defaults);
-`celery -A workers.app worker` reads the same values from the environment, which the CLI
-writes for its worker process from the config (`to_env`).
+"""Worker settings: the one place each worker option has its default, help and environment
+name (`EAGLE_SYNTH_<NAME>`). The CLI's flags take defaults and help from here (`option_help`) and
+build it in one hop (`WorkerConfig.load(**flags)`); `celery -A workers.app worker` reads the same
+values from the environment, which the CLI writes for its worker process (`to_env`).
 """
 
 from __future__ import annotations
@@ -86,16 +83,15 @@ class WorkerConfig(EnvSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        problems = []
-        if self.inflight is not None and self.inflight < 1:
-            problems.append(f"inflight {self.inflight}: must be at least 1")
-        if self.render_processes < 1:
-            problems.append(f"render_processes {self.render_processes}: must be at least 1")
-        if self.max_attempts < 1:
-            problems.append(f"max_attempts {self.max_attempts}: must be at least 1")
-        for name in ("timeout_base", "timeout_per_token", "backoff_max", "probe_timeout"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} {getattr(self, name)}: must be >= 0")
+        problems = [
+            f"{name} {value}: {words}"
+            for names, low, words in (
+                (("inflight", "render_processes", "max_attempts"), 1, "must be at least 1"),
+                (("timeout_base", "timeout_per_token", "backoff_max", "probe_timeout"), 0, "must be >= 0"),
+            )
+            for name in names
+            if (value := getattr(self, name)) is not None and value < low
+        ]
         unknown = [kind for kind in self.backend if kind not in BACKEND_CHOICES]
         if unknown:
             problems.append(f"backend {', '.join(unknown)}: must be one of {', '.join(BACKEND_CHOICES)}")
@@ -120,11 +116,9 @@ class WorkerConfig(EnvSettings):
 
     def backend_for(self, url: str) -> str:
         """The kind given for one server ("auto" when none was: detect it)."""
-        if not self.backend:
-            return AUTO
-        if len(self.backend) == 1:
-            return self.backend[0]
-        return self.backend[self.servers.index(url)]
+        if len(self.backend) > 1:
+            return self.backend[self.servers.index(url)]
+        return self.backend[0] if self.backend else AUTO
 
     def request_timeout(self, max_new_tokens: int) -> float:
         return self.timeout_base + self.timeout_per_token * max_new_tokens

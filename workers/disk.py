@@ -1,13 +1,11 @@
-"""The records folder as a resource the worker depends on, like its servers.
-
-A full, read-only or unwritable `--out` must not turn generated prompts into lost ones: a
-batch whose records cannot be written goes back to the queue whole, and the worker stops
-taking batches (its gate shows `disk`) until a probe write succeeds again. Then the campaign
-goes on unattended.
+"""The records folder as a resource the worker depends on, like its servers: a batch whose
+records cannot be written (full, read-only `--out`) goes back to the queue whole, and the worker
+takes no batches (its gate shows `disk`) until a probe write succeeds again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -24,12 +22,6 @@ class DiskUnavailable(EagleSynthError):
     """Records cannot be written to the output folder; the batch goes back to the queue."""
 
 
-def is_disk_error(exc: BaseException) -> bool:
-    """Any OS error while writing records (ENOSPC, EROFS, EACCES, EDQUOT, EIO, a path that is
-    not a folder...) means the folder cannot take them now; the operator can fix each."""
-    return isinstance(exc, OSError)
-
-
 def probe_folder(folder: Path) -> str | None:
     """Write, fsync and delete a small file in `folder`; None if that works, else why not."""
     probe = folder / f".probe-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
@@ -43,24 +35,16 @@ def probe_folder(folder: Path) -> str | None:
             os.close(fd)
         probe.unlink()
     except OSError as exc:
-        try:
+        with contextlib.suppress(OSError):
             probe.unlink()
-        except OSError:
-            pass
         return f"{folder}: {exc.strerror or exc} (errno {exc.errno})"
     return None
 
 
 class DiskState:
-    """Whether the output folder takes records; shared by batch threads and the health gate.
-
-    Behaviour: `failed(detail, folder=...)` marks it down (a batch could not write there);
-    `check()` re-probes the folder that failed at most every DISK_PROBE_INTERVAL seconds and
-    marks it up when a probe works.
-
-    Parameters:
-        folder: the worker's `--out`.
-    """
+    """Whether the output folder (`folder`: the worker's `--out`) takes records; shared by batch
+    threads and the health gate. `failed(detail, folder=...)` marks it down; `check()` re-probes
+    the folder that failed at most every DISK_PROBE_INTERVAL s and marks it up when a probe works."""
 
     def __init__(self, *, folder: Path) -> None:
         self.folder = folder

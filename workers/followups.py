@@ -1,33 +1,29 @@
 """FollowUps: a worker process's part in multi-turn regeneration (`enqueue --history own`).
 
-From a committed turn to its next turn on the queue (states and scripts:
+A committed turn k goes to the queue as turn k+1 (states and scripts:
 eagle_synth/state/conversation_store.py; the crash analysis: docs/reliability.md):
-
-1. commit (the batch thread, in place of marking keys done): one script marks turn k done
-   and stores either the conversation's end (truncated, complete, max-turns) or an outbox
-   entry `to render` for turn k+1, owned by this process. The batch thread goes on at once.
-2. render (this process's renderer processes, workers/renderer.py): the answer becomes an
-   assistant message and the next prompt is templated, off this process's GIL.
-3. ready: turn k+1's key is claimed in the enqueued set and its entry holds the item; or the
-   conversation ends (template error, over --max-prompt-tokens).
+1. commit (batch thread): one script marks turn k done and stores the conversation's end or an
+   outbox entry `render` for turn k+1, owned by this process;
+2. render (workers/renderer.py's processes, off this process's GIL): the answer becomes an
+   assistant message and the next prompt is templated;
+3. ready: turn k+1's key is claimed and its entry holds the item, or the conversation ends;
 4. form and publish: rendered turns wait up to COALESCE_WAIT for batch-mates, so follow-up
-   batches stay near full size however the conversations thin out; a formed batch is stored
-   before it is published and forgotten after.
-
+   batches stay near full size; a formed batch is stored before it is published.
 A background thread drives 2-4, keeps this process's liveness key alive, and sweeps: entries
 held by a dead process are adopted and carried on from their state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
 import secrets
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -38,27 +34,13 @@ import redis
 
 from eagle_synth.conversation import ConversationState, end_before_render, turn_key
 from eagle_synth.ids import pack_ids, unpack_ids
-from eagle_synth.payload import (
-    DEFAULT_BATCH_SIZE,
-    PromptItem,
-    TaskPayload,
-    batch_id,
-    pack_item,
-    unpack_item,
-)
+from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, TaskPayload, batch_id, pack_item, unpack_item
 from eagle_synth.processes import holder_alive, holder_id
 from eagle_synth.records import Record
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, CampaignSettings, campaign_names
-from eagle_synth.state.conversation_store import (
-    BATCH_FIELD_PREFIX,
-    END,
-    FOLLOW,
-    NOTHING,
-    ConversationStore,
-    end_json,
-)
+from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW, NOTHING, ConversationStore, end_json
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import followup_owner
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
@@ -92,8 +74,8 @@ COUNT_TIMEOUT = 120.0
 
 @dataclass(slots=True)
 class _Pending:
-    """A follow-up this process holds in memory while it moves through render, ready, form:
-    `data` as its outbox entry stores it, `item` its prompt item (unpacked once, not per step)."""
+    """A follow-up held in memory through render, ready, form: `data` as its outbox entry
+    stores it, `item` its prompt item (unpacked once)."""
 
     campaign: str
     key: str
@@ -101,6 +83,48 @@ class _Pending:
     item: PromptItem
     attempts: int = 0
     since: float = field(default_factory=time.monotonic)
+
+
+def _packed(data: dict) -> bytes:
+    return msgpack.packb(data, use_bin_type=True)
+
+
+Entry = tuple[str, str, str, bytes | str]  # a ConversationStore step: key, action, target, data
+
+
+def _end_entry(key: str, item: PromptItem, reason: str, message: str = "") -> Entry:
+    conversation = ConversationState.from_dict(item.conversation or {}).key
+    blob = end_json(
+        reason=reason,
+        conversation=conversation,
+        turns=item.turn + 1,
+        row_id=item.row_id,
+        source=item.source,
+        message=message,
+        at=time.time(),
+    )
+    return key, END, conversation, blob
+
+
+def _group_of(data: dict) -> str:
+    """Rendered turns batch together when their sampling is the same."""
+    return json.dumps(data["sampling"], sort_keys=True)
+
+
+def _by_campaign(pendings: Iterable[Any], campaign: Callable[[Any], str]) -> dict[str, list]:
+    groups: dict[str, list] = defaultdict(list)
+    for pending in pendings:
+        groups[campaign(pending)].append(pending)
+    return groups
+
+
+def _parse_facts(settings: CampaignSettings) -> dict:
+    """What a rendering process needs of the campaign to read an answer."""
+    return {
+        "eos_token_ids": list(settings.eos_token_ids),
+        "think_close_id": settings.think_close_id,
+        "tool_format": settings.tool_format,
+    }
 
 
 class FollowUps:
@@ -150,6 +174,9 @@ class FollowUps:
         self._alive_at = 0.0
         self._swept_at = 0.0
 
+    def _store(self, name: str) -> ConversationStore:
+        return ConversationStore(Campaign(self.client, name))
+
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         """Start the background thread (idempotent): it also adopts dead processes' entries."""
@@ -157,10 +184,8 @@ class FollowUps:
             if self._thread is not None:
                 return
             self._thread = threading.Thread(target=self._run, name="eagle-synth-followups", daemon=True)
-        try:
+        with contextlib.suppress(redis.RedisError):  # else the thread keeps trying
             self._keep_alive()  # before any entry of ours can be seen by another process's sweep
-        except redis.RedisError:
-            pass  # the thread keeps trying
         self._thread.start()
 
     def close(self, *, timeout: float = 5.0) -> None:
@@ -174,10 +199,8 @@ class FollowUps:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1)
-        try:
+        with contextlib.suppress(redis.RedisError):
             self.client.delete(followup_owner(self.owner))  # others adopt at their next sweep
-        except redis.RedisError:
-            pass
         with self._renderer_lock:
             for renderer in self._renderers.values():
                 renderer.close()
@@ -185,11 +208,8 @@ class FollowUps:
 
     # ---- batch thread API ------------------------------------------------------------------
     def prepare(self, campaign: Campaign, settings: CampaignSettings) -> None:
-        """Make sure this campaign's next turns can be rendered here (before generating any).
-
-        Raises TokenizerUnavailable (its message says what to do) when the stored tokenizer is
-        missing or is not the campaign's.
-        """
+        """Make sure this campaign's next turns can be rendered here (before generating any);
+        raises TokenizerUnavailable (saying what to do) if its stored tokenizer is missing or wrong."""
         if settings.history == "own":
             self._settings.setdefault(campaign.name, settings)
             self._renderer(settings)
@@ -201,29 +221,18 @@ class FollowUps:
         batch thread waits; a pool that breaks is replaced and asked once more."""
         if settings.tool_format is None:  # not --history own, or no format to parse calls in
             return
-        items = {item.key: item for item in payload.items}
-        wanted = [
-            (record, items[record.key])
-            for record in records
-            if record.key in items and (items[record.key].conversation or {}).get("steps") is not None
-        ]
+        conversations = {item.key: item.conversation or {} for item in payload.items}
+        wanted = [(r, conversations[r.key]) for r in records if conversations.get(r.key, {}).get("steps") is not None]
         if not wanted:
             return
+        facts = _parse_facts(settings)
         jobs = [
-            {
-                "tools": (item.conversation or {}).get("tools"),
-                "output_ids": record.output_ids,
-                "matched": record.finish_matched,
-                "eos_token_ids": list(settings.eos_token_ids),
-                "think_close_id": settings.think_close_id,
-                "tool_format": settings.tool_format,
-            }
-            for record, item in wanted
+            {"tools": conv.get("tools"), "output_ids": r.output_ids, "matched": r.finish_matched, **facts}
+            for r, conv in wanted
         ]
         for attempt in range(RENDER_ATTEMPTS):
-            renderer = self._renderer(settings)
             try:
-                counts = renderer.count_tool_calls(jobs).result(timeout=COUNT_TIMEOUT)
+                counts = self._renderer(settings).count_tool_calls(jobs).result(timeout=COUNT_TIMEOUT)
                 break
             except Exception as exc:  # the pool broke (a process died): a new one, or give up
                 log.warning("renderer failed counting tool calls (%s: %s)", type(exc).__name__, exc)
@@ -239,18 +248,18 @@ class FollowUps:
         """Mark committed records done (their records are on disk); for conversation turns, in
         the same step, store each conversation's end or its next turn. Returns how many were new.
         With a fence, only while the batch lease is the writer's (else LeaseLost, nothing changes)."""
-        tokens_in = sum(len(r.prompt_ids) for r in records)
-        tokens_out = sum(len(r.output_ids) for r in records)
         if not records:
             return 0
-        repaired = sum(1 for r in records if r.repaired_prefix)
+        tokens = {
+            "tokens_in": sum(len(r.prompt_ids) for r in records),
+            "tokens_out": sum(len(r.output_ids) for r in records),
+            "repaired": sum(1 for r in records if r.repaired_prefix),
+        }
         items = {item.key: item for item in payload.items}
         if not any(items[r.key].conversation for r in records if r.key in items):
-            return campaign.mark_done(
-                [r.key for r in records], tokens_in=tokens_in, tokens_out=tokens_out, repaired=repaired, fence=fence
-            )
+            return campaign.mark_done([r.key for r in records], fence=fence, **tokens)
         self.start()  # alive (liveness key) before storing entries that name this process
-        entries: list[tuple[str, str, str, bytes | str]] = []
+        entries: list[Entry] = []
         follow: dict[str, _Pending] = {}
         for record in records:
             item = items.get(record.key)
@@ -260,21 +269,7 @@ class FollowUps:
             state = ConversationState.from_dict(item.conversation)
             end = end_before_render(state, finish_reason=record.finish_reason)
             if end is not None:
-                entries.append(
-                    (
-                        record.key,
-                        END,
-                        state.key,
-                        end_json(
-                            reason=end,
-                            conversation=state.key,
-                            turns=item.turn + 1,
-                            row_id=item.row_id,
-                            source=item.source,
-                            at=time.time(),
-                        ),
-                    )
-                )
+                entries.append(_end_entry(record.key, item, end))
                 continue
             following = turn_key(state.key, item.turn + 1)
             parent = replace(item, ids=[])
@@ -287,41 +282,35 @@ class FollowUps:
                 "matched": record.finish_matched,
             }
             follow[following] = _Pending(campaign=campaign.name, key=following, data=data, item=parent)
-            entries.append((record.key, FOLLOW, following, msgpack.packb(data, use_bin_type=True)))
+            entries.append((record.key, FOLLOW, following, _packed(data)))
         with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
-            for pending in follow.values():
-                self._rendering[(campaign.name, pending.key)] = pending
+            self._rendering.update({(campaign.name, key): pending for key, pending in follow.items()})
+        stored: set[str] = set()
         try:
-            added, stored = ConversationStore(campaign).commit(
-                entries, owner=self.owner, tokens_in=tokens_in, tokens_out=tokens_out, repaired=repaired, fence=fence
-            )
-        except BaseException:
-            self._forget(campaign.name, follow)
-            raise
-        self._forget(campaign.name, {k: v for k, v in follow.items() if k not in stored})
-        with self._lock:
-            for key in stored:
-                self._to_render.append(self._rendering[(campaign.name, key)])
+            added, stored = ConversationStore(campaign).commit(entries, owner=self.owner, fence=fence, **tokens)
+        finally:  # what the script did not store is forgotten; the rest goes on to render
+            with self._lock:
+                for key, pending in follow.items():
+                    if key in stored:
+                        self._to_render.append(pending)
+                    else:
+                        self._rendering.pop((campaign.name, key), None)
         if stored:
             self._wake.set()
         return added
 
-    def _forget(self, campaign: str, pending: dict[str, _Pending]) -> None:
-        with self._lock:
-            for key in pending:
-                self._rendering.pop((campaign, key), None)
-
     # ---- background thread -----------------------------------------------------------------
     def _run(self) -> None:
+        steps = (
+            self._keep_alive,
+            self._submit_renders,
+            self._store_rendered,
+            self._form_batches,
+            self._publish_formed,
+            self._sweep,
+        )
         while not self._closed.is_set():
-            for step in (
-                self._keep_alive,
-                self._submit_renders,
-                self._store_rendered,
-                self._form_batches,
-                self._publish_formed,
-                self._sweep,
-            ):
+            for step in steps:
                 try:
                     step()
                 except (redis.RedisError, OSError) as exc:
@@ -338,19 +327,15 @@ class FollowUps:
             self._alive_at = now
 
     def _campaign_settings(self, name: str) -> CampaignSettings | None:
-        if name not in self._settings:
-            settings = Campaign(self.client, name).settings()
-            if settings is None:
-                return None
+        if name not in self._settings and (settings := Campaign(self.client, name).settings()) is not None:
             self._settings[name] = settings
-        return self._settings[name]
+        return self._settings.get(name)
 
     def _renderer(self, settings: CampaignSettings) -> Renderer:
         """The renderer for a campaign's tokenizer, started on first need (TokenizerUnavailable)."""
         identity = (settings.tokenizer_fingerprint, settings.chat_template_hash)
         with self._renderer_lock:
-            renderer = self._renderers.get(identity)
-            if renderer is not None:
+            if (renderer := self._renderers.get(identity)) is not None:
                 return renderer
             failed = self._unavailable.get(identity)
             if failed and time.monotonic() - failed[0] < PREPARE_RETRY:
@@ -365,20 +350,20 @@ class FollowUps:
                     fingerprint=identity[0],
                     chat_template_hash=identity[1],
                 )
-            except RendererMismatch as exc:
-                self._unavailable[identity] = (time.monotonic(), str(exc))
-                raise TokenizerUnavailable(str(exc)) from exc
             except (redis.RedisError, OSError):
                 raise
-            except Exception as exc:  # the rendering processes could not start
-                message = f"cannot start the rendering processes: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # a mismatch, or the rendering processes could not start
+                message = (
+                    str(exc)
+                    if isinstance(exc, RendererMismatch)
+                    else f"cannot start the rendering processes: {type(exc).__name__}: {exc}"
+                )
                 self._unavailable[identity] = (time.monotonic(), message)
                 raise TokenizerUnavailable(message) from exc
             self._renderers[identity] = renderer
             log.info(
                 "rendering next turns with the tokenizer %s (template %s) in %d processes",
-                identity[0],
-                identity[1],
+                *identity,
                 self.render_processes,
             )
             return renderer
@@ -389,21 +374,20 @@ class FollowUps:
         if renderer is not None:
             renderer.close()
 
+    def _requeue_renders(self, pendings: Iterable[_Pending]) -> None:
+        with self._lock:
+            self._to_render.extend(pendings)
+
     def _submit_renders(self) -> None:
         with self._lock:
             waiting = list(self._to_render)
             self._to_render.clear()
-        by_campaign: dict[str, list[_Pending]] = {}
-        for pending in waiting:
-            by_campaign.setdefault(pending.campaign, []).append(pending)
-        for name, group in by_campaign.items():
+        for name, group in _by_campaign(waiting, lambda p: p.campaign).items():
             keep = group  # what is not submitted stays for a later tick
             try:
                 keep = self._submit_campaign(name, group)
             finally:
-                if keep:
-                    with self._lock:
-                        self._to_render.extend(keep)
+                self._requeue_renders(keep)
 
     def _submit_campaign(self, name: str, group: list[_Pending]) -> list[_Pending]:
         """Send a campaign's turns to its renderer; returns those that could not be sent."""
@@ -418,14 +402,25 @@ class FollowUps:
             log.error("%d next turns of %s wait (trying again in %.0f s): %s", len(group), name, PREPARE_RETRY, exc)
             self._blocked_until[name] = time.monotonic() + PREPARE_RETRY
             return group
-        chunks = [group[start : start + RENDER_CHUNK] for start in range(0, len(group), RENDER_CHUNK)]
-        for index, chunk in enumerate(chunks):
+        facts = {**_parse_facts(settings), "max_prompt_tokens": settings.max_prompt_tokens}
+        for start in range(0, len(group), RENDER_CHUNK):
+            chunk = group[start : start + RENDER_CHUNK]
+            jobs = [
+                {
+                    "state": p.item.conversation,
+                    "output_ids": unpack_ids(p.data["out"]),
+                    "finish_reason": p.data["finish"],
+                    "matched": p.data["matched"],
+                    **facts,
+                }
+                for p in chunk
+            ]
             try:
-                future = renderer.submit([_render_job(p, settings) for p in chunk])
+                future = renderer.submit(jobs)
             except Exception as exc:  # the pool broke: a new one at the next tick
                 log.warning("renderer unusable (%s: %s); starting a new one", type(exc).__name__, exc)
                 self._drop_renderer(settings)
-                return [p for rest in chunks[index:] for p in rest]
+                return group[start:]
             future.add_done_callback(partial(self._on_rendered, chunk))
         return []
 
@@ -435,64 +430,36 @@ class FollowUps:
         self._wake.set()
 
     def _store_rendered(self) -> None:
-        while True:
+        while not self._rendered.empty():
+            chunk, future = self._rendered.get_nowait()
             try:
-                chunk, future = self._rendered.get_nowait()
-            except queue.Empty:
-                break
-            try:
-                results = future.result()
+                self._ready_results.extend(zip(chunk, future.result()))
             except Exception as exc:  # a renderer process died: start a new pool, try again
                 log.warning("renderer failed (%s: %s); rendering %d turns again", type(exc).__name__, exc, len(chunk))
-                settings = self._campaign_settings(chunk[0].campaign)
-                if settings is not None:
+                if (settings := self._campaign_settings(chunk[0].campaign)) is not None:
                     self._drop_renderer(settings)
                 for pending in chunk:
                     pending.attempts += 1
-                    result = ("end", "template-error", f"the renderer died on it {pending.attempts} times: {exc}")
                     if pending.attempts >= RENDER_ATTEMPTS:
-                        self._ready_results.append((pending, result))
+                        message = f"the renderer died on it {pending.attempts} times: {exc}"
+                        self._ready_results.append((pending, ("end", "template-error", message)))
                     else:
-                        with self._lock:
-                            self._to_render.append(pending)
-                continue
-            self._ready_results.extend(zip(chunk, results))
-        if not self._ready_results:
-            return
-        by_campaign: dict[str, list[tuple[_Pending, tuple[Any, ...]]]] = {}
-        for pending, result in self._ready_results:
-            by_campaign.setdefault(pending.campaign, []).append((pending, result))
-        for name, results in by_campaign.items():
+                        self._requeue_renders([pending])
+        for name, results in _by_campaign(self._ready_results, lambda r: r[0].campaign).items():
             settings = self._campaign_settings(name)
-            entries, ready = [], {}
+            entries: list[Entry] = []
+            ready = {}
             for pending, result in results:
                 parent = pending.item
-                state = ConversationState.from_dict(parent.conversation or {})
-                if result[0] == "ready":
-                    item = self._next_item(
-                        parent, ids=cast(list, result[1]), state=cast(dict, result[2]), settings=settings
-                    )
-                    data = {"s": "ready", "sampling": pending.data["sampling"], "item": pack_item(item)}
-                    ready[pending.key] = _Pending(campaign=name, key=pending.key, data=data, item=item)
-                    entries.append((pending.key, "ready", state.key, msgpack.packb(data, use_bin_type=True)))
-                else:
-                    entries.append(
-                        (
-                            pending.key,
-                            "end",
-                            state.key,
-                            end_json(
-                                reason=result[1],
-                                conversation=state.key,
-                                turns=parent.turn + 1,
-                                row_id=parent.row_id,
-                                source=parent.source,
-                                message=result[2],
-                                at=time.time(),
-                            ),
-                        )
-                    )
-            held = ConversationStore(Campaign(self.client, name)).ready(entries, owner=self.owner)
+                if result[0] != "ready":
+                    entries.append(_end_entry(pending.key, parent, result[1], result[2]))
+                    continue
+                item = _next_item(parent, ids=cast(list, result[1]), state=cast(dict, result[2]), settings=settings)
+                data = {"s": "ready", "sampling": pending.data["sampling"], "item": pack_item(item)}
+                ready[pending.key] = _Pending(campaign=name, key=pending.key, data=data, item=item)
+                conversation = ConversationState.from_dict(parent.conversation or {}).key
+                entries.append((pending.key, "ready", conversation, _packed(data)))
+            held = self._store(name).ready(entries, owner=self.owner)
             self._ready_results = [r for r in self._ready_results if r[0].campaign != name]
             with self._lock:
                 for pending, _ in results:
@@ -501,61 +468,32 @@ class FollowUps:
                     if key in held:
                         self._ready.setdefault((name, _group_of(pending.data)), {})[key] = pending
 
-    @staticmethod
-    def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings | None) -> PromptItem:
-        key = turn_key(state["key"], parent.turn + 1)
-        seed = None
-        if settings is not None:
-            # Every sample has a seed (as the producer gives turn 0): from --seed, else from its key.
-            seed = SamplingParams.from_dict(settings.sampling).sample_seed(
-                prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key
-            )
-        return PromptItem(
-            key=key,
-            row_id=parent.row_id,
-            sample=parent.sample,
-            ids=ids,
-            seed=seed,
-            source=parent.source,
-            turn=parent.turn + 1,
-            conversation=state,
-            sampling_overrides=parent.sampling_overrides,
-            variant=parent.variant,
-        )
-
     def _form_batches(self) -> None:
         now = time.monotonic()
         with self._lock:
             groups = [(group, dict(members)) for group, members in self._ready.items() if members]
-        if not groups:
-            return
         hurry = self.stopping.is_set() or self._flush_now.is_set()
         wait = 0.0 if hurry else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
-        for (name, sampling_key), members in groups:
+        for group_key, members in groups:
+            name = group_key[0]
             pendings = sorted(members.values(), key=lambda p: p.since)
             while pendings and (len(pendings) >= FOLLOWUP_BATCH_SIZE or now - pendings[0].since >= wait):
                 chunk = pendings[:FOLLOWUP_BATCH_SIZE]
                 items = [p.item for p in chunk]
+                keys = [i.key for i in items]
                 payload = TaskPayload(
-                    campaign=name,
-                    batch=batch_id([i.key for i in items]),
-                    sampling=chunk[0].data["sampling"],
-                    items=items,
+                    campaign=name, batch=batch_id(keys), sampling=chunk[0].data["sampling"], items=items
                 ).encode()
-                lost = ConversationStore(Campaign(self.client, name)).form(
-                    owner=self.owner,
-                    batch=payload["batch"],
-                    payload=msgpack.packb(payload, use_bin_type=True),
-                    keys=[i.key for i in items],
+                lost = self._store(name).form(
+                    owner=self.owner, batch=payload["batch"], payload=_packed(payload), keys=keys
                 )
-                taken = [p for p in chunk if p.key in lost] if lost else chunk
+                gone = {p.key for p in chunk if p.key in lost} if lost else set(keys)
                 with self._lock:
-                    group = self._ready.get((name, sampling_key), {})
-                    for pending in taken:
-                        group.pop(pending.key, None)
+                    group = self._ready.get(group_key, {})
+                    for key in gone:
+                        group.pop(key, None)
                     if not lost:
                         self._unsent[(name, payload["batch"])] = payload
-                gone = {p.key for p in taken}
                 pendings = [p for p in pendings if p.key not in gone]
 
     def _publish_formed(self) -> None:
@@ -563,7 +501,7 @@ class FollowUps:
             formed = list(self._unsent.items())
         for (name, batch), payload in formed:
             self.send(payload)
-            ConversationStore(Campaign(self.client, name)).sent(batch)
+            self._store(name).sent(batch)
             with self._lock:
                 self._unsent.pop((name, batch), None)
             log.info("queued %d next turns of %s (batch %s)", len(payload["keys"]), name, batch)
@@ -576,11 +514,10 @@ class FollowUps:
         self._swept_at = now
         untracked_now: set[tuple[str, str]] = set()
         for name in ConversationStore.campaigns_with_entries(self.client, campaign_names(self.client)):
-            store = ConversationStore(Campaign(self.client, name))
-            by_owner: dict[str, list[str]] = {}
-            for entry, owner in store.owners().items():
-                by_owner.setdefault(owner, []).append(entry)
-            for owner, entries in by_owner.items():
+            store = self._store(name)
+            by_owner = _by_campaign(store.owners().items(), lambda pair: pair[1])
+            for owner, pairs in by_owner.items():
+                entries = [entry for entry, _ in pairs]
                 if owner == self.owner:
                     # Entries of this process it no longer tracks (a Redis error lost a step's reply):
                     # resumed when still untracked a sweep later, so a step in progress is left alone.
@@ -588,7 +525,7 @@ class FollowUps:
                     untracked_now.update((name, e) for e in lost)
                     for entry in [e for e in lost if (name, e) in self._untracked_before]:
                         self._resume(store, name, entry)
-                elif self._owner_dead(owner):
+                elif not holder_alive(self.client, owner, followup_owner(owner)):
                     taken = store.adopt(entries, owner=self.owner, dead=owner)
                     if taken:
                         log.warning(
@@ -601,7 +538,7 @@ class FollowUps:
     def _tracked(self, name: str, entry: str) -> bool:
         with self._lock:
             if entry.startswith(BATCH_FIELD_PREFIX):
-                return (name, entry[len(BATCH_FIELD_PREFIX) :]) in self._unsent
+                return (name, entry.removeprefix(BATCH_FIELD_PREFIX)) in self._unsent
             return (
                 (name, entry) in self._rendering
                 or any(p.campaign == name and p.key == entry for p in self._to_render)
@@ -611,14 +548,12 @@ class FollowUps:
     def _resume(self, store: ConversationStore, name: str, entry: str) -> None:
         """Carry on with an entry this process now holds, from the state it is in."""
         if entry.startswith(BATCH_FIELD_PREFIX):
-            batch = entry[len(BATCH_FIELD_PREFIX) :]
-            blob = store.batch(batch)
-            if blob is not None:
+            batch = entry.removeprefix(BATCH_FIELD_PREFIX)
+            if (blob := store.batch(batch)) is not None:
                 with self._lock:
                     self._unsent[(name, batch)] = msgpack.unpackb(blob, raw=False)
             return
-        blob = store.entry(entry)
-        if blob is None:
+        if (blob := store.entry(entry)) is None:
             return
         data = msgpack.unpackb(blob, raw=False)
         pending = _Pending(campaign=name, key=entry, data=data, item=unpack_item(data["item"]))
@@ -629,24 +564,13 @@ class FollowUps:
             else:
                 self._ready.setdefault((name, _group_of(data)), {})[entry] = pending
 
-    def _owner_dead(self, owner: str) -> bool:
-        return owner != self.owner and not holder_alive(self.client, owner, followup_owner(owner))
 
-
-def _group_of(data: dict) -> str:
-    """Rendered turns batch together when their sampling is the same."""
-    return json.dumps(data["sampling"], sort_keys=True)
-
-
-def _render_job(pending: _Pending, settings: CampaignSettings) -> dict:
-    data = pending.data
-    return {
-        "state": pending.item.conversation,
-        "output_ids": unpack_ids(data["out"]),
-        "finish_reason": data["finish"],
-        "matched": data["matched"],
-        "eos_token_ids": list(settings.eos_token_ids),
-        "think_close_id": settings.think_close_id,
-        "max_prompt_tokens": settings.max_prompt_tokens,
-        "tool_format": settings.tool_format,
-    }
+def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings | None) -> PromptItem:
+    key = turn_key(state["key"], parent.turn + 1)
+    seed = None
+    if settings is not None:
+        # Every sample has a seed (as the producer gives turn 0): from --seed, else from its key.
+        seed = SamplingParams.from_dict(settings.sampling).sample_seed(
+            prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key
+        )
+    return replace(parent, key=key, ids=ids, seed=seed, turn=parent.turn + 1, conversation=state)

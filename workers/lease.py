@@ -1,17 +1,15 @@
 """A batch lease: at most one batch thread, on any host, generates a given batch at a time.
 
-Redis can hold two copies of one batch message: after a broker connection loss Celery
-restores unacked messages while the tasks that held them still run or retry. Without a
-lease both copies would generate and write the same prompts. The holder renews the lease
-from a background thread (one per process renews every lease the process holds: a thread
-started and joined per batch costs more CPU than the rest of the lease when servers answer
-quickly); if it dies the lease expires within LEASE_TTL, and on the same host a dead holder
-process is recognised at once. A copy of the batch on another thread of
-the same live process waits (BatchBusy) until the holder is done.
+Redis can hold two copies of one batch message (after a broker connection loss Celery restores
+unacked messages while their tasks still run). One thread per process renews every lease the
+process holds (a thread per batch costs more CPU than the rest of the lease when servers answer
+quickly); a dead holder's lease expires within LEASE_TTL, or is taken over at once on its own
+host. A copy on another thread of a live process waits (BatchBusy) until the holder is done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
@@ -34,29 +32,17 @@ RENEW_EVERY = LEASE_TTL / 3
 # may lapse (and another host's reaper give the batch away): it stops and writes nothing.
 LOST_AFTER_SHARE = 0.75
 
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 _TAKEOVER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
 return 0
 """
 
 
 class _Renewer:
-    """The process's lease renewal thread: renews each held lease RENEW_EVERY seconds after
-    it was taken or last renewed (RENEW_EVERY is read at each lease's turn, as tests change it).
-    Started with the first lease, and again if it is gone (after a fork)."""
+    """The process's renewal thread: renews each lease RENEW_EVERY s (read at each turn: tests
+    change it) after it was taken or renewed; started with the first lease, again after a fork."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -107,13 +93,7 @@ class BatchBusy(EagleSynthError):
 
 
 class BatchLease:
-    """Hold `key` while a batch runs.
-
-    Parameters:
-        client: redis-py client.
-        key: CampaignKeys.lease(batch).
-        ttl: seconds the lease lives without renewal.
-    """
+    """Hold `key` (CampaignKeys.lease(batch)) while a batch runs; `ttl`: seconds it lives unrenewed."""
 
     def __init__(self, client: redis.Redis, key: str, *, ttl: float = LEASE_TTL) -> None:
         self.client = client
@@ -127,9 +107,8 @@ class BatchLease:
 
     @property
     def lost(self) -> bool:
-        """The lease may belong to someone else now: a renewal found it gone, or renewals have
-        failed (Redis unreachable) for most of a TTL. A batch that lost its lease stops and
-        writes nothing, so two hosts never both commit it."""
+        """A renewal found the lease gone, or renewals failed for most of a TTL: it may be someone
+        else's now, so the batch stops and writes nothing."""
         return self._refused or time.monotonic() - self._renewed_at > self.ttl_ms / 1000 * LOST_AFTER_SHARE
 
     def __enter__(self) -> BatchLease:
@@ -141,10 +120,8 @@ class BatchLease:
     def __exit__(self, *exc: object) -> None:
         # A renewal still under way when the lease is released finds it gone and does nothing.
         _renewer.remove(self)
-        try:
+        with contextlib.suppress(redis.RedisError):  # else it expires by itself
             self.client.eval(_RELEASE, 1, self.key, self.holder)
-        except redis.RedisError:
-            pass  # it expires by itself
 
     def _acquire(self) -> bool:
         self._renewed_at = time.monotonic()

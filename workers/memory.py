@@ -1,19 +1,14 @@
-"""The worker process's memory: glibc's malloc arenas capped, and every batch thread started
-up front.
+"""The worker process's memory: glibc's malloc arenas capped, every batch thread started up front.
 
-Arenas: glibc gives threads that contend for malloc their own arena (up to 8 per core), and
-memory freed in one arena is reused only by the threads that land on it; a worker's batch
-threads (128 by default) decode payloads and encode records in turn, so freed blocks scatter
-over many arenas. Capping them took 35 MiB (21 %) off RSS after 100k records.
+Arenas: glibc gives contending threads their own arena (up to 8 per core) and memory freed in
+one is reused only by threads landing on it; 128 batch threads scatter freed blocks over many.
+Capping them took 35 MiB (21 %) off RSS after 100k records.
 
-Threads: most of the growth after warm-up over 100k records (Python's heap flat under
-tracemalloc) was the thread pool itself. Celery's ThreadPoolExecutor starts a thread only when a task finds none
-idle, so the pool reached its limit over the run: /proc smaps showed 52 new thread stacks
-(8 MiB mappings, ~0.3 MiB resident each) appear at 40k of 100k records, with RSS. Started up
-front they are part of warm-up. Measured (benchmarks/worker_memory.py, 100k records, 128 batch
-threads, arenas capped, process tree RSS from 20 % of the records to the end): 1.16x before
-(158 -> 183 MiB), 1.04x after (178 -> 185 MiB). Over 1M records RSS still grows 1.17x, slowing,
-in the second arena (BENCHMARKS.md, targets missed).
+Threads: Celery's ThreadPoolExecutor starts a thread only when a task finds none idle, so the
+pool grew to its limit over a run (52 new 8 MiB stacks, ~0.3 MiB resident each, at 40k of 100k
+records; Python's heap flat). Started up front they are warm-up: RSS growth from 20 % of 100k
+records to the end went 1.16x -> 1.04x (benchmarks/worker_memory.py); over 1M records it still
+grows 1.17x, slowing, in the second arena (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ from typing import Any
 
 log = logging.getLogger("eagle_synth.worker")
 
-# Arenas a worker process may use: 2 took 35 MiB (21 %) off the worker's RSS after 100k records
-# with 128 batch threads (the threads mostly wait on I/O, so they rarely contend for malloc).
+# Arenas a worker process may use (its threads mostly wait on I/O, rarely contending for malloc).
 WORKER_MALLOC_ARENAS = 2
 # Environment variable that overrides it (0: glibc's default, for measuring the difference).
 ARENAS_ENV = "EAGLE_SYNTH_MALLOC_ARENAS"
@@ -43,10 +37,8 @@ def limit_malloc_arenas() -> int | None:
     arenas = int(os.environ.get(ARENAS_ENV, WORKER_MALLOC_ARENAS))
     if arenas <= 0 or os.environ.get("MALLOC_ARENA_MAX"):
         return None  # off, or already set for the whole process by the operator
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):
         return None
     if mallopt(_M_ARENA_MAX, arenas) != 1:
@@ -56,12 +48,8 @@ def limit_malloc_arenas() -> int | None:
 
 
 def start_pool_threads(pool: Any) -> int:
-    """Start every batch thread of Celery's thread pool now; returns how many it has.
-
-    ThreadPoolExecutor starts a thread only when a task finds none idle, so the pool grows to
-    its limit over hours, each new thread adding its stack and thread state to RSS (the growth
-    read as a leak). Blocking `limit` placeholder tasks until all are submitted makes each
-    submit start a thread."""
+    """Start every batch thread of Celery's thread pool now (module docstring); returns how many
+    it has. `limit` placeholder tasks blocked until all are submitted make each submit start one."""
     executor = getattr(pool, "executor", None)
     limit = getattr(pool, "limit", 0)
     if not isinstance(executor, ThreadPoolExecutor) or not limit:

@@ -1,20 +1,12 @@
 """Is a server serving the campaign's model? Asked once per server and campaign, before its first batch.
 
-Preflight checks a server's settings, but not which model it serves: a server loaded with
-another model takes the campaign's ids and answers with nonsense, or (SGLang) dies on the
-first id past its vocabulary, after which the worker only sees "connection refused". So
-before a campaign's first batch goes to a server, the server tokenizes the campaign's canary
-(a text with the tokenizer's special tokens, eagle_synth/model_identity.py) and the ids are
-compared with the campaign tokenizer's:
-
-* vLLM: `POST /tokenize` with `add_special_tokens: false` -> `tokens`; `/v1/models` `root`
-  names the model in the message;
-* SGLang: `POST /tokenize` where the version serves it (newer ones do), `model_path` of
-  /model_info names it; an older SGLang that has no /tokenize is not checked.
-
-A mismatch refuses the server with one line naming both (the health gate marks it refused:
-`status` shows the line), and the batch goes back to the queue: no prompt is burned.
-A campaign enqueued before canaries existed is not checked.
+Preflight does not check the model: a server with another one answers the campaign's ids with
+nonsense, or (SGLang) dies on the first id past its vocabulary. So the server tokenizes the
+campaign's canary (eagle_synth/model_identity.py; `POST /tokenize`, `add_special_tokens: false`)
+and the ids are compared with the campaign tokenizer's; an SGLang without /tokenize, or a
+campaign without a canary, is not checked. A mismatch refuses the server with one line naming
+both models (the health gate marks it refused, `status` shows it) and the batch goes back to
+the queue: no prompt is burned.
 """
 
 from __future__ import annotations
@@ -39,8 +31,8 @@ QUOTED_IDS = 8
 
 
 def served_tokens(client: ServerClient, state: ServerState, text: str) -> list[int] | None:
-    """The ids the server's tokenizer gives `text` (no special tokens added), or None when it
-    does not say (no /tokenize). Transport failures raise (the batch's own requests handle them)."""
+    """The ids the server gives `text` (no special tokens added), None without /tokenize;
+    transport failures raise (the batch's own requests handle them)."""
     body: dict = {"prompt": text, "add_special_tokens": False}
     served = (state.provenance or {}).get("served_model_name")
     if state.backend == VLLM and isinstance(served, str):
@@ -52,25 +44,18 @@ def served_tokens(client: ServerClient, state: ServerState, text: str) -> list[i
         tokens = json.loads(raw).get("tokens")
     except (ValueError, AttributeError):
         return None
-    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        return None
-    return tokens
+    return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
 
 
 def served_model(state: ServerState) -> str:
     """What the server says it serves, for the message."""
-    provenance = state.provenance or {}
-    for key in ("model_root", "model_path", "model", "served_model_name"):
-        value = provenance.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return "an unnamed model"
+    names = ((state.provenance or {}).get(key) for key in ("model_root", "model_path", "model", "served_model_name"))
+    return next((name for name in names if isinstance(name, str) and name), "an unnamed model")
 
 
 def mismatch_line(url: str, state: ServerState, settings: CampaignSettings, tokens: list[int]) -> str | None:
     """The refusal line when the server's canary ids differ from the campaign's, else None."""
-    expected = settings.tokenizer_canary.get("ids")
-    if tokens == expected:
+    if tokens == (expected := settings.tokenizer_canary.get("ids")):
         return None
     return (
         f"refusing server {redact_url(url)}: it serves {served_model(state)}, whose tokenizer does not match "
@@ -81,11 +66,7 @@ def mismatch_line(url: str, state: ServerState, settings: CampaignSettings, toke
 
 
 class ModelCheck:
-    """The per-process memo of which servers serve which campaign's model.
-
-    Parameters:
-        clients: one HTTP client per server URL.
-    """
+    """The per-process memo of which servers serve which campaign's model (`clients`: one per URL)."""
 
     def __init__(self, clients: dict[str, ServerClient]) -> None:
         self.clients = clients
@@ -105,9 +86,9 @@ class ModelCheck:
         except (ServerDown, TransientError) as exc:
             log.info("server %s: cannot check its model now (%s)", url, exc)
             return None  # not remembered: looked at again on the next batch
-        line = None if tokens is None else mismatch_line(url, state, settings, tokens)
         if tokens is None:
             log.info("server %s does not tokenize (no /tokenize): its model is not checked", url)
+        line = None if tokens is None else mismatch_line(url, state, settings, tokens)
         with self._lock:
             self._known[key] = line
         return line

@@ -1,17 +1,16 @@
 """The reaper: puts back batches a dead worker was holding, within minutes instead of hours.
 
-A worker whose host dies (SIGKILL, power loss) leaves its batches in kombu's `unacked` hash
-until the visibility timeout (6 h). Every worker's main process runs a reaper thread; each
-REAP_INTERVAL one of them (whoever takes the Redis lock) sweeps: a batch fetched more than
-REAP_AFTER seconds ago whose lease has lapsed is restored to its queue (eagle_synth.state.stranded
-has the rule and the atomic restore). So a dead host's batches come back about LEASE_TTL
-(60 s) + REAP_INTERVAL after it dies, or REAP_AFTER after they were fetched if later.
+A dead host (SIGKILL, power loss) leaves its batches in kombu's `unacked` hash until the
+visibility timeout (6 h). Each REAP_INTERVAL one worker (whoever takes the Redis lock) restores
+every batch fetched over REAP_AFTER s ago whose lease lapsed (the rule and the atomic restore:
+eagle_synth.state.stranded): back about LEASE_TTL + REAP_INTERVAL after the host died.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import redis
@@ -28,35 +27,32 @@ log = logging.getLogger("eagle_synth.reaper")
 REAP_INTERVAL = TIMINGS.reap_interval
 
 
+def won_round(client: redis.Redis, lock: str, node: str, interval: float) -> bool:
+    """Take a cluster-wide round's lock (it lives `interval` s, naming `node` for people looking)."""
+    return bool(client.set(lock, node, nx=True, px=max(int(interval * 1000), 1)))
+
+
+@dataclass
 class Reaper:
     """Sweeps for stranded batches and restores them.
 
     Parameters:
-        client: redis-py client of the broker's Redis.
-        node: this worker's node name (held in the lock, for people looking at Redis).
+        client, node: the broker's Redis; this worker's node name (held in the round's lock).
         queue: our queue's name (routes a message whose exchange binding is gone).
         interval: seconds between sweeps, and the lock's lifetime.
         reap_after: seconds since fetch before a message without a live lease is stranded.
     """
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        node: str,
-        queue: str,
-        interval: float = REAP_INTERVAL,
-        reap_after: float = REAP_AFTER,
-    ) -> None:
-        self.client = client
-        self.node = node
-        self.queue = queue
-        self.interval = interval
-        self.reap_after = reap_after
+    client: redis.Redis
+    _: KW_ONLY
+    node: str
+    queue: str
+    interval: float = REAP_INTERVAL
+    reap_after: float = REAP_AFTER
 
     def sweep(self) -> int:
         """One sweep if this worker wins the round's lock; returns how many batches it restored."""
-        if not self.client.set(REAPER_LOCK, self.node, nx=True, px=max(int(self.interval * 1000), 1)):
+        if not won_round(self.client, REAPER_LOCK, self.node, self.interval):
             return 0
         restored = 0
         for held in stranded_batches(self.client, reap_after=self.reap_after, with_entries=True):
@@ -74,10 +70,9 @@ class Reaper:
 
 
 class SweepStep(bootsteps.StartStopStep):
-    """Consumer step: a sweeper's `sweep` every `interval` seconds on a daemon thread of the
-    worker's main process (the reaper, the reconciler). Started once, it survives consumer
-    restarts (broker reconnections) and stops with the worker; a Redis error or a bug waits for
-    the next round, never ends the thread."""
+    """Consumer step: `sweeper(c).sweep()` every `interval` s on a daemon thread of the worker's
+    main process. It survives consumer restarts and stops with the worker; a Redis error or a
+    bug waits for the next round, never ends the thread."""
 
     label = "sweeper"
 
@@ -87,7 +82,6 @@ class SweepStep(bootsteps.StartStopStep):
         self._thread: threading.Thread | None = None
 
     def sweeper(self, c: Any) -> Any:
-        """The object whose `sweep()` runs each `interval`."""
         raise NotImplementedError
 
     def start(self, c: Any) -> None:

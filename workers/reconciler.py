@@ -1,25 +1,27 @@
 """The reconciler: the campaign, not the broker, decides what still has to be generated.
 
-Every published batch has a copy in its campaign (eagle_synth/state/batch_store.py) until its keys
-end. A batch is lost when its copy is older than RECONCILE_AFTER and it is in no queue, in no
-`unacked` entry and under no live lease, while some of its keys are neither done, nor failed,
-nor claimed by another live batch: the broker dropped it (a Redis death between kombu's BRPOP
-and its `unacked` write, a worker killed in that instant). The reconciler publishes such a
-batch again (the worker skips what is done; claims keep two copies from both generating).
+Every published batch has a copy in its campaign (eagle_synth/state/batch_store.py) until its
+keys end. A batch is lost when its copy is older than RECONCILE_AFTER, it is in no queue, no
+`unacked` entry, under no live lease, and some keys are neither done, failed, nor claimed by a
+live batch: the broker dropped it (Redis died between kombu's BRPOP and its `unacked` write).
+It is published again (the worker skips what is done; claims keep copies from both generating).
 
-Cost: each round (RECONCILE_INTERVAL, one worker per round by a Redis lock) compares three
-counts, O(campaigns): stored batches against queued messages plus unacked ones. Only when the
-stored ones are more, two rounds running or after Redis restarted (its run id changed), does it
-read the queue and `unacked` (one pass, in LRANGE/HSCAN steps) and look at each stored batch.
-A healthy campaign of any size costs a few commands per round.
+Cost: each round (one worker per RECONCILE_INTERVAL, by a Redis lock) compares O(campaigns)
+counts: stored batches against queued plus unacked messages. Only when the stored ones are
+more, two rounds running or after Redis restarted (its run id changed), does it read the queue
+and `unacked` and look at each stored batch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import itertools
 import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import redis
@@ -32,7 +34,7 @@ from eagle_synth.state.claims import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE, CampaignKeys
 from eagle_synth.state.redis_client import connect, text
 from eagle_synth.state.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches
-from workers.reaper import SweepStep
+from workers.reaper import SweepStep, won_round
 
 log = logging.getLogger("eagle_synth.reconciler")
 
@@ -45,35 +47,24 @@ RECONCILE_AFTER = TIMINGS.reconcile_after
 QUEUE_CHUNK = 200
 
 
+@dataclass
 class Reconciler:
     """Finds lost batches and publishes them again.
 
     Parameters:
-        client: redis-py client of the broker's Redis.
-        node: this worker's node name (held in the lock).
-        queue: our queue's name.
+        client, node, queue, interval: as the Reaper's.
         send: publishes one encoded payload (eagle_synth.queue.send_payload bound to the app).
-        interval: seconds between rounds, and the lock's lifetime.
         reconcile_after: seconds a stored batch must be old before it can be lost.
     """
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        node: str,
-        queue: str,
-        send: Callable[[dict], None],
-        interval: float = RECONCILE_INTERVAL,
-        reconcile_after: float = RECONCILE_AFTER,
-    ) -> None:
-        self.client = client
-        self.node = node
-        self.queue = queue
-        self.send = send
-        self.interval = interval
-        self.reconcile_after = reconcile_after
-        self.full_sweeps = 0  # for logs and tests
+    client: redis.Redis
+    _: KW_ONLY
+    node: str
+    queue: str
+    send: Callable[[dict], None]
+    interval: float = RECONCILE_INTERVAL
+    reconcile_after: float = RECONCILE_AFTER
+    full_sweeps: int = field(default=0, init=False)  # for logs and tests
 
     # the cheap look -----------------------------------------------------------------
     def _queue_lists(self) -> list[str]:
@@ -88,8 +79,7 @@ class Reconciler:
         for name in self._queue_lists():
             pipe.llen(name)
         pipe.hlen(UNACKED_KEY)
-        counts = pipe.execute()
-        held = sum(int(c) for c in counts)
+        held = sum(int(c) for c in pipe.execute())
         run_id = str(self.client.info("server").get("run_id", ""))
         state = {text(k): text(v) for k, v in self.client.hgetall(RECONCILER_STATE).items()}
         restarted = state.get("run_id") not in (None, run_id)
@@ -102,24 +92,19 @@ class Reconciler:
     def _queued_batches(self) -> set[tuple[str, str]]:
         found: set[tuple[str, str]] = set()
         for name in self._queue_lists():
-            start = 0
-            while True:
+            for start in itertools.count(0, QUEUE_CHUNK):
                 chunk = self.client.lrange(name, start, start + QUEUE_CHUNK - 1)
                 for raw in chunk:
-                    try:
-                        payload = payload_of_message(json.loads(raw))
-                    except ValueError:
-                        payload = None
-                    if payload is not None:
-                        found.add((str(payload["campaign"]), str(payload["batch"])))
+                    with contextlib.suppress(ValueError):
+                        if (payload := payload_of_message(json.loads(raw))) is not None:
+                            found.add((str(payload["campaign"]), str(payload["batch"])))
                 if len(chunk) < QUEUE_CHUNK:
                     break
-                start += QUEUE_CHUNK
         return found
 
     def sweep(self, *, force: bool = False) -> int:
         """One round if this worker wins the round's lock; returns how many batches it republished."""
-        if not self.client.set(RECONCILER_LOCK, self.node, nx=True, px=max(int(self.interval * 1000), 1)):
+        if not won_round(self.client, RECONCILER_LOCK, self.node, self.interval):
             return 0
         if not force and not self.needs_full_sweep():
             return 0
@@ -135,18 +120,15 @@ class Reconciler:
             if self.client.exists(campaign.keys.ended):
                 # Closed: its done set is folded to disk, so every key would look open here.
                 continue
-            for stored in stored_batches(self.client, name):
-                if stored.published_at > cutoff or (name, stored.batch) in live:
-                    continue
-                if self._republish_if_lost(campaign, stored):
-                    republished += 1
+            stale = [s for s in stored_batches(self.client, name) if s.published_at <= cutoff]
+            republished += sum(self._republish_if_lost(campaign, s) for s in stale if (name, s.batch) not in live)
         return republished
 
     def _republish_if_lost(self, campaign: Campaign, stored: StoredBatch) -> bool:
         if self.client.exists(campaign.keys.lease(stored.batch)):
             return False  # a live batch thread holds it
-        keys = stored.keys
-        open_keys = [k for k in keys if k not in campaign.finished_keys(keys)]
+        finished = campaign.finished_keys(stored.keys)
+        open_keys = [k for k in stored.keys if k not in finished]
         if not open_keys:
             forget(self.client, campaign.name, stored.batch)
             return False
@@ -170,10 +152,5 @@ class ReconcilerStep(SweepStep):
         from eagle_synth.queue import send_payload
 
         settings = broker_settings()
-        app = c.app
-        return Reconciler(
-            connect(settings),
-            node=c.hostname,
-            queue=settings.queue,
-            send=lambda payload: send_payload(app, settings.queue, payload),
-        )
+        send = functools.partial(send_payload, c.app, settings.queue)
+        return Reconciler(connect(settings), node=c.hostname, queue=settings.queue, send=send)

@@ -1,11 +1,7 @@
-"""Render conversations' next turns in a small pool of processes, off the worker's GIL.
-
-The worker is one process whose threads keep a server full; Jinja rendering and decoding are
-Python and hold the GIL. So next turns (eagle_synth.conversation.next_turn) are rendered in
-`processes` spawned children that each load the campaign's stored tokenizer once. Spawned,
-not forked: the worker has threads (the in-flight loop, Redis connections) a fork would copy
-mid-flight. Children are told nothing but a folder and plain job dicts; they never touch
-Redis or the queue.
+"""Render conversations' next turns (eagle_synth.conversation.next_turn) in a small pool of
+processes, off the GIL the worker's threads need to keep a server full. Each child loads the
+campaign's stored tokenizer once and gets only plain job dicts (never Redis or the queue).
+Spawned, not forked: a fork would copy the worker's threads (in-flight loop, Redis) mid-flight.
 """
 
 from __future__ import annotations
@@ -17,9 +13,7 @@ from pathlib import Path
 
 from eagle_synth.errors import EagleSynthError
 
-# Start method of rendering processes (see the module docstring).
-START_METHOD = "spawn"
-
+START_METHOD = "spawn"  # see the module docstring
 _tokenizer = None
 
 
@@ -32,8 +26,7 @@ def _init(folder: str) -> None:
     _tokenizer = load_tokenizer(folder)
 
 
-def _identity() -> tuple[str, str]:
-    """Fingerprint and chat template hash of the tokenizer this process loaded."""
+def _identity() -> tuple[str, str]:  # of the tokenizer this process loaded
     from eagle_synth.templating import tokenizer_facts
 
     facts = tokenizer_facts(_tokenizer)
@@ -46,18 +39,8 @@ def _render(jobs: list[dict]) -> list[tuple]:
 
     out: list[tuple] = []
     for job in jobs:
-        try:
-            turn = next_turn(
-                _tokenizer,
-                ConversationState.from_dict(job["state"]),
-                job["output_ids"],
-                finish_reason=job["finish_reason"],
-                matched=job["matched"],
-                eos_token_ids=job["eos_token_ids"],
-                think_close_id=job["think_close_id"],
-                max_prompt_tokens=job["max_prompt_tokens"],
-                tool_format=job.get("tool_format"),
-            )
+        try:  # the job's other keys are next_turn's keyword arguments
+            turn = next_turn(_tokenizer, ConversationState.from_dict(job.pop("state")), job.pop("output_ids"), **job)
         except Exception as exc:  # a conversation the contract cannot handle ends; the others go on
             out.append(("end", "template-error", f"{type(exc).__name__}: {exc}"))
             continue
@@ -70,23 +53,11 @@ def _render(jobs: list[dict]) -> list[tuple]:
 
 
 def _count_tool_calls(jobs: list[dict]) -> list[int]:
-    """For each job: how many tool calls its answer makes, parsed in the campaign's format (the
-    calls before a fault when one does not parse): the record's `tool_calls`."""
+    """For each job: the tool calls its answer makes in the campaign's format (those before a
+    fault when one does not parse): the record's `tool_calls`."""
     from eagle_synth.conversation import parse_answer
 
-    counts = []
-    for job in jobs:
-        parsed, _ = parse_answer(
-            _tokenizer,
-            job["output_ids"],
-            eos_token_ids=job["eos_token_ids"],
-            matched=job["matched"],
-            think_close_id=job["think_close_id"],
-            tool_format=job["tool_format"],
-            tools=job["tools"],
-        )
-        counts.append(len(parsed.tool_calls))
-    return counts
+    return [len(parse_answer(_tokenizer, job.pop("output_ids"), **job)[0].tool_calls) for job in jobs]
 
 
 class RendererMismatch(EagleSynthError, RuntimeError):
@@ -94,14 +65,8 @@ class RendererMismatch(EagleSynthError, RuntimeError):
 
 
 class Renderer:
-    """A pool of `processes` rendering processes for one stored tokenizer.
-
-    Parameters:
-        folder: the unpacked tokenizer files (eagle_synth.state.tokenizer_store.fetch_tokenizer).
-        processes: pool size.
-        fingerprint, chat_template_hash: what the campaign was made with; the loaded
-            tokenizer must match both or RendererMismatch is raised (nothing is rendered).
-    """
+    """A pool of `processes` rendering processes for the tokenizer unpacked in `folder`, which
+    must match the campaign's `fingerprint` and `chat_template_hash` (else RendererMismatch)."""
 
     def __init__(self, *, folder: Path, processes: int, fingerprint: str, chat_template_hash: str) -> None:
         self.folder = folder
@@ -126,13 +91,10 @@ class Renderer:
                 "(run the campaign's `eagle-synth enqueue ... --history own` again to store the right one)"
             )
 
-    def submit(self, jobs: list[dict]) -> Future:
-        """Render jobs (dicts: state, output_ids, finish_reason, matched, eos_token_ids,
-        think_close_id, max_prompt_tokens, tool_format); the future gives one result per job."""
+    def submit(self, jobs: list[dict]) -> Future:  # one result of _render per job
         return self._pool.submit(_render, jobs)
 
-    def count_tool_calls(self, jobs: list[dict]) -> Future:
-        """Count the tool calls of answers (the same job dicts); the future gives one int per job."""
+    def count_tool_calls(self, jobs: list[dict]) -> Future:  # one int per job
         return self._pool.submit(_count_tool_calls, jobs)
 
     def close(self) -> None:

@@ -1,23 +1,16 @@
 """One /generate reply item, checked before it may become a record.
 
-A 200 is not proof of a good answer: a proxy, a patched or buggy server can answer 200 with an
-item that has no `output_ids`, ids as strings, ids outside the vocabulary, or a prompt the
-server cut (`--allow-auto-truncate`). Written as a record, such an item is training data that
-the model never produced, or that was not conditioned on the ids the record says. Everything is
-checked here, in one pure function, before any record exists:
+A 200 is no proof of a good answer: a proxy or a buggy server can answer with no `output_ids`,
+ids as strings or outside the vocabulary, or a prompt it cut (`--allow-auto-truncate`): training
+data the model never produced, or not conditioned on the ids the record says. So, before any
+record exists: a malformed item raises BadResponse (transient: asked again, finally
+`bad-response`); `prompt_tokens` other than the ids sent raises PromptMismatch (asking again
+gives the same: `prompt-mismatch`). A `stop` on a matched token id must end with that id
+(SGLang keeps it in `output_ids`).
 
-* a malformed item raises BadResponse, a TransientError: the prompt is asked again and, if the
-  server keeps answering so, ends as `bad-response`;
-* `prompt_tokens` different from the ids sent raises PromptMismatch: the server generated from
-  another prompt; asking again gives the same, so the prompt fails as `prompt-mismatch`.
-
-The old-SGLang repair (before about 0.5.5 `output_ids` could start with up to 5 prompt-tail
-ids; `completion_tokens` stayed right) happens here too, but only for what is provably that
-bug: the extra leading ids must equal the tail of the prompt sent. They are dropped and counted
-in `repaired_prefix`. Any other surplus of ids over `completion_tokens` (a server under-reporting
-its count) is a BadResponse: dropping ids that are not the prompt's would cut real output.
-A `stop` that names a matched token id (EOS or a stop token) must end with that id: SGLang keeps
-the matched id in `output_ids`; a reply without it is a BadResponse too.
+Old SGLang (< ~0.5.5) could start `output_ids` with up to 5 prompt-tail ids, `completion_tokens`
+staying right: repaired (dropped, counted in `repaired_prefix`) only when the extra leading ids
+equal the prompt's tail; any other surplus is a BadResponse, as dropping it could cut real output.
 """
 
 from __future__ import annotations
@@ -27,7 +20,6 @@ from dataclasses import dataclass
 from eagle_synth.errors import EagleSynthError
 from workers.client import BadSamplingParams, TransientError
 
-# Failure reasons recorded for prompts whose replies never became usable.
 # finish_reason types SGLang reports; anything else is a shape we do not know how to record.
 FINISH_TYPES = frozenset({"stop", "length", "abort"})
 # Longest excerpt of a bad value quoted in an error message.
@@ -39,23 +31,14 @@ class BadResponse(TransientError):
 
 
 class SamplingOverridden(BadSamplingParams):
-    """A 200 reply proves the server did not sample as asked, e.g. it ended a generation on
-    `length` before the max_tokens sent (a server-side cap such as vLLM's
-    --override-generation-config max_new_tokens). Every prompt of the campaign meets the same
-    server, so it is handled like a refusal of the sampling parameters."""
+    """A 200 reply proves the server did not sample as asked (e.g. `length` before the
+    max_tokens sent: a server-side cap such as vLLM's --override-generation-config): handled
+    like a refusal of the sampling parameters, as every prompt would meet it."""
 
 
 class PromptMismatch(EagleSynthError):
-    """The server reports generating from another prompt than the one sent (another length;
-    on vLLM, which echoes the prompt ids, any other id).
-
-    Not transient: the server cut or changed the prompt (e.g. `--allow-auto-truncate`), and it
-    will do so again. The prompt fails with reason `prompt-mismatch`.
-
-    Parameters:
-        message: what was sent and what the server reported.
-        sent, reported: the two prompt lengths.
-    """
+    """The server generated from another prompt than the one sent (another length; on vLLM,
+    which echoes the ids, any other id). Not transient. `sent`, `reported`: the two lengths."""
 
     def __init__(self, message: str, *, sent: int, reported: int) -> None:
         super().__init__(message)
@@ -65,29 +48,20 @@ class PromptMismatch(EagleSynthError):
 
 @dataclass(frozen=True, slots=True)
 class GeneratedItem:
-    """A checked reply item: everything a record takes from the server.
-
-    Parameters:
-        output_ids: the generated ids (after the prompt-tail repair); empty when aborted.
-        finish_type: "stop", "length" or "abort".
-        finish_matched: the stop id or stop string that ended a "stop" generation, else None.
-        prompt_tokens: prompt length the server reports (equal to what was sent).
-        completion_tokens: generated ids the server reports (equal to len(output_ids)).
-        cached_tokens: prompt ids served from the server's prefix cache (0 if not reported).
-        e2e_latency: seconds the server spent on the request, if reported.
-        repaired_prefix: prompt-tail ids dropped from the front of output_ids (old SGLang).
-        aborted: the server aborted this prompt; nothing else here is meaningful, ask again.
-    """
+    """A checked reply item: everything a record takes from the server. `finish_matched` is
+    the stop id or string that ended a "stop"; `cached_tokens` the prompt ids from the prefix
+    cache; `repaired_prefix` the prompt-tail ids dropped (old SGLang); `aborted`: nothing else
+    is meaningful, ask again."""
 
     output_ids: list[int]
     finish_type: str
     finish_matched: int | str | None
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
-    e2e_latency: float | None
-    repaired_prefix: int
-    aborted: bool
+    cached_tokens: int = 0
+    e2e_latency: float | None = None
+    repaired_prefix: int = 0
+    aborted: bool = False
 
 
 def excerpt(value: object) -> str:
@@ -95,8 +69,7 @@ def excerpt(value: object) -> str:
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
 
 
-def kind_of(value: object) -> str:
-    """ "a list", "an int", ... for messages."""
+def kind_of(value: object) -> str:  # "a list", "an int", ... for messages
     name = type(value).__name__
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
@@ -107,9 +80,8 @@ def is_token_int(value: object) -> bool:
 
 def _finish(meta: dict) -> tuple[str, int | str | None]:
     """(type, matched) from meta_info.finish_reason; BadResponse for any other shape."""
-    if "finish_reason" not in meta or meta["finish_reason"] is None:
+    if (finish := meta.get("finish_reason")) is None:
         raise BadResponse("meta_info has no finish_reason")
-    finish = meta["finish_reason"]
     if isinstance(finish, str):  # very old SGLang reported the bare type
         finish = {"type": finish}
     if not isinstance(finish, dict):
@@ -123,12 +95,6 @@ def _finish(meta: dict) -> tuple[str, int | str | None]:
     if matched is not None and not is_token_int(matched) and not isinstance(matched, str):
         raise BadResponse(f"finish_reason.matched is neither a token id nor a stop string: {excerpt(matched)}")
     return kind, matched
-
-
-def _output_ids(item: dict, *, vocab_size: int) -> list[int]:
-    if "output_ids" not in item:
-        raise BadResponse("the reply item has no output_ids")
-    return checked_ids(item["output_ids"], field="output_ids", vocab_size=vocab_size)
 
 
 def checked_ids(ids: object, *, field: str, vocab_size: int) -> list[int]:
@@ -146,10 +112,7 @@ def checked_ids(ids: object, *, field: str, vocab_size: int) -> list[int]:
 
 def _count(meta: dict, name: str) -> int | None:
     """A non-negative int count from meta_info, None if absent; BadResponse if malformed."""
-    value = meta.get(name)
-    if value is None:
-        return None
-    if not is_token_int(value) or value < 0:
+    if (value := meta.get(name)) is not None and (not is_token_int(value) or value < 0):
         raise BadResponse(f"meta_info.{name} is not a non-negative int: {excerpt(value)}")
     return value
 
@@ -157,13 +120,8 @@ def _count(meta: dict, name: str) -> int | None:
 def parse_generate_item(
     item: object, *, vocab_size: int, prompt_len: int, prompt_ids: list[int] | None = None
 ) -> GeneratedItem:
-    """Check one /generate reply item against the prompt that was sent.
-
-    Raises BadResponse (transient) for every malformed shape and PromptMismatch when the
-    server reports another prompt length than `prompt_len`. `vocab_size` bounds the ids.
-    `prompt_ids` (the ids sent) allow the old-SGLang prefix repair; without them a surplus of
-    ids is a BadResponse.
-    """
+    """Check one /generate reply item against the prompt sent (module docstring); `prompt_ids`
+    allow the old-SGLang prefix repair, without them a surplus of ids is a BadResponse."""
     if not isinstance(item, dict):
         raise BadResponse(f"the reply item is {kind_of(item)}, not an object: {excerpt(item)}")
     if "meta_info" not in item:
@@ -172,21 +130,11 @@ def parse_generate_item(
     if not isinstance(meta, dict):
         raise BadResponse(f"meta_info is {kind_of(meta)}, not an object: {excerpt(meta)}")
     kind, matched = _finish(meta)
-    if kind == "abort":
-        # Whatever came with an abort is thrown away: the prompt is asked again.
-        return GeneratedItem(
-            output_ids=[],
-            finish_type=kind,
-            finish_matched=None,
-            prompt_tokens=prompt_len,
-            completion_tokens=0,
-            cached_tokens=0,
-            e2e_latency=None,
-            repaired_prefix=0,
-            aborted=True,
-        )
-    output_ids = _output_ids(item, vocab_size=vocab_size)
-
+    if kind == "abort":  # whatever came with it is thrown away: the prompt is asked again
+        return GeneratedItem([], kind, None, prompt_tokens=prompt_len, completion_tokens=0, aborted=True)
+    if "output_ids" not in item:
+        raise BadResponse("the reply item has no output_ids")
+    output_ids = checked_ids(item["output_ids"], field="output_ids", vocab_size=vocab_size)
     reported_prompt = _count(meta, "prompt_tokens")
     if reported_prompt is not None and reported_prompt != prompt_len:
         raise PromptMismatch(
@@ -195,7 +143,6 @@ def parse_generate_item(
             sent=prompt_len,
             reported=reported_prompt,
         )
-
     completion = _count(meta, "completion_tokens")
     repaired = 0
     if completion is None:
@@ -212,7 +159,6 @@ def parse_generate_item(
         output_ids = output_ids[repaired:]
     elif len(output_ids) < completion:
         raise BadResponse(f"output_ids has {len(output_ids)} ids but completion_tokens says {completion}")
-
     if kind == "stop" and is_token_int(matched) and (not output_ids or output_ids[-1] != matched):
         raise BadResponse(f"finish_reason says it stopped on token {matched}, but output_ids does not end with it")
 
@@ -229,5 +175,4 @@ def parse_generate_item(
         cached_tokens=cached,
         e2e_latency=float(latency) if isinstance(latency, (int, float)) and not isinstance(latency, bool) else None,
         repaired_prefix=repaired,
-        aborted=False,
     )

@@ -1,13 +1,11 @@
-"""The worker process's shared pieces: one in-flight pool, the output folder's state, the
-batch runner, and the routing that tells the pool which servers may take prompts and with
-which backend (SGLang or vLLM, as preflight found) to build their requests.
-
-Batches run on Celery's thread pool in one process, so every batch shares these; they are
-built once, on the first batch, from the settings the CLI passed through the environment.
+"""The worker process's shared pieces, built on its first batch: one in-flight pool, the output
+folder's state, the batch runner, and the routing that tells the pool which servers may take
+prompts and with which backend (SGLang or vLLM, as preflight found) to build their requests.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -16,7 +14,7 @@ from collections.abc import Callable, Mapping
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import connect
-from workers.backends import Backend, backend_for_state
+from workers.backends import backend_for_state
 from workers.batch import BatchRunner, server_capacity
 from workers.config import WorkerConfig, auto_inflight
 from workers.disk import DiskState
@@ -30,10 +28,9 @@ class WorkerRuntime:
     """Builds and owns the process-wide pool, disk state and runner.
 
     Parameters:
-        config: worker settings.
-        node: this worker's Celery node name.
-        stopping: set when the worker begins to shut down (default: a fresh event).
-        disk: the output folder's state, shared with the health gate (default: a fresh one).
+        config, node: worker settings; this worker's Celery node name.
+        stopping: set when the worker begins to shut down.
+        disk: the output folder's state, shared with the health gate.
         broker: Redis and queue settings (default: from the environment).
         send: publishes one encoded TaskPayload (a conversation's next turns); default: a Celery
             app of its own for these broker settings.
@@ -75,24 +72,20 @@ class WorkerRuntime:
             shutdown_grace=float(settings.soft_shutdown_timeout),
         )
 
-    def close(self) -> None:
-        """Stop the in-flight pool's event loop (tests; a worker process just exits)."""
+    def close(self) -> None:  # stops the pool's event loop (tests; a worker process just exits)
         self.pool.close()
 
     def tickets(self, url: str, state: ServerState) -> int:
         """In-flight tickets for one healthy server: --inflight, else its capacity x 1.25."""
-        tickets = self.config.inflight or auto_inflight(server_capacity(state))
+        capacity = server_capacity(state)
+        tickets = self.config.inflight or auto_inflight(capacity)
         if self._tickets_logged.get(url) != tickets:
             self._tickets_logged[url] = tickets
-            source = (
-                "--inflight"
-                if self.config.inflight
-                else (
-                    f"1.25 x the server's max_running_requests {server_capacity(state)}"
-                    if server_capacity(state)
-                    else "the default: the server does not report its capacity"
-                )
-            )
+            source = f"1.25 x the server's max_running_requests {capacity}" if capacity else "the default"
+            if self.config.inflight:
+                source = "--inflight"
+            elif not capacity:
+                source += ": the server does not report its capacity"
             log.warning("server %s: keeping %d prompts in flight (%s)", url, tickets, source)
         return tickets
 
@@ -109,34 +102,21 @@ class WorkerRuntime:
             backend = backend_for_state(state) if state is not None else None
             if state is None or state.state != HEALTHY or suspects.get(url, 0.0) > state.since or backend is None:
                 routes[url] = Route(0)
-            else:
-                self._log_backend(url, backend)
-                routes[url] = Route(self.tickets(url, state), backend)
+                continue
+            # Said once: which endpoint (and model) a server's prompts go to.
+            identity = (backend.name, model := getattr(backend, "model", None))
+            if self._backends.get(url) != identity:
+                self._backends[url] = identity
+                log.warning(
+                    "server %s: sending prompts to %s%s", url, backend.path, f" (model {model})" if model else ""
+                )
+            routes[url] = Route(self.tickets(url, state), backend)
         return routes
-
-    def _log_backend(self, url: str, backend: Backend) -> None:
-        """Say once which endpoint (and model) a server's prompts go to."""
-        identity = (backend.name, getattr(backend, "model", None))
-        if self._backends.get(url) != identity:
-            self._backends[url] = identity
-            log.warning(
-                "server %s: sending prompts to %s%s",
-                url,
-                backend.path,
-                f" (model {identity[1]})" if identity[1] else "",
-            )
 
 
 def _own_sender(settings: BrokerSettings) -> Callable[[dict], None]:
     """Publish with a Celery app made on first use (the worker passes its own app's instead)."""
-    app = None
+    from eagle_synth.queue import make_celery, send_payload
 
-    def send(payload: dict) -> None:
-        nonlocal app
-        from eagle_synth.queue import make_celery, send_payload
-
-        if app is None:
-            app = make_celery(settings)
-        send_payload(app, settings.queue, payload)
-
-    return send
+    app = functools.cache(lambda: make_celery(settings))
+    return lambda payload: send_payload(app(), settings.queue, payload)

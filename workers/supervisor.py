@@ -41,12 +41,8 @@ ENV_CHILD = "EAGLE_SYNTH_SUPERVISED"
 
 
 class Supervisor:
-    """Run `argv` as a child and restart it with backoff until it exits 0 or 2 or we are stopped.
-
-    Parameters:
-        argv: the child's command line.
-        env: its environment.
-    """
+    """Run `argv` (with environment `env`) as a child and restart it with backoff until it exits
+    0 or 2 or we are stopped."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.argv = argv
@@ -70,7 +66,7 @@ class Supervisor:
         while True:
             started = time.monotonic()
             self.child = subprocess.Popen(self.argv, env={**self.env, ENV_CHILD: "1"})
-            code = self._wait()
+            code = self.child.wait()  # PEP 475: a signal handler does not interrupt it
             if self.stopping or code in FINAL_EXIT_CODES:
                 return 0 if code < 0 and self.stopping else code
             if time.monotonic() - started > STABLE_AFTER:
@@ -88,14 +84,6 @@ class Supervisor:
             if self.stopping:
                 return 0
             backoff = min(backoff * 2, RESTART_BACKOFF_MAX)
-
-    def _wait(self) -> int:
-        assert self.child is not None
-        while True:
-            try:
-                return self.child.wait()
-            except InterruptedError:  # pragma: no cover - PEP 475 retries waits itself
-                continue
 
 
 def supervise_worker(
