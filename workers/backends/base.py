@@ -2,16 +2,8 @@
 
 One worker drives SGLang (`/generate`) and vLLM (`/v1/completions`) servers with the same
 guarantees: exact ids, every sampling value sent, one record or one recorded failure per
-prompt. What differs between the kinds sits behind `Backend`:
-
-* the request for one prompt (`request`), built from the campaign's sampling, which is kept
-  in SGLang's names (eagle_synth/sampling.py) and translated per kind (`translate_sampling`);
-* the check that turns a 200 reply into a GeneratedItem or raises (`parse`);
-* the context rule (`context_problem`);
-* preflight: what the server says about itself (`facts`), the settings refused (`checks`),
-  what the node state keeps (`apply_facts`), and the backend rebuilt from it (`from_state`).
-
-Routing, retries, accounting and records are the same for every kind.
+prompt. Routing, retries, accounting and records are the same for every kind; what differs
+sits behind `Backend`.
 """
 
 from __future__ import annotations
@@ -39,20 +31,14 @@ class PreflightError(UserError, RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One refused server setting.
-
-    Parameters:
-        setting: the name `--allow-server-setting` takes.
-        why: what it would do to the records, with the offending value.
-        fix: how to relaunch the server without it.
-    """
+    """One refused server setting: `setting` (the name `--allow-server-setting` takes), `why`
+    (what it would do to the records, with the offending value), `fix` (how to relaunch)."""
 
     setting: str
     why: str
     fix: str
 
     def refusal(self) -> str:
-        """The line of the refusal message."""
         return f"{self.why} ({self.fix}, or accept it with --allow-server-setting {self.setting})"
 
     def accepted(self) -> str:
@@ -84,45 +70,36 @@ class UntranslatableSampling(BadSamplingParams):
 class Backend(Protocol):
     """One kind of server as the worker sees it; an instance serves one server URL.
 
-    Class attributes: `name` (the kind), `path` (its generation endpoint), `checks` (the
-    refusable settings preflight looks for: setting name -> check).
+    `name` is the kind, `path` its generation endpoint, `checks` the refusable settings
+    preflight looks for (setting name -> check). The campaign's sampling is kept in SGLang's
+    names (eagle_synth/sampling.py) and translated per kind: `translate_sampling` makes every
+    value explicit or raises UntranslatableSampling; `request` is (path, JSON body) for one
+    prompt; `parse` checks one decoded 200 reply (BadResponse for malformed shapes,
+    PromptMismatch when the server generated from other ids, SamplingOverridden when it did not
+    sample as asked); `context_problem` is None when the server serves the prompt exactly as
+    asked, else why not. Preflight: `facts` is what the server says about itself (raises
+    ServerDown, TransientError, or PreflightError when it cannot produce records at all),
+    `apply_facts` stores what batches need and the provenance in the node's server state, and
+    `from_state` rebuilds the backend from that state.
     """
 
     name: ClassVar[str]
     path: ClassVar[str]
     checks: ClassVar[Mapping[str, Check]]
 
-    def translate_sampling(self, sampling: dict) -> dict:
-        """The campaign's sampling (SGLang names) as this kind's request fields, every value
-        explicit; raises UntranslatableSampling when there is no exact equivalent."""
-        ...
+    def translate_sampling(self, sampling: dict) -> dict: ...
 
-    def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
-        """(path, JSON body) generating one prompt with `sampling` (SGLang names)."""
-        ...
+    def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]: ...
 
-    def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
-        """Check one decoded 200 reply: BadResponse (transient) for malformed shapes,
-        PromptMismatch when the server generated from other ids, SamplingOverridden when it
-        did not sample as asked."""
-        ...
+    def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem: ...
 
-    def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:
-        """None when the server serves this prompt exactly as asked, else why not."""
-        ...
+    def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None: ...
 
     @staticmethod
-    def facts(client: ServerClient) -> ServerFacts:
-        """What preflight learns from the server (raises ServerDown, TransientError, or
-        PreflightError when the server cannot produce records at all)."""
-        ...
+    def facts(client: ServerClient) -> ServerFacts: ...
 
     @staticmethod
-    def apply_facts(state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:
-        """Store in the node's server state what batches need, and the provenance."""
-        ...
+    def apply_facts(state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None: ...
 
     @classmethod
-    def from_state(cls, state: ServerState) -> Backend:
-        """The backend for a server preflight accepted, from its published state."""
-        ...
+    def from_state(cls, state: ServerState) -> Backend: ...
