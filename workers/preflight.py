@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from workers.backends import BACKENDS, OWNERS, REFUSABLE_SETTINGS
 from workers.backends.base import AUTO, SGLANG, VLLM, Check, PreflightError, redact_url
 from workers.backends.sglang import CHECKS
-from workers.client import ServerClient, ServerDown, ServerFacts, TransientError
+from workers.client import ServerClient, ServerDown, ServerFacts, TransientError, first_model
 from workers.config import auto_inflight
 
 log = logging.getLogger("eagle_synth.preflight")
@@ -51,9 +51,7 @@ class Preflighted:
 def detect_kind(client: ServerClient) -> tuple[str | None, str]:
     """(kind or None, the evidence) from what the server answers; raises ServerDown or
     TransientError when it does not answer at all."""
-    models = client.get_optional_json("/v1/models") or {}
-    data = models.get("data")
-    owner = data[0].get("owned_by") if isinstance(data, list) and data and isinstance(data[0], dict) else None
+    owner = first_model(client.get_optional_json("/v1/models")).get("owned_by")
     if owner in OWNERS:
         return OWNERS[owner], f"/v1/models owned_by {owner!r}"
     server_info = client.get_optional_json("/server_info")

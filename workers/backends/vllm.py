@@ -44,6 +44,7 @@ from workers.client import (
     _positive_int,
     error_for_status,
     error_message,
+    first_model,
 )
 from workers.replies import (
     BadResponse,
@@ -447,9 +448,8 @@ class VllmBackend:
     @staticmethod
     def facts(client: ServerClient) -> ServerFacts:
         models = client.get_optional_json("/v1/models")
-        data = (models or {}).get("data")
-        card = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else None
-        if card is None:
+        card = first_model(models)
+        if not card:
             raise TransientError(f"{client.url}/v1/models lists no model yet")
         version = (client.get_optional_json("/version") or {}).get("version")
         config = (client.get_optional_json(DEV_CONFIG_PATH) or {}).get("vllm_config")
