@@ -1,12 +1,10 @@
-"""A token-in/token-out HTTP client for one inference server (SGLang or vLLM).
+"""A token-in/token-out HTTP client for one inference server (SGLang or vLLM): health, the small
+info endpoints, JSON posts (request and reply shapes are in workers/backends/).
 
-The client is the transport: health, the small info endpoints, JSON posts. What a request and
-a reply look like for each server kind lives in workers/backends/. It turns every way a
-request can go wrong into one of three exceptions the batch runner classifies: ServerDown (not listening: nothing to
-retry until health says so), TransientError (timeouts, resets, 429, 5xx: retry with
-backoff) and BadRequest (400: the prompt or its parameters, never worth a retry). A 400 about
-the sampling parameters is a BadSamplingParams: every prompt of the campaign shares them, so
-it is the campaign's settings that are wrong, not one prompt.
+Every failure becomes one of three exceptions the batch runner classifies: ServerDown (not
+listening: nothing to retry until health says so), TransientError (timeouts, resets, 429,
+5xx: retry with backoff) and BadRequest (400: never worth a retry); a 400 about the sampling is
+a BadSamplingParams, the campaign's settings being wrong rather than one prompt.
 """
 
 from __future__ import annotations

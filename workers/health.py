@@ -1,18 +1,10 @@
 """The health gate: a worker takes batches only while a server it serves is healthy.
 
-A thread in the worker's main process probes each server's /health. The worker consumes the
-queue while at least one server is healthy and stops consuming when none is, so a loading,
-warming or dead server costs no batch, no /generate call and no retry budget; within about
-a second of the first 200 the worker consumes again.
-
-Hysteresis: a refused connection means nothing listens, so it counts at once; timeouts and
-503s from a server that was healthy must repeat FAILURES_TO_UNHEALTHY times in a row, since
-SGLang's /health answers 503 on a healthy server busy with a long prefill. A successful
-generation reported by a batch counts as a passed probe.
-
-Both kinds of server answer /health with 200 when ready. SGLang listens while it warms up
-(503s); vLLM listens only once its model is loaded, so it goes from loading to healthy. Before
-a server's first batch, preflight (workers/preflight.py) tells which kind it is and checks it.
+A thread in the worker's main process probes each server's /health and preflights it when it
+first answers (workers/preflight.py); docs/workers.md "Health gate" tells the behaviour. A
+refused connection counts at once; timeouts and 503s from a healthy server must repeat
+FAILURES_TO_UNHEALTHY times, since SGLang's /health answers 503 on a healthy server busy with a
+long prefill. A successful generation reported by a batch counts as a passed probe.
 """
 
 from __future__ import annotations
@@ -49,16 +41,14 @@ log = logging.getLogger("eagle_synth.health")
 FAILURES_TO_UNHEALTHY = 3
 # Seconds between probes of a healthy server (skipped while /generate keeps succeeding).
 HEALTHY_PROBE_INTERVAL = 5.0
-# First and longest wait between probes of a server that is not healthy, seconds.
+# Wait between probes of a server that is not healthy: first, longest, growth per failure.
 BACKOFF_START = 0.2
 BACKOFF_MAX = 1.0
-# How much the wait grows after each failed probe.
 BACKOFF_FACTOR = 1.5
-# Seconds between heartbeat refreshes of the node's hash when nothing changed.
+# Seconds between: heartbeat refreshes of the node's hash when nothing changed, sweeps for
+# in-flight counts left by worker processes that died, gate loop wake-ups (batch threads' hints).
 HEARTBEAT_INTERVAL = 10.0
-# Seconds between sweeps for in-flight counts left by worker processes that died.
 PRUNE_INTERVAL = 5.0
-# How often the gate loop wakes to read hints from batch threads, seconds.
 TICK = 0.1
 
 
@@ -80,17 +70,14 @@ class HealthGate:
     """Probe servers, keep their states in the node's hash, open and close the gate.
 
     Parameters:
-        servers: base URLs of the servers this worker serves.
         node_state: where states are published for batch threads and `status`.
-        on_open: called (from the gate thread) when the first server turns healthy.
-        on_close: called when no server is healthy any more.
-        allow_server_parsers: accept servers running parsers or skipping their tokenizer.
-        allowed_settings: refused server settings to accept by name (see
-            workers.backends.REFUSABLE_SETTINGS); None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS.
+        on_open, on_close: called (from the gate thread) when the first server turns healthy,
+            and when none is any more.
+        allow_server_parsers, allowed_settings: what preflight accepts (workers/preflight.py).
         probe_timeout: seconds a /health probe may take.
         disk: the output folder's state; while it cannot take records the gate stays closed.
-        backends: the kind given per server (--backend: "sglang", "vllm"); a server not
-            listed, or "auto", is detected at preflight (workers/preflight.py).
+        backends: the kind given per server (--backend); a server not listed, or "auto", is
+            detected at preflight.
         on_all_refused: called once when preflight has refused every server (the worker exits 2).
     """
 
@@ -125,7 +112,6 @@ class HealthGate:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="eagle-synth-health", daemon=True)
         self._thread.start()
@@ -163,20 +149,19 @@ class HealthGate:
                 self._stop.wait(1.0)
             self._stop.wait(TICK)
 
-    # one round ------------------------------------------------------------------
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         changed = False
         for url, detail in self.node_state.take_suspects().items():
             tracked = self.tracked.get(url)
             reported = str(detail.get("detail") or "")
-            if tracked and tracked.state.state != REFUSED and reported.startswith(REFUSE_PREFIX):
-                # A batch found it serving another model than the campaign's (workers/model_check.py);
-                # _set logs the line.
+            if not tracked or tracked.state.state == REFUSED:
+                continue
+            if reported.startswith(REFUSE_PREFIX):
+                # A batch found it serving another model than the campaign's (workers/model_check.py).
                 tracked.next_probe = float("inf")
                 changed = self._set(tracked, REFUSED, reported[len(REFUSE_PREFIX) :]) or changed
-                continue
-            if tracked and tracked.state.state != REFUSED:
+            else:
                 log.info("server %s reported failing by a batch (%s): probing now", url, detail.get("detail"))
                 tracked.next_probe = 0.0
                 tracked.last_cause = reported or tracked.last_cause
@@ -236,14 +221,11 @@ class HealthGate:
             for problem in checked.accepted:
                 log.warning("server %s accepted despite %s", url, problem)
             facts = checked.facts
+            model = facts.model_info.get("id") or facts.server_info.get("model_path") or "?"
+            version = facts.version or "(version unknown)"
             log.warning(
                 "server %s is %s %s serving %s (context %s; kind from %s)",
-                url,
-                checked.kind,
-                facts.version or "(version unknown)",
-                facts.model_info.get("id") or facts.server_info.get("model_path") or "?",
-                facts.context_length,
-                checked.how,
+                *(url, checked.kind, version, model, facts.context_length, checked.how),
             )
             BACKENDS[checked.kind].apply_facts(tracked.state, facts, accepted=checked.accepted)
             tracked.preflighted = True
@@ -268,13 +250,8 @@ class HealthGate:
         if tracked.state.state == HEALTHY and not certain and tracked.failures < FAILURES_TO_UNHEALTHY:
             # One slow probe on a busy server: look again soon, keep serving meanwhile.
             tracked.next_probe = now + BACKOFF_START
-            log.info(
-                "server %s: probe failed (%d/%d): %s",
-                tracked.client.url,
-                tracked.failures,
-                FAILURES_TO_UNHEALTHY,
-                detail,
-            )
+            url, failures = tracked.client.url, tracked.failures
+            log.info("server %s: probe failed (%d/%d): %s", url, failures, FAILURES_TO_UNHEALTHY, detail)
             return False
         tracked.next_probe = now + tracked.wait
         tracked.wait = min(tracked.wait * BACKOFF_FACTOR, BACKOFF_MAX)
@@ -299,16 +276,15 @@ class HealthGate:
 
     def _update_gate(self) -> None:
         any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values()) and self._disk_ok()
-        if any_healthy and not self.is_open:
-            self.is_open = True
+        if any_healthy == self.is_open:
+            return
+        self.is_open = any_healthy
+        if any_healthy:
             log.warning("a server is healthy: taking batches")
-            self.on_open()
-            self._publish()
-        elif not any_healthy and self.is_open:
-            self.is_open = False
+        else:
             log.warning("no healthy server or no writable output folder: not taking batches")
-            self.on_close()
-            self._publish()
+        (self.on_open if any_healthy else self.on_close)()
+        self._publish()
 
     def all_refused(self) -> bool:
         return all(t.state.state == REFUSED for t in self.tracked.values())

@@ -1,18 +1,12 @@
 """InflightPool: the worker's process-wide set of in-flight generation requests, refilled per prompt.
 
-SGLang frees a running slot the moment a sequence ends, and reasoning outputs are
-heavy-tailed. If the unit of in-flight work were a batch, a batch would hold its in-flight
-budget until its slowest prompt ended while its finished prompts' slots sat empty. So the unit
-is one prompt: every batch the worker holds puts its prompts in one first-in-first-out line,
-each server has at most `tickets` requests in flight, and a prompt that finishes hands its
-ticket to the next prompt in line at once, whichever batch either belongs to.
-
-Requests run on one asyncio event loop in a daemon thread (aiohttp), so a thousand in-flight
-prompts cost no thread each. Batch threads call `submit` and wait on the returned
-`concurrent.futures.Future`, which always resolves to an `Answer` (never raises).
-
-Each server has its backend (workers/backends/: SGLang's /generate or vLLM's
-/v1/completions), which builds the request; a server whose kind is not known yet takes none.
+The unit of in-flight work is one prompt, not a batch (docs/workers.md "Keeping the GPU full"):
+SGLang frees a slot the moment a sequence ends and outputs are heavy-tailed, so every batch's
+prompts wait in one first-in-first-out line, each server has at most `tickets` requests in
+flight, and a finished prompt hands its ticket to the next in line, whichever batch it is of.
+Requests run on one asyncio event loop in a daemon thread (aiohttp); batch threads wait on
+`concurrent.futures.Future`s that always resolve to an `Answer`. Each server's backend
+(workers/backends/) builds its requests; a server whose kind is not known yet takes none.
 """
 
 from __future__ import annotations

@@ -2,18 +2,9 @@
 raw, faithful ids.
 
 `preflight_server` is the one entry (the health gate and `eagle-synth worker`): it detects the
-kind (`detect_kind`) unless --backend forces it, gathers that kind's facts and applies its
-refusals (each kind's are in workers/backends/). Detection asks what each kind answers and the
-other does not:
-
-1. `/v1/models`: `data[0].owned_by` is "sglang" on SGLang and "vllm" on vLLM;
-2. otherwise (a proxy rewriting it): vLLM's dev-mode `/server_info` holds `vllm_config`,
-   SGLang's `/model_info` (older `/get_model_info`) exists only there.
-
-A forced kind that contradicts what the server answers is refused (a request in the wrong
-API would only fail); a server that answers like neither needs --backend. A refused setting
-can be accepted by name (`--allow-server-setting NAME`, passed to workers as
-EAGLE_SYNTH_ALLOW_SERVER_SETTINGS); `--allow-server-parsers` accepts the parser-related ones.
+kind (`detect_kind`: /v1/models `owned_by`, else vLLM's dev-mode /server_info or SGLang's
+/model_info) unless --backend forces it, gathers that kind's facts and applies its refusals
+(each kind's are in workers/backends/; docs/workers.md "Which kind of server" and "Preflight").
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """SGLang: the native `/generate` endpoint with `input_ids`, as docs/workers.md describes.
 
 The campaign's sampling is stored in SGLang's own names, so it is sent as it is (after a check
-that every key is one SGLang knows: an unknown key is an HTTP 500 on older servers). Replies
-are checked by workers/replies.py `parse_generate_item`.
-
-Preflight refuses each setting that changes what a record would hold without the record saying so:
-
-* `reasoning_parser`, `tool_call_parser`: parsers do not touch `/generate`'s output_ids, but
-  they are a sign the operator expects parsed text somewhere;
-* `skip_tokenizer_init`: the server stops on the model config's EOS, not the chat template's;
-* `is_generation` false: the model cannot generate;
-* `allow_auto_truncate`: a prompt or `max_new_tokens` over the context is cut silently instead
-  of refused with a 400, so a record would carry prompt ids the server did not condition on;
-* `preferred_sampling_params` setting a key our requests do not send: SGLang merges those
-  values under every request's own, changing the sampling behind the campaign's back (keys we
-  do send are overridden by ours and only noted).
-
-Each can be accepted by name (`--allow-server-setting NAME`). What is kept about a server
-(provenance) is an allow-list of its launch arguments: SGLang's `/server_info` returns every
-argument, `api_key` and `admin_api_key` included, unredacted. `context_message` says what SGLang
-counts against the context length.
+that every key is one SGLang knows: an unknown key is an HTTP 500 on older servers); replies are
+checked by workers/replies.py `parse_generate_item`. Preflight refuses the settings that change
+what a record would hold without the record saying so (docs/workers.md "Preflight" gives each
+and why), keeps an allow-list of launch arguments as provenance (`/server_info` returns every
+argument, `api_key` included, unredacted), and `context_message` says what SGLang counts
+against the context length.
 """
 
 from __future__ import annotations

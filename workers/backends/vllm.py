@@ -1,30 +1,13 @@
 """vLLM: `POST /v1/completions` with the prompt as token ids and `return_token_ids: true`.
 
-What vLLM does, from its source (vllm/entrypoints/openai/completion/protocol.py and
-serving.py, vllm/sampling_params.py, vllm/entrypoints/utils.py, vllm/renderers/params.py):
-
-* Request: `prompt` as a list of ints is used as is (no tokenizer, no BOS); every sampling
-  field left out falls back to the server's default: first the model's generation config
-  (--generation-config, auto by default, plus --override-generation-config), then OpenAI's;
-  `max_tokens` defaults to 16. So every value is sent (`translate_sampling`), in vLLM's names.
-  Unknown fields are ignored with a warning, never refused: a misspelt key would silently not
-  apply, which is why the translation is a fixed table.
-* A hard cap nobody sees: the generation config's `max_new_tokens` (when --generation-config
-  names a folder) and --override-generation-config's are a ceiling on max_tokens. A reply
-  ending on `length` before the max_tokens sent is that cap: SamplingOverridden.
-* The model's generation_config.json `eos_token_id` list is merged into stop_token_ids, as
-  SGLang also stops on it: generations end on the model's EOS ids and the campaign's stop ids.
-* Reply: `choices[0].token_ids` (the stop token kept, as SGLang keeps it in output_ids),
-  `prompt_token_ids` (what the engine generated from), `finish_reason` stop/length/abort and
-  `stop_reason`: the matched stop id or string, None for the model's EOS.
-* Errors: `{"error": {"message", "type", "param", "code"}}` (older versions: the same keys at
-  the top level); 400 for validation (range errors name the field: "top_p must be in (0, 1]"),
-  404 for an unknown `model`, 500 when the engine fails.
-* Launch arguments are not served (only /server_info in dev mode, VLLM_SERVER_DEV_MODE=1), so
-  preflight checks what it can see: /v1/models (max_model_len, the served name), /version, the
-  dev-mode configuration when it is exposed, and a 4-token probe request (token ids returned,
-  prompt unchanged, max_tokens honoured exactly, text decoded). A probe reply that is merely
-  malformed proves nothing and only warns: every reply is checked before it becomes a record.
+docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source
+(vllm/entrypoints/openai/completion/, vllm/sampling_params.py, vllm/entrypoints/utils.py). Two
+facts shape this module: every sampling field left out falls back to the server's generation
+config (then OpenAI's defaults, `max_tokens` 16), and unknown fields are ignored with a warning,
+never refused; so every value is sent, through a fixed table. Launch arguments are not served
+(only dev mode's /server_info), so preflight checks what it sees: /v1/models, /version, the
+dev-mode configuration if exposed, and a 4-token probe request. Errors come as
+`{"error": {"message", ...}}` (older versions: the keys at the top level).
 """
 
 from __future__ import annotations
