@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import redis
 
@@ -95,20 +96,16 @@ class HealthGate:
         backends: dict[str, str] | None = None,
         on_all_refused: Callable[[], None] | None = None,
     ) -> None:
-        self.node_state = node_state
-        self.on_all_refused = on_all_refused
-        self.on_open = on_open
-        self.on_close = on_close
-        self.allow_server_parsers = allow_server_parsers
-        self.allowed_settings = allowed_settings
-        self.probe_timeout = probe_timeout
-        self.disk = disk
+        self.node_state, self.disk, self.probe_timeout = node_state, disk, probe_timeout
+        self.on_open, self.on_close, self.on_all_refused = on_open, on_close, on_all_refused
+        self._preflight = partial(
+            preflight_server, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings
+        )
         self._disk_detail: str | None = None
         self.tracked = {url: _Tracked(client=ServerClient(url, pool_connections=2)) for url in servers}
         self.forced = {url: (backends or {}).get(url, AUTO) for url in servers}
         self.is_open = False
-        self._last_prune = 0.0
-        self._last_publish = 0.0
+        self._last_prune = self._last_publish = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -206,12 +203,7 @@ class HealthGate:
             return self._failed(tracked, state, detail, certain=False, now=now)
         if not tracked.preflighted:
             try:
-                checked = preflight_server(
-                    tracked.client,
-                    forced=self.forced[url],
-                    allow_server_parsers=self.allow_server_parsers,
-                    allowed_settings=self.allowed_settings,
-                )
+                checked = self._preflight(tracked.client, forced=self.forced[url])
             except PreflightError as exc:
                 log.error("%s", exc)
                 tracked.next_probe = float("inf")
@@ -264,10 +256,8 @@ class HealthGate:
         )
 
     def _disk_ok(self) -> bool:
-        if self.disk is None:
-            return True
-        ok = self.disk.check()
-        detail = None if ok else self.disk.detail
+        ok = self.disk is None or self.disk.check()
+        detail = None if ok or self.disk is None else self.disk.detail
         if detail != self._disk_detail:
             log.warning("output folder: %s", "writable again" if ok else detail)
             self._disk_detail = detail
