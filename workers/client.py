@@ -120,7 +120,7 @@ def error_for_status(status: int, body: bytes, *, path: str) -> ClientError | No
     return TransientError(f"{path} answered {status}: {error_message(body, status)}", status=status)
 
 
-def _positive_int(value: object) -> int | None:
+def positive_int(value: object) -> int | None:
     """An int > 0 from a JSON value (ints, integral floats, digit strings), else None."""
     if isinstance(value, bool) or value is None:
         return None
@@ -151,7 +151,6 @@ class ServerFacts:
         max_running_requests: requests the server runs at once (its scheduler's cap).
         max_total_num_tokens: tokens its KV cache holds, all running requests together.
         backend: the server kind ("sglang" or "vllm").
-        models: `/v1/models` as returned, if it answered.
         probe: what a backend's preflight probe request saw (vLLM), for its checks.
     """
 
@@ -163,7 +162,6 @@ class ServerFacts:
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
     backend: str = "sglang"
-    models: dict | None = None
     probe: dict | None = None
 
 
@@ -241,11 +239,11 @@ class ServerClient:
                 return body
         raise TransientError(f"{self.url}: none of {paths} answered a JSON object")
 
-    def get_optional_json(self, path: str, *, timeout: float = INFO_TIMEOUT) -> dict | None:
+    def get_optional_json(self, path: str) -> dict | None:
         """GET `path`: its JSON object, or None when it answers anything else (404, not JSON).
         Raises ServerDown / TransientError when it does not answer: "no such endpoint" is not
         "did not answer"."""
-        response = self._request("GET", path, timeout=timeout)
+        response = self._request("GET", path, timeout=INFO_TIMEOUT)
         if response.status_code != 200:
             return None
         try:
@@ -274,10 +272,10 @@ class ServerClient:
             url=self.url,
             server_info=server_info,
             model_info=model_info,
-            context_length=_positive_int(card.get("max_model_len")) or _positive_int(server_info.get("context_length")),
+            context_length=positive_int(card.get("max_model_len")) or positive_int(server_info.get("context_length")),
             version=server_info.get("version"),
-            max_running_requests=_positive_int(server_info.get("max_running_requests")),
-            max_total_num_tokens=_positive_int(server_info.get("max_total_num_tokens")),
+            max_running_requests=positive_int(server_info.get("max_running_requests")),
+            max_total_num_tokens=positive_int(server_info.get("max_total_num_tokens")),
         )
 
     def close(self) -> None:

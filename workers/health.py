@@ -19,16 +19,7 @@ from functools import partial
 import redis
 
 from eagle_synth.processes import process_alive
-from eagle_synth.state.node_state import (
-    HEALTHY,
-    LOADING,
-    REFUSED,
-    UNHEALTHY,
-    UNKNOWN,
-    WARMING,
-    NodeState,
-    ServerState,
-)
+from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState
 from workers.backends import AUTO, BACKENDS
 from workers.backends.base import PreflightError
 from workers.client import ServerClient, ServerDown, TransientError

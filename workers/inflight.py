@@ -25,13 +25,7 @@ import aiohttp
 import orjson
 
 from workers.backends.base import Backend
-from workers.client import (
-    CONNECT_TIMEOUT,
-    ClientError,
-    ServerDown,
-    TransientError,
-    error_for_status,
-)
+from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, error_for_status
 
 log = logging.getLogger("eagle_synth.inflight")
 

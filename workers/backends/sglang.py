@@ -19,7 +19,7 @@ from typing import ClassVar
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import SGLANG, Check, Problem, UntranslatableSampling, redact_url
-from workers.client import ServerClient, ServerFacts
+from workers.client import ServerClient, ServerFacts, positive_int
 from workers.replies import GeneratedItem, parse_generate_item
 
 # server_info launch arguments kept in a campaign's provenance. An allow-list, never a
@@ -188,12 +188,6 @@ def fits_context(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits)
     return context_message(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits) is None
 
 
-def _int_or_none(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        return None
-    return int(value)
-
-
 def _max_req_len(context_length: int | None, max_total_num_tokens: int | None) -> int | None:
     """The scheduler's max_req_len: min(context - 1, KV cache tokens - 1)."""
     if not context_length:
@@ -208,7 +202,7 @@ def draft_reserved_tokens(server_info: dict) -> int:
     if not isinstance(algorithm, str) or algorithm.upper() not in EAGLE_ALGORITHMS:
         return 0
     topk, steps, *drafts = (
-        _int_or_none(server_info.get(key)) or 0
+        positive_int(server_info.get(key)) or 0
         for key in (
             "speculative_eagle_topk",
             "speculative_num_steps",
@@ -223,7 +217,7 @@ def context_limits(facts: ServerFacts) -> ContextLimits:
     return ContextLimits(
         context_length=facts.context_length,
         reserved_tokens=draft_reserved_tokens(facts.server_info),
-        max_req_input_len=_int_or_none(facts.server_info.get("max_req_input_len")),
+        max_req_input_len=positive_int(facts.server_info.get("max_req_input_len")),
         max_req_len=_max_req_len(facts.context_length, facts.max_total_num_tokens),
     )
 

@@ -24,10 +24,10 @@ from workers.client import (
     ServerClient,
     ServerFacts,
     TransientError,
-    _positive_int,
     error_for_status,
     error_message,
     first_model,
+    positive_int,
 )
 from workers.replies import (
     BadResponse,
@@ -441,11 +441,10 @@ class VllmBackend:
             url=client.url,
             server_info=config,
             model_info=card,
-            context_length=_positive_int(card.get("max_model_len")),
+            context_length=positive_int(card.get("max_model_len")),
             version=version if isinstance(version, str) else None,
-            max_running_requests=_positive_int(_config(config, "scheduler_config", "max_num_seqs")),
+            max_running_requests=positive_int(_config(config, "scheduler_config", "max_num_seqs")),
             backend=VLLM,
-            models=models,
             probe=_probe(client, model=card.get("id") if isinstance(card.get("id"), str) else None),
         )
         _require_faithful_probe(facts)
