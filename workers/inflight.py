@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import aiohttp
 import orjson
 
-from workers.backends.base import Backend
+from workers.backends import Backend
 from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, error_for_status
 
 log = logging.getLogger("eagle_synth.inflight")

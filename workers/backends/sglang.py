@@ -262,7 +262,7 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
 
 
 class SGLangBackend:
-    """Requests, replies, context rule and preflight of an SGLang server (see base.Backend)."""
+    """Requests, replies, context rule and preflight of an SGLang server (see workers.backends.Backend)."""
 
     name: ClassVar[str] = SGLANG
     path: ClassVar[str] = "/generate"

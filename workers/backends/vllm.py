@@ -369,7 +369,7 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
 
 
 class VllmBackend:
-    """Requests, replies, context rule and preflight of a vLLM server (see base.Backend).
+    """Requests, replies, context rule and preflight of a vLLM server (see workers.backends.Backend).
 
     Parameters:
         model: the served model name sent as `model` (from /v1/models); None leaves it out.
