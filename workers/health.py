@@ -101,41 +101,35 @@ class HealthGate:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="eagle-synth-health", daemon=True)
-        self._thread.start()
         # The heartbeat has its own thread: a probe or preflight that takes long (a slow or
         # trickling server, vLLM's probe request) must not make the worker vanish from status.
-        threading.Thread(target=self._beat, name="eagle-synth-heartbeat", daemon=True).start()
+        for name, step, pause in (("health", self.tick, TICK), ("heartbeat", self._beat, HEARTBEAT_INTERVAL / 2)):
+            thread = threading.Thread(target=self._forever, args=(step, pause, name), name=f"eagle-synth-{name}")
+            thread.daemon = True
+            thread.start()
+            self._thread = self._thread or thread
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_INTERVAL / 2):
-            if time.time() - self._last_publish < HEARTBEAT_INTERVAL / 2:
-                continue
-            try:
-                self._publish()
-            except redis.RedisError as exc:
-                log.info("heartbeat: Redis not answering (%s)", exc)
-            except Exception:  # a bug must not silently stop the heartbeat
-                log.exception("heartbeat failed")
+        if time.time() - self._last_publish >= HEARTBEAT_INTERVAL / 2:
+            self._publish()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
 
-    def _run(self) -> None:
-        self._publish()
-        while not self._stop.is_set():
+    def _forever(self, step: Callable[[], None], pause: float, what: str) -> None:
+        # The first tick publishes: nothing was yet.
+        while not self._stop.wait(pause):
             try:
-                self.tick()
+                step()
             except redis.RedisError as exc:
                 # Redis away (restarting?): the gate keeps its state and tries again.
-                log.warning("health gate cannot reach Redis: %s", exc)
+                log.warning("%s cannot reach Redis: %s", what, exc)
                 self._stop.wait(1.0)
-            except Exception:  # a bug must not silently stop the gate
-                log.exception("health gate tick failed")
+            except Exception:  # a bug must not silently stop the gate or the heartbeat
+                log.exception("%s failed", what)
                 self._stop.wait(1.0)
-            self._stop.wait(TICK)
 
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now

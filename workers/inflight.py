@@ -206,14 +206,14 @@ class InflightPool:
         self._pump()
 
     def _free_server(self) -> str | None:
-        best, best_free = None, 0
-        for url in self.servers:
-            if url in self._refused or url not in self._backends:
-                continue
-            free = self._limits.get(url, 0) - self._busy[url]
-            if free > best_free:
-                best, best_free = url, free
-        return best
+        """The routable server with the most free tickets (the first listed among equals)."""
+        free = {
+            url: self._limits.get(url, 0) - self._busy[url]
+            for url in self.servers
+            if url not in self._refused and url in self._backends
+        }
+        best = max(free, key=free.__getitem__, default=None)
+        return best if best is not None and free[best] > 0 else None
 
     def _pump(self) -> None:
         while self._waiting:
