@@ -18,7 +18,7 @@ backend from that state.
 from __future__ import annotations
 
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import AUTO, BACKEND_CHOICES, SGLANG, VLLM, UntranslatableSampling
+from workers.backends.base import AUTO, SGLANG, VLLM, UntranslatableSampling
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import VllmBackend
 
@@ -30,18 +30,8 @@ REFUSABLE_SETTINGS = tuple(dict.fromkeys([*SGLangBackend.checks, *VllmBackend.ch
 # What each kind's model card says in /v1/models `owned_by`.
 OWNERS = {"sglang": SGLANG, "vllm": VLLM}
 
-__all__ = [
-    "AUTO",
-    "BACKEND_CHOICES",
-    "BACKENDS",
-    "Backend",
-    "OWNERS",
-    "REFUSABLE_SETTINGS",
-    "SGLANG",
-    "VLLM",
-    "UntranslatableSampling",
-    "backend_for_state",
-]
+# Names of workers/backends/base.py the worker imports from here.
+__all__ = ["AUTO", "SGLANG", "VLLM", "UntranslatableSampling"]
 
 
 def backend_for_state(state: ServerState | None) -> Backend | None:
