@@ -166,13 +166,12 @@ class HealthGate:
         self._update_gate()
 
     def _set(self, tracked: _Tracked, state: str, detail: str) -> bool:
+        """Set a server's state and detail; True when the state changed (and was logged)."""
+        tracked.state.detail = detail
         if tracked.state.state == state:
-            tracked.state.detail = detail
             return False
         log.warning("server %s: %s -> %s (%s)", tracked.client.url, tracked.state.state, state, detail)
-        tracked.state.state = state
-        tracked.state.since = time.time()
-        tracked.state.detail = detail
+        tracked.state.state, tracked.state.since = state, time.time()
         return True
 
     def _probe(self, url: str, tracked: _Tracked) -> bool:

@@ -251,11 +251,9 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
                 f"{where} came back without token ids: vLLM {facts.version} is older than "
                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM"
             ) from None
+        accepting = "accepting the server, each reply is checked before it becomes a record"
         log.warning(
-            "server %s: the preflight probe's reply is malformed (%s); accepting the server, each reply "
-            "is checked before it becomes a record",
-            redact_url(facts.url),
-            exc,
+            "server %s: the preflight probe's reply is malformed (%s); %s", redact_url(facts.url), exc, accepting
         )
         return
     if not item.aborted and (item.finish_type != "length" or len(item.output_ids) != PROBE_TOKENS):
