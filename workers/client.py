@@ -1,12 +1,10 @@
-"""A token-in/token-out HTTP client for one inference server (SGLang or vLLM).
+"""A token-in/token-out HTTP client for one inference server (SGLang or vLLM): health, the small
+info endpoints, JSON posts (request and reply shapes are in workers/backends/).
 
-The client is the transport: health, the small info endpoints, JSON posts. What a request and
-a reply look like for each server kind lives in workers/backends/. It turns every way a
-request can go wrong into one of three exceptions the batch runner classifies: ServerDown (not listening: nothing to
-retry until health says so), TransientError (timeouts, resets, 429, 5xx: retry with
-backoff) and BadRequest (400: the prompt or its parameters, never worth a retry). A 400 about
-the sampling parameters is a BadSamplingParams: every prompt of the campaign shares them, so
-it is the campaign's settings that are wrong, not one prompt.
+Every failure becomes one of three exceptions the batch runner classifies: ServerDown (not
+listening: nothing to retry until health says so), TransientError (timeouts, resets, 429,
+5xx: retry with backoff) and BadRequest (400: never worth a retry); a 400 about the sampling is
+a BadSamplingParams, the campaign's settings being wrong rather than one prompt.
 """
 
 from __future__ import annotations
@@ -22,13 +20,12 @@ from requests.adapters import HTTPAdapter
 
 from eagle_synth.errors import EagleSynthError
 
-# Connections kept open per server by the synchronous client (probes, info, quick health checks).
+# Keep-alive connections per server of the synchronous client (probes, info, quick health checks).
 POOL_CONNECTIONS = 64
-# Seconds to open a TCP connection; a listening server accepts at once even when busy.
+# Seconds to open a TCP connection (a listening server accepts at once even when busy), for a
+# /health probe (SGLang's own check gives up after 20 s with a 503), for the info endpoints.
 CONNECT_TIMEOUT = 5.0
-# Seconds a /health probe may take: SGLang's own check gives up after 20 s (503).
 HEALTH_TIMEOUT = 25.0
-# Seconds for the small info endpoints.
 INFO_TIMEOUT = 10.0
 # Bytes asked of the socket per read while an answer's body arrives (each read returns what is there).
 READ_PIECE = 65536
@@ -55,11 +52,8 @@ class BadRequest(ClientError):
 
 
 class BadSamplingParams(BadRequest):
-    """HTTP 400 about the sampling parameters (unknown or mistyped key, value out of range).
-
-    They are the campaign's, identical for every prompt: failing prompts one by one would fail
-    them all. The caller stops the campaign instead and reports the server's message.
-    """
+    """HTTP 400 about the sampling parameters (unknown or mistyped key, value out of range):
+    the campaign's, so the caller stops the campaign instead of failing its prompts one by one."""
 
 
 # Sampling field names whose out-of-range values the servers report as "<field> must ...":
@@ -126,7 +120,7 @@ def error_for_status(status: int, body: bytes, *, path: str) -> ClientError | No
     return TransientError(f"{path} answered {status}: {error_message(body, status)}", status=status)
 
 
-def _positive_int(value: object) -> int | None:
+def positive_int(value: object) -> int | None:
     """An int > 0 from a JSON value (ints, integral floats, digit strings), else None."""
     if isinstance(value, bool) or value is None:
         return None
@@ -139,21 +133,24 @@ def _positive_int(value: object) -> int | None:
     return number if number > 0 else None
 
 
+def first_model(models: dict | None) -> dict:
+    """The first model card of a `/v1/models` answer, {} when there is none."""
+    data = (models or {}).get("data")
+    return data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+
+
 @dataclass(frozen=True, slots=True)
 class ServerFacts:
     """What preflight learns about a server.
 
     Parameters:
-        url: base URL.
-        server_info: `/server_info` (or the deprecated `/get_server_info`) as returned.
-        model_info: `/model_info` (or the deprecated `/get_model_info`) as returned.
+        server_info, model_info: SGLang's `/server_info` and `/model_info` (or their deprecated
+            `/get_*` forms) as returned; for vLLM its dev-mode configuration if exposed, and
+            its /v1/models card.
         context_length: effective context length (`/v1/models` max_model_len, else server_info).
-        version: SGLang version string, if reported.
         max_running_requests: requests the server runs at once (its scheduler's cap).
         max_total_num_tokens: tokens its KV cache holds, all running requests together.
-        backend: the server kind ("sglang" or "vllm"); server_info and model_info are that
-            kind's (for vLLM: its dev-mode configuration if exposed, and its /v1/models card).
-        models: `/v1/models` as returned, if it answered.
+        backend: the server kind ("sglang" or "vllm").
         probe: what a backend's preflight probe request saw (vLLM), for its checks.
     """
 
@@ -165,7 +162,6 @@ class ServerFacts:
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
     backend: str = "sglang"
-    models: dict | None = None
     probe: dict | None = None
 
 
@@ -237,28 +233,17 @@ class ServerClient:
         return False, f"/health answered {response.status_code}"
 
     def _get_json(self, *paths: str) -> dict:
-        last: Exception | None = None
+        """The JSON object of the first of `paths` that answers one; TransientError if none does."""
         for path in paths:
-            response = self._request("GET", path, timeout=INFO_TIMEOUT)
-            if response.status_code == 200:
-                try:
-                    body = response.json()
-                except ValueError as exc:
-                    last = exc
-                    continue
-                if isinstance(body, dict):
-                    return body
-                last = ClientError(f"{path} answered a JSON {type(body).__name__}, not an object")
-                continue
-            last = ClientError(f"{path} answered {response.status_code}", status=response.status_code)
-        raise TransientError(f"{self.url}: none of {paths} answered: {last}")
+            if (body := self.get_optional_json(path)) is not None:
+                return body
+        raise TransientError(f"{self.url}: none of {paths} answered a JSON object")
 
-    def get_optional_json(self, path: str, *, timeout: float = INFO_TIMEOUT) -> dict | None:
+    def get_optional_json(self, path: str) -> dict | None:
         """GET `path`: its JSON object, or None when it answers anything else (404, not JSON).
-
-        Raises ServerDown when nothing listens and TransientError on timeouts: "this server has
-        no such endpoint" must not be confused with "this server did not answer"."""
-        response = self._request("GET", path, timeout=timeout)
+        Raises ServerDown / TransientError when it does not answer: "no such endpoint" is not
+        "did not answer"."""
+        response = self._request("GET", path, timeout=INFO_TIMEOUT)
         if response.status_code != 200:
             return None
         try:
@@ -273,31 +258,24 @@ class ServerClient:
         return response.status_code, response.content
 
     def facts(self) -> ServerFacts:
-        """Server info, model info and the effective context length.
-
-        The current endpoints first: SGLang logs a deprecation warning on every call of the
-        `get_*` forms, which older servers only have.
-        """
+        """An SGLang server's facts. The current endpoints first: SGLang logs a deprecation warning
+        on every call of the `get_*` forms, which older servers only have."""
         server_info = self._get_json("/server_info", "/get_server_info")
         model_info = self._get_json("/model_info", "/get_model_info")
-        context_length = None
+        # /v1/models max_model_len is what SGLang checks prompts against (model_config.context_len);
+        # server_info's context_length is only the launch flag, null when not given.
         try:
-            # What SGLang checks prompts against (model_config.context_len); server_info's
-            # context_length is only the launch flag, null when not given.
-            models = self._get_json("/v1/models")
-            context_length = models["data"][0].get("max_model_len")
-        except (TransientError, KeyError, IndexError, TypeError, AttributeError):
-            pass
-        if not _positive_int(context_length):
-            context_length = server_info.get("context_length")
+            card = first_model(self.get_optional_json("/v1/models"))
+        except TransientError:
+            card = {}
         return ServerFacts(
             url=self.url,
             server_info=server_info,
             model_info=model_info,
-            context_length=_positive_int(context_length),
+            context_length=positive_int(card.get("max_model_len")) or positive_int(server_info.get("context_length")),
             version=server_info.get("version"),
-            max_running_requests=_positive_int(server_info.get("max_running_requests")),
-            max_total_num_tokens=_positive_int(server_info.get("max_total_num_tokens")),
+            max_running_requests=positive_int(server_info.get("max_running_requests")),
+            max_total_num_tokens=positive_int(server_info.get("max_total_num_tokens")),
         )
 
     def close(self) -> None:

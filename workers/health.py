@@ -1,18 +1,10 @@
 """The health gate: a worker takes batches only while a server it serves is healthy.
 
-A thread in the worker's main process probes each server's /health. The worker consumes the
-queue while at least one server is healthy and stops consuming when none is, so a loading,
-warming or dead server costs no batch, no /generate call and no retry budget; within about
-a second of the first 200 the worker consumes again.
-
-Hysteresis: a refused connection means nothing listens, so it counts at once; timeouts and
-503s from a server that was healthy must repeat FAILURES_TO_UNHEALTHY times in a row, since
-SGLang's /health answers 503 on a healthy server busy with a long prefill. A successful
-generation reported by a batch counts as a passed probe.
-
-Both kinds of server answer /health with 200 when ready. SGLang listens while it warms up
-(503s); vLLM listens only once its model is loaded, so it goes from loading to healthy. Before
-a server's first batch, preflight (workers/preflight.py) tells which kind it is and checks it.
+A thread in the worker's main process probes each server's /health and preflights it when it
+first answers (workers/preflight.py); docs/workers.md "Health gate" tells the behaviour. A
+refused connection counts at once; timeouts and 503s from a healthy server must repeat
+FAILURES_TO_UNHEALTHY times, since SGLang's /health answers 503 on a healthy server busy with a
+long prefill. A successful generation reported by a batch counts as a passed probe.
 """
 
 from __future__ import annotations
@@ -22,20 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import redis
 
 from eagle_synth.processes import process_alive
-from eagle_synth.state.node_state import (
-    HEALTHY,
-    LOADING,
-    REFUSED,
-    UNHEALTHY,
-    UNKNOWN,
-    WARMING,
-    NodeState,
-    ServerState,
-)
+from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState
 from workers.backends import AUTO, BACKENDS
 from workers.backends.base import PreflightError
 from workers.client import ServerClient, ServerDown, TransientError
@@ -49,16 +33,14 @@ log = logging.getLogger("eagle_synth.health")
 FAILURES_TO_UNHEALTHY = 3
 # Seconds between probes of a healthy server (skipped while /generate keeps succeeding).
 HEALTHY_PROBE_INTERVAL = 5.0
-# First and longest wait between probes of a server that is not healthy, seconds.
+# Wait between probes of a server that is not healthy: first, longest, growth per failure.
 BACKOFF_START = 0.2
 BACKOFF_MAX = 1.0
-# How much the wait grows after each failed probe.
 BACKOFF_FACTOR = 1.5
-# Seconds between heartbeat refreshes of the node's hash when nothing changed.
+# Seconds between: heartbeat refreshes of the node's hash when nothing changed, sweeps for
+# in-flight counts left by worker processes that died, gate loop wake-ups (batch threads' hints).
 HEARTBEAT_INTERVAL = 10.0
-# Seconds between sweeps for in-flight counts left by worker processes that died.
 PRUNE_INTERVAL = 5.0
-# How often the gate loop wakes to read hints from batch threads, seconds.
 TICK = 0.1
 
 
@@ -80,17 +62,14 @@ class HealthGate:
     """Probe servers, keep their states in the node's hash, open and close the gate.
 
     Parameters:
-        servers: base URLs of the servers this worker serves.
         node_state: where states are published for batch threads and `status`.
-        on_open: called (from the gate thread) when the first server turns healthy.
-        on_close: called when no server is healthy any more.
-        allow_server_parsers: accept servers running parsers or skipping their tokenizer.
-        allowed_settings: refused server settings to accept by name (see
-            workers.backends.REFUSABLE_SETTINGS); None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS.
+        on_open, on_close: called (from the gate thread) when the first server turns healthy,
+            and when none is any more.
+        allow_server_parsers, allowed_settings: what preflight accepts (workers/preflight.py).
         probe_timeout: seconds a /health probe may take.
         disk: the output folder's state; while it cannot take records the gate stays closed.
-        backends: the kind given per server (--backend: "sglang", "vllm"); a server not
-            listed, or "auto", is detected at preflight (workers/preflight.py).
+        backends: the kind given per server (--backend); a server not listed, or "auto", is
+            detected at preflight.
         on_all_refused: called once when preflight has refused every server (the worker exits 2).
     """
 
@@ -108,75 +87,63 @@ class HealthGate:
         backends: dict[str, str] | None = None,
         on_all_refused: Callable[[], None] | None = None,
     ) -> None:
-        self.node_state = node_state
-        self.on_all_refused = on_all_refused
-        self.on_open = on_open
-        self.on_close = on_close
-        self.allow_server_parsers = allow_server_parsers
-        self.allowed_settings = allowed_settings
-        self.probe_timeout = probe_timeout
-        self.disk = disk
+        self.node_state, self.disk, self.probe_timeout = node_state, disk, probe_timeout
+        self.on_open, self.on_close, self.on_all_refused = on_open, on_close, on_all_refused
+        self._preflight = partial(
+            preflight_server, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings
+        )
         self._disk_detail: str | None = None
         self.tracked = {url: _Tracked(client=ServerClient(url, pool_connections=2)) for url in servers}
         self.forced = {url: (backends or {}).get(url, AUTO) for url in servers}
         self.is_open = False
-        self._last_prune = 0.0
-        self._last_publish = 0.0
+        self._last_prune = self._last_publish = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # lifecycle ------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="eagle-synth-health", daemon=True)
-        self._thread.start()
         # The heartbeat has its own thread: a probe or preflight that takes long (a slow or
         # trickling server, vLLM's probe request) must not make the worker vanish from status.
-        threading.Thread(target=self._beat, name="eagle-synth-heartbeat", daemon=True).start()
+        for name, step, pause in (("health", self.tick, TICK), ("heartbeat", self._beat, HEARTBEAT_INTERVAL / 2)):
+            thread = threading.Thread(target=self._forever, args=(step, pause, name), name=f"eagle-synth-{name}")
+            thread.daemon = True
+            thread.start()
+            self._thread = self._thread or thread
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_INTERVAL / 2):
-            if time.time() - self._last_publish < HEARTBEAT_INTERVAL / 2:
-                continue
-            try:
-                self._publish()
-            except redis.RedisError as exc:
-                log.info("heartbeat: Redis not answering (%s)", exc)
-            except Exception:  # a bug must not silently stop the heartbeat
-                log.exception("heartbeat failed")
+        if time.time() - self._last_publish >= HEARTBEAT_INTERVAL / 2:
+            self._publish()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
 
-    def _run(self) -> None:
-        self._publish()
-        while not self._stop.is_set():
+    def _forever(self, step: Callable[[], None], pause: float, what: str) -> None:
+        # The first tick publishes: nothing was yet.
+        while not self._stop.wait(pause):
             try:
-                self.tick()
+                step()
             except redis.RedisError as exc:
                 # Redis away (restarting?): the gate keeps its state and tries again.
-                log.warning("health gate cannot reach Redis: %s", exc)
+                log.warning("%s cannot reach Redis: %s", what, exc)
                 self._stop.wait(1.0)
-            except Exception:  # a bug must not silently stop the gate
-                log.exception("health gate tick failed")
+            except Exception:  # a bug must not silently stop the gate or the heartbeat
+                log.exception("%s failed", what)
                 self._stop.wait(1.0)
-            self._stop.wait(TICK)
 
-    # one round ------------------------------------------------------------------
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         changed = False
         for url, detail in self.node_state.take_suspects().items():
             tracked = self.tracked.get(url)
             reported = str(detail.get("detail") or "")
-            if tracked and tracked.state.state != REFUSED and reported.startswith(REFUSE_PREFIX):
-                # A batch found it serving another model than the campaign's (workers/model_check.py);
-                # _set logs the line.
+            if not tracked or tracked.state.state == REFUSED:
+                continue
+            if reported.startswith(REFUSE_PREFIX):
+                # A batch found it serving another model than the campaign's (workers/model_check.py).
                 tracked.next_probe = float("inf")
                 changed = self._set(tracked, REFUSED, reported[len(REFUSE_PREFIX) :]) or changed
-                continue
-            if tracked and tracked.state.state != REFUSED:
+            else:
                 log.info("server %s reported failing by a batch (%s): probing now", url, detail.get("detail"))
                 tracked.next_probe = 0.0
                 tracked.last_cause = reported or tracked.last_cause
@@ -199,13 +166,12 @@ class HealthGate:
         self._update_gate()
 
     def _set(self, tracked: _Tracked, state: str, detail: str) -> bool:
+        """Set a server's state and detail; True when the state changed (and was logged)."""
+        tracked.state.detail = detail
         if tracked.state.state == state:
-            tracked.state.detail = detail
             return False
         log.warning("server %s: %s -> %s (%s)", tracked.client.url, tracked.state.state, state, detail)
-        tracked.state.state = state
-        tracked.state.since = time.time()
-        tracked.state.detail = detail
+        tracked.state.state, tracked.state.since = state, time.time()
         return True
 
     def _probe(self, url: str, tracked: _Tracked) -> bool:
@@ -221,12 +187,7 @@ class HealthGate:
             return self._failed(tracked, state, detail, certain=False, now=now)
         if not tracked.preflighted:
             try:
-                checked = preflight_server(
-                    tracked.client,
-                    forced=self.forced[url],
-                    allow_server_parsers=self.allow_server_parsers,
-                    allowed_settings=self.allowed_settings,
-                )
+                checked = self._preflight(tracked.client, forced=self.forced[url])
             except PreflightError as exc:
                 log.error("%s", exc)
                 tracked.next_probe = float("inf")
@@ -236,14 +197,11 @@ class HealthGate:
             for problem in checked.accepted:
                 log.warning("server %s accepted despite %s", url, problem)
             facts = checked.facts
+            model = facts.model_info.get("id") or facts.server_info.get("model_path") or "?"
+            version = facts.version or "(version unknown)"
             log.warning(
                 "server %s is %s %s serving %s (context %s; kind from %s)",
-                url,
-                checked.kind,
-                facts.version or "(version unknown)",
-                facts.model_info.get("id") or facts.server_info.get("model_path") or "?",
-                facts.context_length,
-                checked.how,
+                *(url, checked.kind, version, model, facts.context_length, checked.how),
             )
             BACKENDS[checked.kind].apply_facts(tracked.state, facts, accepted=checked.accepted)
             tracked.preflighted = True
@@ -268,13 +226,8 @@ class HealthGate:
         if tracked.state.state == HEALTHY and not certain and tracked.failures < FAILURES_TO_UNHEALTHY:
             # One slow probe on a busy server: look again soon, keep serving meanwhile.
             tracked.next_probe = now + BACKOFF_START
-            log.info(
-                "server %s: probe failed (%d/%d): %s",
-                tracked.client.url,
-                tracked.failures,
-                FAILURES_TO_UNHEALTHY,
-                detail,
-            )
+            url, failures = tracked.client.url, tracked.failures
+            log.info("server %s: probe failed (%d/%d): %s", url, failures, FAILURES_TO_UNHEALTHY, detail)
             return False
         tracked.next_probe = now + tracked.wait
         tracked.wait = min(tracked.wait * BACKOFF_FACTOR, BACKOFF_MAX)
@@ -287,10 +240,8 @@ class HealthGate:
         )
 
     def _disk_ok(self) -> bool:
-        if self.disk is None:
-            return True
-        ok = self.disk.check()
-        detail = None if ok else self.disk.detail
+        ok = self.disk is None or self.disk.check()
+        detail = None if ok or self.disk is None else self.disk.detail
         if detail != self._disk_detail:
             log.warning("output folder: %s", "writable again" if ok else detail)
             self._disk_detail = detail
@@ -299,16 +250,15 @@ class HealthGate:
 
     def _update_gate(self) -> None:
         any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values()) and self._disk_ok()
-        if any_healthy and not self.is_open:
-            self.is_open = True
+        if any_healthy == self.is_open:
+            return
+        self.is_open = any_healthy
+        if any_healthy:
             log.warning("a server is healthy: taking batches")
-            self.on_open()
-            self._publish()
-        elif not any_healthy and self.is_open:
-            self.is_open = False
+        else:
             log.warning("no healthy server or no writable output folder: not taking batches")
-            self.on_close()
-            self._publish()
+        (self.on_open if any_healthy else self.on_close)()
+        self._publish()
 
     def all_refused(self) -> bool:
         return all(t.state.state == REFUSED for t in self.tracked.values())

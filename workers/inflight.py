@@ -1,18 +1,12 @@
 """InflightPool: the worker's process-wide set of in-flight generation requests, refilled per prompt.
 
-SGLang frees a running slot the moment a sequence ends, and reasoning outputs are
-heavy-tailed. If the unit of in-flight work were a batch, a batch would hold its in-flight
-budget until its slowest prompt ended while its finished prompts' slots sat empty. So the unit
-is one prompt: every batch the worker holds puts its prompts in one first-in-first-out line,
-each server has at most `tickets` requests in flight, and a prompt that finishes hands its
-ticket to the next prompt in line at once, whichever batch either belongs to.
-
-Requests run on one asyncio event loop in a daemon thread (aiohttp), so a thousand in-flight
-prompts cost no thread each. Batch threads call `submit` and wait on the returned
-`concurrent.futures.Future`, which always resolves to an `Answer` (never raises).
-
-Each server has its backend (workers/backends/: SGLang's /generate or vLLM's
-/v1/completions), which builds the request; a server whose kind is not known yet takes none.
+The unit of in-flight work is one prompt, not a batch (docs/workers.md "Keeping the GPU full"):
+SGLang frees a slot the moment a sequence ends and outputs are heavy-tailed, so every batch's
+prompts wait in one first-in-first-out line, each server has at most `tickets` requests in
+flight, and a finished prompt hands its ticket to the next in line, whichever batch it is of.
+Requests run on one asyncio event loop in a daemon thread (aiohttp); batch threads wait on
+`concurrent.futures.Future`s that always resolve to an `Answer`. Each server's backend
+(workers/backends/) builds its requests; a server whose kind is not known yet takes none.
 """
 
 from __future__ import annotations
@@ -30,15 +24,8 @@ from typing import Any, NamedTuple
 import aiohttp
 import orjson
 
-from workers.backends.base import Backend
-from workers.client import (
-    CONNECT_TIMEOUT,
-    BadSamplingParams,
-    ClientError,
-    ServerDown,
-    TransientError,
-    error_for_status,
-)
+from workers.backends import Backend
+from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, error_for_status
 
 log = logging.getLogger("eagle_synth.inflight")
 
@@ -85,14 +72,9 @@ class Route(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What became of one prompt's request: exactly one of `item` and `error` is set.
-
-    Parameters:
-        url: the server that was asked.
-        item: the decoded JSON reply (one prompt's), unchecked.
-        error: why there is no reply (ServerDown, TransientError, BadRequest...).
-        backend: the backend the request was built with, which must check the reply.
-    """
+    """What became of one prompt's request to server `url`: exactly one of `item` (the decoded
+    JSON reply, unchecked) and `error` (why there is none) is set; `backend` built the request
+    and must check the reply."""
 
     url: str
     item: Any = None
@@ -112,16 +94,13 @@ class _Job:
 class InflightPool:
     """Send prompts to servers with a per-server in-flight limit, refilling each freed ticket.
 
-    Behaviour: prompts wait in one FIFO line; whenever a server has a free ticket the oldest
-    waiting prompt goes to the routable server with the most free tickets. A server that
-    refuses connections is taken out of routing at once (until the next tick says otherwise).
+    Whenever a server has a free ticket the oldest waiting prompt goes to the routable server
+    with the most free tickets; one refusing connections leaves routing until the next tick.
     Every `TICK_INTERVAL` seconds `on_tick(counts)` runs in a helper thread with the prompts in
-    flight per (tag, url) and returns each server's route: the tickets it may use now (0 = do
-    not route) and the backend its requests are built with (a plain int keeps the backend).
+    flight per (tag, url) and returns {url: Route, or plain tickets keeping the backend}.
 
     Parameters:
         servers: base URLs.
-        on_tick: reports in-flight counts and returns {url: Route or tickets}; see above.
         initial_tickets: tickets per server before the first tick answers.
         backends: each server's backend if known before the first tick.
     """
@@ -149,11 +128,9 @@ class InflightPool:
         self._thread.start()
         self._ready.wait()
 
-    # ---- thread-safe API ----------------------------------------------------------------
     def submit_many(self, *, prompts: list[tuple[list[int], dict]], timeout: float, tag: str) -> list[Future]:
-        """Queue (ids, sampling) prompts in this order, with one wake-up of the event loop for all
-        of them; one future per prompt, in the same order, each resolving to an Answer once a
-        server replied or failed."""
+        """Queue (ids, sampling) prompts in order with one wake-up of the event loop; one future
+        per prompt, in the same order, each resolving to an Answer."""
         jobs = [
             _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=Future()) for ids, sampling in prompts
         ]
@@ -162,17 +139,15 @@ class InflightPool:
         return [job.future for job in jobs]
 
     def routable(self) -> bool:
-        """True if some server may take prompts right now."""
+        """True if some server may take prompts now."""
         return any(
             self._limits.get(url, 0) > 0 and url not in self._refused and url in self._backends for url in self.servers
         )
 
     def inflight(self) -> dict[str, int]:
-        """Prompts in flight per server."""
         return dict(self._busy)
 
     def waiting(self) -> int:
-        """Prompts waiting for a ticket."""
         return len(self._waiting)
 
     def close(self) -> None:
@@ -181,7 +156,6 @@ class InflightPool:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=CLOSE_TIMEOUT)
 
-    # ---- event loop ---------------------------------------------------------------------
     async def _open(self) -> None:
         self._session = aiohttp.ClientSession(
             # Tickets bound concurrency; the connector must not add a second, smaller limit.
@@ -232,14 +206,14 @@ class InflightPool:
         self._pump()
 
     def _free_server(self) -> str | None:
-        best, best_free = None, 0
-        for url in self.servers:
-            if url in self._refused or url not in self._backends:
-                continue
-            free = self._limits.get(url, 0) - self._busy[url]
-            if free > best_free:
-                best, best_free = url, free
-        return best
+        """The routable server with the most free tickets (the first listed among equals)."""
+        free = {
+            url: self._limits.get(url, 0) - self._busy[url]
+            for url in self.servers
+            if url not in self._refused and url in self._backends
+        }
+        best = max(free, key=free.__getitem__, default=None)
+        return best if best is not None and free[best] > 0 else None
 
     def _pump(self) -> None:
         while self._waiting:
@@ -254,14 +228,13 @@ class InflightPool:
             self._loop.create_task(self._send(url, job))
 
     async def _send(self, url: str, job: _Job) -> None:
+        backend = self._backends[url]
         try:
-            answer = await self._post(url, job)
+            answer = Answer(url=url, item=await self._post(url, backend, job), backend=backend)
+        except ClientError as exc:
+            answer = Answer(url=url, error=exc, backend=backend)
         except Exception as exc:  # never leave a batch waiting on a future that cannot resolve
-            answer = Answer(
-                url=url,
-                error=TransientError(f"{url}: unexpected client error: {exc!r}"),
-                backend=self._backends.get(url),
-            )
+            answer = Answer(url=url, error=TransientError(f"{url}: unexpected client error: {exc!r}"), backend=backend)
         finally:
             self._busy[url] -= 1
             self._by_tag[(job.tag, url)] -= 1
@@ -272,13 +245,11 @@ class InflightPool:
         job.future.set_result(answer)
         self._pump()
 
-    async def _post(self, url: str, job: _Job) -> Answer:
+    async def _post(self, url: str, backend: Backend, job: _Job) -> Any:
+        """The decoded reply; raises a ClientError (BadSamplingParams when the campaign's sampling
+        has no equivalent on this kind)."""
         assert self._session is not None
-        backend = self._backends[url]
-        try:
-            path, body = backend.request(job.ids, job.sampling)
-        except BadSamplingParams as exc:  # the campaign's sampling has no equivalent on this kind
-            return Answer(url=url, error=exc, backend=backend)
+        path, body = backend.request(job.ids, job.sampling)
         timeout = aiohttp.ClientTimeout(total=job.timeout, sock_connect=CONNECT_TIMEOUT)
         try:
             async with self._session.post(
@@ -287,21 +258,15 @@ class InflightPool:
                 raw = await response.read()
                 status = response.status
         except aiohttp.ClientConnectorError as exc:
-            return Answer(url=url, error=ServerDown(f"{url}: connection refused ({exc.os_error})"), backend=backend)
+            raise ServerDown(f"{url}: connection refused ({exc.os_error})") from None
         except TimeoutError:
-            return Answer(
-                url=url, error=TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s"), backend=backend
-            )
+            raise TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s") from None
         except aiohttp.ClientError as exc:
-            return Answer(url=url, error=TransientError(f"{url}{path}: connection error: {exc!r}"), backend=backend)
+            raise TransientError(f"{url}{path}: connection error: {exc!r}") from None
         error = error_for_status(status, raw, path=path)
         if error is not None:
-            return Answer(url=url, error=error, backend=backend)
+            raise error
         try:
-            return Answer(url=url, item=_json_reply(raw), backend=backend)
+            return _json_reply(raw)
         except ValueError as exc:
-            return Answer(
-                url=url,
-                error=TransientError(f"{path} answered 200 with a body that is not JSON: {exc}"),
-                backend=backend,
-            )
+            raise TransientError(f"{path} answered 200 with a body that is not JSON: {exc}") from None

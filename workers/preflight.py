@@ -2,18 +2,9 @@
 raw, faithful ids.
 
 `preflight_server` is the one entry (the health gate and `eagle-synth worker`): it detects the
-kind (`detect_kind`) unless --backend forces it, gathers that kind's facts and applies its
-refusals (each kind's are in workers/backends/). Detection asks what each kind answers and the
-other does not:
-
-1. `/v1/models`: `data[0].owned_by` is "sglang" on SGLang and "vllm" on vLLM;
-2. otherwise (a proxy rewriting it): vLLM's dev-mode `/server_info` holds `vllm_config`,
-   SGLang's `/model_info` (older `/get_model_info`) exists only there.
-
-A forced kind that contradicts what the server answers is refused (a request in the wrong
-API would only fail); a server that answers like neither needs --backend. A refused setting
-can be accepted by name (`--allow-server-setting NAME`, passed to workers as
-EAGLE_SYNTH_ALLOW_SERVER_SETTINGS); `--allow-server-parsers` accepts the parser-related ones.
+kind (`detect_kind`: /v1/models `owned_by`, else vLLM's dev-mode /server_info or SGLang's
+/model_info) unless --backend forces it, gathers that kind's facts and applies its refusals
+(each kind's are in workers/backends/; docs/workers.md "Which kind of server" and "Preflight").
 """
 
 from __future__ import annotations
@@ -26,7 +17,7 @@ from dataclasses import dataclass, field
 from workers.backends import BACKENDS, OWNERS, REFUSABLE_SETTINGS
 from workers.backends.base import AUTO, SGLANG, VLLM, Check, PreflightError, redact_url
 from workers.backends.sglang import CHECKS
-from workers.client import ServerClient, ServerDown, ServerFacts, TransientError
+from workers.client import ServerClient, ServerDown, ServerFacts, TransientError, first_model
 from workers.config import auto_inflight
 
 log = logging.getLogger("eagle_synth.preflight")
@@ -39,8 +30,8 @@ PARSER_SETTINGS = frozenset({"reasoning_parser", "tool_call_parser", "skip_token
 
 @dataclass(frozen=True, slots=True)
 class Preflighted:
-    """A server preflight accepted: its kind, how the kind was known (the detection's evidence,
-    or "--backend"), what it told about itself, and the refused settings accepted by override."""
+    """A server preflight accepted: its kind, how the kind was known (evidence or "--backend"),
+    its facts, and the refused settings accepted by override."""
 
     kind: str
     how: str
@@ -49,11 +40,8 @@ class Preflighted:
 
 
 def detect_kind(client: ServerClient) -> tuple[str | None, str]:
-    """(kind or None, the evidence) from what the server answers; raises ServerDown or
-    TransientError when it does not answer at all."""
-    models = client.get_optional_json("/v1/models") or {}
-    data = models.get("data")
-    owner = data[0].get("owned_by") if isinstance(data, list) and data and isinstance(data[0], dict) else None
+    """(kind or None, the evidence); raises ServerDown or TransientError when it does not answer."""
+    owner = first_model(client.get_optional_json("/v1/models")).get("owned_by")
     if owner in OWNERS:
         return OWNERS[owner], f"/v1/models owned_by {owner!r}"
     server_info = client.get_optional_json("/server_info")
@@ -71,31 +59,27 @@ def preflight_server(
     allow_server_parsers: bool = False,
     allowed_settings: Iterable[str] | None = None,
 ) -> Preflighted:
-    """Detect (or take `forced`), gather facts and check one server.
-
-    Raises PreflightError for a refused server (wrong or unknown kind, refused settings, a
-    probe showing it cannot give records), ServerDown / TransientError when it cannot answer.
-    """
+    """Detect (or take `forced`), gather facts and check one server. Raises PreflightError for
+    a refused server (wrong or unknown kind, refused settings, a probe showing it cannot give
+    records), ServerDown / TransientError when it cannot answer."""
     detected, evidence = detect_kind(client)
-    where = redact_url(client.url)
-    if forced in BACKENDS:
-        if detected is not None and detected != forced:
-            raise PreflightError(
-                f"refusing server {where}: --backend {forced} was given for it, but it answers like {detected} "
-                f"({evidence}); give the right --backend or leave it to detection"
-            )
-        kind, how = forced, "--backend"
-    elif detected is None:
+    where = f"refusing server {redact_url(client.url)}"
+    if forced in BACKENDS and detected not in (None, forced):
         raise PreflightError(
-            f"refusing server {where}: cannot tell whether it is SGLang or vLLM ({evidence}); "
-            "give --backend sglang or --backend vllm"
+            f"{where}: --backend {forced} was given for it, but it answers like {detected} "
+            f"({evidence}); give the right --backend or leave it to detection"
         )
-    else:
-        kind, how = detected, evidence
-    backend = BACKENDS[kind]
-    facts = backend.facts(client)
+    if forced not in BACKENDS and detected is None:
+        raise PreflightError(
+            f"{where}: cannot tell whether it is SGLang or vLLM ({evidence}); give --backend sglang or --backend vllm"
+        )
+    kind, how = (forced, "--backend") if forced in BACKENDS else (str(detected), evidence)
+    facts = BACKENDS[kind].facts(client)
     accepted = check_server(
-        facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings, checks=backend.checks
+        facts,
+        allow_server_parsers=allow_server_parsers,
+        allowed_settings=allowed_settings,
+        checks=BACKENDS[kind].checks,
     )
     return Preflighted(kind=kind, how=how, facts=facts, accepted=accepted)
 
@@ -120,10 +104,8 @@ def check_server(
     checks: Mapping[str, Check] = CHECKS,
 ) -> list[str]:
     """Raise PreflightError for a refused server; return the accepted problems otherwise.
-
-    `allowed_settings` None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS; `allow_server_parsers`
-    adds the parser-related settings; `checks` are the server kind's (default SGLang's).
-    """
+    `allowed_settings` None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS; `checks` are the server
+    kind's (default SGLang's)."""
     allowed = set(allowed_settings_from_env() if allowed_settings is None else allowed_settings)
     if allow_server_parsers:
         allowed |= PARSER_SETTINGS
@@ -141,15 +123,10 @@ def check_server(
 
 @dataclass(frozen=True, slots=True)
 class StartupPreflight:
-    """What preflight found when a worker started. Every server lands in exactly one list; one
-    not answering yet is checked again by the health gate when it comes up.
-
-    Parameters:
-        refused: one refusal message (PreflightError's) per server preflight refuses.
-        capacities: max_running_requests of each accepted server, None when it does not say.
-        not_answering: (url, why) of each server that did not answer.
-        accepted: one line per accepted server: its kind, version and how the kind was found.
-    """
+    """What preflight found when a worker started; every server lands in exactly one of `refused`
+    (its refusal message), `capacities` (max_running_requests of an accepted server, None when
+    it does not say; `accepted` has its log line) and `not_answering` ((url, why): the health
+    gate checks it again when it comes up)."""
 
     refused: list[str]
     capacities: list[int | None]
@@ -158,7 +135,6 @@ class StartupPreflight:
 
     @property
     def all_refused(self) -> bool:
-        """True when there were servers and preflight refused every one: nothing to work on."""
         return bool(self.refused) and not self.capacities and not self.not_answering
 
     def inflight(self) -> int:
@@ -170,17 +146,14 @@ class StartupPreflight:
 def preflight_at_start(
     servers: Iterable[str], *, forced: Callable[[str], str], allow_server_parsers: bool, allowed_settings: Iterable[str]
 ) -> StartupPreflight:
-    """Preflight each server that answers now, once, before the worker starts (the health gate
-    checks the others when they come up). `forced(url)` is the kind given for it, or AUTO."""
+    """Preflight each server once before the worker starts; `forced(url)` is its --backend or AUTO."""
     found = StartupPreflight(refused=[], capacities=[], not_answering=[])
     allowed = tuple(allowed_settings)
     for url in servers:
         try:
+            client = ServerClient(url)
             checked = preflight_server(
-                ServerClient(url),
-                forced=forced(url),
-                allow_server_parsers=allow_server_parsers,
-                allowed_settings=allowed,
+                client, forced=forced(url), allow_server_parsers=allow_server_parsers, allowed_settings=allowed
             )
         except PreflightError as exc:
             found.refused.append(str(exc))

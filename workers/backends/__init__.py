@@ -1,32 +1,37 @@
 """The kinds of server a worker drives (SGLang and vLLM), by name; preflight (workers/preflight.py)
-tells which one a server is."""
+tells which one a server is.
+
+A `Backend` is one kind as the worker sees it, an instance serving one server URL: `name` is
+the kind, `path` its generation endpoint, `checks` the refusable settings preflight looks for
+(setting name -> check). The campaign's sampling is kept in SGLang's names
+(eagle_synth/sampling.py): `translate_sampling` makes every value explicit in the kind's names
+or raises UntranslatableSampling; `request(ids, sampling)` is (path, JSON body) for one prompt;
+`parse` checks one decoded 200 reply (BadResponse for malformed shapes, PromptMismatch when the
+server generated from other ids, SamplingOverridden when it did not sample as asked);
+`context_problem` is None when the server serves the prompt exactly as asked, else why not.
+Preflight: `facts(client)` is what the server says about itself (raises ServerDown,
+TransientError, or PreflightError when it cannot produce records at all), `apply_facts` stores
+what batches need and the provenance in the node's server state, and `from_state` rebuilds the
+backend from that state.
+"""
 
 from __future__ import annotations
 
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import AUTO, BACKEND_CHOICES, SGLANG, VLLM, Backend, UntranslatableSampling
+from workers.backends.base import AUTO, SGLANG, VLLM, UntranslatableSampling
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import VllmBackend
 
+Backend = SGLangBackend | VllmBackend
 # Every kind, by name.
-BACKENDS: dict[str, type[SGLangBackend] | type[VllmBackend]] = {SGLANG: SGLangBackend, VLLM: VllmBackend}
+BACKENDS: dict[str, type[Backend]] = {SGLANG: SGLangBackend, VLLM: VllmBackend}
 # Names `--allow-server-setting` accepts: every kind's refusable settings, SGLang's first.
 REFUSABLE_SETTINGS = tuple(dict.fromkeys([*SGLangBackend.checks, *VllmBackend.checks]))
 # What each kind's model card says in /v1/models `owned_by`.
 OWNERS = {"sglang": SGLANG, "vllm": VLLM}
 
-__all__ = [
-    "AUTO",
-    "BACKEND_CHOICES",
-    "BACKENDS",
-    "Backend",
-    "OWNERS",
-    "REFUSABLE_SETTINGS",
-    "SGLANG",
-    "VLLM",
-    "UntranslatableSampling",
-    "backend_for_state",
-]
+# Names of workers/backends/base.py the worker imports from here.
+__all__ = ["AUTO", "SGLANG", "VLLM", "UntranslatableSampling"]
 
 
 def backend_for_state(state: ServerState | None) -> Backend | None:

@@ -1,87 +1,45 @@
 """SGLang: the native `/generate` endpoint with `input_ids`, as docs/workers.md describes.
 
 The campaign's sampling is stored in SGLang's own names, so it is sent as it is (after a check
-that every key is one SGLang knows: an unknown key is an HTTP 500 on older servers). Replies
-are checked by workers/replies.py `parse_generate_item`.
-
-Preflight refuses each setting that changes what a record would hold without the record saying so:
-
-* `reasoning_parser`, `tool_call_parser`: parsers do not touch `/generate`'s output_ids, but
-  they are a sign the operator expects parsed text somewhere;
-* `skip_tokenizer_init`: the server stops on the model config's EOS, not the chat template's;
-* `is_generation` false: the model cannot generate;
-* `allow_auto_truncate`: a prompt or `max_new_tokens` over the context is cut silently instead
-  of refused with a 400, so a record would carry prompt ids the server did not condition on;
-* `preferred_sampling_params` setting a key our requests do not send: SGLang merges those
-  values under every request's own, changing the sampling behind the campaign's back (keys we
-  do send are overridden by ours and only noted).
-
-Each can be accepted by name (`--allow-server-setting NAME`). What is kept about a server
-(provenance) is an allow-list of its launch arguments: SGLang's `/server_info` returns every
-argument, `api_key` and `admin_api_key` included, unredacted. `fits_context` says what SGLang
-counts against the context length.
+that every key is one SGLang knows: an unknown key is an HTTP 500 on older servers); replies are
+checked by workers/replies.py `parse_generate_item`. Preflight refuses the settings that change
+what a record would hold without the record saying so (docs/workers.md "Preflight" gives each
+and why), keeps an allow-list of launch arguments as provenance (`/server_info` returns every
+argument, `api_key` included, unredacted), and `context_message` says what SGLang counts
+against the context length.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import SGLANG, Check, Problem, UntranslatableSampling, redact_url
-from workers.client import ServerClient, ServerFacts
+from workers.client import ServerClient, ServerFacts, positive_int
 from workers.replies import GeneratedItem, parse_generate_item
 
 # server_info launch arguments kept in a campaign's provenance. An allow-list, never a
 # deny-list: SGLang adds arguments every release, and some are secrets (api_key,
 # admin_api_key, ssl_keyfile_password, ...). No key, token or password is ever listed here.
 PROVENANCE_LAUNCH_ARGS = (
-    "model_path",
-    "tokenizer_path",
-    "tokenizer_mode",
-    "served_model_name",
-    "revision",
-    "load_format",
-    "dtype",
-    "quantization",
-    "kv_cache_dtype",
-    "context_length",
-    "is_embedding",
-    "trust_remote_code",
-    "skip_tokenizer_init",
-    "chat_template",
-    "reasoning_parser",
-    "tool_call_parser",
-    "sampling_defaults",
-    "allow_auto_truncate",
-    "enable_deterministic_inference",
-    "random_seed",
-    "tp_size",
-    "dp_size",
-    "pp_size",
-    "ep_size",
-    "max_running_requests",
-    "max_queued_requests",
-    "max_total_tokens",
-    "max_total_num_tokens",
-    "max_req_input_len",
-    "max_prefill_tokens",
-    "chunked_prefill_size",
-    "page_size",
-    "schedule_policy",
-    "disable_radix_cache",
-    "attention_backend",
-    "sampling_backend",
-    "speculative_algorithm",
-    "speculative_draft_model_path",
-    "speculative_num_steps",
-    "speculative_eagle_topk",
-    "speculative_num_draft_tokens",
-    "weight_version",
-    "version",
+    # the model and how it is loaded
+    *("model_path", "tokenizer_path", "tokenizer_mode", "served_model_name", "revision", "load_format"),
+    *("dtype", "quantization", "kv_cache_dtype", "context_length", "is_embedding", "trust_remote_code"),
+    # what shapes the ids
+    *("skip_tokenizer_init", "chat_template", "reasoning_parser", "tool_call_parser", "sampling_defaults"),
+    *("allow_auto_truncate", "enable_deterministic_inference", "random_seed"),
+    # parallelism and the scheduler
+    *("tp_size", "dp_size", "pp_size", "ep_size", "max_running_requests", "max_queued_requests"),
+    *("max_total_tokens", "max_total_num_tokens", "max_req_input_len", "max_prefill_tokens"),
+    *("chunked_prefill_size", "page_size", "schedule_policy", "disable_radix_cache", "attention_backend"),
+    *("sampling_backend",),
+    # speculative decoding
+    *("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk"),
+    *("speculative_num_draft_tokens", "weight_version", "version"),
 )
 # speculative_algorithm values whose drafts SGLang stores in the request's own token slots, so
 # they count against the context (TokenizerManager: SpeculativeAlgorithm.is_eagle(); NEXTN is
@@ -90,11 +48,8 @@ EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
 
 
 def preferred_sampling_params(facts: ServerFacts) -> dict | None:
-    """The server's --preferred-sampling-params as a dict, None if unset.
-
-    SGLang keeps the flag's JSON text in its arguments; raises ValueError if it is not a JSON
-    object (then nobody can tell what it sets).
-    """
+    """The server's --preferred-sampling-params (kept as JSON text) as a dict, None if unset;
+    ValueError if it is not a JSON object (then nobody can tell what it sets)."""
     raw = facts.server_info.get("preferred_sampling_params")
     if raw is None:
         raw = facts.model_info.get("preferred_sampling_params")
@@ -111,46 +66,25 @@ def preferred_sampling_params(facts: ServerFacts) -> dict | None:
     return raw or None
 
 
-def _parser(key: str, why: str, flag: str) -> Callable[[ServerFacts], Problem | None]:
-    def check(facts: ServerFacts) -> Problem | None:
-        value = facts.server_info.get(key)
-        if not value:
-            return None
-        return Problem(key, f"{why} [{key}={value!r}]", f"relaunch it without {flag}")
-
-    return check
-
-
-def _not_generation(facts: ServerFacts) -> Problem | None:
-    if facts.model_info.get("is_generation") is False:
-        return Problem(
-            "is_generation", "the model is not a generation model (is_generation=false)", "serve a generation model"
-        )
-    return None
-
-
-def _auto_truncate(facts: ServerFacts) -> Problem | None:
-    if not facts.server_info.get("allow_auto_truncate"):
-        return None
-    return Problem(
-        "allow_auto_truncate",
-        "the server cuts prompts and max_new_tokens that do not fit its context instead of "
-        "refusing them, so records would hold prompt ids the model never saw [allow_auto_truncate=True]",
-        "relaunch it without --allow-auto-truncate",
+def _flag(key: str, why: str) -> Check:
+    """The check refusing a server whose server_info sets `key` (a launch flag) to a true value."""
+    flag = "--" + key.replace("_", "-")
+    return lambda facts: (
+        Problem(key, f"{why} [{key}={value!r}]", f"relaunch it without {flag}")
+        if (value := facts.server_info.get(key))
+        else None
     )
 
 
 def _preferred_params(facts: ServerFacts) -> Problem | None:
+    fix = "relaunch it without --preferred-sampling-params"
     try:
-        preferred = preferred_sampling_params(facts)
+        preferred = preferred_sampling_params(facts) or {}
     except ValueError as exc:
-        return Problem(
-            "preferred_sampling_params", f"the server's {exc}", "relaunch it without --preferred-sampling-params"
-        )
-    applied = sorted(set(preferred or ()) - SENT_SAMPLING_KEYS)
-    if not applied:
+        return Problem("preferred_sampling_params", f"the server's {exc}", fix)
+    values = {key: preferred[key] for key in sorted(set(preferred) - SENT_SAMPLING_KEYS)}
+    if not values:
         return None
-    values = {key: preferred[key] for key in applied}  # type: ignore[index]
     return Problem(
         "preferred_sampling_params",
         f"the server's --preferred-sampling-params would apply {values} to every request "
@@ -160,24 +94,29 @@ def _preferred_params(facts: ServerFacts) -> Problem | None:
 
 
 # Every refusable setting and its check, in the order problems are reported.
-CHECKS: dict[str, Callable[[ServerFacts], Problem | None]] = {
-    "reasoning_parser": _parser("reasoning_parser", "the server runs a reasoning parser", "--reasoning-parser"),
-    "tool_call_parser": _parser("tool_call_parser", "the server runs a tool-call parser", "--tool-call-parser"),
-    "skip_tokenizer_init": _parser(
+CHECKS: dict[str, Check] = {
+    "reasoning_parser": _flag("reasoning_parser", "the server runs a reasoning parser"),
+    "tool_call_parser": _flag("tool_call_parser", "the server runs a tool-call parser"),
+    "skip_tokenizer_init": _flag(
         "skip_tokenizer_init",
         "the server skips its tokenizer: it stops on the model config's EOS, not the chat template's",
-        "--skip-tokenizer-init",
     ),
-    "is_generation": _not_generation,
-    "allow_auto_truncate": _auto_truncate,
+    "is_generation": lambda facts: (
+        Problem(
+            "is_generation", "the model is not a generation model (is_generation=false)", "serve a generation model"
+        )
+        if facts.model_info.get("is_generation") is False
+        else None
+    ),
+    "allow_auto_truncate": _flag(
+        "allow_auto_truncate",
+        "the server cuts prompts and max_new_tokens that do not fit its context instead of "
+        "refusing them, so records would hold prompt ids the model never saw",
+    ),
     "preferred_sampling_params": _preferred_params,
 }
-# The SGLang settings `--allow-server-setting` accepts; every kind's together are
-# workers.backends.REFUSABLE_SETTINGS.
+# The SGLang settings `--allow-server-setting` accepts (see workers.backends.REFUSABLE_SETTINGS).
 SGLANG_REFUSABLE_SETTINGS = tuple(CHECKS)
-
-
-# ---- what SGLang counts against the context --------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +140,6 @@ class ContextLimits:
 
     @classmethod
     def from_state(cls, state: ServerState) -> ContextLimits:
-        """The limits preflight stored in a node's server state."""
         return cls(
             context_length=state.context_length,
             reserved_tokens=state.draft_reserved_tokens,
@@ -210,8 +148,9 @@ class ContextLimits:
         )
 
 
-def fits_context(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> bool:
-    """True when SGLang serves this prompt exactly as asked: no 400, no abort, no cut.
+def context_message(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> str | None:
+    """None when SGLang serves this prompt exactly as asked (no 400, no abort, no cut), else
+    why not, for the prompt's failure record (`prompt-too-long`).
 
     SGLang's rules (0.5.x): the TokenizerManager refuses (400) when prompt + reserved >=
     context or prompt + reserved + max_new_tokens > context; the scheduler refuses when
@@ -221,26 +160,11 @@ def fits_context(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits)
     """
     ctx = limits.context_length
     if not ctx:
-        return True
+        return None
     held = prompt_len + limits.reserved_tokens
     if held >= ctx or held + max_new_tokens > ctx:
-        return False
-    if limits.max_req_input_len is not None and prompt_len >= limits.max_req_input_len:
-        return False
-    max_req_len = limits.max_req_len if limits.max_req_len is not None else ctx - 1
-    return max_new_tokens <= max_req_len - prompt_len - 1
-
-
-def context_message(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> str:
-    """Why fits_context said no, for the prompt's failure record (`prompt-too-long`)."""
-    ctx = limits.context_length or 0
-    reserved = (
-        f" + {limits.reserved_tokens} tokens the server reserves for speculative drafts"
-        if limits.reserved_tokens
-        else ""
-    )
-    held = prompt_len + limits.reserved_tokens
-    if held >= ctx or held + max_new_tokens > ctx:
+        drafts = limits.reserved_tokens
+        reserved = f" + {drafts} tokens the server reserves for speculative drafts" if drafts else ""
         return (
             f"prompt of {prompt_len} tokens{reserved} + max_new_tokens {max_new_tokens} "
             f"exceeds the server's context length {ctx}"
@@ -250,27 +174,25 @@ def context_message(*, prompt_len: int, max_new_tokens: int, limits: ContextLimi
             f"prompt of {prompt_len} tokens is not below the server's input limit "
             f"(max_req_input_len {limits.max_req_input_len}; context length {ctx})"
         )
-    max_req_len = limits.max_req_len if limits.max_req_len is not None else ctx - 1
-    granted = max(max_req_len - prompt_len - 1, 0)
+    granted = (limits.max_req_len if limits.max_req_len is not None else ctx - 1) - prompt_len - 1
+    if max_new_tokens <= granted:
+        return None
     return (
         f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} is too close to the "
-        f"server's context length {ctx}: it would silently lower max_new_tokens to {granted}"
+        f"server's context length {ctx}: it would silently lower max_new_tokens to {max(granted, 0)}"
     )
 
 
-def _int_or_none(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        return None
-    return int(value)
+def fits_context(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> bool:
+    """True when SGLang serves this prompt exactly as asked (see context_message)."""
+    return context_message(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits) is None
 
 
 def _max_req_len(context_length: int | None, max_total_num_tokens: int | None) -> int | None:
     """The scheduler's max_req_len: min(context - 1, KV cache tokens - 1)."""
     if not context_length:
         return None
-    if max_total_num_tokens:
-        return min(context_length - 1, max_total_num_tokens - 1)
-    return context_length - 1
+    return min(context_length, max_total_num_tokens or context_length) - 1
 
 
 def draft_reserved_tokens(server_info: dict) -> int:
@@ -279,26 +201,25 @@ def draft_reserved_tokens(server_info: dict) -> int:
     algorithm = server_info.get("speculative_algorithm")
     if not isinstance(algorithm, str) or algorithm.upper() not in EAGLE_ALGORITHMS:
         return 0
-    topk = _int_or_none(server_info.get("speculative_eagle_topk")) or 0
-    steps = _int_or_none(server_info.get("speculative_num_steps")) or 0
-    drafts = [
-        _int_or_none(server_info.get(key)) or 0
-        for key in ("speculative_num_draft_tokens", "max_speculative_num_draft_tokens")
-    ]
+    topk, steps, *drafts = (
+        positive_int(server_info.get(key)) or 0
+        for key in (
+            "speculative_eagle_topk",
+            "speculative_num_steps",
+            "speculative_num_draft_tokens",
+            "max_speculative_num_draft_tokens",
+        )
+    )
     return max(topk * steps, *drafts)
 
 
 def context_limits(facts: ServerFacts) -> ContextLimits:
-    """The limits fits_context needs, from what preflight learned."""
     return ContextLimits(
         context_length=facts.context_length,
         reserved_tokens=draft_reserved_tokens(facts.server_info),
-        max_req_input_len=_int_or_none(facts.server_info.get("max_req_input_len")),
+        max_req_input_len=positive_int(facts.server_info.get("max_req_input_len")),
         max_req_len=_max_req_len(facts.context_length, facts.max_total_num_tokens),
     )
-
-
-# ---- seeds ---------------------------------------------------------------------------------
 
 
 def deterministic_inference(facts: ServerFacts) -> bool | None:
@@ -309,59 +230,39 @@ def deterministic_inference(facts: ServerFacts) -> bool | None:
     return bool(facts.server_info["enable_deterministic_inference"])
 
 
-# ---- what the node state and the campaign keep ----------------------------------------------
-
-
-def apply_facts(state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:
-    """Store in a node's server state what batches need from preflight (limits, capacity,
-    seed support) and the provenance the campaign will keep."""
-    limits = context_limits(facts)
-    deterministic = deterministic_inference(facts)
-    state.context_length = facts.context_length
-    state.draft_reserved_tokens = limits.reserved_tokens
-    state.max_req_input_len = limits.max_req_input_len
-    state.max_running_requests = facts.max_running_requests
-    state.max_total_num_tokens = facts.max_total_num_tokens
-    state.deterministic_inference = deterministic
-    state.sampling_seed_supported = deterministic is not None
-    state.backend = facts.backend
-    state.provenance = provenance(facts, accepted=accepted)
-
-
 def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict:
     """What a campaign keeps about the server that generated its records: an allow-list of
     its launch arguments (never a secret), its version and model, what it does to sampling
     and context, and the refused settings accepted by override."""
-    launch_args = {
-        key: facts.server_info[key]
-        for key in PROVENANCE_LAUNCH_ARGS
-        if key in facts.server_info
-        and (isinstance(facts.server_info[key], (str, int, float, bool)) or facts.server_info[key] is None)
-    }
+    info = facts.server_info
     try:
         preferred = preferred_sampling_params(facts)
     except ValueError:
-        preferred = {"unreadable": str(facts.server_info.get("preferred_sampling_params"))[:200]}
+        preferred = {"unreadable": str(info.get("preferred_sampling_params"))[:200]}
     return {
         "url": redact_url(facts.url),
         "backend": facts.backend,
         "version": facts.version,
-        "model_path": facts.server_info.get("model_path") or facts.model_info.get("model_path"),
+        "model_path": info.get("model_path") or facts.model_info.get("model_path"),
         "weight_version": facts.model_info.get("weight_version"),
         "context_length": facts.context_length,
-        "draft_reserved_tokens": draft_reserved_tokens(facts.server_info),
+        "draft_reserved_tokens": draft_reserved_tokens(info),
         "deterministic_inference": deterministic_inference(facts),
         # The server's defaults as configured; every key we send overrides them, and preflight
         # refused (or was told to accept) any other.
         "preferred_sampling_params": preferred,
         "preferred_sampling_params_applied": sorted(set(preferred or ()) - SENT_SAMPLING_KEYS),
         "accepted_despite": list(accepted or ()),
-        "launch_args": launch_args,
+        "launch_args": {
+            key: info[key]
+            for key in PROVENANCE_LAUNCH_ARGS
+            if key in info and (info[key] is None or isinstance(info[key], (str, int, float, bool)))
+        },
     }
 
 
 class SGLangBackend:
-    """Requests, replies, context rule and preflight of an SGLang server (see base.Backend)."""
+    """Requests, replies, context rule and preflight of an SGLang server (see workers.backends.Backend)."""
 
     name: ClassVar[str] = SGLANG
     path: ClassVar[str] = "/generate"
@@ -382,8 +283,6 @@ class SGLangBackend:
 
     def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:
         limits = ContextLimits.from_state(state)
-        if fits_context(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits):
-            return None
         return context_message(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits)
 
     @staticmethod
@@ -392,7 +291,17 @@ class SGLangBackend:
 
     @staticmethod
     def apply_facts(state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:
-        apply_facts(state, facts, accepted=accepted)
+        limits = context_limits(facts)
+        deterministic = deterministic_inference(facts)
+        state.backend = facts.backend
+        state.context_length = facts.context_length
+        state.draft_reserved_tokens = limits.reserved_tokens
+        state.max_req_input_len = limits.max_req_input_len
+        state.max_running_requests = facts.max_running_requests
+        state.max_total_num_tokens = facts.max_total_num_tokens
+        state.deterministic_inference = deterministic
+        state.sampling_seed_supported = deterministic is not None
+        state.provenance = provenance(facts, accepted=accepted)
 
     @classmethod
     def from_state(cls, state: ServerState) -> SGLangBackend:

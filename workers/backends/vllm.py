@@ -1,38 +1,21 @@
 """vLLM: `POST /v1/completions` with the prompt as token ids and `return_token_ids: true`.
 
-What vLLM does, from its source (vllm/entrypoints/openai/completion/protocol.py and
-serving.py, vllm/sampling_params.py, vllm/entrypoints/utils.py, vllm/renderers/params.py):
-
-* Request: `prompt` as a list of ints is used as is (no tokenizer, no BOS); every sampling
-  field left out falls back to the server's default: first the model's generation config
-  (--generation-config, auto by default, plus --override-generation-config), then OpenAI's;
-  `max_tokens` defaults to 16. So every value is sent (`translate_sampling`), in vLLM's names.
-  Unknown fields are ignored with a warning, never refused: a misspelt key would silently not
-  apply, which is why the translation is a fixed table.
-* A hard cap nobody sees: the generation config's `max_new_tokens` (when --generation-config
-  names a folder) and --override-generation-config's are a ceiling on max_tokens. A reply
-  ending on `length` before the max_tokens sent is that cap: SamplingOverridden.
-* The model's generation_config.json `eos_token_id` list is merged into stop_token_ids, as
-  SGLang also stops on it: generations end on the model's EOS ids and the campaign's stop ids.
-* Reply: `choices[0].token_ids` (the stop token kept, as SGLang keeps it in output_ids),
-  `prompt_token_ids` (what the engine generated from), `finish_reason` stop/length/abort and
-  `stop_reason`: the matched stop id or string, None for the model's EOS.
-* Errors: `{"error": {"message", "type", "param", "code"}}` (older versions: the same keys at
-  the top level); 400 for validation (range errors name the field: "top_p must be in (0, 1]"),
-  404 for an unknown `model`, 500 when the engine fails.
-* Launch arguments are not served (only /server_info in dev mode, VLLM_SERVER_DEV_MODE=1), so
-  preflight checks what it can see: /v1/models (max_model_len, the served name), /version, the
-  dev-mode configuration when it is exposed, and a 4-token probe request (token ids returned,
-  prompt unchanged, max_tokens honoured exactly, text decoded). A probe reply that is merely
-  malformed proves nothing and only warns: every reply is checked before it becomes a record.
+docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source
+(vllm/entrypoints/openai/completion/, vllm/sampling_params.py, vllm/entrypoints/utils.py). Two
+facts shape this module: every sampling field left out falls back to the server's generation
+config (then OpenAI's defaults, `max_tokens` 16), and unknown fields are ignored with a warning,
+never refused; so every value is sent, through a fixed table. Launch arguments are not served
+(only dev mode's /server_info), so preflight checks what it sees: /v1/models, /version, the
+dev-mode configuration if exposed, and a 4-token probe request. Errors come as
+`{"error": {"message", ...}}` (older versions: the keys at the top level).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from eagle_synth.state.node_state import ServerState
@@ -41,9 +24,10 @@ from workers.client import (
     ServerClient,
     ServerFacts,
     TransientError,
-    _positive_int,
     error_for_status,
     error_message,
+    first_model,
+    positive_int,
 )
 from workers.replies import (
     BadResponse,
@@ -58,98 +42,63 @@ from workers.replies import (
 
 log = logging.getLogger("eagle_synth.preflight")
 
-# The campaign's sampling keys (SGLang's names) and the vLLM completion field each becomes.
-RENAMES = {
-    "max_new_tokens": "max_tokens",
-    "min_new_tokens": "min_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "ignore_eos": "ignore_eos",
-    "skip_special_tokens": "skip_special_tokens",
-    "spaces_between_special_tokens": "spaces_between_special_tokens",
-    # Both only decide whether `text` keeps a matched stop string; ids never lose it.
-    "no_stop_trim": "include_stop_str_in_output",
-    "n": "n",
-    "sampling_seed": "seed",
-}
-# What a key left out of the campaign's sampling means (SGLang's defaults): sent explicitly so
-# vLLM's generation-config defaults never fill the gap. The seed has no default (none sent).
+# Each campaign sampling key (SGLang's names): the vLLM completion field it becomes, and what
+# leaving it out means (SGLang's default), sent explicitly so vLLM's generation-config defaults
+# never fill the gap. The seed has no default (none sent).
 SGLANG_MAX_NEW_TOKENS = 128
-SGLANG_DEFAULTS = {
-    "max_new_tokens": SGLANG_MAX_NEW_TOKENS,
-    "min_new_tokens": 0,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": -1,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "stop": [],
-    "stop_token_ids": [],
-    "ignore_eos": False,
-    "skip_special_tokens": True,
-    "spaces_between_special_tokens": True,
-    "no_stop_trim": False,
-    "n": 1,
+FIELDS: dict[str, tuple[str, object]] = {
+    "max_new_tokens": ("max_tokens", SGLANG_MAX_NEW_TOKENS),
+    "min_new_tokens": ("min_tokens", 0),
+    "temperature": ("temperature", 1.0),
+    "top_p": ("top_p", 1.0),
+    "top_k": ("top_k", -1),
+    "min_p": ("min_p", 0.0),
+    "repetition_penalty": ("repetition_penalty", 1.0),
+    "frequency_penalty": ("frequency_penalty", 0.0),
+    "presence_penalty": ("presence_penalty", 0.0),
+    "stop": ("stop", []),
+    "stop_token_ids": ("stop_token_ids", []),
+    "ignore_eos": ("ignore_eos", False),
+    "skip_special_tokens": ("skip_special_tokens", True),
+    "spaces_between_special_tokens": ("spaces_between_special_tokens", True),
+    # Both only decide whether `text` keeps a matched stop string; ids never lose it.
+    "no_stop_trim": ("include_stop_str_in_output", False),
+    "n": ("n", 1),
+    "sampling_seed": ("seed", None),
 }
-# vLLM raises temperatures in (0, this) to this value (SamplingParams.__post_init__).
+SGLANG_DEFAULTS = {key: default for key, (_, default) in FIELDS.items() if default is not None}
+# vLLM raises temperatures in (0, MIN) to MIN (SamplingParams.__post_init__) and refuses those
+# above MAX (SamplingParams._verify_args).
 VLLM_MIN_TEMPERATURE = 0.01
-# vLLM refuses temperatures above this (SamplingParams._verify_args).
 VLLM_MAX_TEMPERATURE = 2.0
 # finish_reason values a 200 can carry ("error" becomes an HTTP 500 before any reply).
 FINISH_REASONS = frozenset({"stop", "length", "abort"})
-# The preflight probe: a few ids every vocabulary has, and the ids it must generate.
+# The preflight probe: a few ids every vocabulary has, the ids it must generate, the bound its
+# reply's ids are checked against (any int is a possible id of an unknown vocabulary), and the
+# seconds it may take (a cold server compiles on its first requests).
 PROBE_PROMPT = (0, 1, 2)
 PROBE_TOKENS = 4
-# Ids the probe's reply is checked against: any int is a possible id of an unknown vocabulary.
 PROBE_VOCAB_BOUND = 2**31
-# Seconds the probe may take (a cold server compiles on its first requests).
 PROBE_TIMEOUT = 120.0
 # vLLM's dev-mode configuration endpoint (VLLM_SERVER_DEV_MODE=1), as JSON.
 DEV_CONFIG_PATH = "/server_info?config_format=json"
 # First vLLM version with `return_token_ids` on /v1/completions (PR 22587).
 TOKEN_IDS_VERSION = "0.10.2"
-TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)  # the same, to compare reported versions with
+TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)
 # generation_config values that read no sampling defaults from a folder.
 DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
-# Dev-mode configuration entries kept in provenance, as (section, key): an allow-list, so a
-# secret a later version adds is never copied.
+# Dev-mode configuration entries kept in provenance, by section: an allow-list, so a secret a
+# later version adds is never copied.
 PROVENANCE_CONFIG = (
-    ("model_config", "model"),
-    ("model_config", "served_model_name"),
-    ("model_config", "tokenizer"),
-    ("model_config", "revision"),
-    ("model_config", "dtype"),
-    ("model_config", "max_model_len"),
-    ("model_config", "quantization"),
-    ("model_config", "seed"),
-    ("model_config", "generation_config"),
-    ("model_config", "override_generation_config"),
-    ("model_config", "skip_tokenizer_init"),
-    ("model_config", "logits_processors"),
-    ("model_config", "runner_type"),
-    ("cache_config", "kv_cache_dtype"),
-    ("cache_config", "enable_prefix_caching"),
-    ("parallel_config", "tensor_parallel_size"),
-    ("parallel_config", "pipeline_parallel_size"),
-    ("parallel_config", "data_parallel_size"),
-    ("scheduler_config", "max_num_seqs"),
-    ("scheduler_config", "max_num_batched_tokens"),
-    ("speculative_config", "method"),
-    ("speculative_config", "num_speculative_tokens"),
-    ("structured_outputs_config", "reasoning_parser"),
+    ("model_config", ("model", "served_model_name", "tokenizer", "revision", "dtype", "max_model_len")),
+    ("model_config", ("quantization", "seed", "generation_config", "override_generation_config")),
+    ("model_config", ("skip_tokenizer_init", "logits_processors", "runner_type")),
+    ("cache_config", ("kv_cache_dtype", "enable_prefix_caching")),
+    ("parallel_config", ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")),
+    ("scheduler_config", ("max_num_seqs", "max_num_batched_tokens")),
+    ("speculative_config", ("method", "num_speculative_tokens")),
+    ("structured_outputs_config", ("reasoning_parser",)),
 )
-
-
-# ---- replies --------------------------------------------------------------------------------
 
 
 def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], max_tokens: int) -> GeneratedItem:
@@ -173,19 +122,29 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
         raise BadResponse("choices[0] has no finish_reason")
     if finish not in FINISH_REASONS:
         raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_REASONS)}")
-    if finish == "abort":
-        return GeneratedItem(
-            output_ids=[],
-            finish_type="abort",
-            finish_matched=None,
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=0,
-            cached_tokens=0,
-            e2e_latency=None,
-            repaired_prefix=0,
-            aborted=True,
-        )
-    if "token_ids" not in choice or choice["token_ids"] is None:
+    output_ids: list[int] = []
+    matched: int | str | None = None
+    cached = 0
+    if finish != "abort":
+        output_ids, matched, cached = _checked_choice(item, choice, vocab_size, prompt_ids, max_tokens)
+    return GeneratedItem(
+        output_ids=output_ids,
+        finish_type=finish,
+        finish_matched=matched,
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(output_ids),
+        cached_tokens=cached,
+        e2e_latency=None,
+        repaired_prefix=0,
+        aborted=finish == "abort",
+    )
+
+
+def _checked_choice(
+    item: dict, choice: dict, vocab_size: int, prompt_ids: list[int], max_tokens: int
+) -> tuple[list[int], int | str | None, int]:
+    """(output ids, finish_matched, cached tokens) of a choice that was not aborted."""
+    if choice.get("token_ids") is None:
         raise BadResponse(f"choices[0] has no token_ids (vLLM before {TOKEN_IDS_VERSION} ignores return_token_ids)")
     output_ids = checked_ids(choice["token_ids"], field="token_ids", vocab_size=vocab_size)
     seen = choice.get("prompt_token_ids")
@@ -199,8 +158,7 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
             sent=len(prompt_ids),
             reported=len(seen),
         )
-    usage = item.get("usage")
-    usage = usage if isinstance(usage, dict) else {}
+    usage = item["usage"] if isinstance(item.get("usage"), dict) else {}
     completion = usage.get("completion_tokens")
     if completion is not None and completion != len(output_ids):
         raise BadResponse(f"token_ids has {len(output_ids)} ids but usage.completion_tokens says {excerpt(completion)}")
@@ -209,56 +167,33 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     stop_reason = choice.get("stop_reason")
     if stop_reason is not None and not is_token_int(stop_reason) and not isinstance(stop_reason, str):
         raise BadResponse(f"stop_reason is neither a token id nor a stop string: {excerpt(stop_reason)}")
-    if finish == "length":
-        if len(output_ids) < max_tokens:
-            raise SamplingOverridden(
-                f"the server ended a generation on length after {len(output_ids)} tokens although max_tokens "
-                f"{max_tokens} was sent: it caps max_tokens (--override-generation-config max_new_tokens, or a "
-                "--generation-config folder setting max_new_tokens); relaunch vLLM without that cap"
-            )
+    if choice["finish_reason"] == "length" and len(output_ids) < max_tokens:
+        raise SamplingOverridden(
+            f"the server ended a generation on length after {len(output_ids)} tokens although max_tokens "
+            f"{max_tokens} was sent: it caps max_tokens (--override-generation-config max_new_tokens, or a "
+            "--generation-config folder setting max_new_tokens); relaunch vLLM without that cap"
+        )
+    if choice["finish_reason"] == "length":
         matched = None
     else:
         matched = stop_reason if stop_reason is not None else (output_ids[-1] if output_ids else None)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    cached = cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0
-    return GeneratedItem(
-        output_ids=output_ids,
-        finish_type=finish,
-        finish_matched=matched,
-        prompt_tokens=len(prompt_ids),
-        completion_tokens=len(output_ids),
-        cached_tokens=cached,
-        e2e_latency=None,
-        repaired_prefix=0,
-        aborted=False,
-    )
+    return output_ids, matched, cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0
 
 
 def prompt_difference(sent: list[int], seen: list) -> str:
     """How the prompt the server reports differs from the one sent, in words."""
-    if len(seen) > len(sent) and seen[len(seen) - len(sent) :] == sent:
-        return (
-            f"it put {len(seen) - len(sent)} ids in front of the {len(sent)} sent "
-            f"({excerpt(seen[: len(seen) - len(sent)])}: a BOS token?)"
-        )
-    if len(seen) < len(sent) and sent[len(sent) - len(seen) :] == seen:
-        return f"it dropped the first {len(sent) - len(seen)} of the {len(sent)} ids sent (truncate_prompt_tokens?)"
+    extra = len(seen) - len(sent)
+    if extra > 0 and seen[extra:] == sent:
+        return f"it put {extra} ids in front of the {len(sent)} sent ({excerpt(seen[:extra])}: a BOS token?)"
+    if extra < 0 and sent[-extra:] == seen:
+        return f"it dropped the first {-extra} of the {len(sent)} ids sent (truncate_prompt_tokens?)"
     position = next((i for i, (a, b) in enumerate(zip(sent, seen)) if a != b), min(len(sent), len(seen)))
     return (
         f"{len(sent)} ids sent, {len(seen)} reported, first difference at position {position} "
         f"(sent {excerpt(sent[position : position + 5])}, reported {excerpt(seen[position : position + 5])})"
     )
-
-
-# ---- preflight ------------------------------------------------------------------------------
-
-
-def _first_model(models: dict | None) -> dict | None:
-    data = (models or {}).get("data")
-    if isinstance(data, list) and data and isinstance(data[0], dict):
-        return data[0]
-    return None
 
 
 def _config(config: dict, section: str, key: str) -> object:
@@ -269,15 +204,8 @@ def _config(config: dict, section: str, key: str) -> object:
 def _probe(client: ServerClient, *, model: str | None) -> dict:
     """Send the probe request; {"status", "reply" or "message"}. Transport failures and 5xx
     raise (the gate looks again later): only an answer says something about the server."""
-    path, body = VllmBackend(model=model).request(
-        list(PROBE_PROMPT),
-        {
-            "max_new_tokens": PROBE_TOKENS,
-            "temperature": 0.0,
-            "ignore_eos": True,
-            "skip_special_tokens": False,
-        },
-    )
+    sampling = {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
+    path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
     status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
     if status == 200:
         try:
@@ -293,15 +221,8 @@ def _probe(client: ServerClient, *, model: str | None) -> dict:
 
 def _version_tuple(version: str | None) -> tuple[int, ...] | None:
     """(0, 10, 2) from "0.10.2" or "0.10.2rc1+cu128"; None if it does not start with a number."""
-    numbers = []
-    for part in (version or "").split("."):
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if not digits:
-            break
-        numbers.append(int(digits))
-        if digits != part:
-            break
-    return tuple(numbers) or None
+    match = re.match(r"\d+(?:\.\d+)*", version or "")
+    return tuple(int(part) for part in match.group().split(".")) if match else None
 
 
 def _require_faithful_probe(facts: ServerFacts) -> None:
@@ -330,11 +251,9 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
                 f"{where} came back without token ids: vLLM {facts.version} is older than "
                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM"
             ) from None
+        accepting = "accepting the server, each reply is checked before it becomes a record"
         log.warning(
-            "server %s: the preflight probe's reply is malformed (%s); accepting the server, each reply "
-            "is checked before it becomes a record",
-            redact_url(facts.url),
-            exc,
+            "server %s: the preflight probe's reply is malformed (%s); %s", redact_url(facts.url), exc, accepting
         )
         return
     if not item.aborted and (item.finish_type != "length" or len(item.output_ids) != PROBE_TOKENS):
@@ -344,16 +263,13 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
         )
 
 
-def _probe_text_empty(facts: ServerFacts) -> bool:
+def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
+    """Seen in the dev-mode configuration, or by the probe's ids coming back with no text."""
+    configured = _config(facts.server_info, "model_config", "skip_tokenizer_init")
     reply = (facts.probe or {}).get("reply")
     choices = reply.get("choices") if isinstance(reply, dict) else None
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    return bool(choice.get("token_ids")) and choice.get("text") == ""
-
-
-def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
-    configured = _config(facts.server_info, "model_config", "skip_tokenizer_init")
-    if not configured and not _probe_text_empty(facts):
+    if not configured and not (choice.get("token_ids") and choice.get("text") == ""):
         return None
     evidence = "skip_tokenizer_init=True" if configured else f"the probe's {PROBE_TOKENS} ids came back with no text"
     return Problem(
@@ -363,69 +279,63 @@ def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
     )
 
 
-def _reasoning_parser(facts: ServerFacts) -> Problem | None:
-    parser = _config(facts.server_info, "structured_outputs_config", "reasoning_parser")
-    if not parser:
-        return None
-    return Problem(
-        "reasoning_parser",
-        f"the server runs a reasoning parser [reasoning_parser={parser!r}]",
-        "relaunch it without --reasoning-parser",
-    )
+def _config_check(setting: str, section: str, key: str, bad: Callable[[object], bool], why: str, fix: str) -> Check:
+    """Refuse `setting` when the dev-mode configuration's section.key is `bad`; `why` is formatted
+    with the value (`value`, and `short`: its excerpt)."""
 
+    def check(facts: ServerFacts) -> Problem | None:
+        value = _config(facts.server_info, section, key)
+        return Problem(setting, why.format(value=value, short=excerpt(value)), fix) if bad(value) else None
 
-def _generation_config(facts: ServerFacts) -> Problem | None:
-    source = _config(facts.server_info, "model_config", "generation_config")
-    if source in DEFAULT_GENERATION_CONFIGS:
-        return None
-    return Problem(
-        "generation_config",
-        f"the server reads sampling defaults from {source!r}: a max_new_tokens there caps every "
-        "request's max_tokens without a word",
-        "relaunch it with --generation-config auto",
-    )
-
-
-def _override_generation_config(facts: ServerFacts) -> Problem | None:
-    override = _config(facts.server_info, "model_config", "override_generation_config")
-    if not isinstance(override, dict) or "max_new_tokens" not in override:
-        return None  # the other keys it can set are sent by every request, which wins
-    return Problem(
-        "override_generation_config",
-        f"--override-generation-config caps every request's max_tokens at {override['max_new_tokens']}",
-        "relaunch it without max_new_tokens in --override-generation-config",
-    )
-
-
-def _logits_processors(facts: ServerFacts) -> Problem | None:
-    processors = _config(facts.server_info, "model_config", "logits_processors")
-    if not processors:
-        return None
-    return Problem(
-        "logits_processors",
-        f"custom logits processors can act on every request [{excerpt(processors)}]",
-        "relaunch it without --logits-processors",
-    )
-
-
-def _not_generation(facts: ServerFacts) -> Problem | None:
-    runner = _config(facts.server_info, "model_config", "runner_type")
-    if runner in (None, "generate"):
-        return None
-    return Problem(
-        "is_generation", f"the model is not run for generation (runner_type={runner!r})", "serve a generation model"
-    )
+    return check
 
 
 # Every refusable vLLM setting and its check, in the order problems are reported. All but the
 # probe-based skip_tokenizer_init need the dev-mode configuration (VLLM_SERVER_DEV_MODE=1).
 CHECKS: dict[str, Check] = {
     "skip_tokenizer_init": _skip_tokenizer_init,
-    "reasoning_parser": _reasoning_parser,
-    "generation_config": _generation_config,
-    "override_generation_config": _override_generation_config,
-    "logits_processors": _logits_processors,
-    "is_generation": _not_generation,
+    **{
+        setting: _config_check(setting, *spec)
+        for setting, spec in {
+            "reasoning_parser": (
+                "structured_outputs_config",
+                "reasoning_parser",
+                bool,
+                "the server runs a reasoning parser [reasoning_parser={value!r}]",
+                "relaunch it without --reasoning-parser",
+            ),
+            "generation_config": (
+                "model_config",
+                "generation_config",
+                lambda source: source not in DEFAULT_GENERATION_CONFIGS,
+                "the server reads sampling defaults from {value!r}: a max_new_tokens there caps every "
+                "request's max_tokens without a word",
+                "relaunch it with --generation-config auto",
+            ),
+            # Only its max_new_tokens: the other keys it can set are sent by every request, which wins.
+            "override_generation_config": (
+                "model_config",
+                "override_generation_config",
+                lambda override: isinstance(override, dict) and "max_new_tokens" in override,
+                "--override-generation-config caps every request's max_tokens at {value[max_new_tokens]}",
+                "relaunch it without max_new_tokens in --override-generation-config",
+            ),
+            "logits_processors": (
+                "model_config",
+                "logits_processors",
+                bool,
+                "custom logits processors can act on every request [{short}]",
+                "relaunch it without --logits-processors",
+            ),
+            "is_generation": (
+                "model_config",
+                "runner_type",
+                lambda runner: runner not in (None, "generate"),
+                "the model is not run for generation (runner_type={value!r})",
+                "serve a generation model",
+            ),
+        }.items()
+    },
 }
 
 
@@ -433,11 +343,13 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
     """What a campaign keeps about a vLLM server: version, model, context, the allow-listed
     dev-mode configuration when exposed, and the refused settings accepted by override."""
     launch_args = {}
-    for section, key in PROVENANCE_CONFIG:
-        value = _config(facts.server_info, section, key)
-        if value is None:
-            continue
-        launch_args[f"{section}.{key}"] = value if isinstance(value, (str, int, float, bool)) else json.dumps(value)
+    for section, keys in PROVENANCE_CONFIG:
+        for key in keys:
+            value = _config(facts.server_info, section, key)
+            if value is not None:
+                launch_args[f"{section}.{key}"] = (
+                    value if isinstance(value, (str, int, float, bool)) else json.dumps(value)
+                )
     card = facts.model_info
     return {
         "url": redact_url(facts.url),
@@ -455,7 +367,7 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
 
 
 class VllmBackend:
-    """Requests, replies, context rule and preflight of a vLLM server (see base.Backend).
+    """Requests, replies, context rule and preflight of a vLLM server (see workers.backends.Backend).
 
     Parameters:
         model: the served model name sent as `model` (from /v1/models); None leaves it out.
@@ -468,9 +380,8 @@ class VllmBackend:
     def __init__(self, *, model: str | None = None) -> None:
         self.model = model
 
-    # ---- requests -----------------------------------------------------------------------
     def translate_sampling(self, sampling: dict) -> dict:
-        unknown = sorted(set(sampling) - set(RENAMES))
+        unknown = sorted(set(sampling) - set(FIELDS))
         if unknown:
             raise UntranslatableSampling(
                 f"the campaign's sampling keys {unknown} have no vLLM /v1/completions equivalent "
@@ -488,7 +399,7 @@ class VllmBackend:
             raise UntranslatableSampling(f"temperature {temperature}: vLLM accepts at most {VLLM_MAX_TEMPERATURE}")
         if values["n"] != 1:
             raise UntranslatableSampling(f"n {values['n']}: samples are sent as separate requests, n must be 1")
-        return {RENAMES[key]: value for key, value in values.items()}
+        return {FIELDS[key][0]: value for key, value in values.items()}
 
     def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
         body: dict = {} if self.model is None else {"model": self.model}
@@ -515,28 +426,24 @@ class VllmBackend:
             f"context length {ctx} (vLLM's max_model_len)"
         )
 
-    # ---- preflight ----------------------------------------------------------------------
     @staticmethod
     def facts(client: ServerClient) -> ServerFacts:
         models = client.get_optional_json("/v1/models")
-        card = _first_model(models)
-        if card is None:
+        card = first_model(models)
+        if not card:
             raise TransientError(f"{client.url}/v1/models lists no model yet")
         version = (client.get_optional_json("/version") or {}).get("version")
-        dev = client.get_optional_json(DEV_CONFIG_PATH)
-        config = dev.get("vllm_config") if dev else None
+        config = (client.get_optional_json(DEV_CONFIG_PATH) or {}).get("vllm_config")
         config = config if isinstance(config, dict) else {}
-        served = card.get("id") if isinstance(card.get("id"), str) else None
         facts = ServerFacts(
             url=client.url,
             server_info=config,
             model_info=card,
-            context_length=_positive_int(card.get("max_model_len")),
+            context_length=positive_int(card.get("max_model_len")),
             version=version if isinstance(version, str) else None,
-            max_running_requests=_positive_int(_config(config, "scheduler_config", "max_num_seqs")),
+            max_running_requests=positive_int(_config(config, "scheduler_config", "max_num_seqs")),
             backend=VLLM,
-            models=models,
-            probe=_probe(client, model=served),
+            probe=_probe(client, model=card.get("id") if isinstance(card.get("id"), str) else None),
         )
         _require_faithful_probe(facts)
         return facts
