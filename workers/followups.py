@@ -29,11 +29,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
 import msgpack
+import msgspec
 import redis
 
 from eagle_synth.conversation import ConversationState, end_before_render, turn_key
@@ -277,7 +278,7 @@ class FollowUps:
                 )
                 continue
             following = turn_key(state.key, item.turn + 1)
-            parent = replace(item, ids=[])
+            parent = msgspec.structs.replace(item, ids=[])
             data = {
                 "s": "render",
                 "sampling": payload.sampling,
