@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -228,7 +229,7 @@ def next_turn(
     end = end_before_render(state, finish_reason=finish_reason)
     if end is not None:
         return NextTurn(end=end)
-    stops = {"eos_token_ids": eos_token_ids, "matched": matched, "think_close_id": think_close_id}
+    stops: dict[str, Any] = {"eos_token_ids": eos_token_ids, "matched": matched, "think_close_id": think_close_id}
     if state.steps is None:
         answer = [answer_message(tokenizer, output_ids, **stops)]
     else:

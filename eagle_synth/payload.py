@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from itertools import accumulate
+from typing import Any
 
 import msgspec
 import zstandard
@@ -157,12 +158,13 @@ class TaskPayload(msgspec.Struct):
         """The msgpack-ready dict sent as the task's only argument."""
         items = self.items
         compress = zstandard.ZstdCompressor(level=PAYLOAD_ZSTD_LEVEL).compress
+        columns: dict[str, Any] = {column: [getattr(item, name) for item in items] for column, name in _COLUMNS.items()}
         wire = _Wire(
             v=1,
             campaign=self.campaign,
             batch=self.batch,
             sampling=self.sampling,
-            **{column: [getattr(item, name) for item in items] for column, name in _COLUMNS.items()},
+            **columns,
             lengths=[len(item.ids) for item in items],
             ids=compress(b"".join(pack_ids(item.ids) for item in items)),
         )
@@ -182,19 +184,20 @@ class TaskPayload(msgspec.Struct):
             wire = msgspec.convert(data, _Wire)
             blob = zstandard.ZstdDecompressor().decompress(wire.ids)
             count = len(wire.lengths)
-            columns = [getattr(wire, column) for column in _COLUMNS]
+            columns: list[list[Any]] = [getattr(wire, column) for column in _COLUMNS]
             if sum(wire.lengths) * 4 != len(blob) or any(len(c) != count for c in columns):
                 raise PayloadError("payload ids do not match their lengths")
             if wire.v >= 2:
                 states = msgspec.msgpack.decode(zstandard.ZstdDecompressor().decompress(wire.conversations or b""))
-                extra = (states, wire.sampling_overrides or [], wire.variants or [])
+                extra: list[list[Any]] = [states, wire.sampling_overrides or [], wire.variants or []]
                 if any(len(c) != count for c in extra):
                     raise PayloadError("payload conversation fields do not match its prompts")
             else:
-                extra = ([None] * count,) * 3
+                extra = [[None] * count] * 3
             all_ids, bounds = unpack_ids(blob), [0, *accumulate(wire.lengths)]
+            names = [*_COLUMNS.values(), *_EXTENDED]
             items = [
-                PromptItem(*fields[:3], all_ids[bounds[i] : bounds[i + 1]], *fields[3:])
+                PromptItem(ids=all_ids[bounds[i] : bounds[i + 1]], **dict(zip(names, fields)))
                 for i, fields in enumerate(zip(*columns, *extra))
             ]
         except PayloadError:
