@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,8 +60,6 @@ READ_CHUNK = 1 << 18
 # Largest single msgpack object (header or record) a reader accepts.
 MAX_OBJECT_BYTES = 1 << 30
 
-_U24_LIMIT = 1 << 24
-
 
 class RecordFormatError(EagleSynthError, ValueError):
     """A record file is damaged or of an unknown format; the message names the file."""
@@ -90,31 +89,26 @@ def _u32le_to_u24le(data: bytes) -> bytes:
 
 def encode_ids(ids: Sequence[int], codec: str) -> bytes:
     """Ids as bytes in `codec` ("u24le" needs every id below 2**24)."""
+    if codec not in ID_CODEC_WIDTH:
+        raise ValueError(f"unknown id codec {codec!r}")
     u32 = pack_ids(ids)
-    if codec == "u32le":
-        return u32
-    if codec == "u24le":
-        return _u32le_to_u24le(u32)
-    raise ValueError(f"unknown id codec {codec!r}")
+    return u32 if codec == "u32le" else _u32le_to_u24le(u32)
 
 
 def ids_as_u32le(data: bytes, codec: str) -> bytes:
     """Encoded ids as little-endian uint32 bytes: what numpy/pyarrow can view without a copy per id."""
-    if codec == "u32le":
-        if len(data) % 4:
-            raise ValueError(f"u32le id bytes of length {len(data)} are not a multiple of 4")
+    width = ID_CODEC_WIDTH.get(codec)
+    if width is None:
+        raise ValueError(f"unknown id codec {codec!r}")
+    if len(data) % width:
+        raise ValueError(f"{codec} id bytes of length {len(data)} are not a multiple of {width}")
+    if width == 4:
         return bytes(data)
-    if codec == "u24le":
-        count, rest = divmod(len(data), 3)
-        if rest:
-            raise ValueError(f"u24le id bytes of length {len(data)} are not a multiple of 3")
-        out = bytearray(4 * count)
-        # Three strided copies in C; the fourth byte of each id stays 0.
-        out[0::4] = data[0::3]
-        out[1::4] = data[1::3]
-        out[2::4] = data[2::3]
-        return bytes(out)
-    raise ValueError(f"unknown id codec {codec!r}")
+    out = bytearray(len(data) // 3 * 4)
+    # Three strided copies in C; the fourth byte of each id stays 0.
+    for byte in range(3):
+        out[byte::4] = data[byte::3]
+    return bytes(out)
 
 
 def decode_ids(data: bytes, codec: str) -> list[int]:
@@ -122,30 +116,17 @@ def decode_ids(data: bytes, codec: str) -> list[int]:
     return unpack_ids(ids_as_u32le(data, codec))
 
 
-def _codec_for_u32(*u32_arrays: bytes) -> str:
-    """ID_CODEC when every id fits in 24 bits, else WIDE_ID_CODEC."""
-    for u32 in u32_arrays:
-        # The high byte of every little-endian uint32 must be 0.
-        if u32[3::4].count(0) != len(u32) // 4:
-            return WIDE_ID_CODEC
-    return ID_CODEC
-
-
 # ----------------------------------------------------------------------------- records
 
 
 @dataclass(slots=True)
 class Record:
-    """One generated sample, exactly as the server produced it (every field: docs/records.md).
+    """One generated sample, exactly as the server produced it; docs/records.md defines every field.
 
-    `key` is the stable prompt key (prompt ids + sampling + sample index); `id`, `source`
-    (`file:line`), `turn` (the user turn the prompt ends at) and `sample` say where it came from.
     `prompt_ids` are exactly as the chat template rendered them, `output_ids` exactly as the server
-    returned them (EOS included), `repaired_prefix` ids dropped from their front by the prompt-tail
-    repair. `finish_reason` ("stop", "length", "abort"), `finish_matched` and the token counts are
-    the server's own; `sampling` is what was sent (with this sample's seed). `backend` is "sglang"
-    or "vllm" (files from before vLLM support read as "sglang"); readers fill in `batch`.
-    `conversation`, `variant` and `tool_calls` are set only by the campaigns that use them.
+    returned them (EOS included); `sampling` is what was sent (with this sample's seed). Files from
+    before vLLM support read as backend "sglang"; readers fill in `batch`. `conversation`,
+    `variant` and `tool_calls` are set only by the campaigns that use them.
     """
 
     key: str
@@ -190,7 +171,7 @@ class Record:
             for name in _FIELD_NAMES
             if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None
         }
-        if codec == "u24le" and max(max(self.prompt_ids, default=0), max(self.output_ids, default=0)) >= _U24_LIMIT:
+        if codec == "u24le" and max(max(self.prompt_ids, default=0), max(self.output_ids, default=0)) >= 1 << 24:
             data["id_codec"] = codec = WIDE_ID_CODEC
         data["prompt_ids"] = encode_ids(self.prompt_ids, codec)
         data["output_ids"] = encode_ids(self.output_ids, codec)
@@ -215,10 +196,8 @@ _META_FIELDS = tuple(n for n in _FIELD_NAMES if n not in ("prompt_ids", "output_
 
 @dataclass(slots=True)
 class RawRecord:
-    """A record whose ids stay little-endian uint32 bytes: the fast path for columnar code.
-
-    `numpy.frombuffer(raw.prompt_u32, "<u4")` or a pyarrow buffer views the ids without
-    building a Python int per id; export and compact use this form.
+    """A record whose ids stay little-endian uint32 bytes (numpy.frombuffer(raw.prompt_u32, "<u4")
+    views them without a Python int per id): the fast path export and compact use.
 
     Parameters:
         meta: every Record field except the ids (key, id, sample, ..., batch).
@@ -246,12 +225,12 @@ class RawRecord:
     def to_wire(self) -> dict:
         """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
         data = dict(self.meta)
-        codec = _codec_for_u32(self.prompt_u32, self.output_u32)
-        if codec == ID_CODEC:
+        # Every id fits in 24 bits when the high byte of every little-endian uint32 is 0.
+        if not any(u32[3::4].strip(b"\0") for u32 in (self.prompt_u32, self.output_u32)):
             data["prompt_ids"] = _u32le_to_u24le(self.prompt_u32)
             data["output_ids"] = _u32le_to_u24le(self.output_u32)
         else:
-            data["id_codec"] = codec
+            data["id_codec"] = WIDE_ID_CODEC
             data["prompt_ids"] = self.prompt_u32
             data["output_ids"] = self.output_u32
         if self.src is not None:
@@ -263,11 +242,7 @@ def _with_header_names(data: dict, header: dict) -> dict:
     """Version 1 files keep the batch id and campaign in the header only."""
     if data.get("batch") and data.get("campaign"):
         return data
-    return {
-        **data,
-        "batch": data.get("batch") or header.get("batch", ""),
-        "campaign": data.get("campaign") or header.get("campaign", ""),
-    }
+    return {**data, **{name: data.get(name) or header.get(name, "") for name in ("batch", "campaign")}}
 
 
 def _raw_from_wire(data: dict, header: dict) -> RawRecord:
@@ -555,12 +530,23 @@ def _check_header(path: Path, header: Any) -> dict:
 _T = TypeVar("_T")
 
 
+@contextmanager
+def _damage_names(path: Path) -> Iterator[None]:
+    """Report a decoding error inside the block as RecordFormatError naming the file."""
+    try:
+        yield
+    except RecordFormatError:
+        raise
+    except (zstandard.ZstdError, msgpack.UnpackException, ValueError, KeyError, TypeError) as exc:
+        raise RecordFormatError(f"{path}: damaged record file ({exc!r})") from exc
+
+
 def _iter_file(
     path: str | os.PathLike, make: Callable[[dict, dict], _T], *, accept: Callable[[dict, dict], bool] | None = None
 ) -> Iterator[_T]:
-    """Stream one file through `make(wire, header)`, skipping maps `accept` refuses; errors name the file."""
+    """Stream one file through `make(wire, header)`, skipping maps `accept` refuses."""
     path = Path(path)
-    try:
+    with _damage_names(path):
         objects = _iter_objects(path)
         header = _check_header(path, next(objects, None))
         for data in objects:
@@ -568,21 +554,13 @@ def _iter_file(
                 raise RecordFormatError(f"{path}: damaged record file (a record is not a map)")
             if accept is None or accept(data, header):
                 yield make(data, header)
-    except RecordFormatError:
-        raise
-    except (zstandard.ZstdError, msgpack.UnpackException, ValueError, KeyError, TypeError) as exc:
-        raise RecordFormatError(f"{path}: damaged record file ({exc!r})") from exc
 
 
 def read_file_header(path: str | os.PathLike) -> dict:
     """The header map of one record file (format, version, id_codec, kind, batch or sources)."""
     path = Path(path)
-    try:
+    with _damage_names(path):
         return _check_header(path, next(_iter_objects(path), None))
-    except RecordFormatError:
-        raise
-    except (zstandard.ZstdError, msgpack.UnpackException, ValueError) as exc:
-        raise RecordFormatError(f"{path}: damaged record file ({exc!r})") from exc
 
 
 def read_record_file(path: str | os.PathLike) -> Iterator[Record]:

@@ -27,9 +27,9 @@ import json
 
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
 from eagle_synth.state import counters
-from eagle_synth.state.campaign import EVENTS_MAXLEN, MARK_DONE_LUA, Campaign
-from eagle_synth.state.counters import in_lua
+from eagle_synth.state.campaign import EVENTS_MAXLEN, Campaign
 from eagle_synth.state.fence import Fence
+from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
 # Owner field prefix of a formed batch (plain fields are turn keys).
@@ -41,88 +41,10 @@ FOLLOW = "follow"
 END = "end"
 NOTHING = ""
 
-# KEYS: done, failed, failed reasons, counters, events, followups, owners, ends.
-# ARGV: tokens_in, tokens_out, repaired, events maxlen, owner, then per record:
-# key, action (follow | end | ''), target (next turn key | conversation key), data.
-# Returns {number newly done, the next turn keys stored...}.
-_COMMIT = MARK_DONE_LUA + in_lua(
-    """
-local added = 0
-local stored = {}
-for i = 6, #ARGV, 4 do
-  local key, action, target, data = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  if mark_done(key) == 1 then
-    added = added + 1
-    if action == 'follow' then
-      redis.call('HSET', KEYS[6], target, data)
-      redis.call('HSET', KEYS[7], target, ARGV[5])
-      stored[#stored + 1] = target
-    elseif action == 'end' then
-      local reason = cjson.decode(data)['reason']
-      redis.call('HINCRBY', KEYS[4], '$CONVERSATION_END_PREFIX' .. reason, 1)
-      if reason ~= 'complete' then redis.call('HSET', KEYS[8], target, data) end
-    end
-  end
-end
-count_done(added, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-table.insert(stored, 1, added)
-return stored
-"""
-)
-# KEYS: enqueued, followups, owners, counters, ends. ARGV: owner, then per entry:
-# turn key, action (ready | end), conversation key, data (rendered entry | end JSON).
-# Returns the turn keys this owner still held (the others were adopted meanwhile).
-_READY = in_lua(
-    """
-local done = {}
-for i = 2, #ARGV, 4 do
-  local key, action, conversation, data = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  if redis.call('HGET', KEYS[3], key) == ARGV[1] then
-    if action == 'ready' then
-      redis.call('SADD', KEYS[1], key)
-      redis.call('HSET', KEYS[2], key, data)
-    else
-      redis.call('HDEL', KEYS[2], key)
-      redis.call('HDEL', KEYS[3], key)
-      local reason = cjson.decode(data)['reason']
-      redis.call('HINCRBY', KEYS[4], '$CONVERSATION_END_PREFIX' .. reason, 1)
-      if reason ~= 'complete' then redis.call('HSET', KEYS[5], conversation, data) end
-    end
-    done[#done + 1] = key
-  end
-end
-return done
-"""
-)
-# KEYS: followups, owners, batches. ARGV: owner, batch id, payload, then turn keys.
-# Returns the keys this owner does not hold (then nothing changed), or {} when formed.
-_FORM = """
-local lost = {}
-for i = 4, #ARGV do
-  if redis.call('HGET', KEYS[2], ARGV[i]) ~= ARGV[1] or redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
-    lost[#lost + 1] = ARGV[i]
-  end
-end
-if #lost > 0 then return lost end
-for i = 4, #ARGV do
-  redis.call('HDEL', KEYS[1], ARGV[i])
-  redis.call('HDEL', KEYS[2], ARGV[i])
-end
-redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
-redis.call('HSET', KEYS[2], 'batch:' .. ARGV[2], ARGV[1])
-return lost
-"""
-# KEYS: owners. ARGV: new owner, dead owner, then fields. Returns the fields taken over.
-_ADOPT = """
-local taken = {}
-for i = 3, #ARGV do
-  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[2] then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[1])
-    taken[#taken + 1] = ARGV[i]
-  end
-end
-return taken
-"""
+_COMMIT = script("failure_reason", "mark_done_lib", "followup_commit")
+_READY = script("followup_ready")
+_FORM = script("followup_form")
+_ADOPT = script("followup_adopt")
 
 
 def end_json(
