@@ -1,29 +1,15 @@
 """Conversation state in Redis (`--history own`): follow-up outbox, ends, counts.
 
-A conversation's next turn moves through these states, each change one Lua script:
-
-1. **commit** (the worker that commits turn k): turn k's key is marked done and, in the same
-   script and only if it was newly marked, either the conversation's end is recorded or an
-   outbox entry `to render` is stored for turn k+1's key (the previous turn's output and
-   state, no ids yet). A turn is newly marked done exactly once, so turn k+1 gets exactly one
-   entry, whatever crashed or ran twice before.
-2. **ready**: a renderer made turn k+1's prompt ids. Its key joins the campaign's enqueued set
-   and the entry becomes `rendered`; or the conversation ends (template error, too long).
-3. **form**: up to a batch of rendered entries become one batch entry (a whole payload, its
-   batch id fixed from its keys) and leave the per-turn outbox.
-4. **sent**: the batch was published; its entry goes.
-
-Every entry names the worker process that holds it (`followup_owners`); that process keeps a
-liveness key alive. Entries of a dead process are adopted by another (compare-and-set on the
-owner), which carries on from the state the entry is in: render again (deterministic),
-form, or publish the stored payload again (the same batch id, so a second copy is skipped by
-the done set and the batch lease). Every step checks the owner, so two processes never both
-advance one entry.
+A follow-up turn moves commit -> ready -> form -> sent, each change one Lua script that checks
+the entry's owner (a worker process with a liveness key); entries of a dead process are adopted
+by compare-and-set and carried on from their state. docs/reliability.md ("Conversations") walks
+through every step and every crash between them.
 """
 
 from __future__ import annotations
 
 import json
+from itertools import chain
 
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
 from eagle_synth.state import counters
@@ -50,8 +36,7 @@ _ADOPT = script("followup_adopt")
 def end_json(
     *, reason: str, conversation: str, turns: int, row_id: str, source: str, message: str = "", at: float = 0.0
 ) -> str:
-    """What is kept about a conversation that stopped (and counted by reason); `turns` is the
-    number of turns it has records for."""
+    """What is kept about a conversation that stopped; `turns` is how many turns it has records for."""
     return json.dumps(
         {
             "reason": reason,
@@ -91,38 +76,28 @@ class ConversationStore:
         """Mark keys done and, for each newly done one, store its follow-up or its end (with a
         fence: only while its batch lease is the writer's, else LeaseLost and nothing changes).
 
-        `entries` are (key, action, target, data) with action FOLLOW (target: next turn key,
-        data: the entry to render), END (target: conversation key, data: end_json) or NOTHING.
-        Returns how many keys were newly done and the next turn keys stored.
+        `entries` are (key, action, target, data) as followup_commit.lua takes them. Returns how
+        many keys were newly done and the next turn keys stored.
         """
         if not entries:
             return 0, set()
         k = self.keys
-        args: list = [tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner]
-        for entry in entries:
-            args.extend(entry)
         names = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.followups, k.followup_owners)
+        args = (*names, k.conversation_ends, tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner, *chain(*entries))
         if fence is not None:
-            released = [entry[0] for entry in entries]
-            reply = fence.eval(self.client, _COMMIT, 8, *names, k.conversation_ends, *args, release=released)
+            reply = fence.eval(self.client, _COMMIT, 8, *args, release=[entry[0] for entry in entries])
         else:
-            reply = self.client.eval(_COMMIT, 8, *names, k.conversation_ends, *args)
+            reply = self.client.eval(_COMMIT, 8, *args)
         return int(reply[0]), {key.decode() for key in reply[1:]}
 
     def ready(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str) -> set[str]:
-        """Store rendered turns (action "ready") or the conversations' ends (action "end").
-
-        Returns the turn keys that were still this owner's (the rest were adopted meanwhile).
-        """
+        """Store rendered turns (action "ready") or the conversations' ends (action "end");
+        returns the turn keys that were still this owner's (the rest were adopted meanwhile)."""
         if not entries:
             return set()
         k = self.keys
-        args: list = [owner]
-        for entry in entries:
-            args.extend(entry)
-        held = self.client.eval(
-            _READY, 5, k.enqueued, k.followups, k.followup_owners, k.counters, k.conversation_ends, *args
-        )
+        names = (k.enqueued, k.followups, k.followup_owners, k.counters, k.conversation_ends)
+        held = self.client.eval(_READY, 5, *names, owner, *chain(*entries))
         return {key.decode() for key in held}
 
     def form(self, *, owner: str, batch: str, payload: bytes, keys: list[str]) -> set[str]:
@@ -175,11 +150,8 @@ class ConversationStore:
         return int(turns) + int(batches)
 
     def counts(self) -> dict:
-        """Conversations: total, done, in progress, stopped by reason, follow-ups waiting.
-
-        In a `--history own` campaign every prompt is a conversation's turn, so a failed prompt
-        is a conversation stopped by that failure (`retry-failed` resumes it).
-        """
+        """Conversations: total, done, in progress, stopped by reason, follow-ups waiting (a
+        failed prompt is a conversation stopped by that failure; `retry-failed` resumes it)."""
         progress = self.campaign.progress()
         counts = progress.counters
         ended = {reason: counts.get(counters.conversation_end(reason), 0) for reason in END_REASONS}
