@@ -78,9 +78,6 @@ class RecordFilesVanished(UserError, FileNotFoundError):
     """Record files listed a moment ago are gone and no shard holds them."""
 
 
-# ----------------------------------------------------------------------------- id codecs
-
-
 def _u32le_to_u24le(data: bytes) -> bytes:
     out = bytearray(data)
     del out[3::4]
@@ -114,9 +111,6 @@ def ids_as_u32le(data: bytes, codec: str) -> bytes:
 def decode_ids(data: bytes, codec: str) -> list[int]:
     """The inverse of encode_ids."""
     return unpack_ids(ids_as_u32le(data, codec))
-
-
-# ----------------------------------------------------------------------------- records
 
 
 @dataclass(slots=True)
@@ -260,9 +254,6 @@ def _record_from_wire(data: dict, header: dict) -> Record:
     return Record.from_wire(_with_header_names(data, header), codec=header["id_codec"])
 
 
-# ----------------------------------------------------------------------------- paths
-
-
 def campaign_dir(out: str | os.PathLike, campaign: str) -> Path:
     return Path(out) / campaign
 
@@ -339,9 +330,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-# ----------------------------------------------------------------------------- writing
-
-
 def _header(*, campaign: str, **extra: Any) -> dict:
     return {
         "format": FORMAT_NAME,
@@ -392,19 +380,14 @@ def remove_stale_temporaries(
 
 def remove_uncommitted(path: Path) -> None:
     """Delete a record file whose keys could not be marked done (its writer lost its lease)."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return
-    fsync_dir(path.parent)
+    if path.exists():
+        path.unlink(missing_ok=True)
+        fsync_dir(path.parent)
 
 
 def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch: str, records: list[Record]) -> Path:
-    """Atomically write one batch's records; returns the new file's path.
-
-    Each write gets a fresh nonce so a batch that is partly redone never overwrites the
-    records an earlier attempt already committed.
-    """
+    """Atomically write one batch's records; returns the new file's path. Each write gets a fresh
+    nonce, so a batch partly redone never overwrites what an earlier attempt committed."""
     if f"{batch}-".startswith(SHARD_PREFIX) or "/" in batch or batch.startswith("."):
         raise ValueError(f"batch id {batch!r} is reserved or not a plain name")
     path = records_dir(campaign_path) / f"{batch}-{secrets.token_hex(4)}{RECORD_SUFFIX}"
@@ -413,11 +396,8 @@ def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch:
 
 
 class ShardWriter:
-    """Streams records into a new shard; the shard becomes visible only on `commit()`.
-
-    The data goes to a dot-named temporary file in the records folder; `commit` fsyncs it and
-    renames it to `shard-<utc time>-<nonce>.zst`. Leaving the `with` block without a commit
-    (an exception, a kill) leaves no shard, only a temporary file readers ignore.
+    """Streams records into a dot-named temporary file that `commit()` fsyncs and renames to
+    `shard-<utc time>-<nonce>.zst`; leaving the `with` block without a commit leaves no shard.
 
     Parameters:
         campaign_path: the campaign folder.
@@ -483,9 +463,6 @@ class ShardWriter:
 
     def __exit__(self, *exc_info) -> None:
         self.abort()
-
-
-# ----------------------------------------------------------------------------- reading files
 
 
 def _iter_objects(path: Path) -> Iterator[Any]:
@@ -571,9 +548,6 @@ def read_record_file(path: str | os.PathLike) -> Iterator[Record]:
 def read_raw_file(path: str | os.PathLike) -> Iterator[RawRecord]:
     """Stream the records of one file with ids left as uint32 bytes (see RawRecord)."""
     return _iter_file(path, _raw_from_wire)
-
-
-# ----------------------------------------------------------------------------- campaigns
 
 
 def batch_files(campaign_path: str | os.PathLike, batch: str) -> list[Path]:
@@ -707,11 +681,9 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
     """Stream every record of a campaign folder, file by file, without loading it whole.
 
     With `dedupe` (the default) a repeated key is skipped, whatever files hold it, so a training
-    job sees one record per prompt sample even where a crash (or a stopped `compact`) left two.
-    Keys are remembered as 64-bit digests (eagle_synth/key_set.py): 16 to 32 bytes per record,
-    256 MB for 10M records. Safe to run while workers
-    write and while `eagle-synth compact` runs (a batch file compacted away mid-read is read
-    from its shard). Usage from training code:
+    job sees one record per prompt sample even where a crash (or a stopped `compact`) left two;
+    keys are remembered as 64-bit digests (eagle_synth/key_set.py, 256 MB for 10M records). Safe
+    while workers write and `compact` runs (a file compacted away mid-read is read from its shard):
 
         from eagle_synth.records import iter_records
         for record in iter_records("out/my-campaign"):
@@ -723,9 +695,6 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
 def iter_raw_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[RawRecord]:
     """iter_records with ids as uint32 bytes (RawRecord): the fast path for columnar code."""
     return _iter_campaign(campaign_path, dedupe=dedupe, make=_raw_from_wire)
-
-
-# ----------------------------------------------------------------------------- manifest
 
 
 def write_manifest(campaign_path: str | os.PathLike, manifest: dict) -> Path:
