@@ -108,7 +108,7 @@ def unpack_item(packed: list) -> PromptItem:
 
 
 class _Wire(msgspec.Struct, omit_defaults=True):
-    """The queued map, one column per PromptItem field; the version 2 columns are left out of version 1."""
+    """The queued map: one column per PromptItem field, version 2's left out of version 1."""
 
     v: int
     campaign: str

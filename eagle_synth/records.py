@@ -218,15 +218,13 @@ class RawRecord:
 
     def to_wire(self) -> dict:
         """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
-        data = dict(self.meta)
-        # Every id fits in 24 bits when the high byte of every little-endian uint32 is 0.
-        if not any(u32[3::4].strip(b"\0") for u32 in (self.prompt_u32, self.output_u32)):
-            data["prompt_ids"] = _u32le_to_u24le(self.prompt_u32)
-            data["output_ids"] = _u32le_to_u24le(self.output_u32)
-        else:
+        data, ids = dict(self.meta), [self.prompt_u32, self.output_u32]
+        # An id needs 32 bits when the high byte of its little-endian uint32 is not 0.
+        if any(u32[3::4].strip(b"\0") for u32 in ids):
             data["id_codec"] = WIDE_ID_CODEC
-            data["prompt_ids"] = self.prompt_u32
-            data["output_ids"] = self.output_u32
+        else:
+            ids = [_u32le_to_u24le(u32) for u32 in ids]
+        data["prompt_ids"], data["output_ids"] = ids
         if self.src is not None:
             data["src"] = self.src
         return data
