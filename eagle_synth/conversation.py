@@ -95,10 +95,9 @@ def _digest(material: bytes) -> str:
 def conversation_key(
     *, turns: Sequence[Sequence[dict]], tools: list[dict] | None, sample: int, steps: list[dict] | None = None
 ) -> str:
-    """Stable key of one conversation: its turns' messages (the dataset's answers left out),
-    its tools, its tool steps (the dataset's calls and results, which its prompts carry) and
-    the sample index. Rows that differ only in their old answers are one conversation, as
-    their prompts would be."""
+    """Stable key of one conversation: its turns' messages (the dataset's answers left out), its
+    tools, its tool steps (which its prompts carry) and the sample index; rows that differ only
+    in their old answers are one conversation, as their prompts would be."""
     fields: dict = {"turns": [list(t) for t in turns], "tools": tools or None, "sample": sample}
     if steps is not None:
         fields["steps"] = steps
@@ -118,22 +117,15 @@ def has_tools(messages: Iterable[dict], tools: list[dict] | None) -> bool:
 
 def split_turns(messages: Sequence[dict]) -> tuple[list[list[dict]], list[dict], list[int]]:
     """A row as turns: (new messages of each turn, the dataset's step after each turn's point,
-    the points' indexes in `messages`).
-
-    Every regeneration point is a turn (in a row without tools: every user message). A turn's
-    new messages are those after the previous point up to its own, without assistant and tool
-    messages: the model's answers replace the dataset's, and a step's results come back paired
-    with the model's calls, so a turn that answers tool results has none. Messages after the
-    last point belong to no turn.
-    """
-    points = regeneration_points(messages)
-    turns, steps = [], []
-    previous = -1
-    for point in points:
-        turns.append([dict(m) for m in messages[previous + 1 : point + 1] if m["role"] not in REPLACED_ROLES])
-        step = dataset_step(list(messages), point)
-        steps.append({"calls": step.calls, "results": step.results})
-        previous = point
+    the points' indexes in `messages`). Every regeneration point is a turn; its new messages are
+    those after the previous point up to its own, less REPLACED_ROLES (a turn that answers tool
+    results has none: they come back paired with the model's calls). Messages after the last
+    point belong to no turn."""
+    points, rows = regeneration_points(messages), list(messages)
+    turns = [
+        [dict(m) for m in rows[a + 1 : b + 1] if m["role"] not in REPLACED_ROLES] for a, b in zip([-1, *points], points)
+    ]
+    steps = [{"calls": step.calls, "results": step.results} for step in (dataset_step(rows, p) for p in points)]
     return turns, steps, points
 
 

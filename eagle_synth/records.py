@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -393,7 +393,7 @@ def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch:
     return path
 
 
-class ShardWriter:
+class ShardWriter(AbstractContextManager["ShardWriter"]):
     """Streams records into a dot-named temporary file that `commit()` fsyncs and renames to
     `shard-<utc time>-<nonce>.zst`; leaving the `with` block without a commit leaves no shard.
 
@@ -455,9 +455,6 @@ class ShardWriter:
             pass
         self._handle.close()
         self.tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> ShardWriter:
-        return self
 
     def __exit__(self, *exc_info) -> None:
         self.abort()
@@ -549,11 +546,8 @@ def read_raw_file(path: str | os.PathLike) -> Iterator[RawRecord]:
 
 
 def batch_files(campaign_path: str | os.PathLike, batch: str) -> list[Path]:
-    """Batch files already written for a batch (by this host's earlier attempts).
-
-    Shards never match: a record that compaction moved into a shard was committed and marked
-    done before, so there is nothing to adopt.
-    """
+    """Batch files already written for a batch (by this host's earlier attempts); never a shard,
+    whose records were committed and marked done before compaction moved them."""
     folder = records_dir(campaign_path)
     if not folder.is_dir():
         return []
@@ -609,11 +603,8 @@ def scan_campaign(campaign_path: str | os.PathLike) -> CampaignFiles:
     shards = [p for p in files if is_shard(p)]
     sources = {p: _shard_sources(p) for p in shards}
     absorbed_names = {name for names in sources.values() for name in names}
-    batch_list: list[Path] = []
-    absorbed: list[Path] = []
-    for path in files:
-        if not is_shard(path):
-            (absorbed if path.name in absorbed_names else batch_list).append(path)
+    batch_list = [p for p in files if not is_shard(p) and p.name not in absorbed_names]
+    absorbed = [p for p in files if not is_shard(p) and p.name in absorbed_names]
     places = Counter(batch_of_file(path) for path in batch_list)
     for names in sources.values():
         places.update({batch_of_file(name) for name in names})
