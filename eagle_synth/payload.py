@@ -1,24 +1,23 @@
 """The task payload: what the producer puts on the queue and a worker takes off it.
 
 A task carries a batch of prompts as token ids (never text) plus the campaign's sampling
-parameters. Ids of the whole batch travel as one zstd-compressed uint32 blob: kombu base64s
-message bodies on Redis, so a JSON list of six-digit ids costs about 9 bytes a token while
-this costs about 3. Serialized with msgpack; pickle is never accepted on the queue.
+parameters, as one msgpack map (never pickle). Ids of the whole batch travel as one
+zstd-compressed uint32 blob: kombu base64s message bodies on Redis, so a JSON list of six-digit
+ids costs about 9 bytes a token while this costs about 3.
 
-Version 2 adds, per prompt, what multi-turn regeneration (`--history own`) and sampling
-variants need: the conversation's state (messages so far, the user turns still to come), the
-variant's sampling overrides and its name. A batch that uses none of them is still written as
-version 1, so workers that only know version 1 keep taking the campaigns they can run.
+Version 2 adds, per prompt, what `--history own` and `--variants` need: the conversation's
+state, the variant's sampling overrides and its name. A batch that uses none of them is still
+written as version 1, so workers that only know version 1 keep taking the campaigns they can run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import Any
 
-import msgpack
+import msgspec
 import zstandard
 
 from eagle_synth.errors import EagleSynthError
@@ -26,9 +25,7 @@ from eagle_synth.ids import pack_ids, unpack_ids
 
 # The Celery task name: the contract between `enqueue` and the worker.
 TASK_NAME = "eagle_synth.generate_batch"
-# Version of this payload layout; workers refuse versions they do not know.
-PAYLOAD_VERSION = 2
-# Versions this module reads: 1 (no conversations, no variants) and 2.
+# Payload versions this module reads; it writes 1, or 2 when an item needs its fields.
 READABLE_PAYLOAD_VERSIONS = frozenset({1, 2})
 # zstd level for queued ids: cheap to compress, a third the bytes of JSON.
 PAYLOAD_ZSTD_LEVEL = 3
@@ -36,6 +33,10 @@ PAYLOAD_ZSTD_LEVEL = 3
 DEFAULT_BATCH_SIZE = 16
 # Hex digits of a prompt key (128 bits: no collisions in any campaign).
 KEY_HEX_DIGITS = 32
+# Fields only payload version 2 (and 8-field packed items) carry.
+_EXTENDED = ("conversation", "sampling_overrides", "variant")
+# The queued map's column of each PromptItem field (ids aside).
+_COLUMNS = {"keys": "key", "rows": "row_id", "samples": "sample", "seeds": "seed", "sources": "source", "turns": "turn"}
 
 
 class PayloadError(EagleSynthError, ValueError):
@@ -43,17 +44,13 @@ class PayloadError(EagleSynthError, ValueError):
 
 
 def prompt_key(*, prompt_ids: bytes, sampling: dict, sample: int) -> str:
-    """Stable key of one sample of one prompt: what determines its output, and only that.
-
-    The same templated ids with the same sampling parameters and sample index always give
-    the same key, whichever file or row they came from; that is how reruns skip them.
-    """
+    """Stable key of one sample of one prompt: the same templated ids, sampling parameters and
+    sample index always give the same key, whichever file or row they came from (reruns skip them)."""
     material = prompt_ids + json.dumps(sampling, sort_keys=True).encode() + f"|{sample}".encode()
     return hashlib.blake2b(material, digest_size=KEY_HEX_DIGITS // 2).hexdigest()
 
 
-@dataclass(slots=True)
-class PromptItem:
+class PromptItem(msgspec.Struct):
     """One prompt sample to generate.
 
     Parameters:
@@ -64,8 +61,7 @@ class PromptItem:
         seed: this sample's `sampling_seed`, or None.
         source: where the row came from, `file:line`.
         turn: index of the user turn the prompt ends at.
-        conversation: with `--history own`, the conversation's state as a JSON-safe dict
-            (eagle_synth.conversation.ConversationState.to_dict); None otherwise.
+        conversation: with `--history own`, ConversationState.to_dict(); None otherwise.
         sampling_overrides: the variant's `sampling_params` that differ from the batch's.
         variant: the name of the variant the prompt was made with, if any.
     """
@@ -88,20 +84,8 @@ class PromptItem:
 
     def to_replay(self) -> dict:
         """JSON-safe form kept with a failure so the prompt can be enqueued again."""
-        data = {
-            "key": self.key,
-            "row_id": self.row_id,
-            "sample": self.sample,
-            "ids": self.ids,
-            "seed": self.seed,
-            "source": self.source,
-            "turn": self.turn,
-        }
-        if self.extended:
-            data.update(
-                conversation=self.conversation, sampling_overrides=self.sampling_overrides, variant=self.variant
-            )
-        return data
+        data = msgspec.structs.asdict(self)
+        return data if self.extended else {k: v for k, v in data.items() if k not in _EXTENDED}
 
     @classmethod
     def from_replay(cls, data: dict) -> PromptItem:
@@ -112,9 +96,7 @@ def pack_item(item: PromptItem) -> list:
     """A msgpack-ready list for one item (ids as uint32 bytes): outboxes keep items this way."""
     packed = [item.key, item.row_id, item.sample, pack_ids(item.ids), item.seed, item.source, item.turn]
     if item.extended:
-        packed.append(
-            {"conversation": item.conversation, "sampling_overrides": item.sampling_overrides, "variant": item.variant}
-        )
+        packed.append({name: getattr(item, name) for name in _EXTENDED})
     return packed
 
 
@@ -122,13 +104,31 @@ def unpack_item(packed: list) -> PromptItem:
     """The inverse of pack_item; reads the 7-field lists older producers wrote too."""
     key, row_id, sample, ids, seed, source, turn = packed[:7]
     extra = packed[7] if len(packed) > 7 else {}
-    return PromptItem(
-        key=key, row_id=row_id, sample=sample, ids=unpack_ids(ids), seed=seed, source=source, turn=turn, **extra
-    )
+    return PromptItem(key, row_id, sample, unpack_ids(ids), seed, source, turn, **extra)
 
 
-@dataclass(slots=True)
-class TaskPayload:
+class _Wire(msgspec.Struct, omit_defaults=True):
+    """The queued map: one column per PromptItem field, version 2's left out of version 1."""
+
+    v: int
+    campaign: str
+    batch: str
+    sampling: dict
+    keys: list[str]
+    rows: list[str]
+    samples: list[int]
+    seeds: list[int | None]
+    sources: list[str]
+    turns: list[int]
+    lengths: list[int]
+    ids: bytes
+    # Conversation states are text-heavy (the history so far): one zstd frame for all.
+    conversations: bytes | None = None
+    sampling_overrides: list[dict | None] | None = None
+    variants: list[str | None] | None = None
+
+
+class TaskPayload(msgspec.Struct):
     """A batch of prompts of one campaign.
 
     Parameters:
@@ -141,12 +141,11 @@ class TaskPayload:
     campaign: str
     batch: str
     sampling: dict
-    items: list[PromptItem] = field(default_factory=list)
+    items: list[PromptItem] = msgspec.field(default_factory=list)
 
     def sampling_for(self, item: PromptItem, *, with_seed: bool = True) -> dict:
-        """The sampling_params one prompt sample is sent with: the batch's, its variant's
-        overrides (`--variants`), and its own seed (unless `with_seed` is False: a server that
-        does not know `sampling_seed`)."""
+        """The sampling_params one sample is sent with: the batch's, its variant's overrides, and
+        its own seed (unless `with_seed` is False: a server that does not know `sampling_seed`)."""
         seeded = with_seed and item.seed is not None
         if not seeded and not item.sampling_overrides:
             return self.sampling
@@ -156,32 +155,25 @@ class TaskPayload:
         return sampling
 
     def encode(self) -> dict:
-        """The msgpack-ready dict sent as the task's only argument (version 1 unless an item
-        needs version 2's fields)."""
-        lengths = [len(item.ids) for item in self.items]
-        blob = b"".join(pack_ids(item.ids) for item in self.items)
-        data = {
-            "v": 1,
-            "campaign": self.campaign,
-            "batch": self.batch,
-            "sampling": self.sampling,
-            "keys": [item.key for item in self.items],
-            "rows": [item.row_id for item in self.items],
-            "samples": [item.sample for item in self.items],
-            "seeds": [item.seed for item in self.items],
-            "sources": [item.source for item in self.items],
-            "turns": [item.turn for item in self.items],
-            "lengths": lengths,
-            "ids": zstandard.ZstdCompressor(level=PAYLOAD_ZSTD_LEVEL).compress(blob),
-        }
-        if any(item.extended for item in self.items):
-            data["v"] = PAYLOAD_VERSION
-            # Conversation states are text-heavy (the history so far): one zstd frame for all.
-            states = msgpack.packb([item.conversation for item in self.items], use_bin_type=True)
-            data["conversations"] = zstandard.ZstdCompressor(level=PAYLOAD_ZSTD_LEVEL).compress(states)
-            data["sampling_overrides"] = [item.sampling_overrides for item in self.items]
-            data["variants"] = [item.variant for item in self.items]
-        return data
+        """The msgpack-ready dict sent as the task's only argument."""
+        items = self.items
+        compress = zstandard.ZstdCompressor(level=PAYLOAD_ZSTD_LEVEL).compress
+        columns: dict[str, Any] = {column: [getattr(item, name) for item in items] for column, name in _COLUMNS.items()}
+        wire = _Wire(
+            v=1,
+            campaign=self.campaign,
+            batch=self.batch,
+            sampling=self.sampling,
+            **columns,
+            lengths=[len(item.ids) for item in items],
+            ids=compress(b"".join(pack_ids(item.ids) for item in items)),
+        )
+        if any(item.extended for item in items):
+            wire.v = 2
+            wire.conversations = compress(msgspec.msgpack.encode([i.conversation for i in items]))
+            wire.sampling_overrides = [i.sampling_overrides for i in items]
+            wire.variants = [i.variant for i in items]
+        return msgspec.to_builtins(wire, builtin_types=(bytes,))
 
     @classmethod
     def decode(cls, data: dict) -> TaskPayload:
@@ -189,40 +181,30 @@ class TaskPayload:
         if not isinstance(data, dict) or data.get("v") not in READABLE_PAYLOAD_VERSIONS:
             raise PayloadError(f"unknown payload version {data.get('v') if isinstance(data, dict) else type(data)}")
         try:
-            blob = zstandard.ZstdDecompressor().decompress(data["ids"])
-            lengths = data["lengths"]
-            if sum(lengths) * 4 != len(blob):
+            wire = msgspec.convert(data, _Wire)
+            blob = zstandard.ZstdDecompressor().decompress(wire.ids)
+            count = len(wire.lengths)
+            columns: list[list[Any]] = [getattr(wire, column) for column in _COLUMNS]
+            if sum(wire.lengths) * 4 != len(blob) or any(len(c) != count for c in columns):
                 raise PayloadError("payload ids do not match their lengths")
-            all_ids = unpack_ids(blob)
-            bounds = [0, *accumulate(lengths)]
-            count = len(lengths)
-            if data["v"] >= 2:
-                states = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(data["conversations"]), raw=False)
-                overrides, variants = data["sampling_overrides"], data["variants"]
-                if not len(states) == len(overrides) == len(variants) == count:
+            if wire.v >= 2:
+                states = msgspec.msgpack.decode(zstandard.ZstdDecompressor().decompress(wire.conversations or b""))
+                extra: list[list[Any]] = [states, wire.sampling_overrides or [], wire.variants or []]
+                if any(len(c) != count for c in extra):
                     raise PayloadError("payload conversation fields do not match its prompts")
             else:
-                states = overrides = variants = [None] * count
+                extra = [[None] * count] * 3
+            all_ids, bounds = unpack_ids(blob), [0, *accumulate(wire.lengths)]
+            names = [*_COLUMNS.values(), *_EXTENDED]
             items = [
-                PromptItem(
-                    key=data["keys"][i],
-                    row_id=data["rows"][i],
-                    sample=data["samples"][i],
-                    ids=all_ids[bounds[i] : bounds[i + 1]],
-                    seed=data["seeds"][i],
-                    source=data["sources"][i],
-                    turn=data["turns"][i],
-                    conversation=states[i],
-                    sampling_overrides=overrides[i],
-                    variant=variants[i],
-                )
-                for i in range(count)
+                PromptItem(ids=all_ids[bounds[i] : bounds[i + 1]], **dict(zip(names, fields)))
+                for i, fields in enumerate(zip(*columns, *extra))
             ]
         except PayloadError:
             raise
-        except (KeyError, IndexError, TypeError, ValueError, zstandard.ZstdError) as exc:
+        except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError, zstandard.ZstdError) as exc:
             raise PayloadError(f"malformed payload: {exc!r}") from exc
-        return cls(campaign=data["campaign"], batch=data["batch"], sampling=data["sampling"], items=items)
+        return cls(campaign=wire.campaign, batch=wire.batch, sampling=wire.sampling, items=items)
 
 
 def batch_id(keys: list[str]) -> str:

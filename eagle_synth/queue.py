@@ -8,9 +8,12 @@ The producer never imports worker code: it publishes by task name (payload.TASK_
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 
+import msgpack
 from celery import Celery
 
 from eagle_synth.settings import BrokerSettings, broker_settings
@@ -86,8 +89,7 @@ TASK_CONTENT_TYPE = "application/x-msgpack"
 
 
 def send_payload(app: Celery, queue: str, payload: dict) -> None:
-    """Publish one encoded TaskPayload as a generate task (producer and workers alike), keeping
-    the campaign's copy of it (eagle_synth/state/batch_store.py) first."""
+    """Publish one encoded TaskPayload as a generate task (producer and workers alike)."""
     from eagle_synth.payload import TASK_NAME
     from eagle_synth.state.batch_store import remember
 
@@ -108,17 +110,12 @@ def send_payload(app: Celery, queue: str, payload: dict) -> None:
 
 
 def payload_of_message(message: dict) -> dict | None:
-    """The raw payload dict (TaskPayload.encode's form) a kombu message carries, or None if
-    the message is not one of our tasks.
+    """The raw payload dict (TaskPayload.encode's form, ids still compressed) a kombu message
+    carries, or None if the message is not one of our tasks.
 
     kombu keeps each Redis message as a JSON envelope whose body is the base64 of the msgpack
-    task message `[args, kwargs, embed]`; the payload is the only argument. The ids stay
-    compressed: callers that need the prompts pass the result to TaskPayload.decode.
+    task message `[args, kwargs, embed]`; the payload is the only argument.
     """
-    import base64
-
-    import msgpack
-
     if not isinstance(message, dict) or message.get("content-type") != TASK_CONTENT_TYPE:
         return None  # not one of ours (a foreign or refused message)
     try:
@@ -132,13 +129,7 @@ def payload_of_message(message: dict) -> dict | None:
 def queued_payloads(client, queue: str) -> list:
     """The batches waiting in a queue, decoded as a worker would receive them, without
     taking them off (for tests, benchmarks and a look at a backlog)."""
-    import json
-
     from eagle_synth.payload import TaskPayload
 
-    payloads = []
-    for raw in client.lrange(queue, 0, -1):
-        payload = payload_of_message(json.loads(raw))
-        if payload is not None:
-            payloads.append(TaskPayload.decode(payload))
-    return payloads
+    payloads = (payload_of_message(json.loads(raw)) for raw in client.lrange(queue, 0, -1))
+    return [TaskPayload.decode(payload) for payload in payloads if payload is not None]

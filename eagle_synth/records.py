@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,8 +60,6 @@ READ_CHUNK = 1 << 18
 # Largest single msgpack object (header or record) a reader accepts.
 MAX_OBJECT_BYTES = 1 << 30
 
-_U24_LIMIT = 1 << 24
-
 
 class RecordFormatError(EagleSynthError, ValueError):
     """A record file is damaged or of an unknown format; the message names the file."""
@@ -79,9 +78,6 @@ class RecordFilesVanished(UserError, FileNotFoundError):
     """Record files listed a moment ago are gone and no shard holds them."""
 
 
-# ----------------------------------------------------------------------------- id codecs
-
-
 def _u32le_to_u24le(data: bytes) -> bytes:
     out = bytearray(data)
     del out[3::4]
@@ -90,31 +86,26 @@ def _u32le_to_u24le(data: bytes) -> bytes:
 
 def encode_ids(ids: Sequence[int], codec: str) -> bytes:
     """Ids as bytes in `codec` ("u24le" needs every id below 2**24)."""
+    if codec not in ID_CODEC_WIDTH:
+        raise ValueError(f"unknown id codec {codec!r}")
     u32 = pack_ids(ids)
-    if codec == "u32le":
-        return u32
-    if codec == "u24le":
-        return _u32le_to_u24le(u32)
-    raise ValueError(f"unknown id codec {codec!r}")
+    return u32 if codec == "u32le" else _u32le_to_u24le(u32)
 
 
 def ids_as_u32le(data: bytes, codec: str) -> bytes:
     """Encoded ids as little-endian uint32 bytes: what numpy/pyarrow can view without a copy per id."""
-    if codec == "u32le":
-        if len(data) % 4:
-            raise ValueError(f"u32le id bytes of length {len(data)} are not a multiple of 4")
+    width = ID_CODEC_WIDTH.get(codec)
+    if width is None:
+        raise ValueError(f"unknown id codec {codec!r}")
+    if len(data) % width:
+        raise ValueError(f"{codec} id bytes of length {len(data)} are not a multiple of {width}")
+    if width == 4:
         return bytes(data)
-    if codec == "u24le":
-        count, rest = divmod(len(data), 3)
-        if rest:
-            raise ValueError(f"u24le id bytes of length {len(data)} are not a multiple of 3")
-        out = bytearray(4 * count)
-        # Three strided copies in C; the fourth byte of each id stays 0.
-        out[0::4] = data[0::3]
-        out[1::4] = data[1::3]
-        out[2::4] = data[2::3]
-        return bytes(out)
-    raise ValueError(f"unknown id codec {codec!r}")
+    out = bytearray(len(data) // 3 * 4)
+    # Three strided copies in C; the fourth byte of each id stays 0.
+    for byte in range(3):
+        out[byte::4] = data[byte::3]
+    return bytes(out)
 
 
 def decode_ids(data: bytes, codec: str) -> list[int]:
@@ -122,30 +113,14 @@ def decode_ids(data: bytes, codec: str) -> list[int]:
     return unpack_ids(ids_as_u32le(data, codec))
 
 
-def _codec_for_u32(*u32_arrays: bytes) -> str:
-    """ID_CODEC when every id fits in 24 bits, else WIDE_ID_CODEC."""
-    for u32 in u32_arrays:
-        # The high byte of every little-endian uint32 must be 0.
-        if u32[3::4].count(0) != len(u32) // 4:
-            return WIDE_ID_CODEC
-    return ID_CODEC
-
-
-# ----------------------------------------------------------------------------- records
-
-
 @dataclass(slots=True)
 class Record:
-    """One generated sample, exactly as the server produced it (every field: docs/records.md).
+    """One generated sample, exactly as the server produced it; docs/records.md defines every field.
 
-    `key` is the stable prompt key (prompt ids + sampling + sample index); `id`, `source`
-    (`file:line`), `turn` (the user turn the prompt ends at) and `sample` say where it came from.
     `prompt_ids` are exactly as the chat template rendered them, `output_ids` exactly as the server
-    returned them (EOS included), `repaired_prefix` ids dropped from their front by the prompt-tail
-    repair. `finish_reason` ("stop", "length", "abort"), `finish_matched` and the token counts are
-    the server's own; `sampling` is what was sent (with this sample's seed). `backend` is "sglang"
-    or "vllm" (files from before vLLM support read as "sglang"); readers fill in `batch`.
-    `conversation`, `variant` and `tool_calls` are set only by the campaigns that use them.
+    returned them (EOS included); `sampling` is what was sent (with this sample's seed). Files from
+    before vLLM support read as backend "sglang"; readers fill in `batch`. `conversation`,
+    `variant` and `tool_calls` are set only by the campaigns that use them.
     """
 
     key: str
@@ -190,7 +165,7 @@ class Record:
             for name in _FIELD_NAMES
             if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None
         }
-        if codec == "u24le" and max(max(self.prompt_ids, default=0), max(self.output_ids, default=0)) >= _U24_LIMIT:
+        if codec == "u24le" and max(max(self.prompt_ids, default=0), max(self.output_ids, default=0)) >= 1 << 24:
             data["id_codec"] = codec = WIDE_ID_CODEC
         data["prompt_ids"] = encode_ids(self.prompt_ids, codec)
         data["output_ids"] = encode_ids(self.output_ids, codec)
@@ -215,10 +190,8 @@ _META_FIELDS = tuple(n for n in _FIELD_NAMES if n not in ("prompt_ids", "output_
 
 @dataclass(slots=True)
 class RawRecord:
-    """A record whose ids stay little-endian uint32 bytes: the fast path for columnar code.
-
-    `numpy.frombuffer(raw.prompt_u32, "<u4")` or a pyarrow buffer views the ids without
-    building a Python int per id; export and compact use this form.
+    """A record whose ids stay little-endian uint32 bytes (numpy.frombuffer(raw.prompt_u32, "<u4")
+    views them without a Python int per id): the fast path export and compact use.
 
     Parameters:
         meta: every Record field except the ids (key, id, sample, ..., batch).
@@ -245,15 +218,13 @@ class RawRecord:
 
     def to_wire(self) -> dict:
         """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
-        data = dict(self.meta)
-        codec = _codec_for_u32(self.prompt_u32, self.output_u32)
-        if codec == ID_CODEC:
-            data["prompt_ids"] = _u32le_to_u24le(self.prompt_u32)
-            data["output_ids"] = _u32le_to_u24le(self.output_u32)
+        data, ids = dict(self.meta), [self.prompt_u32, self.output_u32]
+        # An id needs 32 bits when the high byte of its little-endian uint32 is not 0.
+        if any(u32[3::4].strip(b"\0") for u32 in ids):
+            data["id_codec"] = WIDE_ID_CODEC
         else:
-            data["id_codec"] = codec
-            data["prompt_ids"] = self.prompt_u32
-            data["output_ids"] = self.output_u32
+            ids = [_u32le_to_u24le(u32) for u32 in ids]
+        data["prompt_ids"], data["output_ids"] = ids
         if self.src is not None:
             data["src"] = self.src
         return data
@@ -263,11 +234,7 @@ def _with_header_names(data: dict, header: dict) -> dict:
     """Version 1 files keep the batch id and campaign in the header only."""
     if data.get("batch") and data.get("campaign"):
         return data
-    return {
-        **data,
-        "batch": data.get("batch") or header.get("batch", ""),
-        "campaign": data.get("campaign") or header.get("campaign", ""),
-    }
+    return {**data, **{name: data.get(name) or header.get(name, "") for name in ("batch", "campaign")}}
 
 
 def _raw_from_wire(data: dict, header: dict) -> RawRecord:
@@ -283,9 +250,6 @@ def _raw_from_wire(data: dict, header: dict) -> RawRecord:
 
 def _record_from_wire(data: dict, header: dict) -> Record:
     return Record.from_wire(_with_header_names(data, header), codec=header["id_codec"])
-
-
-# ----------------------------------------------------------------------------- paths
 
 
 def campaign_dir(out: str | os.PathLike, campaign: str) -> Path:
@@ -364,9 +328,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-# ----------------------------------------------------------------------------- writing
-
-
 def _header(*, campaign: str, **extra: Any) -> dict:
     return {
         "format": FORMAT_NAME,
@@ -417,19 +378,14 @@ def remove_stale_temporaries(
 
 def remove_uncommitted(path: Path) -> None:
     """Delete a record file whose keys could not be marked done (its writer lost its lease)."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return
-    fsync_dir(path.parent)
+    if path.exists():
+        path.unlink(missing_ok=True)
+        fsync_dir(path.parent)
 
 
 def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch: str, records: list[Record]) -> Path:
-    """Atomically write one batch's records; returns the new file's path.
-
-    Each write gets a fresh nonce so a batch that is partly redone never overwrites the
-    records an earlier attempt already committed.
-    """
+    """Atomically write one batch's records; returns the new file's path. Each write gets a fresh
+    nonce, so a batch partly redone never overwrites what an earlier attempt committed."""
     if f"{batch}-".startswith(SHARD_PREFIX) or "/" in batch or batch.startswith("."):
         raise ValueError(f"batch id {batch!r} is reserved or not a plain name")
     path = records_dir(campaign_path) / f"{batch}-{secrets.token_hex(4)}{RECORD_SUFFIX}"
@@ -437,12 +393,9 @@ def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch:
     return path
 
 
-class ShardWriter:
-    """Streams records into a new shard; the shard becomes visible only on `commit()`.
-
-    The data goes to a dot-named temporary file in the records folder; `commit` fsyncs it and
-    renames it to `shard-<utc time>-<nonce>.zst`. Leaving the `with` block without a commit
-    (an exception, a kill) leaves no shard, only a temporary file readers ignore.
+class ShardWriter(AbstractContextManager["ShardWriter"]):
+    """Streams records into a dot-named temporary file that `commit()` fsyncs and renames to
+    `shard-<utc time>-<nonce>.zst`; leaving the `with` block without a commit leaves no shard.
 
     Parameters:
         campaign_path: the campaign folder.
@@ -503,14 +456,8 @@ class ShardWriter:
         self._handle.close()
         self.tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> ShardWriter:
-        return self
-
     def __exit__(self, *exc_info) -> None:
         self.abort()
-
-
-# ----------------------------------------------------------------------------- reading files
 
 
 def _iter_objects(path: Path) -> Iterator[Any]:
@@ -555,12 +502,23 @@ def _check_header(path: Path, header: Any) -> dict:
 _T = TypeVar("_T")
 
 
+@contextmanager
+def _damage_names(path: Path) -> Iterator[None]:
+    """Report a decoding error inside the block as RecordFormatError naming the file."""
+    try:
+        yield
+    except RecordFormatError:
+        raise
+    except (zstandard.ZstdError, msgpack.UnpackException, ValueError, KeyError, TypeError) as exc:
+        raise RecordFormatError(f"{path}: damaged record file ({exc!r})") from exc
+
+
 def _iter_file(
     path: str | os.PathLike, make: Callable[[dict, dict], _T], *, accept: Callable[[dict, dict], bool] | None = None
 ) -> Iterator[_T]:
-    """Stream one file through `make(wire, header)`, skipping maps `accept` refuses; errors name the file."""
+    """Stream one file through `make(wire, header)`, skipping maps `accept` refuses."""
     path = Path(path)
-    try:
+    with _damage_names(path):
         objects = _iter_objects(path)
         header = _check_header(path, next(objects, None))
         for data in objects:
@@ -568,21 +526,13 @@ def _iter_file(
                 raise RecordFormatError(f"{path}: damaged record file (a record is not a map)")
             if accept is None or accept(data, header):
                 yield make(data, header)
-    except RecordFormatError:
-        raise
-    except (zstandard.ZstdError, msgpack.UnpackException, ValueError, KeyError, TypeError) as exc:
-        raise RecordFormatError(f"{path}: damaged record file ({exc!r})") from exc
 
 
 def read_file_header(path: str | os.PathLike) -> dict:
     """The header map of one record file (format, version, id_codec, kind, batch or sources)."""
     path = Path(path)
-    try:
+    with _damage_names(path):
         return _check_header(path, next(_iter_objects(path), None))
-    except RecordFormatError:
-        raise
-    except (zstandard.ZstdError, msgpack.UnpackException, ValueError) as exc:
-        raise RecordFormatError(f"{path}: damaged record file ({exc!r})") from exc
 
 
 def read_record_file(path: str | os.PathLike) -> Iterator[Record]:
@@ -595,15 +545,9 @@ def read_raw_file(path: str | os.PathLike) -> Iterator[RawRecord]:
     return _iter_file(path, _raw_from_wire)
 
 
-# ----------------------------------------------------------------------------- campaigns
-
-
 def batch_files(campaign_path: str | os.PathLike, batch: str) -> list[Path]:
-    """Batch files already written for a batch (by this host's earlier attempts).
-
-    Shards never match: a record that compaction moved into a shard was committed and marked
-    done before, so there is nothing to adopt.
-    """
+    """Batch files already written for a batch (by this host's earlier attempts); never a shard,
+    whose records were committed and marked done before compaction moved them."""
     folder = records_dir(campaign_path)
     if not folder.is_dir():
         return []
@@ -659,11 +603,8 @@ def scan_campaign(campaign_path: str | os.PathLike) -> CampaignFiles:
     shards = [p for p in files if is_shard(p)]
     sources = {p: _shard_sources(p) for p in shards}
     absorbed_names = {name for names in sources.values() for name in names}
-    batch_list: list[Path] = []
-    absorbed: list[Path] = []
-    for path in files:
-        if not is_shard(path):
-            (absorbed if path.name in absorbed_names else batch_list).append(path)
+    batch_list = [p for p in files if not is_shard(p) and p.name not in absorbed_names]
+    absorbed = [p for p in files if not is_shard(p) and p.name in absorbed_names]
     places = Counter(batch_of_file(path) for path in batch_list)
     for names in sources.values():
         places.update({batch_of_file(name) for name in names})
@@ -729,11 +670,9 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
     """Stream every record of a campaign folder, file by file, without loading it whole.
 
     With `dedupe` (the default) a repeated key is skipped, whatever files hold it, so a training
-    job sees one record per prompt sample even where a crash (or a stopped `compact`) left two.
-    Keys are remembered as 64-bit digests (eagle_synth/key_set.py): 16 to 32 bytes per record,
-    256 MB for 10M records. Safe to run while workers
-    write and while `eagle-synth compact` runs (a batch file compacted away mid-read is read
-    from its shard). Usage from training code:
+    job sees one record per prompt sample even where a crash (or a stopped `compact`) left two;
+    keys are remembered as 64-bit digests (eagle_synth/key_set.py, 256 MB for 10M records). Safe
+    while workers write and `compact` runs (a file compacted away mid-read is read from its shard):
 
         from eagle_synth.records import iter_records
         for record in iter_records("out/my-campaign"):
@@ -745,9 +684,6 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
 def iter_raw_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[RawRecord]:
     """iter_records with ids as uint32 bytes (RawRecord): the fast path for columnar code."""
     return _iter_campaign(campaign_path, dedupe=dedupe, make=_raw_from_wire)
-
-
-# ----------------------------------------------------------------------------- manifest
 
 
 def write_manifest(campaign_path: str | os.PathLike, manifest: dict) -> Path:

@@ -88,25 +88,24 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        problems = []
-        if not 1 <= self.max_new_tokens <= 1_000_000:
-            problems.append(f"--max-new-tokens {self.max_new_tokens}: must be 1..1000000")
-        if not 0.0 <= self.temperature <= 100.0:
-            problems.append(f"--temperature {self.temperature}: must be 0..100")
-        if not 0.0 < self.top_p <= 1.0:
-            problems.append(f"--top-p {self.top_p}: must be in (0, 1]")
-        if self.top_k != -1 and self.top_k < 1:
-            problems.append(f"--top-k {self.top_k}: must be -1 (off) or >= 1")
-        if not 0.0 <= self.min_p <= 1.0:
-            problems.append(f"--min-p {self.min_p}: must be 0..1")
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            problems.append(f"--repetition-penalty {self.repetition_penalty}: must be in (0, 2]")
-        if not 1 <= self.n <= 1024:
-            problems.append(f"--n {self.n}: must be 1..1024")
-        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
-            problems.append(f"--seed {self.seed}: must be 0..{MAX_SEED}")
-        if any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids):
-            problems.append(f"--stop-token-ids {list(self.stop_token_ids)}: ids must be >= 0")
+        checks = (
+            (not 1 <= self.max_new_tokens <= 1_000_000, f"--max-new-tokens {self.max_new_tokens}: must be 1..1000000"),
+            (not 0.0 <= self.temperature <= 100.0, f"--temperature {self.temperature}: must be 0..100"),
+            (not 0.0 < self.top_p <= 1.0, f"--top-p {self.top_p}: must be in (0, 1]"),
+            (self.top_k != -1 and self.top_k < 1, f"--top-k {self.top_k}: must be -1 (off) or >= 1"),
+            (not 0.0 <= self.min_p <= 1.0, f"--min-p {self.min_p}: must be 0..1"),
+            (
+                not 0.0 < self.repetition_penalty <= 2.0,
+                f"--repetition-penalty {self.repetition_penalty}: must be in (0, 2]",
+            ),
+            (not 1 <= self.n <= 1024, f"--n {self.n}: must be 1..1024"),
+            (self.seed is not None and not 0 <= self.seed <= MAX_SEED, f"--seed {self.seed}: must be 0..{MAX_SEED}"),
+            (
+                any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids),
+                f"--stop-token-ids {list(self.stop_token_ids)}: ids must be >= 0",
+            ),
+        )
+        problems = [message for failed, message in checks if failed]
         if problems:
             raise SamplingError("; ".join(problems))
 
@@ -123,11 +122,9 @@ class SamplingParams:
         return cls(**data)
 
     def for_server(self) -> dict:
-        """The `sampling_params` sent to SGLang, every value explicit, without the per-sample
-        seed (n is 1: samples are separate prompts so each gets its own key, record and retry).
-
-        This dict is what the worker sends and records carry; prompt keys come from to_dict(),
-        which this does not change."""
+        """The `sampling_params` the worker sends and records carry, every value explicit, without
+        the per-sample seed (n is 1: each sample is its own prompt, key, record and retry). Prompt
+        keys come from to_dict(), which this does not change."""
         params: dict = {
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
+
+import msgspec
 
 from eagle_synth.errors import UserError
 from eagle_synth.sampling import SamplingError, SamplingParams
@@ -36,8 +38,7 @@ class VariantsError(UserError, ValueError):
     """A variants file that cannot be used; the message names the file, the entry and the field."""
 
 
-@dataclass(frozen=True, slots=True)
-class Variant:
+class Variant(msgspec.Struct, frozen=True):
     """One way to sample and template a conversation.
 
     Parameters:
@@ -49,25 +50,15 @@ class Variant:
 
     name: str
     weight: float
-    sampling: dict = field(default_factory=dict)
-    chat_template_kwargs: dict = field(default_factory=dict)
+    sampling: dict = msgspec.field(default_factory=dict)
+    chat_template_kwargs: dict = msgspec.field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Variant:
-        return cls(
-            name=data["name"],
-            weight=float(data["weight"]),
-            sampling=dict(data.get("sampling") or {}),
-            chat_template_kwargs=dict(data.get("chat_template_kwargs") or {}),
-        )
+        return msgspec.structs.asdict(self)
 
     def sampling_params(self, base: SamplingParams) -> SamplingParams:
         """The campaign's sampling with this variant's overrides."""
-        merged = {**base.to_dict(), **self.sampling}
-        return SamplingParams.from_dict(merged)
+        return SamplingParams.from_dict({**base.to_dict(), **self.sampling})
 
     def server_overrides(self, base: SamplingParams) -> dict:
         """The `sampling_params` entries that differ from the campaign's (what a prompt carries)."""
@@ -100,12 +91,10 @@ def load_variants(path: str | Path, *, base: SamplingParams) -> list[Variant]:
         name = entry.get("name", f"v{index}")
         if not isinstance(name, str) or not name:
             raise VariantsError(f"{where}.name: expected a non-empty string, got {name!r}")
-        sampling = entry.get("sampling") or {}
-        kwargs = entry.get("chat_template_kwargs") or {}
-        if not isinstance(sampling, dict):
-            raise VariantsError(f"{where}.sampling: expected an object, got {type(sampling).__name__}")
-        if not isinstance(kwargs, dict):
-            raise VariantsError(f"{where}.chat_template_kwargs: expected an object, got {type(kwargs).__name__}")
+        sampling, kwargs = entry.get("sampling") or {}, entry.get("chat_template_kwargs") or {}
+        for field, value in (("sampling", sampling), ("chat_template_kwargs", kwargs)):
+            if not isinstance(value, dict):
+                raise VariantsError(f"{where}.{field}: expected an object, got {type(value).__name__}")
         bad = sorted(set(sampling) - set(OVERRIDABLE_SAMPLING))
         if bad:
             raise VariantsError(

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import replace
 
 import msgpack
+import msgspec
 import pytest
 
 from eagle_synth.conversation import ConversationState, next_turn, turn_key
@@ -151,7 +151,7 @@ def test_entries_of_a_dead_worker_process_are_adopted_and_queued_once(setup, tok
         data = {
             "s": "render",
             "sampling": SAMPLING,
-            "item": pack_item(replace(item, ids=[])),
+            "item": pack_item(msgspec.structs.replace(item, ids=[])),
             "out": pack_ids(record.output_ids),
             "finish": "stop",
             "matched": record.finish_matched,

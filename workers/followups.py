@@ -25,11 +25,12 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
 import msgpack
+import msgspec
 import redis
 
 from eagle_synth.conversation import ConversationState, end_before_render, turn_key
@@ -272,7 +273,7 @@ class FollowUps:
                 entries.append(_end_entry(record.key, item, end))
                 continue
             following = turn_key(state.key, item.turn + 1)
-            parent = replace(item, ids=[])
+            parent = msgspec.structs.replace(item, ids=[])
             data = {
                 "s": "render",
                 "sampling": payload.sampling,
