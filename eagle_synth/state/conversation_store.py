@@ -41,7 +41,7 @@ FOLLOW = "follow"
 END = "end"
 NOTHING = ""
 
-# KEYS: done, failed, failed reasons, counters, events, followups, owners, ends.
+# KEYS: done, failed, failed reasons, counters, events, followups, owners, ends, enqueued.
 # ARGV: tokens_in, tokens_out, repaired, events maxlen, owner, then per record:
 # key, action (follow | end | ''), target (next turn key | conversation key), data.
 # Returns {number newly done, the next turn keys stored...}.
@@ -182,9 +182,9 @@ class ConversationStore:
         names = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.followups, k.followup_owners)
         if fence is not None:
             released = [entry[0] for entry in entries]
-            reply = fence.eval(self.client, _COMMIT, 8, *names, k.conversation_ends, *args, release=released)
+            reply = fence.eval(self.client, _COMMIT, 9, *names, k.conversation_ends, k.enqueued, *args, release=released)
         else:
-            reply = self.client.eval(_COMMIT, 8, *names, k.conversation_ends, *args)
+            reply = self.client.eval(_COMMIT, 9, *names, k.conversation_ends, k.enqueued, *args)
         return int(reply[0]), {key.decode() for key in reply[1:]}
 
     def ready(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str) -> set[str]:
