@@ -11,7 +11,7 @@ not of CLI flags. Any other exception is a bug or an outage and keeps its traceb
     │   ├── CampaignNotFound             (errors; also a KeyError)
     │   ├── CampaignMismatch, BadCampaignName             (state/campaign.py)
     │   ├── CampaignNotClosable, StateFileUnavailable     (state/campaign_archive.py)
-    │   ├── EvictingRedisError, VolatileRedisError        (state/redis_policy.py, redis_persistence.py)
+    │   ├── EvictingRedisError, VolatileRedisError        (state/redis_policy.py)
     │   ├── NotACampaignFolder, RecordFilesVanished       (records.py)
     │   ├── SamplingError, SettingsError, TemplateError, VariantsError, ToolFormatError
     │   ├── InputError, StrictModeError  (producer/sources.py, producer/enqueue.py)
