@@ -124,22 +124,12 @@ def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str
 
 @dataclass
 class RedisServer:
-    """A private redis-server on a free port.
-
-    Parameters:
-        workdir: where its data and log live.
-        password: `requirepass` for the default user.
-        acl_user: (name, password) of an extra ACL user with full access.
-        appendonly: persist every write (survives restarts).
-        save: RDB snapshot schedule (`redis-server --save`); the default counts as persisting for
-            eagle_synth/state/redis_policy.py without writing during short runs; "" with
-            appendonly off is a Redis that keeps nothing (tests of the refusal).
-        tls: serve TLS only, with a throwaway CA and certificate made in workdir (needs openssl).
-        port: 0 picks a free one.
-        maxmemory_policy: what Redis does when full (eagle-synth needs `noeviction`).
-        maxmemory: memory cap such as "4mb" (None: no cap), for out-of-memory tests.
-        extra_args: more `redis-server` arguments, e.g. ("--rename-command", "CONFIG", "").
-    """
+    """A private redis-server (data and log in `workdir`; `port` 0 picks a free one), with a
+    `password` for the default user, an `acl_user` (name, password) with full access, TLS only
+    with a throwaway CA made in workdir (`tls`, needs openssl), `appendonly`, an RDB `save`
+    schedule (the default counts as persisting for state/redis_policy.py without writing in
+    short runs; "" with appendonly off keeps nothing), `maxmemory_policy` and `maxmemory` (e.g.
+    "4mb") for the refusal and out-of-memory tests, and `extra_args` for redis-server."""
 
     workdir: Path
     password: str | None = None
@@ -326,19 +316,11 @@ def start_worker(
 
 
 class Stack:
-    """The processes of one run (a test, a benchmark, the demo); `close()` stops them all.
-
-    Workers stop first (while their server still answers, so soft shutdown is quick), then
-    devservers, then Redis servers; every stop is attempted even if one fails, so nothing
-    outlives the run.
-
-    Parameters:
-        folder: where logs, Redis data and (by default) records go.
-        tokenizer: the devservers' tokenizer folder.
-        worker_env: environment every worker gets (a call's `env` adds to it).
-        stop_timeout: seconds processes get after SIGTERM before SIGKILL.
-        remove: delete `folder` on close (a scratch folder).
-    """
+    """The processes of one run (a test, a benchmark, the demo) in `folder` (logs, Redis data,
+    records by default), devservers on `tokenizer`, workers with `worker_env` added. `close()`
+    stops workers first (while their server still answers, so soft shutdown is quick), then
+    devservers, then Redis servers, each stop attempted even if one fails; processes get
+    `stop_timeout` seconds after SIGTERM; `remove` deletes the folder."""
 
     def __init__(
         self,

@@ -75,21 +75,15 @@ def check_campaign_name(name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class CampaignSettings:
-    """What every prompt of a campaign is made with, fixed at its first enqueue.
-
-    The tokenizer (`tokenizer_fingerprint`: a hash of its vocabulary and special tokens;
-    `tokenizer_path`, informational), the chat template (`chat_template_hash`, its
-    `chat_template_kwargs`), the default `system_prompt`, `sampling` (SamplingParams.to_dict()),
-    `vocab_size` (workers never send a larger id), `eos_token_ids`, the `<think>` ids if any,
-    `max_prompt_tokens` (longer prompts were skipped) and `created_at`. `history` is "dataset"
-    (prompts end at the dataset's user turns) or "own" (every user turn answered on the model's
-    own earlier answers, up to `max_turns`; docs/producer.md), whose tool calls are parsed in
-    `tool_format` (eagle_synth.toolcalls.TOOL_FORMATS; None: none we parse). `variants` holds
-    Variant.to_dict()s. `batch_size` is the first enqueue's, which `retry-failed` batches by (0: a
-    campaign from before it was recorded). `model_vocab_size` is the checkpoint's vocab_size
-    (eagle_synth/model_identity.py; None without a config.json). `tokenizer_canary` {"text",
-    "ids"}: a text and the ids this tokenizer gives it (empty: not checked).
-    """
+    """What every prompt of a campaign is made with, fixed at its first enqueue: the tokenizer
+    (its fingerprint, templating.TokenizerFacts; its path, informational), the chat template's
+    hash and kwargs, the default system prompt, `sampling` (SamplingParams.to_dict()), the ids
+    (workers never send one >= `vocab_size`), `max_prompt_tokens` (longer prompts were skipped).
+    `history` "dataset" ends prompts at the dataset's user turns, "own" answers every user turn
+    on the model's own answers, up to `max_turns`, tool calls parsed in `tool_format`
+    (docs/producer.md). `variants`: Variant.to_dict()s. `batch_size`: the first enqueue's, which
+    `retry-failed` batches by (0: not recorded). `model_vocab_size`, `tokenizer_canary`:
+    eagle_synth/model_identity.py (None / empty: unknown, not checked)."""
 
     name: str
     tokenizer_path: str
