@@ -133,8 +133,7 @@ class BrokerSettings(EnvSettings):
 
 
 class Timings(EnvSettings):
-    """Seconds of the recovery machinery, each described where it is used (workers/lease.py,
-    app.py, followups.py, reaper.py, reconciler.py, supervisor.py, eagle_synth/state/stranded.py);
+    """Seconds of the recovery machinery, each described where it is used (workers/, state/stranded.py);
     tests shorten them through the environment of the processes they start."""
 
     lease_ttl: float = 60.0

@@ -1,8 +1,5 @@
-"""Chat templating: the model's own template, applied by transformers, and nothing else.
-
-Kept in the shared core so that a worker can template a follow-up turn later (multi-turn
-regeneration on the model's own answers) with exactly the code the producer uses.
-"""
+"""Chat templating: the model's own template, applied by transformers, and nothing else; in the
+shared core so a worker templates a follow-up turn with exactly the producer's code."""
 
 from __future__ import annotations
 
@@ -83,8 +80,7 @@ def load_tokenizer(
 
 def _token_id(tokenizer, token: str) -> int | None:
     ids = tokenizer.convert_tokens_to_ids([token])
-    unk = tokenizer.unk_token_id
-    return ids[0] if ids and ids[0] is not None and ids[0] != unk else None
+    return ids[0] if ids and ids[0] is not None and ids[0] != tokenizer.unk_token_id else None
 
 
 def tokenizer_facts(tokenizer) -> TokenizerFacts:

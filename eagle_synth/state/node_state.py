@@ -1,9 +1,8 @@
 """A worker node's shared state in Redis: what its batch threads and `status` read.
 
-The health gate (in the worker's main process) writes each server's state here; pool
-children read it before every batch, report suspect servers and successful generations, and
-count prompts in flight. One hash per node, expiring unless refreshed, so a dead worker
-vanishes from `eagle-synth status` by itself.
+The health gate (the worker's main process) writes each server's state here; pool children read
+it before every batch, report suspect servers and successful generations, and count prompts in
+flight. One hash per node, expiring unless refreshed, so a dead worker leaves `status` by itself.
 """
 
 from __future__ import annotations
@@ -29,13 +28,11 @@ UNKNOWN = "unknown"  # not probed yet
 
 @dataclass(slots=True)
 class ServerState:
-    """One server as this node sees it: its `state` (one of the module's names) `since` when, the
-    last probe's `detail`; then what preflight learnt (None: not reported): `context_length`,
-    `provenance` (version, model, launch args), `draft_reserved_tokens` (slots speculative
-    decoding reserves per request on top of its prompt, counted against the context), the caps
-    `max_req_input_len`, `max_running_requests`, `max_total_num_tokens` (its KV cache),
-    `deterministic_inference` (honours `sampling_seed`), `sampling_seed_supported` (accepts the
-    key at all: older servers reject it) and `backend` ("sglang" or "vllm", workers/backends/)."""
+    """One server as this node sees it: its `state` (a name above) `since` when, the last probe's
+    `detail`; then what preflight learnt (None: not reported): provenance (version, model, launch
+    args), the slots speculative decoding reserves per request (counted against the context), the
+    caps (`max_total_num_tokens`: its KV cache), whether it honours `sampling_seed` and accepts the
+    key at all (older servers reject it), and its `backend` ("sglang" or "vllm", workers/backends/)."""
 
     state: str = UNKNOWN
     since: float = 0.0
@@ -52,8 +49,7 @@ class ServerState:
 
     @classmethod
     def from_dict(cls, data: dict) -> ServerState:
-        """From its JSON form; fields this version does not know (a newer worker wrote them
-        during a rolling upgrade) are ignored rather than fatal."""
+        """From its JSON form, ignoring fields a newer worker wrote (a rolling upgrade)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -87,10 +87,10 @@ def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bo
         client.zrange(UNACKED_INDEX_KEY, "-inf", fetched_before, byscore=True, withscores=True),
     )
     held: list[HeldBatch] = []
-    wanted = [(tag, score) for tag, score in index if with_entries or tag.decode() not in _decoded]
+    wanted = [tag for tag, _ in index if with_entries or tag.decode() not in _decoded]
     entries: dict[bytes, bytes | None] = {}
     for start in range(0, len(wanted), FETCH_CHUNK):
-        chunk = [tag for tag, _ in wanted[start : start + FETCH_CHUNK]]
+        chunk = wanted[start : start + FETCH_CHUNK]
         entries.update(zip(chunk, cast("list[bytes | None]", client.hmget(UNACKED_KEY, chunk))))
     if len(_decoded) > DECODED_CACHE_SIZE:
         _decoded.clear()
@@ -136,11 +136,9 @@ def stranded_prompts(
     counts = {}
     for name, keys in keys_by_campaign.items():
         try:
-            campaign = Campaign(client, name)
+            counts[name] = len(keys) - len(Campaign(client, name).finished_keys(sorted(keys)))
         except ValueError:
             continue  # a name no campaign can have: not ours to count
-        ordered = sorted(keys)
-        counts[name] = len(ordered) - len(campaign.finished_keys(ordered))
     return counts
 
 
@@ -150,15 +148,12 @@ def _destination(
     """The list kombu would push this message back to (kombu's _lookup and _q_for_pri), or None.
     A direct exchange routes to the queues whose binding key equals the routing key, the anonymous
     one by the routing key alone; without a binding, a routing key naming our queue routes there."""
-    if not exchange:
-        queue = routing_key or None
-    else:
-        queue = None
-        for member in client.smembers(BINDING_KEY_FORMAT % exchange):
-            bound_key, _pattern, bound_queue = text(member).split(PRIORITY_SEPARATOR, 2)
-            if bound_key == routing_key:
-                queue = bound_queue
-                break
+    queue = None if exchange else routing_key or None
+    if exchange:
+        bindings = (
+            text(member).split(PRIORITY_SEPARATOR, 2) for member in client.smembers(BINDING_KEY_FORMAT % exchange)
+        )
+        queue = next((bound for key, _, bound in bindings if key == routing_key), None)
         if queue is None and routing_key == queue_name:
             queue = queue_name
     if queue is None:
