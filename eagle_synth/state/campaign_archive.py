@@ -50,8 +50,6 @@ FAILURE_FOLD_CHUNK = 500
 STATE_ZSTD_LEVEL = 3
 # Queue messages read per LRANGE step when checking that none of the campaign's batches waits.
 QUEUE_SCAN_STEP = 1000
-# kombu's hash of delivered-but-unacked messages (batches a worker is running).
-UNACKED = "unacked"
 
 _FREE = script("free")
 
@@ -110,6 +108,7 @@ def _record_keys(folder: Path) -> Iterator[str]:
 def _queued_batches(campaign: Campaign, queue: str) -> int:
     """Batches of this campaign waiting in the queue or delivered and not yet acked."""
     from eagle_synth.queue import payload_of_message
+    from eagle_synth.state.stranded import UNACKED_KEY
 
     client, found = campaign.client, 0
 
@@ -126,7 +125,7 @@ def _queued_batches(campaign: Campaign, queue: str) -> int:
     length = int(client.llen(queue))
     for start in range(0, length, QUEUE_SCAN_STEP):
         found += sum(ours(raw) for raw in client.lrange(queue, start, start + QUEUE_SCAN_STEP - 1))
-    found += sum(ours(raw) for _, raw in client.hscan_iter(UNACKED, count=QUEUE_SCAN_STEP))
+    found += sum(ours(raw) for _, raw in client.hscan_iter(UNACKED_KEY, count=QUEUE_SCAN_STEP))
     return found
 
 
@@ -244,8 +243,7 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
     names = [k.enqueued, k.done, k.failed, k.ended, k.outbox, k.events, k.conversation_ends, k.followups]
     names += [k.followup_batches, k.batches, k.claims]
     # Layout 2: `enqueued` holds the failed keys only, the done ones left it.
-    freed = campaign.client.eval(_FREE, len(names), *names, failed, done, failed, marker)
-    if not int(freed):
+    if not int(campaign.client.eval(_FREE, len(names), *names, failed, done, failed, marker)):
         raise CampaignNotClosable(
             f"campaign {campaign.name!r} changed while it was being closed (an enqueue or retry ran): "
             "nothing was freed; close again once it is complete"
