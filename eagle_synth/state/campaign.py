@@ -241,23 +241,25 @@ class Campaign:
     def count_skipped(self, reasons: dict[str, int]) -> None:
         self._add(self.keys.skipped, reasons)
 
-    def _members(self, keys: list[str], *names: str) -> list[tuple]:
-        """Per key, its SMISMEMBER flag in each set of `names` (HMGET value for a hash: `failed`)."""
-        pipe = self.client.pipeline(transaction=False)
-        for name in names:
-            pipe.hmget(name, keys) if name == self.keys.failed else pipe.smismember(name, keys)
-        return list(zip(*pipe.execute()))
-
     def finished_keys(self, keys: list[str]) -> set[str]:
         """Keys among these that already have a record or a recorded failure."""
         if not keys:
             return set()
-        flags = self._members(keys, self.keys.done, self.keys.failed)
-        return {k for k, (done, failed) in zip(keys, flags) if done or failed is not None}
+        pipe = self.client.pipeline(transaction=False)
+        pipe.smismember(self.keys.done, keys)
+        pipe.hmget(self.keys.failed, keys)
+        done, failed = pipe.execute()
+        return {k for k, d, f in zip(keys, done, failed) if d or f is not None}
 
     def was_enqueued(self, keys: list[str]) -> list[bool]:
         """Per key, whether it was ever enqueued (it is in `enqueued` or in `done`)."""
-        return [bool(e or d) for e, d in self._members(keys, self.keys.enqueued, self.keys.done)] if keys else []
+        if not keys:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.smismember(self.keys.enqueued, keys)
+        pipe.smismember(self.keys.done, keys)
+        enqueued, done = pipe.execute()
+        return [bool(e or d) for e, d in zip(enqueued, done)]
 
     def mark_done(
         self, keys: list[str], *, tokens_in: int, tokens_out: int, repaired: int = 0, fence: Fence | None = None

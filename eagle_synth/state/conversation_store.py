@@ -182,7 +182,9 @@ class ConversationStore:
         names = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.followups, k.followup_owners)
         if fence is not None:
             released = [entry[0] for entry in entries]
-            reply = fence.eval(self.client, _COMMIT, 9, *names, k.conversation_ends, k.enqueued, *args, release=released)
+            reply = fence.eval(
+                self.client, _COMMIT, 9, *names, k.conversation_ends, k.enqueued, *args, release=released
+            )
         else:
             reply = self.client.eval(_COMMIT, 9, *names, k.conversation_ends, k.enqueued, *args)
         return int(reply[0]), {key.decode() for key in reply[1:]}
