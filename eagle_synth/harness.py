@@ -87,9 +87,8 @@ def _wait_up(proc: subprocess.Popen, port: int, what: str) -> None:
 
 
 def stop_all(procs: Iterable[subprocess.Popen | None], *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT):
-    """Signal every live process group, then wait for all, SIGKILLing what outlives `timeout`:
-    a worker's warm shutdown takes about a second, and stopping them one after the other would
-    add those seconds up."""
+    """Signal every live process group, then wait for all (a worker's warm shutdown takes about a
+    second: one after the other would add those up), SIGKILLing what outlives `timeout`."""
     signalled = []
     for proc in procs:
         if proc is not None and proc.poll() is None:
@@ -108,10 +107,9 @@ def stop_all(procs: Iterable[subprocess.Popen | None], *, sig: int = signal.SIGT
 
 
 def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str) -> int:
-    """Run `launch(port)`, or on a port picked here when `port` is 0; returns the port used.
-    `launch` returns None once the process is up, else what it said before it exited. A picked
-    port that something else took first (parallel test processes pick ports too) is traded for
-    another, up to PORT_ATTEMPTS times; any other exit raises RuntimeError with its words."""
+    """Run `launch(port)` (None once the process is up, else what it said as it exited), on a port
+    picked here when `port` is 0, trading a picked port another process took first for another;
+    any other exit raises RuntimeError with its words. Returns the port used."""
     for attempt in range(PORT_ATTEMPTS):
         chosen = port or free_port()
         said = launch(chosen)

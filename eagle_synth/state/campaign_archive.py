@@ -1,18 +1,13 @@
 """A campaign's end: its Redis state folded into one file of the campaign folder, and read back.
 
-`eagle-synth close NAME --out DIR` runs once a campaign is complete (every enqueued key done or
-failed, nothing queued, claimed or in flight) and its records are safe: every done key has its
-record under DIR/NAME/records on the host it runs on. It then writes DIR/NAME/STATE_FILE (the
-done keys, the failures as stored, the conversations' early ends, the counters) and frees the
-campaign's key sets in Redis, leaving only its settings, counters and the `ended` marker
-(CampaignKeys.ended: where the file is, on which host).
-
-`enqueue` and `retry-failed` on an ended campaign read the file back first (`reopen`), so a
-rerun stays exact: nothing done is enqueued again, every failure can be retried.
-
-The file is one zstd frame holding a msgpack stream: a header map, then chunks
-["done", [key, ...]], ["failed", [[key, stored failure], ...]], ["ends", [[conversation, end
-JSON], ...]], and a last ["end", {"done": n, "failed": n, "ends": n}] that says it is whole.
+`eagle-synth close NAME --out DIR` runs once a campaign is complete (nothing pending, queued,
+claimed or in flight) and every done key has its record under DIR/NAME/records on this host. It
+writes DIR/NAME/STATE_FILE and frees the campaign's key sets, leaving its settings, counters and
+the `ended` marker (CampaignKeys.ended). `enqueue` and `retry-failed` on an ended campaign read
+the file back first (`reopen`), so a rerun stays exact. The file is one zstd frame of a msgpack
+stream: a header map, chunks ["done", [key, ...]], ["failed", [[key, stored failure], ...]],
+["ends", [[conversation, end JSON], ...]], and a last ["end", {"done": n, "failed": n, "ends": n}]
+that says it is whole.
 """
 
 from __future__ import annotations
@@ -216,12 +211,10 @@ def _used_memory(campaign: Campaign) -> int:
 
 
 def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) -> CloseSummary:
-    """Fold a complete campaign's Redis state into OUT/NAME/STATE_FILE and free its key sets.
-
-    Order: check, write the file (fsynced, renamed into place), then in one script check that
-    nothing changed, set the `ended` marker and free the sets. A kill at any step leaves the
-    campaign either open and whole or ended with its file in place.
-    """
+    """Fold a complete campaign's Redis state into OUT/NAME/STATE_FILE and free its key sets:
+    check, write the file (fsynced, renamed into place), then in one script check that nothing
+    changed, set the `ended` marker and free the sets, so a kill at any step leaves the campaign
+    either open and whole or ended with its file in place."""
     folder = campaign_dir(out, campaign.name)
     if (info := ended_info(campaign)) is not None:
         raise CampaignNotClosable(f"campaign {campaign.name!r} is already closed (into {info['path']})")

@@ -1,12 +1,11 @@
 """A campaign's producer outbox: prompt chunks claimed but maybe not yet published, and the
 liveness keys of the enqueue runs that own them.
 
-Claiming keys and recording what was claimed happen in one Lua script; an entry is cleared
-only after every batch made from it is published, with progress noted after each batch. A run
-that finds entries of a run that is gone publishes them (producer/publisher.py).
-
-Each chunk is up to three fields of the outbox hash: `<run id>:<serial>` (the items, msgpack),
-`...:new` (JSON indices of the items that were newly claimed) and `...:sent` (items published).
+Claiming keys and recording the chunk are one Lua script; an entry is cleared once every batch
+made from it is published (progress noted after each). A run that finds entries of a run that is
+gone publishes them (producer/publisher.py). A chunk is up to three fields of the outbox hash:
+`<run id>:<serial>` (the items, msgpack), `...:new` (JSON indices of the newly claimed items) and
+`...:sent` (items published).
 """
 
 from __future__ import annotations
