@@ -53,8 +53,8 @@ def process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        pass
+    except PermissionError:  # another user's
+        return True
     return True
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from bisect import bisect
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import cast
 
@@ -176,11 +177,9 @@ def restore(client: redis.Redis, held: HeldBatch, *, queue_name: str | None = No
     if destination is None:
         return False
     # As kombu's _do_restore_message: the worker then looks for files an earlier attempt left.
-    try:
+    with suppress(KeyError, TypeError):
         message["headers"]["redelivered"] = True
         message["properties"]["delivery_info"]["redelivered"] = True
-    except (KeyError, TypeError):
-        pass
     names = (UNACKED_KEY, UNACKED_INDEX_KEY, held.lease_key, destination)
     restored = client.eval(script("restore"), 4, *names, held.tag, held.entry, json.dumps(message))
     if restored:
