@@ -290,16 +290,14 @@ class Campaign:
         failure = Failure(reason, message[:2000], item.to_replay(), sampling, time.time(), worker)
         k = self.keys
 
-        def write(pipe: redis.client.Pipeline) -> None:
+        def write(pipe: redis.Redis) -> None:  # a transaction pipeline when fenced
             pipe.eval(_RECORD_FAILURE, 2, k.failed, k.failed_reasons, item.key, failure.encode(), reason)
             pipe.hincrby(k.counters, counters.failed(reason), 1)
 
         if fence is not None:
             fence.run(self.client, write)
-            return
-        pipe = self.client.pipeline(transaction=False)
-        write(pipe)
-        pipe.execute()
+        else:
+            write(self.client)  # one call after the other: a failure not stored (Redis full) is not counted
 
     def note_server(self, url: str, info: dict) -> None:
         self.client.hset(self.keys.servers, url, json.dumps(info, sort_keys=True))
