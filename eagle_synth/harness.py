@@ -86,7 +86,9 @@ def _wait_up(proc: subprocess.Popen, port: int, what: str) -> None:
     wait_for(lambda: proc.poll() is not None or listening(proc.pid, port), timeout=START_TIMEOUT, what=what)
 
 
-def stop_all(procs: Iterable[subprocess.Popen | None], *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT):
+def stop_all(
+    procs: Iterable[subprocess.Popen | None], *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT
+) -> None:
     """Signal every live process group, then wait for all (a worker's warm shutdown takes about a
     second: one after the other would add those up), SIGKILLing what outlives `timeout`."""
     signalled = []

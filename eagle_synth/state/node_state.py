@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import redis
 
@@ -50,8 +50,7 @@ class ServerState:
     @classmethod
     def from_dict(cls, data: dict) -> ServerState:
         """From its JSON form, ignoring fields a newer worker wrote (a rolling upgrade)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(slots=True)
