@@ -1,17 +1,16 @@
 """The error tree: what a user can fix, and everything else.
 
-`UserError` (and its subclasses) is raised for what the person running the command can fix:
-a bad argument, an input file that cannot be read, a campaign that does not exist, a server
-configured in a way that would change the data. The CLI's entry point catches it once and
-prints its one-line message (exit status 2); library messages speak of arguments and values,
-not of CLI flags. Any other exception is a bug or an outage and keeps its traceback.
+`UserError` is raised for what the person running the command can fix (a bad argument, an
+unreadable input, a missing campaign, a server set up to change the data); the CLI prints its
+one-line message (exit status 2), which speaks of arguments and values, not of CLI flags. Any
+other exception is a bug or an outage: it keeps its traceback.
 
     EagleSynthError
     ├── UserError
     │   ├── CampaignNotFound             (errors; also a KeyError)
     │   ├── CampaignMismatch, BadCampaignName             (state/campaign.py)
     │   ├── CampaignNotClosable, StateFileUnavailable     (state/campaign_archive.py)
-    │   ├── EvictingRedisError, VolatileRedisError        (state/redis_policy.py, redis_persistence.py)
+    │   ├── EvictingRedisError, VolatileRedisError        (state/redis_policy.py)
     │   ├── NotACampaignFolder, RecordFilesVanished       (records.py)
     │   ├── SamplingError, SettingsError, TemplateError, VariantsError, ToolFormatError
     │   ├── InputError, StrictModeError  (producer/sources.py, producer/enqueue.py)
@@ -52,8 +51,6 @@ class UserError(EagleSynthError):
 
 
 class CampaignNotFound(UserError, KeyError):
-    """No campaign of that name in this Redis."""
-
     def __init__(self, name: str) -> None:
         super().__init__(f"no campaign named {name!r} in this Redis; `eagle-synth campaigns` lists them")
         self.name = name

@@ -2,7 +2,8 @@
 
 The demo, the tests and the benchmarks all run the real thing on one machine; this module is
 the one place that knows how to start, wait for and stop them (`Stack` keeps a run's set).
-Outside the core: nothing under eagle_synth/ but the demo imports it.
+Outside the core: nothing under eagle_synth/ but the demo imports it. Every process runs in its
+own session, so a stop signals its whole group.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 # Seconds to wait for a process to start listening before giving up.
@@ -34,18 +34,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def scratch_dir(prefix: str = "eagle-synth-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
 def wait_for(
     predicate: Callable[[], object], *, timeout: float, interval: float = 0.05, what: str = "condition"
 ) -> object:
     """Poll until predicate() is truthy; raise TimeoutError naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
+    while not (value := predicate()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+    return value
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -57,12 +59,9 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def listening(pid: int, port: int) -> bool:
-    """True if the process `pid` (or one of its children) listens on `port`.
-
-    A port picked by free_port can be taken by another program before our process binds it;
-    then "the port is open" would mean talking to someone else's server. Without psutil
-    (a test dependency), any listener counts.
-    """
+    """True if the process `pid` (or one of its children) listens on `port`: a port picked by
+    free_port can be taken by another program before ours binds it, and "the port is open" would
+    then mean someone else's server. Without psutil (a test dependency), any listener counts."""
     try:
         import psutil
     except ImportError:
@@ -82,39 +81,55 @@ def listening(pid: int, port: int) -> bool:
     return False
 
 
-def _stop(proc: subprocess.Popen | None, *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+def _wait_up(proc: subprocess.Popen, port: int, what: str) -> None:
+    """Return once `proc` listens on `port` or has exited (the caller then reads its log)."""
+    wait_for(lambda: proc.poll() is not None or listening(proc.pid, port), timeout=START_TIMEOUT, what=what)
+
+
+def stop_all(
+    procs: Iterable[subprocess.Popen | None], *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT
+) -> None:
+    """Signal every live process group, then wait for all (a worker's warm shutdown takes about a
+    second: one after the other would add those up), SIGKILLing what outlives `timeout`."""
+    signalled = []
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                continue
+            signalled.append(proc)
+    deadline = time.monotonic() + timeout
+    for proc in signalled:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str) -> int:
+    """Run `launch(port)` (None once the process is up, else what it said as it exited), on a port
+    picked here when `port` is 0, trading a picked port another process took first for another;
+    any other exit raises RuntimeError with its words. Returns the port used."""
+    for attempt in range(PORT_ATTEMPTS):
+        chosen = port or free_port()
+        said = launch(chosen)
+        if said is None:
+            return chosen
+        if port or "Address already in use" not in said or attempt == PORT_ATTEMPTS - 1:
+            raise RuntimeError(f"{what} exited:\n{said}")
+    raise AssertionError("unreachable")
 
 
 @dataclass
 class RedisServer:
-    """A private redis-server on a free port.
-
-    Parameters:
-        workdir: where its data and log live.
-        password: `requirepass` for the default user.
-        acl_user: (name, password) of an extra ACL user with full access.
-        appendonly: persist every write (survives restarts).
-        save: RDB snapshot schedule (`redis-server --save`); the default counts as persisting for
-            eagle-synth's check (eagle_synth/state/redis_persistence.py) without writing during short
-            runs; "" with appendonly off is a Redis that keeps nothing (tests of the refusal).
-        tls: serve TLS only, with a throwaway CA and certificate made in workdir (needs openssl).
-        port: 0 picks a free one.
-        maxmemory_policy: what Redis does when full; eagle-synth needs `noeviction` (tests of the
-            refusal start one that evicts).
-        maxmemory: memory cap such as "4mb" (None: no cap), for out-of-memory tests.
-        extra_args: more `redis-server` arguments, e.g. ("--rename-command", "CONFIG", "").
-    """
+    """A private redis-server (data and log in `workdir`; `port` 0 picks a free one), with a
+    `password` for the default user, an `acl_user` (name, password) with full access, TLS only
+    with a throwaway CA made in workdir (`tls`, needs openssl), `appendonly`, an RDB `save`
+    schedule (the default counts as persisting for state/redis_policy.py without writing in
+    short runs; "" with appendonly off keeps nothing), `maxmemory_policy` and `maxmemory` (e.g.
+    "4mb") for the refusal and out-of-memory tests, and `extra_args` for redis-server."""
 
     workdir: Path
     password: str | None = None
@@ -129,8 +144,7 @@ class RedisServer:
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> RedisServer:
-        """Start it and wait until it listens. On a port it picked itself it tries another one
-        if something else took that port first (parallel test processes pick ports too)."""
+        """Start it and wait until it listens (on a port it picked, trying another if taken)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
@@ -145,7 +159,7 @@ class RedisServer:
             proc = self.proc = subprocess.Popen(
                 self._args(binary), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
             )
-            wait_for(partial(_up, proc, port), timeout=START_TIMEOUT, what=f"redis-server on {port}")
+            _wait_up(proc, port, f"redis-server on {port}")
             if proc.poll() is None:
                 return None
             # The log is appended to across attempts and restarts: this attempt's lines.
@@ -155,26 +169,25 @@ class RedisServer:
         return self
 
     def _args(self, binary: str) -> list[str]:
-        tls = self.tls
+        d = self.workdir
         options: dict[str, object] = {
-            "--port": 0 if tls else self.port,
+            "--port": 0 if self.tls else self.port,
             "--bind": "127.0.0.1",
-            "--dir": self.workdir,
+            "--dir": d,
             "--save": self.save,
             "--appendonly": "yes" if self.appendonly else "no",
             "--maxmemory-policy": self.maxmemory_policy,
-            "--logfile": self.workdir / "redis.log",
+            "--logfile": d / "redis.log",
         }
         if self.maxmemory:
             options["--maxmemory"] = self.maxmemory
-        if tls:
+        if self.tls:
             options |= {
                 "--tls-port": self.port,
-                "--tls-cert-file": self.workdir / "server.pem",
-                "--tls-key-file": self.workdir / "server.key",
-                "--tls-ca-cert-file": self.ca_file,
-                "--tls-auth-clients": "no",
+                "--tls-cert-file": d / "server.pem",
+                "--tls-key-file": d / "server.key",
             }
+            options |= {"--tls-ca-cert-file": self.ca_file, "--tls-auth-clients": "no"}
         if self.password:
             options["--requirepass"] = self.password
         args = [binary, *(str(part) for pair in options.items() for part in pair)]
@@ -195,28 +208,11 @@ class RedisServer:
         return self.workdir / "ca.pem"
 
     def stop(self, *, sig: int = signal.SIGTERM) -> None:
-        _stop(self.proc, sig=sig)
+        stop_all([self.proc], sig=sig)
 
     def restart(self) -> None:
         self.stop()
         self.start()
-
-
-def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str) -> int:
-    """Run `launch(port)`, or on a port picked here when `port` is 0; returns the port used.
-
-    `launch` returns None once the process is up, else what it said before it exited. A picked
-    port that something else took first (parallel test processes pick ports too) is traded
-    for another, up to PORT_ATTEMPTS times; any other exit raises RuntimeError with its words.
-    """
-    for attempt in range(PORT_ATTEMPTS):
-        chosen = port or free_port()
-        said = launch(chosen)
-        if said is None:
-            return chosen
-        if port or "Address already in use" not in said or attempt == PORT_ATTEMPTS - 1:
-            raise RuntimeError(f"{what} exited:\n{said}")
-    raise AssertionError("unreachable")
 
 
 def make_test_certificates(folder: Path) -> None:
@@ -261,22 +257,14 @@ class ManagedProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self, *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
-        _stop(self.proc, sig=sig, timeout=timeout)
+        stop_all([self.proc], sig=sig, timeout=timeout)
 
     def kill(self) -> None:
         self.stop(sig=signal.SIGKILL, timeout=10)
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update(extra or {})
-    return env
-
-
-def _up(proc: subprocess.Popen, port: int) -> bool:
-    """True once `proc` listens on `port`, or has exited (the caller then reads its log)."""
-    return proc.poll() is not None or listening(proc.pid, port)
+    return {"PYTHONUNBUFFERED": "1", **os.environ, **(extra or {})}
 
 
 def start_devserver(
@@ -288,22 +276,19 @@ def start_devserver(
     env: dict[str, str] | None = None,
     wait: bool = True,
 ) -> tuple[ManagedProcess, str]:
-    """Start a devserver; returns (process, base URL). With wait, returns once it listens
-    (on a port it picked itself, it tries another one if something else took that port first)."""
+    """Start a devserver; returns (process, base URL). With wait, returns once it listens (on a
+    port it picked, trying another if taken)."""
     process: ManagedProcess | None = None
 
     def launch(chosen: int) -> str | None:
         nonlocal process
         server = ["-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer), "--host", "127.0.0.1"]
-        process = ManagedProcess(
-            args=[sys.executable, *server, "--port", str(chosen), *args],
-            env=_env(env),
-            log_path=logdir / f"devserver-{chosen}.log",
-        ).start()
+        argv = [sys.executable, *server, "--port", str(chosen), *args]
+        process = ManagedProcess(argv, _env(env), logdir / f"devserver-{chosen}.log").start()
         if not wait:
             return None
         assert process.proc is not None
-        wait_for(partial(_up, process.proc, chosen), timeout=START_TIMEOUT, what="the devserver")
+        _wait_up(process.proc, chosen, "the devserver")
         return None if process.alive() else process.log()
 
     chosen = start_on_a_port(launch, port=port, what="devserver")
@@ -326,51 +311,16 @@ def start_worker(
     name = name or f"w{free_port()}@{socket.gethostname()}"
     argv = [sys.executable, "-m", "eagle_synth", "worker", "--out", str(out), "--redis", redis_url]
     argv += ["--concurrency", str(concurrency), "--name", name, *args]
-    for url in servers:
-        argv += ["--server", url]
-    return ManagedProcess(args=argv, env=_env(env), log_path=logdir / f"worker-{name.split('@')[0]}.log").start()
-
-
-def scratch_dir(prefix: str = "eagle-synth-") -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix))
-
-
-def stop_together(processes: Sequence[ManagedProcess], *, timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM every process, then wait for all (SIGKILL what outlives `timeout`): a worker's
-    warm shutdown takes about a second (Celery's event loop notices the signal on its next
-    wake-up), and stopping them one after the other would add those seconds up."""
-    signalled = []
-    for process in processes:
-        if process.alive():
-            assert process.proc is not None
-            try:
-                os.killpg(process.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            signalled.append(process)
-    deadline = time.monotonic() + timeout
-    for process in signalled:
-        assert process.proc is not None
-        try:
-            process.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
+    argv += [part for url in servers for part in ("--server", url)]
+    return ManagedProcess(argv, _env(env), logdir / f"worker-{name.split('@')[0]}.log").start()
 
 
 class Stack:
-    """The processes of one run (a test, a benchmark, the demo); `close()` stops them all.
-
-    Workers stop first (while their server still answers, so soft shutdown is quick), then
-    devservers and other processes, then Redis servers; every stop is attempted even if one
-    fails, so nothing outlives the run.
-
-    Parameters:
-        folder: where logs, Redis data and (by default) records go.
-        tokenizer: the devservers' tokenizer folder.
-        worker_env: environment every worker gets (a call's `env` adds to it).
-        stop_timeout: seconds processes get after SIGTERM before SIGKILL.
-        remove: delete `folder` on close (a scratch folder).
-    """
+    """The processes of one run (a test, a benchmark, the demo) in `folder` (logs, Redis data,
+    records by default), devservers on `tokenizer`, workers with `worker_env` added. `close()`
+    stops workers first (while their server still answers, so soft shutdown is quick), then
+    devservers, then Redis servers, each stop attempted even if one fails; processes get
+    `stop_timeout` seconds after SIGTERM; `remove` deletes the folder."""
 
     def __init__(
         self,
@@ -409,35 +359,12 @@ class Stack:
         self.others.append(process)
         return process, url
 
-    def worker(
-        self,
-        *,
-        servers: list[str],
-        redis_url: str,
-        out: Path | None = None,
-        concurrency: int = 2,
-        args: Sequence[str] = (),
-        env: dict[str, str] | None = None,
-        name: str | None = None,
-    ) -> ManagedProcess:
-        """An `eagle-synth worker` process (records in `out`, default folder/out)."""
-        process = start_worker(
-            servers=servers,
-            out=out or self.dir / "out",
-            redis_url=redis_url,
-            logdir=self.logdir,
-            concurrency=concurrency,
-            args=args,
-            env={**self.worker_env, **(env or {})},
-            name=name,
-        )
+    def worker(self, *, servers: list[str], redis_url: str, out: Path | None = None, **options) -> ManagedProcess:
+        """An `eagle-synth worker` process (start_worker's options; records in `out`, default folder/out)."""
+        options["env"] = {**self.worker_env, **(options.get("env") or {})}
+        out = out or self.dir / "out"
+        process = start_worker(servers=servers, out=out, redis_url=redis_url, logdir=self.logdir, **options)
         self.workers.append(process)
-        return process
-
-    def process(self, args: list[str], name: str) -> ManagedProcess:
-        """Any other child process (e.g. a baseline client), logged and stopped like the rest."""
-        process = ManagedProcess(args=args, env=_env(None), log_path=self.logdir / f"{name}.log").start()
-        self.others.append(process)
         return process
 
     def stop_worker(self, process: ManagedProcess) -> None:
@@ -447,16 +374,14 @@ class Stack:
         return "\n".join(f"--- {p.log_path.name}\n{p.log()[-tail:]}" for p in self.workers + self.others)
 
     def close(self) -> None:
-        for group in (self.workers, self.others):
-            _quietly(partial(stop_together, group[::-1], timeout=self.stop_timeout))
-        for server in reversed(self.redis_servers):
-            _quietly(server.stop)
+        stops = [
+            lambda g=group: stop_all([p.proc for p in g[::-1]], timeout=self.stop_timeout)
+            for group in (self.workers, self.others)
+        ]
+        for stop in stops + [server.stop for server in reversed(self.redis_servers)]:
+            try:
+                stop()
+            except Exception as exc:  # cleanup must go on; say what failed
+                print(f"  cleanup: {exc!r}", file=sys.stderr)
         if self.remove:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _quietly(fn: Callable[[], object]) -> None:
-    try:
-        fn()
-    except Exception as exc:  # cleanup must go on; say what failed
-        print(f"  cleanup: {exc!r}", file=sys.stderr)

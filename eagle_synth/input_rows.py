@@ -1,13 +1,10 @@
 """Input rows of a campaign, per source: what the latest `enqueue` that read each source counted.
 
-Rerunning `enqueue` on the same file (to resume, or to add new rows) reads its rows again; adding
-each run's figures would count a 300-row file as 600 rows read after two runs. So each run
-stores, per source it read (a file's real path, a dataset split, or `-` for stdin), the rows it
-read and skipped there, replacing what an earlier run stored for that source; `status` shows the
-sum over sources. A campaign's figures therefore mean "rows in its inputs, as last read", and
-two different files add up while one file read twice does not. (The all-time counters
-`rows-read` / `rows-skipped` in eagle_synth.state.counters still add up every run, for campaigns
-enqueued before this store existed.)
+A rerun of `enqueue` on the same file reads its rows again; adding each run's figures would count
+a 300-row file as 600 rows after two runs. So each run stores, per source (a file's real path, a
+dataset split, or `-` for stdin), the rows it read and skipped there, replacing an earlier run's
+entry; `status` shows the sum over sources ("rows in its inputs, as last read"). The all-time
+counters `rows-read` / `rows-skipped` still add up every run, for campaigns from before this store.
 """
 
 from __future__ import annotations
@@ -27,14 +24,9 @@ STDIN_SOURCE = "-"
 
 @dataclass(slots=True)
 class SourceRows:
-    """Rows one enqueue run read from one source.
-
-    Parameters:
-        read: rows read (every row: enqueued, duplicate or skipped).
-        skipped: rows skipped, with skipped_by_reason saying why.
-        resumed: rows an earlier run had accounted for, passed over before templating
-            (producer/resume.py); whatever of them that run skipped is kept from its entry.
-    """
+    """Rows one enqueue run `read` from one source (enqueued, duplicate or skipped), those
+    `skipped` (skipped_by_reason says why), and those `resumed`: accounted for by an earlier run
+    and passed over before templating (producer/resume.py), whose skips are kept from its entry."""
 
     read: int = 0
     skipped: int = 0
@@ -56,21 +48,14 @@ class SourceRows:
         )
 
 
-def source_name(source: str) -> str:
-    """The stable name of a source: a file's (or dataset folder's) real path, so `data.jsonl` and
-    `./data.jsonl` are one source; stdin stays `-`."""
-    return source if source == STDIN_SOURCE else os.path.realpath(source)
-
-
 def store_latest(client: redis.Redis, keys: CampaignKeys, by_source: dict[str, SourceRows]) -> None:
-    """Store one run's rows per source, replacing an earlier run's entry for each of them.
-
-    A run that resumed a source past rows an earlier run accounted for never saw why those rows
-    were skipped, so the earlier entry's skips are carried over (its rows read are not: this run
-    read the whole source again)."""
+    """Store one run's rows per source (its real path, so `data.jsonl` and `./data.jsonl` are one;
+    stdin stays `-`), replacing an earlier run's entry. A run that resumed a source never saw why
+    the rows it passed over were skipped, so the earlier entry's skips are carried over (not its
+    rows read: this run read the whole source again)."""
     if not by_source:
         return
-    names = {source_name(s): rows for s, rows in by_source.items()}
+    names = {s if s == STDIN_SOURCE else os.path.realpath(s): rows for s, rows in by_source.items()}
     earlier = dict(zip(names, client.hmget(keys.input_rows, list(names)), strict=True))
     mapping = {}
     for name, rows in names.items():
@@ -88,8 +73,7 @@ def store_latest(client: redis.Redis, keys: CampaignKeys, by_source: dict[str, S
 
 def totals(client: redis.Redis, keys: CampaignKeys) -> SourceRows | None:
     """The sum over every source's latest run; None for a campaign that stored none."""
-    entries = client.hgetall(keys.input_rows)
-    if not entries:
+    if not (entries := client.hgetall(keys.input_rows)):
         return None
     total = SourceRows()
     for raw in entries.values():

@@ -1,15 +1,11 @@
 """A compact set of prompt keys for readers that must drop repeats across a whole campaign.
 
-A record can sit in two files (a crash after a rename and before its keys were marked done,
-or a writer frozen past its lease in the instant between its lease check and its rename), in
-any two files, not only two of one batch. So readers remember every key they yielded. A
-Python set of strings costs about 120 bytes per key (1.2 GB for 10M records); this set keeps
-a 64-bit digest of each key in an open-addressing table of machine words, kept between a
-quarter and half full (it doubles): 16 to 32 bytes per key, 256 MB for 10M keys.
-
-Two different keys with one digest would drop the second's record: for n keys the chance is
-about n^2 / 2^65 (3e-6 for 10M keys), and `eagle-synth verify` counts records against the done
-set, which would show it.
+A record can sit in any two files (a crash between a rename and the mark done, a writer frozen
+past its lease between its lease check and its rename), so readers remember every key they
+yielded. A Python set of strings costs ~120 bytes per key (1.2 GB for 10M records); this keeps a
+64-bit digest of each key in an open-addressing table of machine words, a quarter to half full
+(it doubles): 16 to 32 bytes per key. Two keys with one digest would drop the second's record:
+for n keys the chance is about n^2 / 2^65 (3e-6 for 10M), and `verify` would show it.
 """
 
 from __future__ import annotations
@@ -25,10 +21,6 @@ HEX_DIGITS = 16
 MAX_LOAD = 0.5
 
 
-def _blake(key: str) -> int:
-    return int.from_bytes(blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") or 1
-
-
 def _digest(key: str) -> int:
     # Prompt keys are 128-bit hex digests already (eagle_synth/payload.py): the XOR of their two
     # halves is the digest, at a fifth of blake2b's cost, and it tells apart keys that differ in
@@ -41,7 +33,7 @@ def _digest(key: str) -> int:
             folded = 0
         if folded:
             return folded
-    return _blake(key)
+    return int.from_bytes(blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") or 1
 
 
 class KeySet:
@@ -57,7 +49,6 @@ class KeySet:
 
     @property
     def nbytes(self) -> int:
-        """Memory of the table itself."""
         return len(self._slots) * self._slots.itemsize
 
     def add(self, key: str) -> bool:

@@ -1,17 +1,12 @@
-"""What a campaign knows about its model beyond the tokenizer: the vocabulary the model's
-embedding has, and a canary that tells whether a server tokenizes like the campaign.
+"""What a campaign knows about its model beyond the tokenizer, stored in its settings by the
+producer so workers and the record tools (`verify`, `inspect`, `vocab`) agree on legal ids.
 
-* `model_vocab_size`: released checkpoints pad the embedding past the tokenizer (Qwen3:
-  151,669 tokens, `vocab_size` 151,936), and a sampling model can produce those padded ids.
-  The model's vocabulary is the checkpoint's `vocab_size` (config.json beside the tokenizer,
-  or its `text_config`), not len(tokenizer). Prompt ids stay checked against the tokenizer
-  (an id it cannot produce crashes SGLang); output ids against this (`output_id_bound`).
-* `tokenizer_canary`: a short text with the tokenizer's special tokens and its ids as the
-  campaign's tokenizer gives them. A server that tokenizes it differently serves another
-  model, and is refused before it gets a batch (workers/model_check.py).
-
-Both are stored in the campaign's settings by the producer; workers and the record tools
-(`verify`, `inspect`, `vocab`) read them from there, so they agree on which ids are legal.
+* `model_vocab_size`: checkpoints pad the embedding past the tokenizer (Qwen3: 151,669 tokens,
+  `vocab_size` 151,936), and a sampling model can produce padded ids. Prompt ids stay checked
+  against the tokenizer (an id it cannot produce crashes SGLang), output ids against this.
+* `tokenizer_canary`: a short text with special tokens and its ids as the campaign's tokenizer
+  gives them; a server that tokenizes it differently serves another model and is refused before
+  it gets a batch (workers/model_check.py).
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ CANARY_SPECIALS = 4
 
 
 def model_vocab_size(folder: str | os.PathLike) -> int | None:
-    """The checkpoint's vocab_size from config.json in `folder`, or None if there is none."""
+    """The checkpoint's vocab_size (or its text_config's) from config.json in `folder`, or None."""
     path = Path(folder) / MODEL_CONFIG_NAME
     try:
         config = json.loads(path.read_text())
@@ -54,9 +49,7 @@ def config_size(config: dict, name: str) -> int | None:
 def output_id_bound(*, tokenizer_size: int, model_vocab: int | None) -> int:
     """Output ids are legal below this: the model's vocabulary when known (never below the
     tokenizer's), else any id a record can store."""
-    if model_vocab is None:
-        return UNKNOWN_VOCAB_BOUND
-    return max(tokenizer_size, model_vocab)
+    return UNKNOWN_VOCAB_BOUND if model_vocab is None else max(tokenizer_size, model_vocab)
 
 
 def tokenizer_canary(tokenizer) -> dict:

@@ -14,6 +14,7 @@ import os
 import secrets
 import socket
 from functools import cache
+from pathlib import Path
 
 import redis
 
@@ -26,7 +27,6 @@ BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 
 def hostname() -> str:
-    """The host's name as eagle-synth records it (EAGLE_SYNTH_HOSTNAME overrides)."""
     return os.environ.get(ENV_HOSTNAME) or socket.gethostname()
 
 
@@ -34,21 +34,16 @@ def hostname() -> str:
 def boot_id() -> str:
     """A token unique to this boot of this machine: the kernel's boot id, else one random per
     process (then a pid is never taken as proof of death: only key expiry is)."""
-    given = os.environ.get(ENV_BOOT_ID)
-    if given:
+    if given := os.environ.get(ENV_BOOT_ID):
         return given
     try:
-        with open(BOOT_ID_FILE) as f:
-            found = f.read().strip().replace("-", "")
-        if found:
-            return found[:16]
+        found = Path(BOOT_ID_FILE).read_text().strip().replace("-", "")
     except OSError:
-        pass
-    return "r" + secrets.token_hex(8)
+        found = ""
+    return found[:16] or "r" + secrets.token_hex(8)
 
 
 def holder_id(*extra: str) -> str:
-    """This process's holder id: `host|pid|boot`, plus any extra parts."""
     return "|".join([hostname(), str(os.getpid()), boot_id(), *extra])
 
 
@@ -58,16 +53,14 @@ def process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # another user's
         return True
     return True
 
 
 def holder_dead(holder: str) -> bool:
-    """True if the holder is a process of this very boot of this machine that no longer exists.
-
-    A holder from another machine (another boot id, whatever its hostname) or in an older
-    form without a boot id is never called dead here: its key's expiry tells."""
+    """True if the holder is a process of this very boot of this machine that no longer exists;
+    one of another machine or an older form without a boot id never is (its key's expiry tells)."""
     parts = holder.split("|")
     if len(parts) < 3 or parts[2] != boot_id() or not parts[1].isdigit():
         return False

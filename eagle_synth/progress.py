@@ -33,9 +33,8 @@ def reported(records: Iterable[_T], progress: Progress | None, phase: str) -> It
         return
     progress.phase(phase)
     read = 0
-    for raw in records:
+    for read, raw in enumerate(records, 1):
         yield raw
-        read += 1
         if read % REPORT_EVERY == 0:
             progress.update(read)
     progress.update(read)
@@ -47,12 +46,8 @@ def wanted() -> bool:
 
 
 class LiveLine:
-    """A spinner, a description, a bar and ETA when `total` is known, the time elapsed.
-
-    Parameters:
-        total: items expected, or None if unknown.
-        enabled: False to show nothing whatever the terminal.
-    """
+    """A spinner, a description, a bar and ETA when `total` (items expected) is known, the time
+    elapsed; nothing when not `enabled` or not on a terminal."""
 
     def __init__(self, *, total: int | None = None, enabled: bool = True, description: str = "") -> None:
         self.enabled = enabled and wanted()
@@ -68,12 +63,9 @@ class LiveLine:
             from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
-            columns: list = [SpinnerColumn(), TextColumn("{task.description}")]
-            if self.total:
-                columns += [BarColumn(), TimeRemainingColumn()]
+            bar = [BarColumn(), TimeRemainingColumn()] if self.total else []
             self._progress = RichProgress(
-                *columns,
-                TimeElapsedColumn(),
+                *[SpinnerColumn(), TextColumn("{task.description}"), *bar, TimeElapsedColumn()],
                 console=Console(stderr=True),
                 refresh_per_second=REFRESH_PER_SECOND,
                 transient=True,
@@ -98,7 +90,7 @@ class LiveLine:
 
 
 class RecordsProgress(LiveLine):
-    """Progress of a pass over records (`total`: the manifest's done count)."""
+    """Progress of a pass over records (`total_records`: the manifest's done count)."""
 
     def __init__(self, *, total_records: int | None = None, enabled: bool = True) -> None:
         super().__init__(total=total_records, enabled=enabled, description="reading")

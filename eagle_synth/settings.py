@@ -20,30 +20,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eagle_synth.errors import UserError
 
-# Where Redis is when nothing says otherwise: the local development instance.
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # The Celery queue every campaign's batches travel on.
 DEFAULT_QUEUE = "eagle-synth"
-# Seconds an unacknowledged message stays reserved before Redis hands it to another worker.
-# It must exceed the longest task including its in-task retries; tasks stop themselves at
-# TASK_BUDGET_SHARE of it and requeue, so the limit is never overrun.
-DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
-# Seconds between kombu's sweeps that return expired unacked messages to the queue.
-DEFAULT_RESTORE_INTERVAL = 10
 # Seconds a SIGTERMed worker may spend finishing batches before it puts the rest back.
 DEFAULT_SOFT_SHUTDOWN = 30
-# Share of the visibility timeout a task may use before it requeues itself instead.
+# Share of the visibility timeout a task may use before it requeues itself instead, so the
+# timeout (which must exceed the longest task with its in-task retries) is never overrun.
 TASK_BUDGET_SHARE = 0.8
-
 ENV_PREFIX = "EAGLE_SYNTH_"
-ENV_REDIS_URL = "REDIS_URL"
-ENV_QUEUE = "EAGLE_SYNTH_QUEUE"
-ENV_VISIBILITY_TIMEOUT = "EAGLE_SYNTH_VISIBILITY_TIMEOUT"
-ENV_RESTORE_INTERVAL = "EAGLE_SYNTH_RESTORE_INTERVAL"
-ENV_SOFT_SHUTDOWN = "EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT"
-ENV_REDIS_CA = "EAGLE_SYNTH_REDIS_CA"
-ENV_REDIS_CERT = "EAGLE_SYNTH_REDIS_CERT"
-ENV_REDIS_KEY = "EAGLE_SYNTH_REDIS_KEY"
 
 
 class SettingsError(UserError, ValueError):
@@ -82,37 +66,36 @@ class EnvSettings(BaseSettings):
 
     def to_env(self) -> dict[str, str]:
         """Every setting as the environment variable a child process reads back."""
-        env = {}
-        for name in type(self).model_fields:
-            value = getattr(self, name)
+
+        def form(value: Any) -> str:
             if isinstance(value, bool):
-                value = "1" if value else "0"
-            elif isinstance(value, tuple):
-                value = ",".join(value)
-            env[self.env_name(name)] = "" if value is None else str(value)
-        return env
+                return "1" if value else "0"
+            return ",".join(value) if isinstance(value, tuple) else "" if value is None else str(value)
+
+        return {self.env_name(name): form(getattr(self, name)) for name in type(self).model_fields}
 
 
 class BrokerSettings(EnvSettings):
     """Connection to Redis (broker and campaign state) and the queue's timing.
 
     Parameters:
-        redis_url: `redis://[user:password@]host:port/db` or `rediss://...` for TLS (REDIS_URL).
+        redis_url: `redis://[user:password@]host:port/db`, `rediss://...` for TLS (REDIS_URL; the
+            default is the local development instance).
         queue: Celery queue name shared by producer and workers.
-        visibility_timeout: seconds before an unacked message is redelivered.
-        restore_interval: seconds between kombu's redelivery sweeps.
+        visibility_timeout: seconds an unacked message stays reserved before it is redelivered.
+        restore_interval: seconds between kombu's sweeps that redeliver expired messages.
         soft_shutdown_timeout: seconds a SIGTERMed worker finishes batches before requeueing.
         ssl_ca, ssl_cert, ssl_key: optional certificate files for `rediss://`.
     """
 
-    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias=ENV_REDIS_URL)
+    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
     queue: str = DEFAULT_QUEUE
-    visibility_timeout: PositiveInt = DEFAULT_VISIBILITY_TIMEOUT
-    restore_interval: PositiveInt = DEFAULT_RESTORE_INTERVAL
+    visibility_timeout: PositiveInt = 6 * 3600
+    restore_interval: PositiveInt = 10
     soft_shutdown_timeout: PositiveInt = DEFAULT_SOFT_SHUTDOWN
-    ssl_ca: str | None = Field(None, validation_alias=ENV_REDIS_CA)
-    ssl_cert: str | None = Field(None, validation_alias=ENV_REDIS_CERT)
-    ssl_key: str | None = Field(None, validation_alias=ENV_REDIS_KEY)
+    ssl_ca: str | None = Field(None, validation_alias="EAGLE_SYNTH_REDIS_CA")
+    ssl_cert: str | None = Field(None, validation_alias="EAGLE_SYNTH_REDIS_CERT")
+    ssl_key: str | None = Field(None, validation_alias="EAGLE_SYNTH_REDIS_KEY")
 
     @field_validator("redis_url")
     @classmethod
@@ -145,20 +128,12 @@ class BrokerSettings(EnvSettings):
         reqs = (parse_qs(urlparse(self.redis_url).query).get("ssl_cert_reqs") or ["required"])[0].lower()
         none, optional = ssl.CERT_NONE, ssl.CERT_OPTIONAL
         cert_reqs = {"optional": optional, "cert_optional": optional, "none": none, "cert_none": none}
-        options: dict = {"ssl_cert_reqs": cert_reqs.get(reqs, ssl.CERT_REQUIRED)}
-        for key, value in (
-            ("ssl_ca_certs", self.ssl_ca),
-            ("ssl_certfile", self.ssl_cert),
-            ("ssl_keyfile", self.ssl_key),
-        ):
-            if value:
-                options[key] = value
-        return options
+        files = {"ssl_ca_certs": self.ssl_ca, "ssl_certfile": self.ssl_cert, "ssl_keyfile": self.ssl_key}
+        return {"ssl_cert_reqs": cert_reqs.get(reqs, ssl.CERT_REQUIRED), **{k: v for k, v in files.items() if v}}
 
 
 class Timings(EnvSettings):
-    """Seconds of the recovery machinery, each described where it is used (workers/lease.py,
-    app.py, followups.py, reaper.py, reconciler.py, supervisor.py, eagle_synth/state/stranded.py);
+    """Seconds of the recovery machinery, each described where it is used (workers/, state/stranded.py);
     tests shorten them through the environment of the processes they start."""
 
     lease_ttl: float = 60.0
@@ -173,12 +148,10 @@ class Timings(EnvSettings):
 
 
 def broker_settings(*, redis_url: str | None = None, queue: str | None = None) -> BrokerSettings:
-    """Resolve broker settings: explicit arguments, then the environment, then defaults."""
     return BrokerSettings.load(redis_url=redis_url or None, queue=queue or None)
 
 
 def export_to_environment(settings: BrokerSettings) -> None:
-    """Write resolved settings into the environment so child processes see the same ones."""
     os.environ.update(settings.to_env())
 
 

@@ -1,8 +1,5 @@
-"""Chat templating: the model's own template, applied by transformers, and nothing else.
-
-Kept in the shared core so that a worker can template a follow-up turn later (multi-turn
-regeneration on the model's own answers) with exactly the code the producer uses.
-"""
+"""Chat templating: the model's own template, applied by transformers, and nothing else; in the
+shared core so a worker templates a follow-up turn with exactly the producer's code."""
 
 from __future__ import annotations
 
@@ -28,15 +25,9 @@ class TemplateError(UserError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TokenizerFacts:
-    """What a campaign records about its tokenizer.
-
-    Parameters:
-        fingerprint: hash of the vocabulary, added tokens and special tokens.
-        chat_template_hash: hash of the chat template text.
-        vocab_size: len(tokenizer): every id it can produce is below this.
-        eos_token_ids: the EOS id(s).
-        think_open_id, think_close_id: `<think>` / `</think>` ids, if the tokenizer has them.
-    """
+    """What a campaign records about its tokenizer: the `fingerprint` (a hash of the vocabulary,
+    added and special tokens), the chat template's hash, `vocab_size` (len(tokenizer): every id it
+    can produce is below it), the EOS id(s), the `<think>` / `</think>` ids if it has them."""
 
     fingerprint: str
     chat_template_hash: str
@@ -47,11 +38,8 @@ class TokenizerFacts:
 
 
 def check_tokenizer_path(path: str | os.PathLike) -> None:
-    """Refuse, in plain words, a --tokenizer that is no tokenizer folder.
-
-    A value that looks like a hub name (`org/model`) is left to transformers, which fetches
-    it where a hub is reachable. Raises TemplateError.
-    """
+    """Refuse (TemplateError), in plain words, a --tokenizer that is no tokenizer folder; a
+    value that looks like a hub name (`org/model`) is left to transformers."""
     text = str(path)
     folder = Path(text).expanduser()
     if folder.is_dir():
@@ -74,9 +62,7 @@ def load_tokenizer(
     """Load a tokenizer from a local folder (or hub name, where a hub is reachable)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import (
-        AutoTokenizer,  # heavy import: only the paths that template pay it
-    )
+    from transformers import AutoTokenizer  # heavy import: only the paths that template pay it
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
@@ -94,29 +80,24 @@ def load_tokenizer(
 
 def _token_id(tokenizer, token: str) -> int | None:
     ids = tokenizer.convert_tokens_to_ids([token])
-    unk = tokenizer.unk_token_id
-    return ids[0] if ids and ids[0] is not None and ids[0] != unk else None
+    return ids[0] if ids and ids[0] is not None and ids[0] != tokenizer.unk_token_id else None
 
 
 def tokenizer_facts(tokenizer) -> TokenizerFacts:
     """Fingerprints and special ids, computed once per run."""
     vocab = tokenizer.get_vocab()
-    material = json.dumps(
-        {
-            "vocab": sorted(vocab.items(), key=lambda kv: kv[1]),
-            "special": tokenizer.special_tokens_map,
-            "class": type(tokenizer).__name__,
-        },
-        sort_keys=True,
-        default=str,
-    ).encode()
+    material = {
+        "vocab": sorted(vocab.items(), key=lambda kv: kv[1]),
+        "special": tokenizer.special_tokens_map,
+        "class": type(tokenizer).__name__,
+    }
     template = tokenizer.chat_template
     if isinstance(template, dict):
         template = json.dumps(template, sort_keys=True)
     eos = tokenizer.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     return TokenizerFacts(
-        fingerprint=hashlib.sha256(material).hexdigest()[:16],
+        fingerprint=hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:16],
         chat_template_hash=hashlib.sha256((template or "").encode()).hexdigest()[:16],
         vocab_size=len(tokenizer),
         eos_token_ids=eos_ids,
@@ -137,35 +118,28 @@ def render_prompt_ids(
     """
     try:
         return render_prompt_ids_batch(tokenizer, [messages], tools=tools, template_kwargs=template_kwargs)[0]
-    except TemplateError:
-        as_text = with_text_arguments(messages)
-        if as_text is None:
+    except TemplateError as first:
+        if (as_text := with_text_arguments(messages)) is None:
             raise
         try:
             return render_prompt_ids_batch(tokenizer, [as_text], tools=tools, template_kwargs=template_kwargs)[0]
         except TemplateError:
-            pass
-        raise
+            raise first from first.__cause__
 
 
 def with_text_arguments(messages: list[dict]) -> list[dict] | None:
     """The messages with every object tool-call argument set as JSON text; None if there is none."""
     changed = False
-    out = []
-    for message in messages:
-        calls = message.get("tool_calls")
-        if not calls:
-            out.append(message)
-            continue
-        new_calls = []
-        for call in calls:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict) and isinstance(function.get("arguments"), dict):
-                arguments = json.dumps(function["arguments"], ensure_ascii=False)
-                call = {**call, "function": {**function, "arguments": arguments}}
-                changed = True
-            new_calls.append(call)
-        out.append({**message, "tool_calls": new_calls})
+
+    def as_text(call):
+        nonlocal changed
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(function, dict) and isinstance(function.get("arguments"), dict)):
+            return call
+        changed = True
+        return {**call, "function": {**function, "arguments": json.dumps(function["arguments"], ensure_ascii=False)}}
+
+    out = [{**m, "tool_calls": [as_text(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
     return out if changed else None
 
 
@@ -176,12 +150,9 @@ def render_prompt_ids_batch(
     tools: list[dict] | None = None,
     template_kwargs: dict | None = None,
 ) -> list[list[int]]:
-    """Prompt ids of several conversations that share `tools`, in one batched call.
-
-    This is transformers' own `apply_chat_template(..., add_generation_prompt=True,
-    tokenize=True)`, batched, so the ids are the library's by construction; the batch lets
-    the Rust tokenizer encode in parallel. Raises TemplateError with the template's message.
-    """
+    """Prompt ids of several conversations that share `tools`: transformers' own batched
+    `apply_chat_template(..., add_generation_prompt=True, tokenize=True)`, so the ids are the
+    library's by construction (and the Rust tokenizer encodes in parallel). Raises TemplateError."""
     try:
         encoded = tokenizer.apply_chat_template(
             list(conversations),

@@ -574,4 +574,4 @@ def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: Cam
         seed = SamplingParams.from_dict(settings.sampling).sample_seed(
             prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key
         )
-    return replace(parent, key=key, ids=ids, seed=seed, turn=parent.turn + 1, conversation=state)
+    return msgspec.structs.replace(parent, key=key, ids=ids, seed=seed, turn=parent.turn + 1, conversation=state)

@@ -1,16 +1,12 @@
 """The campaign's copy of every published, unfinished batch: what makes a lost message recoverable.
 
-A batch message can vanish from the broker without a trace: kombu pops it with BRPOP and
-records it in `unacked` in a later step, so a Redis death (or a worker's) between the two
-leaves it only in a worker's memory. The reaper cannot see it (it is in no `unacked`), enqueue
-skips its keys as known, `retry-failed` never sees them. So every publish (eagle_synth.queue
-send_payload, the one way in) first stores the payload here, under its batch id; the worker
-that finishes a batch deletes it. What stays here too long, in no queue, no `unacked` and no
-live lease, with keys neither done nor failed, is lost: the reconciler (workers/reconciler.py)
-publishes it again.
-
-Memory: one copy of each queued or running batch's payload (ids compressed as on the queue),
-so Redis holds the backlog twice; `enqueue --max-backlog` bounds both.
+kombu pops a message with BRPOP and records it in `unacked` in a later step, so a Redis (or
+worker) death between the two leaves it only in a worker's memory: no reaper, enqueue or
+`retry-failed` sees it again. So every publish (eagle_synth.queue send_payload, the one way in)
+first stores the payload here under its batch id, and the worker that finishes the batch deletes
+it. What stays too long, in no queue, no `unacked` and no live lease, with keys neither done nor
+failed, is lost: the reconciler (workers/reconciler.py) publishes it again. Redis so holds the
+backlog twice; `enqueue --max-backlog` bounds both.
 """
 
 from __future__ import annotations

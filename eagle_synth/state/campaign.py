@@ -5,7 +5,8 @@ on disk (`done`), or its failure is recorded (`failed`). The producer adds keys;
 them to done or failed; `retry-failed` moves failed keys back to pending; `repair` moves done
 keys whose record files are damaged back to pending, or to failed when their prompt is lost.
 The `enqueued` set holds the pending and failed keys, `done` the done ones (layout 2: a key
-marked done leaves `enqueued`, so a finished prompt costs one set member, not two).
+marked done leaves `enqueued`, so a finished prompt costs one set member, not two). Every
+change that must be atomic is one Lua script (eagle_synth/state/lua/).
 """
 
 from __future__ import annotations
@@ -32,31 +33,28 @@ from eagle_synth.state.redis_client import text
 
 # Completion events kept per campaign for throughput figures (about the last few minutes).
 EVENTS_MAXLEN = 20_000
-# Settings fields that do not change what a campaign generates, so they may differ.
-# model_vocab_size and tokenizer_canary follow from the tokenizer folder (its fingerprint is compared);
+# Settings fields that do not change what a campaign generates, so they may differ:
+# model_vocab_size and tokenizer_canary follow from the tokenizer (its fingerprint is compared);
 # batch_size only groups prompts into tasks.
 _IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path", "batch_size", "model_vocab_size", "tokenizer_canary"})
-# Keys moved from done to failed per Redis round trip.
+# Keys per Redis round trip when moving keys between sets.
 FAILURE_CHUNK = 1000
 # Keys read from the done set per SSCAN step.
 DONE_SCAN_COUNT = 10_000
-# Failures read per HSCAN step by `failed` and `retry-failed`: a few MB of 2k-token prompts, so
-# both commands stay in bounded memory however many failures a campaign has.
+# Failures read per HSCAN step: a few MB of 2k-token prompts, so `failed` and `retry-failed`
+# stay in bounded memory however many failures a campaign has.
 FAILURE_SCAN_COUNT = 500
 # Leading bytes of a compact failure (Failure.encode): `F1 <reason>\n<zstd msgpack>`. The reason
 # stays readable so Lua scripts count it without decoding; the old format is JSON (starts '{').
 FAILURE_MAGIC = b"F1 "
 # zstd level of a stored failure: ids compress to ~1.4 B a token at level 3 (JSON ids: ~5.6).
 FAILURE_ZSTD_LEVEL = 3
-
-# The scripts that change a campaign's key sets (eagle_synth/state/lua/*.lua). MARK_DONE_LUA's
-# functions are shared with the conversation store's commit.
+# MARK_DONE_LUA's functions are shared with the conversation store's commit.
 MARK_DONE_LUA = script("failure_reason", "mark_done_lib")
 _RECORD_FAILURE = script("failure_reason", "record_failure")
 _TAKE_FAILURES = script("failure_reason", "take_failures")
 _MARK_DONE = script("failure_reason", "mark_done_lib", "mark_done")
 _UNDO_DONE = script("undo_done")
-_DONE_TO_FAILED = script("done_to_failed")
 _FOLD_DONE = script("fold_done")
 # The layout of a campaign's key sets (CampaignKeys.layout): 2 since done keys leave `enqueued`.
 LAYOUT = "2"
@@ -71,30 +69,21 @@ class BadCampaignName(UserError, ValueError):
 
 
 def check_campaign_name(name: str) -> None:
-    """Raise BadCampaignName unless `name` can be a folder name and a Redis key prefix."""
     if not name or any(c in name for c in "/\\:* \t\n") or name.startswith("."):
         raise BadCampaignName(f"campaign name {name!r} is not usable: use letters, digits, '-', '_' and '.'")
 
 
 @dataclass(frozen=True, slots=True)
 class CampaignSettings:
-    """What every prompt of a campaign is made with, fixed at its first enqueue.
-
-    The tokenizer (`tokenizer_fingerprint`: a hash of its vocabulary and special tokens;
-    `tokenizer_path`, informational), the chat template (`chat_template_hash`, its
-    `chat_template_kwargs`), the default `system_prompt`, `sampling` (SamplingParams.to_dict()),
-    `vocab_size` (workers never send a larger id), `eos_token_ids`, the `<think>` ids if any,
-    `max_prompt_tokens` (longer prompts were skipped) and `created_at`. `history` is "dataset"
-    (prompts end at the dataset's user turns) or "own" (every user turn answered on the model's
-    own earlier answers, up to `max_turns`; docs/producer.md), whose tool calls are parsed in
-    `tool_format` (eagle_synth.toolcalls.TOOL_FORMATS; None: none we parse). `variants` holds
-    Variant.to_dict()s. `batch_size` is the first enqueue's, which `retry-failed` batches by (0: a
-    campaign from before it was recorded). `model_vocab_size` is the checkpoint's vocab_size,
-    which padded vocabularies make larger than vocab_size (output ids may reach it; None without
-    a config.json: eagle_synth/model_identity.py). `tokenizer_canary` {"text", "ids"}: a text with
-    special tokens and the ids this tokenizer gives it; a server whose /tokenize differs serves
-    another model (empty: not checked).
-    """
+    """What every prompt of a campaign is made with, fixed at its first enqueue: the tokenizer
+    (its fingerprint, templating.TokenizerFacts; its path, informational), the chat template's
+    hash and kwargs, the default system prompt, `sampling` (SamplingParams.to_dict()), the ids
+    (workers never send one >= `vocab_size`), `max_prompt_tokens` (longer prompts were skipped).
+    `history` "dataset" ends prompts at the dataset's user turns, "own" answers every user turn
+    on the model's own answers, up to `max_turns`, tool calls parsed in `tool_format`
+    (docs/producer.md). `variants`: Variant.to_dict()s. `batch_size`: the first enqueue's, which
+    `retry-failed` batches by (0: not recorded). `model_vocab_size`, `tokenizer_canary`:
+    eagle_synth/model_identity.py (None / empty: unknown, not checked)."""
 
     name: str
     tokenizer_path: str
@@ -122,31 +111,24 @@ class CampaignSettings:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> CampaignSettings:
-        data = json.loads(raw)
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in json.loads(raw).items() if k in cls.__dataclass_fields__})
 
     def differences(self, other: CampaignSettings) -> list[str]:
-        """Human lines `field: stored X, given Y` for every field that changes the output."""
+        """Human lines `field: campaign has X, this run has Y` for every field that changes the output."""
         mine, theirs = asdict(self), asdict(other)
         lines = []
-        for name in sorted(mine):
-            if name in _IGNORED_IN_DIFF or mine[name] == theirs[name]:
-                continue
-            if isinstance(mine[name], dict) and isinstance(theirs[name], dict):
-                for key in sorted(set(mine[name]) | set(theirs[name])):
-                    if mine[name].get(key) != theirs[name].get(key):
-                        lines.append(
-                            f"{name}.{key}: campaign has {mine[name].get(key)!r}, "
-                            f"this run has {theirs[name].get(key)!r}"
-                        )
+        for name in sorted(set(mine) - _IGNORED_IN_DIFF):
+            a, b = mine[name], theirs[name]
+            if isinstance(a, dict) and isinstance(b, dict):
+                pairs = [(f"{name}.{key}", a.get(key), b.get(key)) for key in sorted(set(a) | set(b))]
             else:
-                lines.append(f"{name}: campaign has {mine[name]!r}, this run has {theirs[name]!r}")
+                pairs = [(name, a, b)]
+            lines += [f"{what}: campaign has {x!r}, this run has {y!r}" for what, x, y in pairs if x != y]
         return lines
 
 
-# Failure reason of a done prompt whose record file is damaged and whose prompt is unknown
-# (`repair` records it; a rerun of the campaign's enqueue replays it).
+def _as_bytes(raw: bytes | str) -> bytes:
+    return raw.encode() if isinstance(raw, str) else raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +147,6 @@ class Failure:
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> Failure:
-        return cls(**json.loads(raw))
-
     def encode(self) -> bytes:
         """The compact stored form: FAILURE_MAGIC, the reason, a newline, then one zstd frame of
         msgpack holding the rest, with the ids packed as the queue packs them (uint32 bytes)."""
@@ -179,24 +157,18 @@ class Failure:
     @classmethod
     def decode(cls, raw: bytes | str) -> Failure:
         """Read a stored failure, compact (encode) or JSON (what older versions stored)."""
-        data = raw.encode() if isinstance(raw, str) else raw
+        data = _as_bytes(raw)
         if not data.startswith(FAILURE_MAGIC):
-            return cls.from_json(data)
+            return cls(**json.loads(data))
         head, _, blob = data.partition(b"\n")
         message, at, worker, sampling, packed = msgpack.unpackb(zstandard.decompress(blob), raw=False)
-        return cls(
-            reason=head[len(FAILURE_MAGIC) :].decode(),
-            message=message,
-            item=unpack_item(packed).to_replay(),
-            sampling=sampling,
-            at=at,
-            worker=worker,
-        )
+        item = unpack_item(packed).to_replay()
+        return cls(head[len(FAILURE_MAGIC) :].decode(), message, item, sampling, at, worker)
 
     @staticmethod
     def reason_of(raw: bytes | str) -> str:
         """A stored failure's reason without decoding the rest."""
-        data = raw.encode() if isinstance(raw, str) else raw
+        data = _as_bytes(raw)
         if data.startswith(FAILURE_MAGIC):
             return data[len(FAILURE_MAGIC) : data.index(b"\n")].decode()
         return str(json.loads(data).get("reason"))
@@ -216,10 +188,14 @@ class Progress:
         return max(self.enqueued - self.done - self.failed, 0)
 
 
+def _ints(mapping: dict) -> dict[str, int]:
+    return {text(k): int(v) for k, v in mapping.items()}
+
+
 class Campaign:
     """One campaign's state in Redis (`client`: eagle_synth.state.redis_client.connect); producer,
     workers and tools change it only through its methods (and those of its outbox and its
-    ConversationStore), so every change that must be atomic is one Lua script."""
+    ConversationStore)."""
 
     def __init__(self, client: redis.Redis, name: str) -> None:
         check_campaign_name(name)
@@ -227,7 +203,6 @@ class Campaign:
         self.name = name
         self.keys = CampaignKeys(name)
 
-    # settings -----------------------------------------------------------------
     def register(self, settings: CampaignSettings) -> CampaignSettings:
         """Store settings on first use; afterwards refuse different ones (CampaignMismatch)."""
         created = self.client.set(self.keys.settings, settings.to_json(), nx=True)
@@ -247,27 +222,25 @@ class Campaign:
     def exists(self) -> bool:
         return bool(self.client.exists(self.keys.settings))
 
-    # producer side ------------------------------------------------------------
     @cached_property
     def outbox(self) -> Outbox:
         """The producer's outbox: claimed prompt chunks until their batches are published."""
         return Outbox(self.client, self.keys)
 
-    def count(self, increments: dict[str, int]) -> None:
-        """Add to the campaign's integer counters (names from eagle_synth.state.counters)."""
+    def _add(self, hash_key: str, increments: dict[str, int]) -> None:
         pipe = self.client.pipeline(transaction=False)
         for name, value in increments.items():
             if value:
-                pipe.hincrby(self.keys.counters, name, value)
+                pipe.hincrby(hash_key, name, value)
         pipe.execute()
+
+    def count(self, increments: dict[str, int]) -> None:
+        """Add to the campaign's integer counters (names from eagle_synth.state.counters)."""
+        self._add(self.keys.counters, increments)
 
     def count_skipped(self, reasons: dict[str, int]) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for reason, value in reasons.items():
-            pipe.hincrby(self.keys.skipped, reason, value)
-        pipe.execute()
+        self._add(self.keys.skipped, reasons)
 
-    # worker side --------------------------------------------------------------
     def finished_keys(self, keys: list[str]) -> set[str]:
         """Keys among these that already have a record or a recorded failure."""
         if not keys:
@@ -278,6 +251,16 @@ class Campaign:
         done, failed = pipe.execute()
         return {k for k, d, f in zip(keys, done, failed) if d or f is not None}
 
+    def was_enqueued(self, keys: list[str]) -> list[bool]:
+        """Per key, whether it was ever enqueued (it is in `enqueued` or in `done`)."""
+        if not keys:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.smismember(self.keys.enqueued, keys)
+        pipe.smismember(self.keys.done, keys)
+        enqueued, done = pipe.execute()
+        return [bool(e or d) for e, d in zip(enqueued, done)]
+
     def mark_done(
         self, keys: list[str], *, tokens_in: int, tokens_out: int, repaired: int = 0, fence: Fence | None = None
     ) -> int:
@@ -287,10 +270,10 @@ class Campaign:
         if not keys:
             return 0
         k = self.keys
-        args = (k.done, k.failed, k.failed_reasons, k.counters, k.events, tokens_in, tokens_out, repaired)
+        args = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.enqueued, tokens_in, tokens_out, repaired)
         if fence is not None:
-            return int(fence.eval(self.client, _MARK_DONE, 5, *args, EVENTS_MAXLEN, *keys, release=keys))
-        return int(self.client.eval(_MARK_DONE, 5, *args, EVENTS_MAXLEN, *keys))
+            return int(fence.eval(self.client, _MARK_DONE, 6, *args, EVENTS_MAXLEN, *keys, release=keys))
+        return int(self.client.eval(_MARK_DONE, 6, *args, EVENTS_MAXLEN, *keys))
 
     def record_failure(
         self,
@@ -304,25 +287,17 @@ class Campaign:
     ) -> None:
         """Keep a prompt that failed for good, with what is needed to replay it. With a fence,
         only while its batch lease is the writer's (else LeaseLost, nothing recorded)."""
-        failure = Failure(
-            reason=reason,
-            message=message[:2000],
-            item=item.to_replay(),
-            sampling=sampling,
-            at=time.time(),
-            worker=worker,
-        )
-        args = (self.keys.failed, self.keys.failed_reasons, item.key, failure.encode(), reason)
+        failure = Failure(reason, message[:2000], item.to_replay(), sampling, time.time(), worker)
+        k = self.keys
+
+        def write(pipe: redis.Redis) -> None:  # a transaction pipeline when fenced
+            pipe.eval(_RECORD_FAILURE, 2, k.failed, k.failed_reasons, item.key, failure.encode(), reason)
+            pipe.hincrby(k.counters, counters.failed(reason), 1)
+
         if fence is not None:
-
-            def write(pipe: redis.client.Pipeline) -> None:
-                pipe.eval(_RECORD_FAILURE, 2, *args)
-                pipe.hincrby(self.keys.counters, counters.failed(reason), 1)
-
             fence.run(self.client, write)
-            return
-        self.client.eval(_RECORD_FAILURE, 2, *args)
-        self.client.hincrby(self.keys.counters, counters.failed(reason), 1)
+        else:
+            write(self.client)  # one call after the other: a failure not stored (Redis full) is not counted
 
     def note_server(self, url: str, info: dict) -> None:
         self.client.hset(self.keys.servers, url, json.dumps(info, sort_keys=True))
@@ -330,50 +305,47 @@ class Campaign:
     def servers(self) -> dict[str, dict]:
         return {text(k): json.loads(v) for k, v in self.client.hgetall(self.keys.servers).items()}
 
-    # repair -------------------------------------------------------------------
+    def _undo(self, reason: str, args: list) -> int:
+        k = self.keys
+        return int(
+            self.client.eval(_UNDO_DONE, 5, k.done, k.counters, k.enqueued, k.failed, k.failed_reasons, reason, *args)
+        )
+
     def undo_done(self, keys: list[str]) -> int:
-        """Take keys whose records were lost back out of `done` (counted as `records-damaged`);
-        returns how many were done."""
-        if not keys:
-            return 0
-        return int(self.client.eval(_UNDO_DONE, 3, self.keys.done, self.keys.counters, self.keys.enqueued, *keys))
+        """Take keys whose records were lost back out of `done` into pending (counted as
+        `records-damaged`); returns how many were done."""
+        return self._undo("", keys) if keys else 0
 
     def fail_done(self, failures: Iterable[tuple[str, Failure]]) -> int:
         """Move done keys to `failed`, each with its failure, FAILURE_CHUNK keys per round trip
         (`failures` is read as it goes); keys no longer done are left alone. Returns how many moved."""
-        k = self.keys
         moved = 0
         pending = iter(failures)
         while chunk := list(islice(pending, FAILURE_CHUNK)):
             by_reason: dict[str, list[str | bytes]] = {}
             for key, failure in chunk:
                 by_reason.setdefault(failure.reason, []).extend((key, failure.encode()))
-            for reason, pairs in by_reason.items():
-                names = (k.done, k.failed, k.failed_reasons, k.counters, k.enqueued)
-                moved += int(self.client.eval(_DONE_TO_FAILED, 5, *names, reason, *pairs))
+            moved += sum(self._undo(reason, pairs) for reason, pairs in by_reason.items())
         return moved
 
-    # reading ------------------------------------------------------------------
     def failures(self) -> dict[str, Failure]:
         """Every failure at once (tests, small campaigns); `iter_failures` streams them."""
         return dict(self.iter_failures())
 
     def iter_failures(self, *, count: int = FAILURE_SCAN_COUNT) -> Iterator[tuple[str, Failure]]:
-        """(key, failure) pairs read in HSCAN steps of about `count`, so memory stays bounded
-        whatever the number of failures; a failure recorded or dropped meanwhile may or may not
-        be seen (HSCAN's guarantee: every key present throughout is seen at least once)."""
+        """(key, failure) pairs read in HSCAN steps of about `count`, so memory stays bounded; a
+        failure recorded or dropped meanwhile may or may not be seen (HSCAN's guarantee: every key
+        present throughout is seen at least once)."""
         for key, raw in self.client.hscan_iter(self.keys.failed, count=count):
             yield text(key), Failure.decode(raw)
 
     def failure_reasons(self, keys: list[str]) -> list[str | None]:
         """Each key's failure reason, None where it has no recorded failure."""
-        if not keys:
-            return []
-        raw = self.client.hmget(self.keys.failed, keys)
+        raw = self.client.hmget(self.keys.failed, keys) if keys else []
         return [None if failure is None else Failure.reason_of(failure) for failure in raw]
 
     def done_keys(self) -> set[str]:
-        """Every key marked done, read in steps (SSCAN) so Redis is never blocked for long."""
+        """Every key marked done, read in SSCAN steps so Redis is never blocked for long."""
         return {text(key) for key in self.client.sscan_iter(self.keys.done, count=DONE_SCAN_COUNT)}
 
     def take_failures(self, keys: list[str]) -> set[str]:
@@ -384,22 +356,11 @@ class Campaign:
         return {text(key) for key in taken}
 
     def drop_failures(self, keys: list[str]) -> int:
-        """take_failures, counted."""
         return len(self.take_failures(keys))
 
     def failure_counts(self) -> dict[str, int]:
         """Prompts currently failed, by reason, without reading the failures themselves."""
-        return {text(k): int(v) for k, v in self.client.hgetall(self.keys.failed_reasons).items() if int(v) > 0}
-
-    def was_enqueued(self, keys: list[str]) -> list[bool]:
-        """Per key, whether it was ever enqueued (it is in `enqueued` or in `done`)."""
-        if not keys:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        pipe.smismember(self.keys.enqueued, keys)
-        pipe.smismember(self.keys.done, keys)
-        enqueued, done = pipe.execute()
-        return [bool(e or d) for e, d in zip(enqueued, done)]
+        return {k: v for k, v in _ints(self.client.hgetall(self.keys.failed_reasons)).items() if v > 0}
 
     def progress(self) -> Progress:
         """Counts in one round trip (a campaign of the old layout is moved to the new one first)."""
@@ -412,12 +373,7 @@ class Campaign:
         enqueued, done, failed, counts, layout = pipe.execute()
         if layout is None and done and self.fold_done():
             return self.progress()
-        return Progress(
-            enqueued=int(enqueued) + int(done),
-            done=int(done),
-            failed=int(failed),
-            counters={text(k): int(v) for k, v in counts.items()},
-        )
+        return Progress(int(enqueued) + int(done), int(done), int(failed), _ints(counts))
 
     def fold_done(self) -> int:
         """Move a campaign made before layout 2 (every done key also in `enqueued`) to layout 2:
@@ -432,14 +388,14 @@ class Campaign:
         return moved
 
     def skipped(self) -> dict[str, int]:
-        return {text(k): int(v) for k, v in self.client.hgetall(self.keys.skipped).items()}
+        return _ints(self.client.hgetall(self.keys.skipped))
 
     def recent_events(self, *, seconds: float) -> list[dict]:
         """Completion events of the last `seconds`, oldest first."""
         since_ms = int((time.time() - seconds) * 1000)
         entries = self.client.xrange(self.keys.events, min=since_ms) or []
         return [
-            {"at": int(text(eid).split("-")[0]) / 1000, **{text(k): int(v) for k, v in (fields or {}).items()}}
+            {"at": int(text(eid).split("-")[0]) / 1000, **_ints(fields or {})}
             for eid, fields in entries
             if eid is not None
         ]
@@ -450,10 +406,9 @@ def campaign_names(client: redis.Redis) -> list[str]:
 
 
 def refuse_other_settings(name: str, stored: CampaignSettings, settings: CampaignSettings) -> None:
-    """Raise CampaignMismatch when `settings` differ from the campaign's stored ones (used by
-    `register` and by a dry run, which must refuse what the real run refuses)."""
-    diff = stored.differences(settings)
-    if diff:
+    """Raise CampaignMismatch when `settings` differ from the stored ones (`register` and a dry
+    run, which must refuse what the real run refuses)."""
+    if diff := stored.differences(settings):
         raise CampaignMismatch(
             f"campaign {name!r} was created with other settings:\n  "
             + "\n  ".join(diff)

@@ -1,18 +1,13 @@
 """A campaign's end: its Redis state folded into one file of the campaign folder, and read back.
 
-`eagle-synth close NAME --out DIR` runs once a campaign is complete (every enqueued key done or
-failed, nothing queued, claimed or in flight) and its records are safe: every done key has its
-record under DIR/NAME/records on the host it runs on. It then writes DIR/NAME/STATE_FILE (the
-done keys, the failures as stored, the conversations' early ends, the counters) and frees the
-campaign's key sets in Redis, leaving only its settings, counters and the `ended` marker
-(CampaignKeys.ended: where the file is, on which host).
-
-`enqueue` and `retry-failed` on an ended campaign read the file back first (`reopen`), so a
-rerun stays exact: nothing done is enqueued again, every failure can be retried.
-
-The file is one zstd frame holding a msgpack stream: a header map, then chunks
-["done", [key, ...]], ["failed", [[key, stored failure], ...]], ["ends", [[conversation, end
-JSON], ...]], and a last ["end", {"done": n, "failed": n, "ends": n}] that says it is whole.
+`eagle-synth close NAME --out DIR` runs once a campaign is complete (nothing pending, queued,
+claimed or in flight) and every done key has its record under DIR/NAME/records on this host. It
+writes DIR/NAME/STATE_FILE and frees the campaign's key sets, leaving its settings, counters and
+the `ended` marker (CampaignKeys.ended). `enqueue` and `retry-failed` on an ended campaign read
+the file back first (`reopen`), so a rerun stays exact. The file is one zstd frame of a msgpack
+stream: a header map, chunks ["done", [key, ...]], ["failed", [[key, stored failure], ...]],
+["ends", [[conversation, end JSON], ...]], and a last ["end", {"done": n, "failed": n, "ends": n}]
+that says it is whole.
 """
 
 from __future__ import annotations
@@ -41,18 +36,15 @@ from eagle_synth.state.redis_client import text
 STATE_FILE = "campaign-state.msgpack.zst"
 # Version of the file's layout; `reopen` refuses others.
 STATE_FORMAT = 1
-# Keys per chunk (and per Redis round trip when folding or reading back): ~0.4 MB of keys, few
-# enough that both directions stay in bounded memory, many enough that round trips do not dominate.
+# Keys per chunk and per Redis round trip, both ways: ~0.4 MB of keys, bounded memory, few trips.
 FOLD_CHUNK = 10_000
-# Failures per chunk: a 2k-token failure is ~3.7 KB, so chunks of FOLD_CHUNK would hold ~37 MB
+# Failures per chunk: a 2k-token failure is ~3.7 KB, so FOLD_CHUNK of them would be ~37 MB
 # (measured: `close` at 100k failures peaked at 204 MiB); this many keep a chunk near 2 MB.
 FAILURE_FOLD_CHUNK = 500
 # zstd level of the state file: hex keys halve at any level; 3 is the fastest that does.
 STATE_ZSTD_LEVEL = 3
 # Queue messages read per LRANGE step when checking that none of the campaign's batches waits.
 QUEUE_SCAN_STEP = 1000
-# kombu's hash of delivered-but-unacked messages (batches a worker is running).
-UNACKED = "unacked"
 
 _FREE = script("free")
 
@@ -67,14 +59,8 @@ class StateFileUnavailable(UserError, FileNotFoundError):
 
 @dataclass(frozen=True, slots=True)
 class CloseSummary:
-    """What `close` did.
-
-    Parameters:
-        path: the state file written.
-        done, failed: keys folded of each kind.
-        file_bytes: the state file's size.
-        redis_bytes_before, redis_bytes_after: Redis's used_memory around the freeing.
-    """
+    """What `close` did: the state file written (`path`, `file_bytes`), the `done` and `failed`
+    keys folded, Redis's used_memory before and after the freeing."""
 
     path: Path
     done: int
@@ -84,54 +70,40 @@ class CloseSummary:
     redis_bytes_after: int
 
 
-def state_path(out: str | os.PathLike, name: str) -> Path:
-    return campaign_dir(out, name) / STATE_FILE
-
-
 def ended_info(campaign: Campaign) -> dict | None:
     """The campaign's `ended` marker, or None while it is open."""
     raw = campaign.client.get(campaign.keys.ended)
     return json.loads(raw) if raw else None
 
 
-def _key_digest(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=16).digest(), "little")
-
-
-# The sum of 128-bit key digests mod this identifies a set of keys (with its count) in constant
-# memory: equal sums for unequal sets take a collision no campaign comes near.
-_DIGEST_MOD = 1 << 128
-
-
-def done_fingerprint(campaign: Campaign) -> tuple[int, int]:
-    """(count, digest sum) of the done set, read in SSCAN steps."""
+def _fingerprint(keys: Iterable[str]) -> tuple[int, int]:
+    """(count, sum of 128-bit key digests mod 2^128): identifies a set of keys in constant memory
+    (equal sums for unequal sets take a collision no campaign comes near)."""
     count = total = 0
-    for key in campaign.client.sscan_iter(campaign.keys.done, count=FOLD_CHUNK):
+    for key in keys:
         count += 1
-        total = (total + _key_digest(text(key))) % _DIGEST_MOD
-    return count, total
+        total += int.from_bytes(hashlib.blake2b(key.encode(), digest_size=16).digest(), "little")
+    return count, total % (1 << 128)
 
 
-def records_fingerprint(folder: Path) -> tuple[int, int]:
-    """(count, digest sum) of the distinct keys of the records under `folder`, reading one
-    file at a time; only keys of batches found in more than one file are remembered."""
+def _record_keys(folder: Path) -> Iterator[str]:
+    """The distinct keys of the records under `folder`, one file at a time; only keys of batches
+    found in more than one file are remembered."""
     files = scan_campaign(folder)
     seen_repeated: set[str] = set()
-    count = total = 0
     for path in files.live:
         for raw in read_raw_file(path):
             if raw.meta.get("batch") in files.repeated_batches:
                 if raw.key in seen_repeated:
                     continue
                 seen_repeated.add(raw.key)
-            count += 1
-            total = (total + _key_digest(raw.key)) % _DIGEST_MOD
-    return count, total
+            yield raw.key
 
 
 def _queued_batches(campaign: Campaign, queue: str) -> int:
     """Batches of this campaign waiting in the queue or delivered and not yet acked."""
     from eagle_synth.queue import payload_of_message
+    from eagle_synth.state.stranded import UNACKED_KEY
 
     client, found = campaign.client, 0
 
@@ -148,7 +120,7 @@ def _queued_batches(campaign: Campaign, queue: str) -> int:
     length = int(client.llen(queue))
     for start in range(0, length, QUEUE_SCAN_STEP):
         found += sum(ours(raw) for raw in client.lrange(queue, start, start + QUEUE_SCAN_STEP - 1))
-    found += sum(ours(raw) for _, raw in client.hscan_iter(UNACKED, count=QUEUE_SCAN_STEP))
+    found += sum(ours(raw) for _, raw in client.hscan_iter(UNACKED_KEY, count=QUEUE_SCAN_STEP))
     return found
 
 
@@ -170,8 +142,7 @@ def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
     for what, count in busy.items():
         if int(count):
             raise CampaignNotClosable(f"campaign {name!r} is not complete: {count} entries {what}")
-    queued = _queued_batches(campaign, queue)
-    if queued:
+    if queued := _queued_batches(campaign, queue):
         raise CampaignNotClosable(
             f"campaign {name!r} still has {queued} batches in the queue (repeats of finished prompts): "
             "let the workers drain them, then close"
@@ -183,8 +154,8 @@ def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
                 "where the workers' output is (--out), after gathering every worker host's records there"
             )
         return
-    want = done_fingerprint(campaign)
-    have = records_fingerprint(folder)
+    want = _fingerprint(text(key) for key in client.sscan_iter(k.done, count=FOLD_CHUNK))
+    have = _fingerprint(_record_keys(folder))
     if want != have:
         raise CampaignNotClosable(
             f"the records under {folder / 'records'} are not the campaign's done prompts: Redis has {want[0]} done, "
@@ -217,17 +188,19 @@ def _write_state(campaign: Campaign, out: IO[bytes]) -> tuple[int, int, int]:
     packer = msgpack.Packer(use_bin_type=True)
     writer = zstandard.ZstdCompressor(level=STATE_ZSTD_LEVEL).stream_writer(out, closefd=False)
     writer.write(packer.pack(header))
-    counts = {"done": 0, "failed": 0, "ends": 0}
-    for chunk in _chunks(text(key) for key in client.sscan_iter(k.done, count=FOLD_CHUNK)):
-        writer.write(packer.pack(["done", chunk]))
-        counts["done"] += len(chunk)
-    failures = client.hscan_iter(k.failed, count=FAILURE_FOLD_CHUNK)
-    for chunk in _chunks(((text(key), bytes(raw)) for key, raw in failures), FAILURE_FOLD_CHUNK):
-        writer.write(packer.pack(["failed", chunk]))
-        counts["failed"] += len(chunk)
-    for chunk in _chunks((text(c), text(e)) for c, e in client.hscan_iter(k.conversation_ends, count=FOLD_CHUNK)):
-        writer.write(packer.pack(["ends", chunk]))
-        counts["ends"] += len(chunk)
+    kinds = {
+        "done": (FOLD_CHUNK, (text(key) for key in client.sscan_iter(k.done, count=FOLD_CHUNK))),
+        "failed": (
+            FAILURE_FOLD_CHUNK,
+            ((text(key), bytes(raw)) for key, raw in client.hscan_iter(k.failed, count=FAILURE_FOLD_CHUNK)),
+        ),
+        "ends": (FOLD_CHUNK, ((text(c), text(e)) for c, e in client.hscan_iter(k.conversation_ends, count=FOLD_CHUNK))),
+    }
+    counts = dict.fromkeys(kinds, 0)
+    for kind, (size, values) in kinds.items():
+        for chunk in _chunks(values, size):
+            writer.write(packer.pack([kind, chunk]))
+            counts[kind] += len(chunk)
     writer.write(packer.pack(["end", counts]))
     writer.flush(zstandard.FLUSH_FRAME)
     return counts["done"], counts["failed"], counts["ends"]
@@ -238,15 +211,12 @@ def _used_memory(campaign: Campaign) -> int:
 
 
 def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) -> CloseSummary:
-    """Fold a complete campaign's Redis state into OUT/NAME/STATE_FILE and free its key sets.
-
-    Order: check, write the file (fsynced, renamed into place), then in one script check that
-    nothing changed, set the `ended` marker and free the sets. A kill at any step leaves the
-    campaign either open and whole or ended with its file in place.
-    """
+    """Fold a complete campaign's Redis state into OUT/NAME/STATE_FILE and free its key sets:
+    check, write the file (fsynced, renamed into place), then in one script check that nothing
+    changed, set the `ended` marker and free the sets, so a kill at any step leaves the campaign
+    either open and whole or ended with its file in place."""
     folder = campaign_dir(out, campaign.name)
-    info = ended_info(campaign)
-    if info is not None:
+    if (info := ended_info(campaign)) is not None:
         raise CampaignNotClosable(f"campaign {campaign.name!r} is already closed (into {info['path']})")
     check_closable(campaign, folder, queue=queue)
     folder.mkdir(parents=True, exist_ok=True)
@@ -266,8 +236,7 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
     names = [k.enqueued, k.done, k.failed, k.ended, k.outbox, k.events, k.conversation_ends, k.followups]
     names += [k.followup_batches, k.batches, k.claims]
     # Layout 2: `enqueued` holds the failed keys only, the done ones left it.
-    freed = campaign.client.eval(_FREE, len(names), *names, failed, done, failed, marker)
-    if not int(freed):
+    if not int(campaign.client.eval(_FREE, len(names), *names, failed, done, failed, marker)):
         raise CampaignNotClosable(
             f"campaign {campaign.name!r} changed while it was being closed (an enqueue or retry ran): "
             "nothing was freed; close again once it is complete"
@@ -277,9 +246,9 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
 
 def _read_state(path: Path) -> Iterator[Any]:
     with open(path, "rb") as handle:
-        reader = zstandard.ZstdDecompressor().stream_reader(handle)
-        unpacker = msgpack.Unpacker(reader, raw=False, max_buffer_size=1 << 30)
-        yield from unpacker
+        yield from msgpack.Unpacker(
+            zstandard.ZstdDecompressor().stream_reader(handle), raw=False, max_buffer_size=1 << 30
+        )
 
 
 def reopen_campaign(campaign: Campaign, path: str | os.PathLike) -> tuple[int, int]:

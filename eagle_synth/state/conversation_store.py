@@ -83,11 +83,21 @@ class ConversationStore:
             return 0, set()
         k = self.keys
         names = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.followups, k.followup_owners)
-        args = (*names, k.conversation_ends, tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner, *chain(*entries))
+        args = (
+            *names,
+            k.conversation_ends,
+            k.enqueued,
+            tokens_in,
+            tokens_out,
+            repaired,
+            EVENTS_MAXLEN,
+            owner,
+            *chain(*entries),
+        )
         if fence is not None:
-            reply = fence.eval(self.client, _COMMIT, 8, *args, release=[entry[0] for entry in entries])
+            reply = fence.eval(self.client, _COMMIT, 9, *args, release=[entry[0] for entry in entries])
         else:
-            reply = self.client.eval(_COMMIT, 8, *args)
+            reply = self.client.eval(_COMMIT, 9, *args)
         return int(reply[0]), {key.decode() for key in reply[1:]}
 
     def ready(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str) -> set[str]:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from string import Template
 
-# Input rows the producer read, and of them the rows it skipped (empty, too long...).
+# Input rows the producer read and skipped; prompt keys it enqueued for the first time.
 ROWS_READ = "rows-read"
 ROWS_SKIPPED = "rows-skipped"
-# Prompt keys the producer enqueued for the first time.
 PROMPTS_ENQUEUED = "prompts-enqueued"
 # Records on disk (keys marked done), and their prompt and output tokens.
 RECORDS = "records"
@@ -24,9 +23,9 @@ REPAIRED_PREFIX = "repaired-prefix"
 RECORDS_DAMAGED = "records-damaged"
 # Conversations the producer started (`--history own`).
 CONVERSATIONS = "conversations"
-# Prefix of the per-reason counts of failures ever recorded: `failed-server-error`...
+# Prefixes of the per-reason counts of failures ever recorded (`failed-server-error`) and of
+# conversation ends (`conversations-complete`).
 FAILED_PREFIX = "failed-"
-# Prefix of the per-end-reason counts of conversations: `conversations-complete`...
 CONVERSATION_END_PREFIX = "conversations-"
 
 # What `in_lua` substitutes: `$RECORDS` in a script becomes RECORDS's value (every name above).
@@ -39,8 +38,7 @@ def failed(reason: str) -> str:
 
 
 def conversation_end(reason: str) -> str:
-    """Counter of conversations that ended for this reason (eagle_synth.conversation.END_REASONS)."""
-    return CONVERSATION_END_PREFIX + reason
+    return CONVERSATION_END_PREFIX + reason  # eagle_synth.conversation.END_REASONS
 
 
 def in_lua(script: str) -> str:

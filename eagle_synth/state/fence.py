@@ -31,14 +31,9 @@ class LeaseLost(EagleSynthError):
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """The lease a batch's writes are fenced by.
-
-    Parameters:
-        lease_key: CampaignKeys.lease(batch).
-        holder: the lease's holder id (BatchLease.holder).
-        ttl_ms: the lease's lifetime, renewed by `renew`.
-        claims_key: CampaignKeys.claims: the keys written are released from it in the same step.
-    """
+    """The lease a batch's writes are fenced by: CampaignKeys.lease(batch), its holder id
+    (BatchLease.holder), its lifetime that `renew` grants, and CampaignKeys.claims, from which
+    the keys written are released in the same step."""
 
     lease_key: str
     holder: str

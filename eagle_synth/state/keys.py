@@ -15,6 +15,15 @@ KEY_PREFIX = "eagle-synth"
 CAMPAIGNS = f"{KEY_PREFIX}:campaigns"
 # How long a worker's heartbeat hash lives without being refreshed, seconds.
 WORKER_TTL = 30
+# Sorted set node -> unix time its heartbeat hash expires: how `status` finds workers without
+# scanning the keyspace (a SCAN of a 10M-prompt Redis walks every key); the reader prunes it.
+WORKERS_INDEX = f"{KEY_PREFIX}:workers"
+# Strings with a TTL: the worker whose reaper sweeps for stranded batches, and whose reconciler
+# looks for lost batches, this round.
+REAPER_LOCK = f"{KEY_PREFIX}:reaper"
+RECONCILER_LOCK = f"{KEY_PREFIX}:reconciler"
+# Hash of the reconciler's memory between rounds (Redis run id last seen, rounds with a deficit).
+RECONCILER_STATE = f"{KEY_PREFIX}:reconciler-state"
 
 
 def worker_key(node: str) -> str:
@@ -22,21 +31,8 @@ def worker_key(node: str) -> str:
     return f"{KEY_PREFIX}:worker:{node}"
 
 
-# Sorted set node -> unix time its heartbeat hash expires: how `status` finds workers without
-# scanning the keyspace (a SCAN of a 10M-prompt Redis walks every key). Entries past their
-# time are pruned by the reader.
-WORKERS_INDEX = f"{KEY_PREFIX}:workers"
-# String with a TTL: the worker whose reaper sweeps for stranded batches this round.
-REAPER_LOCK = f"{KEY_PREFIX}:reaper"
-# String with a TTL: the worker whose reconciler looks for lost batches this round.
-RECONCILER_LOCK = f"{KEY_PREFIX}:reconciler"
-# Hash of the reconciler's memory between rounds (Redis run id last seen, rounds with a deficit).
-RECONCILER_STATE = f"{KEY_PREFIX}:reconciler-state"
-
-
 def tokenizer_blob(fingerprint: str, chat_template_hash: str) -> str:
-    """String: a campaign's tokenizer files (zstd msgpack), stored once by `enqueue --history own`
-    so that workers render follow-up turns with the identical tokenizer and template."""
+    """String: a campaign's tokenizer files, stored once by `enqueue --history own` (tokenizer_store.py)."""
     return f"{KEY_PREFIX}:tokenizer:{fingerprint}-{chat_template_hash}"
 
 
@@ -57,8 +53,7 @@ class _Key:
 
 @dataclass(frozen=True, slots=True)
 class CampaignKeys:
-    """Key names of one campaign's state (`name`: the campaign name given to `enqueue --campaign`).
-    Each attribute's comment says what its key holds."""
+    """Key names of one campaign's state (`name`: `enqueue --campaign`); each comment says what it holds."""
 
     name: str
 
@@ -66,50 +61,42 @@ class CampaignKeys:
     def base(self) -> str:
         return f"{KEY_PREFIX}:campaign:{self.name}"
 
-    # String: the campaign's settings as JSON, written once by the first enqueue.
+    # String: the settings as JSON, written once by the first enqueue.
     settings = _Key()
-    # Set of the prompt keys enqueued and not done (pending or failed): with `done`, every key ever enqueued,
-    # the producer's duplicate check. A key marked done leaves it (layout 2).
+    # Set of the prompt keys enqueued and not done (pending or failed); with `done`, every key ever
+    # enqueued (the producer's duplicate check).
     enqueued = _Key()
-    # String: the layout of the key sets (eagle_synth.state.campaign.LAYOUT); absent in a campaign made before
-    # done keys left `enqueued`, which Campaign.progress moves over once.
+    # String: the key sets' layout (campaign.LAYOUT); absent before done keys left `enqueued`.
     layout = _Key()
     # Set of prompt keys whose record is on disk.
     done = _Key()
-    # Hash prompt key -> its failure as stored (Failure.encode: reason, message, the item to replay).
+    # Hash prompt key -> its failure as stored (Failure.encode); reason -> how many are in it.
     failed = _Key()
-    # Hash reason -> number of prompts currently in `failed` with that reason.
     failed_reasons = _Key()
-    # Hash of integer counters (rows read, prompts enqueued, tokens in/out...), named in
-    # eagle_synth.state.counters.
+    # Hash of integer counters (eagle_synth.state.counters).
     counters = _Key()
     # Stream of completions (records, tokens) for throughput over the last minute.
     events = _Key()
     # Hash server URL -> server info JSON seen by the workers (provenance).
     servers = _Key()
-    # Hash of claimed-but-not-yet-published prompt chunks, replayed after a killed enqueue.
+    # Hash of claimed-but-not-yet-published prompt chunks, replayed after a killed enqueue (outbox.py).
     outbox = _Key()
-    # String (JSON: path, host, at, done, failed): the campaign was closed (`eagle-synth close`): its
-    # enqueued, done and failed sets were folded into the file at `path` on `host` and freed. Workers and
-    # reconcilers leave an ended campaign alone; `enqueue` and `retry-failed` read the file back
-    # (eagle_synth/state/campaign_archive.py) before going on.
+    # String (JSON: path, host, at, done, failed): the campaign was closed, its key sets folded into
+    # the file at `path` on `host` and freed (campaign_archive.py); workers leave it alone.
     ended = _Key()
-    # Hash (run scope | input file | size | mtime) -> the last line of that file whose rows are all claimed: a
-    # rerun skips them before templating (producer/resume.py).
+    # Hash (run scope | input file | size | mtime) -> the last line of that file whose rows are all
+    # claimed: a rerun skips them before templating (producer/resume.py).
     cursors = _Key()
-    # Hash prompt key -> the batch lease (key and holder) whose batch generates it right now: at most one live
-    # batch generates a key, whatever published it (eagle_synth/state/claims.py).
+    # Hash prompt key -> the batch lease (key and holder) generating it right now (claims.py).
     claims = _Key()
-    # Hash batch id -> every published batch not yet finished (its payload and when it was published): what
-    # the reconciler publishes again when a batch is lost (eagle_synth/state/batch_store.py).
+    # Hash batch id -> every published, unfinished batch: what the reconciler republishes (batch_store.py).
     batches = _Key()
     # Hash reason -> count of input rows the producer skipped.
     skipped = _Key()
-    # Hash input source -> rows the latest enqueue of that source read and skipped (JSON;
-    # eagle_synth.input_rows): `status` figures that a rerun replaces instead of adding to.
+    # Hash input source -> rows the latest enqueue of it read and skipped (JSON; eagle_synth.input_rows).
     input_rows = _Key()
-    # Hash turn key -> a conversation's next turn between its previous turn's commit and its batch (to render,
-    # or rendered and claimed): the follow-up outbox.
+    # Hash turn key -> a conversation's next turn between its previous turn's commit and its batch
+    # (to render, or rendered and claimed): the follow-up outbox.
     followups = _Key()
     # Hash batch id -> a batch of follow-up turns formed but maybe not yet published.
     followup_batches = _Key()

@@ -1,9 +1,8 @@
 """A worker node's shared state in Redis: what its batch threads and `status` read.
 
-The health gate (in the worker's main process) writes each server's state here; pool
-children read it before every batch, report suspect servers and successful generations, and
-count prompts in flight. One hash per node, expiring unless refreshed, so a dead worker
-vanishes from `eagle-synth status` by itself.
+The health gate (the worker's main process) writes each server's state here; pool children read
+it before every batch, report suspect servers and successful generations, and count prompts in
+flight. One hash per node, expiring unless refreshed, so a dead worker leaves `status` by itself.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import redis
 
@@ -29,13 +28,11 @@ UNKNOWN = "unknown"  # not probed yet
 
 @dataclass(slots=True)
 class ServerState:
-    """One server as this node sees it: its `state` (one of the module's names) `since` when, the
-    last probe's `detail`; then what preflight learnt (None: not reported): `context_length`,
-    `provenance` (version, model, launch args), `draft_reserved_tokens` (slots speculative
-    decoding reserves per request on top of its prompt, counted against the context), the caps
-    `max_req_input_len`, `max_running_requests`, `max_total_num_tokens` (its KV cache),
-    `deterministic_inference` (honours `sampling_seed`), `sampling_seed_supported` (accepts the
-    key at all: older servers reject it) and `backend` ("sglang" or "vllm", workers/backends/)."""
+    """One server as this node sees it: its `state` (a name above) `since` when, the last probe's
+    `detail`; then what preflight learnt (None: not reported): provenance (version, model, launch
+    args), the slots speculative decoding reserves per request (counted against the context), the
+    caps (`max_total_num_tokens`: its KV cache), whether it honours `sampling_seed` and accepts the
+    key at all (older servers reject it), and its `backend` ("sglang" or "vllm", workers/backends/)."""
 
     state: str = UNKNOWN
     since: float = 0.0
@@ -52,19 +49,26 @@ class ServerState:
 
     @classmethod
     def from_dict(cls, data: dict) -> ServerState:
-        """From its JSON form; fields this version does not know (a newer worker wrote them
-        during a rolling upgrade) are ignored rather than fatal."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """From its JSON form, ignoring fields a newer worker wrote (a rolling upgrade)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(slots=True)
 class _NodeView:
+    """A node's hash parsed (NodeState._read, the one place that knows its field names)."""
+
     states: dict[str, ServerState] = field(default_factory=dict)
     suspects: dict[str, dict] = field(default_factory=dict)
-    ok: dict[str, float] = field(default_factory=dict)
     inflight: list[tuple[int, str, str, int]] = field(default_factory=list)
     fields: dict[str, str] = field(default_factory=dict)
+
+    def inflight_by(self, index: int) -> dict[str, int]:
+        """Prompts in flight summed per campaign (index 1) or server URL (index 2)."""
+        totals: dict[str, int] = {}
+        for entry in self.inflight:
+            name = str(entry[index])
+            totals[name] = totals.get(name, 0) + entry[3]
+        return totals
 
 
 class NodeState:
@@ -75,60 +79,46 @@ class NodeState:
         self.node = node
         self.key = worker_key(node)
 
-    def reset(self, servers: list[str]) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        pipe.delete(self.key)
-        pipe.hset(
-            self.key,
-            mapping={"node": self.node, "host": hostname(), "started": time.time(), "servers": json.dumps(servers)},
-        )
+    def _write(self, mapping: dict, *, transaction: bool = False, fresh: bool = False) -> None:
+        """Set fields and refresh the heartbeat (hash TTL, WORKERS_INDEX) in one round trip."""
+        pipe = self.client.pipeline(transaction=transaction)
+        if fresh:
+            pipe.delete(self.key)
+        pipe.hset(self.key, mapping=mapping)
         pipe.expire(self.key, WORKER_TTL)
         pipe.zadd(WORKERS_INDEX, {self.node: time.time() + WORKER_TTL})
         pipe.execute()
+
+    def reset(self, servers: list[str]) -> None:
+        info = {"node": self.node, "host": hostname(), "started": time.time(), "servers": json.dumps(servers)}
+        self._write(info, transaction=True, fresh=True)
 
     def publish(self, states: dict[str, ServerState], *, consuming: bool, disk: str | None = None) -> None:
         """Write every server's state and refresh the heartbeat; `disk` says why the output
         folder cannot take records ("" when it can)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hset(
-            self.key,
-            mapping={
-                "updated": time.time(),
-                "consuming": int(consuming),
-                "disk": disk or "",
-                **{f"state:{url}": json.dumps(asdict(s)) for url, s in states.items()},
-            },
-        )
-        pipe.expire(self.key, WORKER_TTL)
-        pipe.zadd(WORKERS_INDEX, {self.node: time.time() + WORKER_TTL})
-        pipe.execute()
+        server_states = {f"state:{url}": json.dumps(asdict(s)) for url, s in states.items()}
+        self._write({"updated": time.time(), "consuming": int(consuming), "disk": disk or "", **server_states})
 
     def _read(self) -> _NodeView:
-        """The whole hash, parsed: the one place that knows its field names."""
         view = _NodeView()
         for raw_name, raw_value in self.client.hgetall(self.key).items():
-            name, text = as_text(raw_name), as_text(raw_value)
+            name, value = as_text(raw_name), as_text(raw_value)
             kind, _, rest = name.partition(":")
             if kind == "state":
-                view.states[rest] = ServerState.from_dict(json.loads(text))
+                view.states[rest] = ServerState.from_dict(json.loads(value))
             elif kind == "suspect":
-                view.suspects[rest] = json.loads(text)
-            elif kind == "ok":
-                view.ok[rest] = float(text)
+                view.suspects[rest] = json.loads(value)
             elif kind == "inflight":
                 pid, campaign, url = rest.split(":", 2)
-                view.inflight.append((int(pid), campaign, url, int(text)))
-            else:
-                view.fields[name] = text
+                view.inflight.append((int(pid), campaign, url, int(value)))
+            elif kind != "ok":
+                view.fields[name] = value
         return view
 
     def routing(self) -> tuple[dict[str, ServerState], dict[str, float], dict[str, int]]:
         """In one read: server states, suspect times, and prompts in flight per server."""
         view = self._read()
-        inflight: dict[str, int] = {}
-        for _, _, url, prompts in view.inflight:
-            inflight[url] = inflight.get(url, 0) + prompts
-        return view.states, {url: s["at"] for url, s in view.suspects.items()}, inflight
+        return view.states, {url: s["at"] for url, s in view.suspects.items()}, view.inflight_by(2)
 
     def snapshot(self) -> dict:
         """Everything in the hash, decoded (for status)."""
@@ -136,11 +126,8 @@ class NodeState:
         out: dict = dict(view.fields)
         if view.states:
             out["server_states"] = {url: asdict(state) for url, state in view.states.items()}
-        for _, campaign, url, prompts in view.inflight:
-            by_server = out.setdefault("inflight_by_server", {})
-            by_server[url] = by_server.get(url, 0) + prompts
-            by_campaign = out.setdefault("inflight_by_campaign", {})
-            by_campaign[campaign] = by_campaign.get(campaign, 0) + prompts
+        if view.inflight:
+            out["inflight_by_server"], out["inflight_by_campaign"] = view.inflight_by(2), view.inflight_by(1)
         return out
 
     def suspect(self, url: str, detail: str) -> None:
@@ -175,13 +162,9 @@ class NodeState:
             pipe.hdel(self.key, *gone)
         pipe.execute()
 
-    def inflight_children(self) -> list[tuple[int, str, str, int]]:
-        """(pid, campaign, server URL, prompts) of every worker process with prompts in flight."""
-        return self._read().inflight
-
     def prune_dead_children(self, is_alive) -> None:
         """Drop in-flight counts of worker processes that died (SIGKILL leaves them behind)."""
-        dead = [f"inflight:{pid}:{c}:{u}" for pid, c, u, _ in self.inflight_children() if not is_alive(pid)]
+        dead = [f"inflight:{pid}:{c}:{u}" for pid, c, u, _ in self._read().inflight if not is_alive(pid)]
         if dead:
             self.client.hdel(self.key, *dead)
 

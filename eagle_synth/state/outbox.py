@@ -1,12 +1,11 @@
 """A campaign's producer outbox: prompt chunks claimed but maybe not yet published, and the
 liveness keys of the enqueue runs that own them.
 
-Claiming keys and recording what was claimed happen in one Lua script; an entry is cleared
-only after every batch made from it is published, with progress noted after each batch. A run
-that finds entries of a run that is gone publishes them (producer/publisher.py).
-
-Each chunk is up to three fields of the outbox hash: `<run id>:<serial>` (the items, msgpack),
-`...:new` (JSON indices of the items that were newly claimed) and `...:sent` (items published).
+Claiming keys and recording the chunk are one Lua script; an entry is cleared once every batch
+made from it is published (progress noted after each). A run that finds entries of a run that is
+gone publishes them (producer/publisher.py). A chunk is up to three fields of the outbox hash:
+`<run id>:<serial>` (the items, msgpack), `...:new` (JSON indices of the newly claimed items) and
+`...:sent` (items published).
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ _SENT = ":sent"
 
 
 def chunk_field(run_id: str, serial: int) -> str:
-    """The outbox field of a run's serial-th chunk (run ids hold no ':')."""
-    return f"{run_id}:{serial}"
+    return f"{run_id}:{serial}"  # run ids hold no ':'
 
 
 def _pack_items(items: list[PromptItem]) -> bytes:
@@ -40,15 +38,8 @@ def _pack_items(items: list[PromptItem]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
-    """One chunk in the outbox.
-
-    Parameters:
-        field: its outbox field (chunk_field).
-        run_id: the enqueue run that claimed it.
-        sent: how many of its items were published.
-        blob: its items as stored.
-        new: indices of the items that were newly claimed (None: all of them).
-    """
+    """One chunk in the outbox: its `field` (chunk_field), the enqueue run that claimed it, how
+    many items were `sent`, the items as stored, the indices of the `new` ones (None: all)."""
 
     field: str
     run_id: str
@@ -59,18 +50,12 @@ class OutboxEntry:
     def items(self) -> list[PromptItem]:
         """The items to publish (the newly claimed ones), in claim order."""
         items = [unpack_item(packed) for packed in msgpack.unpackb(self.blob, raw=False)]
-        if self.new is None:
-            return items
-        return [item for i, item in enumerate(items) if i in self.new]
+        return items if self.new is None else [item for i, item in enumerate(items) if i in self.new]
 
 
 class Outbox:
-    """The producer outbox of one campaign and its enqueue runs' liveness keys.
-
-    Parameters:
-        client: a redis-py client returning bytes (eagle_synth.state.redis_client.connect).
-        keys: the campaign's key names.
-    """
+    """The producer outbox of one campaign (`client`: redis_client.connect's) and its enqueue
+    runs' liveness keys."""
 
     def __init__(self, client: redis.Redis, keys: CampaignKeys) -> None:
         self.client = client
@@ -86,13 +71,11 @@ class Outbox:
             keys=[k.enqueued, k.outbox, k.counters, k.done],
             args=[field, _pack_items(items), count_as or "", *[item.key for item in items]],
         )
-        new = [False] * len(items)
-        for index in indices:
-            new[int(index)] = True
-        return new
+        new = {int(index) for index in indices}
+        return [i in new for i in range(len(items))]
 
     def stash(self, field: str, items: list[PromptItem]) -> None:
-        """Store a chunk of items already claimed (being queued again)."""
+        """Store a chunk of items already claimed (queued again)."""
         self.client.hset(self.keys.outbox, field, _pack_items(items))
 
     def note_sent(self, field: str, sent: int, *, run_id: str) -> None:
@@ -112,20 +95,13 @@ class Outbox:
         # Our client returns bytes; redis-py types replies as bytes | str.
         fields = cast("dict[bytes, bytes]", self.client.hgetall(self.keys.outbox))
         entries = []
-        for raw_field, blob in fields.items():
-            name = raw_field.decode()
-            if name.endswith((_NEW, _SENT)):
-                continue
-            new_raw = fields.get((name + _NEW).encode())
-            entries.append(
-                OutboxEntry(
-                    field=name,
-                    run_id=name.split(":", 1)[0],
-                    sent=int(fields.get((name + _SENT).encode(), 0)),
-                    blob=blob,
-                    new=None if new_raw is None else frozenset(json.loads(new_raw)),
-                )
-            )
+        for raw, blob in fields.items():
+            name = raw.decode()
+            if not name.endswith((_NEW, _SENT)):
+                new = fields.get((name + _NEW).encode())
+                sent = int(fields.get((name + _SENT).encode(), 0))
+                new_set = None if new is None else frozenset(json.loads(new))
+                entries.append(OutboxEntry(name, name.split(":", 1)[0], sent, blob, new_set))
         return entries
 
     def heartbeat(self, run_id: str) -> None:

@@ -20,13 +20,11 @@ def text(raw: bytes | str) -> str:
 
 def connect(settings: BrokerSettings) -> redis.Redis:
     """A redis-py client for campaign state; users and passwords come from the URL."""
-    kwargs: dict = {
-        "socket_timeout": SOCKET_TIMEOUT,
-        "socket_connect_timeout": CONNECT_TIMEOUT,
-        "health_check_interval": 30,
-        "retry_on_timeout": True,
-    }
-    ssl_options = settings.ssl_options()
-    if ssl_options:
-        kwargs.update(ssl_options)
-    return redis.Redis.from_url(settings.redis_url, **kwargs)
+    return redis.Redis.from_url(
+        settings.redis_url,
+        socket_timeout=SOCKET_TIMEOUT,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        health_check_interval=30,
+        retry_on_timeout=True,
+        **(settings.ssl_options() or {}),
+    )

@@ -1,11 +1,14 @@
-"""Redis must never evict: checks both sides run before they touch the queue.
+"""Redis must neither evict nor forget: the checks `enqueue` and `worker` run before they touch the queue.
 
 A Redis that evicts keys when full (any `maxmemory-policy` but `noeviction`) silently drops
-queue lists, kombu's bindings or a campaign's `enqueued` set: work is lost or done twice
-with no error anywhere. So `enqueue` and `worker` read the policy first and refuse such a
-Redis unless the operator accepts the risk (`--allow-evicting-redis`). Managed Redis often
-forbids CONFIG; the policy is then read from INFO, and if that is forbidden too the check
-becomes a warning. With `noeviction` a full Redis refuses writes instead
+queue lists, kombu's bindings or a campaign's `enqueued` set: work is lost or done twice with no
+error anywhere. A Redis with neither an append-only file nor RDB snapshots comes back empty
+after a restart: every prompt not yet done is gone, and the reconciler cannot bring back what
+Redis no longer knows. So both are refused unless the operator accepts the risk
+(`--allow-evicting-redis`, `--allow-volatile-redis`). `appendonly yes` is what to run; a snapshot
+schedule passes too, since what it loses on a crash the reconciler and `enqueue`'s rerun bring
+back. Managed Redis often forbids CONFIG; the values are then read from INFO, and if that is
+forbidden too the check becomes a warning. With `noeviction` a full Redis refuses writes instead
 (redis.exceptions.OutOfMemoryError): `out_of_memory_message` explains that in one line.
 """
 
@@ -17,8 +20,9 @@ from eagle_synth.errors import UserError
 
 # The only eviction policy under which Redis never drops a key on its own.
 REQUIRED_POLICY = "noeviction"
-# The flag that accepts an evicting Redis; named in every refusal.
+# The flags that accept an evicting / a non-persisting Redis; named in every refusal.
 OVERRIDE_FLAG = "--allow-evicting-redis"
+VOLATILE_FLAG = "--allow-volatile-redis"
 # Text of Redis's OOM reply, which kombu wraps into its own OperationalError.
 _OOM_REPLY = "used memory > 'maxmemory'"
 
@@ -27,23 +31,22 @@ class EvictingRedisError(UserError, RuntimeError):
     """Redis may evict keys; the message says which policy and how to fix or override it."""
 
 
-def read_eviction_policy(client: redis.Redis) -> tuple[str | None, str | None]:
-    """(policy, None), or (None, why it could not be read) when CONFIG and INFO are both refused.
+class VolatileRedisError(UserError, RuntimeError):
+    """Redis persists nothing (no AOF, no RDB save schedule); the message says how to fix or override."""
 
-    CONFIG GET comes first (it is what operators set); ACL users without `config` and
-    managed services that rename or disable CONFIG get the same field from INFO memory.
-    """
+
+def read_eviction_policy(client: redis.Redis) -> tuple[str | None, str | None]:
+    """(policy, None), or (None, why it could not be read) when CONFIG and INFO are both refused
+    (ACL users without `config`, managed services that rename or disable CONFIG)."""
     problems = []
     try:
-        value = client.config_get("maxmemory-policy").get("maxmemory-policy")
-        if value:
+        if value := client.config_get("maxmemory-policy").get("maxmemory-policy"):
             return str(value), None
         problems.append("CONFIG GET maxmemory-policy returned nothing")
     except redis.ResponseError as exc:  # NOPERM (ACL) and "unknown command" (renamed/disabled)
         problems.append(f"CONFIG GET refused: {exc}")
     try:
-        value = client.info("memory").get("maxmemory_policy")
-        if value:
+        if value := client.info("memory").get("maxmemory_policy"):
             return str(value), None
         problems.append("INFO memory has no maxmemory_policy")
     except redis.ResponseError as exc:
@@ -52,11 +55,8 @@ def read_eviction_policy(client: redis.Redis) -> tuple[str | None, str | None]:
 
 
 def check_eviction_policy(client: redis.Redis, *, allow_evicting: bool = False) -> str | None:
-    """Raise EvictingRedisError if Redis may evict keys (unless allow_evicting).
-
-    Returns a warning to show when the policy could not be read or an evicting policy was
-    accepted; None when Redis is set up right.
-    """
+    """Raise EvictingRedisError if Redis may evict keys (unless allow_evicting); returns a
+    warning when the policy could not be read or an evicting one was accepted."""
     policy, problem = read_eviction_policy(client)
     if policy is None:
         return (
@@ -75,16 +75,49 @@ def check_eviction_policy(client: redis.Redis, *, allow_evicting: bool = False) 
     return f"{OVERRIDE_FLAG}: {message.split(':', 1)[0]}; going on at your own risk"
 
 
+def read_persistence(client: redis.Redis) -> tuple[bool | None, str]:
+    """(persists, how): True/False when known, None (with why) when CONFIG and INFO are refused."""
+    try:
+        config = client.config_get("appendonly")
+        config.update(client.config_get("save"))
+        save = str(config.get("save", "")).strip()
+        if str(config.get("appendonly", "")).lower() == "yes":
+            return True, "appendonly yes"
+        return (True, f"save {save!r}") if save else (False, "appendonly no and save ''")
+    except redis.ResponseError as exc:  # NOPERM (ACL) or CONFIG renamed/disabled
+        refused = f"CONFIG GET refused: {exc}"
+    try:
+        info = client.info("persistence")
+    except redis.ResponseError as exc:
+        return None, f"{refused}; INFO refused: {exc}"
+    if int(info.get("aof_enabled", 0)):
+        return True, "aof_enabled"
+    # INFO does not show the save schedule: without CONFIG we cannot tell.
+    return None, f"{refused}; INFO persistence shows no append-only file and not the save schedule"
+
+
+def check_persistence(client: redis.Redis, *, allow_volatile: bool = False) -> str | None:
+    """Raise VolatileRedisError if Redis would lose the campaign on restart (unless
+    allow_volatile); returns a warning when persistence could not be read or a volatile Redis
+    was accepted."""
+    persists, how = read_persistence(client)
+    if persists:
+        return None
+    if persists is None:
+        return f"could not tell whether Redis persists its data ({how}); run it with `appendonly yes`"
+    if not allow_volatile:
+        raise VolatileRedisError(
+            f"Redis persists nothing ({how}): a restart would silently lose the campaign's queue and state; "
+            f"run it with `--appendonly yes` (or `CONFIG SET appendonly yes` and `CONFIG REWRITE`), "
+            f"or pass {VOLATILE_FLAG} to accept the risk"
+        )
+    return f"{VOLATILE_FLAG}: Redis persists nothing; a restart loses the campaign"
+
+
 def check_redis_ready(client: redis.Redis, *, allow_evicting: bool = False, allow_volatile: bool = False) -> str | None:
-    """Ping (which authenticates), check the eviction policy and that Redis persists its data
-    (eagle_synth.state.redis_persistence); returns a warning or None.
-
-    Raises redis.AuthenticationError / ConnectionError for bad credentials or an unreachable
-    Redis, EvictingRedisError and VolatileRedisError, so a command can stop with one line
-    before doing anything.
-    """
-    from eagle_synth.state.redis_persistence import check_persistence
-
+    """Ping (which authenticates), check the eviction policy and persistence; returns a warning
+    or None. Raises redis.AuthenticationError / ConnectionError, EvictingRedisError and
+    VolatileRedisError, so a command can stop with one line before doing anything."""
     client.ping()
     warnings = [
         check_eviction_policy(client, allow_evicting=allow_evicting),
@@ -106,7 +139,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def out_of_memory_message() -> str:
-    """What to tell the user when Redis is full (with noeviction it refuses writes)."""
     return (
         "Redis is full (used memory > maxmemory) and refuses writes; nothing was lost. Let workers "
         "drain the queue, lower `enqueue --max-backlog`, or raise Redis's maxmemory, then rerun the "

@@ -1,24 +1,16 @@
 """Batches stranded by a dead worker: fetched from the queue, held by no one alive.
 
-kombu's Redis transport keeps every fetched, not yet acknowledged message in the `unacked`
-hash (delivery tag -> JSON [message, exchange, routing_key]) and the `unacked_index` sorted
-set (delivery tag scored by fetch time); it puts a message back only after the visibility
-timeout (6 h here, since batches may run for hours). A worker whose host died holds its
-batches that long. The batch lease tells the dead from the slow: a running batch's lease is
-renewed every LEASE_TTL/3 and lapses LEASE_TTL (60 s) after its holder dies.
-
-The rule: a message of ours fetched more than REAP_AFTER seconds ago whose batch has no live
-lease is stranded, and is put back exactly as kombu would (same queue key, same priority
-list, marked redelivered so the next worker looks for files an earlier attempt left).
-The age threshold covers the moment between a live worker fetching a message and its task
-taking the lease, and a retry countdown (15 s at most) held in memory. A batch whose task
-released its lease but has not acked yet is never that old without its lease for long; if it
-is restored anyway, the copy finds every key done or failed and does nothing.
-Restoring is one Lua script: check the lease, check the entry is still the one read, remove
-it from `unacked` and `unacked_index`, push it back. Two reapers (or a reaper and kombu's own
-sweep) can never restore one message twice.
-
-workers/reaper.py runs this in every worker; `eagle-synth status` counts stranded prompts.
+kombu keeps every fetched, unacknowledged message in the `unacked` hash (delivery tag -> JSON
+[message, exchange, routing_key]) and `unacked_index` (tag scored by fetch time), and puts it
+back only after the visibility timeout (6 h here, as batches may run for hours). The batch lease
+tells the dead from the slow: a running batch renews it every LEASE_TTL/3, and it lapses
+LEASE_TTL after its holder dies. So a message of ours fetched more than REAP_AFTER seconds ago
+(which covers taking the lease and retry countdowns held in memory) with no live batch lease is
+stranded, and is put back exactly as kombu would (same queue, same priority list, marked
+redelivered so the next worker looks for files an earlier attempt left). A batch restored anyway
+finds every key done or failed and does nothing. Restoring is one Lua script (lease, entry
+unchanged, remove, push back), so no message is restored twice. workers/reaper.py runs this in
+every worker; `eagle-synth status` counts stranded prompts.
 """
 
 from __future__ import annotations
@@ -26,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from bisect import bisect
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import cast
 
@@ -38,10 +31,8 @@ from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
-ENV_REAP_AFTER = "EAGLE_SYNTH_REAP_AFTER"
-# Seconds since fetch after which a message without a live batch lease is stranded. It must
-# exceed the longest a live worker holds a message before its task takes the lease (task
-# start, retry countdowns of up to 15 s); the lease itself covers running batches.
+# Seconds since fetch after which a message without a live batch lease is stranded
+# (EAGLE_SYNTH_REAP_AFTER).
 REAP_AFTER = TIMINGS.reap_after
 # kombu's own key names and separators (we use kombu's defaults, never override them).
 UNACKED_KEY = Channel.unacked_key
@@ -62,16 +53,8 @@ _decoded: dict[str, tuple[str, str, tuple[str, ...]] | None] = {}
 
 @dataclass(frozen=True, slots=True)
 class HeldBatch:
-    """One of our batch messages sitting in kombu's `unacked` hash.
-
-    Parameters:
-        tag: kombu's delivery tag.
-        fetched_at: unix time a worker fetched it.
-        campaign, batch: from the payload.
-        keys: the batch's prompt keys.
-        entry: the raw `unacked` value (JSON [message, exchange, routing_key]), or None when
-            only counting.
-    """
+    """One of our batch messages in `unacked`: kombu's delivery `tag`, when it was fetched, the
+    payload's campaign, batch and keys, the raw `entry` (None when only counting)."""
 
     tag: str
     fetched_at: float
@@ -97,22 +80,18 @@ def _decode_entry(entry: bytes) -> tuple[str, str, tuple[str, ...]] | None:
 
 
 def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bool = False) -> list[HeldBatch]:
-    """Our batch messages fetched before `fetched_before` and not acknowledged yet.
-
-    Messages that are not ours (other apps, refused content) are left out. With
-    with_entries the raw entries are kept (restore needs them); otherwise decoded
-    messages are cached by delivery tag.
-    """
+    """Our batch messages (not other apps') fetched before `fetched_before` and not acked yet;
+    with_entries keeps the raw entries (restore needs them), else decodings are cached by tag."""
     # (tag, score) pairs: our client returns bytes, which redis-py's types cannot know.
     index = cast(
         "list[tuple[bytes, float]]",
         client.zrange(UNACKED_INDEX_KEY, "-inf", fetched_before, byscore=True, withscores=True),
     )
     held: list[HeldBatch] = []
-    wanted = [(tag, score) for tag, score in index if with_entries or tag.decode() not in _decoded]
+    wanted = [tag for tag, _ in index if with_entries or tag.decode() not in _decoded]
     entries: dict[bytes, bytes | None] = {}
     for start in range(0, len(wanted), FETCH_CHUNK):
-        chunk = [tag for tag, _ in wanted[start : start + FETCH_CHUNK]]
+        chunk = wanted[start : start + FETCH_CHUNK]
         entries.update(zip(chunk, cast("list[bytes | None]", client.hmget(UNACKED_KEY, chunk))))
     if len(_decoded) > DECODED_CACHE_SIZE:
         _decoded.clear()
@@ -158,11 +137,9 @@ def stranded_prompts(
     counts = {}
     for name, keys in keys_by_campaign.items():
         try:
-            campaign = Campaign(client, name)
+            counts[name] = len(keys) - len(Campaign(client, name).finished_keys(sorted(keys)))
         except ValueError:
             continue  # a name no campaign can have: not ours to count
-        ordered = sorted(keys)
-        counts[name] = len(ordered) - len(campaign.finished_keys(ordered))
     return counts
 
 
@@ -170,20 +147,14 @@ def _destination(
     client: redis.Redis, message: dict, exchange: str, routing_key: str, *, queue_name: str | None
 ) -> str | None:
     """The list kombu would push this message back to (kombu's _lookup and _q_for_pri), or None.
-
-    Our queue is bound to a direct exchange: the queues whose binding routing key equals the
-    message's. The anonymous exchange routes by the routing key alone. Without a binding (its
-    key lost), a routing key naming our own queue still routes there, as Celery publishes it.
-    """
-    if not exchange:
-        queue = routing_key or None
-    else:
-        queue = None
-        for member in client.smembers(BINDING_KEY_FORMAT % exchange):
-            bound_key, _pattern, bound_queue = text(member).split(PRIORITY_SEPARATOR, 2)
-            if bound_key == routing_key:
-                queue = bound_queue
-                break
+    A direct exchange routes to the queues whose binding key equals the routing key, the anonymous
+    one by the routing key alone; without a binding, a routing key naming our queue routes there."""
+    queue = None if exchange else routing_key or None
+    if exchange:
+        bindings = (
+            text(member).split(PRIORITY_SEPARATOR, 2) for member in client.smembers(BINDING_KEY_FORMAT % exchange)
+        )
+        queue = next((bound for key, _, bound in bindings if key == routing_key), None)
         if queue is None and routing_key == queue_name:
             queue = queue_name
     if queue is None:
@@ -206,11 +177,9 @@ def restore(client: redis.Redis, held: HeldBatch, *, queue_name: str | None = No
     if destination is None:
         return False
     # As kombu's _do_restore_message: the worker then looks for files an earlier attempt left.
-    try:
+    with suppress(KeyError, TypeError):
         message["headers"]["redelivered"] = True
         message["properties"]["delivery_info"]["redelivered"] = True
-    except (KeyError, TypeError):
-        pass
     names = (UNACKED_KEY, UNACKED_INDEX_KEY, held.lease_key, destination)
     restored = client.eval(script("restore"), 4, *names, held.tag, held.entry, json.dumps(message))
     if restored:

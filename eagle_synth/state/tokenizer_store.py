@@ -1,13 +1,11 @@
 """A campaign's tokenizer files kept in Redis, so every worker host renders with the same one.
 
-With `enqueue --history own` the workers render each conversation's next turn. They must use
-the very tokenizer and chat template the producer used, without a tokenizer path of their
-own: the producer saves the loaded tokenizer (`save_pretrained`: tokenizer.json,
-tokenizer_config.json, the chat template, with a `--chat-template` override applied) and
-stores the files once, zstd-compressed, under a key named by the tokenizer's fingerprint and
+With `enqueue --history own` the workers render each conversation's next turn, with the very
+tokenizer and chat template the producer used and no tokenizer path of their own. The producer
+saves the loaded tokenizer (`save_pretrained`, a `--chat-template` override applied) and stores
+the files once, zstd-compressed msgpack, under a key named by the tokenizer's fingerprint and
 template hash. A worker unpacks them into a local cache folder on first need; its renderer
-checks the fingerprint and template hash of what it loaded against the campaign's settings
-and refuses to render on any difference (workers/renderer.py).
+refuses to render if what it loaded differs from the campaign's settings (workers/renderer.py).
 """
 
 from __future__ import annotations
@@ -28,9 +26,6 @@ from eagle_synth.state.keys import tokenizer_blob
 TOKENIZER_ZSTD_LEVEL = 10
 # Format tag of the stored blob.
 BLOB_FORMAT = "eagle-synth-tokenizer-1"
-# Where workers unpack stored tokenizers (a local disk; one folder per fingerprint).
-ENV_CACHE_DIR = "EAGLE_SYNTH_CACHE_DIR"
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "eagle-synth"
 # Written last into an unpacked folder: its presence means the folder is complete.
 COMPLETE_MARKER = ".complete"
 
@@ -40,23 +35,19 @@ class TokenizerUnavailable(EagleSynthError, RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get(ENV_CACHE_DIR) or DEFAULT_CACHE_DIR) / "tokenizers"
-
-
-def pack_tokenizer(tokenizer) -> bytes:
-    """The tokenizer's files as saved by transformers, in one zstd-compressed msgpack map."""
-    with tempfile.TemporaryDirectory(prefix="eagle-synth-tokenizer-") as folder:
-        tokenizer.save_pretrained(folder)
-        files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir()) if path.is_file()}
-    blob = msgpack.packb({"format": BLOB_FORMAT, "files": files}, use_bin_type=True)
-    return zstandard.ZstdCompressor(level=TOKENIZER_ZSTD_LEVEL).compress(blob)
+    """Where workers unpack stored tokenizers (a local disk; one folder per fingerprint)."""
+    return Path(os.environ.get("EAGLE_SYNTH_CACHE_DIR") or Path.home() / ".cache" / "eagle-synth") / "tokenizers"
 
 
 def store_tokenizer(client: redis.Redis, tokenizer, *, fingerprint: str, chat_template_hash: str) -> str:
     """Store the tokenizer's files unless they are there already; returns the Redis key."""
     key = tokenizer_blob(fingerprint, chat_template_hash)
     if not client.exists(key):
-        client.set(key, pack_tokenizer(tokenizer), nx=True)
+        with tempfile.TemporaryDirectory(prefix="eagle-synth-tokenizer-") as folder:
+            tokenizer.save_pretrained(folder)
+            files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir()) if path.is_file()}
+        blob = msgpack.packb({"format": BLOB_FORMAT, "files": files}, use_bin_type=True)
+        client.set(key, zstandard.ZstdCompressor(level=TOKENIZER_ZSTD_LEVEL).compress(blob), nx=True)
     return key
 
 

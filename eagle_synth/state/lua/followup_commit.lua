@@ -1,4 +1,4 @@
--- KEYS: done, failed, failed reasons, counters, events, followups, owners, ends. ARGV: tokens_in,
+-- KEYS: done, failed, failed reasons, counters, events, followups, owners, ends, enqueued. ARGV: tokens_in,
 -- tokens_out, repaired, events maxlen, owner, then per record: key, action (follow | end | ''),
 -- target (next turn key | conversation key), data. Returns {number newly done, the next turn
 -- keys stored...}: a follow-up is stored only for a key newly marked done, so exactly once.

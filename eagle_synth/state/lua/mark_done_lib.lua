@@ -1,10 +1,8 @@
 -- Shared by every script that marks keys done (mark_done.lua, the conversation store's commit).
--- KEYS[1..5]: done set, failed hash, reasons hash, counters hash, events stream.
--- A done key leaves the enqueued set (which holds the keys not done: pending or failed), so a
--- finished prompt costs one set member, not two. The enqueued set's name is derived from the
--- done set's (CampaignKeys: `<base>:done`, `<base>:enqueued`) so every script that shares these
--- functions keeps its own KEYS layout.
-local ENQUEUED = string.sub(KEYS[1], 1, -5) .. 'enqueued'
+-- KEYS[1..5]: done set, failed hash, reasons hash, counters hash, events stream; the enqueued set
+-- is the script's LAST key (each script keeps its own layout between). A done key leaves the
+-- enqueued set (which holds the keys not done: pending or failed).
+local ENQUEUED = KEYS[#KEYS]
 local function mark_done(key)
   local added = redis.call('SADD', KEYS[1], key)
   redis.call('SREM', ENQUEUED, key)
