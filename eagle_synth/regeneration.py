@@ -1,8 +1,5 @@
-"""Where in a conversation the model answers: the regeneration points.
-
-Shared by the producer (which turns become prompts) and the multi-turn engine in the workers
-(which dataset step follows a regenerated turn), so both walk the same points.
-"""
+"""Where in a conversation the model answers: the regeneration points, one walk shared by the
+producer (which turns become prompts) and the workers (which dataset step follows a turn)."""
 
 from __future__ import annotations
 

@@ -144,15 +144,11 @@ class SamplingParams:
         return params
 
     def sample_seed(self, *, prompt_key_material: bytes, sample: int, prompt_key: str) -> int:
-        """The `sampling_seed` of one sample, never None, so K samples of one prompt differ.
-
-        With --seed S: a stable hash of S, the prompt ids and the sample index (unchanged since
-        seeds were introduced, so reruns of such campaigns reproduce their seeds). Without: a
-        stable hash of the sample's prompt key, which already covers ids, sampling and sample
-        index; the seed is a function of the key, so it is not part of it. Either way a rerun
-        sends the same seed. SGLang honours it only on a server launched with
-        --enable-deterministic-inference; other servers ignore it (see docs/producer.md).
-        """
+        """The `sampling_seed` of one sample, never None, so K samples of one prompt differ, and
+        the same on every rerun: with --seed S a stable hash of S, the prompt ids and the sample
+        index (as since seeds were introduced); without, a stable hash of the prompt key (which
+        covers ids, sampling and sample index). SGLang honours it only with
+        --enable-deterministic-inference (docs/producer.md)."""
         if self.seed is None:
             material = b"unseeded|" + prompt_key.encode()
         else:

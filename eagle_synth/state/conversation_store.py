@@ -9,6 +9,7 @@ through every step and every crash between them.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from itertools import chain
 
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
@@ -156,18 +157,15 @@ class ConversationStore:
         pipe = self.client.pipeline(transaction=False)
         pipe.hlen(self.keys.followups)
         pipe.hlen(self.keys.followup_batches)
-        turns, batches = pipe.execute()
-        return int(turns) + int(batches)
+        return sum(int(count) for count in pipe.execute())
 
     def counts(self) -> dict:
         """Conversations: total, done, in progress, stopped by reason, follow-ups waiting (a
         failed prompt is a conversation stopped by that failure; `retry-failed` resumes it)."""
-        progress = self.campaign.progress()
-        counts = progress.counters
+        counts = self.campaign.progress().counters
         ended = {reason: counts.get(counters.conversation_end(reason), 0) for reason in END_REASONS}
-        stopped = {reason: count for reason, count in ended.items() if reason != END_COMPLETE and count}
-        for reason, count in self.campaign.failure_counts().items():
-            stopped[reason] = stopped.get(reason, 0) + count
+        stopped = Counter({reason: count for reason, count in ended.items() if reason != END_COMPLETE and count})
+        stopped.update(self.campaign.failure_counts())
         total = counts.get(counters.CONVERSATIONS, 0)
         done = ended[END_COMPLETE]
         return {
@@ -183,11 +181,11 @@ class ConversationStore:
         """Conversations that stopped early without a failure, by reason: count and a few
         examples (each: conversation, turns answered, row id, source, message)."""
         counts = self.campaign.progress().counters
-        out: dict[str, dict] = {}
-        for reason in END_REASONS:
-            count = counts.get(counters.conversation_end(reason), 0)
-            if reason != END_COMPLETE and count:
-                out[reason] = {"count": count, "examples": []}
+        out: dict[str, dict] = {
+            reason: {"count": count, "examples": []}
+            for reason in END_REASONS
+            if reason != END_COMPLETE and (count := counts.get(counters.conversation_end(reason), 0))
+        }
         wanted = examples * len(out)
         for seen, (_, raw) in enumerate(self.client.hscan_iter(self.keys.conversation_ends, count=500)):
             if not wanted or seen >= ENDS_SCANNED_FOR_EXAMPLES:
