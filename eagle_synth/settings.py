@@ -1,11 +1,10 @@
 """Where settings come from: arguments (the CLI's flags), then the environment, then defaults.
 
-One pydantic-settings family reads every setting's environment variable (`EAGLE_SYNTH_` + the
-field in capitals, or the alias a field names) and checks its value: `BrokerSettings` here (both
-sides), `Timings` (the knobs tests and operators tune), workers/config.py's `WorkerConfig`. A
-process that starts another writes its resolved settings into the child's environment with
-`to_env`, so one precedence rule covers the CLI, `celery -A workers.app worker` and tests.
-`celeryconfig.py` turns the broker settings into Celery's configuration.
+One pydantic-settings family reads and checks every setting's environment variable (`EAGLE_SYNTH_`
++ the field in capitals, or its alias): `BrokerSettings` (both sides), `Timings`, workers/config.py's
+`WorkerConfig`. A process writes its resolved settings into a child's environment (`to_env`), so one
+precedence rule covers the CLI, `celery -A workers.app worker` and tests; celeryconfig.py turns the
+broker settings into Celery's configuration.
 """
 
 from __future__ import annotations
