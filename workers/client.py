@@ -166,12 +166,8 @@ class ServerFacts:
 
 
 class ServerClient:
-    """HTTP client for one server, SGLang or vLLM.
-
-    Parameters:
-        url: base URL, e.g. http://gpu-host:30000.
-        pool_connections: keep-alive connections kept per server.
-    """
+    """HTTP client for one server, SGLang or vLLM, at base `url` (e.g. http://gpu-host:30000),
+    keeping up to `pool_connections` keep-alive connections."""
 
     def __init__(self, url: str, *, pool_connections: int = POOL_CONNECTIONS) -> None:
         self.url = url.rstrip("/")

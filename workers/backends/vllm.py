@@ -196,7 +196,9 @@ def prompt_difference(sent: list[int], seen: list) -> str:
     )
 
 
-def _config(config: dict, section: str, key: str) -> object:
+def _config(config: dict, entry: str) -> object:
+    """The dev-mode configuration's `section.key` entry, None when it is not there."""
+    section, key = entry.split(".")
     part = config.get(section)
     return part.get(key) if isinstance(part, dict) else None
 
@@ -265,7 +267,7 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
 
 def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
     """Seen in the dev-mode configuration, or by the probe's ids coming back with no text."""
-    configured = _config(facts.server_info, "model_config", "skip_tokenizer_init")
+    configured = _config(facts.server_info, "model_config.skip_tokenizer_init")
     reply = (facts.probe or {}).get("reply")
     choices = reply.get("choices") if isinstance(reply, dict) else None
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
@@ -279,12 +281,12 @@ def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
     )
 
 
-def _config_check(setting: str, section: str, key: str, bad: Callable[[object], bool], why: str, fix: str) -> Check:
-    """Refuse `setting` when the dev-mode configuration's section.key is `bad`; `why` is formatted
+def _config_check(setting: str, entry: str, bad: Callable[[object], bool], why: str, fix: str) -> Check:
+    """Refuse `setting` when the dev-mode configuration's `entry` is `bad`; `why` is formatted
     with the value (`value`, and `short`: its excerpt)."""
 
     def check(facts: ServerFacts) -> Problem | None:
-        value = _config(facts.server_info, section, key)
+        value = _config(facts.server_info, entry)
         return Problem(setting, why.format(value=value, short=excerpt(value)), fix) if bad(value) else None
 
     return check
@@ -298,15 +300,13 @@ CHECKS: dict[str, Check] = {
         setting: _config_check(setting, *spec)
         for setting, spec in {
             "reasoning_parser": (
-                "structured_outputs_config",
-                "reasoning_parser",
+                "structured_outputs_config.reasoning_parser",
                 bool,
                 "the server runs a reasoning parser [reasoning_parser={value!r}]",
                 "relaunch it without --reasoning-parser",
             ),
             "generation_config": (
-                "model_config",
-                "generation_config",
+                "model_config.generation_config",
                 lambda source: source not in DEFAULT_GENERATION_CONFIGS,
                 "the server reads sampling defaults from {value!r}: a max_new_tokens there caps every "
                 "request's max_tokens without a word",
@@ -314,22 +314,19 @@ CHECKS: dict[str, Check] = {
             ),
             # Only its max_new_tokens: the other keys it can set are sent by every request, which wins.
             "override_generation_config": (
-                "model_config",
-                "override_generation_config",
+                "model_config.override_generation_config",
                 lambda override: isinstance(override, dict) and "max_new_tokens" in override,
                 "--override-generation-config caps every request's max_tokens at {value[max_new_tokens]}",
                 "relaunch it without max_new_tokens in --override-generation-config",
             ),
             "logits_processors": (
-                "model_config",
-                "logits_processors",
+                "model_config.logits_processors",
                 bool,
                 "custom logits processors can act on every request [{short}]",
                 "relaunch it without --logits-processors",
             ),
             "is_generation": (
-                "model_config",
-                "runner_type",
+                "model_config.runner_type",
                 lambda runner: runner not in (None, "generate"),
                 "the model is not run for generation (runner_type={value!r})",
                 "serve a generation model",
@@ -345,7 +342,7 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
     launch_args = {}
     for section, keys in PROVENANCE_CONFIG:
         for key in keys:
-            value = _config(facts.server_info, section, key)
+            value = _config(facts.server_info, f"{section}.{key}")
             if value is not None:
                 launch_args[f"{section}.{key}"] = (
                     value if isinstance(value, (str, int, float, bool)) else json.dumps(value)
@@ -441,7 +438,7 @@ class VllmBackend:
             model_info=card,
             context_length=positive_int(card.get("max_model_len")),
             version=version if isinstance(version, str) else None,
-            max_running_requests=positive_int(_config(config, "scheduler_config", "max_num_seqs")),
+            max_running_requests=positive_int(_config(config, "scheduler_config.max_num_seqs")),
             backend=VLLM,
             probe=_probe(client, model=card.get("id") if isinstance(card.get("id"), str) else None),
         )
