@@ -8,12 +8,12 @@ the request. Out-of-vocabulary ids are not checked: SGLang does not either, it d
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from eagle_synth.errors import EagleSynthError
@@ -49,22 +49,14 @@ def json_reply(obj: Any, status: int = 200) -> Reply:
 
 def version_tuple(version: str) -> tuple[int, ...]:
     """(0, 5, 23) from "0.5.23" or "0.32.0rc1+cpu"; unparsable parts end the tuple."""
-    numbers = []
-    for part in version.split("."):
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if digits:
-            numbers.append(int(digits))
-        if not digits or digits != part:
-            break
-    return tuple(numbers)
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in match.group().split(".")) if match else ()
 
 
 @dataclass(frozen=True, slots=True)
 class ServerRules:
-    """The launch settings a /generate request is checked against: the context, the tokens
-    speculative decoding reserves per request, the scheduler's max_req_len (prompt + generated
-    + 1; None: context - 1), --allow-auto-truncate, --preferred-sampling-params, and whether
-    unknown or mistyped sampling keys answer 400 (else 500)."""
+    """The launch settings a /generate request is checked against; max_req_len (prompt +
+    generated + 1) None means context - 1."""
 
     context_length: int
     reserved_tokens: int = 0
@@ -79,14 +71,12 @@ class ServerRules:
 
     @property
     def max_req_input_len(self) -> int:
-        """Prompts of this many tokens or more are refused by the scheduler."""
         return self.effective_max_req_len - INPUT_CAP_MARGIN
 
 
 class ProtocolError(EagleSynthError):
-    """A request the real server refuses; `status` is the HTTP status it would answer (400: a
-    ValueError in SGLang, {"error": {"message"}}; 500: an uncaught TypeError; 404: vLLM's
-    unknown model); `param` is the field vLLM names in its error body."""
+    """A request the real server refuses with HTTP `status` (500: SGLang's uncaught TypeError);
+    `param` is the field vLLM names in its error body."""
 
     def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
@@ -95,9 +85,8 @@ class ProtocolError(EagleSynthError):
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """One prompt's sampling parameters after SGLang's defaults and checks: SGLang's fields;
-    `max_new_tokens` None means not given; `extra` keeps accepted keys the devserver does not
-    act on (grammars, logit_bias...), which still seed sampled output."""
+    """One prompt's sampling parameters under SGLang's names (max_new_tokens None: not given);
+    `extra` keeps accepted keys the devserver does not act on, which still seed sampled output."""
 
     max_new_tokens: int | None = None
     min_new_tokens: int = 0
@@ -115,7 +104,7 @@ class SamplingParams:
     no_stop_trim: bool = False
     n: int = 1
     sampling_seed: int | None = None
-    extra: tuple[tuple[str, str], ...] = field(default=())
+    extra: tuple[tuple[str, str], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -124,9 +113,8 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class PromptRequest:
-    """One prompt after `n` expansion, in response order (either API): its ids (as sent unless
-    auto-truncation cut them), sampling params, effective max_new_tokens, the rid reported, the
-    client's rid (which /abort_request matches) and its index among the n samples."""
+    """One prompt after `n` expansion, in response order (either API); `group_rid` is the
+    client's rid, which /abort_request matches."""
 
     input_ids: list[int]
     params: SamplingParams
@@ -138,9 +126,7 @@ class PromptRequest:
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
-    """A parsed /generate request: `single` means the response is one object, not a list."""
-
-    single: bool
+    single: bool  # the response is one object, not a list
     prompts: list[PromptRequest]
 
 
@@ -177,7 +163,7 @@ _JSON_TYPE_NAMES = {"list": "array", "dict": "object", "NoneType": "null"}
 
 
 def refuse_first(checks: Iterable[tuple[bool, str]]) -> None:
-    """A 400 with the message of the first check that failed (a (failed, message) pair)."""
+    """A 400 with the message of the first (failed, message) check that failed."""
     message = next((message for failed, message in checks if failed), None)
     if message is not None:
         raise ProtocolError(message)
@@ -186,20 +172,16 @@ def refuse_first(checks: Iterable[tuple[bool, str]]) -> None:
 def _verify(p: SamplingParams) -> None:
     """SGLang's SamplingParams.verify()."""
     max_new, min_new = p.max_new_tokens, p.min_new_tokens
+    penalties = {"frequency_penalty": -2.0, "presence_penalty": -2.0, "repetition_penalty": 0.0}
     refuse_first(
         (
             (p.temperature < 0.0, f"temperature must be non-negative, got {p.temperature}."),
             (not 0.0 < p.top_p <= 1.0, f"top_p must be in (0, 1], got {p.top_p}."),
             (not 0.0 <= p.min_p <= 1.0, f"min_p must be in [0, 1], got {p.min_p}."),
             (p.top_k < 1 and p.top_k != -1, f"top_k must be -1 (disable), or at least 1, got {p.top_k}."),
-            (
-                not -2.0 <= p.frequency_penalty <= 2.0,
-                f"frequency_penalty must be in [-2, 2], got {p.frequency_penalty}.",
-            ),
-            (not -2.0 <= p.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {p.presence_penalty}."),
-            (
-                not 0.0 <= p.repetition_penalty <= 2.0,
-                f"repetition_penalty must be in [0, 2], got {p.repetition_penalty}.",
+            *(
+                (not low <= getattr(p, k) <= 2.0, f"{k} must be in [{low:g}, 2], got {getattr(p, k)}.")
+                for k, low in penalties.items()
             ),
             (max_new is not None and max_new < 0, f"max_new_tokens must be at least 0, got {max_new}."),
             (
@@ -212,8 +194,8 @@ def _verify(p: SamplingParams) -> None:
 
 
 def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingParams:
-    """SGLang's SamplingParams(**raw) + verify(): unknown keys and wrong types are a TypeError
-    (a 400 in msgspec's wording with `errors_are_400`, else a 500), out-of-range values a 400."""
+    """SGLang's SamplingParams(**raw) + verify(): unknown keys and wrong types are a 400 in
+    msgspec's wording with `errors_are_400`, else a 500 (a TypeError)."""
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ProtocolError(f"TypeError: sampling_params must be a dict, got {type(raw).__name__}", status=500)
@@ -296,8 +278,7 @@ def _rids(body: dict, *, single: bool, count: int) -> list[str]:
 
 def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tuple[list[int], Any]:
     """SGLang's TokenizerManager._validate_one_request: the prompt plus the speculative reserve
-    against the context, then with the request's OWN max_new_tokens (not the preferred one).
-    Returns the (possibly cut) ids and sampling params."""
+    against the context, then with the request's OWN max_new_tokens (not the preferred one)."""
     ctx = rules.context_length
     held = len(ids) + rules.reserved_tokens
     if held >= ctx and not rules.allow_auto_truncate:
@@ -319,7 +300,7 @@ def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tup
 
 
 def _scheduler_check(ids: list[int], rules: ServerRules) -> list[int]:
-    """The scheduler's validate_input_length: refuse (or cut) prompts of max_req_input_len+."""
+    """The scheduler's validate_input_length."""
     cap = rules.max_req_input_len
     if len(ids) >= cap and not rules.allow_auto_truncate:
         raise ProtocolError(

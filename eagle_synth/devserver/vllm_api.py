@@ -7,15 +7,11 @@ faults and counters, so the same campaign gives the same ids, timing and faults 
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, GenerateFate, malform_completion
 from eagle_synth.devserver.protocol import (
     PromptRequest,
     ProtocolError,
@@ -26,13 +22,9 @@ from eagle_synth.devserver.protocol import (
     refuse_first,
     version_tuple,
 )
-from eagle_synth.devserver.scheduler import SlotJob
 
 if TYPE_CHECKING:
-    from eagle_synth.devserver.app import DevServer
     from eagle_synth.devserver.config import DevServerConfig
-
-log = logging.getLogger("eagle_synth.devserver")
 
 # The first vLLM version seen shortening max_tokens to the context's room (0.32.0, the real CPU
 # build tried here); 0.11 refuses with a 400. Versions between were not tried.
@@ -250,153 +242,3 @@ def error_reply(message: str, *, status: int, param: str | None = None) -> Reply
     """vLLM's ErrorResponse: {"error": {"message", "type", "param", "code"}}."""
     error = {"message": message, "type": ERROR_TYPES[status], "param": param, "code": status}
     return json_reply({"error": error}, status=status)
-
-
-class VllmApi:
-    """The vLLM endpoints over a DevServer's shared parts (generator, scheduler, faults, stats).
-
-    Behaviour: /v1/completions validates as above, holds a slot per choice for its emulated
-    time and answers in vLLM's shape; faults are 500s in vLLM's error shape, drops, malformed
-    200s and death after the N-th request; /server_info exists only in dev mode.
-
-    Parameters:
-        app: the devserver application whose shared parts are used.
-    """
-
-    def __init__(self, app: DevServer) -> None:
-        self.app = app
-        self._ignored_logged: set[tuple[str, ...]] = set()
-
-    def models(self, body: bytes) -> Reply:
-        c = self.app.config
-        created = int(self.app.stats.started_at)
-        permission: dict[str, Any] = {
-            "id": f"modelperm-{uuid.uuid4().hex}",
-            "object": "model_permission",
-            "created": created,
-        }
-        permission |= {"allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True}
-        permission |= {"allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False}
-        permission |= {"organization": "*", "group": None, "is_blocking": False}
-        model: dict[str, Any] = {
-            "id": c.effective_served_model_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "vllm",
-        }
-        model |= {"root": c.effective_model_path, "parent": None, "max_model_len": c.effective_context_length}
-        return json_reply({"object": "list", "data": [{**model, "permission": [permission]}]})
-
-    def version(self, body: bytes) -> Reply:
-        return json_reply({"version": self.app.config.vllm_version})
-
-    def server_info(self, body: bytes) -> Reply:
-        """Only in dev mode: the configuration as `?config_format=json` gives it."""
-        c = self.app.config
-        if not c.dev_mode:
-            return json_reply({"detail": "Not Found"}, status=404)
-        model: dict[str, Any] = {"model": c.effective_model_path, "served_model_name": c.effective_served_model_name}
-        model |= {"tokenizer": c.tokenizer, "max_model_len": c.effective_context_length, "dtype": "bfloat16"}
-        model |= {"seed": c.seed, "generation_config": c.generation_config}
-        model |= {"override_generation_config": json.loads(c.override_generation_config or "{}")}
-        model |= {"skip_tokenizer_init": c.skip_tokenizer_init, "logits_processors": None, "runner_type": "generate"}
-        config = {
-            "model_config": model,
-            "scheduler_config": {"max_num_seqs": c.slots, "max_num_batched_tokens": c.effective_context_length},
-            "cache_config": {"enable_prefix_caching": True, "kv_cache_dtype": "auto"},
-            "parallel_config": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1},
-            "structured_outputs_config": {"reasoning_parser": c.reasoning_parser or ""},
-            "speculative_config": None,
-        }
-        return json_reply({"vllm_config": config, "vllm_env": {}, "system_env": {}})
-
-    def tokenize(self, body: bytes) -> Reply:
-        """A text prompt's `tokens`, `count`, `max_model_len` (TokenizeCompletionRequest);
-        `add_special_tokens` defaults to true, as vLLM's does."""
-        try:
-            request = json.loads(body)
-        except ValueError:
-            return error_reply("JSON decode error", status=400)
-        prompt = request.get("prompt") if isinstance(request, dict) else None
-        if not isinstance(prompt, str):
-            return error_reply("Field required: ('body', 'prompt')", status=400)
-        model = request.get("model")
-        if model is not None and model != self.app.config.effective_served_model_name:
-            return error_reply(f"The model `{model}` does not exist.", status=404, param="model")
-        add_special = request.get("add_special_tokens", True) is not False
-        tokens = [int(i) for i in self.app.vocab.tokenizer.encode(prompt, add_special_tokens=add_special)]
-        max_model_len = self.app.config.effective_context_length
-        return json_reply({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": None})
-
-    def completions(self, body: bytes) -> Reply:
-        return self.app.fated(body, "/v1/completions", self._complete)
-
-    def _complete(self, body: bytes, fate: GenerateFate) -> Reply:
-        app = self.app
-        if fate.action == FAIL:
-            app.stats.count("injected_failures")
-            return error_reply(ENGINE_ERROR_MESSAGE, status=500)
-        try:
-            request = json.loads(body)
-            tokenize = None if app.config.skip_tokenizer_init else app.vocab.encode
-            prompts = parse_completion_request(request, app.config, app.vocab.size, tokenize)
-        except (ValueError, ProtocolError) as err:
-            app.stats.count("client_errors")
-            if isinstance(err, ProtocolError):
-                return error_reply(err.message, status=err.status, param=err.param)
-            return error_reply("JSON decode error", status=400)
-        unknown = tuple(sorted(set(request) - KNOWN_FIELDS))
-        if unknown and unknown not in self._ignored_logged:
-            self._ignored_logged.add(unknown)
-            log.warning("The following fields were present in the request but ignored: %s", set(unknown))
-        return_token_ids = bool(request.get("return_token_ids"))
-        completions = [app.generator.complete(p) for p in prompts]
-        jobs = app.hold_slots(prompts, completions)  # vLLM has no queue cap: requests wait
-        if jobs is None:
-            return Reply(drop=True)
-        each = zip(prompts, completions, jobs)
-        pairs = [self._choice(i, *choice, return_token_ids) for i, choice in enumerate(each)]
-        choices, completion_tokens = [c for c, _ in pairs], sum(n for _, n in pairs)
-        prompt_tokens = sum(len(p.input_ids) for p in prompts if p.sample_index == 0)
-        reply: dict[str, Any] = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": app.config.effective_served_model_name,
-            "choices": choices,
-            "service_tier": None,
-            # vLLM 0.32 answers "vllm-<version>-<build hash>"; the rest as the real CPU build does.
-            "system_fingerprint": f"vllm-{app.config.vllm_version}-devserver",
-            "usage": {
-                **{"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens},
-                **{"completion_tokens": completion_tokens, "prompt_tokens_details": None},
-                "completion_tokens_details": None,
-            },
-            **{"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None},
-        }
-        if fate.action == DROP:
-            app.stats.count("injected_drops")
-            return Reply(drop=True)
-        if fate.action == MALFORMED and fate.malformed_shape is not None:
-            app.stats.count("injected_malformed")
-            return json_reply(malform_completion(reply, fate.malformed_shape))
-        return json_reply(reply)
-
-    def _choice(self, index: int, prompt: PromptRequest, completion, job: SlotJob, token_ids: bool) -> tuple[dict, int]:
-        """One choice of the reply and the tokens it generated."""
-        app = self.app
-        output_ids, finish = completion.output_ids, completion.finish_reason
-        aborted = job.aborted
-        if aborted:
-            output_ids, finish_reason, stop_reason = output_ids[: job.tokens_done], "abort", None
-        else:
-            finish_reason, matched = finish["type"], finish.get("matched")
-            # vLLM reports the matched stop id or string; the model's EOS is reported as None.
-            stop_reason = None if matched is None or matched == app.vocab.eos_id else matched
-        app.stats.prompt_done(output_tokens=len(output_ids), aborted=aborted)
-        text = "" if app.config.skip_tokenizer_init else app.text(prompt, completion, output_ids, aborted)
-        return {
-            **{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason},
-            **{"stop_reason": stop_reason, "token_ids": output_ids if token_ids else None, "prompt_logprobs": None},
-            **{"prompt_token_ids": prompt.input_ids if token_ids else None, "routed_experts": None},
-        }, len(output_ids)
