@@ -26,8 +26,7 @@ from aiohttp import web
 
 from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, FaultPlan, GenerateFate, malform, malform_completion
-from eagle_synth.devserver.generation import Completion, Generator
-from eagle_synth.devserver.prefix_cache import PrefixCache
+from eagle_synth.devserver.generation import Completion, Generator, ModelVocab
 from eagle_synth.devserver.protocol import (
     SAMPLING_400_VERSION,
     PromptRequest,
@@ -42,13 +41,13 @@ from eagle_synth.devserver.scheduler import (
     ABORTED_RUNNING,
     ABORTED_WAITING,
     KILLED,
+    DevStats,
+    PrefixCache,
     QueueFullError,
     SlotJob,
     SlotScheduler,
 )
-from eagle_synth.devserver.stats import DevStats
 from eagle_synth.devserver.vllm_api import ENGINE_ERROR_MESSAGE, KNOWN_FIELDS, error_reply, parse_completion_request
-from eagle_synth.devserver.vocab import ModelVocab
 
 log = logging.getLogger("eagle_synth.devserver")
 
@@ -139,14 +138,7 @@ class DevServer:
             preferred=c.preferred_params,
             sampling_errors_are_400=version_tuple(c.sglang_version) >= SAMPLING_400_VERSION,
         )
-        self.scheduler = SlotScheduler(
-            slots=c.slots,
-            max_queued=c.max_queued_requests,
-            token_latency=c.token_latency,
-            prefill_latency=c.prefill_latency,
-            on_done=lambda job, held: self.stats.add(busy_slot_seconds=held),
-            on_load=self.stats.load,
-        )
+        self.scheduler = SlotScheduler(c, self.stats)
         self.port = c.port  # the bound one once `listening` is set
         self.listening, self.stopped, self.loaded = threading.Event(), threading.Event(), threading.Event()
         self.error: BaseException | None = None
@@ -511,13 +503,8 @@ class DevServer:
             *(vocab.think_close_id, len(vocab.corpus_ids)),
         )
         self.vocab = vocab
-        self.generator = Generator(
-            vocab=vocab,
-            mean_output_tokens=c.mean_output_tokens,
-            seed=c.seed,
-            length_median=c.length_median,
-            length_sigma=c.length_sigma,
-        )
+        knobs = ("mean_output_tokens", "seed", "length_median", "length_sigma")
+        self.generator = Generator(vocab=vocab, **{k: getattr(c, k) for k in knobs})
         self.loaded.set()
         if c.startup_delay > 0:
             log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)

@@ -106,38 +106,6 @@ def _prompts(body: dict, tokenize: Callable[[str], list[int]] | None) -> list[li
     return prompts
 
 
-def _verify(p: dict) -> None:
-    """vLLM's SamplingParams._verify_args (400s)."""
-    checks = (
-        (p["n"] < 1, f"n must be at least 1, got {p['n']}."),
-        *(
-            (not -2.0 <= p[k] <= 2.0, f"{k} must be in [-2, 2], got {p[k]}.")
-            for k in ("presence_penalty", "frequency_penalty")
-        ),
-        (
-            not math.isfinite(p["repetition_penalty"]) or p["repetition_penalty"] <= 0.0,
-            f"repetition_penalty must be greater than zero, got {p['repetition_penalty']}.",
-        ),
-        (
-            not math.isfinite(p["temperature"]) or p["temperature"] < 0.0,
-            f"temperature must be non-negative, got {p['temperature']}.",
-        ),
-        (p["temperature"] > 2.0, f"temperature must be in [0, 2], got {p['temperature']}."),
-        (not 0.0 < p["top_p"] <= 1.0, f"top_p must be in (0, 1], got {p['top_p']}."),
-        (p["top_k"] < -1, f"top_k must be 0 (disable), or at least 1, got {p['top_k']}."),
-        (not 0.0 <= p["min_p"] <= 1.0, f"min_p must be in [0, 1], got {p['min_p']}."),
-        (p["max_tokens"] < 1, f"max_tokens must be at least 1, got {p['max_tokens']}."),
-        (p["min_tokens"] < 0, f"min_tokens must be greater than or equal to 0, got {p['min_tokens']}."),
-        (
-            p["min_tokens"] > p["max_tokens"],
-            f"min_tokens must be less than or equal to max_tokens={p['max_tokens']}, got {p['min_tokens']}.",
-        ),
-        (any(not s for s in p["stop"]), "stop cannot contain an empty string."),
-        (p["temperature"] < SAMPLING_EPS and p["n"] > 1, f"n must be 1 when using greedy sampling, got {p['n']}."),
-    )
-    refuse_first(checks)
-
-
 def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int, tokenize) -> list[PromptRequest]:
     """One PromptRequest per choice (n per prompt, prompt-major) of a /v1/completions body;
     raises ProtocolError as vLLM would fail. vLLM 0.32 (the real CPU build) shortens max_tokens
@@ -166,22 +134,57 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
         raise ProtocolError(
             f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output tokens."
         )
-    stop = body.get("stop")
-    params = {
-        # user -> server default (generation config, override) -> OpenAI default
-        **{k: body[k] if body.get(k) is not None else overrides.get(k, v) for k, v in OPENAI_DEFAULTS.items()},
-        "n": body.get("n") or 1,
-        "presence_penalty": body.get("presence_penalty") or 0.0,
-        "frequency_penalty": body.get("frequency_penalty") or 0.0,
-        "max_tokens": max_tokens,
-        "min_tokens": body.get("min_tokens") or 0,
-        "stop": [stop] if isinstance(stop, str) else list(stop or []),
-        "seed": body.get("seed"),
+    stop, seed = body.get("stop"), body.get("seed")
+    # The request's sampling under SGLang's names, so equal values give equal ids on both APIs:
+    # user -> server default (generation config, override) -> OpenAI default.
+    p = {k: body[k] if body.get(k) is not None else overrides.get(k, v) for k, v in OPENAI_DEFAULTS.items()}
+    p |= {"n": body.get("n") or 1, "max_new_tokens": max_tokens, "min_new_tokens": body.get("min_tokens") or 0}
+    p |= {k: body.get(k) or 0.0 for k in ("presence_penalty", "frequency_penalty")}
+    p |= {
+        "stop": (stop,) if isinstance(stop, str) else tuple(stop or ()),
+        "sampling_seed": None if seed == -1 else seed,
     }
-    if 0 < params["temperature"] < MIN_TEMPERATURE:
-        params["temperature"] = MIN_TEMPERATURE
-    _verify(params)
-    sampling = _sampling(body, params)
+    if 0 < p["temperature"] < MIN_TEMPERATURE:
+        p["temperature"] = MIN_TEMPERATURE
+    refuse_first(  # vLLM's SamplingParams._verify_args
+        (
+            (p["n"] < 1, f"n must be at least 1, got {p['n']}."),
+            *(
+                (not -2.0 <= p[k] <= 2.0, f"{k} must be in [-2, 2], got {p[k]}.")
+                for k in ("presence_penalty", "frequency_penalty")
+            ),
+            (
+                not math.isfinite(p["repetition_penalty"]) or p["repetition_penalty"] <= 0.0,
+                f"repetition_penalty must be greater than zero, got {p['repetition_penalty']}.",
+            ),
+            (
+                not math.isfinite(p["temperature"]) or p["temperature"] < 0.0,
+                f"temperature must be non-negative, got {p['temperature']}.",
+            ),
+            (p["temperature"] > 2.0, f"temperature must be in [0, 2], got {p['temperature']}."),
+            (not 0.0 < p["top_p"] <= 1.0, f"top_p must be in (0, 1], got {p['top_p']}."),
+            (p["top_k"] < -1, f"top_k must be 0 (disable), or at least 1, got {p['top_k']}."),
+            (not 0.0 <= p["min_p"] <= 1.0, f"min_p must be in [0, 1], got {p['min_p']}."),
+            (max_tokens < 1, f"max_tokens must be at least 1, got {max_tokens}."),
+            (p["min_new_tokens"] < 0, f"min_tokens must be greater than or equal to 0, got {p['min_new_tokens']}."),
+            (
+                p["min_new_tokens"] > max_tokens,
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {p['min_new_tokens']}.",
+            ),
+            (any(not s for s in p["stop"]), "stop cannot contain an empty string."),
+            (p["temperature"] < SAMPLING_EPS and p["n"] > 1, f"n must be 1 when using greedy sampling, got {p['n']}."),
+        )
+    )
+    p |= {k: float(p[k]) for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")}
+    # vLLM's top_k 0 and -1 both mean off; fields the Generator ignores still seed sampled output.
+    p |= {"temperature": 0.0 if p["temperature"] < SAMPLING_EPS else p["temperature"]}
+    p |= {"top_k": -1 if p["top_k"] in (0, -1) else p["top_k"], "ignore_eos": bool(body.get("ignore_eos"))}
+    p |= {"skip_special_tokens": body.get("skip_special_tokens", True) is not False}
+    p |= {"no_stop_trim": bool(body.get("include_stop_str_in_output"))}
+    p |= {"stop_token_ids": tuple(body.get("stop_token_ids") or ())}
+    sampling = SamplingParams(
+        **p, extra=tuple(sorted((k, repr(body[k])) for k in EXTRA_FIELDS if body.get(k) is not None))
+    )
     out: list[PromptRequest] = []
     for index, ids in enumerate(prompts):
         if not ids:
@@ -210,32 +213,8 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
         if overrides.get("max_new_tokens") is not None:
             cap = min(cap, int(overrides["max_new_tokens"]))  # vLLM's silent ceiling
         rid = f"cmpl-{uuid.uuid4().hex}-{index}"
-        out.extend(PromptRequest(ids, sampling, cap, rid, rid, j) for j in range(params["n"]))
+        out.extend(PromptRequest(ids, sampling, cap, rid, rid, j) for j in range(sampling.n))
     return out
-
-
-def _sampling(body: dict, p: dict) -> SamplingParams:
-    """vLLM's sampling under SGLang's names, so equal values give equal ids on both APIs (vLLM's
-    top_k 0 and -1 both mean off; fields the Generator ignores still seed sampled output)."""
-    return SamplingParams(
-        max_new_tokens=p["max_tokens"],
-        min_new_tokens=p["min_tokens"],
-        temperature=0.0 if p["temperature"] < SAMPLING_EPS else p["temperature"],
-        top_p=p["top_p"],
-        top_k=-1 if p["top_k"] in (0, -1) else p["top_k"],
-        min_p=p["min_p"],
-        frequency_penalty=float(p["frequency_penalty"]),
-        presence_penalty=float(p["presence_penalty"]),
-        repetition_penalty=float(p["repetition_penalty"]),
-        stop=tuple(p["stop"]),
-        stop_token_ids=tuple(body.get("stop_token_ids") or ()),
-        ignore_eos=bool(body.get("ignore_eos")),
-        skip_special_tokens=body.get("skip_special_tokens", True) is not False,
-        no_stop_trim=bool(body.get("include_stop_str_in_output")),
-        n=p["n"],
-        sampling_seed=p["seed"] if p["seed"] != -1 else None,
-        extra=tuple(sorted((key, repr(body[key])) for key in EXTRA_FIELDS if body.get(key) is not None)),
-    )
 
 
 def error_reply(message: str, *, status: int, param: str | None = None) -> Reply:
