@@ -25,15 +25,19 @@ from typing import Any
 from aiohttp import web
 
 from eagle_synth.devserver.config import DevServerConfig
-from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, FaultPlan, GenerateFate, malform, malform_completion
+from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, FaultPlan, malform, malform_completion
 from eagle_synth.devserver.generation import Completion, Generator, ModelVocab
 from eagle_synth.devserver.protocol import (
+    ENGINE_ERROR_MESSAGE,
+    KNOWN_FIELDS,
     SAMPLING_400_VERSION,
     PromptRequest,
     ProtocolError,
     Reply,
     ServerRules,
+    error_reply,
     json_reply,
+    parse_completion_request,
     parse_generate_request,
     version_tuple,
 )
@@ -47,7 +51,6 @@ from eagle_synth.devserver.scheduler import (
     SlotJob,
     SlotScheduler,
 )
-from eagle_synth.devserver.vllm_api import ENGINE_ERROR_MESSAGE, KNOWN_FIELDS, error_reply, parse_completion_request
 
 log = logging.getLogger("eagle_synth.devserver")
 
@@ -266,11 +269,23 @@ class DevServer:
 
     # ---- generation ----
 
-    def fated(self, body: bytes, endpoint: str, serve: Callable[[bytes, GenerateFate], Reply]) -> Reply:
-        """`serve` one generation request (either API) with its fault drawn."""
+    def fated(self, body: bytes, endpoint: str, serve: Callable[[bytes], Any], failed: Callable[[], Reply]) -> Reply:
+        """One generation request (either API) with its fault drawn: `serve` answers a Reply, or
+        the reply's JSON, which the fault may drop or malform (a buggy or patched server)."""
         self.stats.generate_received(healthy=self.healthy())
         fate = self.faults.next_generate()
-        reply = serve(body, fate)
+        reply = failed() if fate.action == FAIL else serve(body)
+        malformed = malform_completion if endpoint == "/v1/completions" else malform_first
+        if fate.action == FAIL:
+            self.stats.count("injected_failures")
+        elif not isinstance(reply, Reply) and fate.action == DROP:
+            self.stats.count("injected_drops")
+            reply = Reply(drop=True)
+        elif not isinstance(reply, Reply) and fate.action == MALFORMED and fate.malformed_shape is not None:
+            self.stats.count("injected_malformed")
+            reply = json_reply(malformed(reply, fate.malformed_shape))
+        elif not isinstance(reply, Reply):
+            reply = json_reply(reply)
         if fate.die_after_response and reply.die_reason is None:
             reply.die_reason = f"--die-after {fate.number}: answered the last allowed {endpoint}"
         return reply
@@ -289,12 +304,9 @@ class DevServer:
         return self.generator.render_text(completion, prompt.params)
 
     def generate(self, body: bytes) -> Reply:
-        return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()))
+        return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()), internal_error)
 
-    def _generate(self, body: bytes, fate: GenerateFate, *, received: float) -> Reply:
-        if fate.action == FAIL:
-            self.stats.count("injected_failures")
-            return internal_error()
+    def _generate(self, body: bytes, *, received: float) -> Any:
         try:
             tokenize = None if self.config.skip_tokenizer_init else self.vocab.encode
             req = parse_generate_request(json.loads(body), rules=self.rules, tokenize=tokenize)
@@ -324,18 +336,8 @@ class DevServer:
             return json_reply(error, status=503)
         if jobs is None:
             return Reply(drop=True)
-        items: list[Any] = [self._item(*each, received) for each in zip(req.prompts, completions, jobs, cached)]
-        return self._faulty(fate, items[0] if req.single else items, malform_first)
-
-    def _faulty(self, fate: GenerateFate, reply: Any, malformed: Callable[[Any, str], Any]) -> Reply:
-        """The finished reply, or the drop or malformed 200 (a buggy or patched server) `fate` asks."""
-        if fate.action == DROP:
-            self.stats.count("injected_drops")
-            return Reply(drop=True)
-        if fate.action == MALFORMED and fate.malformed_shape is not None:
-            self.stats.count("injected_malformed")
-            return json_reply(malformed(reply, fate.malformed_shape))
-        return json_reply(reply)
+        items = [self._item(*each, received) for each in zip(req.prompts, completions, jobs, cached)]
+        return items[0] if req.single else items
 
     def _item(self, prompt: PromptRequest, completion: Completion, job: SlotJob, cached: int, received: float):
         c = self.config
@@ -414,13 +416,12 @@ class DevServer:
         return json_reply({"count": len(tokens), "max_model_len": limit, "tokens": tokens, "token_strs": None})
 
     def completions(self, body: bytes) -> Reply:
-        return self.fated(body, "/v1/completions", self._complete)
+        return self.fated(
+            body, "/v1/completions", self._complete, partial(error_reply, ENGINE_ERROR_MESSAGE, status=500)
+        )
 
-    def _complete(self, body: bytes, fate: GenerateFate) -> Reply:
+    def _complete(self, body: bytes) -> Any:
         c = self.config
-        if fate.action == FAIL:
-            self.stats.count("injected_failures")
-            return error_reply(ENGINE_ERROR_MESSAGE, status=500)
         try:
             request = json.loads(body)
             tokenize = None if c.skip_tokenizer_init else self.vocab.encode
@@ -456,7 +457,7 @@ class DevServer:
             "usage": {**usage, "completion_tokens_details": None},
             **{"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None},
         }
-        return self._faulty(fate, reply, malform_completion)
+        return reply
 
     def _choice(self, index: int, prompt: PromptRequest, completion: Completion, job: SlotJob, token_ids: bool):
         output_ids, finish = completion.output_ids, completion.finish_reason
