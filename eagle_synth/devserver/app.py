@@ -136,7 +136,6 @@ class DevServer:
         self.rules = ServerRules(
             context_length=c.effective_context_length,
             reserved_tokens=c.draft_reserved_tokens,
-            max_req_len=min(c.effective_context_length, self.max_total_num_tokens) - 1,
             allow_auto_truncate=c.allow_auto_truncate,
             preferred=c.preferred_params,
             sampling_errors_are_400=version_tuple(c.sglang_version) >= SAMPLING_400_VERSION,
@@ -175,12 +174,12 @@ class DevServer:
     # ---- health and information (answered during warm-up too, as SGLang does) ----
 
     def health(self, body: bytes) -> Reply:
-        self.stats.count("health_requests")
+        self.stats.add(health_requests=1)
         if not self.healthy() or self.faults.health_flake():
-            self.stats.count("health_unavailable")
+            self.stats.add(health_unavailable=1)
             return Reply(status=503)
         if self.config.trickle_health:
-            self.stats.count("health_trickled")
+            self.stats.add(health_trickled=1)
             return Reply(body=TRICKLE_BODY, content_type="text/plain", trickle=self.config.trickle_health)
         return Reply()
 
@@ -219,7 +218,7 @@ class DevServer:
         return self._deprecated("/get_server_info", "/server_info", self.server_info)
 
     def _deprecated(self, old: str, new: str, endpoint: Callable[[bytes], Reply]) -> Reply:
-        self.stats.count("deprecated_info_calls")
+        self.stats.add(deprecated_info_calls=1)
         log.warning(
             f"Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead."
         )
@@ -228,17 +227,14 @@ class DevServer:
     def models(self, body: bytes) -> Reply:
         path = self.config.effective_model_path
         model = {"id": path, "object": "model", "created": int(self.stats.started_at), "owned_by": "sglang"}
-        return json_reply(
-            {"object": "list", "data": [{**model, "root": path, "max_model_len": self.config.effective_context_length}]}
-        )
+        model |= {"root": path, "max_model_len": self.config.effective_context_length}
+        return json_reply({"object": "list", "data": [model]})
 
     def flush_cache(self, body: bytes) -> Reply:
         running, waiting = self.scheduler.load
         if running or waiting:
-            return text_reply(
-                f"Cache not flushed because there are pending requests. #queue-req: {waiting}, #running-req: {running}",
-                status=400,
-            )
+            pending = f"#queue-req: {waiting}, #running-req: {running}"
+            return text_reply(f"Cache not flushed because there are pending requests. {pending}", status=400)
         self.cache.flush()
         return text_reply(FLUSH_OK_TEXT)
 
@@ -277,12 +273,12 @@ class DevServer:
         reply = failed() if fate.action == FAIL else serve(body)
         malformed = malform_completion if endpoint == "/v1/completions" else malform_first
         if fate.action == FAIL:
-            self.stats.count("injected_failures")
+            self.stats.add(injected_failures=1)
         elif not isinstance(reply, Reply) and fate.action == DROP:
-            self.stats.count("injected_drops")
+            self.stats.add(injected_drops=1)
             reply = Reply(drop=True)
         elif not isinstance(reply, Reply) and fate.action == MALFORMED and fate.malformed_shape is not None:
-            self.stats.count("injected_malformed")
+            self.stats.add(injected_malformed=1)
             reply = json_reply(malformed(reply, fate.malformed_shape))
         elif not isinstance(reply, Reply):
             reply = json_reply(reply)
@@ -311,10 +307,10 @@ class DevServer:
             tokenize = None if self.config.skip_tokenizer_init else self.vocab.encode
             req = parse_generate_request(json.loads(body), rules=self.rules, tokenize=tokenize)
         except ValueError:
-            self.stats.count("client_errors")
+            self.stats.add(client_errors=1)
             return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
         except ProtocolError as err:
-            self.stats.count("client_errors")
+            self.stats.add(client_errors=1)
             if err.status == 500:
                 log.error("/generate raised %s", err.message)
                 return internal_error()
@@ -331,7 +327,7 @@ class DevServer:
         try:
             jobs = self.hold_slots(req.prompts, completions)
         except QueueFullError as err:
-            self.stats.count("queue_full")
+            self.stats.add(queue_full=1)
             error = {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503}
             return json_reply(error, status=503)
         if jobs is None:
@@ -348,7 +344,7 @@ class DevServer:
             output_ids, finish = output_ids[: job.tokens_done], {"type": "abort", "message": "Aborted"}
         else:
             self.cache.insert(prompt.input_ids + output_ids)
-        self.stats.prompt_done(output_tokens=len(output_ids), aborted=job.aborted)
+        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
         matched = finish.get("matched")
         if c.drop_stop_id and finish["type"] == "stop" and isinstance(matched, int) and output_ids[-1:] == [matched]:
             output_ids = output_ids[:-1]
@@ -427,7 +423,7 @@ class DevServer:
             tokenize = None if c.skip_tokenizer_init else self.vocab.encode
             prompts = parse_completion_request(request, c, self.vocab.size, tokenize)
         except (ValueError, ProtocolError) as err:
-            self.stats.count("client_errors")
+            self.stats.add(client_errors=1)
             if isinstance(err, ProtocolError):
                 return error_reply(err.message, status=err.status, param=err.param)
             return error_reply("JSON decode error", status=400)
@@ -467,7 +463,7 @@ class DevServer:
             finish_reason, matched = finish["type"], finish.get("matched")
             # vLLM reports the matched stop id or string; the model's EOS is reported as None.
             stop_reason = None if matched is None or matched == self.vocab.eos_id else matched
-        self.stats.prompt_done(output_tokens=len(output_ids), aborted=job.aborted)
+        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
         text = "" if self.config.skip_tokenizer_init else self.text(prompt, completion, output_ids, job.aborted)
         return {
             **{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason},
@@ -516,12 +512,8 @@ class DevServer:
         handlers = {path: (methods.split(), getattr(self, name)) for path, (methods, name) in ROUTES[c.api].items()}
         web_app = web.Application(client_max_size=MAX_BODY_BYTES)
         web_app.router.add_route("*", "/{path:.*}", partial(self._dispatch, handlers))
-        runner = web.AppRunner(
-            web_app,
-            access_log=log if c.access_log else None,
-            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
-            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-        )
+        timeouts: dict[str, Any] = {"keepalive_timeout": KEEPALIVE_TIMEOUT_S, "shutdown_timeout": SHUTDOWN_TIMEOUT_S}
+        runner = web.AppRunner(web_app, access_log=log if c.access_log else None, **timeouts)
         await runner.setup()
         try:
             await web.TCPSite(runner, c.host, c.port, backlog=LISTEN_BACKLOG, reuse_address=True).start()

@@ -70,7 +70,6 @@ class DevServerConfig:
     model_path: str | None = _opt(None, "Model path to report (default: the tokenizer dir).")
     context_length: int | None = _opt(None, f"Context length (default {DEFAULT_CONTEXT_LENGTH}; server_info: null).")
     vocab_size: int | None = _opt(None, "Vocabulary size; ids outside it kill the server.")
-    # SGLang sizes this from KV-cache memory.
     slots: int = _opt(
         64,
         "Prompts generating at once (SGLang's max_running_requests); the rest queue.",

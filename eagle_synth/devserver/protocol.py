@@ -62,23 +62,22 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ServerRules:
-    """The launch settings a /generate request is checked against; max_req_len (prompt +
-    generated + 1) None means context - 1."""
+    """The launch settings a /generate request is checked against."""
 
     context_length: int
     reserved_tokens: int = 0
-    max_req_len: int | None = None
     allow_auto_truncate: bool = False
     preferred: dict | None = None
     sampling_errors_are_400: bool = True
 
     @property
-    def effective_max_req_len(self) -> int:
-        return self.max_req_len if self.max_req_len is not None else self.context_length - 1
+    def max_req_len(self) -> int:
+        """Prompt + generated + 1; the KV cache (a slot per request at full context) never cuts it."""
+        return self.context_length - 1
 
     @property
     def max_req_input_len(self) -> int:
-        return self.effective_max_req_len - INPUT_CAP_MARGIN
+        return self.max_req_len - INPUT_CAP_MARGIN
 
 
 class ProtocolError(EagleSynthError):
@@ -176,30 +175,6 @@ def refuse_first(checks: Iterable[tuple[bool, str]]) -> None:
         raise ProtocolError(message)
 
 
-def _verify(p: SamplingParams) -> None:
-    """SGLang's SamplingParams.verify()."""
-    max_new, min_new = p.max_new_tokens, p.min_new_tokens
-    penalties = {"frequency_penalty": -2.0, "presence_penalty": -2.0, "repetition_penalty": 0.0}
-    refuse_first(
-        (
-            (p.temperature < 0.0, f"temperature must be non-negative, got {p.temperature}."),
-            (not 0.0 < p.top_p <= 1.0, f"top_p must be in (0, 1], got {p.top_p}."),
-            (not 0.0 <= p.min_p <= 1.0, f"min_p must be in [0, 1], got {p.min_p}."),
-            (p.top_k < 1 and p.top_k != -1, f"top_k must be -1 (disable), or at least 1, got {p.top_k}."),
-            *(
-                (not low <= getattr(p, k) <= 2.0, f"{k} must be in [{low:g}, 2], got {getattr(p, k)}.")
-                for k, low in penalties.items()
-            ),
-            (max_new is not None and max_new < 0, f"max_new_tokens must be at least 0, got {max_new}."),
-            (
-                min_new < 0 or (max_new is not None and min_new > max_new),
-                f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}.",
-            ),
-            (p.n < 1, f"n must be at least 1, got {p.n}."),
-        )
-    )
-
-
 def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingParams:
     """SGLang's SamplingParams(**raw) + verify(): unknown keys and wrong types are a 400 in
     msgspec's wording with `errors_are_400`, else a 500 (a TypeError)."""
@@ -228,9 +203,29 @@ def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingP
         if not valid(value):
             raise ProtocolError(f"TypeError: sampling param {key}={value!r} is not {expected}", status=500)
         values[key] = convert(value)
-    params = SamplingParams(**values, extra=tuple(sorted(extra)))
-    _verify(params)
-    return params
+    p = SamplingParams(**values, extra=tuple(sorted(extra)))
+    # SGLang's SamplingParams.verify()
+    max_new, min_new = p.max_new_tokens, p.min_new_tokens
+    penalties = {"frequency_penalty": -2.0, "presence_penalty": -2.0, "repetition_penalty": 0.0}
+    refuse_first(
+        (
+            (p.temperature < 0.0, f"temperature must be non-negative, got {p.temperature}."),
+            (not 0.0 < p.top_p <= 1.0, f"top_p must be in (0, 1], got {p.top_p}."),
+            (not 0.0 <= p.min_p <= 1.0, f"min_p must be in [0, 1], got {p.min_p}."),
+            (p.top_k < 1 and p.top_k != -1, f"top_k must be -1 (disable), or at least 1, got {p.top_k}."),
+            *(
+                (not low <= getattr(p, k) <= 2.0, f"{k} must be in [{low:g}, 2], got {getattr(p, k)}.")
+                for k, low in penalties.items()
+            ),
+            (max_new is not None and max_new < 0, f"max_new_tokens must be at least 0, got {max_new}."),
+            (
+                min_new < 0 or (max_new is not None and min_new > max_new),
+                f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}.",
+            ),
+            (p.n < 1, f"n must be at least 1, got {p.n}."),
+        )
+    )
+    return p
 
 
 def _check_ids(ids: Any) -> list[int]:
@@ -306,17 +301,6 @@ def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tup
     return ids, {**raw_params, "max_new_tokens": max(0, ctx - held)}
 
 
-def _scheduler_check(ids: list[int], rules: ServerRules) -> list[int]:
-    """The scheduler's validate_input_length."""
-    cap = rules.max_req_input_len
-    if len(ids) >= cap and not rules.allow_auto_truncate:
-        raise ProtocolError(
-            f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({cap} tokens). "
-            "Use a shorter input or enable --allow-auto-truncate."
-        )
-    return ids[:cap]
-
-
 def parse_generate_request(
     body: Any, *, rules: ServerRules, tokenize: Callable[[str], list[int]] | None
 ) -> GenerateRequest:
@@ -341,10 +325,18 @@ def parse_generate_request(
         checked.append((ids, parse_sampling_params(raw_params, errors_are_400=rules.sampling_errors_are_400)))
     out: list[PromptRequest] = []
     n = checked[0][1].n
-    for (ids, params), rid in zip([(_scheduler_check(ids, rules), params) for ids, params in checked], rids):
+    for (ids, params), rid in zip(checked, rids):
+        if (
+            len(ids) >= rules.max_req_input_len and not rules.allow_auto_truncate
+        ):  # the scheduler's validate_input_length
+            raise ProtocolError(
+                f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({rules.max_req_input_len} tokens). "
+                "Use a shorter input or enable --allow-auto-truncate."
+            )
+        ids = ids[: rules.max_req_input_len]
         asked = params.max_new_tokens if params.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS
         # The scheduler lowers max_new_tokens to what max_req_len leaves, without a word.
-        cap = max(min(asked, rules.effective_max_req_len - len(ids) - 1), 0)
+        cap = max(min(asked, rules.max_req_len - len(ids) - 1), 0)
         out.extend(
             PromptRequest(ids, params, cap, rid=rid if n == 1 else f"{rid}_{j}", group_rid=rid, sample_index=j)
             for j in range(n)

@@ -252,18 +252,12 @@ class DevStats:
             for name, amount in amounts.items():
                 self._counts[name] += amount
 
-    def count(self, name: str) -> None:
-        self.add(**{name: 1})
-
     def generate_received(self, *, healthy: bool) -> None:
         with self._lock:
             self._counts["generate_requests"] += 1
             self._counts["generate_calls_before_healthy"] += not healthy
             if self._counts["first_generate_at"] is None:
                 self._counts["first_generate_at"] = time.time()
-
-    def prompt_done(self, *, output_tokens: int, aborted: bool) -> None:
-        self.add(prompts=1, output_tokens=output_tokens, aborted=aborted)
 
     def load(self, running: int, waiting: int) -> None:
         # Called under the scheduler lock on every change: keep it tiny.
