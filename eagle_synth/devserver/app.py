@@ -589,7 +589,6 @@ async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> w
 
 
 def _drop(request: web.Request) -> web.StreamResponse:
-    """Close the connection with no response at all (the client sees a disconnect)."""
     if request.transport is not None:
         request.transport.close()
     return web.Response()  # its write fails on the closed transport, which aiohttp ignores
@@ -606,12 +605,7 @@ def run_devserver(config: DevServerConfig) -> None:
 def start_devserver_thread(
     config: DevServerConfig, *, vocab: ModelVocab | None = None, wait: bool = True, timeout: float = 120.0
 ) -> DevServer:
-    """Start a devserver in a daemon thread and return it (call `.stop()` when done).
-
-    Fatal faults (out-of-vocabulary id, --die-after) stop the server instead of exiting the
-    host process. With `wait`, blocks as `wait_listening` does; wait=False to observe a
-    startup delay.
-    """
+    """A devserver in a daemon thread (fatal faults only stop it); with `wait`, once it listens."""
     server = DevServer(dataclasses.replace(config, exit_on_death=False), vocab=vocab)
 
     def run_quietly() -> None:

@@ -100,9 +100,9 @@ class SlotScheduler:
             self._cond.notify()
         self._finish(finished)
 
-    def abort(self, *, rids: set[str] | None) -> int:
+    def abort(self, *, rids: set[str] | None) -> None:
         """End jobs whose rid or group rid is in `rids` (None = all), running ones with the
-        tokens generated so far; returns how many."""
+        tokens generated so far."""
 
         def named(job: SlotJob) -> bool:
             return rids is None or job.rid in rids or job.group_rid in rids
@@ -122,7 +122,6 @@ class SlotScheduler:
             self.stats.load(len(self._running), len(self._waiting))
             self._cond.notify()
         self._finish(ended)
-        return len(ended)
 
     def kill_all(self) -> None:
         """The GPU died: every job ends as KILLED and later submissions are killed at once."""
