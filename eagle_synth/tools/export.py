@@ -1,10 +1,8 @@
 """`eagle-synth export`: records to training rows, in the formats the drafter trainers read.
 
-Records stream once through the filters (tools/filters.py: clip, drop, sample, split) into row
-groups bounded in rows and ids, into each split's output files: memory stays flat at any campaign
-size. Parquet and the datasets folders are built from the ids' uint32 bytes (RawRecord), without
-a Python int per id, which is what makes them fast. Formats: jsonl, parquet (tools/export_rows.py:
-every Record field), specforge, speculators, hf (tools/trainer_formats.py). Docs: docs/records.md.
+Records stream once through the filters (tools/filters.py) into row groups bounded in rows and ids,
+into each split's output files: memory stays flat at any size. Parquet and the datasets folders are
+built from the ids' uint32 bytes (RawRecord), without a Python int per id. Docs: docs/records.md.
 """
 
 from __future__ import annotations
@@ -66,11 +64,8 @@ SPECFORGE_BYTES_PER_TOKEN = 44
 
 @dataclass(slots=True)
 class ExportResult:
-    """What an export wrote: rows and ids (`tokens`, `loss_tokens` mask-1) of all splits, the output
-    files (datasets formats: folders), SelectionStats' read / dropped / clipped, rows per split,
-    warnings and (without torch) the commands that make the torch files; speculators: per split
-    ("all" unsplit) the --train-data-ratio nearest 0.9 cutting between input rows; file formats:
-    ids in the largest file (a SpecForge run over it holds SPECFORGE_BYTES_PER_TOKEN each)."""
+    """What an export wrote: the `--json` summary's figures (docs/records.md, "Filters"); `paths` are
+    folders for the datasets formats, `train_data_ratio` is per split ("all" unsplit)."""
 
     format: str = "jsonl"
     rows: int = 0
@@ -92,7 +87,6 @@ class ExportResult:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
-        """The `--json` summary."""
         summary = {
             "format": self.format,
             "rows": self.rows,
@@ -138,11 +132,8 @@ def _source(
 
 @dataclass(frozen=True, slots=True)
 class OutputOptions:
-    """How the output is written: `shard_rows` per file (None: one file; datasets formats: their
-    default); file formats: at most `shard_tokens` ids per file (a longer row gets its own), to keep
-    one SpecForge run per file in a memory budget; specforge: `zero_last_loss` zeroes each row's last
-    mask entry (EAGLE-3 online runs before upstream SpecForge #895; not DFlash); datasets formats:
-    `replace` an --out folder holding files an export did not write (hidden_states/, vocab files)."""
+    """How the output is written: the export flags of the same names (docs/records.md). `zero_last_loss`
+    is for SpecForge's EAGLE-3 online runs before upstream #895 (not DFlash)."""
 
     shard_rows: int | None = None
     shard_tokens: int | None = None
@@ -193,15 +184,9 @@ def _open_jsonl(path: Path) -> IO[str]:
 
 
 class _FileSink:
-    """Writes one split's row groups into its numbered files; each appears whole or not at all.
-
-    `out.parquet` with shards becomes `out-00000.parquet`, ...; a folder (an existing one, or a
-    name without a suffix) gets `part-00000.<format>`, ...; a split adds its name (`out-test.parquet`,
-    `out-test-00000.parquet`, `test-00000...` in a folder: names `datasets.load_dataset` maps to
-    splits). A file is closed at `shard_rows` rows, or before a row that would take it past
-    `shard_tokens` ids (a longer row gets a file of its own). With no rows, one empty file is
-    written (a Parquet one still carries the schema, so readers find the columns).
-    """
+    """Writes one split's row groups into its files (named as docs/records.md, "Output files"), each
+    whole or not at all: closed at `shard_rows` rows, or before a row that would take it past
+    `shard_tokens` ids. With no rows, one empty file (a Parquet one still carries the schema)."""
 
     def __init__(self, format: str, out: Path, split: str | None, options: OutputOptions) -> None:
         self.shard_rows, self.shard_tokens = options.shard_rows, options.shard_tokens
@@ -305,8 +290,7 @@ def _fill(
     stats: SelectionStats,
     cutoff: int | None,
 ) -> None:
-    """The one pass: records through the filters, into each split's row groups of at most
-    ROW_GROUP_ROWS rows or ROW_GROUP_TOKENS ids, into the split's sink."""
+    """The one pass: selected rows into each split's row groups (ROW_GROUP_ROWS, ROW_GROUP_TOKENS), into its sink."""
     groups: dict[str | None, list[RawRecord]] = {name: [] for name in sinks}
     tokens: dict[str | None, int] = dict.fromkeys(sinks, 0)
 
@@ -401,11 +385,9 @@ def export_records(
     zero_last_loss: bool = False,
     replace: bool = False,
 ) -> ExportResult:
-    """Export a campaign's records as training rows, streaming. `out`: a file (`.jsonl`, `.jsonl.gz`,
-    `.parquet`; sharded, a name to number or a folder: _FileSink), or for datasets formats a folder
-    (replaced if it holds only an earlier export). `progress` is told the phase and records read.
-    `turns` "last": only each `--history own` conversation's last turn (such campaigns are written
-    in conversation order). shard_rows, shard_tokens, zero_last_loss, replace: OutputOptions'."""
+    """Export a campaign's records as training rows, streaming, into `out` (a file, a name to number or
+    a folder: _FileSink; a folder for datasets formats). `turns` "last": only each `--history own`
+    conversation's last turn. shard_rows, shard_tokens, zero_last_loss, replace: OutputOptions'."""
     started = time.perf_counter()
     options = OutputOptions(shard_rows, shard_tokens, zero_last_loss, replace)
     options.check(format, Path(out))

@@ -1,14 +1,8 @@
 """`eagle-synth vocab`: loss-masked token frequencies and the EAGLE-3 draft vocabulary mapping.
 
-EAGLE-3 drafters predict over the N target ids most frequent among the tokens they learn (mask 1):
-`d2t` (int64, length N: draft index i stands for target id `i + d2t[i]`) and `t2d` (bool, length
-target_vocab_size: True on the N chosen ids, sorted ascending, so `nonzero(t2d) == d2t + arange(N)`).
-Order: higher count first, then lower id; with fewer than N distinct ids counted, the lowest unused
-ids fill the rest. That is speculators' rule; SpecForge breaks ties in the order it first met the
-ids, so the two differ only among ids tied at the cut. Written as .npy (speculators), JSON, and with
-torch SpecForge's `vocab_mapping.pt`, ModelOpt's `d2t.pt`, speculators' `token_freq.pt`; without
-torch, the one-line command that makes them on the training machine (a hand-written torch zip would
-depend on torch's pickle globals and archive layout, which torch does not promise). docs/records.md.
+`d2t` (int64 [N]): draft index i stands for target id `i + d2t[i]`; `t2d` (bool [target vocab size]):
+True on the N kept ids. The files, the choice rule (speculators') and why the torch files are made by a
+printed command where torch is missing: docs/records.md, `eagle-synth vocab`.
 """
 
 from __future__ import annotations
