@@ -8,6 +8,7 @@ built from the ids' uint32 bytes (RawRecord), without a Python int per id. Docs:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import json
 import os
@@ -19,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from eagle_synth.errors import UserError
 from eagle_synth.progress import Progress, reported
@@ -158,8 +159,10 @@ class OutputOptions:
             check_dataset_out(out, replace=self.replace)
 
 
-def _writer(format: str, options: OutputOptions) -> tuple[Callable[[Path], Any], Callable[[Any, list], None]]:
-    """(open a file, write a row group to it) for a file format."""
+def _writer(
+    format: str, options: OutputOptions, *, gz: bool
+) -> tuple[Callable[[Path], Any], Callable[[Any, list], None]]:
+    """(open a file, write a row group to it) for a file format; `gz`: a gzipped JSONL file."""
     if format == "parquet":
         import pyarrow.parquet as pq
 
@@ -172,15 +175,10 @@ def _writer(format: str, options: OutputOptions) -> tuple[Callable[[Path], Any],
         return lambda path: open(path, "w", encoding="utf-8"), lambda handle, group: handle.write(
             specforge_lines(group, zero_last_loss=True) if options.zero_last_loss else specforge_lines(group)
         )
-    return _open_jsonl, lambda handle, group: handle.write(
+    opener: Callable[..., Any] = functools.partial(gzip.open, compresslevel=6) if gz else open
+    return lambda path: opener(path, "wt", encoding="utf-8"), lambda handle, group: handle.write(
         "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)
     )
-
-
-def _open_jsonl(path: Path) -> IO[str]:
-    if path.name.endswith(".gz.tmp"):
-        return gzip.open(path, "wt", compresslevel=6, encoding="utf-8")
-    return open(path, "w", encoding="utf-8")
 
 
 class _FileSink:
@@ -205,7 +203,7 @@ class _FileSink:
             self.folder, self.stem = out.parent, f"{stem}-{split}" if split else stem
         self.single = out if split is None else self.folder / f"{self.stem}{self.suffix}"
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.open_file, self.write_group = _writer(format, options)
+        self.open_file, self.write_group = _writer(format, options, gz=self.suffix.endswith(".gz"))
         self.done: list[Path] = []
         self.handle: Any = None
         self.index = self.in_shard = self.tokens_in_shard = self.largest_file_tokens = 0

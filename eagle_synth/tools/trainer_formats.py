@@ -239,20 +239,16 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
                 }
                 atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
         del loaded  # unmaps the staging files before they are deleted
-        _replace_folder(tmp, out)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         if not quiet:
             enable_progress_bars()
-
-
-def _replace_folder(new: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(new, out)
-        return
-    old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
-    os.replace(out, old)
-    os.replace(new, out)
-    shutil.rmtree(old, ignore_errors=True)
