@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from eagle_synth.devserver.generation import Generator
+from eagle_synth.devserver.generation import Generator, ModelVocab
 from eagle_synth.devserver.protocol import PromptRequest, SamplingParams
 from eagle_synth.devserver.toolcalls import (
     ToolCaller,
@@ -18,7 +18,6 @@ from eagle_synth.devserver.toolcalls import (
     fill_arguments,
     render_calls,
 )
-from eagle_synth.devserver.vocab import ModelVocab
 from eagle_synth.toolcalls import parse_tool_calls
 from tests.answer_text import split_reasoning
 

@@ -3,9 +3,8 @@ batch-mates are doing (workers/inflight.py), against a real devserver and a real
 
 from __future__ import annotations
 
-from eagle_synth.devserver.generation import Generator
+from eagle_synth.devserver.generation import Generator, ModelVocab
 from eagle_synth.devserver.protocol import ServerRules, parse_generate_request
-from eagle_synth.devserver.vocab import ModelVocab
 from eagle_synth.harness import wait_for
 from eagle_synth.templating import render_prompt_ids
 from tests.helpers import assert_exactly_once, devserver_stats, enqueue_rows, wait_finished

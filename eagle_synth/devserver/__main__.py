@@ -1,8 +1,5 @@
-"""`python -m eagle_synth.devserver --tokenizer DIR [--port P] ...`: run a devserver.
-
-The typer command's options are generated from DevServerConfig's fields (name with dashes,
-help and aliases from metadata), so the CLI and the dataclass cannot drift apart.
-"""
+"""`python -m eagle_synth.devserver --tokenizer DIR [--port P] ...`: run a devserver, with
+options made from DevServerConfig's fields so the CLI and the dataclass cannot drift apart."""
 
 from __future__ import annotations
 
@@ -34,10 +31,8 @@ def serve(**values: typing.Any) -> None:
         check_tokenizer_path(config.tokenizer)
     except (ValueError, TemplateError) as exc:
         _stop(str(exc))
-    port_taken = (
-        f"--port {config.port}: address {config.host}:{config.port} is already in use; "
-        "pick another port (--port 0 takes a free one)"
-    )
+    port_taken = f"--port {config.port}: address {config.host}:{config.port} is already in use; pick another port "
+    port_taken += "(--port 0 takes a free one)"
     if config.port and not _can_bind(config.host, config.port):
         _stop(port_taken)  # before the tokenizer's seconds of loading
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
@@ -50,7 +45,6 @@ def serve(**values: typing.Any) -> None:
 
 
 def _option(f: dataclasses.Field, hint: typing.Any) -> inspect.Parameter:
-    """serve()'s parameter for one config field: a typer option named after it."""
     flags = ("--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
     option = typer.Option(*flags, help=f.metadata.get("help", ""), show_default=f.default is not None)
     default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
@@ -69,7 +63,7 @@ cli.command()(serve)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The exit status: 2, with one line, for a flag to fix."""
+    """The exit status (2 for a flag to fix)."""
     try:
         typer.main.get_command(cli).main(args=list(argv) if argv is not None else None, prog_name=PROG)
     except SystemExit as exc:
@@ -78,13 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _stop(message: str) -> typing.NoReturn:
-    """One `error: ...` line on stderr, as every eagle-synth command says it; exit status 2."""
+    """One `error: ...` line on stderr, as every eagle-synth command says it."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise typer.Exit(USER_ERROR_EXIT)
 
 
 def _can_bind(host: str, port: int) -> bool:
-    """Whether (host, port) can be bound now, as the HTTP server binds it (SO_REUSEADDR)."""
+    # As the HTTP server binds it (SO_REUSEADDR).
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

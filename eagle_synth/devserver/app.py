@@ -1,4 +1,4 @@
-"""The devserver's endpoints (SGLang's API; vLLM's is vllm_api.py) and its aiohttp transport.
+"""The devserver's endpoints (SGLang's, and vLLM's with --api vllm) and its aiohttp transport.
 
 Endpoint methods take the raw body and return a Reply, which the transport writes, drops, or
 dies after. They block (a /generate holds its slot for the emulated time), so each runs in a
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -23,16 +25,19 @@ from typing import Any
 from aiohttp import web
 
 from eagle_synth.devserver.config import DevServerConfig
-from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, FaultPlan, GenerateFate, malform
-from eagle_synth.devserver.generation import Completion, Generator
-from eagle_synth.devserver.prefix_cache import PrefixCache
+from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, FaultPlan, malform, malform_completion
+from eagle_synth.devserver.generation import Completion, Generator, ModelVocab
 from eagle_synth.devserver.protocol import (
+    ENGINE_ERROR_MESSAGE,
+    KNOWN_FIELDS,
     SAMPLING_400_VERSION,
     PromptRequest,
     ProtocolError,
     Reply,
     ServerRules,
+    error_reply,
     json_reply,
+    parse_completion_request,
     parse_generate_request,
     version_tuple,
 )
@@ -40,13 +45,12 @@ from eagle_synth.devserver.scheduler import (
     ABORTED_RUNNING,
     ABORTED_WAITING,
     KILLED,
+    DevStats,
+    PrefixCache,
     QueueFullError,
     SlotJob,
     SlotScheduler,
 )
-from eagle_synth.devserver.stats import DevStats
-from eagle_synth.devserver.vllm_api import VllmApi
-from eagle_synth.devserver.vocab import ModelVocab
 
 log = logging.getLogger("eagle_synth.devserver")
 
@@ -78,20 +82,22 @@ SERVER_INFO_FIELDS = (
     *("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "host", "port"),
     "max_queued_requests",
 )
-# path -> (methods, endpoint method): SGLang's endpoints, and vLLM's with --api vllm (a VllmApi
-# method, else the app's); every other path is a 404.
+# path -> (methods, endpoint method), per API; every other path is a 404.
 ROUTES = {
-    **{"/generate": ("POST PUT", "generate"), "/health": ("GET", "health"), "/health_generate": ("GET", "health")},
-    **{"/model_info": ("GET", "model_info"), "/get_model_info": ("GET", "get_model_info")},
-    **{"/server_info": ("GET", "server_info"), "/get_server_info": ("GET", "get_server_info")},
-    **{"/v1/models": ("GET", "models"), "/flush_cache": ("GET POST", "flush_cache")},
-    **{"/abort_request": ("POST PUT", "abort_request"), "/dev/stats": ("GET", "dev_stats")},
-    "/dev/reset_stats": ("POST", "dev_reset_stats"),
-}
-VLLM_ROUTES = {
-    **{"/v1/completions": ("POST", "completions"), "/health": ("GET", "health"), "/v1/models": ("GET", "models")},
-    **{"/version": ("GET", "version"), "/server_info": ("GET", "server_info"), "/tokenize": ("POST", "tokenize")},
-    **{"/dev/stats": ("GET", "dev_stats"), "/dev/reset_stats": ("POST", "dev_reset_stats")},
+    "sglang": {
+        **{"/generate": ("POST PUT", "generate"), "/health": ("GET", "health"), "/health_generate": ("GET", "health")},
+        **{"/model_info": ("GET", "model_info"), "/get_model_info": ("GET", "get_model_info")},
+        **{"/server_info": ("GET", "server_info"), "/get_server_info": ("GET", "get_server_info")},
+        **{"/v1/models": ("GET", "models"), "/flush_cache": ("GET POST", "flush_cache")},
+        **{"/abort_request": ("POST PUT", "abort_request"), "/dev/stats": ("GET", "dev_stats")},
+        "/dev/reset_stats": ("POST", "dev_reset_stats"),
+    },
+    "vllm": {
+        **{"/v1/completions": ("POST", "completions"), "/health": ("GET", "health")},
+        **{"/v1/models": ("GET", "vllm_models"), "/version": ("GET", "version")},
+        **{"/server_info": ("GET", "vllm_server_info"), "/tokenize": ("POST", "tokenize")},
+        **{"/dev/stats": ("GET", "dev_stats"), "/dev/reset_stats": ("POST", "dev_reset_stats")},
+    },
 }
 
 
@@ -105,19 +111,11 @@ def internal_error() -> Reply:
 
 
 class DevServer:
-    """One emulated SGLang (or vLLM) server, its endpoints and its lifecycle.
+    """One emulated SGLang (or vLLM) server: its endpoints (docs/devserver.md) and lifecycle.
 
-    Behaviour: `run()` loads the tokenizer, keeps the port closed for `startup_delay` seconds,
-    binds, prints LISTENING_LINE and serves until `stop()` or death, in the calling thread
-    (`run_devserver`) or a daemon thread (`start_devserver_thread`). /generate validates like
-    SGLang (protocol.py), dies on an out-of-vocabulary id, generates deterministic completions
-    (Generator), holds a slot per prompt for the emulated time (SlotScheduler) and answers in
-    SGLang's shape. Health answers 503 for `warmup` seconds after binding; faults come from a
-    seeded FaultPlan. `die()` stops listening, then, with config.exit_on_death, exits.
-
-    Parameters:
-        config: launch arguments.
-        vocab: an already loaded token space (saves the tokenizer load); None loads it in run().
+    `run()` loads the tokenizer (unless `vocab` is given), keeps the port closed for
+    startup_delay, binds, prints LISTENING_LINE and serves until `stop()` or `die()` (which,
+    with config.exit_on_death, exits the process).
     """
 
     def __init__(self, config: DevServerConfig, *, vocab: ModelVocab | None = None) -> None:
@@ -131,25 +129,18 @@ class DevServer:
             **{k: getattr(c, k) for k in ("fail_rate", "drop_rate", "health_fail_rate", "die_after", "seed")},
             malformed_rate=c.malformed_rate,
         )
+        self._ignored_logged: set[tuple[str, ...]] = set()  # vLLM warns once per set of ignored fields
         # The KV-cache size reported in server_info: room for every slot at full context, so the
         # context (not the cache) is what limits one request, as on a well-sized server.
         self.max_total_num_tokens = c.slots * c.effective_context_length
         self.rules = ServerRules(
             context_length=c.effective_context_length,
             reserved_tokens=c.draft_reserved_tokens,
-            max_req_len=min(c.effective_context_length, self.max_total_num_tokens) - 1,
             allow_auto_truncate=c.allow_auto_truncate,
             preferred=c.preferred_params,
             sampling_errors_are_400=version_tuple(c.sglang_version) >= SAMPLING_400_VERSION,
         )
-        self.scheduler = SlotScheduler(
-            slots=c.slots,
-            max_queued=c.max_queued_requests,
-            token_latency=c.token_latency,
-            prefill_latency=c.prefill_latency,
-            on_done=lambda job, held: self.stats.add(busy_slot_seconds=held),
-            on_load=self.stats.load,
-        )
+        self.scheduler = SlotScheduler(c, self.stats)
         self.port = c.port  # the bound one once `listening` is set
         self.listening, self.stopped, self.loaded = threading.Event(), threading.Event(), threading.Event()
         self.error: BaseException | None = None
@@ -183,12 +174,12 @@ class DevServer:
     # ---- health and information (answered during warm-up too, as SGLang does) ----
 
     def health(self, body: bytes) -> Reply:
-        self.stats.count("health_requests")
+        self.stats.add(health_requests=1)
         if not self.healthy() or self.faults.health_flake():
-            self.stats.count("health_unavailable")
+            self.stats.add(health_unavailable=1)
             return Reply(status=503)
         if self.config.trickle_health:
-            self.stats.count("health_trickled")
+            self.stats.add(health_trickled=1)
             return Reply(body=TRICKLE_BODY, content_type="text/plain", trickle=self.config.trickle_health)
         return Reply()
 
@@ -203,8 +194,7 @@ class DevServer:
         )
 
     def server_info(self, body: bytes) -> Reply:
-        """Launch arguments (secrets included, as SGLang returns them), the scheduler's limits
-        (SGLang merges its scheduler_info in) and the version."""
+        """Launch arguments (secrets included, as SGLang's), its scheduler_info and version."""
         c = self.config
         return json_reply(
             {
@@ -212,12 +202,12 @@ class DevServer:
                 **{"served_model_name": c.effective_model_path, "tp_size": 1, "dp_size": 1, "page_size": 1},
                 **{"max_running_requests": c.slots, "random_seed": c.seed, "ssl_keyfile_password": None},
                 **{name: getattr(c, name) for name in SERVER_INFO_FIELDS},
-                **{"sampling_defaults": "model", "vocab_size": self.vocab.size},
+                **{"sampling_defaults": "model", "vocab_size": self.vocab.size, "version": c.sglang_version},
                 **{
                     "max_total_num_tokens": self.max_total_num_tokens,
                     "max_req_input_len": self.rules.max_req_input_len,
                 },
-                **{"version": c.sglang_version, "devserver": True},
+                "devserver": True,
             }
         )
 
@@ -228,8 +218,7 @@ class DevServer:
         return self._deprecated("/get_server_info", "/server_info", self.server_info)
 
     def _deprecated(self, old: str, new: str, endpoint: Callable[[bytes], Reply]) -> Reply:
-        """SGLang's deprecated info endpoints: the same answer, and a warning on every call."""
-        self.stats.count("deprecated_info_calls")
+        self.stats.add(deprecated_info_calls=1)
         log.warning(
             f"Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead."
         )
@@ -238,17 +227,14 @@ class DevServer:
     def models(self, body: bytes) -> Reply:
         path = self.config.effective_model_path
         model = {"id": path, "object": "model", "created": int(self.stats.started_at), "owned_by": "sglang"}
-        return json_reply(
-            {"object": "list", "data": [{**model, "root": path, "max_model_len": self.config.effective_context_length}]}
-        )
+        model |= {"root": path, "max_model_len": self.config.effective_context_length}
+        return json_reply({"object": "list", "data": [model]})
 
     def flush_cache(self, body: bytes) -> Reply:
         running, waiting = self.scheduler.load
         if running or waiting:
-            return text_reply(
-                f"Cache not flushed because there are pending requests. #queue-req: {waiting}, #running-req: {running}",
-                status=400,
-            )
+            pending = f"#queue-req: {waiting}, #running-req: {running}"
+            return text_reply(f"Cache not flushed because there are pending requests. {pending}", status=400)
         self.cache.flush()
         return text_reply(FLUSH_OK_TEXT)
 
@@ -279,19 +265,29 @@ class DevServer:
 
     # ---- generation ----
 
-    def fated(self, body: bytes, endpoint: str, serve: Callable[[bytes, GenerateFate], Reply]) -> Reply:
-        """One generation request (either API) with its fault drawn; the --die-after one dies
-        once answered."""
+    def fated(self, body: bytes, endpoint: str, serve: Callable[[bytes], Any], failed: Callable[[], Reply]) -> Reply:
+        """One generation request (either API) with its fault drawn: `serve` answers a Reply, or
+        the reply's JSON, which the fault may drop or malform (a buggy or patched server)."""
         self.stats.generate_received(healthy=self.healthy())
         fate = self.faults.next_generate()
-        reply = serve(body, fate)
+        reply = failed() if fate.action == FAIL else serve(body)
+        malformed = malform_completion if endpoint == "/v1/completions" else malform_first
+        if fate.action == FAIL:
+            self.stats.add(injected_failures=1)
+        elif not isinstance(reply, Reply) and fate.action == DROP:
+            self.stats.add(injected_drops=1)
+            reply = Reply(drop=True)
+        elif not isinstance(reply, Reply) and fate.action == MALFORMED and fate.malformed_shape is not None:
+            self.stats.add(injected_malformed=1)
+            reply = json_reply(malformed(reply, fate.malformed_shape))
+        elif not isinstance(reply, Reply):
+            reply = json_reply(reply)
         if fate.die_after_response and reply.die_reason is None:
             reply.die_reason = f"--die-after {fate.number}: answered the last allowed {endpoint}"
         return reply
 
     def hold_slots(self, prompts: list[PromptRequest], completions: list[Completion]) -> list[SlotJob] | None:
-        """Each prompt holds a slot for its emulated time (QueueFullError past the queue cap);
-        None when the GPU died meanwhile, which drops the reply."""
+        """Each prompt holds a slot for its emulated time; None when the GPU died meanwhile."""
         jobs = [SlotJob(p.rid, p.group_rid, len(c.output_ids)) for p, c in zip(prompts, completions)]
         self.scheduler.submit(jobs)
         for job in jobs:
@@ -299,26 +295,22 @@ class DevServer:
         return None if any(job.outcome == KILLED for job in jobs) else jobs
 
     def text(self, prompt: PromptRequest, completion: Completion, output_ids: list[int], aborted: bool) -> str:
-        """A reply's text: the rendered completion, or an aborted one's tokens decoded."""
         if aborted:
             return self.vocab.decode(output_ids, skip_special_tokens=prompt.params.skip_special_tokens)
         return self.generator.render_text(completion, prompt.params)
 
     def generate(self, body: bytes) -> Reply:
-        return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()))
+        return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()), internal_error)
 
-    def _generate(self, body: bytes, fate: GenerateFate, *, received: float) -> Reply:
-        if fate.action == FAIL:
-            self.stats.count("injected_failures")
-            return internal_error()
+    def _generate(self, body: bytes, *, received: float) -> Any:
         try:
             tokenize = None if self.config.skip_tokenizer_init else self.vocab.encode
             req = parse_generate_request(json.loads(body), rules=self.rules, tokenize=tokenize)
         except ValueError:
-            self.stats.count("client_errors")
+            self.stats.add(client_errors=1)
             return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
         except ProtocolError as err:
-            self.stats.count("client_errors")
+            self.stats.add(client_errors=1)
             if err.status == 500:
                 log.error("/generate raised %s", err.message)
                 return internal_error()
@@ -335,20 +327,13 @@ class DevServer:
         try:
             jobs = self.hold_slots(req.prompts, completions)
         except QueueFullError as err:
-            self.stats.count("queue_full")
+            self.stats.add(queue_full=1)
             error = {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503}
             return json_reply(error, status=503)
         if jobs is None:
             return Reply(drop=True)
-        items: list[Any] = [self._item(*each, received) for each in zip(req.prompts, completions, jobs, cached)]
-        if fate.action == DROP:
-            self.stats.count("injected_drops")
-            return Reply(drop=True)
-        if fate.action == MALFORMED and fate.malformed_shape is not None:
-            # A 200 whose first item cannot be a record: what a buggy or patched server sends.
-            self.stats.count("injected_malformed")
-            items[0] = malform(items[0], fate.malformed_shape)
-        return json_reply(items[0] if req.single else items)
+        items = [self._item(*each, received) for each in zip(req.prompts, completions, jobs, cached)]
+        return items[0] if req.single else items
 
     def _item(self, prompt: PromptRequest, completion: Completion, job: SlotJob, cached: int, received: float):
         c = self.config
@@ -359,7 +344,7 @@ class DevServer:
             output_ids, finish = output_ids[: job.tokens_done], {"type": "abort", "message": "Aborted"}
         else:
             self.cache.insert(prompt.input_ids + output_ids)
-        self.stats.prompt_done(output_tokens=len(output_ids), aborted=job.aborted)
+        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
         matched = finish.get("matched")
         if c.drop_stop_id and finish["type"] == "stop" and isinstance(matched, int) and output_ids[-1:] == [matched]:
             output_ids = output_ids[:-1]
@@ -373,6 +358,118 @@ class DevServer:
             **{"cached_tokens": cached, "e2e_latency": time.monotonic() - received, "weight_version": WEIGHT_VERSION},
         }
         return item
+
+    # ---- vLLM's endpoints (--api vllm): the same generator, scheduler, faults and counters ----
+
+    def vllm_models(self, body: bytes) -> Reply:
+        c, created = self.config, int(self.stats.started_at)
+        permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created}
+        permission |= {"allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True}
+        permission |= {"allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False}
+        permission |= {"organization": "*", "group": None, "is_blocking": False}
+        model = {"id": c.effective_served_model_name, "object": "model", "created": created, "owned_by": "vllm"}
+        model |= {"root": c.effective_model_path, "parent": None, "max_model_len": c.effective_context_length}
+        return json_reply({"object": "list", "data": [{**model, "permission": [permission]}]})
+
+    def version(self, body: bytes) -> Reply:
+        return json_reply({"version": self.config.vllm_version})
+
+    def vllm_server_info(self, body: bytes) -> Reply:
+        """Only in dev mode: the configuration as `?config_format=json` gives it."""
+        c = self.config
+        if not c.dev_mode:
+            return json_reply({"detail": "Not Found"}, status=404)
+        model: dict[str, Any] = {"model": c.effective_model_path, "served_model_name": c.effective_served_model_name}
+        model |= {"tokenizer": c.tokenizer, "max_model_len": c.effective_context_length, "dtype": "bfloat16"}
+        model |= {"seed": c.seed, "generation_config": c.generation_config}
+        model |= {"override_generation_config": json.loads(c.override_generation_config or "{}")}
+        model |= {"skip_tokenizer_init": c.skip_tokenizer_init, "logits_processors": None, "runner_type": "generate"}
+        config = {
+            "model_config": model,
+            "scheduler_config": {"max_num_seqs": c.slots, "max_num_batched_tokens": c.effective_context_length},
+            "cache_config": {"enable_prefix_caching": True, "kv_cache_dtype": "auto"},
+            "parallel_config": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1},
+            "structured_outputs_config": {"reasoning_parser": c.reasoning_parser or ""},
+            "speculative_config": None,
+        }
+        return json_reply({"vllm_config": config, "vllm_env": {}, "system_env": {}})
+
+    def tokenize(self, body: bytes) -> Reply:
+        """TokenizeCompletionRequest; `add_special_tokens` defaults to true, as vLLM's does."""
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return error_reply("JSON decode error", status=400)
+        prompt = request.get("prompt") if isinstance(request, dict) else None
+        if not isinstance(prompt, str):
+            return error_reply("Field required: ('body', 'prompt')", status=400)
+        model = request.get("model")
+        if model is not None and model != self.config.effective_served_model_name:
+            return error_reply(f"The model `{model}` does not exist.", status=404, param="model")
+        add_special = request.get("add_special_tokens", True) is not False
+        tokens = [int(i) for i in self.vocab.tokenizer.encode(prompt, add_special_tokens=add_special)]
+        limit = self.config.effective_context_length
+        return json_reply({"count": len(tokens), "max_model_len": limit, "tokens": tokens, "token_strs": None})
+
+    def completions(self, body: bytes) -> Reply:
+        return self.fated(
+            body, "/v1/completions", self._complete, partial(error_reply, ENGINE_ERROR_MESSAGE, status=500)
+        )
+
+    def _complete(self, body: bytes) -> Any:
+        c = self.config
+        try:
+            request = json.loads(body)
+            tokenize = None if c.skip_tokenizer_init else self.vocab.encode
+            prompts = parse_completion_request(request, c, self.vocab.size, tokenize)
+        except (ValueError, ProtocolError) as err:
+            self.stats.add(client_errors=1)
+            if isinstance(err, ProtocolError):
+                return error_reply(err.message, status=err.status, param=err.param)
+            return error_reply("JSON decode error", status=400)
+        unknown = tuple(sorted(set(request) - KNOWN_FIELDS))
+        if unknown and unknown not in self._ignored_logged:
+            self._ignored_logged.add(unknown)
+            log.warning("The following fields were present in the request but ignored: %s", set(unknown))
+        token_ids = bool(request.get("return_token_ids"))
+        completions = [self.generator.complete(p) for p in prompts]
+        jobs = self.hold_slots(prompts, completions)  # vLLM has no queue cap: requests wait
+        if jobs is None:
+            return Reply(drop=True)
+        choices = [self._choice(i, *each, token_ids) for i, each in enumerate(zip(prompts, completions, jobs))]
+        completion_tokens = sum(j.tokens_done if j.aborted else len(d.output_ids) for d, j in zip(completions, jobs))
+        prompt_tokens = sum(len(p.input_ids) for p in prompts if p.sample_index == 0)
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens}
+        usage |= {"completion_tokens": completion_tokens, "prompt_tokens_details": None}
+        reply = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": c.effective_served_model_name,
+            "choices": choices,
+            "service_tier": None,
+            # vLLM 0.32 answers "vllm-<version>-<build hash>"; the rest as the real CPU build does.
+            "system_fingerprint": f"vllm-{c.vllm_version}-devserver",
+            "usage": {**usage, "completion_tokens_details": None},
+            **{"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None},
+        }
+        return reply
+
+    def _choice(self, index: int, prompt: PromptRequest, completion: Completion, job: SlotJob, token_ids: bool):
+        output_ids, finish = completion.output_ids, completion.finish_reason
+        if job.aborted:
+            output_ids, finish_reason, stop_reason = output_ids[: job.tokens_done], "abort", None
+        else:
+            finish_reason, matched = finish["type"], finish.get("matched")
+            # vLLM reports the matched stop id or string; the model's EOS is reported as None.
+            stop_reason = None if matched is None or matched == self.vocab.eos_id else matched
+        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
+        text = "" if self.config.skip_tokenizer_init else self.text(prompt, completion, output_ids, job.aborted)
+        return {
+            **{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason},
+            **{"stop_reason": stop_reason, "token_ids": output_ids if token_ids else None, "prompt_logprobs": None},
+            **{"prompt_token_ids": prompt.input_ids if token_ids else None, "routed_experts": None},
+        }
 
     @property
     def url(self) -> str:
@@ -403,13 +500,8 @@ class DevServer:
             *(vocab.think_close_id, len(vocab.corpus_ids)),
         )
         self.vocab = vocab
-        self.generator = Generator(
-            vocab=vocab,
-            mean_output_tokens=c.mean_output_tokens,
-            seed=c.seed,
-            length_median=c.length_median,
-            length_sigma=c.length_sigma,
-        )
+        knobs = ("mean_output_tokens", "seed", "length_median", "length_sigma")
+        self.generator = Generator(vocab=vocab, **{k: getattr(c, k) for k in knobs})
         self.loaded.set()
         if c.startup_delay > 0:
             log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)
@@ -417,19 +509,11 @@ class DevServer:
                 await asyncio.wait_for(self._stop.wait(), c.startup_delay)
             if self._stop.is_set():
                 return
-        routes, endpoints = (VLLM_ROUTES, VllmApi(self)) if c.api == "vllm" else (ROUTES, self)
-        handlers = {
-            path: (methods.split(), getattr(endpoints, name, None) or getattr(self, name))
-            for path, (methods, name) in routes.items()
-        }
+        handlers = {path: (methods.split(), getattr(self, name)) for path, (methods, name) in ROUTES[c.api].items()}
         web_app = web.Application(client_max_size=MAX_BODY_BYTES)
         web_app.router.add_route("*", "/{path:.*}", partial(self._dispatch, handlers))
-        runner = web.AppRunner(
-            web_app,
-            access_log=log if c.access_log else None,
-            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
-            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-        )
+        timeouts: dict[str, Any] = {"keepalive_timeout": KEEPALIVE_TIMEOUT_S, "shutdown_timeout": SHUTDOWN_TIMEOUT_S}
+        runner = web.AppRunner(web_app, access_log=log if c.access_log else None, **timeouts)
         await runner.setup()
         try:
             await web.TCPSite(runner, c.host, c.port, backlog=LISTEN_BACKLOG, reuse_address=True).start()
@@ -480,6 +564,11 @@ class DevServer:
         self.stopped.wait(timeout=10)
 
 
+def malform_first(reply: Any, shape: str) -> Any:
+    """A /generate reply (one item or a list) with its first item malformed."""
+    return malform(reply, shape) if isinstance(reply, dict) else [malform(reply[0], shape), *reply[1:]]
+
+
 async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> web.StreamResponse:
     """Write `reply` whole (or with `trickle` a byte at a time), flushed before returning."""
     headers = {"Content-Type": reply.content_type, "Content-Length": str(len(reply.body))}
@@ -500,7 +589,6 @@ async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> w
 
 
 def _drop(request: web.Request) -> web.StreamResponse:
-    """Close the connection with no response at all (the client sees a disconnect)."""
     if request.transport is not None:
         request.transport.close()
     return web.Response()  # its write fails on the closed transport, which aiohttp ignores
@@ -517,13 +605,8 @@ def run_devserver(config: DevServerConfig) -> None:
 def start_devserver_thread(
     config: DevServerConfig, *, vocab: ModelVocab | None = None, wait: bool = True, timeout: float = 120.0
 ) -> DevServer:
-    """Start a devserver in a daemon thread and return it (call `.stop()` when done).
-
-    Fatal faults (out-of-vocabulary id, --die-after) stop the server instead of exiting the
-    host process. With `wait`, blocks as `wait_listening` does; wait=False to observe a
-    startup delay.
-    """
-    server = DevServer(config.replace(exit_on_death=False), vocab=vocab)
+    """A devserver in a daemon thread (fatal faults only stop it); with `wait`, once it listens."""
+    server = DevServer(dataclasses.replace(config, exit_on_death=False), vocab=vocab)
 
     def run_quietly() -> None:
         try:

@@ -1,12 +1,8 @@
-"""DevServerConfig: every knob of the devserver, with its default and its help text.
-
-Each field's metadata holds its help text (and CLI aliases): `__main__` makes the typer
-command from them, so the flags are declared once.
-"""
+"""DevServerConfig: every knob of the devserver; `__main__` makes the typer command from each
+field's metadata (help text, CLI aliases), so the flags are declared once."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,12 +45,11 @@ RANGES = {
 
 
 def _opt(default, help_text: str, **extra):
-    """A dataclass field carrying its CLI help (and optional `cli: False` to hide it)."""
+    """A dataclass field carrying its CLI help (and optional `cli=False` to hide it)."""
     return field(default=default, metadata={"help": help_text, **extra})
 
 
 def _json_object(text: str | None) -> dict | None:
-    """`text` parsed when it is a JSON object, else None."""
     try:
         value = json.loads(text) if text is not None else None
     except ValueError:
@@ -64,12 +59,8 @@ def _json_object(text: str | None) -> dict | None:
 
 @dataclass(frozen=True, kw_only=True)
 class DevServerConfig:
-    """Launch arguments of one devserver: what it emulates and which faults it injects.
-
-    Each field is a CLI flag (its name with dashes); docs/devserver.md describes them all.
-    Every knob works with both APIs except those in API_ONLY_KNOBS. exit_on_death=False (not a
-    flag) makes a fatal fault only stop serving, which an in-process (thread) server needs.
-    """
+    """Launch arguments of one devserver, each a CLI flag (docs/devserver.md) but exit_on_death:
+    False makes a fatal fault only stop serving, which an in-process (thread) server needs."""
 
     tokenizer: str = field(metadata={"help": "Hugging Face tokenizer directory (required)."})
     api: str = _opt("sglang", "Server API to speak: sglang (/generate) or vllm (/v1/completions).")
@@ -79,7 +70,6 @@ class DevServerConfig:
     model_path: str | None = _opt(None, "Model path to report (default: the tokenizer dir).")
     context_length: int | None = _opt(None, f"Context length (default {DEFAULT_CONTEXT_LENGTH}; server_info: null).")
     vocab_size: int | None = _opt(None, "Vocabulary size; ids outside it kill the server.")
-    # SGLang sizes this from KV-cache memory.
     slots: int = _opt(
         64,
         "Prompts generating at once (SGLang's max_running_requests); the rest queue.",
@@ -129,12 +119,7 @@ class DevServerConfig:
     dev_mode: bool = _opt(False, "vLLM VLLM_SERVER_DEV_MODE=1: serve /server_info with the configuration.")
 
     def __post_init__(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise ValueError("invalid devserver config: " + "; ".join(problems))
-
-    def problems(self) -> list[str]:
-        """Every out-of-range knob, as `--flag value: reason` strings."""
+        """Refuses every out-of-range knob at once, as `--flag value: reason`."""
         out = [] if self.tokenizer else ["--tokenizer: required"]
 
         def bad(name: str, reason: str) -> None:
@@ -158,11 +143,11 @@ class DevServerConfig:
             bad("speculative_algorithm", f"must be one of {', '.join(SPECULATIVE_ALGORITHMS)}")
         if self.draft_reserved_tokens >= self.effective_context_length:
             out.append("speculative settings: the reserved draft tokens must be below the context length")
-        return out
+        if out:
+            raise ValueError("invalid devserver config: " + "; ".join(out))
 
     @property
     def generation_overrides(self) -> dict:
-        """--override-generation-config restricted to the keys vLLM acts on."""
         raw = _json_object(self.override_generation_config) or {}
         return {key: raw[key] for key in VLLM_GENERATION_KEYS if raw.get(key) is not None}
 
@@ -172,8 +157,7 @@ class DevServerConfig:
 
     @property
     def draft_reserved_tokens(self) -> int:
-        """Token slots SGLang reserves per request for EAGLE drafts:
-        max(eagle_topk * num_steps, num_draft_tokens); 0 for other algorithms or none."""
+        """Token slots SGLang reserves per request for EAGLE drafts (0 for other algorithms)."""
         if (self.speculative_algorithm or "").upper() not in EAGLE_ALGORITHMS:
             return 0
         steps, topk = self.speculative_num_steps or 0, self.speculative_eagle_topk or 0
@@ -190,7 +174,3 @@ class DevServerConfig:
     @property
     def effective_served_model_name(self) -> str:
         return self.served_model_name or self.effective_model_path
-
-    def replace(self, **changes) -> DevServerConfig:
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)

@@ -16,8 +16,7 @@ MALFORMED_SHAPES = ("list-of-ints", "meta-info-string", "ids-as-strings", "negat
 
 
 def _broken(holder: dict, key: str, shape: str) -> Any:
-    """`holder` with its ids under `key` broken as `shape` says (the bare ids for list-of-ints;
-    an unchanged copy for meta-info-string, which the callers break)."""
+    """`holder` with its ids under `key` broken as `shape` says (meta-info-string: the callers')."""
     ids = list(holder.get(key) or [0])
     if shape not in MALFORMED_SHAPES:
         raise ValueError(f"unknown malformed shape {shape!r}")
@@ -30,7 +29,7 @@ def _broken(holder: dict, key: str, shape: str) -> Any:
 
 
 def malform(item: dict, shape: str) -> Any:
-    """A broken copy of one /generate reply item, in one of MALFORMED_SHAPES."""
+    """A broken copy of one /generate reply item."""
     broken = _broken(item, "output_ids", shape)
     if shape == "meta-info-string":
         broken["meta_info"] = str(item.get("meta_info"))
@@ -38,8 +37,7 @@ def malform(item: dict, shape: str) -> Any:
 
 
 def malform_completion(reply: dict, shape: str) -> Any:
-    """A broken copy of one vLLM /v1/completions reply: the same faults in vLLM's shape
-    (meta-info-string makes `choices` a string)."""
+    """A broken copy of one /v1/completions reply (meta-info-string makes `choices` a string)."""
     if shape == "meta-info-string":
         return {**reply, "choices": str(reply["choices"])}
     choice = _broken(reply["choices"][0], "token_ids", shape)
@@ -48,9 +46,7 @@ def malform_completion(reply: dict, shape: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class GenerateFate:
-    """The fault decision for one generation request: its 1-based arrival `number`, the
-    `action` (SERVE, FAIL: HTTP 500, DROP: no response, MALFORMED: a 200 with one malformed
-    item of `malformed_shape`), and whether it is the --die-after one (dies once answered)."""
+    """The fault decision for one generation request, by its 1-based arrival `number`."""
 
     number: int
     action: str
@@ -59,18 +55,10 @@ class GenerateFate:
 
 
 class FaultPlan:
-    """Seeded fault injection, reproducible for a given seed and arrival order.
-
-    Behaviour: each generation request draws one number: below fail_rate it fails, below
-    fail_rate + drop_rate it is dropped, below that + malformed_rate its reply has a malformed
-    item (the shapes come in turn). Health probes draw from their own RNG, so how often a
-    client polls health does not change which generate requests fail.
-
-    Parameters:
-        fail_rate, drop_rate, health_fail_rate, malformed_rate: probabilities in [0, 1].
-        die_after: arrival number of the last request answered; None = never.
-        seed: RNG seed.
-    """
+    """Seeded fault injection, reproducible for a given seed and arrival order: each generation
+    request draws one number, failing below fail_rate, dropped below + drop_rate, malformed
+    (the shapes in turn) below + malformed_rate. Health probes draw from their own RNG, so how
+    often a client polls health does not change which generate requests fail."""
 
     def __init__(
         self,
@@ -82,7 +70,6 @@ class FaultPlan:
         seed: int,
         malformed_rate: float = 0.0,
     ) -> None:
-        # (action, upper bound of its draw), in draw order.
         bounds = (fail_rate, fail_rate + drop_rate, fail_rate + drop_rate + malformed_rate)
         self._bounds = tuple(zip((FAIL, DROP, MALFORMED), bounds))
         self.health_fail_rate, self.die_after = health_fail_rate, die_after
@@ -104,7 +91,6 @@ class FaultPlan:
         return GenerateFate(number, action, self.die_after is not None and number == self.die_after, shape)
 
     def health_flake(self) -> bool:
-        """True when this (post-warm-up) health probe should answer a false 503."""
         if self.health_fail_rate <= 0:
             return False
         with self._lock:

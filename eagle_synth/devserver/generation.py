@@ -4,7 +4,8 @@ A completion is a pure function of the prompt ids and the sampling parameters (f
 temperature > 0 also of the sample index within `n`, the `sampling_seed` and the server
 seed). Greedy output depends on the prompt alone, so, as with a real model, a greedy
 completion capped at 10 tokens is a prefix of the same prompt capped at 100. A prompt that
-offers tools gets a tool call as its answer (see toolcalls.py).
+offers tools gets a tool call as its answer (see toolcalls.py). ModelVocab is the model's token
+space, taken from a real Hugging Face tokenizer.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eagle_synth.devserver.corpus import CORPUS_TEXT
 from eagle_synth.devserver.protocol import PromptRequest, SamplingParams
 from eagle_synth.devserver.toolcalls import ToolCaller
-from eagle_synth.devserver.vocab import ModelVocab
 
 # Shape of the gamma distribution of natural output lengths: 2 gives few very short answers
 # and a long right tail, roughly what chat models produce.
@@ -44,6 +45,64 @@ MAX_MASKED_STOPS = 10_000
 TOOL_ARGUMENTS_SALT = 0x7001_CA11
 
 
+# Reasoning delimiters looked up by name; a tokenizer without both gets no think structure.
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+# Separator the model writes between the closed reasoning block and the answer.
+ANSWER_SEPARATOR = "\n\n"
+
+
+class ModelVocab:
+    """The ids of a loaded `transformers` tokenizer the devserver writes: CORPUS_TEXT's (output
+    bodies are sliced from them), EOS and `<think>`/`</think>`. Ids at or above `vocab_size`
+    (None: len(tokenizer)) are left out, so the devserver never emits an id it would refuse."""
+
+    def __init__(self, *, tokenizer, vocab_size: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.size: int = vocab_size if vocab_size is not None else len(tokenizer)
+        self.eos_id: int | None = self._in_vocab(tokenizer.eos_token_id)
+        self.think_open_id: int | None = self._special_id(THINK_OPEN)
+        self.think_close_id: int | None = self._special_id(THINK_CLOSE)
+        if self.think_open_id is None or self.think_close_id is None:
+            self.think_open_id = self.think_close_id = None
+        self.separator_ids: tuple[int, ...] = tuple(self.encode(ANSWER_SEPARATOR))
+        # A reasoning template may end its prompt with "<think>" or "<think>\n".
+        self.newline_ids: frozenset[int] = frozenset(self.encode("\n"))
+        corpus = [i for i in self.encode(CORPUS_TEXT) if 0 <= i < self.size]
+        if not corpus:
+            raise ValueError(f"no corpus token fits in a vocabulary of {self.size} ids")
+        self.corpus_ids: tuple[int, ...] = tuple(corpus)
+
+    @classmethod
+    def load(cls, *, tokenizer_dir: str, vocab_size: int | None = None) -> ModelVocab:
+        from transformers import AutoTokenizer  # heavy import, only when a server starts
+
+        return cls(tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir), vocab_size=vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def prompt_opens_reasoning(self, prompt_ids: Sequence[int]) -> bool:
+        """True when the prompt ends with `<think>` or `<think>` + newline (thinking on)."""
+        tail = list(prompt_ids[-2:])
+        if self.think_open_id is None or not tail:
+            return False
+        return tail[-1] == self.think_open_id or (tail[0] == self.think_open_id and tail[-1] in self.newline_ids)
+
+    def _special_id(self, token: str) -> int | None:
+        # Not the unknown-token fallback.
+        tid = self.tokenizer.convert_tokens_to_ids(token)
+        if tid is None or tid == self.tokenizer.unk_token_id or self.tokenizer.convert_ids_to_tokens(tid) != token:
+            return None
+        return self._in_vocab(tid)
+
+    def _in_vocab(self, tid: int | None) -> int | None:
+        return int(tid) if tid is not None and 0 <= tid < self.size else None
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """One generated sample: its ids (a matched stop token last) and SGLang's finish_reason."""
@@ -52,30 +111,20 @@ class Completion:
     finish_reason: dict[str, Any]
 
 
+@dataclass(kw_only=True)
 class Generator:
-    """Turns prompts into completions shaped like a chat model's output (docs/devserver.md,
-    "Generation model"): reasoning (when the prompt opens `<think>`), answer or tool call, EOS,
-    cut by SGLang's stop rules.
+    """Completions shaped like a chat model's output (docs/devserver.md, "Generation model"):
+    natural lengths are gamma with `mean_output_tokens`, or lognormal with `length_median`;
+    `seed` is mixed into temperature>0 sampling only."""
 
-    Parameters:
-        vocab: the model's token space.
-        mean_output_tokens: mean of the gamma-distributed natural output length.
-        seed: the server seed, mixed into temperature>0 sampling only.
-        length_median, length_sigma: lognormal lengths instead (median None: gamma).
-    """
+    vocab: ModelVocab
+    mean_output_tokens: int
+    seed: int
+    length_median: int | None = None
+    length_sigma: float = 1.0
 
-    def __init__(
-        self,
-        *,
-        vocab: ModelVocab,
-        mean_output_tokens: int,
-        seed: int,
-        length_median: int | None = None,
-        length_sigma: float = 1.0,
-    ) -> None:
-        self.vocab, self.mean_output_tokens, self.seed = vocab, mean_output_tokens, seed
-        self.length_median, self.length_sigma = length_median, length_sigma
-        self.tool_caller = ToolCaller.for_tokenizer(vocab.tokenizer)
+    def __post_init__(self) -> None:
+        self.tool_caller = ToolCaller.for_tokenizer(self.vocab.tokenizer)
 
     def complete(self, prompt: PromptRequest) -> Completion:
         seed = self._stream_seed(prompt)
@@ -87,7 +136,7 @@ class Generator:
         return Completion(output_ids=out, finish_reason=finish)
 
     def render_text(self, completion: Completion, params: SamplingParams) -> str:
-        """The response `text`: decoded ids, the matched stop trimmed unless no_stop_trim."""
+        """The matched stop is trimmed unless no_stop_trim."""
         ids = completion.output_ids
         matched = completion.finish_reason.get("matched")
         if isinstance(matched, int) and not params.no_stop_trim and ids:
@@ -98,7 +147,6 @@ class Generator:
         return text
 
     def _tool_call_ids(self, prompt: PromptRequest, seed: int) -> list[int] | None:
-        """The ids of the tool call answering this prompt, or None to answer in words."""
         rng = random.Random(seed ^ TOOL_ARGUMENTS_SALT)
         text = self.tool_caller.call_text(prompt.input_ids, rng) if self.tool_caller is not None else None
         if text is None:
@@ -137,8 +185,7 @@ class Generator:
             count -= run
 
     def _stream(self, rng: random.Random, *, reasoning: bool, answer_ids: list[int] | None = None) -> Iterator[int]:
-        """The uncut stream: natural completion (`answer_ids`, a tool call, replacing the answer
-        tokens), EOS, then endless continuation."""
+        """Reasoning, the answer (`answer_ids`, a tool call, else corpus), EOS, endless continuation."""
         total = thinking = self._natural_length(rng)
         if reasoning:
             thinking = max(1, round(total * rng.uniform(*REASONING_SHARE)))

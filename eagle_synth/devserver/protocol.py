@@ -1,23 +1,30 @@
-"""The wire side shared by both APIs (Reply, the parsed prompt) and SGLang's /generate parsing.
+"""The wire side of both APIs: Reply, the parsed prompt, and the request parsing.
 
-Validation follows SGLang's order (docs/devserver.md, "Errors"): request shape, then per prompt
-the TokenizerManager's context check, the sampling params (the preferred ones under the
-request's), the scheduler's input cap and max_new_tokens cut; the first failing prompt fails
-the request. Out-of-vocabulary ids are not checked: SGLang does not either, it dies on them.
+SGLang's /generate validation follows its order (docs/devserver.md, "Errors"): request shape,
+then per prompt the TokenizerManager's context check, the sampling params (the preferred ones
+under the request's), the scheduler's input cap and max_new_tokens cut; the first failing prompt
+fails the request. Out-of-vocabulary ids are not checked: SGLang does not either, it dies on
+them. vLLM's /v1/completions (`--api vllm`) is checked as vLLM's source does it
+(entrypoints/openai/completion/protocol.py and serving.py, sampling_params.py,
+renderers/params.py) and parses to the same PromptRequest/SamplingParams, so the same campaign
+gives the same ids, timing and faults on both APIs.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from eagle_synth.errors import EagleSynthError
 from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
+
+if TYPE_CHECKING:
+    from eagle_synth.devserver.config import DevServerConfig
 
 # SGLang's default max_new_tokens when the request leaves it out.
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -49,44 +56,33 @@ def json_reply(obj: Any, status: int = 200) -> Reply:
 
 def version_tuple(version: str) -> tuple[int, ...]:
     """(0, 5, 23) from "0.5.23" or "0.32.0rc1+cpu"; unparsable parts end the tuple."""
-    numbers = []
-    for part in version.split("."):
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if digits:
-            numbers.append(int(digits))
-        if not digits or digits != part:
-            break
-    return tuple(numbers)
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in match.group().split(".")) if match else ()
 
 
 @dataclass(frozen=True, slots=True)
 class ServerRules:
-    """The launch settings a /generate request is checked against: the context, the tokens
-    speculative decoding reserves per request, the scheduler's max_req_len (prompt + generated
-    + 1; None: context - 1), --allow-auto-truncate, --preferred-sampling-params, and whether
-    unknown or mistyped sampling keys answer 400 (else 500)."""
+    """The launch settings a /generate request is checked against."""
 
     context_length: int
     reserved_tokens: int = 0
-    max_req_len: int | None = None
     allow_auto_truncate: bool = False
     preferred: dict | None = None
     sampling_errors_are_400: bool = True
 
     @property
-    def effective_max_req_len(self) -> int:
-        return self.max_req_len if self.max_req_len is not None else self.context_length - 1
+    def max_req_len(self) -> int:
+        """Prompt + generated + 1; the KV cache (a slot per request at full context) never cuts it."""
+        return self.context_length - 1
 
     @property
     def max_req_input_len(self) -> int:
-        """Prompts of this many tokens or more are refused by the scheduler."""
-        return self.effective_max_req_len - INPUT_CAP_MARGIN
+        return self.max_req_len - INPUT_CAP_MARGIN
 
 
 class ProtocolError(EagleSynthError):
-    """A request the real server refuses; `status` is the HTTP status it would answer (400: a
-    ValueError in SGLang, {"error": {"message"}}; 500: an uncaught TypeError; 404: vLLM's
-    unknown model); `param` is the field vLLM names in its error body."""
+    """A request the real server refuses with HTTP `status` (500: SGLang's uncaught TypeError);
+    `param` is the field vLLM names in its error body."""
 
     def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
@@ -95,9 +91,8 @@ class ProtocolError(EagleSynthError):
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """One prompt's sampling parameters after SGLang's defaults and checks: SGLang's fields;
-    `max_new_tokens` None means not given; `extra` keeps accepted keys the devserver does not
-    act on (grammars, logit_bias...), which still seed sampled output."""
+    """One prompt's sampling parameters under SGLang's names (max_new_tokens None: not given);
+    `extra` keeps accepted keys the devserver does not act on, which still seed sampled output."""
 
     max_new_tokens: int | None = None
     min_new_tokens: int = 0
@@ -115,7 +110,7 @@ class SamplingParams:
     no_stop_trim: bool = False
     n: int = 1
     sampling_seed: int | None = None
-    extra: tuple[tuple[str, str], ...] = field(default=())
+    extra: tuple[tuple[str, str], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -124,9 +119,8 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class PromptRequest:
-    """One prompt after `n` expansion, in response order (either API): its ids (as sent unless
-    auto-truncation cut them), sampling params, effective max_new_tokens, the rid reported, the
-    client's rid (which /abort_request matches) and its index among the n samples."""
+    """One prompt after `n` expansion, in response order (either API); `group_rid` is the
+    client's rid, which /abort_request matches."""
 
     input_ids: list[int]
     params: SamplingParams
@@ -138,9 +132,7 @@ class PromptRequest:
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
-    """A parsed /generate request: `single` means the response is one object, not a list."""
-
-    single: bool
+    single: bool  # the response is one object, not a list
     prompts: list[PromptRequest]
 
 
@@ -177,43 +169,15 @@ _JSON_TYPE_NAMES = {"list": "array", "dict": "object", "NoneType": "null"}
 
 
 def refuse_first(checks: Iterable[tuple[bool, str]]) -> None:
-    """A 400 with the message of the first check that failed (a (failed, message) pair)."""
+    """A 400 with the message of the first (failed, message) check that failed."""
     message = next((message for failed, message in checks if failed), None)
     if message is not None:
         raise ProtocolError(message)
 
 
-def _verify(p: SamplingParams) -> None:
-    """SGLang's SamplingParams.verify()."""
-    max_new, min_new = p.max_new_tokens, p.min_new_tokens
-    refuse_first(
-        (
-            (p.temperature < 0.0, f"temperature must be non-negative, got {p.temperature}."),
-            (not 0.0 < p.top_p <= 1.0, f"top_p must be in (0, 1], got {p.top_p}."),
-            (not 0.0 <= p.min_p <= 1.0, f"min_p must be in [0, 1], got {p.min_p}."),
-            (p.top_k < 1 and p.top_k != -1, f"top_k must be -1 (disable), or at least 1, got {p.top_k}."),
-            (
-                not -2.0 <= p.frequency_penalty <= 2.0,
-                f"frequency_penalty must be in [-2, 2], got {p.frequency_penalty}.",
-            ),
-            (not -2.0 <= p.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {p.presence_penalty}."),
-            (
-                not 0.0 <= p.repetition_penalty <= 2.0,
-                f"repetition_penalty must be in [0, 2], got {p.repetition_penalty}.",
-            ),
-            (max_new is not None and max_new < 0, f"max_new_tokens must be at least 0, got {max_new}."),
-            (
-                min_new < 0 or (max_new is not None and min_new > max_new),
-                f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}.",
-            ),
-            (p.n < 1, f"n must be at least 1, got {p.n}."),
-        )
-    )
-
-
 def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingParams:
-    """SGLang's SamplingParams(**raw) + verify(): unknown keys and wrong types are a TypeError
-    (a 400 in msgspec's wording with `errors_are_400`, else a 500), out-of-range values a 400."""
+    """SGLang's SamplingParams(**raw) + verify(): unknown keys and wrong types are a 400 in
+    msgspec's wording with `errors_are_400`, else a 500 (a TypeError)."""
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ProtocolError(f"TypeError: sampling_params must be a dict, got {type(raw).__name__}", status=500)
@@ -239,9 +203,29 @@ def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingP
         if not valid(value):
             raise ProtocolError(f"TypeError: sampling param {key}={value!r} is not {expected}", status=500)
         values[key] = convert(value)
-    params = SamplingParams(**values, extra=tuple(sorted(extra)))
-    _verify(params)
-    return params
+    p = SamplingParams(**values, extra=tuple(sorted(extra)))
+    # SGLang's SamplingParams.verify()
+    max_new, min_new = p.max_new_tokens, p.min_new_tokens
+    penalties = {"frequency_penalty": -2.0, "presence_penalty": -2.0, "repetition_penalty": 0.0}
+    refuse_first(
+        (
+            (p.temperature < 0.0, f"temperature must be non-negative, got {p.temperature}."),
+            (not 0.0 < p.top_p <= 1.0, f"top_p must be in (0, 1], got {p.top_p}."),
+            (not 0.0 <= p.min_p <= 1.0, f"min_p must be in [0, 1], got {p.min_p}."),
+            (p.top_k < 1 and p.top_k != -1, f"top_k must be -1 (disable), or at least 1, got {p.top_k}."),
+            *(
+                (not low <= getattr(p, k) <= 2.0, f"{k} must be in [{low:g}, 2], got {getattr(p, k)}.")
+                for k, low in penalties.items()
+            ),
+            (max_new is not None and max_new < 0, f"max_new_tokens must be at least 0, got {max_new}."),
+            (
+                min_new < 0 or (max_new is not None and min_new > max_new),
+                f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}.",
+            ),
+            (p.n < 1, f"n must be at least 1, got {p.n}."),
+        )
+    )
+    return p
 
 
 def _check_ids(ids: Any) -> list[int]:
@@ -296,8 +280,7 @@ def _rids(body: dict, *, single: bool, count: int) -> list[str]:
 
 def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tuple[list[int], Any]:
     """SGLang's TokenizerManager._validate_one_request: the prompt plus the speculative reserve
-    against the context, then with the request's OWN max_new_tokens (not the preferred one).
-    Returns the (possibly cut) ids and sampling params."""
+    against the context, then with the request's OWN max_new_tokens (not the preferred one)."""
     ctx = rules.context_length
     held = len(ids) + rules.reserved_tokens
     if held >= ctx and not rules.allow_auto_truncate:
@@ -316,17 +299,6 @@ def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tup
             "the limit."
         )
     return ids, {**raw_params, "max_new_tokens": max(0, ctx - held)}
-
-
-def _scheduler_check(ids: list[int], rules: ServerRules) -> list[int]:
-    """The scheduler's validate_input_length: refuse (or cut) prompts of max_req_input_len+."""
-    cap = rules.max_req_input_len
-    if len(ids) >= cap and not rules.allow_auto_truncate:
-        raise ProtocolError(
-            f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({cap} tokens). "
-            "Use a shorter input or enable --allow-auto-truncate."
-        )
-    return ids[:cap]
 
 
 def parse_generate_request(
@@ -353,12 +325,217 @@ def parse_generate_request(
         checked.append((ids, parse_sampling_params(raw_params, errors_are_400=rules.sampling_errors_are_400)))
     out: list[PromptRequest] = []
     n = checked[0][1].n
-    for (ids, params), rid in zip([(_scheduler_check(ids, rules), params) for ids, params in checked], rids):
+    for (ids, params), rid in zip(checked, rids):
+        if (
+            len(ids) >= rules.max_req_input_len and not rules.allow_auto_truncate
+        ):  # the scheduler's validate_input_length
+            raise ProtocolError(
+                f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({rules.max_req_input_len} tokens). "
+                "Use a shorter input or enable --allow-auto-truncate."
+            )
+        ids = ids[: rules.max_req_input_len]
         asked = params.max_new_tokens if params.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS
         # The scheduler lowers max_new_tokens to what max_req_len leaves, without a word.
-        cap = max(min(asked, rules.effective_max_req_len - len(ids) - 1), 0)
+        cap = max(min(asked, rules.max_req_len - len(ids) - 1), 0)
         out.extend(
             PromptRequest(ids, params, cap, rid=rid if n == 1 else f"{rid}_{j}", group_rid=rid, sample_index=j)
             for j in range(n)
         )
     return GenerateRequest(single=single and n == 1, prompts=out)
+
+
+# The first vLLM version seen shortening max_tokens to the context's room (0.32.0, the real CPU
+# build tried here); 0.11 refuses with a 400. Versions between were not tried.
+SHORTENS_MAX_TOKENS_FROM = (0, 32, 0)
+DEFAULT_MAX_TOKENS = 16
+# vLLM raises a temperature in (0, this) to this (SamplingParams.__post_init__).
+MIN_TEMPERATURE = 0.01
+# Below this temperature vLLM samples greedily.
+SAMPLING_EPS = 1e-5
+# OpenAI's defaults, used when neither the request nor the server's generation config sets one.
+OPENAI_DEFAULTS = {"repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+# Fields that change a sampled completion without the Generator acting on them.
+EXTRA_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "spaces_between_special_tokens")
+# CompletionRequest fields by JSON type, for pydantic's checks.
+FLOAT_FIELDS = (
+    *("frequency_penalty", "presence_penalty", "temperature", "top_p", "min_p", "repetition_penalty"),
+    "length_penalty",
+)
+INT_FIELDS = (
+    *("max_tokens", "n", "seed", "top_k", "min_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"),
+    "priority",
+)
+BOOL_FIELDS = (
+    *("echo", "stream", "use_beam_search", "include_stop_str_in_output", "ignore_eos", "skip_special_tokens"),
+    *("spaces_between_special_tokens", "add_special_tokens", "return_token_ids", "return_tokens_as_token_ids"),
+)
+# pydantic's type checks: (fields, valid value, the type its message names).
+TYPE_CHECKS: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
+    (FLOAT_FIELDS, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "number"),
+    (INT_FIELDS, is_int, "integer"),
+    (BOOL_FIELDS, lambda v: isinstance(v, bool), "boolean"),
+    (("stop",), lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)), "list"),
+    (("stop_token_ids",), lambda v: isinstance(v, list) and all(is_int(t) for t in v), "list"),
+)
+# Every field of vLLM's CompletionRequest the devserver knows; others are ignored, as vLLM does.
+KNOWN_FIELDS = frozenset(
+    {
+        *("model", "prompt", "suffix", "user", "stop", "stop_token_ids", "logit_bias", "allowed_token_ids"),
+        *("bad_words", "stream_options", "response_format", "structured_outputs", "request_id", "cache_salt"),
+        *("vllm_xargs", *FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS),
+    }
+)
+# vLLM's message when its engine fails mid-request (EngineDeadError / GenerationError), HTTP 500.
+ENGINE_ERROR_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# vLLM's ErrorResponse `type` by HTTP status.
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+
+
+def _validation_error(field: str, kind: str, msg: str, value: Any) -> ProtocolError:
+    """pydantic's RequestValidationError as vLLM answers it (400, the field at ('body', ...))."""
+    return ProtocolError(
+        f"1 validation error for CompletionRequest: [{{'type': '{kind}', 'loc': ('body', '{field}'), "
+        f"'msg': '{msg}', 'input': {value!r}}}]"
+    )
+
+
+def _field_error(field: str, value: Any, expected: str) -> ProtocolError:
+    return _validation_error(field, f"{expected}_type", f"Input should be a valid {expected}", value)
+
+
+def _prompts(body: dict, tokenize: Callable[[str], list[int]] | None) -> list[list[int]]:
+    prompt = body.get("prompt")
+    if prompt is None or prompt == "":
+        raise ProtocolError("Either prompt or prompt_embeds must be provided and non-empty.")
+    prompt = [prompt] if isinstance(prompt, str) else prompt
+    if isinstance(prompt, list) and all(is_int(i) for i in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and all(isinstance(p, list) and all(is_int(i) for i in p) for p in prompt):
+        prompts = prompt
+    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        if tokenize is None:
+            raise ProtocolError("Unable to get tokenizer because `skip_tokenizer_init=True`")
+        prompts = [tokenize(p) for p in prompt]
+    else:
+        raise _field_error("prompt", prompt, "list")
+    negative = next((i for ids in prompts for i in ids if i < 0), None)
+    if negative is not None:
+        raise _validation_error("prompt", "greater_than_equal", "Input should be greater than or equal to 0", negative)
+    return prompts
+
+
+def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int, tokenize) -> list[PromptRequest]:
+    """One PromptRequest per choice (n per prompt, prompt-major) of a /v1/completions body;
+    raises ProtocolError as vLLM would fail. vLLM 0.32 (the real CPU build) shortens max_tokens
+    to the room the prompt leaves and refuses only a prompt that fills the context; older
+    vLLM refuses a prompt + max_tokens above it."""
+    served, overrides = config.effective_served_model_name, config.generation_overrides
+    shortens = version_tuple(config.vllm_version) >= SHORTENS_MAX_TOKENS_FROM
+    if not isinstance(body, dict):
+        raise ProtocolError("1 validation error for CompletionRequest: Input should be a valid dictionary")
+    for fields, valid, expected in TYPE_CHECKS:
+        bad = next((f for f in fields if body.get(f) is not None and not valid(body[f])), None)
+        if bad is not None:
+            raise _field_error(bad, body[bad], expected)
+    model = body.get("model")
+    if model is not None and model != served:
+        raise ProtocolError(f"The model `{model}` does not exist.", status=404, param="model")
+    if body.get("stream"):
+        raise ProtocolError("The devserver does not support stream=true.")
+    if body.get("echo") or body.get("use_beam_search"):
+        raise ProtocolError("The devserver does not support echo or beam search.")
+    prompts = _prompts(body, tokenize)
+    max_tokens = body.get("max_tokens")
+    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    limit = config.effective_context_length
+    if max_tokens > limit:
+        raise ProtocolError(
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output tokens."
+        )
+    stop, seed = body.get("stop"), body.get("seed")
+    # The request's sampling under SGLang's names, so equal values give equal ids on both APIs:
+    # user -> server default (generation config, override) -> OpenAI default.
+    p = {k: body[k] if body.get(k) is not None else overrides.get(k, v) for k, v in OPENAI_DEFAULTS.items()}
+    p |= {"n": body.get("n") or 1, "max_new_tokens": max_tokens, "min_new_tokens": body.get("min_tokens") or 0}
+    p |= {k: body.get(k) or 0.0 for k in ("presence_penalty", "frequency_penalty")}
+    p |= {
+        "stop": (stop,) if isinstance(stop, str) else tuple(stop or ()),
+        "sampling_seed": None if seed == -1 else seed,
+    }
+    if 0 < p["temperature"] < MIN_TEMPERATURE:
+        p["temperature"] = MIN_TEMPERATURE
+    refuse_first(  # vLLM's SamplingParams._verify_args
+        (
+            (p["n"] < 1, f"n must be at least 1, got {p['n']}."),
+            *(
+                (not -2.0 <= p[k] <= 2.0, f"{k} must be in [-2, 2], got {p[k]}.")
+                for k in ("presence_penalty", "frequency_penalty")
+            ),
+            (
+                not math.isfinite(p["repetition_penalty"]) or p["repetition_penalty"] <= 0.0,
+                f"repetition_penalty must be greater than zero, got {p['repetition_penalty']}.",
+            ),
+            (
+                not math.isfinite(p["temperature"]) or p["temperature"] < 0.0,
+                f"temperature must be non-negative, got {p['temperature']}.",
+            ),
+            (p["temperature"] > 2.0, f"temperature must be in [0, 2], got {p['temperature']}."),
+            (not 0.0 < p["top_p"] <= 1.0, f"top_p must be in (0, 1], got {p['top_p']}."),
+            (p["top_k"] < -1, f"top_k must be 0 (disable), or at least 1, got {p['top_k']}."),
+            (not 0.0 <= p["min_p"] <= 1.0, f"min_p must be in [0, 1], got {p['min_p']}."),
+            (max_tokens < 1, f"max_tokens must be at least 1, got {max_tokens}."),
+            (p["min_new_tokens"] < 0, f"min_tokens must be greater than or equal to 0, got {p['min_new_tokens']}."),
+            (
+                p["min_new_tokens"] > max_tokens,
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {p['min_new_tokens']}.",
+            ),
+            (any(not s for s in p["stop"]), "stop cannot contain an empty string."),
+            (p["temperature"] < SAMPLING_EPS and p["n"] > 1, f"n must be 1 when using greedy sampling, got {p['n']}."),
+        )
+    )
+    p |= {k: float(p[k]) for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")}
+    # vLLM's top_k 0 and -1 both mean off; fields the Generator ignores still seed sampled output.
+    p |= {"temperature": 0.0 if p["temperature"] < SAMPLING_EPS else p["temperature"]}
+    p |= {"top_k": -1 if p["top_k"] in (0, -1) else p["top_k"], "ignore_eos": bool(body.get("ignore_eos"))}
+    p |= {"skip_special_tokens": body.get("skip_special_tokens", True) is not False}
+    p |= {"no_stop_trim": bool(body.get("include_stop_str_in_output"))}
+    p |= {"stop_token_ids": tuple(body.get("stop_token_ids") or ())}
+    sampling = SamplingParams(
+        **p, extra=tuple(sorted((k, repr(body[k])) for k in EXTRA_FIELDS if body.get(k) is not None))
+    )
+    out: list[PromptRequest] = []
+    for index, ids in enumerate(prompts):
+        if not ids:
+            raise ProtocolError("The decoder prompt cannot be empty")
+        room = limit - len(ids)
+        if shortens and room < 0:
+            raise ProtocolError(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains {len(ids)} "
+                "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of "
+                f"the input prompt. (parameter=input_tokens, value={len(ids)})",
+                param="input_tokens",
+            )
+        if shortens and room == 0:
+            message = "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+            raise ProtocolError(message, param="max_tokens")
+        if room < max_tokens and not shortens:
+            raise ProtocolError(
+                f"You passed {len(ids)} input tokens and requested {max_tokens} output tokens. However, the model's "
+                f"context length is only {limit} tokens, resulting in a maximum input length of "
+                f"{limit - max_tokens} tokens. Please reduce the length of the input prompt."
+            )
+        oov = next((i for i in ids if i >= vocab_size), None)
+        if oov is not None:
+            raise ProtocolError(f"Token id {oov} is out of vocabulary")
+        cap = min(max_tokens, room)  # equal to max_tokens unless shortens_max_tokens
+        if overrides.get("max_new_tokens") is not None:
+            cap = min(cap, int(overrides["max_new_tokens"]))  # vLLM's silent ceiling
+        rid = f"cmpl-{uuid.uuid4().hex}-{index}"
+        out.extend(PromptRequest(ids, sampling, cap, rid, rid, j) for j in range(sampling.n))
+    return out
+
+
+def error_reply(message: str, *, status: int, param: str | None = None) -> Reply:
+    """vLLM's ErrorResponse: {"error": {"message", "type", "param", "code"}}."""
+    error = {"message": message, "type": ERROR_TYPES[status], "param": param, "code": status}
+    return json_reply({"error": error}, status=status)

@@ -1,4 +1,5 @@
-"""SlotScheduler: SGLang's running batch and waiting queue, reduced to slot timing.
+"""The emulated GPU's state: SlotScheduler (SGLang's running batch and waiting queue, reduced
+to slot timing), PrefixCache (for `cached_tokens`) and DevStats (the /dev/stats counters).
 
 Each prompt is a SlotJob whose generation time is known in advance (prefill latency plus
 one token latency per output token), so one thread can run the whole "GPU": it admits waiting
@@ -12,11 +13,15 @@ import heapq
 import itertools
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from eagle_synth.errors import EagleSynthError
+
+if TYPE_CHECKING:
+    from eagle_synth.devserver.config import DevServerConfig
 
 # Outcomes a waiting handler can find on its job.
 PENDING, FINISHED, KILLED = "pending", "finished", "killed"
@@ -24,14 +29,12 @@ ABORTED_WAITING, ABORTED_RUNNING = "aborted_waiting", "aborted_running"
 
 
 class QueueFullError(EagleSynthError):
-    """More prompts would wait than --max-queued-requests allows."""
+    pass
 
 
 @dataclass(eq=False)
 class SlotJob:
-    """One prompt's stay on the emulated GPU: its `rid`, the client's `group_rid` (which
-    /abort_request may name) and the `output_tokens` it generates; the scheduler sets the rest
-    (`outcome`, `tokens_done` for a running abort, `done` once it ends)."""
+    """One prompt's stay on the emulated GPU; the scheduler sets the fields after `output_tokens`."""
 
     rid: str
     group_rid: str
@@ -49,36 +52,15 @@ class SlotJob:
 
 
 class SlotScheduler:
-    """At most `slots` jobs run at once; the rest wait in arrival order.
-
-    Behaviour: a job admitted at time t holds its slot until
-    t + prefill_latency + output_tokens * token_latency. Jobs of zero duration with a free
-    slot and nobody waiting complete in the caller's thread. `abort` ends matching jobs
-    (waiting ones with no tokens, running ones with the tokens generated so far); `kill_all`
-    ends every job as if the GPU died.
-
-    Parameters:
-        slots: running slots.
-        max_queued: waiting jobs allowed beyond free slots; None = unbounded.
-        token_latency, prefill_latency: seconds, see above.
-        on_done: called (outside the lock) with each job that leaves a slot and the seconds
-            it held it; the stats use it for busy slot-seconds.
-        on_load: called with (running, waiting) after every change, for peak counters.
+    """At most config.slots jobs run at once, each for prefill_latency + output_tokens *
+    token_latency; the rest wait in arrival order (at most max_queued_requests beyond free
+    slots). Jobs of zero duration with a free slot and nobody waiting complete in the caller's
+    thread. `stats` gets each job's slot-seconds (outside the lock) and the load on every change.
     """
 
-    def __init__(
-        self,
-        *,
-        slots: int,
-        max_queued: int | None,
-        token_latency: float,
-        prefill_latency: float,
-        on_done: Callable[[SlotJob, float], None] = lambda job, held: None,
-        on_load: Callable[[int, int], None] = lambda running, waiting: None,
-    ) -> None:
-        self.slots, self.max_queued = slots, max_queued
-        self.token_latency, self.prefill_latency = token_latency, prefill_latency
-        self._on_done, self._on_load = on_done, on_load
+    def __init__(self, config: DevServerConfig, stats: DevStats) -> None:
+        self.slots, self.max_queued, self.stats = config.slots, config.max_queued_requests, stats
+        self.token_latency, self.prefill_latency = config.token_latency, config.prefill_latency
         self._cond = threading.Condition()
         self._waiting: deque[SlotJob] = deque()
         self._running: list[tuple[float, int, SlotJob]] = []  # heap by finish time
@@ -89,7 +71,6 @@ class SlotScheduler:
 
     @property
     def load(self) -> tuple[int, int]:
-        """(running, waiting)."""
         with self._cond:
             return len(self._running), len(self._waiting)
 
@@ -97,7 +78,7 @@ class SlotScheduler:
         return self.prefill_latency + output_tokens * self.token_latency
 
     def submit(self, jobs: Iterable[SlotJob]) -> None:
-        """Queue jobs (all or none); raises QueueFullError past --max-queued-requests."""
+        """Queue jobs (all or none, else QueueFullError)."""
         jobs = list(jobs)
         finished: list[tuple[SlotJob, float]] = []
         with self._cond:
@@ -115,12 +96,13 @@ class SlotScheduler:
                     finished.append((job, 0.0))
                 else:
                     self._waiting.append(job)
-            self._on_load(len(self._running), len(self._waiting))
+            self.stats.load(len(self._running), len(self._waiting))
             self._cond.notify()
         self._finish(finished)
 
-    def abort(self, *, rids: set[str] | None) -> int:
-        """End jobs whose rid or group rid is in `rids` (None = all); returns how many."""
+    def abort(self, *, rids: set[str] | None) -> None:
+        """End jobs whose rid or group rid is in `rids` (None = all), running ones with the
+        tokens generated so far."""
 
         def named(job: SlotJob) -> bool:
             return rids is None or job.rid in rids or job.group_rid in rids
@@ -137,10 +119,9 @@ class SlotScheduler:
                     ended.append((job, now - job.admitted_at))
             self._running = [entry for entry in self._running if not named(entry[2])]
             heapq.heapify(self._running)
-            self._on_load(len(self._running), len(self._waiting))
+            self.stats.load(len(self._running), len(self._waiting))
             self._cond.notify()
         self._finish(ended)
-        return len(ended)
 
     def kill_all(self) -> None:
         """The GPU died: every job ends as KILLED and later submissions are killed at once."""
@@ -159,7 +140,7 @@ class SlotScheduler:
 
     def _finish(self, jobs: list[tuple[SlotJob, float]]) -> None:
         for job, held in jobs:
-            self._on_done(job, held)
+            self.stats.add(busy_slot_seconds=held)
             job.done.set()
 
     def _loop(self) -> None:
@@ -181,7 +162,7 @@ class SlotScheduler:
                     job.decode_start = now + self.prefill_latency
                     job.finish_at = now + self.duration(job.output_tokens)
                     heapq.heappush(self._running, (job.finish_at, next(self._tie), job))
-                self._on_load(len(self._running), len(self._waiting))
+                self.stats.load(len(self._running), len(self._waiting))
                 if not finished:
                     if self._waiting and len(self._running) < self.slots:
                         continue
@@ -194,3 +175,102 @@ def _kill(jobs: list[SlotJob]) -> None:
     for job in jobs:
         job.outcome = KILLED
         job.done.set()
+
+
+# Cache granularity: prefixes are remembered per block of this many tokens, so cached_tokens
+# is a multiple of it (real SGLang with page size 1 is exact to the token).
+BLOCK_TOKENS = 16
+# Blocks kept before the least recently used are evicted (a few tens of MB at most).
+MAX_BLOCKS = 200_000
+
+
+class PrefixCache:
+    """Remembers sequences as chains of full blocks (each keyed by the hash of everything before
+    it, so equal blocks at different places do not collide), evicting the least recently used
+    past `max_blocks`. `lookup` counts a prompt's known leading blocks, capped at len(prompt) - 1
+    because SGLang always computes at least one token.
+    """
+
+    def __init__(self, *, block_tokens: int = BLOCK_TOKENS, max_blocks: int = MAX_BLOCKS) -> None:
+        self.block_tokens, self.max_blocks = block_tokens, max_blocks
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _keys(self, ids: Sequence[int]) -> list[int]:
+        b = self.block_tokens
+        blocks = (tuple(ids[start : start + b]) for start in range(0, len(ids) - b + 1, b))
+        return list(itertools.accumulate(blocks, lambda key, block: hash((key, block)), initial=0))[1:]
+
+    def lookup(self, prompt_ids: Sequence[int]) -> int:
+        keys = self._keys(prompt_ids)
+        with self._lock:
+            known = list(itertools.takewhile(self._blocks.__contains__, keys))
+            for key in known:
+                self._blocks.move_to_end(key)
+        return min(len(known) * self.block_tokens, max(len(prompt_ids) - 1, 0))
+
+    def insert(self, ids: Sequence[int]) -> None:
+        """Remember a finished sequence (prompt + output), as SGLang does on completion."""
+        keys = self._keys(ids)
+        with self._lock:
+            for key in keys:
+                self._blocks[key] = None
+                self._blocks.move_to_end(key)
+            while len(self._blocks) > self.max_blocks:
+                self._blocks.popitem(last=False)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._blocks.clear()
+
+
+# Every counter /dev/stats reports, in its order (after uptime and started_at).
+COUNTERS = (
+    *("generate_requests", "generate_calls_before_healthy", "first_generate_at", "prompts", "output_tokens"),
+    *("busy_slot_seconds", "injected_failures", "injected_drops", "client_errors", "queue_full", "aborted"),
+    *("health_requests", "health_unavailable", "health_trickled", "injected_malformed", "deprecated_info_calls"),
+    *("peak_running", "peak_waiting", "peak_prompts"),
+)
+
+
+class DevStats:
+    """Thread-safe counters since start (`reset()` zeroes them but keeps the uptime clock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started_at, self._started_mono = time.time(), time.monotonic()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts: dict[str, Any] = {**dict.fromkeys(COUNTERS, 0), "busy_slot_seconds": 0.0}
+            self._counts["first_generate_at"] = None
+
+    def add(self, **amounts: float) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                self._counts[name] += amount
+
+    def generate_received(self, *, healthy: bool) -> None:
+        with self._lock:
+            self._counts["generate_requests"] += 1
+            self._counts["generate_calls_before_healthy"] += not healthy
+            if self._counts["first_generate_at"] is None:
+                self._counts["first_generate_at"] = time.time()
+
+    def load(self, running: int, waiting: int) -> None:
+        # Called under the scheduler lock on every change: keep it tiny.
+        counts = self._counts
+        counts["peak_running"] = max(counts["peak_running"], running)
+        counts["peak_waiting"] = max(counts["peak_waiting"], waiting)
+        counts["peak_prompts"] = max(counts["peak_prompts"], running + waiting)
+
+    def snapshot(self, **live: Any) -> dict[str, Any]:
+        """The /dev/stats body, with the current values in `live`."""
+        with self._lock:
+            return {
+                "uptime": time.monotonic() - self._started_mono,
+                "started_at": self.started_at,
+                **self._counts,
+                **live,
+            }

@@ -12,6 +12,7 @@ import json
 import random
 import re
 from collections.abc import Sequence
+from functools import partial
 
 from eagle_synth.toolcalls.detect import detect_tool_format
 
@@ -32,13 +33,8 @@ WORDS_PER_STRING = (1, 3)
 
 
 class ToolCaller:
-    """Writes the emulated model's tool calls for prompts that offer tools.
-
-    Parameters:
-        family: the tool-call format to write (one of WRITABLE_FORMATS).
-        call_token_id: the id of `<tool_call>` (a prompt without it offers no tools).
-        decode: ids -> text with special tokens kept.
-    """
+    """Writes tool calls in `family`'s format for prompts that hold `call_token_id` and offer
+    tools; `decode` maps ids to text with special tokens kept."""
 
     def __init__(self, *, family: str, call_token_id: int, decode) -> None:
         if family not in WRITABLE_FORMATS:
@@ -47,21 +43,16 @@ class ToolCaller:
 
     @classmethod
     def for_tokenizer(cls, tokenizer) -> ToolCaller | None:
-        """The caller for a tokenizer whose template writes a format we can, else None."""
         family = detect_tool_format(getattr(tokenizer, "chat_template", None))
         if family not in WRITABLE_FORMATS:
             return None
         ids = tokenizer.encode(CALL_TOKEN, add_special_tokens=False)
         if len(ids) != 1:  # not a single token: this is not a Qwen tokenizer after all
             return None
-        return cls(
-            family=family,
-            call_token_id=ids[0],
-            decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
-        )
+        return cls(family=family, call_token_id=ids[0], decode=partial(tokenizer.decode, skip_special_tokens=False))
 
     def call_text(self, prompt_ids: Sequence[int], rng: random.Random) -> str | None:
-        """The tool-call text the model answers with, or None when it answers in words."""
+        """The tool-call text the model answers with; None: it answers in words."""
         if self.call_token_id not in prompt_ids:
             return None
         prompt = self._decode(prompt_ids)
@@ -69,14 +60,12 @@ class ToolCaller:
         user_text = last_user_text(prompt)
         if not tools or user_text is None:
             return None
-        calls = [
-            {"name": name, "arguments": fill_arguments(schema, rng)} for name, schema in chosen_tools(tools, user_text)
-        ]
-        return render_calls(calls, family=self.family)
+        chosen = chosen_tools(tools, user_text)
+        return render_calls([{"name": n, "arguments": fill_arguments(a, rng)} for n, a in chosen], family=self.family)
 
 
 def offered_tools(prompt: str) -> list[dict]:
-    """The function schemas of the prompt's tools section (unparsable lines are skipped)."""
+    """The function schemas of the prompt's tools section."""
     start = prompt.find(TOOLS_BEGIN)
     end = prompt.find(TOOLS_END, start + 1)
     if start < 0 or end < 0:
@@ -111,7 +100,7 @@ def chosen_tools(tools: list[dict], user_text: str) -> list[tuple[str, dict]]:
 
 
 def fill_arguments(schema: dict, rng: random.Random) -> dict:
-    """Values for the schema's required properties (all of them when none is required)."""
+    """Values for the schema's required properties (all when none is)."""
     properties = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(properties, dict):
         return {}
@@ -140,7 +129,6 @@ def _value(schema: object, rng: random.Random) -> object:
 
 
 def render_calls(calls: list[dict], *, family: str) -> str:
-    """Calls written the way the family's template renders an assistant's tool_calls."""
     if family == "hermes":
         bodies = [json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False) for c in calls]
     else:

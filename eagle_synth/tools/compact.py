@@ -1,11 +1,9 @@
 """`eagle-synth compact`: merge many small batch files into large shards, safely while workers write.
 
-Safe to stop at any point: (1) a shard, whose header lists the batch files it absorbs, is written
-under a dot name, fsynced and renamed; (2) it is read back from disk, every key in order (one that
-does not read back is deleted, its batch files kept); (3) only then are those batch files deleted.
-A stop in 1 leaves a temporary file the next run deletes; in 2 or 3, absorbed batch files that
-readers skip and the next run deletes: no record is lost or seen twice. A run only takes batch
-files that existed, and were old enough, when it started.
+A shard is written under a dot name, fsynced and renamed, read back from disk, and only then are
+the batch files its header lists deleted; readers skip listed files, so a stop at any point loses
+and repeats no record (docs/records.md, `eagle-synth compact`). A run takes only the batch files
+that existed, and were old enough, when it started.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """`eagle-synth export`: records to training rows, in the formats the drafter trainers read.
 
-Records stream once through the filters (tools/filters.py: clip, drop, sample, split) into row
-groups bounded in rows and ids, into each split's output files: memory stays flat at any campaign
-size. Parquet and the datasets folders are built from the ids' uint32 bytes (RawRecord), without
-a Python int per id, which is what makes them fast. Formats: jsonl, parquet (tools/export_rows.py:
-every Record field), specforge, speculators, hf (tools/trainer_formats.py). Docs: docs/records.md.
+Records stream once through the filters (tools/filters.py) into row groups bounded in rows and ids,
+into each split's output files: memory stays flat at any size. Parquet and the datasets folders are
+built from the ids' uint32 bytes (RawRecord), without a Python int per id. Docs: docs/records.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import json
 import os
@@ -21,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from eagle_synth.errors import UserError
 from eagle_synth.progress import Progress, reported
@@ -66,11 +65,8 @@ SPECFORGE_BYTES_PER_TOKEN = 44
 
 @dataclass(slots=True)
 class ExportResult:
-    """What an export wrote: rows and ids (`tokens`, `loss_tokens` mask-1) of all splits, the output
-    files (datasets formats: folders), SelectionStats' read / dropped / clipped, rows per split,
-    warnings and (without torch) the commands that make the torch files; speculators: per split
-    ("all" unsplit) the --train-data-ratio nearest 0.9 cutting between input rows; file formats:
-    ids in the largest file (a SpecForge run over it holds SPECFORGE_BYTES_PER_TOKEN each)."""
+    """What an export wrote: the `--json` summary's figures (docs/records.md, "Filters"); `paths` are
+    folders for the datasets formats, `train_data_ratio` is per split ("all" unsplit)."""
 
     format: str = "jsonl"
     rows: int = 0
@@ -92,7 +88,6 @@ class ExportResult:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
-        """The `--json` summary."""
         summary = {
             "format": self.format,
             "rows": self.rows,
@@ -138,11 +133,8 @@ def _source(
 
 @dataclass(frozen=True, slots=True)
 class OutputOptions:
-    """How the output is written: `shard_rows` per file (None: one file; datasets formats: their
-    default); file formats: at most `shard_tokens` ids per file (a longer row gets its own), to keep
-    one SpecForge run per file in a memory budget; specforge: `zero_last_loss` zeroes each row's last
-    mask entry (EAGLE-3 online runs before upstream SpecForge #895; not DFlash); datasets formats:
-    `replace` an --out folder holding files an export did not write (hidden_states/, vocab files)."""
+    """How the output is written: the export flags of the same names (docs/records.md). `zero_last_loss`
+    is for SpecForge's EAGLE-3 online runs before upstream #895 (not DFlash)."""
 
     shard_rows: int | None = None
     shard_tokens: int | None = None
@@ -167,8 +159,10 @@ class OutputOptions:
             check_dataset_out(out, replace=self.replace)
 
 
-def _writer(format: str, options: OutputOptions) -> tuple[Callable[[Path], Any], Callable[[Any, list], None]]:
-    """(open a file, write a row group to it) for a file format."""
+def _writer(
+    format: str, options: OutputOptions, *, gz: bool
+) -> tuple[Callable[[Path], Any], Callable[[Any, list], None]]:
+    """(open a file, write a row group to it) for a file format; `gz`: a gzipped JSONL file."""
     if format == "parquet":
         import pyarrow.parquet as pq
 
@@ -181,27 +175,16 @@ def _writer(format: str, options: OutputOptions) -> tuple[Callable[[Path], Any],
         return lambda path: open(path, "w", encoding="utf-8"), lambda handle, group: handle.write(
             specforge_lines(group, zero_last_loss=True) if options.zero_last_loss else specforge_lines(group)
         )
-    return _open_jsonl, lambda handle, group: handle.write(
+    opener: Callable[..., Any] = functools.partial(gzip.open, compresslevel=6) if gz else open
+    return lambda path: opener(path, "wt", encoding="utf-8"), lambda handle, group: handle.write(
         "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)
     )
 
 
-def _open_jsonl(path: Path) -> IO[str]:
-    if path.name.endswith(".gz.tmp"):
-        return gzip.open(path, "wt", compresslevel=6, encoding="utf-8")
-    return open(path, "w", encoding="utf-8")
-
-
 class _FileSink:
-    """Writes one split's row groups into its numbered files; each appears whole or not at all.
-
-    `out.parquet` with shards becomes `out-00000.parquet`, ...; a folder (an existing one, or a
-    name without a suffix) gets `part-00000.<format>`, ...; a split adds its name (`out-test.parquet`,
-    `out-test-00000.parquet`, `test-00000...` in a folder: names `datasets.load_dataset` maps to
-    splits). A file is closed at `shard_rows` rows, or before a row that would take it past
-    `shard_tokens` ids (a longer row gets a file of its own). With no rows, one empty file is
-    written (a Parquet one still carries the schema, so readers find the columns).
-    """
+    """Writes one split's row groups into its files (named as docs/records.md, "Output files"), each
+    whole or not at all: closed at `shard_rows` rows, or before a row that would take it past
+    `shard_tokens` ids. With no rows, one empty file (a Parquet one still carries the schema)."""
 
     def __init__(self, format: str, out: Path, split: str | None, options: OutputOptions) -> None:
         self.shard_rows, self.shard_tokens = options.shard_rows, options.shard_tokens
@@ -220,7 +203,7 @@ class _FileSink:
             self.folder, self.stem = out.parent, f"{stem}-{split}" if split else stem
         self.single = out if split is None else self.folder / f"{self.stem}{self.suffix}"
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.open_file, self.write_group = _writer(format, options)
+        self.open_file, self.write_group = _writer(format, options, gz=self.suffix.endswith(".gz"))
         self.done: list[Path] = []
         self.handle: Any = None
         self.index = self.in_shard = self.tokens_in_shard = self.largest_file_tokens = 0
@@ -305,8 +288,7 @@ def _fill(
     stats: SelectionStats,
     cutoff: int | None,
 ) -> None:
-    """The one pass: records through the filters, into each split's row groups of at most
-    ROW_GROUP_ROWS rows or ROW_GROUP_TOKENS ids, into the split's sink."""
+    """The one pass: selected rows into each split's row groups (ROW_GROUP_ROWS, ROW_GROUP_TOKENS), into its sink."""
     groups: dict[str | None, list[RawRecord]] = {name: [] for name in sinks}
     tokens: dict[str | None, int] = dict.fromkeys(sinks, 0)
 
@@ -401,11 +383,9 @@ def export_records(
     zero_last_loss: bool = False,
     replace: bool = False,
 ) -> ExportResult:
-    """Export a campaign's records as training rows, streaming. `out`: a file (`.jsonl`, `.jsonl.gz`,
-    `.parquet`; sharded, a name to number or a folder: _FileSink), or for datasets formats a folder
-    (replaced if it holds only an earlier export). `progress` is told the phase and records read.
-    `turns` "last": only each `--history own` conversation's last turn (such campaigns are written
-    in conversation order). shard_rows, shard_tokens, zero_last_loss, replace: OutputOptions'."""
+    """Export a campaign's records as training rows, streaming, into `out` (a file, a name to number or
+    a folder: _FileSink; a folder for datasets formats). `turns` "last": only each `--history own`
+    conversation's last turn. shard_rows, shard_tokens, zero_last_loss, replace: OutputOptions'."""
     started = time.perf_counter()
     options = OutputOptions(shard_rows, shard_tokens, zero_last_loss, replace)
     options.check(format, Path(out))

@@ -35,16 +35,8 @@ LEAD_COLUMNS = (
 # Record fields that are not columns of their own: the ids become input_ids/loss_mask, and the
 # server's counts are replaced by the row's own (a clipped row has fewer ids than the server made).
 _NOT_COLUMNS = frozenset({"prompt_ids", "output_ids"})
-# Column kind of each scalar Record annotation; any other annotation is stored as JSON text.
-ANNOTATION_KINDS = {
-    "str": "string",
-    "int": "int64",
-    "float": "float64",
-    "float | None": "float64",
-    "bool": "bool",
-    "str | None": "string",
-    "int | None": "int64",
-}
+# Column kind of each scalar Record annotation (optional or not); any other is stored as JSON text.
+ANNOTATION_KINDS = {"str": "string", "int": "int64", "float": "float64", "bool": "bool"}
 JSON_KIND = "json"
 _CONVERT: dict[str, Any] = {"string": str, "int32": int, "int64": int, "float64": float, "bool": bool}
 
@@ -87,7 +79,7 @@ def columns() -> tuple[Column, ...]:
     ]
     lead_names = {name for name, _ in LEAD_COLUMNS}
     rest = [
-        Column(name, ANNOTATION_KINDS.get(str(spec.type), JSON_KIND), _field_default(name))
+        Column(name, ANNOTATION_KINDS.get(str(spec.type).removesuffix(" | None"), JSON_KIND), _field_default(name))
         for name, spec in Record.__dataclass_fields__.items()
         if name not in lead_names and name not in _NOT_COLUMNS
     ]

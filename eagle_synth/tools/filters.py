@@ -1,12 +1,9 @@
 """Which records become training rows, clipped how, in which split: applied in one pass.
 
-Every export format and `eagle-synth vocab` select rows here, in this order: `drop_truncated`
-(finish_reason length); `min_output_tokens` (before clipping); `max_length` (clip prompt + output,
-mask with them, or with `drop_longer` leave longer records out); `min_loss_tokens` (mask-1 ids
-after clipping; default 1, as both trainers drop rows with nothing to learn); `sample` (N rows by
-a seeded hash of the key, whatever the file order; exact N needs the candidates' hashes first, so
-a sampled export reads twice); `splits` (by a hash of the conversation key, so every turn and
-sample of a conversation lands in one split; the remainder goes to `train`).
+Every export format and `eagle-synth vocab` select rows here, in ExportFilters.shape's order, then
+`sample` (a seeded hash of the key: exact N needs the candidates' hashes first, so a sampled export
+reads twice) and `splits` (a hash of the conversation key: a conversation lands in one split, the
+remainder in `train`). Docs: docs/records.md, "Filters".
 """
 
 from __future__ import annotations
@@ -117,8 +114,8 @@ def sample_priority(key: str, seed: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ExportFilters:
-    """Which records become rows, clipped how, and split how: each field is the filter of the
-    same name in the module docstring (splits as parse_split gives them; sample None keeps all)."""
+    """Which records become rows, clipped how, and split how: each field is the filter of the same
+    name in docs/records.md, "Filters" (splits as parse_split gives them; sample None keeps all)."""
 
     drop_truncated: bool = False
     min_output_tokens: int = 0

@@ -9,6 +9,7 @@ command line where `ps` would show them.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -33,8 +34,6 @@ PURGE_OFFLINE_WORKERS_S = 3600
 MAX_TASKS_IN_MEMORY = 20_000
 # Where Celery's command line finds the app (resolved lazily by this module's __getattr__).
 APP_SYMBOL = "eagle_synth.tools.flower:celery_app"
-
-_app: Celery | None = None
 
 
 class FlowerAuthError(UserError, ValueError):
@@ -158,12 +157,10 @@ def run_flower(*, settings: BrokerSettings, options: FlowerOptions) -> int:
     return 0
 
 
+@functools.cache
 def flower_app() -> Celery:
     """The Celery app Flower runs on, from the environment that run_flower exported."""
-    global _app
-    if _app is None:
-        _app = make_celery(broker_settings())
-    return _app
+    return make_celery(broker_settings())
 
 
 def __getattr__(name: str) -> Celery:

@@ -63,16 +63,6 @@ def render_ids(tokenizer: Any, ids: Sequence[int], *, specials: frozenset[int] |
     return text
 
 
-def _boundary(record: Record) -> Text:
-    left = record.prompt_ids[-BOUNDARY_IDS:]
-    right = record.output_ids[:BOUNDARY_IDS]
-    marker = Text("prompt ids ", style="dim")
-    marker.append(("... " if len(record.prompt_ids) > BOUNDARY_IDS else "") + " ".join(map(str, left)))
-    marker.append("  ┃ output starts ┃  ", style=BOUNDARY_STYLE)
-    marker.append(" ".join(map(str, right)) + (" ..." if len(record.output_ids) > BOUNDARY_IDS else ""))
-    return marker
-
-
 def render_record(
     record: Record, *, tokenizer: Any, console: Console | None = None, prompt_tail: int | None = None
 ) -> None:
@@ -94,7 +84,16 @@ def render_record(
     console.rule(Text(shown, style="bold cyan"), align="left")
     console.print(render_ids(tokenizer, record.prompt_ids[hidden:], specials=specials), highlight=False)
     console.rule(Text("▼ prompt ends, output begins ▼", style=BOUNDARY_STYLE), style=BOUNDARY_STYLE)
-    console.print(_boundary(record), highlight=False)
+    marker = Text("prompt ids ", style="dim")
+    marker.append(
+        ("... " if len(record.prompt_ids) > BOUNDARY_IDS else "")
+        + " ".join(map(str, record.prompt_ids[-BOUNDARY_IDS:]))
+    )
+    marker.append("  ┃ output starts ┃  ", style=BOUNDARY_STYLE)
+    marker.append(
+        " ".join(map(str, record.output_ids[:BOUNDARY_IDS])) + (" ..." if len(record.output_ids) > BOUNDARY_IDS else "")
+    )
+    console.print(marker, highlight=False)
     console.rule(Text(f"[output] {len(record.output_ids)} tokens", style="bold green"), align="left")
     console.print(render_ids(tokenizer, record.output_ids, specials=specials), highlight=False)
     console.rule(style="dim")

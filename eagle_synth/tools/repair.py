@@ -153,10 +153,9 @@ def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
                     header = value
                 elif isinstance(value, dict):
                     try:
-                        record = Record.from_wire(value, codec=header["id_codec"])
+                        yield Record.from_wire(value, codec=header["id_codec"])
                     except (KeyError, TypeError, ValueError):
                         continue  # one garbled record; the key check judges the others
-                    yield record
     except (zstandard.ZstdError, msgpack.UnpackException, ValueError, KeyError, TypeError, OSError):
         return  # the damage: what came before it is all there is
 

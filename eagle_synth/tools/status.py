@@ -20,6 +20,7 @@ from eagle_synth.errors import CampaignNotFound
 from eagle_synth.state import counters
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.campaign_archive import ended_info
+from eagle_synth.state.conversation_store import ConversationStore
 from eagle_synth.state.node_state import UNKNOWN, all_nodes
 from eagle_synth.state.stranded import stranded_prompts
 
@@ -103,6 +104,7 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
     eta = progress.pending / records_per_s if records_per_s > 0 else None
     finished = progress.done + progress.failed
     inputs = input_rows.totals(client, campaign.keys)
+    settings = campaign.settings()
     return {
         "campaign": name,
         "enqueued": progress.enqueued,
@@ -131,20 +133,11 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "workers": _workers(nodes),
         "at": now,
         "stranded": stranded_here,
-        "conversations": _conversations(campaign),
+        # Conversation counts (CONVERSATION_KEYS) of a `--history own` campaign, else None.
+        "conversations": ConversationStore(campaign).counts() if settings and settings.history == "own" else None,
         # Closed (`eagle-synth close`): where its state was folded, with its done and failed counts.
         "ended": ended_info(campaign),
     }
-
-
-def _conversations(campaign: Campaign) -> dict | None:
-    """Conversation counts (CONVERSATION_KEYS) of a `--history own` campaign, else None."""
-    settings = campaign.settings()
-    if settings is None or settings.history != "own":
-        return None
-    from eagle_synth.state.conversation_store import ConversationStore
-
-    return ConversationStore(campaign).counts()
 
 
 def campaigns_overview(client: redis.Redis) -> list[dict]:

@@ -1,12 +1,6 @@
-"""Exports the drafter trainers read as they are: SpecForge JSONL, speculators and HF dataset folders.
-
-- `specforge`: JSONL of `{"input_ids": [...], "loss_mask": [...]}` only, what SpecForge's
-  `data.prompts_path` takes as pre-tokenized (judged from the first row; opened as plain text).
-- `speculators`: the folder speculators' `prepare_data` would save: `input_ids`, `loss_mask`,
-  `seq_len` plus flat provenance columns, `state.json` naming the torch format (plain JSON, no
-  torch needed) and `token_freq.json` (`.pt` with torch). Rows come grouped by input row, so its
-  tail validation split cuts at most one row group, none with the `train_data_ratio` reported.
-- `hf`: a `datasets` folder (a Dataset, or a DatasetDict with splits) of every exported column.
+"""Exports the drafter trainers read as they are (docs/records.md, "What the trainers expect"):
+`specforge` JSONL of input_ids and loss_mask only; `speculators` (prepare_data's folder: seq_len, flat
+provenance columns, state.json naming the torch format, token_freq); `hf` (every exported column).
 
 Rows are staged as Arrow IPC streams built from the ids' bytes, which `datasets` writes its folder
 from memory-mapped: memory stays flat; the disk holds the rows twice until the end.
@@ -245,20 +239,16 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
                 }
                 atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
         del loaded  # unmaps the staging files before they are deleted
-        _replace_folder(tmp, out)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         if not quiet:
             enable_progress_bars()
-
-
-def _replace_folder(new: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(new, out)
-        return
-    old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
-    os.replace(out, old)
-    os.replace(new, out)
-    shutil.rmtree(old, ignore_errors=True)

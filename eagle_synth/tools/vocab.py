@@ -1,14 +1,8 @@
 """`eagle-synth vocab`: loss-masked token frequencies and the EAGLE-3 draft vocabulary mapping.
 
-EAGLE-3 drafters predict over the N target ids most frequent among the tokens they learn (mask 1):
-`d2t` (int64, length N: draft index i stands for target id `i + d2t[i]`) and `t2d` (bool, length
-target_vocab_size: True on the N chosen ids, sorted ascending, so `nonzero(t2d) == d2t + arange(N)`).
-Order: higher count first, then lower id; with fewer than N distinct ids counted, the lowest unused
-ids fill the rest. That is speculators' rule; SpecForge breaks ties in the order it first met the
-ids, so the two differ only among ids tied at the cut. Written as .npy (speculators), JSON, and with
-torch SpecForge's `vocab_mapping.pt`, ModelOpt's `d2t.pt`, speculators' `token_freq.pt`; without
-torch, the one-line command that makes them on the training machine (a hand-written torch zip would
-depend on torch's pickle globals and archive layout, which torch does not promise). docs/records.md.
+`d2t` (int64 [N]): draft index i stands for target id `i + d2t[i]`; `t2d` (bool [target vocab size]):
+True on the N kept ids. The files, the choice rule (speculators') and why the torch files are made by a
+printed command where torch is missing: docs/records.md, `eagle-synth vocab`.
 """
 
 from __future__ import annotations
@@ -17,6 +11,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shlex
 import time
 from collections.abc import Callable, Iterable
@@ -76,15 +71,18 @@ class TokenCounts:
         self.counts = np.pad(self.counts, (0, max(0, len(found) - len(self.counts))))
         self.counts[: len(found)] += found
 
-    def add_rows(self, rows: Iterable[RawRecord]) -> None:
-        """Count the loss-masked ids (the output) of rows, a batch of rows per numpy call."""
+    def add_rows(self, rows: Iterable[RawRecord]) -> int:
+        """Count the loss-masked ids (the output) of rows, a batch of rows per numpy call; returns the rows."""
         batch: list[bytes] = []
+        counted = 0
         for raw in rows:
+            counted += 1
             batch.append(raw.output_u32)
             if len(batch) >= COUNT_BATCH_ROWS:
                 self.add_u32(b"".join(batch))
                 batch = []
         self.add_u32(b"".join(batch))
+        return counted
 
     def as_dict(self) -> dict[int, int]:
         """{token id: count} for every id counted at least once, ids ascending."""
@@ -199,38 +197,29 @@ def _saved(save: Callable[[io.BytesIO, Any], Any], obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _literal(path: Path) -> str:
-    """An absolute path as a Python string literal in double quotes (JSON's escapes are
-    Python's), so the command's code has no single quote for the shell to escape."""
-    return json.dumps(str(path.resolve()))
-
-
-def token_freq_torch_command(folder: Path) -> str:
-    """The command that makes token_freq.pt from token_freq.json where torch is installed."""
-    source, target = _literal(folder / TOKEN_FREQ_JSON), _literal(folder / TOKEN_FREQ_TORCH)
-    code = f"import json, torch; torch.save({{int(k): v for k, v in json.load(open({source})).items()}}, {target})"
-    return f"python -c {shlex.quote(code)}"
-
-
-def vocab_torch_command(folder: Path) -> str:
-    """The command that makes SpecForge's vocab_mapping.pt and ModelOpt's d2t.pt from the .npy files."""
-    d2t, t2d = _literal(folder / D2T_NPY), _literal(folder / T2D_NPY)
-    mapping, modelopt = _literal(folder / VOCAB_MAPPING_TORCH), _literal(folder / MODELOPT_D2T_TORCH)
-    code = (
-        f"import numpy as np, torch; d2t = torch.from_numpy(np.load({d2t})); "
-        f'torch.save({{"d2t": d2t, "t2d": torch.from_numpy(np.load({t2d}))}}, {mapping}); '
-        f"torch.save(d2t, {modelopt})"
-    )
-    return f"python -c {shlex.quote(code)}"
+def _with_torch(
+    folder: Path, paths: list[Path], files: dict[str, Callable[[Any], Any]], code: str
+) -> tuple[list[Path], list[str]]:
+    """(`paths` plus the torch files, name -> make(torch) the object saved, []) when torch is importable;
+    else (`paths`, [the command running `code` where it is]). Each <file name> in `code` becomes its absolute
+    path in double quotes (JSON's escapes are Python's), so the code has no single quote for the shell to escape."""
+    torch = torch_module()
+    if torch is None:
+        code = re.sub(r"<([\w.]+)>", lambda name: json.dumps(str((folder / name[1]).resolve())), code)
+        return paths, [f"python -c {shlex.quote(code)}"]
+    for name, make in files.items():
+        paths.append(folder / name)
+        atomic_write_bytes(paths[-1], _saved(lambda buffer, obj: torch.save(obj, buffer), make(torch)))
+    return paths, []
 
 
 def write_token_freq(folder: Path, counts: TokenCounts) -> tuple[list[Path], list[str]]:
-    """token_freq.json ({"id": count}); with torch token_freq.pt ({id: count}, speculators').
-    Returns (paths written, without torch the command that makes token_freq.pt): as _with_torch."""
+    """token_freq.json ({"id": count}); with torch token_freq.pt ({id: count}, speculators'): as _with_torch."""
     freq = counts.as_dict()
     paths = [folder / TOKEN_FREQ_JSON]
     atomic_write_bytes(paths[0], json.dumps({str(k): v for k, v in freq.items()}, separators=(",", ":")).encode())
-    return _with_torch(paths, {TOKEN_FREQ_TORCH: lambda torch: freq}, folder, token_freq_torch_command)
+    code = "import json, torch; torch.save({int(k): v for k, v in json.load(open(<token_freq.json>)).items()}, <token_freq.pt>)"
+    return _with_torch(folder, paths, {TOKEN_FREQ_TORCH: lambda torch: freq}, code)
 
 
 def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path], list[str]]:
@@ -258,21 +247,12 @@ def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path]
         },
         MODELOPT_D2T_TORCH: lambda torch: torch.from_numpy(mapping.d2t.copy()),
     }
-    return _with_torch(paths, tensors, folder, vocab_torch_command)
-
-
-def _with_torch(
-    paths: list[Path], files: dict[str, Callable[[Any], Any]], folder: Path, command: Callable[[Path], str]
-) -> tuple[list[Path], list[str]]:
-    """`paths` plus the torch files (name -> its object, made with torch) when torch is
-    importable; else `paths` and the command that makes them where it is."""
-    torch = torch_module()
-    if torch is None:
-        return paths, [command(folder)]
-    for name, make in files.items():
-        paths.append(folder / name)
-        atomic_write_bytes(paths[-1], _saved(lambda buffer, obj: torch.save(obj, buffer), make(torch)))
-    return paths, []
+    code = (
+        "import numpy as np, torch; d2t = torch.from_numpy(np.load(<d2t.npy>)); "
+        'torch.save({"d2t": d2t, "t2d": torch.from_numpy(np.load(<t2d.npy>))}, <vocab_mapping.pt>); '
+        "torch.save(d2t, <d2t.pt>)"
+    )
+    return _with_torch(folder, paths, tensors, code)
 
 
 @dataclass(slots=True)
@@ -288,23 +268,6 @@ class VocabResult:
     commands: list[str] = field(default_factory=list)
     target_vocab_size_source: str = ""
     seconds: float = 0.0
-
-
-def count_loss_tokens(
-    records: Iterable[RawRecord], filters: ExportFilters, stats: SelectionStats, *, cutoff: int | None = None
-) -> tuple[TokenCounts, int]:
-    """Counts of loss-masked ids over the rows the filters keep (the `train` split when splitting)."""
-    counts = TokenCounts()
-    kept = [0]
-
-    def rows() -> Iterable[RawRecord]:
-        for split, row in select_rows(records, filters, stats, cutoff=cutoff):
-            if split in (None, SPLIT_REMAINDER):
-                kept[0] += 1
-                yield row
-
-    counts.add_rows(rows())
-    return counts, kept[0]
 
 
 def build_vocab(
@@ -330,9 +293,10 @@ def build_vocab(
     if filters.sample is not None:
         cutoff = sample_cutoff(reported(iter_raw_records(campaign_path), progress, "sampling"), filters)
     stats = SelectionStats()
-    counts, rows = count_loss_tokens(
-        reported(iter_raw_records(campaign_path), progress, "counting"), filters, stats, cutoff=cutoff
-    )
+    counts = TokenCounts()
+    records = reported(iter_raw_records(campaign_path), progress, "counting")
+    selected = select_rows(records, filters, stats, cutoff=cutoff)
+    rows = counts.add_rows(row for split, row in selected if split in (None, SPLIT_REMAINDER))
     mapping = build_vocab_mapping(counts.counts, draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
