@@ -33,6 +33,7 @@ RedisOpt = Annotated[
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+JsonSummaryOpt = Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")]
 # Flags of the commands that check Redis is fit for a campaign (enqueue, worker).
 AllowEvictingOpt = Annotated[
     bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")

@@ -20,6 +20,11 @@ from eagle_synth.cli.options import (
 from eagle_synth.settings import broker_settings
 
 app = command_group()
+# The help of the flags whose declaration would not fit a line.
+HELP = {
+    "concurrency": "Batches held open at once (batch threads). Default: 8 x inflight x servers / 16.",
+    "task_events": "Send Celery task events (Flower's task views need them; they cost about 0.07 ms of CPU per record, BENCHMARKS.md).",
+}
 
 # The flag of each WorkerConfig setting the command takes, for messages that name the setting.
 _PLAIN_SETTINGS = "inflight allow_server_parsers max_attempts timeout_base timeout_per_token backoff_max probe_timeout"
@@ -76,10 +81,7 @@ def worker(
     out: Annotated[Path, _worker_option("out", "--out")],
     backend: Annotated[list[str] | None, _worker_option("backend", "--backend")] = None,
     inflight: Annotated[int | None, _worker_option("inflight")] = None,
-    concurrency: Annotated[
-        int | None,
-        typer.Option(help="Batches held open at once (batch threads). Default: 8 x inflight x servers / 16."),
-    ] = None,
+    concurrency: Annotated[int | None, typer.Option(help=HELP["concurrency"])] = None,
     allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
     allow_server_setting: Annotated[
         list[str] | None, _worker_option("allow_server_settings", "--allow-server-setting")
@@ -91,12 +93,7 @@ def worker(
     probe_timeout: Annotated[float | None, _worker_option("probe_timeout")] = None,
     render_processes: Annotated[int | None, _worker_option("render_processes")] = None,
     name: Annotated[str | None, typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
-    task_events: Annotated[
-        bool,
-        typer.Option(
-            help="Send Celery task events (Flower's task views need them; they cost about 0.07 ms of CPU per record, BENCHMARKS.md)."
-        ),
-    ] = True,
+    task_events: Annotated[bool, typer.Option(help=HELP["task_events"])] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
     allow_evicting_redis: AllowEvictingOpt = False,
     allow_volatile_redis: AllowVolatileOpt = False,
