@@ -17,11 +17,14 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from eagle_synth.conversation import has_tools, split_turns
 from eagle_synth.errors import EagleSynthError
 from eagle_synth.regeneration import regeneration_points
+
+if TYPE_CHECKING:
+    from eagle_synth.variants import Variant
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
@@ -62,12 +65,21 @@ _TYPE_NAMES = ((bool, "boolean"), (int, "number"), (float, "number"), (str, "str
 class Conversation:
     """A prompt to regenerate an answer for: fresh OpenAI-style message dicts (safe to mutate)
     ending with what the model answers (a user turn, or a tool-call step's results); ``turn`` is
-    that point's 0-based index among the row's regeneration points."""
+    that point's 0-based index among the row's regeneration points. The planner adds the row's
+    variant, its chat template arguments (None: the campaign's) and, with `--history own`, the
+    row's turns (``own``; the prompt is turn 0)."""
 
     messages: list[dict]
     tools: list[dict] | None
     row_id: str
     turn: int
+    template_kwargs: dict | None = None
+    variant: Variant | None = None
+    own: OwnConversation | None = None
+
+    def template_input(self) -> tuple:
+        """The (messages, tools, kwargs) triple the templating pool takes."""
+        return self.messages, self.tools, self.template_kwargs
 
 
 @dataclass(frozen=True, slots=True)
