@@ -35,14 +35,7 @@ def run_scope(settings_json: str, **options: object) -> str:
 
 
 class ResumeCursors:
-    """The cursors of one enqueue run.
-
-    Parameters:
-        client: a redis-py client.
-        keys: the campaign's key names.
-        scope: run_scope of this run.
-        enabled: False to read and write no cursor (dry runs, campaigns with damaged records).
-    """
+    """The cursors of one enqueue run of `scope` (run_scope); `enabled` False reads and writes none."""
 
     def __init__(self, client: redis.Redis, keys: CampaignKeys, *, scope: str, enabled: bool) -> None:
         self.client = client
@@ -54,7 +47,6 @@ class ResumeCursors:
         self._noted: dict[str, int] = {}
 
     def _field(self, source: str) -> str | None:
-        """This run's cursor field for a source, None if it cannot have one."""
         if source not in self._fields:
             path = Path(source)
             try:

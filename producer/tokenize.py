@@ -58,11 +58,8 @@ def _init(job: TemplateJob, in_pool: bool = False) -> None:
 
 
 def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
-    """Ids for each (messages, tools) pair, or the template's error message for it.
-
-    A third element, when present and not None, replaces the job's template kwargs for that
-    conversation (a `--variants` entry's chat_template_kwargs on top of the campaign's).
-    """
+    """Ids for each (messages, tools[, kwargs]) entry, or the template's error message for it;
+    kwargs not None replace the job's (a `--variants` entry's on top of the campaign's)."""
     assert _tokenizer is not None and _job is not None
     default_kwargs = dict(_job.template_kwargs)
 
@@ -96,12 +93,7 @@ def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
 
 
 class TemplatingPool:
-    """Templates chunks in order, `processes` at a time (1 = in this process).
-
-    Parameters:
-        job: tokenizer and template settings.
-        processes: pool size; defaults to the machine's cores.
-    """
+    """Templates chunks in order, `processes` at a time (default: every core; 1 = in this process)."""
 
     def __init__(self, job: TemplateJob, *, processes: int | None = None, tokenizer=None) -> None:
         global _tokenizer

@@ -43,7 +43,6 @@ OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(EnqueueOptions)}
 
 
 def _fields(cls: Any, flags: dict[str, Any]) -> dict[str, Any]:
-    """The flags that set a field of dataclass `cls`, as they are."""
     return {f.name: flags[f.name] for f in fields(cls) if f.name in flags}
 
 
@@ -168,7 +167,6 @@ def enqueue(
 def _run_enqueue(
     options: EnqueueOptions, broker: BrokerSettings, *, as_json: bool, so_far: list[EnqueueSummary]
 ) -> EnqueueSummary:
-    """The producer's run behind a progress line; `so_far` holds its latest summary."""
     from eagle_synth import progress
     from producer.enqueue import enqueue
     from producer.sources import STDIN, estimate_rows
@@ -200,8 +198,7 @@ def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, bro
 
 
 def _enqueued_now(name: str, broker: BrokerSettings) -> str:
-    """The campaign's enqueued prompts as Redis holds them (the producer's own tally can lag a
-    chunk behind when it is stopped mid-chunk); `?` when Redis does not answer."""
+    """The campaign's enqueued prompts as Redis holds them (the producer's tally can lag a chunk)."""
     import redis as redis_errors
 
     from eagle_synth.state.campaign import Campaign
@@ -255,7 +252,6 @@ def campaigns(as_json: JsonOpt = False, redis: RedisOpt = None) -> None:
 
 
 def _existing_campaign(redis_url: str | None, name: str) -> Campaign:
-    """The campaign `name`, or the one-line error a missing campaign gets (exit 2)."""
     from eagle_synth.errors import CampaignNotFound
     from eagle_synth.state.campaign import Campaign
 

@@ -82,7 +82,6 @@ FILTER_FLAGS = ("drop_truncated", "min_output_tokens", "max_length", "drop_longe
 
 
 def _filters(flags: dict) -> ExportFilters:
-    """The row filters of a command's flags (its locals())."""
     from eagle_synth.tools.filters import ExportFilters, parse_split
 
     return ExportFilters(splits=parse_split(flags["split"]), **{name: flags[name] for name in FILTER_FLAGS})
@@ -107,12 +106,8 @@ SUFFIXES_OF_FORMAT = {"jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",)
 
 
 def export_format(format: str | None, out: Path) -> str:
-    """The format an export writes: --format, else the one --out's extension names, else jsonl.
-
-    A --format that contradicts --out's extension (parquet into .jsonl, jsonl into .parquet, a
-    folder format into a file name) stops the command: the file would not be what its name says.
-    An unknown --format is left to the exporter, which lists the known ones.
-    """
+    """--format, else the one --out's extension names, else jsonl; a --format contradicting the
+    extension stops the command (an unknown one is left to the exporter, which lists them)."""
     suffix = next((s for s in FILE_FORMATS_BY_SUFFIX if out.name.lower().endswith(s)), None)
     if format is None:
         return FILE_FORMATS_BY_SUFFIX.get(suffix or "", "jsonl")
@@ -130,8 +125,7 @@ def export_format(format: str | None, out: Path) -> str:
 
 
 def _require_records(campaign_dir: Path, what: str) -> None:
-    """Stop, saying so, when campaign_dir is no campaign folder or holds no record yet: an
-    export of nothing or a verify of nothing would otherwise read as success."""
+    """Stop when campaign_dir holds no record yet: exporting nothing would read as success."""
     from eagle_synth.records import record_files, records_dir
 
     if not record_files(campaign_dir):  # NotACampaignFolder when there is no records/ folder
@@ -143,7 +137,6 @@ def _require_records(campaign_dir: Path, what: str) -> None:
 
 @contextmanager
 def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
-    """A progress bar over the campaign's records; a damaged file ends the command, saying what to do."""
     from eagle_synth.progress import RecordsProgress
     from eagle_synth.records import RecordFormatError
 

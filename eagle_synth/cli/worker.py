@@ -47,7 +47,6 @@ ENDPOINT_PATHS = (
 
 
 def _check_server_url(url: str) -> None:
-    """Stop naming --server unless `url` is http(s)://host[:port][/prefix] without an endpoint path."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
@@ -64,14 +63,12 @@ def _check_server_url(url: str) -> None:
 
 
 def _worker_option(name: str, *flags: str):
-    """A typer option for one WorkerConfig setting: its help comes from workers/config.py."""
     from workers.config import option_help
 
     return typer.Option(*flags, help=option_help(name))
 
 
 def _settings_as_flags(message: str) -> str:
-    """`max_attempts 0: ...` as `--max-attempts 0: ...`; environment names (EAGLE_SYNTH_...) stay."""
     return re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], message)
 
 
