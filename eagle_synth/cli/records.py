@@ -35,45 +35,27 @@ HELP = {
     "inspect tokenizer": "The campaign's tokenizer folder (default: tokenizer_path in manifest.json).",
     "threads": "zstd compression threads (0 = the calling thread only). Default: one per core.",
     "campaign": "Campaign name (default: manifest.json's, else the folder's name).",
+    "drop_truncated": "Skip records that hit max_new_tokens (finish_reason length).",
+    "min_output_tokens": "Skip records with fewer generated ids (before clipping).",
+    "max_length": "Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer.",
+    "drop_longer": "With --max-length: skip longer records instead of clipping them.",
+    "min_loss_tokens": "Skip rows with fewer mask-1 (generated) ids after clipping.",
+    "split": "NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.",
+    "vocab split": "The export's --split: only the rows of 'train' are counted.",
+    "sample": "Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice.",
     "force": "Requeue lost keys even when more are missing than the damaged files can have held.",
 }
 
 
 # Row filters, shared by export and vocab so a draft vocabulary counts the rows a drafter trains on.
-DropTruncatedOpt = Annotated[
-    bool, typer.Option("--drop-truncated", help="Skip records that hit max_new_tokens (finish_reason length).")
-]
-MinOutputTokensOpt = Annotated[
-    int, typer.Option("--min-output-tokens", help="Skip records with fewer generated ids (before clipping).")
-]
-MaxLengthOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--max-length", help="Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer."
-    ),
-]
-DropLongerOpt = Annotated[
-    bool, typer.Option("--drop-longer", help="With --max-length: skip longer records instead of clipping them.")
-]
-MinLossTokensOpt = Annotated[
-    int, typer.Option("--min-loss-tokens", help="Skip rows with fewer mask-1 (generated) ids after clipping.")
-]
-SplitOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--split",
-        help="NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.",
-    ),
-]
-VocabSplitOpt = Annotated[
-    str | None, typer.Option("--split", help="The export's --split: only the rows of 'train' are counted.")
-]
-SampleOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--sample", help="Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice."
-    ),
-]
+DropTruncatedOpt = Annotated[bool, typer.Option("--drop-truncated", help=HELP["drop_truncated"])]
+MinOutputTokensOpt = Annotated[int, typer.Option("--min-output-tokens", help=HELP["min_output_tokens"])]
+MaxLengthOpt = Annotated[int | None, typer.Option("--max-length", help=HELP["max_length"])]
+DropLongerOpt = Annotated[bool, typer.Option("--drop-longer", help=HELP["drop_longer"])]
+MinLossTokensOpt = Annotated[int, typer.Option("--min-loss-tokens", help=HELP["min_loss_tokens"])]
+SplitOpt = Annotated[str | None, typer.Option("--split", help=HELP["split"])]
+VocabSplitOpt = Annotated[str | None, typer.Option("--split", help=HELP["vocab split"])]
+SampleOpt = Annotated[int | None, typer.Option("--sample", help=HELP["sample"])]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
 
 

@@ -34,7 +34,7 @@ SETTING_FLAGS["allow_server_settings"] = "--allow-server-setting"  # one flag pe
 
 # Paths of the servers' own endpoints: a --server URL ending in one names an endpoint, not the
 # server (the worker adds /generate, /v1/completions, /health, ... itself).
-ENDPOINT_PATHS = (
+ENDPOINT_PATHS = [
     "/generate",
     "/v1/completions",
     "/v1/chat/completions",
@@ -43,7 +43,7 @@ ENDPOINT_PATHS = (
     "/health_generate",
     "/get_model_info",
     "/get_server_info",
-)
+]
 
 
 def _check_server_url(url: str) -> None:
