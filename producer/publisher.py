@@ -105,8 +105,7 @@ class Publisher:
         damaged = [item for item, reason in zip(duplicates, reasons) if reason == RECORD_DAMAGED]
         if damaged:
             log.warning("re-enqueueing %d prompts whose records `repair` found damaged", len(damaged))
-            self.republish(damaged)
-            self.replayed += len(damaged)
+            self.replayed += self.retry(damaged)
 
     def return_done(self, items: list[PromptItem]) -> int:
         """Queue again done prompts whose records were damaged (`repair`); returns how many were
@@ -118,18 +117,10 @@ class Publisher:
         self._publish_all(items, outbox_field=field)
         return removed
 
-    def republish(self, items: list[PromptItem]) -> None:
-        """Queue failed prompts again. Outbox first: a kill between the two leaves the prompts
-        failed *and* queued, which is safe (the worker marks them done and drops the failure);
-        the other order could lose them."""
-        if items:
-            field = self._next_field(stash=items)
-            self.campaign.drop_failures([item.key for item in items])
-            self._publish_all(items, outbox_field=field)
-
     def retry(self, items: list[PromptItem]) -> int:
-        """Queue failed prompts again, like republish, but only those still failed when taken
-        (a key seen twice by a scan, or retried meanwhile, is queued once); returns how many."""
+        """Queue failed prompts again, those still failed when taken, each key once; returns how many.
+        Outbox first: a kill between the two leaves the prompts failed *and* queued, which is safe
+        (the worker marks them done and drops the failure); the other order could lose them."""
         if not items:
             return 0
         field = self._next_field(stash=items)
