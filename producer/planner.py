@@ -23,12 +23,8 @@ HISTORIES = ("dataset", "own")
 
 @dataclass
 class PromptPlanner:
-    """Plans a row's prompts and turns templated ids into keyed PromptItems.
-
-    The parameters are EnqueueOptions' of those names (`default_system`: its `system`), and
-    `no_tool_format`: with history "own", why the campaign cannot parse tool calls (rows with
-    tools are then skipped with it), or None when it can.
-    """
+    """Plans a row's prompts and turns templated ids into keyed PromptItems; the parameters are
+    EnqueueOptions' (`default_system`: its `system`) and resolve_tool_format's `no_tool_format`."""
 
     history: str
     turns: Literal["last", "all"]

@@ -1,11 +1,7 @@
-"""Template conversations into prompt ids on every core.
-
-Jinja rendering is Python and single-threaded, so chunks of rows are templated in a pool of
-processes that each load the tokenizer once; inside a chunk, conversations sharing their
-tools are templated in one batched `apply_chat_template` call so the Rust tokenizer encodes
-them together. A chunk whose batched call fails is redone one conversation at a time, so
-only the conversation the template rejects is skipped (and a template that wants tool-call
-arguments as text gets them so: see `render_prompt_ids`).
+"""Template conversations into prompt ids on every core (Jinja rendering is single-threaded
+Python): a pool of processes each loading the tokenizer once, conversations sharing their tools
+in one batched call. A batch that fails is redone one conversation at a time, so only the one
+the template rejects is skipped.
 """
 
 from __future__ import annotations
