@@ -158,11 +158,8 @@ def _chunks(
 def _text_size(value: object) -> int:
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, dict):
-        return sum(_text_size(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_text_size(v) for v in value)
-    return 0
+    parts = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return sum(map(_text_size, parts))
 
 
 def _within_char_cap(options: EnqueueOptions, summary: EnqueueSummary, where: str, conversations: list) -> list:
