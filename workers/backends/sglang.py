@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import SGLANG, Check, Problem, UntranslatableSampling, redact_url
+from workers.backends.base import SGLANG, BaseBackend, Check, Problem, UntranslatableSampling, provenance_of
 from workers.client import ServerClient, ServerFacts, positive_int
 from workers.replies import GeneratedItem, parse_generate_item
 
@@ -231,18 +231,14 @@ def deterministic_inference(facts: ServerFacts) -> bool | None:
 
 
 def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict:
-    """What a campaign keeps about the server that generated its records: an allow-list of
-    its launch arguments (never a secret), its version and model, what it does to sampling
-    and context, and the refused settings accepted by override."""
+    """An SGLang server's provenance (see provenance_of): its model, what it does
+    to sampling and context, and its allow-listed launch arguments."""
     info = facts.server_info
     try:
         preferred = preferred_sampling_params(facts)
     except ValueError:
         preferred = {"unreadable": str(info.get("preferred_sampling_params"))[:200]}
-    return {
-        "url": redact_url(facts.url),
-        "backend": facts.backend,
-        "version": facts.version,
+    details = {
         "model_path": info.get("model_path") or facts.model_info.get("model_path"),
         "weight_version": facts.model_info.get("weight_version"),
         "context_length": facts.context_length,
@@ -252,21 +248,19 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
         # refused (or was told to accept) any other.
         "preferred_sampling_params": preferred,
         "preferred_sampling_params_applied": sorted(set(preferred or ()) - SENT_SAMPLING_KEYS),
-        "accepted_despite": list(accepted or ()),
-        "launch_args": {
-            key: info[key]
-            for key in PROVENANCE_LAUNCH_ARGS
-            if key in info and (info[key] is None or isinstance(info[key], (str, int, float, bool)))
-        },
     }
+    scalars = (str, int, float, bool, type(None))
+    launch_args = {key: info[key] for key in PROVENANCE_LAUNCH_ARGS if isinstance(info.get(key, ()), scalars)}
+    return provenance_of(facts, details, launch_args, accepted)
 
 
-class SGLangBackend:
+class SGLangBackend(BaseBackend):
     """Requests, replies, context rule and preflight of an SGLang server (see workers.backends.Backend)."""
 
     name: ClassVar[str] = SGLANG
     path: ClassVar[str] = "/generate"
     checks: ClassVar[Mapping[str, Check]] = CHECKS
+    provenance = staticmethod(provenance)
 
     def translate_sampling(self, sampling: dict) -> dict:
         # Checked on every request: the subset test allocates nothing when all keys are known.
@@ -288,20 +282,6 @@ class SGLangBackend:
     @staticmethod
     def facts(client: ServerClient) -> ServerFacts:
         return client.facts()
-
-    @staticmethod
-    def apply_facts(state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:
-        limits = context_limits(facts)
-        deterministic = deterministic_inference(facts)
-        state.backend = facts.backend
-        state.context_length = facts.context_length
-        state.draft_reserved_tokens = limits.reserved_tokens
-        state.max_req_input_len = limits.max_req_input_len
-        state.max_running_requests = facts.max_running_requests
-        state.max_total_num_tokens = facts.max_total_num_tokens
-        state.deterministic_inference = deterministic
-        state.sampling_seed_supported = deterministic is not None
-        state.provenance = provenance(facts, accepted=accepted)
 
     @classmethod
     def from_state(cls, state: ServerState) -> SGLangBackend:

@@ -19,7 +19,16 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import VLLM, Check, PreflightError, Problem, UntranslatableSampling, redact_url
+from workers.backends.base import (
+    VLLM,
+    BaseBackend,
+    Check,
+    PreflightError,
+    Problem,
+    UntranslatableSampling,
+    provenance_of,
+    redact_url,
+)
 from workers.client import (
     ServerClient,
     ServerFacts,
@@ -42,31 +51,22 @@ from workers.replies import (
 
 log = logging.getLogger("eagle_synth.preflight")
 
-# Each campaign sampling key (SGLang's names): the vLLM completion field it becomes, and what
-# leaving it out means (SGLang's default), sent explicitly so vLLM's generation-config defaults
-# never fill the gap. The seed has no default (none sent).
+# Each campaign sampling key (SGLang's names) with what leaving it out means (SGLang's default),
+# sent explicitly so vLLM's generation-config defaults never fill the gap; the seed has no
+# default (none sent). RENAMED: the vLLM completion field of a key named otherwise there
+# (no_stop_trim and include_stop_str_in_output only decide whether `text` keeps a matched stop).
 SGLANG_MAX_NEW_TOKENS = 128
-FIELDS: dict[str, tuple[str, object]] = {
-    "max_new_tokens": ("max_tokens", SGLANG_MAX_NEW_TOKENS),
-    "min_new_tokens": ("min_tokens", 0),
-    "temperature": ("temperature", 1.0),
-    "top_p": ("top_p", 1.0),
-    "top_k": ("top_k", -1),
-    "min_p": ("min_p", 0.0),
-    "repetition_penalty": ("repetition_penalty", 1.0),
-    "frequency_penalty": ("frequency_penalty", 0.0),
-    "presence_penalty": ("presence_penalty", 0.0),
-    "stop": ("stop", []),
-    "stop_token_ids": ("stop_token_ids", []),
-    "ignore_eos": ("ignore_eos", False),
-    "skip_special_tokens": ("skip_special_tokens", True),
-    "spaces_between_special_tokens": ("spaces_between_special_tokens", True),
-    # Both only decide whether `text` keeps a matched stop string; ids never lose it.
-    "no_stop_trim": ("include_stop_str_in_output", False),
-    "n": ("n", 1),
-    "sampling_seed": ("seed", None),
+SGLANG_DEFAULTS: dict[str, object] = {
+    **{"max_new_tokens": SGLANG_MAX_NEW_TOKENS, "min_new_tokens": 0, "temperature": 1.0, "top_p": 1.0},
+    **{"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0},
+    **{"stop": [], "stop_token_ids": [], "ignore_eos": False, "skip_special_tokens": True},
+    **{"spaces_between_special_tokens": True, "no_stop_trim": False, "n": 1},
 }
-SGLANG_DEFAULTS = {key: default for key, (_, default) in FIELDS.items() if default is not None}
+RENAMED = {
+    **{"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"},
+    **{"no_stop_trim": "include_stop_str_in_output"},
+}
+KNOWN_KEYS = frozenset({*SGLANG_DEFAULTS, "sampling_seed"})
 # vLLM raises temperatures in (0, MIN) to MIN (SamplingParams.__post_init__) and refuses those
 # above MAX (SamplingParams._verify_args).
 VLLM_MIN_TEMPERATURE = 0.01
@@ -87,17 +87,21 @@ TOKEN_IDS_VERSION = "0.10.2"
 TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)
 # generation_config values that read no sampling defaults from a folder.
 DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
-# Dev-mode configuration entries kept in provenance, by section: an allow-list, so a secret a
+# Dev-mode configuration entries (section.key) kept in provenance: an allow-list, so a secret a
 # later version adds is never copied.
-PROVENANCE_CONFIG = (
-    ("model_config", ("model", "served_model_name", "tokenizer", "revision", "dtype", "max_model_len")),
-    ("model_config", ("quantization", "seed", "generation_config", "override_generation_config")),
-    ("model_config", ("skip_tokenizer_init", "logits_processors", "runner_type")),
-    ("cache_config", ("kv_cache_dtype", "enable_prefix_caching")),
-    ("parallel_config", ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")),
-    ("scheduler_config", ("max_num_seqs", "max_num_batched_tokens")),
-    ("speculative_config", ("method", "num_speculative_tokens")),
-    ("structured_outputs_config", ("reasoning_parser",)),
+PROVENANCE_CONFIG = tuple(
+    f"{section}.{key}"
+    for section, keys in (
+        ("model_config", ("model", "served_model_name", "tokenizer", "revision", "dtype", "max_model_len")),
+        ("model_config", ("quantization", "seed", "generation_config", "override_generation_config")),
+        ("model_config", ("skip_tokenizer_init", "logits_processors", "runner_type")),
+        ("cache_config", ("kv_cache_dtype", "enable_prefix_caching")),
+        ("parallel_config", ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")),
+        ("scheduler_config", ("max_num_seqs", "max_num_batched_tokens")),
+        ("speculative_config", ("method", "num_speculative_tokens")),
+        ("structured_outputs_config", ("reasoning_parser",)),
+    )
+    for key in keys
 )
 
 
@@ -337,33 +341,26 @@ CHECKS: dict[str, Check] = {
 
 
 def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict:
-    """What a campaign keeps about a vLLM server: version, model, context, the allow-listed
-    dev-mode configuration when exposed, and the refused settings accepted by override."""
-    launch_args = {}
-    for section, keys in PROVENANCE_CONFIG:
-        for key in keys:
-            value = _config(facts.server_info, f"{section}.{key}")
-            if value is not None:
-                launch_args[f"{section}.{key}"] = (
-                    value if isinstance(value, (str, int, float, bool)) else json.dumps(value)
-                )
+    """A vLLM server's provenance (see provenance_of): its model, context, and the allow-listed
+    dev-mode configuration when exposed."""
     card = facts.model_info
-    return {
-        "url": redact_url(facts.url),
-        "backend": VLLM,
-        "version": facts.version,
+    details = {
         "model_path": card.get("root") or card.get("id"),
         "served_model_name": card.get("id"),
         "context_length": facts.context_length,
         "draft_reserved_tokens": 0,
         "deterministic_inference": None,
         "launch_args_visible": bool(facts.server_info),
-        "accepted_despite": list(accepted or ()),
-        "launch_args": launch_args,
     }
+    launch_args = {
+        entry: value if isinstance(value, (str, int, float, bool)) else json.dumps(value)
+        for entry in PROVENANCE_CONFIG
+        if (value := _config(facts.server_info, entry)) is not None
+    }
+    return provenance_of(facts, details, launch_args, accepted)
 
 
-class VllmBackend:
+class VllmBackend(BaseBackend):
     """Requests, replies, context rule and preflight of a vLLM server (see workers.backends.Backend).
 
     Parameters:
@@ -373,12 +370,15 @@ class VllmBackend:
     name: ClassVar[str] = VLLM
     path: ClassVar[str] = "/v1/completions"
     checks: ClassVar[Mapping[str, Check]] = CHECKS
+    # vLLM honours a per-request seed on any server; there is no switch to report.
+    seed_always: ClassVar[bool] = True
+    provenance = staticmethod(provenance)
 
     def __init__(self, *, model: str | None = None) -> None:
         self.model = model
 
     def translate_sampling(self, sampling: dict) -> dict:
-        unknown = sorted(set(sampling) - set(FIELDS))
+        unknown = sorted(set(sampling) - KNOWN_KEYS)
         if unknown:
             raise UntranslatableSampling(
                 f"the campaign's sampling keys {unknown} have no vLLM /v1/completions equivalent "
@@ -396,7 +396,7 @@ class VllmBackend:
             raise UntranslatableSampling(f"temperature {temperature}: vLLM accepts at most {VLLM_MAX_TEMPERATURE}")
         if values["n"] != 1:
             raise UntranslatableSampling(f"n {values['n']}: samples are sent as separate requests, n must be 1")
-        return {FIELDS[key][0]: value for key, value in values.items()}
+        return {RENAMED.get(key, key): value for key, value in values.items()}
 
     def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
         body: dict = {} if self.model is None else {"model": self.model}
@@ -444,19 +444,6 @@ class VllmBackend:
         )
         _require_faithful_probe(facts)
         return facts
-
-    @staticmethod
-    def apply_facts(state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:
-        state.backend = VLLM
-        state.context_length = facts.context_length
-        state.draft_reserved_tokens = 0
-        state.max_req_input_len = None
-        state.max_running_requests = facts.max_running_requests
-        state.max_total_num_tokens = None
-        # vLLM honours a per-request seed on any server; there is no switch to report.
-        state.deterministic_inference = None
-        state.sampling_seed_supported = True
-        state.provenance = provenance(facts, accepted=accepted)
 
     @classmethod
     def from_state(cls, state: ServerState) -> VllmBackend:
