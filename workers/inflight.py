@@ -38,9 +38,8 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def _json_body(body: dict, ids: list[int]) -> bytes:
-    """`body` as JSON, the prompt ids (nearly all of it) encoded by orjson at a tenth of json's
-    CPU; every other value by json, whose output orjson does not match everywhere (it writes
-    NaN as null), so the server gets exactly the values it got from `json.dumps(body)`."""
+    """`body` as JSON: the prompt ids (nearly all of it) by orjson at a tenth of json's CPU, the
+    rest by json (orjson writes NaN as null), so the server gets what `json.dumps(body)` gives."""
     parts = []
     for key, value in body.items():
         encoded = None
@@ -55,7 +54,7 @@ def _json_body(body: dict, ids: list[int]) -> bytes:
 
 def _json_reply(raw: bytes) -> Any:
     """The decoded reply: orjson, or json for what orjson refuses (NaN, ints beyond 64 bits,
-    non-UTF-8 encodings), so a reply decodes to what `json.loads` gives or fails as it does."""
+    non-UTF-8), so it decodes or fails as `json.loads` does."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -101,7 +100,6 @@ class InflightPool:
 
     Parameters:
         servers: base URLs.
-        initial_tickets: tickets per server before the first tick answers.
         backends: each server's backend if known before the first tick.
     """
 
@@ -110,13 +108,12 @@ class InflightPool:
         *,
         servers: list[str],
         on_tick: Callable[[Mapping[tuple[str, str], int]], Mapping[str, Route | int]],
-        initial_tickets: int = 0,
         backends: Mapping[str, Backend] | None = None,
     ) -> None:
         self.servers = list(servers)
         self._on_tick = on_tick
         self._backends: dict[str, Backend] = dict(backends or {})
-        self._limits: dict[str, int] = {url: initial_tickets for url in self.servers}
+        self._limits: dict[str, int] = {}
         self._refused: set[str] = set()
         self._busy: Counter[str] = Counter()
         self._by_tag: Counter[tuple[str, str]] = Counter()
@@ -129,8 +126,7 @@ class InflightPool:
         self._ready.wait()
 
     def submit_many(self, *, prompts: list[tuple[list[int], dict]], timeout: float, tag: str) -> list[Future]:
-        """Queue (ids, sampling) prompts in order with one wake-up of the event loop; one future
-        per prompt, in the same order, each resolving to an Answer."""
+        """Queue (ids, sampling) prompts with one wake-up of the event loop; one future per prompt, in order."""
         jobs = [
             _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=Future()) for ids, sampling in prompts
         ]
@@ -246,8 +242,7 @@ class InflightPool:
         self._pump()
 
     async def _post(self, url: str, backend: Backend, job: _Job) -> Any:
-        """The decoded reply; raises a ClientError (BadSamplingParams when the campaign's sampling
-        has no equivalent on this kind)."""
+        """The decoded reply; raises a ClientError."""
         assert self._session is not None
         path, body = backend.request(job.ids, job.sampling)
         timeout = aiohttp.ClientTimeout(total=job.timeout, sock_connect=CONNECT_TIMEOUT)

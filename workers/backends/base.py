@@ -1,9 +1,6 @@
-"""The backend seam: what differs between the kinds of server a worker drives.
-
-One worker drives SGLang (`/generate`) and vLLM (`/v1/completions`) servers with the same
-guarantees: exact ids, every sampling value sent, one record or one recorded failure per
-prompt. Routing, retries, accounting and records are the same for every kind; what differs
-sits behind `workers.backends.Backend` (described there).
+"""The backend seam: what differs between the kinds of server a worker drives (SGLang's
+`/generate`, vLLM's `/v1/completions`) sits behind `workers.backends.Backend` (described there);
+routing, retries, accounting and records are the same for every kind.
 """
 
 from __future__ import annotations

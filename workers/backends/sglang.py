@@ -48,8 +48,8 @@ EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
 
 
 def preferred_sampling_params(facts: ServerFacts) -> dict | None:
-    """The server's --preferred-sampling-params (kept as JSON text) as a dict, None if unset;
-    ValueError if it is not a JSON object (then nobody can tell what it sets)."""
+    """The server's --preferred-sampling-params (JSON text) as a dict, None if unset; ValueError
+    if it is not a JSON object."""
     raw = facts.server_info.get("preferred_sampling_params")
     if raw is None:
         raw = facts.model_info.get("preferred_sampling_params")
@@ -67,7 +67,7 @@ def preferred_sampling_params(facts: ServerFacts) -> dict | None:
 
 
 def _flag(key: str, why: str) -> Check:
-    """The check refusing a server whose server_info sets `key` (a launch flag) to a true value."""
+    """Refuse a server whose server_info sets the launch flag `key` to a true value."""
     flag = "--" + key.replace("_", "-")
     return lambda facts: (
         Problem(key, f"{why} [{key}={value!r}]", f"relaunch it without {flag}")
@@ -121,17 +121,10 @@ SGLANG_REFUSABLE_SETTINGS = tuple(CHECKS)
 
 @dataclass(frozen=True, slots=True)
 class ContextLimits:
-    """What a server checks a prompt against, as preflight found it.
-
-    Parameters:
-        context_length: the model context SGLang checks against; None = unknown (no check).
-        reserved_tokens: token slots speculative decoding reserves per request on top of its
-            prompt (EAGLE drafts are stored in the request's own slots).
-        max_req_input_len: the scheduler's cap on prompt length (smaller than the context by a
-            few tokens, or by much when the KV cache is small); None = not reported.
-        max_req_len: the scheduler's cap on prompt + generated tokens + 1; SGLang silently
-            lowers max_new_tokens to fit it. None = context_length - 1 (its usual value).
-    """
+    """What a server checks a prompt against, as preflight found it: `context_length` (None:
+    unknown, no check), the slots speculative decoding reserves per request (`reserved_tokens`),
+    the scheduler's caps on the prompt (`max_req_input_len`, None: not reported) and on prompt +
+    generated tokens + 1 (`max_req_len`, None: context_length - 1), see context_message."""
 
     context_length: int | None
     reserved_tokens: int = 0
@@ -149,15 +142,10 @@ class ContextLimits:
 
 
 def context_message(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> str | None:
-    """None when SGLang serves this prompt exactly as asked (no 400, no abort, no cut), else
-    why not, for the prompt's failure record (`prompt-too-long`).
-
-    SGLang's rules (0.5.x): the TokenizerManager refuses (400) when prompt + reserved >=
-    context or prompt + reserved + max_new_tokens > context; the scheduler refuses when
-    prompt >= max_req_input_len, and lowers max_new_tokens to max_req_len - prompt - 1
-    without a word. The last would end some generations a token or two before the campaign's
-    max_new_tokens while the record says otherwise, so it counts as not fitting too.
-    """
+    """None when SGLang serves this prompt exactly as asked, else why not (`prompt-too-long`).
+    SGLang 0.5.x refuses (400) when prompt + reserved >= context or + max_new_tokens > context,
+    refuses when prompt >= max_req_input_len, and silently lowers max_new_tokens to max_req_len -
+    prompt - 1: the record would then claim a max_new_tokens not used, so that does not fit either."""
     ctx = limits.context_length
     if not ctx:
         return None
@@ -196,8 +184,7 @@ def _max_req_len(context_length: int | None, max_total_num_tokens: int | None) -
 
 
 def draft_reserved_tokens(server_info: dict) -> int:
-    """Slots SGLang reserves per request for speculative drafts (compute_num_reserved_tokens):
-    for EAGLE-family algorithms max(eagle_topk * num_steps, num_draft_tokens), else 0."""
+    """Slots SGLang reserves per request for EAGLE-family drafts (compute_num_reserved_tokens)."""
     algorithm = server_info.get("speculative_algorithm")
     if not isinstance(algorithm, str) or algorithm.upper() not in EAGLE_ALGORITHMS:
         return 0
@@ -223,8 +210,8 @@ def context_limits(facts: ServerFacts) -> ContextLimits:
 
 
 def deterministic_inference(facts: ServerFacts) -> bool | None:
-    """True when the server honours `sampling_seed` (--enable-deterministic-inference); False
-    when it ignores it; None when it predates the flag (and `sampling_seed` with it)."""
+    """Whether the server honours `sampling_seed` (--enable-deterministic-inference); None when
+    it predates the flag."""
     if "enable_deterministic_inference" not in facts.server_info:
         return None
     return bool(facts.server_info["enable_deterministic_inference"])

@@ -1,13 +1,10 @@
 """vLLM: `POST /v1/completions` with the prompt as token ids and `return_token_ids: true`.
 
-docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source
-(vllm/entrypoints/openai/completion/, vllm/sampling_params.py, vllm/entrypoints/utils.py). Two
-facts shape this module: every sampling field left out falls back to the server's generation
-config (then OpenAI's defaults, `max_tokens` 16), and unknown fields are ignored with a warning,
-never refused; so every value is sent, through a fixed table. Launch arguments are not served
-(only dev mode's /server_info), so preflight checks what it sees: /v1/models, /version, the
-dev-mode configuration if exposed, and a 4-token probe request. Errors come as
-`{"error": {"message", ...}}` (older versions: the keys at the top level).
+docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source.
+Every sampling field left out falls back to the server's generation config (then OpenAI's
+defaults, `max_tokens` 16) and unknown fields are ignored, never refused: so every value is sent,
+through a fixed table. Launch arguments are not served, so preflight checks /v1/models, /version,
+the dev-mode configuration if exposed, and a 4-token probe request.
 """
 
 from __future__ import annotations
@@ -106,13 +103,9 @@ PROVENANCE_CONFIG = tuple(
 
 
 def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], max_tokens: int) -> GeneratedItem:
-    """Check one /v1/completions reply (one prompt, n=1) against what was sent.
-
-    BadResponse (transient) for every malformed shape; PromptMismatch when prompt_token_ids are
-    not the ids sent; SamplingOverridden when it ended on `length` before `max_tokens`.
-    The record's finish_matched is vLLM's stop_reason (the stop id or string), or for the
-    model's EOS (stop_reason null) the last output id, which is that EOS: as SGLang reports it.
-    """
+    """Check one /v1/completions reply (one prompt, n=1) against what was sent (raises as
+    Backend.parse does). finish_matched is vLLM's stop_reason, or for the model's EOS (stop_reason
+    null) the last output id, which is that EOS: as SGLang reports it."""
     if not isinstance(item, dict):
         raise BadResponse(f"the reply is {kind_of(item)}, not an object: {excerpt(item)}")
     choices = item.get("choices")
@@ -126,28 +119,15 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
         raise BadResponse("choices[0] has no finish_reason")
     if finish not in FINISH_REASONS:
         raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_REASONS)}")
-    output_ids: list[int] = []
-    matched: int | str | None = None
-    cached = 0
-    if finish != "abort":
-        output_ids, matched, cached = _checked_choice(item, choice, vocab_size, prompt_ids, max_tokens)
-    return GeneratedItem(
-        output_ids=output_ids,
-        finish_type=finish,
-        finish_matched=matched,
-        prompt_tokens=len(prompt_ids),
-        completion_tokens=len(output_ids),
-        cached_tokens=cached,
-        e2e_latency=None,
-        repaired_prefix=0,
-        aborted=finish == "abort",
-    )
-
-
-def _checked_choice(
-    item: dict, choice: dict, vocab_size: int, prompt_ids: list[int], max_tokens: int
-) -> tuple[list[int], int | str | None, int]:
-    """(output ids, finish_matched, cached tokens) of a choice that was not aborted."""
+    if finish == "abort":
+        return GeneratedItem(
+            output_ids=[],
+            finish_type=finish,
+            finish_matched=None,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=0,
+            aborted=True,
+        )
     if choice.get("token_ids") is None:
         raise BadResponse(f"choices[0] has no token_ids (vLLM before {TOKEN_IDS_VERSION} ignores return_token_ids)")
     output_ids = checked_ids(choice["token_ids"], field="token_ids", vocab_size=vocab_size)
@@ -171,19 +151,26 @@ def _checked_choice(
     stop_reason = choice.get("stop_reason")
     if stop_reason is not None and not is_token_int(stop_reason) and not isinstance(stop_reason, str):
         raise BadResponse(f"stop_reason is neither a token id nor a stop string: {excerpt(stop_reason)}")
-    if choice["finish_reason"] == "length" and len(output_ids) < max_tokens:
+    if finish == "length" and len(output_ids) < max_tokens:
         raise SamplingOverridden(
             f"the server ended a generation on length after {len(output_ids)} tokens although max_tokens "
             f"{max_tokens} was sent: it caps max_tokens (--override-generation-config max_new_tokens, or a "
             "--generation-config folder setting max_new_tokens); relaunch vLLM without that cap"
         )
-    if choice["finish_reason"] == "length":
+    if finish == "length":
         matched = None
     else:
         matched = stop_reason if stop_reason is not None else (output_ids[-1] if output_ids else None)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return output_ids, matched, cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0
+    return GeneratedItem(
+        output_ids=output_ids,
+        finish_type=finish,
+        finish_matched=matched,
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(output_ids),
+        cached_tokens=cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0,
+    )
 
 
 def prompt_difference(sent: list[int], seen: list) -> str:
@@ -208,8 +195,8 @@ def _config(config: dict, entry: str) -> object:
 
 
 def _probe(client: ServerClient, *, model: str | None) -> dict:
-    """Send the probe request; {"status", "reply" or "message"}. Transport failures and 5xx
-    raise (the gate looks again later): only an answer says something about the server."""
+    """Send the probe request; {"status", "reply" or "message"}. Transport failures, 429 and 5xx
+    raise (the gate looks again later)."""
     sampling = {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
     path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
     status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
@@ -232,9 +219,8 @@ def _version_tuple(version: str | None) -> tuple[int, ...] | None:
 
 
 def _require_faithful_probe(facts: ServerFacts) -> None:
-    """Refuse a server whose probe shows it cannot give records: not settings to accept, since
-    every prompt would fail. A malformed probe reply proves nothing (a glitch, a proxy): the
-    server is accepted with a warning, every reply is checked anyway."""
+    """Refuse a server whose probe shows it cannot give records (no setting to accept: every
+    prompt would fail). A malformed reply proves nothing: accepted with a warning."""
     probe = facts.probe or {}
     where = f"refusing server {redact_url(facts.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
     if probe.get("status") != 200 or "reply" not in probe:
@@ -287,7 +273,7 @@ def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
 
 def _config_check(setting: str, entry: str, bad: Callable[[object], bool], why: str, fix: str) -> Check:
     """Refuse `setting` when the dev-mode configuration's `entry` is `bad`; `why` is formatted
-    with the value (`value`, and `short`: its excerpt)."""
+    with `value` and `short` (its excerpt)."""
 
     def check(facts: ServerFacts) -> Problem | None:
         value = _config(facts.server_info, entry)
@@ -361,11 +347,8 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
 
 
 class VllmBackend(BaseBackend):
-    """Requests, replies, context rule and preflight of a vLLM server (see workers.backends.Backend).
-
-    Parameters:
-        model: the served model name sent as `model` (from /v1/models); None leaves it out.
-    """
+    """Requests, replies, context rule and preflight of a vLLM server (see workers.backends.Backend);
+    `model` is the served model name sent as `model` (from /v1/models), None leaves it out."""
 
     name: ClassVar[str] = VLLM
     path: ClassVar[str] = "/v1/completions"
