@@ -1,10 +1,9 @@
 """A token-in/token-out HTTP client for one inference server (SGLang or vLLM): health, the small
 info endpoints, JSON posts (request and reply shapes are in workers/backends/).
 
-Every failure becomes one of three exceptions the batch runner classifies: ServerDown (not
-listening: nothing to retry until health says so), TransientError (timeouts, resets, 429,
-5xx: retry with backoff) and BadRequest (400: never worth a retry); a 400 about the sampling is
-a BadSamplingParams, the campaign's settings being wrong rather than one prompt.
+Every failure becomes one the batch runner classifies: ServerDown (not listening: wait for health),
+TransientError (timeouts, resets, 429, 5xx: retry with backoff), BadRequest (400: never retried),
+BadSamplingParams (a 400 about the campaign's sampling rather than one prompt).
 """
 
 from __future__ import annotations
@@ -119,9 +118,7 @@ def positive_int(value: object) -> int | None:
         number = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         return None
-    if isinstance(value, float) and value != number:
-        return None
-    return number if number > 0 else None
+    return number if number > 0 and not (isinstance(value, float) and value != number) else None
 
 
 def first_model(models: dict | None) -> dict:

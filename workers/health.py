@@ -241,10 +241,8 @@ class HealthGate:
         if any_healthy == self.is_open:
             return
         self.is_open = any_healthy
-        if any_healthy:
-            log.warning("a server is healthy: taking batches")
-        else:
-            log.warning("no healthy server or no writable output folder: not taking batches")
+        closed = "no healthy server or no writable output folder: not taking batches"
+        log.warning("a server is healthy: taking batches" if any_healthy else closed)
         (self.on_open if any_healthy else self.on_close)()
         self._publish()
 

@@ -1,12 +1,10 @@
 """InflightPool: the worker's process-wide set of in-flight generation requests, refilled per prompt.
 
 The unit of in-flight work is one prompt, not a batch (docs/workers.md "Keeping the GPU full"):
-SGLang frees a slot the moment a sequence ends and outputs are heavy-tailed, so every batch's
-prompts wait in one first-in-first-out line, each server has at most `tickets` requests in
-flight, and a finished prompt hands its ticket to the next in line, whichever batch it is of.
-Requests run on one asyncio event loop in a daemon thread (aiohttp); batch threads wait on
-`concurrent.futures.Future`s that always resolve to an `Answer`. Each server's backend
-(workers/backends/) builds its requests; a server whose kind is not known yet takes none.
+SGLang frees a slot the moment a sequence ends and outputs are heavy-tailed, so all prompts wait
+in one first-in-first-out line and a finished prompt hands its ticket to the next, whichever batch
+it is of. Requests run on one asyncio event loop in a daemon thread (aiohttp); batch threads wait
+on Futures that always resolve to an `Answer`, built by each server's backend (workers/backends/).
 """
 
 from __future__ import annotations
@@ -71,9 +69,8 @@ class Route(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What became of one prompt's request to server `url`: exactly one of `item` (the decoded
-    JSON reply, unchecked) and `error` (why there is none) is set; `backend` built the request
-    and must check the reply."""
+    """What became of one prompt's request to server `url`: `item` (the decoded reply, unchecked:
+    `backend` built the request and checks it) or `error` (why there is none)."""
 
     url: str
     item: Any = None
@@ -91,17 +88,11 @@ class _Job:
 
 
 class InflightPool:
-    """Send prompts to servers with a per-server in-flight limit, refilling each freed ticket.
-
-    Whenever a server has a free ticket the oldest waiting prompt goes to the routable server
-    with the most free tickets; one refusing connections leaves routing until the next tick.
-    Every `TICK_INTERVAL` seconds `on_tick(counts)` runs in a helper thread with the prompts in
-    flight per (tag, url) and returns {url: Route, or plain tickets keeping the backend}.
-
-    Parameters:
-        servers: base URLs.
-        backends: each server's backend if known before the first tick.
-    """
+    """Send prompts to `servers` (base URLs) with a per-server in-flight limit, refilling each freed
+    ticket: the oldest waiting prompt goes to the routable server with the most free tickets; one
+    refusing connections leaves routing until the next tick. Every `TICK_INTERVAL` seconds
+    `on_tick(counts)` runs in a helper thread with the prompts in flight per (tag, url) and returns
+    {url: Route, or plain tickets keeping the backend}; `backends` are those known before."""
 
     def __init__(
         self,
@@ -186,12 +177,10 @@ class InflightPool:
                 limits = {}
                 for url in self.servers:
                     route = routes.get(url, 0)
-                    if isinstance(route, Route):
-                        if route.backend is not None:
-                            # Learned at preflight; it may change when another server takes the address.
-                            self._backends[url] = route.backend
-                        route = route.tickets
-                    limits[url] = int(route)
+                    if isinstance(route, Route) and route.backend is not None:
+                        # Learned at preflight; it may change when another server takes the address.
+                        self._backends[url] = route.backend
+                    limits[url] = int(route.tickets if isinstance(route, Route) else route)
                 self._limits = limits
                 self._refused.clear()
                 self._pump()

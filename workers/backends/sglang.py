@@ -1,12 +1,10 @@
 """SGLang: the native `/generate` endpoint with `input_ids`, as docs/workers.md describes.
 
-The campaign's sampling is stored in SGLang's own names, so it is sent as it is (after a check
-that every key is one SGLang knows: an unknown key is an HTTP 500 on older servers); replies are
-checked by workers/replies.py `parse_generate_item`. Preflight refuses the settings that change
-what a record would hold without the record saying so (docs/workers.md "Preflight" gives each
-and why), keeps an allow-list of launch arguments as provenance (`/server_info` returns every
-argument, `api_key` included, unredacted), and `context_message` says what SGLang counts
-against the context length.
+The sampling is sent as it is (SGLang's own names) once every key is known (an unknown key is an
+HTTP 500 on older servers); replies are checked by workers/replies.py `parse_generate_item`.
+Preflight refuses the settings that change a record without it saying so (docs/workers.md
+"Preflight"), and keeps an allow-list of launch arguments (`/server_info` returns them all, secrets
+included); `context_message` says what SGLang counts against the context length.
 """
 
 from __future__ import annotations
@@ -188,15 +186,9 @@ def draft_reserved_tokens(server_info: dict) -> int:
     algorithm = server_info.get("speculative_algorithm")
     if not isinstance(algorithm, str) or algorithm.upper() not in EAGLE_ALGORITHMS:
         return 0
-    topk, steps, *drafts = (
-        positive_int(server_info.get(key)) or 0
-        for key in (
-            "speculative_eagle_topk",
-            "speculative_num_steps",
-            "speculative_num_draft_tokens",
-            "max_speculative_num_draft_tokens",
-        )
-    )
+    keys = ("speculative_eagle_topk", "speculative_num_steps", "speculative_num_draft_tokens")
+    values = (positive_int(server_info.get(key)) or 0 for key in (*keys, "max_speculative_num_draft_tokens"))
+    topk, steps, *drafts = values
     return max(topk * steps, *drafts)
 
 

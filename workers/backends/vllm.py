@@ -68,6 +68,8 @@ KNOWN_KEYS = frozenset({*SGLANG_DEFAULTS, "sampling_seed"})
 # above MAX (SamplingParams._verify_args).
 VLLM_MIN_TEMPERATURE = 0.01
 VLLM_MAX_TEMPERATURE = 2.0
+# Sent with every request: the ids back, one whole reply, the prompt as given (no BOS added).
+REQUEST_FLAGS = {"return_token_ids": True, "stream": False, "echo": False, "add_special_tokens": False}
 # finish_reason values a 200 can carry ("error" becomes an HTTP 500 before any reply).
 FINISH_REASONS = frozenset({"stop", "length", "abort"})
 # The preflight probe: a few ids every vocabulary has, the ids it must generate, the bound its
@@ -81,7 +83,6 @@ PROBE_TIMEOUT = 120.0
 DEV_CONFIG_PATH = "/server_info?config_format=json"
 # First vLLM version with `return_token_ids` on /v1/completions (PR 22587).
 TOKEN_IDS_VERSION = "0.10.2"
-TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)
 # generation_config values that read no sampling defaults from a folder.
 DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
 # Dev-mode configuration entries (section.key) kept in provenance: an allow-list, so a secret a
@@ -238,7 +239,7 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
         raise PreflightError(f"{where} asked for exactly {PROBE_TOKENS} tokens: {exc}") from None
     except BadResponse as exc:
         version = _version_tuple(facts.version)
-        if "token_ids" in str(exc) and version is not None and version < TOKEN_IDS_VERSION_TUPLE:
+        if "token_ids" in str(exc) and version is not None and version < (0, 10, 2):
             raise PreflightError(
                 f"{where} came back without token ids: vLLM {facts.version} is older than "
                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM"
@@ -382,16 +383,8 @@ class VllmBackend(BaseBackend):
         return {RENAMED.get(key, key): value for key, value in values.items()}
 
     def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
-        body: dict = {} if self.model is None else {"model": self.model}
-        body.update(
-            prompt=ids,
-            **self.translate_sampling(sampling),
-            return_token_ids=True,
-            stream=False,
-            echo=False,
-            add_special_tokens=False,
-        )
-        return self.path, body
+        model = {} if self.model is None else {"model": self.model}
+        return self.path, {**model, "prompt": ids, **self.translate_sampling(sampling), **REQUEST_FLAGS}
 
     def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
         max_tokens = int(sampling.get("max_new_tokens") or SGLANG_MAX_NEW_TOKENS)
@@ -408,8 +401,7 @@ class VllmBackend(BaseBackend):
 
     @staticmethod
     def facts(client: ServerClient) -> ServerFacts:
-        models = client.get_optional_json("/v1/models")
-        card = first_model(models)
+        card = first_model(client.get_optional_json("/v1/models"))
         if not card:
             raise TransientError(f"{client.url}/v1/models lists no model yet")
         version = (client.get_optional_json("/version") or {}).get("version")
