@@ -79,9 +79,7 @@ class BaseBackend:
     name: ClassVar[str]
     seed_always: ClassVar[bool] = False
 
-    @staticmethod
-    def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict:
-        raise NotImplementedError
+    provenance: ClassVar[Callable[..., dict]]
 
     @classmethod
     def apply_facts(cls, state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:

@@ -83,6 +83,7 @@ PROBE_TIMEOUT = 120.0
 DEV_CONFIG_PATH = "/server_info?config_format=json"
 # First vLLM version with `return_token_ids` on /v1/completions (PR 22587).
 TOKEN_IDS_VERSION = "0.10.2"
+TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)
 # generation_config values that read no sampling defaults from a folder.
 DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
 # Dev-mode configuration entries (section.key) kept in provenance: an allow-list, so a secret a
@@ -239,7 +240,7 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
         raise PreflightError(f"{where} asked for exactly {PROBE_TOKENS} tokens: {exc}") from None
     except BadResponse as exc:
         version = _version_tuple(facts.version)
-        if "token_ids" in str(exc) and version is not None and version < (0, 10, 2):
+        if "token_ids" in str(exc) and version is not None and version < TOKEN_IDS_VERSION_TUPLE:
             raise PreflightError(
                 f"{where} came back without token ids: vLLM {facts.version} is older than "
                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM"
