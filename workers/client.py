@@ -51,8 +51,7 @@ class BadRequest(ClientError):
 
 
 class BadSamplingParams(BadRequest):
-    """HTTP 400 about the sampling parameters (unknown or mistyped key, value out of range):
-    the campaign's, so the caller stops the campaign instead of failing its prompts one by one."""
+    """HTTP 400 about the campaign's sampling: the caller stops the campaign instead of failing its prompts."""
 
 
 # How the servers word a 400 caused by the sampling, whatever the version: an unknown key
@@ -202,9 +201,8 @@ class ServerClient:
             response = self._request("GET", "/health", timeout=timeout)
         except TransientError as exc:
             return False, str(exc)
-        if response.status_code == 200:
-            return True, "ok"
-        return False, f"/health answered {response.status_code}"
+        ok = response.status_code == 200
+        return ok, "ok" if ok else f"/health answered {response.status_code}"
 
     def _get_json(self, *paths: str) -> dict:
         """The JSON object of the first of `paths` that answers one; TransientError if none does."""

@@ -52,8 +52,7 @@ class _Tracked:
     wait: float = BACKOFF_START
     next_probe: float = 0.0
     preflighted: bool = False
-    # The last failure a batch reported, and how the server went down if it did while serving:
-    # kept in the state's detail until it is healthy again, so `status` says more than "refused".
+    # The last failure a batch reported, and how it went down while serving: in the detail until healthy.
     last_cause: str | None = None
     went_down: str | None = None
 
