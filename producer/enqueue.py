@@ -1,10 +1,7 @@
-"""`eagle-synth enqueue`: rows in, templated prompt ids on the queue, every row accounted for.
+"""`eagle-synth enqueue`: sources -> rows -> tokenize (every core) -> keys -> publisher.
 
-The flow: sources (files, streamed) -> rows (normalized conversations) -> tokenize (chat
-template, on every core) -> keys (stable, from what determines the output) -> publisher
-(claim new keys, publish batches). Every row read ends as exactly one of: enqueued (at least
-one of its prompts was new), duplicate (all its prompts were enqueued before), or skipped
-(with its `file:line` and a reason).
+Every row read ends as exactly one of enqueued (a prompt of it was new), duplicate, or skipped
+(with its `file:line` and a reason); docs/producer.md.
 """
 
 from __future__ import annotations
@@ -48,7 +45,7 @@ class StrictModeError(UserError, RuntimeError):
 @dataclass(slots=True)
 class EnqueueSummary:
     """What one enqueue did. rows_read == rows_enqueued + rows_duplicate + rows_skipped;
-    rows_resumed of the duplicates were claimed by an earlier run and skipped before templating."""
+    rows_resumed of the duplicates an earlier run claimed (not templated again)."""
 
     campaign: str
     rows_read: int = 0
@@ -77,11 +74,9 @@ class EnqueueSummary:
         return self.rows_read == self.rows_enqueued + self.rows_duplicate + self.rows_skipped
 
     def source(self, source: str) -> SourceRows:
-        """The rows tally of one source."""
         return self.by_source.setdefault(source, SourceRows())
 
     def skip(self, where: str, reason: str, detail: str) -> None:
-        """Count a skipped row; `where` is `source:line`."""
         self.rows_skipped += 1
         self.skipped[reason] += 1
         tally = self.source(where.rsplit(":", 1)[0])
@@ -92,7 +87,6 @@ class EnqueueSummary:
             examples.append(f"{where}: {detail}")
 
     def histogram(self) -> list[tuple[str, int]]:
-        """Prompt lengths in power-of-two buckets: [("<=128", n), ...]."""
         return [(f"<={b}", self.length_buckets[b]) for b in sorted(self.length_buckets)]
 
     def count_length(self, length: int) -> None:
@@ -116,9 +110,8 @@ class EnqueueSummary:
 
 @dataclass(slots=True)
 class _Chunk:
-    """Rows templated together: each row's `file:line` and planned prompts, and per source the
-    last line read when the chunk was cut: once it is claimed, every row up to there is
-    accounted for (producer/resume.py)."""
+    """Rows templated together (`file:line`, planned prompts) and per source the last line read,
+    up to which every row is accounted for once the chunk is claimed (producer/resume.py)."""
 
     rows: list[tuple[str, list]] = field(default_factory=list)
     reached: dict[str, int] = field(default_factory=dict)
@@ -131,8 +124,7 @@ def _chunks(
     planner: PromptPlanner,
     cursors: ResumeCursors | None,
 ) -> Iterator[tuple[_Chunk, list]]:
-    """(chunk, its prompts' (messages, tools, kwargs)) for the templating pool; rows an earlier
-    run claimed (`cursors`) are counted and left out before templating."""
+    """(chunk, its prompts' template inputs); rows an earlier run claimed are left out."""
     chunk, flat = _Chunk(), list[tuple]()
     for row in rows:
         summary.rows_read += 1
@@ -164,14 +156,10 @@ def _chunks(
 
 
 def _text_size(value: object) -> int:
-    """Characters of every string in a message structure (contents, tool schemas, names)."""
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, dict):
-        return sum(_text_size(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_text_size(v) for v in value)
-    return 0
+    parts = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return sum(map(_text_size, parts))
 
 
 def _within_char_cap(options: EnqueueOptions, summary: EnqueueSummary, where: str, conversations: list) -> list:
@@ -200,24 +188,16 @@ def _skip(options: EnqueueOptions, summary: EnqueueSummary, where: str, reason: 
 
 
 def resolve_max_prompt_tokens(requested: int | None, stored: CampaignSettings | None) -> int | None:
-    """The token cap a run uses: as asked (0 = none), else the campaign's own, else the default.
-
-    Following an existing campaign's cap keeps a rerun of its original command (which may
-    predate the default) from being refused as a settings change.
-    """
+    """The token cap a run uses: as asked (0 = none), else the campaign's own (so a rerun of a
+    command older than the default is not refused as a settings change), else the default."""
     if requested is not None:
         return requested or None
-    if stored is not None:
-        return stored.max_prompt_tokens
-    return DEFAULT_MAX_PROMPT_TOKENS
+    return stored.max_prompt_tokens if stored is not None else DEFAULT_MAX_PROMPT_TOKENS
 
 
 def resolve_tool_format(options: EnqueueOptions, tokenizer) -> tuple[str | None, str | None]:
-    """(the format tool calls are parsed in, why there is none) for a run's options.
-
-    Only `--history own` parses the model's answers; a template whose format is not detected
-    leaves rows with tools to be skipped.
-    """
+    """(the format tool calls are parsed in, why there is none); only `--history own` parses
+    the model's answers, and rows with tools are skipped when no format is detected."""
     from eagle_synth.toolcalls import ToolFormatError
     from eagle_synth.toolcalls import resolve_tool_format as resolve
 
@@ -234,7 +214,6 @@ def resolve_tool_format(options: EnqueueOptions, tokenizer) -> tuple[str | None,
 def campaign_settings(
     options: EnqueueOptions, tokenizer, *, tool_format: str | None, max_prompt_tokens: int | None = None
 ) -> CampaignSettings:
-    """The settings a run's options make; `tool_format` from resolve_tool_format."""
     facts = tokenizer_facts(tokenizer)
     return CampaignSettings(
         name=options.campaign,
@@ -272,15 +251,10 @@ def enqueue(
 ) -> EnqueueSummary:
     """Template every row of the inputs and enqueue new prompts; returns the summary.
 
-    `tokenizer` is the tokenizer of `options.tokenizer` already loaded as load_tokenizer
-    would (with options.chat_template applied), for a caller that enqueues several times in
-    one process (tests); None loads it here.
-
-    A campaign is registered only once it has a prompt to enqueue: an empty input, or one
-    whose every row is skipped, leaves no campaign behind. Raises CampaignMismatch if the
-    campaign exists with other settings, InputError for an unusable input (every input is
-    checked before anything else), StrictModeError under --strict, TemplateError if the
-    tokenizer won't load, EvictingRedisError if Redis may evict keys.
+    `tokenizer`: `options.tokenizer` already loaded by load_tokenizer (tests enqueue often in
+    one process). The campaign is registered only once it has a prompt to enqueue. Raises
+    CampaignMismatch, InputError (every input checked first), StrictModeError, TemplateError,
+    EvictingRedisError.
     """
     started = time.monotonic()
     summary = EnqueueSummary(campaign=options.campaign, dry_run=options.dry_run)
@@ -392,7 +366,6 @@ def enqueue(
 def _publisher(
     options: EnqueueOptions, broker: BrokerSettings, on_wait: Callable[..., None] | None, warn: Callable[[str], None]
 ):
-    """The run's Publisher, on a Redis checked to be fit for a campaign."""
     from eagle_synth.queue import make_celery
     from eagle_synth.state.redis_client import connect
     from eagle_synth.state.redis_policy import check_redis_ready
@@ -418,7 +391,6 @@ def _publisher(
 
 
 def _finish(publisher, summary: EnqueueSummary, registered: bool) -> None:
-    """Close the publisher; a registered campaign adds the run's counts and per-source rows."""
     publisher.close()
     summary.tasks = publisher.tasks
     summary.prompts_replayed = publisher.replayed
@@ -436,8 +408,7 @@ def _finish(publisher, summary: EnqueueSummary, registered: bool) -> None:
 
 
 def _existing_campaign(name: str, broker: BrokerSettings) -> Campaign | None:
-    """For a dry run: the campaign in Redis if Redis answers and holds it, else None (a dry run
-    needs no Redis; without one it counts as for a new campaign, and says so). Reads only."""
+    """For a dry run (which needs no Redis): the campaign in Redis, else None."""
     import redis
 
     from eagle_synth.state.redis_client import connect
@@ -451,8 +422,7 @@ def _existing_campaign(name: str, broker: BrokerSettings) -> Campaign | None:
 
 
 def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) -> None:
-    """Register the campaign's settings; with history 'own', store the tokenizer the workers
-    render the later turns with (exactly this one, checked by fingerprint)."""
+    """Register the settings; with history 'own', also the tokenizer workers render later turns with."""
     campaign.register(settings)
     if options.history == "own":
         from eagle_synth.state.tokenizer_store import store_tokenizer
@@ -474,7 +444,6 @@ def _row_items(
     results: list,
     max_prompt_tokens: int | None,
 ) -> list[PromptItem]:
-    """Prompt items of one row; [] (and the row counted skipped) if none is usable."""
     items: list[PromptItem] = []
     problems: list[tuple[str, str]] = []
     for conversation, result in zip(conversations, results):
@@ -493,7 +462,6 @@ def _row_items(
 
 
 def print_summary(summary: EnqueueSummary, *, file=sys.stdout) -> None:
-    """The plain-text summary `enqueue` prints at the end."""
     verb = "would enqueue" if summary.dry_run else "enqueued"
     print(
         f"rows read {summary.rows_read} / {verb} {summary.rows_enqueued} / duplicate "

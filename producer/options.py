@@ -31,23 +31,9 @@ DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class EnqueueOptions:
-    """Everything `enqueue` needs; each field is the `enqueue` flag of its name (docs/producer.md).
-
-    Less obvious fields:
-        inputs: files, globs, or "-" for JSONL on stdin.
-        max_prompt_tokens: None: the campaign's cap if it exists, else DEFAULT_MAX_PROMPT_TOKENS; 0: no cap.
-        max_prompt_chars: None or 0: no cap.
-        max_backlog_mb: never more than half of a set maxmemory.
-        dry_run: enqueue nothing (Redis not needed; read, when it answers, to count against an
-            existing campaign and refuse its settings as the real run would).
-        processes: templating processes (None: every core).
-        history: "dataset" (prompts on the row's history) or "own" (every user turn answered in
-            order on the model's own answers; workers render the later turns).
-        variants: assigned per conversation by a stable hash.
-        tool_format: with history "own"; None: detected from the chat template.
-
-    Raises UserError (naming the flag) for a combination the run cannot do.
-    """
+    """Everything `enqueue` needs; each field is the `enqueue` flag of its name, documented in
+    docs/producer.md (max_prompt_tokens None: the campaign's cap, else the default; 0 or None:
+    no cap). Raises UserError (naming the flag) for a combination the run cannot do."""
 
     inputs: Sequence[str]
     campaign: str

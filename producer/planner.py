@@ -1,21 +1,14 @@
 """What the producer enqueues for a row: prompts to template, then their keyed items.
 
-Two histories (docs/producer.md):
-
-* `dataset` (default): one prompt per chosen user turn (`--turns last|all`), on the row's own
-  history; the key is a hash of the templated ids, the sampling and the sample index.
-* `own`: only turn 0 (the system message and the first user message) is templated here; the
-  rest of the row travels with the prompt as its conversation state, and workers render each
-  later turn on the model's own earlier answers (eagle_synth/conversation.py). The key is the
-  turn's key within its conversation.
-
-With `--variants`, each row's conversation gets a variant by a stable hash, which sets its
-chat template arguments (so its prompt ids) and its sampling overrides.
+History `dataset` keys a prompt by its templated ids, sampling and sample index; history `own`
+templates only turn 0 here and sends the rest of the row as the conversation state workers
+render later turns from, keyed by the turn within its conversation (docs/producer.md). A
+`--variants` entry, picked per conversation by a stable hash, sets template arguments and sampling.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from eagle_synth.conversation import ConversationState, conversation_key, turn_key
@@ -23,38 +16,15 @@ from eagle_synth.ids import pack_ids
 from eagle_synth.payload import PromptItem, prompt_key
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.variants import Variant, pick_variant
-from producer.rows import OwnConversation, conversations_from_row, own_history_from_row
+from producer.rows import Conversation, conversations_from_row, own_history_from_row
 
 HISTORIES = ("dataset", "own")
 
 
-@dataclass(frozen=True, slots=True)
-class PlannedPrompt:
-    """One prompt of a row, before templating: what the chat template renders (`template_kwargs`
-    None: the campaign's), the user turn it ends at, the row's variant, and with `--history
-    own` the row's turns (`own`; the prompt is turn 0)."""
-
-    messages: list[dict]
-    tools: list[dict] | None
-    row_id: str
-    turn: int
-    template_kwargs: dict | None = None
-    variant: Variant | None = None
-    own: OwnConversation | None = None
-
-    def template_input(self) -> tuple:
-        """The (messages, tools, kwargs) triple the templating pool takes."""
-        return self.messages, self.tools, self.template_kwargs
-
-
 @dataclass
 class PromptPlanner:
-    """Plans a row's prompts and turns templated ids into keyed PromptItems.
-
-    The parameters are EnqueueOptions' of those names (`default_system`: its `system`), and
-    `no_tool_format`: with history "own", why the campaign cannot parse tool calls (rows with
-    tools are then skipped with it), or None when it can.
-    """
+    """Plans a row's prompts and turns templated ids into keyed PromptItems; the parameters are
+    EnqueueOptions' (`default_system`: its `system`) and resolve_tool_format's `no_tool_format`."""
 
     history: str
     turns: Literal["last", "all"]
@@ -72,7 +42,7 @@ class PromptPlanner:
         self._variants = list(self.variants)
         self._key_sampling = _key_sampling(self.sampling)
 
-    def plan(self, data: dict, *, source: str, line: int) -> list[PlannedPrompt]:
+    def plan(self, data: dict, *, source: str, line: int) -> list[Conversation]:
         """The row's prompts; raises producer.rows.RowError for a row that does not fit."""
         if self.history == "own":
             own = own_history_from_row(
@@ -87,15 +57,16 @@ class PromptPlanner:
                 self._variants, conversation_key(turns=own.turns, tools=own.tools, sample=0, steps=own.steps)
             )
             first = [dict(m) for m in own.turns[0]]
-            return [PlannedPrompt(first, own.tools, own.row_id, 0, self._kwargs(variant), variant, own)]
+            return [Conversation(first, own.tools, own.row_id, 0, self._kwargs(variant), variant, own)]
         found = conversations_from_row(
             data, source=source, line=line, turns=self.turns, default_system=self.default_system
         )
         last = found[-1]
         variant = pick_variant(self._variants, conversation_key(turns=[last.messages], tools=last.tools, sample=0))
-        return [PlannedPrompt(c.messages, c.tools, c.row_id, c.turn, self._kwargs(variant), variant) for c in found]
+        kwargs = self._kwargs(variant)
+        return [replace(c, template_kwargs=kwargs, variant=variant) for c in found]
 
-    def items(self, planned: PlannedPrompt, ids: list[int], *, where: str) -> list[PromptItem]:
+    def items(self, planned: Conversation, ids: list[int], *, where: str) -> list[PromptItem]:
         """One PromptItem per sample of a templated prompt."""
         packed = pack_ids(ids)
         variant = planned.variant

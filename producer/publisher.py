@@ -1,10 +1,7 @@
-"""Claim prompt keys and publish their batches, so that a killed enqueue loses nothing.
-
-Claiming keys and recording what was claimed (the campaign's outbox, eagle_synth/state/outbox.py)
-happen in one Lua script; the outbox entry is deleted only after every batch made from it is
-published. A run that finds outbox entries (its predecessor was killed in between) publishes
-them first.
-"""
+"""Claim prompt keys and publish their batches so that a killed enqueue loses nothing: keys are
+claimed and stashed in the campaign's outbox (eagle_synth/state/outbox.py) in one Lua script,
+and the outbox entry goes only once every batch of it is published; a later run publishes what
+a killed one left there first."""
 
 from __future__ import annotations
 
@@ -35,17 +32,11 @@ MEMORY_SAMPLES = 5
 
 
 class Publisher:
-    """Turns prompt items into queued batches (of `batch_size`, each with the server's
-    `sampling`) for one campaign.
-
-    Parameters:
-        max_backlog, max_backlog_bytes: wait while more prompts are pending, or the queue, the
-            failures and the outbox hold more bytes in Redis (0 = no cap; the byte cap never
-            above MAXMEMORY_SHARE of a set maxmemory).
-        on_wait: told the pending count (and, for the byte cap, `held_bytes` and `max_bytes`)
-            while waiting, for the progress display.
-        count_new_as: a campaign counter that newly claimed keys add to (eagle_synth.state.counters).
-    """
+    """Turns prompt items into queued batches (of `batch_size`, with the server's `sampling`)
+    for one campaign, waiting while more than `max_backlog` prompts are pending or the backlog
+    holds more than `max_backlog_bytes` in Redis (0 = no cap; see _byte_cap). `on_wait` is told
+    the pending count (and `held_bytes`, `max_bytes`); newly claimed keys add to the campaign
+    counter `count_new_as`."""
 
     def __init__(
         self,
@@ -77,13 +68,11 @@ class Publisher:
         self._maxmemory: int | None = None
 
     def close(self) -> None:
-        """The run ended normally: its outbox is empty and its liveness key can go."""
         self.campaign.outbox.end_run(self._run_id)
 
     def _next_field(self, stash: list[PromptItem] | None = None) -> str:
-        """A new outbox field of this run (holding `stash`, put there before those items leave
-        where they are), after saying the run is alive so a concurrent enqueue does not
-        republish its outbox."""
+        """A new outbox field of this run (holding `stash`), after a heartbeat so a concurrent
+        enqueue does not republish it."""
         self.campaign.outbox.heartbeat(self._run_id)
         self._chunk_serial += 1
         field = chunk_field(self._run_id, self._chunk_serial)
@@ -92,8 +81,7 @@ class Publisher:
         return field
 
     def claim(self, items: list[PromptItem]) -> list[bool]:
-        """Claim a chunk of items; returns, per item, whether it was new. New items are
-        published in batches of batch_size."""
+        """Claim and publish a chunk of items; returns, per item, whether it was new."""
         if not items:
             return []
         field = self._next_field()
@@ -117,16 +105,11 @@ class Publisher:
         damaged = [item for item, reason in zip(duplicates, reasons) if reason == RECORD_DAMAGED]
         if damaged:
             log.warning("re-enqueueing %d prompts whose records `repair` found damaged", len(damaged))
-            self.republish(damaged)
-            self.replayed += len(damaged)
+            self.replayed += self.retry(damaged)
 
     def return_done(self, items: list[PromptItem]) -> int:
-        """Queue again prompts marked done whose records were damaged (`eagle-synth repair`).
-
-        Outbox first, then out of `done`, then published: a kill after the first step leaves
-        them done (a rerun of repair finds them again); after the second, in the outbox, which
-        the next repair or enqueue publishes. Returns how many were done.
-        """
+        """Queue again done prompts whose records were damaged (`repair`); returns how many were
+        done. Outbox, then out of `done`, then published: a kill at any step loses none."""
         if not items:
             return 0
         field = self._next_field(stash=items)
@@ -134,18 +117,10 @@ class Publisher:
         self._publish_all(items, outbox_field=field)
         return removed
 
-    def republish(self, items: list[PromptItem]) -> None:
-        """Queue failed prompts again. Outbox first: a kill between the two leaves the prompts
-        failed *and* queued, which is safe (the worker marks them done and drops the failure);
-        the other order could lose them."""
-        if items:
-            field = self._next_field(stash=items)
-            self.campaign.drop_failures([item.key for item in items])
-            self._publish_all(items, outbox_field=field)
-
     def retry(self, items: list[PromptItem]) -> int:
-        """Queue failed prompts again, like republish, but only those still failed when taken
-        (a key seen twice by a scan, or retried meanwhile, is queued once); returns how many."""
+        """Queue failed prompts again, those still failed when taken, each key once; returns how many.
+        Outbox first: a kill between the two leaves the prompts failed *and* queued, which is safe
+        (the worker marks them done and drops the failure); the other order could lose them."""
         if not items:
             return 0
         field = self._next_field(stash=items)
@@ -159,8 +134,7 @@ class Publisher:
         return len(once)
 
     def _publish_all(self, items: list[PromptItem], *, outbox_field: str, already_sent: int = 0) -> None:
-        """Publish items batch by batch, noting progress in the outbox after each batch so a
-        killed run republishes at most the one batch it was sending."""
+        """Publish batch by batch, noting progress in the outbox so a kill resends one batch at most."""
         outbox = self.campaign.outbox
         for start in range(already_sent, len(items), self.batch_size):
             self._wait_for_backlog(unpublished=len(items) - start)
@@ -174,9 +148,7 @@ class Publisher:
         outbox.clear(outbox_field)
 
     def _wait_for_backlog(self, *, unpublished: int) -> None:
-        """Wait while more than max_backlog prompts are queued or running (claimed prompts this
-        run has not published yet are not in the queue, so they do not count), or while the
-        backlog holds more than the byte cap in Redis."""
+        """Wait while the backlog is over a cap (`unpublished` claimed prompts are not pending yet)."""
         if not self.max_backlog and not self.max_backlog_bytes:
             return
         byte_cap = self._byte_cap() if self.max_backlog_bytes else 0
@@ -195,8 +167,7 @@ class Publisher:
             time.sleep(BACKLOG_POLL)
 
     def backlog_bytes(self) -> int:
-        """Bytes the backlog holds in Redis: the queue list, the campaign's failures and its
-        outbox, each estimated by MEMORY USAGE from a few sampled elements (constant time)."""
+        """Bytes the queue, the campaign's failures and its outbox hold in Redis (sampled estimates)."""
         keys = self.campaign.keys
         pipe = self.campaign.client.pipeline(transaction=False)
         for key in (self.queue, keys.failed, keys.outbox):
@@ -216,7 +187,6 @@ class Publisher:
         return min(self.max_backlog_bytes, share) if share else self.max_backlog_bytes
 
     def recover(self) -> int:
-        """Publish what a killed run claimed but did not publish; returns prompts published."""
         outbox = self.campaign.outbox
         total = 0
         for entry in outbox.entries():

@@ -1,16 +1,11 @@
-"""Resume without re-templating: per-input-file cursors kept with the campaign.
+"""Resume without re-templating (docs/producer.md): once a chunk of rows is claimed, the last
+line read per input file is kept with the campaign, and a rerun counts the rows up to it as
+duplicates before templating them (the costly step: 188 CPU-s for 500k rows).
 
-After each chunk of rows is claimed (its prompts published or in the outbox), the producer
-records, per input file, the last line read so far: every row up to it is accounted for. A
-rerun skips those rows before templating them (the costly step: 188 CPU-s for 500k rows) and
-counts them as duplicates (`rows_resumed` says how many).
-
-A cursor holds only for the same file and the same run: its field names the run's scope (a
-hash of the settings and options that decide which prompts a row makes), the file's resolved
-path, size and modification time. A changed or appended file, other options, stdin or a
-dataset folder get no cursor: their rows are templated and the claim finds the duplicates, as
-before. A campaign with `record-damaged` failures is never resumed by cursor either: those
-prompts come back only when a rerun templates their rows again.
+A cursor's field names the run's scope (a hash of what decides a row's prompts) and the file's
+path, size and mtime, so a changed file, other options, stdin or a dataset folder get none. A
+campaign with `record-damaged` failures is never resumed by cursor: those prompts come back
+only when a rerun templates their rows again.
 """
 
 from __future__ import annotations
@@ -35,14 +30,7 @@ def run_scope(settings_json: str, **options: object) -> str:
 
 
 class ResumeCursors:
-    """The cursors of one enqueue run.
-
-    Parameters:
-        client: a redis-py client.
-        keys: the campaign's key names.
-        scope: run_scope of this run.
-        enabled: False to read and write no cursor (dry runs, campaigns with damaged records).
-    """
+    """The cursors of one enqueue run of `scope` (run_scope); `enabled` False reads and writes none."""
 
     def __init__(self, client: redis.Redis, keys: CampaignKeys, *, scope: str, enabled: bool) -> None:
         self.client = client
@@ -54,7 +42,6 @@ class ResumeCursors:
         self._noted: dict[str, int] = {}
 
     def _field(self, source: str) -> str | None:
-        """This run's cursor field for a source, None if it cannot have one."""
         if source not in self._fields:
             path = Path(source)
             try:

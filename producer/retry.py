@@ -41,15 +41,9 @@ class _Publishers(dict[str, Publisher]):
 def retry_failed(
     campaign: Campaign, *, app: Celery, queue: str, reason: str | None = None, batch_size: int | None = None
 ) -> int:
-    """Enqueue again the failed prompts (of one reason, or all); returns how many.
-
-    Failures are read in HSCAN steps and queued in batches of `batch_size` (default: the
-    campaign's own, else DEFAULT_BATCH_SIZE), each item keeping its seed and variant overrides,
-    all with the campaign's sampling parameters (a failure's own, without the per-sample seed,
-    for a campaign without settings). Failures without prompt ids (`record-damaged`: `repair`
-    could not read the prompt back) stay: a rerun of the campaign's original `enqueue` command
-    replays those.
-    """
+    """Enqueue again the failed prompts (of one reason, or all) in batches of `batch_size` (default:
+    the campaign's), each keeping its seed and variant, with the campaign's sampling (else the
+    failure's own); returns how many. `record-damaged` failures hold no ids: enqueue replays them."""
     from eagle_synth.state.campaign_archive import reopen_if_closed
 
     reopen_if_closed(campaign)  # a closed campaign's failures come back from its state file

@@ -1,13 +1,7 @@
-"""Normalize one input row into the conversation(s) whose next answer is regenerated.
-
-A row (a dict from ``producer.sources``) holds, first non-null wins: ``messages`` (OpenAI
-``[{"role", "content", ...}]``), ``conversations`` (ShareGPT ``[{"from", "value"}]`` or
-role/content entries) or ``prompt`` (a string: one user message). Optional: ``id`` (any
-scalar), ``system`` (string), ``tools`` (OpenAI function schemas, or a JSON string of them).
-Tool calls (OpenAI ``tool_calls``, legacy ``function_call``, ShareGPT ``function_call``
-entries) become OpenAI ``tool_calls`` whose ``function.arguments`` is an object, the shape chat
-templates iterate over. Anything that does not fit raises RowError with a stable ``reason``
-slug and the path of the offending ``field``; roles and slugs are in docs/inputs.md.
+"""Normalize one input row (the fields of docs/inputs.md) into the conversation(s) whose next
+answer is regenerated. Tool calls of every accepted shape become OpenAI ``tool_calls`` whose
+``function.arguments`` is an object, the shape chat templates iterate over. A row that does not
+fit raises RowError with a stable ``reason`` slug and the path of the offending ``field``.
 """
 
 from __future__ import annotations
@@ -17,11 +11,14 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from eagle_synth.conversation import has_tools, split_turns
 from eagle_synth.errors import EagleSynthError
 from eagle_synth.regeneration import regeneration_points
+
+if TYPE_CHECKING:
+    from eagle_synth.variants import Variant
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
@@ -62,24 +59,29 @@ _TYPE_NAMES = ((bool, "boolean"), (int, "number"), (float, "number"), (str, "str
 class Conversation:
     """A prompt to regenerate an answer for: fresh OpenAI-style message dicts (safe to mutate)
     ending with what the model answers (a user turn, or a tool-call step's results); ``turn`` is
-    that point's 0-based index among the row's regeneration points."""
+    that point's 0-based index among the row's regeneration points. The planner adds the row's
+    variant, its chat template arguments (None: the campaign's) and, with `--history own`, the
+    row's turns (``own``; the prompt is turn 0)."""
 
     messages: list[dict]
     tools: list[dict] | None
     row_id: str
     turn: int
+    template_kwargs: dict | None = None
+    variant: Variant | None = None
+    own: OwnConversation | None = None
+
+    def template_input(self) -> tuple:
+        """The (messages, tools, kwargs) triple the templating pool takes."""
+        return self.messages, self.tools, self.template_kwargs
 
 
 @dataclass(frozen=True, slots=True)
 class OwnConversation:
-    """A row to regenerate turn by turn on the model's own answers (`--history own`).
-
-    ``turns`` holds each turn's new messages (system messages, then the user message that
-    closes the turn); the dataset's assistant and tool messages are left out, since the
-    model's answers replace them. ``cut`` says turns beyond ``max_turns`` were dropped.
-    In a row with tools every regeneration point is a turn (a turn answering tool results
-    has no new messages) and ``steps`` holds the dataset's calls and results after each
-    point, which the workers pair with the model's own calls; None in other rows.
+    """A row to regenerate turn by turn on the model's own answers (`--history own`): ``turns``
+    each turn's new system and user messages (the model's answers replace the dataset's),
+    ``cut`` whether turns beyond ``max_turns`` were dropped, ``steps`` (rows with tools only)
+    the dataset's calls and results after each point, which workers pair with the model's calls.
     """
 
     turns: list[list[dict]]
@@ -102,15 +104,10 @@ class RowError(EagleSynthError):
 def conversations_from_row(
     data: dict, *, source: str, line: int, turns: Literal["last", "all"] = "last", default_system: str | None = None
 ) -> list[Conversation]:
-    """The conversation(s) to regenerate of one row.
-
-    A regeneration point is a user turn, or the last of a run of tool results after the first
-    user turn: the model answers after either. ``turns="last"``: one Conversation ending at the
-    last point (later assistant messages are the old answer); ``"all"``: one per point, on the
-    dataset's history. A row without a system message gets its ``system`` field, else
-    ``default_system`` (empty counts as absent). Contents are kept exactly; text-part lists are
-    joined with no separator; null-valued keys are dropped (Parquet/Arrow rows carry null for
-    every field another row has). Raises RowError; ValueError for a bad ``turns``.
+    """The conversation(s) to regenerate of one row: ending at its last regeneration point (a
+    user turn, or the end of a run of tool results), or with ``turns="all"`` one per point. A
+    row without a system message gets its ``system`` field, else ``default_system``. Null-valued
+    keys are dropped (Parquet rows carry null for every field another row has). Raises RowError.
     """
     if turns not in ("last", "all"):
         raise ValueError(f"turns must be 'last' or 'all', got {turns!r}")
@@ -134,13 +131,9 @@ def own_history_from_row(
     max_turns: int | None = None,
     no_tool_format: str | None = None,
 ) -> OwnConversation:
-    """Turn one row into the turns to answer in order (see OwnConversation).
-
-    The same normalization as conversations_from_row; every user turn must have content. In a
-    row with tools, every tool-result run must answer the dataset's calls of the step before
-    it, one result per call. `no_tool_format` is why the campaign cannot parse tool calls (None
-    when it can): rows with tools are then refused with it. Raises RowError.
-    """
+    """One row's turns to answer in order; every user turn needs content, and in a row with
+    tools each tool-result run must answer the step before it one for one. `no_tool_format`:
+    why the campaign cannot parse tool calls, refusing rows with tools. Raises RowError."""
     row_id, messages, fields, tools, positions = _normalized(data, source, line, default_system)
     for position in positions:
         _check_user_content(messages, fields, position)
@@ -189,8 +182,7 @@ def _check_steps_replayable(messages: list[dict], fields: list[str], steps: list
 def _normalized(
     data: object, source: str, line: int, default_system: str | None
 ) -> tuple[str, list[dict], list[str], list[dict] | None, list[int]]:
-    """Row id, messages (system prompt added), their field paths, tools, regeneration points
-    (user turns and the ends of tool-result runs)."""
+    """Row id, messages (system prompt added), their field paths, tools, regeneration points."""
     if not isinstance(data, dict):
         raise RowError(WRONG_TYPE, None, f"row must be an object, got {type(data).__name__}")
     _check_text(data, None)
@@ -215,7 +207,6 @@ def _normalized(
 
 
 def _check_text(value: object, field: str | None) -> None:
-    """RowError(BAD_TEXT) naming the field of the first string that is not valid Unicode."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -253,7 +244,6 @@ def _loads(value: str, field: str, what: str) -> object:
 
 
 def _messages(data: dict) -> tuple[list[dict], list[str]]:
-    """Normalized messages and, in parallel, each one's field path in the row."""
     for key in ("messages", "conversations"):
         entries = _expect(data.get(key), list, key, "a list of messages")
         if entries is None:
@@ -306,7 +296,6 @@ def _message(entry: object, field: str) -> dict:
 
 
 def _message_calls(entry: dict, role: str, field: str) -> list[dict]:
-    """An OpenAI message's tool calls, normalised; [] when it has none."""
     raw_calls, legacy = entry.get("tool_calls"), entry.get("function_call")
     if raw_calls is None and legacy is None:
         return []

@@ -1,12 +1,9 @@
-"""Streaming readers for prompt-set inputs (docs/inputs.md).
+"""Streaming readers for prompt-set inputs, the formats of docs/inputs.md.
 
-Turns input paths into a stream of parsed rows (``SourceRow``) and per-row failures
-(``BadRow``), holding at most one line, one array element or one record batch in memory. An
-input that is unusable before reading starts (missing path, unknown format) raises
-``InputError``. Inputs: JSONL (``.jsonl``/``.ndjson``), JSON (``.json``: one array of objects,
-streamed with ijson, or JSONL, decided by the first non-space byte), both optionally ``.gz`` or
-``.zst``; Parquet; a ``datasets`` ``save_to_disk`` folder (``state.json`` + ``.arrow`` shards,
-or ``dataset_dict.json`` + one such folder per split); ``-``: JSONL on standard input.
+Input paths become parsed rows (``SourceRow``) and per-row failures (``BadRow``), holding at
+most one line, array element or record batch in memory; an input unusable before reading starts
+raises ``InputError``. A ``.json`` file is an array (streamed with ijson) or JSONL, by its first
+non-space byte.
 """
 
 from __future__ import annotations
@@ -63,8 +60,7 @@ class InputError(UserError):
 
 @dataclass(frozen=True, slots=True)
 class SourceRow:
-    """One row as a dict; `source` as given ("-": stdin, "<dir>/<split>": a DatasetDict split);
-    `line` 1-based: the physical line of JSONL, the row index otherwise."""
+    """One row; `source` as given; `line` 1-based (JSONL's physical line, else the row index)."""
 
     source: str
     line: int
@@ -85,10 +81,8 @@ Item = SourceRow | BadRow
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """The inputs to read: ``"-"``, an existing path (as given, glob characters and all), or a
-    glob's sorted matches (``**`` allowed; files and saved datasets, not other folders); the
-    same real path once. Raises InputError for no pattern, a pattern matching nothing, a
-    missing path or an unsupported format (each input's format is checked)."""
+    """The inputs to read: ``"-"``, an existing path as given, or a glob's sorted matches (files
+    and saved datasets); the same real path once. InputError for what cannot be read."""
     if not patterns:
         raise InputError(
             f"no inputs given; pass one or more files, globs, dataset directories or '-' ({_SUPPORTED_HINT})"
@@ -113,9 +107,7 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
 
 
 def source_fingerprint(path: str) -> str:
-    """Cheap identity of an input: ``"<name>:<size>:<mtime_ns>"`` for a file,
-    ``"<name>:dir:<count>:<size>:<newest mtime_ns>"`` for a dataset folder, ``"-"`` for stdin.
-    Content is not hashed. Raises InputError if the path cannot be stat'ed."""
+    """Cheap identity of an input (name, sizes, newest mtime; content is not hashed)."""
     if path == STDIN:
         return STDIN
     name = os.path.basename(os.path.normpath(path))
@@ -141,8 +133,7 @@ def _dataset_kind(path: str) -> str | None:
 
 
 def _detect(path: str) -> tuple[str, str | None]:
-    """How to read ``path``: its kind and compression ("gzip", "zstd" or None); InputError if
-    it cannot be read at all."""
+    """The kind and compression of ``path``; InputError if it cannot be read at all."""
     if path == STDIN:
         return STDIN_KIND, None
     if os.path.isdir(path):
@@ -170,30 +161,25 @@ def _detect(path: str) -> tuple[str, str | None]:
 
 
 def iter_source_rows(paths: Sequence[str], *, stdin: IO[bytes] | None = None) -> Iterator[Item]:
-    """Every row of ``paths``, in order, as SourceRow or BadRow.
-
-    Every path is checked first (InputError now, not after hours of work); problems met while
-    reading become BadRows (a file cut mid-way yields its rows before the cut, then one
-    BadRow). ``stdin`` replaces ``sys.stdin.buffer`` for ``"-"`` and is never closed.
-    """
+    """Every row of ``paths``, in order, as SourceRow or BadRow. Every path is checked first
+    (InputError now, not after hours of work); problems met while reading become BadRows (a
+    file cut mid-way yields its rows before the cut, then one). ``stdin`` replaces
+    ``sys.stdin.buffer`` for ``"-"`` and is never closed."""
     plan = [(path, *_detect(path)) for path in paths]
     return _iter_plan(plan, stdin)
 
 
 def _iter_plan(plan: list[tuple[str, str, str | None]], stdin: IO[bytes] | None) -> Iterator[Item]:
+    readers: dict[str, Callable[[str, str | None], Iterator[Item]]] = {
+        STDIN_KIND: lambda _p, _c: _iter_jsonl(stdin if stdin is not None else sys.stdin.buffer, STDIN),
+        JSONL: lambda p, c: _with_opened(p, c, _iter_jsonl),
+        JSON: _iter_json_file,
+        PARQUET: lambda p, _c: _iter_parquet(p),
+        HF_DATASET: lambda p, _c: _iter_hf_dataset(p),
+        HF_DATASET_DICT: lambda p, _c: _iter_hf_dataset_dict(p),
+    }
     for path, kind, compression in plan:
-        if kind == STDIN_KIND:
-            yield from _iter_jsonl(stdin if stdin is not None else sys.stdin.buffer, STDIN)
-        elif kind == JSONL:
-            yield from _with_opened(path, compression, _iter_jsonl)
-        elif kind == JSON:
-            yield from _iter_json_file(path, compression)
-        elif kind == PARQUET:
-            yield from _iter_parquet(path)
-        elif kind == HF_DATASET:
-            yield from _iter_hf_dataset(path)
-        else:
-            yield from _iter_hf_dataset_dict(path)
+        yield from readers[kind](path, compression)
 
 
 def _open_bytes(path: str, compression: str | None) -> IO[bytes]:
@@ -275,7 +261,6 @@ class _ZstdReader(io.RawIOBase):
 
 
 def _iter_jsonl(stream: IO[bytes], source: str) -> Iterator[Item]:
-    """JSONL from a byte stream, one line at a time; blank lines are skipped."""
     lines = iter(stream)
     lineno = 0
     unterminated: bytes | None = None  # a line without "\n" can only be the last one
@@ -325,7 +310,6 @@ def _parse_line(raw: bytes, source: str, lineno: int, *, last_unterminated: bool
 
 
 def _row(source: str, line: int, value: object) -> Item:
-    """A SourceRow for a JSON object, else a NOT_AN_OBJECT BadRow naming what it was."""
     if isinstance(value, dict):
         return SourceRow(source, line, value)
     kind = next((name for cls, name in _JSON_TYPES if isinstance(value, cls)), "a number")
@@ -333,7 +317,6 @@ def _row(source: str, line: int, value: object) -> Item:
 
 
 def _iter_json_file(path: str, compression: str | None) -> Iterator[Item]:
-    """A .json file: an array of objects, or JSONL under a .json name."""
     try:
         with _open_bytes(path, compression) as stream:
             first, has_bom = _sniff(stream)
@@ -350,7 +333,6 @@ def _iter_json_file(path: str, compression: str | None) -> Iterator[Item]:
 
 
 def _sniff(stream: IO[bytes]) -> tuple[bytes, bool]:
-    """The first non-whitespace byte (b"" if none) and whether a BOM leads."""
     has_bom = False
     first = True
     while chunk := stream.read(SNIFF_CHUNK_BYTES):
@@ -438,8 +420,7 @@ def _iter_parquet(path: str) -> Iterator[Item]:
 
 
 def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generator[Item, None, tuple[int, bool]]:
-    """Rows of arrow record batches numbered from ``start + 1``; returns the last row number
-    and whether the batches were read to the end without error."""
+    """Rows numbered from ``start + 1``; returns the last number and whether all were read."""
     import pyarrow as pa
 
     index = start
@@ -458,7 +439,6 @@ def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generato
 
 
 def _read_listing(path: str, name: str, read: Callable[[Any], list]) -> list | BadRow:
-    """`read` of the JSON file `name` in folder `path`, or the BadRow (line 0) saying why not."""
     listing = os.path.join(path, name)
     try:
         with open(listing, encoding="utf-8") as fh:
@@ -469,7 +449,6 @@ def _read_listing(path: str, name: str, read: Callable[[Any], list]) -> list | B
 
 
 def _iter_hf_dataset(path: str) -> Iterator[Item]:
-    """One ``Dataset.save_to_disk`` directory: its arrow shards in state.json order."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
@@ -505,7 +484,6 @@ def _split_names(listing: Any) -> list:
 
 
 def _iter_hf_dataset_dict(path: str) -> Iterator[Item]:
-    """A ``DatasetDict.save_to_disk`` directory: each split in dataset_dict.json order."""
     splits = _read_listing(path, "dataset_dict.json", _split_names)
     if isinstance(splits, BadRow):
         yield splits
@@ -520,8 +498,7 @@ def _iter_hf_dataset_dict(path: str) -> Iterator[Item]:
 
 
 def estimate_rows(paths: Sequence[str]) -> int | None:
-    """Rows the inputs hold where that is cheap (a progress total): plain JSONL by its lines at
-    disk speed, Parquet from its metadata; None for anything else."""
+    """A progress total where cheap: plain JSONL's lines, Parquet's metadata; else None."""
     total = 0
     for path in expand_inputs(paths):
         kind, compression = _detect(path)

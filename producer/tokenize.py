@@ -1,11 +1,7 @@
-"""Template conversations into prompt ids on every core.
-
-Jinja rendering is Python and single-threaded, so chunks of rows are templated in a pool of
-processes that each load the tokenizer once; inside a chunk, conversations sharing their
-tools are templated in one batched `apply_chat_template` call so the Rust tokenizer encodes
-them together. A chunk whose batched call fails is redone one conversation at a time, so
-only the conversation the template rejects is skipped (and a template that wants tool-call
-arguments as text gets them so: see `render_prompt_ids`).
+"""Template conversations into prompt ids on every core (Jinja rendering is single-threaded
+Python): a pool of processes each loading the tokenizer once, conversations sharing their tools
+in one batched call. A batch that fails is redone one conversation at a time, so only the one
+the template rejects is skipped.
 """
 
 from __future__ import annotations
@@ -58,11 +54,8 @@ def _init(job: TemplateJob, in_pool: bool = False) -> None:
 
 
 def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
-    """Ids for each (messages, tools) pair, or the template's error message for it.
-
-    A third element, when present and not None, replaces the job's template kwargs for that
-    conversation (a `--variants` entry's chat_template_kwargs on top of the campaign's).
-    """
+    """Ids for each (messages, tools[, kwargs]) entry, or the template's error message for it;
+    kwargs not None replace the job's (a `--variants` entry's on top of the campaign's)."""
     assert _tokenizer is not None and _job is not None
     default_kwargs = dict(_job.template_kwargs)
 
@@ -96,12 +89,7 @@ def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
 
 
 class TemplatingPool:
-    """Templates chunks in order, `processes` at a time (1 = in this process).
-
-    Parameters:
-        job: tokenizer and template settings.
-        processes: pool size; defaults to the machine's cores.
-    """
+    """Templates chunks in order, `processes` at a time (default: every core; 1 = in this process)."""
 
     def __init__(self, job: TemplateJob, *, processes: int | None = None, tokenizer=None) -> None:
         global _tokenizer

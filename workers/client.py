@@ -1,10 +1,9 @@
 """A token-in/token-out HTTP client for one inference server (SGLang or vLLM): health, the small
 info endpoints, JSON posts (request and reply shapes are in workers/backends/).
 
-Every failure becomes one of three exceptions the batch runner classifies: ServerDown (not
-listening: nothing to retry until health says so), TransientError (timeouts, resets, 429,
-5xx: retry with backoff) and BadRequest (400: never worth a retry); a 400 about the sampling is
-a BadSamplingParams, the campaign's settings being wrong rather than one prompt.
+Every failure becomes one the batch runner classifies: ServerDown (not listening: wait for health),
+TransientError (timeouts, resets, 429, 5xx: retry with backoff), BadRequest (400: never retried),
+BadSamplingParams (a 400 about the campaign's sampling rather than one prompt).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from requests.adapters import HTTPAdapter
 
 from eagle_synth.errors import EagleSynthError
 
-# Keep-alive connections per server of the synchronous client (probes, info, quick health checks).
+# Keep-alive connections per server of the synchronous client.
 POOL_CONNECTIONS = 64
 # Seconds to open a TCP connection (a listening server accepts at once even when busy), for a
 # /health probe (SGLang's own check gives up after 20 s with a 503), for the info endpoints.
@@ -52,34 +51,25 @@ class BadRequest(ClientError):
 
 
 class BadSamplingParams(BadRequest):
-    """HTTP 400 about the sampling parameters (unknown or mistyped key, value out of range):
-    the campaign's, so the caller stops the campaign instead of failing its prompts one by one."""
+    """HTTP 400 about the campaign's sampling: the caller stops the campaign instead of failing its prompts."""
 
 
-# Sampling field names whose out-of-range values the servers report as "<field> must ...":
-# SGLang's `sampling_params` (python/sglang/srt/sampling/sampling_params.py verify()) and
-# vLLM's completion fields (vllm/sampling_params.py _verify_args()).
+# How the servers word a 400 caused by the sampling, whatever the version: an unknown key
+# (msgspec's "Unexpected keyword argument 'seed'", Python's "got an unexpected keyword
+# argument"), a mistyped value (msgspec's "Expected `float`, got `str` - at `$.temperature`", a
+# comparison inside SGLang's verify(), vLLM's pydantic "('body', '<field>')"), an out-of-range
+# one ("<field> must ...", from SGLang's sampling_params.py verify() and vLLM's
+# sampling_params.py _verify_args()), "Only one of regex, json_schema, or ebnf can be set.".
 _SAMPLING_FIELDS = (
-    "max_new_tokens|min_new_tokens|temperature|top_p|top_k|min_p|frequency_penalty|"
-    "presence_penalty|repetition_penalty|logit_bias|stop_token_ids|stop_regex|sampling_seed|"
-    "json_schema|regex|ebnf|n|stop|ignore_eos|skip_special_tokens|no_stop_trim|custom_params|"
-    "max_tokens|min_tokens|seed|spaces_between_special_tokens|include_stop_str_in_output"
+    "max_new_tokens|min_new_tokens|temperature|top_p|top_k|min_p|frequency_penalty|presence_penalty|"
+    "repetition_penalty|logit_bias|stop_token_ids|stop_regex|sampling_seed|json_schema|regex|ebnf|n|stop|"
+    "ignore_eos|skip_special_tokens|no_stop_trim|custom_params|max_tokens|min_tokens|seed|"
+    "spaces_between_special_tokens|include_stop_str_in_output"
 )
-# How SGLang words a 400 caused by the sampling parameters, whatever the version:
-#  * building SamplingParams(**kwargs) with an unknown key: msgspec's "Unexpected keyword
-#    argument 'seed'" (0.5.x) or Python's "__init__() got an unexpected keyword argument";
-#  * a mistyped value: msgspec's "Expected `float`, got `str` - at `$.temperature`", or a
-#    comparison inside verify() ("'<' not supported between instances of 'str' and 'float'");
-#  * verify(): "<field> must be ...", "Only one of regex, json_schema, or ebnf can be set.".
-SAMPLING_ERROR_PATTERNS = (
-    re.compile(r"unexpected keyword argument", re.IGNORECASE),
-    re.compile(r"sampling[_ ]?param", re.IGNORECASE),
-    re.compile(r"expected `[^`]+`, got `[^`]+`", re.IGNORECASE),
-    re.compile(r"not supported between instances of", re.IGNORECASE),
-    re.compile(rf"\b({_SAMPLING_FIELDS})\b[^.]*\bmust\b"),
-    re.compile(r"only one of regex, json_schema, or ebnf", re.IGNORECASE),
-    # vLLM's request validation (pydantic): a mistyped field is reported at ('body', '<field>').
-    re.compile(rf"\('body', '({_SAMPLING_FIELDS})'\)"),
+SAMPLING_ERROR = re.compile(
+    r"(?i:unexpected keyword argument|sampling[_ ]?param|expected `[^`]+`, got `[^`]+`"
+    r"|not supported between instances of|only one of regex, json_schema, or ebnf)"
+    rf"|\b({_SAMPLING_FIELDS})\b[^.]*\bmust\b|\('body', '({_SAMPLING_FIELDS})'\)"
 )
 
 
@@ -87,7 +77,7 @@ def is_sampling_error(message: str) -> bool:
     """True when a 400's message says the sampling parameters are wrong (not the prompt)."""
     if "input_ids" in message or "'prompt'" in message:
         return False  # about the prompt ids (e.g. a mistyped id), which differ per prompt
-    return any(pattern.search(message) for pattern in SAMPLING_ERROR_PATTERNS)
+    return SAMPLING_ERROR.search(message) is not None
 
 
 def error_message(body: bytes, status: int) -> str:
@@ -108,8 +98,7 @@ def error_message(body: bytes, status: int) -> str:
 
 
 def error_for_status(status: int, body: bytes, *, path: str) -> ClientError | None:
-    """The error a non-200 reply stands for (None for 200): 400 is the request's fault, the
-    rest (429, 5xx, ...) may pass."""
+    """The error a non-200 reply stands for (None for 200): 400 is the request's fault, the rest may pass."""
     if status == 200:
         return None
     if status == 400:
@@ -128,9 +117,7 @@ def positive_int(value: object) -> int | None:
         number = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         return None
-    if isinstance(value, float) and value != number:
-        return None
-    return number if number > 0 else None
+    return number if number > 0 and not (isinstance(value, float) and value != number) else None
 
 
 def first_model(models: dict | None) -> dict:
@@ -141,18 +128,10 @@ def first_model(models: dict | None) -> dict:
 
 @dataclass(frozen=True, slots=True)
 class ServerFacts:
-    """What preflight learns about a server.
-
-    Parameters:
-        server_info, model_info: SGLang's `/server_info` and `/model_info` (or their deprecated
-            `/get_*` forms) as returned; for vLLM its dev-mode configuration if exposed, and
-            its /v1/models card.
-        context_length: effective context length (`/v1/models` max_model_len, else server_info).
-        max_running_requests: requests the server runs at once (its scheduler's cap).
-        max_total_num_tokens: tokens its KV cache holds, all running requests together.
-        backend: the server kind ("sglang" or "vllm").
-        probe: what a backend's preflight probe request saw (vLLM), for its checks.
-    """
+    """What preflight learns about a server: `server_info`, `model_info` (SGLang's /server_info
+    and /model_info; vLLM's dev-mode configuration if exposed and its /v1/models card), the
+    effective `context_length`, its scheduler's `max_running_requests`, the tokens its KV cache
+    holds (`max_total_num_tokens`), its kind (`backend`) and what vLLM's probe request saw."""
 
     url: str
     server_info: dict
@@ -182,11 +161,9 @@ class ServerClient:
         self.session.trust_env = False
 
     def _request(self, method: str, path: str, *, timeout: float, json: dict | None = None) -> requests.Response:
-        """One request whose whole answer must arrive within `timeout` seconds.
-
-        requests' own timeout bounds each read, not the answer: a server (or proxy) sending a
-        byte every few seconds would hold the caller forever. So the body is read here in
-        pieces, each read bounded by the socket timeout, and given up on at the deadline."""
+        """One request whose whole answer must arrive within `timeout` seconds: requests' own
+        timeout bounds each read, so a server trickling a byte every few seconds would hold the
+        caller forever; the body is read here in pieces and given up on at the deadline."""
         deadline = time.monotonic() + timeout
         try:
             response = self.session.request(
@@ -224,9 +201,8 @@ class ServerClient:
             response = self._request("GET", "/health", timeout=timeout)
         except TransientError as exc:
             return False, str(exc)
-        if response.status_code == 200:
-            return True, "ok"
-        return False, f"/health answered {response.status_code}"
+        ok = response.status_code == 200
+        return ok, "ok" if ok else f"/health answered {response.status_code}"
 
     def _get_json(self, *paths: str) -> dict:
         """The JSON object of the first of `paths` that answers one; TransientError if none does."""
@@ -236,9 +212,8 @@ class ServerClient:
         raise TransientError(f"{self.url}: none of {paths} answered a JSON object")
 
     def get_optional_json(self, path: str) -> dict | None:
-        """GET `path`: its JSON object, or None when it answers anything else (404, not JSON).
-        Raises ServerDown / TransientError when it does not answer: "no such endpoint" is not
-        "did not answer"."""
+        """GET `path`: its JSON object, None when it answers anything else (404, not JSON);
+        raises ServerDown / TransientError when it does not answer."""
         response = self._request("GET", path, timeout=INFO_TIMEOUT)
         if response.status_code != 200:
             return None
@@ -249,7 +224,7 @@ class ServerClient:
         return body if isinstance(body, dict) else None
 
     def post_json(self, path: str, body: dict, *, timeout: float) -> tuple[int, bytes]:
-        """POST a JSON body; (status, raw reply). Transport failures raise as `_request` does."""
+        """POST a JSON body; (status, raw reply)."""
         response = self._request("POST", path, timeout=timeout, json=body)
         return response.status_code, response.content
 

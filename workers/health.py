@@ -52,26 +52,18 @@ class _Tracked:
     wait: float = BACKOFF_START
     next_probe: float = 0.0
     preflighted: bool = False
-    # The last failure a batch reported, and how the server went down if it did while serving:
-    # kept in the state's detail until it is healthy again, so `status` says more than "refused".
+    # The last failure a batch reported, and how it went down while serving: in the detail until healthy.
     last_cause: str | None = None
     went_down: str | None = None
 
 
 class HealthGate:
-    """Probe servers, keep their states in the node's hash, open and close the gate.
-
-    Parameters:
-        node_state: where states are published for batch threads and `status`.
-        on_open, on_close: called (from the gate thread) when the first server turns healthy,
-            and when none is any more.
-        allow_server_parsers, allowed_settings: what preflight accepts (workers/preflight.py).
-        probe_timeout: seconds a /health probe may take.
-        disk: the output folder's state; while it cannot take records the gate stays closed.
-        backends: the kind given per server (--backend); a server not listed, or "auto", is
-            detected at preflight.
-        on_all_refused: called once when preflight has refused every server (the worker exits 2).
-    """
+    """Probe servers, publish their states in `node_state`, open and close the gate: `on_open`
+    and `on_close` are called (from the gate thread) when the first server turns healthy and
+    when none is any more (or `disk` cannot take records), `on_all_refused` once when preflight
+    refused every server. `allow_server_parsers`, `allowed_settings` are what preflight accepts,
+    `probe_timeout` the seconds a /health probe may take, `backends` each server's --backend
+    (unlisted or "auto": detected)."""
 
     def __init__(
         self,
@@ -119,7 +111,6 @@ class HealthGate:
             self._thread.join(timeout=5)
 
     def _forever(self, step: Callable[[], None], pause: float, what: str) -> None:
-        # The first tick publishes: nothing was yet.
         while not self._stop.wait(pause):
             try:
                 step()
@@ -179,9 +170,15 @@ class HealthGate:
         try:
             ok, detail = tracked.client.health(timeout=self.probe_timeout)
         except ServerDown as exc:
-            # Nothing listens: certain, no hysteresis; it must pass preflight again when back.
+            # Nothing listens: certain, no hysteresis; it must pass preflight again when back. One
+            # that was serving says when it went down and the last failure a batch saw (a server
+            # killed by a request shows as such, not as one still loading).
             tracked.preflighted = False
-            return self._failed(tracked, LOADING, self._down_detail(tracked, str(exc)), certain=True, now=now)
+            if tracked.state.state in (HEALTHY, UNHEALTHY):
+                cause = f" (last error a batch saw: {tracked.last_cause})" if tracked.last_cause else ""
+                tracked.went_down = f"went down at {time.strftime('%H:%M:%S')} right after serving our requests{cause}"
+            detail = f"{tracked.went_down}; now: {exc}" if tracked.went_down else str(exc)
+            return self._failed(tracked, LOADING, detail, certain=True, now=now)
         if not ok:
             state = WARMING if tracked.state.state in (UNKNOWN, LOADING, WARMING) else UNHEALTHY
             return self._failed(tracked, state, detail, certain=False, now=now)
@@ -210,16 +207,6 @@ class HealthGate:
         tracked.next_probe = now + HEALTHY_PROBE_INTERVAL
         tracked.went_down = tracked.last_cause = None
         return self._set(tracked, HEALTHY, "ok")
-
-    @staticmethod
-    def _down_detail(tracked: _Tracked, message: str) -> str:
-        """The detail of a server nothing listens on: plain while it loads, and for one that
-        was serving, when it went down and the last failure a batch saw (a server killed by a
-        request shows as such, not as one still loading)."""
-        if tracked.state.state in (HEALTHY, UNHEALTHY):
-            cause = f" (last error a batch saw: {tracked.last_cause})" if tracked.last_cause else ""
-            tracked.went_down = f"went down at {time.strftime('%H:%M:%S')} right after serving our requests{cause}"
-        return f"{tracked.went_down}; now: {message}" if tracked.went_down else message
 
     def _failed(self, tracked: _Tracked, state: str, detail: str, *, certain: bool, now: float) -> bool:
         tracked.failures += 1
@@ -253,10 +240,8 @@ class HealthGate:
         if any_healthy == self.is_open:
             return
         self.is_open = any_healthy
-        if any_healthy:
-            log.warning("a server is healthy: taking batches")
-        else:
-            log.warning("no healthy server or no writable output folder: not taking batches")
+        closed = "no healthy server or no writable output folder: not taking batches"
+        log.warning("a server is healthy: taking batches" if any_healthy else closed)
         (self.on_open if any_healthy else self.on_close)()
         self._publish()
 

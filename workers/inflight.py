@@ -1,12 +1,10 @@
 """InflightPool: the worker's process-wide set of in-flight generation requests, refilled per prompt.
 
 The unit of in-flight work is one prompt, not a batch (docs/workers.md "Keeping the GPU full"):
-SGLang frees a slot the moment a sequence ends and outputs are heavy-tailed, so every batch's
-prompts wait in one first-in-first-out line, each server has at most `tickets` requests in
-flight, and a finished prompt hands its ticket to the next in line, whichever batch it is of.
-Requests run on one asyncio event loop in a daemon thread (aiohttp); batch threads wait on
-`concurrent.futures.Future`s that always resolve to an `Answer`. Each server's backend
-(workers/backends/) builds its requests; a server whose kind is not known yet takes none.
+SGLang frees a slot the moment a sequence ends and outputs are heavy-tailed, so all prompts wait
+in one first-in-first-out line and a finished prompt hands its ticket to the next, whichever batch
+it is of. Requests run on one asyncio event loop in a daemon thread (aiohttp); batch threads wait
+on Futures that always resolve to an `Answer`, built by each server's backend (workers/backends/).
 """
 
 from __future__ import annotations
@@ -38,9 +36,8 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def _json_body(body: dict, ids: list[int]) -> bytes:
-    """`body` as JSON, the prompt ids (nearly all of it) encoded by orjson at a tenth of json's
-    CPU; every other value by json, whose output orjson does not match everywhere (it writes
-    NaN as null), so the server gets exactly the values it got from `json.dumps(body)`."""
+    """`body` as JSON: the prompt ids (nearly all of it) by orjson at a tenth of json's CPU, the
+    rest by json (orjson writes NaN as null), so the server gets what `json.dumps(body)` gives."""
     parts = []
     for key, value in body.items():
         encoded = None
@@ -55,7 +52,7 @@ def _json_body(body: dict, ids: list[int]) -> bytes:
 
 def _json_reply(raw: bytes) -> Any:
     """The decoded reply: orjson, or json for what orjson refuses (NaN, ints beyond 64 bits,
-    non-UTF-8 encodings), so a reply decodes to what `json.loads` gives or fails as it does."""
+    non-UTF-8), so it decodes or fails as `json.loads` does."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -72,9 +69,8 @@ class Route(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What became of one prompt's request to server `url`: exactly one of `item` (the decoded
-    JSON reply, unchecked) and `error` (why there is none) is set; `backend` built the request
-    and must check the reply."""
+    """What became of one prompt's request to server `url`: `item` (the decoded reply, unchecked:
+    `backend` built the request and checks it) or `error` (why there is none)."""
 
     url: str
     item: Any = None
@@ -92,31 +88,23 @@ class _Job:
 
 
 class InflightPool:
-    """Send prompts to servers with a per-server in-flight limit, refilling each freed ticket.
-
-    Whenever a server has a free ticket the oldest waiting prompt goes to the routable server
-    with the most free tickets; one refusing connections leaves routing until the next tick.
-    Every `TICK_INTERVAL` seconds `on_tick(counts)` runs in a helper thread with the prompts in
-    flight per (tag, url) and returns {url: Route, or plain tickets keeping the backend}.
-
-    Parameters:
-        servers: base URLs.
-        initial_tickets: tickets per server before the first tick answers.
-        backends: each server's backend if known before the first tick.
-    """
+    """Send prompts to `servers` (base URLs) with a per-server in-flight limit, refilling each freed
+    ticket: the oldest waiting prompt goes to the routable server with the most free tickets; one
+    refusing connections leaves routing until the next tick. Every `TICK_INTERVAL` seconds
+    `on_tick(counts)` runs in a helper thread with the prompts in flight per (tag, url) and returns
+    {url: Route, or plain tickets keeping the backend}; `backends` are those known before."""
 
     def __init__(
         self,
         *,
         servers: list[str],
         on_tick: Callable[[Mapping[tuple[str, str], int]], Mapping[str, Route | int]],
-        initial_tickets: int = 0,
         backends: Mapping[str, Backend] | None = None,
     ) -> None:
         self.servers = list(servers)
         self._on_tick = on_tick
         self._backends: dict[str, Backend] = dict(backends or {})
-        self._limits: dict[str, int] = {url: initial_tickets for url in self.servers}
+        self._limits: dict[str, int] = {}
         self._refused: set[str] = set()
         self._busy: Counter[str] = Counter()
         self._by_tag: Counter[tuple[str, str]] = Counter()
@@ -129,8 +117,7 @@ class InflightPool:
         self._ready.wait()
 
     def submit_many(self, *, prompts: list[tuple[list[int], dict]], timeout: float, tag: str) -> list[Future]:
-        """Queue (ids, sampling) prompts in order with one wake-up of the event loop; one future
-        per prompt, in the same order, each resolving to an Answer."""
+        """Queue (ids, sampling) prompts with one wake-up of the event loop; one future per prompt, in order."""
         jobs = [
             _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=Future()) for ids, sampling in prompts
         ]
@@ -190,12 +177,10 @@ class InflightPool:
                 limits = {}
                 for url in self.servers:
                     route = routes.get(url, 0)
-                    if isinstance(route, Route):
-                        if route.backend is not None:
-                            # Learned at preflight; it may change when another server takes the address.
-                            self._backends[url] = route.backend
-                        route = route.tickets
-                    limits[url] = int(route)
+                    if isinstance(route, Route) and route.backend is not None:
+                        # Learned at preflight; it may change when another server takes the address.
+                        self._backends[url] = route.backend
+                    limits[url] = int(route.tickets if isinstance(route, Route) else route)
                 self._limits = limits
                 self._refused.clear()
                 self._pump()
@@ -246,8 +231,7 @@ class InflightPool:
         self._pump()
 
     async def _post(self, url: str, backend: Backend, job: _Job) -> Any:
-        """The decoded reply; raises a ClientError (BadSamplingParams when the campaign's sampling
-        has no equivalent on this kind)."""
+        """The decoded reply; raises a ClientError."""
         assert self._session is not None
         path, body = backend.request(job.ids, job.sampling)
         timeout = aiohttp.ClientTimeout(total=job.timeout, sock_connect=CONNECT_TIMEOUT)

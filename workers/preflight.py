@@ -75,11 +75,9 @@ def preflight_server(
         )
     kind, how = (forced, "--backend") if forced in BACKENDS else (str(detected), evidence)
     facts = BACKENDS[kind].facts(client)
+    checks = BACKENDS[kind].checks
     accepted = check_server(
-        facts,
-        allow_server_parsers=allow_server_parsers,
-        allowed_settings=allowed_settings,
-        checks=BACKENDS[kind].checks,
+        facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings, checks=checks
     )
     return Preflighted(kind=kind, how=how, facts=facts, accepted=accepted)
 
@@ -103,12 +101,10 @@ def check_server(
     allowed_settings: Iterable[str] | None = None,
     checks: Mapping[str, Check] = CHECKS,
 ) -> list[str]:
-    """Raise PreflightError for a refused server; return the accepted problems otherwise.
-    `allowed_settings` None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS; `checks` are the server
-    kind's (default SGLang's)."""
+    """Raise PreflightError for a refused server, else return the accepted problems; `allowed_settings`
+    None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS, `checks` are the kind's (default SGLang's)."""
     allowed = set(allowed_settings_from_env() if allowed_settings is None else allowed_settings)
-    if allow_server_parsers:
-        allowed |= PARSER_SETTINGS
+    allowed |= PARSER_SETTINGS if allow_server_parsers else set()
     problems = [problem for check in checks.values() if (problem := check(facts)) is not None]
     refused = [p for p in problems if p.setting not in allowed]
     if refused:

@@ -1,10 +1,5 @@
-"""The `eagle-synth` command: a thin layer over producer/, workers/ and eagle_synth.tools (the
-app is in commands.py).
-
-This module stays light to import: `main` first makes Ctrl-C wait for a command to handle it,
-then imports the commands. A KeyboardInterrupt raised in the middle of those imports would end
-the process with a traceback that no command can catch.
-"""
+"""The `eagle-synth` command, a thin layer over producer/, workers/ and eagle_synth.tools (the
+app is in commands.py). Light to import: `main` defers Ctrl-C (interrupts.py) before importing it."""
 
 from __future__ import annotations
 
@@ -15,7 +10,6 @@ from eagle_synth.cli.interrupts import note_interrupt
 
 
 def main() -> None:
-    """The `eagle-synth` entry point."""
     signal.signal(signal.SIGINT, note_interrupt)
     from eagle_synth.cli.commands import run
 

@@ -17,6 +17,7 @@ from eagle_synth.cli.options import (
     AllowVolatileOpt,
     CampaignArg,
     JsonOpt,
+    JsonSummaryOpt,
     RedisOpt,
     check_campaign_name,
     command_group,
@@ -42,7 +43,6 @@ OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(EnqueueOptions)}
 
 
 def _fields(cls: Any, flags: dict[str, Any]) -> dict[str, Any]:
-    """The flags that set a field of dataclass `cls`, as they are."""
     return {f.name: flags[f.name] for f in fields(cls) if f.name in flags}
 
 
@@ -66,12 +66,33 @@ def _template_kwargs(raw: str | None) -> dict:
     return kwargs
 
 
+# Each enqueue flag's help, by its parameter's name.
+HELP = {
+    "files": "JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin.",
+    "repetition_penalty": "Repetition penalty (1 = off).",
+    "stop_token_ids": "Extra stop ids, comma-separated (EOS always stops).",
+    "turns": "'last': regenerate the answer at the last regeneration point (user turn or tool results); 'all': one prompt per point (with --history dataset).",
+    "history": "'dataset': prompts on the row's own history; 'own': answer every user turn (and tool results) in order, each on the model's own earlier answers, replaying the dataset's tool results against the model's own tool calls.",
+    "max_turns": "With --history own: answer at most this many turns per conversation (user turns and, in rows with tools, tool results).",
+    "tool_format": f"With --history own: the format the model writes tool calls in, one of {', '.join(TOOL_FORMATS)}; default: detected from the chat template.",
+    "variants": "JSON list of {name, weight, sampling, chat_template_kwargs} variants, one per conversation by a stable hash.",
+    "chat_template": "Jinja chat template file overriding the tokenizer's.",
+    "chat_template_kwargs": "Extra template arguments as JSON, e.g. '{\"enable_thinking\": false}'.",
+    "max_prompt_tokens": f"Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else {DEFAULT_MAX_PROMPT_TOKENS}.",
+    "max_prompt_chars": "Skip conversations with more characters than this, before templating (0 = no cap).",
+    "max_backlog": "Wait while more prompts than this are pending (0 = never wait).",
+    "max_backlog_mb": "Also wait while the queue, the campaign's failures and its outbox hold more MB than this in Redis (0 = no byte cap; at most half of Redis's maxmemory).",
+    "dry_run": "Template and count, print a length histogram, enqueue nothing.",
+}
+
+
+def _opt(name: str, *flags: str) -> Any:
+    return typer.Option(*flags, help=HELP[name])
+
+
 @app.command()
 def enqueue(
-    files: Annotated[
-        list[str],
-        typer.Argument(help="JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin."),
-    ],
+    files: Annotated[list[str], typer.Argument(help=HELP["files"])],
     campaign: Annotated[str, typer.Option("--campaign", help="Campaign name; records go to OUT/NAME/.")],
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="Tokenizer folder with the model's chat template.")],
     max_new_tokens: Annotated[int, typer.Option(help="Cap on generated tokens per prompt.")] = SAMPLING.max_new_tokens,
@@ -79,79 +100,30 @@ def enqueue(
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = SAMPLING.top_p,
     top_k: Annotated[int, typer.Option(help="Top-k sampling (-1 = off).")] = SAMPLING.top_k,
     min_p: Annotated[float, typer.Option(help="Min-p sampling.")] = SAMPLING.min_p,
-    repetition_penalty: Annotated[
-        float, typer.Option(help="Repetition penalty (1 = off).")
-    ] = SAMPLING.repetition_penalty,
-    stop_token_ids: Annotated[
-        str | None, typer.Option(help="Extra stop ids, comma-separated (EOS always stops).")
-    ] = None,
+    repetition_penalty: Annotated[float, _opt("repetition_penalty")] = SAMPLING.repetition_penalty,
+    stop_token_ids: Annotated[str | None, _opt("stop_token_ids")] = None,
     n: Annotated[int, typer.Option("--n", help="Samples per prompt; each is its own record.")] = SAMPLING.n,
     seed: Annotated[int | None, typer.Option(help="Base seed: each sample gets a stable sampling_seed.")] = None,
     batch_size: Annotated[int, typer.Option(help="Prompts per task.")] = OPTIONS["batch_size"],
-    turns: Annotated[
-        str,
-        typer.Option(
-            help="'last': regenerate the answer at the last regeneration point (user turn or tool results); 'all': one prompt per point (with --history dataset)."
-        ),
-    ] = OPTIONS["turns"],
-    history: Annotated[
-        str,
-        typer.Option(
-            help="'dataset': prompts on the row's own history; 'own': answer every user turn (and tool results) in order, each on the model's own earlier answers, replaying the dataset's tool results against the model's own tool calls."
-        ),
-    ] = OPTIONS["history"],
-    max_turns: Annotated[
-        int | None,
-        typer.Option(
-            help="With --history own: answer at most this many turns per conversation (user turns and, in rows with tools, tool results)."
-        ),
-    ] = None,
-    tool_format: Annotated[
-        str | None,
-        typer.Option(
-            help=f"With --history own: the format the model writes tool calls in, one of {', '.join(TOOL_FORMATS)}; default: detected from the chat template."
-        ),
-    ] = None,
-    variants: Annotated[
-        Path | None,
-        typer.Option(
-            help="JSON list of {name, weight, sampling, chat_template_kwargs} variants, one per conversation by a stable hash."
-        ),
-    ] = None,
+    turns: Annotated[str, _opt("turns")] = OPTIONS["turns"],
+    history: Annotated[str, _opt("history")] = OPTIONS["history"],
+    max_turns: Annotated[int | None, _opt("max_turns")] = None,
+    tool_format: Annotated[str | None, _opt("tool_format")] = None,
+    variants: Annotated[Path | None, _opt("variants")] = None,
     system: Annotated[str | None, typer.Option(help="Default system prompt for rows without one.")] = None,
-    chat_template: Annotated[
-        Path | None, typer.Option(help="Jinja chat template file overriding the tokenizer's.")
-    ] = None,
-    chat_template_kwargs: Annotated[
-        str | None, typer.Option(help="Extra template arguments as JSON, e.g. '{\"enable_thinking\": false}'.")
-    ] = None,
+    chat_template: Annotated[Path | None, _opt("chat_template")] = None,
+    chat_template_kwargs: Annotated[str | None, _opt("chat_template_kwargs")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow tokenizers that ship their own code.")] = False,
-    max_prompt_tokens: Annotated[
-        int | None,
-        typer.Option(
-            help=f"Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else {DEFAULT_MAX_PROMPT_TOKENS}."
-        ),
-    ] = None,
-    max_prompt_chars: Annotated[
-        int, typer.Option(help="Skip conversations with more characters than this, before templating (0 = no cap).")
-    ] = OPTIONS["max_prompt_chars"],
+    max_prompt_tokens: Annotated[int | None, _opt("max_prompt_tokens")] = None,
+    max_prompt_chars: Annotated[int, _opt("max_prompt_chars")] = OPTIONS["max_prompt_chars"],
     allow_evicting_redis: AllowEvictingOpt = False,
     allow_volatile_redis: AllowVolatileOpt = False,
-    max_backlog: Annotated[
-        int, typer.Option(help="Wait while more prompts than this are pending (0 = never wait).")
-    ] = OPTIONS["max_backlog"],
-    max_backlog_mb: Annotated[
-        int,
-        typer.Option(
-            help="Also wait while the queue, the campaign's failures and its outbox hold more MB than this in Redis (0 = no byte cap; at most half of Redis's maxmemory)."
-        ),
-    ] = OPTIONS["max_backlog_mb"],
+    max_backlog: Annotated[int, _opt("max_backlog")] = OPTIONS["max_backlog"],
+    max_backlog_mb: Annotated[int, _opt("max_backlog_mb")] = OPTIONS["max_backlog_mb"],
     strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
-    dry_run: Annotated[
-        bool, typer.Option(help="Template and count, print a length histogram, enqueue nothing.")
-    ] = False,
+    dry_run: Annotated[bool, _opt("dry_run")] = False,
     processes: Annotated[int | None, typer.Option(help="Templating processes (default: all cores).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+    as_json: JsonSummaryOpt = False,
     redis: RedisOpt = None,
 ) -> None:
     """Template prompt rows with the model's chat template and enqueue their token ids."""
@@ -195,7 +167,6 @@ def enqueue(
 def _run_enqueue(
     options: EnqueueOptions, broker: BrokerSettings, *, as_json: bool, so_far: list[EnqueueSummary]
 ) -> EnqueueSummary:
-    """The producer's run behind a progress line; `so_far` holds its latest summary."""
     from eagle_synth import progress
     from producer.enqueue import enqueue
     from producer.sources import STDIN, estimate_rows
@@ -227,8 +198,7 @@ def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, bro
 
 
 def _enqueued_now(name: str, broker: BrokerSettings) -> str:
-    """The campaign's enqueued prompts as Redis holds them (the producer's own tally can lag a
-    chunk behind when it is stopped mid-chunk); `?` when Redis does not answer."""
+    """The campaign's enqueued prompts as Redis holds them (the producer's tally can lag a chunk)."""
     import redis as redis_errors
 
     from eagle_synth.state.campaign import Campaign
@@ -282,7 +252,6 @@ def campaigns(as_json: JsonOpt = False, redis: RedisOpt = None) -> None:
 
 
 def _existing_campaign(redis_url: str | None, name: str) -> Campaign:
-    """The campaign `name`, or the one-line error a missing campaign gets (exit 2)."""
     from eagle_synth.errors import CampaignNotFound
     from eagle_synth.state.campaign import Campaign
 

@@ -1,12 +1,7 @@
-"""The `eagle-synth` app: every command group's commands at the top level, errors said once.
+"""The `eagle-synth` app: each command group module's commands merged at the top level.
 
-Each command group lives in its own module with its own `typer.Typer()`; the app here merges
-them (typer's add_typer without a name). Shared options and helpers are in options.py; the
-command modules import that, never this module.
-
-Errors: library code raises eagle_synth.errors.UserError (or a subclass) for what the user can
-fix; the app prints it once (see _Commands). Commands call options.fail only for a problem the
-library cannot name (a flag's spelling), or to add what the library does not know.
+Library code raises eagle_synth.errors.UserError for what the user can fix, and the app prints
+it once (_Commands); commands call options.fail only for what the library cannot name (a flag).
 """
 
 from __future__ import annotations
@@ -23,9 +18,8 @@ from eagle_synth.errors import USER_ERROR_EXIT, UserError, clause
 
 
 class _Commands(TyperGroup):
-    """The top-level command group. A UserError raised by any command ends it here, once:
-    `error: <message>` in red on stderr, exit status 2 (UserError.exit_code). Here rather than
-    in main() so the app behaves the same wherever it runs (main, typer's CliRunner)."""
+    """The top-level group: a command's UserError ends here as one `error:` line and its exit
+    code, here rather than in main() so typer's CliRunner sees the same."""
 
     # ctx is typer's click Context; Any because recent typer vendors its own click (typer._click).
     def invoke(self, ctx: Any) -> Any:
@@ -57,8 +51,7 @@ for group in (campaign, worker, records, ops):
 
 
 def run() -> None:
-    """The app, plus Redis failures said in one line (exit 2) and a Ctrl-C outside any command's
-    own handling said in one line too (exit 130)."""
+    """The app, with Redis failures (exit 2) and a stray Ctrl-C (exit 130) said in one line."""
     import redis
     from kombu.exceptions import OperationalError
 

@@ -1,15 +1,11 @@
-"""Ctrl-C before a command can handle it: noted while the CLI imports, raised once a command runs.
-
-A KeyboardInterrupt raised in the middle of imports would end the process with a traceback
-that no command can catch, so `eagle_synth.cli.main` installs `note_interrupt` first.
-"""
+"""Ctrl-C before a command can handle it: noted while the CLI imports (a KeyboardInterrupt in
+the middle of imports would end in a traceback no command can catch), raised once a command runs."""
 
 from __future__ import annotations
 
 import signal
 import threading
 
-# A Ctrl-C that came before a command could handle it.
 _pending_interrupt = False
 
 

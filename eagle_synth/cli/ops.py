@@ -11,6 +11,12 @@ import typer
 from eagle_synth.cli.options import RedisOpt, command_group
 
 app = command_group()
+# The help of the flags whose declaration would not fit a line.
+HELP = {
+    "basic_auth": "user:password[,user2:password2]. Default: $FLOWER_BASIC_AUTH (preferred: not shown by ps).",
+    "no_auth": "Start without credentials (UI open to anyone who can reach it; API refused).",
+    "folder": "Working folder for the demo's Redis, logs, tokenizer and records.",
+}
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -18,17 +24,8 @@ def flower(
     ctx: typer.Context,
     port: Annotated[int, typer.Option(help="Port of Flower's web UI and API.")] = 5555,
     address: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 to serve other hosts.")] = "127.0.0.1",
-    basic_auth: Annotated[
-        str | None,
-        typer.Option(
-            "--basic-auth",
-            help="user:password[,user2:password2]. Default: $FLOWER_BASIC_AUTH (preferred: not shown by ps).",
-        ),
-    ] = None,
-    no_auth: Annotated[
-        bool,
-        typer.Option("--no-auth", help="Start without credentials (UI open to anyone who can reach it; API refused)."),
-    ] = False,
+    basic_auth: Annotated[str | None, typer.Option("--basic-auth", help=HELP["basic_auth"])] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help=HELP["no_auth"])] = False,
     redis: RedisOpt = None,
 ) -> None:
     """Run Flower on the campaign broker, with basic auth. Unknown options go to Flower (e.g. --url_prefix=flower)."""
@@ -56,9 +53,7 @@ def flower(
 
 @app.command()
 def demo(
-    folder: Annotated[
-        Path, typer.Option("--dir", help="Working folder for the demo's Redis, logs, tokenizer and records.")
-    ] = Path("demo-run"),
+    folder: Annotated[Path, typer.Option("--dir", help=HELP["folder"])] = Path("demo-run"),
 ) -> None:
     """Run a whole campaign locally on embedded defaults: Redis, devserver, worker, prompts."""
     from eagle_synth.demo.run import run_demo

@@ -19,7 +19,6 @@ HELP_MARKUP_MODE = None
 
 
 def command_group() -> typer.Typer:
-    """The Typer app of one command group (merged into the top-level app by eagle_synth.cli)."""
     return typer.Typer(rich_markup_mode=HELP_MARKUP_MODE)
 
 
@@ -33,6 +32,7 @@ RedisOpt = Annotated[
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+JsonSummaryOpt = Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")]
 # Flags of the commands that check Redis is fit for a campaign (enqueue, worker).
 AllowEvictingOpt = Annotated[
     bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
@@ -47,24 +47,20 @@ INTERRUPTED_EXIT = 130
 
 
 def print_error(message: str) -> None:
-    """The one way a command says it failed: `error: <message>` in red on stderr."""
     typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
 
 
 def fail(message: str, code: int = USER_ERROR_EXIT) -> NoReturn:
-    """Stop the command with `error: <message>` and exit status `code` (a problem with a flag
-    the library cannot name; library errors are UserErrors, printed the same way by the app)."""
+    """Stop the command with `error: <message>` and exit status `code`."""
     print_error(message)
     raise typer.Exit(code)
 
 
 def warn(message: str) -> None:
-    """A `warning: <message>` line in yellow on stderr; the command goes on."""
     typer.secho(f"warning: {message}", err=True, fg=typer.colors.YELLOW)
 
 
 def check_campaign_name(name: str) -> None:
-    """Stop with one line naming --campaign if `name` cannot be a campaign's name."""
     from eagle_synth.state.campaign import BadCampaignName
     from eagle_synth.state.campaign import check_campaign_name as check
 
@@ -75,7 +71,6 @@ def check_campaign_name(name: str) -> None:
 
 
 def redis_client(redis_url: str | None) -> redis.Redis:
-    """A client for --redis (else $REDIS_URL, else the default)."""
     from eagle_synth.state.redis_client import connect
 
     return connect(broker_settings(redis_url=redis_url))

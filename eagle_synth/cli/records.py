@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, command_group, fail, redis_client, warn
+from eagle_synth.cli.options import JsonSummaryOpt, RedisOpt, command_group, fail, redis_client, warn
 
 if TYPE_CHECKING:
     from eagle_synth.progress import RecordsProgress
@@ -19,43 +19,43 @@ if TYPE_CHECKING:
 app = command_group()
 
 CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")]
+# The help of the flags whose declaration would not fit a line, by parameter (and command) name.
+HELP = {
+    "out": "jsonl/parquet/specforge: output file (.jsonl, .jsonl.gz, .parquet); with --shard-rows a name to number or a folder. speculators/hf: a folder.",
+    "format": "jsonl or parquet (every record field); specforge (JSONL for data.prompts_path); speculators (its prepared-data folder + token_freq); hf (a datasets folder, load_from_disk). Default: from --out's extension (.parquet, .jsonl, .jsonl.gz), else jsonl.",
+    "shard_rows": "Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).",
+    "turns": "--history own campaigns: 'all' turns of each conversation, or only its 'last' one.",
+    "shard_tokens": "jsonl/parquet/specforge: at most N ids per output file; one SpecForge run per file holds about 44 bytes per id.",
+    "zero_last_loss": "specforge, EAGLE-3 strategies: loss_mask 0 on each row's last token, which SpecForge trains on a zero target (upstream #885). Not for DFlash.",
+    "replace": "speculators/hf: replace --out even if it holds files no export wrote (hidden_states/, d2t.npy, vocab files).",
+    "draft_vocab_size": "Size of the draft vocabulary (e.g. 32000).",
+    "vocab out": "Folder for token_freq.json, d2t.npy, t2d.npy, vocab_mapping.json (and .pt files with torch); a speculators data folder is a good place.",
+    "target_vocab_size": "The target model's vocab_size (default: config.json in the manifest's tokenizer_path).",
+    "tokenizer": "The campaign's tokenizer folder (default: the settings in manifest.json).",
+    "inspect tokenizer": "The campaign's tokenizer folder (default: tokenizer_path in manifest.json).",
+    "threads": "zstd compression threads (0 = the calling thread only). Default: one per core.",
+    "campaign": "Campaign name (default: manifest.json's, else the folder's name).",
+    "drop_truncated": "Skip records that hit max_new_tokens (finish_reason length).",
+    "min_output_tokens": "Skip records with fewer generated ids (before clipping).",
+    "max_length": "Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer.",
+    "drop_longer": "With --max-length: skip longer records instead of clipping them.",
+    "min_loss_tokens": "Skip rows with fewer mask-1 (generated) ids after clipping.",
+    "split": "NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.",
+    "vocab split": "The export's --split: only the rows of 'train' are counted.",
+    "sample": "Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice.",
+    "force": "Requeue lost keys even when more are missing than the damaged files can have held.",
+}
 
 
 # Row filters, shared by export and vocab so a draft vocabulary counts the rows a drafter trains on.
-DropTruncatedOpt = Annotated[
-    bool, typer.Option("--drop-truncated", help="Skip records that hit max_new_tokens (finish_reason length).")
-]
-MinOutputTokensOpt = Annotated[
-    int, typer.Option("--min-output-tokens", help="Skip records with fewer generated ids (before clipping).")
-]
-MaxLengthOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--max-length", help="Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer."
-    ),
-]
-DropLongerOpt = Annotated[
-    bool, typer.Option("--drop-longer", help="With --max-length: skip longer records instead of clipping them.")
-]
-MinLossTokensOpt = Annotated[
-    int, typer.Option("--min-loss-tokens", help="Skip rows with fewer mask-1 (generated) ids after clipping.")
-]
-SplitOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--split",
-        help="NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.",
-    ),
-]
-VocabSplitOpt = Annotated[
-    str | None, typer.Option("--split", help="The export's --split: only the rows of 'train' are counted.")
-]
-SampleOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--sample", help="Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice."
-    ),
-]
+DropTruncatedOpt = Annotated[bool, typer.Option("--drop-truncated", help=HELP["drop_truncated"])]
+MinOutputTokensOpt = Annotated[int, typer.Option("--min-output-tokens", help=HELP["min_output_tokens"])]
+MaxLengthOpt = Annotated[int | None, typer.Option("--max-length", help=HELP["max_length"])]
+DropLongerOpt = Annotated[bool, typer.Option("--drop-longer", help=HELP["drop_longer"])]
+MinLossTokensOpt = Annotated[int, typer.Option("--min-loss-tokens", help=HELP["min_loss_tokens"])]
+SplitOpt = Annotated[str | None, typer.Option("--split", help=HELP["split"])]
+VocabSplitOpt = Annotated[str | None, typer.Option("--split", help=HELP["vocab split"])]
+SampleOpt = Annotated[int | None, typer.Option("--sample", help=HELP["sample"])]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
 
 
@@ -64,7 +64,6 @@ FILTER_FLAGS = ("drop_truncated", "min_output_tokens", "max_length", "drop_longe
 
 
 def _filters(flags: dict) -> ExportFilters:
-    """The row filters of a command's flags (its locals())."""
     from eagle_synth.tools.filters import ExportFilters, parse_split
 
     return ExportFilters(splits=parse_split(flags["split"]), **{name: flags[name] for name in FILTER_FLAGS})
@@ -89,12 +88,8 @@ SUFFIXES_OF_FORMAT = {"jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",)
 
 
 def export_format(format: str | None, out: Path) -> str:
-    """The format an export writes: --format, else the one --out's extension names, else jsonl.
-
-    A --format that contradicts --out's extension (parquet into .jsonl, jsonl into .parquet, a
-    folder format into a file name) stops the command: the file would not be what its name says.
-    An unknown --format is left to the exporter, which lists the known ones.
-    """
+    """--format, else the one --out's extension names, else jsonl; a --format contradicting the
+    extension stops the command (an unknown one is left to the exporter, which lists them)."""
     suffix = next((s for s in FILE_FORMATS_BY_SUFFIX if out.name.lower().endswith(s)), None)
     if format is None:
         return FILE_FORMATS_BY_SUFFIX.get(suffix or "", "jsonl")
@@ -112,8 +107,7 @@ def export_format(format: str | None, out: Path) -> str:
 
 
 def _require_records(campaign_dir: Path, what: str) -> None:
-    """Stop, saying so, when campaign_dir is no campaign folder or holds no record yet: an
-    export of nothing or a verify of nothing would otherwise read as success."""
+    """Stop when campaign_dir holds no record yet: exporting nothing would read as success."""
     from eagle_synth.records import record_files, records_dir
 
     if not record_files(campaign_dir):  # NotACampaignFolder when there is no records/ folder
@@ -125,7 +119,6 @@ def _require_records(campaign_dir: Path, what: str) -> None:
 
 @contextmanager
 def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
-    """A progress bar over the campaign's records; a damaged file ends the command, saying what to do."""
     from eagle_synth.progress import RecordsProgress
     from eagle_synth.records import RecordFormatError
 
@@ -141,20 +134,8 @@ def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
 @app.command()
 def export(
     campaign_dir: CampaignDirArg,
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            help="jsonl/parquet/specforge: output file (.jsonl, .jsonl.gz, .parquet); with --shard-rows a name to number or a folder. speculators/hf: a folder.",
-        ),
-    ],
-    format: Annotated[
-        str | None,
-        typer.Option(
-            "--format",
-            help="jsonl or parquet (every record field); specforge (JSONL for data.prompts_path); speculators (its prepared-data folder + token_freq); hf (a datasets folder, load_from_disk). Default: from --out's extension (.parquet, .jsonl, .jsonl.gz), else jsonl.",
-        ),
-    ] = None,
+    out: Annotated[Path, typer.Option("--out", help=HELP["out"])],
+    format: Annotated[str | None, typer.Option("--format", help=HELP["format"])] = None,
     drop_truncated: DropTruncatedOpt = False,
     min_output_tokens: MinOutputTokensOpt = 0,
     max_length: MaxLengthOpt = None,
@@ -163,38 +144,12 @@ def export(
     split: SplitOpt = None,
     sample: SampleOpt = None,
     seed: SeedOpt = 0,
-    shard_rows: Annotated[
-        int | None,
-        typer.Option(
-            "--shard-rows",
-            help="Rows per output file: out-00000.parquet, ... (default: one file; speculators/hf: datasets' shard size).",
-        ),
-    ] = None,
-    turns: Annotated[
-        str, typer.Option(help="--history own campaigns: 'all' turns of each conversation, or only its 'last' one.")
-    ] = "all",
-    shard_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--shard-tokens",
-            help="jsonl/parquet/specforge: at most N ids per output file; one SpecForge run per file holds about 44 bytes per id.",
-        ),
-    ] = None,
-    zero_last_loss: Annotated[
-        bool,
-        typer.Option(
-            "--zero-last-loss",
-            help="specforge, EAGLE-3 strategies: loss_mask 0 on each row's last token, which SpecForge trains on a zero target (upstream #885). Not for DFlash.",
-        ),
-    ] = False,
-    replace: Annotated[
-        bool,
-        typer.Option(
-            "--replace",
-            help="speculators/hf: replace --out even if it holds files no export wrote (hidden_states/, d2t.npy, vocab files).",
-        ),
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+    shard_rows: Annotated[int | None, typer.Option("--shard-rows", help=HELP["shard_rows"])] = None,
+    turns: Annotated[str, typer.Option(help=HELP["turns"])] = "all",
+    shard_tokens: Annotated[int | None, typer.Option("--shard-tokens", help=HELP["shard_tokens"])] = None,
+    zero_last_loss: Annotated[bool, typer.Option("--zero-last-loss", help=HELP["zero_last_loss"])] = False,
+    replace: Annotated[bool, typer.Option("--replace", help=HELP["replace"])] = False,
+    as_json: JsonSummaryOpt = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
     from eagle_synth.tools.export import FORMATS, export_records
@@ -245,22 +200,10 @@ def export(
 @app.command()
 def vocab(
     campaign_dir: CampaignDirArg,
-    draft_vocab_size: Annotated[
-        int, typer.Option("--draft-vocab-size", help="Size of the draft vocabulary (e.g. 32000).")
-    ],
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            help="Folder for token_freq.json, d2t.npy, t2d.npy, vocab_mapping.json (and .pt files with torch); a speculators data folder is a good place.",
-        ),
-    ],
+    draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size", help=HELP["draft_vocab_size"])],
+    out: Annotated[Path, typer.Option("--out", help=HELP["vocab out"])],
     target_vocab_size: Annotated[
-        int | None,
-        typer.Option(
-            "--target-vocab-size",
-            help="The target model's vocab_size (default: config.json in the manifest's tokenizer_path).",
-        ),
+        int | None, typer.Option("--target-vocab-size", help=HELP["target_vocab_size"])
     ] = None,
     drop_truncated: DropTruncatedOpt = False,
     min_output_tokens: MinOutputTokensOpt = 0,
@@ -270,7 +213,7 @@ def vocab(
     split: VocabSplitOpt = None,
     sample: SampleOpt = None,
     seed: SeedOpt = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+    as_json: JsonSummaryOpt = False,
 ) -> None:
     """Count loss-masked tokens and write the EAGLE-3 draft vocabulary mapping (d2t, t2d).
 
@@ -324,10 +267,7 @@ def vocab(
 @app.command()
 def verify(
     campaign_dir: CampaignDirArg,
-    tokenizer: Annotated[
-        Path | None,
-        typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: the settings in manifest.json)."),
-    ] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help=HELP["tokenizer"])] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit nonzero on warnings too.")] = False,
 ) -> None:
@@ -355,10 +295,7 @@ def verify(
 def inspect(
     campaign_dir: CampaignDirArg,
     key: Annotated[str | None, typer.Argument(help="A record key, or a unique prefix of one.")] = None,
-    tokenizer: Annotated[
-        Path | None,
-        typer.Option("--tokenizer", help="The campaign's tokenizer folder (default: tokenizer_path in manifest.json)."),
-    ] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help=HELP["inspect tokenizer"])] = None,
     random_n: Annotated[int | None, typer.Option("--random", help="Show N records drawn at random instead.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for --random.")] = None,
     prompt_tail: Annotated[int | None, typer.Option(help="Show only the last N prompt tokens.")] = None,
@@ -392,10 +329,8 @@ def compact(
     campaign_dir: CampaignDirArg,
     shard_mb: Annotated[int, typer.Option(help="MiB of batch files merged into each shard.")] = 256,
     min_age: Annotated[float, typer.Option(help="Only merge batch files at least this many seconds old.")] = 300.0,
-    threads: Annotated[
-        int | None, typer.Option(help="zstd compression threads (0 = the calling thread only). Default: one per core.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+    threads: Annotated[int | None, typer.Option(help=HELP["threads"])] = None,
+    as_json: JsonSummaryOpt = False,
 ) -> None:
     """Merge small batch files into large shards; safe while workers write and if stopped midway."""
     from eagle_synth.tools.compact import DEFAULT_THREADS
@@ -445,13 +380,9 @@ def compact(
 @app.command()
 def repair(
     campaign_dir: Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")],
-    campaign: Annotated[
-        str | None, typer.Option("--campaign", help="Campaign name (default: manifest.json's, else the folder's name).")
-    ] = None,
+    campaign: Annotated[str | None, typer.Option("--campaign", help=HELP["campaign"])] = None,
     dry_run: Annotated[bool, typer.Option(help="Show what would be moved and requeued; change nothing.")] = False,
-    force: Annotated[
-        bool, typer.Option(help="Requeue lost keys even when more are missing than the damaged files can have held.")
-    ] = False,
+    force: Annotated[bool, typer.Option(help=HELP["force"])] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan and outcome as one JSON object.")] = False,
     redis: RedisOpt = None,
 ) -> None:

@@ -20,6 +20,11 @@ from eagle_synth.cli.options import (
 from eagle_synth.settings import broker_settings
 
 app = command_group()
+# The help of the flags whose declaration would not fit a line.
+HELP = {
+    "concurrency": "Batches held open at once (batch threads). Default: 8 x inflight x servers / 16.",
+    "task_events": "Send Celery task events (Flower's task views need them; they cost about 0.07 ms of CPU per record, BENCHMARKS.md).",
+}
 
 # The flag of each WorkerConfig setting the command takes, for messages that name the setting.
 _PLAIN_SETTINGS = "inflight allow_server_parsers max_attempts timeout_base timeout_per_token backoff_max probe_timeout"
@@ -29,7 +34,7 @@ SETTING_FLAGS["allow_server_settings"] = "--allow-server-setting"  # one flag pe
 
 # Paths of the servers' own endpoints: a --server URL ending in one names an endpoint, not the
 # server (the worker adds /generate, /v1/completions, /health, ... itself).
-ENDPOINT_PATHS = (
+ENDPOINT_PATHS = [
     "/generate",
     "/v1/completions",
     "/v1/chat/completions",
@@ -38,11 +43,10 @@ ENDPOINT_PATHS = (
     "/health_generate",
     "/get_model_info",
     "/get_server_info",
-)
+]
 
 
 def _check_server_url(url: str) -> None:
-    """Stop naming --server unless `url` is http(s)://host[:port][/prefix] without an endpoint path."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
@@ -59,14 +63,12 @@ def _check_server_url(url: str) -> None:
 
 
 def _worker_option(name: str, *flags: str):
-    """A typer option for one WorkerConfig setting: its help comes from workers/config.py."""
     from workers.config import option_help
 
     return typer.Option(*flags, help=option_help(name))
 
 
 def _settings_as_flags(message: str) -> str:
-    """`max_attempts 0: ...` as `--max-attempts 0: ...`; environment names (EAGLE_SYNTH_...) stay."""
     return re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], message)
 
 
@@ -76,10 +78,7 @@ def worker(
     out: Annotated[Path, _worker_option("out", "--out")],
     backend: Annotated[list[str] | None, _worker_option("backend", "--backend")] = None,
     inflight: Annotated[int | None, _worker_option("inflight")] = None,
-    concurrency: Annotated[
-        int | None,
-        typer.Option(help="Batches held open at once (batch threads). Default: 8 x inflight x servers / 16."),
-    ] = None,
+    concurrency: Annotated[int | None, typer.Option(help=HELP["concurrency"])] = None,
     allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
     allow_server_setting: Annotated[
         list[str] | None, _worker_option("allow_server_settings", "--allow-server-setting")
@@ -91,12 +90,7 @@ def worker(
     probe_timeout: Annotated[float | None, _worker_option("probe_timeout")] = None,
     render_processes: Annotated[int | None, _worker_option("render_processes")] = None,
     name: Annotated[str | None, typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
-    task_events: Annotated[
-        bool,
-        typer.Option(
-            help="Send Celery task events (Flower's task views need them; they cost about 0.07 ms of CPU per record, BENCHMARKS.md)."
-        ),
-    ] = True,
+    task_events: Annotated[bool, typer.Option(help=HELP["task_events"])] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
     allow_evicting_redis: AllowEvictingOpt = False,
     allow_volatile_redis: AllowVolatileOpt = False,

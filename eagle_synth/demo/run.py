@@ -1,12 +1,6 @@
-"""`eagle-synth demo`: a whole campaign on this machine, on embedded defaults.
-
-A private redis-server, the devserver standing in for SGLang, one real Celery worker, the
-bundled prompt set and a tokenizer trained on the spot; then the campaign's status and one
-record decoded. The campaign regenerates whole conversations on the model's own answers
-(`--history own`), tool calls included, so the record shown is a later turn: its prompt holds
-the model's own earlier answers (a tool conversation's: its own calls, answered by the
-dataset's tool results). Everything lives under one folder, which is left behind for a look.
-"""
+"""`eagle-synth demo`: a whole `--history own` campaign on this machine (private Redis,
+devserver, one Celery worker, bundled prompts, a tokenizer trained on the spot), then its
+status and a later turn decoded; everything stays under one folder for a look."""
 
 from __future__ import annotations
 
@@ -29,7 +23,6 @@ DEMO_STOP_TIMEOUT = 20
 
 
 def run_demo(folder: Path) -> int:
-    """Run the demo in `folder`; returns a process exit code."""
     from rich.console import Console
 
     from eagle_synth.demo.tokenizer import build_demo_tokenizer
@@ -140,9 +133,8 @@ def shown_path(path: Path) -> str:
 
 
 def runnable_command() -> tuple[str, str | None]:
-    """(how to run eagle-synth in the shell that started this process, the line that puts it on
-    PATH or None). `make demo` runs .venv/bin/eagle-synth without activating the venv, so a bare
-    `eagle-synth` there is "command not found": the hints name the script by its path instead."""
+    """(how this shell runs eagle-synth, the line putting it on PATH or None): `make demo` runs
+    .venv/bin/eagle-synth unactivated, where a bare `eagle-synth` is "command not found"."""
     script = Path(sys.executable).parent / "eagle-synth"
     found = shutil.which("eagle-synth")
     if found and script.exists() and Path(found).resolve() == script.resolve():

@@ -1,17 +1,15 @@
 """The kinds of server a worker drives (SGLang and vLLM), by name; preflight (workers/preflight.py)
 tells which one a server is.
 
-A `Backend` is one kind as the worker sees it, an instance serving one server URL: `name` is
-the kind, `path` its generation endpoint, `checks` the refusable settings preflight looks for
-(setting name -> check). The campaign's sampling is kept in SGLang's names
-(eagle_synth/sampling.py): `translate_sampling` makes every value explicit in the kind's names
-or raises UntranslatableSampling; `request(ids, sampling)` is (path, JSON body) for one prompt;
+A `Backend` serves one server URL: `name` is its kind, `path` its generation endpoint, `checks`
+the refusable settings preflight looks for (setting name -> check). `translate_sampling` makes
+every value of the campaign's sampling (SGLang's names, eagle_synth/sampling.py) explicit in the
+kind's names or raises UntranslatableSampling; `request(ids, sampling)` is (path, JSON body);
 `parse` checks one decoded 200 reply (BadResponse for malformed shapes, PromptMismatch when the
 server generated from other ids, SamplingOverridden when it did not sample as asked);
-`context_problem` is None when the server serves the prompt exactly as asked, else why not.
-Preflight: `facts(client)` is what the server says about itself (raises ServerDown,
-TransientError, or PreflightError when it cannot produce records at all), `apply_facts` stores
-what batches need and the provenance in the node's server state, and `from_state` rebuilds the
+`context_problem` is None when the prompt is served exactly as asked, else why not. Preflight:
+`facts(client)` is what the server says about itself (raises ServerDown, TransientError, or
+PreflightError), `apply_facts` stores it in the node's server state, `from_state` rebuilds the
 backend from that state.
 """
 

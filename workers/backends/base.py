@@ -1,19 +1,18 @@
-"""The backend seam: what differs between the kinds of server a worker drives.
-
-One worker drives SGLang (`/generate`) and vLLM (`/v1/completions`) servers with the same
-guarantees: exact ids, every sampling value sent, one record or one recorded failure per
-prompt. Routing, retries, accounting and records are the same for every kind; what differs
-sits behind `workers.backends.Backend` (described there).
+"""The backend seam: what differs between the kinds of server a worker drives (SGLang's
+`/generate`, vLLM's `/v1/completions`) sits behind `workers.backends.Backend` (described there);
+routing, retries, accounting and records are the same for every kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from eagle_synth.errors import UserError
-from workers.client import BadSamplingParams, ServerFacts
+from eagle_synth.state.node_state import ServerState
+from workers.client import BadSamplingParams, ServerFacts, positive_int
 
 # The kinds of server a worker can drive; "auto" (the --backend default) detects the kind.
 SGLANG = "sglang"
@@ -62,3 +61,35 @@ class UntranslatableSampling(BadSamplingParams):
     """The campaign's sampling has no exact equivalent on this kind of server (a key it does
     not have, a value it would change); the message says which and why. Like a 400 about the
     sampling, it fails the campaign's prompts as `bad-sampling-params` before any is sent."""
+
+
+def provenance_of(facts: ServerFacts, details: dict, launch_args: dict, accepted: list[str] | None) -> dict:
+    """What a campaign keeps about the server that generated its records: where and what it is,
+    the kind's `details`, the refused settings accepted by override, and an allow-list of its
+    launch arguments (never a secret)."""
+    head = {"url": redact_url(facts.url), "backend": facts.backend, "version": facts.version}
+    return {**head, **details, "accepted_despite": list(accepted or ()), "launch_args": launch_args}
+
+
+class BaseBackend:
+    """What the kinds share: `apply_facts` stores what batches need from the kind's `provenance`
+    (built by `provenance_of`, holding draft_reserved_tokens and deterministic_inference); `seed_always` is True when
+    every server of the kind honours a per-request seed."""
+
+    name: ClassVar[str]
+    seed_always: ClassVar[bool] = False
+
+    provenance: ClassVar[Callable[..., dict]]
+
+    @classmethod
+    def apply_facts(cls, state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:
+        kept = cls.provenance(facts, accepted=accepted)
+        state.backend = cls.name
+        state.context_length = facts.context_length
+        state.draft_reserved_tokens = kept["draft_reserved_tokens"]
+        state.max_req_input_len = positive_int(facts.server_info.get("max_req_input_len"))
+        state.max_running_requests = facts.max_running_requests
+        state.max_total_num_tokens = facts.max_total_num_tokens
+        state.deterministic_inference = kept["deterministic_inference"]
+        state.sampling_seed_supported = cls.seed_always or kept["deterministic_inference"] is not None
+        state.provenance = kept

@@ -1,12 +1,10 @@
 """SGLang: the native `/generate` endpoint with `input_ids`, as docs/workers.md describes.
 
-The campaign's sampling is stored in SGLang's own names, so it is sent as it is (after a check
-that every key is one SGLang knows: an unknown key is an HTTP 500 on older servers); replies are
-checked by workers/replies.py `parse_generate_item`. Preflight refuses the settings that change
-what a record would hold without the record saying so (docs/workers.md "Preflight" gives each
-and why), keeps an allow-list of launch arguments as provenance (`/server_info` returns every
-argument, `api_key` included, unredacted), and `context_message` says what SGLang counts
-against the context length.
+The sampling is sent as it is (SGLang's own names) once every key is known (an unknown key is an
+HTTP 500 on older servers); replies are checked by workers/replies.py `parse_generate_item`.
+Preflight refuses the settings that change a record without it saying so (docs/workers.md
+"Preflight"), and keeps an allow-list of launch arguments (`/server_info` returns them all, secrets
+included); `context_message` says what SGLang counts against the context length.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from typing import ClassVar
 
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import SGLANG, Check, Problem, UntranslatableSampling, redact_url
+from workers.backends.base import SGLANG, BaseBackend, Check, Problem, UntranslatableSampling, provenance_of
 from workers.client import ServerClient, ServerFacts, positive_int
 from workers.replies import GeneratedItem, parse_generate_item
 
@@ -48,8 +46,8 @@ EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
 
 
 def preferred_sampling_params(facts: ServerFacts) -> dict | None:
-    """The server's --preferred-sampling-params (kept as JSON text) as a dict, None if unset;
-    ValueError if it is not a JSON object (then nobody can tell what it sets)."""
+    """The server's --preferred-sampling-params (JSON text) as a dict, None if unset; ValueError
+    if it is not a JSON object."""
     raw = facts.server_info.get("preferred_sampling_params")
     if raw is None:
         raw = facts.model_info.get("preferred_sampling_params")
@@ -67,7 +65,7 @@ def preferred_sampling_params(facts: ServerFacts) -> dict | None:
 
 
 def _flag(key: str, why: str) -> Check:
-    """The check refusing a server whose server_info sets `key` (a launch flag) to a true value."""
+    """Refuse a server whose server_info sets the launch flag `key` to a true value."""
     flag = "--" + key.replace("_", "-")
     return lambda facts: (
         Problem(key, f"{why} [{key}={value!r}]", f"relaunch it without {flag}")
@@ -121,17 +119,10 @@ SGLANG_REFUSABLE_SETTINGS = tuple(CHECKS)
 
 @dataclass(frozen=True, slots=True)
 class ContextLimits:
-    """What a server checks a prompt against, as preflight found it.
-
-    Parameters:
-        context_length: the model context SGLang checks against; None = unknown (no check).
-        reserved_tokens: token slots speculative decoding reserves per request on top of its
-            prompt (EAGLE drafts are stored in the request's own slots).
-        max_req_input_len: the scheduler's cap on prompt length (smaller than the context by a
-            few tokens, or by much when the KV cache is small); None = not reported.
-        max_req_len: the scheduler's cap on prompt + generated tokens + 1; SGLang silently
-            lowers max_new_tokens to fit it. None = context_length - 1 (its usual value).
-    """
+    """What a server checks a prompt against, as preflight found it: `context_length` (None:
+    unknown, no check), the slots speculative decoding reserves per request (`reserved_tokens`),
+    the scheduler's caps on the prompt (`max_req_input_len`, None: not reported) and on prompt +
+    generated tokens + 1 (`max_req_len`, None: context_length - 1), see context_message."""
 
     context_length: int | None
     reserved_tokens: int = 0
@@ -149,15 +140,10 @@ class ContextLimits:
 
 
 def context_message(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> str | None:
-    """None when SGLang serves this prompt exactly as asked (no 400, no abort, no cut), else
-    why not, for the prompt's failure record (`prompt-too-long`).
-
-    SGLang's rules (0.5.x): the TokenizerManager refuses (400) when prompt + reserved >=
-    context or prompt + reserved + max_new_tokens > context; the scheduler refuses when
-    prompt >= max_req_input_len, and lowers max_new_tokens to max_req_len - prompt - 1
-    without a word. The last would end some generations a token or two before the campaign's
-    max_new_tokens while the record says otherwise, so it counts as not fitting too.
-    """
+    """None when SGLang serves this prompt exactly as asked, else why not (`prompt-too-long`).
+    SGLang 0.5.x refuses (400) when prompt + reserved >= context or + max_new_tokens > context,
+    refuses when prompt >= max_req_input_len, and silently lowers max_new_tokens to max_req_len -
+    prompt - 1: the record would then claim a max_new_tokens not used, so that does not fit either."""
     ctx = limits.context_length
     if not ctx:
         return None
@@ -196,20 +182,13 @@ def _max_req_len(context_length: int | None, max_total_num_tokens: int | None) -
 
 
 def draft_reserved_tokens(server_info: dict) -> int:
-    """Slots SGLang reserves per request for speculative drafts (compute_num_reserved_tokens):
-    for EAGLE-family algorithms max(eagle_topk * num_steps, num_draft_tokens), else 0."""
+    """Slots SGLang reserves per request for EAGLE-family drafts (compute_num_reserved_tokens)."""
     algorithm = server_info.get("speculative_algorithm")
     if not isinstance(algorithm, str) or algorithm.upper() not in EAGLE_ALGORITHMS:
         return 0
-    topk, steps, *drafts = (
-        positive_int(server_info.get(key)) or 0
-        for key in (
-            "speculative_eagle_topk",
-            "speculative_num_steps",
-            "speculative_num_draft_tokens",
-            "max_speculative_num_draft_tokens",
-        )
-    )
+    keys = ("speculative_eagle_topk", "speculative_num_steps", "speculative_num_draft_tokens")
+    values = (positive_int(server_info.get(key)) or 0 for key in (*keys, "max_speculative_num_draft_tokens"))
+    topk, steps, *drafts = values
     return max(topk * steps, *drafts)
 
 
@@ -223,26 +202,22 @@ def context_limits(facts: ServerFacts) -> ContextLimits:
 
 
 def deterministic_inference(facts: ServerFacts) -> bool | None:
-    """True when the server honours `sampling_seed` (--enable-deterministic-inference); False
-    when it ignores it; None when it predates the flag (and `sampling_seed` with it)."""
+    """Whether the server honours `sampling_seed` (--enable-deterministic-inference); None when
+    it predates the flag."""
     if "enable_deterministic_inference" not in facts.server_info:
         return None
     return bool(facts.server_info["enable_deterministic_inference"])
 
 
 def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict:
-    """What a campaign keeps about the server that generated its records: an allow-list of
-    its launch arguments (never a secret), its version and model, what it does to sampling
-    and context, and the refused settings accepted by override."""
+    """An SGLang server's provenance (see provenance_of): its model, what it does
+    to sampling and context, and its allow-listed launch arguments."""
     info = facts.server_info
     try:
         preferred = preferred_sampling_params(facts)
     except ValueError:
         preferred = {"unreadable": str(info.get("preferred_sampling_params"))[:200]}
-    return {
-        "url": redact_url(facts.url),
-        "backend": facts.backend,
-        "version": facts.version,
+    details = {
         "model_path": info.get("model_path") or facts.model_info.get("model_path"),
         "weight_version": facts.model_info.get("weight_version"),
         "context_length": facts.context_length,
@@ -252,21 +227,19 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
         # refused (or was told to accept) any other.
         "preferred_sampling_params": preferred,
         "preferred_sampling_params_applied": sorted(set(preferred or ()) - SENT_SAMPLING_KEYS),
-        "accepted_despite": list(accepted or ()),
-        "launch_args": {
-            key: info[key]
-            for key in PROVENANCE_LAUNCH_ARGS
-            if key in info and (info[key] is None or isinstance(info[key], (str, int, float, bool)))
-        },
     }
+    scalars = (str, int, float, bool, type(None))
+    launch_args = {key: info[key] for key in PROVENANCE_LAUNCH_ARGS if isinstance(info.get(key, ()), scalars)}
+    return provenance_of(facts, details, launch_args, accepted)
 
 
-class SGLangBackend:
+class SGLangBackend(BaseBackend):
     """Requests, replies, context rule and preflight of an SGLang server (see workers.backends.Backend)."""
 
     name: ClassVar[str] = SGLANG
     path: ClassVar[str] = "/generate"
     checks: ClassVar[Mapping[str, Check]] = CHECKS
+    provenance = staticmethod(provenance)
 
     def translate_sampling(self, sampling: dict) -> dict:
         # Checked on every request: the subset test allocates nothing when all keys are known.
@@ -288,20 +261,6 @@ class SGLangBackend:
     @staticmethod
     def facts(client: ServerClient) -> ServerFacts:
         return client.facts()
-
-    @staticmethod
-    def apply_facts(state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:
-        limits = context_limits(facts)
-        deterministic = deterministic_inference(facts)
-        state.backend = facts.backend
-        state.context_length = facts.context_length
-        state.draft_reserved_tokens = limits.reserved_tokens
-        state.max_req_input_len = limits.max_req_input_len
-        state.max_running_requests = facts.max_running_requests
-        state.max_total_num_tokens = facts.max_total_num_tokens
-        state.deterministic_inference = deterministic
-        state.sampling_seed_supported = deterministic is not None
-        state.provenance = provenance(facts, accepted=accepted)
 
     @classmethod
     def from_state(cls, state: ServerState) -> SGLangBackend:

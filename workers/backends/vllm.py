@@ -1,13 +1,10 @@
 """vLLM: `POST /v1/completions` with the prompt as token ids and `return_token_ids: true`.
 
-docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source
-(vllm/entrypoints/openai/completion/, vllm/sampling_params.py, vllm/entrypoints/utils.py). Two
-facts shape this module: every sampling field left out falls back to the server's generation
-config (then OpenAI's defaults, `max_tokens` 16), and unknown fields are ignored with a warning,
-never refused; so every value is sent, through a fixed table. Launch arguments are not served
-(only dev mode's /server_info), so preflight checks what it sees: /v1/models, /version, the
-dev-mode configuration if exposed, and a 4-token probe request. Errors come as
-`{"error": {"message", ...}}` (older versions: the keys at the top level).
+docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source.
+Every sampling field left out falls back to the server's generation config (then OpenAI's
+defaults, `max_tokens` 16) and unknown fields are ignored, never refused: so every value is sent,
+through a fixed table. Launch arguments are not served, so preflight checks /v1/models, /version,
+the dev-mode configuration if exposed, and a 4-token probe request.
 """
 
 from __future__ import annotations
@@ -19,7 +16,16 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import VLLM, Check, PreflightError, Problem, UntranslatableSampling, redact_url
+from workers.backends.base import (
+    VLLM,
+    BaseBackend,
+    Check,
+    PreflightError,
+    Problem,
+    UntranslatableSampling,
+    provenance_of,
+    redact_url,
+)
 from workers.client import (
     ServerClient,
     ServerFacts,
@@ -42,35 +48,28 @@ from workers.replies import (
 
 log = logging.getLogger("eagle_synth.preflight")
 
-# Each campaign sampling key (SGLang's names): the vLLM completion field it becomes, and what
-# leaving it out means (SGLang's default), sent explicitly so vLLM's generation-config defaults
-# never fill the gap. The seed has no default (none sent).
+# Each campaign sampling key (SGLang's names) with what leaving it out means (SGLang's default),
+# sent explicitly so vLLM's generation-config defaults never fill the gap; the seed has no
+# default (none sent). RENAMED: the vLLM completion field of a key named otherwise there
+# (no_stop_trim and include_stop_str_in_output only decide whether `text` keeps a matched stop).
 SGLANG_MAX_NEW_TOKENS = 128
-FIELDS: dict[str, tuple[str, object]] = {
-    "max_new_tokens": ("max_tokens", SGLANG_MAX_NEW_TOKENS),
-    "min_new_tokens": ("min_tokens", 0),
-    "temperature": ("temperature", 1.0),
-    "top_p": ("top_p", 1.0),
-    "top_k": ("top_k", -1),
-    "min_p": ("min_p", 0.0),
-    "repetition_penalty": ("repetition_penalty", 1.0),
-    "frequency_penalty": ("frequency_penalty", 0.0),
-    "presence_penalty": ("presence_penalty", 0.0),
-    "stop": ("stop", []),
-    "stop_token_ids": ("stop_token_ids", []),
-    "ignore_eos": ("ignore_eos", False),
-    "skip_special_tokens": ("skip_special_tokens", True),
-    "spaces_between_special_tokens": ("spaces_between_special_tokens", True),
-    # Both only decide whether `text` keeps a matched stop string; ids never lose it.
-    "no_stop_trim": ("include_stop_str_in_output", False),
-    "n": ("n", 1),
-    "sampling_seed": ("seed", None),
+SGLANG_DEFAULTS: dict[str, object] = {
+    **{"max_new_tokens": SGLANG_MAX_NEW_TOKENS, "min_new_tokens": 0, "temperature": 1.0, "top_p": 1.0},
+    **{"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0},
+    **{"stop": [], "stop_token_ids": [], "ignore_eos": False, "skip_special_tokens": True},
+    **{"spaces_between_special_tokens": True, "no_stop_trim": False, "n": 1},
 }
-SGLANG_DEFAULTS = {key: default for key, (_, default) in FIELDS.items() if default is not None}
+RENAMED = {
+    **{"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"},
+    **{"no_stop_trim": "include_stop_str_in_output"},
+}
+KNOWN_KEYS = frozenset({*SGLANG_DEFAULTS, "sampling_seed"})
 # vLLM raises temperatures in (0, MIN) to MIN (SamplingParams.__post_init__) and refuses those
 # above MAX (SamplingParams._verify_args).
 VLLM_MIN_TEMPERATURE = 0.01
 VLLM_MAX_TEMPERATURE = 2.0
+# Sent with every request: the ids back, one whole reply, the prompt as given (no BOS added).
+REQUEST_FLAGS = {"return_token_ids": True, "stream": False, "echo": False, "add_special_tokens": False}
 # finish_reason values a 200 can carry ("error" becomes an HTTP 500 before any reply).
 FINISH_REASONS = frozenset({"stop", "length", "abort"})
 # The preflight probe: a few ids every vocabulary has, the ids it must generate, the bound its
@@ -87,28 +86,28 @@ TOKEN_IDS_VERSION = "0.10.2"
 TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)
 # generation_config values that read no sampling defaults from a folder.
 DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
-# Dev-mode configuration entries kept in provenance, by section: an allow-list, so a secret a
+# Dev-mode configuration entries (section.key) kept in provenance: an allow-list, so a secret a
 # later version adds is never copied.
-PROVENANCE_CONFIG = (
-    ("model_config", ("model", "served_model_name", "tokenizer", "revision", "dtype", "max_model_len")),
-    ("model_config", ("quantization", "seed", "generation_config", "override_generation_config")),
-    ("model_config", ("skip_tokenizer_init", "logits_processors", "runner_type")),
-    ("cache_config", ("kv_cache_dtype", "enable_prefix_caching")),
-    ("parallel_config", ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")),
-    ("scheduler_config", ("max_num_seqs", "max_num_batched_tokens")),
-    ("speculative_config", ("method", "num_speculative_tokens")),
-    ("structured_outputs_config", ("reasoning_parser",)),
+PROVENANCE_CONFIG = tuple(
+    f"{section}.{key}"
+    for section, keys in (
+        ("model_config", ("model", "served_model_name", "tokenizer", "revision", "dtype", "max_model_len")),
+        ("model_config", ("quantization", "seed", "generation_config", "override_generation_config")),
+        ("model_config", ("skip_tokenizer_init", "logits_processors", "runner_type")),
+        ("cache_config", ("kv_cache_dtype", "enable_prefix_caching")),
+        ("parallel_config", ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")),
+        ("scheduler_config", ("max_num_seqs", "max_num_batched_tokens")),
+        ("speculative_config", ("method", "num_speculative_tokens")),
+        ("structured_outputs_config", ("reasoning_parser",)),
+    )
+    for key in keys
 )
 
 
 def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], max_tokens: int) -> GeneratedItem:
-    """Check one /v1/completions reply (one prompt, n=1) against what was sent.
-
-    BadResponse (transient) for every malformed shape; PromptMismatch when prompt_token_ids are
-    not the ids sent; SamplingOverridden when it ended on `length` before `max_tokens`.
-    The record's finish_matched is vLLM's stop_reason (the stop id or string), or for the
-    model's EOS (stop_reason null) the last output id, which is that EOS: as SGLang reports it.
-    """
+    """Check one /v1/completions reply (one prompt, n=1) against what was sent (raises as
+    Backend.parse does). finish_matched is vLLM's stop_reason, or for the model's EOS (stop_reason
+    null) the last output id, which is that EOS: as SGLang reports it."""
     if not isinstance(item, dict):
         raise BadResponse(f"the reply is {kind_of(item)}, not an object: {excerpt(item)}")
     choices = item.get("choices")
@@ -122,28 +121,15 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
         raise BadResponse("choices[0] has no finish_reason")
     if finish not in FINISH_REASONS:
         raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_REASONS)}")
-    output_ids: list[int] = []
-    matched: int | str | None = None
-    cached = 0
-    if finish != "abort":
-        output_ids, matched, cached = _checked_choice(item, choice, vocab_size, prompt_ids, max_tokens)
-    return GeneratedItem(
-        output_ids=output_ids,
-        finish_type=finish,
-        finish_matched=matched,
-        prompt_tokens=len(prompt_ids),
-        completion_tokens=len(output_ids),
-        cached_tokens=cached,
-        e2e_latency=None,
-        repaired_prefix=0,
-        aborted=finish == "abort",
-    )
-
-
-def _checked_choice(
-    item: dict, choice: dict, vocab_size: int, prompt_ids: list[int], max_tokens: int
-) -> tuple[list[int], int | str | None, int]:
-    """(output ids, finish_matched, cached tokens) of a choice that was not aborted."""
+    if finish == "abort":
+        return GeneratedItem(
+            output_ids=[],
+            finish_type=finish,
+            finish_matched=None,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=0,
+            aborted=True,
+        )
     if choice.get("token_ids") is None:
         raise BadResponse(f"choices[0] has no token_ids (vLLM before {TOKEN_IDS_VERSION} ignores return_token_ids)")
     output_ids = checked_ids(choice["token_ids"], field="token_ids", vocab_size=vocab_size)
@@ -167,19 +153,26 @@ def _checked_choice(
     stop_reason = choice.get("stop_reason")
     if stop_reason is not None and not is_token_int(stop_reason) and not isinstance(stop_reason, str):
         raise BadResponse(f"stop_reason is neither a token id nor a stop string: {excerpt(stop_reason)}")
-    if choice["finish_reason"] == "length" and len(output_ids) < max_tokens:
+    if finish == "length" and len(output_ids) < max_tokens:
         raise SamplingOverridden(
             f"the server ended a generation on length after {len(output_ids)} tokens although max_tokens "
             f"{max_tokens} was sent: it caps max_tokens (--override-generation-config max_new_tokens, or a "
             "--generation-config folder setting max_new_tokens); relaunch vLLM without that cap"
         )
-    if choice["finish_reason"] == "length":
+    if finish == "length":
         matched = None
     else:
         matched = stop_reason if stop_reason is not None else (output_ids[-1] if output_ids else None)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return output_ids, matched, cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0
+    return GeneratedItem(
+        output_ids=output_ids,
+        finish_type=finish,
+        finish_matched=matched,
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(output_ids),
+        cached_tokens=cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0,
+    )
 
 
 def prompt_difference(sent: list[int], seen: list) -> str:
@@ -204,8 +197,8 @@ def _config(config: dict, entry: str) -> object:
 
 
 def _probe(client: ServerClient, *, model: str | None) -> dict:
-    """Send the probe request; {"status", "reply" or "message"}. Transport failures and 5xx
-    raise (the gate looks again later): only an answer says something about the server."""
+    """Send the probe request; {"status", "reply" or "message"}. Transport failures, 429 and 5xx
+    raise (the gate looks again later)."""
     sampling = {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
     path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
     status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
@@ -228,9 +221,8 @@ def _version_tuple(version: str | None) -> tuple[int, ...] | None:
 
 
 def _require_faithful_probe(facts: ServerFacts) -> None:
-    """Refuse a server whose probe shows it cannot give records: not settings to accept, since
-    every prompt would fail. A malformed probe reply proves nothing (a glitch, a proxy): the
-    server is accepted with a warning, every reply is checked anyway."""
+    """Refuse a server whose probe shows it cannot give records (no setting to accept: every
+    prompt would fail). A malformed reply proves nothing: accepted with a warning."""
     probe = facts.probe or {}
     where = f"refusing server {redact_url(facts.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
     if probe.get("status") != 200 or "reply" not in probe:
@@ -283,7 +275,7 @@ def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
 
 def _config_check(setting: str, entry: str, bad: Callable[[object], bool], why: str, fix: str) -> Check:
     """Refuse `setting` when the dev-mode configuration's `entry` is `bad`; `why` is formatted
-    with the value (`value`, and `short`: its excerpt)."""
+    with `value` and `short` (its excerpt)."""
 
     def check(facts: ServerFacts) -> Problem | None:
         value = _config(facts.server_info, entry)
@@ -337,48 +329,41 @@ CHECKS: dict[str, Check] = {
 
 
 def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict:
-    """What a campaign keeps about a vLLM server: version, model, context, the allow-listed
-    dev-mode configuration when exposed, and the refused settings accepted by override."""
-    launch_args = {}
-    for section, keys in PROVENANCE_CONFIG:
-        for key in keys:
-            value = _config(facts.server_info, f"{section}.{key}")
-            if value is not None:
-                launch_args[f"{section}.{key}"] = (
-                    value if isinstance(value, (str, int, float, bool)) else json.dumps(value)
-                )
+    """A vLLM server's provenance (see provenance_of): its model, context, and the allow-listed
+    dev-mode configuration when exposed."""
     card = facts.model_info
-    return {
-        "url": redact_url(facts.url),
-        "backend": VLLM,
-        "version": facts.version,
+    details = {
         "model_path": card.get("root") or card.get("id"),
         "served_model_name": card.get("id"),
         "context_length": facts.context_length,
         "draft_reserved_tokens": 0,
         "deterministic_inference": None,
         "launch_args_visible": bool(facts.server_info),
-        "accepted_despite": list(accepted or ()),
-        "launch_args": launch_args,
     }
+    launch_args = {
+        entry: value if isinstance(value, (str, int, float, bool)) else json.dumps(value)
+        for entry in PROVENANCE_CONFIG
+        if (value := _config(facts.server_info, entry)) is not None
+    }
+    return provenance_of(facts, details, launch_args, accepted)
 
 
-class VllmBackend:
-    """Requests, replies, context rule and preflight of a vLLM server (see workers.backends.Backend).
-
-    Parameters:
-        model: the served model name sent as `model` (from /v1/models); None leaves it out.
-    """
+class VllmBackend(BaseBackend):
+    """Requests, replies, context rule and preflight of a vLLM server (see workers.backends.Backend);
+    `model` is the served model name sent as `model` (from /v1/models), None leaves it out."""
 
     name: ClassVar[str] = VLLM
     path: ClassVar[str] = "/v1/completions"
     checks: ClassVar[Mapping[str, Check]] = CHECKS
+    # vLLM honours a per-request seed on any server; there is no switch to report.
+    seed_always: ClassVar[bool] = True
+    provenance = staticmethod(provenance)
 
     def __init__(self, *, model: str | None = None) -> None:
         self.model = model
 
     def translate_sampling(self, sampling: dict) -> dict:
-        unknown = sorted(set(sampling) - set(FIELDS))
+        unknown = sorted(set(sampling) - KNOWN_KEYS)
         if unknown:
             raise UntranslatableSampling(
                 f"the campaign's sampling keys {unknown} have no vLLM /v1/completions equivalent "
@@ -396,19 +381,11 @@ class VllmBackend:
             raise UntranslatableSampling(f"temperature {temperature}: vLLM accepts at most {VLLM_MAX_TEMPERATURE}")
         if values["n"] != 1:
             raise UntranslatableSampling(f"n {values['n']}: samples are sent as separate requests, n must be 1")
-        return {FIELDS[key][0]: value for key, value in values.items()}
+        return {RENAMED.get(key, key): value for key, value in values.items()}
 
     def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
-        body: dict = {} if self.model is None else {"model": self.model}
-        body.update(
-            prompt=ids,
-            **self.translate_sampling(sampling),
-            return_token_ids=True,
-            stream=False,
-            echo=False,
-            add_special_tokens=False,
-        )
-        return self.path, body
+        model = {} if self.model is None else {"model": self.model}
+        return self.path, {**model, "prompt": ids, **self.translate_sampling(sampling), **REQUEST_FLAGS}
 
     def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
         max_tokens = int(sampling.get("max_new_tokens") or SGLANG_MAX_NEW_TOKENS)
@@ -425,8 +402,7 @@ class VllmBackend:
 
     @staticmethod
     def facts(client: ServerClient) -> ServerFacts:
-        models = client.get_optional_json("/v1/models")
-        card = first_model(models)
+        card = first_model(client.get_optional_json("/v1/models"))
         if not card:
             raise TransientError(f"{client.url}/v1/models lists no model yet")
         version = (client.get_optional_json("/version") or {}).get("version")
@@ -444,19 +420,6 @@ class VllmBackend:
         )
         _require_faithful_probe(facts)
         return facts
-
-    @staticmethod
-    def apply_facts(state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:
-        state.backend = VLLM
-        state.context_length = facts.context_length
-        state.draft_reserved_tokens = 0
-        state.max_req_input_len = None
-        state.max_running_requests = facts.max_running_requests
-        state.max_total_num_tokens = None
-        # vLLM honours a per-request seed on any server; there is no switch to report.
-        state.deterministic_inference = None
-        state.sampling_seed_supported = True
-        state.provenance = provenance(facts, accepted=accepted)
 
     @classmethod
     def from_state(cls, state: ServerState) -> VllmBackend:
