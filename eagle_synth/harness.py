@@ -117,7 +117,7 @@ def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str
         said = launch(chosen)
         if said is None:
             return chosen
-        if port or "Address already in use" not in said or attempt == PORT_ATTEMPTS - 1:
+        if port or "already in use" not in said.lower() or attempt == PORT_ATTEMPTS - 1:
             raise RuntimeError(f"{what} exited:\n{said}")
     raise AssertionError("unreachable")
 

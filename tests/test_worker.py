@@ -70,7 +70,8 @@ def test_redelivered_batch_with_records_is_not_generated_again(tmp_path, redis_s
     files_before = sorted((out / "again" / "records").iterdir())
 
     # Publish the very same batches again, as a redelivery would.
-    from producer.publisher import Publisher
+    from eagle_synth.payload import TaskPayload, batch_id
+    from eagle_synth.queue import send_payload
     from tests.helpers import records_by_key
 
     settings = broker_settings(redis_url=redis_server.url)
@@ -79,11 +80,11 @@ def test_redelivered_batch_with_records_is_not_generated_again(tmp_path, redis_s
         PromptItem(key=r.key, row_id=r.id, sample=r.sample, ids=r.prompt_ids, source=r.source)
         for r in records_by_key(out / "again").values()
     ]
-    publisher = Publisher(
-        campaign=c, app=make_celery(settings), queue=settings.queue, sampling=c.settings().sampling, batch_size=4
-    )
+    app, sampling = make_celery(settings), c.settings().sampling
     for start in range(0, 8, 4):
-        publisher._publish(items[start : start + 4])
+        batch = items[start : start + 4]
+        payload = TaskPayload(campaign="again", batch=batch_id([i.key for i in batch]), sampling=sampling, items=batch)
+        send_payload(app, settings.queue, payload.encode())
     wait_for(lambda: c.client.llen("eagle-synth") == 0, timeout=30, what="the copies to be taken")
     wait_for(lambda: worker.log().count("4 already done") >= 2, timeout=30, what="the copies to be skipped")
     assert devserver_stats(url)["prompts"] == prompts_before
