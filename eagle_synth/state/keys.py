@@ -87,7 +87,7 @@ class CampaignKeys:
     # Hash (run scope | input file | size | mtime) -> the last line of that file whose rows are all
     # claimed: a rerun skips them before templating (producer/resume.py).
     cursors = _Key()
-    # Hash prompt key -> the batch lease (key and holder) generating it right now (claims.py).
+    # Hash prompt key -> the batch lease (key and holder) generating it right now (fence.py).
     claims = _Key()
     # Hash batch id -> every published, unfinished batch: what the reconciler republishes (batch_store.py).
     batches = _Key()
