@@ -44,7 +44,7 @@ class Publisher:
             above MAXMEMORY_SHARE of a set maxmemory).
         on_wait: told the pending count (and, for the byte cap, `held_bytes` and `max_bytes`)
             while waiting, for the progress display.
-        count_new_as: a campaign counter that newly claimed keys add to (eagle_synth.state.counters).
+        count_new_as: a campaign counter that newly claimed keys add to (eagle_synth.state.keys).
     """
 
     def __init__(

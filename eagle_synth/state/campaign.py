@@ -21,9 +21,8 @@ import zstandard
 
 from eagle_synth.errors import UserError
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
-from eagle_synth.state import counters
 from eagle_synth.state.fence import Fence
-from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys
+from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys, failed_counter
 from eagle_synth.state.lua import script
 from eagle_synth.state.outbox import Outbox
 from eagle_synth.state.redis_client import text
@@ -223,7 +222,7 @@ class Campaign:
         pipe.execute()
 
     def count(self, increments: dict[str, int]) -> None:
-        """Add to the campaign's integer counters (names from eagle_synth.state.counters)."""
+        """Add to the campaign's integer counters (names from eagle_synth.state.keys)."""
         self._add(self.keys.counters, increments)
 
     def count_skipped(self, reasons: dict[str, int]) -> None:
@@ -278,7 +277,7 @@ class Campaign:
 
         def write(pipe: redis.Redis) -> None:  # a transaction pipeline when fenced
             pipe.eval(_RECORD_FAILURE, 2, k.failed, k.failed_reasons, item.key, failure.encode(), reason)
-            pipe.hincrby(k.counters, counters.failed(reason), 1)
+            pipe.hincrby(k.counters, failed_counter(reason), 1)
 
         if fence is not None:
             fence.run(self.client, write)
