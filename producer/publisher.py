@@ -140,7 +140,7 @@ class Publisher:
         the other order could lose them."""
         if items:
             field = self._next_field(stash=items)
-            self.campaign.drop_failures([item.key for item in items])
+            self.campaign.take_failures([item.key for item in items])
             self._publish_all(items, outbox_field=field)
 
     def retry(self, items: list[PromptItem]) -> int:

@@ -337,9 +337,6 @@ class Campaign:
         taken = self.client.eval(_TAKE_FAILURES, 2, self.keys.failed, self.keys.failed_reasons, *keys)
         return {text(key) for key in taken}
 
-    def drop_failures(self, keys: list[str]) -> int:
-        return len(self.take_failures(keys))
-
     def failure_counts(self) -> dict[str, int]:
         """Prompts currently failed, by reason, without reading the failures themselves."""
         return {k: v for k, v in _ints(self.client.hgetall(self.keys.failed_reasons)).items() if v > 0}

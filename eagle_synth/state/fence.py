@@ -1,25 +1,14 @@
 """Writes under a live batch lease: fenced commits and per-key claims.
 
-Fenced writes: campaign state changes are made only while the writer's batch lease is its own.
+A batch thread can lose its lease unknowingly (SIGSTOP, GC pause, swap storm) while a reaper
+hands its batch on, so a check-then-write leaves a window: every commit is one transaction that
+WATCHes the lease, reads it and writes in MULTI/EXEC only if it still names this holder (else
+LeaseLost). Record files are ordered around it in workers/batch.py (`_commit`).
 
-A batch thread can lose its lease without knowing it (frozen by SIGSTOP, a GC pause, a swap
-storm past the lease TTL) while a reaper gives its batch to another worker. Checking the
-lease and then writing leaves a window; so every commit is one Redis transaction that checks
-the lease and writes together: WATCH the lease, read it, and only if it still names this holder
-run the write inside MULTI/EXEC. Any change of the lease between the read and EXEC aborts the
-transaction (LeaseLost), so a write is applied only by the holder of a live lease.
-
-Record files cannot be in that transaction; the order that keeps them right is in
-workers/batch.py (`_commit`): `renew` just before the rename, the fenced mark after it, and
-the file removed again if the mark finds the lease gone.
-
-Per-key claims: a key can sit in two batches at once (the reconciler republished a batch that
-was only slow, `retry-failed` published a failed key a late batch still holds, Celery restored
-a message whose task still runs); leases keep one batch id from running twice, not two from
-sharing a key. So a batch first claims its open keys in one script: the claims hash maps a key
-to the claiming batch's lease (key and holder), and a claim counts only while that lease names
-its holder, so it lapses with the lease. A key another live batch holds is skipped. The fenced
-commit that marks a key done releases its claim; the batch's end releases the rest.
+A key can also sit in two batches at once (a republished slow batch, `retry-failed` of a key a
+late batch holds), so a batch first claims its open keys in one script: a claim maps the key to
+the batch's lease (key and holder) and counts only while that lease names its holder. A key
+another live batch holds is skipped; the fenced commit of a key, or the batch's end, releases it.
 """
 
 from __future__ import annotations
