@@ -1,35 +1,11 @@
 """The error tree: what a user can fix, and everything else.
 
-`UserError` is raised for what the person running the command can fix (a bad argument, an
-unreadable input, a missing campaign, a server set up to change the data); the CLI prints its
-one-line message (exit status 2), which speaks of arguments and values, not of CLI flags. Any
-other exception is a bug or an outage: it keeps its traceback.
+`UserError` is what the person running the command can fix: the CLI prints its one-line
+message (exit status 2). Any other exception is a bug or an outage and keeps its traceback.
 
-    EagleSynthError
-    ├── UserError
-    │   ├── CampaignNotFound             (errors; also a KeyError)
-    │   ├── CampaignMismatch, BadCampaignName             (state/campaign.py)
-    │   ├── CampaignNotClosable, StateFileUnavailable     (state/campaign_archive.py)
-    │   ├── EvictingRedisError, VolatileRedisError        (state/redis_policy.py)
-    │   ├── NotACampaignFolder, RecordFilesVanished       (records.py)
-    │   ├── SamplingError, SettingsError, TemplateError, VariantsError, ToolFormatError
-    │   ├── InputError, StrictModeError  (producer/sources.py, producer/enqueue.py)
-    │   ├── ConfigError, PreflightError  (workers/config.py, workers/backends/base.py)
-    │   └── VocabError, VerifyError, ExportError, CompactBusy, InspectError,
-    │       FlowerAuthError, FlowerPortInUse                (eagle_synth/tools/)
-    ├── RecordFormatError, PayloadError  (a damaged or unknown record file or task payload)
-    ├── RowError                         (producer/rows.py: one input row; the row is skipped, counted)
-    ├── Malformed                        (toolcalls/answer.py: a tool call the parser cannot read)
-    ├── LeaseLost, ClaimLeaseLost        (state/fence.py: a fenced write found its lease gone)
-    ├── TokenizerUnavailable             (state/tokenizer_store.py)
-    ├── ClientError                      (workers/client.py: one request to a server)
-    │   ├── BadRequest → BadSamplingParams → SamplingOverridden, UntranslatableSampling
-    │   ├── ServerDown
-    │   └── TransientError → BadResponse (workers/replies.py)
-    ├── PromptMismatch, RendererMismatch (workers: the server or renderer changed the prompt ids)
-    ├── Requeue, CampaignMissing, BatchBusy, DiskUnavailable   (workers: a batch's endings)
-    └── ProtocolError, QueueFullError   (devserver/: its refusals)
-
+Every error raised on purpose derives from EagleSynthError: UserError (campaign, settings,
+template, input, config, preflight and tool refusals, each in its module) or one that is not the
+user's to fix (a damaged record or payload, a lost lease, a server's failure, a batch's endings).
 Each subclass also derives from the builtin it stands for (ValueError, FileNotFoundError...)
 where callers catch that.
 """
@@ -60,6 +36,5 @@ class CampaignNotFound(UserError, KeyError):
 
 
 def clause(value: object) -> str:
-    """`value` as text to go on inside a sentence: without the full stop it may end with, so a
-    message built as f"...: {clause(exc)}. Check ..." never shows two periods."""
+    """`value` as text inside a sentence, without its full stop (so no message shows two)."""
     return str(value).rstrip().rstrip(".")
