@@ -27,7 +27,7 @@ from eagle_synth.state.lua import script
 from eagle_synth.state.outbox import Outbox
 from eagle_synth.state.redis_client import text
 
-# Completion events kept per campaign for throughput figures (about the last few minutes).
+# Completion events kept per campaign for throughput figures.
 EVENTS_MAXLEN = 20_000
 # Settings fields that may differ: they do not change the output (the tokenizer's fingerprint is
 # compared; batch_size only groups prompts into tasks).
@@ -43,7 +43,6 @@ FAILURE_SCAN_COUNT = 500
 FAILURE_MAGIC = b"F1 "
 # zstd level of a stored failure: ids compress to ~1.4 B a token at level 3 (JSON ids: ~5.6).
 FAILURE_ZSTD_LEVEL = 3
-# MARK_DONE_LUA's functions are shared with the conversation store's commit.
 MARK_DONE_LUA = script("failure_reason", "mark_done_lib")
 _RECORD_FAILURE = script("failure_reason", "record_failure")
 _TAKE_FAILURES = script("failure_reason", "take_failures")

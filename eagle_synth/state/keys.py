@@ -67,7 +67,7 @@ class CampaignKeys:
     layout = _Key()
     # Set of prompt keys whose record is on disk.
     done = _Key()
-    # Hash prompt key -> its failure as stored (Failure.encode); reason -> how many are in it.
+    # Hashes prompt key -> its stored failure (Failure.encode), and reason -> how many.
     failed = _Key()
     failed_reasons = _Key()
     # Hash of integer counters (the names below).
@@ -76,7 +76,7 @@ class CampaignKeys:
     events = _Key()
     # Hash server URL -> server info JSON seen by the workers (provenance).
     servers = _Key()
-    # Hash of claimed-but-not-yet-published prompt chunks, replayed after a killed enqueue (outbox.py).
+    # Hash of claimed, unpublished prompt chunks (outbox.py).
     outbox = _Key()
     # String (JSON: path, host, at, done, failed): the campaign was closed (campaign_archive.py).
     ended = _Key()

@@ -15,7 +15,7 @@ from eagle_synth.errors import UserError
 
 # The only eviction policy under which Redis never drops a key on its own.
 REQUIRED_POLICY = "noeviction"
-# The flags that accept an evicting / a non-persisting Redis; named in every refusal.
+# The flags that accept an evicting / a non-persisting Redis.
 OVERRIDE_FLAG = "--allow-evicting-redis"
 VOLATILE_FLAG = "--allow-volatile-redis"
 # Text of Redis's OOM reply, which kombu wraps into its own OperationalError.
