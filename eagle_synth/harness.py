@@ -21,7 +21,7 @@ from pathlib import Path
 START_TIMEOUT = 60.0
 # Seconds a process gets to exit after SIGTERM before it is killed.
 STOP_TIMEOUT = 30.0
-# Ports tried when another program takes the free port picked for a server before it binds.
+# Ports tried when another program takes a picked port first.
 PORT_ATTEMPTS = 3
 
 

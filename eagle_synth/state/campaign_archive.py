@@ -31,7 +31,7 @@ from eagle_synth.state.redis_client import text
 STATE_FILE = "campaign-state.msgpack.zst"
 # Version of the file's layout; `reopen` refuses others.
 STATE_FORMAT = 1
-# Keys per chunk and per Redis round trip, both ways: ~0.4 MB of keys, bounded memory, few trips.
+# Keys per chunk and per Redis round trip: ~0.4 MB of keys.
 FOLD_CHUNK = 10_000
 # Failures per chunk (~3.7 KB each: near 2 MB; FOLD_CHUNK of them made `close` peak at 204 MiB).
 FAILURE_FOLD_CHUNK = 500

@@ -25,10 +25,9 @@ from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
-# Seconds since fetch after which a message without a live batch lease is stranded
-# (EAGLE_SYNTH_REAP_AFTER).
+# Seconds since fetch after which a message without a live batch lease is stranded.
 REAP_AFTER = TIMINGS.reap_after
-# kombu's own key names and separators (we use kombu's defaults, never override them).
+# kombu's own key names and separators (its defaults).
 UNACKED_KEY = Channel.unacked_key
 UNACKED_INDEX_KEY = Channel.unacked_index_key
 BINDING_KEY_FORMAT = Channel.keyprefix_queue
