@@ -20,7 +20,7 @@ other exception is a bug or an outage: it keeps its traceback.
     ├── RecordFormatError, PayloadError  (a damaged or unknown record file or task payload)
     ├── RowError                         (producer/rows.py: one input row; the row is skipped, counted)
     ├── Malformed                        (toolcalls/answer.py: a tool call the parser cannot read)
-    ├── LeaseLost, ClaimLeaseLost        (state/fence.py, claims.py: a fenced write found its lease gone)
+    ├── LeaseLost, ClaimLeaseLost        (state/fence.py: a fenced write found its lease gone)
     ├── TokenizerUnavailable             (state/tokenizer_store.py)
     ├── ClientError                      (workers/client.py: one request to a server)
     │   ├── BadRequest → BadSamplingParams → SamplingOverridden, UntranslatableSampling
@@ -60,6 +60,5 @@ class CampaignNotFound(UserError, KeyError):
 
 
 def clause(value: object) -> str:
-    """`value` as text to go on inside a sentence: without the full stop it may end with, so a
-    message built as f"...: {clause(exc)}. Check ..." never shows two periods."""
+    """`value` as text inside a sentence, without its full stop (so no message shows two)."""
     return str(value).rstrip().rstrip(".")

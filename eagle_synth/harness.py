@@ -1,9 +1,6 @@
-"""Start the local pieces of a campaign as real processes: redis-server, devserver, worker.
-
-The demo, the tests and the benchmarks all run the real thing on one machine; this module is
-the one place that knows how to start, wait for and stop them (`Stack` keeps a run's set).
-Outside the core: nothing under eagle_synth/ but the demo imports it. Every process runs in its
-own session, so a stop signals its whole group.
+"""Start, wait for and stop a campaign's local processes (redis-server, devserver, worker) for
+the demo, tests and benchmarks; `Stack` keeps a run's set. Each process runs in its own session,
+so a stop signals its whole group.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from pathlib import Path
 START_TIMEOUT = 60.0
 # Seconds a process gets to exit after SIGTERM before it is killed.
 STOP_TIMEOUT = 30.0
-# Ports tried when another program takes the free port picked for a server before it binds.
+# Ports tried when another program takes a picked port first.
 PORT_ATTEMPTS = 3
 
 
@@ -59,9 +56,8 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def listening(pid: int, port: int) -> bool:
-    """True if the process `pid` (or one of its children) listens on `port`: a port picked by
-    free_port can be taken by another program before ours binds it, and "the port is open" would
-    then mean someone else's server. Without psutil (a test dependency), any listener counts."""
+    """Whether `pid` or a child listens on `port` (a picked port may be taken by another program
+    first). Without psutil (a test dependency), any listener counts."""
     try:
         import psutil
     except ImportError:
@@ -82,15 +78,14 @@ def listening(pid: int, port: int) -> bool:
 
 
 def _wait_up(proc: subprocess.Popen, port: int, what: str) -> None:
-    """Return once `proc` listens on `port` or has exited (the caller then reads its log)."""
     wait_for(lambda: proc.poll() is not None or listening(proc.pid, port), timeout=START_TIMEOUT, what=what)
 
 
 def stop_all(
     procs: Iterable[subprocess.Popen | None], *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT
 ) -> None:
-    """Signal every live process group, then wait for all (a worker's warm shutdown takes about a
-    second: one after the other would add those up), SIGKILLing what outlives `timeout`."""
+    """Signal every live process group, then wait for all at once (warm shutdowns take a second
+    each), SIGKILLing what outlives `timeout`."""
     signalled = []
     for proc in procs:
         if proc is not None and proc.poll() is None:
@@ -109,9 +104,8 @@ def stop_all(
 
 
 def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str) -> int:
-    """Run `launch(port)` (None once the process is up, else what it said as it exited), on a port
-    picked here when `port` is 0, trading a picked port another process took first for another;
-    any other exit raises RuntimeError with its words. Returns the port used."""
+    """Run `launch(port)` (None once up, else its last words) on `port` or, when 0, a picked one,
+    retrying a picked port another process took; other exits raise RuntimeError. Returns the port."""
     for attempt in range(PORT_ATTEMPTS):
         chosen = port or free_port()
         said = launch(chosen)
@@ -124,12 +118,10 @@ def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str
 
 @dataclass
 class RedisServer:
-    """A private redis-server (data and log in `workdir`; `port` 0 picks a free one), with a
-    `password` for the default user, an `acl_user` (name, password) with full access, TLS only
-    with a throwaway CA made in workdir (`tls`, needs openssl), `appendonly`, an RDB `save`
-    schedule (the default counts as persisting for state/redis_policy.py without writing in
-    short runs; "" with appendonly off keeps nothing), `maxmemory_policy` and `maxmemory` (e.g.
-    "4mb") for the refusal and out-of-memory tests, and `extra_args` for redis-server."""
+    """A private redis-server in `workdir` (`port` 0: a free one): default-user `password`, a
+    full-access `acl_user` (name, password), TLS-only with a throwaway CA (`tls`, needs openssl),
+    `appendonly`, RDB `save` (the default counts as persisting without writing in short runs),
+    `maxmemory_policy`, `maxmemory` (e.g. "4mb") and `extra_args`."""
 
     workdir: Path
     password: str | None = None
@@ -144,7 +136,6 @@ class RedisServer:
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> RedisServer:
-        """Start it and wait until it listens (on a port it picked, trying another if taken)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
@@ -276,8 +267,7 @@ def start_devserver(
     env: dict[str, str] | None = None,
     wait: bool = True,
 ) -> tuple[ManagedProcess, str]:
-    """Start a devserver; returns (process, base URL). With wait, returns once it listens (on a
-    port it picked, trying another if taken)."""
+    """Start a devserver; returns (process, base URL), with wait once it listens."""
     process: ManagedProcess | None = None
 
     def launch(chosen: int) -> str | None:
@@ -316,11 +306,9 @@ def start_worker(
 
 
 class Stack:
-    """The processes of one run (a test, a benchmark, the demo) in `folder` (logs, Redis data,
-    records by default), devservers on `tokenizer`, workers with `worker_env` added. `close()`
-    stops workers first (while their server still answers, so soft shutdown is quick), then
-    devservers, then Redis servers, each stop attempted even if one fails; processes get
-    `stop_timeout` seconds after SIGTERM; `remove` deletes the folder."""
+    """The processes of one run in `folder` (logs, Redis data, records), devservers on `tokenizer`,
+    workers with `worker_env`. `close()` stops workers (while servers answer), devservers, then
+    Redis, each stop tried even if one fails, `stop_timeout` s after SIGTERM; `remove` deletes the folder."""
 
     def __init__(
         self,
@@ -344,7 +332,6 @@ class Stack:
         self.close()
 
     def redis(self, **options) -> RedisServer:
-        """A private redis-server (RedisServer's options), started."""
         count = len(self.redis_servers)
         server = RedisServer(workdir=self.dir / (f"redis-{count}" if count else "redis"), **options)
         self.redis_servers.append(server)
@@ -360,7 +347,6 @@ class Stack:
         return process, url
 
     def worker(self, *, servers: list[str], redis_url: str, out: Path | None = None, **options) -> ManagedProcess:
-        """An `eagle-synth worker` process (start_worker's options; records in `out`, default folder/out)."""
         options["env"] = {**self.worker_env, **(options.get("env") or {})}
         out = out or self.dir / "out"
         process = start_worker(servers=servers, out=out, redis_url=redis_url, logdir=self.logdir, **options)

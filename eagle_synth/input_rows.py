@@ -1,10 +1,6 @@
-"""Input rows of a campaign, per source: what the latest `enqueue` that read each source counted.
-
-A rerun of `enqueue` on the same file reads its rows again; adding each run's figures would count
-a 300-row file as 600 rows after two runs. So each run stores, per source (a file's real path, a
-dataset split, or `-` for stdin), the rows it read and skipped there, replacing an earlier run's
-entry; `status` shows the sum over sources ("rows in its inputs, as last read"). The all-time
-counters `rows-read` / `rows-skipped` still add up every run, for campaigns from before this store.
+"""Input rows of a campaign per source, as the latest `enqueue` of each source counted them (a
+rerun replaces its entry, so a file read twice is not counted twice); `status` shows the sum. The
+all-time counters `rows-read` / `rows-skipped` still add up every run, for older campaigns.
 """
 
 from __future__ import annotations
@@ -24,9 +20,8 @@ STDIN_SOURCE = "-"
 
 @dataclass(slots=True)
 class SourceRows:
-    """Rows one enqueue run `read` from one source (enqueued, duplicate or skipped), those
-    `skipped` (skipped_by_reason says why), and those `resumed`: accounted for by an earlier run
-    and passed over before templating (producer/resume.py), whose skips are kept from its entry."""
+    """Rows one run `read` from one source, those `skipped` (by reason), and those `resumed`
+    (passed over as an earlier run's, producer/resume.py)."""
 
     read: int = 0
     skipped: int = 0
@@ -49,10 +44,8 @@ class SourceRows:
 
 
 def store_latest(client: redis.Redis, keys: CampaignKeys, by_source: dict[str, SourceRows]) -> None:
-    """Store one run's rows per source (its real path, so `data.jsonl` and `./data.jsonl` are one;
-    stdin stays `-`), replacing an earlier run's entry. A run that resumed a source never saw why
-    the rows it passed over were skipped, so the earlier entry's skips are carried over (not its
-    rows read: this run read the whole source again)."""
+    """Store one run's rows per source (real path; stdin `-`), replacing an earlier entry but
+    carrying over its skips when this run resumed (it never saw why those rows were skipped)."""
     if not by_source:
         return
     names = {s if s == STDIN_SOURCE else os.path.realpath(s): rows for s, rows in by_source.items()}

@@ -1,11 +1,8 @@
-"""A compact set of prompt keys for readers that must drop repeats across a whole campaign.
+"""A compact set of prompt keys for readers that drop repeats (a record can sit in two files).
 
-A record can sit in any two files (a crash between a rename and the mark done, a writer frozen
-past its lease between its lease check and its rename), so readers remember every key they
-yielded. A Python set of strings costs ~120 bytes per key (1.2 GB for 10M records); this keeps a
-64-bit digest of each key in an open-addressing table of machine words, a quarter to half full
-(it doubles): 16 to 32 bytes per key. Two keys with one digest would drop the second's record:
-for n keys the chance is about n^2 / 2^65 (3e-6 for 10M), and `verify` would show it.
+A set of strings costs ~120 B a key (1.2 GB for 10M); this keeps 64-bit digests in an
+open-addressing table a quarter to half full: 16-32 B a key. A digest collision would drop a
+record: chance about n^2 / 2^65 (3e-6 for 10M), and `verify` would show it.
 """
 
 from __future__ import annotations

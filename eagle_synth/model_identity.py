@@ -1,12 +1,7 @@
-"""What a campaign knows about its model beyond the tokenizer, stored in its settings by the
-producer so workers and the record tools (`verify`, `inspect`, `vocab`) agree on legal ids.
-
-* `model_vocab_size`: checkpoints pad the embedding past the tokenizer (Qwen3: 151,669 tokens,
-  `vocab_size` 151,936), and a sampling model can produce padded ids. Prompt ids stay checked
-  against the tokenizer (an id it cannot produce crashes SGLang), output ids against this.
-* `tokenizer_canary`: a short text with special tokens and its ids as the campaign's tokenizer
-  gives them; a server that tokenizes it differently serves another model and is refused before
-  it gets a batch (workers/model_check.py).
+"""What a campaign's settings know of its model beyond the tokenizer: `model_vocab_size` (output
+ids may reach the padded embedding, Qwen3: 151,936 > 151,669 tokens; prompt ids stay checked
+against the tokenizer) and `tokenizer_canary` (a text and its ids; a server tokenizing it
+otherwise serves another model: workers/model_check.py).
 """
 
 from __future__ import annotations
@@ -47,14 +42,12 @@ def config_size(config: dict, name: str) -> int | None:
 
 
 def output_id_bound(*, tokenizer_size: int, model_vocab: int | None) -> int:
-    """Output ids are legal below this: the model's vocabulary when known (never below the
-    tokenizer's), else any id a record can store."""
+    """Output ids are legal below this (the model's vocabulary, at least the tokenizer's)."""
     return UNKNOWN_VOCAB_BOUND if model_vocab is None else max(tokenizer_size, model_vocab)
 
 
 def tokenizer_canary(tokenizer) -> dict:
-    """{"text", "ids"}: the canary text around the tokenizer's special tokens, and its ids
-    without added special tokens (what a server's /tokenize returns for it)."""
+    """{"text", "ids"}: the canary text around special tokens, ids as a server's /tokenize gives."""
     specials = []
     for token in [getattr(tokenizer, "eos_token", None), "<think>", "</think>", *tokenizer.all_special_tokens]:
         if isinstance(token, str) and token and token not in specials and token in tokenizer.get_vocab():

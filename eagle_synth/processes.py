@@ -1,11 +1,7 @@
-"""Who holds something in Redis, and whether that holder is a process that has died.
+"""Who holds something in Redis (`host|pid|boot[|extra]`), and whether that holder has died.
 
-Leases, producer runs and in-flight counts name their holder as `host|pid|boot[|extra]`:
-`host` for people reading Redis, `boot` a token unique to this boot of this machine (the
-kernel's random boot id, or a random one when the system has none). A pid can only be checked
-by a process of the same boot: two hosts may share a hostname (cloned VMs, bare-metal images),
-and a pid that is not running here says nothing about a process on another machine. A dead
-process on another machine is found by its key expiring instead.
+A pid is checked only by a process of the same boot (hostnames repeat across cloned machines);
+a holder on another machine dies by its key expiring.
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ from pathlib import Path
 
 import redis
 
-# Environment variables that override what this module reads from the system, so tests can run
-# two "hosts" with one hostname on one machine (and operators can name nodes explicitly).
+# Overrides of the system's values (tests run two "hosts" on one machine; operators name nodes).
 ENV_HOSTNAME = "EAGLE_SYNTH_HOSTNAME"
 ENV_BOOT_ID = "EAGLE_SYNTH_BOOT_ID"
 # The kernel's random id of the current boot (Linux): differs between cloned VMs and after reboots.
@@ -32,8 +27,7 @@ def hostname() -> str:
 
 @cache
 def boot_id() -> str:
-    """A token unique to this boot of this machine: the kernel's boot id, else one random per
-    process (then a pid is never taken as proof of death: only key expiry is)."""
+    """The kernel's boot id, else one random per process (then only key expiry proves death)."""
     if given := os.environ.get(ENV_BOOT_ID):
         return given
     try:
@@ -59,8 +53,7 @@ def process_alive(pid: int) -> bool:
 
 
 def holder_dead(holder: str) -> bool:
-    """True if the holder is a process of this very boot of this machine that no longer exists;
-    one of another machine or an older form without a boot id never is (its key's expiry tells)."""
+    """True if the holder is a process of this very boot that no longer exists."""
     parts = holder.split("|")
     if len(parts) < 3 or parts[2] != boot_id() or not parts[1].isdigit():
         return False
@@ -68,6 +61,5 @@ def holder_dead(holder: str) -> bool:
 
 
 def holder_alive(client: redis.Redis, holder: str, alive_key: str) -> bool:
-    """The one liveness check of a holder that keeps a liveness key: alive while the key lives
-    (another machine's holder dies by its expiry) and it is not a dead process of this boot."""
+    """A holder with a liveness key is alive while the key lives and it is not dead here."""
     return not holder_dead(holder) and bool(client.exists(alive_key))

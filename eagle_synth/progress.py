@@ -1,7 +1,4 @@
-"""The live progress line of long commands: `enqueue` (rows read) and `export` / `vocab` (records read).
-
-A line on stderr when it is a terminal, silent otherwise (logs, CI, pipes, --json).
-"""
+"""The live progress line of `enqueue`, `export` and `vocab`: on stderr when it is a terminal, else silent."""
 
 from __future__ import annotations
 
@@ -46,8 +43,7 @@ def wanted() -> bool:
 
 
 class LiveLine:
-    """A spinner, a description, a bar and ETA when `total` (items expected) is known, the time
-    elapsed; nothing when not `enabled` or not on a terminal."""
+    """A spinner, description, bar and ETA when `total` is known, and time elapsed (if `enabled`)."""
 
     def __init__(self, *, total: int | None = None, enabled: bool = True, description: str = "") -> None:
         self.enabled = enabled and wanted()

@@ -1,10 +1,6 @@
-"""Where settings come from: arguments (the CLI's flags), then the environment, then defaults.
-
-One pydantic-settings family reads and checks every setting's environment variable (`EAGLE_SYNTH_`
-+ the field in capitals, or its alias): `BrokerSettings` (both sides), `Timings`, workers/config.py's
-`WorkerConfig`. A process writes its resolved settings into a child's environment (`to_env`), so one
-precedence rule covers the CLI, `celery -A workers.app worker` and tests; celeryconfig.py turns the
-broker settings into Celery's configuration.
+"""Settings come from arguments (the CLI's flags), then the environment (`EAGLE_SYNTH_` + the
+field in capitals, or its alias), then defaults: `BrokerSettings`, `Timings` and workers/config.py's
+`WorkerConfig`. A process hands its resolved settings to a child's environment (`to_env`).
 """
 
 from __future__ import annotations
@@ -75,17 +71,9 @@ class EnvSettings(BaseSettings):
 
 
 class BrokerSettings(EnvSettings):
-    """Connection to Redis (broker and campaign state) and the queue's timing.
-
-    Parameters:
-        redis_url: `redis://[user:password@]host:port/db`, `rediss://...` for TLS (REDIS_URL; the
-            default is the local development instance).
-        queue: Celery queue name shared by producer and workers.
-        visibility_timeout: seconds an unacked message stays reserved before it is redelivered.
-        restore_interval: seconds between kombu's sweeps that redeliver expired messages.
-        soft_shutdown_timeout: seconds a SIGTERMed worker finishes batches before requeueing.
-        ssl_ca, ssl_cert, ssl_key: optional certificate files for `rediss://`.
-    """
+    """Redis (REDIS_URL: `redis://[user:password@]host:port/db`, `rediss://` for TLS, with
+    optional `ssl_*` certificate files), the Celery `queue`, the seconds an unacked message stays
+    reserved (`visibility_timeout`), between kombu's restore sweeps, and of a soft shutdown."""
 
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
     queue: str = DEFAULT_QUEUE
@@ -114,8 +102,7 @@ class BrokerSettings(EnvSettings):
 
     @property
     def url_without_ssl_query(self) -> str:
-        """The URL minus its `ssl_*` query parameters: kombu lets those replace the whole
-        `broker_use_ssl` dict (dropping the CA file), so they travel in ssl_options instead."""
+        """The URL minus `ssl_*` parameters (kombu would let them replace `broker_use_ssl`)."""
         parts = urlparse(self.redis_url)
         query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if not k.startswith("ssl_")]
         return urlunparse(parts._replace(query=urlencode(query)))
@@ -132,8 +119,7 @@ class BrokerSettings(EnvSettings):
 
 
 class Timings(EnvSettings):
-    """Seconds of the recovery machinery, each described where it is used (workers/, state/stranded.py);
-    tests shorten them through the environment of the processes they start."""
+    """Seconds of the recovery machinery, each described where it is used."""
 
     lease_ttl: float = 60.0
     error_retry_delay: float = 15.0

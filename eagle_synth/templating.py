@@ -25,9 +25,8 @@ class TemplateError(UserError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TokenizerFacts:
-    """What a campaign records about its tokenizer: the `fingerprint` (a hash of the vocabulary,
-    added and special tokens), the chat template's hash, `vocab_size` (len(tokenizer): every id it
-    can produce is below it), the EOS id(s), the `<think>` / `</think>` ids if it has them."""
+    """A tokenizer's `fingerprint` (hash of vocabulary and special tokens), chat template hash,
+    `vocab_size` (len(tokenizer)), EOS ids and think-token ids."""
 
     fingerprint: str
     chat_template_hash: str
@@ -38,8 +37,7 @@ class TokenizerFacts:
 
 
 def check_tokenizer_path(path: str | os.PathLike) -> None:
-    """Refuse (TemplateError), in plain words, a --tokenizer that is no tokenizer folder; a
-    value that looks like a hub name (`org/model`) is left to transformers."""
+    """Refuse (TemplateError) a --tokenizer that is no tokenizer folder (`org/model` may be a hub name)."""
     text = str(path)
     folder = Path(text).expanduser()
     if folder.is_dir():
@@ -109,13 +107,8 @@ def tokenizer_facts(tokenizer) -> TokenizerFacts:
 def render_prompt_ids(
     tokenizer, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
 ) -> list[int]:
-    """The prompt ids of one conversation, exactly as `apply_chat_template` gives them.
-
-    Tool-call arguments are objects (what templates iterate over, and what SGLang and vLLM hand
-    their templates); a template that rejects them because it concatenates the arguments as text
-    (DeepSeek-V3.1's own) is given them as JSON text instead. Raises TemplateError with the
-    template's message for the objects when both fail.
-    """
+    """The prompt ids of one conversation, as `apply_chat_template` gives them; a template that
+    rejects object tool-call arguments (DeepSeek-V3.1 concatenates them) gets them as JSON text."""
     try:
         return render_prompt_ids_batch(tokenizer, [messages], tools=tools, template_kwargs=template_kwargs)[0]
     except TemplateError as first:
@@ -150,9 +143,7 @@ def render_prompt_ids_batch(
     tools: list[dict] | None = None,
     template_kwargs: dict | None = None,
 ) -> list[list[int]]:
-    """Prompt ids of several conversations that share `tools`: transformers' own batched
-    `apply_chat_template(..., add_generation_prompt=True, tokenize=True)`, so the ids are the
-    library's by construction (and the Rust tokenizer encodes in parallel). Raises TemplateError."""
+    """Prompt ids of conversations sharing `tools`, by transformers' batched apply_chat_template."""
     try:
         encoded = tokenizer.apply_chat_template(
             list(conversations),

@@ -20,8 +20,8 @@ from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
 from eagle_synth.payload import PromptItem
 from eagle_synth.reasons import PROMPT_TOO_LONG, RECORD_DAMAGED
 from eagle_synth.settings import BrokerSettings, broker_settings
-from eagle_synth.state import counters
 from eagle_synth.state.campaign import Campaign, CampaignSettings, refuse_other_settings
+from eagle_synth.state.keys import CONVERSATIONS, PROMPTS_ENQUEUED, ROWS_READ, ROWS_SKIPPED
 from eagle_synth.templating import check_tokenizer_path, load_tokenizer, tokenizer_facts
 from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 from producer.planner import PromptPlanner
@@ -386,7 +386,7 @@ def _publisher(
         max_backlog=options.max_backlog,
         max_backlog_bytes=options.max_backlog_mb * 1_000_000,
         on_wait=on_wait,
-        count_new_as=counters.CONVERSATIONS if options.history == "own" else None,
+        count_new_as=CONVERSATIONS if options.history == "own" else None,
     )
 
 
@@ -398,9 +398,9 @@ def _finish(publisher, summary: EnqueueSummary, registered: bool) -> None:
         campaign = publisher.campaign
         campaign.count(
             {
-                counters.ROWS_READ: summary.rows_read,
-                counters.ROWS_SKIPPED: summary.rows_skipped,
-                counters.PROMPTS_ENQUEUED: summary.prompts_enqueued,
+                ROWS_READ: summary.rows_read,
+                ROWS_SKIPPED: summary.rows_skipped,
+                PROMPTS_ENQUEUED: summary.prompts_enqueued,
             }
         )
         campaign.count_skipped(dict(summary.skipped))

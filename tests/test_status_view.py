@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from eagle_synth.cli import app as cli_app
 from eagle_synth.harness import RedisServer, scratch_dir, wait_for
 from eagle_synth.payload import PromptItem
-from eagle_synth.state import counters
 from eagle_synth.state.campaign import Campaign, CampaignSettings
+from eagle_synth.state.keys import PROMPTS_ENQUEUED, ROWS_READ, ROWS_SKIPPED
 from eagle_synth.state.node_state import HEALTHY, LOADING, UNHEALTHY, NodeState, ServerState
 from eagle_synth.tools.failures import failures_by_reason, format_failures
 from eagle_synth.tools.status import CAMPAIGN_ROW_KEYS, STATUS_KEYS, WORKER_KEYS, campaign_status, campaigns_overview
@@ -61,7 +61,7 @@ def _write_campaign(client: redis.Redis) -> None:
     # Claimed as the producer claims (its outbox entry cleared as after publishing).
     campaign.outbox.claim("test-run:1", [PromptItem(key=key, row_id="r", sample=0, ids=[1, 2, 3]) for key in keys])
     campaign.outbox.clear("test-run:1")
-    campaign.count({counters.ROWS_READ: ENQUEUED + 3, counters.ROWS_SKIPPED: 3, counters.PROMPTS_ENQUEUED: ENQUEUED})
+    campaign.count({ROWS_READ: ENQUEUED + 3, ROWS_SKIPPED: 3, PROMPTS_ENQUEUED: ENQUEUED})
     campaign.count_skipped({"empty-prompt": 2, "too-long": 1})
     # Two completions some time apart, as two batches would land.
     campaign.mark_done(keys[:6], tokens_in=TOKENS_IN // 2, tokens_out=TOKENS_OUT // 2)

@@ -9,7 +9,7 @@ broker loses, the reconciler publishes again. So a batch may arrive twice, or a 
 batches, and this module makes sure such copies never both write:
   * keys already done or failed (Redis) are skipped before any request;
   * the batch lease (workers/lease.py) keeps one batch id on one thread at a time; per-key
-    claims (eagle_synth/state/claims.py), taken in one Lua script at batch start and tied to that
+    claims (eagle_synth/state/fence.py), taken in one Lua script at batch start and tied to that
     lease, keep one key in one live batch whatever published it; a key another live batch
     claimed is skipped and left to it;
   * every write is fenced (eagle_synth/state/fence.py): the lease is renewed just before a record
@@ -61,10 +61,9 @@ from eagle_synth.records import (
     write_manifest,
     write_record_file,
 )
-from eagle_synth.state import claims
 from eagle_synth.state.batch_store import forget_if_finished
 from eagle_synth.state.campaign import Campaign, CampaignSettings
-from eagle_synth.state.fence import Fence, LeaseLost
+from eagle_synth.state.fence import ClaimLeaseLost, Fence, LeaseLost, claim, release
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
@@ -468,11 +467,11 @@ class BatchRunner:
                 self._run(
                     _Run(self, campaign, payload, outcome), lease, claimed, look_for_files=retried or lease.took_over
                 )
-            except (LeaseLost, claims.ClaimLeaseLost) as exc:
+            except (LeaseLost, ClaimLeaseLost) as exc:
                 raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
             finally:
                 with contextlib.suppress(redis.RedisError):  # else they lapse with the lease
-                    claims.release(self.redis, campaign.keys.claims, lease.key, lease.holder, claimed)
+                    release(self.redis, campaign.keys.claims, lease.key, lease.holder, claimed)
         # The campaign's copy of the batch is no longer needed once every key ended.
         forget_if_finished(self.redis, payload.campaign, payload.batch, [item.key for item in payload.items])
         return outcome
@@ -558,7 +557,7 @@ class BatchRunner:
         outcome.skipped_done = len(finished)
         # Claimed before anything is adopted or sent: a key another live batch holds is its own.
         open_keys = list(dict.fromkeys(k for k in keys if k not in finished))
-        busy = claims.claim(self.redis, campaign.keys.claims, lease.key, lease.holder, open_keys)
+        busy = claim(self.redis, campaign.keys.claims, lease.key, lease.holder, open_keys)
         claimed.extend(k for k in open_keys if k not in busy)
         if busy:
             outcome.claimed_elsewhere = len(busy)

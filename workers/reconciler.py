@@ -30,7 +30,7 @@ from eagle_synth.queue import payload_of_message
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
 from eagle_synth.state.campaign import Campaign, campaign_names
-from eagle_synth.state.claims import live_claims
+from eagle_synth.state.fence import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE, CampaignKeys
 from eagle_synth.state.redis_client import connect, text
 from eagle_synth.state.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches

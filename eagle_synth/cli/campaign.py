@@ -264,14 +264,10 @@ def _existing_campaign(redis_url: str | None, name: str) -> Campaign:
 def _check_failure_reason(target: Campaign, reason: str) -> None:
     """Stop naming --reason unless the campaign has, or once had, failures with that reason: a
     misspelt reason would otherwise re-enqueue nothing and look like success."""
-    from eagle_synth.state import counters
+    from eagle_synth.state.keys import FAILED_PREFIX
 
     current = target.failure_counts()
-    ever = {
-        key.removeprefix(counters.FAILED_PREFIX)
-        for key in target.progress().counters
-        if key.startswith(counters.FAILED_PREFIX)
-    }
+    ever = {key.removeprefix(FAILED_PREFIX) for key in target.progress().counters if key.startswith(FAILED_PREFIX)}
     if reason in current or reason in ever:
         return
     known = sorted(set(current) | ever)

@@ -1,12 +1,9 @@
-"""The campaign's copy of every published, unfinished batch: what makes a lost message recoverable.
+"""The campaign's copy of every published, unfinished batch, so a lost message is recoverable.
 
-kombu pops a message with BRPOP and records it in `unacked` in a later step, so a Redis (or
-worker) death between the two leaves it only in a worker's memory: no reaper, enqueue or
-`retry-failed` sees it again. So every publish (eagle_synth.queue send_payload, the one way in)
-first stores the payload here under its batch id, and the worker that finishes the batch deletes
-it. What stays too long, in no queue, no `unacked` and no live lease, with keys neither done nor
-failed, is lost: the reconciler (workers/reconciler.py) publishes it again. Redis so holds the
-backlog twice; `enqueue --max-backlog` bounds both.
+kombu's BRPOP and its `unacked` record are two steps: a death between them leaves the message
+only in memory. So every publish (queue.send_payload) stores the payload here first and the
+batch's end deletes it; what stays too long with no queue entry, no `unacked` and no lease is
+published again by workers/reconciler.py. `enqueue --max-backlog` bounds both copies.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""A campaign: its settings, fixed at first enqueue, and its progress, kept in Redis.
+"""A campaign in Redis: its settings, fixed at first enqueue, and its progress.
 
-Exactly one of these holds for every prompt key ever enqueued: it is pending, its record is
-on disk (`done`), or its failure is recorded (`failed`). The producer adds keys; workers move
-them to done or failed; `retry-failed` moves failed keys back to pending; `repair` moves done
-keys whose record files are damaged back to pending, or to failed when their prompt is lost.
-The `enqueued` set holds the pending and failed keys, `done` the done ones (layout 2: a key
-marked done leaves `enqueued`, so a finished prompt costs one set member, not two). Every
-change that must be atomic is one Lua script (eagle_synth/state/lua/).
+Every prompt key ever enqueued is exactly one of pending, done (its record is on disk) or
+failed; `retry-failed` and `repair` move keys back. `enqueued` holds the pending and failed
+keys, `done` the done ones (layout 2: a done key leaves `enqueued`, one set member per finished
+prompt). Every change that must be atomic is one Lua script (eagle_synth/state/lua/).
 """
 
 from __future__ import annotations
@@ -24,39 +21,35 @@ import zstandard
 
 from eagle_synth.errors import UserError
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
-from eagle_synth.state import counters
 from eagle_synth.state.fence import Fence
-from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys
+from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys, failed_counter
 from eagle_synth.state.lua import script
 from eagle_synth.state.outbox import Outbox
 from eagle_synth.state.redis_client import text
 
-# Completion events kept per campaign for throughput figures (about the last few minutes).
+# Completion events kept per campaign for throughput figures.
 EVENTS_MAXLEN = 20_000
-# Settings fields that do not change what a campaign generates, so they may differ:
-# model_vocab_size and tokenizer_canary follow from the tokenizer (its fingerprint is compared);
-# batch_size only groups prompts into tasks.
+# Settings fields that may differ: they do not change the output (the tokenizer's fingerprint is
+# compared; batch_size only groups prompts into tasks).
 _IGNORED_IN_DIFF = frozenset({"created_at", "tokenizer_path", "batch_size", "model_vocab_size", "tokenizer_canary"})
 # Keys per Redis round trip when moving keys between sets.
 FAILURE_CHUNK = 1000
 # Keys read from the done set per SSCAN step.
 DONE_SCAN_COUNT = 10_000
-# Failures read per HSCAN step: a few MB of 2k-token prompts, so `failed` and `retry-failed`
-# stay in bounded memory however many failures a campaign has.
+# Failures read per HSCAN step: a few MB of 2k-token prompts, so memory stays bounded.
 FAILURE_SCAN_COUNT = 500
-# Leading bytes of a compact failure (Failure.encode): `F1 <reason>\n<zstd msgpack>`. The reason
-# stays readable so Lua scripts count it without decoding; the old format is JSON (starts '{').
+# Leading bytes of a compact failure (Failure.encode): `F1 <reason>\n<zstd msgpack>`, the reason
+# readable for Lua; the old format is JSON.
 FAILURE_MAGIC = b"F1 "
 # zstd level of a stored failure: ids compress to ~1.4 B a token at level 3 (JSON ids: ~5.6).
 FAILURE_ZSTD_LEVEL = 3
-# MARK_DONE_LUA's functions are shared with the conversation store's commit.
 MARK_DONE_LUA = script("failure_reason", "mark_done_lib")
 _RECORD_FAILURE = script("failure_reason", "record_failure")
 _TAKE_FAILURES = script("failure_reason", "take_failures")
 _MARK_DONE = script("failure_reason", "mark_done_lib", "mark_done")
 _UNDO_DONE = script("undo_done")
 _FOLD_DONE = script("fold_done")
-# The layout of a campaign's key sets (CampaignKeys.layout): 2 since done keys leave `enqueued`.
+# The layout of a campaign's key sets (CampaignKeys.layout).
 LAYOUT = "2"
 
 
@@ -75,15 +68,11 @@ def check_campaign_name(name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class CampaignSettings:
-    """What every prompt of a campaign is made with, fixed at its first enqueue: the tokenizer
-    (its fingerprint, templating.TokenizerFacts; its path, informational), the chat template's
-    hash and kwargs, the default system prompt, `sampling` (SamplingParams.to_dict()), the ids
-    (workers never send one >= `vocab_size`), `max_prompt_tokens` (longer prompts were skipped).
-    `history` "dataset" ends prompts at the dataset's user turns, "own" answers every user turn
-    on the model's own answers, up to `max_turns`, tool calls parsed in `tool_format`
-    (docs/producer.md). `variants`: Variant.to_dict()s. `batch_size`: the first enqueue's, which
-    `retry-failed` batches by (0: not recorded). `model_vocab_size`, `tokenizer_canary`:
-    eagle_synth/model_identity.py (None / empty: unknown, not checked)."""
+    """What every prompt of a campaign is made with, fixed at its first enqueue: tokenizer facts
+    (templating.TokenizerFacts), chat template kwargs, system prompt, `sampling`
+    (SamplingParams.to_dict()), `max_prompt_tokens`, `history` ("dataset" or "own", up to
+    `max_turns`, tool calls in `tool_format`: docs/producer.md), `variants`, the first enqueue's
+    `batch_size` (0: unknown), `model_vocab_size` and `tokenizer_canary` (model_identity.py)."""
 
     name: str
     tokenizer_path: str
@@ -133,9 +122,8 @@ def _as_bytes(raw: bytes | str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A prompt that will not be retried automatically: its `reason` (a slug of
-    eagle_synth.reasons), the server's or our own `message`, the `item` to enqueue it again, the
-    batch's `sampling`, when (`at`, unix time) and which `worker` recorded it."""
+    """A prompt not retried automatically: `reason` (eagle_synth.reasons), `message`, the `item`
+    to enqueue again, the batch's `sampling`, when (`at`) and which `worker` recorded it."""
 
     reason: str
     message: str
@@ -148,8 +136,7 @@ class Failure:
         return json.dumps(asdict(self))
 
     def encode(self) -> bytes:
-        """The compact stored form: FAILURE_MAGIC, the reason, a newline, then one zstd frame of
-        msgpack holding the rest, with the ids packed as the queue packs them (uint32 bytes)."""
+        """FAILURE_MAGIC, reason, newline, a zstd frame of msgpack (ids packed as the queue packs them)."""
         body = [self.message, self.at, self.worker, self.sampling, pack_item(PromptItem.from_replay(self.item))]
         packed = msgpack.packb(body, use_bin_type=True)
         return FAILURE_MAGIC + self.reason.encode() + b"\n" + zstandard.compress(packed, FAILURE_ZSTD_LEVEL)
@@ -193,9 +180,8 @@ def _ints(mapping: dict) -> dict[str, int]:
 
 
 class Campaign:
-    """One campaign's state in Redis (`client`: eagle_synth.state.redis_client.connect); producer,
-    workers and tools change it only through its methods (and those of its outbox and its
-    ConversationStore)."""
+    """One campaign's state in Redis; everything changes it only through these methods (and its
+    outbox's and ConversationStore's)."""
 
     def __init__(self, client: redis.Redis, name: str) -> None:
         check_campaign_name(name)
@@ -235,7 +221,7 @@ class Campaign:
         pipe.execute()
 
     def count(self, increments: dict[str, int]) -> None:
-        """Add to the campaign's integer counters (names from eagle_synth.state.counters)."""
+        """Add to the campaign's integer counters (names from eagle_synth.state.keys)."""
         self._add(self.keys.counters, increments)
 
     def count_skipped(self, reasons: dict[str, int]) -> None:
@@ -264,9 +250,8 @@ class Campaign:
     def mark_done(
         self, keys: list[str], *, tokens_in: int, tokens_out: int, repaired: int = 0, fence: Fence | None = None
     ) -> int:
-        """Record that these keys' records are on disk; returns how many were new. With a fence,
-        only while its batch lease is the writer's (else LeaseLost, nothing marked), releasing the
-        keys' claims in the same step."""
+        """Record that these keys' records are on disk; returns how many were new. With a fence, only
+        under its lease (else LeaseLost), releasing the keys' claims in the same step."""
         if not keys:
             return 0
         k = self.keys
@@ -285,14 +270,13 @@ class Campaign:
         worker: str = "",
         fence: Fence | None = None,
     ) -> None:
-        """Keep a prompt that failed for good, with what is needed to replay it. With a fence,
-        only while its batch lease is the writer's (else LeaseLost, nothing recorded)."""
+        """Keep a prompt that failed for good, replayable; with a fence, only under its lease."""
         failure = Failure(reason, message[:2000], item.to_replay(), sampling, time.time(), worker)
         k = self.keys
 
         def write(pipe: redis.Redis) -> None:  # a transaction pipeline when fenced
             pipe.eval(_RECORD_FAILURE, 2, k.failed, k.failed_reasons, item.key, failure.encode(), reason)
-            pipe.hincrby(k.counters, counters.failed(reason), 1)
+            pipe.hincrby(k.counters, failed_counter(reason), 1)
 
         if fence is not None:
             fence.run(self.client, write)
@@ -317,8 +301,7 @@ class Campaign:
         return self._undo("", keys) if keys else 0
 
     def fail_done(self, failures: Iterable[tuple[str, Failure]]) -> int:
-        """Move done keys to `failed`, each with its failure, FAILURE_CHUNK keys per round trip
-        (`failures` is read as it goes); keys no longer done are left alone. Returns how many moved."""
+        """Move done keys to `failed` with their failures, FAILURE_CHUNK per round trip; returns how many moved."""
         moved = 0
         pending = iter(failures)
         while chunk := list(islice(pending, FAILURE_CHUNK)):
@@ -333,9 +316,7 @@ class Campaign:
         return dict(self.iter_failures())
 
     def iter_failures(self, *, count: int = FAILURE_SCAN_COUNT) -> Iterator[tuple[str, Failure]]:
-        """(key, failure) pairs read in HSCAN steps of about `count`, so memory stays bounded; a
-        failure recorded or dropped meanwhile may or may not be seen (HSCAN's guarantee: every key
-        present throughout is seen at least once)."""
+        """(key, failure) pairs in HSCAN steps of about `count` (HSCAN's guarantees)."""
         for key, raw in self.client.hscan_iter(self.keys.failed, count=count):
             yield text(key), Failure.decode(raw)
 
@@ -355,9 +336,6 @@ class Campaign:
         taken = self.client.eval(_TAKE_FAILURES, 2, self.keys.failed, self.keys.failed_reasons, *keys)
         return {text(key) for key in taken}
 
-    def drop_failures(self, keys: list[str]) -> int:
-        return len(self.take_failures(keys))
-
     def failure_counts(self) -> dict[str, int]:
         """Prompts currently failed, by reason, without reading the failures themselves."""
         return {k: v for k, v in _ints(self.client.hgetall(self.keys.failed_reasons)).items() if v > 0}
@@ -376,9 +354,8 @@ class Campaign:
         return Progress(int(enqueued) + int(done), int(done), int(failed), _ints(counts))
 
     def fold_done(self) -> int:
-        """Move a campaign made before layout 2 (every done key also in `enqueued`) to layout 2:
-        its done keys leave `enqueued`, in SSCAN steps, each checked and moved in one script, so
-        workers may run meanwhile. Returns how many keys left `enqueued`."""
+        """Move a campaign of layout 1 (done keys also in `enqueued`) to layout 2 in SSCAN steps,
+        workers running meanwhile; returns how many keys left `enqueued`."""
         k = self.keys
         moved = 0
         keys = self.client.sscan_iter(k.done, count=DONE_SCAN_COUNT)
@@ -406,8 +383,7 @@ def campaign_names(client: redis.Redis) -> list[str]:
 
 
 def refuse_other_settings(name: str, stored: CampaignSettings, settings: CampaignSettings) -> None:
-    """Raise CampaignMismatch when `settings` differ from the stored ones (`register` and a dry
-    run, which must refuse what the real run refuses)."""
+    """Raise CampaignMismatch when `settings` differ from the stored ones (`register`, a dry run)."""
     if diff := stored.differences(settings):
         raise CampaignMismatch(
             f"campaign {name!r} was created with other settings:\n  "

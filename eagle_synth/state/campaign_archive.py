@@ -1,13 +1,8 @@
-"""A campaign's end: its Redis state folded into one file of the campaign folder, and read back.
-
-`eagle-synth close NAME --out DIR` runs once a campaign is complete (nothing pending, queued,
-claimed or in flight) and every done key has its record under DIR/NAME/records on this host. It
-writes DIR/NAME/STATE_FILE and frees the campaign's key sets, leaving its settings, counters and
-the `ended` marker (CampaignKeys.ended). `enqueue` and `retry-failed` on an ended campaign read
-the file back first (`reopen`), so a rerun stays exact. The file is one zstd frame of a msgpack
-stream: a header map, chunks ["done", [key, ...]], ["failed", [[key, stored failure], ...]],
-["ends", [[conversation, end JSON], ...]], and a last ["end", {"done": n, "failed": n, "ends": n}]
-that says it is whole.
+"""A campaign's end: `close` folds its Redis state into DIR/NAME/STATE_FILE once it is complete
+and every record is under DIR/NAME/records, freeing its key sets but its settings, counters and
+`ended` marker; `enqueue` and `retry-failed` read the file back first (`reopen`). The file is one
+zstd frame of a msgpack stream: a header map, chunks ["done", [key, ...]], ["failed", [[key,
+stored failure], ...]], ["ends", [[conversation, end JSON], ...]], then ["end", counts] when whole.
 """
 
 from __future__ import annotations
@@ -36,14 +31,13 @@ from eagle_synth.state.redis_client import text
 STATE_FILE = "campaign-state.msgpack.zst"
 # Version of the file's layout; `reopen` refuses others.
 STATE_FORMAT = 1
-# Keys per chunk and per Redis round trip, both ways: ~0.4 MB of keys, bounded memory, few trips.
+# Keys per chunk and per Redis round trip: ~0.4 MB of keys.
 FOLD_CHUNK = 10_000
-# Failures per chunk: a 2k-token failure is ~3.7 KB, so FOLD_CHUNK of them would be ~37 MB
-# (measured: `close` at 100k failures peaked at 204 MiB); this many keep a chunk near 2 MB.
+# Failures per chunk (~3.7 KB each: near 2 MB; FOLD_CHUNK of them made `close` peak at 204 MiB).
 FAILURE_FOLD_CHUNK = 500
 # zstd level of the state file: hex keys halve at any level; 3 is the fastest that does.
 STATE_ZSTD_LEVEL = 3
-# Queue messages read per LRANGE step when checking that none of the campaign's batches waits.
+# Queue messages read per LRANGE step.
 QUEUE_SCAN_STEP = 1000
 
 _FREE = script("free")
@@ -59,8 +53,7 @@ class StateFileUnavailable(UserError, FileNotFoundError):
 
 @dataclass(frozen=True, slots=True)
 class CloseSummary:
-    """What `close` did: the state file written (`path`, `file_bytes`), the `done` and `failed`
-    keys folded, Redis's used_memory before and after the freeing."""
+    """What `close` did: file written, keys folded, Redis's used_memory before and after."""
 
     path: Path
     done: int
@@ -77,8 +70,7 @@ def ended_info(campaign: Campaign) -> dict | None:
 
 
 def _fingerprint(keys: Iterable[str]) -> tuple[int, int]:
-    """(count, sum of 128-bit key digests mod 2^128): identifies a set of keys in constant memory
-    (equal sums for unequal sets take a collision no campaign comes near)."""
+    """(count, sum of 128-bit key digests mod 2^128): a set of keys in constant memory."""
     count = total = 0
     for key in keys:
         count += 1
@@ -87,8 +79,7 @@ def _fingerprint(keys: Iterable[str]) -> tuple[int, int]:
 
 
 def _record_keys(folder: Path) -> Iterator[str]:
-    """The distinct keys of the records under `folder`, one file at a time; only keys of batches
-    found in more than one file are remembered."""
+    """The distinct keys of the records under `folder` (only repeated batches' keys are remembered)."""
     files = scan_campaign(folder)
     seen_repeated: set[str] = set()
     for path in files.live:
@@ -211,10 +202,8 @@ def _used_memory(campaign: Campaign) -> int:
 
 
 def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) -> CloseSummary:
-    """Fold a complete campaign's Redis state into OUT/NAME/STATE_FILE and free its key sets:
-    check, write the file (fsynced, renamed into place), then in one script check that nothing
-    changed, set the `ended` marker and free the sets, so a kill at any step leaves the campaign
-    either open and whole or ended with its file in place."""
+    """Check, write the file (fsynced, renamed), then in one script check nothing changed, set
+    `ended` and free the sets: a kill leaves the campaign open and whole or ended with its file."""
     folder = campaign_dir(out, campaign.name)
     if (info := ended_info(campaign)) is not None:
         raise CampaignNotClosable(f"campaign {campaign.name!r} is already closed (into {info['path']})")
@@ -252,9 +241,8 @@ def _read_state(path: Path) -> Iterator[Any]:
 
 
 def reopen_campaign(campaign: Campaign, path: str | os.PathLike) -> tuple[int, int]:
-    """Read a state file back into Redis (the done set, the failures and their enqueued keys)
-    and remove the `ended` marker; returns (done, failed) restored. Safe to run again after a
-    kill (every write is a set or hash insert); the marker goes only once the file was read whole."""
+    """Read a state file back into Redis, then remove `ended` (only once read whole; rerunnable
+    after a kill); returns (done, failed) restored."""
     client, k = campaign.client, campaign.keys
     stream = _read_state(Path(path))
     header = next(stream, None)
@@ -286,9 +274,7 @@ def reopen_campaign(campaign: Campaign, path: str | os.PathLike) -> tuple[int, i
 
 
 def reopen_if_closed(campaign: Campaign) -> tuple[int, int] | None:
-    """Before enqueueing into (or retrying) a campaign: read its state back if it was closed.
-    Returns (done, failed) restored, None for an open campaign; StateFileUnavailable when the
-    file is not where `close` wrote it."""
+    """Read a closed campaign's state back: (done, failed), None if open, else StateFileUnavailable."""
     info = ended_info(campaign)
     if info is None:
         return None

@@ -13,9 +13,9 @@ from collections import Counter
 from itertools import chain
 
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
-from eagle_synth.state import counters
 from eagle_synth.state.campaign import EVENTS_MAXLEN, Campaign
 from eagle_synth.state.fence import Fence
+from eagle_synth.state.keys import CONVERSATIONS, conversation_end_counter
 from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
@@ -163,10 +163,10 @@ class ConversationStore:
         """Conversations: total, done, in progress, stopped by reason, follow-ups waiting (a
         failed prompt is a conversation stopped by that failure; `retry-failed` resumes it)."""
         counts = self.campaign.progress().counters
-        ended = {reason: counts.get(counters.conversation_end(reason), 0) for reason in END_REASONS}
+        ended = {reason: counts.get(conversation_end_counter(reason), 0) for reason in END_REASONS}
         stopped = Counter({reason: count for reason, count in ended.items() if reason != END_COMPLETE and count})
         stopped.update(self.campaign.failure_counts())
-        total = counts.get(counters.CONVERSATIONS, 0)
+        total = counts.get(CONVERSATIONS, 0)
         done = ended[END_COMPLETE]
         return {
             "total": total,
@@ -184,7 +184,7 @@ class ConversationStore:
         out: dict[str, dict] = {
             reason: {"count": count, "examples": []}
             for reason in END_REASONS
-            if reason != END_COMPLETE and (count := counts.get(counters.conversation_end(reason), 0))
+            if reason != END_COMPLETE and (count := counts.get(conversation_end_counter(reason), 0))
         }
         wanted = examples * len(out)
         for seen, (_, raw) in enumerate(self.client.hscan_iter(self.keys.conversation_ends, count=500)):

@@ -1,13 +1,13 @@
-"""Redis key names: the one place producer, workers and tools agree on them.
-
-Everything eagle-synth keeps in Redis starts with KEY_PREFIX, so an operator can see (and
-back up) it with one SCAN pattern. Celery's own keys (the queue list, `unacked`, ...) are
-Celery's business and are not named here.
+"""Redis key names, all under KEY_PREFIX (one SCAN pattern; Celery's own keys are not named here),
+and the names of a campaign's counters (fields of CampaignKeys.counters). Lua scripts get the
+counter names through `in_lua`, so script and Python cannot drift apart. Renaming any of these
+orphans the data of running campaigns: they are the Redis data layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from string import Template
 
 # Prefix of every key eagle-synth writes.
 KEY_PREFIX = "eagle-synth"
@@ -15,11 +15,9 @@ KEY_PREFIX = "eagle-synth"
 CAMPAIGNS = f"{KEY_PREFIX}:campaigns"
 # How long a worker's heartbeat hash lives without being refreshed, seconds.
 WORKER_TTL = 30
-# Sorted set node -> unix time its heartbeat hash expires: how `status` finds workers without
-# scanning the keyspace (a SCAN of a 10M-prompt Redis walks every key); the reader prunes it.
+# Sorted set node -> when its heartbeat expires: `status` finds workers without a SCAN.
 WORKERS_INDEX = f"{KEY_PREFIX}:workers"
-# Strings with a TTL: the worker whose reaper sweeps for stranded batches, and whose reconciler
-# looks for lost batches, this round.
+# Strings with a TTL: the worker whose reaper / reconciler runs this round.
 REAPER_LOCK = f"{KEY_PREFIX}:reaper"
 RECONCILER_LOCK = f"{KEY_PREFIX}:reconciler"
 # Hash of the reconciler's memory between rounds (Redis run id last seen, rounds with a deficit).
@@ -63,31 +61,28 @@ class CampaignKeys:
 
     # String: the settings as JSON, written once by the first enqueue.
     settings = _Key()
-    # Set of the prompt keys enqueued and not done (pending or failed); with `done`, every key ever
-    # enqueued (the producer's duplicate check).
+    # Set of the prompt keys enqueued and not done (pending or failed).
     enqueued = _Key()
     # String: the key sets' layout (campaign.LAYOUT); absent before done keys left `enqueued`.
     layout = _Key()
     # Set of prompt keys whose record is on disk.
     done = _Key()
-    # Hash prompt key -> its failure as stored (Failure.encode); reason -> how many are in it.
+    # Hashes prompt key -> its stored failure (Failure.encode), and reason -> how many.
     failed = _Key()
     failed_reasons = _Key()
-    # Hash of integer counters (eagle_synth.state.counters).
+    # Hash of integer counters (the names below).
     counters = _Key()
     # Stream of completions (records, tokens) for throughput over the last minute.
     events = _Key()
     # Hash server URL -> server info JSON seen by the workers (provenance).
     servers = _Key()
-    # Hash of claimed-but-not-yet-published prompt chunks, replayed after a killed enqueue (outbox.py).
+    # Hash of claimed, unpublished prompt chunks (outbox.py).
     outbox = _Key()
-    # String (JSON: path, host, at, done, failed): the campaign was closed, its key sets folded into
-    # the file at `path` on `host` and freed (campaign_archive.py); workers leave it alone.
+    # String (JSON: path, host, at, done, failed): the campaign was closed (campaign_archive.py).
     ended = _Key()
-    # Hash (run scope | input file | size | mtime) -> the last line of that file whose rows are all
-    # claimed: a rerun skips them before templating (producer/resume.py).
+    # Hash (run scope | file | size | mtime) -> last fully claimed line (producer/resume.py).
     cursors = _Key()
-    # Hash prompt key -> the batch lease (key and holder) generating it right now (claims.py).
+    # Hash prompt key -> the batch lease (key and holder) generating it right now (fence.py).
     claims = _Key()
     # Hash batch id -> every published, unfinished batch: what the reconciler republishes (batch_store.py).
     batches = _Key()
@@ -95,8 +90,7 @@ class CampaignKeys:
     skipped = _Key()
     # Hash input source -> rows the latest enqueue of it read and skipped (JSON; eagle_synth.input_rows).
     input_rows = _Key()
-    # Hash turn key -> a conversation's next turn between its previous turn's commit and its batch
-    # (to render, or rendered and claimed): the follow-up outbox.
+    # Hash turn key -> a conversation's next turn until its batch is out: the follow-up outbox.
     followups = _Key()
     # Hash batch id -> a batch of follow-up turns formed but maybe not yet published.
     followup_batches = _Key()
@@ -112,3 +106,42 @@ class CampaignKeys:
     def lease(self, batch: str) -> str:
         """String: which batch thread (host|pid|token) runs a batch right now (a renewed, expiring lease)."""
         return f"{self.base}:lease:{batch}"
+
+
+# Counter names.
+# Input rows the producer read and skipped; prompt keys it enqueued for the first time.
+ROWS_READ = "rows-read"
+ROWS_SKIPPED = "rows-skipped"
+PROMPTS_ENQUEUED = "prompts-enqueued"
+# Records on disk (keys marked done), and their prompt and output tokens.
+RECORDS = "records"
+TOKENS_IN = "tokens-in"
+TOKENS_OUT = "tokens-out"
+# Records whose output began with prompt-tail ids the worker dropped (an old SGLang bug).
+REPAIRED_PREFIX = "repaired-prefix"
+# Done keys `repair` took back out of done because their record file was damaged.
+RECORDS_DAMAGED = "records-damaged"
+# Conversations the producer started (`--history own`).
+CONVERSATIONS = "conversations"
+# Prefixes of the per-reason counts of failures ever recorded (`failed-server-error`) and of
+# conversation ends (`conversations-complete`).
+FAILED_PREFIX = "failed-"
+CONVERSATION_END_PREFIX = "conversations-"
+
+# What `in_lua` substitutes: `$RECORDS` in a script becomes RECORDS's value (every name above).
+_LUA_NAMES = {name: value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str)}
+
+
+def failed_counter(reason: str) -> str:
+    """Counter of failures ever recorded with this reason (retries do not lower it)."""
+    return FAILED_PREFIX + reason
+
+
+def conversation_end_counter(reason: str) -> str:
+    return CONVERSATION_END_PREFIX + reason  # eagle_synth.conversation.END_REASONS
+
+
+def in_lua(script: str) -> str:
+    """A Lua script's text with each `$NAME` replaced by the counter name NAME
+    (KeyError for an unknown one, so a typo fails at import, not in Redis)."""
+    return Template(script).substitute(_LUA_NAMES)

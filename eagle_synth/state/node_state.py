@@ -1,8 +1,5 @@
-"""A worker node's shared state in Redis: what its batch threads and `status` read.
-
-The health gate (the worker's main process) writes each server's state here; pool children read
-it before every batch, report suspect servers and successful generations, and count prompts in
-flight. One hash per node, expiring unless refreshed, so a dead worker leaves `status` by itself.
+"""A worker node's hash in Redis (expiring unless refreshed): the health gate writes server
+states; pool children read them, report suspects and successes, and count prompts in flight.
 """
 
 from __future__ import annotations
@@ -28,11 +25,9 @@ UNKNOWN = "unknown"  # not probed yet
 
 @dataclass(slots=True)
 class ServerState:
-    """One server as this node sees it: its `state` (a name above) `since` when, the last probe's
-    `detail`; then what preflight learnt (None: not reported): provenance (version, model, launch
-    args), the slots speculative decoding reserves per request (counted against the context), the
-    caps (`max_total_num_tokens`: its KV cache), whether it honours `sampling_seed` and accepts the
-    key at all (older servers reject it), and its `backend` ("sglang" or "vllm", workers/backends/)."""
+    """One server as this node sees it: `state` (above) `since` when, the last probe's `detail`,
+    then what preflight learnt (None: not reported): provenance, draft-reserved slots, caps,
+    sampling-seed support and `backend` (workers/backends/)."""
 
     state: str = UNKNOWN
     since: float = 0.0

@@ -1,11 +1,7 @@
-"""A campaign's producer outbox: prompt chunks claimed but maybe not yet published, and the
-liveness keys of the enqueue runs that own them.
-
-Claiming keys and recording the chunk are one Lua script; an entry is cleared once every batch
-made from it is published (progress noted after each). A run that finds entries of a run that is
-gone publishes them (producer/publisher.py). A chunk is up to three fields of the outbox hash:
-`<run id>:<serial>` (the items, msgpack), `...:new` (JSON indices of the newly claimed items) and
-`...:sent` (items published).
+"""A campaign's producer outbox: prompt chunks claimed (one Lua script with the claim) and not
+yet all published, and the liveness keys of the enqueue runs owning them; a dead run's chunks are
+published by another (producer/publisher.py). A chunk is the hash fields `<run id>:<serial>`
+(items, msgpack), `...:new` (JSON indices of the new items) and `...:sent` (items published).
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ def _pack_items(items: list[PromptItem]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
-    """One chunk in the outbox: its `field` (chunk_field), the enqueue run that claimed it, how
-    many items were `sent`, the items as stored, the indices of the `new` ones (None: all)."""
+    """One chunk: its `field`, claiming run, items `sent`, stored items, `new` indices (None: all)."""
 
     field: str
     run_id: str
@@ -54,8 +49,7 @@ class OutboxEntry:
 
 
 class Outbox:
-    """The producer outbox of one campaign (`client`: redis_client.connect's) and its enqueue
-    runs' liveness keys."""
+    """One campaign's producer outbox and its enqueue runs' liveness keys."""
 
     def __init__(self, client: redis.Redis, keys: CampaignKeys) -> None:
         self.client = client
@@ -63,9 +57,8 @@ class Outbox:
         self._claim = client.register_script(script("outbox_claim"))
 
     def claim(self, field: str, items: list[PromptItem], *, count_as: str | None = None) -> list[bool]:
-        """Add the items' keys that are neither enqueued nor done to the enqueued set and, if any
-        was new, store the chunk under `field`, all in one step; `count_as` (a counter name) grows
-        by the number of new keys. Returns, per item, whether its key was new."""
+        """In one step, enqueue the items' keys seen nowhere yet and, if any, store the chunk under
+        `field`, adding their number to counter `count_as`; returns per item whether it was new."""
         k = self.keys
         indices = self._claim(
             keys=[k.enqueued, k.outbox, k.counters, k.done],
@@ -79,8 +72,7 @@ class Outbox:
         self.client.hset(self.keys.outbox, field, _pack_items(items))
 
     def note_sent(self, field: str, sent: int, *, run_id: str) -> None:
-        """Record that the chunk's first `sent` items are published and that its run is alive,
-        in one round trip (this runs once per published batch)."""
+        """The chunk's first `sent` items are published and its run is alive (one round trip)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.set(self.keys.producer(run_id), 1, ex=PRODUCER_TTL)
         pipe.hset(self.keys.outbox, field + _SENT, sent)

@@ -1,15 +1,10 @@
-"""Redis must neither evict nor forget: the checks `enqueue` and `worker` run before they touch the queue.
+"""Redis must neither evict nor forget: the checks `enqueue` and `worker` run first.
 
-A Redis that evicts keys when full (any `maxmemory-policy` but `noeviction`) silently drops
-queue lists, kombu's bindings or a campaign's `enqueued` set: work is lost or done twice with no
-error anywhere. A Redis with neither an append-only file nor RDB snapshots comes back empty
-after a restart: every prompt not yet done is gone, and the reconciler cannot bring back what
-Redis no longer knows. So both are refused unless the operator accepts the risk
-(`--allow-evicting-redis`, `--allow-volatile-redis`). `appendonly yes` is what to run; a snapshot
-schedule passes too, since what it loses on a crash the reconciler and `enqueue`'s rerun bring
-back. Managed Redis often forbids CONFIG; the values are then read from INFO, and if that is
-forbidden too the check becomes a warning. With `noeviction` a full Redis refuses writes instead
-(redis.exceptions.OutOfMemoryError): `out_of_memory_message` explains that in one line.
+An evicting Redis silently drops queue lists or key sets; one with neither AOF nor RDB comes
+back empty after a restart. Both are refused unless the operator accepts the risk (the flags
+below); an RDB schedule passes, as the reconciler and a rerun bring back what a crash loses.
+Where CONFIG is forbidden the values come from INFO, else the check becomes a warning. A full
+`noeviction` Redis refuses writes (OutOfMemoryError): `out_of_memory_message` says so.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from eagle_synth.errors import UserError
 
 # The only eviction policy under which Redis never drops a key on its own.
 REQUIRED_POLICY = "noeviction"
-# The flags that accept an evicting / a non-persisting Redis; named in every refusal.
+# The flags that accept an evicting / a non-persisting Redis.
 OVERRIDE_FLAG = "--allow-evicting-redis"
 VOLATILE_FLAG = "--allow-volatile-redis"
 # Text of Redis's OOM reply, which kombu wraps into its own OperationalError.
@@ -36,8 +31,7 @@ class VolatileRedisError(UserError, RuntimeError):
 
 
 def read_eviction_policy(client: redis.Redis) -> tuple[str | None, str | None]:
-    """(policy, None), or (None, why it could not be read) when CONFIG and INFO are both refused
-    (ACL users without `config`, managed services that rename or disable CONFIG)."""
+    """(policy, None), or (None, why) when CONFIG and INFO are both refused."""
     problems = []
     try:
         if value := client.config_get("maxmemory-policy").get("maxmemory-policy"):
@@ -55,8 +49,7 @@ def read_eviction_policy(client: redis.Redis) -> tuple[str | None, str | None]:
 
 
 def check_eviction_policy(client: redis.Redis, *, allow_evicting: bool = False) -> str | None:
-    """Raise EvictingRedisError if Redis may evict keys (unless allow_evicting); returns a
-    warning when the policy could not be read or an evicting one was accepted."""
+    """Raise EvictingRedisError if Redis may evict (unless allow_evicting); else a warning or None."""
     policy, problem = read_eviction_policy(client)
     if policy is None:
         return (
@@ -97,9 +90,7 @@ def read_persistence(client: redis.Redis) -> tuple[bool | None, str]:
 
 
 def check_persistence(client: redis.Redis, *, allow_volatile: bool = False) -> str | None:
-    """Raise VolatileRedisError if Redis would lose the campaign on restart (unless
-    allow_volatile); returns a warning when persistence could not be read or a volatile Redis
-    was accepted."""
+    """Raise VolatileRedisError if Redis persists nothing (unless allow_volatile); else a warning or None."""
     persists, how = read_persistence(client)
     if persists:
         return None
@@ -115,9 +106,7 @@ def check_persistence(client: redis.Redis, *, allow_volatile: bool = False) -> s
 
 
 def check_redis_ready(client: redis.Redis, *, allow_evicting: bool = False, allow_volatile: bool = False) -> str | None:
-    """Ping (which authenticates), check the eviction policy and persistence; returns a warning
-    or None. Raises redis.AuthenticationError / ConnectionError, EvictingRedisError and
-    VolatileRedisError, so a command can stop with one line before doing anything."""
+    """Ping (authenticating), then both checks; a warning or None, or the checks' and redis's errors."""
     client.ping()
     warnings = [
         check_eviction_policy(client, allow_evicting=allow_evicting),

@@ -1,16 +1,10 @@
 """Batches stranded by a dead worker: fetched from the queue, held by no one alive.
 
-kombu keeps every fetched, unacknowledged message in the `unacked` hash (delivery tag -> JSON
-[message, exchange, routing_key]) and `unacked_index` (tag scored by fetch time), and puts it
-back only after the visibility timeout (6 h here, as batches may run for hours). The batch lease
-tells the dead from the slow: a running batch renews it every LEASE_TTL/3, and it lapses
-LEASE_TTL after its holder dies. So a message of ours fetched more than REAP_AFTER seconds ago
-(which covers taking the lease and retry countdowns held in memory) with no live batch lease is
-stranded, and is put back exactly as kombu would (same queue, same priority list, marked
-redelivered so the next worker looks for files an earlier attempt left). A batch restored anyway
-finds every key done or failed and does nothing. Restoring is one Lua script (lease, entry
-unchanged, remove, push back), so no message is restored twice. workers/reaper.py runs this in
-every worker; `eagle-synth status` counts stranded prompts.
+kombu keeps fetched, unacked messages in `unacked` (tag -> JSON [message, exchange, routing key])
+and `unacked_index` (tag by fetch time) until the 6 h visibility timeout. A running batch renews
+its lease, which lapses LEASE_TTL after its holder dies: so a message fetched over REAP_AFTER s
+ago with no lease is stranded, and is put back as kombu would (same queue and priority list,
+marked redelivered), in one Lua script so never twice. workers/reaper.py runs this.
 """
 
 from __future__ import annotations
@@ -31,10 +25,9 @@ from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
-# Seconds since fetch after which a message without a live batch lease is stranded
-# (EAGLE_SYNTH_REAP_AFTER).
+# Seconds since fetch after which a message without a live batch lease is stranded.
 REAP_AFTER = TIMINGS.reap_after
-# kombu's own key names and separators (we use kombu's defaults, never override them).
+# kombu's own key names and separators (its defaults).
 UNACKED_KEY = Channel.unacked_key
 UNACKED_INDEX_KEY = Channel.unacked_index_key
 BINDING_KEY_FORMAT = Channel.keyprefix_queue
@@ -44,8 +37,7 @@ PRIORITY_STEPS = list(Channel.priority_steps)
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 # Unacked entries fetched per HMGET.
 FETCH_CHUNK = 200
-# Decoded (campaign, batch, keys) remembered per delivery tag, so `status --watch` does not
-# decode every held message on every refresh.
+# Decoded (campaign, batch, keys) cached per delivery tag (for `status --watch`).
 DECODED_CACHE_SIZE = 50_000
 
 _decoded: dict[str, tuple[str, str, tuple[str, ...]] | None] = {}
@@ -53,8 +45,7 @@ _decoded: dict[str, tuple[str, str, tuple[str, ...]] | None] = {}
 
 @dataclass(frozen=True, slots=True)
 class HeldBatch:
-    """One of our batch messages in `unacked`: kombu's delivery `tag`, when it was fetched, the
-    payload's campaign, batch and keys, the raw `entry` (None when only counting)."""
+    """One of our batch messages in `unacked`, with its raw `entry` (None when only counting)."""
 
     tag: str
     fetched_at: float
@@ -146,9 +137,7 @@ def stranded_prompts(
 def _destination(
     client: redis.Redis, message: dict, exchange: str, routing_key: str, *, queue_name: str | None
 ) -> str | None:
-    """The list kombu would push this message back to (kombu's _lookup and _q_for_pri), or None.
-    A direct exchange routes to the queues whose binding key equals the routing key, the anonymous
-    one by the routing key alone; without a binding, a routing key naming our queue routes there."""
+    """The list kombu would push this message back to (its _lookup and _q_for_pri), or None."""
     queue = None if exchange else routing_key or None
     if exchange:
         bindings = (

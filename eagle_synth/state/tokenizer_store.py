@@ -1,11 +1,6 @@
-"""A campaign's tokenizer files kept in Redis, so every worker host renders with the same one.
-
-With `enqueue --history own` the workers render each conversation's next turn, with the very
-tokenizer and chat template the producer used and no tokenizer path of their own. The producer
-saves the loaded tokenizer (`save_pretrained`, a `--chat-template` override applied) and stores
-the files once, zstd-compressed msgpack, under a key named by the tokenizer's fingerprint and
-template hash. A worker unpacks them into a local cache folder on first need; its renderer
-refuses to render if what it loaded differs from the campaign's settings (workers/renderer.py).
+"""A campaign's tokenizer files in Redis (zstd msgpack, keyed by fingerprint and template hash),
+so with `--history own` every worker renders follow-up turns with the producer's very tokenizer;
+workers unpack them into a local cache on first need (workers/renderer.py checks them).
 """
 
 from __future__ import annotations

@@ -17,10 +17,13 @@ import redis
 
 from eagle_synth import input_rows
 from eagle_synth.errors import CampaignNotFound
-from eagle_synth.state import counters
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.campaign_archive import ended_info
+<<<<<<< HEAD
 from eagle_synth.state.conversation_store import ConversationStore
+=======
+from eagle_synth.state.keys import FAILED_PREFIX, REPAIRED_PREFIX, ROWS_READ, ROWS_SKIPPED, TOKENS_IN, TOKENS_OUT
+>>>>>>> hstate2
 from eagle_synth.state.node_state import UNKNOWN, all_nodes
 from eagle_synth.state.stranded import stranded_prompts
 
@@ -115,17 +118,17 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "finished_share": round(finished / progress.enqueued, 4) if progress.enqueued else 0.0,
         "failed_by_reason": campaign.failure_counts(),
         "failures_recorded_by_reason": {
-            key.removeprefix(counters.FAILED_PREFIX): value
+            key.removeprefix(FAILED_PREFIX): value
             for key, value in progress.counters.items()
-            if key.startswith(counters.FAILED_PREFIX)
+            if key.startswith(FAILED_PREFIX)
         },
         # Per source as its latest enqueue read it (a rerun replaces, not adds); older campaigns: all-time counters.
-        "rows_read": inputs.read if inputs else progress.counters.get(counters.ROWS_READ, 0),
-        "rows_skipped": inputs.skipped if inputs else progress.counters.get(counters.ROWS_SKIPPED, 0),
+        "rows_read": inputs.read if inputs else progress.counters.get(ROWS_READ, 0),
+        "rows_skipped": inputs.skipped if inputs else progress.counters.get(ROWS_SKIPPED, 0),
         "skipped_by_reason": dict(inputs.skipped_by_reason) if inputs else campaign.skipped(),
-        "tokens_in": progress.counters.get(counters.TOKENS_IN, 0),
-        "tokens_out": progress.counters.get(counters.TOKENS_OUT, 0),
-        "repaired_prefix": progress.counters.get(counters.REPAIRED_PREFIX, 0),
+        "tokens_in": progress.counters.get(TOKENS_IN, 0),
+        "tokens_out": progress.counters.get(TOKENS_OUT, 0),
+        "repaired_prefix": progress.counters.get(REPAIRED_PREFIX, 0),
         "records_per_s": round(records_per_s, 3),
         "tokens_per_s": round(tokens_per_s, 1),
         "rate_window_s": RATE_WINDOW,
