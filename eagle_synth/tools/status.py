@@ -19,11 +19,8 @@ from eagle_synth import input_rows
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.campaign_archive import ended_info
-<<<<<<< HEAD
 from eagle_synth.state.conversation_store import ConversationStore
-=======
 from eagle_synth.state.keys import FAILED_PREFIX, REPAIRED_PREFIX, ROWS_READ, ROWS_SKIPPED, TOKENS_IN, TOKENS_OUT
->>>>>>> hstate2
 from eagle_synth.state.node_state import UNKNOWN, all_nodes
 from eagle_synth.state.stranded import stranded_prompts
 
