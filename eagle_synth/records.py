@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -78,18 +78,14 @@ class RecordFilesVanished(UserError, FileNotFoundError):
     """Record files listed a moment ago are gone and no shard holds them."""
 
 
-def _u32le_to_u24le(data: bytes) -> bytes:
-    out = bytearray(data)
-    del out[3::4]
-    return bytes(out)
-
-
-def encode_ids(ids: Sequence[int], codec: str) -> bytes:
-    """Ids as bytes in `codec` ("u24le" needs every id below 2**24)."""
-    if codec not in ID_CODEC_WIDTH:
-        raise ValueError(f"unknown id codec {codec!r}")
-    u32 = pack_ids(ids)
-    return u32 if codec == "u32le" else _u32le_to_u24le(u32)
+def _narrow(u32s: list[bytes]) -> tuple[list[bytes], bool]:
+    """Little-endian uint32 id bytes as ID_CODEC, or kept (True) when an id needs 32 bits (a high byte is not 0)."""
+    if any(u32[3::4].strip(b"\0") for u32 in u32s):
+        return u32s, True
+    out = [bytearray(u32) for u32 in u32s]
+    for u24 in out:
+        del u24[3::4]
+    return [bytes(u24) for u24 in out], False
 
 
 def ids_as_u32le(data: bytes, codec: str) -> bytes:
@@ -109,7 +105,6 @@ def ids_as_u32le(data: bytes, codec: str) -> bytes:
 
 
 def decode_ids(data: bytes, codec: str) -> list[int]:
-    """The inverse of encode_ids."""
     return unpack_ids(ids_as_u32le(data, codec))
 
 
@@ -158,24 +153,24 @@ class Record:
         """0 over the prompt, 1 over the output."""
         return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
 
-    def to_wire(self, *, codec: str = ID_CODEC) -> dict:
-        """The msgpack map stored for this record; ids in `codec` unless they need WIDE_ID_CODEC."""
+    def to_wire(self) -> dict:
+        """The msgpack map stored for this record; ids in ID_CODEC unless they need WIDE_ID_CODEC."""
         data = {
             name: getattr(self, name)
             for name in _FIELD_NAMES
             if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None
         }
-        if codec == "u24le" and max(max(self.prompt_ids, default=0), max(self.output_ids, default=0)) >= 1 << 24:
-            data["id_codec"] = codec = WIDE_ID_CODEC
-        data["prompt_ids"] = encode_ids(self.prompt_ids, codec)
-        data["output_ids"] = encode_ids(self.output_ids, codec)
+        ids, wide = _narrow([pack_ids(self.prompt_ids), pack_ids(self.output_ids)])
+        if wide:
+            data["id_codec"] = WIDE_ID_CODEC
+        data["prompt_ids"], data["output_ids"] = ids
         return data
 
     @classmethod
     def from_wire(cls, data: dict, *, codec: str = "u32le") -> Record:
         """A record from its stored map; `codec` is the file's (a record's own `id_codec` wins)."""
         codec = data.get("id_codec", codec)
-        values = {k: v for k, v in data.items() if k in _FIELD_SET}
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         values["prompt_ids"] = decode_ids(data["prompt_ids"], codec)
         values["output_ids"] = decode_ids(data["output_ids"], codec)
         return cls(**values)
@@ -184,7 +179,6 @@ class Record:
 _FIELD_NAMES = tuple(Record.__dataclass_fields__)
 # Fields only some campaigns use: left out of the stored map when unset.
 _OMITTED_WHEN_NONE = frozenset({"conversation", "variant", "tool_calls"})
-_FIELD_SET = frozenset(_FIELD_NAMES)
 _META_FIELDS = tuple(n for n in _FIELD_NAMES if n not in ("prompt_ids", "output_ids"))
 
 
@@ -218,12 +212,10 @@ class RawRecord:
 
     def to_wire(self) -> dict:
         """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
-        data, ids = dict(self.meta), [self.prompt_u32, self.output_u32]
-        # An id needs 32 bits when the high byte of its little-endian uint32 is not 0.
-        if any(u32[3::4].strip(b"\0") for u32 in ids):
+        data = dict(self.meta)
+        ids, wide = _narrow([self.prompt_u32, self.output_u32])
+        if wide:
             data["id_codec"] = WIDE_ID_CODEC
-        else:
-            ids = [_u32le_to_u24le(u32) for u32 in ids]
         data["prompt_ids"], data["output_ids"] = ids
         if self.src is not None:
             data["src"] = self.src
@@ -278,31 +270,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# Mode of a new file before the umask, as open() creates files: with the usual umask 022 that is
-# 0644, so a trainer running as another user can read records, manifests and exports.
-NEW_FILE_MODE = 0o666
-
-
 def _current_umask() -> int:
-    """The process umask, read without changing it (Linux /proc), else by setting and restoring it."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
+    """The process umask, read without changing it (Linux /proc; setting it races other threads)."""
+    with suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
 def open_temporary(folder: Path, *, prefix: str, suffix: str) -> tuple[int, str]:
-    """mkstemp in `folder`, then given the mode open() would give (0o666 minus the umask) instead of
-    mkstemp's 0600, so the file renamed into place is readable as any other file the user makes."""
+    """mkstemp in `folder`, given the mode open() would give (0o666 minus the umask: 0644 usually, so a
+    trainer running as another user can read records and exports) instead of mkstemp's 0600."""
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
     try:
-        os.fchmod(fd, NEW_FILE_MODE & ~_current_umask())
+        os.fchmod(fd, 0o666 & ~_current_umask())
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
@@ -311,8 +295,7 @@ def open_temporary(folder: Path, *, prefix: str, suffix: str) -> tuple[int, str]
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a file so that it appears whole or not at all, even across a power cut; its mode
-    honours the umask (0644 by default)."""
+    """Write a file so that it appears whole or not at all, even across a power cut."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = open_temporary(path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
     try:
@@ -322,8 +305,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 
@@ -622,46 +604,29 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Call
         # Decided on the stored map, before any id is decoded; across every file of the campaign.
         return not dedupe or seen.add(str(data.get("key")))
 
-    missing: list[str] = []
-    for path in scan.batch_files:
+    missing: set[str] = set()
+    for path in scan.live:
         try:
-            # A vanished file raises on open, before any record is yielded.
+            # A vanished file raises on open, before any record is yielded; only batch files vanish.
             yield from _iter_file(path, make, accept=fresh)
         except FileNotFoundError:
-            missing.append(path.name)
-    for path in scan.shards:
-        yield from _iter_file(path, make, accept=fresh)
-    if missing:
-        yield from _iter_moved(campaign_path, scan, missing, make, fresh)
-
-
-def _iter_moved(
-    campaign_path: str | os.PathLike,
-    scan: CampaignFiles,
-    missing: list[str],
-    make: Callable[[dict, dict], _T],
-    fresh: Callable[[dict, dict], bool],
-) -> Iterator[_T]:
-    """Records of batch files that a concurrent `compact` moved into a shard after our scan."""
-    wanted = set(missing)
-    for path in record_files(campaign_path):
-        if not wanted:
+            if is_shard(path):
+                raise
+            missing.add(path.name)
+    # Batch files a concurrent `compact` moved into a shard after our scan: read from that shard.
+    for path in record_files(campaign_path) if missing else []:
+        if not missing:
             break
         if not is_shard(path) or path in scan.shard_sources:
             continue
         names = read_file_header(path).get("sources", [])
-        indices = {i for i, name in enumerate(names) if name in wanted}
-        if not indices:
-            continue
-        wanted -= {names[i] for i in indices}
-
-        def accept(data: dict, header: dict, sources: frozenset[int] = frozenset(indices)) -> bool:
-            return data.get("src") in sources and fresh(data, header)
-
-        yield from _iter_file(path, make, accept=accept)
-    if wanted:
+        indices = frozenset(i for i, name in enumerate(names) if name in missing)
+        if indices:
+            missing -= {names[i] for i in indices}
+            yield from _iter_file(path, make, accept=lambda d, h, i=indices: d.get("src") in i and fresh(d, h))
+    if missing:
         raise RecordFilesVanished(
-            f"record files {sorted(wanted)[:3]} vanished from {records_dir(campaign_path)} and no shard "
+            f"record files {sorted(missing)[:3]} vanished from {records_dir(campaign_path)} and no shard "
             "holds them: something other than `eagle-synth compact` deleted them"
         )
 
