@@ -230,8 +230,7 @@ def _with_header_names(data: dict, header: dict) -> dict:
 
 
 def _raw_from_wire(data: dict, header: dict) -> RawRecord:
-    codec = data.get("id_codec") or header["id_codec"]
-    data = _with_header_names(data, header)
+    data, codec = _with_header_names(data, header), data.get("id_codec") or header["id_codec"]
     return RawRecord(
         meta={k: data[k] for k in _META_FIELDS if k in data},
         prompt_u32=ids_as_u32le(data["prompt_ids"], codec),
@@ -325,10 +324,8 @@ def encode_record_file(records: Iterable[Record], *, campaign: str, batch: str) 
     """The bytes of one batch file: header then records, in one zstd frame."""
     packer = msgpack.Packer(use_bin_type=True)
     parts = [packer.pack(_header(campaign=campaign, kind="batch", batch=batch))]
-    for record in records:
-        wire = record.to_wire()
-        wire["batch"] = batch
-        parts.append(packer.pack(wire))
+    # `batch` is a Record field, so the map keeps its key order.
+    parts += [packer.pack({**record.to_wire(), "batch": batch}) for record in records]
     compressor = zstandard.ZstdCompressor(level=RECORD_ZSTD_LEVEL, write_checksum=True)
     return compressor.compress(b"".join(parts))
 
@@ -349,12 +346,10 @@ def remove_stale_temporaries(
     removed = 0
     cutoff = time.time() - older_than
     for path in folder.glob(f"{prefix}*"):
-        try:
+        with suppress(FileNotFoundError):
             if older_than <= 0 or path.stat().st_mtime < cutoff:
                 path.unlink()
                 removed += 1
-        except FileNotFoundError:
-            pass
     return removed
 
 
@@ -431,10 +426,8 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
         if self._done:
             return
         self._done = True
-        try:
+        with suppress(zstandard.ZstdError):
             self._stream.close()
-        except zstandard.ZstdError:
-            pass
         self._handle.close()
         self.tmp.unlink(missing_ok=True)
 
@@ -518,12 +511,11 @@ def read_file_header(path: str | os.PathLike) -> dict:
 
 
 def read_record_file(path: str | os.PathLike) -> Iterator[Record]:
-    """Stream the records of one file (a batch file or a shard)."""
+    """Stream the records of one file (a batch file or a shard); read_raw_file as RawRecord."""
     return _iter_file(path, _record_from_wire)
 
 
 def read_raw_file(path: str | os.PathLike) -> Iterator[RawRecord]:
-    """Stream the records of one file with ids left as uint32 bytes (see RawRecord)."""
     return _iter_file(path, _raw_from_wire)
 
 
@@ -637,7 +629,8 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
     With `dedupe` (the default) a repeated key is skipped, whatever files hold it, so a training
     job sees one record per prompt sample even where a crash (or a stopped `compact`) left two;
     keys are remembered as 64-bit digests (eagle_synth/key_set.py, 256 MB for 10M records). Safe
-    while workers write and `compact` runs (a file compacted away mid-read is read from its shard):
+    while workers write and `compact` runs (a file compacted away mid-read is read from its shard).
+    iter_raw_records gives RawRecord, the fast path for columnar code:
 
         from eagle_synth.records import iter_records
         for record in iter_records("out/my-campaign"):
@@ -647,7 +640,6 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
 
 
 def iter_raw_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[RawRecord]:
-    """iter_records with ids as uint32 bytes (RawRecord): the fast path for columnar code."""
     return _iter_campaign(campaign_path, dedupe=dedupe, make=_raw_from_wire)
 
 
