@@ -105,21 +105,16 @@ class SamplingParams:
                 f"--stop-token-ids {list(self.stop_token_ids)}: ids must be >= 0",
             ),
         )
-        problems = [message for failed, message in checks if failed]
-        if problems:
+        if problems := [message for failed, message in checks if failed]:
             raise SamplingError("; ".join(problems))
 
     def to_dict(self) -> dict:
         """Plain JSON form, stored in the campaign settings and every record."""
-        data = asdict(self)
-        data["stop_token_ids"] = list(self.stop_token_ids)
-        return data
+        return {**asdict(self), "stop_token_ids": list(self.stop_token_ids)}
 
     @classmethod
     def from_dict(cls, data: dict) -> SamplingParams:
-        data = dict(data)
-        data["stop_token_ids"] = tuple(data.get("stop_token_ids") or ())
-        return cls(**data)
+        return cls(**{**data, "stop_token_ids": tuple(data.get("stop_token_ids") or ())})
 
     def for_server(self) -> dict:
         """The `sampling_params` the worker sends and records carry, every value explicit, without
