@@ -371,17 +371,11 @@ def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch:
 
 
 class ShardWriter(AbstractContextManager["ShardWriter"]):
-    """Streams records into a dot-named temporary file that `commit()` fsyncs and renames to
-    `shard-<utc time>-<nonce>.zst`; leaving the `with` block without a commit leaves no shard.
-
-    Parameters:
-        campaign_path: the campaign folder.
-        campaign: campaign name, kept in the header.
-        sources: names of the batch files this shard absorbs; a record's `src` is the index of
-            its file here, and readers skip a listed file that still exists.
-        level: zstd level.
-        threads: zstd worker threads (0 = compress in the calling thread).
-    """
+    """Streams records of `campaign` (kept in the header) into a dot-named temporary file in
+    `campaign_path`'s records folder, compressed at zstd `level` by `threads` workers (0: in this
+    thread); `commit()` fsyncs and renames it to `shard-<utc time>-<nonce>.zst`, leaving the `with`
+    block without a commit leaves no shard. `sources` names the batch files the shard absorbs: a
+    record's `src` indexes it, and readers skip a listed file that still exists."""
 
     def __init__(
         self,
@@ -410,7 +404,7 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
         self.records += 1
 
     def commit(self) -> Path:
-        """Make the shard visible under its final name; returns that path."""
+        """Rename the shard to its final name; returns that path."""
         self._stream.close()
         self._handle.flush()
         os.fsync(self._handle.fileno())
@@ -539,17 +533,11 @@ def record_files(campaign_path: str | os.PathLike) -> list[Path]:
 
 @dataclass(frozen=True, slots=True)
 class CampaignFiles:
-    """A snapshot of a campaign's record files and how they overlap.
-
-    Parameters:
-        batch_files: batch files whose records no shard holds yet.
-        shards: shard files, oldest first.
-        absorbed: batch files a shard already holds (left by a compaction that was stopped
-            before it deleted them); readers skip them, the next `compact` deletes them.
-        shard_sources: for each shard, the names of the batch files it absorbed.
-        repeated_batches: batch ids whose records sit in more than one file: the only records
-            a repeated key can come from, so the only ones readers track keys of.
-    """
+    """A snapshot of a campaign's record files: `batch_files` no shard holds yet, `shards` oldest
+    first, and the batch files a shard already holds (`absorbed`: left by a stopped compaction;
+    readers skip them, the next `compact` deletes them). `shard_sources` maps each shard to the
+    batch file names it absorbed; `repeated_batches` are the batch ids whose records sit in more
+    than one file, the only records a repeated key can come from."""
 
     batch_files: list[Path]
     shards: list[Path]
@@ -559,7 +547,7 @@ class CampaignFiles:
 
     @property
     def live(self) -> list[Path]:
-        """The files that hold every record exactly once (up to repeated keys): batch files, then shards."""
+        """Batch files, then shards: every record once (up to repeated keys)."""
         return self.batch_files + self.shards
 
 

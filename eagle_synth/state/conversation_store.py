@@ -70,12 +70,9 @@ class ConversationStore:
         repaired: int = 0,
         fence: Fence | None = None,
     ) -> tuple[int, set[str]]:
-        """Mark keys done and, for each newly done one, store its follow-up or its end (with a
-        fence: only while its batch lease is the writer's, else LeaseLost and nothing changes).
-
-        `entries` are (key, action, target, data) as followup_commit.lua takes them. Returns how
-        many keys were newly done and the next turn keys stored.
-        """
+        """Mark keys done and store each newly done one's follow-up or end (`entries`: (key, action,
+        target, data) as followup_commit.lua takes them); with a fence, only while the batch lease is
+        the writer's (else LeaseLost). Returns how many keys were newly done and the turn keys stored."""
         if not entries:
             return 0, set()
         k = self.keys
