@@ -1,15 +1,12 @@
-"""The record format: one record per prompt sample, in zstd-compressed msgpack files.
-
-Layout under `OUT/<campaign>/`:
+"""The record format: one record per prompt sample, in zstd-compressed msgpack files under `OUT/<campaign>/`:
 
     manifest.json                          campaign settings, server provenance, counts
     records/<batch>-<nonce>.zst            a batch file: what one worker commit wrote
     records/shard-<time>-<nonce>.zst       a shard: many batch files merged by `eagle-synth compact`
 
-Every file is one zstd frame holding a msgpack header map, then one map per record. A file
-appears whole or not at all: it is written to a dot-named temporary file, fsynced and
-renamed. Readers stream: one file at a time, one record at a time. See docs/records.md for
-every field, the id codecs and the measurements behind them.
+Every file is one zstd frame: a msgpack header map, then one map per record. A file appears whole
+or not at all (written to a dot-named temporary file, fsynced, renamed). Readers stream one record
+at a time. docs/records.md has every field, the id codecs and the measurements behind them.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import msgpack
 import zstandard
@@ -280,33 +277,39 @@ def _current_umask() -> int:
     return mask
 
 
-def open_temporary(folder: Path, *, prefix: str, suffix: str) -> tuple[int, str]:
-    """mkstemp in `folder`, given the mode open() would give (0o666 minus the umask: 0644 usually, so a
-    trainer running as another user can read records and exports) instead of mkstemp's 0600."""
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+def _open_temporary(folder: Path, *, prefix: str, suffix: str) -> IO[bytes]:
+    """A new file in `folder` with the mode open() would give (0o666 minus the umask: 0644 usually, so
+    a trainer running as another user can read records and exports) instead of mkstemp's 0600."""
+    handle = tempfile.NamedTemporaryFile(dir=folder, prefix=prefix, suffix=suffix, delete=False)
     try:
-        os.fchmod(fd, 0o666 & ~_current_umask())
+        os.fchmod(handle.fileno(), 0o666 & ~_current_umask())
     except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
+        handle.close()
+        os.unlink(handle.name)
         raise
-    return fd, tmp
+    return handle
+
+
+def _publish(handle: IO[bytes], path: Path) -> None:
+    """fsync and close a temporary file, then rename it to `path`, durably."""
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
+    os.replace(handle.name, path)
+    fsync_dir(path.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write a file so that it appears whole or not at all, even across a power cut."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = open_temporary(path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
+    handle = _open_temporary(path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        handle.write(data)
+        _publish(handle, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        handle.close()
+        Path(handle.name).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
 
 
 def _header(*, campaign: str, **extra: Any) -> dict:
@@ -388,10 +391,9 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
     ) -> None:
         self.folder = records_dir(campaign_path)
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = open_temporary(self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
-        self.tmp = Path(tmp)
+        self._handle = _open_temporary(self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
+        self.tmp = Path(self._handle.name)
         self.records = 0
-        self._handle = os.fdopen(fd, "wb")
         compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=threads)
         self._stream = compressor.stream_writer(self._handle, closefd=False)
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -406,13 +408,9 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
     def commit(self) -> Path:
         """Rename the shard to its final name; returns that path."""
         self._stream.close()
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-        self._handle.close()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = self.folder / f"{SHARD_PREFIX}{stamp}-{secrets.token_hex(4)}{RECORD_SUFFIX}"
-        os.replace(self.tmp, path)
-        fsync_dir(self.folder)
+        _publish(self._handle, path)
         self._done = True
         return path
 
@@ -603,7 +601,11 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Call
         indices = frozenset(i for i, name in enumerate(names) if name in missing)
         if indices:
             missing -= {names[i] for i in indices}
-            yield from _iter_file(path, make, accept=lambda d, h, i=indices: d.get("src") in i and fresh(d, h))
+
+            def moved(data: dict, header: dict, sources: frozenset[int] = indices) -> bool:
+                return data.get("src") in sources and fresh(data, header)
+
+            yield from _iter_file(path, make, accept=moved)
     if missing:
         raise RecordFilesVanished(
             f"record files {sorted(missing)[:3]} vanished from {records_dir(campaign_path)} and no shard "
