@@ -1,12 +1,9 @@
-"""Multi-turn regeneration on the model's own answers (`enqueue --history own`): the contract.
+"""Multi-turn regeneration on the model's own answers (`enqueue --history own`), for producer and workers.
 
-Turn 0's prompt is the chat template over the row's system message and first user message, as
-for every prompt; once turn k's record is committed, the model's answer (reasoning split at the
-think-end token, tool calls parsed and paired with the dataset's results in rows with tools)
-becomes the history of turn k+1's prompt. docs/records.md ("Conversations") states the contract
-id for id. The producer and the workers both use this module, so every turn is made by the same
-code. A conversation's key hashes what defines it; a turn's key hashes that key and the turn
-index, so each turn is claimed exactly once (docs/reliability.md).
+Once turn k's record is committed, the model's answer (reasoning split at the think-end token; in
+rows with tools, tool calls parsed and paired with the dataset's results) becomes the history of
+turn k+1's prompt; docs/records.md ("Conversations") states it id for id. A turn's key hashes the
+conversation's key and the turn index, so each turn is claimed exactly once (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -177,14 +174,8 @@ def parse_answer(
 
 
 class NextTurn(msgspec.Struct, frozen=True):
-    """What comes after a committed turn: a prompt to queue, or why the conversation ends.
-
-    Parameters:
-        ids: the next turn's prompt ids (None when the conversation ends).
-        state: the next turn's conversation state (None when it ends).
-        end: an END_* reason when the conversation ends here.
-        message: details for the end (the template's error, the prompt length).
-    """
+    """What comes after a committed turn: the next prompt's `ids` and `state`, or (both None) the
+    END_* reason the conversation ends for (`end`) and its details (`message`)."""
 
     ids: list[int] | None = None
     state: ConversationState | None = None
@@ -213,9 +204,8 @@ def next_turn(
     max_prompt_tokens: int | None = None,
     tool_format: str | None = None,
 ) -> NextTurn:
-    """Render the turn after a committed one, or say why the conversation ends.
-
-    `tool_format` (the campaign's) is needed for rows with tools (ValueError without it)."""
+    """Render the turn after a committed one, or say why the conversation ends; rows with tools
+    need the campaign's `tool_format` (ValueError without it)."""
     from eagle_synth.templating import TemplateError, render_prompt_ids
 
     end = end_before_render(state, finish_reason=finish_reason)

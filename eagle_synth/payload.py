@@ -1,13 +1,9 @@
-"""The task payload: what the producer puts on the queue and a worker takes off it.
+"""The task payload: a batch of prompts as token ids (never text) plus sampling parameters, one msgpack map.
 
-A task carries a batch of prompts as token ids (never text) plus the campaign's sampling
-parameters, as one msgpack map (never pickle). Ids of the whole batch travel as one
-zstd-compressed uint32 blob: kombu base64s message bodies on Redis, so a JSON list of six-digit
-ids costs about 9 bytes a token while this costs about 3.
-
-Version 2 adds, per prompt, what `--history own` and `--variants` need: the conversation's
-state, the variant's sampling overrides and its name. A batch that uses none of them is still
-written as version 1, so workers that only know version 1 keep taking the campaigns they can run.
+Ids of the whole batch travel as one zstd-compressed uint32 blob: kombu base64s message bodies on
+Redis, so a JSON list of six-digit ids costs about 9 bytes a token while this costs about 3.
+Version 2 adds, per prompt, the conversation state, variant overrides and variant name; a batch
+using none is still version 1, so workers that only know version 1 keep taking what they can run.
 """
 
 from __future__ import annotations
@@ -51,20 +47,10 @@ def prompt_key(*, prompt_ids: bytes, sampling: dict, sample: int) -> str:
 
 
 class PromptItem(msgspec.Struct):
-    """One prompt sample to generate.
-
-    Parameters:
-        key: the stable prompt key (see prompt_key).
-        row_id: the source row's id, kept as provenance.
-        sample: index of this sample among the prompt's n samples.
-        ids: the templated prompt ids.
-        seed: this sample's `sampling_seed`, or None.
-        source: where the row came from, `file:line`.
-        turn: index of the user turn the prompt ends at.
-        conversation: with `--history own`, ConversationState.to_dict(); None otherwise.
-        sampling_overrides: the variant's `sampling_params` that differ from the batch's.
-        variant: the name of the variant the prompt was made with, if any.
-    """
+    """One prompt sample to generate: its `key` (prompt_key), source row id, sample index among n,
+    templated `ids`, `sampling_seed` (or None), `source` (`file:line`) and the user `turn` it ends
+    at; with `--history own` the ConversationState.to_dict(), with `--variants` the variant's
+    name and the `sampling_params` it changes."""
 
     key: str
     row_id: str
@@ -129,14 +115,8 @@ class _Wire(msgspec.Struct, omit_defaults=True):
 
 
 class TaskPayload(msgspec.Struct):
-    """A batch of prompts of one campaign.
-
-    Parameters:
-        campaign: campaign name (records go to OUT/<campaign>/).
-        batch: stable batch id (names the record file; reruns of the batch find it).
-        sampling: the SGLang `sampling_params` shared by the batch (no per-sample seed).
-        items: the prompts.
-    """
+    """The prompts (`items`) of one `campaign` (records go to OUT/<campaign>/) under a stable `batch`
+    id (names the record file, so reruns find it), with the shared `sampling` params (no seed)."""
 
     campaign: str
     batch: str

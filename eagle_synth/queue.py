@@ -110,12 +110,8 @@ def send_payload(app: Celery, queue: str, payload: dict) -> None:
 
 
 def payload_of_message(message: dict) -> dict | None:
-    """The raw payload dict (TaskPayload.encode's form, ids still compressed) a kombu message
-    carries, or None if the message is not one of our tasks.
-
-    kombu keeps each Redis message as a JSON envelope whose body is the base64 of the msgpack
-    task message `[args, kwargs, embed]`; the payload is the only argument.
-    """
+    """The raw payload dict (ids still compressed) a kombu message carries, or None if not ours:
+    kombu's JSON envelope holds the base64 of the msgpack task message `[args, kwargs, embed]`."""
     if not isinstance(message, dict) or message.get("content-type") != TASK_CONTENT_TYPE:
         return None  # not one of ours (a foreign or refused message)
     try:

@@ -1,15 +1,12 @@
-"""The record format: one record per prompt sample, in zstd-compressed msgpack files.
-
-Layout under `OUT/<campaign>/`:
+"""The record format: one record per prompt sample, in zstd-compressed msgpack files under `OUT/<campaign>/`:
 
     manifest.json                          campaign settings, server provenance, counts
     records/<batch>-<nonce>.zst            a batch file: what one worker commit wrote
     records/shard-<time>-<nonce>.zst       a shard: many batch files merged by `eagle-synth compact`
 
-Every file is one zstd frame holding a msgpack header map, then one map per record. A file
-appears whole or not at all: it is written to a dot-named temporary file, fsynced and
-renamed. Readers stream: one file at a time, one record at a time. See docs/records.md for
-every field, the id codecs and the measurements behind them.
+Every file is one zstd frame: a msgpack header map, then one map per record. A file appears whole
+or not at all (written to a dot-named temporary file, fsynced, renamed). Readers stream one record
+at a time. docs/records.md has every field, the id codecs and the measurements behind them.
 """
 
 from __future__ import annotations
@@ -21,10 +18,10 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import msgpack
 import zstandard
@@ -78,18 +75,14 @@ class RecordFilesVanished(UserError, FileNotFoundError):
     """Record files listed a moment ago are gone and no shard holds them."""
 
 
-def _u32le_to_u24le(data: bytes) -> bytes:
-    out = bytearray(data)
-    del out[3::4]
-    return bytes(out)
-
-
-def encode_ids(ids: Sequence[int], codec: str) -> bytes:
-    """Ids as bytes in `codec` ("u24le" needs every id below 2**24)."""
-    if codec not in ID_CODEC_WIDTH:
-        raise ValueError(f"unknown id codec {codec!r}")
-    u32 = pack_ids(ids)
-    return u32 if codec == "u32le" else _u32le_to_u24le(u32)
+def _narrow(u32s: list[bytes]) -> tuple[list[bytes], bool]:
+    """Little-endian uint32 id bytes as ID_CODEC, or kept (True) when an id needs 32 bits (a high byte is not 0)."""
+    if any(u32[3::4].strip(b"\0") for u32 in u32s):
+        return u32s, True
+    out = [bytearray(u32) for u32 in u32s]
+    for u24 in out:
+        del u24[3::4]
+    return [bytes(u24) for u24 in out], False
 
 
 def ids_as_u32le(data: bytes, codec: str) -> bytes:
@@ -109,7 +102,6 @@ def ids_as_u32le(data: bytes, codec: str) -> bytes:
 
 
 def decode_ids(data: bytes, codec: str) -> list[int]:
-    """The inverse of encode_ids."""
     return unpack_ids(ids_as_u32le(data, codec))
 
 
@@ -158,24 +150,24 @@ class Record:
         """0 over the prompt, 1 over the output."""
         return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
 
-    def to_wire(self, *, codec: str = ID_CODEC) -> dict:
-        """The msgpack map stored for this record; ids in `codec` unless they need WIDE_ID_CODEC."""
+    def to_wire(self) -> dict:
+        """The msgpack map stored for this record; ids in ID_CODEC unless they need WIDE_ID_CODEC."""
         data = {
             name: getattr(self, name)
             for name in _FIELD_NAMES
             if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None
         }
-        if codec == "u24le" and max(max(self.prompt_ids, default=0), max(self.output_ids, default=0)) >= 1 << 24:
-            data["id_codec"] = codec = WIDE_ID_CODEC
-        data["prompt_ids"] = encode_ids(self.prompt_ids, codec)
-        data["output_ids"] = encode_ids(self.output_ids, codec)
+        ids, wide = _narrow([pack_ids(self.prompt_ids), pack_ids(self.output_ids)])
+        if wide:
+            data["id_codec"] = WIDE_ID_CODEC
+        data["prompt_ids"], data["output_ids"] = ids
         return data
 
     @classmethod
     def from_wire(cls, data: dict, *, codec: str = "u32le") -> Record:
         """A record from its stored map; `codec` is the file's (a record's own `id_codec` wins)."""
         codec = data.get("id_codec", codec)
-        values = {k: v for k, v in data.items() if k in _FIELD_SET}
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         values["prompt_ids"] = decode_ids(data["prompt_ids"], codec)
         values["output_ids"] = decode_ids(data["output_ids"], codec)
         return cls(**values)
@@ -184,7 +176,6 @@ class Record:
 _FIELD_NAMES = tuple(Record.__dataclass_fields__)
 # Fields only some campaigns use: left out of the stored map when unset.
 _OMITTED_WHEN_NONE = frozenset({"conversation", "variant", "tool_calls"})
-_FIELD_SET = frozenset(_FIELD_NAMES)
 _META_FIELDS = tuple(n for n in _FIELD_NAMES if n not in ("prompt_ids", "output_ids"))
 
 
@@ -218,12 +209,10 @@ class RawRecord:
 
     def to_wire(self) -> dict:
         """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
-        data, ids = dict(self.meta), [self.prompt_u32, self.output_u32]
-        # An id needs 32 bits when the high byte of its little-endian uint32 is not 0.
-        if any(u32[3::4].strip(b"\0") for u32 in ids):
+        data = dict(self.meta)
+        ids, wide = _narrow([self.prompt_u32, self.output_u32])
+        if wide:
             data["id_codec"] = WIDE_ID_CODEC
-        else:
-            ids = [_u32le_to_u24le(u32) for u32 in ids]
         data["prompt_ids"], data["output_ids"] = ids
         if self.src is not None:
             data["src"] = self.src
@@ -238,8 +227,7 @@ def _with_header_names(data: dict, header: dict) -> dict:
 
 
 def _raw_from_wire(data: dict, header: dict) -> RawRecord:
-    codec = data.get("id_codec") or header["id_codec"]
-    data = _with_header_names(data, header)
+    data, codec = _with_header_names(data, header), data.get("id_codec") or header["id_codec"]
     return RawRecord(
         meta={k: data[k] for k in _META_FIELDS if k in data},
         prompt_u32=ids_as_u32le(data["prompt_ids"], codec),
@@ -278,54 +266,50 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# Mode of a new file before the umask, as open() creates files: with the usual umask 022 that is
-# 0644, so a trainer running as another user can read records, manifests and exports.
-NEW_FILE_MODE = 0o666
-
-
 def _current_umask() -> int:
-    """The process umask, read without changing it (Linux /proc), else by setting and restoring it."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
+    """The process umask, read without changing it (Linux /proc; setting it races other threads)."""
+    with suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-def open_temporary(folder: Path, *, prefix: str, suffix: str) -> tuple[int, str]:
-    """mkstemp in `folder`, then given the mode open() would give (0o666 minus the umask) instead of
-    mkstemp's 0600, so the file renamed into place is readable as any other file the user makes."""
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+def _open_temporary(folder: Path, *, prefix: str, suffix: str) -> IO[bytes]:
+    """A new file in `folder` with the mode open() would give (0o666 minus the umask: 0644 usually, so
+    a trainer running as another user can read records and exports) instead of mkstemp's 0600."""
+    handle = tempfile.NamedTemporaryFile(dir=folder, prefix=prefix, suffix=suffix, delete=False)
     try:
-        os.fchmod(fd, NEW_FILE_MODE & ~_current_umask())
+        os.fchmod(handle.fileno(), 0o666 & ~_current_umask())
     except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
+        handle.close()
+        os.unlink(handle.name)
         raise
-    return fd, tmp
+    return handle
+
+
+def _publish(handle: IO[bytes], path: Path) -> None:
+    """fsync and close a temporary file, then rename it to `path`, durably."""
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
+    os.replace(handle.name, path)
+    fsync_dir(path.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a file so that it appears whole or not at all, even across a power cut; its mode
-    honours the umask (0644 by default)."""
+    """Write a file so that it appears whole or not at all, even across a power cut."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = open_temporary(path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
+    handle = _open_temporary(path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        handle.write(data)
+        _publish(handle, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        handle.close()
+        Path(handle.name).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
 
 
 def _header(*, campaign: str, **extra: Any) -> dict:
@@ -343,10 +327,8 @@ def encode_record_file(records: Iterable[Record], *, campaign: str, batch: str) 
     """The bytes of one batch file: header then records, in one zstd frame."""
     packer = msgpack.Packer(use_bin_type=True)
     parts = [packer.pack(_header(campaign=campaign, kind="batch", batch=batch))]
-    for record in records:
-        wire = record.to_wire()
-        wire["batch"] = batch
-        parts.append(packer.pack(wire))
+    # `batch` is a Record field, so the map keeps its key order.
+    parts += [packer.pack({**record.to_wire(), "batch": batch}) for record in records]
     compressor = zstandard.ZstdCompressor(level=RECORD_ZSTD_LEVEL, write_checksum=True)
     return compressor.compress(b"".join(parts))
 
@@ -367,12 +349,10 @@ def remove_stale_temporaries(
     removed = 0
     cutoff = time.time() - older_than
     for path in folder.glob(f"{prefix}*"):
-        try:
+        with suppress(FileNotFoundError):
             if older_than <= 0 or path.stat().st_mtime < cutoff:
                 path.unlink()
                 removed += 1
-        except FileNotFoundError:
-            pass
     return removed
 
 
@@ -394,17 +374,11 @@ def write_record_file(campaign_path: str | os.PathLike, *, campaign: str, batch:
 
 
 class ShardWriter(AbstractContextManager["ShardWriter"]):
-    """Streams records into a dot-named temporary file that `commit()` fsyncs and renames to
-    `shard-<utc time>-<nonce>.zst`; leaving the `with` block without a commit leaves no shard.
-
-    Parameters:
-        campaign_path: the campaign folder.
-        campaign: campaign name, kept in the header.
-        sources: names of the batch files this shard absorbs; a record's `src` is the index of
-            its file here, and readers skip a listed file that still exists.
-        level: zstd level.
-        threads: zstd worker threads (0 = compress in the calling thread).
-    """
+    """Streams records of `campaign` (kept in the header) into a dot-named temporary file in
+    `campaign_path`'s records folder, compressed at zstd `level` by `threads` workers (0: in this
+    thread); `commit()` fsyncs and renames it to `shard-<utc time>-<nonce>.zst`, leaving the `with`
+    block without a commit leaves no shard. `sources` names the batch files the shard absorbs: a
+    record's `src` indexes it, and readers skip a listed file that still exists."""
 
     def __init__(
         self,
@@ -417,10 +391,9 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
     ) -> None:
         self.folder = records_dir(campaign_path)
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = open_temporary(self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
-        self.tmp = Path(tmp)
+        self._handle = _open_temporary(self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
+        self.tmp = Path(self._handle.name)
         self.records = 0
-        self._handle = os.fdopen(fd, "wb")
         compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=threads)
         self._stream = compressor.stream_writer(self._handle, closefd=False)
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -433,15 +406,11 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
         self.records += 1
 
     def commit(self) -> Path:
-        """Make the shard visible under its final name; returns that path."""
+        """Rename the shard to its final name; returns that path."""
         self._stream.close()
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-        self._handle.close()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = self.folder / f"{SHARD_PREFIX}{stamp}-{secrets.token_hex(4)}{RECORD_SUFFIX}"
-        os.replace(self.tmp, path)
-        fsync_dir(self.folder)
+        _publish(self._handle, path)
         self._done = True
         return path
 
@@ -449,10 +418,8 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
         if self._done:
             return
         self._done = True
-        try:
+        with suppress(zstandard.ZstdError):
             self._stream.close()
-        except zstandard.ZstdError:
-            pass
         self._handle.close()
         self.tmp.unlink(missing_ok=True)
 
@@ -536,12 +503,11 @@ def read_file_header(path: str | os.PathLike) -> dict:
 
 
 def read_record_file(path: str | os.PathLike) -> Iterator[Record]:
-    """Stream the records of one file (a batch file or a shard)."""
+    """Stream the records of one file (a batch file or a shard); read_raw_file as RawRecord."""
     return _iter_file(path, _record_from_wire)
 
 
 def read_raw_file(path: str | os.PathLike) -> Iterator[RawRecord]:
-    """Stream the records of one file with ids left as uint32 bytes (see RawRecord)."""
     return _iter_file(path, _raw_from_wire)
 
 
@@ -565,17 +531,11 @@ def record_files(campaign_path: str | os.PathLike) -> list[Path]:
 
 @dataclass(frozen=True, slots=True)
 class CampaignFiles:
-    """A snapshot of a campaign's record files and how they overlap.
-
-    Parameters:
-        batch_files: batch files whose records no shard holds yet.
-        shards: shard files, oldest first.
-        absorbed: batch files a shard already holds (left by a compaction that was stopped
-            before it deleted them); readers skip them, the next `compact` deletes them.
-        shard_sources: for each shard, the names of the batch files it absorbed.
-        repeated_batches: batch ids whose records sit in more than one file: the only records
-            a repeated key can come from, so the only ones readers track keys of.
-    """
+    """A snapshot of a campaign's record files: `batch_files` no shard holds yet, `shards` oldest
+    first, and the batch files a shard already holds (`absorbed`: left by a stopped compaction;
+    readers skip them, the next `compact` deletes them). `shard_sources` maps each shard to the
+    batch file names it absorbed; `repeated_batches` are the batch ids whose records sit in more
+    than one file, the only records a repeated key can come from."""
 
     batch_files: list[Path]
     shards: list[Path]
@@ -585,7 +545,7 @@ class CampaignFiles:
 
     @property
     def live(self) -> list[Path]:
-        """The files that hold every record exactly once (up to repeated keys): batch files, then shards."""
+        """Batch files, then shards: every record once (up to repeated keys)."""
         return self.batch_files + self.shards
 
 
@@ -622,46 +582,33 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Call
         # Decided on the stored map, before any id is decoded; across every file of the campaign.
         return not dedupe or seen.add(str(data.get("key")))
 
-    missing: list[str] = []
-    for path in scan.batch_files:
+    missing: set[str] = set()
+    for path in scan.live:
         try:
-            # A vanished file raises on open, before any record is yielded.
+            # A vanished file raises on open, before any record is yielded; only batch files vanish.
             yield from _iter_file(path, make, accept=fresh)
         except FileNotFoundError:
-            missing.append(path.name)
-    for path in scan.shards:
-        yield from _iter_file(path, make, accept=fresh)
-    if missing:
-        yield from _iter_moved(campaign_path, scan, missing, make, fresh)
-
-
-def _iter_moved(
-    campaign_path: str | os.PathLike,
-    scan: CampaignFiles,
-    missing: list[str],
-    make: Callable[[dict, dict], _T],
-    fresh: Callable[[dict, dict], bool],
-) -> Iterator[_T]:
-    """Records of batch files that a concurrent `compact` moved into a shard after our scan."""
-    wanted = set(missing)
-    for path in record_files(campaign_path):
-        if not wanted:
+            if is_shard(path):
+                raise
+            missing.add(path.name)
+    # Batch files a concurrent `compact` moved into a shard after our scan: read from that shard.
+    for path in record_files(campaign_path) if missing else []:
+        if not missing:
             break
         if not is_shard(path) or path in scan.shard_sources:
             continue
         names = read_file_header(path).get("sources", [])
-        indices = {i for i, name in enumerate(names) if name in wanted}
-        if not indices:
-            continue
-        wanted -= {names[i] for i in indices}
+        indices = frozenset(i for i, name in enumerate(names) if name in missing)
+        if indices:
+            missing -= {names[i] for i in indices}
 
-        def accept(data: dict, header: dict, sources: frozenset[int] = frozenset(indices)) -> bool:
-            return data.get("src") in sources and fresh(data, header)
+            def moved(data: dict, header: dict, sources: frozenset[int] = indices) -> bool:
+                return data.get("src") in sources and fresh(data, header)
 
-        yield from _iter_file(path, make, accept=accept)
-    if wanted:
+            yield from _iter_file(path, make, accept=moved)
+    if missing:
         raise RecordFilesVanished(
-            f"record files {sorted(wanted)[:3]} vanished from {records_dir(campaign_path)} and no shard "
+            f"record files {sorted(missing)[:3]} vanished from {records_dir(campaign_path)} and no shard "
             "holds them: something other than `eagle-synth compact` deleted them"
         )
 
@@ -672,7 +619,8 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
     With `dedupe` (the default) a repeated key is skipped, whatever files hold it, so a training
     job sees one record per prompt sample even where a crash (or a stopped `compact`) left two;
     keys are remembered as 64-bit digests (eagle_synth/key_set.py, 256 MB for 10M records). Safe
-    while workers write and `compact` runs (a file compacted away mid-read is read from its shard):
+    while workers write and `compact` runs (a file compacted away mid-read is read from its shard).
+    iter_raw_records gives RawRecord, the fast path for columnar code:
 
         from eagle_synth.records import iter_records
         for record in iter_records("out/my-campaign"):
@@ -682,7 +630,6 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
 
 
 def iter_raw_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[RawRecord]:
-    """iter_records with ids as uint32 bytes (RawRecord): the fast path for columnar code."""
     return _iter_campaign(campaign_path, dedupe=dedupe, make=_raw_from_wire)
 
 

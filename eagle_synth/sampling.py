@@ -1,12 +1,9 @@
 """Sampling parameters: only keys SGLang's `sampling_params` accepts, checked before enqueue.
 
-SGLang refuses an unknown key (a TypeError: HTTP 500 before 0.5.23, 400 since) and answers 400
-on out-of-range values, failing a whole batch. Checking here turns both into a message at
-enqueue time, before any GPU time is spent.
-
-Every value SGLang would otherwise fill in is sent explicitly (`for_server`): a server launched
-with `--preferred-sampling-params` merges its values UNDER the request's own, so anything left
-out of the request could be changed by the server's operator without the records saying so.
+SGLang fails a whole batch on an unknown key (HTTP 500 before 0.5.23, 400 since) or an out-of-range
+value; checking here says so at enqueue time. Every value SGLang would otherwise fill in is sent
+(`for_server`): `--preferred-sampling-params` merges UNDER the request's own, so anything left out
+could be changed by the server's operator without the records saying so.
 """
 
 from __future__ import annotations
@@ -46,8 +43,7 @@ SGLANG_SAMPLING_KEYS = frozenset(
 )
 # Largest seed SGLang's sampler takes without overflow.
 MAX_SEED = 2**31 - 1
-# Values sent explicitly although they are SGLang's own defaults, so a server's
-# --preferred-sampling-params cannot replace them (it only fills keys a request leaves out).
+# Values sent although they are SGLang's own defaults (see the module docstring).
 NEUTRAL_SERVER_PARAMS = {
     "frequency_penalty": 0.0,
     "presence_penalty": 0.0,
@@ -105,21 +101,16 @@ class SamplingParams:
                 f"--stop-token-ids {list(self.stop_token_ids)}: ids must be >= 0",
             ),
         )
-        problems = [message for failed, message in checks if failed]
-        if problems:
+        if problems := [message for failed, message in checks if failed]:
             raise SamplingError("; ".join(problems))
 
     def to_dict(self) -> dict:
         """Plain JSON form, stored in the campaign settings and every record."""
-        data = asdict(self)
-        data["stop_token_ids"] = list(self.stop_token_ids)
-        return data
+        return {**asdict(self), "stop_token_ids": list(self.stop_token_ids)}
 
     @classmethod
     def from_dict(cls, data: dict) -> SamplingParams:
-        data = dict(data)
-        data["stop_token_ids"] = tuple(data.get("stop_token_ids") or ())
-        return cls(**data)
+        return cls(**{**data, "stop_token_ids": tuple(data.get("stop_token_ids") or ())})
 
     def for_server(self) -> dict:
         """The `sampling_params` the worker sends and records carry, every value explicit, without
@@ -144,11 +135,9 @@ class SamplingParams:
         return params
 
     def sample_seed(self, *, prompt_key_material: bytes, sample: int, prompt_key: str) -> int:
-        """The `sampling_seed` of one sample, never None, so K samples of one prompt differ, and
-        the same on every rerun: with --seed S a stable hash of S, the prompt ids and the sample
-        index (as since seeds were introduced); without, a stable hash of the prompt key (which
-        covers ids, sampling and sample index). SGLang honours it only with
-        --enable-deterministic-inference (docs/producer.md)."""
+        """One sample's `sampling_seed`, never None and stable across reruns: a hash of --seed, the
+        prompt ids and the sample index, or without --seed of the prompt key (ids, sampling, sample).
+        SGLang honours it only with --enable-deterministic-inference (docs/producer.md)."""
         if self.seed is None:
             material = b"unseeded|" + prompt_key.encode()
         else:

@@ -30,8 +30,6 @@ from eagle_synth.sampling import SamplingError, SamplingParams
 OVERRIDABLE_SAMPLING = tuple(f.name for f in fields(SamplingParams) if f.name not in ("n", "seed"))
 # Keys a variant entry may have.
 VARIANT_KEYS = frozenset({"name", "weight", "sampling", "chat_template_kwargs"})
-# Resolution of the stable hash that picks a variant.
-_PICK_SCALE = 2**64
 
 
 class VariantsError(UserError, ValueError):
@@ -117,7 +115,8 @@ def pick_variant(variants: list[Variant], identity: str) -> Variant | None:
     if not variants:
         return None
     digest = hashlib.blake2b(f"variant|{identity}".encode(), digest_size=8).digest()
-    point = int.from_bytes(digest, "little") / _PICK_SCALE * sum(v.weight for v in variants)
+    # The 64-bit digest as a fraction of 1, scaled to the total weight.
+    point = int.from_bytes(digest, "little") / 2**64 * sum(v.weight for v in variants)
     for variant in variants:
         point -= variant.weight
         if point < 0:

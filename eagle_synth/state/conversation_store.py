@@ -52,11 +52,7 @@ def end_json(
 
 
 class ConversationStore:
-    """The follow-up outbox, ends and counts of one campaign (see the module docstring).
-
-    Parameters:
-        campaign: the campaign whose keys and client are used.
-    """
+    """The follow-up outbox, ends and counts of `campaign` (its keys and client; see the module docstring)."""
 
     def __init__(self, campaign: Campaign) -> None:
         self.campaign = campaign
@@ -74,31 +70,18 @@ class ConversationStore:
         repaired: int = 0,
         fence: Fence | None = None,
     ) -> tuple[int, set[str]]:
-        """Mark keys done and, for each newly done one, store its follow-up or its end (with a
-        fence: only while its batch lease is the writer's, else LeaseLost and nothing changes).
-
-        `entries` are (key, action, target, data) as followup_commit.lua takes them. Returns how
-        many keys were newly done and the next turn keys stored.
-        """
+        """Mark keys done and store each newly done one's follow-up or end (`entries`: (key, action,
+        target, data) as followup_commit.lua takes them); with a fence, only while the batch lease is
+        the writer's (else LeaseLost). Returns how many keys were newly done and the turn keys stored."""
         if not entries:
             return 0, set()
         k = self.keys
         names = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.followups, k.followup_owners)
-        args = (
-            *names,
-            k.conversation_ends,
-            k.enqueued,
-            tokens_in,
-            tokens_out,
-            repaired,
-            EVENTS_MAXLEN,
-            owner,
-            *chain(*entries),
-        )
+        args = (*names, k.conversation_ends, k.enqueued, tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner)
         if fence is not None:
-            reply = fence.eval(self.client, _COMMIT, 9, *args, release=[entry[0] for entry in entries])
+            reply = fence.eval(self.client, _COMMIT, 9, *args, *chain(*entries), release=[e[0] for e in entries])
         else:
-            reply = self.client.eval(_COMMIT, 9, *args)
+            reply = self.client.eval(_COMMIT, 9, *args, *chain(*entries))
         return int(reply[0]), {key.decode() for key in reply[1:]}
 
     def ready(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str) -> set[str]:
