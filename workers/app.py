@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import redis
 from celery import Task, bootsteps
 from celery.exceptions import Reject, Retry
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
@@ -29,7 +28,7 @@ from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
 from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.node_state import NodeState
-from eagle_synth.state.redis_client import connect
+from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from workers.batch import Requeue
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, probe_folder
@@ -50,15 +49,6 @@ UNEXPECTED_ERROR_RETRIES = 5
 BUSY_RETRY_DELAY = 10
 # Such looks are not failures; this only bounds a batch whose lease never lapses.
 BUSY_RETRIES_MAX = 100_000
-# Errors that mean the campaign state cannot be read or written right now: the batch waits
-# for Redis, however long that takes, and they never count against the batch.
-STATE_UNAVAILABLE = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.BusyLoadingError,
-)
 
 app = make_celery()
 _runtime: WorkerRuntime | None = None
@@ -69,6 +59,9 @@ STOPPING = threading.Event()
 ALL_REFUSED = threading.Event()
 # What `eagle-synth worker` exits with when every server is refused (docs/worker.md).
 REFUSED_EXIT_CODE = 2
+# Seconds past the soft-shutdown timeout (the time batches have to finish or requeue) a
+# stopping worker process may take to close its connections before StopDeadlineStep ends it.
+STOP_DEADLINE_MARGIN = 30
 # The process's settings: run_worker's, else (`celery -A workers.app worker`) the environment's.
 _config: WorkerConfig | None = None
 
@@ -242,10 +235,9 @@ class HealthGateStep(bootsteps.StartStopStep):
 class StopDeadlineStep(bootsteps.StartStopStep):
     """Worker step: once the worker begins to stop, by a signal or by an error, batches wind down
     (STOPPING) and the process ends within the soft-shutdown timeout plus STOP_DEADLINE_MARGIN
-    seconds whatever still holds it, with
-    the worker's exit code (0 when stopped; 1 after kombu's "Unrecoverable error", which the
-    supervisor restarts). Without it a stop after a Redis restart could hang with no exit, and
-    a supervisor restarts only a process that ended.
+    seconds, whatever still holds it, with the worker's exit code (0 when stopped; 1 after
+    kombu's "Unrecoverable error", which the supervisor restarts). A stop after a Redis restart
+    was seen to hang with no exit, and a supervisor restarts only a process that ended.
     """
 
     requires = {"celery.worker.components:Pool"}
@@ -264,10 +256,6 @@ class StopDeadlineStep(bootsteps.StartStopStep):
         timer.daemon = True
         timer.start()
 
-
-# Seconds past the soft-shutdown timeout (the time batches have to finish or requeue) a
-# stopping worker process may take to close its connections before StopDeadlineStep ends it.
-STOP_DEADLINE_MARGIN = 30
 
 app.steps["worker"].add(StopDeadlineStep)
 app.steps["consumer"].add(HealthGateStep)

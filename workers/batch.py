@@ -65,6 +65,7 @@ from eagle_synth.state.batch_store import forget_if_finished
 from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.fence import ClaimLeaseLost, Fence, LeaseLost, claim, release
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
+from eagle_synth.state.redis_client import STATE_UNAVAILABLE
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError
@@ -97,12 +98,11 @@ WAIT_SLICE = 0.5
 CONTEXT_MESSAGES = ("context length", "maximum allowed length")
 # Share of the soft-shutdown timeout a batch keeps working after SIGTERM before it requeues.
 SHUTDOWN_GRACE_SHARE = 0.8
-# Seconds between tries of a mark that Redis could not take (restarting, loading its data). The
-# records are on disk: giving the batch up here would let another host redo them, a double.
+# Seconds between tries of a mark Redis could not take (STATE_UNAVAILABLE). The records are on
+# disk: giving the batch up here would let another host redo them, a double. Marking is
+# idempotent (a key done twice counts once), so a mark that applied before its reply was lost
+# is safe to repeat.
 MARK_RETRY_DELAY = 1.0
-# Redis errors after which a mark is tried again; marking is idempotent (a key done twice
-# counts once), so a transaction that did apply before its reply was lost is safe to repeat.
-REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError)
 
 
 class Requeue(EagleSynthError):
@@ -362,7 +362,7 @@ class _Run:
             try:
                 self.runner.followups.commit(self.campaign, self.payload, records, fence=self.outcome.fence)
                 return
-            except REDIS_UNAVAILABLE as exc:
+            except STATE_UNAVAILABLE as exc:
                 if self.runner.stopping.is_set():
                     raise
                 log.warning(

@@ -10,6 +10,16 @@ from eagle_synth.settings import BrokerSettings
 SOCKET_TIMEOUT = 30
 # Seconds to wait for a TCP connection to Redis.
 CONNECT_TIMEOUT = 10
+# Errors that mean the campaign state cannot be read or written right now (restarting, loading,
+# full, a replica mid-failover): a worker waits for Redis, however long that takes, and they
+# never count against a batch.
+STATE_UNAVAILABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.BusyLoadingError,
+)
 
 
 def text(raw: bytes | str) -> str:
