@@ -79,7 +79,9 @@ class HealthGate:
         backends: dict[str, str] | None = None,
         on_all_refused: Callable[[], None] | None = None,
     ) -> None:
-        self.node_state, self.disk, self.probe_timeout = node_state, disk, probe_timeout
+        self.node_state = node_state
+        self.disk = disk
+        self.probe_timeout = probe_timeout
         self.on_open, self.on_close, self.on_all_refused = on_open, on_close, on_all_refused
         self._preflight = partial(
             preflight_server, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings
@@ -95,11 +97,14 @@ class HealthGate:
     def start(self) -> None:
         # The heartbeat has its own thread: a probe or preflight that takes long (a slow or
         # trickling server, vLLM's probe request) must not make the worker vanish from status.
-        for name, step, pause in (("health", self.tick, TICK), ("heartbeat", self._beat, HEARTBEAT_INTERVAL / 2)):
-            thread = threading.Thread(target=self._forever, args=(step, pause, name), name=f"eagle-synth-{name}")
+        gate = threading.Thread(target=self._forever, args=(self.tick, TICK, "health"), name="eagle-synth-health")
+        beat = threading.Thread(
+            target=self._forever, args=(self._beat, HEARTBEAT_INTERVAL / 2, "heartbeat"), name="eagle-synth-heartbeat"
+        )
+        for thread in (gate, beat):
             thread.daemon = True
             thread.start()
-            self._thread = self._thread or thread
+        self._thread = gate  # stop() joins the gate's thread
 
     def _beat(self) -> None:
         if time.time() - self._last_publish >= HEARTBEAT_INTERVAL / 2:

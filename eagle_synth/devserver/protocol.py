@@ -86,7 +86,9 @@ class ProtocolError(EagleSynthError):
 
     def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status = status
+        self.message = message
+        self.param = param
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,9 @@ class SlotScheduler:
     """
 
     def __init__(self, config: DevServerConfig, stats: DevStats) -> None:
-        self.slots, self.max_queued, self.stats = config.slots, config.max_queued_requests, stats
+        self.slots = config.slots
+        self.max_queued = config.max_queued_requests
+        self.stats = stats
         self.token_latency, self.prefill_latency = config.token_latency, config.prefill_latency
         self._cond = threading.Condition()
         self._waiting: deque[SlotJob] = deque()

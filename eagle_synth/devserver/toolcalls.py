@@ -39,7 +39,9 @@ class ToolCaller:
     def __init__(self, *, family: str, call_token_id: int, decode) -> None:
         if family not in WRITABLE_FORMATS:
             raise ValueError(f"cannot write tool calls in format {family!r}; only {', '.join(WRITABLE_FORMATS)}")
-        self.family, self.call_token_id, self._decode = family, call_token_id, decode
+        self.family = family
+        self.call_token_id = call_token_id
+        self._decode = decode
 
     @classmethod
     def for_tokenizer(cls, tokenizer) -> ToolCaller | None:
