@@ -1,7 +1,7 @@
 """The devserver's endpoints (SGLang's, and vLLM's with --api vllm) and its aiohttp transport.
 
-Endpoint methods take the raw body and return a Reply, which the transport writes, drops, or
-dies after. They block (a /generate holds its slot for the emulated time), so each runs in a
+Endpoint methods take the raw body and return a Reply (or the JSON to answer 200 with), which
+the transport writes, drops, or dies after. They block (a /generate holds its slot for the emulated time), so each runs in a
 pool thread on an event loop of the server's own (the main thread, or a daemon thread).
 """
 
@@ -124,9 +124,6 @@ class DevServer:
         knobs = ("fail_rate", "drop_rate", "malformed_rate", "health_fail_rate", "die_after", "seed")
         self.faults = FaultPlan(**{k: getattr(c, k) for k in knobs})
         self._ignored_logged: set[tuple[str, ...]] = set()  # vLLM warns once per set of ignored fields
-        # The KV-cache size reported in server_info: room for every slot at full context, so the
-        # context (not the cache) is what limits one request, as on a well-sized server.
-        self.max_total_num_tokens = c.slots * c.effective_context_length
         self.scheduler = SlotScheduler(c, self.stats)
         self.port = c.port  # the bound one once `listening` is set
         self.listening, self.stopped, self.loaded = threading.Event(), threading.Event(), threading.Event()
@@ -183,22 +180,23 @@ class DevServer:
         info |= {"max_running_requests": c.slots, "random_seed": c.seed, "ssl_keyfile_password": None}
         info |= {name: getattr(c, name) for name in SERVER_INFO_FIELDS}
         info |= {"sampling_defaults": "model", "vocab_size": self.vocab.size, "version": c.sglang_version}
-        info |= {"max_total_num_tokens": self.max_total_num_tokens, "max_req_input_len": c.max_req_input_len}
+        # The KV-cache size: room for every slot at full context, so the context (not the cache)
+        # is what limits one request, as on a well-sized server.
+        info |= {"max_total_num_tokens": c.slots * c.effective_context_length, "max_req_input_len": c.max_req_input_len}
         return info | {"devserver": True}
 
     def get_model_info(self, body: bytes) -> dict:
-        self._deprecated("/get_model_info", "/model_info")
-        return self.model_info(body)
+        return self._deprecated("/get_model_info", "/model_info", self.model_info)
 
     def get_server_info(self, body: bytes) -> dict:
-        self._deprecated("/get_server_info", "/server_info")
-        return self.server_info(body)
+        return self._deprecated("/get_server_info", "/server_info", self.server_info)
 
-    def _deprecated(self, old: str, new: str) -> None:
+    def _deprecated(self, old: str, new: str, endpoint: Callable[[bytes], dict]) -> dict:
         self.stats.add(deprecated_info_calls=1)
         log.warning(
-            "Endpoint '%s' is deprecated and will be removed in a future version. Please use '%s' instead.", old, new
+            f"Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead."
         )
+        return endpoint(b"")
 
     def models(self, body: bytes) -> dict:
         path = self.config.effective_model_path
@@ -267,8 +265,8 @@ class DevServer:
             job.done.wait()
         return None if any(job.outcome == KILLED for job in jobs) else jobs
 
-    def text(self, prompt: PromptRequest, completion: Completion, output_ids: list[int], aborted: bool) -> str:
-        if aborted:
+    def text(self, prompt: PromptRequest, completion: Completion, output_ids: list[int], job: SlotJob) -> str:
+        if job.aborted:
             return self.vocab.decode(output_ids, skip_special_tokens=prompt.params.skip_special_tokens)
         return self.generator.render_text(completion, prompt.params)
 
@@ -319,9 +317,7 @@ class DevServer:
         matched = finish.get("matched")
         if c.drop_stop_id and finish["type"] == "stop" and isinstance(matched, int) and output_ids[-1:] == [matched]:
             output_ids = output_ids[:-1]
-        item: dict[str, Any] = (
-            {} if c.skip_tokenizer_init else {"text": self.text(prompt, completion, output_ids, job.aborted)}
-        )
+        item: dict[str, Any] = {} if c.skip_tokenizer_init else {"text": self.text(prompt, completion, output_ids, job)}
         item["output_ids"] = prompt.input_ids[-c.prefix_bug :] + output_ids if c.prefix_bug else output_ids
         item["meta_info"] = {
             **{"id": prompt.rid, "finish_reason": finish, "prompt_tokens": len(prompt.input_ids)},
@@ -428,7 +424,7 @@ class DevServer:
             # vLLM reports the matched stop id or string; the model's EOS is reported as None.
             stop_reason = None if matched is None or matched == self.vocab.eos_id else matched
         self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
-        text = "" if self.config.skip_tokenizer_init else self.text(prompt, completion, output_ids, job.aborted)
+        text = "" if self.config.skip_tokenizer_init else self.text(prompt, completion, output_ids, job)
         return {
             **{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason},
             **{"stop_reason": stop_reason, "token_ids": output_ids if token_ids else None, "prompt_logprobs": None},

@@ -3,6 +3,7 @@ drop, come back malformed or end the server, from a seeded RNG."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from dataclasses import dataclass
@@ -50,27 +51,25 @@ class GenerateFate:
     malformed_shape: str | None = None
 
 
+@dataclass(kw_only=True)
 class FaultPlan:
     """Seeded fault injection, reproducible for a given seed and arrival order: each generation
     request draws one number, failing below fail_rate, dropped below + drop_rate, malformed
     (the shapes in turn) below + malformed_rate. Health probes draw from their own RNG, so how
     often a client polls health does not change which generate requests fail."""
 
-    def __init__(
-        self,
-        *,
-        fail_rate: float,
-        drop_rate: float,
-        health_fail_rate: float,
-        die_after: int | None,
-        seed: int,
-        malformed_rate: float = 0.0,
-    ) -> None:
-        bounds = (fail_rate, fail_rate + drop_rate, fail_rate + drop_rate + malformed_rate)
-        self._bounds = tuple(zip((FAIL, DROP, MALFORMED), bounds))
-        self.health_fail_rate, self.die_after = health_fail_rate, die_after
-        self._generate_rng = random.Random(f"devserver-generate-faults-{seed}")
-        self._health_rng = random.Random(f"devserver-health-faults-{seed}")
+    fail_rate: float
+    drop_rate: float
+    health_fail_rate: float
+    die_after: int | None
+    seed: int
+    malformed_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        rates = itertools.accumulate((self.fail_rate, self.drop_rate, self.malformed_rate))
+        self._bounds = tuple(zip((FAIL, DROP, MALFORMED), rates))
+        self._generate_rng = random.Random(f"devserver-generate-faults-{self.seed}")
+        self._health_rng = random.Random(f"devserver-health-faults-{self.seed}")
         self._count = self._malformed_count = 0
         self._lock = threading.Lock()
 
