@@ -3,8 +3,9 @@ batch-mates are doing (workers/inflight.py), against a real devserver and a real
 
 from __future__ import annotations
 
+from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.devserver.generation import Generator, ModelVocab
-from eagle_synth.devserver.protocol import ServerRules, parse_generate_request
+from eagle_synth.devserver.protocol import parse_generate_request
 from eagle_synth.harness import wait_for
 from eagle_synth.templating import render_prompt_ids
 from tests.helpers import assert_exactly_once, devserver_stats, enqueue_rows, wait_finished
@@ -29,7 +30,7 @@ def _natural_lengths(tokenizer, tokenizer_path, questions: list[str]) -> list[in
         ids = render_prompt_ids(tokenizer, [{"role": "user", "content": question}])
         request = parse_generate_request(
             {"input_ids": ids, "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}},
-            rules=ServerRules(context_length=32768),
+            DevServerConfig(tokenizer=str(tokenizer_path)),
             tokenize=None,
         )
         lengths.append(len(generator.complete(request.prompts[0]).output_ids))

@@ -1,14 +1,13 @@
 """The devserver's endpoints (SGLang's, and vLLM's with --api vllm) and its aiohttp transport.
 
-Endpoint methods take the raw body and return a Reply, which the transport writes, drops, or
-dies after. They block (a /generate holds its slot for the emulated time), so each runs in a
+Endpoint methods take the raw body and return a Reply (or the JSON to answer 200 with), which
+the transport writes, drops, or dies after. They block (a /generate holds its slot for the emulated time), so each runs in a
 pool thread on an event loop of the server's own (the main thread, or a daemon thread).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -25,21 +24,18 @@ from typing import Any
 from aiohttp import web
 
 from eagle_synth.devserver.config import DevServerConfig
-from eagle_synth.devserver.faults import DROP, FAIL, MALFORMED, FaultPlan, malform, malform_completion
+from eagle_synth.devserver.faults import DROP, FAIL, FaultPlan, malform, malform_completion
 from eagle_synth.devserver.generation import Completion, Generator, ModelVocab
 from eagle_synth.devserver.protocol import (
     ENGINE_ERROR_MESSAGE,
     KNOWN_FIELDS,
-    SAMPLING_400_VERSION,
     PromptRequest,
     ProtocolError,
     Reply,
-    ServerRules,
     error_reply,
     json_reply,
     parse_completion_request,
     parse_generate_request,
-    version_tuple,
 )
 from eagle_synth.devserver.scheduler import (
     ABORTED_RUNNING,
@@ -125,21 +121,9 @@ class DevServer:
         self.generator: Generator
         self.cache = PrefixCache()
         self.stats = DevStats()
-        self.faults = FaultPlan(
-            **{k: getattr(c, k) for k in ("fail_rate", "drop_rate", "health_fail_rate", "die_after", "seed")},
-            malformed_rate=c.malformed_rate,
-        )
+        knobs = ("fail_rate", "drop_rate", "malformed_rate", "health_fail_rate", "die_after", "seed")
+        self.faults = FaultPlan(**{k: getattr(c, k) for k in knobs})
         self._ignored_logged: set[tuple[str, ...]] = set()  # vLLM warns once per set of ignored fields
-        # The KV-cache size reported in server_info: room for every slot at full context, so the
-        # context (not the cache) is what limits one request, as on a well-sized server.
-        self.max_total_num_tokens = c.slots * c.effective_context_length
-        self.rules = ServerRules(
-            context_length=c.effective_context_length,
-            reserved_tokens=c.draft_reserved_tokens,
-            allow_auto_truncate=c.allow_auto_truncate,
-            preferred=c.preferred_params,
-            sampling_errors_are_400=version_tuple(c.sglang_version) >= SAMPLING_400_VERSION,
-        )
         self.scheduler = SlotScheduler(c, self.stats)
         self.port = c.port  # the bound one once `listening` is set
         self.listening, self.stopped, self.loaded = threading.Event(), threading.Event(), threading.Event()
@@ -148,8 +132,6 @@ class DevServer:
         self._death_lock = threading.Lock()
         self._listening_mono: float | None = None
         self._listening_at: float | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
         self._stop_requested = threading.Event()
         self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="devserver")
 
@@ -165,7 +147,7 @@ class DevServer:
             self.dead = True
         log.error("devserver dying: %s", reason)
         self.scheduler.kill_all()
-        self._request_stop()
+        self._stop_requested.set()
         if self.config.exit_on_death:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -183,52 +165,44 @@ class DevServer:
             return Reply(body=TRICKLE_BODY, content_type="text/plain", trickle=self.config.trickle_health)
         return Reply()
 
-    def model_info(self, body: bytes) -> Reply:
+    def model_info(self, body: bytes) -> dict:
         c = self.config
-        return json_reply(
-            {
-                **{"model_path": c.effective_model_path, "tokenizer_path": c.tokenizer, "is_generation": True},
-                **{"preferred_sampling_params": c.preferred_sampling_params, "weight_version": WEIGHT_VERSION},
-                **{"has_image_understanding": False, "has_audio_understanding": False},
-            }
-        )
+        info: dict[str, Any] = {"model_path": c.effective_model_path, "tokenizer_path": c.tokenizer}
+        info |= {"is_generation": True, "preferred_sampling_params": c.preferred_sampling_params}
+        info |= {"weight_version": WEIGHT_VERSION}
+        return info | {"has_image_understanding": False, "has_audio_understanding": False}
 
-    def server_info(self, body: bytes) -> Reply:
+    def server_info(self, body: bytes) -> dict:
         """Launch arguments (secrets included, as SGLang's), its scheduler_info and version."""
         c = self.config
-        return json_reply(
-            {
-                **{"model_path": c.effective_model_path, "tokenizer_path": c.tokenizer},
-                **{"served_model_name": c.effective_model_path, "tp_size": 1, "dp_size": 1, "page_size": 1},
-                **{"max_running_requests": c.slots, "random_seed": c.seed, "ssl_keyfile_password": None},
-                **{name: getattr(c, name) for name in SERVER_INFO_FIELDS},
-                **{"sampling_defaults": "model", "vocab_size": self.vocab.size, "version": c.sglang_version},
-                **{
-                    "max_total_num_tokens": self.max_total_num_tokens,
-                    "max_req_input_len": self.rules.max_req_input_len,
-                },
-                "devserver": True,
-            }
-        )
+        info: dict[str, Any] = {"model_path": c.effective_model_path, "tokenizer_path": c.tokenizer}
+        info |= {"served_model_name": c.effective_model_path, "tp_size": 1, "dp_size": 1, "page_size": 1}
+        info |= {"max_running_requests": c.slots, "random_seed": c.seed, "ssl_keyfile_password": None}
+        info |= {name: getattr(c, name) for name in SERVER_INFO_FIELDS}
+        info |= {"sampling_defaults": "model", "vocab_size": self.vocab.size, "version": c.sglang_version}
+        # The KV-cache size: room for every slot at full context, so the context (not the cache)
+        # is what limits one request, as on a well-sized server.
+        info |= {"max_total_num_tokens": c.slots * c.effective_context_length, "max_req_input_len": c.max_req_input_len}
+        return info | {"devserver": True}
 
-    def get_model_info(self, body: bytes) -> Reply:
+    def get_model_info(self, body: bytes) -> dict:
         return self._deprecated("/get_model_info", "/model_info", self.model_info)
 
-    def get_server_info(self, body: bytes) -> Reply:
+    def get_server_info(self, body: bytes) -> dict:
         return self._deprecated("/get_server_info", "/server_info", self.server_info)
 
-    def _deprecated(self, old: str, new: str, endpoint: Callable[[bytes], Reply]) -> Reply:
+    def _deprecated(self, old: str, new: str, endpoint: Callable[[bytes], dict]) -> dict:
         self.stats.add(deprecated_info_calls=1)
         log.warning(
             f"Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead."
         )
         return endpoint(b"")
 
-    def models(self, body: bytes) -> Reply:
+    def models(self, body: bytes) -> dict:
         path = self.config.effective_model_path
         model = {"id": path, "object": "model", "created": int(self.stats.started_at), "owned_by": "sglang"}
         model |= {"root": path, "max_model_len": self.config.effective_context_length}
-        return json_reply({"object": "list", "data": [model]})
+        return {"object": "list", "data": [model]}
 
     def flush_cache(self, body: bytes) -> Reply:
         running, waiting = self.scheduler.load
@@ -252,16 +226,16 @@ class DevServer:
             self.scheduler.abort(rids=None if req.get("abort_all") else rids)
         return Reply()
 
-    def dev_stats(self, body: bytes) -> Reply:
+    def dev_stats(self, body: bytes) -> dict:
         running, waiting = self.scheduler.load
         healthy, at = self.healthy(), self._listening_at
         healthy_at = at + self.config.warmup if at is not None and healthy else None
         live = {"slots": self.config.slots, "running": running, "waiting": waiting, "healthy": healthy}
-        return json_reply(self.stats.snapshot(**live, listening_at=at, healthy_at=healthy_at))
+        return self.stats.snapshot(**live, listening_at=at, healthy_at=healthy_at)
 
-    def dev_reset_stats(self, body: bytes) -> Reply:
+    def dev_reset_stats(self, body: bytes) -> dict:
         self.stats.reset()
-        return json_reply({"ok": True})
+        return {"ok": True}
 
     # ---- generation ----
 
@@ -271,17 +245,14 @@ class DevServer:
         self.stats.generate_received(healthy=self.healthy())
         fate = self.faults.next_generate()
         reply = failed() if fate.action == FAIL else serve(body)
-        malformed = malform_completion if endpoint == "/v1/completions" else malform_first
-        if fate.action == FAIL:
-            self.stats.add(injected_failures=1)
-        elif not isinstance(reply, Reply) and fate.action == DROP:
-            self.stats.add(injected_drops=1)
+        served = not isinstance(reply, Reply)  # a refusal is never dropped or malformed
+        dropped, shape = served and fate.action == DROP, fate.malformed_shape if served else None
+        self.stats.add(injected_failures=fate.action == FAIL, injected_drops=dropped, injected_malformed=bool(shape))
+        if dropped:
             reply = Reply(drop=True)
-        elif not isinstance(reply, Reply) and fate.action == MALFORMED and fate.malformed_shape is not None:
-            self.stats.add(injected_malformed=1)
-            reply = json_reply(malformed(reply, fate.malformed_shape))
-        elif not isinstance(reply, Reply):
-            reply = json_reply(reply)
+        elif served:
+            broken = malform_completion if endpoint == "/v1/completions" else malform
+            reply = json_reply(broken(reply, shape) if shape else reply)
         if fate.die_after_response and reply.die_reason is None:
             reply.die_reason = f"--die-after {fate.number}: answered the last allowed {endpoint}"
         return reply
@@ -294,8 +265,8 @@ class DevServer:
             job.done.wait()
         return None if any(job.outcome == KILLED for job in jobs) else jobs
 
-    def text(self, prompt: PromptRequest, completion: Completion, output_ids: list[int], aborted: bool) -> str:
-        if aborted:
+    def text(self, prompt: PromptRequest, completion: Completion, output_ids: list[int], job: SlotJob) -> str:
+        if job.aborted:
             return self.vocab.decode(output_ids, skip_special_tokens=prompt.params.skip_special_tokens)
         return self.generator.render_text(completion, prompt.params)
 
@@ -305,7 +276,7 @@ class DevServer:
     def _generate(self, body: bytes, *, received: float) -> Any:
         try:
             tokenize = None if self.config.skip_tokenizer_init else self.vocab.encode
-            req = parse_generate_request(json.loads(body), rules=self.rules, tokenize=tokenize)
+            req = parse_generate_request(json.loads(body), self.config, tokenize=tokenize)
         except ValueError:
             self.stats.add(client_errors=1)
             return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
@@ -318,10 +289,8 @@ class DevServer:
         size = self.vocab.size
         bad = next((i for p in req.prompts for i in p.input_ids if not 0 <= i < size), None)
         if bad is not None:
-            reason = (
-                f"input id {bad} outside the vocabulary [0, {size}): device-side assert (real SGLang dies the same way)"
-            )
-            return Reply(drop=True, die_reason=reason)
+            why = "device-side assert (real SGLang dies the same way)"
+            return Reply(drop=True, die_reason=f"input id {bad} outside the vocabulary [0, {size}): {why}")
         completions = [self.generator.complete(p) for p in req.prompts]
         cached = [self.cache.lookup(p.input_ids) for p in req.prompts]
         try:
@@ -348,9 +317,7 @@ class DevServer:
         matched = finish.get("matched")
         if c.drop_stop_id and finish["type"] == "stop" and isinstance(matched, int) and output_ids[-1:] == [matched]:
             output_ids = output_ids[:-1]
-        item: dict[str, Any] = (
-            {} if c.skip_tokenizer_init else {"text": self.text(prompt, completion, output_ids, job.aborted)}
-        )
+        item: dict[str, Any] = {} if c.skip_tokenizer_init else {"text": self.text(prompt, completion, output_ids, job)}
         item["output_ids"] = prompt.input_ids[-c.prefix_bug :] + output_ids if c.prefix_bug else output_ids
         item["meta_info"] = {
             **{"id": prompt.rid, "finish_reason": finish, "prompt_tokens": len(prompt.input_ids)},
@@ -361,7 +328,7 @@ class DevServer:
 
     # ---- vLLM's endpoints (--api vllm): the same generator, scheduler, faults and counters ----
 
-    def vllm_models(self, body: bytes) -> Reply:
+    def vllm_models(self, body: bytes) -> dict:
         c, created = self.config, int(self.stats.started_at)
         permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created}
         permission |= {"allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True}
@@ -369,12 +336,12 @@ class DevServer:
         permission |= {"organization": "*", "group": None, "is_blocking": False}
         model = {"id": c.effective_served_model_name, "object": "model", "created": created, "owned_by": "vllm"}
         model |= {"root": c.effective_model_path, "parent": None, "max_model_len": c.effective_context_length}
-        return json_reply({"object": "list", "data": [{**model, "permission": [permission]}]})
+        return {"object": "list", "data": [{**model, "permission": [permission]}]}
 
-    def version(self, body: bytes) -> Reply:
-        return json_reply({"version": self.config.vllm_version})
+    def version(self, body: bytes) -> dict:
+        return {"version": self.config.vllm_version}
 
-    def vllm_server_info(self, body: bytes) -> Reply:
+    def vllm_server_info(self, body: bytes) -> Reply | dict:
         """Only in dev mode: the configuration as `?config_format=json` gives it."""
         c = self.config
         if not c.dev_mode:
@@ -392,9 +359,9 @@ class DevServer:
             "structured_outputs_config": {"reasoning_parser": c.reasoning_parser or ""},
             "speculative_config": None,
         }
-        return json_reply({"vllm_config": config, "vllm_env": {}, "system_env": {}})
+        return {"vllm_config": config, "vllm_env": {}, "system_env": {}}
 
-    def tokenize(self, body: bytes) -> Reply:
+    def tokenize(self, body: bytes) -> Reply | dict:
         """TokenizeCompletionRequest; `add_special_tokens` defaults to true, as vLLM's does."""
         try:
             request = json.loads(body)
@@ -409,7 +376,7 @@ class DevServer:
         add_special = request.get("add_special_tokens", True) is not False
         tokens = [int(i) for i in self.vocab.tokenizer.encode(prompt, add_special_tokens=add_special)]
         limit = self.config.effective_context_length
-        return json_reply({"count": len(tokens), "max_model_len": limit, "tokens": tokens, "token_strs": None})
+        return {"count": len(tokens), "max_model_len": limit, "tokens": tokens, "token_strs": None}
 
     def completions(self, body: bytes) -> Reply:
         return self.fated(
@@ -437,23 +404,16 @@ class DevServer:
         if jobs is None:
             return Reply(drop=True)
         choices = [self._choice(i, *each, token_ids) for i, each in enumerate(zip(prompts, completions, jobs))]
-        completion_tokens = sum(j.tokens_done if j.aborted else len(d.output_ids) for d, j in zip(completions, jobs))
+        completion_tokens = sum(job.tokens_done for job in jobs)
         prompt_tokens = sum(len(p.input_ids) for p in prompts if p.sample_index == 0)
         usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens}
         usage |= {"completion_tokens": completion_tokens, "prompt_tokens_details": None}
-        reply = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": c.effective_served_model_name,
-            "choices": choices,
-            "service_tier": None,
-            # vLLM 0.32 answers "vllm-<version>-<build hash>"; the rest as the real CPU build does.
-            "system_fingerprint": f"vllm-{c.vllm_version}-devserver",
-            "usage": {**usage, "completion_tokens_details": None},
-            **{"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None},
-        }
-        return reply
+        usage |= {"completion_tokens_details": None}
+        reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
+        reply |= {"model": c.effective_served_model_name, "choices": choices, "service_tier": None}
+        # vLLM 0.32 answers "vllm-<version>-<build hash>"; the rest as the real CPU build does.
+        reply |= {"system_fingerprint": f"vllm-{c.vllm_version}-devserver"}
+        return reply | {"usage": usage, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
     def _choice(self, index: int, prompt: PromptRequest, completion: Completion, job: SlotJob, token_ids: bool):
         output_ids, finish = completion.output_ids, completion.finish_reason
@@ -464,7 +424,7 @@ class DevServer:
             # vLLM reports the matched stop id or string; the model's EOS is reported as None.
             stop_reason = None if matched is None or matched == self.vocab.eos_id else matched
         self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
-        text = "" if self.config.skip_tokenizer_init else self.text(prompt, completion, output_ids, job.aborted)
+        text = "" if self.config.skip_tokenizer_init else self.text(prompt, completion, output_ids, job)
         return {
             **{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason},
             **{"stop_reason": stop_reason, "token_ids": output_ids if token_ids else None, "prompt_logprobs": None},
@@ -483,13 +443,13 @@ class DevServer:
             self.error = exc
             raise
         finally:
+            self._stop_requested.set()  # ends the pool thread waiting for it
             self._pool.shutdown(wait=False, cancel_futures=True)
             self.stopped.set()
             self.listening.set()  # release waiters even when start failed
 
     async def _run(self) -> None:
-        c = self.config
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        c, loop = self.config, asyncio.get_running_loop()
         if self._stop_requested.is_set():
             return
         t0 = time.monotonic()
@@ -505,9 +465,7 @@ class DevServer:
         self.loaded.set()
         if c.startup_delay > 0:
             log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), c.startup_delay)
-            if self._stop.is_set():
+            if await loop.run_in_executor(self._pool, self._stop_requested.wait, c.startup_delay):
                 return
         handlers = {path: (methods.split(), getattr(self, name)) for path, (methods, name) in ROUTES[c.api].items()}
         web_app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -523,7 +481,7 @@ class DevServer:
             self.listening.set()
             if c.warmup > 0:
                 log.info("devserver warm-up: health answers 503 for %.1fs", c.warmup)
-            await self._stop.wait()
+            await loop.run_in_executor(self._pool, self._stop_requested.wait)
         finally:
             await runner.cleanup()
 
@@ -543,6 +501,7 @@ class DevServer:
         else:
             try:
                 reply = await asyncio.get_running_loop().run_in_executor(self._pool, route[1], body)
+                reply = reply if isinstance(reply, Reply) else json_reply(reply)
             except Exception:
                 log.exception("%s %s failed", request.method, path)
                 reply = internal_error()
@@ -551,22 +510,11 @@ class DevServer:
             self.die(reply.die_reason)  # after the reply went out: with exit_on_death it ends the process
         return response
 
-    def _request_stop(self) -> None:
-        self._stop_requested.set()
-        if self._loop is not None and self._stop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has already closed
-                self._loop.call_soon_threadsafe(self._stop.set)
-
     def stop(self) -> None:
         """Stop serving (from another thread) and fail whatever is still generating."""
-        self._request_stop()
+        self._stop_requested.set()
         self.scheduler.kill_all()
         self.stopped.wait(timeout=10)
-
-
-def malform_first(reply: Any, shape: str) -> Any:
-    """A /generate reply (one item or a list) with its first item malformed."""
-    return malform(reply, shape) if isinstance(reply, dict) else [malform(reply[0], shape), *reply[1:]]
 
 
 async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> web.StreamResponse:
@@ -577,10 +525,8 @@ async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> w
         response.force_close()
     await response.prepare(request)
     try:
-        if not reply.trickle:
-            await response.write(reply.body)
-        for index in range(len(reply.body) if reply.trickle else 0):
-            await response.write(reply.body[index : index + 1])
+        for chunk in [reply.body[i : i + 1] for i in range(len(reply.body))] if reply.trickle else [reply.body]:
+            await response.write(chunk)
             await asyncio.sleep(reply.trickle)
         await response.write_eof()
     except ConnectionError:

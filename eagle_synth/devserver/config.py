@@ -22,25 +22,22 @@ API_ONLY_KNOBS = {
     **{"override_generation_config": (None, "vllm"), "generation_config": ("auto", "vllm")},
     "dev_mode": (False, "vllm"),
 }
+# SGLang's scheduler caps inputs at its max_req_len minus this (Scheduler: max_req_input_len).
+INPUT_CAP_MARGIN = 5
 # The largest --prefix-bug emulated: the real bug leaked at most 5 tokens, with headroom.
 MAX_PREFIX_BUG_TOKENS = 64
 # --speculative-algorithm values (SGLang's; NEXTN is an alias of EAGLE), and those whose drafts
 # SGLang stores in the request's own token slots (counted in the context).
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
-# Allowed ranges of numeric knobs (unset, None, passes): field -> (low, high or None, the complaint).
+# Allowed ranges of numeric knobs (unset, None, passes): field -> (low, high or None).
 RANGES = {
-    "port": (0, 65535, "must be 0..65535"),
-    **{name: (low, None, f"must be at least {low}") for name, low in (("context_length", 2), ("vocab_size", 1))},
-    **{name: (1, None, "must be at least 1") for name in ("slots", "mean_output_tokens", "length_median")},
-    **{name: (1, None, "must be at least 1") for name in ("die_after", "speculative_num_steps")},
-    **{name: (1, None, "must be at least 1") for name in ("speculative_eagle_topk", "speculative_num_draft_tokens")},
-    "understate_completion": (0, None, "must be at least 0"),
-    **{name: (0, None, "must be >= 0") for name in ("max_queued_requests", "token_latency", "prefill_latency")},
-    **{name: (0, None, "must be >= 0") for name in ("startup_delay", "warmup")},
-    **{name: (0, 1, "must be in [0, 1]") for name in ("fail_rate", "drop_rate", "health_fail_rate", "malformed_rate")},
-    "length_sigma": (0, 4, "must be in [0, 4]"),
-    "prefix_bug": (0, MAX_PREFIX_BUG_TOKENS, f"must be 0..{MAX_PREFIX_BUG_TOKENS}"),
+    **{"port": (0, 65535), "context_length": (2, None), "prefix_bug": (0, MAX_PREFIX_BUG_TOKENS)},
+    **dict.fromkeys(("vocab_size", "slots", "mean_output_tokens", "length_median", "die_after"), (1, None)),
+    **dict.fromkeys(("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"), (1, None)),
+    **dict.fromkeys(("understate_completion", "max_queued_requests", "token_latency", "prefill_latency"), (0, None)),
+    **{"startup_delay": (0, None), "warmup": (0, None), "length_sigma": (0, 4)},
+    **dict.fromkeys(("fail_rate", "drop_rate", "health_fail_rate", "malformed_rate"), (0, 1)),
 }
 
 
@@ -133,10 +130,10 @@ class DevServerConfig:
         for name in ("override_generation_config", "preferred_sampling_params"):
             if getattr(self, name) is not None and _json_object(getattr(self, name)) is None:
                 bad(name, "must be a JSON object")
-        for name, (low, high, complaint) in RANGES.items():
+        for name, (low, high) in RANGES.items():
             value = getattr(self, name)
             if value is not None and not (low <= value and (high is None or value <= high)):
-                bad(name, complaint)
+                bad(name, f"must be at least {low}" if high is None else f"must be in [{low}, {high}]")
         if self.fail_rate + self.drop_rate + self.malformed_rate > 1.0:
             out.append("--fail-rate + --drop-rate + --malformed-rate: must not exceed 1")
         if self.speculative_algorithm is not None and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
@@ -166,6 +163,15 @@ class DevServerConfig:
     @property
     def effective_context_length(self) -> int:
         return self.context_length if self.context_length is not None else DEFAULT_CONTEXT_LENGTH
+
+    @property
+    def max_req_len(self) -> int:
+        """SGLang's prompt + generated + 1; the KV cache (a slot per request at full context) never cuts it."""
+        return self.effective_context_length - 1
+
+    @property
+    def max_req_input_len(self) -> int:
+        return self.max_req_len - INPUT_CAP_MARGIN
 
     @property
     def effective_model_path(self) -> str:

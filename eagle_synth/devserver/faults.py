@@ -3,6 +3,7 @@ drop, come back malformed or end the server, from a seeded RNG."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from dataclasses import dataclass
@@ -15,32 +16,28 @@ SERVE, FAIL, DROP, MALFORMED = "serve", "fail", "drop", "malformed"
 MALFORMED_SHAPES = ("list-of-ints", "meta-info-string", "ids-as-strings", "negative-ids", "missing-output-ids")
 
 
-def _broken(holder: dict, key: str, shape: str) -> Any:
-    """`holder` with its ids under `key` broken as `shape` says (meta-info-string: the callers')."""
-    ids = list(holder.get(key) or [0])
+def malform(reply: Any, shape: str, key: str = "output_ids") -> Any:
+    """A broken copy of a /generate reply item (of a batch: its first), its ids under `key`."""
+    if isinstance(reply, list):
+        return [malform(reply[0], shape), *reply[1:]]
     if shape not in MALFORMED_SHAPES:
         raise ValueError(f"unknown malformed shape {shape!r}")
+    ids = list(reply.get(key) or [0])
     if shape == "list-of-ints":
         return ids
-    broken = {k: v for k, v in holder.items() if not (k == key and shape == "missing-output-ids")}
+    broken = {k: v for k, v in reply.items() if not (k == key and shape == "missing-output-ids")}
     if shape in ("ids-as-strings", "negative-ids"):
         broken[key] = [str(i) for i in ids] if shape == "ids-as-strings" else [-1 - i for i in ids]
-    return broken
-
-
-def malform(item: dict, shape: str) -> Any:
-    """A broken copy of one /generate reply item."""
-    broken = _broken(item, "output_ids", shape)
     if shape == "meta-info-string":
-        broken["meta_info"] = str(item.get("meta_info"))
+        broken["meta_info"] = str(reply.get("meta_info"))
     return broken
 
 
-def malform_completion(reply: dict, shape: str) -> Any:
+def malform_completion(reply: Any, shape: str) -> Any:
     """A broken copy of one /v1/completions reply (meta-info-string makes `choices` a string)."""
     if shape == "meta-info-string":
         return {**reply, "choices": str(reply["choices"])}
-    choice = _broken(reply["choices"][0], "token_ids", shape)
+    choice = malform(reply["choices"][0], shape, "token_ids")
     return choice if shape == "list-of-ints" else {**reply, "choices": [choice, *reply["choices"][1:]]}
 
 
@@ -54,27 +51,25 @@ class GenerateFate:
     malformed_shape: str | None = None
 
 
+@dataclass(kw_only=True)
 class FaultPlan:
     """Seeded fault injection, reproducible for a given seed and arrival order: each generation
     request draws one number, failing below fail_rate, dropped below + drop_rate, malformed
     (the shapes in turn) below + malformed_rate. Health probes draw from their own RNG, so how
     often a client polls health does not change which generate requests fail."""
 
-    def __init__(
-        self,
-        *,
-        fail_rate: float,
-        drop_rate: float,
-        health_fail_rate: float,
-        die_after: int | None,
-        seed: int,
-        malformed_rate: float = 0.0,
-    ) -> None:
-        bounds = (fail_rate, fail_rate + drop_rate, fail_rate + drop_rate + malformed_rate)
-        self._bounds = tuple(zip((FAIL, DROP, MALFORMED), bounds))
-        self.health_fail_rate, self.die_after = health_fail_rate, die_after
-        self._generate_rng = random.Random(f"devserver-generate-faults-{seed}")
-        self._health_rng = random.Random(f"devserver-health-faults-{seed}")
+    fail_rate: float
+    drop_rate: float
+    health_fail_rate: float
+    die_after: int | None
+    seed: int
+    malformed_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        rates = itertools.accumulate((self.fail_rate, self.drop_rate, self.malformed_rate))
+        self._bounds = tuple(zip((FAIL, DROP, MALFORMED), rates))
+        self._generate_rng = random.Random(f"devserver-generate-faults-{self.seed}")
+        self._health_rng = random.Random(f"devserver-health-faults-{self.seed}")
         self._count = self._malformed_count = 0
         self._lock = threading.Lock()
 

@@ -193,9 +193,8 @@ class Generator:
             if self.vocab.think_close_id is not None:  # prompt_opens_reasoning needs both think ids
                 yield self.vocab.think_close_id
             yield from self.vocab.separator_ids
-        yield from (
-            answer_ids if answer_ids is not None else self._body(rng, max(1, total - thinking) if reasoning else total)
-        )
+        answer = max(1, total - thinking) if reasoning else total
+        yield from answer_ids if answer_ids is not None else self._body(rng, answer)
         if self.vocab.eos_id is not None:
             yield self.vocab.eos_id
         while True:

@@ -1,13 +1,10 @@
 """The wire side of both APIs: Reply, the parsed prompt, and the request parsing.
 
-SGLang's /generate validation follows its order (docs/devserver.md, "Errors"): request shape,
-then per prompt the TokenizerManager's context check, the sampling params (the preferred ones
-under the request's), the scheduler's input cap and max_new_tokens cut; the first failing prompt
-fails the request. Out-of-vocabulary ids are not checked: SGLang does not either, it dies on
-them. vLLM's /v1/completions (`--api vllm`) is checked as vLLM's source does it
-(entrypoints/openai/completion/protocol.py and serving.py, sampling_params.py,
-renderers/params.py) and parses to the same PromptRequest/SamplingParams, so the same campaign
-gives the same ids, timing and faults on both APIs.
+SGLang's /generate is validated in its order (docs/devserver.md, "Errors"); out-of-vocabulary
+ids are not checked: SGLang does not either, it dies on them. vLLM's /v1/completions is checked
+as vLLM's source does it (entrypoints/openai/completion/protocol.py and serving.py,
+sampling_params.py, renderers/params.py) and parses to the same PromptRequest/SamplingParams, so
+the same campaign gives the same ids, timing and faults on both APIs.
 """
 
 from __future__ import annotations
@@ -30,8 +27,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_NEW_TOKENS = 128
 # Below this temperature SGLang samples greedily.
 GREEDY_TEMPERATURE = 1e-6
-# The scheduler's input cap is its max_req_len minus this (Scheduler: max_req_input_len).
-INPUT_CAP_MARGIN = 5
 # First SGLang version answering an unknown or mistyped sampling key with 400 instead of 500.
 SAMPLING_400_VERSION = (0, 5, 23)
 
@@ -58,26 +53,6 @@ def version_tuple(version: str) -> tuple[int, ...]:
     """(0, 5, 23) from "0.5.23" or "0.32.0rc1+cpu"; unparsable parts end the tuple."""
     match = re.match(r"\d+(?:\.\d+)*", version)
     return tuple(int(part) for part in match.group().split(".")) if match else ()
-
-
-@dataclass(frozen=True, slots=True)
-class ServerRules:
-    """The launch settings a /generate request is checked against."""
-
-    context_length: int
-    reserved_tokens: int = 0
-    allow_auto_truncate: bool = False
-    preferred: dict | None = None
-    sampling_errors_are_400: bool = True
-
-    @property
-    def max_req_len(self) -> int:
-        """Prompt + generated + 1; the KV cache (a slot per request at full context) never cuts it."""
-        return self.context_length - 1
-
-    @property
-    def max_req_input_len(self) -> int:
-        return self.max_req_len - INPUT_CAP_MARGIN
 
 
 class ProtocolError(EagleSynthError):
@@ -150,6 +125,14 @@ def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(s, str) for s in value)
 
 
+def _is_stop(value: Any) -> bool:
+    return isinstance(value, str) or _is_str_list(value)
+
+
+def _is_int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(is_int(t) for t in value)
+
+
 # SamplingParams keys with a type: key -> (msgspec's name of the type, check, conversion).
 # Other known keys (grammars, logit_bias, ...) are kept as `extra`.
 TYPED_KEYS: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] = {
@@ -159,12 +142,8 @@ TYPED_KEYS: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] =
         ("float", _is_number, float),
     ),
     **dict.fromkeys(("ignore_eos", "skip_special_tokens", "no_stop_trim"), ("bool", lambda v: True, bool)),
-    "stop": (
-        "str | array[str]",
-        lambda v: isinstance(v, str) or _is_str_list(v),
-        lambda v: tuple(s for s in ([v] if isinstance(v, str) else v) if s),
-    ),
-    "stop_token_ids": ("array[int]", lambda v: isinstance(v, list) and all(is_int(t) for t in v), tuple),
+    "stop": ("str | array[str]", _is_stop, lambda v: tuple(s for s in ([v] if isinstance(v, str) else v) if s)),
+    "stop_token_ids": ("array[int]", _is_int_list, tuple),
 }
 # How msgspec names JSON types in its errors (int, float, str, bool: as Python names them).
 _JSON_TYPE_NAMES = {"list": "array", "dict": "object", "NoneType": "null"}
@@ -231,7 +210,7 @@ def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingP
 
 
 def _check_ids(ids: Any) -> list[int]:
-    if not isinstance(ids, list) or not all(is_int(i) for i in ids):
+    if not _is_int_list(ids):
         raise ProtocolError("input_ids must be a list of integers or a list of such lists.")
     return ids
 
@@ -280,12 +259,12 @@ def _rids(body: dict, *, single: bool, count: int) -> list[str]:
     return list(rid)
 
 
-def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tuple[list[int], Any]:
+def _tokenizer_check(ids: list[int], raw_params: Any, config: DevServerConfig) -> tuple[list[int], Any]:
     """SGLang's TokenizerManager._validate_one_request: the prompt plus the speculative reserve
     against the context, then with the request's OWN max_new_tokens (not the preferred one)."""
-    ctx = rules.context_length
-    held = len(ids) + rules.reserved_tokens
-    if held >= ctx and not rules.allow_auto_truncate:
+    ctx = config.effective_context_length
+    held = len(ids) + config.draft_reserved_tokens
+    if held >= ctx and not config.allow_auto_truncate:
         raise ProtocolError(f"The input ({held} tokens) is longer than the model's context length ({ctx} tokens).")
     if held >= ctx:
         ids = ids[:ctx]
@@ -293,7 +272,7 @@ def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tup
     max_new = raw_params.get("max_new_tokens") if isinstance(raw_params, dict) else None
     if not is_int(max_new) or max_new + held <= ctx:
         return ids, raw_params
-    if not rules.allow_auto_truncate:
+    if not config.allow_auto_truncate:
         raise ProtocolError(
             f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested a "
             f"total of {max_new + held} tokens: {held} tokens from the input messages and {max_new} tokens for the "
@@ -304,9 +283,11 @@ def _tokenizer_check(ids: list[int], raw_params: Any, rules: ServerRules) -> tup
 
 
 def parse_generate_request(
-    body: Any, *, rules: ServerRules, tokenize: Callable[[str], list[int]] | None
+    body: Any, config: DevServerConfig, *, tokenize: Callable[[str], list[int]] | None
 ) -> GenerateRequest:
     """Parse and validate a /generate body; raises ProtocolError as SGLang would fail."""
+    preferred, errors_are_400 = config.preferred_params, version_tuple(config.sglang_version) >= SAMPLING_400_VERSION
+    max_input = config.max_req_input_len
     if not isinstance(body, dict):
         raise ProtocolError("The request body must be a JSON object.")
     if body.get("stream"):
@@ -321,24 +302,23 @@ def parse_generate_request(
     rids = _rids(body, single=single, count=len(prompts))
     checked = []
     for ids, raw_params in zip(prompts, raw_list):
-        ids, raw_params = _tokenizer_check(ids, raw_params, rules)
-        if rules.preferred and (raw_params is None or isinstance(raw_params, dict)):
-            raw_params = {**rules.preferred, **(raw_params or {})}
-        checked.append((ids, parse_sampling_params(raw_params, errors_are_400=rules.sampling_errors_are_400)))
+        ids, raw_params = _tokenizer_check(ids, raw_params, config)
+        if preferred and (raw_params is None or isinstance(raw_params, dict)):
+            raw_params = {**preferred, **(raw_params or {})}
+        checked.append((ids, parse_sampling_params(raw_params, errors_are_400=errors_are_400)))
     out: list[PromptRequest] = []
     n = checked[0][1].n
     for (ids, params), rid in zip(checked, rids):
-        if (
-            len(ids) >= rules.max_req_input_len and not rules.allow_auto_truncate
-        ):  # the scheduler's validate_input_length
+        # The scheduler's validate_input_length.
+        if len(ids) >= max_input and not config.allow_auto_truncate:
             raise ProtocolError(
-                f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({rules.max_req_input_len} tokens). "
+                f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({max_input} tokens). "
                 "Use a shorter input or enable --allow-auto-truncate."
             )
-        ids = ids[: rules.max_req_input_len]
+        ids = ids[:max_input]
         asked = params.max_new_tokens if params.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS
         # The scheduler lowers max_new_tokens to what max_req_len leaves, without a word.
-        cap = max(min(asked, rules.max_req_len - len(ids) - 1), 0)
+        cap = max(min(asked, config.max_req_len - len(ids) - 1), 0)
         out.extend(
             PromptRequest(ids, params, cap, rid=rid if n == 1 else f"{rid}_{j}", group_rid=rid, sample_index=j)
             for j in range(n)
@@ -376,8 +356,8 @@ TYPE_CHECKS: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (FLOAT_FIELDS, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "number"),
     (INT_FIELDS, is_int, "integer"),
     (BOOL_FIELDS, lambda v: isinstance(v, bool), "boolean"),
-    (("stop",), lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)), "list"),
-    (("stop_token_ids",), lambda v: isinstance(v, list) and all(is_int(t) for t in v), "list"),
+    (("stop",), _is_stop, "list"),
+    (("stop_token_ids",), _is_int_list, "list"),
 )
 # Every field of vLLM's CompletionRequest the devserver knows; others are ignored, as vLLM does.
 KNOWN_FIELDS = frozenset(
@@ -410,11 +390,11 @@ def _prompts(body: dict, tokenize: Callable[[str], list[int]] | None) -> list[li
     if prompt is None or prompt == "":
         raise ProtocolError("Either prompt or prompt_embeds must be provided and non-empty.")
     prompt = [prompt] if isinstance(prompt, str) else prompt
-    if isinstance(prompt, list) and all(is_int(i) for i in prompt):
+    if _is_int_list(prompt):
         prompts = [prompt]
-    elif isinstance(prompt, list) and all(isinstance(p, list) and all(is_int(i) for i in p) for p in prompt):
+    elif isinstance(prompt, list) and all(_is_int_list(p) for p in prompt):
         prompts = prompt
-    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+    elif _is_str_list(prompt):
         if tokenize is None:
             raise ProtocolError("Unable to get tokenizer because `skip_tokenizer_init=True`")
         prompts = [tokenize(p) for p in prompt]
@@ -447,8 +427,7 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
     if body.get("echo") or body.get("use_beam_search"):
         raise ProtocolError("The devserver does not support echo or beam search.")
     prompts = _prompts(body, tokenize)
-    max_tokens = body.get("max_tokens")
-    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    max_tokens = DEFAULT_MAX_TOKENS if body.get("max_tokens") is None else body["max_tokens"]
     limit = config.effective_context_length
     if max_tokens > limit:
         raise ProtocolError(
@@ -460,10 +439,8 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
     p = {k: body[k] if body.get(k) is not None else overrides.get(k, v) for k, v in OPENAI_DEFAULTS.items()}
     p |= {"n": body.get("n") or 1, "max_new_tokens": max_tokens, "min_new_tokens": body.get("min_tokens") or 0}
     p |= {k: body.get(k) or 0.0 for k in ("presence_penalty", "frequency_penalty")}
-    p |= {
-        "stop": (stop,) if isinstance(stop, str) else tuple(stop or ()),
-        "sampling_seed": None if seed == -1 else seed,
-    }
+    p |= {"stop": (stop,) if isinstance(stop, str) else tuple(stop or ())}
+    p |= {"sampling_seed": None if seed == -1 else seed}
     if 0 < p["temperature"] < MIN_TEMPERATURE:
         p["temperature"] = MIN_TEMPERATURE
     refuse_first(  # vLLM's SamplingParams._verify_args
@@ -502,9 +479,8 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
     p |= {"skip_special_tokens": body.get("skip_special_tokens", True) is not False}
     p |= {"no_stop_trim": bool(body.get("include_stop_str_in_output"))}
     p |= {"stop_token_ids": tuple(body.get("stop_token_ids") or ())}
-    sampling = SamplingParams(
-        **p, extra=tuple(sorted((k, repr(body[k])) for k in EXTRA_FIELDS if body.get(k) is not None))
-    )
+    extra = tuple(sorted((k, repr(body[k])) for k in EXTRA_FIELDS if body.get(k) is not None))
+    sampling = SamplingParams(**p, extra=extra)
     out: list[PromptRequest] = []
     for index, ids in enumerate(prompts):
         if not ids:

@@ -189,17 +189,16 @@ MAX_BLOCKS = 200_000
 class PrefixCache:
     """Remembers sequences as chains of full blocks (each keyed by the hash of everything before
     it, so equal blocks at different places do not collide), evicting the least recently used
-    past `max_blocks`. `lookup` counts a prompt's known leading blocks, capped at len(prompt) - 1
+    past MAX_BLOCKS. `lookup` counts a prompt's known leading blocks, capped at len(prompt) - 1
     because SGLang always computes at least one token.
     """
 
-    def __init__(self, *, block_tokens: int = BLOCK_TOKENS, max_blocks: int = MAX_BLOCKS) -> None:
-        self.block_tokens, self.max_blocks = block_tokens, max_blocks
+    def __init__(self) -> None:
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self._lock = threading.Lock()
 
     def _keys(self, ids: Sequence[int]) -> list[int]:
-        b = self.block_tokens
+        b = BLOCK_TOKENS
         blocks = (tuple(ids[start : start + b]) for start in range(0, len(ids) - b + 1, b))
         return list(itertools.accumulate(blocks, lambda key, block: hash((key, block)), initial=0))[1:]
 
@@ -209,7 +208,7 @@ class PrefixCache:
             known = list(itertools.takewhile(self._blocks.__contains__, keys))
             for key in known:
                 self._blocks.move_to_end(key)
-        return min(len(known) * self.block_tokens, max(len(prompt_ids) - 1, 0))
+        return min(len(known) * BLOCK_TOKENS, max(len(prompt_ids) - 1, 0))
 
     def insert(self, ids: Sequence[int]) -> None:
         """Remember a finished sequence (prompt + output), as SGLang does on completion."""
@@ -218,7 +217,7 @@ class PrefixCache:
             for key in keys:
                 self._blocks[key] = None
                 self._blocks.move_to_end(key)
-            while len(self._blocks) > self.max_blocks:
+            while len(self._blocks) > MAX_BLOCKS:
                 self._blocks.popitem(last=False)
 
     def flush(self) -> None:
