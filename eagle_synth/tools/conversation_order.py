@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -29,7 +30,6 @@ BUCKET_BYTES = 256 << 20
 EXPANSION_FACTOR = 4
 # zstd level of spill files: written and read once.
 SPILL_ZSTD_LEVEL = 1
-TURNS = ("all", "last")
 
 
 def _bucket_count(campaign_path: Path) -> int:
@@ -59,14 +59,14 @@ def _group_order(raw: RawRecord) -> tuple:
 def _records(
     campaign_path: str | os.PathLike,
     turns: str,
-    dropped: Callable[[str], None],
+    dropped: Counter[str] | None,
     bucket_of: Callable[[RawRecord, int], int | None],
     key: Callable[[RawRecord], tuple],
 ) -> Iterator[RawRecord]:
     """Records `bucket_of` gives None first, as read; then each bucket (in memory when there is one,
-    else a zstd spill file) sorted by `key`, with turns="last" only each conversation's last turn."""
-    if turns not in TURNS:
-        raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
+    else a zstd spill file) sorted by `key`, with turns="last" (export checks `turns`) only each
+    conversation's last turn, counting the others in `dropped`."""
+    dropped = Counter() if dropped is None else dropped
     buckets = _bucket_count(Path(campaign_path))
 
     def in_order(records: list[RawRecord]) -> Iterator[RawRecord]:
@@ -75,7 +75,7 @@ def _records(
             conversation = raw.meta.get("conversation")
             following = records[index + 1].meta.get("conversation") if index + 1 < len(records) else None
             if turns == "last" and conversation and following == conversation:
-                dropped("earlier_turn")
+                dropped["earlier_turn"] += 1
                 continue
             yield raw
 
@@ -115,10 +115,10 @@ def _records(
 
 
 def ordered_records(
-    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
+    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Counter[str] | None = None
 ) -> Iterator[RawRecord]:
     """Every record, conversations' turns together and in order; with turns="last" only each
-    conversation's last turn (`dropped("earlier_turn")` is called for each one left out)."""
+    conversation's last turn (`dropped["earlier_turn"]` counts the ones left out)."""
 
     def bucket_of(raw: RawRecord, buckets: int) -> int | None:
         conversation = raw.meta.get("conversation")
@@ -128,7 +128,7 @@ def ordered_records(
 
 
 def grouped_records(
-    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
+    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Counter[str] | None = None
 ) -> Iterator[RawRecord]:
     """Every record, each input row's together (conversation by conversation, turns in order), rows
     in the order of their group's hash; turns as ordered_records'."""

@@ -25,7 +25,7 @@ from typing import Any
 from eagle_synth.errors import UserError
 from eagle_synth.progress import Progress, reported
 from eagle_synth.records import RawRecord, iter_raw_records
-from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, column_names, json_row
+from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, columns, json_row
 from eagle_synth.tools.filters import ExportError, ExportFilters, SelectionStats, sample_cutoff, select_rows
 from eagle_synth.tools.trainer_formats import (
     DATASET_FORMATS,
@@ -55,7 +55,7 @@ PARQUET_OPTIONS = {
 # Digits of the shard index in sharded output names (`out-00000.parquet`).
 SHARD_DIGITS = 5
 # Columns of a jsonl / parquet / hf row, in order: every Record field (tools/export_rows.py).
-COLUMNS = column_names()
+COLUMNS = tuple(column.name for column in columns())
 # Bytes SpecForge holds per pre-tokenized token: it keeps each row as Python lists of ints
 # (data/prompt_builder.py:199-252 at a6b6b02): an 8-byte list slot plus a 28-byte int object per
 # id, an 8-byte slot per mask entry (0 and 1 are shared objects). Measured: 44.0
@@ -119,16 +119,12 @@ def _source(
 
     if turns not in ("all", "last"):
         raise UserError(f"turns {turns!r}: use all or last")
-
-    def count(reason: str) -> None:
-        dropped[reason] += 1
-
     if grouped:
-        return grouped_records(campaign_path, turns=turns, dropped=count)
+        return grouped_records(campaign_path, turns=turns, dropped=dropped)
     history = (((read_manifest(campaign_path) or {}).get("settings")) or {}).get("history")
     if history != "own" and turns == "all":
         return iter_raw_records(campaign_path)
-    return ordered_records(campaign_path, turns=turns, dropped=count)
+    return ordered_records(campaign_path, turns=turns, dropped=dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,20 +240,18 @@ class _FileSink:
                 self._next_file()
 
     def _next_file(self) -> None:
-        self._publish()
-        self.index, self.in_shard, self.tokens_in_shard = self.index + 1, 0, 0
-
-    def _publish(self) -> None:
+        """Publish the file being written and start counting the next one."""
         self.handle.close()
         self.handle = None
         os.replace(self.tmp(), self.path(self.index))
         self.done.append(self.path(self.index))
+        self.index, self.in_shard, self.tokens_in_shard = self.index + 1, 0, 0
 
     def close(self) -> list[Path]:
         if self.handle is None and not self.done:
             self.handle = self.open_file(self.tmp())
         if self.handle is not None:
-            self._publish()
+            self._next_file()
         if self.sharded:  # shards of an earlier, larger export to the same name would be read as part of this one
             pattern = re.compile(rf"{re.escape(self.stem)}-\d{{{SHARD_DIGITS}}}{re.escape(self.suffix)}")
             for path in self.folder.iterdir():

@@ -86,10 +86,6 @@ def columns() -> tuple[Column, ...]:
     return tuple(lead + rest)
 
 
-def column_names() -> tuple[str, ...]:
-    return tuple(column.name for column in columns())
-
-
 def _meta_with_lengths(raw: RawRecord) -> dict:
     # seq_len is speculators' name for the total.
     return {

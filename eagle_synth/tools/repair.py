@@ -14,7 +14,6 @@ deleted; a rerun reads them again, so a repair stopped half way is finished by r
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ from eagle_synth.records import (
     Record,
     RecordFormatError,
     fsync_dir,
+    read_manifest,
     read_raw_file,
     records_dir,
     scan_campaign,
@@ -298,9 +298,8 @@ def mark_record_damaged(campaign: Campaign, keys: list[str], *, worker: str = "e
 
 def campaign_name_of(campaign_path: str | os.PathLike) -> str:
     """The campaign a folder belongs to: manifest.json's name, else the folder's name."""
-    manifest = Path(campaign_path) / "manifest.json"
     try:
-        name = json.loads(manifest.read_text()).get("campaign")
+        name = (read_manifest(campaign_path) or {}).get("campaign")
     except (OSError, ValueError):
         name = None
     return str(name or Path(campaign_path).resolve().name)

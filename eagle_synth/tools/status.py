@@ -56,8 +56,6 @@ STATUS_KEYS = (
     "conversations",
     "ended",
 )
-# Keys of "conversations" (None unless the campaign regenerates with --history own).
-CONVERSATION_KEYS = ("total", "done", "in_progress", "stopped", "stopped_by_reason", "followups_waiting")
 # Keys of each entry of "workers": one per (worker node, server) pair.
 WORKER_KEYS = (
     "node",
@@ -133,7 +131,7 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "workers": _workers(nodes),
         "at": now,
         "stranded": stranded_here,
-        # Conversation counts (CONVERSATION_KEYS) of a `--history own` campaign, else None.
+        # ConversationStore.counts() of a `--history own` campaign, else None.
         "conversations": ConversationStore(campaign).counts() if settings and settings.history == "own" else None,
         # Closed (`eagle-synth close`): where its state was folded, with its done and failed counts.
         "ended": ended_info(campaign),

@@ -76,12 +76,6 @@ def _clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
-def _since(since: float | None, now: float) -> str:
-    if not since:
-        return "-"
-    return f"{format_duration(now - since)} (since {_clock(since)})"
-
-
 def finish_estimate(data: dict) -> str:
     """`ends ~18:50:12` at the current rate, `ends in 2d04h` beyond a day, `` without a rate or when done."""
     eta = data.get("eta_seconds")
@@ -212,7 +206,7 @@ def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
         "server": w["server"],
         "kind": w.get("backend") or "-",
         "state": Text(str(w["state"]), style=STATE_STYLES.get(w["state"], "red")),
-        "for": _since(w["since"], now),
+        "for": f"{format_duration(now - w['since'])} (since {_clock(w['since'])})" if w["since"] else "-",
         "in flight": f"{w['inflight']:,}",
         "taking batches": "yes" if w["consuming"] else Text("no (disk)" if w.get("disk") else "no", style="yellow"),
         "last heartbeat": Text(

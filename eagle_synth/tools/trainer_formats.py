@@ -239,13 +239,11 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
                 }
                 atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
         del loaded  # unmaps the staging files before they are deleted
+        old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
         if out.exists():
-            old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
             os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from eagle_synth.errors import UserError, clause
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
 from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
@@ -227,14 +229,8 @@ class _Checker:
 
 def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
     """Repeated keys and the files holding them; a second pass runs only if a hash repeats."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if len(checker.key_hashes) < 2:
-        return {}
-    hashes = pa.Array.from_buffers(pa.uint64(), len(checker.key_hashes), [None, pa.py_buffer(checker.key_hashes)])
-    counts = pc.value_counts(hashes)
-    wanted = set(counts.filter(pc.greater(counts.field("counts"), 1)).field("values").to_pylist())
+    hashes, counts = np.unique(np.frombuffer(checker.key_hashes, dtype=np.uint64), return_counts=True)
+    wanted = set(hashes[counts > 1].tolist())
     if not wanted:
         return {}
     places: dict[str, list[str]] = {}

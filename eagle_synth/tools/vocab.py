@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import itertools
 import json
 import os
 import re
@@ -73,15 +74,10 @@ class TokenCounts:
 
     def add_rows(self, rows: Iterable[RawRecord]) -> int:
         """Count the loss-masked ids (the output) of rows, a batch of rows per numpy call; returns the rows."""
-        batch: list[bytes] = []
-        counted = 0
-        for raw in rows:
-            counted += 1
-            batch.append(raw.output_u32)
-            if len(batch) >= COUNT_BATCH_ROWS:
-                self.add_u32(b"".join(batch))
-                batch = []
-        self.add_u32(b"".join(batch))
+        rows, counted = iter(rows), 0
+        while batch := [raw.output_u32 for raw in itertools.islice(rows, COUNT_BATCH_ROWS)]:
+            self.add_u32(b"".join(batch))
+            counted += len(batch)
         return counted
 
     def as_dict(self) -> dict[int, int]:
