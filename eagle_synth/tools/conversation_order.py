@@ -10,6 +10,7 @@ the order of its hash, buckets taking consecutive slices of the hash range: a ta
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -33,18 +34,11 @@ SPILL_ZSTD_LEVEL = 1
 
 
 def _bucket_count(campaign_path: Path) -> int:
-    scan = scan_campaign(campaign_path)
     stored = 0
-    for path in (*scan.batch_files, *scan.shards):
-        try:
+    for path in scan_campaign(campaign_path).live:
+        with contextlib.suppress(FileNotFoundError):
             stored += path.stat().st_size
-        except FileNotFoundError:
-            continue
     return max(1, math.ceil(stored * EXPANSION_FACTOR / BUCKET_BYTES))
-
-
-def _bucket_of(conversation: str, buckets: int) -> int:
-    return int(conversation[:15], 16) % buckets if buckets > 1 else 0
 
 
 def _conversation_order(raw: RawRecord) -> tuple:
@@ -122,7 +116,9 @@ def ordered_records(
 
     def bucket_of(raw: RawRecord, buckets: int) -> int | None:
         conversation = raw.meta.get("conversation")
-        return _bucket_of(conversation, buckets) if conversation else None
+        if not conversation:
+            return None
+        return int(conversation[:15], 16) % buckets if buckets > 1 else 0
 
     return _records(campaign_path, turns, dropped, bucket_of, _conversation_order)
 

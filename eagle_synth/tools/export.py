@@ -295,7 +295,7 @@ def _fill(
         result.tokens += tokens[split]
         result.loss_tokens += sum(row.output_len for row in group)
         if split is not None:
-            result.split_rows[split] = result.split_rows.get(split, 0) + len(group)
+            result.split_rows[split] += len(group)
         groups[split], tokens[split] = [], 0
 
     for split, row in select_rows(records, filters, stats, cutoff=cutoff):
@@ -322,7 +322,7 @@ def export_rows(
     out = Path(out)
     options.check(format, out)
     filters = _learned(filters, options.zero_last_loss)
-    result = ExportResult(format=format)
+    result = ExportResult(format=format, split_rows=dict.fromkeys(filters.split_names, 0))
     splits: tuple[str | None, ...] = filters.split_names or (None,)
     stats = SelectionStats()
     if format in DATASET_FORMATS:
@@ -358,8 +358,6 @@ def export_rows(
     if options.zero_last_loss:
         result.loss_tokens -= result.rows
     result.read, result.dropped, result.clipped = stats.read, stats.dropped, stats.clipped
-    if filters.splits:
-        result.split_rows = {name: result.split_rows.get(name, 0) for name in filters.split_names}
     result.seconds = time.perf_counter() - started
     return result
 

@@ -62,10 +62,10 @@ class Column:
 
 
 def _field_default(name: str) -> Any:
-    spec = Record.__dataclass_fields__[name]
-    if spec.default is not MISSING:
+    spec = Record.__dataclass_fields__.get(name)
+    if spec is not None and spec.default is not MISSING:
         return spec.default
-    if spec.default_factory is not MISSING:
+    if spec is not None and spec.default_factory is not MISSING:
         return spec.default_factory()
     return None
 
@@ -73,17 +73,11 @@ def _field_default(name: str) -> Any:
 @lru_cache(maxsize=1)
 def columns() -> tuple[Column, ...]:
     """Every exported column, in order: LEAD_COLUMNS, then the other Record fields in their order."""
-    lead = [
-        Column(name, kind, _field_default(name) if name in Record.__dataclass_fields__ else None)
-        for name, kind in LEAD_COLUMNS
-    ]
-    lead_names = {name for name, _ in LEAD_COLUMNS}
-    rest = [
-        Column(name, ANNOTATION_KINDS.get(str(spec.type).removesuffix(" | None"), JSON_KIND), _field_default(name))
-        for name, spec in Record.__dataclass_fields__.items()
-        if name not in lead_names and name not in _NOT_COLUMNS
-    ]
-    return tuple(lead + rest)
+    kinds = dict(LEAD_COLUMNS)
+    for name, spec in Record.__dataclass_fields__.items():
+        if name not in kinds and name not in _NOT_COLUMNS:
+            kinds[name] = ANNOTATION_KINDS.get(str(spec.type).removesuffix(" | None"), JSON_KIND)
+    return tuple(Column(name, kind, _field_default(name)) for name, kind in kinds.items())
 
 
 def _meta_with_lengths(raw: RawRecord) -> dict:

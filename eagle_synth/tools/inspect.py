@@ -124,10 +124,8 @@ def find_records(
         for seen, record in enumerate(iter_records(Path(campaign_path))):
             if seen < random_n:
                 chosen.append(record)
-            else:
-                slot = rng.randrange(seen + 1)
-                if slot < random_n:
-                    chosen[slot] = record
+            elif (slot := rng.randrange(seen + 1)) < random_n:
+                chosen[slot] = record
         if not chosen:
             raise InspectError(f"{campaign_path} holds no records yet")
         return chosen

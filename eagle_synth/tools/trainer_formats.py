@@ -202,14 +202,13 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
     from datasets import Dataset, DatasetDict
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    format = result.format
     result.paths = [out if name is None else out / name for name in staged]
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     quiet = are_progress_bars_disabled()
     disable_progress_bars()  # our own progress line is the one shown
     try:
         loaded = {name: Dataset.from_file(str(part.path)) for name, part in staged.items()}
-        if format == "hf":
+        if result.format == "hf":
             if None in loaded:
                 loaded[None].save_to_disk(str(tmp), num_shards=_shards(loaded[None].num_rows, shard_rows))
             else:

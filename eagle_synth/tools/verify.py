@@ -152,10 +152,8 @@ def _token_id(tokenizer: Any, token: str) -> int | None:
     return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
 
 
-def _rfind_id(data: bytes, needle: bytes | None) -> int:
+def _rfind_id(data: bytes, needle: bytes) -> int:
     """Index of the last occurrence of one id in uint32 bytes, -1 if absent."""
-    if needle is None:
-        return -1
     end = len(data)
     while True:
         pos = data.rfind(needle, 0, end)
@@ -295,13 +293,12 @@ def _report(
         }
         for name, (severity, message) in CHECKS.items()
     }
-    errors = sum(1 for v in checks.values() if v["severity"] == "error" and v["count"])
-    warnings = sum(1 for v in checks.values() if v["severity"] == "warning" and v["count"])
+    found = Counter(check["severity"] for check in checks.values() if check["count"])
     return {
         "campaign": str(campaign_path),
-        "ok": errors == 0,
-        "errors": errors,
-        "warnings": warnings,
+        "ok": found["error"] == 0,
+        "errors": found["error"],
+        "warnings": found["warning"],
         "format_version": (manifest or {}).get("format_version"),
         "files": {
             "batch_files": len(scan.batch_files),

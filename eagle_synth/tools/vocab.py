@@ -280,20 +280,18 @@ def build_vocab(
     folder is a good place); `target_vocab_size` defaults to target_vocab_size_of's."""
     started = time.perf_counter()
     if target_vocab_size is None:
-        read = target_vocab_size_of(campaign_path)
-        target_vocab_size, size_source = read.size, read.source
+        target = target_vocab_size_of(campaign_path)
     else:
-        size_source = "--target-vocab-size"
-    check_sizes(draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
-    cutoff = None
-    if filters.sample is not None:
-        cutoff = sample_cutoff(reported(iter_raw_records(campaign_path), progress, "sampling"), filters)
+        target = TargetVocabSize(target_vocab_size, "--target-vocab-size")
+    check_sizes(draft_vocab_size=draft_vocab_size, target_vocab_size=target.size)
+    # sample_cutoff reads nothing (and starts no progress phase) when filters.sample is None.
+    cutoff = sample_cutoff(reported(iter_raw_records(campaign_path), progress, "sampling"), filters)
     stats = SelectionStats()
     counts = TokenCounts()
     records = reported(iter_raw_records(campaign_path), progress, "counting")
     selected = select_rows(records, filters, stats, cutoff=cutoff)
     rows = counts.add_rows(row for split, row in selected if split in (None, SPLIT_REMAINDER))
-    mapping = build_vocab_mapping(counts.counts, draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
+    mapping = build_vocab_mapping(counts.counts, draft_vocab_size=draft_vocab_size, target_vocab_size=target.size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     freq_paths, freq_commands = write_token_freq(folder, counts)
@@ -307,6 +305,6 @@ def build_vocab(
         torch_files=torch_files,
         warnings=[] if torch_files else [TORCH_MISSING],
         commands=freq_commands + vocab_commands,
-        target_vocab_size_source=size_source,
+        target_vocab_size_source=target.source,
         seconds=time.perf_counter() - started,
     )
