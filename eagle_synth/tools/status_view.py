@@ -185,8 +185,7 @@ def _failures(data: dict, *, compact: bool = False) -> Table:
     shown = reasons[:COMPACT_FAILURE_REASONS] if compact and len(reasons) > COMPACT_FAILURE_REASONS + 1 else reasons
     for reason in shown:
         table.add_row(reason, f"{now.get(reason, 0):,}", f"{ever.get(reason, 0):,}")
-    rest = reasons[len(shown) :]
-    if rest:
+    if rest := reasons[len(shown) :]:
         table.add_row(
             Text(f"{len(rest)} more reasons", style="dim"),
             f"{sum(now.get(r, 0) for r in rest):,}",

@@ -108,8 +108,7 @@ def check_dataset_out(out: Path, *, replace: bool = False) -> None:
         raise ExportError(f"--out {out} is a file: give a folder for a datasets export")
     if replace or not out.is_dir():
         return
-    foreign = _foreign_entries(out)
-    if not foreign:
+    if not (foreign := _foreign_entries(out)):
         return
     earlier = any((out / name).exists() for name in DATASET_MARKERS) or any(
         (entry / "state.json").is_file() for entry in out.iterdir() if entry.is_dir()
