@@ -87,9 +87,7 @@ def _records(
         packer = msgpack.Packer(use_bin_type=True)
         with ExitStack() as files:
             writers = [
-                files.enter_context(
-                    zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(files.enter_context(open(p, "wb")))
-                )
+                files.enter_context(zstandard.open(p, "wb", cctx=zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL)))
                 for p in paths
             ]
             for raw in iter_raw_records(campaign_path):
@@ -99,8 +97,7 @@ def _records(
                     continue
                 writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
         for path in paths:
-            with open(path, "rb") as handle:
-                reader = zstandard.ZstdDecompressor().stream_reader(handle)
+            with zstandard.open(path, "rb") as reader:
                 unpacked = msgpack.Unpacker(reader, raw=False)
                 records = [
                     RawRecord(meta=meta, prompt_u32=prompt, output_u32=output) for meta, prompt, output in unpacked

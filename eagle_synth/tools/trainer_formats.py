@@ -106,9 +106,7 @@ def check_dataset_out(out: Path, *, replace: bool = False) -> None:
     """Refuse an --out folder holding anything an export did not write, unless `replace`."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file: give a folder for a datasets export")
-    if replace or not out.is_dir():
-        return
-    if not (foreign := _foreign_entries(out)):
+    if replace or not out.is_dir() or not (foreign := _foreign_entries(out)):
         return
     earlier = any((out / name).exists() for name in DATASET_MARKERS) or any(
         (entry / "state.json").is_file() for entry in out.iterdir() if entry.is_dir()
