@@ -140,10 +140,9 @@ class OutputOptions:
     def check(self, format: str, out: Path) -> None:
         if format not in FORMATS:
             raise ExportError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
-        if self.shard_rows is not None and self.shard_rows < 1:
-            raise ExportError("--shard-rows must be at least 1")
-        if self.shard_tokens is not None and self.shard_tokens < 1:
-            raise ExportError("--shard-tokens must be at least 1")
+        for flag, value in (("--shard-rows", self.shard_rows), ("--shard-tokens", self.shard_tokens)):
+            if value is not None and value < 1:
+                raise ExportError(f"{flag} must be at least 1")
         if self.zero_last_loss and format != "specforge":
             raise ExportError("--zero-last-loss is for --format specforge (SpecForge's EAGLE-3 online target shift)")
         if format == "specforge" and out.name.endswith(".gz"):

@@ -8,6 +8,7 @@ change here, typed from its annotation (str, int, float, bool; anything else, su
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from array import array
@@ -135,11 +136,8 @@ def arrow_batch(group: Sequence[RawRecord], schema, selected: Sequence[Column] |
     """One record batch of `selected` columns; the ids' bytes become the list values buffer as they are."""
     import pyarrow as pa
 
-    offsets = array("i", [0])
-    total = 0
-    for raw in group:
-        total += raw.prompt_len + raw.output_len
-        offsets.append(total)
+    offsets = array("i", itertools.accumulate((raw.prompt_len + raw.output_len for raw in group), initial=0))
+    total = offsets[-1]
     offsets_array = pa.array(offsets, type=pa.int32())
     metas = [_meta_with_lengths(raw) for raw in group]
     arrays = []

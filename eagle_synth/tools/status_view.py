@@ -198,7 +198,9 @@ def _failures(data: dict, *, compact: bool = False) -> Table:
 
 def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
     beat = w.get("heartbeat_at")
-    beat_age = now - beat if beat else None
+    heartbeat: str | Text = "-"
+    if beat:
+        heartbeat = Text(f"{format_duration(now - beat)} ago", style="red" if now - beat > STALE_HEARTBEAT_S else "")
     return {
         "node": str(w["node"]),
         "host": str(w["host"]),
@@ -208,11 +210,7 @@ def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
         "for": f"{format_duration(now - w['since'])} (since {_clock(w['since'])})" if w["since"] else "-",
         "in flight": f"{w['inflight']:,}",
         "taking batches": "yes" if w["consuming"] else Text("no (disk)" if w.get("disk") else "no", style="yellow"),
-        "last heartbeat": Text(
-            f"{format_duration(beat_age)} ago", style="red" if (beat_age or 0) > STALE_HEARTBEAT_S else ""
-        )
-        if beat_age is not None
-        else "-",
+        "last heartbeat": heartbeat,
         "detail": Text(w.get("disk") or "", style="red") if w.get("disk") else Text(w.get("detail") or "", style="dim"),
     }
 
@@ -244,13 +242,8 @@ def _workers_blocks(data: dict, *, compact: bool = False) -> Group:
         cells = _worker_cells(w, data["at"])
         if w["node"] != node:
             node = w["node"]
-            heartbeat, taking = cells["last heartbeat"], cells["taking batches"]
-            indented(
-                Text.assemble(
-                    (str(node), "bold"), f" on {cells['host']}: last heartbeat ", heartbeat, ", taking batches ", taking
-                ),
-                2,
-            )
+            head = (str(node), "bold"), f" on {cells['host']}: last heartbeat ", cells["last heartbeat"]
+            indented(Text.assemble(*head, ", taking batches ", cells["taking batches"]), 2)
         since = format_duration(data["at"] - w["since"]) if compact and w["since"] else cells["for"]
         server = Text.assemble(cells["server"], f" ({cells['kind']}) ", cells["state"], " for ", since)
         server.append(f"; in flight {cells['in flight']}")

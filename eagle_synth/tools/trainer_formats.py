@@ -75,9 +75,8 @@ def specforge_lines(group: Sequence[RawRecord], *, zero_last_loss: bool = False)
         flags = ["0"] * raw.prompt_len + ["1"] * raw.output_len
         if zero_last_loss and flags:
             flags[-1] = "0"
-        mask = ",".join(flags)
         ids = json.dumps(unpack_ids(raw.prompt_u32 + raw.output_u32), separators=(",", ":"))
-        lines.append(f'{{"input_ids":{ids},"loss_mask":[{mask}]}}\n')
+        lines.append(f'{{"input_ids":{ids},"loss_mask":[{",".join(flags)}]}}\n')
     return "".join(lines)
 
 
