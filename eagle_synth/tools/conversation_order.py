@@ -73,17 +73,9 @@ def _records(
                 continue
             yield raw
 
-    if buckets == 1:
-        held: list[RawRecord] = []
-        for raw in iter_raw_records(campaign_path):
-            if bucket_of(raw, 1) is None:
-                yield raw
-            else:
-                held.append(raw)
-        yield from in_order(held)
-        return
+    held: list[RawRecord] = []  # the bucket, when there is only one
     with tempfile.TemporaryDirectory(prefix="eagle-synth-export-") as folder:
-        paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
+        paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)] if buckets > 1 else []
         packer = msgpack.Packer(use_bin_type=True)
         with ExitStack() as files:
             writers = [
@@ -94,8 +86,11 @@ def _records(
                 bucket = bucket_of(raw, buckets)
                 if bucket is None:
                     yield raw
-                    continue
-                writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
+                elif not writers:
+                    held.append(raw)
+                else:
+                    writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
+        yield from in_order(held)
         for path in paths:
             with zstandard.open(path, "rb") as reader:
                 unpacked = msgpack.Unpacker(reader, raw=False)
