@@ -107,8 +107,7 @@ def ordered_records(
     conversation's last turn (`dropped["earlier_turn"]` counts the ones left out)."""
 
     def bucket_of(raw: RawRecord, buckets: int) -> int | None:
-        conversation = raw.meta.get("conversation")
-        if not conversation:
+        if not (conversation := raw.meta.get("conversation")):
             return None
         return int(conversation[:15], 16) % buckets if buckets > 1 else 0
 

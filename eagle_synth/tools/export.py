@@ -286,8 +286,7 @@ def _fill(
     tokens: dict[str | None, int] = dict.fromkeys(sinks, 0)
 
     def flush(split: str | None) -> None:
-        group = groups[split]
-        if not group:
+        if not (group := groups[split]):
             return
         sinks[split].add_group(group)
         result.rows += len(group)

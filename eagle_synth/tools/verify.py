@@ -228,8 +228,7 @@ class _Checker:
 def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
     """Repeated keys and the files holding them; a second pass runs only if a hash repeats."""
     hashes, counts = np.unique(np.frombuffer(checker.key_hashes, dtype=np.uint64), return_counts=True)
-    wanted = set(hashes[counts > 1].tolist())
-    if not wanted:
+    if not (wanted := set(hashes[counts > 1].tolist())):
         return {}
     places: dict[str, list[str]] = {}
     for path in files:
