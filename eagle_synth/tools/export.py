@@ -24,7 +24,8 @@ from typing import Any
 
 from eagle_synth.errors import UserError
 from eagle_synth.progress import Progress, reported
-from eagle_synth.records import RawRecord, iter_raw_records
+from eagle_synth.records import RawRecord, iter_raw_records, read_manifest
+from eagle_synth.tools.conversation_order import grouped_records, ordered_records
 from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, columns, json_row
 from eagle_synth.tools.filters import ExportError, ExportFilters, SelectionStats, sample_cutoff, select_rows
 from eagle_synth.tools.trainer_formats import (
@@ -114,9 +115,6 @@ def _source(
 ) -> Iterator[RawRecord]:
     """The records to export: in conversation order for `--history own` (or `turns` "last"); `grouped`
     (speculators): in row-group order; records `turns` leaves out are counted in `dropped`."""
-    from eagle_synth.records import read_manifest
-    from eagle_synth.tools.conversation_order import grouped_records, ordered_records
-
     if turns not in ("all", "last"):
         raise UserError(f"turns {turns!r}: use all or last")
     if grouped:

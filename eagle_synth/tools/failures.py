@@ -19,6 +19,7 @@ from typing import IO
 
 from eagle_synth.state.campaign import Campaign, Failure
 from eagle_synth.state.campaign_archive import ended_info
+from eagle_synth.state.conversation_store import ConversationStore
 
 # Characters of a failure message shown per example line; the JSON keeps it whole.
 MESSAGE_PREVIEW_CHARS = 200
@@ -51,8 +52,6 @@ def _listed(key: str, failure: Failure) -> dict:
 
 
 def _stopped(campaign: Campaign, examples: int) -> dict:
-    from eagle_synth.state.conversation_store import ConversationStore
-
     settings = campaign.settings()
     return ConversationStore(campaign).stopped(examples=examples) if settings and settings.history == "own" else {}
 

@@ -10,6 +10,7 @@ command line where `ps` would show them.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
@@ -116,8 +117,6 @@ class FlowerPortInUse(UserError, OSError):
 def check_port_free(*, address: str, port: int) -> None:
     """Raise FlowerPortInUse if (address, port) cannot be bound now, before Flower's own start
     would fail there with a traceback. SO_REUSEADDR as Tornado binds, so a port in TIME_WAIT passes."""
-    import socket
-
     with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -8,6 +8,7 @@ from memory-mapped: memory stays flat; the disk holds the rows twice until the e
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from eagle_synth.ids import unpack_ids
 from eagle_synth.records import RawRecord, atomic_write_bytes
 from eagle_synth.tools.export_rows import Column, arrow_batch, arrow_schema
 from eagle_synth.tools.filters import ExportError, row_group
@@ -68,8 +70,6 @@ def specforge_lines(group: Sequence[RawRecord], *, zero_last_loss: bool = False)
     """The JSONL lines of a row group. `zero_last_loss` sets the last mask entry to 0: SpecForge's
     EAGLE-3 step shifts its target left and pads it with zeros without shifting the mask (upstream
     #885), so a row ending on a mask-1 token (every row here) trains its last position on a zero."""
-    from eagle_synth.ids import unpack_ids
-
     lines = []
     for raw in group:
         flags = ["0"] * raw.prompt_len + ["1"] * raw.output_len
@@ -81,8 +81,6 @@ def specforge_lines(group: Sequence[RawRecord], *, zero_last_loss: bool = False)
 
 
 def require_datasets(format: str) -> None:
-    import importlib.util
-
     if importlib.util.find_spec("datasets") is None:
         raise ExportError(
             f"--format {format} writes a Hugging Face datasets folder and needs the `datasets` "
