@@ -95,18 +95,14 @@ def exclusive(folder: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _plan(files: list[Path], *, shard_bytes: int) -> list[list[tuple[Path, int]]]:
+def _plan(files: list[tuple[Path, int]], *, shard_bytes: int) -> list[list[tuple[Path, int]]]:
     """Groups of (file, size) of about shard_bytes; files of one batch never straddle two groups,
     so a key repeated within a batch is dropped inside one shard."""
     groups: list[list[tuple[Path, int]]] = []
     current: list[tuple[Path, int]] = []
     size = 0
     previous_batch = None
-    for path in files:  # sorted by name, so one batch's files are adjacent
-        try:
-            length = path.stat().st_size
-        except FileNotFoundError:
-            continue
+    for path, length in files:  # sorted by name, so one batch's files are adjacent
         batch = batch_of_file(path)
         if current and size >= shard_bytes and batch != previous_batch:
             groups.append(current)
@@ -122,11 +118,8 @@ def _plan(files: list[Path], *, shard_bytes: int) -> list[list[tuple[Path, int]]
 def _reads_back(shard: Path, keys: list[str]) -> bool:
     """True if the shard on disk holds exactly these keys, in order, and every record decodes."""
     if hasattr(os, "posix_fadvise"):  # forget the fsynced file's cached pages: read the disk
-        fd = os.open(shard, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        with open(shard, "rb") as handle:
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     try:
         return [raw.key for raw in read_raw_file(shard)] == keys
     except RecordFormatError:
@@ -174,11 +167,11 @@ def compact(
         candidates = []
         for path in scan.batch_files:
             try:
-                old = path.stat().st_mtime <= cutoff
+                stat = path.stat()
             except FileNotFoundError:
                 continue
-            if old:
-                candidates.append(path)
+            if stat.st_mtime <= cutoff:
+                candidates.append((path, stat.st_size))
             else:
                 result.young_skipped += 1
         if len(candidates) < MIN_FILES:

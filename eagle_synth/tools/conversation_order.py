@@ -10,9 +10,11 @@ the order of its hash, buckets taking consecutive slices of the hash range: a ta
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -29,22 +31,14 @@ BUCKET_BYTES = 256 << 20
 EXPANSION_FACTOR = 4
 # zstd level of spill files: written and read once.
 SPILL_ZSTD_LEVEL = 1
-TURNS = ("all", "last")
 
 
 def _bucket_count(campaign_path: Path) -> int:
-    scan = scan_campaign(campaign_path)
     stored = 0
-    for path in (*scan.batch_files, *scan.shards):
-        try:
+    for path in scan_campaign(campaign_path).live:
+        with contextlib.suppress(FileNotFoundError):
             stored += path.stat().st_size
-        except FileNotFoundError:
-            continue
     return max(1, math.ceil(stored * EXPANSION_FACTOR / BUCKET_BYTES))
-
-
-def _bucket_of(conversation: str, buckets: int) -> int:
-    return int(conversation[:15], 16) % buckets if buckets > 1 else 0
 
 
 def _conversation_order(raw: RawRecord) -> tuple:
@@ -59,14 +53,14 @@ def _group_order(raw: RawRecord) -> tuple:
 def _records(
     campaign_path: str | os.PathLike,
     turns: str,
-    dropped: Callable[[str], None],
+    dropped: Counter[str] | None,
     bucket_of: Callable[[RawRecord, int], int | None],
     key: Callable[[RawRecord], tuple],
 ) -> Iterator[RawRecord]:
     """Records `bucket_of` gives None first, as read; then each bucket (in memory when there is one,
-    else a zstd spill file) sorted by `key`, with turns="last" only each conversation's last turn."""
-    if turns not in TURNS:
-        raise ValueError(f"--turns {turns!r}: use one of {', '.join(TURNS)}")
+    else a zstd spill file) sorted by `key`, with turns="last" (export checks `turns`) only each
+    conversation's last turn, counting the others in `dropped`."""
+    dropped = Counter() if dropped is None else dropped
     buckets = _bucket_count(Path(campaign_path))
 
     def in_order(records: list[RawRecord]) -> Iterator[RawRecord]:
@@ -75,38 +69,30 @@ def _records(
             conversation = raw.meta.get("conversation")
             following = records[index + 1].meta.get("conversation") if index + 1 < len(records) else None
             if turns == "last" and conversation and following == conversation:
-                dropped("earlier_turn")
+                dropped["earlier_turn"] += 1
                 continue
             yield raw
 
-    if buckets == 1:
-        held: list[RawRecord] = []
-        for raw in iter_raw_records(campaign_path):
-            if bucket_of(raw, 1) is None:
-                yield raw
-            else:
-                held.append(raw)
-        yield from in_order(held)
-        return
+    held: list[RawRecord] = []  # the bucket, when there is only one
     with tempfile.TemporaryDirectory(prefix="eagle-synth-export-") as folder:
-        paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)]
+        paths = [Path(folder) / f"bucket-{i:05d}.zst" for i in range(buckets)] if buckets > 1 else []
         packer = msgpack.Packer(use_bin_type=True)
         with ExitStack() as files:
             writers = [
-                files.enter_context(
-                    zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL).stream_writer(files.enter_context(open(p, "wb")))
-                )
+                files.enter_context(zstandard.open(p, "wb", cctx=zstandard.ZstdCompressor(level=SPILL_ZSTD_LEVEL)))
                 for p in paths
             ]
             for raw in iter_raw_records(campaign_path):
                 bucket = bucket_of(raw, buckets)
                 if bucket is None:
                     yield raw
-                    continue
-                writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
+                elif not writers:
+                    held.append(raw)
+                else:
+                    writers[bucket].write(packer.pack([raw.meta, raw.prompt_u32, raw.output_u32]))
+        yield from in_order(held)
         for path in paths:
-            with open(path, "rb") as handle:
-                reader = zstandard.ZstdDecompressor().stream_reader(handle)
+            with zstandard.open(path, "rb") as reader:
                 unpacked = msgpack.Unpacker(reader, raw=False)
                 records = [
                     RawRecord(meta=meta, prompt_u32=prompt, output_u32=output) for meta, prompt, output in unpacked
@@ -115,20 +101,21 @@ def _records(
 
 
 def ordered_records(
-    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
+    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Counter[str] | None = None
 ) -> Iterator[RawRecord]:
     """Every record, conversations' turns together and in order; with turns="last" only each
-    conversation's last turn (`dropped("earlier_turn")` is called for each one left out)."""
+    conversation's last turn (`dropped["earlier_turn"]` counts the ones left out)."""
 
     def bucket_of(raw: RawRecord, buckets: int) -> int | None:
-        conversation = raw.meta.get("conversation")
-        return _bucket_of(conversation, buckets) if conversation else None
+        if not (conversation := raw.meta.get("conversation")):
+            return None
+        return int(conversation[:15], 16) % buckets if buckets > 1 else 0
 
     return _records(campaign_path, turns, dropped, bucket_of, _conversation_order)
 
 
 def grouped_records(
-    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Callable[[str], None] = lambda reason: None
+    campaign_path: str | os.PathLike, *, turns: str = "all", dropped: Counter[str] | None = None
 ) -> Iterator[RawRecord]:
     """Every record, each input row's together (conversation by conversation, turns in order), rows
     in the order of their group's hash; turns as ordered_records'."""

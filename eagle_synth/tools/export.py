@@ -24,8 +24,9 @@ from typing import Any
 
 from eagle_synth.errors import UserError
 from eagle_synth.progress import Progress, reported
-from eagle_synth.records import RawRecord, iter_raw_records
-from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, column_names, json_row
+from eagle_synth.records import RawRecord, iter_raw_records, read_manifest
+from eagle_synth.tools.conversation_order import grouped_records, ordered_records
+from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, columns, json_row
 from eagle_synth.tools.filters import ExportError, ExportFilters, SelectionStats, sample_cutoff, select_rows
 from eagle_synth.tools.trainer_formats import (
     DATASET_FORMATS,
@@ -55,7 +56,7 @@ PARQUET_OPTIONS = {
 # Digits of the shard index in sharded output names (`out-00000.parquet`).
 SHARD_DIGITS = 5
 # Columns of a jsonl / parquet / hf row, in order: every Record field (tools/export_rows.py).
-COLUMNS = column_names()
+COLUMNS = tuple(column.name for column in columns())
 # Bytes SpecForge holds per pre-tokenized token: it keeps each row as Python lists of ints
 # (data/prompt_builder.py:199-252 at a6b6b02): an 8-byte list slot plus a 28-byte int object per
 # id, an 8-byte slot per mask entry (0 and 1 are shared objects). Measured: 44.0
@@ -114,21 +115,14 @@ def _source(
 ) -> Iterator[RawRecord]:
     """The records to export: in conversation order for `--history own` (or `turns` "last"); `grouped`
     (speculators): in row-group order; records `turns` leaves out are counted in `dropped`."""
-    from eagle_synth.records import read_manifest
-    from eagle_synth.tools.conversation_order import grouped_records, ordered_records
-
     if turns not in ("all", "last"):
         raise UserError(f"turns {turns!r}: use all or last")
-
-    def count(reason: str) -> None:
-        dropped[reason] += 1
-
     if grouped:
-        return grouped_records(campaign_path, turns=turns, dropped=count)
+        return grouped_records(campaign_path, turns=turns, dropped=dropped)
     history = (((read_manifest(campaign_path) or {}).get("settings")) or {}).get("history")
     if history != "own" and turns == "all":
         return iter_raw_records(campaign_path)
-    return ordered_records(campaign_path, turns=turns, dropped=count)
+    return ordered_records(campaign_path, turns=turns, dropped=dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +138,9 @@ class OutputOptions:
     def check(self, format: str, out: Path) -> None:
         if format not in FORMATS:
             raise ExportError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
-        if self.shard_rows is not None and self.shard_rows < 1:
-            raise ExportError("--shard-rows must be at least 1")
-        if self.shard_tokens is not None and self.shard_tokens < 1:
-            raise ExportError("--shard-tokens must be at least 1")
+        for flag, value in (("--shard-rows", self.shard_rows), ("--shard-tokens", self.shard_tokens)):
+            if value is not None and value < 1:
+                raise ExportError(f"{flag} must be at least 1")
         if self.zero_last_loss and format != "specforge":
             raise ExportError("--zero-last-loss is for --format specforge (SpecForge's EAGLE-3 online target shift)")
         if format == "specforge" and out.name.endswith(".gz"):
@@ -244,20 +237,18 @@ class _FileSink:
                 self._next_file()
 
     def _next_file(self) -> None:
-        self._publish()
-        self.index, self.in_shard, self.tokens_in_shard = self.index + 1, 0, 0
-
-    def _publish(self) -> None:
+        """Publish the file being written and start counting the next one."""
         self.handle.close()
         self.handle = None
         os.replace(self.tmp(), self.path(self.index))
         self.done.append(self.path(self.index))
+        self.index, self.in_shard, self.tokens_in_shard = self.index + 1, 0, 0
 
     def close(self) -> list[Path]:
         if self.handle is None and not self.done:
             self.handle = self.open_file(self.tmp())
         if self.handle is not None:
-            self._publish()
+            self._next_file()
         if self.sharded:  # shards of an earlier, larger export to the same name would be read as part of this one
             pattern = re.compile(rf"{re.escape(self.stem)}-\d{{{SHARD_DIGITS}}}{re.escape(self.suffix)}")
             for path in self.folder.iterdir():
@@ -293,15 +284,14 @@ def _fill(
     tokens: dict[str | None, int] = dict.fromkeys(sinks, 0)
 
     def flush(split: str | None) -> None:
-        group = groups[split]
-        if not group:
+        if not (group := groups[split]):
             return
         sinks[split].add_group(group)
         result.rows += len(group)
         result.tokens += tokens[split]
         result.loss_tokens += sum(row.output_len for row in group)
         if split is not None:
-            result.split_rows[split] = result.split_rows.get(split, 0) + len(group)
+            result.split_rows[split] += len(group)
         groups[split], tokens[split] = [], 0
 
     for split, row in select_rows(records, filters, stats, cutoff=cutoff):
@@ -328,7 +318,7 @@ def export_rows(
     out = Path(out)
     options.check(format, out)
     filters = _learned(filters, options.zero_last_loss)
-    result = ExportResult(format=format)
+    result = ExportResult(format=format, split_rows=dict.fromkeys(filters.split_names, 0))
     splits: tuple[str | None, ...] = filters.split_names or (None,)
     stats = SelectionStats()
     if format in DATASET_FORMATS:
@@ -364,8 +354,6 @@ def export_rows(
     if options.zero_last_loss:
         result.loss_tokens -= result.rows
     result.read, result.dropped, result.clipped = stats.read, stats.dropped, stats.clipped
-    if filters.splits:
-        result.split_rows = {name: result.split_rows.get(name, 0) for name in filters.split_names}
     result.seconds = time.perf_counter() - started
     return result
 

@@ -8,6 +8,7 @@ change here, typed from its annotation (str, int, float, bool; anything else, su
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from array import array
@@ -62,10 +63,10 @@ class Column:
 
 
 def _field_default(name: str) -> Any:
-    spec = Record.__dataclass_fields__[name]
-    if spec.default is not MISSING:
+    spec = Record.__dataclass_fields__.get(name)
+    if spec is not None and spec.default is not MISSING:
         return spec.default
-    if spec.default_factory is not MISSING:
+    if spec is not None and spec.default_factory is not MISSING:
         return spec.default_factory()
     return None
 
@@ -73,21 +74,11 @@ def _field_default(name: str) -> Any:
 @lru_cache(maxsize=1)
 def columns() -> tuple[Column, ...]:
     """Every exported column, in order: LEAD_COLUMNS, then the other Record fields in their order."""
-    lead = [
-        Column(name, kind, _field_default(name) if name in Record.__dataclass_fields__ else None)
-        for name, kind in LEAD_COLUMNS
-    ]
-    lead_names = {name for name, _ in LEAD_COLUMNS}
-    rest = [
-        Column(name, ANNOTATION_KINDS.get(str(spec.type).removesuffix(" | None"), JSON_KIND), _field_default(name))
-        for name, spec in Record.__dataclass_fields__.items()
-        if name not in lead_names and name not in _NOT_COLUMNS
-    ]
-    return tuple(lead + rest)
-
-
-def column_names() -> tuple[str, ...]:
-    return tuple(column.name for column in columns())
+    kinds = dict(LEAD_COLUMNS)
+    for name, spec in Record.__dataclass_fields__.items():
+        if name not in kinds and name not in _NOT_COLUMNS:
+            kinds[name] = ANNOTATION_KINDS.get(str(spec.type).removesuffix(" | None"), JSON_KIND)
+    return tuple(Column(name, kind, _field_default(name)) for name, kind in kinds.items())
 
 
 def _meta_with_lengths(raw: RawRecord) -> dict:
@@ -145,11 +136,8 @@ def arrow_batch(group: Sequence[RawRecord], schema, selected: Sequence[Column] |
     """One record batch of `selected` columns; the ids' bytes become the list values buffer as they are."""
     import pyarrow as pa
 
-    offsets = array("i", [0])
-    total = 0
-    for raw in group:
-        total += raw.prompt_len + raw.output_len
-        offsets.append(total)
+    offsets = array("i", itertools.accumulate((raw.prompt_len + raw.output_len for raw in group), initial=0))
+    total = offsets[-1]
     offsets_array = pa.array(offsets, type=pa.int32())
     metas = [_meta_with_lengths(raw) for raw in group]
     arrays = []

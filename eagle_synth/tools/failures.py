@@ -13,10 +13,13 @@ from __future__ import annotations
 import bisect
 import json
 import tempfile
+from collections import Counter
+from contextlib import ExitStack
 from typing import IO
 
 from eagle_synth.state.campaign import Campaign, Failure
 from eagle_synth.state.campaign_archive import ended_info
+from eagle_synth.state.conversation_store import ConversationStore
 
 # Characters of a failure message shown per example line; the JSON keeps it whole.
 MESSAGE_PREVIEW_CHARS = 200
@@ -49,8 +52,6 @@ def _listed(key: str, failure: Failure) -> dict:
 
 
 def _stopped(campaign: Campaign, examples: int) -> dict:
-    from eagle_synth.state.conversation_store import ConversationStore
-
     settings = campaign.settings()
     return ConversationStore(campaign).stopped(examples=examples) if settings and settings.history == "own" else {}
 
@@ -78,33 +79,28 @@ def failure_summary(campaign: Campaign, *, examples: int = 5) -> dict:
 
 def write_failures_json(campaign: Campaign, out: IO[str], *, examples: int = 5) -> None:
     """failures_by_reason's report as one JSON object, streamed: prompts spooled per reason, then copied."""
-    spools: dict[str, tuple[IO[str], list[int]]] = {}
-    try:
+    spools: dict[str, IO[str]] = {}
+    counts: Counter[str] = Counter()
+    with ExitStack() as opened:
         for key, failure in campaign.iter_failures():
             if failure.reason not in spools:
-                spools[failure.reason] = (tempfile.TemporaryFile("w+", encoding="utf-8"), [0])
-            spool, count = spools[failure.reason]
-            spool.write(json.dumps(_listed(key, failure)) + "\n")
-            count[0] += 1
-        total = sum(count[0] for _, count in spools.values())
-        out.write(f'{{"campaign": {json.dumps(campaign.name)}, "failed": {total}, "by_reason": {{')
-        for n, (reason, (spool, count)) in enumerate(spools.items()):
-            out.write(("" if n == 0 else ", ") + f'{json.dumps(reason)}: {{"count": {count[0]}, "prompts": [')
+                spools[failure.reason] = opened.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8"))
+            spools[failure.reason].write(json.dumps(_listed(key, failure)) + "\n")
+            counts[failure.reason] += 1
+        out.write(f'{{"campaign": {json.dumps(campaign.name)}, "failed": {counts.total()}, "by_reason": {{')
+        for n, (reason, spool) in enumerate(spools.items()):
+            out.write(("" if n == 0 else ", ") + f'{json.dumps(reason)}: {{"count": {counts[reason]}, "prompts": [')
             spool.seek(0)
             for i, line in enumerate(spool):
                 out.write(("" if i == 0 else ", ") + line.rstrip("\n"))
             out.write("]}")
         out.write(f'}}, "conversations_stopped": {json.dumps(_stopped(campaign, examples))}}}\n')
-    finally:
-        for spool, _ in spools.values():
-            spool.close()
 
 
 def format_failures(report: dict, *, limit: int) -> list[str]:
     """`eagle-synth failed`'s lines: a total, then each reason (most first) with up to `limit` examples."""
     lines = [f"{report['failed']} failed prompts in {report['campaign']}"]
-    ended = report.get("ended")
-    if ended:
+    if ended := report.get("ended"):
         lines.append(
             f"  (closed: {ended['failed']} failures are folded into {ended['path']}; `retry-failed` reads them back)"
         )
@@ -113,8 +109,7 @@ def format_failures(report: dict, *, limit: int) -> list[str]:
         lines.extend(
             f"    {p['key']} ({p['source']}): {p['message'][:MESSAGE_PREVIEW_CHARS]}" for p in group["prompts"][:limit]
         )
-    stopped = report.get("conversations_stopped") or {}
-    if stopped:
+    if stopped := report.get("conversations_stopped"):
         lines.append(
             f"{sum(s['count'] for s in stopped.values())} conversations stopped early (their records are "
             "kept; failed turns above stop theirs too)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import json
 import re
 from collections import Counter
@@ -100,12 +101,8 @@ def row_group_hash(meta: dict) -> int:
 def split_of(meta: dict, splits: tuple[tuple[str, float], ...]) -> str:
     """Named splits take consecutive slices of [0, 1) in order; the rest is `train`."""
     point = _hash64(conversation_key(meta), _SPLIT_PERSON) / _HASH_RANGE
-    edge = 0.0
-    for name, fraction in splits:
-        edge += fraction
-        if point < edge:
-            return name
-    return SPLIT_REMAINDER
+    edges = itertools.accumulate(fraction for _, fraction in splits)
+    return next((name for (name, _), edge in zip(splits, edges, strict=True) if point < edge), SPLIT_REMAINDER)
 
 
 def sample_priority(key: str, seed: int) -> int:

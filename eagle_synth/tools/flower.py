@@ -9,8 +9,8 @@ command line where `ps` would show them.
 
 from __future__ import annotations
 
-import functools
 import os
+import socket
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
@@ -117,8 +117,6 @@ class FlowerPortInUse(UserError, OSError):
 def check_port_free(*, address: str, port: int) -> None:
     """Raise FlowerPortInUse if (address, port) cannot be bound now, before Flower's own start
     would fail there with a traceback. SO_REUSEADDR as Tornado binds, so a port in TIME_WAIT passes."""
-    import socket
-
     with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -157,17 +155,12 @@ def run_flower(*, settings: BrokerSettings, options: FlowerOptions) -> int:
     return 0
 
 
-@functools.cache
-def flower_app() -> Celery:
-    """The Celery app Flower runs on, from the environment that run_flower exported."""
-    return make_celery(broker_settings())
-
-
 def __getattr__(name: str) -> Celery:
-    # Celery resolves APP_SYMBOL with getattr; building the app on first use keeps imports free
-    # of side effects and lets run_flower export the settings first.
+    # Celery resolves APP_SYMBOL with getattr; building the app on first use (from the environment
+    # run_flower exported, then kept as a module global) keeps imports free of side effects.
     if name == "celery_app":
-        return flower_app()
+        app = globals()["celery_app"] = make_celery(broker_settings())
+        return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

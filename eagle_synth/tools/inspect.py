@@ -84,15 +84,10 @@ def render_record(
     console.rule(Text(shown, style="bold cyan"), align="left")
     console.print(render_ids(tokenizer, record.prompt_ids[hidden:], specials=specials), highlight=False)
     console.rule(Text("▼ prompt ends, output begins ▼", style=BOUNDARY_STYLE), style=BOUNDARY_STYLE)
-    marker = Text("prompt ids ", style="dim")
-    marker.append(
-        ("... " if len(record.prompt_ids) > BOUNDARY_IDS else "")
-        + " ".join(map(str, record.prompt_ids[-BOUNDARY_IDS:]))
-    )
-    marker.append("  ┃ output starts ┃  ", style=BOUNDARY_STYLE)
-    marker.append(
-        " ".join(map(str, record.output_ids[:BOUNDARY_IDS])) + (" ..." if len(record.output_ids) > BOUNDARY_IDS else "")
-    )
+    prompt, output = record.prompt_ids, record.output_ids
+    before = ("... " if len(prompt) > BOUNDARY_IDS else "") + " ".join(map(str, prompt[-BOUNDARY_IDS:]))
+    after = " ".join(map(str, output[:BOUNDARY_IDS])) + (" ..." if len(output) > BOUNDARY_IDS else "")
+    marker = Text.assemble(("prompt ids ", "dim"), before, ("  ┃ output starts ┃  ", BOUNDARY_STYLE), after)
     console.print(marker, highlight=False)
     console.rule(Text(f"[output] {len(record.output_ids)} tokens", style="bold green"), align="left")
     console.print(render_ids(tokenizer, record.output_ids, specials=specials), highlight=False)
@@ -124,10 +119,8 @@ def find_records(
         for seen, record in enumerate(iter_records(Path(campaign_path))):
             if seen < random_n:
                 chosen.append(record)
-            else:
-                slot = rng.randrange(seen + 1)
-                if slot < random_n:
-                    chosen[slot] = record
+            elif (slot := rng.randrange(seen + 1)) < random_n:
+                chosen[slot] = record
         if not chosen:
             raise InspectError(f"{campaign_path} holds no records yet")
         return chosen

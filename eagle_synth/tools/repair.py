@@ -13,8 +13,8 @@ deleted; a rerun reads them again, so a repair stopped half way is finished by r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -35,6 +35,7 @@ from eagle_synth.records import (
     Record,
     RecordFormatError,
     fsync_dir,
+    read_manifest,
     read_raw_file,
     records_dir,
     scan_campaign,
@@ -99,42 +100,31 @@ class RepairPlan:
         }
 
 
-def damaged_dir(campaign_path: str | os.PathLike) -> Path:
-    return Path(campaign_path) / DAMAGED_DIR
-
-
 def _decompressed_until_damage(path: str | os.PathLike) -> Iterator[bytes]:
     """A zstd file's content up to where it breaks. A failing step loses its output, so after a
     failure the file is decoded again, that step one byte at a time, to get all before the damage."""
-    failed_at = None
     with open(path, "rb") as handle:
         decompressor = zstandard.ZstdDecompressor().decompressobj()
-        offset = 0
-        try:
+        offset = 0  # bytes fed before the failing step
+        with contextlib.suppress(zstandard.ZstdError):
             while chunk := handle.read(SALVAGE_STEP):
-                output = decompressor.decompress(chunk)
-                if output:
-                    yield output
+                yield decompressor.decompress(chunk)
                 offset += len(chunk)
                 if decompressor.eof:
                     return
             return  # truncated: everything there came out
-        except zstandard.ZstdError:
-            failed_at = offset
         decompressor = zstandard.ZstdDecompressor().decompressobj()
         handle.seek(0)
-        remaining = failed_at
+        remaining = offset
         while remaining:  # replays what was already yielded, to rebuild the decoder's state
             chunk = handle.read(min(SALVAGE_STEP, remaining))
             remaining -= len(chunk)
             decompressor.decompress(chunk)
         for value in handle.read(SALVAGE_STEP):
             try:
-                output = decompressor.decompress(bytes([value]))
+                yield decompressor.decompress(bytes([value]))
             except zstandard.ZstdError:
                 return
-            if output:
-                yield output
 
 
 def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
@@ -225,7 +215,7 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
     for path in scan.absorbed:
         if path.name not in still_listed:
             tally(path)
-    aside = damaged_dir(folder)
+    aside = folder / DAMAGED_DIR
     for path in sorted(aside.glob(f"*{RECORD_SUFFIX}")) if aside.is_dir() else ():
         plan.damaged.append(
             DamagedFile(
@@ -263,7 +253,7 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
 
 def move_aside(plan: RepairPlan) -> list[Path]:
     """Move the plan's live damaged files into <campaign>/damaged/; returns their new paths."""
-    target = damaged_dir(plan.folder)
+    target = plan.folder / DAMAGED_DIR
     moved = []
     for damaged in plan.damaged:
         if damaged.moved_before:
@@ -298,9 +288,8 @@ def mark_record_damaged(campaign: Campaign, keys: list[str], *, worker: str = "e
 
 def campaign_name_of(campaign_path: str | os.PathLike) -> str:
     """The campaign a folder belongs to: manifest.json's name, else the folder's name."""
-    manifest = Path(campaign_path) / "manifest.json"
     try:
-        name = json.loads(manifest.read_text()).get("campaign")
+        name = (read_manifest(campaign_path) or {}).get("campaign")
     except (OSError, ValueError):
         name = None
     return str(name or Path(campaign_path).resolve().name)

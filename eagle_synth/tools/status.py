@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -56,8 +56,6 @@ STATUS_KEYS = (
     "conversations",
     "ended",
 )
-# Keys of "conversations" (None unless the campaign regenerates with --history own).
-CONVERSATION_KEYS = ("total", "done", "in_progress", "stopped", "stopped_by_reason", "followups_waiting")
 # Keys of each entry of "workers": one per (worker node, server) pair.
 WORKER_KEYS = (
     "node",
@@ -102,7 +100,6 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
     now = time.time()
     records_per_s, tokens_per_s = _rates(campaign.recent_events(seconds=RATE_WINDOW), now=now)
     eta = progress.pending / records_per_s if records_per_s > 0 else None
-    finished = progress.done + progress.failed
     inputs = input_rows.totals(client, campaign.keys)
     settings = campaign.settings()
     return {
@@ -112,7 +109,7 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "inflight": inflight,
         "done": progress.done,
         "failed": progress.failed,
-        "finished_share": round(finished / progress.enqueued, 4) if progress.enqueued else 0.0,
+        "finished_share": round((progress.done + progress.failed) / progress.enqueued, 4) if progress.enqueued else 0.0,
         "failed_by_reason": campaign.failure_counts(),
         "failures_recorded_by_reason": {
             key.removeprefix(FAILED_PREFIX): value
@@ -130,10 +127,10 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "tokens_per_s": round(tokens_per_s, 1),
         "rate_window_s": RATE_WINDOW,
         "eta_seconds": round(eta, 1) if eta is not None else None,
-        "workers": _workers(nodes),
+        "workers": list(_workers(nodes)),
         "at": now,
         "stranded": stranded_here,
-        # Conversation counts (CONVERSATION_KEYS) of a `--history own` campaign, else None.
+        # ConversationStore.counts() of a `--history own` campaign, else None.
         "conversations": ConversationStore(campaign).counts() if settings and settings.history == "own" else None,
         # Closed (`eagle-synth close`): where its state was folded, with its done and failed counts.
         "ended": ended_info(campaign),
@@ -163,8 +160,7 @@ def _rates(events: list[dict], *, now: float) -> tuple[float, float]:
     return sum(e["records"] for e in events) / span, sum(e["tokens_out"] for e in events) / span
 
 
-def _workers(nodes: list[dict]) -> list[dict]:
-    rows = []
+def _workers(nodes: list[dict]) -> Iterator[dict]:
     for node in nodes:
         states = dict(node.get("server_states", {}))
         # A node that has not published yet still lists its servers; show them as unknown.
@@ -172,24 +168,21 @@ def _workers(nodes: list[dict]) -> list[dict]:
         for url in map(str, servers if isinstance(servers, list) else []):
             states.setdefault(url, {"state": UNKNOWN, "since": None, "detail": "not probed yet"})
         for url, state in sorted(states.items()):
-            rows.append(
-                {
-                    "node": node.get("node"),
-                    "host": node.get("host"),
-                    "server": url,
-                    "state": state.get("state"),
-                    "since": state.get("since") or None,
-                    "detail": state.get("detail"),
-                    "consuming": node.get("consuming") == "1",
-                    "inflight": node.get("inflight_by_server", {}).get(url, 0),
-                    "heartbeat_at": _parsed(node.get("updated") or node.get("started"), float),
-                    # Why the worker's output folder cannot take records (None when it can).
-                    "disk": node.get("disk") or None,
-                    # The server's kind as preflight found it ("sglang", "vllm"; None before).
-                    "backend": state.get("backend"),
-                }
-            )
-    return rows
+            yield {
+                "node": node.get("node"),
+                "host": node.get("host"),
+                "server": url,
+                "state": state.get("state"),
+                "since": state.get("since") or None,
+                "detail": state.get("detail"),
+                "consuming": node.get("consuming") == "1",
+                "inflight": node.get("inflight_by_server", {}).get(url, 0),
+                "heartbeat_at": _parsed(node.get("updated") or node.get("started"), float),
+                # Why the worker's output folder cannot take records (None when it can).
+                "disk": node.get("disk") or None,
+                # The server's kind as preflight found it ("sglang", "vllm"; None before).
+                "backend": state.get("backend"),
+            }
 
 
 def _parsed(raw: str | None, parse: Callable[[str], Any]) -> Any:

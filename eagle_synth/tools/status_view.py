@@ -76,12 +76,6 @@ def _clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
-def _since(since: float | None, now: float) -> str:
-    if not since:
-        return "-"
-    return f"{format_duration(now - since)} (since {_clock(since)})"
-
-
 def finish_estimate(data: dict) -> str:
     """`ends ~18:50:12` at the current rate, `ends in 2d04h` beyond a day, `` without a rate or when done."""
     eta = data.get("eta_seconds")
@@ -191,8 +185,7 @@ def _failures(data: dict, *, compact: bool = False) -> Table:
     shown = reasons[:COMPACT_FAILURE_REASONS] if compact and len(reasons) > COMPACT_FAILURE_REASONS + 1 else reasons
     for reason in shown:
         table.add_row(reason, f"{now.get(reason, 0):,}", f"{ever.get(reason, 0):,}")
-    rest = reasons[len(shown) :]
-    if rest:
+    if rest := reasons[len(shown) :]:
         table.add_row(
             Text(f"{len(rest)} more reasons", style="dim"),
             f"{sum(now.get(r, 0) for r in rest):,}",
@@ -205,21 +198,19 @@ def _failures(data: dict, *, compact: bool = False) -> Table:
 
 def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
     beat = w.get("heartbeat_at")
-    beat_age = now - beat if beat else None
+    heartbeat: str | Text = "-"
+    if beat:
+        heartbeat = Text(f"{format_duration(now - beat)} ago", style="red" if now - beat > STALE_HEARTBEAT_S else "")
     return {
         "node": str(w["node"]),
         "host": str(w["host"]),
         "server": w["server"],
         "kind": w.get("backend") or "-",
         "state": Text(str(w["state"]), style=STATE_STYLES.get(w["state"], "red")),
-        "for": _since(w["since"], now),
+        "for": f"{format_duration(now - w['since'])} (since {_clock(w['since'])})" if w["since"] else "-",
         "in flight": f"{w['inflight']:,}",
         "taking batches": "yes" if w["consuming"] else Text("no (disk)" if w.get("disk") else "no", style="yellow"),
-        "last heartbeat": Text(
-            f"{format_duration(beat_age)} ago", style="red" if (beat_age or 0) > STALE_HEARTBEAT_S else ""
-        )
-        if beat_age is not None
-        else "-",
+        "last heartbeat": heartbeat,
         "detail": Text(w.get("disk") or "", style="red") if w.get("disk") else Text(w.get("detail") or "", style="dim"),
     }
 
@@ -251,13 +242,8 @@ def _workers_blocks(data: dict, *, compact: bool = False) -> Group:
         cells = _worker_cells(w, data["at"])
         if w["node"] != node:
             node = w["node"]
-            heartbeat, taking = cells["last heartbeat"], cells["taking batches"]
-            indented(
-                Text.assemble(
-                    (str(node), "bold"), f" on {cells['host']}: last heartbeat ", heartbeat, ", taking batches ", taking
-                ),
-                2,
-            )
+            head = (str(node), "bold"), f" on {cells['host']}: last heartbeat ", cells["last heartbeat"]
+            indented(Text.assemble(*head, ", taking batches ", cells["taking batches"]), 2)
         since = format_duration(data["at"] - w["since"]) if compact and w["since"] else cells["for"]
         server = Text.assemble(cells["server"], f" ({cells['kind']}) ", cells["state"], " for ", since)
         server.append(f"; in flight {cells['in flight']}")

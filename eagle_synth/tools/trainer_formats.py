@@ -8,6 +8,7 @@ from memory-mapped: memory stays flat; the disk holds the rows twice until the e
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from eagle_synth.ids import unpack_ids
 from eagle_synth.records import RawRecord, atomic_write_bytes
 from eagle_synth.tools.export_rows import Column, arrow_batch, arrow_schema
 from eagle_synth.tools.filters import ExportError, row_group
@@ -68,22 +70,17 @@ def specforge_lines(group: Sequence[RawRecord], *, zero_last_loss: bool = False)
     """The JSONL lines of a row group. `zero_last_loss` sets the last mask entry to 0: SpecForge's
     EAGLE-3 step shifts its target left and pads it with zeros without shifting the mask (upstream
     #885), so a row ending on a mask-1 token (every row here) trains its last position on a zero."""
-    from eagle_synth.ids import unpack_ids
-
     lines = []
     for raw in group:
         flags = ["0"] * raw.prompt_len + ["1"] * raw.output_len
         if zero_last_loss and flags:
             flags[-1] = "0"
-        mask = ",".join(flags)
         ids = json.dumps(unpack_ids(raw.prompt_u32 + raw.output_u32), separators=(",", ":"))
-        lines.append(f'{{"input_ids":{ids},"loss_mask":[{mask}]}}\n')
+        lines.append(f'{{"input_ids":{ids},"loss_mask":[{",".join(flags)}]}}\n')
     return "".join(lines)
 
 
 def require_datasets(format: str) -> None:
-    import importlib.util
-
     if importlib.util.find_spec("datasets") is None:
         raise ExportError(
             f"--format {format} writes a Hugging Face datasets folder and needs the `datasets` "
@@ -106,10 +103,7 @@ def check_dataset_out(out: Path, *, replace: bool = False) -> None:
     """Refuse an --out folder holding anything an export did not write, unless `replace`."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file: give a folder for a datasets export")
-    if replace or not out.is_dir():
-        return
-    foreign = _foreign_entries(out)
-    if not foreign:
+    if replace or not out.is_dir() or not (foreign := _foreign_entries(out)):
         return
     earlier = any((out / name).exists() for name in DATASET_MARKERS) or any(
         (entry / "state.json").is_file() for entry in out.iterdir() if entry.is_dir()
@@ -202,14 +196,13 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
     from datasets import Dataset, DatasetDict
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    format = result.format
     result.paths = [out if name is None else out / name for name in staged]
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     quiet = are_progress_bars_disabled()
     disable_progress_bars()  # our own progress line is the one shown
     try:
         loaded = {name: Dataset.from_file(str(part.path)) for name, part in staged.items()}
-        if format == "hf":
+        if result.format == "hf":
             if None in loaded:
                 loaded[None].save_to_disk(str(tmp), num_shards=_shards(loaded[None].num_rows, shard_rows))
             else:
@@ -239,13 +232,11 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
                 }
                 atomic_write_bytes(folder / EXPORT_SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
         del loaded  # unmaps the staging files before they are deleted
+        old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
         if out.exists():
-            old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
             os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from eagle_synth.errors import UserError, clause
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
 from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
@@ -150,10 +152,8 @@ def _token_id(tokenizer: Any, token: str) -> int | None:
     return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
 
 
-def _rfind_id(data: bytes, needle: bytes | None) -> int:
+def _rfind_id(data: bytes, needle: bytes) -> int:
     """Index of the last occurrence of one id in uint32 bytes, -1 if absent."""
-    if needle is None:
-        return -1
     end = len(data)
     while True:
         pos = data.rfind(needle, 0, end)
@@ -227,15 +227,8 @@ class _Checker:
 
 def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
     """Repeated keys and the files holding them; a second pass runs only if a hash repeats."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if len(checker.key_hashes) < 2:
-        return {}
-    hashes = pa.Array.from_buffers(pa.uint64(), len(checker.key_hashes), [None, pa.py_buffer(checker.key_hashes)])
-    counts = pc.value_counts(hashes)
-    wanted = set(counts.filter(pc.greater(counts.field("counts"), 1)).field("values").to_pylist())
-    if not wanted:
+    hashes, counts = np.unique(np.frombuffer(checker.key_hashes, dtype=np.uint64), return_counts=True)
+    if not (wanted := set(hashes[counts > 1].tolist())):
         return {}
     places: dict[str, list[str]] = {}
     for path in files:
@@ -299,13 +292,12 @@ def _report(
         }
         for name, (severity, message) in CHECKS.items()
     }
-    errors = sum(1 for v in checks.values() if v["severity"] == "error" and v["count"])
-    warnings = sum(1 for v in checks.values() if v["severity"] == "warning" and v["count"])
+    found = Counter(check["severity"] for check in checks.values() if check["count"])
     return {
         "campaign": str(campaign_path),
-        "ok": errors == 0,
-        "errors": errors,
-        "warnings": warnings,
+        "ok": found["error"] == 0,
+        "errors": found["error"],
+        "warnings": found["warning"],
         "format_version": (manifest or {}).get("format_version"),
         "files": {
             "batch_files": len(scan.batch_files),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import itertools
 import json
 import os
 import re
@@ -73,15 +74,10 @@ class TokenCounts:
 
     def add_rows(self, rows: Iterable[RawRecord]) -> int:
         """Count the loss-masked ids (the output) of rows, a batch of rows per numpy call; returns the rows."""
-        batch: list[bytes] = []
-        counted = 0
-        for raw in rows:
-            counted += 1
-            batch.append(raw.output_u32)
-            if len(batch) >= COUNT_BATCH_ROWS:
-                self.add_u32(b"".join(batch))
-                batch = []
-        self.add_u32(b"".join(batch))
+        rows, counted = iter(rows), 0
+        while batch := [raw.output_u32 for raw in itertools.islice(rows, COUNT_BATCH_ROWS)]:
+            self.add_u32(b"".join(batch))
+            counted += len(batch)
         return counted
 
     def as_dict(self) -> dict[int, int]:
@@ -284,20 +280,18 @@ def build_vocab(
     folder is a good place); `target_vocab_size` defaults to target_vocab_size_of's."""
     started = time.perf_counter()
     if target_vocab_size is None:
-        read = target_vocab_size_of(campaign_path)
-        target_vocab_size, size_source = read.size, read.source
+        target = target_vocab_size_of(campaign_path)
     else:
-        size_source = "--target-vocab-size"
-    check_sizes(draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
-    cutoff = None
-    if filters.sample is not None:
-        cutoff = sample_cutoff(reported(iter_raw_records(campaign_path), progress, "sampling"), filters)
+        target = TargetVocabSize(target_vocab_size, "--target-vocab-size")
+    check_sizes(draft_vocab_size=draft_vocab_size, target_vocab_size=target.size)
+    # sample_cutoff reads nothing (and starts no progress phase) when filters.sample is None.
+    cutoff = sample_cutoff(reported(iter_raw_records(campaign_path), progress, "sampling"), filters)
     stats = SelectionStats()
     counts = TokenCounts()
     records = reported(iter_raw_records(campaign_path), progress, "counting")
     selected = select_rows(records, filters, stats, cutoff=cutoff)
     rows = counts.add_rows(row for split, row in selected if split in (None, SPLIT_REMAINDER))
-    mapping = build_vocab_mapping(counts.counts, draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
+    mapping = build_vocab_mapping(counts.counts, draft_vocab_size=draft_vocab_size, target_vocab_size=target.size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     freq_paths, freq_commands = write_token_freq(folder, counts)
@@ -311,6 +305,6 @@ def build_vocab(
         torch_files=torch_files,
         warnings=[] if torch_files else [TORCH_MISSING],
         commands=freq_commands + vocab_commands,
-        target_vocab_size_source=size_source,
+        target_vocab_size_source=target.source,
         seconds=time.perf_counter() - started,
     )
