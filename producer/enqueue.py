@@ -266,16 +266,7 @@ def enqueue(
         )
     broker = broker or broker_settings()
     tool_format, no_tool_format = resolve_tool_format(options, tokenizer)
-    planner = PromptPlanner(
-        history=options.history,
-        turns=options.turns,
-        sampling=options.sampling,
-        template_kwargs=options.chat_template_kwargs,
-        variants=options.variants,
-        default_system=options.system,
-        max_turns=options.max_turns,
-        no_tool_format=no_tool_format,
-    )
+    planner = PromptPlanner(options, no_tool_format=no_tool_format)
 
     publisher = existing = stored = None
     if options.dry_run:
