@@ -51,6 +51,8 @@ _SUPPORTED_HINT = (
 )
 # Errors that mean "the bytes could not be read/decoded", as opposed to bad row content.
 _READ_ERRORS: tuple[type[BaseException], ...] = (OSError, zlib.error)
+# ... or that the input ends mid-way (gzip and _ZstdReader raise EOFError there).
+_CUT_ERRORS: tuple[type[BaseException], ...] = (EOFError, *_READ_ERRORS)
 _JSON_TYPES = ((list, "an array"), (str, "a string"), (bool, "a boolean"), (type(None), "null"))
 
 
@@ -268,11 +270,8 @@ def _iter_jsonl(stream: IO[bytes], source: str) -> Iterator[Item]:
         at = lineno if unterminated is not None else lineno + 1
         try:
             raw = next(lines, None)
-        except EOFError as exc:
-            yield BadRow(source, at, TRUNCATED_FILE, f"input ends early at line {at} ({exc}); earlier rows were read")
-            return
-        except _READ_ERRORS as exc:
-            yield BadRow(source, at, UNREADABLE_FILE, f"read failed at line {at}: {exc}; earlier rows were read")
+        except _CUT_ERRORS as exc:
+            yield _cut_short(source, at, "line", exc)
             return
         if raw is None:
             break
@@ -283,6 +282,13 @@ def _iter_jsonl(stream: IO[bytes], source: str) -> Iterator[Item]:
             yield row
     if unterminated is not None and (row := _parse_line(unterminated, source, lineno, last_unterminated=True)):
         yield row
+
+
+def _cut_short(source: str, at: int, unit: str, exc: BaseException) -> BadRow:
+    """The BadRow of an input that ends (EOFError) or fails to read at its `unit` (line, element, row) `at`."""
+    if isinstance(exc, EOFError):
+        return BadRow(source, at, TRUNCATED_FILE, f"input ends early at {unit} {at} ({exc}); earlier rows were read")
+    return BadRow(source, at, UNREADABLE_FILE, f"read failed at {unit} {at}: {exc}; earlier rows were read")
 
 
 def _parse_line(raw: bytes, source: str, lineno: int, *, last_unterminated: bool) -> Item | None:
@@ -374,10 +380,8 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
         at = index + 1
         try:
             value = next(items, _END)
-        except EOFError as exc:
-            yield BadRow(
-                source, at, TRUNCATED_FILE, f"input ends early at element {at} ({exc}); earlier rows were read"
-            )
+        except _CUT_ERRORS as exc:
+            yield _cut_short(source, at, "element", exc)
             return
         except ijson.JSONError as exc:
             # yajl's messages carry a multi-line excerpt with a caret; keep the first line.
@@ -391,9 +395,6 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
             else:
                 reason = BAD_JSON
             yield BadRow(source, at, reason, f"{message} (at or after element {at}); earlier rows were read")
-            return
-        except _READ_ERRORS as exc:
-            yield BadRow(source, at, UNREADABLE_FILE, f"read failed at element {at}: {exc}; earlier rows were read")
             return
         if value is _END:
             return
@@ -431,9 +432,7 @@ def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generato
                     index += 1
                     yield SourceRow(source, index, data)
     except (OSError, pa.ArrowException) as exc:
-        yield BadRow(
-            source, index + 1, UNREADABLE_FILE, f"read failed at row {index + 1}: {exc}; earlier rows were read"
-        )
+        yield _cut_short(source, index + 1, "row", exc)
         return index, False
     return index, True
 
