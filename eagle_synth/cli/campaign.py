@@ -22,6 +22,7 @@ from eagle_synth.cli.options import (
     check_campaign_name,
     command_group,
     fail,
+    fields_of,
     redis_client,
     warn,
 )
@@ -40,10 +41,6 @@ app = command_group()
 # The flags' defaults are the library's: one place says what a run does unless told otherwise.
 SAMPLING = SamplingParams()
 OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(EnqueueOptions)}
-
-
-def _fields(cls: Any, flags: dict[str, Any]) -> dict[str, Any]:
-    return {f.name: flags[f.name] for f in fields(cls) if f.name in flags}
 
 
 def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
@@ -131,10 +128,10 @@ def enqueue(
     from eagle_synth.variants import load_variants
 
     check_campaign_name(campaign)
-    sampling = SamplingParams(**{**_fields(SamplingParams, flags), "stop_token_ids": _stop_token_ids(stop_token_ids)})
+    sampling = SamplingParams(**{**fields_of(SamplingParams, flags), "stop_token_ids": _stop_token_ids(stop_token_ids)})
     options = EnqueueOptions(
         **{
-            **_fields(EnqueueOptions, flags),
+            **fields_of(EnqueueOptions, flags),
             "inputs": files,
             "sampling": sampling,
             "chat_template": str(chat_template) if chat_template else None,
