@@ -206,54 +206,41 @@ def _with_opened(
 class _ZstdReader(io.RawIOBase):
     """Raw zstd decoder over a file, raising EOFError (as gzip does) on a stream cut mid-frame:
     ``stream_reader`` returns a silent EOF there, which would hide lost rows. Decodes
-    concatenated frames."""
+    concatenated frames; corrupt data raises OSError once what was decoded before it is read."""
 
     def __init__(self, raw: IO[bytes]) -> None:
         super().__init__()
         self._raw = raw
-        self._decoder: Any = None  # a zstandard decompressobj
-        self._out = b""
-        self._pos = 0
-        self._done = False
-        self._error: OSError | None = None  # raised once the rows decoded before it are consumed
+        self._parts = self._decoded()
+        self._out = memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while self._pos >= len(self._out):
-            if self._done:
+        while not self._out:
+            part = next(self._parts, None)
+            if part is None:
                 return 0
-            self._out, self._pos = self._decode_step(), 0
-        n = min(len(buffer), len(self._out) - self._pos)
-        buffer[:n] = memoryview(self._out)[self._pos : self._pos + n]
-        self._pos += n
+            self._out = memoryview(part)
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
         return n
 
-    def _decode_step(self) -> bytes:
-        if self._error is not None:
-            self._done = True
-            raise self._error
-        chunk = self._raw.read(ZSTD_READ_BYTES)
-        if not chunk:
-            self._done = True
-            if self._decoder is not None and not self._decoder.eof:
-                raise EOFError("zstd stream ended before the end of its last frame")
-            return b""
-        parts = []
-        try:
+    def _decoded(self) -> Iterator[bytes]:
+        decoder: Any = None  # a zstandard decompressobj, one per frame
+        while chunk := self._raw.read(ZSTD_READ_BYTES):
             while chunk:
-                if self._decoder is None or self._decoder.eof:
-                    self._decoder = zstandard.ZstdDecompressor().decompressobj()
-                parts.append(self._decoder.decompress(chunk))
-                chunk = self._decoder.unused_data if self._decoder.eof else b""
-        except zstandard.ZstdError as exc:
-            self._error = OSError(f"corrupt zstd data: {exc}")
-            self._error.__cause__ = exc
-        if self._error is not None and not parts:
-            self._done = True
-            raise self._error
-        return b"".join(parts)
+                if decoder is None or decoder.eof:
+                    decoder = zstandard.ZstdDecompressor().decompressobj()
+                try:
+                    yield decoder.decompress(chunk)
+                except zstandard.ZstdError as exc:
+                    raise OSError(f"corrupt zstd data: {exc}") from exc
+                chunk = decoder.unused_data if decoder.eof else b""
+        if decoder is not None and not decoder.eof:
+            raise EOFError("zstd stream ended before the end of its last frame")
 
     def close(self) -> None:
         try:
