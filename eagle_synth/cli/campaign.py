@@ -141,17 +141,33 @@ def enqueue(
         }
     )
     broker = broker_settings(redis_url=redis)  # a dry run reads the campaign from it too, when it answers
-    so_far: list[EnqueueSummary] = []  # the run's summary, as the producer last reported it
+    so_far: EnqueueSummary | None = None  # the run's summary, as the producer last reported it
+
+    def on_rows(summary: EnqueueSummary) -> None:
+        nonlocal so_far
+        so_far = summary
+        line.update(summary)
+
     try:
         arm_interrupts()  # a Ctrl-C from here on, or one that came while the command started, lands below
-        summary = _run_enqueue(options, broker, as_json=as_json, so_far=so_far)
+        from eagle_synth import progress
+        from producer.enqueue import enqueue as run_enqueue
+        from producer.enqueue import print_summary
+        from producer.sources import STDIN, estimate_rows
+
+        wanted = not as_json and progress.wanted() and STDIN not in options.inputs
+        line = progress.EnqueueProgress(
+            enabled=not as_json, total_rows=estimate_rows(options.inputs) if wanted else None
+        )
+        with line:
+            summary = run_enqueue(
+                options, broker=broker, stdin=sys.stdin.buffer, on_rows=on_rows, on_wait=line.waiting, on_warning=warn
+            )
     except KeyboardInterrupt:
-        _interrupted(so_far[0] if so_far else None, options=options, broker=broker)
+        _interrupted(so_far, options=options, broker=broker)
     if as_json:
         print(json.dumps(summary.to_dict()))
     else:
-        from producer.enqueue import print_summary
-
         print_summary(summary)
     if summary.rows_read == 0:
         warn("the input holds no rows: nothing " + ("would be " if dry_run else "") + "enqueued, no campaign created")
@@ -159,26 +175,6 @@ def enqueue(
         warn("every row was skipped (reasons above): nothing enqueued, no campaign created")
     if not summary.accounted:
         fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
-
-
-def _run_enqueue(
-    options: EnqueueOptions, broker: BrokerSettings, *, as_json: bool, so_far: list[EnqueueSummary]
-) -> EnqueueSummary:
-    from eagle_synth import progress
-    from producer.enqueue import enqueue
-    from producer.sources import STDIN, estimate_rows
-
-    total = estimate_rows(options.inputs) if not as_json and progress.wanted() and STDIN not in options.inputs else None
-    line = progress.EnqueueProgress(enabled=not as_json, total_rows=total)
-
-    def on_rows(summary: EnqueueSummary) -> None:
-        so_far[:] = [summary]
-        line.update(summary)
-
-    with line:
-        return enqueue(
-            options, broker=broker, stdin=sys.stdin.buffer, on_rows=on_rows, on_wait=line.waiting, on_warning=warn
-        )
 
 
 def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, broker: BrokerSettings) -> NoReturn:
