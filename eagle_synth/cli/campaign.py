@@ -179,28 +179,24 @@ def enqueue(
 
 def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, broker: BrokerSettings) -> NoReturn:
     """Ctrl-C during enqueue: say what the run kept and that rerunning it resumes; exit 130."""
-    if options.dry_run:
-        fail("interrupted: a dry run enqueues nothing", code=INTERRUPTED_EXIT)
-    read = f"; this run read {summary.rows_read} rows" if summary is not None else ""
-    fail(
-        f"interrupted: campaign {options.campaign!r} holds {_enqueued_now(options.campaign, broker)} "
-        f"enqueued prompts, kept in Redis{read}. Rerun the same command to resume: prompts already "
-        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then",
-        code=INTERRUPTED_EXIT,
-    )
-
-
-def _enqueued_now(name: str, broker: BrokerSettings) -> str:
-    """The campaign's enqueued prompts as Redis holds them (the producer's tally can lag a chunk)."""
     import redis as redis_errors
 
     from eagle_synth.state.campaign import Campaign
     from eagle_synth.state.redis_client import connect
 
-    try:
-        return f"{Campaign(connect(broker), name).progress().enqueued:,}"
+    if options.dry_run:
+        fail("interrupted: a dry run enqueues nothing", code=INTERRUPTED_EXIT)
+    try:  # the prompts as Redis holds them: the producer's tally can lag a chunk
+        enqueued = f"{Campaign(connect(broker), options.campaign).progress().enqueued:,}"
     except redis_errors.RedisError:
-        return "?"
+        enqueued = "?"
+    read = f"; this run read {summary.rows_read} rows" if summary is not None else ""
+    fail(
+        f"interrupted: campaign {options.campaign!r} holds {enqueued} "
+        f"enqueued prompts, kept in Redis{read}. Rerun the same command to resume: prompts already "
+        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then",
+        code=INTERRUPTED_EXIT,
+    )
 
 
 @app.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -71,15 +71,6 @@ def _filters(flags: dict) -> ExportFilters:
     return ExportFilters(**fields_of(ExportFilters, flags), splits=parse_split(flags["split"]))
 
 
-def _expected_records(campaign_dir: Path) -> int | None:
-    from eagle_synth.records import read_manifest
-
-    try:
-        return ((read_manifest(campaign_dir) or {}).get("counts") or {}).get("done")
-    except ValueError:
-        return None
-
-
 # Formats --out names by its extension (export infers them when --format is absent); .jsonl.gz
 # before .jsonl, which it ends with too.
 FILE_FORMATS_BY_SUFFIX = {".jsonl.gz": "jsonl", ".jsonl": "jsonl", ".parquet": "parquet"}
@@ -122,10 +113,13 @@ def _require_records(campaign_dir: Path, what: str) -> None:
 @contextmanager
 def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
     from eagle_synth.progress import RecordsProgress
-    from eagle_synth.records import RecordFormatError
+    from eagle_synth.records import RecordFormatError, read_manifest
 
+    expected = None  # the progress total: the records the manifest counts done, if it reads
+    with suppress(ValueError):
+        expected = ((read_manifest(campaign_dir) or {}).get("counts") or {}).get("done")
     try:
-        with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
+        with RecordsProgress(total_records=expected) as progress:
             yield progress
     except RecordFormatError as exc:
         fail(
