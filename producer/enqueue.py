@@ -117,42 +117,90 @@ class _Chunk:
     reached: dict[str, int] = field(default_factory=dict)
 
 
-def _chunks(
-    options: EnqueueOptions,
-    summary: EnqueueSummary,
-    rows: Iterator,
-    planner: PromptPlanner,
-    cursors: ResumeCursors | None,
-) -> Iterator[tuple[_Chunk, list]]:
-    """(chunk, its prompts' template inputs); rows an earlier run claimed are left out."""
-    chunk, flat = _Chunk(), list[tuple]()
-    for row in rows:
-        summary.rows_read += 1
-        tally = summary.source(row.source)
-        tally.read += 1
-        chunk.reached[row.source] = row.line
-        if cursors is not None and row.line <= cursors.resume_after(row.source):
-            summary.rows_duplicate += 1
-            summary.rows_resumed += 1
-            tally.resumed += 1
-            continue
-        where = f"{row.source}:{row.line}"
-        if isinstance(row, BadRow):
-            _skip(options, summary, where, row.reason, row.detail)
-            continue
-        try:
-            conversations = planner.plan(row.data, source=row.source, line=row.line)
-        except RowError as exc:
-            _skip(options, summary, where, exc.reason, str(exc))
-            continue
-        conversations = _within_char_cap(options, summary, where, conversations)
-        if conversations:
-            chunk.rows.append((where, conversations))
-            flat.extend(c.template_input() for c in conversations)
-        if len(chunk.rows) >= ROWS_PER_CHUNK:
-            yield chunk, flat
-            chunk, flat = _Chunk(reached=dict(chunk.reached)), []
-    yield chunk, flat  # the last, maybe empty: its `reached` covers rows skipped at the end
+@dataclass(slots=True)
+class _Rows:
+    """One run's rows into prompt items, as `options` ask: planned by `planner`, capped
+    (--max-prompt-chars before templating, `max_prompt_tokens` after), every row counted in
+    `summary`, a skipped one raising StrictModeError with --strict."""
+
+    options: EnqueueOptions
+    summary: EnqueueSummary
+    planner: PromptPlanner
+    max_prompt_tokens: int | None
+
+    def chunks(self, rows: Iterator, cursors: ResumeCursors | None) -> Iterator[tuple[_Chunk, list]]:
+        """(chunk, its prompts' template inputs); rows an earlier run claimed are left out."""
+        summary = self.summary
+        chunk, flat = _Chunk(), list[tuple]()
+        for row in rows:
+            summary.rows_read += 1
+            tally = summary.source(row.source)
+            tally.read += 1
+            chunk.reached[row.source] = row.line
+            if cursors is not None and row.line <= cursors.resume_after(row.source):
+                summary.rows_duplicate += 1
+                summary.rows_resumed += 1
+                tally.resumed += 1
+                continue
+            where = f"{row.source}:{row.line}"
+            if isinstance(row, BadRow):
+                self.skip(where, row.reason, row.detail)
+                continue
+            try:
+                conversations = self.planner.plan(row.data, source=row.source, line=row.line)
+            except RowError as exc:
+                self.skip(where, exc.reason, str(exc))
+                continue
+            conversations = self._within_char_cap(where, conversations)
+            if conversations:
+                chunk.rows.append((where, conversations))
+                flat.extend(c.template_input() for c in conversations)
+            if len(chunk.rows) >= ROWS_PER_CHUNK:
+                yield chunk, flat
+                chunk, flat = _Chunk(reached=dict(chunk.reached)), []
+        yield chunk, flat  # the last, maybe empty: its `reached` covers rows skipped at the end
+
+    def _within_char_cap(self, where: str, conversations: list) -> list:
+        """The conversations under --max-prompt-chars; the row is skipped if none is."""
+        cap = self.options.max_prompt_chars
+        if not cap:
+            return conversations
+        kept, largest = [], 0
+        for conversation in conversations:
+            size = _text_size(conversation.messages) + _text_size(conversation.tools)
+            if size > cap:
+                largest = max(largest, size)
+                self.summary.prompts_skipped += self.options.sampling.n
+            else:
+                kept.append(conversation)
+        if not kept:
+            detail = f"{largest} characters > --max-prompt-chars {cap} (checked before templating)"
+            self.skip(where, PROMPT_TOO_LONG, detail)
+        return kept
+
+    def items(self, where: str, conversations: list, results: list) -> list[PromptItem]:
+        """The items of a row's templated conversations (`results`: ids, or the template's error)."""
+        items: list[PromptItem] = []
+        problems: list[tuple[str, str]] = []
+        cap = self.max_prompt_tokens
+        for conversation, result in zip(conversations, results):
+            if isinstance(result, str):
+                problems.append(("template-error", result))
+            elif cap and len(result) > cap:
+                problems.append((PROMPT_TOO_LONG, f"{len(result)} tokens > --max-prompt-tokens {cap}"))
+            else:
+                self.summary.count_length(len(result))
+                items.extend(self.planner.items(conversation, result, where=where))
+                continue
+            self.summary.prompts_skipped += self.options.sampling.n
+        if not items and problems:
+            self.skip(where, *problems[0])
+        return items
+
+    def skip(self, where: str, reason: str, detail: str) -> None:
+        self.summary.skip(where, reason, detail)
+        if self.options.strict:
+            raise StrictModeError(f"{where}: {reason}: {detail} (--strict stops at the first skipped row)")
 
 
 def _text_size(value: object) -> int:
@@ -160,31 +208,6 @@ def _text_size(value: object) -> int:
         return len(value)
     parts = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
     return sum(map(_text_size, parts))
-
-
-def _within_char_cap(options: EnqueueOptions, summary: EnqueueSummary, where: str, conversations: list) -> list:
-    """The conversations under --max-prompt-chars; the row is skipped if none is."""
-    cap = options.max_prompt_chars
-    if not cap:
-        return conversations
-    kept, largest = [], 0
-    for conversation in conversations:
-        size = _text_size(conversation.messages) + _text_size(conversation.tools)
-        if size > cap:
-            largest = max(largest, size)
-            summary.prompts_skipped += options.sampling.n
-        else:
-            kept.append(conversation)
-    if not kept:
-        detail = f"{largest} characters > --max-prompt-chars {cap} (checked before templating)"
-        _skip(options, summary, where, PROMPT_TOO_LONG, detail)
-    return kept
-
-
-def _skip(options: EnqueueOptions, summary: EnqueueSummary, where: str, reason: str, detail: str) -> None:
-    summary.skip(where, reason, detail)
-    if options.strict:
-        raise StrictModeError(f"{where}: {reason}: {detail} (--strict stops at the first skipped row)")
 
 
 def resolve_max_prompt_tokens(requested: int | None, stored: CampaignSettings | None) -> int | None:
@@ -266,16 +289,6 @@ def enqueue(
         )
     broker = broker or broker_settings()
     tool_format, no_tool_format = resolve_tool_format(options, tokenizer)
-    planner = PromptPlanner(
-        history=options.history,
-        turns=options.turns,
-        sampling=options.sampling,
-        template_kwargs=options.chat_template_kwargs,
-        variants=options.variants,
-        default_system=options.system,
-        max_turns=options.max_turns,
-        no_tool_format=no_tool_format,
-    )
 
     publisher = existing = stored = None
     if options.dry_run:
@@ -332,16 +345,11 @@ def enqueue(
         template_kwargs=tuple(sorted(options.chat_template_kwargs.items())),
     )
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
+    run = _Rows(options, summary, PromptPlanner(options, no_tool_format=no_tool_format), max_prompt_tokens)
     try:
-        rows = iter_source_rows(inputs, stdin=stdin)
-        for chunk, results in pool.map(_chunks(options, summary, rows, planner, cursors)):
-            per_row, at = [], 0
-            for where, conversations in chunk.rows:
-                row_results = results[at : at + len(conversations)]
-                at += len(conversations)
-                per_row.append(
-                    _row_items(options, summary, planner, where, conversations, row_results, max_prompt_tokens)
-                )
+        for chunk, results in pool.map(run.chunks(iter_source_rows(inputs, stdin=stdin), cursors)):
+            left = iter(results)
+            per_row = [run.items(where, planned, [next(left) for _ in planned]) for where, planned in chunk.rows]
             flags = iter(claim([item for items in per_row for item in items]))
             for items in filter(None, per_row):  # rows without items were skipped above
                 new = sum(next(flags) for _ in items)
@@ -433,32 +441,6 @@ def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) 
             fingerprint=settings.tokenizer_fingerprint,
             chat_template_hash=settings.chat_template_hash,
         )
-
-
-def _row_items(
-    options: EnqueueOptions,
-    summary: EnqueueSummary,
-    planner: PromptPlanner,
-    where: str,
-    conversations: list,
-    results: list,
-    max_prompt_tokens: int | None,
-) -> list[PromptItem]:
-    items: list[PromptItem] = []
-    problems: list[tuple[str, str]] = []
-    for conversation, result in zip(conversations, results):
-        if isinstance(result, str):
-            problems.append(("template-error", result))
-        elif max_prompt_tokens and len(result) > max_prompt_tokens:
-            problems.append((PROMPT_TOO_LONG, f"{len(result)} tokens > --max-prompt-tokens {max_prompt_tokens}"))
-        else:
-            summary.count_length(len(result))
-            items.extend(planner.items(conversation, result, where=where))
-            continue
-        summary.prompts_skipped += options.sampling.n
-    if not items and problems:
-        _skip(options, summary, where, *problems[0])
-    return items
 
 
 def print_summary(summary: EnqueueSummary, *, file=sys.stdout) -> None:

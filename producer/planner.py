@@ -9,48 +9,38 @@ render later turns from, keyed by the turn within its conversation (docs/produce
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from eagle_synth.conversation import ConversationState, conversation_key, turn_key
 from eagle_synth.ids import pack_ids
 from eagle_synth.payload import PromptItem, prompt_key
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.variants import Variant, pick_variant
+from producer.options import EnqueueOptions
 from producer.rows import Conversation, conversations_from_row, own_history_from_row
-
-HISTORIES = ("dataset", "own")
 
 
 @dataclass
 class PromptPlanner:
-    """Plans a row's prompts and turns templated ids into keyed PromptItems; the parameters are
-    EnqueueOptions' (`default_system`: its `system`) and resolve_tool_format's `no_tool_format`."""
+    """Plans a row's prompts and turns templated ids into keyed PromptItems, as the run's
+    `options` ask (checked there); `no_tool_format` is resolve_tool_format's."""
 
-    history: str
-    turns: Literal["last", "all"]
-    sampling: SamplingParams
-    template_kwargs: dict
-    variants: list[Variant] | tuple[Variant, ...] = ()
-    default_system: str | None = None
-    max_turns: int | None = None
+    options: EnqueueOptions
     no_tool_format: str | None = None
 
     def __post_init__(self) -> None:
-        if self.history not in HISTORIES:
-            raise ValueError(f"--history must be one of {', '.join(HISTORIES)}, got {self.history!r}")
-        self.template_kwargs = dict(self.template_kwargs)
-        self._variants = list(self.variants)
-        self._key_sampling = _key_sampling(self.sampling)
+        self._variants = list(self.options.variants)
+        self._key_sampling = _key_sampling(self.options.sampling)
 
     def plan(self, data: dict, *, source: str, line: int) -> list[Conversation]:
         """The row's prompts; raises producer.rows.RowError for a row that does not fit."""
-        if self.history == "own":
+        options = self.options
+        if options.history == "own":
             own = own_history_from_row(
                 data,
                 source=source,
                 line=line,
-                default_system=self.default_system,
-                max_turns=self.max_turns,
+                default_system=options.system,
+                max_turns=options.max_turns,
                 no_tool_format=self.no_tool_format,
             )
             variant = pick_variant(
@@ -59,7 +49,7 @@ class PromptPlanner:
             first = [dict(m) for m in own.turns[0]]
             return [Conversation(first, own.tools, own.row_id, 0, self._kwargs(variant), variant, own)]
         found = conversations_from_row(
-            data, source=source, line=line, turns=self.turns, default_system=self.default_system
+            data, source=source, line=line, turns=options.turns, default_system=options.system
         )
         last = found[-1]
         variant = pick_variant(self._variants, conversation_key(turns=[last.messages], tools=last.tools, sample=0))
@@ -69,11 +59,12 @@ class PromptPlanner:
     def items(self, planned: Conversation, ids: list[int], *, where: str) -> list[PromptItem]:
         """One PromptItem per sample of a templated prompt."""
         packed = pack_ids(ids)
+        sampling = self.options.sampling
         variant = planned.variant
-        key_sampling = self._key_sampling if variant is None else _key_sampling(variant.sampling_params(self.sampling))
-        overrides = (variant.server_overrides(self.sampling) or None) if variant is not None else None
+        key_sampling = self._key_sampling if variant is None else _key_sampling(variant.sampling_params(sampling))
+        overrides = (variant.server_overrides(sampling) or None) if variant is not None else None
         items = []
-        for sample in range(self.sampling.n):
+        for sample in range(sampling.n):
             state = None
             if planned.own is not None:
                 own = planned.own
@@ -84,7 +75,7 @@ class PromptPlanner:
                     tools=own.tools,
                     template_kwargs=planned.template_kwargs
                     if planned.template_kwargs is not None
-                    else dict(self.template_kwargs),
+                    else dict(self.options.chat_template_kwargs),
                     cut=own.cut,
                     steps=own.steps,
                 )
@@ -97,7 +88,7 @@ class PromptPlanner:
                     row_id=planned.row_id,
                     sample=sample,
                     ids=ids,
-                    seed=self.sampling.sample_seed(prompt_key_material=packed, sample=sample, prompt_key=key),
+                    seed=sampling.sample_seed(prompt_key_material=packed, sample=sample, prompt_key=key),
                     source=where,
                     turn=planned.turn,
                     conversation=state.to_dict() if state is not None else None,
@@ -110,7 +101,7 @@ class PromptPlanner:
     def _kwargs(self, variant: Variant | None) -> dict | None:
         if variant is None or not variant.chat_template_kwargs:
             return None
-        return {**self.template_kwargs, **variant.chat_template_kwargs}
+        return {**self.options.chat_template_kwargs, **variant.chat_template_kwargs}
 
 
 def _key_sampling(sampling: SamplingParams) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import redis
 from celery import Celery
@@ -31,6 +32,7 @@ MAXMEMORY_SHARE = 0.5
 MEMORY_SAMPLES = 5
 
 
+@dataclass(kw_only=True, eq=False)
 class Publisher:
     """Turns prompt items into queued batches (of `batch_size`, with the server's `sampling`)
     for one campaign, waiting while more than `max_backlog` prompts are pending or the backlog
@@ -38,34 +40,21 @@ class Publisher:
     the pending count (and `held_bytes`, `max_bytes`); newly claimed keys add to the campaign
     counter `count_new_as`."""
 
-    def __init__(
-        self,
-        *,
-        campaign: Campaign,
-        app: Celery,
-        queue: str,
-        sampling: dict,
-        batch_size: int,
-        max_backlog: int = 0,
-        max_backlog_bytes: int = 0,
-        on_wait: Callable[..., None] | None = None,
-        count_new_as: str | None = None,
-    ) -> None:
-        self.campaign = campaign
-        self.app = app
-        self.queue = queue
-        self.sampling = sampling
-        self.batch_size = batch_size
-        self.max_backlog = max_backlog
-        self.max_backlog_bytes = max_backlog_bytes
-        self.on_wait = on_wait
-        self.count_new_as = count_new_as
-        self.tasks = 0
-        self.replayed = 0  # prompts re-enqueued because `repair` could not read them back
-        self._damaged_waiting: bool | None = None
-        self._chunk_serial = 0
-        self._run_id = holder_id(f"{time.time_ns():x}")
-        self._maxmemory: int | None = None
+    campaign: Campaign
+    app: Celery
+    queue: str
+    sampling: dict
+    batch_size: int
+    max_backlog: int = 0
+    max_backlog_bytes: int = 0
+    on_wait: Callable[..., None] | None = None
+    count_new_as: str | None = None
+    tasks: int = field(default=0, init=False)
+    replayed: int = field(default=0, init=False)  # prompts re-enqueued because `repair` could not read them back
+    _damaged_waiting: bool | None = field(default=None, init=False)
+    _chunk_serial: int = field(default=0, init=False)
+    _run_id: str = field(default_factory=lambda: holder_id(f"{time.time_ns():x}"), init=False)
+    _maxmemory: int | None = field(default=None, init=False)
 
     def close(self) -> None:
         self.campaign.outbox.end_run(self._run_id)

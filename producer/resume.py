@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -29,17 +30,17 @@ def run_scope(settings_json: str, **options: object) -> str:
     return hashlib.blake2b(material.encode(), digest_size=8).hexdigest()
 
 
+@dataclass(eq=False)
 class ResumeCursors:
     """The cursors of one enqueue run of `scope` (run_scope); `enabled` False reads and writes none."""
 
-    def __init__(self, client: redis.Redis, keys: CampaignKeys, *, scope: str, enabled: bool) -> None:
-        self.client = client
-        self.keys = keys
-        self.scope = scope
-        self.enabled = enabled
-        self._fields: dict[str, str | None] = {}
-        self._starts: dict[str, int] = {}
-        self._noted: dict[str, int] = {}
+    client: redis.Redis
+    keys: CampaignKeys
+    scope: str
+    enabled: bool
+    _fields: dict[str, str | None] = field(default_factory=dict, init=False)
+    _starts: dict[str, int] = field(default_factory=dict, init=False)
+    _noted: dict[str, int] = field(default_factory=dict, init=False)
 
     def _field(self, source: str) -> str | None:
         if source not in self._fields:

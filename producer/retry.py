@@ -3,6 +3,9 @@ damaged (`repair`). Every batch is replayed with the sampling parameters it was 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 from celery import Celery
 
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
@@ -15,26 +18,21 @@ from producer.publisher import Publisher
 RETRY_STEP_BATCHES = 16
 
 
-class _Publishers(dict[str, Publisher]):
-    """One Publisher per sampling of a campaign, closed together at the end."""
+@contextmanager
+def _publishers(campaign: Campaign, app: Celery, queue: str, batch_size: int) -> Iterator[Callable[[dict], Publisher]]:
+    """The Publisher of each sampling of a campaign (made on first use), closed together at the end."""
+    made: dict[str, Publisher] = {}
 
-    def __init__(self, campaign: Campaign, app: Celery, queue: str, batch_size: int) -> None:
-        super().__init__()
-        self.make = lambda sampling: Publisher(
-            campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=batch_size
-        )
-
-    def of(self, sampling: dict) -> tuple[str, Publisher]:
+    def of(sampling: dict) -> Publisher:
         group = repr(sorted(sampling.items()))
-        if group not in self:
-            self[group] = self.make(sampling)
-        return group, self[group]
+        if group not in made:
+            made[group] = Publisher(campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=batch_size)
+        return made[group]
 
-    def __enter__(self) -> _Publishers:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for publisher in self.values():
+    try:
+        yield of
+    finally:
+        for publisher in made.values():
             publisher.close()
 
 
@@ -50,22 +48,20 @@ def retry_failed(
     settings = campaign.settings()
     size = batch_size or (settings.batch_size if settings and settings.batch_size else DEFAULT_BATCH_SIZE)
     base = SamplingParams.from_dict(settings.sampling).for_server() if settings is not None else None
-    waiting: dict[str, list[PromptItem]] = {}
+    waiting: dict[Publisher, list[PromptItem]] = {}
     total = 0
-    with _Publishers(campaign, app, queue, size) as publishers:
+    with _publishers(campaign, app, queue, size) as publisher_of:
         for _, failure in campaign.iter_failures():
             if (reason is not None and failure.reason != reason) or not failure.item.get("ids"):
                 continue
             own = {k: v for k, v in failure.sampling.items() if k != "sampling_seed"}
-            group, publisher = publishers.of(base if base is not None else own)
-            items = waiting.setdefault(group, [])
+            publisher = publisher_of(base if base is not None else own)
+            items = waiting.setdefault(publisher, [])
             items.append(PromptItem.from_replay(failure.item))
             if len(items) >= size * RETRY_STEP_BATCHES:
                 total += publisher.retry(items)
                 items.clear()
-        for group, items in waiting.items():
-            total += publishers[group].retry(items)
-    return total
+        return total + sum(publisher.retry(items) for publisher, items in waiting.items())
 
 
 def return_lost_records(
@@ -78,11 +74,11 @@ def return_lost_records(
 ) -> int:
     """Queue again done prompts whose record file was damaged, given (sampling, item) pairs
     read back intact by `repair`; returns how many left `done`."""
-    groups: dict[str, list[PromptItem]] = {}
-    with _Publishers(campaign, app, queue, batch_size) as publishers:
+    groups: dict[Publisher, list[PromptItem]] = {}
+    with _publishers(campaign, app, queue, batch_size) as publisher_of:
         for sampling, item in pairs:
-            groups.setdefault(publishers.of(sampling)[0], []).append(item)
-        return sum(publishers[group].return_done(items) for group, items in groups.items())
+            groups.setdefault(publisher_of(sampling), []).append(item)
+        return sum(publisher.return_done(items) for publisher, items in groups.items())
 
 
 def publish_unfinished(campaign: Campaign, *, app: Celery, queue: str) -> int:
@@ -91,5 +87,5 @@ def publish_unfinished(campaign: Campaign, *, app: Celery, queue: str) -> int:
     settings = campaign.settings()
     if settings is None:
         return 0
-    with _Publishers(campaign, app, queue, DEFAULT_BATCH_SIZE) as publishers:
-        return publishers.of(SamplingParams.from_dict(settings.sampling).for_server())[1].recover()
+    with _publishers(campaign, app, queue, DEFAULT_BATCH_SIZE) as publisher_of:
+        return publisher_of(SamplingParams.from_dict(settings.sampling).for_server()).recover()

@@ -51,6 +51,8 @@ _SUPPORTED_HINT = (
 )
 # Errors that mean "the bytes could not be read/decoded", as opposed to bad row content.
 _READ_ERRORS: tuple[type[BaseException], ...] = (OSError, zlib.error)
+# ... or that the input ends mid-way (gzip and _ZstdReader raise EOFError there).
+_CUT_ERRORS: tuple[type[BaseException], ...] = (EOFError, *_READ_ERRORS)
 _JSON_TYPES = ((list, "an array"), (str, "a string"), (bool, "a boolean"), (type(None), "null"))
 
 
@@ -204,54 +206,41 @@ def _with_opened(
 class _ZstdReader(io.RawIOBase):
     """Raw zstd decoder over a file, raising EOFError (as gzip does) on a stream cut mid-frame:
     ``stream_reader`` returns a silent EOF there, which would hide lost rows. Decodes
-    concatenated frames."""
+    concatenated frames; corrupt data raises OSError once what was decoded before it is read."""
 
     def __init__(self, raw: IO[bytes]) -> None:
         super().__init__()
         self._raw = raw
-        self._decoder: Any = None  # a zstandard decompressobj
-        self._out = b""
-        self._pos = 0
-        self._done = False
-        self._error: OSError | None = None  # raised once the rows decoded before it are consumed
+        self._parts = self._decoded()
+        self._out = memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while self._pos >= len(self._out):
-            if self._done:
+        while not self._out:
+            part = next(self._parts, None)
+            if part is None:
                 return 0
-            self._out, self._pos = self._decode_step(), 0
-        n = min(len(buffer), len(self._out) - self._pos)
-        buffer[:n] = memoryview(self._out)[self._pos : self._pos + n]
-        self._pos += n
+            self._out = memoryview(part)
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
         return n
 
-    def _decode_step(self) -> bytes:
-        if self._error is not None:
-            self._done = True
-            raise self._error
-        chunk = self._raw.read(ZSTD_READ_BYTES)
-        if not chunk:
-            self._done = True
-            if self._decoder is not None and not self._decoder.eof:
-                raise EOFError("zstd stream ended before the end of its last frame")
-            return b""
-        parts = []
-        try:
+    def _decoded(self) -> Iterator[bytes]:
+        decoder: Any = None  # a zstandard decompressobj, one per frame
+        while chunk := self._raw.read(ZSTD_READ_BYTES):
             while chunk:
-                if self._decoder is None or self._decoder.eof:
-                    self._decoder = zstandard.ZstdDecompressor().decompressobj()
-                parts.append(self._decoder.decompress(chunk))
-                chunk = self._decoder.unused_data if self._decoder.eof else b""
-        except zstandard.ZstdError as exc:
-            self._error = OSError(f"corrupt zstd data: {exc}")
-            self._error.__cause__ = exc
-        if self._error is not None and not parts:
-            self._done = True
-            raise self._error
-        return b"".join(parts)
+                if decoder is None or decoder.eof:
+                    decoder = zstandard.ZstdDecompressor().decompressobj()
+                try:
+                    yield decoder.decompress(chunk)
+                except zstandard.ZstdError as exc:
+                    raise OSError(f"corrupt zstd data: {exc}") from exc
+                chunk = decoder.unused_data if decoder.eof else b""
+        if decoder is not None and not decoder.eof:
+            raise EOFError("zstd stream ended before the end of its last frame")
 
     def close(self) -> None:
         try:
@@ -268,11 +257,8 @@ def _iter_jsonl(stream: IO[bytes], source: str) -> Iterator[Item]:
         at = lineno if unterminated is not None else lineno + 1
         try:
             raw = next(lines, None)
-        except EOFError as exc:
-            yield BadRow(source, at, TRUNCATED_FILE, f"input ends early at line {at} ({exc}); earlier rows were read")
-            return
-        except _READ_ERRORS as exc:
-            yield BadRow(source, at, UNREADABLE_FILE, f"read failed at line {at}: {exc}; earlier rows were read")
+        except _CUT_ERRORS as exc:
+            yield _cut_short(source, at, "line", exc)
             return
         if raw is None:
             break
@@ -283,6 +269,13 @@ def _iter_jsonl(stream: IO[bytes], source: str) -> Iterator[Item]:
             yield row
     if unterminated is not None and (row := _parse_line(unterminated, source, lineno, last_unterminated=True)):
         yield row
+
+
+def _cut_short(source: str, at: int, unit: str, exc: BaseException) -> BadRow:
+    """The BadRow of an input that ends (EOFError) or fails to read at its `unit` (line, element, row) `at`."""
+    if isinstance(exc, EOFError):
+        return BadRow(source, at, TRUNCATED_FILE, f"input ends early at {unit} {at} ({exc}); earlier rows were read")
+    return BadRow(source, at, UNREADABLE_FILE, f"read failed at {unit} {at}: {exc}; earlier rows were read")
 
 
 def _parse_line(raw: bytes, source: str, lineno: int, *, last_unterminated: bool) -> Item | None:
@@ -374,10 +367,8 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
         at = index + 1
         try:
             value = next(items, _END)
-        except EOFError as exc:
-            yield BadRow(
-                source, at, TRUNCATED_FILE, f"input ends early at element {at} ({exc}); earlier rows were read"
-            )
+        except _CUT_ERRORS as exc:
+            yield _cut_short(source, at, "element", exc)
             return
         except ijson.JSONError as exc:
             # yajl's messages carry a multi-line excerpt with a caret; keep the first line.
@@ -391,9 +382,6 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
             else:
                 reason = BAD_JSON
             yield BadRow(source, at, reason, f"{message} (at or after element {at}); earlier rows were read")
-            return
-        except _READ_ERRORS as exc:
-            yield BadRow(source, at, UNREADABLE_FILE, f"read failed at element {at}: {exc}; earlier rows were read")
             return
         if value is _END:
             return
@@ -431,9 +419,7 @@ def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generato
                     index += 1
                     yield SourceRow(source, index, data)
     except (OSError, pa.ArrowException) as exc:
-        yield BadRow(
-            source, index + 1, UNREADABLE_FILE, f"read failed at row {index + 1}: {exc}; earlier rows were read"
-        )
+        yield _cut_short(source, index + 1, "row", exc)
         return index, False
     return index, True
 

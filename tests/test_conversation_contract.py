@@ -229,6 +229,9 @@ def test_variants_are_picked_stably_by_weight():
 
 
 def test_dataset_history_variants_set_template_kwargs_sampling_and_keys(tokenizer, tokenizer_path):
+    from dataclasses import replace
+
+    from producer.options import EnqueueOptions
     from producer.planner import PromptPlanner
     from producer.tokenize import TemplateJob, TemplatingPool
 
@@ -236,8 +239,9 @@ def test_dataset_history_variants_set_template_kwargs_sampling_and_keys(tokenize
     cold = Variant(
         name="cold", weight=1.0, sampling={"temperature": 0.2}, chat_template_kwargs={"enable_thinking": False}
     )
-    planner = PromptPlanner(history="dataset", turns="all", sampling=base, template_kwargs={}, variants=[cold])
-    plain = PromptPlanner(history="dataset", turns="all", sampling=base, template_kwargs={})
+    options = EnqueueOptions(inputs=[], campaign="c", tokenizer=str(tokenizer_path), sampling=base, turns="all")
+    planner = PromptPlanner(replace(options, variants=(cold,)))
+    plain = PromptPlanner(options)
     row = {
         "id": "r",
         "messages": [

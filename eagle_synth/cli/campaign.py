@@ -22,6 +22,7 @@ from eagle_synth.cli.options import (
     check_campaign_name,
     command_group,
     fail,
+    fields_of,
     redis_client,
     warn,
 )
@@ -40,10 +41,6 @@ app = command_group()
 # The flags' defaults are the library's: one place says what a run does unless told otherwise.
 SAMPLING = SamplingParams()
 OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(EnqueueOptions)}
-
-
-def _fields(cls: Any, flags: dict[str, Any]) -> dict[str, Any]:
-    return {f.name: flags[f.name] for f in fields(cls) if f.name in flags}
 
 
 def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
@@ -131,10 +128,10 @@ def enqueue(
     from eagle_synth.variants import load_variants
 
     check_campaign_name(campaign)
-    sampling = SamplingParams(**{**_fields(SamplingParams, flags), "stop_token_ids": _stop_token_ids(stop_token_ids)})
+    sampling = SamplingParams(**{**fields_of(SamplingParams, flags), "stop_token_ids": _stop_token_ids(stop_token_ids)})
     options = EnqueueOptions(
         **{
-            **_fields(EnqueueOptions, flags),
+            **fields_of(EnqueueOptions, flags),
             "inputs": files,
             "sampling": sampling,
             "chat_template": str(chat_template) if chat_template else None,
@@ -144,17 +141,33 @@ def enqueue(
         }
     )
     broker = broker_settings(redis_url=redis)  # a dry run reads the campaign from it too, when it answers
-    so_far: list[EnqueueSummary] = []  # the run's summary, as the producer last reported it
+    so_far: EnqueueSummary | None = None  # the run's summary, as the producer last reported it
+
+    def on_rows(summary: EnqueueSummary) -> None:
+        nonlocal so_far
+        so_far = summary
+        line.update(summary)
+
     try:
         arm_interrupts()  # a Ctrl-C from here on, or one that came while the command started, lands below
-        summary = _run_enqueue(options, broker, as_json=as_json, so_far=so_far)
+        from eagle_synth import progress
+        from producer.enqueue import enqueue as run_enqueue
+        from producer.enqueue import print_summary
+        from producer.sources import STDIN, estimate_rows
+
+        wanted = not as_json and progress.wanted() and STDIN not in options.inputs
+        line = progress.EnqueueProgress(
+            enabled=not as_json, total_rows=estimate_rows(options.inputs) if wanted else None
+        )
+        with line:
+            summary = run_enqueue(
+                options, broker=broker, stdin=sys.stdin.buffer, on_rows=on_rows, on_wait=line.waiting, on_warning=warn
+            )
     except KeyboardInterrupt:
-        _interrupted(so_far[0] if so_far else None, options=options, broker=broker)
+        _interrupted(so_far, options=options, broker=broker)
     if as_json:
         print(json.dumps(summary.to_dict()))
     else:
-        from producer.enqueue import print_summary
-
         print_summary(summary)
     if summary.rows_read == 0:
         warn("the input holds no rows: nothing " + ("would be " if dry_run else "") + "enqueued, no campaign created")
@@ -164,50 +177,26 @@ def enqueue(
         fail("internal error: rows read != enqueued + duplicate + skipped", code=3)
 
 
-def _run_enqueue(
-    options: EnqueueOptions, broker: BrokerSettings, *, as_json: bool, so_far: list[EnqueueSummary]
-) -> EnqueueSummary:
-    from eagle_synth import progress
-    from producer.enqueue import enqueue
-    from producer.sources import STDIN, estimate_rows
-
-    total = estimate_rows(options.inputs) if not as_json and progress.wanted() and STDIN not in options.inputs else None
-    line = progress.EnqueueProgress(enabled=not as_json, total_rows=total)
-
-    def on_rows(summary: EnqueueSummary) -> None:
-        so_far[:] = [summary]
-        line.update(summary)
-
-    with line:
-        return enqueue(
-            options, broker=broker, stdin=sys.stdin.buffer, on_rows=on_rows, on_wait=line.waiting, on_warning=warn
-        )
-
-
 def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, broker: BrokerSettings) -> NoReturn:
     """Ctrl-C during enqueue: say what the run kept and that rerunning it resumes; exit 130."""
-    if options.dry_run:
-        fail("interrupted: a dry run enqueues nothing", code=INTERRUPTED_EXIT)
-    read = f"; this run read {summary.rows_read} rows" if summary is not None else ""
-    fail(
-        f"interrupted: campaign {options.campaign!r} holds {_enqueued_now(options.campaign, broker)} "
-        f"enqueued prompts, kept in Redis{read}. Rerun the same command to resume: prompts already "
-        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then",
-        code=INTERRUPTED_EXIT,
-    )
-
-
-def _enqueued_now(name: str, broker: BrokerSettings) -> str:
-    """The campaign's enqueued prompts as Redis holds them (the producer's tally can lag a chunk)."""
     import redis as redis_errors
 
     from eagle_synth.state.campaign import Campaign
     from eagle_synth.state.redis_client import connect
 
-    try:
-        return f"{Campaign(connect(broker), name).progress().enqueued:,}"
+    if options.dry_run:
+        fail("interrupted: a dry run enqueues nothing", code=INTERRUPTED_EXIT)
+    try:  # the prompts as Redis holds them: the producer's tally can lag a chunk
+        enqueued = f"{Campaign(connect(broker), options.campaign).progress().enqueued:,}"
     except redis_errors.RedisError:
-        return "?"
+        enqueued = "?"
+    read = f"; this run read {summary.rows_read} rows" if summary is not None else ""
+    fail(
+        f"interrupted: campaign {options.campaign!r} holds {enqueued} "
+        f"enqueued prompts, kept in Redis{read}. Rerun the same command to resume: prompts already "
+        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then",
+        code=INTERRUPTED_EXIT,
+    )
 
 
 @app.command()

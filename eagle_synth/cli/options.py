@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from dataclasses import fields
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -58,6 +59,11 @@ def fail(message: str, code: int = USER_ERROR_EXIT) -> NoReturn:
 
 def warn(message: str) -> None:
     typer.secho(f"warning: {message}", err=True, fg=typer.colors.YELLOW)
+
+
+def fields_of(cls: Any, flags: dict[str, Any]) -> dict[str, Any]:
+    """The flags (a command's locals()) that are fields of the dataclass `cls`, by name."""
+    return {f.name: flags[f.name] for f in fields(cls) if f.name in flags}
 
 
 def check_campaign_name(name: str) -> None:

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from eagle_synth.cli.options import JsonSummaryOpt, RedisOpt, command_group, fail, redis_client, warn
+from eagle_synth.cli.options import JsonSummaryOpt, RedisOpt, command_group, fail, fields_of, redis_client, warn
+from eagle_synth.tools.compact import DEFAULT_MIN_AGE, DEFAULT_SHARD_BYTES, DEFAULT_THREADS
+from eagle_synth.tools.filters import ExportFilters
 
 if TYPE_CHECKING:
     from eagle_synth.progress import RecordsProgress
-    from eagle_synth.tools.filters import ExportFilters
 
 app = command_group()
+# The filter flags' defaults are the library's (compact's too, below).
+FILTERS = ExportFilters()
 
 CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")]
 # The help of the flags whose declaration would not fit a line, by parameter (and command) name.
@@ -33,6 +36,8 @@ HELP = {
     "target_vocab_size": "The target model's vocab_size (default: config.json in the manifest's tokenizer_path).",
     "tokenizer": "The campaign's tokenizer folder (default: the settings in manifest.json).",
     "inspect tokenizer": "The campaign's tokenizer folder (default: tokenizer_path in manifest.json).",
+    "shard_mb": "MiB of batch files merged into each shard.",
+    "min_age": "Only merge batch files at least this many seconds old.",
     "threads": "zstd compression threads (0 = the calling thread only). Default: one per core.",
     "campaign": "Campaign name (default: manifest.json's, else the folder's name).",
     "drop_truncated": "Skip records that hit max_new_tokens (finish_reason length).",
@@ -59,23 +64,11 @@ SampleOpt = Annotated[int | None, typer.Option("--sample", help=HELP["sample"])]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
 
 
-# The flags of both commands that ExportFilters takes as they are (--split is parsed first).
-FILTER_FLAGS = ("drop_truncated", "min_output_tokens", "max_length", "drop_longer", "min_loss_tokens", "sample", "seed")
-
-
 def _filters(flags: dict) -> ExportFilters:
-    from eagle_synth.tools.filters import ExportFilters, parse_split
+    """The filters of export's or vocab's flags (--split parsed into `splits`)."""
+    from eagle_synth.tools.filters import parse_split
 
-    return ExportFilters(splits=parse_split(flags["split"]), **{name: flags[name] for name in FILTER_FLAGS})
-
-
-def _expected_records(campaign_dir: Path) -> int | None:
-    from eagle_synth.records import read_manifest
-
-    try:
-        return ((read_manifest(campaign_dir) or {}).get("counts") or {}).get("done")
-    except ValueError:
-        return None
+    return ExportFilters(**fields_of(ExportFilters, flags), splits=parse_split(flags["split"]))
 
 
 # Formats --out names by its extension (export infers them when --format is absent); .jsonl.gz
@@ -120,10 +113,13 @@ def _require_records(campaign_dir: Path, what: str) -> None:
 @contextmanager
 def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
     from eagle_synth.progress import RecordsProgress
-    from eagle_synth.records import RecordFormatError
+    from eagle_synth.records import RecordFormatError, read_manifest
 
+    expected = None  # the progress total: the records the manifest counts done, if it reads
+    with suppress(ValueError):
+        expected = ((read_manifest(campaign_dir) or {}).get("counts") or {}).get("done")
     try:
-        with RecordsProgress(total_records=_expected_records(campaign_dir)) as progress:
+        with RecordsProgress(total_records=expected) as progress:
             yield progress
     except RecordFormatError as exc:
         fail(
@@ -136,14 +132,14 @@ def export(
     campaign_dir: CampaignDirArg,
     out: Annotated[Path, typer.Option("--out", help=HELP["out"])],
     format: Annotated[str | None, typer.Option("--format", help=HELP["format"])] = None,
-    drop_truncated: DropTruncatedOpt = False,
-    min_output_tokens: MinOutputTokensOpt = 0,
-    max_length: MaxLengthOpt = None,
-    drop_longer: DropLongerOpt = False,
-    min_loss_tokens: MinLossTokensOpt = 1,
+    drop_truncated: DropTruncatedOpt = FILTERS.drop_truncated,
+    min_output_tokens: MinOutputTokensOpt = FILTERS.min_output_tokens,
+    max_length: MaxLengthOpt = FILTERS.max_length,
+    drop_longer: DropLongerOpt = FILTERS.drop_longer,
+    min_loss_tokens: MinLossTokensOpt = FILTERS.min_loss_tokens,
     split: SplitOpt = None,
-    sample: SampleOpt = None,
-    seed: SeedOpt = 0,
+    sample: SampleOpt = FILTERS.sample,
+    seed: SeedOpt = FILTERS.seed,
     shard_rows: Annotated[int | None, typer.Option("--shard-rows", help=HELP["shard_rows"])] = None,
     turns: Annotated[str, typer.Option(help=HELP["turns"])] = "all",
     shard_tokens: Annotated[int | None, typer.Option("--shard-tokens", help=HELP["shard_tokens"])] = None,
@@ -205,14 +201,14 @@ def vocab(
     target_vocab_size: Annotated[
         int | None, typer.Option("--target-vocab-size", help=HELP["target_vocab_size"])
     ] = None,
-    drop_truncated: DropTruncatedOpt = False,
-    min_output_tokens: MinOutputTokensOpt = 0,
-    max_length: MaxLengthOpt = None,
-    drop_longer: DropLongerOpt = False,
-    min_loss_tokens: MinLossTokensOpt = 1,
+    drop_truncated: DropTruncatedOpt = FILTERS.drop_truncated,
+    min_output_tokens: MinOutputTokensOpt = FILTERS.min_output_tokens,
+    max_length: MaxLengthOpt = FILTERS.max_length,
+    drop_longer: DropLongerOpt = FILTERS.drop_longer,
+    min_loss_tokens: MinLossTokensOpt = FILTERS.min_loss_tokens,
     split: VocabSplitOpt = None,
-    sample: SampleOpt = None,
-    seed: SeedOpt = 0,
+    sample: SampleOpt = FILTERS.sample,
+    seed: SeedOpt = FILTERS.seed,
     as_json: JsonSummaryOpt = False,
 ) -> None:
     """Count loss-masked tokens and write the EAGLE-3 draft vocabulary mapping (d2t, t2d).
@@ -327,13 +323,12 @@ def inspect(
 @app.command()
 def compact(
     campaign_dir: CampaignDirArg,
-    shard_mb: Annotated[int, typer.Option(help="MiB of batch files merged into each shard.")] = 256,
-    min_age: Annotated[float, typer.Option(help="Only merge batch files at least this many seconds old.")] = 300.0,
+    shard_mb: Annotated[int, typer.Option(help=HELP["shard_mb"])] = DEFAULT_SHARD_BYTES >> 20,
+    min_age: Annotated[float, typer.Option(help=HELP["min_age"])] = DEFAULT_MIN_AGE,
     threads: Annotated[int | None, typer.Option(help=HELP["threads"])] = None,
     as_json: JsonSummaryOpt = False,
 ) -> None:
     """Merge small batch files into large shards; safe while workers write and if stopped midway."""
-    from eagle_synth.tools.compact import DEFAULT_THREADS
     from eagle_synth.tools.compact import compact as run_compact
 
     if threads is None:
@@ -392,10 +387,11 @@ def repair(
     `record-damaged`, which a rerun of the campaign's original `enqueue` command re-enqueues.
     Rerun it until it reports nothing; see docs/reliability.md.
     """
+    from eagle_synth.cli.options import check_campaign_name
     from eagle_synth.queue import make_celery
     from eagle_synth.records import records_dir
     from eagle_synth.settings import broker_settings
-    from eagle_synth.state.campaign import BadCampaignName, Campaign
+    from eagle_synth.state.campaign import Campaign
     from eagle_synth.tools.compact import exclusive
     from eagle_synth.tools.repair import campaign_name_of, mark_record_damaged, move_aside, plan_repair
     from producer.retry import publish_unfinished, return_lost_records
@@ -403,10 +399,8 @@ def repair(
     name = campaign or campaign_name_of(campaign_dir)
     if not records_dir(campaign_dir).is_dir():
         fail(f"{records_dir(campaign_dir)} does not exist: is {campaign_dir} a campaign folder (OUT/<campaign>)?")
-    try:
-        target = Campaign(redis_client(redis), name)
-    except BadCampaignName as exc:
-        fail(f"--campaign: {exc}")
+    check_campaign_name(name)
+    target = Campaign(redis_client(redis), name)
     settings = broker_settings(redis_url=redis)
     outcome = {"republished_from_outbox": 0, "moved": [], "requeued": 0, "record_damaged": 0}
     with exclusive(records_dir(campaign_dir)):

@@ -68,10 +68,6 @@ def _worker_option(name: str, *flags: str):
     return typer.Option(*flags, help=option_help(name))
 
 
-def _settings_as_flags(message: str) -> str:
-    return re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], message)
-
-
 @app.command()
 def worker(
     server: Annotated[list[str], _worker_option("servers", "--server")],
@@ -133,7 +129,7 @@ def worker(
         )
     except ConfigError as exc:
         # The library names settings (max_attempts); say the flags (--max-attempts).
-        fail(_settings_as_flags(str(exc)))
+        fail(re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], str(exc)))
     servers = config.servers
     unknown = sorted(set(config.allow_server_settings) - set(REFUSABLE_SETTINGS))
     if unknown:

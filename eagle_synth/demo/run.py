@@ -93,18 +93,14 @@ def run_demo(folder: Path) -> int:
         console.rule("eagle-synth status demo")
         render_status(campaign_status(campaign.client, DEMO_CAMPAIGN), console=console)
 
-        records = list(iter_records(out / DEMO_CAMPAIGN))
-        record = max(records, key=lambda r: (r.turn, r.key))
+        record = max(iter_records(out / DEMO_CAMPAIGN), key=lambda r: (r.turn, r.key))
         console.rule(
             f"turn {record.turn} of conversation {(record.conversation or '')[:12]}..., decoded (eagle-synth inspect)"
         )
+        holds = "its prompt holds the model's own earlier answers"
         if record.tool_calls is not None:
-            console.print(
-                "its prompt holds the model's own earlier answers, its own tool calls among them, each answered "
-                "by the dataset's tool result; the output is this turn's answer"
-            )
-        else:
-            console.print("its prompt holds the model's own earlier answers; the output is this turn's answer")
+            holds += ", its own tool calls among them, each answered by the dataset's tool result"
+        console.print(f"{holds}; the output is this turn's answer")
         render_record(record, tokenizer=load_tokenizer(tokenizer), console=console)
         console.rule()
         command, activate = runnable_command()
