@@ -181,8 +181,6 @@ class ServerClient:
             response._content = bytes(body)  # what .content and .json() read
             response.raw.release_conn()
             return response
-        except urllib3.exceptions.HTTPError as exc:
-            raise TransientError(f"{self.url}{path}: {exc}") from exc
         except requests.ConnectionError as exc:
             # A refused connection means nothing listens; a reset mid-request may be a dying
             # server or a network blip: the caller's health check tells them apart.
@@ -192,7 +190,7 @@ class ServerClient:
             raise TransientError(f"{self.url}{path}: connection error: {exc}") from exc
         except requests.Timeout as exc:
             raise TransientError(f"{self.url}{path}: no answer within {timeout:.0f} s") from exc
-        except requests.RequestException as exc:
+        except (urllib3.exceptions.HTTPError, requests.RequestException) as exc:
             raise TransientError(f"{self.url}{path}: {exc}") from exc
 
     def health(self, *, timeout: float = HEALTH_TIMEOUT) -> tuple[bool, str]:

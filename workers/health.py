@@ -137,7 +137,6 @@ class HealthGate:
                 continue
             if reported.startswith(REFUSE_PREFIX):
                 # A batch found it serving another model than the campaign's (workers/model_check.py).
-                tracked.next_probe = float("inf")
                 changed = self._set(tracked, REFUSED, reported[len(REFUSE_PREFIX) :]) or changed
             else:
                 log.info("server %s reported failing by a batch (%s): probing now", url, detail.get("detail"))
@@ -192,7 +191,6 @@ class HealthGate:
                 checked = self._preflight(tracked.client, forced=self.forced[url])
             except PreflightError as exc:
                 log.error("%s", exc)
-                tracked.next_probe = float("inf")
                 return self._set(tracked, REFUSED, str(exc))
             except (ServerDown, TransientError) as exc:
                 return self._failed(tracked, WARMING, f"preflight: {exc}", certain=False, now=now)

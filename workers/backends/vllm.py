@@ -122,14 +122,7 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     if finish not in FINISH_REASONS:
         raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_REASONS)}")
     if finish == "abort":
-        return GeneratedItem(
-            output_ids=[],
-            finish_type=finish,
-            finish_matched=None,
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=0,
-            aborted=True,
-        )
+        return GeneratedItem([], finish, None, prompt_tokens=len(prompt_ids), completion_tokens=0, aborted=True)
     if choice.get("token_ids") is None:
         raise BadResponse(f"choices[0] has no token_ids (vLLM before {TOKEN_IDS_VERSION} ignores return_token_ids)")
     output_ids = checked_ids(choice["token_ids"], field="token_ids", vocab_size=vocab_size)
@@ -153,22 +146,19 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     stop_reason = choice.get("stop_reason")
     if stop_reason is not None and not is_token_int(stop_reason) and not isinstance(stop_reason, str):
         raise BadResponse(f"stop_reason is neither a token id nor a stop string: {excerpt(stop_reason)}")
+    matched = stop_reason if stop_reason is not None else (output_ids[-1] if output_ids else None)
     if finish == "length" and len(output_ids) < max_tokens:
         raise SamplingOverridden(
             f"the server ended a generation on length after {len(output_ids)} tokens although max_tokens "
             f"{max_tokens} was sent: it caps max_tokens (--override-generation-config max_new_tokens, or a "
             "--generation-config folder setting max_new_tokens); relaunch vLLM without that cap"
         )
-    if finish == "length":
-        matched = None
-    else:
-        matched = stop_reason if stop_reason is not None else (output_ids[-1] if output_ids else None)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return GeneratedItem(
         output_ids=output_ids,
         finish_type=finish,
-        finish_matched=matched,
+        finish_matched=None if finish == "length" else matched,
         prompt_tokens=len(prompt_ids),
         completion_tokens=len(output_ids),
         cached_tokens=cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0,
