@@ -131,7 +131,7 @@ class ServerFacts:
     """What preflight learns about a server: `server_info`, `model_info` (SGLang's /server_info
     and /model_info; vLLM's dev-mode configuration if exposed and its /v1/models card), the
     effective `context_length`, its scheduler's `max_running_requests`, the tokens its KV cache
-    holds (`max_total_num_tokens`), its kind (`backend`) and what vLLM's probe request saw."""
+    holds (`max_total_num_tokens`) and what vLLM's probe request saw."""
 
     url: str
     server_info: dict
@@ -140,7 +140,6 @@ class ServerFacts:
     version: str | None
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
-    backend: str = "sglang"
     probe: dict | None = None
 
 
@@ -204,22 +203,22 @@ class ServerClient:
 
     def _get_json(self, *paths: str) -> dict:
         """The JSON object of the first of `paths` that answers one; TransientError if none does."""
-        for path in paths:
-            if (body := self.get_optional_json(path)) is not None:
-                return body
-        raise TransientError(f"{self.url}: none of {paths} answered a JSON object")
+        if (body := self.get_optional_json(*paths)) is None:
+            raise TransientError(f"{self.url}: none of {paths} answered a JSON object")
+        return body
 
-    def get_optional_json(self, path: str) -> dict | None:
-        """GET `path`: its JSON object, None when it answers anything else (404, not JSON);
-        raises ServerDown / TransientError when it does not answer."""
-        response = self._request("GET", path, timeout=INFO_TIMEOUT)
-        if response.status_code != 200:
-            return None
-        try:
-            body = response.json()
-        except ValueError:
-            return None
-        return body if isinstance(body, dict) else None
+    def get_optional_json(self, *paths: str) -> dict | None:
+        """GET each of `paths` in turn: the first JSON object one answers, None when each answers
+        anything else (404, not JSON); raises ServerDown / TransientError when one does not answer."""
+        for path in paths:
+            response = self._request("GET", path, timeout=INFO_TIMEOUT)
+            try:
+                body = response.json() if response.status_code == 200 else None
+            except ValueError:
+                continue
+            if isinstance(body, dict):
+                return body
+        return None
 
     def post_json(self, path: str, body: dict, *, timeout: float) -> tuple[int, bytes]:
         """POST a JSON body; (status, raw reply)."""

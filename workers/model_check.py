@@ -17,7 +17,8 @@ import threading
 
 from eagle_synth.state.campaign import CampaignSettings
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import VLLM, redact_url
+from workers.backends import backend_for_state
+from workers.backends.base import redact_url
 from workers.client import ServerClient, ServerDown, TransientError
 
 log = logging.getLogger("eagle_synth.model_check")
@@ -33,10 +34,8 @@ QUOTED_IDS = 8
 def served_tokens(client: ServerClient, state: ServerState, text: str) -> list[int] | None:
     """The ids the server gives `text` (no special tokens added), None without /tokenize;
     transport failures raise (the batch's own requests handle them)."""
-    body: dict = {"prompt": text, "add_special_tokens": False}
-    served = (state.provenance or {}).get("served_model_name")
-    if state.backend == VLLM and isinstance(served, str):
-        body["model"] = served
+    model = getattr(backend_for_state(state), "model", None)  # vLLM's served name, as its requests send it
+    body = {"prompt": text, "add_special_tokens": False, **({} if model is None else {"model": model})}
     status, raw = client.post_json("/tokenize", body, timeout=TOKENIZE_TIMEOUT)
     if status != 200:
         return None

@@ -47,7 +47,7 @@ def detect_kind(client: ServerClient) -> tuple[str | None, str]:
     server_info = client.get_optional_json("/server_info")
     if server_info is not None and "vllm_config" in server_info:
         return VLLM, "/server_info holds vllm_config"
-    if client.get_optional_json("/model_info") is not None or client.get_optional_json("/get_model_info") is not None:
+    if client.get_optional_json("/model_info", "/get_model_info") is not None:
         return SGLANG, "/model_info answers"
     return None, f"/v1/models owned_by {owner!r}, no /model_info, no vLLM /server_info"
 

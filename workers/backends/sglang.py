@@ -10,9 +10,7 @@ included); `context_message` says what SGLang counts against the context length.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
 
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
@@ -207,15 +205,15 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
     }
     scalars = (str, int, float, bool, type(None))
     launch_args = {key: info[key] for key in PROVENANCE_LAUNCH_ARGS if isinstance(info.get(key, ()), scalars)}
-    return provenance_of(facts, details, launch_args, accepted)
+    return provenance_of(SGLANG, facts, details, launch_args, accepted)
 
 
 class SGLangBackend(BaseBackend):
     """Requests, replies, context rule and preflight of an SGLang server (see workers.backends.Backend)."""
 
-    name: ClassVar[str] = SGLANG
-    path: ClassVar[str] = "/generate"
-    checks: ClassVar[Mapping[str, Check]] = CHECKS
+    name = SGLANG
+    path = "/generate"
+    checks = CHECKS
     provenance = staticmethod(provenance)
 
     def translate_sampling(self, sampling: dict) -> dict:
@@ -236,10 +234,6 @@ class SGLangBackend(BaseBackend):
         return context_message(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits)
 
     facts = staticmethod(ServerClient.facts)
-
-    @classmethod
-    def from_state(cls, state: ServerState) -> SGLangBackend:
-        return cls()
 
 
 def context_limits(facts: ServerFacts) -> ContextLimits:

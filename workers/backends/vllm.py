@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping
-from typing import ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import (
@@ -335,22 +335,21 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
         for entry in PROVENANCE_CONFIG
         if (value := _config(facts.server_info, entry)) is not None
     }
-    return provenance_of(facts, details, launch_args, accepted)
+    return provenance_of(VLLM, facts, details, launch_args, accepted)
 
 
+@dataclass(frozen=True, kw_only=True)
 class VllmBackend(BaseBackend):
     """Requests, replies, context rule and preflight of a vLLM server (see workers.backends.Backend);
     `model` is the served model name sent as `model` (from /v1/models), None leaves it out."""
 
-    name: ClassVar[str] = VLLM
-    path: ClassVar[str] = "/v1/completions"
-    checks: ClassVar[Mapping[str, Check]] = CHECKS
+    model: str | None = None
+    name = VLLM
+    path = "/v1/completions"
+    checks = CHECKS
     # vLLM honours a per-request seed on any server; there is no switch to report.
-    seed_always: ClassVar[bool] = True
+    seed_always = True
     provenance = staticmethod(provenance)
-
-    def __init__(self, *, model: str | None = None) -> None:
-        self.model = model
 
     def translate_sampling(self, sampling: dict) -> dict:
         unknown = sorted(set(sampling) - KNOWN_KEYS)
@@ -405,7 +404,6 @@ class VllmBackend(BaseBackend):
             context_length=positive_int(card.get("max_model_len")),
             version=version if isinstance(version, str) else None,
             max_running_requests=positive_int(_config(config, "scheduler_config.max_num_seqs")),
-            backend=VLLM,
             probe=_probe(client, model=card.get("id") if isinstance(card.get("id"), str) else None),
         )
         _require_faithful_probe(facts)
