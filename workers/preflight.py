@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from workers.backends import BACKENDS, OWNERS, REFUSABLE_SETTINGS
+from workers.backends import BACKENDS, REFUSABLE_SETTINGS
 from workers.backends.base import AUTO, SGLANG, VLLM, Check, PreflightError, redact_url
 from workers.backends.sglang import CHECKS
 from workers.client import ServerClient, ServerDown, ServerFacts, TransientError, first_model
@@ -42,8 +42,8 @@ class Preflighted:
 def detect_kind(client: ServerClient) -> tuple[str | None, str]:
     """(kind or None, the evidence); raises ServerDown or TransientError when it does not answer."""
     owner = first_model(client.get_optional_json("/v1/models")).get("owned_by")
-    if owner in OWNERS:
-        return OWNERS[owner], f"/v1/models owned_by {owner!r}"
+    if owner in BACKENDS:  # each kind's model card names it in owned_by
+        return owner, f"/v1/models owned_by {owner!r}"
     server_info = client.get_optional_json("/server_info")
     if server_info is not None and "vllm_config" in server_info:
         return VLLM, "/server_info holds vllm_config"
