@@ -46,18 +46,14 @@ def served_tokens(client: ServerClient, state: ServerState, text: str) -> list[i
     return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
 
 
-def served_model(state: ServerState) -> str:
-    """What the server says it serves, for the message."""
-    names = ((state.provenance or {}).get(key) for key in ("model_root", "model_path", "model", "served_model_name"))
-    return next((name for name in names if isinstance(name, str) and name), "an unnamed model")
-
-
 def mismatch_line(url: str, state: ServerState, settings: CampaignSettings, tokens: list[int]) -> str | None:
     """The refusal line when the server's canary ids differ from the campaign's, else None."""
     if tokens == (expected := settings.tokenizer_canary.get("ids")):
         return None
+    names = ((state.provenance or {}).get(key) for key in ("model_path", "served_model_name"))  # what it serves
+    served = next((name for name in names if isinstance(name, str) and name), "an unnamed model")
     return (
-        f"refusing server {redact_url(url)}: it serves {served_model(state)}, whose tokenizer does not match "
+        f"refusing server {redact_url(url)}: it serves {served}, whose tokenizer does not match "
         f"campaign {settings.name!r}'s ({settings.tokenizer_path}, fingerprint {settings.tokenizer_fingerprint}): "
         f"the canary {settings.tokenizer_canary.get('text', '')!r} is {tokens[:QUOTED_IDS]} there, "
         f"{list(expected or [])[:QUOTED_IDS]} here"

@@ -186,38 +186,34 @@ def _config(config: dict, entry: str) -> object:
     return part.get(key) if isinstance(part, dict) else None
 
 
-def _probe(client: ServerClient, *, model: str | None) -> dict:
-    """Send the probe request; {"status", "reply" or "message"}. Transport failures, 429 and 5xx
-    raise (the gate looks again later)."""
-    sampling = {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
-    path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
-    status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
-    if status == 200:
-        try:
-            return {"status": status, "reply": json.loads(raw)}
-        except ValueError:
-            return {"status": status, "message": f"not JSON: {raw[:200]!r}"}
-    if status >= 500 or status == 429:
-        raise TransientError(
-            f"{client.url}: the preflight probe: {error_for_status(status, raw, path=path)}", status=status
-        )
-    return {"status": status, "message": error_message(raw, status)}
-
-
 def _version_tuple(version: str | None) -> tuple[int, ...] | None:
     """(0, 10, 2) from "0.10.2" or "0.10.2rc1+cu128"; None if it does not start with a number."""
     match = re.match(r"\d+(?:\.\d+)*", version or "")
     return tuple(int(part) for part in match.group().split(".")) if match else None
 
 
-def _require_faithful_probe(facts: ServerFacts) -> None:
-    """Refuse a server whose probe shows it cannot give records (no setting to accept: every
-    prompt would fail). A malformed reply proves nothing: accepted with a warning."""
-    probe = facts.probe or {}
-    where = f"refusing server {redact_url(facts.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
-    if probe.get("status") != 200 or "reply" not in probe:
+def _probe(client: ServerClient, *, model: str | None, version: str | None) -> dict:
+    """Send the probe request: {"status": 200, "reply": its JSON}. Refuses a server whose answer
+    shows it cannot give records (no setting to accept: every prompt would fail); a malformed
+    reply proves nothing: accepted with a warning. Transport failures, 429 and 5xx raise (the
+    gate looks again later)."""
+    sampling = {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
+    path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
+    status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
+    if status >= 500 or status == 429:
+        raise TransientError(
+            f"{client.url}: the preflight probe: {error_for_status(status, raw, path=path)}", status=status
+        )
+    where = f"refusing server {redact_url(client.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
+    message = None if status == 200 else error_message(raw, status)
+    if message is None:
+        try:
+            probe = {"status": status, "reply": json.loads(raw)}
+        except ValueError:
+            message = f"not JSON: {raw[:200]!r}"
+    if message is not None:
         raise PreflightError(
-            f"{where} was answered {probe.get('status')}: {probe.get('message')}. Is it a vLLM "
+            f"{where} was answered {status}: {message}. Is it a vLLM "
             "server serving a generation model? (--backend forces the kind)"
         )
     try:
@@ -229,22 +225,23 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
     except SamplingOverridden as exc:
         raise PreflightError(f"{where} asked for exactly {PROBE_TOKENS} tokens: {exc}") from None
     except BadResponse as exc:
-        version = _version_tuple(facts.version)
-        if "token_ids" in str(exc) and version is not None and version < TOKEN_IDS_VERSION_TUPLE:
+        number = _version_tuple(version)
+        if "token_ids" in str(exc) and number is not None and number < TOKEN_IDS_VERSION_TUPLE:
             raise PreflightError(
-                f"{where} came back without token ids: vLLM {facts.version} is older than "
+                f"{where} came back without token ids: vLLM {version} is older than "
                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM"
             ) from None
         accepting = "accepting the server, each reply is checked before it becomes a record"
         log.warning(
-            "server %s: the preflight probe's reply is malformed (%s); %s", redact_url(facts.url), exc, accepting
+            "server %s: the preflight probe's reply is malformed (%s); %s", redact_url(client.url), exc, accepting
         )
-        return
+        return probe
     if not item.aborted and (item.finish_type != "length" or len(item.output_ids) != PROBE_TOKENS):
         raise PreflightError(
             f"{where} asked for exactly {PROBE_TOKENS} tokens (max_tokens with ignore_eos) and got "
             f"{len(item.output_ids)} ending on {item.finish_type!r}: the server does not sample as asked"
         )
+    return probe
 
 
 def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
@@ -397,17 +394,16 @@ class VllmBackend(BaseBackend):
         version = (client.get_optional_json("/version") or {}).get("version")
         config = (client.get_optional_json(DEV_CONFIG_PATH) or {}).get("vllm_config")
         config = config if isinstance(config, dict) else {}
-        facts = ServerFacts(
+        version = version if isinstance(version, str) else None
+        return ServerFacts(
             url=client.url,
             server_info=config,
             model_info=card,
             context_length=positive_int(card.get("max_model_len")),
-            version=version if isinstance(version, str) else None,
+            version=version,
             max_running_requests=positive_int(_config(config, "scheduler_config.max_num_seqs")),
-            probe=_probe(client, model=card.get("id") if isinstance(card.get("id"), str) else None),
+            probe=_probe(client, model=card.get("id") if isinstance(card.get("id"), str) else None, version=version),
         )
-        _require_faithful_probe(facts)
-        return facts
 
     @classmethod
     def from_state(cls, state: ServerState) -> VllmBackend:
