@@ -1,10 +1,9 @@
 """Preflight: before a worker sends a server any prompt, tell its kind and check it returns
-raw, faithful ids.
+raw, faithful ids (docs/workers.md "Which kind of server" and "Preflight").
 
 `preflight_server` is the one entry (the health gate and `eagle-synth worker`): it detects the
-kind (`detect_kind`: /v1/models `owned_by`, else vLLM's dev-mode /server_info or SGLang's
-/model_info) unless --backend forces it, gathers that kind's facts and applies its refusals
-(each kind's are in workers/backends/; docs/workers.md "Which kind of server" and "Preflight").
+kind unless --backend forces it, gathers that kind's facts and applies its refusals (each
+kind's are in workers/backends/).
 """
 
 from __future__ import annotations
@@ -40,7 +39,8 @@ class Preflighted:
 
 
 def detect_kind(client: ServerClient) -> tuple[str | None, str]:
-    """(kind or None, the evidence); raises ServerDown or TransientError when it does not answer."""
+    """(kind or None, the evidence: /v1/models `owned_by`, else vLLM's dev-mode /server_info or
+    SGLang's /model_info); raises ServerDown or TransientError when it does not answer."""
     owner = first_model(client.get_optional_json("/v1/models")).get("owned_by")
     if owner in BACKENDS:  # each kind's model card names it in owned_by
         return owner, f"/v1/models owned_by {owner!r}"

@@ -3,8 +3,7 @@
 The sampling is sent as it is (SGLang's own names) once every key is known (an unknown key is an
 HTTP 500 on older servers); replies are checked by workers/replies.py `parse_generate_item`.
 Preflight refuses the settings that change a record without it saying so (docs/workers.md
-"Preflight"), and keeps an allow-list of launch arguments (`/server_info` returns them all, secrets
-included); `context_message` says what SGLang counts against the context length.
+"Preflight"); `context_message` says what SGLang counts against the context length.
 """
 
 from __future__ import annotations

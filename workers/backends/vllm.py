@@ -1,10 +1,8 @@
 """vLLM: `POST /v1/completions` with the prompt as token ids and `return_token_ids: true`.
 
-docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source.
-Every sampling field left out falls back to the server's generation config (then OpenAI's
-defaults, `max_tokens` 16) and unknown fields are ignored, never refused: so every value is sent,
-through a fixed table. Launch arguments are not served, so preflight checks /v1/models, /version,
-the dev-mode configuration if exposed, and a 4-token probe request.
+docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source:
+every sampling value is sent (vLLM fills a field left out from the server's generation config and
+ignores unknown ones); launch arguments are not served, so preflight also sends a probe request.
 """
 
 from __future__ import annotations
