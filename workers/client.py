@@ -18,6 +18,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from eagle_synth.errors import EagleSynthError
+from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
 
 # Keep-alive connections per server of the synchronous client.
 POOL_CONNECTIONS = 64
@@ -60,11 +61,9 @@ class BadSamplingParams(BadRequest):
 # comparison inside SGLang's verify(), vLLM's pydantic "('body', '<field>')"), an out-of-range
 # one ("<field> must ...", from SGLang's sampling_params.py verify() and vLLM's
 # sampling_params.py _verify_args()), "Only one of regex, json_schema, or ebnf can be set.".
-_SAMPLING_FIELDS = (
-    "max_new_tokens|min_new_tokens|temperature|top_p|top_k|min_p|frequency_penalty|presence_penalty|"
-    "repetition_penalty|logit_bias|stop_token_ids|stop_regex|sampling_seed|json_schema|regex|ebnf|n|stop|"
-    "ignore_eos|skip_special_tokens|no_stop_trim|custom_params|max_tokens|min_tokens|seed|"
-    "spaces_between_special_tokens|include_stop_str_in_output"
+# The fields: SGLang's sampling keys and the names vLLM gives four of them.
+_SAMPLING_FIELDS = "|".join(
+    sorted({*SGLANG_SAMPLING_KEYS, "max_tokens", "min_tokens", "seed", "include_stop_str_in_output"})
 )
 SAMPLING_ERROR = re.compile(
     r"(?i:unexpected keyword argument|sampling[_ ]?param|expected `[^`]+`, got `[^`]+`"
