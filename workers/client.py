@@ -18,6 +18,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from eagle_synth.errors import EagleSynthError
+from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
 
 # Keep-alive connections per server of the synchronous client.
 POOL_CONNECTIONS = 64
@@ -60,11 +61,9 @@ class BadSamplingParams(BadRequest):
 # comparison inside SGLang's verify(), vLLM's pydantic "('body', '<field>')"), an out-of-range
 # one ("<field> must ...", from SGLang's sampling_params.py verify() and vLLM's
 # sampling_params.py _verify_args()), "Only one of regex, json_schema, or ebnf can be set.".
-_SAMPLING_FIELDS = (
-    "max_new_tokens|min_new_tokens|temperature|top_p|top_k|min_p|frequency_penalty|presence_penalty|"
-    "repetition_penalty|logit_bias|stop_token_ids|stop_regex|sampling_seed|json_schema|regex|ebnf|n|stop|"
-    "ignore_eos|skip_special_tokens|no_stop_trim|custom_params|max_tokens|min_tokens|seed|"
-    "spaces_between_special_tokens|include_stop_str_in_output"
+# The fields: SGLang's sampling keys and the names vLLM gives four of them.
+_SAMPLING_FIELDS = "|".join(
+    sorted({*SGLANG_SAMPLING_KEYS, "max_tokens", "min_tokens", "seed", "include_stop_str_in_output"})
 )
 SAMPLING_ERROR = re.compile(
     r"(?i:unexpected keyword argument|sampling[_ ]?param|expected `[^`]+`, got `[^`]+`"
@@ -131,7 +130,7 @@ class ServerFacts:
     """What preflight learns about a server: `server_info`, `model_info` (SGLang's /server_info
     and /model_info; vLLM's dev-mode configuration if exposed and its /v1/models card), the
     effective `context_length`, its scheduler's `max_running_requests`, the tokens its KV cache
-    holds (`max_total_num_tokens`), its kind (`backend`) and what vLLM's probe request saw."""
+    holds (`max_total_num_tokens`) and what vLLM's probe request saw."""
 
     url: str
     server_info: dict
@@ -140,7 +139,6 @@ class ServerFacts:
     version: str | None
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
-    backend: str = "sglang"
     probe: dict | None = None
 
 
@@ -181,8 +179,6 @@ class ServerClient:
             response._content = bytes(body)  # what .content and .json() read
             response.raw.release_conn()
             return response
-        except urllib3.exceptions.HTTPError as exc:
-            raise TransientError(f"{self.url}{path}: {exc}") from exc
         except requests.ConnectionError as exc:
             # A refused connection means nothing listens; a reset mid-request may be a dying
             # server or a network blip: the caller's health check tells them apart.
@@ -192,7 +188,7 @@ class ServerClient:
             raise TransientError(f"{self.url}{path}: connection error: {exc}") from exc
         except requests.Timeout as exc:
             raise TransientError(f"{self.url}{path}: no answer within {timeout:.0f} s") from exc
-        except requests.RequestException as exc:
+        except (urllib3.exceptions.HTTPError, requests.RequestException) as exc:
             raise TransientError(f"{self.url}{path}: {exc}") from exc
 
     def health(self, *, timeout: float = HEALTH_TIMEOUT) -> tuple[bool, str]:
@@ -206,22 +202,22 @@ class ServerClient:
 
     def _get_json(self, *paths: str) -> dict:
         """The JSON object of the first of `paths` that answers one; TransientError if none does."""
-        for path in paths:
-            if (body := self.get_optional_json(path)) is not None:
-                return body
-        raise TransientError(f"{self.url}: none of {paths} answered a JSON object")
+        if (body := self.get_optional_json(*paths)) is None:
+            raise TransientError(f"{self.url}: none of {paths} answered a JSON object")
+        return body
 
-    def get_optional_json(self, path: str) -> dict | None:
-        """GET `path`: its JSON object, None when it answers anything else (404, not JSON);
-        raises ServerDown / TransientError when it does not answer."""
-        response = self._request("GET", path, timeout=INFO_TIMEOUT)
-        if response.status_code != 200:
-            return None
-        try:
-            body = response.json()
-        except ValueError:
-            return None
-        return body if isinstance(body, dict) else None
+    def get_optional_json(self, *paths: str) -> dict | None:
+        """GET each of `paths` in turn: the first JSON object one answers, None when each answers
+        anything else (404, not JSON); raises ServerDown / TransientError when one does not answer."""
+        for path in paths:
+            response = self._request("GET", path, timeout=INFO_TIMEOUT)
+            try:
+                body = response.json() if response.status_code == 200 else None
+            except ValueError:
+                continue
+            if isinstance(body, dict):
+                return body
+        return None
 
     def post_json(self, path: str, body: dict, *, timeout: float) -> tuple[int, bytes]:
         """POST a JSON body; (status, raw reply)."""

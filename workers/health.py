@@ -1,10 +1,7 @@
 """The health gate: a worker takes batches only while a server it serves is healthy.
 
 A thread in the worker's main process probes each server's /health and preflights it when it
-first answers (workers/preflight.py); docs/workers.md "Health gate" tells the behaviour. A
-refused connection counts at once; timeouts and 503s from a healthy server must repeat
-FAILURES_TO_UNHEALTHY times, since SGLang's /health answers 503 on a healthy server busy with a
-long prefill. A successful generation reported by a batch counts as a passed probe.
+first answers (workers/preflight.py); docs/workers.md "Health gate" tells the behaviour.
 """
 
 from __future__ import annotations
@@ -29,7 +26,8 @@ from workers.preflight import preflight_server
 
 log = logging.getLogger("eagle_synth.health")
 
-# Consecutive failed probes (not refusals) before a healthy server counts as unhealthy.
+# Consecutive failed probes (a refused connection counts at once) before a healthy server counts as
+# unhealthy: SGLang's /health answers 503 on a healthy server busy with a long prefill.
 FAILURES_TO_UNHEALTHY = 3
 # Seconds between probes of a healthy server (skipped while /generate keeps succeeding).
 HEALTHY_PROBE_INTERVAL = 5.0
@@ -137,7 +135,6 @@ class HealthGate:
                 continue
             if reported.startswith(REFUSE_PREFIX):
                 # A batch found it serving another model than the campaign's (workers/model_check.py).
-                tracked.next_probe = float("inf")
                 changed = self._set(tracked, REFUSED, reported[len(REFUSE_PREFIX) :]) or changed
             else:
                 log.info("server %s reported failing by a batch (%s): probing now", url, detail.get("detail"))
@@ -192,7 +189,6 @@ class HealthGate:
                 checked = self._preflight(tracked.client, forced=self.forced[url])
             except PreflightError as exc:
                 log.error("%s", exc)
-                tracked.next_probe = float("inf")
                 return self._set(tracked, REFUSED, str(exc))
             except (ServerDown, TransientError) as exc:
                 return self._failed(tracked, WARMING, f"preflight: {exc}", certain=False, now=now)

@@ -17,7 +17,8 @@ import threading
 
 from eagle_synth.state.campaign import CampaignSettings
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import VLLM, redact_url
+from workers.backends import backend_for_state
+from workers.backends.base import redact_url
 from workers.client import ServerClient, ServerDown, TransientError
 
 log = logging.getLogger("eagle_synth.model_check")
@@ -33,10 +34,8 @@ QUOTED_IDS = 8
 def served_tokens(client: ServerClient, state: ServerState, text: str) -> list[int] | None:
     """The ids the server gives `text` (no special tokens added), None without /tokenize;
     transport failures raise (the batch's own requests handle them)."""
-    body: dict = {"prompt": text, "add_special_tokens": False}
-    served = (state.provenance or {}).get("served_model_name")
-    if state.backend == VLLM and isinstance(served, str):
-        body["model"] = served
+    model = getattr(backend_for_state(state), "model", None)  # vLLM's served name, as its requests send it
+    body = {"prompt": text, "add_special_tokens": False, **({} if model is None else {"model": model})}
     status, raw = client.post_json("/tokenize", body, timeout=TOKENIZE_TIMEOUT)
     if status != 200:
         return None
@@ -47,18 +46,14 @@ def served_tokens(client: ServerClient, state: ServerState, text: str) -> list[i
     return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
 
 
-def served_model(state: ServerState) -> str:
-    """What the server says it serves, for the message."""
-    names = ((state.provenance or {}).get(key) for key in ("model_root", "model_path", "model", "served_model_name"))
-    return next((name for name in names if isinstance(name, str) and name), "an unnamed model")
-
-
 def mismatch_line(url: str, state: ServerState, settings: CampaignSettings, tokens: list[int]) -> str | None:
     """The refusal line when the server's canary ids differ from the campaign's, else None."""
     if tokens == (expected := settings.tokenizer_canary.get("ids")):
         return None
+    names = ((state.provenance or {}).get(key) for key in ("model_path", "served_model_name"))  # what it serves
+    served = next((name for name in names if isinstance(name, str) and name), "an unnamed model")
     return (
-        f"refusing server {redact_url(url)}: it serves {served_model(state)}, whose tokenizer does not match "
+        f"refusing server {redact_url(url)}: it serves {served}, whose tokenizer does not match "
         f"campaign {settings.name!r}'s ({settings.tokenizer_path}, fingerprint {settings.tokenizer_fingerprint}): "
         f"the canary {settings.tokenizer_canary.get('text', '')!r} is {tokens[:QUOTED_IDS]} there, "
         f"{list(expected or [])[:QUOTED_IDS]} here"

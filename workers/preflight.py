@@ -1,10 +1,9 @@
 """Preflight: before a worker sends a server any prompt, tell its kind and check it returns
-raw, faithful ids.
+raw, faithful ids (docs/workers.md "Which kind of server" and "Preflight").
 
 `preflight_server` is the one entry (the health gate and `eagle-synth worker`): it detects the
-kind (`detect_kind`: /v1/models `owned_by`, else vLLM's dev-mode /server_info or SGLang's
-/model_info) unless --backend forces it, gathers that kind's facts and applies its refusals
-(each kind's are in workers/backends/; docs/workers.md "Which kind of server" and "Preflight").
+kind unless --backend forces it, gathers that kind's facts and applies its refusals (each
+kind's are in workers/backends/).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from workers.backends import BACKENDS, OWNERS, REFUSABLE_SETTINGS
+from workers.backends import BACKENDS, REFUSABLE_SETTINGS
 from workers.backends.base import AUTO, SGLANG, VLLM, Check, PreflightError, redact_url
 from workers.backends.sglang import CHECKS
 from workers.client import ServerClient, ServerDown, ServerFacts, TransientError, first_model
@@ -40,14 +39,15 @@ class Preflighted:
 
 
 def detect_kind(client: ServerClient) -> tuple[str | None, str]:
-    """(kind or None, the evidence); raises ServerDown or TransientError when it does not answer."""
+    """(kind or None, the evidence: /v1/models `owned_by`, else vLLM's dev-mode /server_info or
+    SGLang's /model_info); raises ServerDown or TransientError when it does not answer."""
     owner = first_model(client.get_optional_json("/v1/models")).get("owned_by")
-    if owner in OWNERS:
-        return OWNERS[owner], f"/v1/models owned_by {owner!r}"
+    if owner in BACKENDS:  # each kind's model card names it in owned_by
+        return owner, f"/v1/models owned_by {owner!r}"
     server_info = client.get_optional_json("/server_info")
     if server_info is not None and "vllm_config" in server_info:
         return VLLM, "/server_info holds vllm_config"
-    if client.get_optional_json("/model_info") is not None or client.get_optional_json("/get_model_info") is not None:
+    if client.get_optional_json("/model_info", "/get_model_info") is not None:
         return SGLANG, "/model_info answers"
     return None, f"/v1/models owned_by {owner!r}, no /model_info, no vLLM /server_info"
 

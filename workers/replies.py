@@ -1,4 +1,4 @@
-"""One /generate reply item, checked before it may become a record.
+"""One /generate reply item, checked before it may become a record (docs/workers.md "Request safety").
 
 A 200 is no proof of a good answer: a proxy or a buggy server can answer with no `output_ids`,
 ids as strings or outside the vocabulary, or a prompt it cut (`--allow-auto-truncate`): training
@@ -7,10 +7,6 @@ record exists: a malformed item raises BadResponse (transient: asked again, fina
 `bad-response`); `prompt_tokens` other than the ids sent raises PromptMismatch (asking again
 gives the same: `prompt-mismatch`). A `stop` on a matched token id must end with that id
 (SGLang keeps it in `output_ids`).
-
-Old SGLang (< ~0.5.5) could start `output_ids` with up to 5 prompt-tail ids, `completion_tokens`
-staying right: repaired (dropped, counted in `repaired_prefix`) only when the extra leading ids
-equal the prompt's tail; any other surplus is a BadResponse, as dropping it could cut real output.
 """
 
 from __future__ import annotations
@@ -148,8 +144,8 @@ def parse_generate_item(
     if completion is None:
         completion = len(output_ids)
     elif len(output_ids) > completion:
-        # Old SGLang (< ~0.5.5) prefixed output_ids with prompt-tail ids: repaired only when the
-        # surplus is exactly the prompt's tail.
+        # Old SGLang (< ~0.5.5) prefixed output_ids with up to 5 prompt-tail ids: repaired only when
+        # the surplus is exactly the prompt's tail, as dropping any other could cut real output.
         repaired = len(output_ids) - completion
         if prompt_ids is None or repaired > len(prompt_ids) or output_ids[:repaired] != prompt_ids[-repaired:]:
             raise BadResponse(

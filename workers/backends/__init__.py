@@ -25,8 +25,6 @@ Backend = SGLangBackend | VllmBackend
 BACKENDS: dict[str, type[Backend]] = {SGLANG: SGLangBackend, VLLM: VllmBackend}
 # Names `--allow-server-setting` accepts: every kind's refusable settings, SGLang's first.
 REFUSABLE_SETTINGS = tuple(dict.fromkeys([*SGLangBackend.checks, *VllmBackend.checks]))
-# What each kind's model card says in /v1/models `owned_by`.
-OWNERS = {"sglang": SGLANG, "vllm": VLLM}
 
 # Names of workers/backends/base.py the worker imports from here.
 __all__ = ["AUTO", "SGLANG", "VLLM", "UntranslatableSampling"]

@@ -5,9 +5,9 @@ routing, retries, accounting and records are the same for every kind.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from eagle_synth.errors import UserError
@@ -63,23 +63,28 @@ class UntranslatableSampling(BadSamplingParams):
     sampling, it fails the campaign's prompts as `bad-sampling-params` before any is sent."""
 
 
-def provenance_of(facts: ServerFacts, details: dict, launch_args: dict, accepted: list[str] | None) -> dict:
-    """What a campaign keeps about the server that generated its records: where and what it is,
-    the kind's `details`, the refused settings accepted by override, and an allow-list of its
-    launch arguments (never a secret)."""
-    head = {"url": redact_url(facts.url), "backend": facts.backend, "version": facts.version}
+def provenance_of(kind: str, facts: ServerFacts, details: dict, launch_args: dict, accepted: list[str] | None) -> dict:
+    """What a campaign keeps about the server that generated its records: where and what `kind`
+    it is, the kind's `details`, the refused settings accepted by override, and an allow-list of
+    its launch arguments (never a secret)."""
+    head = {"url": redact_url(facts.url), "backend": kind, "version": facts.version}
     return {**head, **details, "accepted_despite": list(accepted or ()), "launch_args": launch_args}
 
 
 class BaseBackend:
-    """What the kinds share: `apply_facts` stores what batches need from the kind's `provenance`
-    (built by `provenance_of`, holding draft_reserved_tokens and deterministic_inference); `seed_always` is True when
-    every server of the kind honours a per-request seed."""
+    """What the kinds share (see workers.backends): `apply_facts` stores what batches need from
+    the kind's `provenance` (built by `provenance_of`, holding draft_reserved_tokens and
+    deterministic_inference); `seed_always`: every server of the kind honours a per-request seed."""
 
     name: ClassVar[str]
+    path: ClassVar[str]
+    checks: ClassVar[Mapping[str, Check]]
     seed_always: ClassVar[bool] = False
-
     provenance: ClassVar[Callable[..., dict]]
+
+    @classmethod
+    def from_state(cls, state: ServerState) -> Self:
+        return cls()
 
     @classmethod
     def apply_facts(cls, state: ServerState, facts: ServerFacts, *, accepted: list[str]) -> None:

@@ -3,16 +3,13 @@
 The sampling is sent as it is (SGLang's own names) once every key is known (an unknown key is an
 HTTP 500 on older servers); replies are checked by workers/replies.py `parse_generate_item`.
 Preflight refuses the settings that change a record without it saying so (docs/workers.md
-"Preflight"), and keeps an allow-list of launch arguments (`/server_info` returns them all, secrets
-included); `context_message` says what SGLang counts against the context length.
+"Preflight"); `context_message` says what SGLang counts against the context length.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
 
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
@@ -131,12 +128,10 @@ class ContextLimits:
 
     @classmethod
     def from_state(cls, state: ServerState) -> ContextLimits:
-        return cls(
-            context_length=state.context_length,
-            reserved_tokens=state.draft_reserved_tokens,
-            max_req_input_len=state.max_req_input_len,
-            max_req_len=_max_req_len(state.context_length, state.max_total_num_tokens),
-        )
+        ctx = state.context_length
+        # The scheduler's max_req_len: min(context - 1, KV cache tokens - 1).
+        max_req_len = min(ctx, state.max_total_num_tokens or ctx) - 1 if ctx else None
+        return cls(ctx, state.draft_reserved_tokens, state.max_req_input_len, max_req_len)
 
 
 def context_message(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> str | None:
@@ -174,13 +169,6 @@ def fits_context(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits)
     return context_message(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits) is None
 
 
-def _max_req_len(context_length: int | None, max_total_num_tokens: int | None) -> int | None:
-    """The scheduler's max_req_len: min(context - 1, KV cache tokens - 1)."""
-    if not context_length:
-        return None
-    return min(context_length, max_total_num_tokens or context_length) - 1
-
-
 def draft_reserved_tokens(server_info: dict) -> int:
     """Slots SGLang reserves per request for EAGLE-family drafts (compute_num_reserved_tokens)."""
     algorithm = server_info.get("speculative_algorithm")
@@ -190,23 +178,6 @@ def draft_reserved_tokens(server_info: dict) -> int:
     values = (positive_int(server_info.get(key)) or 0 for key in (*keys, "max_speculative_num_draft_tokens"))
     topk, steps, *drafts = values
     return max(topk * steps, *drafts)
-
-
-def context_limits(facts: ServerFacts) -> ContextLimits:
-    return ContextLimits(
-        context_length=facts.context_length,
-        reserved_tokens=draft_reserved_tokens(facts.server_info),
-        max_req_input_len=positive_int(facts.server_info.get("max_req_input_len")),
-        max_req_len=_max_req_len(facts.context_length, facts.max_total_num_tokens),
-    )
-
-
-def deterministic_inference(facts: ServerFacts) -> bool | None:
-    """Whether the server honours `sampling_seed` (--enable-deterministic-inference); None when
-    it predates the flag."""
-    if "enable_deterministic_inference" not in facts.server_info:
-        return None
-    return bool(facts.server_info["enable_deterministic_inference"])
 
 
 def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict:
@@ -222,7 +193,10 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
         "weight_version": facts.model_info.get("weight_version"),
         "context_length": facts.context_length,
         "draft_reserved_tokens": draft_reserved_tokens(info),
-        "deterministic_inference": deterministic_inference(facts),
+        # Whether the server honours `sampling_seed`; None when it predates the flag.
+        "deterministic_inference": (
+            bool(info["enable_deterministic_inference"]) if "enable_deterministic_inference" in info else None
+        ),
         # The server's defaults as configured; every key we send overrides them, and preflight
         # refused (or was told to accept) any other.
         "preferred_sampling_params": preferred,
@@ -230,15 +204,15 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
     }
     scalars = (str, int, float, bool, type(None))
     launch_args = {key: info[key] for key in PROVENANCE_LAUNCH_ARGS if isinstance(info.get(key, ()), scalars)}
-    return provenance_of(facts, details, launch_args, accepted)
+    return provenance_of(SGLANG, facts, details, launch_args, accepted)
 
 
 class SGLangBackend(BaseBackend):
     """Requests, replies, context rule and preflight of an SGLang server (see workers.backends.Backend)."""
 
-    name: ClassVar[str] = SGLANG
-    path: ClassVar[str] = "/generate"
-    checks: ClassVar[Mapping[str, Check]] = CHECKS
+    name = SGLANG
+    path = "/generate"
+    checks = CHECKS
     provenance = staticmethod(provenance)
 
     def translate_sampling(self, sampling: dict) -> dict:
@@ -258,10 +232,11 @@ class SGLangBackend(BaseBackend):
         limits = ContextLimits.from_state(state)
         return context_message(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits)
 
-    @staticmethod
-    def facts(client: ServerClient) -> ServerFacts:
-        return client.facts()
+    facts = staticmethod(ServerClient.facts)
 
-    @classmethod
-    def from_state(cls, state: ServerState) -> SGLangBackend:
-        return cls()
+
+def context_limits(facts: ServerFacts) -> ContextLimits:
+    """The limits preflight keeps for a server with these facts (BaseBackend.apply_facts)."""
+    state = ServerState()
+    SGLangBackend.apply_facts(state, facts, accepted=[])
+    return ContextLimits.from_state(state)

@@ -1,10 +1,8 @@
 """vLLM: `POST /v1/completions` with the prompt as token ids and `return_token_ids: true`.
 
-docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source.
-Every sampling field left out falls back to the server's generation config (then OpenAI's
-defaults, `max_tokens` 16) and unknown fields are ignored, never refused: so every value is sent,
-through a fixed table. Launch arguments are not served, so preflight checks /v1/models, /version,
-the dev-mode configuration if exposed, and a 4-token probe request.
+docs/workers.md "vLLM servers" says what is sent, checked and refused, as read in vLLM's source:
+every sampling value is sent (vLLM fills a field left out from the server's generation config and
+ignores unknown ones); launch arguments are not served, so preflight also sends a probe request.
 """
 
 from __future__ import annotations
@@ -12,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping
-from typing import ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import (
@@ -122,14 +120,7 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     if finish not in FINISH_REASONS:
         raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_REASONS)}")
     if finish == "abort":
-        return GeneratedItem(
-            output_ids=[],
-            finish_type=finish,
-            finish_matched=None,
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=0,
-            aborted=True,
-        )
+        return GeneratedItem([], finish, None, prompt_tokens=len(prompt_ids), completion_tokens=0, aborted=True)
     if choice.get("token_ids") is None:
         raise BadResponse(f"choices[0] has no token_ids (vLLM before {TOKEN_IDS_VERSION} ignores return_token_ids)")
     output_ids = checked_ids(choice["token_ids"], field="token_ids", vocab_size=vocab_size)
@@ -153,22 +144,19 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     stop_reason = choice.get("stop_reason")
     if stop_reason is not None and not is_token_int(stop_reason) and not isinstance(stop_reason, str):
         raise BadResponse(f"stop_reason is neither a token id nor a stop string: {excerpt(stop_reason)}")
+    matched = stop_reason if stop_reason is not None else (output_ids[-1] if output_ids else None)
     if finish == "length" and len(output_ids) < max_tokens:
         raise SamplingOverridden(
             f"the server ended a generation on length after {len(output_ids)} tokens although max_tokens "
             f"{max_tokens} was sent: it caps max_tokens (--override-generation-config max_new_tokens, or a "
             "--generation-config folder setting max_new_tokens); relaunch vLLM without that cap"
         )
-    if finish == "length":
-        matched = None
-    else:
-        matched = stop_reason if stop_reason is not None else (output_ids[-1] if output_ids else None)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return GeneratedItem(
         output_ids=output_ids,
         finish_type=finish,
-        finish_matched=matched,
+        finish_matched=None if finish == "length" else matched,
         prompt_tokens=len(prompt_ids),
         completion_tokens=len(output_ids),
         cached_tokens=cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0,
@@ -196,38 +184,34 @@ def _config(config: dict, entry: str) -> object:
     return part.get(key) if isinstance(part, dict) else None
 
 
-def _probe(client: ServerClient, *, model: str | None) -> dict:
-    """Send the probe request; {"status", "reply" or "message"}. Transport failures, 429 and 5xx
-    raise (the gate looks again later)."""
-    sampling = {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
-    path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
-    status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
-    if status == 200:
-        try:
-            return {"status": status, "reply": json.loads(raw)}
-        except ValueError:
-            return {"status": status, "message": f"not JSON: {raw[:200]!r}"}
-    if status >= 500 or status == 429:
-        raise TransientError(
-            f"{client.url}: the preflight probe: {error_for_status(status, raw, path=path)}", status=status
-        )
-    return {"status": status, "message": error_message(raw, status)}
-
-
 def _version_tuple(version: str | None) -> tuple[int, ...] | None:
     """(0, 10, 2) from "0.10.2" or "0.10.2rc1+cu128"; None if it does not start with a number."""
     match = re.match(r"\d+(?:\.\d+)*", version or "")
     return tuple(int(part) for part in match.group().split(".")) if match else None
 
 
-def _require_faithful_probe(facts: ServerFacts) -> None:
-    """Refuse a server whose probe shows it cannot give records (no setting to accept: every
-    prompt would fail). A malformed reply proves nothing: accepted with a warning."""
-    probe = facts.probe or {}
-    where = f"refusing server {redact_url(facts.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
-    if probe.get("status") != 200 or "reply" not in probe:
+def _probe(client: ServerClient, *, model: str | None, version: str | None) -> dict:
+    """Send the probe request: {"status": 200, "reply": its JSON}. Refuses a server whose answer
+    shows it cannot give records (no setting to accept: every prompt would fail); a malformed
+    reply proves nothing: accepted with a warning. Transport failures, 429 and 5xx raise (the
+    gate looks again later)."""
+    sampling = {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
+    path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
+    status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
+    if status >= 500 or status == 429:
+        raise TransientError(
+            f"{client.url}: the preflight probe: {error_for_status(status, raw, path=path)}", status=status
+        )
+    where = f"refusing server {redact_url(client.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
+    message = None if status == 200 else error_message(raw, status)
+    if message is None:
+        try:
+            probe = {"status": status, "reply": json.loads(raw)}
+        except ValueError:
+            message = f"not JSON: {raw[:200]!r}"
+    if message is not None:
         raise PreflightError(
-            f"{where} was answered {probe.get('status')}: {probe.get('message')}. Is it a vLLM "
+            f"{where} was answered {status}: {message}. Is it a vLLM "
             "server serving a generation model? (--backend forces the kind)"
         )
     try:
@@ -239,22 +223,23 @@ def _require_faithful_probe(facts: ServerFacts) -> None:
     except SamplingOverridden as exc:
         raise PreflightError(f"{where} asked for exactly {PROBE_TOKENS} tokens: {exc}") from None
     except BadResponse as exc:
-        version = _version_tuple(facts.version)
-        if "token_ids" in str(exc) and version is not None and version < TOKEN_IDS_VERSION_TUPLE:
+        number = _version_tuple(version)
+        if "token_ids" in str(exc) and number is not None and number < TOKEN_IDS_VERSION_TUPLE:
             raise PreflightError(
-                f"{where} came back without token ids: vLLM {facts.version} is older than "
+                f"{where} came back without token ids: vLLM {version} is older than "
                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM"
             ) from None
         accepting = "accepting the server, each reply is checked before it becomes a record"
         log.warning(
-            "server %s: the preflight probe's reply is malformed (%s); %s", redact_url(facts.url), exc, accepting
+            "server %s: the preflight probe's reply is malformed (%s); %s", redact_url(client.url), exc, accepting
         )
-        return
+        return probe
     if not item.aborted and (item.finish_type != "length" or len(item.output_ids) != PROBE_TOKENS):
         raise PreflightError(
             f"{where} asked for exactly {PROBE_TOKENS} tokens (max_tokens with ignore_eos) and got "
             f"{len(item.output_ids)} ending on {item.finish_type!r}: the server does not sample as asked"
         )
+    return probe
 
 
 def _skip_tokenizer_init(facts: ServerFacts) -> Problem | None:
@@ -345,22 +330,21 @@ def provenance(facts: ServerFacts, *, accepted: list[str] | None = None) -> dict
         for entry in PROVENANCE_CONFIG
         if (value := _config(facts.server_info, entry)) is not None
     }
-    return provenance_of(facts, details, launch_args, accepted)
+    return provenance_of(VLLM, facts, details, launch_args, accepted)
 
 
+@dataclass(frozen=True, kw_only=True)
 class VllmBackend(BaseBackend):
     """Requests, replies, context rule and preflight of a vLLM server (see workers.backends.Backend);
     `model` is the served model name sent as `model` (from /v1/models), None leaves it out."""
 
-    name: ClassVar[str] = VLLM
-    path: ClassVar[str] = "/v1/completions"
-    checks: ClassVar[Mapping[str, Check]] = CHECKS
+    model: str | None = None
+    name = VLLM
+    path = "/v1/completions"
+    checks = CHECKS
     # vLLM honours a per-request seed on any server; there is no switch to report.
-    seed_always: ClassVar[bool] = True
+    seed_always = True
     provenance = staticmethod(provenance)
-
-    def __init__(self, *, model: str | None = None) -> None:
-        self.model = model
 
     def translate_sampling(self, sampling: dict) -> dict:
         unknown = sorted(set(sampling) - KNOWN_KEYS)
@@ -408,18 +392,16 @@ class VllmBackend(BaseBackend):
         version = (client.get_optional_json("/version") or {}).get("version")
         config = (client.get_optional_json(DEV_CONFIG_PATH) or {}).get("vllm_config")
         config = config if isinstance(config, dict) else {}
-        facts = ServerFacts(
+        version = version if isinstance(version, str) else None
+        return ServerFacts(
             url=client.url,
             server_info=config,
             model_info=card,
             context_length=positive_int(card.get("max_model_len")),
-            version=version if isinstance(version, str) else None,
+            version=version,
             max_running_requests=positive_int(_config(config, "scheduler_config.max_num_seqs")),
-            backend=VLLM,
-            probe=_probe(client, model=card.get("id") if isinstance(card.get("id"), str) else None),
+            probe=_probe(client, model=card.get("id") if isinstance(card.get("id"), str) else None, version=version),
         )
-        _require_faithful_probe(facts)
-        return facts
 
     @classmethod
     def from_state(cls, state: ServerState) -> VllmBackend:
