@@ -87,11 +87,6 @@ def parse_tool_calls(text: str, *, family: str, tools: list[dict] | None = None)
 
 def _strip_end_markers(text: str, markers: tuple[str, ...]) -> str:
     stripped = text.rstrip()
-    changed = True
-    while changed:
-        changed = False
-        for marker in markers:
-            if marker and stripped.endswith(marker):
-                stripped = stripped[: -len(marker)].rstrip()
-                changed = True
+    while marker := next((m for m in markers if m and stripped.endswith(m)), None):
+        stripped = stripped[: -len(marker)].rstrip()
     return stripped
