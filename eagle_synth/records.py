@@ -75,14 +75,19 @@ class RecordFilesVanished(UserError, FileNotFoundError):
     """Record files listed a moment ago are gone and no shard holds them."""
 
 
-def _narrow(u32s: list[bytes]) -> tuple[list[bytes], bool]:
-    """Little-endian uint32 id bytes as ID_CODEC, or kept (True) when an id needs 32 bits (a high byte is not 0)."""
-    if any(u32[3::4].strip(b"\0") for u32 in u32s):
-        return u32s, True
-    out = [bytearray(u32) for u32 in u32s]
-    for u24 in out:
-        del u24[3::4]
-    return [bytes(u24) for u24 in out], False
+def _with_ids(data: dict, prompt_u32: bytes, output_u32: bytes) -> dict:
+    """`data` with little-endian uint32 id bytes added as ID_CODEC, or kept (and WIDE_ID_CODEC
+    named) when an id needs 32 bits (a high byte is not 0)."""
+    ids = [prompt_u32, output_u32]
+    if any(u32[3::4].strip(b"\0") for u32 in ids):
+        data["id_codec"] = WIDE_ID_CODEC
+    else:
+        u24s = [bytearray(u32) for u32 in ids]
+        for u24 in u24s:
+            del u24[3::4]
+        ids = [bytes(u24) for u24 in u24s]
+    data["prompt_ids"], data["output_ids"] = ids
+    return data
 
 
 def ids_as_u32le(data: bytes, codec: str) -> bytes:
@@ -157,11 +162,7 @@ class Record:
             for name in _FIELD_NAMES
             if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None
         }
-        ids, wide = _narrow([pack_ids(self.prompt_ids), pack_ids(self.output_ids)])
-        if wide:
-            data["id_codec"] = WIDE_ID_CODEC
-        data["prompt_ids"], data["output_ids"] = ids
-        return data
+        return _with_ids(data, pack_ids(self.prompt_ids), pack_ids(self.output_ids))
 
     @classmethod
     def from_wire(cls, data: dict, *, codec: str = "u32le") -> Record:
@@ -209,11 +210,7 @@ class RawRecord:
 
     def to_wire(self) -> dict:
         """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
-        data = dict(self.meta)
-        ids, wide = _narrow([self.prompt_u32, self.output_u32])
-        if wide:
-            data["id_codec"] = WIDE_ID_CODEC
-        data["prompt_ids"], data["output_ids"] = ids
+        data = _with_ids(dict(self.meta), self.prompt_u32, self.output_u32)
         if self.src is not None:
             data["src"] = self.src
         return data
@@ -343,12 +340,9 @@ def remove_stale_temporaries(
 ) -> int:
     """Delete temporary files (`prefix`*) killed writers left in a campaign's records folder,
     if at least `older_than` seconds old (0: all, for a caller that holds the folder's lock)."""
-    folder = records_dir(campaign_path)
-    if not folder.is_dir():
-        return 0
     removed = 0
     cutoff = time.time() - older_than
-    for path in folder.glob(f"{prefix}*"):
+    for path in records_dir(campaign_path).glob(f"{prefix}*"):
         with suppress(FileNotFoundError):
             if older_than <= 0 or path.stat().st_mtime < cutoff:
                 path.unlink()
@@ -515,8 +509,6 @@ def batch_files(campaign_path: str | os.PathLike, batch: str) -> list[Path]:
     """Batch files already written for a batch (by this host's earlier attempts); never a shard,
     whose records were committed and marked done before compaction moved them."""
     folder = records_dir(campaign_path)
-    if not folder.is_dir():
-        return []
     return sorted(p for p in folder.glob(f"{batch}-*{RECORD_SUFFIX}") if not is_shard(p) and batch_of_file(p) == batch)
 
 
