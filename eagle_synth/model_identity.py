@@ -48,12 +48,9 @@ def output_id_bound(*, tokenizer_size: int, model_vocab: int | None) -> int:
 
 def tokenizer_canary(tokenizer) -> dict:
     """{"text", "ids"}: the canary text around special tokens, ids as a server's /tokenize gives."""
-    specials = []
-    for token in [getattr(tokenizer, "eos_token", None), "<think>", "</think>", *tokenizer.all_special_tokens]:
-        if isinstance(token, str) and token and token not in specials and token in tokenizer.get_vocab():
-            specials.append(token)
-        if len(specials) >= CANARY_SPECIALS:
-            break
+    vocab = tokenizer.get_vocab()
+    candidates = [getattr(tokenizer, "eos_token", None), "<think>", "</think>", *tokenizer.all_special_tokens]
+    specials = list(dict.fromkeys(t for t in candidates if isinstance(t, str) and t and t in vocab))[:CANARY_SPECIALS]
     text = f"{specials[0] if specials else ''}{CANARY_TEXT}{''.join(specials[1:])}"
     ids = tokenizer.encode(text, add_special_tokens=False)
     return {"text": text, "ids": [int(i) for i in ids]}

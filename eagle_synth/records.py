@@ -606,17 +606,13 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Call
 
 
 def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[Record]:
-    """Stream every record of a campaign folder, file by file, without loading it whole.
+    """Stream every record of a campaign folder, file by file, without loading it whole
+    (docs/records.md, "Reading records from training code"); iter_raw_records gives RawRecord.
 
     With `dedupe` (the default) a repeated key is skipped, whatever files hold it, so a training
     job sees one record per prompt sample even where a crash (or a stopped `compact`) left two;
     keys are remembered as 64-bit digests (eagle_synth/key_set.py, 256 MB for 10M records). Safe
     while workers write and `compact` runs (a file compacted away mid-read is read from its shard).
-    iter_raw_records gives RawRecord, the fast path for columnar code:
-
-        from eagle_synth.records import iter_records
-        for record in iter_records("out/my-campaign"):
-            train_on(record.input_ids, record.loss_mask)
     """
     return _iter_campaign(campaign_path, dedupe=dedupe, make=_record_from_wire)
 

@@ -47,16 +47,13 @@ class Cursor:
         return self.pos >= len(self.text)
 
     def peek(self, literal: str) -> bool:
-        """True if the text continues with `literal` after any whitespace (nothing consumed)."""
-        start = self.pos
+        """True if the text continues with `literal` after any whitespace (only the whitespace is
+        consumed: every parser expects or ends after a peek, and both skip it anyway)."""
         self.skip_space()
-        found = self.text.startswith(literal, self.pos)
-        self.pos = start
-        return found
+        return self.text.startswith(literal, self.pos)
 
-    def expect(self, literal: str, *, after_space: bool = True) -> None:
-        if after_space:
-            self.skip_space()
+    def expect(self, literal: str) -> None:
+        self.skip_space()
         if not self.text.startswith(literal, self.pos):
             raise Malformed(
                 f"expected {literal!r} at character {self.pos}, found {self.text[self.pos : self.pos + 30]!r}"

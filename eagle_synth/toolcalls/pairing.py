@@ -10,8 +10,8 @@ dataset did; when it departs, the conversation stops there with a Mismatch inste
 from __future__ import annotations
 
 import copy
-from itertools import takewhile
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 from eagle_synth.toolcalls.answer import ParsedAnswer
 
