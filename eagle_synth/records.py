@@ -92,8 +92,7 @@ def _with_ids(data: dict, prompt_u32: bytes, output_u32: bytes) -> dict:
 
 def ids_as_u32le(data: bytes, codec: str) -> bytes:
     """Encoded ids as little-endian uint32 bytes: what numpy/pyarrow can view without a copy per id."""
-    width = ID_CODEC_WIDTH.get(codec)
-    if width is None:
+    if (width := ID_CODEC_WIDTH.get(codec)) is None:
         raise ValueError(f"unknown id codec {codec!r}")
     if len(data) % width:
         raise ValueError(f"{codec} id bytes of length {len(data)} are not a multiple of {width}")
@@ -590,8 +589,7 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Call
         if not is_shard(path) or path in scan.shard_sources:
             continue
         names = read_file_header(path).get("sources", [])
-        indices = frozenset(i for i, name in enumerate(names) if name in missing)
-        if indices:
+        if indices := frozenset(i for i, name in enumerate(names) if name in missing):
             missing -= {names[i] for i in indices}
 
             def moved(data: dict, header: dict, sources: frozenset[int] = indices) -> bool:

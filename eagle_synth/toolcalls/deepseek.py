@@ -41,8 +41,7 @@ def _parse(cursor: Cursor, schemas: dict[str, dict], calls: list[dict], *, fence
         if fenced:
             if head.strip() != "function":
                 raise Malformed(f"expected the call type 'function' before the separator, got {head[:40]!r}")
-            match = V3_BODY.fullmatch(body)
-            if match is None:
+            if (match := V3_BODY.fullmatch(body)) is None:
                 raise Malformed(f"expected NAME, then a ```json block, got {body[:60]!r}")
             calls.append({"name": call_name(match["name"]), "arguments": json_arguments(match["arguments"])})
         else:
