@@ -431,10 +431,9 @@ def _iter_objects(path: Path) -> Iterator[Any]:
             if not chunk:
                 break
             data = decompressor.decompress(chunk)
-            if data:
-                unpacker.feed(data)
-                fed += len(data)
-                yield from unpacker
+            unpacker.feed(data)
+            fed += len(data)
+            yield from unpacker
             if decompressor.eof:
                 if decompressor.unused_data or handle.read(1):
                     raise RecordFormatError(f"{path}: damaged record file (bytes after the end of its zstd frame)")
