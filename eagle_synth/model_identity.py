@@ -23,9 +23,8 @@ CANARY_SPECIALS = 4
 
 def model_vocab_size(folder: str | os.PathLike) -> int | None:
     """The checkpoint's vocab_size (or its text_config's) from config.json in `folder`, or None."""
-    path = Path(folder) / MODEL_CONFIG_NAME
     try:
-        config = json.loads(path.read_text())
+        config = json.loads((Path(folder) / MODEL_CONFIG_NAME).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict):
@@ -52,5 +51,4 @@ def tokenizer_canary(tokenizer) -> dict:
     candidates = [getattr(tokenizer, "eos_token", None), "<think>", "</think>", *tokenizer.all_special_tokens]
     specials = list(dict.fromkeys(t for t in candidates if isinstance(t, str) and t and t in vocab))[:CANARY_SPECIALS]
     text = f"{specials[0] if specials else ''}{CANARY_TEXT}{''.join(specials[1:])}"
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return {"text": text, "ids": [int(i) for i in ids]}
+    return {"text": text, "ids": [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]}

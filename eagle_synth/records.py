@@ -325,8 +325,7 @@ def encode_record_file(records: Iterable[Record], *, campaign: str, batch: str) 
     parts = [packer.pack(_header(campaign=campaign, kind="batch", batch=batch))]
     # `batch` is a Record field, so the map keeps its key order.
     parts += [packer.pack({**record.to_wire(), "batch": batch}) for record in records]
-    compressor = zstandard.ZstdCompressor(level=RECORD_ZSTD_LEVEL, write_checksum=True)
-    return compressor.compress(b"".join(parts))
+    return zstandard.ZstdCompressor(level=RECORD_ZSTD_LEVEL, write_checksum=True).compress(b"".join(parts))
 
 
 # Seconds after which a temporary record file is an orphan of a killed writer, not a write in

@@ -140,8 +140,7 @@ class SamplingParams:
             material = b"unseeded|" + prompt_key.encode()
         else:
             material = prompt_key_material + f"|{self.seed}|{sample}".encode()
-        digest = hashlib.blake2b(material, digest_size=8).digest()
-        return int.from_bytes(digest, "little") % MAX_SEED
+        return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "little") % MAX_SEED
 
 
 # Every key a /generate request of ours carries: for_server()'s keys plus the per-sample

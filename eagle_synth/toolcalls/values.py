@@ -75,8 +75,7 @@ def _as(kind: str, text: str) -> object:
         lowered = text.lower()
         return True if lowered in TRUE_WORDS else False if lowered in FALSE_WORDS else _NO
     value = _json_or_text(text)
-    wanted = dict if kind == "object" else list
-    return value if isinstance(value, wanted) else _NO
+    return value if isinstance(value, dict if kind == "object" else list) else _NO
 
 
 def _json_or_text(raw: str) -> object:
