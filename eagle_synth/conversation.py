@@ -98,8 +98,7 @@ def conversation_key(
     fields: dict = {"turns": [list(t) for t in turns], "tools": tools or None, "sample": sample}
     if steps is not None:
         fields["steps"] = steps
-    material = json.dumps(fields, sort_keys=True, ensure_ascii=False)
-    return _digest(material.encode())
+    return _digest(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode())
 
 
 def turn_key(conversation: str, turn: int) -> str:
@@ -218,10 +217,7 @@ def next_turn(
         if tool_format is None or not state.steps:
             raise ValueError("this conversation has tools but no tool steps, or the campaign no tool-call format")
         parsed, reasoning = parse_answer(tokenizer, output_ids, **stops, tool_format=tool_format, tools=state.tools)
-        step = state.steps[0]
-        replay = pair_tool_results(
-            parsed, ToolStep(calls=step["calls"], results=step["results"]), reasoning=reasoning or ""
-        )
+        replay = pair_tool_results(parsed, ToolStep(**state.steps[0]), reasoning=reasoning or "")
         if isinstance(replay, Mismatch):
             return NextTurn(end=replay.reason, message=replay.detail)
         if reasoning is None:

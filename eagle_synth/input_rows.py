@@ -36,11 +36,8 @@ class SourceRows:
     @classmethod
     def from_json(cls, raw: str | bytes) -> SourceRows:
         data = json.loads(raw)
-        return cls(
-            read=int(data.get("read", 0)),
-            skipped=int(data.get("skipped", 0)),
-            skipped_by_reason=Counter({str(k): int(v) for k, v in (data.get("skipped_by_reason") or {}).items()}),
-        )
+        by_reason = Counter({str(k): int(v) for k, v in (data.get("skipped_by_reason") or {}).items()})
+        return cls(read=int(data.get("read", 0)), skipped=int(data.get("skipped", 0)), skipped_by_reason=by_reason)
 
 
 def store_latest(client: redis.Redis, keys: CampaignKeys, by_source: dict[str, SourceRows]) -> None:

@@ -23,9 +23,8 @@ CANARY_SPECIALS = 4
 
 def model_vocab_size(folder: str | os.PathLike) -> int | None:
     """The checkpoint's vocab_size (or its text_config's) from config.json in `folder`, or None."""
-    path = Path(folder) / MODEL_CONFIG_NAME
     try:
-        config = json.loads(path.read_text())
+        config = json.loads((Path(folder) / MODEL_CONFIG_NAME).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict):
@@ -48,12 +47,8 @@ def output_id_bound(*, tokenizer_size: int, model_vocab: int | None) -> int:
 
 def tokenizer_canary(tokenizer) -> dict:
     """{"text", "ids"}: the canary text around special tokens, ids as a server's /tokenize gives."""
-    specials = []
-    for token in [getattr(tokenizer, "eos_token", None), "<think>", "</think>", *tokenizer.all_special_tokens]:
-        if isinstance(token, str) and token and token not in specials and token in tokenizer.get_vocab():
-            specials.append(token)
-        if len(specials) >= CANARY_SPECIALS:
-            break
+    vocab = tokenizer.get_vocab()
+    candidates = [getattr(tokenizer, "eos_token", None), "<think>", "</think>", *tokenizer.all_special_tokens]
+    specials = list(dict.fromkeys(t for t in candidates if isinstance(t, str) and t and t in vocab))[:CANARY_SPECIALS]
     text = f"{specials[0] if specials else ''}{CANARY_TEXT}{''.join(specials[1:])}"
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return {"text": text, "ids": [int(i) for i in ids]}
+    return {"text": text, "ids": [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]}

@@ -75,20 +75,24 @@ class RecordFilesVanished(UserError, FileNotFoundError):
     """Record files listed a moment ago are gone and no shard holds them."""
 
 
-def _narrow(u32s: list[bytes]) -> tuple[list[bytes], bool]:
-    """Little-endian uint32 id bytes as ID_CODEC, or kept (True) when an id needs 32 bits (a high byte is not 0)."""
-    if any(u32[3::4].strip(b"\0") for u32 in u32s):
-        return u32s, True
-    out = [bytearray(u32) for u32 in u32s]
-    for u24 in out:
-        del u24[3::4]
-    return [bytes(u24) for u24 in out], False
+def _with_ids(data: dict, prompt_u32: bytes, output_u32: bytes) -> dict:
+    """`data` with little-endian uint32 id bytes added as ID_CODEC, or kept (and WIDE_ID_CODEC
+    named) when an id needs 32 bits (a high byte is not 0)."""
+    ids = [prompt_u32, output_u32]
+    if any(u32[3::4].strip(b"\0") for u32 in ids):
+        data["id_codec"] = WIDE_ID_CODEC
+    else:
+        u24s = [bytearray(u32) for u32 in ids]
+        for u24 in u24s:
+            del u24[3::4]
+        ids = [bytes(u24) for u24 in u24s]
+    data["prompt_ids"], data["output_ids"] = ids
+    return data
 
 
 def ids_as_u32le(data: bytes, codec: str) -> bytes:
     """Encoded ids as little-endian uint32 bytes: what numpy/pyarrow can view without a copy per id."""
-    width = ID_CODEC_WIDTH.get(codec)
-    if width is None:
+    if (width := ID_CODEC_WIDTH.get(codec)) is None:
         raise ValueError(f"unknown id codec {codec!r}")
     if len(data) % width:
         raise ValueError(f"{codec} id bytes of length {len(data)} are not a multiple of {width}")
@@ -157,11 +161,7 @@ class Record:
             for name in _FIELD_NAMES
             if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None
         }
-        ids, wide = _narrow([pack_ids(self.prompt_ids), pack_ids(self.output_ids)])
-        if wide:
-            data["id_codec"] = WIDE_ID_CODEC
-        data["prompt_ids"], data["output_ids"] = ids
-        return data
+        return _with_ids(data, pack_ids(self.prompt_ids), pack_ids(self.output_ids))
 
     @classmethod
     def from_wire(cls, data: dict, *, codec: str = "u32le") -> Record:
@@ -209,11 +209,7 @@ class RawRecord:
 
     def to_wire(self) -> dict:
         """The stored map (ids in ID_CODEC when they fit), with `src` kept for shards."""
-        data = dict(self.meta)
-        ids, wide = _narrow([self.prompt_u32, self.output_u32])
-        if wide:
-            data["id_codec"] = WIDE_ID_CODEC
-        data["prompt_ids"], data["output_ids"] = ids
+        data = _with_ids(dict(self.meta), self.prompt_u32, self.output_u32)
         if self.src is not None:
             data["src"] = self.src
         return data
@@ -329,8 +325,7 @@ def encode_record_file(records: Iterable[Record], *, campaign: str, batch: str) 
     parts = [packer.pack(_header(campaign=campaign, kind="batch", batch=batch))]
     # `batch` is a Record field, so the map keeps its key order.
     parts += [packer.pack({**record.to_wire(), "batch": batch}) for record in records]
-    compressor = zstandard.ZstdCompressor(level=RECORD_ZSTD_LEVEL, write_checksum=True)
-    return compressor.compress(b"".join(parts))
+    return zstandard.ZstdCompressor(level=RECORD_ZSTD_LEVEL, write_checksum=True).compress(b"".join(parts))
 
 
 # Seconds after which a temporary record file is an orphan of a killed writer, not a write in
@@ -343,12 +338,9 @@ def remove_stale_temporaries(
 ) -> int:
     """Delete temporary files (`prefix`*) killed writers left in a campaign's records folder,
     if at least `older_than` seconds old (0: all, for a caller that holds the folder's lock)."""
-    folder = records_dir(campaign_path)
-    if not folder.is_dir():
-        return 0
     removed = 0
     cutoff = time.time() - older_than
-    for path in folder.glob(f"{prefix}*"):
+    for path in records_dir(campaign_path).glob(f"{prefix}*"):
         with suppress(FileNotFoundError):
             if older_than <= 0 or path.stat().st_mtime < cutoff:
                 path.unlink()
@@ -438,10 +430,9 @@ def _iter_objects(path: Path) -> Iterator[Any]:
             if not chunk:
                 break
             data = decompressor.decompress(chunk)
-            if data:
-                unpacker.feed(data)
-                fed += len(data)
-                yield from unpacker
+            unpacker.feed(data)
+            fed += len(data)
+            yield from unpacker
             if decompressor.eof:
                 if decompressor.unused_data or handle.read(1):
                     raise RecordFormatError(f"{path}: damaged record file (bytes after the end of its zstd frame)")
@@ -515,8 +506,6 @@ def batch_files(campaign_path: str | os.PathLike, batch: str) -> list[Path]:
     """Batch files already written for a batch (by this host's earlier attempts); never a shard,
     whose records were committed and marked done before compaction moved them."""
     folder = records_dir(campaign_path)
-    if not folder.is_dir():
-        return []
     return sorted(p for p in folder.glob(f"{batch}-*{RECORD_SUFFIX}") if not is_shard(p) and batch_of_file(p) == batch)
 
 
@@ -598,8 +587,7 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Call
         if not is_shard(path) or path in scan.shard_sources:
             continue
         names = read_file_header(path).get("sources", [])
-        indices = frozenset(i for i, name in enumerate(names) if name in missing)
-        if indices:
+        if indices := frozenset(i for i, name in enumerate(names) if name in missing):
             missing -= {names[i] for i in indices}
 
             def moved(data: dict, header: dict, sources: frozenset[int] = indices) -> bool:
@@ -614,17 +602,13 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Call
 
 
 def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[Record]:
-    """Stream every record of a campaign folder, file by file, without loading it whole.
+    """Stream every record of a campaign folder, file by file, without loading it whole
+    (docs/records.md, "Reading records from training code"); iter_raw_records gives RawRecord.
 
     With `dedupe` (the default) a repeated key is skipped, whatever files hold it, so a training
     job sees one record per prompt sample even where a crash (or a stopped `compact`) left two;
     keys are remembered as 64-bit digests (eagle_synth/key_set.py, 256 MB for 10M records). Safe
     while workers write and `compact` runs (a file compacted away mid-read is read from its shard).
-    iter_raw_records gives RawRecord, the fast path for columnar code:
-
-        from eagle_synth.records import iter_records
-        for record in iter_records("out/my-campaign"):
-            train_on(record.input_ids, record.loss_mask)
     """
     return _iter_campaign(campaign_path, dedupe=dedupe, make=_record_from_wire)
 

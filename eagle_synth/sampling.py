@@ -115,8 +115,9 @@ class SamplingParams:
     def for_server(self) -> dict:
         """The `sampling_params` the worker sends and records carry, every value explicit, without
         the per-sample seed (n is 1: each sample is its own prompt, key, record and retry). Prompt
-        keys come from to_dict(), which this does not change."""
-        params: dict = {
+        keys come from to_dict(), which this does not change. Every key is an SGLang one
+        (tests/test_sampling_seeds.py checks; the SGLang backend refuses any other)."""
+        return {
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -130,9 +131,6 @@ class SamplingParams:
             "stop": [],
             **NEUTRAL_SERVER_PARAMS,
         }
-        unknown = set(params) - SGLANG_SAMPLING_KEYS
-        assert not unknown, f"not SGLang sampling keys: {unknown}"
-        return params
 
     def sample_seed(self, *, prompt_key_material: bytes, sample: int, prompt_key: str) -> int:
         """One sample's `sampling_seed`, never None and stable across reruns: a hash of --seed, the
@@ -142,8 +140,7 @@ class SamplingParams:
             material = b"unseeded|" + prompt_key.encode()
         else:
             material = prompt_key_material + f"|{self.seed}|{sample}".encode()
-        digest = hashlib.blake2b(material, digest_size=8).digest()
-        return int.from_bytes(digest, "little") % MAX_SEED
+        return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "little") % MAX_SEED
 
 
 # Every key a /generate request of ours carries: for_server()'s keys plus the per-sample

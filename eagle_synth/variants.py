@@ -1,14 +1,7 @@
 """Sampling and template variants (`enqueue --variants FILE.json`), for diverse training data.
 
-A variants file is a JSON list; each entry has a `weight` (> 0), optional `sampling`
-overrides (SamplingParams fields: max_new_tokens, temperature, top_p, top_k, min_p,
-repetition_penalty, stop_token_ids) and optional `chat_template_kwargs` overrides, and an
-optional `name` (default `v<index>`):
-
-    [{"name": "think-0.6", "weight": 0.4, "sampling": {"temperature": 0.6}},
-     {"name": "think-1.0", "weight": 0.3, "sampling": {"temperature": 1.0}},
-     {"name": "no-think", "weight": 0.3, "chat_template_kwargs": {"enable_thinking": false}}]
-
+A variants file is a JSON list of entries {"name"?, "weight" > 0, "sampling"?: SamplingParams
+overrides, "chat_template_kwargs"?: overrides}; docs/producer.md ("Variants") has an example.
 Each conversation (a row, and with `--history own` each of its samples) gets one variant,
 picked by a stable hash of what defines it, so a rerun picks the same one. Every record
 carries the variant's name; the campaign's settings keep the whole list.
@@ -80,8 +73,7 @@ def load_variants(path: str | Path, *, base: SamplingParams) -> list[Variant]:
         where = f"--variants {path}: entry {index}"
         if not isinstance(entry, dict):
             raise VariantsError(f"{where}: expected an object with weight, sampling, chat_template_kwargs")
-        unknown = sorted(set(entry) - VARIANT_KEYS)
-        if unknown:
+        if unknown := sorted(set(entry) - VARIANT_KEYS):
             raise VariantsError(f"{where}: unknown field(s) {unknown}; known: {sorted(VARIANT_KEYS)}")
         weight = entry.get("weight")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
@@ -93,8 +85,7 @@ def load_variants(path: str | Path, *, base: SamplingParams) -> list[Variant]:
         for field, value in (("sampling", sampling), ("chat_template_kwargs", kwargs)):
             if not isinstance(value, dict):
                 raise VariantsError(f"{where}.{field}: expected an object, got {type(value).__name__}")
-        bad = sorted(set(sampling) - set(OVERRIDABLE_SAMPLING))
-        if bad:
+        if bad := sorted(set(sampling) - set(OVERRIDABLE_SAMPLING)):
             raise VariantsError(
                 f"{where}.sampling: cannot override {bad}; a variant may set {list(OVERRIDABLE_SAMPLING)}"
             )

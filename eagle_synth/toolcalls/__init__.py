@@ -49,8 +49,7 @@ def resolve_tool_format(chat_template: str | dict | None, *, override: str | Non
         if override not in FORMATS:
             raise ToolFormatError(f"--tool-format {override!r} is not a known format; choose one of: {known}")
         return override
-    family = detect_tool_format(chat_template)
-    if family is None:
+    if (family := detect_tool_format(chat_template)) is None:
         raise ToolFormatError(
             f"the chat template's tool-call format is not one eagle-synth can parse; pass --tool-format with one of: {known}"
         )
@@ -65,8 +64,7 @@ def parse_tool_calls(text: str, *, family: str, tools: list[dict] | None = None)
     a malformed or truncated call gives `unparsed=True` and the reason in `problem`. Raises
     ValueError for an unknown family (a programming or flag error).
     """
-    form = FORMATS.get(family)
-    if form is None:
+    if (form := FORMATS.get(family)) is None:
         raise ValueError(f"unknown tool-call format {family!r}; known: {', '.join(TOOL_FORMATS)}")
     body = _strip_end_markers(text, form.end_markers)
     start = body.find(form.start)
@@ -87,11 +85,6 @@ def parse_tool_calls(text: str, *, family: str, tools: list[dict] | None = None)
 
 def _strip_end_markers(text: str, markers: tuple[str, ...]) -> str:
     stripped = text.rstrip()
-    changed = True
-    while changed:
-        changed = False
-        for marker in markers:
-            if marker and stripped.endswith(marker):
-                stripped = stripped[: -len(marker)].rstrip()
-                changed = True
+    while marker := next((m for m in markers if m and stripped.endswith(m)), None):
+        stripped = stripped[: -len(marker)].rstrip()
     return stripped

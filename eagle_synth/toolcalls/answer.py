@@ -47,16 +47,13 @@ class Cursor:
         return self.pos >= len(self.text)
 
     def peek(self, literal: str) -> bool:
-        """True if the text continues with `literal` after any whitespace (nothing consumed)."""
-        start = self.pos
+        """True if the text continues with `literal` after any whitespace (only the whitespace is
+        consumed: every parser expects or ends after a peek, and both skip it anyway)."""
         self.skip_space()
-        found = self.text.startswith(literal, self.pos)
-        self.pos = start
-        return found
+        return self.text.startswith(literal, self.pos)
 
-    def expect(self, literal: str, *, after_space: bool = True) -> None:
-        if after_space:
-            self.skip_space()
+    def expect(self, literal: str) -> None:
+        self.skip_space()
         if not self.text.startswith(literal, self.pos):
             raise Malformed(
                 f"expected {literal!r} at character {self.pos}, found {self.text[self.pos : self.pos + 30]!r}"
@@ -117,22 +114,19 @@ def call_name(text: str) -> str:
     return name
 
 
-# parse_section(cursor at the start marker, {function: {parameter: schema}}, calls to append to)
-SectionParser = Callable[[Cursor, dict[str, dict], list[dict]], None]
-
-
 @dataclass(frozen=True, slots=True)
 class ToolFormat:
     """How one model family (`name`, a TOOL_FORMATS entry) writes tool calls in its answer.
 
     Parameters:
         start: the text that opens the tool calls; the answer's content is what precedes it.
-        parse_section: reads every call from `start` on, appending each to the list as soon as it
-            parses (so a fault keeps the calls before it), and raises Malformed on a fault.
+        parse_section: (cursor at `start`, {function: {parameter: schema}}, calls) reads every
+            call, appending each to `calls` as soon as it parses (so a fault keeps the calls
+            before it), and raises Malformed on a fault.
         end_markers: end-of-turn text a decoded answer may still end with (the stop token).
     """
 
     name: str
     start: str
-    parse_section: SectionParser
+    parse_section: Callable[[Cursor, dict[str, dict], list[dict]], None]
     end_markers: tuple[str, ...] = ()

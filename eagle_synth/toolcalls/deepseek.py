@@ -17,6 +17,7 @@ Parallel calls follow each other inside the section (V3's template puts a newlin
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from eagle_synth.toolcalls.answer import Cursor, Malformed, ToolFormat, call_name, json_arguments
 
@@ -31,7 +32,7 @@ END_OF_SENTENCE = "<｜end▁of▁sentence｜>"
 V3_BODY = re.compile(r"(?P<name>[^\n]*)\n```json\n(?P<arguments>.*)\n```\s*", re.DOTALL)
 
 
-def _parse(cursor: Cursor, calls: list[dict], *, fenced: bool) -> None:
+def _parse(cursor: Cursor, schemas: dict[str, dict], calls: list[dict], *, fenced: bool) -> None:
     cursor.expect(CALLS_BEGIN)
     while cursor.peek(CALL_BEGIN):
         cursor.expect(CALL_BEGIN)
@@ -40,8 +41,7 @@ def _parse(cursor: Cursor, calls: list[dict], *, fenced: bool) -> None:
         if fenced:
             if head.strip() != "function":
                 raise Malformed(f"expected the call type 'function' before the separator, got {head[:40]!r}")
-            match = V3_BODY.fullmatch(body)
-            if match is None:
+            if (match := V3_BODY.fullmatch(body)) is None:
                 raise Malformed(f"expected NAME, then a ```json block, got {body[:60]!r}")
             calls.append({"name": call_name(match["name"]), "arguments": json_arguments(match["arguments"])})
         else:
@@ -49,15 +49,9 @@ def _parse(cursor: Cursor, calls: list[dict], *, fenced: bool) -> None:
     cursor.expect(CALLS_END)
 
 
-def parse_v3(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> None:
-    _parse(cursor, calls, fenced=True)
-
-
-def parse_v31(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> None:
-    _parse(cursor, calls, fenced=False)
-
-
-DEEPSEEK_V3 = ToolFormat(name="deepseek_v3", start=CALLS_BEGIN, parse_section=parse_v3, end_markers=(END_OF_SENTENCE,))
+DEEPSEEK_V3 = ToolFormat(
+    name="deepseek_v3", start=CALLS_BEGIN, parse_section=partial(_parse, fenced=True), end_markers=(END_OF_SENTENCE,)
+)
 DEEPSEEK_V31 = ToolFormat(
-    name="deepseek_v31", start=CALLS_BEGIN, parse_section=parse_v31, end_markers=(END_OF_SENTENCE,)
+    name="deepseek_v31", start=CALLS_BEGIN, parse_section=partial(_parse, fenced=False), end_markers=(END_OF_SENTENCE,)
 )

@@ -26,8 +26,7 @@ def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -
     while cursor.peek(CALL_BEGIN):
         cursor.expect(CALL_BEGIN)
         call_id = cursor.until(ARGUMENT_BEGIN)[0].strip()
-        match = CALL_ID.fullmatch(call_id)
-        if match is None:
+        if (match := CALL_ID.fullmatch(call_id)) is None:
             raise Malformed(f"tool call id {call_id[:60]!r} is not functions.NAME:INDEX")
         arguments = json_arguments(cursor.until(CALL_END)[0])
         calls.append({"id": call_id, "name": match["name"], "arguments": arguments})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 from eagle_synth.toolcalls.answer import ParsedAnswer
 
@@ -54,11 +55,7 @@ def dataset_step(messages: list[dict], point: int) -> ToolStep:
     answer = messages[point + 1] if point + 1 < len(messages) else None
     if answer is None or answer["role"] != "assistant" or not answer.get("tool_calls"):
         return ToolStep()
-    results = []
-    for message in messages[point + 2 :]:
-        if message["role"] != "tool":
-            break
-        results.append(message)
+    results = list(takewhile(lambda message: message["role"] == "tool", messages[point + 2 :]))
     return ToolStep(calls=list(answer["tool_calls"]), results=results)
 
 
@@ -102,12 +99,10 @@ def pair_tool_results(answer: ParsedAnswer, step: ToolStep, *, reasoning: str) -
             TOOL_RESULTS_UNPAIRED, f"the dataset's step has {len(step.calls)} call(s) but {len(results)} result(s)"
         )
     assistant = assistant_message(answer, reasoning=reasoning, call_ids=[c.get("id") for c in step.calls])
-    tool_messages = []
-    for call, result in zip(assistant["tool_calls"], results):
-        message = dict(result)
-        if call.get("id"):
-            message["tool_call_id"] = call["id"]
-        tool_messages.append(message)
+    tool_messages = [
+        {**result, "tool_call_id": call["id"]} if call.get("id") else dict(result)
+        for call, result in zip(assistant["tool_calls"], results)
+    ]
     return Replay(assistant=assistant, tool_messages=tool_messages)
 
 

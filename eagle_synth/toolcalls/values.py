@@ -43,17 +43,12 @@ def convert_value(raw: str, schema: object, *, untyped: Literal["string", "json"
     """The JSON value of one argument written as text, guided by its parameter schema."""
     types = schema_types(schema)
     if not types:
-        if untyped == "json":
-            return _json_or_text(raw)
-        return raw
+        return _json_or_text(raw) if untyped == "json" else raw
     text = raw.strip()
     if text.lower() in NULL_WORDS and types != {"string"}:
         return None
     for kind in ("integer", "number", "boolean", "object", "array"):
-        if kind not in types:
-            continue
-        converted = _as(kind, text)
-        if converted is not _NO:
+        if kind in types and (converted := _as(kind, text)) is not _NO:
             return converted
     return raw
 
@@ -80,8 +75,7 @@ def _as(kind: str, text: str) -> object:
         lowered = text.lower()
         return True if lowered in TRUE_WORDS else False if lowered in FALSE_WORDS else _NO
     value = _json_or_text(text)
-    wanted = dict if kind == "object" else list
-    return value if isinstance(value, wanted) else _NO
+    return value if isinstance(value, dict if kind == "object" else list) else _NO
 
 
 def _json_or_text(raw: str) -> object:
@@ -92,19 +86,10 @@ def _json_or_text(raw: str) -> object:
 
 
 def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "string"
+    for kind, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (list, "array"), (dict, "object")):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else "string"
 
 
 def parameter_schemas(tools: list[dict] | None) -> dict[str, dict]:
