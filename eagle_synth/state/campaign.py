@@ -44,7 +44,6 @@ FAILURE_SCAN_COUNT = 500
 FAILURE_MAGIC = b"F1 "
 # zstd level of a stored failure: ids compress to ~1.4 B a token at level 3 (JSON ids: ~5.6).
 FAILURE_ZSTD_LEVEL = 3
-MARK_DONE_LUA = script("failure_reason", "mark_done_lib")
 _RECORD_FAILURE = script("failure_reason", "record_failure")
 _TAKE_FAILURES = script("failure_reason", "take_failures")
 _MARK_DONE = script("failure_reason", "mark_done_lib", "mark_done")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import msgspec
 import redis
@@ -48,14 +47,13 @@ class ServerState(msgspec.Struct):
         return msgspec.convert(data, cls)
 
 
-@dataclass(slots=True)
-class _NodeView:
+class _NodeView(msgspec.Struct):
     """A node's hash parsed (NodeState._read, the one place that knows its field names)."""
 
-    states: dict[str, ServerState] = field(default_factory=dict)
-    suspects: dict[str, dict] = field(default_factory=dict)
-    inflight: list[tuple[int, str, str, int]] = field(default_factory=list)
-    fields: dict[str, str] = field(default_factory=dict)
+    states: dict[str, ServerState] = {}
+    suspects: dict[str, dict] = {}
+    inflight: list[tuple[int, str, str, int]] = []
+    fields: dict[str, str] = {}
 
     def inflight_by(self, index: int) -> dict[str, int]:
         """Prompts in flight summed per campaign (index 1) or server URL (index 2)."""
