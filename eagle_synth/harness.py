@@ -135,8 +135,7 @@ class RedisServer:
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> RedisServer:
-        binary = shutil.which("redis-server")
-        if binary is None:
+        if (binary := shutil.which("redis-server")) is None:
             raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.tls:

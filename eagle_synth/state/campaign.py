@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
 
@@ -161,8 +160,7 @@ class Failure(msgspec.Struct, frozen=True):
         return str(json.loads(data).get("reason"))
 
 
-@dataclass(frozen=True, slots=True)
-class Progress:
+class Progress(msgspec.Struct, frozen=True):
     """Counts of one campaign. `pending` includes prompts being generated right now."""
 
     enqueued: int
