@@ -106,14 +106,13 @@ def stop_all(
 def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str) -> int:
     """Run `launch(port)` (None once up, else its last words) on `port` or, when 0, a picked one,
     retrying a picked port another process took; other exits raise RuntimeError. Returns the port."""
-    for attempt in range(PORT_ATTEMPTS):
+    for _ in range(PORT_ATTEMPTS):
         chosen = port or free_port()
-        said = launch(chosen)
-        if said is None:
+        if (said := launch(chosen)) is None:
             return chosen
-        if port or "already in use" not in said.lower() or attempt == PORT_ATTEMPTS - 1:
-            raise RuntimeError(f"{what} exited:\n{said}")
-    raise AssertionError("unreachable")
+        if port or "already in use" not in said.lower():
+            break
+    raise RuntimeError(f"{what} exited:\n{said}")
 
 
 @dataclass
@@ -136,8 +135,7 @@ class RedisServer:
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> RedisServer:
-        binary = shutil.which("redis-server")
-        if binary is None:
+        if (binary := shutil.which("redis-server")) is None:
             raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.tls:
@@ -173,12 +171,8 @@ class RedisServer:
         if self.maxmemory:
             options["--maxmemory"] = self.maxmemory
         if self.tls:
-            options |= {
-                "--tls-port": self.port,
-                "--tls-cert-file": d / "server.pem",
-                "--tls-key-file": d / "server.key",
-            }
-            options |= {"--tls-ca-cert-file": self.ca_file, "--tls-auth-clients": "no"}
+            options |= {"--tls-port": self.port, "--tls-ca-cert-file": self.ca_file, "--tls-auth-clients": "no"}
+            options |= {"--tls-cert-file": d / "server.pem", "--tls-key-file": d / "server.key"}
         if self.password:
             options["--requirepass"] = self.password
         args = [binary, *(str(part) for pair in options.items() for part in pair)]
@@ -275,11 +269,9 @@ def start_devserver(
         server = ["-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer), "--host", "127.0.0.1"]
         argv = [sys.executable, *server, "--port", str(chosen), *args]
         process = ManagedProcess(argv, _env(env), logdir / f"devserver-{chosen}.log").start()
-        if not wait:
-            return None
-        assert process.proc is not None
-        _wait_up(process.proc, chosen, "the devserver")
-        return None if process.alive() else process.log()
+        if wait and process.proc is not None:
+            _wait_up(process.proc, chosen, "the devserver")
+        return None if not wait or process.alive() else process.log()
 
     chosen = start_on_a_port(launch, port=port, what="devserver")
     assert process is not None

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+
+import msgspec
 
 from eagle_synth.records import FORMAT_NAME, FORMAT_VERSION, ID_CODEC
 from eagle_synth.state.campaign import Campaign
@@ -18,7 +19,7 @@ def build_manifest(campaign: Campaign) -> dict:
         "format_version": FORMAT_VERSION,
         "id_codec": ID_CODEC,
         "campaign": campaign.name,
-        "settings": asdict(settings) if settings else None,
+        "settings": msgspec.structs.asdict(settings) if settings else None,
         "servers": campaign.servers(),
         "counts": {"enqueued": progress.enqueued, "done": progress.done, "failed": progress.failed},
         "updated_at": time.time(),

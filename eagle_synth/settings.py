@@ -5,7 +5,6 @@ field in capitals, or its alias), then defaults: `BrokerSettings`, `Timings` and
 
 from __future__ import annotations
 
-import os
 import ssl
 from typing import Any, ClassVar, Self
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlparse, urlunparse
@@ -134,10 +133,6 @@ class Timings(EnvSettings):
 
 def broker_settings(*, redis_url: str | None = None, queue: str | None = None) -> BrokerSettings:
     return BrokerSettings.load(redis_url=redis_url or None, queue=queue or None)
-
-
-def export_to_environment(settings: BrokerSettings) -> None:
-    os.environ.update(settings.to_env())
 
 
 # Read once, when the first module that needs a knob imports this one.

@@ -3,10 +3,10 @@ no campaign registered by an input that holds nothing to enqueue."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 
+import msgspec
 import pytest
 
 from eagle_synth.harness import RedisServer, free_port
@@ -113,7 +113,7 @@ def test_default_prompt_token_cap_follows_the_campaign(tmp_path, redis_server, t
     # Rerunning the same command is not a settings change, nor for a campaign stored without a
     # cap (as campaigns made before the default were).
     c = campaign(redis_server.url, "capped")
-    c.client.set(c.keys.settings, dataclasses.replace(c.settings(), max_prompt_tokens=None).to_json())
+    c.client.set(c.keys.settings, msgspec.structs.replace(c.settings(), max_prompt_tokens=None).to_json())
     rerun = cli(
         "enqueue", str(path), "--campaign", "capped", "--tokenizer", str(tokenizer_path), "--redis", redis_server.url
     )

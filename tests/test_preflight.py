@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict
 
+import msgspec
 import pytest
 import requests
 
@@ -279,7 +279,7 @@ def test_server_state_round_trips_and_ignores_fields_it_does_not_know():
         sampling_seed_supported=True,
         provenance={"version": "0.5.23"},
     )
-    data = json.loads(json.dumps(asdict(state)))
+    data = json.loads(json.dumps(msgspec.structs.asdict(state)))
     assert ServerState.from_dict(data) == state
     assert ServerState.from_dict({**data, "added_in_2027": 1}) == state
     assert ServerState.from_dict({"state": HEALTHY}) == ServerState(state=HEALTHY)  # written by an older worker

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from itertools import islice
 
 import msgpack
+import msgspec
 import redis
 import zstandard
 
@@ -43,7 +43,6 @@ FAILURE_SCAN_COUNT = 500
 FAILURE_MAGIC = b"F1 "
 # zstd level of a stored failure: ids compress to ~1.4 B a token at level 3 (JSON ids: ~5.6).
 FAILURE_ZSTD_LEVEL = 3
-MARK_DONE_LUA = script("failure_reason", "mark_done_lib")
 _RECORD_FAILURE = script("failure_reason", "record_failure")
 _TAKE_FAILURES = script("failure_reason", "take_failures")
 _MARK_DONE = script("failure_reason", "mark_done_lib", "mark_done")
@@ -66,8 +65,7 @@ def check_campaign_name(name: str) -> None:
         raise BadCampaignName(f"campaign name {name!r} is not usable: use letters, digits, '-', '_' and '.'")
 
 
-@dataclass(frozen=True, slots=True)
-class CampaignSettings:
+class CampaignSettings(msgspec.Struct, frozen=True):
     """What every prompt of a campaign is made with, fixed at its first enqueue: tokenizer facts
     (templating.TokenizerFacts), chat template kwargs, system prompt, `sampling`
     (SamplingParams.to_dict()), `max_prompt_tokens`, `history` ("dataset" or "own", up to
@@ -78,33 +76,34 @@ class CampaignSettings:
     tokenizer_path: str
     tokenizer_fingerprint: str
     chat_template_hash: str
-    chat_template_kwargs: dict = field(default_factory=dict)
+    chat_template_kwargs: dict = {}
     system_prompt: str | None = None
-    sampling: dict = field(default_factory=dict)
+    sampling: dict = {}
     vocab_size: int = 0
-    eos_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: list[int] = []
     think_open_id: int | None = None
     think_close_id: int | None = None
     max_prompt_tokens: int | None = None
     created_at: float = 0.0
     history: str = "dataset"
     max_turns: int | None = None
-    variants: list = field(default_factory=list)
+    variants: list = []
     tool_format: str | None = None
     batch_size: int = 0
     model_vocab_size: int | None = None
-    tokenizer_canary: dict = field(default_factory=dict)
+    tokenizer_canary: dict = {}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return msgspec.json.encode(self, order="sorted").decode()
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> CampaignSettings:
-        return cls(**{k: v for k, v in json.loads(raw).items() if k in cls.__dataclass_fields__})
+        """Fields a newer version wrote are ignored (a rolling upgrade), missing ones take their defaults."""
+        return msgspec.json.decode(raw, type=cls)
 
     def differences(self, other: CampaignSettings) -> list[str]:
         """Human lines `field: campaign has X, this run has Y` for every field that changes the output."""
-        mine, theirs = asdict(self), asdict(other)
+        mine, theirs = msgspec.structs.asdict(self), msgspec.structs.asdict(other)
         lines = []
         for name in sorted(set(mine) - _IGNORED_IN_DIFF):
             a, b = mine[name], theirs[name]
@@ -120,8 +119,7 @@ def _as_bytes(raw: bytes | str) -> bytes:
     return raw.encode() if isinstance(raw, str) else raw
 
 
-@dataclass(frozen=True, slots=True)
-class Failure:
+class Failure(msgspec.Struct, frozen=True):
     """A prompt not retried automatically: `reason` (eagle_synth.reasons), `message`, the `item`
     to enqueue again, the batch's `sampling`, when (`at`) and which `worker` recorded it."""
 
@@ -133,7 +131,8 @@ class Failure:
     worker: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        """The JSON older versions stored (decode still reads it)."""
+        return json.dumps(msgspec.structs.asdict(self))
 
     def encode(self) -> bytes:
         """FAILURE_MAGIC, reason, newline, a zstd frame of msgpack (ids packed as the queue packs them)."""
@@ -146,7 +145,7 @@ class Failure:
         """Read a stored failure, compact (encode) or JSON (what older versions stored)."""
         data = _as_bytes(raw)
         if not data.startswith(FAILURE_MAGIC):
-            return cls(**json.loads(data))
+            return msgspec.json.decode(data, type=cls)
         head, _, blob = data.partition(b"\n")
         message, at, worker, sampling, packed = msgpack.unpackb(zstandard.decompress(blob), raw=False)
         item = unpack_item(packed).to_replay()
@@ -161,8 +160,7 @@ class Failure:
         return str(json.loads(data).get("reason"))
 
 
-@dataclass(frozen=True, slots=True)
-class Progress:
+class Progress(msgspec.Struct, frozen=True):
     """Counts of one campaign. `pending` includes prompts being generated right now."""
 
     enqueued: int

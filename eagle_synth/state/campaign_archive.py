@@ -93,26 +93,16 @@ def _record_keys(folder: Path) -> Iterator[str]:
 
 def _queued_batches(campaign: Campaign, queue: str) -> int:
     """Batches of this campaign waiting in the queue or delivered and not yet acked."""
-    from eagle_synth.queue import payload_of_message
-    from eagle_synth.state.stranded import UNACKED_KEY
+    from eagle_synth.state.stranded import UNACKED_KEY, payload_of_entry
 
     client, found = campaign.client, 0
 
     def ours(raw: bytes | str) -> bool:
-        try:
-            message = json.loads(raw)
-        except ValueError:
-            return False
-        if isinstance(message, list) and message:  # unacked entries are [message, exchange, key]
-            message = message[0]
-        payload = payload_of_message(message)
-        return payload is not None and payload.get("campaign") == campaign.name
+        return (payload_of_entry(raw) or {}).get("campaign") == campaign.name
 
-    length = int(client.llen(queue))
-    for start in range(0, length, QUEUE_SCAN_STEP):
+    for start in range(0, int(client.llen(queue)), QUEUE_SCAN_STEP):
         found += sum(ours(raw) for raw in client.lrange(queue, start, start + QUEUE_SCAN_STEP - 1))
-    found += sum(ours(raw) for _, raw in client.hscan_iter(UNACKED_KEY, count=QUEUE_SCAN_STEP))
-    return found
+    return found + sum(ours(raw) for _, raw in client.hscan_iter(UNACKED_KEY, count=QUEUE_SCAN_STEP))
 
 
 def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from itertools import chain
+from typing import cast
 
 from eagle_synth.conversation import END_COMPLETE, END_REASONS
 from eagle_synth.state.campaign import EVENTS_MAXLEN, Campaign
@@ -128,11 +129,12 @@ class ConversationStore:
         taken = self.client.eval(_ADOPT, 1, self.keys.followup_owners, owner, dead, *fields)
         return [text(field) for field in taken]
 
+    # Our clients return bytes; redis-py types replies as bytes | str.
     def entry(self, key: str) -> bytes | None:
-        return _as_bytes(self.client.hget(self.keys.followups, key))
+        return cast("bytes | None", self.client.hget(self.keys.followups, key))
 
     def batch(self, batch: str) -> bytes | None:
-        return _as_bytes(self.client.hget(self.keys.followup_batches, batch))
+        return cast("bytes | None", self.client.hget(self.keys.followup_batches, batch))
 
     # reading ----------------------------------------------------------------------------
     def waiting(self) -> int:
@@ -179,8 +181,3 @@ class ConversationStore:
                 listed["examples"].append(end)
                 wanted -= 1
         return out
-
-
-def _as_bytes(raw: bytes | str | None) -> bytes | None:
-    """A Redis reply as bytes (our clients return bytes; redis-py types replies as bytes | str)."""
-    return raw.encode() if isinstance(raw, str) else raw

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
 
+import msgspec
 import redis
 
 from eagle_synth.processes import hostname
@@ -23,8 +23,7 @@ REFUSED = "refused"  # preflight refused its configuration; never used
 UNKNOWN = "unknown"  # not probed yet
 
 
-@dataclass(slots=True)
-class ServerState:
+class ServerState(msgspec.Struct):
     """One server as this node sees it: `state` (above) `since` when, the last probe's `detail`,
     then what preflight learnt (None: not reported): provenance, draft-reserved slots, caps,
     sampling-seed support and `backend` (workers/backends/)."""
@@ -45,17 +44,16 @@ class ServerState:
     @classmethod
     def from_dict(cls, data: dict) -> ServerState:
         """From its JSON form, ignoring fields a newer worker wrote (a rolling upgrade)."""
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        return msgspec.convert(data, cls)
 
 
-@dataclass(slots=True)
-class _NodeView:
+class _NodeView(msgspec.Struct):
     """A node's hash parsed (NodeState._read, the one place that knows its field names)."""
 
-    states: dict[str, ServerState] = field(default_factory=dict)
-    suspects: dict[str, dict] = field(default_factory=dict)
-    inflight: list[tuple[int, str, str, int]] = field(default_factory=list)
-    fields: dict[str, str] = field(default_factory=dict)
+    states: dict[str, ServerState] = {}
+    suspects: dict[str, dict] = {}
+    inflight: list[tuple[int, str, str, int]] = []
+    fields: dict[str, str] = {}
 
     def inflight_by(self, index: int) -> dict[str, int]:
         """Prompts in flight summed per campaign (index 1) or server URL (index 2)."""
@@ -91,7 +89,7 @@ class NodeState:
     def publish(self, states: dict[str, ServerState], *, consuming: bool, disk: str | None = None) -> None:
         """Write every server's state and refresh the heartbeat; `disk` says why the output
         folder cannot take records ("" when it can)."""
-        server_states = {f"state:{url}": json.dumps(asdict(s)) for url, s in states.items()}
+        server_states = {f"state:{url}": msgspec.json.encode(s) for url, s in states.items()}
         self._write({"updated": time.time(), "consuming": int(consuming), "disk": disk or "", **server_states})
 
     def _read(self) -> _NodeView:
@@ -100,7 +98,7 @@ class NodeState:
             name, value = as_text(raw_name), as_text(raw_value)
             kind, _, rest = name.partition(":")
             if kind == "state":
-                view.states[rest] = ServerState.from_dict(json.loads(value))
+                view.states[rest] = msgspec.json.decode(value, type=ServerState)
             elif kind == "suspect":
                 view.suspects[rest] = json.loads(value)
             elif kind == "inflight":
@@ -120,7 +118,7 @@ class NodeState:
         view = self._read()
         out: dict = dict(view.fields)
         if view.states:
-            out["server_states"] = {url: asdict(state) for url, state in view.states.items()}
+            out["server_states"] = {url: msgspec.structs.asdict(state) for url, state in view.states.items()}
         if view.inflight:
             out["inflight_by_server"], out["inflight_by_campaign"] = view.inflight_by(2), view.inflight_by(1)
         return out

@@ -59,13 +59,17 @@ class HeldBatch:
         return CampaignKeys(self.campaign).lease(self.batch)
 
 
-def _decode_entry(entry: bytes) -> tuple[str, str, tuple[str, ...]] | None:
+def payload_of_entry(raw: bytes | str) -> dict | None:
+    """The payload of a queued message or of an unacked entry ([message, exchange, routing key]); None if not ours."""
     try:
-        message = json.loads(entry)[0]
-    except (ValueError, IndexError, KeyError, TypeError):
+        message = json.loads(raw)
+    except ValueError:
         return None
-    payload = payload_of_message(message)
-    if payload is None:
+    return payload_of_message(message[0] if isinstance(message, list) and message else message)
+
+
+def _decode_entry(entry: bytes) -> tuple[str, str, tuple[str, ...]] | None:
+    if (payload := payload_of_entry(entry)) is None:
         return None
     return str(payload["campaign"]), str(payload["batch"]), tuple(payload.get("keys") or ())
 
@@ -88,17 +92,14 @@ def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bo
         _decoded.clear()
     for tag, score in index:
         name = tag.decode()
-        entry = entries.get(tag)
-        if name in _decoded and not with_entries:
-            decoded = _decoded[name]
-        elif entry is None:
+        entry = entries.get(tag)  # fetched when not cached (or with_entries)
+        if entry is not None:
+            _decoded[name] = _decode_entry(entry)
+        elif with_entries or name not in _decoded:
             continue  # acknowledged since the index was read
-        else:
-            decoded = _decoded[name] = _decode_entry(entry)
-        if decoded is None:
-            continue
-        campaign, batch, keys = decoded
-        held.append(HeldBatch(name, float(score), campaign, batch, keys, entry if with_entries else None))
+        if (decoded := _decoded[name]) is not None:
+            campaign, batch, keys = decoded
+            held.append(HeldBatch(name, float(score), campaign, batch, keys, entry if with_entries else None))
     return held
 
 

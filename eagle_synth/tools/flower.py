@@ -18,7 +18,7 @@ from celery import Celery
 
 from eagle_synth.errors import UserError
 from eagle_synth.queue import CELERY_URL_OVERRIDES, make_celery
-from eagle_synth.settings import BrokerSettings, broker_settings, export_to_environment
+from eagle_synth.settings import BrokerSettings, broker_settings
 
 # Port Flower listens on unless told otherwise (Flower's own default).
 DEFAULT_PORT = 5555
@@ -146,7 +146,7 @@ def run_flower(*, settings: BrokerSettings, options: FlowerOptions) -> int:
     from celery.bin.celery import celery as celery_command
 
     require_auth_on_metrics()
-    export_to_environment(settings)
+    os.environ.update(settings.to_env())
     options.apply_environment(os.environ)
     try:
         celery_command.main(options.celery_argv(), "eagle-synth flower", auto_envvar_prefix="CELERY")
