@@ -75,15 +75,39 @@ COUNT_TIMEOUT = 120.0
 
 @dataclass(slots=True)
 class _Pending:
-    """A follow-up held in memory through render, ready, form: `data` as its outbox entry
-    stores it, `item` its prompt item (unpacked once)."""
+    """A follow-up (turn `key` of `campaign`) held in memory through render, ready, form, sent
+    with its batch's `sampling`. Until it is rendered, `item` is the previous turn's (ids left
+    out) and `answer` that turn's answer as the renderer takes it (output_ids, finish_reason,
+    matched); then `item` is its own and `answer` None. Each outbox entry is packed from it
+    once, and read back (`stored`) only by a process that did not hold it."""
 
     campaign: str
     key: str
-    data: dict
+    sampling: dict
     item: PromptItem
+    answer: dict | None = None
     attempts: int = 0
     since: float = field(default_factory=time.monotonic)
+
+    def packed(self) -> bytes:
+        """As the outbox stores it: state "render" (with the answer) or "ready"."""
+        data: dict = {"s": "ready", "sampling": self.sampling, "item": pack_item(self.item)}
+        if (answer := self.answer) is not None:
+            data.update(s="render", out=pack_ids(answer["output_ids"]), finish=answer["finish_reason"])
+            data["matched"] = answer["matched"]
+        return _packed(data)
+
+    @classmethod
+    def stored(cls, campaign: str, key: str, blob: bytes) -> _Pending:
+        data = msgpack.unpackb(blob, raw=False)
+        answer = None
+        if data["s"] == "render":
+            answer = {
+                "output_ids": unpack_ids(data["out"]),
+                "finish_reason": data["finish"],
+                "matched": data["matched"],
+            }
+        return cls(campaign, key, data["sampling"], unpack_item(data["item"]), answer)
 
 
 def _packed(data: dict) -> bytes:
@@ -107,9 +131,9 @@ def _end_entry(key: str, item: PromptItem, reason: str, message: str = "") -> En
     return key, END, conversation, blob
 
 
-def _group_of(data: dict) -> str:
-    """Rendered turns batch together when their sampling is the same."""
-    return json.dumps(data["sampling"], sort_keys=True)
+def _group_of(pending: _Pending) -> tuple[str, str]:
+    """Rendered turns batch together when their campaign and sampling are the same."""
+    return pending.campaign, json.dumps(pending.sampling, sort_keys=True)
 
 
 def _by_campaign(pendings: Iterable[Any], campaign: Callable[[Any], str]) -> dict[str, list]:
@@ -274,16 +298,13 @@ class FollowUps:
                 continue
             following = turn_key(state.key, item.turn + 1)
             parent = msgspec.structs.replace(item, ids=[])
-            data = {
-                "s": "render",
-                "sampling": payload.sampling,
-                "item": pack_item(parent),
-                "out": pack_ids(record.output_ids),
-                "finish": record.finish_reason,
+            answer = {
+                "output_ids": record.output_ids,
+                "finish_reason": record.finish_reason,
                 "matched": record.finish_matched,
             }
-            follow[following] = _Pending(campaign=campaign.name, key=following, data=data, item=parent)
-            entries.append((record.key, FOLLOW, following, _packed(data)))
+            follow[following] = pending = _Pending(campaign.name, following, payload.sampling, parent, answer)
+            entries.append((record.key, FOLLOW, following, pending.packed()))
         with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
             self._rendering.update({(campaign.name, key): pending for key, pending in follow.items()})
         stored: set[str] = set()
@@ -406,16 +427,7 @@ class FollowUps:
         facts = {**_parse_facts(settings), "max_prompt_tokens": settings.max_prompt_tokens}
         for start in range(0, len(group), RENDER_CHUNK):
             chunk = group[start : start + RENDER_CHUNK]
-            jobs = [
-                {
-                    "state": p.item.conversation,
-                    "output_ids": unpack_ids(p.data["out"]),
-                    "finish_reason": p.data["finish"],
-                    "matched": p.data["matched"],
-                    **facts,
-                }
-                for p in chunk
-            ]
+            jobs = [{"state": p.item.conversation, **(p.answer or {}), **facts} for p in chunk]
             try:
                 future = renderer.submit(jobs)
             except Exception as exc:  # the pool broke: a new one at the next tick
@@ -456,10 +468,9 @@ class FollowUps:
                     entries.append(_end_entry(pending.key, parent, result[1], result[2]))
                     continue
                 item = _next_item(parent, ids=cast(list, result[1]), state=cast(dict, result[2]), settings=settings)
-                data = {"s": "ready", "sampling": pending.data["sampling"], "item": pack_item(item)}
-                ready[pending.key] = _Pending(campaign=name, key=pending.key, data=data, item=item)
+                ready[pending.key] = rendered = _Pending(name, pending.key, pending.sampling, item)
                 conversation = ConversationState.from_dict(parent.conversation or {}).key
-                entries.append((pending.key, "ready", conversation, _packed(data)))
+                entries.append((pending.key, "ready", conversation, rendered.packed()))
             held = self._store(name).ready(entries, owner=self.owner)
             self._ready_results = [r for r in self._ready_results if r[0].campaign != name]
             with self._lock:
@@ -467,7 +478,7 @@ class FollowUps:
                     self._rendering.pop((name, pending.key), None)
                 for key, pending in ready.items():
                     if key in held:
-                        self._ready.setdefault((name, _group_of(pending.data)), {})[key] = pending
+                        self._ready.setdefault(_group_of(pending), {})[key] = pending
 
     def _form_batches(self) -> None:
         now = time.monotonic()
@@ -483,7 +494,7 @@ class FollowUps:
                 items = [p.item for p in chunk]
                 keys = [i.key for i in items]
                 payload = TaskPayload(
-                    campaign=name, batch=batch_id(keys), sampling=chunk[0].data["sampling"], items=items
+                    campaign=name, batch=batch_id(keys), sampling=chunk[0].sampling, items=items
                 ).encode()
                 lost = self._store(name).form(
                     owner=self.owner, batch=payload["batch"], payload=_packed(payload), keys=keys
@@ -540,10 +551,9 @@ class FollowUps:
         with self._lock:
             if entry.startswith(BATCH_FIELD_PREFIX):
                 return (name, entry.removeprefix(BATCH_FIELD_PREFIX)) in self._unsent
-            return (
-                (name, entry) in self._rendering
-                or any(p.campaign == name and p.key == entry for p in self._to_render)
-                or any(entry in members for (group_name, _), members in self._ready.items() if group_name == name)
+            # Every entry waiting to be rendered is in `_rendering` from its commit to its ready.
+            return (name, entry) in self._rendering or any(
+                entry in members for (group_name, _), members in self._ready.items() if group_name == name
             )
 
     def _resume(self, store: ConversationStore, name: str, entry: str) -> None:
@@ -556,14 +566,13 @@ class FollowUps:
             return
         if (blob := store.entry(entry)) is None:
             return
-        data = msgpack.unpackb(blob, raw=False)
-        pending = _Pending(campaign=name, key=entry, data=data, item=unpack_item(data["item"]))
+        pending = _Pending.stored(name, entry, blob)
         with self._lock:
-            if data["s"] == "render":
+            if pending.answer is not None:
                 self._rendering[(name, entry)] = pending
                 self._to_render.append(pending)
             else:
-                self._ready.setdefault((name, _group_of(data)), {})[entry] = pending
+                self._ready.setdefault(_group_of(pending), {})[entry] = pending
 
 
 def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings | None) -> PromptItem:
