@@ -572,7 +572,8 @@ class BatchRunner:
         task_budget: seconds a batch may run before it requeues what is left.
         pool: the process-wide in-flight pool the prompts are sent through.
         disk: the output folder's state, shared with the health gate.
-        followups: marks records done and carries conversations' next turns to the queue.
+        followups: marks records done and carries conversations' next turns to the queue;
+            holds the process's cache of campaign settings.
         stopping, shutdown_grace: set at shutdown; seconds a batch goes on after it.
     """
 
@@ -603,7 +604,6 @@ class BatchRunner:
         self.health_clients = {url: ServerClient(url, pool_connections=4) for url in config.servers}
         self.model_check = ModelCheck(self.health_clients)
         self._health_seen: dict[str, tuple[float, bool]] = {}
-        self._settings: dict[str, CampaignSettings] = {}
         self._noted: set[tuple[str, str]] = set()
         self._manifest_at: dict[str, float] = {}
         self._swept: set[str] = set()
@@ -650,15 +650,13 @@ class BatchRunner:
 
     # shared by the batches ------------------------------------------------------------
     def _campaign_settings(self, campaign: Campaign) -> CampaignSettings:
-        if campaign.name not in self._settings and (settings := campaign.settings()) is not None:
-            self._settings[campaign.name] = settings
-        if campaign.name not in self._settings:
+        if (settings := self.followups.campaign_settings(campaign.name)) is None:
             raise CampaignMissing(
                 f"campaign {campaign.name!r} has no settings in Redis (deleted, or evicted by a Redis whose "
                 "maxmemory-policy is not noeviction); run the same `eagle-synth enqueue` again to restore them, "
                 f"then `eagle-synth retry-failed {campaign.name}`"
             )
-        return self._settings[campaign.name]
+        return settings
 
     def _serving_the_model(self, settings: CampaignSettings, servers: Servers) -> Servers:
         """`servers` minus those that serve another model than the campaign's, each handed to

@@ -45,7 +45,6 @@ from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import followup_owner
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
-from workers.config import default as _config_default
 from workers.lease import LEASE_TTL
 from workers.renderer import Renderer, RendererMismatch
 
@@ -71,42 +70,38 @@ RENDER_ATTEMPTS = 3
 PREPARE_RETRY = 30.0
 # Seconds a batch thread waits for the rendering processes to count its answers' tool calls.
 COUNT_TIMEOUT = 120.0
+# A turn's answer as a follow-up holds it: the renderer's (next_turn's) argument names.
+ANSWER_FIELDS = ("output_ids", "finish_reason", "matched")
 
 
 @dataclass(slots=True)
 class _Pending:
     """A follow-up (turn `key` of `campaign`) held in memory through render, ready, form, sent
     with its batch's `sampling`. Until it is rendered, `item` is the previous turn's (ids left
-    out) and `answer` that turn's answer as the renderer takes it (output_ids, finish_reason,
-    matched); then `item` is its own and `answer` None. Each outbox entry is packed from it
-    once, and read back (`stored`) only by a process that did not hold it."""
+    out) and `answer` that turn's answer (ANSWER_FIELDS); then `item` is its own and `answer`
+    empty. Each outbox entry is packed from it once, and read back (`stored`) only by a process
+    that did not hold it."""
 
     campaign: str
     key: str
     sampling: dict
     item: PromptItem
-    answer: dict | None = None
+    answer: tuple = ()
     attempts: int = 0
     since: float = field(default_factory=time.monotonic)
 
     def packed(self) -> bytes:
         """As the outbox stores it: state "render" (with the answer) or "ready"."""
         data: dict = {"s": "ready", "sampling": self.sampling, "item": pack_item(self.item)}
-        if (answer := self.answer) is not None:
-            data.update(s="render", out=pack_ids(answer["output_ids"]), finish=answer["finish_reason"])
-            data["matched"] = answer["matched"]
+        if self.answer:
+            out, finish, matched = self.answer
+            data.update(s="render", out=pack_ids(out), finish=finish, matched=matched)
         return _packed(data)
 
     @classmethod
     def stored(cls, campaign: str, key: str, blob: bytes) -> _Pending:
         data = msgpack.unpackb(blob, raw=False)
-        answer = None
-        if data["s"] == "render":
-            answer = {
-                "output_ids": unpack_ids(data["out"]),
-                "finish_reason": data["finish"],
-                "matched": data["matched"],
-            }
+        answer = (unpack_ids(data["out"]), data["finish"], data["matched"]) if data["s"] == "render" else ()
         return cls(campaign, key, data["sampling"], unpack_item(data["item"]), answer)
 
 
@@ -169,7 +164,7 @@ class FollowUps:
         *,
         redis_client: redis.Redis,
         send: Callable[[dict], None],
-        render_processes: int = _config_default("render_processes"),
+        render_processes: int,
         stopping: threading.Event | None = None,
         hungry: Callable[[], bool] = lambda: False,
     ) -> None:
@@ -298,11 +293,7 @@ class FollowUps:
                 continue
             following = turn_key(state.key, item.turn + 1)
             parent = msgspec.structs.replace(item, ids=[])
-            answer = {
-                "output_ids": record.output_ids,
-                "finish_reason": record.finish_reason,
-                "matched": record.finish_matched,
-            }
+            answer = (record.output_ids, record.finish_reason, record.finish_matched)
             follow[following] = pending = _Pending(campaign.name, following, payload.sampling, parent, answer)
             entries.append((record.key, FOLLOW, following, pending.packed()))
         with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
@@ -348,7 +339,8 @@ class FollowUps:
             self.client.set(followup_owner(self.owner), "1", px=int(OWNER_TTL * 1000))
             self._alive_at = now
 
-    def _campaign_settings(self, name: str) -> CampaignSettings | None:
+    def campaign_settings(self, name: str) -> CampaignSettings | None:
+        """A campaign's settings (read from Redis once per process), None if Redis has none."""
         if name not in self._settings and (settings := Campaign(self.client, name).settings()) is not None:
             self._settings[name] = settings
         return self._settings.get(name)
@@ -402,8 +394,7 @@ class FollowUps:
 
     def _submit_renders(self) -> None:
         with self._lock:
-            waiting = list(self._to_render)
-            self._to_render.clear()
+            waiting, self._to_render = list(self._to_render), deque()
         for name, group in _by_campaign(waiting, lambda p: p.campaign).items():
             keep = group  # what is not submitted stays for a later tick
             try:
@@ -415,7 +406,7 @@ class FollowUps:
         """Send a campaign's turns to its renderer; returns those that could not be sent."""
         if time.monotonic() < self._blocked_until.get(name, 0.0):
             return group
-        settings = self._campaign_settings(name)
+        settings = self.campaign_settings(name)
         try:
             if settings is None:
                 raise TokenizerUnavailable(f"campaign {name!r} has no settings in Redis")
@@ -427,7 +418,7 @@ class FollowUps:
         facts = {**_parse_facts(settings), "max_prompt_tokens": settings.max_prompt_tokens}
         for start in range(0, len(group), RENDER_CHUNK):
             chunk = group[start : start + RENDER_CHUNK]
-            jobs = [{"state": p.item.conversation, **(p.answer or {}), **facts} for p in chunk]
+            jobs = [{"state": p.item.conversation, **dict(zip(ANSWER_FIELDS, p.answer)), **facts} for p in chunk]
             try:
                 future = renderer.submit(jobs)
             except Exception as exc:  # the pool broke: a new one at the next tick
@@ -449,7 +440,7 @@ class FollowUps:
                 self._ready_results.extend(zip(chunk, future.result()))
             except Exception as exc:  # a renderer process died: start a new pool, try again
                 log.warning("renderer failed (%s: %s); rendering %d turns again", type(exc).__name__, exc, len(chunk))
-                if (settings := self._campaign_settings(chunk[0].campaign)) is not None:
+                if (settings := self.campaign_settings(chunk[0].campaign)) is not None:
                     self._drop_renderer(settings)
                 for pending in chunk:
                     pending.attempts += 1
@@ -459,7 +450,7 @@ class FollowUps:
                     else:
                         self._requeue_renders([pending])
         for name, results in _by_campaign(self._ready_results, lambda r: r[0].campaign).items():
-            settings = self._campaign_settings(name)
+            settings = self.campaign_settings(name)
             entries: list[Entry] = []
             ready = {}
             for pending, result in results:
@@ -493,19 +484,16 @@ class FollowUps:
                 chunk = pendings[:FOLLOWUP_BATCH_SIZE]
                 items = [p.item for p in chunk]
                 keys = [i.key for i in items]
-                payload = TaskPayload(
-                    campaign=name, batch=batch_id(keys), sampling=chunk[0].sampling, items=items
-                ).encode()
-                lost = self._store(name).form(
-                    owner=self.owner, batch=payload["batch"], payload=_packed(payload), keys=keys
-                )
+                batch = batch_id(keys)
+                payload = TaskPayload(campaign=name, batch=batch, sampling=chunk[0].sampling, items=items).encode()
+                lost = self._store(name).form(owner=self.owner, batch=batch, payload=_packed(payload), keys=keys)
                 gone = {p.key for p in chunk if p.key in lost} if lost else set(keys)
                 with self._lock:
                     group = self._ready.get(group_key, {})
                     for key in gone:
                         group.pop(key, None)
                     if not lost:
-                        self._unsent[(name, payload["batch"])] = payload
+                        self._unsent[(name, batch)] = payload
                 pendings = [p for p in pendings if p.key not in gone]
 
     def _publish_formed(self) -> None:
@@ -527,8 +515,7 @@ class FollowUps:
         untracked_now: set[tuple[str, str]] = set()
         for name in ConversationStore.campaigns_with_entries(self.client, campaign_names(self.client)):
             store = self._store(name)
-            by_owner = _by_campaign(store.owners().items(), lambda pair: pair[1])
-            for owner, pairs in by_owner.items():
+            for owner, pairs in _by_campaign(store.owners().items(), lambda pair: pair[1]).items():
                 entries = [entry for entry, _ in pairs]
                 if owner == self.owner:
                     # Entries of this process it no longer tracks (a Redis error lost a step's reply):
@@ -568,7 +555,7 @@ class FollowUps:
             return
         pending = _Pending.stored(name, entry, blob)
         with self._lock:
-            if pending.answer is not None:
+            if pending.answer:
                 self._rendering[(name, entry)] = pending
                 self._to_render.append(pending)
             else:
