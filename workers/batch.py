@@ -241,7 +241,7 @@ class _Run:
     # before generating ------------------------------------------------------------------
     def run(self, *, look_for_files: bool) -> None:
         runner, campaign, payload = self.runner, self.campaign, self.payload
-        if runner.redis.exists(campaign.keys.ended):
+        if runner.redis_client.exists(campaign.keys.ended):
             # `close` folded the done set to disk, so every key would look open: generating would
             # double records. Only a message published after the close can get here.
             log.warning("batch %s of closed campaign %s: nothing generated", payload.batch, payload.campaign)
@@ -291,7 +291,7 @@ class _Run:
         outcome.skipped_done = len(finished)
         # Claimed before anything is adopted or sent: a key another live batch holds is its own.
         open_keys = list(dict.fromkeys(k for k in keys if k not in finished))
-        busy = claim(self.runner.redis, campaign.keys.claims, lease.key, lease.holder, open_keys)
+        busy = claim(self.runner.redis_client, campaign.keys.claims, lease.key, lease.holder, open_keys)
         self.claimed.extend(k for k in open_keys if k not in busy)
         if busy:
             log.info("batch %s: %d prompts are held by another live batch; left to it", payload.batch, len(busy))
@@ -546,7 +546,7 @@ class _Run:
                 runner._swept.add(campaign.name)
                 remove_stale_temporaries(folder)
             # A full lease TTL for the rename and the mark that follow; a lost lease writes nothing.
-            self.fence.renew(runner.redis)
+            self.fence.renew(runner.redis_client)
             path = write_record_file(folder, campaign=campaign.name, batch=self.payload.batch, records=records)
         except OSError as exc:  # ENOSPC, EROFS, EACCES, EDQUOT, EIO...: the operator can fix each
             detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
@@ -564,6 +564,7 @@ class _Run:
         runner._refresh_manifest(campaign, folder)
 
 
+@dataclass(kw_only=True, eq=False)
 class BatchRunner:
     """Runs batches on the worker's batch threads; shares one InflightPool and HTTP clients.
 
@@ -577,31 +578,20 @@ class BatchRunner:
         stopping, shutdown_grace: set at shutdown; seconds a batch goes on after it.
     """
 
-    def __init__(
-        self,
-        *,
-        config: WorkerConfig,
-        redis_client: redis.Redis,
-        node: str,
-        task_budget: float,
-        pool: InflightPool,
-        disk: DiskState,
-        followups: FollowUps,
-        stopping: threading.Event | None = None,
-        shutdown_grace: float = 0.0,
-    ) -> None:
-        self.config = config
-        self.redis = redis_client
-        self.node = node
-        self.node_state = NodeState(redis_client, node)
-        self.task_budget = task_budget
-        self.pool = pool
-        self.disk = disk
-        self.followups = followups
-        self.stopping = stopping or threading.Event()
-        self.shutdown_grace = shutdown_grace
+    config: WorkerConfig
+    redis_client: redis.Redis
+    node: str
+    task_budget: float
+    pool: InflightPool
+    disk: DiskState
+    followups: FollowUps
+    stopping: threading.Event = field(default_factory=threading.Event)
+    shutdown_grace: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.node_state = NodeState(self.redis_client, self.node)
         self._stop_deadline: float | None = None
-        self.health_clients = {url: ServerClient(url, pool_connections=4) for url in config.servers}
+        self.health_clients = {url: ServerClient(url, pool_connections=4) for url in self.config.servers}
         self.model_check = ModelCheck(self.health_clients)
         self._health_seen: dict[str, tuple[float, bool]] = {}
         self._noted: set[tuple[str, str]] = set()
@@ -617,8 +607,8 @@ class BatchRunner:
         Only a message delivered before (`retried`) or a lease taken over can have left record
         files to adopt, so only then is the records folder listed (costly as a campaign grows).
         """
-        campaign = Campaign(self.redis, payload.campaign)
-        with BatchLease(self.redis, campaign.keys.lease(payload.batch)) as lease:
+        campaign = Campaign(self.redis_client, payload.campaign)
+        with BatchLease(self.redis_client, campaign.keys.lease(payload.batch)) as lease:
             run = _Run(self, campaign, payload, lease)
             try:
                 run.run(look_for_files=retried or lease.took_over)
@@ -626,15 +616,15 @@ class BatchRunner:
                 raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
             finally:
                 with contextlib.suppress(redis.RedisError):  # else they lapse with the lease
-                    release(self.redis, campaign.keys.claims, lease.key, lease.holder, run.claimed)
+                    release(self.redis_client, campaign.keys.claims, lease.key, lease.holder, run.claimed)
         # The campaign's copy of the batch is no longer needed once every key ended.
-        forget_if_finished(self.redis, payload.campaign, payload.batch, [item.key for item in payload.items])
+        forget_if_finished(self.redis_client, payload.campaign, payload.batch, [item.key for item in payload.items])
         return run.outcome
 
     def fail_unfinished(self, payload: TaskPayload, *, reason: str, message: str) -> int:
         """Record every prompt of the batch with neither record nor failure as failed (the
         catch-all's last step: a batch that keeps erring ends replayable, not vanished)."""
-        campaign = Campaign(self.redis, payload.campaign)
+        campaign = Campaign(self.redis_client, payload.campaign)
         keys = [item.key for item in payload.items]
         finished = campaign.finished_keys(keys)
         failed = 0
@@ -645,7 +635,7 @@ class BatchRunner:
                     item, reason=reason, message=message, sampling=payload.sampling_for(item), worker=self.node
                 )
                 failed += 1
-        forget_if_finished(self.redis, payload.campaign, payload.batch, keys)
+        forget_if_finished(self.redis_client, payload.campaign, payload.batch, keys)
         return failed
 
     # shared by the batches ------------------------------------------------------------

@@ -147,6 +147,7 @@ def _parse_facts(settings: CampaignSettings) -> dict:
     }
 
 
+@dataclass(kw_only=True, eq=False)
 class FollowUps:
     """Commits conversation turns and carries their next turns to the queue (module docstring).
 
@@ -159,20 +160,13 @@ class FollowUps:
             then go out after HUNGRY_WAIT instead of waiting for a full batch.
     """
 
-    def __init__(
-        self,
-        *,
-        redis_client: redis.Redis,
-        send: Callable[[dict], None],
-        render_processes: int,
-        stopping: threading.Event | None = None,
-        hungry: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self.client = redis_client
-        self.send = send
-        self.hungry = hungry
-        self.render_processes = render_processes
-        self.stopping = stopping or threading.Event()
+    redis_client: redis.Redis
+    send: Callable[[dict], None]
+    render_processes: int
+    stopping: threading.Event = field(default_factory=threading.Event)
+    hungry: Callable[[], bool] = lambda: False
+
+    def __post_init__(self) -> None:
         self.owner = holder_id(secrets.token_hex(4))
         self._lock = threading.Lock()
         self._renderer_lock = threading.Lock()
@@ -195,7 +189,7 @@ class FollowUps:
         self._swept_at = 0.0
 
     def _store(self, name: str) -> ConversationStore:
-        return ConversationStore(Campaign(self.client, name))
+        return ConversationStore(Campaign(self.redis_client, name))
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -220,7 +214,7 @@ class FollowUps:
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1)
         with contextlib.suppress(redis.RedisError):
-            self.client.delete(followup_owner(self.owner))  # others adopt at their next sweep
+            self.redis_client.delete(followup_owner(self.owner))  # others adopt at their next sweep
         with self._renderer_lock:
             for renderer in self._renderers.values():
                 renderer.close()
@@ -336,12 +330,12 @@ class FollowUps:
     def _keep_alive(self) -> None:
         now = time.monotonic()
         if now - self._alive_at >= OWNER_TTL / 3:
-            self.client.set(followup_owner(self.owner), "1", px=int(OWNER_TTL * 1000))
+            self.redis_client.set(followup_owner(self.owner), "1", px=int(OWNER_TTL * 1000))
             self._alive_at = now
 
     def campaign_settings(self, name: str) -> CampaignSettings | None:
         """A campaign's settings (read from Redis once per process), None if Redis has none."""
-        if name not in self._settings and (settings := Campaign(self.client, name).settings()) is not None:
+        if name not in self._settings and (settings := Campaign(self.redis_client, name).settings()) is not None:
             self._settings[name] = settings
         return self._settings.get(name)
 
@@ -356,7 +350,7 @@ class FollowUps:
                 raise TokenizerUnavailable(failed[1])
             # A tokenizer that is not stored is asked for again each time (one GET): a rerun of the
             # enqueue stores it, and `retry-failed` must then find it at once.
-            folder = fetch_tokenizer(self.client, fingerprint=identity[0], chat_template_hash=identity[1])
+            folder = fetch_tokenizer(self.redis_client, fingerprint=identity[0], chat_template_hash=identity[1])
             try:
                 renderer = Renderer(
                     folder=folder,
@@ -513,7 +507,7 @@ class FollowUps:
             return
         self._swept_at = now
         untracked_now: set[tuple[str, str]] = set()
-        for name in ConversationStore.campaigns_with_entries(self.client, campaign_names(self.client)):
+        for name in ConversationStore.campaigns_with_entries(self.redis_client, campaign_names(self.redis_client)):
             store = self._store(name)
             for owner, pairs in _by_campaign(store.owners().items(), lambda pair: pair[1]).items():
                 entries = [entry for entry, _ in pairs]
@@ -524,7 +518,7 @@ class FollowUps:
                     untracked_now.update((name, e) for e in lost)
                     for entry in [e for e in lost if (name, e) in self._untracked_before]:
                         self._resume(store, name, entry)
-                elif not holder_alive(self.client, owner, followup_owner(owner)):
+                elif not holder_alive(self.redis_client, owner, followup_owner(owner)):
                     taken = store.adopt(entries, owner=self.owner, dead=owner)
                     if taken:
                         log.warning(

@@ -46,6 +46,7 @@ class WorkerRuntime:
         send: Callable[[dict], None] | None = None,
     ) -> None:
         settings = broker or broker_settings()
+        stopping = stopping or threading.Event()
         self.config = config
         self.node_state = NodeState(connect(settings), node)
         self._published: dict[tuple[str, str], int] = {}
