@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import msgpack
 import msgspec
@@ -447,12 +447,12 @@ class FollowUps:
             settings = self.campaign_settings(name)
             entries: list[Entry] = []
             ready = {}
-            for pending, result in results:
+            for pending, (kind, first, second) in results:  # workers/renderer.py's _render results
                 parent = pending.item
-                if result[0] != "ready":
-                    entries.append(_end_entry(pending.key, parent, result[1], result[2]))
+                if kind != "ready":
+                    entries.append(_end_entry(pending.key, parent, first, second))
                     continue
-                item = _next_item(parent, ids=cast(list, result[1]), state=cast(dict, result[2]), settings=settings)
+                item = _next_item(parent, ids=first, state=second, settings=settings)
                 ready[pending.key] = rendered = _Pending(name, pending.key, pending.sampling, item)
                 conversation = ConversationState.from_dict(parent.conversation or {}).key
                 entries.append((pending.key, "ready", conversation, rendered.packed()))
