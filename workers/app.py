@@ -34,6 +34,7 @@ from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, probe_folder
 from workers.health import HealthGate
 from workers.lease import BatchBusy
+from workers.memory import limit_malloc_arenas, start_pool_threads
 from workers.reaper import ReaperStep
 from workers.reconciler import ReconcilerStep
 from workers.runtime import WorkerRuntime
@@ -101,8 +102,6 @@ def _on_ready(sender: Any = None, **_: object) -> None:
     # Conversations' next turns held by a dead worker process are adopted even by a worker
     # that has no batch yet (the queue may be empty precisely because they wait).
     _get_runtime(getattr(sender, "hostname", None) or "eagle-synth@unknown").followups.start()
-    from workers.memory import start_pool_threads
-
     start_pool_threads(getattr(sender, "pool", None))  # RSS flat after warm-up: see its docstring
 
 
@@ -267,8 +266,6 @@ def run_worker(
     *, config: WorkerConfig, concurrency: int, loglevel: str = "INFO", name: str | None = None, task_events: bool = True
 ) -> None:
     """Start a Celery worker in this process (blocks until it stops) with `concurrency` batch threads."""
-    from workers.memory import limit_malloc_arenas
-
     global _config
     limit_malloc_arenas()  # before Celery starts the batch threads
     _config = config

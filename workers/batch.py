@@ -36,7 +36,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -67,7 +67,7 @@ from eagle_synth.state.fence import ClaimLeaseLost, Fence, LeaseLost, claim, rel
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
-from workers.backends import BACKENDS, UntranslatableSampling, backend_for_state
+from workers.backends import Backend, UntranslatableSampling, backend_for_state
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable
@@ -116,17 +116,13 @@ class CampaignMissing(EagleSynthError):
 
 @dataclass(slots=True)
 class BatchOutcome:
-    """What a batch did, for logs and tests; `claimed_elsewhere` counts keys another live batch
-    holds (left to it), `fence` is the batch lease every write of the run is fenced by."""
+    """What a batch did, for logs and tests."""
 
     written: int = 0
     skipped_done: int = 0
     adopted: int = 0
     failed: dict[str, int] = field(default_factory=dict)
     repaired: int = 0
-    servers: set[str] = field(default_factory=set)
-    claimed_elsewhere: int = 0
-    fence: Fence | None = None
 
 
 def classify_bad_request(message: str) -> str:
@@ -141,6 +137,23 @@ def _invalid_ids(item: PromptItem, *, vocab: int) -> tuple[str, str] | None:
         bad = next(i for i in item.ids if i < 0 or i >= vocab)
         return reasons.INVALID_TOKEN_ID, f"id {bad} is outside the vocabulary (size {vocab}); never sent"
     return None
+
+
+Servers = dict[str, tuple[ServerState, Backend]]  # url: its state and the backend its requests are built with
+
+
+def routable(node_state: NodeState, servers: Iterable[str]) -> Servers:
+    """The servers prompts may go to: healthy, not suspected since, and of a kind preflight
+    found (the pool cannot route to one before)."""
+    states, suspects, _ = node_state.routing()
+    found = {}
+    for url in servers:
+        state = states.get(url)
+        if state is None or state.state != HEALTHY or suspects.get(url, 0.0) > state.since:
+            continue
+        if (backend := backend_for_state(state)) is not None:
+            found[url] = (state, backend)
+    return found
 
 
 def server_capacity(state: ServerState | None) -> int | None:
@@ -189,19 +202,28 @@ class _Inbox:
 
 
 class _Run:
-    """One run of one batch: its in-flight bookkeeping (futures, retries, uncommitted records)
-    and how each prompt ends (fail, settle, retry, commit).
+    """One run of one batch under its lease: which prompts it still has to do, its in-flight
+    bookkeeping (futures, retries, uncommitted records) and how each prompt ends (fail, settle,
+    retry, commit). `claimed` are the keys it holds claims on; `fence` fences every write.
 
-    `sampling` is each prompt's sampling as recorded with a failure, seed included; `sent` is
-    what goes to the server: the same, unless a healthy server would refuse `sampling_seed` as
-    an unknown key (SGLang before it existed): then samples go without it, and records say so.
+    `sampling` is each prompt's sampling, resolved once, as recorded with a failure, seed
+    included; `sent` is what goes to the server: the same, unless a healthy server would refuse
+    `sampling_seed` as an unknown key (SGLang before it existed): then samples go without it,
+    and records say so.
     """
 
-    def __init__(self, runner: BatchRunner, campaign: Campaign, payload: TaskPayload, outcome: BatchOutcome) -> None:
+    settings: CampaignSettings  # set once the batch has prompts to generate
+    deadline: float  # the task's time budget, from the first send
+    timeout: float  # of one request
+
+    def __init__(self, runner: BatchRunner, campaign: Campaign, payload: TaskPayload, lease: BatchLease) -> None:
         self.runner = runner
         self.campaign = campaign
         self.payload = payload
-        self.outcome = outcome
+        self.lease = lease
+        self.fence = Fence(lease.key, lease.holder, lease.ttl_ms, campaign.keys.claims)
+        self.outcome = BatchOutcome()
+        self.claimed: list[str] = []
         self.folder = campaign_dir(runner.config.out, payload.campaign)
         self.sampling = {item.key: payload.sampling_for(item) for item in payload.items}
         self.sent = self.sampling
@@ -213,11 +235,149 @@ class _Run:
         self.first_uncommitted = 0.0
         self._tie = itertools.count()
 
-    def without_seeds(self) -> None:
-        self.sent = {item.key: self.payload.sampling_for(item, with_seed=False) for item in self.payload.items}
-
     def max_new_tokens(self, item: PromptItem) -> int:
         return int(self.sampling[item.key].get("max_new_tokens", 0))
+
+    # before generating ------------------------------------------------------------------
+    def run(self, *, look_for_files: bool) -> None:
+        runner, campaign, payload = self.runner, self.campaign, self.payload
+        if runner.redis_client.exists(campaign.keys.ended):
+            # `close` folded the done set to disk, so every key would look open: generating would
+            # double records. Only a message published after the close can get here.
+            log.warning("batch %s of closed campaign %s: nothing generated", payload.batch, payload.campaign)
+            return
+        if not (items := self.unfinished(look_for_files=look_for_files)):
+            return
+        try:
+            self.settings = runner._campaign_settings(campaign)
+        except CampaignMissing as exc:
+            self.fail_all(items, reasons.CAMPAIGN_SETTINGS_MISSING, str(exc))
+            return
+        if any(item.conversation for item in items):
+            try:
+                runner.followups.prepare(campaign, self.settings)
+            except TokenizerUnavailable as exc:
+                # No GPU time for turns whose next turn could not be rendered here.
+                self.fail_all(items, reasons.TOKENIZER_UNAVAILABLE, str(exc))
+                return
+        if not (items := self.keep(items, partial(_invalid_ids, vocab=self.settings.vocab_size))):
+            return
+        servers = routable(runner.node_state, runner.config.servers)
+        if not servers:
+            raise Requeue("no healthy server")
+        servers = runner._serving_the_model(self.settings, servers)
+        if not servers:
+            raise Requeue("no healthy server serves the campaign's model")
+        if not (items := self.drop_too_long(servers, self.drop_untranslatable(servers, items))):
+            return
+        if any(state.sampling_seed_supported is False for state, _ in servers.values()):
+            self.sent = {item.key: self.payload.sampling_for(item, with_seed=False) for item in self.payload.items}
+        try:
+            self.generate(items)
+        finally:
+            for future in self.pending:
+                future.cancel()
+            # Whatever was generated is kept, even when the rest of the batch is requeued,
+            # unless the lease is lost: then another host may be committing the same prompts.
+            if not self.lease.lost:
+                self.commit()
+
+    def unfinished(self, *, look_for_files: bool) -> list[PromptItem]:
+        """The batch's open prompts, one per key, once this run claimed them and adopted the
+        records a previous attempt left."""
+        campaign, payload, outcome, lease = self.campaign, self.payload, self.outcome, self.lease
+        keys = [item.key for item in payload.items]
+        finished = campaign.finished_keys(keys)
+        outcome.skipped_done = len(finished)
+        # Claimed before anything is adopted or sent: a key another live batch holds is its own.
+        open_keys = list(dict.fromkeys(k for k in keys if k not in finished))
+        busy = claim(self.runner.redis_client, campaign.keys.claims, lease.key, lease.holder, open_keys)
+        self.claimed.extend(k for k in open_keys if k not in busy)
+        if busy:
+            log.info("batch %s: %d prompts are held by another live batch; left to it", payload.batch, len(busy))
+            finished |= busy
+        # A crash between writing a file and marking its keys done leaves the file here.
+        adopted: dict[str, Record] = {}
+        for path in batch_files(self.folder, payload.batch) if look_for_files else ():
+            try:
+                adopted.update({r.key: r for r in read_record_file(path) if r.key not in finished})
+            except RecordFormatError as exc:
+                # Its prompts are generated again; `eagle-synth verify`/`repair` deal with the file.
+                log.warning("batch %s: not adopting damaged file %s: %s", payload.batch, path.name, exc)
+        if adopted:
+            self.mark(list(adopted.values()))
+            outcome.adopted = len(adopted)
+            log.info("batch %s: adopted %d records a previous attempt wrote", payload.batch, len(adopted))
+        pending: dict[str, PromptItem] = {}  # one item per open key, in batch order
+        for item in payload.items:
+            if item.key not in finished and item.key not in adopted:
+                pending.setdefault(item.key, item)
+        return list(pending.values())
+
+    # Any healthy server may get any prompt: the campaign's sampling must mean the same on every
+    # kind of server among them (vLLM lacks some SGLang values), and a prompt must fit each one.
+    def drop_untranslatable(self, servers: Servers, items: list[PromptItem]) -> list[PromptItem]:
+        for url, (state, backend) in servers.items():
+            try:
+                backend.translate_sampling(self.payload.sampling)
+            except UntranslatableSampling as exc:
+                error = f"server {url} ({state.backend}): {exc}"
+                log.error("campaign %s: %s", self.campaign.name, error)
+                return self.fail_all(items, reasons.BAD_SAMPLING_PARAMS, error)
+        return items
+
+    def drop_too_long(self, servers: Servers, items: list[PromptItem]) -> list[PromptItem]:
+        def too_long(item: PromptItem) -> tuple[str, str] | None:
+            problems = (
+                backend.context_problem(prompt_len=len(item.ids), max_new_tokens=self.max_new_tokens(item), state=state)
+                for state, backend in servers.values()
+            )
+            problem = next((why for why in problems if why), None)
+            return None if problem is None else (reasons.PROMPT_TOO_LONG, problem)
+
+        return self.keep(items, too_long)
+
+    # generating -------------------------------------------------------------------------
+    def generate(self, items: list[PromptItem]) -> None:
+        self.deadline = time.monotonic() + self.runner.task_budget
+        self.timeout = self.runner.config.request_timeout(max(self.max_new_tokens(item) for item in items))
+        self.send(*items)
+        while self.pending or self.retries:
+            if why := self.runner._deadline_passed(self.deadline):
+                self.settle_all(self.answered.take(want=0, timeout=0))  # answers that arrived are kept
+                raise Requeue(why)
+            if self.lease.lost:
+                raise Requeue(
+                    "the batch lease was lost (Redis unreachable, or the batch given to another worker); "
+                    "nothing of this attempt is written"
+                )
+            if due := self.due_retries():
+                self.send(*due)
+            wake = WAIT_SLICE
+            if self.retries:
+                wake = min(wake, max(0.0, self.retries[0][0] - time.monotonic()))
+            if self.pending:
+                self.settle_all(self.answered.take(want=len(self.pending), timeout=wake))
+            else:
+                time.sleep(wake)
+            if self.records and time.monotonic() - self.first_uncommitted >= COMMIT_AFTER:
+                self.commit()
+
+    def send(self, *items: PromptItem) -> None:
+        futures = self.runner.pool.submit_many(
+            prompts=[(item.ids, self.sent[item.key]) for item in items],
+            timeout=min(self.timeout, max(1.0, self.deadline - time.monotonic())),
+            tag=self.campaign.name,
+        )
+        for future, item in zip(futures, items, strict=True):
+            self.pending[future] = item
+            future.add_done_callback(self.answered.put)
+
+    def settle_all(self, done: list[Future]) -> None:
+        for future in done:
+            item = self.pending.pop(future, None)
+            if item is not None:  # else withdrawn (cancelled) after a refusal of the sampling
+                self.settle(item, future.result())
 
     # endings ------------------------------------------------------------------------
     def fail(self, item: PromptItem, reason: str, message: str) -> None:
@@ -227,7 +387,7 @@ class _Run:
             message=message,
             sampling=self.sampling[item.key],
             worker=self.runner.node,
-            fence=self.outcome.fence,
+            fence=self.fence,
         )
         self.outcome.failed[reason] = self.outcome.failed.get(reason, 0) + 1
         log.warning("prompt %s (%s) failed: %s: %s", item.key, item.source, reason, message)
@@ -265,7 +425,7 @@ class _Run:
             due.append(heapq.heappop(self.retries)[2])
         return due
 
-    def settle(self, item: PromptItem, answer: Answer, settings: CampaignSettings, send: Callable[..., None]) -> None:
+    def settle(self, item: PromptItem, answer: Answer) -> None:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
         runner, url, error, backend = self.runner, answer.url, answer.error, answer.backend
         if error is None:
@@ -276,7 +436,7 @@ class _Run:
                     # Outputs may reach the model's padded vocabulary; prompts were checked
                     # against the tokenizer's (_invalid_ids).
                     vocab_size=output_id_bound(
-                        tokenizer_size=settings.vocab_size, model_vocab=settings.model_vocab_size
+                        tokenizer_size=self.settings.vocab_size, model_vocab=self.settings.model_vocab_size
                     ),
                     prompt_ids=item.ids,
                     sampling=self.sent[item.key],
@@ -295,7 +455,6 @@ class _Run:
                 if not self.records:
                     self.first_uncommitted = time.monotonic()
                 self.records.append(self.record(url, item, reply, backend=backend.name))
-                self.outcome.servers.add(url)
                 return
         if isinstance(error, BadSamplingParams):
             self.refuse_sampling(item, error)
@@ -305,7 +464,7 @@ class _Run:
             runner.node_state.suspect(url, str(error))
             if not runner.pool.routable():
                 raise Requeue(f"server {url} is down: {error}")
-            send(item)  # another server takes it; the prompt did nothing wrong
+            self.send(item)  # another server takes it; the prompt did nothing wrong
         else:
             self.retry(
                 item, reasons.BAD_RESPONSE if isinstance(error, BadResponse) else reasons.SERVER_ERROR, str(error)
@@ -360,7 +519,7 @@ class _Run:
         turn also stores its next turn in the same step (workers/followups.py)."""
         while True:
             try:
-                self.runner.followups.commit(self.campaign, self.payload, records, fence=self.outcome.fence)
+                self.runner.followups.commit(self.campaign, self.payload, records, fence=self.fence)
                 return
             except STATE_UNAVAILABLE as exc:
                 if self.runner.stopping.is_set():
@@ -381,14 +540,13 @@ class _Run:
             return
         runner, folder, campaign = self.runner, self.folder, self.campaign
         # Turns of conversations with tools say how many tool calls they make.
-        runner.followups.count_tool_calls(runner._campaign_settings(campaign), self.payload, records)
+        runner.followups.count_tool_calls(self.settings, self.payload, records)
         try:
             if campaign.name not in runner._swept:
                 runner._swept.add(campaign.name)
                 remove_stale_temporaries(folder)
             # A full lease TTL for the rename and the mark that follow; a lost lease writes nothing.
-            if self.outcome.fence is not None:
-                self.outcome.fence.renew(runner.redis)
+            self.fence.renew(runner.redis_client)
             path = write_record_file(folder, campaign=campaign.name, batch=self.payload.batch, records=records)
         except OSError as exc:  # ENOSPC, EROFS, EACCES, EDQUOT, EIO...: the operator can fix each
             detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
@@ -406,6 +564,7 @@ class _Run:
         runner._refresh_manifest(campaign, folder)
 
 
+@dataclass(kw_only=True, eq=False)
 class BatchRunner:
     """Runs batches on the worker's batch threads; shares one InflightPool and HTTP clients.
 
@@ -414,38 +573,27 @@ class BatchRunner:
         task_budget: seconds a batch may run before it requeues what is left.
         pool: the process-wide in-flight pool the prompts are sent through.
         disk: the output folder's state, shared with the health gate.
-        followups: marks records done and carries conversations' next turns to the queue.
+        followups: marks records done and carries conversations' next turns to the queue;
+            holds the process's cache of campaign settings.
         stopping, shutdown_grace: set at shutdown; seconds a batch goes on after it.
     """
 
-    def __init__(
-        self,
-        *,
-        config: WorkerConfig,
-        redis_client: redis.Redis,
-        node: str,
-        task_budget: float,
-        pool: InflightPool,
-        disk: DiskState,
-        followups: FollowUps,
-        stopping: threading.Event | None = None,
-        shutdown_grace: float = 0.0,
-    ) -> None:
-        self.config = config
-        self.redis = redis_client
-        self.node = node
-        self.node_state = NodeState(redis_client, node)
-        self.task_budget = task_budget
-        self.pool = pool
-        self.disk = disk
-        self.followups = followups
-        self.stopping = stopping or threading.Event()
-        self.shutdown_grace = shutdown_grace
+    config: WorkerConfig
+    redis_client: redis.Redis
+    node: str
+    task_budget: float
+    pool: InflightPool
+    disk: DiskState
+    followups: FollowUps
+    stopping: threading.Event = field(default_factory=threading.Event)
+    shutdown_grace: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.node_state = NodeState(self.redis_client, self.node)
         self._stop_deadline: float | None = None
-        self.health_clients = {url: ServerClient(url, pool_connections=4) for url in config.servers}
+        self.health_clients = {url: ServerClient(url, pool_connections=4) for url in self.config.servers}
         self.model_check = ModelCheck(self.health_clients)
         self._health_seen: dict[str, tuple[float, bool]] = {}
-        self._settings: dict[str, CampaignSettings] = {}
         self._noted: set[tuple[str, str]] = set()
         self._manifest_at: dict[str, float] = {}
         self._swept: set[str] = set()
@@ -459,27 +607,24 @@ class BatchRunner:
         Only a message delivered before (`retried`) or a lease taken over can have left record
         files to adopt, so only then is the records folder listed (costly as a campaign grows).
         """
-        campaign = Campaign(self.redis, payload.campaign)
-        with BatchLease(self.redis, campaign.keys.lease(payload.batch)) as lease:
-            outcome = BatchOutcome(fence=Fence(lease.key, lease.holder, lease.ttl_ms, campaign.keys.claims))
-            claimed: list[str] = []
+        campaign = Campaign(self.redis_client, payload.campaign)
+        with BatchLease(self.redis_client, campaign.keys.lease(payload.batch)) as lease:
+            run = _Run(self, campaign, payload, lease)
             try:
-                self._run(
-                    _Run(self, campaign, payload, outcome), lease, claimed, look_for_files=retried or lease.took_over
-                )
+                run.run(look_for_files=retried or lease.took_over)
             except (LeaseLost, ClaimLeaseLost) as exc:
                 raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
             finally:
                 with contextlib.suppress(redis.RedisError):  # else they lapse with the lease
-                    release(self.redis, campaign.keys.claims, lease.key, lease.holder, claimed)
+                    release(self.redis_client, campaign.keys.claims, lease.key, lease.holder, run.claimed)
         # The campaign's copy of the batch is no longer needed once every key ended.
-        forget_if_finished(self.redis, payload.campaign, payload.batch, [item.key for item in payload.items])
-        return outcome
+        forget_if_finished(self.redis_client, payload.campaign, payload.batch, [item.key for item in payload.items])
+        return run.outcome
 
     def fail_unfinished(self, payload: TaskPayload, *, reason: str, message: str) -> int:
         """Record every prompt of the batch with neither record nor failure as failed (the
         catch-all's last step: a batch that keeps erring ends replayable, not vanished)."""
-        campaign = Campaign(self.redis, payload.campaign)
+        campaign = Campaign(self.redis_client, payload.campaign)
         keys = [item.key for item in payload.items]
         finished = campaign.finished_keys(keys)
         failed = 0
@@ -490,151 +635,30 @@ class BatchRunner:
                     item, reason=reason, message=message, sampling=payload.sampling_for(item), worker=self.node
                 )
                 failed += 1
-        forget_if_finished(self.redis, payload.campaign, payload.batch, keys)
+        forget_if_finished(self.redis_client, payload.campaign, payload.batch, keys)
         return failed
 
-    # one batch ----------------------------------------------------------------------
-    def _run(self, run: _Run, lease: BatchLease, claimed: list[str], *, look_for_files: bool) -> None:
-        campaign, payload = run.campaign, run.payload
-        if self.redis.exists(campaign.keys.ended):
-            # `close` folded the done set to disk, so every key would look open: generating would
-            # double records. Only a message published after the close can get here.
-            log.warning("batch %s of closed campaign %s: nothing generated", payload.batch, payload.campaign)
-            return
-        if not (items := self._unfinished(run, lease, claimed, look_for_files=look_for_files)):
-            return
-        try:
-            settings = self._campaign_settings(campaign)
-        except CampaignMissing as exc:
-            run.fail_all(items, reasons.CAMPAIGN_SETTINGS_MISSING, str(exc))
-            return
-        if any(item.conversation for item in items):
-            try:
-                self.followups.prepare(campaign, settings)
-            except TokenizerUnavailable as exc:
-                # No GPU time for turns whose next turn could not be rendered here.
-                run.fail_all(items, reasons.TOKENIZER_UNAVAILABLE, str(exc))
-                return
-        if not (items := run.keep(items, partial(_invalid_ids, vocab=settings.vocab_size))):
-            return
-        states = self._healthy_states()
-        if not states:
-            raise Requeue("no healthy server")
-        states = self._serving_the_model(settings, states)
-        if not states:
-            raise Requeue("no healthy server serves the campaign's model")
-        if not (items := self._drop_too_long(run, states, self._drop_untranslatable(run, states, items))):
-            return
-        if any(state.sampling_seed_supported is False for state in states.values()):
-            run.without_seeds()
-        try:
-            self._generate(run, settings, items, lease)
-        finally:
-            for future in run.pending:
-                future.cancel()
-            # Whatever was generated is kept, even when the rest of the batch is requeued,
-            # unless the lease is lost: then another host may be committing the same prompts.
-            if not lease.lost:
-                run.commit()
-
+    # shared by the batches ------------------------------------------------------------
     def _campaign_settings(self, campaign: Campaign) -> CampaignSettings:
-        if campaign.name not in self._settings and (settings := campaign.settings()) is not None:
-            self._settings[campaign.name] = settings
-        if campaign.name not in self._settings:
+        if (settings := self.followups.campaign_settings(campaign.name)) is None:
             raise CampaignMissing(
                 f"campaign {campaign.name!r} has no settings in Redis (deleted, or evicted by a Redis whose "
                 "maxmemory-policy is not noeviction); run the same `eagle-synth enqueue` again to restore them, "
                 f"then `eagle-synth retry-failed {campaign.name}`"
             )
-        return self._settings[campaign.name]
+        return settings
 
-    def _unfinished(
-        self, run: _Run, lease: BatchLease, claimed: list[str], *, look_for_files: bool
-    ) -> list[PromptItem]:
-        campaign, payload, outcome = run.campaign, run.payload, run.outcome
-        keys = [item.key for item in payload.items]
-        finished = campaign.finished_keys(keys)
-        outcome.skipped_done = len(finished)
-        # Claimed before anything is adopted or sent: a key another live batch holds is its own.
-        open_keys = list(dict.fromkeys(k for k in keys if k not in finished))
-        busy = claim(self.redis, campaign.keys.claims, lease.key, lease.holder, open_keys)
-        claimed.extend(k for k in open_keys if k not in busy)
-        if busy:
-            outcome.claimed_elsewhere = len(busy)
-            log.info("batch %s: %d prompts are held by another live batch; left to it", payload.batch, len(busy))
-            finished |= busy
-        # A crash between writing a file and marking its keys done leaves the file here.
-        adopted: dict[str, Record] = {}
-        for path in batch_files(run.folder, payload.batch) if look_for_files else ():
-            try:
-                adopted.update({r.key: r for r in read_record_file(path) if r.key not in finished})
-            except RecordFormatError as exc:
-                # Its prompts are generated again; `eagle-synth verify`/`repair` deal with the file.
-                log.warning("batch %s: not adopting damaged file %s: %s", payload.batch, path.name, exc)
-        if adopted:
-            run.mark(list(adopted.values()))
-            outcome.adopted = len(adopted)
-            log.info("batch %s: adopted %d records a previous attempt wrote", payload.batch, len(adopted))
-        pending: dict[str, PromptItem] = {}  # one item per open key, in batch order
-        for item in payload.items:
-            if item.key not in finished and item.key not in adopted:
-                pending.setdefault(item.key, item)
-        return list(pending.values())
-
-    def _healthy_states(self) -> dict[str, ServerState]:
-        states, suspects, _ = self.node_state.routing()
-        # A server's kind is known once preflight passed; the pool cannot route to it before.
-        return {
-            url: state
-            for url in self.config.servers
-            if (state := states.get(url)) is not None
-            and state.state == HEALTHY
-            and state.backend in BACKENDS
-            and suspects.get(url, 0.0) <= state.since
-        }
-
-    def _serving_the_model(self, settings: CampaignSettings, states: dict[str, ServerState]) -> dict[str, ServerState]:
-        """`states` minus the servers that serve another model than the campaign's, each handed
-        to the health gate to be refused (workers/model_check.py)."""
+    def _serving_the_model(self, settings: CampaignSettings, servers: Servers) -> Servers:
+        """`servers` minus those that serve another model than the campaign's, each handed to
+        the health gate to be refused (workers/model_check.py)."""
         kept = {}
-        for url, state in states.items():
+        for url, (state, backend) in servers.items():
             if (line := self.model_check.problem(url, state, settings)) is None:
-                kept[url] = state
+                kept[url] = (state, backend)
             else:
                 self.node_state.suspect(url, REFUSE_PREFIX + line)
         return kept
 
-    # Any healthy server may get any prompt: the campaign's sampling must mean the same on every
-    # kind of server among them (vLLM lacks some SGLang values), and a prompt must fit each one.
-    def _drop_untranslatable(
-        self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]
-    ) -> list[PromptItem]:
-        for url, state in states.items():
-            if (backend := backend_for_state(state)) is None:
-                continue
-            try:
-                backend.translate_sampling(run.payload.sampling)
-            except UntranslatableSampling as exc:
-                error = f"server {url} ({state.backend}): {exc}"
-                log.error("campaign %s: %s", run.campaign.name, error)
-                return run.fail_all(items, reasons.BAD_SAMPLING_PARAMS, error)
-        return items
-
-    def _drop_too_long(self, run: _Run, states: dict[str, ServerState], items: list[PromptItem]) -> list[PromptItem]:
-        backends = [(backend, state) for state in states.values() if (backend := backend_for_state(state))]
-
-        def too_long(item: PromptItem) -> tuple[str, str] | None:
-            max_new = run.max_new_tokens(item)
-            problems = (
-                backend.context_problem(prompt_len=len(item.ids), max_new_tokens=max_new, state=state)
-                for backend, state in backends
-            )
-            problem = next((why for why in problems if why), None)
-            return None if problem is None else (reasons.PROMPT_TOO_LONG, problem)
-
-        return run.keep(items, too_long)
-
-    # generation ---------------------------------------------------------------------
     def _deadline_passed(self, deadline: float) -> str | None:
         now = time.monotonic()
         if now >= deadline:
@@ -646,49 +670,6 @@ class BatchRunner:
             if now >= self._stop_deadline:
                 return "the worker is shutting down"
         return None
-
-    def _generate(self, run: _Run, settings: CampaignSettings, items: list[PromptItem], lease: BatchLease) -> None:
-        deadline = time.monotonic() + self.task_budget
-        timeout = self.config.request_timeout(max(run.max_new_tokens(item) for item in items))
-
-        def send(*sent: PromptItem) -> None:
-            remaining = max(1.0, deadline - time.monotonic())
-            futures = self.pool.submit_many(
-                prompts=[(item.ids, run.sent[item.key]) for item in sent],
-                timeout=min(timeout, remaining),
-                tag=run.campaign.name,
-            )
-            for future, item in zip(futures, sent, strict=True):
-                run.pending[future] = item
-                future.add_done_callback(run.answered.put)
-
-        def settle(done: list[Future]) -> None:
-            for future in done:
-                item = run.pending.pop(future, None)
-                if item is not None:  # else withdrawn (cancelled) after a refusal of the sampling
-                    run.settle(item, future.result(), settings, send)
-
-        send(*items)
-        while run.pending or run.retries:
-            if why := self._deadline_passed(deadline):
-                settle(run.answered.take(want=0, timeout=0))  # answers that arrived are kept
-                raise Requeue(why)
-            if lease.lost:
-                raise Requeue(
-                    "the batch lease was lost (Redis unreachable, or the batch given to another worker); "
-                    "nothing of this attempt is written"
-                )
-            if due := run.due_retries():
-                send(*due)
-            wake = WAIT_SLICE
-            if run.retries:
-                wake = min(wake, max(0.0, run.retries[0][0] - time.monotonic()))
-            if run.pending:
-                settle(run.answered.take(want=len(run.pending), timeout=wake))
-            else:
-                time.sleep(wake)
-            if run.records and time.monotonic() - run.first_uncommitted >= COMMIT_AFTER:
-                run.commit()
 
     def _server_down(self, url: str, detail: str) -> bool:
         """After a failed request: is the server itself down (requeue) or was it a blip (retry)?"""

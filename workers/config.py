@@ -132,10 +132,6 @@ def option_help(name: str) -> str:
     return f"{f.description}{shown} [env: {WorkerConfig.env_name(name)}]"
 
 
-def default(name: str) -> Any:
-    return WorkerConfig.model_fields[name].default
-
-
 def default_concurrency(*, inflight: int, servers: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
     """Batches to hold open (batch threads) so `inflight` tickets per server never run dry."""
     return max(2, math.ceil(OPEN_PROMPTS_PER_TICKET * inflight * servers / batch_size))

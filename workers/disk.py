@@ -53,10 +53,6 @@ class DiskState:
         self.detail: str | None = None
         self._next_probe = 0.0
 
-    @property
-    def ok(self) -> bool:
-        return self.detail is None
-
     def failed(self, detail: str, *, folder: Path | None = None) -> None:
         with self._lock:
             self.detail = detail

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import msgpack
 import msgspec
@@ -45,7 +45,6 @@ from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import followup_owner
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
-from workers.config import default as _config_default
 from workers.lease import LEASE_TTL
 from workers.renderer import Renderer, RendererMismatch
 
@@ -71,19 +70,39 @@ RENDER_ATTEMPTS = 3
 PREPARE_RETRY = 30.0
 # Seconds a batch thread waits for the rendering processes to count its answers' tool calls.
 COUNT_TIMEOUT = 120.0
+# A turn's answer as a follow-up holds it: the renderer's (next_turn's) argument names.
+ANSWER_FIELDS = ("output_ids", "finish_reason", "matched")
 
 
 @dataclass(slots=True)
 class _Pending:
-    """A follow-up held in memory through render, ready, form: `data` as its outbox entry
-    stores it, `item` its prompt item (unpacked once)."""
+    """A follow-up (turn `key` of `campaign`) held in memory through render, ready, form, sent
+    with its batch's `sampling`. Until it is rendered, `item` is the previous turn's (ids left
+    out) and `answer` that turn's answer (ANSWER_FIELDS); then `item` is its own and `answer`
+    empty. Each outbox entry is packed from it once, and read back (`stored`) only by a process
+    that did not hold it."""
 
     campaign: str
     key: str
-    data: dict
+    sampling: dict
     item: PromptItem
+    answer: tuple = ()
     attempts: int = 0
     since: float = field(default_factory=time.monotonic)
+
+    def packed(self) -> bytes:
+        """As the outbox stores it: state "render" (with the answer) or "ready"."""
+        data: dict = {"s": "ready", "sampling": self.sampling, "item": pack_item(self.item)}
+        if self.answer:
+            out, finish, matched = self.answer
+            data.update(s="render", out=pack_ids(out), finish=finish, matched=matched)
+        return _packed(data)
+
+    @classmethod
+    def stored(cls, campaign: str, key: str, blob: bytes) -> _Pending:
+        data = msgpack.unpackb(blob, raw=False)
+        answer = (unpack_ids(data["out"]), data["finish"], data["matched"]) if data["s"] == "render" else ()
+        return cls(campaign, key, data["sampling"], unpack_item(data["item"]), answer)
 
 
 def _packed(data: dict) -> bytes:
@@ -107,9 +126,9 @@ def _end_entry(key: str, item: PromptItem, reason: str, message: str = "") -> En
     return key, END, conversation, blob
 
 
-def _group_of(data: dict) -> str:
-    """Rendered turns batch together when their sampling is the same."""
-    return json.dumps(data["sampling"], sort_keys=True)
+def _group_of(pending: _Pending) -> tuple[str, str]:
+    """Rendered turns batch together when their campaign and sampling are the same."""
+    return pending.campaign, json.dumps(pending.sampling, sort_keys=True)
 
 
 def _by_campaign(pendings: Iterable[Any], campaign: Callable[[Any], str]) -> dict[str, list]:
@@ -128,6 +147,7 @@ def _parse_facts(settings: CampaignSettings) -> dict:
     }
 
 
+@dataclass(kw_only=True, eq=False)
 class FollowUps:
     """Commits conversation turns and carries their next turns to the queue (module docstring).
 
@@ -140,20 +160,13 @@ class FollowUps:
             then go out after HUNGRY_WAIT instead of waiting for a full batch.
     """
 
-    def __init__(
-        self,
-        *,
-        redis_client: redis.Redis,
-        send: Callable[[dict], None],
-        render_processes: int = _config_default("render_processes"),
-        stopping: threading.Event | None = None,
-        hungry: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self.client = redis_client
-        self.send = send
-        self.hungry = hungry
-        self.render_processes = render_processes
-        self.stopping = stopping or threading.Event()
+    redis_client: redis.Redis
+    send: Callable[[dict], None]
+    render_processes: int
+    stopping: threading.Event = field(default_factory=threading.Event)
+    hungry: Callable[[], bool] = lambda: False
+
+    def __post_init__(self) -> None:
         self.owner = holder_id(secrets.token_hex(4))
         self._lock = threading.Lock()
         self._renderer_lock = threading.Lock()
@@ -176,7 +189,7 @@ class FollowUps:
         self._swept_at = 0.0
 
     def _store(self, name: str) -> ConversationStore:
-        return ConversationStore(Campaign(self.client, name))
+        return ConversationStore(Campaign(self.redis_client, name))
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -201,7 +214,7 @@ class FollowUps:
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1)
         with contextlib.suppress(redis.RedisError):
-            self.client.delete(followup_owner(self.owner))  # others adopt at their next sweep
+            self.redis_client.delete(followup_owner(self.owner))  # others adopt at their next sweep
         with self._renderer_lock:
             for renderer in self._renderers.values():
                 renderer.close()
@@ -274,16 +287,9 @@ class FollowUps:
                 continue
             following = turn_key(state.key, item.turn + 1)
             parent = msgspec.structs.replace(item, ids=[])
-            data = {
-                "s": "render",
-                "sampling": payload.sampling,
-                "item": pack_item(parent),
-                "out": pack_ids(record.output_ids),
-                "finish": record.finish_reason,
-                "matched": record.finish_matched,
-            }
-            follow[following] = _Pending(campaign=campaign.name, key=following, data=data, item=parent)
-            entries.append((record.key, FOLLOW, following, _packed(data)))
+            answer = (record.output_ids, record.finish_reason, record.finish_matched)
+            follow[following] = pending = _Pending(campaign.name, following, payload.sampling, parent, answer)
+            entries.append((record.key, FOLLOW, following, pending.packed()))
         with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
             self._rendering.update({(campaign.name, key): pending for key, pending in follow.items()})
         stored: set[str] = set()
@@ -324,11 +330,12 @@ class FollowUps:
     def _keep_alive(self) -> None:
         now = time.monotonic()
         if now - self._alive_at >= OWNER_TTL / 3:
-            self.client.set(followup_owner(self.owner), "1", px=int(OWNER_TTL * 1000))
+            self.redis_client.set(followup_owner(self.owner), "1", px=int(OWNER_TTL * 1000))
             self._alive_at = now
 
-    def _campaign_settings(self, name: str) -> CampaignSettings | None:
-        if name not in self._settings and (settings := Campaign(self.client, name).settings()) is not None:
+    def campaign_settings(self, name: str) -> CampaignSettings | None:
+        """A campaign's settings (read from Redis once per process), None if Redis has none."""
+        if name not in self._settings and (settings := Campaign(self.redis_client, name).settings()) is not None:
             self._settings[name] = settings
         return self._settings.get(name)
 
@@ -343,7 +350,7 @@ class FollowUps:
                 raise TokenizerUnavailable(failed[1])
             # A tokenizer that is not stored is asked for again each time (one GET): a rerun of the
             # enqueue stores it, and `retry-failed` must then find it at once.
-            folder = fetch_tokenizer(self.client, fingerprint=identity[0], chat_template_hash=identity[1])
+            folder = fetch_tokenizer(self.redis_client, fingerprint=identity[0], chat_template_hash=identity[1])
             try:
                 renderer = Renderer(
                     folder=folder,
@@ -381,8 +388,7 @@ class FollowUps:
 
     def _submit_renders(self) -> None:
         with self._lock:
-            waiting = list(self._to_render)
-            self._to_render.clear()
+            waiting, self._to_render = list(self._to_render), deque()
         for name, group in _by_campaign(waiting, lambda p: p.campaign).items():
             keep = group  # what is not submitted stays for a later tick
             try:
@@ -394,7 +400,7 @@ class FollowUps:
         """Send a campaign's turns to its renderer; returns those that could not be sent."""
         if time.monotonic() < self._blocked_until.get(name, 0.0):
             return group
-        settings = self._campaign_settings(name)
+        settings = self.campaign_settings(name)
         try:
             if settings is None:
                 raise TokenizerUnavailable(f"campaign {name!r} has no settings in Redis")
@@ -406,16 +412,7 @@ class FollowUps:
         facts = {**_parse_facts(settings), "max_prompt_tokens": settings.max_prompt_tokens}
         for start in range(0, len(group), RENDER_CHUNK):
             chunk = group[start : start + RENDER_CHUNK]
-            jobs = [
-                {
-                    "state": p.item.conversation,
-                    "output_ids": unpack_ids(p.data["out"]),
-                    "finish_reason": p.data["finish"],
-                    "matched": p.data["matched"],
-                    **facts,
-                }
-                for p in chunk
-            ]
+            jobs = [{"state": p.item.conversation, **dict(zip(ANSWER_FIELDS, p.answer)), **facts} for p in chunk]
             try:
                 future = renderer.submit(jobs)
             except Exception as exc:  # the pool broke: a new one at the next tick
@@ -437,7 +434,7 @@ class FollowUps:
                 self._ready_results.extend(zip(chunk, future.result()))
             except Exception as exc:  # a renderer process died: start a new pool, try again
                 log.warning("renderer failed (%s: %s); rendering %d turns again", type(exc).__name__, exc, len(chunk))
-                if (settings := self._campaign_settings(chunk[0].campaign)) is not None:
+                if (settings := self.campaign_settings(chunk[0].campaign)) is not None:
                     self._drop_renderer(settings)
                 for pending in chunk:
                     pending.attempts += 1
@@ -447,19 +444,18 @@ class FollowUps:
                     else:
                         self._requeue_renders([pending])
         for name, results in _by_campaign(self._ready_results, lambda r: r[0].campaign).items():
-            settings = self._campaign_settings(name)
+            settings = self.campaign_settings(name)
             entries: list[Entry] = []
             ready = {}
-            for pending, result in results:
+            for pending, (kind, first, second) in results:  # workers/renderer.py's _render results
                 parent = pending.item
-                if result[0] != "ready":
-                    entries.append(_end_entry(pending.key, parent, result[1], result[2]))
+                if kind != "ready":
+                    entries.append(_end_entry(pending.key, parent, first, second))
                     continue
-                item = _next_item(parent, ids=cast(list, result[1]), state=cast(dict, result[2]), settings=settings)
-                data = {"s": "ready", "sampling": pending.data["sampling"], "item": pack_item(item)}
-                ready[pending.key] = _Pending(campaign=name, key=pending.key, data=data, item=item)
+                item = _next_item(parent, ids=first, state=second, settings=settings)
+                ready[pending.key] = rendered = _Pending(name, pending.key, pending.sampling, item)
                 conversation = ConversationState.from_dict(parent.conversation or {}).key
-                entries.append((pending.key, "ready", conversation, _packed(data)))
+                entries.append((pending.key, "ready", conversation, rendered.packed()))
             held = self._store(name).ready(entries, owner=self.owner)
             self._ready_results = [r for r in self._ready_results if r[0].campaign != name]
             with self._lock:
@@ -467,7 +463,7 @@ class FollowUps:
                     self._rendering.pop((name, pending.key), None)
                 for key, pending in ready.items():
                     if key in held:
-                        self._ready.setdefault((name, _group_of(pending.data)), {})[key] = pending
+                        self._ready.setdefault(_group_of(pending), {})[key] = pending
 
     def _form_batches(self) -> None:
         now = time.monotonic()
@@ -482,19 +478,16 @@ class FollowUps:
                 chunk = pendings[:FOLLOWUP_BATCH_SIZE]
                 items = [p.item for p in chunk]
                 keys = [i.key for i in items]
-                payload = TaskPayload(
-                    campaign=name, batch=batch_id(keys), sampling=chunk[0].data["sampling"], items=items
-                ).encode()
-                lost = self._store(name).form(
-                    owner=self.owner, batch=payload["batch"], payload=_packed(payload), keys=keys
-                )
+                batch = batch_id(keys)
+                payload = TaskPayload(campaign=name, batch=batch, sampling=chunk[0].sampling, items=items).encode()
+                lost = self._store(name).form(owner=self.owner, batch=batch, payload=_packed(payload), keys=keys)
                 gone = {p.key for p in chunk if p.key in lost} if lost else set(keys)
                 with self._lock:
                     group = self._ready.get(group_key, {})
                     for key in gone:
                         group.pop(key, None)
                     if not lost:
-                        self._unsent[(name, payload["batch"])] = payload
+                        self._unsent[(name, batch)] = payload
                 pendings = [p for p in pendings if p.key not in gone]
 
     def _publish_formed(self) -> None:
@@ -514,10 +507,9 @@ class FollowUps:
             return
         self._swept_at = now
         untracked_now: set[tuple[str, str]] = set()
-        for name in ConversationStore.campaigns_with_entries(self.client, campaign_names(self.client)):
+        for name in ConversationStore.campaigns_with_entries(self.redis_client, campaign_names(self.redis_client)):
             store = self._store(name)
-            by_owner = _by_campaign(store.owners().items(), lambda pair: pair[1])
-            for owner, pairs in by_owner.items():
+            for owner, pairs in _by_campaign(store.owners().items(), lambda pair: pair[1]).items():
                 entries = [entry for entry, _ in pairs]
                 if owner == self.owner:
                     # Entries of this process it no longer tracks (a Redis error lost a step's reply):
@@ -526,7 +518,7 @@ class FollowUps:
                     untracked_now.update((name, e) for e in lost)
                     for entry in [e for e in lost if (name, e) in self._untracked_before]:
                         self._resume(store, name, entry)
-                elif not holder_alive(self.client, owner, followup_owner(owner)):
+                elif not holder_alive(self.redis_client, owner, followup_owner(owner)):
                     taken = store.adopt(entries, owner=self.owner, dead=owner)
                     if taken:
                         log.warning(
@@ -540,10 +532,9 @@ class FollowUps:
         with self._lock:
             if entry.startswith(BATCH_FIELD_PREFIX):
                 return (name, entry.removeprefix(BATCH_FIELD_PREFIX)) in self._unsent
-            return (
-                (name, entry) in self._rendering
-                or any(p.campaign == name and p.key == entry for p in self._to_render)
-                or any(entry in members for (group_name, _), members in self._ready.items() if group_name == name)
+            # Every entry waiting to be rendered is in `_rendering` from its commit to its ready.
+            return (name, entry) in self._rendering or any(
+                entry in members for (group_name, _), members in self._ready.items() if group_name == name
             )
 
     def _resume(self, store: ConversationStore, name: str, entry: str) -> None:
@@ -556,14 +547,13 @@ class FollowUps:
             return
         if (blob := store.entry(entry)) is None:
             return
-        data = msgpack.unpackb(blob, raw=False)
-        pending = _Pending(campaign=name, key=entry, data=data, item=unpack_item(data["item"]))
+        pending = _Pending.stored(name, entry, blob)
         with self._lock:
-            if data["s"] == "render":
+            if pending.answer:
                 self._rendering[(name, entry)] = pending
                 self._to_render.append(pending)
             else:
-                self._ready.setdefault((name, _group_of(data)), {})[entry] = pending
+                self._ready.setdefault(_group_of(pending), {})[entry] = pending
 
 
 def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings | None) -> PromptItem:

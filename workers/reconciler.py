@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import redis
@@ -64,7 +64,6 @@ class Reconciler:
     send: Callable[[dict], None]
     interval: float = RECONCILE_INTERVAL
     reconcile_after: float = RECONCILE_AFTER
-    full_sweeps: int = field(default=0, init=False)  # for logs and tests
 
     # the cheap look -----------------------------------------------------------------
     def _queue_lists(self) -> list[str]:
@@ -102,13 +101,12 @@ class Reconciler:
                     break
         return found
 
-    def sweep(self, *, force: bool = False) -> int:
+    def sweep(self) -> int:
         """One round if this worker wins the round's lock; returns how many batches it republished."""
         if not won_round(self.client, RECONCILER_LOCK, self.node, self.interval):
             return 0
-        if not force and not self.needs_full_sweep():
+        if not self.needs_full_sweep():
             return 0
-        self.full_sweeps += 1
         # The queue before `unacked`: a message moves from the first to the second, never back
         # unseen (a restore pushes it to the queue, where the next round sees it).
         live = self._queued_batches()

@@ -69,7 +69,6 @@ class Renderer:
     must match the campaign's `fingerprint` and `chat_template_hash` (else RendererMismatch)."""
 
     def __init__(self, *, folder: Path, processes: int, fingerprint: str, chat_template_hash: str) -> None:
-        self.folder = folder
         self.processes = max(1, processes)
         self.expected = (fingerprint, chat_template_hash)
         self._pool = ProcessPoolExecutor(

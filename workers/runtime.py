@@ -12,10 +12,9 @@ import threading
 from collections.abc import Callable, Mapping
 
 from eagle_synth.settings import BrokerSettings, broker_settings
-from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
+from eagle_synth.state.node_state import NodeState, ServerState
 from eagle_synth.state.redis_client import connect
-from workers.backends import backend_for_state
-from workers.batch import BatchRunner, server_capacity
+from workers.batch import BatchRunner, routable, server_capacity
 from workers.config import WorkerConfig, auto_inflight
 from workers.disk import DiskState
 from workers.followups import FollowUps
@@ -47,6 +46,7 @@ class WorkerRuntime:
         send: Callable[[dict], None] | None = None,
     ) -> None:
         settings = broker or broker_settings()
+        stopping = stopping or threading.Event()
         self.config = config
         self.node_state = NodeState(connect(settings), node)
         self._published: dict[tuple[str, str], int] = {}
@@ -95,14 +95,8 @@ class WorkerRuntime:
         if counts != self._published:
             self.node_state.publish_inflight(pid=os.getpid(), counts=counts, previous=self._published)
             self._published = dict(counts)
-        states, suspects, _ = self.node_state.routing()
-        routes = {}
-        for url in self.config.servers:
-            state = states.get(url)
-            backend = backend_for_state(state) if state is not None else None
-            if state is None or state.state != HEALTHY or suspects.get(url, 0.0) > state.since or backend is None:
-                routes[url] = Route(0)
-                continue
+        routes = {url: Route(0) for url in self.config.servers}
+        for url, (state, backend) in routable(self.node_state, self.config.servers).items():
             # Said once: which endpoint (and model) a server's prompts go to.
             identity = (backend.name, model := getattr(backend, "model", None))
             if self._backends.get(url) != identity:
