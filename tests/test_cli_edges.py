@@ -171,3 +171,9 @@ def test_library_errors_end_in_one_line_from_the_app(tmp_path, redis_server):
         ),
     ):
         assert expected in one_line_error(cli(*args, check=False, timeout=90)), args
+    # A password in a server URL would be copied into records, logs and Redis: refused, and not echoed.
+    refused = cli(
+        "worker", "--server", "http://ops:hunter2@127.0.0.1:9", "--out", str(tmp_path / "out"), *redis, check=False
+    )
+    assert "http://ops:***@127.0.0.1:9: a password in a server URL" in one_line_error(refused)
+    assert b"hunter2" not in refused.stdout + refused.stderr

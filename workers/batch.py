@@ -517,11 +517,21 @@ class _Run:
     def mark(self, records: list[Record]) -> None:
         """Mark records on disk done (fenced), waiting for Redis if it is down; a conversation's
         turn also stores its next turn in the same step (workers/followups.py)."""
+        unsure = False  # a try failed without a reply: Redis may have applied it
         while True:
             try:
                 self.runner.followups.commit(self.campaign, self.payload, records, fence=self.fence)
                 return
+            except LeaseLost:
+                # A Redis stopping right after it applied a try sends no reply, and the lease can
+                # lapse while it is down: then the keys are done and this file may be their only
+                # record, so it stays (a copy another batch wrote is dropped by readers).
+                if unsure and self.campaign.all_done([record.key for record in records]):
+                    log.info("batch %s: an earlier try of the mark applied", self.payload.batch)
+                    return
+                raise
             except STATE_UNAVAILABLE as exc:
+                unsure = True
                 if self.runner.stopping.is_set():
                     raise
                 log.warning(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Annotated, Any, Self
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
@@ -16,7 +17,7 @@ from pydantic_settings import NoDecode
 from eagle_synth.errors import UserError
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
 from eagle_synth.settings import EnvSettings
-from workers.backends.base import AUTO, BACKEND_CHOICES
+from workers.backends.base import AUTO, BACKEND_CHOICES, redact_url
 
 # Prompts kept in flight per server when neither --inflight nor the server says how many it runs.
 DEFAULT_INFLIGHT = 256
@@ -99,6 +100,13 @@ class WorkerConfig(EnvSettings):
             problems.append(
                 f"backend given {len(self.backend)} times for {len(self.servers)} servers: give it "
                 "once for all, or once per server in --server order"
+            )
+        # A server's URL is its name in records, logs and Redis: a password in it would be copied
+        # to all of them. SGLang and vLLM take no password in the URL; only a proxy would.
+        if with_password := [redact_url(url) for url in self.servers if urlsplit(url).password is not None]:
+            problems.append(
+                f"server {', '.join(with_password)}: a password in a server URL would be copied into records, "
+                "logs and Redis; give the server's address without one"
             )
         if problems:
             raise ConfigError("; ".join(problems))

@@ -235,6 +235,10 @@ class Campaign:
         done, failed = pipe.execute()
         return {k for k, d, f in zip(keys, done, failed) if d or f is not None}
 
+    def all_done(self, keys: list[str]) -> bool:
+        """Whether every one of these keys has a record (is in the done set)."""
+        return all(self.client.smismember(self.keys.done, keys)) if keys else True
+
     def was_enqueued(self, keys: list[str]) -> list[bool]:
         """Per key, whether it was ever enqueued (it is in `enqueued` or in `done`)."""
         if not keys:
