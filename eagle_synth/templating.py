@@ -76,9 +76,16 @@ def load_tokenizer(
     return tokenizer
 
 
-def _token_id(tokenizer, token: str) -> int | None:
+def token_id(tokenizer, token: str) -> int | None:
+    """The id of one special token, None if the vocabulary lacks it."""
     ids = tokenizer.convert_tokens_to_ids([token])
     return ids[0] if ids and ids[0] is not None and ids[0] != tokenizer.unk_token_id else None
+
+
+def eos_token_ids(tokenizer) -> list[int]:
+    """The tokenizer's EOS ids (`eos_token_id` may be one id, a list or None)."""
+    eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
 def tokenizer_facts(tokenizer) -> TokenizerFacts:
@@ -92,15 +99,13 @@ def tokenizer_facts(tokenizer) -> TokenizerFacts:
     template = tokenizer.chat_template
     if isinstance(template, dict):
         template = json.dumps(template, sort_keys=True)
-    eos = tokenizer.eos_token_id
-    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     return TokenizerFacts(
         fingerprint=hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:16],
         chat_template_hash=hashlib.sha256((template or "").encode()).hexdigest()[:16],
         vocab_size=len(tokenizer),
-        eos_token_ids=eos_ids,
-        think_open_id=_token_id(tokenizer, THINK_OPEN),
-        think_close_id=_token_id(tokenizer, THINK_CLOSE),
+        eos_token_ids=eos_token_ids(tokenizer),
+        think_open_id=token_id(tokenizer, THINK_OPEN),
+        think_close_id=token_id(tokenizer, THINK_CLOSE),
     )
 
 

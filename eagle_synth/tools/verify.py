@@ -122,7 +122,7 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
             source="manifest",
             model_vocab_size=stored.get("model_vocab_size"),
         )
-    from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, tokenizer_facts
+    from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, eos_token_ids, token_id, tokenizer_facts
 
     mismatch = None
     if stored.get("tokenizer_fingerprint"):
@@ -133,23 +133,16 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
                 f"tokenizer fingerprint {fingerprint} differs from the campaign's "
                 f"{stored['tokenizer_fingerprint']} ({stored.get('tokenizer_path', '?')})"
             )
-    eos = tokenizer.eos_token_id
-    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
     return CheckSettings(
         vocab_size=len(tokenizer),
-        eos_token_ids=frozenset(eos_ids | set(stored.get("eos_token_ids") or ())),
+        eos_token_ids=frozenset(eos_token_ids(tokenizer) + list(stored.get("eos_token_ids") or ())),
         stop_token_ids=stops,
-        think_open_id=_token_id(tokenizer, THINK_OPEN),
-        think_close_id=_token_id(tokenizer, THINK_CLOSE),
+        think_open_id=token_id(tokenizer, THINK_OPEN),
+        think_close_id=token_id(tokenizer, THINK_CLOSE),
         source="tokenizer+manifest" if stored else "tokenizer",
         fingerprint_mismatch=mismatch,
         model_vocab_size=stored.get("model_vocab_size") or model_vocab_size(getattr(tokenizer, "name_or_path", "")),
     )
-
-
-def _token_id(tokenizer: Any, token: str) -> int | None:
-    found = tokenizer.convert_tokens_to_ids(token)
-    return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
 
 
 def _rfind_id(data: bytes, needle: bytes) -> int:
