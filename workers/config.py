@@ -16,6 +16,7 @@ from pydantic_settings import NoDecode
 from eagle_synth.errors import UserError
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
 from eagle_synth.settings import EnvSettings
+from workers.backends import REFUSABLE_SETTINGS
 from workers.backends.base import AUTO, BACKEND_CHOICES
 
 # Prompts kept in flight per server when neither --inflight nor the server says how many it runs.
@@ -99,6 +100,11 @@ class WorkerConfig(EnvSettings):
             problems.append(
                 f"backend given {len(self.backend)} times for {len(self.servers)} servers: give it "
                 "once for all, or once per server in --server order"
+            )
+        if unknown := sorted(set(self.allow_server_settings) - set(REFUSABLE_SETTINGS)):
+            problems.append(
+                f"allow_server_settings {', '.join(unknown)}: not a setting preflight refuses "
+                f"(known: {', '.join(REFUSABLE_SETTINGS)})"
             )
         if problems:
             raise ConfigError("; ".join(problems))
