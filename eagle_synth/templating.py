@@ -54,21 +54,32 @@ def check_tokenizer_path(path: str | os.PathLike) -> None:
         raise TemplateError(f"--tokenizer {text}: no such folder; check the path")
 
 
-def load_tokenizer(
-    path: str | os.PathLike, *, trust_remote_code: bool = False, chat_template_file: str | os.PathLike | None = None
+def read_tokenizer(
+    path: str | os.PathLike,
+    *,
+    trust_remote_code: bool = False,
+    hint: str = "add --trust-remote-code if it needs custom code",
 ):
-    """Load a tokenizer from a local folder (or hub name, where a hub is reachable)."""
+    """A tokenizer from a local folder (or hub name, where a hub is reachable), chat template or not;
+    the TemplateError if it cannot load ends with `hint`."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer  # heavy import: only the paths that template pay it
+    from transformers import AutoTokenizer  # heavy import: only the paths that template or decode pay it
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
         raise TemplateError(
             f"cannot load a tokenizer from {path}: {clause(exc)}. Pass --tokenizer a folder with "
-            "tokenizer.json / tokenizer_config.json (add --trust-remote-code if it needs custom code)."
+            f"tokenizer.json / tokenizer_config.json ({hint})."
         ) from exc
+
+
+def load_tokenizer(
+    path: str | os.PathLike, *, trust_remote_code: bool = False, chat_template_file: str | os.PathLike | None = None
+):
+    """Load a tokenizer that has a chat template (its own, or `chat_template_file`)."""
+    tokenizer = read_tokenizer(path, trust_remote_code=trust_remote_code)
     if chat_template_file is not None:
         tokenizer.chat_template = Path(chat_template_file).read_text()
     if not tokenizer.chat_template:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from eagle_synth.errors import UserError, clause
+from eagle_synth.errors import UserError
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
 from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
 
@@ -52,7 +52,7 @@ CHECKS: dict[str, tuple[str, str]] = {
 
 
 class VerifyError(UserError, ValueError):
-    """verify cannot run as asked (no vocabulary size known, tokenizer unloadable); the message says what to pass."""
+    """verify cannot run as asked (no vocabulary size known); the message says what to pass."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,18 +89,10 @@ class CheckSettings:
 
 
 def load_plain_tokenizer(path: str | os.PathLike):
-    """A tokenizer for reading ids (no chat template needed); VerifyError says what went wrong."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer  # heavy import: only commands that decode pay it
+    """A tokenizer for reading ids (no chat template needed); TemplateError says what went wrong."""
+    from eagle_synth.templating import read_tokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
-        raise VerifyError(
-            f"cannot load a tokenizer from {path}: {clause(exc)}. Pass --tokenizer a folder with tokenizer.json "
-            "/ tokenizer_config.json (the one the campaign was enqueued with)."
-        ) from exc
+    return read_tokenizer(path, hint="the one the campaign was enqueued with")
 
 
 def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> CheckSettings:
