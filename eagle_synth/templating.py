@@ -54,12 +54,7 @@ def check_tokenizer_path(path: str | os.PathLike) -> None:
         raise TemplateError(f"--tokenizer {text}: no such folder; check the path")
 
 
-def read_tokenizer(
-    path: str | os.PathLike,
-    *,
-    trust_remote_code: bool = False,
-    hint: str = "add --trust-remote-code if it needs custom code",
-):
+def read_tokenizer(path: str | os.PathLike, *, hint: str, trust_remote_code: bool = False):
     """A tokenizer from a local folder (or hub name, where a hub is reachable), chat template or not;
     the TemplateError if it cannot load ends with `hint`."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -79,7 +74,9 @@ def load_tokenizer(
     path: str | os.PathLike, *, trust_remote_code: bool = False, chat_template_file: str | os.PathLike | None = None
 ):
     """Load a tokenizer that has a chat template (its own, or `chat_template_file`)."""
-    tokenizer = read_tokenizer(path, trust_remote_code=trust_remote_code)
+    tokenizer = read_tokenizer(
+        path, hint="add --trust-remote-code if it needs custom code", trust_remote_code=trust_remote_code
+    )
     if chat_template_file is not None:
         tokenizer.chat_template = Path(chat_template_file).read_text()
     if not tokenizer.chat_template:

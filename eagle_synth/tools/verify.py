@@ -20,6 +20,7 @@ import numpy as np
 from eagle_synth.errors import UserError
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
 from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
+from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, eos_token_ids, read_tokenizer, token_id, tokenizer_facts
 
 # Keys (or files) kept as examples per check in the report.
 EXAMPLES_PER_CHECK = 5
@@ -90,8 +91,6 @@ class CheckSettings:
 
 def load_plain_tokenizer(path: str | os.PathLike):
     """A tokenizer for reading ids (no chat template needed); TemplateError says what went wrong."""
-    from eagle_synth.templating import read_tokenizer
-
     return read_tokenizer(path, hint="the one the campaign was enqueued with")
 
 
@@ -114,8 +113,6 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
             source="manifest",
             model_vocab_size=stored.get("model_vocab_size"),
         )
-    from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, eos_token_ids, token_id, tokenizer_facts
-
     mismatch = None
     if stored.get("tokenizer_fingerprint"):
         # Hashing the vocabulary takes about a second: only when there is a fingerprint to compare.
