@@ -156,6 +156,9 @@ def _size_run(size: int) -> dict:
 
 
 def _failure_run(count: int) -> dict:
+    import json
+
+    import msgspec
     import numpy
 
     from eagle_synth.settings import broker_settings
@@ -174,7 +177,7 @@ def _failure_run(count: int) -> dict:
         sample = [Failure.decode(raw) for raw in client.hmget(c.keys.failed, keys[:2000])]
         pipe = client.pipeline(transaction=False)
         for key, failure in zip(keys[:2000], sample):
-            pipe.hset("bench:json-failures", key, failure.to_json())
+            pipe.hset("bench:json-failures", key, json.dumps(msgspec.structs.asdict(failure)))
         pipe.execute()
         json_bytes = int(client.memory_usage("bench:json-failures", samples=0) or 0) / len(sample)
         client.delete("bench:json-failures")

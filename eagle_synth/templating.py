@@ -54,21 +54,29 @@ def check_tokenizer_path(path: str | os.PathLike) -> None:
         raise TemplateError(f"--tokenizer {text}: no such folder; check the path")
 
 
-def load_tokenizer(
-    path: str | os.PathLike, *, trust_remote_code: bool = False, chat_template_file: str | os.PathLike | None = None
-):
-    """Load a tokenizer from a local folder (or hub name, where a hub is reachable)."""
+def read_tokenizer(path: str | os.PathLike, *, hint: str, trust_remote_code: bool = False):
+    """A tokenizer from a local folder (or hub name, where a hub is reachable), chat template or not;
+    the TemplateError if it cannot load ends with `hint`."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer  # heavy import: only the paths that template pay it
+    from transformers import AutoTokenizer  # heavy import: only the paths that template or decode pay it
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
         raise TemplateError(
             f"cannot load a tokenizer from {path}: {clause(exc)}. Pass --tokenizer a folder with "
-            "tokenizer.json / tokenizer_config.json (add --trust-remote-code if it needs custom code)."
+            f"tokenizer.json / tokenizer_config.json ({hint})."
         ) from exc
+
+
+def load_tokenizer(
+    path: str | os.PathLike, *, trust_remote_code: bool = False, chat_template_file: str | os.PathLike | None = None
+):
+    """Load a tokenizer that has a chat template (its own, or `chat_template_file`)."""
+    tokenizer = read_tokenizer(
+        path, hint="add --trust-remote-code if it needs custom code", trust_remote_code=trust_remote_code
+    )
     if chat_template_file is not None:
         tokenizer.chat_template = Path(chat_template_file).read_text()
     if not tokenizer.chat_template:
@@ -76,9 +84,16 @@ def load_tokenizer(
     return tokenizer
 
 
-def _token_id(tokenizer, token: str) -> int | None:
+def token_id(tokenizer, token: str) -> int | None:
+    """The id of one special token, None if the vocabulary lacks it."""
     ids = tokenizer.convert_tokens_to_ids([token])
     return ids[0] if ids and ids[0] is not None and ids[0] != tokenizer.unk_token_id else None
+
+
+def eos_token_ids(tokenizer) -> list[int]:
+    """The tokenizer's EOS ids (`eos_token_id` may be one id, a list or None)."""
+    eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
 def tokenizer_facts(tokenizer) -> TokenizerFacts:
@@ -92,15 +107,13 @@ def tokenizer_facts(tokenizer) -> TokenizerFacts:
     template = tokenizer.chat_template
     if isinstance(template, dict):
         template = json.dumps(template, sort_keys=True)
-    eos = tokenizer.eos_token_id
-    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     return TokenizerFacts(
         fingerprint=hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:16],
         chat_template_hash=hashlib.sha256((template or "").encode()).hexdigest()[:16],
         vocab_size=len(tokenizer),
-        eos_token_ids=eos_ids,
-        think_open_id=_token_id(tokenizer, THINK_OPEN),
-        think_close_id=_token_id(tokenizer, THINK_CLOSE),
+        eos_token_ids=eos_token_ids(tokenizer),
+        think_open_id=token_id(tokenizer, THINK_OPEN),
+        think_close_id=token_id(tokenizer, THINK_CLOSE),
     )
 
 

@@ -380,11 +380,9 @@ def _publisher(
     from producer.publisher import Publisher
 
     client = connect(broker)
-    warning = check_redis_ready(
-        client, allow_evicting=options.allow_evicting_redis, allow_volatile=options.allow_volatile_redis
+    check_redis_ready(
+        client, warn=warn, allow_evicting=options.allow_evicting_redis, allow_volatile=options.allow_volatile_redis
     )
-    if warning:
-        warn(warning)
     return Publisher(
         campaign=Campaign(client, options.campaign),
         app=make_celery(broker),

@@ -84,7 +84,7 @@ def test_a_failure_encodes_to_the_same_compact_bytes_and_reads_both_layouts():
     assert FAILURE.encode().hex() == FAILURE_HEX
     assert Failure.decode(bytes.fromhex(FAILURE_HEX)) == FAILURE
     assert Failure.decode(OLD_FAILURE_JSON) == Failure.decode(OLD_FAILURE_JSON.encode()) == FAILURE
-    assert FAILURE.to_json() == OLD_FAILURE_JSON
+    assert json.dumps(msgspec.structs.asdict(FAILURE)) == OLD_FAILURE_JSON
     assert Failure.reason_of(OLD_FAILURE_JSON) == Failure.reason_of(bytes.fromhex(FAILURE_HEX)) == "server-error"
     newer = json.dumps({**json.loads(OLD_FAILURE_JSON), "added_later": 1})
     assert Failure.decode(newer) == FAILURE
@@ -116,4 +116,3 @@ def test_server_states_written_by_the_dataclass_version_read_back(redis_server):
     states, _, _ = node.routing()
     assert states == {"http://a:1": STATE, "http://b:2": STATE, "http://c:3": ServerState(state="loading")}
     assert node.snapshot()["server_states"]["http://b:2"] == json.loads(OLD_STATE_JSON)
-    assert ServerState.from_dict(json.loads(OLD_STATE_JSON)) == STATE

@@ -23,7 +23,7 @@ from eagle_synth.payload import PromptItem
 from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.keys import PROMPTS_ENQUEUED, ROWS_READ, ROWS_SKIPPED
 from eagle_synth.state.node_state import HEALTHY, LOADING, UNHEALTHY, NodeState, ServerState
-from eagle_synth.tools.failures import failures_by_reason, format_failures
+from eagle_synth.tools.failures import failure_summary, format_failures
 from eagle_synth.tools.status import CAMPAIGN_ROW_KEYS, STATUS_KEYS, WORKER_KEYS, campaign_status, campaigns_overview
 from eagle_synth.tools.status_view import format_duration, render_status, watch_status
 
@@ -245,7 +245,7 @@ def test_campaigns_lists_progress(client: redis.Redis) -> None:
 
 
 def test_failed_groups_by_reason_most_first(client: redis.Redis) -> None:
-    report = failures_by_reason(Campaign(client, NAME))
+    report = failure_summary(Campaign(client, NAME), examples=1)
     assert report["failed"] == sum(FAILURES.values())
     assert {r: g["count"] for r, g in report["by_reason"].items()} == FAILURES
     lines = format_failures(report, limit=1)

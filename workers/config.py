@@ -17,6 +17,7 @@ from pydantic_settings import NoDecode
 from eagle_synth.errors import UserError
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
 from eagle_synth.settings import EnvSettings
+from workers.backends import REFUSABLE_SETTINGS
 from workers.backends.base import AUTO, BACKEND_CHOICES, redact_url
 
 # Prompts kept in flight per server when neither --inflight nor the server says how many it runs.
@@ -100,6 +101,11 @@ class WorkerConfig(EnvSettings):
             problems.append(
                 f"backend given {len(self.backend)} times for {len(self.servers)} servers: give it "
                 "once for all, or once per server in --server order"
+            )
+        if unknown := sorted(set(self.allow_server_settings) - set(REFUSABLE_SETTINGS)):
+            problems.append(
+                f"allow_server_settings {', '.join(unknown)}: not a setting preflight refuses "
+                f"(known: {', '.join(REFUSABLE_SETTINGS)})"
             )
         # A server's URL is its name in records, logs and Redis: a password in it would be copied
         # to all of them. SGLang and vLLM take no password in the URL; only a proxy would.

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from click.core import ParameterSource
 
 from eagle_synth.cli.options import (
     AllowEvictingOpt,
@@ -70,13 +71,14 @@ def _worker_option(name: str, *flags: str):
 
 @app.command()
 def worker(
-    server: Annotated[list[str], _worker_option("servers", "--server")],
+    ctx: typer.Context,
+    servers: Annotated[list[str], _worker_option("servers", "--server")],
     out: Annotated[Path, _worker_option("out", "--out")],
     backend: Annotated[list[str] | None, _worker_option("backend", "--backend")] = None,
     inflight: Annotated[int | None, _worker_option("inflight")] = None,
     concurrency: Annotated[int | None, typer.Option(help=HELP["concurrency"])] = None,
     allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
-    allow_server_setting: Annotated[
+    allow_server_settings: Annotated[
         list[str] | None, _worker_option("allow_server_settings", "--allow-server-setting")
     ] = None,
     max_attempts: Annotated[int | None, _worker_option("max_attempts")] = None,
@@ -95,16 +97,13 @@ def worker(
     """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""
     from eagle_synth.state.redis_policy import check_redis_ready
 
-    for url in server:
+    for url in servers:
         _check_server_url(url)
     settings = broker_settings(redis_url=redis)
     # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
-    warning = check_redis_ready(
-        redis_client(redis), allow_evicting=allow_evicting_redis, allow_volatile=allow_volatile_redis
+    check_redis_ready(
+        redis_client(redis), warn=warn, allow_evicting=allow_evicting_redis, allow_volatile=allow_volatile_redis
     )
-    if warning:
-        warn(warning)
-    from workers.backends import REFUSABLE_SETTINGS
     from workers.config import ConfigError, WorkerConfig, default_concurrency
     from workers.disk import probe_folder
     from workers.preflight import preflight_at_start
@@ -112,34 +111,19 @@ def worker(
     problem = probe_folder(out)
     if problem:
         fail(f"--out cannot take records: {problem}")
+    given = {
+        name: value
+        for name, value in ctx.params.items()
+        if name in WorkerConfig.model_fields and ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+    }
     try:  # flags given, else the environment (EAGLE_SYNTH_*), else the defaults
-        config = WorkerConfig.load(
-            servers=tuple(server),
-            out=out,
-            backend=tuple(backend) if backend else None,
-            inflight=inflight,
-            allow_server_parsers=allow_server_parsers or None,
-            allow_server_settings=tuple(allow_server_setting) if allow_server_setting else None,
-            max_attempts=max_attempts,
-            timeout_base=timeout_base,
-            timeout_per_token=timeout_per_token,
-            backoff_max=backoff_max,
-            probe_timeout=probe_timeout,
-            render_processes=render_processes,
-        )
+        config = WorkerConfig.load(**given)
     except ConfigError as exc:
         # The library names settings (max_attempts); say the flags (--max-attempts).
         fail(re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], str(exc)))
-    servers = config.servers
-    unknown = sorted(set(config.allow_server_settings) - set(REFUSABLE_SETTINGS))
-    if unknown:
-        fail(
-            f"--allow-server-setting {', '.join(unknown)}: not a setting preflight refuses "
-            f"(known: {', '.join(REFUSABLE_SETTINGS)})"
-        )
     # Preflight the servers that already answer; the others are checked when they come up.
     found = preflight_at_start(
-        servers,
+        config.servers,
         forced=config.backend_for,
         allow_server_parsers=config.allow_server_parsers,
         allowed_settings=config.allow_server_settings,
@@ -160,7 +144,7 @@ def worker(
     # resolved settings reach it through its environment.
     code = supervise_worker(
         env={**settings.to_env(), **config.to_env()},
-        concurrency=concurrency or default_concurrency(inflight=sizing, servers=len(servers)),
+        concurrency=concurrency or default_concurrency(inflight=sizing, servers=len(config.servers)),
         loglevel=loglevel,
         name=name,
         task_events=task_events,

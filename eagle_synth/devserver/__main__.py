@@ -7,7 +7,6 @@ import dataclasses
 import errno
 import inspect
 import logging
-import socket
 import sys
 import typing
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ import typer
 from eagle_synth.devserver.app import run_devserver
 from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.errors import USER_ERROR_EXIT
+from eagle_synth.harness import bind_error
 from eagle_synth.templating import TemplateError, check_tokenizer_path
 
 # Log line format on stderr (stdout carries only the "listening" line).
@@ -33,7 +33,9 @@ def serve(**values: typing.Any) -> None:
         _stop(str(exc))
     port_taken = f"--port {config.port}: address {config.host}:{config.port} is already in use; pick another port "
     port_taken += "(--port 0 takes a free one)"
-    if config.port and not _can_bind(config.host, config.port):
+    if config.port and (refused := bind_error(config.host, config.port)):
+        if refused.errno != errno.EADDRINUSE:
+            raise refused
         _stop(port_taken)  # before the tokenizer's seconds of loading
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     try:
@@ -75,19 +77,6 @@ def _stop(message: str) -> typing.NoReturn:
     """One `error: ...` line on stderr, as every eagle-synth command says it."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise typer.Exit(USER_ERROR_EXIT)
-
-
-def _can_bind(host: str, port: int) -> bool:
-    # As the HTTP server binds it (SO_REUSEADDR).
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return False
-            raise
-    return True
 
 
 if __name__ == "__main__":

@@ -130,10 +130,6 @@ class Failure(msgspec.Struct, frozen=True):
     at: float
     worker: str = ""
 
-    def to_json(self) -> str:
-        """The JSON older versions stored (decode still reads it)."""
-        return json.dumps(msgspec.structs.asdict(self))
-
     def encode(self) -> bytes:
         """FAILURE_MAGIC, reason, newline, a zstd frame of msgpack (ids packed as the queue packs them)."""
         body = [self.message, self.at, self.worker, self.sampling, pack_item(PromptItem.from_replay(self.item))]

@@ -41,11 +41,6 @@ class ServerState(msgspec.Struct):
     sampling_seed_supported: bool | None = None
     backend: str | None = None
 
-    @classmethod
-    def from_dict(cls, data: dict) -> ServerState:
-        """From its JSON form, ignoring fields a newer worker wrote (a rolling upgrade)."""
-        return msgspec.convert(data, cls)
-
 
 class _NodeView(msgspec.Struct):
     """A node's hash parsed (NodeState._read, the one place that knows its field names)."""

@@ -9,6 +9,8 @@ Where CONFIG is forbidden the values come from INFO, else the check becomes a wa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import redis
 
 from eagle_synth.errors import UserError
@@ -105,14 +107,17 @@ def check_persistence(client: redis.Redis, *, allow_volatile: bool = False) -> s
     return f"{VOLATILE_FLAG}: Redis persists nothing; a restart loses the campaign"
 
 
-def check_redis_ready(client: redis.Redis, *, allow_evicting: bool = False, allow_volatile: bool = False) -> str | None:
-    """Ping (authenticating), then both checks; a warning or None, or the checks' and redis's errors."""
+def check_redis_ready(
+    client: redis.Redis, *, warn: Callable[[str], None], allow_evicting: bool = False, allow_volatile: bool = False
+) -> None:
+    """Ping (authenticating), then both checks; passes any warning to `warn`, raises the checks' and redis's errors."""
     client.ping()
     warnings = [
         check_eviction_policy(client, allow_evicting=allow_evicting),
         check_persistence(client, allow_volatile=allow_volatile),
     ]
-    return "; ".join(w for w in warnings if w) or None
+    if warning := "; ".join(w for w in warnings if w):
+        warn(warning)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -1,11 +1,11 @@
 """A campaign's failed prompts grouped by reason (`eagle-synth failed`).
 
-`failures_by_reason` returns one JSON-ready dict; its keys are the contract of
-`eagle-synth failed --json`: {"campaign", "failed", "by_reason": {reason: {"count", "prompts"}}},
-each prompt {"key", "id", "source", "message", "at", "worker"}, reasons in order of first key.
-`write_failures_json` writes the same object streamed (prompts in scan order), and
-`failure_summary` the same with up to `examples` prompts per reason: both read failures in HSCAN
-steps, so `failed` runs in bounded memory at any number of failures.
+`write_failures_json` writes one JSON object, streamed; its keys are the contract of
+`eagle-synth failed --json`: {"campaign", "failed", "by_reason": {reason: {"count", "prompts"}},
+"conversations_stopped"}, each prompt {"key", "id", "source", "message", "at", "worker"} (in scan
+order). `failure_summary` gives the same as a dict with up to `examples` prompts per reason (the
+lowest keys): both read failures in HSCAN steps, so `failed` runs in bounded memory at any number
+of failures.
 """
 
 from __future__ import annotations
@@ -25,21 +25,6 @@ from eagle_synth.state.conversation_store import ConversationStore
 MESSAGE_PREVIEW_CHARS = 200
 
 
-def failures_by_reason(campaign: Campaign, *, examples: int = 5) -> dict:
-    """Current failures by reason, prompts sorted by key; `--history own`: also the conversations
-    that stopped early, by reason (up to `examples` each)."""
-    failures = campaign.failures()
-    by_reason: dict[str, list[dict]] = {}
-    for key, failure in sorted(failures.items()):
-        by_reason.setdefault(failure.reason, []).append(_listed(key, failure))
-    return {
-        "campaign": campaign.name,
-        "failed": len(failures),
-        "by_reason": {reason: {"count": len(prompts), "prompts": prompts} for reason, prompts in by_reason.items()},
-        "conversations_stopped": _stopped(campaign, examples),
-    }
-
-
 def _listed(key: str, failure: Failure) -> dict:
     return {
         "key": key,
@@ -57,7 +42,8 @@ def _stopped(campaign: Campaign, examples: int) -> dict:
 
 
 def failure_summary(campaign: Campaign, *, examples: int = 5) -> dict:
-    """failures_by_reason's report with only each reason's `examples` lowest keys, in bounded memory."""
+    """The failures by reason with only each reason's `examples` lowest keys, in bounded memory; `--history
+    own`: also the conversations that stopped early, by reason (up to `examples` each)."""
     counts = campaign.failure_counts()  # kept equal to `failed` by every script that changes it
     lowest: dict[str, list[tuple[str, dict]]] = {}  # per reason, the lowest keys so far, sorted
     for key, failure in campaign.iter_failures():
@@ -78,7 +64,7 @@ def failure_summary(campaign: Campaign, *, examples: int = 5) -> dict:
 
 
 def write_failures_json(campaign: Campaign, out: IO[str], *, examples: int = 5) -> None:
-    """failures_by_reason's report as one JSON object, streamed: prompts spooled per reason, then copied."""
+    """Every failure by reason as one JSON object, streamed: prompts spooled per reason, then copied."""
     spools: dict[str, IO[str]] = {}
     counts: Counter[str] = Counter()
     with ExitStack() as opened:

@@ -10,13 +10,13 @@ command line where `ps` would show them.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from celery import Celery
 
 from eagle_synth.errors import UserError
+from eagle_synth.harness import bind_error
 from eagle_synth.queue import CELERY_URL_OVERRIDES, make_celery
 from eagle_synth.settings import BrokerSettings, broker_settings
 
@@ -116,16 +116,12 @@ class FlowerPortInUse(UserError, OSError):
 
 def check_port_free(*, address: str, port: int) -> None:
     """Raise FlowerPortInUse if (address, port) cannot be bound now, before Flower's own start
-    would fail there with a traceback. SO_REUSEADDR as Tornado binds, so a port in TIME_WAIT passes."""
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((address, port))
-        except OSError as exc:
-            raise FlowerPortInUse(
-                f"--port {port}: cannot listen on {address}:{port} ({exc.strerror}); "
-                "another Flower (or another program) holds it: pick another --port"
-            ) from exc
+    would fail there with a traceback (a port in TIME_WAIT passes)."""
+    if refused := bind_error(address, port):
+        raise FlowerPortInUse(
+            f"--port {port}: cannot listen on {address}:{port} ({refused.strerror}); "
+            "another Flower (or another program) holds it: pick another --port"
+        ) from refused
 
 
 def require_auth_on_metrics() -> None:

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from eagle_synth.errors import UserError, clause
+from eagle_synth.errors import UserError
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
 from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
+from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, eos_token_ids, read_tokenizer, token_id, tokenizer_facts
 
 # Keys (or files) kept as examples per check in the report.
 EXAMPLES_PER_CHECK = 5
@@ -52,7 +53,7 @@ CHECKS: dict[str, tuple[str, str]] = {
 
 
 class VerifyError(UserError, ValueError):
-    """verify cannot run as asked (no vocabulary size known, tokenizer unloadable); the message says what to pass."""
+    """verify cannot run as asked (no vocabulary size known); the message says what to pass."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,18 +90,8 @@ class CheckSettings:
 
 
 def load_plain_tokenizer(path: str | os.PathLike):
-    """A tokenizer for reading ids (no chat template needed); VerifyError says what went wrong."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer  # heavy import: only commands that decode pay it
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
-        raise VerifyError(
-            f"cannot load a tokenizer from {path}: {clause(exc)}. Pass --tokenizer a folder with tokenizer.json "
-            "/ tokenizer_config.json (the one the campaign was enqueued with)."
-        ) from exc
+    """A tokenizer for reading ids (no chat template needed); TemplateError says what went wrong."""
+    return read_tokenizer(path, hint="the one the campaign was enqueued with")
 
 
 def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> CheckSettings:
@@ -122,8 +113,6 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
             source="manifest",
             model_vocab_size=stored.get("model_vocab_size"),
         )
-    from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, tokenizer_facts
-
     mismatch = None
     if stored.get("tokenizer_fingerprint"):
         # Hashing the vocabulary takes about a second: only when there is a fingerprint to compare.
@@ -133,23 +122,16 @@ def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> Ch
                 f"tokenizer fingerprint {fingerprint} differs from the campaign's "
                 f"{stored['tokenizer_fingerprint']} ({stored.get('tokenizer_path', '?')})"
             )
-    eos = tokenizer.eos_token_id
-    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
     return CheckSettings(
         vocab_size=len(tokenizer),
-        eos_token_ids=frozenset(eos_ids | set(stored.get("eos_token_ids") or ())),
+        eos_token_ids=frozenset(eos_token_ids(tokenizer) + list(stored.get("eos_token_ids") or ())),
         stop_token_ids=stops,
-        think_open_id=_token_id(tokenizer, THINK_OPEN),
-        think_close_id=_token_id(tokenizer, THINK_CLOSE),
+        think_open_id=token_id(tokenizer, THINK_OPEN),
+        think_close_id=token_id(tokenizer, THINK_CLOSE),
         source="tokenizer+manifest" if stored else "tokenizer",
         fingerprint_mismatch=mismatch,
         model_vocab_size=stored.get("model_vocab_size") or model_vocab_size(getattr(tokenizer, "name_or_path", "")),
     )
-
-
-def _token_id(tokenizer: Any, token: str) -> int | None:
-    found = tokenizer.convert_tokens_to_ids(token)
-    return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
 
 
 def _rfind_id(data: bytes, needle: bytes) -> int:
