@@ -81,7 +81,8 @@ def test_unexpected_error_is_retried_then_recorded_never_dropped(tmp_path, redis
     wait_finished(redis_server.url, "broken", expected=8, stack=stack, timeout=90)
     assert_exactly_once(redis_server.url, "broken", out / "broken", expected=8)
     assert c.failure_counts() == {"worker-error": 8}
-    assert "TypeError" in next(iter(c.failures().values())).message
+    # The failure names the error: the stored settings lack a required field.
+    assert "ValidationError" in (message := next(iter(c.failures().values())).message) and "tokenizer_path" in message
     assert worker.log().count("unexpected error") >= 2 * 5, "each batch was tried 5 times first"
     assert worker.alive()
 
