@@ -144,7 +144,8 @@ def assert_exactly_once(redis_url: str, name: str, campaign_dir, *, expected: in
     assert len(enqueued) == expected
     assert not (done & failed), "a key is both done and failed"
     assert done | failed == enqueued, f"lost: {sorted(enqueued - done - failed)[:5]}"
-    assert set(records) == done, f"records without done mark or vice versa: {sorted(set(records) ^ done)[:5]}"
+    assert not set(records) - done, f"records whose key is not done: {sorted(set(records) - done)[:5]}"
+    assert not done - set(records), f"done keys without a record: {sorted(done - set(records))[:5]}"
     return records
 
 
