@@ -341,7 +341,10 @@ class _Run:
                     "the batch lease was lost (Redis unreachable, or the batch given to another worker); "
                     "nothing of this attempt is written"
                 )
-            if due := self.due_retries():
+            due = []
+            while self.retries and self.retries[0][0] <= time.monotonic():
+                due.append(heapq.heappop(self.retries)[2])
+            if due:
                 self.send(*due)
             wake = WAIT_SLICE
             if self.retries:
@@ -408,12 +411,6 @@ class _Run:
         delay = random.uniform(delay / 2, delay)
         log.info("prompt %s: %s (attempt %d), retrying in %.1f s", item.key, message, tries, delay)
         heapq.heappush(self.retries, (time.monotonic() + delay, next(self._tie), item))
-
-    def due_retries(self) -> list[PromptItem]:
-        due = []
-        while self.retries and self.retries[0][0] <= time.monotonic():
-            due.append(heapq.heappop(self.retries)[2])
-        return due
 
     def settle(self, item: PromptItem, answer: Answer) -> None:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
