@@ -27,7 +27,7 @@ other exception is a bug or an outage: it keeps its traceback.
     │   ├── ServerDown
     │   └── TransientError → BadResponse (workers/replies.py)
     ├── PromptMismatch, RendererMismatch (workers: the server or renderer changed the prompt ids)
-    ├── Requeue, CampaignMissing, BatchBusy, DiskUnavailable   (workers: a batch's endings)
+    ├── Requeue, BatchBusy, DiskUnavailable   (workers: a batch's endings)
     └── ProtocolError, QueueFullError   (devserver/: its refusals)
 
 Each subclass also derives from the builtin it stands for (ValueError, FileNotFoundError...)

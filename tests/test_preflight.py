@@ -26,13 +26,9 @@ from eagle_synth.state.redis_client import connect
 from workers.backends.base import PreflightError, redact_url
 from workers.backends.sglang import (
     PROVENANCE_LAUNCH_ARGS,
-    SGLANG_REFUSABLE_SETTINGS,
     ContextLimits,
     SGLangBackend,
-    context_limits,
-    context_message,
     draft_reserved_tokens,
-    fits_context,
     provenance,
 )
 from workers.client import (
@@ -86,7 +82,7 @@ def test_each_refused_setting_names_itself_and_its_override(info, setting, says)
     message = str(caught.value)
     assert says in message and f"--allow-server-setting {setting}" in message
     assert check_server(facts(info), allowed_settings={setting}) == [
-        check_server(facts(info), allowed_settings=set(SGLANG_REFUSABLE_SETTINGS))[0]
+        check_server(facts(info), allowed_settings=set(SGLangBackend.checks))[0]
     ]
 
 
@@ -228,24 +224,25 @@ def test_draft_reserved_tokens_follow_sglang(info, reserved):
 
 
 @pytest.mark.parametrize(
-    ("prompt", "max_new", "limits", "fits"),
+    ("prompt", "max_new", "state", "fits"),
     [
-        (100, 28, ContextLimits(context_length=130), True),  # 100 + 28 <= 130 - 2
-        (100, 29, ContextLimits(context_length=130), False),  # passes SGLang's 400 check, but cut to 28
-        (100, 30, ContextLimits(context_length=130), False),  # 400
-        (100, 24, ContextLimits(context_length=130, reserved_tokens=6), True),
-        (100, 25, ContextLimits(context_length=130, reserved_tokens=6), False),  # 400: 100 + 6 + 25 > 130
-        (124, 1, ContextLimits(context_length=130, max_req_input_len=124), False),  # the scheduler's input cap
-        (123, 1, ContextLimits(context_length=130, max_req_input_len=124), True),
-        (100, 20, ContextLimits(context_length=130, max_req_len=110), False),  # a small KV cache
-        (100, 9, ContextLimits(context_length=130, max_req_len=110), True),
-        (10**6, 10**6, ContextLimits(context_length=None), True),  # unknown: the server decides
+        (100, 28, ServerState(context_length=130), True),  # 100 + 28 <= 130 - 2
+        (100, 29, ServerState(context_length=130), False),  # passes SGLang's 400 check, but cut to 28
+        (100, 30, ServerState(context_length=130), False),  # 400
+        (100, 24, ServerState(context_length=130, draft_reserved_tokens=6), True),
+        (100, 25, ServerState(context_length=130, draft_reserved_tokens=6), False),  # 400: 100 + 6 + 25 > 130
+        (124, 1, ServerState(context_length=130, max_req_input_len=124), False),  # the scheduler's input cap
+        (123, 1, ServerState(context_length=130, max_req_input_len=124), True),
+        (100, 20, ServerState(context_length=130, max_total_num_tokens=111), False),  # a small KV cache
+        (100, 9, ServerState(context_length=130, max_total_num_tokens=111), True),
+        (10**6, 10**6, ServerState(context_length=None), True),  # unknown: the server decides
     ],
 )
-def test_fits_context(prompt, max_new, limits, fits):
-    assert fits_context(prompt_len=prompt, max_new_tokens=max_new, limits=limits) is fits
+def test_fits_context(prompt, max_new, state, fits):
+    problem = SGLangBackend().context_problem(prompt_len=prompt, max_new_tokens=max_new, state=state)
+    assert (problem is None) is fits
     if not fits:
-        assert str(prompt) in context_message(prompt_len=prompt, max_new_tokens=max_new, limits=limits)
+        assert str(prompt) in problem
 
 
 def test_limits_from_facts_and_from_the_node_state():
@@ -260,7 +257,9 @@ def test_limits_from_facts_and_from_the_node_state():
     f = ServerFacts(
         url="u", server_info=info, model_info={}, context_length=4096, version=None, max_total_num_tokens=2000
     )
-    limits = context_limits(f)
+    kept = ServerState()
+    SGLangBackend.apply_facts(kept, f, accepted=[])
+    limits = ContextLimits.from_state(kept)
     assert limits == ContextLimits(context_length=4096, reserved_tokens=4, max_req_input_len=4090, max_req_len=1999)
     state = ServerState(context_length=4096, draft_reserved_tokens=4, max_req_input_len=4090, max_total_num_tokens=2000)
     assert ContextLimits.from_state(state) == limits
@@ -477,17 +476,21 @@ def test_client_uses_current_info_endpoints_and_reads_capacity(fleet):
     assert requests.get(url + "/dev/stats", timeout=TIMEOUT).json()["deprecated_info_calls"] == before
     assert (f.context_length, f.version) == (64, "0.5.23")
     assert f.max_running_requests == 64 and f.max_total_num_tokens == 64 * 64
-    assert context_limits(f) == ContextLimits(
+    state = ServerState()
+    SGLangBackend.apply_facts(state, f, accepted=[])
+    assert ContextLimits.from_state(state) == ContextLimits(
         context_length=64, reserved_tokens=4, max_req_input_len=58, max_req_len=63
     )
 
 
 @pytest.mark.parametrize("server", ["plain", "spec"])
 def test_fits_context_agrees_with_the_server_at_every_edge(fleet, server):
-    """The worker's check and the server agree token for token: fits_context says yes exactly
+    """The worker's check and the server agree token for token: context_problem says none exactly
     when the server generates the prompt as asked (no 400, no prompt or max_new_tokens cut)."""
     url = fleet[server]
-    limits = context_limits(ServerClient(url).facts())
+    state = ServerState()
+    SGLangBackend.apply_facts(state, ServerClient(url).facts(), accepted=[])
+    backend = SGLangBackend.from_state(state)
     disagreements = []
     with requests.Session() as session:
         for prompt_len in range(48, 66):
@@ -504,7 +507,8 @@ def test_fits_context_agrees_with_the_server_at_every_edge(fleet, server):
                     and r.json()["meta_info"]["prompt_tokens"] == prompt_len
                 )
                 assert r.status_code in (200, 400), r.text
-                if served != fits_context(prompt_len=prompt_len, max_new_tokens=max_new, limits=limits):
+                problem = backend.context_problem(prompt_len=prompt_len, max_new_tokens=max_new, state=state)
+                if served != (problem is None):
                     disagreements.append((prompt_len, max_new, r.status_code, r.text[:120]))
     assert disagreements == []
 

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import threading
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from celery.exceptions import Reject, Retry
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from eagle_synth import reasons
+from eagle_synth.errors import USER_ERROR_EXIT
 from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
 from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.settings import TIMINGS, broker_settings
@@ -56,10 +56,8 @@ _runtime: WorkerRuntime | None = None
 _runtime_lock = threading.Lock()
 # Set when the worker begins to shut down: batches finish what they can, then requeue.
 STOPPING = threading.Event()
-# Set when preflight refused every server: the process then exits with REFUSED_EXIT_CODE.
+# Set when preflight refused every server: the process then exits with USER_ERROR_EXIT (2, docs/workers.md).
 ALL_REFUSED = threading.Event()
-# What `eagle-synth worker` exits with when every server is refused (docs/worker.md).
-REFUSED_EXIT_CODE = 2
 # Seconds past the soft-shutdown timeout (the time batches have to finish or requeue) a
 # stopping worker process may take to close its connections before StopDeadlineStep ends it.
 STOP_DEADLINE_MARGIN = 30
@@ -262,24 +260,21 @@ app.steps["consumer"].add(ReaperStep)
 app.steps["consumer"].add(ReconcilerStep)
 
 
-def run_worker(
-    *, config: WorkerConfig, concurrency: int, loglevel: str = "INFO", name: str | None = None, task_events: bool = True
-) -> None:
-    """Start a Celery worker in this process (blocks until it stops) with `concurrency` batch threads."""
+def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str, name: str, task_events: bool) -> None:
+    """Start a Celery worker named `name` in this process (blocks until it stops) with `concurrency`
+    batch threads; workers/child.py calls it with supervise_worker's options."""
     global _config
     limit_malloc_arenas()  # before Celery starts the batch threads
     _config = config
     settings = broker_settings()
-    node = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
     app.conf.worker_send_task_events = task_events
-    argv = ["worker", "--queues", settings.queue, "--concurrency", str(concurrency), "--hostname", node]
+    argv = ["worker", "--queues", settings.queue, "--concurrency", str(concurrency), "--hostname", name]
     argv += ["--loglevel", loglevel, *(["--task-events"] if task_events else [])]
     argv += ["--pool", "threads", "--without-gossip", "--without-mingle", "--prefetch-multiplier", "1"]
     try:
         app.worker_main(argv)
-    except SystemExit as exc:
-        if ALL_REFUSED.is_set():
-            raise SystemExit(REFUSED_EXIT_CODE) from exc
-        raise
+    except SystemExit:
+        if not ALL_REFUSED.is_set():
+            raise
     if ALL_REFUSED.is_set():
-        raise SystemExit(REFUSED_EXIT_CODE)
+        raise SystemExit(USER_ERROR_EXIT)

@@ -110,10 +110,6 @@ class Requeue(EagleSynthError):
     time budget is spent, or the worker is shutting down. Not a failure: no retry is used."""
 
 
-class CampaignMissing(EagleSynthError):
-    """The campaign's settings are gone from Redis (deleted, or evicted by a Redis that may evict)."""
-
-
 @dataclass(slots=True)
 class BatchOutcome:
     """What a batch did, for logs and tests."""
@@ -154,16 +150,6 @@ def routable(node_state: NodeState, servers: Iterable[str]) -> Servers:
         if (backend := backend_for_state(state)) is not None:
             found[url] = (state, backend)
     return found
-
-
-def server_capacity(state: ServerState | None) -> int | None:
-    """Requests the server runs at once, if it reports it (SGLang's max_running_requests)."""
-    if state is None:
-        return None
-    value = getattr(state, "max_running_requests", None)
-    if value is None and state.provenance:
-        value = (state.provenance.get("launch_args") or {}).get("max_running_requests")
-    return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 class _Inbox:
@@ -248,11 +234,15 @@ class _Run:
             return
         if not (items := self.unfinished(look_for_files=look_for_files)):
             return
-        try:
-            self.settings = runner._campaign_settings(campaign)
-        except CampaignMissing as exc:
-            self.fail_all(items, reasons.CAMPAIGN_SETTINGS_MISSING, str(exc))
+        if (settings := runner.followups.campaign_settings(campaign.name)) is None:
+            message = (
+                f"campaign {campaign.name!r} has no settings in Redis (deleted, or evicted by a Redis whose "
+                "maxmemory-policy is not noeviction); run the same `eagle-synth enqueue` again to restore them, "
+                f"then `eagle-synth retry-failed {campaign.name}`"
+            )
+            self.fail_all(items, reasons.CAMPAIGN_SETTINGS_MISSING, message)
             return
+        self.settings = settings
         if any(item.conversation for item in items):
             try:
                 runner.followups.prepare(campaign, self.settings)
@@ -351,7 +341,10 @@ class _Run:
                     "the batch lease was lost (Redis unreachable, or the batch given to another worker); "
                     "nothing of this attempt is written"
                 )
-            if due := self.due_retries():
+            due = []
+            while self.retries and self.retries[0][0] <= time.monotonic():
+                due.append(heapq.heappop(self.retries)[2])
+            if due:
                 self.send(*due)
             wake = WAIT_SLICE
             if self.retries:
@@ -418,12 +411,6 @@ class _Run:
         delay = random.uniform(delay / 2, delay)
         log.info("prompt %s: %s (attempt %d), retrying in %.1f s", item.key, message, tries, delay)
         heapq.heappush(self.retries, (time.monotonic() + delay, next(self._tie), item))
-
-    def due_retries(self) -> list[PromptItem]:
-        due = []
-        while self.retries and self.retries[0][0] <= time.monotonic():
-            due.append(heapq.heappop(self.retries)[2])
-        return due
 
     def settle(self, item: PromptItem, answer: Answer) -> None:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
@@ -649,15 +636,6 @@ class BatchRunner:
         return failed
 
     # shared by the batches ------------------------------------------------------------
-    def _campaign_settings(self, campaign: Campaign) -> CampaignSettings:
-        if (settings := self.followups.campaign_settings(campaign.name)) is None:
-            raise CampaignMissing(
-                f"campaign {campaign.name!r} has no settings in Redis (deleted, or evicted by a Redis whose "
-                "maxmemory-policy is not noeviction); run the same `eagle-synth enqueue` again to restore them, "
-                f"then `eagle-synth retry-failed {campaign.name}`"
-            )
-        return settings
-
     def _serving_the_model(self, settings: CampaignSettings, servers: Servers) -> Servers:
         """`servers` minus those that serve another model than the campaign's, each handed to
         the health gate to be refused (workers/model_check.py)."""

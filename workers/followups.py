@@ -96,17 +96,13 @@ class _Pending:
         if self.answer:
             out, finish, matched = self.answer
             data.update(s="render", out=pack_ids(out), finish=finish, matched=matched)
-        return _packed(data)
+        return msgpack.packb(data, use_bin_type=True)
 
     @classmethod
     def stored(cls, campaign: str, key: str, blob: bytes) -> _Pending:
         data = msgpack.unpackb(blob, raw=False)
         answer = (unpack_ids(data["out"]), data["finish"], data["matched"]) if data["s"] == "render" else ()
         return cls(campaign, key, data["sampling"], unpack_item(data["item"]), answer)
-
-
-def _packed(data: dict) -> bytes:
-    return msgpack.packb(data, use_bin_type=True)
 
 
 Entry = tuple[str, str, str, bytes | str]  # a ConversationStore step: key, action, target, data
@@ -382,10 +378,6 @@ class FollowUps:
         if renderer is not None:
             renderer.close()
 
-    def _requeue_renders(self, pendings: Iterable[_Pending]) -> None:
-        with self._lock:
-            self._to_render.extend(pendings)
-
     def _submit_renders(self) -> None:
         with self._lock:
             waiting, self._to_render = list(self._to_render), deque()
@@ -394,7 +386,8 @@ class FollowUps:
             try:
                 keep = self._submit_campaign(name, group)
             finally:
-                self._requeue_renders(keep)
+                with self._lock:
+                    self._to_render.extend(keep)
 
     def _submit_campaign(self, name: str, group: list[_Pending]) -> list[_Pending]:
         """Send a campaign's turns to its renderer; returns those that could not be sent."""
@@ -442,7 +435,8 @@ class FollowUps:
                         message = f"the renderer died on it {pending.attempts} times: {exc}"
                         self._ready_results.append((pending, ("end", "template-error", message)))
                     else:
-                        self._requeue_renders([pending])
+                        with self._lock:
+                            self._to_render.append(pending)
         for name, results in _by_campaign(self._ready_results, lambda r: r[0].campaign).items():
             settings = self.campaign_settings(name)
             entries: list[Entry] = []
@@ -480,7 +474,8 @@ class FollowUps:
                 keys = [i.key for i in items]
                 batch = batch_id(keys)
                 payload = TaskPayload(campaign=name, batch=batch, sampling=chunk[0].sampling, items=items).encode()
-                lost = self._store(name).form(owner=self.owner, batch=batch, payload=_packed(payload), keys=keys)
+                blob = msgpack.packb(payload, use_bin_type=True)
+                lost = self._store(name).form(owner=self.owner, batch=batch, payload=blob, keys=keys)
                 gone = {p.key for p in chunk if p.key in lost} if lost else set(keys)
                 with self._lock:
                     group = self._ready.get(group_key, {})

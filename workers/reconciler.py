@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from eagle_synth.queue import payload_of_message
+from eagle_synth.queue import payload_of_message, send_payload
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
 from eagle_synth.state.campaign import Campaign, campaign_names
@@ -147,8 +147,6 @@ class ReconcilerStep(SweepStep):
     label = "reconciler"
 
     def sweeper(self, c: Any) -> Reconciler:
-        from eagle_synth.queue import send_payload
-
         settings = broker_settings()
         send = functools.partial(send_payload, c.app, settings.queue)
         return Reconciler(connect(settings), node=c.hostname, queue=settings.queue, send=send)

@@ -11,7 +11,9 @@ import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
+from eagle_synth.conversation import ConversationState, next_turn, parse_answer
 from eagle_synth.errors import EagleSynthError
+from eagle_synth.templating import load_tokenizer, tokenizer_facts
 
 START_METHOD = "spawn"  # see the module docstring
 _tokenizer = None
@@ -21,22 +23,16 @@ def _init(folder: str) -> None:
     global _tokenizer
     # One process per renderer slot already: the Rust tokenizer's own threads would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from eagle_synth.templating import load_tokenizer
-
     _tokenizer = load_tokenizer(folder)
 
 
 def _identity() -> tuple[str, str]:  # of the tokenizer this process loaded
-    from eagle_synth.templating import tokenizer_facts
-
     facts = tokenizer_facts(_tokenizer)
     return facts.fingerprint, facts.chat_template_hash
 
 
 def _render(jobs: list[dict]) -> list[tuple]:
     """For each job: ("ready", ids, next state dict) or ("end", reason, message)."""
-    from eagle_synth.conversation import ConversationState, next_turn
-
     out: list[tuple] = []
     for job in jobs:
         try:  # the job's other keys are next_turn's keyword arguments
@@ -55,8 +51,6 @@ def _render(jobs: list[dict]) -> list[tuple]:
 def _count_tool_calls(jobs: list[dict]) -> list[int]:
     """For each job: the tool calls its answer makes in the campaign's format (those before a
     fault when one does not parse): the record's `tool_calls`."""
-    from eagle_synth.conversation import parse_answer
-
     return [len(parse_answer(_tokenizer, job.pop("output_ids"), **job)[0].tool_calls) for job in jobs]
 
 

@@ -11,10 +11,11 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 
+from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state.node_state import NodeState, ServerState
 from eagle_synth.state.redis_client import connect
-from workers.batch import BatchRunner, routable, server_capacity
+from workers.batch import BatchRunner, routable
 from workers.config import WorkerConfig, auto_inflight
 from workers.disk import DiskState
 from workers.followups import FollowUps
@@ -55,7 +56,7 @@ class WorkerRuntime:
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
         self.followups = FollowUps(
             redis_client=connect(settings),
-            send=send or _own_sender(settings),
+            send=send or functools.partial(send_payload, make_celery(settings), settings.queue),
             render_processes=config.render_processes,
             stopping=stopping,
             hungry=lambda: self.pool.waiting() == 0,
@@ -77,7 +78,7 @@ class WorkerRuntime:
 
     def tickets(self, url: str, state: ServerState) -> int:
         """In-flight tickets for one healthy server: --inflight, else its capacity x 1.25."""
-        capacity = server_capacity(state)
+        capacity = state.max_running_requests  # preflight keeps only a positive int (positive_int)
         tickets = self.config.inflight or auto_inflight(capacity)
         if self._tickets_logged.get(url) != tickets:
             self._tickets_logged[url] = tickets
@@ -106,11 +107,3 @@ class WorkerRuntime:
                 )
             routes[url] = Route(self.tickets(url, state), backend)
         return routes
-
-
-def _own_sender(settings: BrokerSettings) -> Callable[[dict], None]:
-    """Publish with a Celery app made on first use (the worker passes its own app's instead)."""
-    from eagle_synth.queue import make_celery, send_payload
-
-    app = functools.cache(lambda: make_celery(settings))
-    return lambda payload: send_payload(app(), settings.queue, payload)

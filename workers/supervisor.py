@@ -15,6 +15,7 @@ including death by a signal, is a crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import time
 import uuid
 from types import FrameType
 
+from eagle_synth.errors import USER_ERROR_EXIT
 from eagle_synth.settings import TIMINGS
 
 log = logging.getLogger("eagle_synth.supervisor")
@@ -35,7 +37,7 @@ RESTART_BACKOFF_MAX = TIMINGS.restart_backoff_max
 # A worker that ran this long before crashing was healthy: the next restart waits the least again.
 STABLE_AFTER = 60.0
 # Exit codes that end the supervisor instead of a restart (stopped; refused, as docs say).
-FINAL_EXIT_CODES = frozenset({0, 2})
+FINAL_EXIT_CODES = frozenset({0, USER_ERROR_EXIT})
 # Environment variable telling the child it runs under a supervisor (for logs and tests).
 ENV_CHILD = "EAGLE_SYNTH_SUPERVISED"
 
@@ -54,10 +56,8 @@ class Supervisor:
     def _forward(self, signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
         if self.child is not None and self.child.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.child.send_signal(signum)
-            except ProcessLookupError:
-                pass
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):

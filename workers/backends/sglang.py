@@ -110,8 +110,6 @@ CHECKS: dict[str, Check] = {
     ),
     "preferred_sampling_params": _preferred_params,
 }
-# The SGLang settings `--allow-server-setting` accepts (see workers.backends.REFUSABLE_SETTINGS).
-SGLANG_REFUSABLE_SETTINGS = tuple(CHECKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,11 +160,6 @@ def context_message(*, prompt_len: int, max_new_tokens: int, limits: ContextLimi
         f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} is too close to the "
         f"server's context length {ctx}: it would silently lower max_new_tokens to {max(granted, 0)}"
     )
-
-
-def fits_context(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> bool:
-    """True when SGLang serves this prompt exactly as asked (see context_message)."""
-    return context_message(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits) is None
 
 
 def draft_reserved_tokens(server_info: dict) -> int:
@@ -233,10 +226,3 @@ class SGLangBackend(BaseBackend):
         return context_message(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits)
 
     facts = staticmethod(ServerClient.facts)
-
-
-def context_limits(facts: ServerFacts) -> ContextLimits:
-    """The limits preflight keeps for a server with these facts (BaseBackend.apply_facts)."""
-    state = ServerState()
-    SGLangBackend.apply_facts(state, facts, accepted=[])
-    return ContextLimits.from_state(state)
