@@ -71,17 +71,7 @@ WORKER_KEYS = (
     "backend",
 )
 # Keys of each row of `eagle-synth campaigns --json`.
-CAMPAIGN_ROW_KEYS = (
-    "campaign",
-    "enqueued",
-    "queued",
-    "inflight",
-    "done",
-    "failed",
-    "records_per_s",
-    "eta_seconds",
-    "stranded",
-)
+CAMPAIGN_ROW_KEYS = (*STATUS_KEYS[:6], "records_per_s", "eta_seconds", "stranded")
 
 
 def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None) -> dict:
