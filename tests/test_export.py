@@ -16,6 +16,7 @@ from eagle_synth.cli import app
 from eagle_synth.records import Record, write_record_file
 from eagle_synth.tools import export as export_module
 from eagle_synth.tools.export import ExportFilters, export_records
+from eagle_synth.tools.export_rows import columns
 
 THINK, IM_END = 248068, 248046
 
@@ -58,7 +59,7 @@ def test_parquet_rows_have_ids_mask_and_provenance(campaign, tmp_path):
     table = pq.read_table(tmp_path / "train.parquet")
     assert table.schema.field("input_ids").type == pa.list_(pa.int32())
     assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
-    assert table.column_names == list(export_module.COLUMNS)
+    assert table.column_names == [c.name for c in columns()]
     for row in table.to_pylist():
         r = records[row["key"]]
         assert row["input_ids"] == r.prompt_ids + r.output_ids
@@ -122,7 +123,7 @@ def test_nothing_kept_still_writes_the_schema(campaign, tmp_path):
     result = export_records(
         folder, tmp_path / "e.parquet", format="parquet", filters=ExportFilters(min_output_tokens=999)
     )
-    assert result.rows == 0 and pq.read_table(tmp_path / "e.parquet").schema.names == list(export_module.COLUMNS)
+    assert result.rows == 0 and pq.read_table(tmp_path / "e.parquet").schema.names == [c.name for c in columns()]
 
 
 def test_memory_stays_flat_as_the_campaign_grows(tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ from eagle_synth.errors import UserError
 from eagle_synth.progress import Progress, reported
 from eagle_synth.records import RawRecord, iter_raw_records, read_manifest
 from eagle_synth.tools.conversation_order import grouped_records, ordered_records
-from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, columns, json_row
+from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, json_row
 from eagle_synth.tools.filters import ExportError, ExportFilters, SelectionStats, sample_cutoff, select_rows
 from eagle_synth.tools.trainer_formats import (
     DATASET_FORMATS,
@@ -55,8 +55,6 @@ PARQUET_OPTIONS = {
 }
 # Digits of the shard index in sharded output names (`out-00000.parquet`).
 SHARD_DIGITS = 5
-# Columns of a jsonl / parquet / hf row, in order: every Record field (tools/export_rows.py).
-COLUMNS = tuple(column.name for column in columns())
 # Bytes SpecForge holds per pre-tokenized token: it keeps each row as Python lists of ints
 # (data/prompt_builder.py:199-252 at a6b6b02): an 8-byte list slot plus a 28-byte int object per
 # id, an 8-byte slot per mask entry (0 and 1 are shared objects). Measured: 44.0
@@ -233,8 +231,6 @@ class _FileSink:
             self.in_shard += len(take)
             self.tokens_in_shard += sum(raw.prompt_len + raw.output_len for raw in take)
             self.largest_file_tokens = max(self.largest_file_tokens, self.tokens_in_shard)
-            if self.shard_rows and self.in_shard >= self.shard_rows:
-                self._next_file()
 
     def _next_file(self) -> None:
         """Publish the file being written and start counting the next one."""

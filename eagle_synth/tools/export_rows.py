@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass
 from functools import lru_cache
 from typing import Any
+
+import numpy as np
 
 from eagle_synth.ids import unpack_ids
 from eagle_synth.records import RawRecord, Record
@@ -123,15 +124,6 @@ def arrow_schema(selected: Sequence[Column] | None = None):
     return pa.schema([(column.name, _arrow_type(column.kind)) for column in (selected or columns())])
 
 
-def _little_endian(ids: bytes) -> bytes:
-    if sys.byteorder == "little":
-        return ids
-    swapped = array("I")
-    swapped.frombytes(ids)
-    swapped.byteswap()
-    return swapped.tobytes()
-
-
 def arrow_batch(group: Sequence[RawRecord], schema, selected: Sequence[Column] | None = None):
     """One record batch of `selected` columns; the ids' bytes become the list values buffer as they are."""
     import pyarrow as pa
@@ -143,8 +135,9 @@ def arrow_batch(group: Sequence[RawRecord], schema, selected: Sequence[Column] |
     arrays = []
     for column in selected or columns():
         if column.kind == "ids":
-            ids = _little_endian(b"".join(raw.prompt_u32 + raw.output_u32 for raw in group))
-            values = pa.Array.from_buffers(pa.int32(), total, [None, pa.py_buffer(ids)])
+            ids = np.frombuffer(b"".join(raw.prompt_u32 + raw.output_u32 for raw in group), dtype="<i4")
+            # Native byte order for Arrow: no copy on a little-endian machine.
+            values = pa.Array.from_buffers(pa.int32(), total, [None, pa.py_buffer(ids.astype(np.int32, copy=False))])
             arrays.append(pa.ListArray.from_arrays(offsets_array, values))
         elif column.kind == "mask":
             mask = b"".join(b"\x00" * raw.prompt_len + b"\x01" * raw.output_len for raw in group)
