@@ -138,9 +138,8 @@ def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
                 if header is None:
                     if not isinstance(value, dict) or value.get("format") != FORMAT_NAME:
                         return
-                    if value.get("version") not in READABLE_VERSIONS:
+                    if (header := value).get("version") not in READABLE_VERSIONS:
                         return
-                    header = value
                 elif isinstance(value, dict):
                     try:
                         yield Record.from_wire(value, codec=header["id_codec"])
@@ -215,13 +214,9 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
     for path in scan.absorbed:
         if path.name not in still_listed:
             tally(path)
-    aside = folder / DAMAGED_DIR
-    for path in sorted(aside.glob(f"*{RECORD_SUFFIX}")) if aside.is_dir() else ():
-        plan.damaged.append(
-            DamagedFile(
-                path=path, error="moved aside by an earlier repair", size=path.stat().st_size, moved_before=True
-            )
-        )
+    for path in sorted((folder / DAMAGED_DIR).glob(f"*{RECORD_SUFFIX}")):
+        moved = DamagedFile(path, "moved aside by an earlier repair", path.stat().st_size, moved_before=True)
+        plan.damaged.append(moved)
 
     lost = done - healthy
     plan.lost = sorted(lost)
@@ -236,18 +231,15 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
     plan.unrecoverable = [key for key in plan.lost if key not in recovered]
 
     if plan.healthy_records:
-        per_record = healthy_bytes / plan.healthy_records
-        plan.capacity = sum(d.size for d in plan.damaged) / per_record
-    if plan.unrecoverable and not force:
-        allowed = MISSING_ALLOWANCE * plan.capacity if plan.capacity is not None else 0.0
-        if len(plan.unrecoverable) > allowed:
-            held = "nothing to estimate from" if plan.capacity is None else f"about {plan.capacity:.0f}"
-            plan.refusal = (
-                f"{len(plan.unrecoverable)} done keys have no readable record in {folder}, more than its "
-                f"{len(plan.damaged)} damaged files can have held ({held}): the folder does not seem to hold "
-                "the whole campaign. Gather every host's records/ into one folder first (docs/operations.md "
-                "§6), or pass --force if those records really are gone"
-            )
+        plan.capacity = sum(d.size for d in plan.damaged) / (healthy_bytes / plan.healthy_records)
+    if not force and len(plan.unrecoverable) > MISSING_ALLOWANCE * (plan.capacity or 0.0):
+        held = "nothing to estimate from" if plan.capacity is None else f"about {plan.capacity:.0f}"
+        plan.refusal = (
+            f"{len(plan.unrecoverable)} done keys have no readable record in {folder}, more than its "
+            f"{len(plan.damaged)} damaged files can have held ({held}): the folder does not seem to hold "
+            "the whole campaign. Gather every host's records/ into one folder first (docs/operations.md "
+            "§6), or pass --force if those records really are gone"
+        )
     return plan
 
 
