@@ -183,3 +183,46 @@ def test_compact_keeps_sources_when_its_shard_does_not_read_back(tmp_path, monke
     result = compact(tmp_path, min_age=0)
     assert len(result.shards) == 1 and result.files_compacted == 4 and not result.unverified_shards
     assert sorted(r.key for r in iter_records(tmp_path)) == before
+
+
+def test_a_truncated_files_readable_records_are_lost_keys_too(tmp_path):
+    """The whole damaged file is moved aside, so the records before its damage are lost as well:
+    each goes back on the queue (read back intact) or to record-damaged, none stays done."""
+    import random
+    import types
+
+    from eagle_synth.ids import pack_ids
+    from eagle_synth.payload import prompt_key
+    from eagle_synth.tools.repair import plan_repair
+
+    def big(n: int) -> Record:
+        rng = random.Random(n)
+        prompt, output = ([rng.randrange(100_000) for _ in range(3000)] for _ in range(2))
+        key = prompt_key(prompt_ids=pack_ids(prompt), sampling={}, sample=0)
+        return Record(
+            key=key,
+            id=str(n),
+            sample=0,
+            turn=0,
+            prompt_ids=prompt,
+            output_ids=output,
+            finish_reason="length",
+            finish_matched=None,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(output),
+        )
+
+    records = [big(n) for n in range(200)]
+    folder = tmp_path / "c"
+    write_record_file(folder, campaign="c", batch="aaaa", records=records[:100])
+    write_record_file(folder, campaign="c", batch="bbbb", records=records[100:])
+    victim = next(path for path in record_files(folder) if path.name.startswith("aaaa-"))
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # the first records still read
+    assert 0 < len(list(salvage_records(victim))) < 100
+    stub = types.SimpleNamespace(
+        name="c", settings=lambda: types.SimpleNamespace(sampling={}), done_keys=lambda: {r.key for r in records}
+    )
+    plan = plan_repair(folder, stub, force=True)
+    assert sorted(plan.lost) == sorted(r.key for r in records[:100])
+    assert len(plan.recoverable) == len(list(salvage_records(victim)))
+    assert len(plan.recoverable) + len(plan.unrecoverable) == 100 and plan.healthy_records == 100

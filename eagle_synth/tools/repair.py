@@ -191,17 +191,16 @@ def plan_repair(campaign_path: str | os.PathLike, campaign: Campaign, *, force: 
         """Count a file's keys as healthy, or the file as damaged (False); a vanished file is neither."""
         nonlocal healthy_bytes
         try:
-            count = 0
-            for raw in read_raw_file(path):
-                healthy.add(raw.key)
-                count += 1
+            # Keys of a damaged file's readable part are not healthy: the whole file is moved aside.
+            keys = [raw.key for raw in read_raw_file(path)]
             size = path.stat().st_size
         except RecordFormatError as exc:
             plan.damaged.append(DamagedFile(path=path, error=str(exc), size=path.stat().st_size))
             return False
         except FileNotFoundError:
             return True
-        plan.healthy_records += count
+        healthy.update(keys)
+        plan.healthy_records += len(keys)
         plan.healthy_files += 1
         healthy_bytes += size
         return True
