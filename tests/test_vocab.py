@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from eagle_synth.cli import app
-from eagle_synth.records import write_manifest
+from eagle_synth.records import RawRecord, write_manifest
 from eagle_synth.tools.filters import ExportFilters
 from eagle_synth.tools.vocab import (
     TORCH_MISSING,
@@ -85,7 +85,8 @@ def test_vocab_equals_a_counter_recount_and_writes_every_file(campaign, tmp_path
 
 def test_ties_at_the_cut_go_to_the_lower_id_and_missing_slots_fill_from_zero():
     counts = TokenCounts()
-    counts.add_u32(np.array([9, 9, 9, 7, 7, 5, 5, 3, 12, 12], dtype="<u4").tobytes())
+    ids = np.array([9, 9, 9, 7, 7, 5, 5, 3, 12, 12], dtype="<u4").tobytes()
+    counts.add_rows([RawRecord(meta={}, prompt_u32=b"", output_u32=ids)])
     # 9:3, 12:2, 7:2, 5:2, 3:1 -> three slots: 9, then the tie 5/7/12 breaks by id: 5, 7.
     assert _kept(build_vocab_mapping(counts.counts, draft_vocab_size=3, target_vocab_size=16)) == [5, 7, 9]
     filled = build_vocab_mapping(counts.counts, draft_vocab_size=8, target_vocab_size=16)

@@ -64,19 +64,13 @@ class TokenCounts:
     def __init__(self) -> None:
         self.counts = np.zeros(0, dtype=np.int64)
 
-    def add_u32(self, ids_u32: bytes) -> None:
-        """Count the ids in little-endian uint32 bytes."""
-        if not ids_u32:
-            return
-        found = np.bincount(np.frombuffer(ids_u32, dtype="<u4"))
-        self.counts = np.pad(self.counts, (0, max(0, len(found) - len(self.counts))))
-        self.counts[: len(found)] += found
-
     def add_rows(self, rows: Iterable[RawRecord]) -> int:
         """Count the loss-masked ids (the output) of rows, a batch of rows per numpy call; returns the rows."""
         rows, counted = iter(rows), 0
         while batch := [raw.output_u32 for raw in itertools.islice(rows, COUNT_BATCH_ROWS)]:
-            self.add_u32(b"".join(batch))
+            found = np.bincount(np.frombuffer(b"".join(batch), dtype="<u4"))
+            self.counts = np.pad(self.counts, (0, max(0, len(found) - len(self.counts))))
+            self.counts[: len(found)] += found
             counted += len(batch)
         return counted
 
@@ -172,19 +166,17 @@ def target_vocab_size_of(campaign_path: str | os.PathLike) -> TargetVocabSize:
     except (OSError, ValueError) as exc:
         raise VocabError(f"{config_path}: cannot read vocab_size ({exc}); pass --target-vocab-size") from exc
     sizes = trainer_vocab_sizes(config)
-    found = {trainer: read for trainer, read in sizes.items() if read[0] is not None}
-    if not found:
+    found = {size for size, _ in sizes.values()}
+    if found == {None}:
         raise VocabError(f"{config_path} has no vocab_size; pass --target-vocab-size")
-    if len({size for size, _ in found.values()}) > 1 or len(found) < len(sizes):
+    if len(found) > 1:  # two sizes, or one trainer finding none
         said = "; ".join(f"{trainer} reads {where} = {size}" for trainer, (size, where) in sizes.items())
         raise VocabError(
             f"{config_path}: the trainers read different target vocabulary sizes ({said}), so one "
             "mapping cannot load in both; pass --target-vocab-size with the size of the trainer you use"
         )
-    size = next(iter(found.values()))[0]
-    assert size is not None
-    keys = " and ".join(sorted({where for _, where in found.values()}))
-    return TargetVocabSize(size=size, source=f"{config_path} {keys}")
+    keys = " and ".join(sorted({where for _, where in sizes.values()}))
+    return TargetVocabSize(size=next(size for size in found if size is not None), source=f"{config_path} {keys}")
 
 
 def _saved(save: Callable[[io.BytesIO, Any], Any], obj: Any) -> bytes:
@@ -221,7 +213,6 @@ def write_token_freq(folder: Path, counts: TokenCounts) -> tuple[list[Path], lis
 def write_vocab_mapping(folder: Path, mapping: VocabMapping) -> tuple[list[Path], list[str]]:
     """d2t.npy, t2d.npy and vocab_mapping.json; with torch, SpecForge's vocab_mapping.pt
     ({"d2t", "t2d"} tensors) and ModelOpt's d2t.pt (the d2t tensor alone): as _with_torch."""
-    folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / D2T_NPY, folder / T2D_NPY, folder / VOCAB_MAPPING_JSON]
     for path, array in zip(paths, (mapping.d2t, mapping.t2d), strict=False):
         atomic_write_bytes(path, _saved(lambda buffer, obj: np.save(buffer, obj, allow_pickle=False), array))
