@@ -30,7 +30,6 @@ from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, json_row
 from eagle_synth.tools.filters import ExportError, ExportFilters, SelectionStats, sample_cutoff, select_rows
 from eagle_synth.tools.trainer_formats import (
     DATASET_FORMATS,
-    SPECULATORS_COLUMNS,
     StagedSplit,
     check_dataset_out,
     require_datasets,
@@ -323,11 +322,7 @@ def export_rows(
         staged: dict[str | None, StagedSplit] = {}
         try:
             for name in splits:
-                staged[name] = StagedSplit(
-                    staging / f"{name or 'all'}.arrow",
-                    count_tokens=format == "speculators",
-                    selected=SPECULATORS_COLUMNS if format == "speculators" else None,
-                )
+                staged[name] = StagedSplit(staging / f"{name or 'all'}.arrow", speculators=format == "speculators")
             _fill(staged, result, records, filters, stats, cutoff)
             for part in staged.values():
                 part.close()

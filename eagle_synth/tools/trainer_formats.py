@@ -139,15 +139,15 @@ def train_data_ratio(
 
 
 class StagedSplit:
-    """One split's rows as an Arrow IPC stream file at `path`; `count_tokens`: also their loss-masked ids."""
+    """One split's rows as an Arrow IPC stream at `path`; `speculators`: SPECULATORS_COLUMNS, loss ids counted."""
 
-    def __init__(self, path: Path, *, selected: Sequence[Column] | None, count_tokens: bool) -> None:
+    def __init__(self, path: Path, *, speculators: bool) -> None:
         import pyarrow as pa
 
         self.path = path
-        self.selected = selected
-        self.schema = arrow_schema(selected)
-        self.counts = TokenCounts() if count_tokens else None
+        self.selected = SPECULATORS_COLUMNS if speculators else None
+        self.schema = arrow_schema(self.selected)
+        self.counts = TokenCounts() if speculators else None
         self.rows = 0
         # Row indexes where a new row group starts (8 bytes each): where a tail split can cut.
         self.boundaries = array("q")
@@ -180,15 +180,6 @@ def _shards(rows: int, shard_rows: int | None) -> int | None:
     return -(-rows // shard_rows) if shard_rows else None
 
 
-def mark_torch_format(folder: Path) -> None:
-    """Name the torch format in a saved dataset's state.json, as `with_format("torch")` before
-    save_to_disk would; load_from_disk applies it, so rows come back as tensors where torch is."""
-    path = folder / "state.json"
-    state = json.loads(path.read_text())
-    state.update({"_format_type": "torch", "_format_kwargs": {}, "_format_columns": None, "_output_all_columns": False})
-    atomic_write_bytes(path, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
-
-
 def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], result: Any, shard_rows: int | None) -> None:
     """Write the datasets folder (result.format) from staged splits and set the ExportResult's paths,
     warnings, commands and train_data_ratio. Built under a dot name and renamed into place, so an
@@ -215,7 +206,11 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
             for name, dataset in loaded.items():
                 folder = tmp if name is None else tmp / name
                 dataset.save_to_disk(str(folder), num_shards=_shards(dataset.num_rows, shard_rows))
-                mark_torch_format(folder)
+                # The torch format named in state.json, as `with_format("torch")` before save_to_disk
+                # would: load_from_disk applies it, so rows come back as tensors where torch is.
+                state = json.loads((folder / "state.json").read_text())
+                state.update(_format_type="torch", _format_kwargs={}, _format_columns=None, _output_all_columns=False)
+                atomic_write_bytes(folder / "state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
                 part = staged[name]
                 assert part.counts is not None
                 _, commands = write_token_freq(folder, part.counts)
