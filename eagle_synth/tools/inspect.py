@@ -29,16 +29,11 @@ class InspectError(UserError, LookupError):
     """No record, or several, match what was asked; the message says what to give instead."""
 
 
-def special_ids(tokenizer: Any) -> frozenset[int]:
-    """Ids rendered highlighted: the tokenizer's special tokens and every added token (<think> too)."""
-    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids.update(getattr(tokenizer, "added_tokens_decoder", {}) or {})
-    return frozenset(ids)
-
-
-def render_ids(tokenizer: Any, ids: Sequence[int], *, specials: frozenset[int] | None = None) -> Text:
+def render_ids(tokenizer: Any, ids: Sequence[int]) -> Text:
     """Decoded text; runs of ordinary ids decoded together (multi-byte characters stay whole)."""
-    specials = special_ids(tokenizer) if specials is None else specials
+    # Highlighted: the tokenizer's special tokens and every added token (<think> too).
+    specials = set(getattr(tokenizer, "all_special_ids", []) or [])
+    specials.update(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     text = Text()
     run: list[int] = []
 
@@ -68,7 +63,6 @@ def render_record(
 ) -> None:
     """Print one record: header, [prompt] (its last `prompt_tail` ids if given), boundary, [output], finish."""
     console = console or Console()
-    specials = special_ids(tokenizer)
     plain = functools.partial(console.print, markup=False, highlight=False)
     console.rule(Text(f"record {record.key}", style="bold"))
     extra = (f"  conversation {record.conversation}" if record.conversation else "") + (
@@ -82,7 +76,7 @@ def render_record(
     # Text, not a str: rich would read "[prompt]" as markup.
     shown = f"[prompt] {len(record.prompt_ids)} tokens" + (f" (first {hidden} not shown)" if hidden else "")
     console.rule(Text(shown, style="bold cyan"), align="left")
-    console.print(render_ids(tokenizer, record.prompt_ids[hidden:], specials=specials), highlight=False)
+    console.print(render_ids(tokenizer, record.prompt_ids[hidden:]), highlight=False)
     console.rule(Text("▼ prompt ends, output begins ▼", style=BOUNDARY_STYLE), style=BOUNDARY_STYLE)
     prompt, output = record.prompt_ids, record.output_ids
     before = ("... " if len(prompt) > BOUNDARY_IDS else "") + " ".join(map(str, prompt[-BOUNDARY_IDS:]))
@@ -90,7 +84,7 @@ def render_record(
     marker = Text.assemble(("prompt ids ", "dim"), before, ("  ┃ output starts ┃  ", BOUNDARY_STYLE), after)
     console.print(marker, highlight=False)
     console.rule(Text(f"[output] {len(record.output_ids)} tokens", style="bold green"), align="left")
-    console.print(render_ids(tokenizer, record.output_ids, specials=specials), highlight=False)
+    console.print(render_ids(tokenizer, record.output_ids), highlight=False)
     console.rule(style="dim")
     matched = record.finish_matched
     if isinstance(matched, int):
