@@ -32,7 +32,6 @@ from eagle_synth.tools.trainer_formats import (
     DATASET_FORMATS,
     StagedSplit,
     check_dataset_out,
-    require_datasets,
     specforge_lines,
     write_dataset_folder,
 )
@@ -145,8 +144,7 @@ class OutputOptions:
         if format in DATASET_FORMATS:
             if self.shard_tokens:
                 raise ExportError(f"--shard-tokens is for file formats; --format {format} takes --shard-rows")
-            require_datasets(format)
-            check_dataset_out(out, replace=self.replace)
+            check_dataset_out(format, out, replace=self.replace)
 
 
 def _writer(

@@ -80,14 +80,6 @@ def specforge_lines(group: Sequence[RawRecord], *, zero_last_loss: bool = False)
     return "".join(lines)
 
 
-def require_datasets(format: str) -> None:
-    if importlib.util.find_spec("datasets") is None:
-        raise ExportError(
-            f"--format {format} writes a Hugging Face datasets folder and needs the `datasets` "
-            "package: pip install 'eagle-synth[trainers]' (or pip install datasets)"
-        )
-
-
 def _foreign_entries(folder: Path) -> list[str]:
     """Entries of `folder` an export did not write (split folders are looked into)."""
     foreign = []
@@ -99,8 +91,14 @@ def _foreign_entries(folder: Path) -> list[str]:
     return foreign
 
 
-def check_dataset_out(out: Path, *, replace: bool = False) -> None:
-    """Refuse an --out folder holding anything an export did not write, unless `replace`."""
+def check_dataset_out(format: str, out: Path, *, replace: bool = False) -> None:
+    """Refuse a datasets export without `datasets`, or to an --out folder holding anything an export
+    did not write, unless `replace`."""
+    if importlib.util.find_spec("datasets") is None:
+        raise ExportError(
+            f"--format {format} writes a Hugging Face datasets folder and needs the `datasets` "
+            "package: pip install 'eagle-synth[trainers]' (or pip install datasets)"
+        )
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file: give a folder for a datasets export")
     if replace or not out.is_dir() or not (foreign := _foreign_entries(out)):
