@@ -366,11 +366,10 @@ def export_records(
     started = time.perf_counter()
     options = OutputOptions(shard_rows, shard_tokens, zero_last_loss, replace)
     options.check(format, Path(out))
-    cutoff = None
+    # sample_cutoff reads nothing (and starts no progress phase) when filters.sample is None.
+    sampled = reported(_source(campaign_path, turns, Counter()), progress, "sampling")
+    cutoff = sample_cutoff(sampled, _learned(filters, zero_last_loss))
     by_turn: Counter[str] = Counter()
-    if filters.sample is not None:
-        sampled = reported(_source(campaign_path, turns, Counter()), progress, "sampling")
-        cutoff = sample_cutoff(sampled, _learned(filters, zero_last_loss))
     records = reported(_source(campaign_path, turns, by_turn, grouped=format == "speculators"), progress, "exporting")
     result = export_rows(records, out, format=format, filters=filters, options=options, cutoff=cutoff)
     result.dropped.update(by_turn)
