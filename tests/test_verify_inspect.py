@@ -131,6 +131,27 @@ def test_hard_errors_are_counted_with_examples(tmp_path, ids, tokenizer):
     assert checks["damaged_file"]["examples"] == [bad.name] and report["damaged"][0]["file"] == bad.name
 
 
+def test_a_file_compacted_away_between_the_two_passes_is_skipped(tmp_path, ids, tokenizer, monkeypatch):
+    """The duplicate pass rereads files; one that compact removed since the first pass is skipped."""
+    import eagle_synth.tools.verify as verify
+
+    folder = clean_campaign(tmp_path, ids, n=2)
+    again = write_record_file(folder, campaign="camp", batch="bb", records=[rec(ids, "00aa")])
+    reads: dict = {}
+    real_read = verify.read_raw_file
+
+    def read_then_vanish(path):
+        reads[path] = reads.get(path, 0) + 1
+        if path == again and reads[path] == 2:
+            path.unlink()  # compact published a shard and removed this batch file
+        return real_read(path)
+
+    monkeypatch.setattr(verify, "read_raw_file", read_then_vanish)
+    report = verify_campaign(folder, tokenizer=tokenizer)
+    assert reads[again] == 2 and not again.exists()
+    assert report["checks"]["duplicate_key"]["count"] == 0  # one copy is left
+
+
 def test_warnings_stop_without_eos_empty_output_and_a_stop_string(tmp_path, ids, tokenizer):
     folder = tmp_path / "camp"
     write_record_file(

@@ -218,7 +218,7 @@ def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
             for raw in read_raw_file(path):
                 if _key_hash(raw.key) in wanted:
                     places.setdefault(raw.key, []).append(path.name)
-        except RecordFormatError:
+        except (RecordFormatError, FileNotFoundError):  # damaged: reported; gone: compacted since the scan
             continue
     return {key: names for key, names in places.items() if len(names) > 1}
 
