@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from eagle_synth.sampling import version_tuple
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import (
     VLLM,
@@ -81,7 +81,6 @@ PROBE_TIMEOUT = 120.0
 DEV_CONFIG_PATH = "/server_info?config_format=json"
 # First vLLM version with `return_token_ids` on /v1/completions (PR 22587).
 TOKEN_IDS_VERSION = "0.10.2"
-TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)
 # generation_config values that read no sampling defaults from a folder.
 DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
 # Dev-mode configuration entries (section.key) kept in provenance: an allow-list, so a secret a
@@ -184,12 +183,6 @@ def _config(config: dict, entry: str) -> object:
     return part.get(key) if isinstance(part, dict) else None
 
 
-def _version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """(0, 10, 2) from "0.10.2" or "0.10.2rc1+cu128"; None if it does not start with a number."""
-    match = re.match(r"\d+(?:\.\d+)*", version or "")
-    return tuple(int(part) for part in match.group().split(".")) if match else None
-
-
 def _probe(client: ServerClient, *, model: str | None, version: str | None) -> dict:
     """Send the probe request: {"status": 200, "reply": its JSON}. Refuses a server whose answer
     shows it cannot give records (no setting to accept: every prompt would fail); a malformed
@@ -223,8 +216,7 @@ def _probe(client: ServerClient, *, model: str | None, version: str | None) -> d
     except SamplingOverridden as exc:
         raise PreflightError(f"{where} asked for exactly {PROBE_TOKENS} tokens: {exc}") from None
     except BadResponse as exc:
-        number = _version_tuple(version)
-        if "token_ids" in str(exc) and number is not None and number < TOKEN_IDS_VERSION_TUPLE:
+        if "token_ids" in str(exc) and () < version_tuple(version) < version_tuple(TOKEN_IDS_VERSION):
             raise PreflightError(
                 f"{where} came back without token ids: vLLM {version} is older than "
                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM"
