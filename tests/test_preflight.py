@@ -39,9 +39,9 @@ from workers.client import (
     error_for_status,
     is_sampling_error,
 )
-from workers.config import auto_inflight
+from workers.config import ConfigError, WorkerConfig, auto_inflight
 from workers.health import HealthGate
-from workers.preflight import ENV_ALLOW_SETTINGS, allowed_settings_from_env, check_server
+from workers.preflight import check_server
 from workers.replies import PromptMismatch, parse_generate_item
 
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"
@@ -120,11 +120,15 @@ def test_preferred_params_we_always_send_are_harmless():
     assert set(preferred) <= set(SamplingParams().for_server()) | {"sampling_seed"}
 
 
-def test_allowed_settings_come_from_the_environment(caplog):
-    env = {ENV_ALLOW_SETTINGS: " allow_auto_truncate , preferred_sampling_params,no_such_thing"}
-    assert allowed_settings_from_env(env) >= {"allow_auto_truncate", "preferred_sampling_params"}
-    assert "no_such_thing" in caplog.text
-    assert allowed_settings_from_env({}) == frozenset()
+def test_allowed_settings_come_from_the_environment(monkeypatch):
+    env = WorkerConfig.env_name("allow_server_settings")
+    monkeypatch.setenv(env, " allow_auto_truncate , preferred_sampling_params,no_such_thing")
+    with pytest.raises(ConfigError, match="no_such_thing"):
+        WorkerConfig.load()
+    monkeypatch.setenv(env, " allow_auto_truncate , preferred_sampling_params")
+    assert set(WorkerConfig.load().allow_server_settings) >= {"allow_auto_truncate", "preferred_sampling_params"}
+    monkeypatch.delenv(env)
+    assert WorkerConfig.load().allow_server_settings == ()
 
 
 # ---- provenance, pure ----------------------------------------------------------------------
@@ -421,18 +425,20 @@ def test_secrets_never_reach_provenance_redis_or_the_manifest(fleet, redis_serve
 
 def test_refused_server_names_every_setting_then_accepted_by_name(fleet, redis_server, monkeypatch):
     url = fleet["refused"]
-    monkeypatch.delenv(ENV_ALLOW_SETTINGS, raising=False)
-    state, _ = gate_state(redis_server.url, url)
+    env = WorkerConfig.env_name("allow_server_settings")
+    monkeypatch.delenv(env, raising=False)
+    state, _ = gate_state(redis_server.url, url, allowed_settings=frozenset(WorkerConfig.load().allow_server_settings))
     assert state.state == REFUSED
     for setting in ("allow_auto_truncate", "preferred_sampling_params", "reasoning_parser"):
         assert f"--allow-server-setting {setting}" in state.detail
     assert "logit_bias" in state.detail and "temperature" not in state.detail.split("would apply")[1][:40]
 
-    monkeypatch.setenv(ENV_ALLOW_SETTINGS, "allow_auto_truncate,preferred_sampling_params")
-    state, _ = gate_state(redis_server.url, url)
+    monkeypatch.setenv(env, "allow_auto_truncate,preferred_sampling_params")
+    allowed = frozenset(WorkerConfig.load().allow_server_settings)  # as the worker reads them
+    state, _ = gate_state(redis_server.url, url, allowed_settings=allowed)
     assert state.state == REFUSED and "reasoning parser" in state.detail and "allow_auto_truncate" not in state.detail
 
-    state, _ = gate_state(redis_server.url, url, allow_server_parsers=True)
+    state, _ = gate_state(redis_server.url, url, allowed_settings=allowed, allow_server_parsers=True)
     assert state.state == HEALTHY
     accepted = state.provenance["accepted_despite"]
     assert [a.split(":")[0] for a in accepted] == [
