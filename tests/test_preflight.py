@@ -26,7 +26,6 @@ from eagle_synth.state.redis_client import connect
 from workers.backends.base import PreflightError, redact_url
 from workers.backends.sglang import (
     PROVENANCE_LAUNCH_ARGS,
-    ContextLimits,
     SGLangBackend,
     draft_reserved_tokens,
     provenance,
@@ -263,10 +262,14 @@ def test_limits_from_facts_and_from_the_node_state():
     )
     kept = ServerState()
     SGLangBackend.apply_facts(kept, f, accepted=[])
-    limits = ContextLimits.from_state(kept)
-    assert limits == ContextLimits(context_length=4096, reserved_tokens=4, max_req_input_len=4090, max_req_len=1999)
+    limits = (kept.context_length, kept.draft_reserved_tokens, kept.max_req_input_len, kept.max_total_num_tokens)
+    assert limits == (4096, 4, 4090, 2000)
     state = ServerState(context_length=4096, draft_reserved_tokens=4, max_req_input_len=4090, max_total_num_tokens=2000)
-    assert ContextLimits.from_state(state) == limits
+    # The scheduler's max_req_len is min(4096, 2000) - 1 = 1999: 1990 + 8 + 1 fits, 1990 + 9 + 1 is cut to 8.
+    for limited in (kept, state):
+        assert SGLangBackend().context_problem(prompt_len=1990, max_new_tokens=8, state=limited) is None
+        cut = SGLangBackend().context_problem(prompt_len=1990, max_new_tokens=9, state=limited)
+        assert cut is not None and "lower max_new_tokens to 8" in cut
 
 
 def test_server_state_round_trips_and_ignores_fields_it_does_not_know(redis_server):
@@ -484,9 +487,8 @@ def test_client_uses_current_info_endpoints_and_reads_capacity(fleet):
     assert f.max_running_requests == 64 and f.max_total_num_tokens == 64 * 64
     state = ServerState()
     SGLangBackend.apply_facts(state, f, accepted=[])
-    assert ContextLimits.from_state(state) == ContextLimits(
-        context_length=64, reserved_tokens=4, max_req_input_len=58, max_req_len=63
-    )
+    limits = (state.context_length, state.draft_reserved_tokens, state.max_req_input_len, state.max_total_num_tokens)
+    assert limits == (64, 4, 58, 64 * 64)  # the scheduler's max_req_len: min(64, 64 * 64) - 1 = 63
 
 
 @pytest.mark.parametrize("server", ["plain", "spec"])
