@@ -34,6 +34,7 @@ from workers.client import (
     positive_int,
 )
 from workers.replies import (
+    FINISH_TYPES,
     BadResponse,
     GeneratedItem,
     PromptMismatch,
@@ -68,8 +69,6 @@ VLLM_MIN_TEMPERATURE = 0.01
 VLLM_MAX_TEMPERATURE = 2.0
 # Sent with every request: the ids back, one whole reply, the prompt as given (no BOS added).
 REQUEST_FLAGS = {"return_token_ids": True, "stream": False, "echo": False, "add_special_tokens": False}
-# finish_reason values a 200 can carry ("error" becomes an HTTP 500 before any reply).
-FINISH_REASONS = frozenset({"stop", "length", "abort"})
 # The preflight probe: a few ids every vocabulary has, the ids it must generate, the bound its
 # reply's ids are checked against (any int is a possible id of an unknown vocabulary), and the
 # seconds it may take (a cold server compiles on its first requests).
@@ -116,8 +115,8 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     finish = choice.get("finish_reason")
     if finish is None:
         raise BadResponse("choices[0] has no finish_reason")
-    if finish not in FINISH_REASONS:
-        raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_REASONS)}")
+    if finish not in FINISH_TYPES:  # "error" becomes an HTTP 500 before any reply
+        raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_TYPES)}")
     if finish == "abort":
         return GeneratedItem([], finish, None, prompt_tokens=len(prompt_ids), completion_tokens=0, aborted=True)
     if choice.get("token_ids") is None:
@@ -130,9 +129,7 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
         if not isinstance(seen, list):
             raise BadResponse(f"prompt_token_ids is {kind_of(seen)}, not a list: {excerpt(seen)}")
         raise PromptMismatch(
-            f"the server generated from other prompt ids than those sent: {prompt_difference(prompt_ids, seen)}",
-            sent=len(prompt_ids),
-            reported=len(seen),
+            f"the server generated from other prompt ids than those sent: {prompt_difference(prompt_ids, seen)}"
         )
     usage = item["usage"] if isinstance(item.get("usage"), dict) else {}
     completion = usage.get("completion_tokens")
