@@ -83,19 +83,19 @@ def check_server(
     allowed_settings: Iterable[str] = (),
     checks: Mapping[str, Check] = CHECKS,
 ) -> list[str]:
-    """Raise PreflightError for a refused server, else return the accepted problems (`allowed_settings`:
-    the names accepted by override); `checks` are the kind's (default SGLang's)."""
+    """Raise PreflightError for a refused server (a problem not in `allowed_settings`), else return a
+    line per problem, each accepted, as logged and kept in provenance; `checks` are the kind's (default SGLang's)."""
     allowed = {*allowed_settings, *(PARSER_SETTINGS if allow_server_parsers else ())}
     problems = [problem for check in checks.values() if (problem := check(facts)) is not None]
     refused = [p for p in problems if p.setting not in allowed]
     if refused:
         raise PreflightError(
             f"refusing server {redact_url(facts.url)}:\n  - "
-            + "\n  - ".join(p.refusal() for p in refused)
+            + "\n  - ".join(f"{p.why} ({p.fix}, or accept it with --allow-server-setting {p.setting})" for p in refused)
             + "\nRelaunch it without these settings, or accept them by name with "
             "--allow-server-setting NAME (--allow-server-parsers accepts the parser-related ones)."
         )
-    return [p.accepted() for p in problems]
+    return [f"{p.setting}: {p.why}" for p in problems]
 
 
 @dataclass(frozen=True, slots=True)

@@ -194,11 +194,10 @@ def _probe(client: ServerClient, *, model: str | None, version: str | None) -> d
         )
     where = f"refusing server {redact_url(client.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
     message = None if status == 200 else error_message(raw, status)
-    if message is None:
-        try:
-            probe = {"status": status, "reply": json.loads(raw)}
-        except ValueError:
-            message = f"not JSON: {raw[:200]!r}"
+    try:
+        probe = {"status": status, "reply": json.loads(raw)}
+    except ValueError:
+        message = message or f"not JSON: {raw[:200]!r}"
     if message is not None:
         raise PreflightError(
             f"{where} was answered {status}: {message}. Is it a vLLM "
