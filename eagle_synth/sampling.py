@@ -9,6 +9,7 @@ could be changed by the server's operator without the records saying so.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, dataclass, field
 
 from eagle_synth.errors import UserError
@@ -147,3 +148,9 @@ class SamplingParams:
 # `sampling_seed` the worker adds. A server's preferred sampling params on any other key would
 # apply to our requests (preflight refuses such a server).
 SENT_SAMPLING_KEYS = frozenset({*SamplingParams().for_server(), "sampling_seed"})
+
+
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """(0, 5, 23) from "0.5.23" or "0.32.0rc1+cpu" (a server's version); unparsable parts end the tuple."""
+    match = re.match(r"\d+(?:\.\d+)*", version or "")
+    return tuple(int(part) for part in match.group().split(".")) if match else ()

@@ -26,7 +26,6 @@ from eagle_synth.state.redis_client import connect
 from workers.backends.base import PreflightError, redact_url
 from workers.backends.sglang import (
     PROVENANCE_LAUNCH_ARGS,
-    ContextLimits,
     SGLangBackend,
     draft_reserved_tokens,
     provenance,
@@ -39,9 +38,9 @@ from workers.client import (
     error_for_status,
     is_sampling_error,
 )
-from workers.config import auto_inflight
+from workers.config import ConfigError, WorkerConfig, auto_inflight
 from workers.health import HealthGate
-from workers.preflight import ENV_ALLOW_SETTINGS, allowed_settings_from_env, check_server
+from workers.preflight import check_server
 from workers.replies import PromptMismatch, parse_generate_item
 
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"
@@ -120,11 +119,15 @@ def test_preferred_params_we_always_send_are_harmless():
     assert set(preferred) <= set(SamplingParams().for_server()) | {"sampling_seed"}
 
 
-def test_allowed_settings_come_from_the_environment(caplog):
-    env = {ENV_ALLOW_SETTINGS: " allow_auto_truncate , preferred_sampling_params,no_such_thing"}
-    assert allowed_settings_from_env(env) >= {"allow_auto_truncate", "preferred_sampling_params"}
-    assert "no_such_thing" in caplog.text
-    assert allowed_settings_from_env({}) == frozenset()
+def test_allowed_settings_come_from_the_environment(monkeypatch):
+    env = WorkerConfig.env_name("allow_server_settings")
+    monkeypatch.setenv(env, " allow_auto_truncate , preferred_sampling_params,no_such_thing")
+    with pytest.raises(ConfigError, match="no_such_thing"):
+        WorkerConfig.load()
+    monkeypatch.setenv(env, " allow_auto_truncate , preferred_sampling_params")
+    assert set(WorkerConfig.load().allow_server_settings) >= {"allow_auto_truncate", "preferred_sampling_params"}
+    monkeypatch.delenv(env)
+    assert WorkerConfig.load().allow_server_settings == ()
 
 
 # ---- provenance, pure ----------------------------------------------------------------------
@@ -259,10 +262,14 @@ def test_limits_from_facts_and_from_the_node_state():
     )
     kept = ServerState()
     SGLangBackend.apply_facts(kept, f, accepted=[])
-    limits = ContextLimits.from_state(kept)
-    assert limits == ContextLimits(context_length=4096, reserved_tokens=4, max_req_input_len=4090, max_req_len=1999)
+    limits = (kept.context_length, kept.draft_reserved_tokens, kept.max_req_input_len, kept.max_total_num_tokens)
+    assert limits == (4096, 4, 4090, 2000)
     state = ServerState(context_length=4096, draft_reserved_tokens=4, max_req_input_len=4090, max_total_num_tokens=2000)
-    assert ContextLimits.from_state(state) == limits
+    # The scheduler's max_req_len is min(4096, 2000) - 1 = 1999: 1990 + 8 + 1 fits, 1990 + 9 + 1 is cut to 8.
+    for limited in (kept, state):
+        assert SGLangBackend().context_problem(prompt_len=1990, max_new_tokens=8, state=limited) is None
+        cut = SGLangBackend().context_problem(prompt_len=1990, max_new_tokens=9, state=limited)
+        assert cut is not None and "lower max_new_tokens to 8" in cut
 
 
 def test_server_state_round_trips_and_ignores_fields_it_does_not_know(redis_server):
@@ -421,18 +428,20 @@ def test_secrets_never_reach_provenance_redis_or_the_manifest(fleet, redis_serve
 
 def test_refused_server_names_every_setting_then_accepted_by_name(fleet, redis_server, monkeypatch):
     url = fleet["refused"]
-    monkeypatch.delenv(ENV_ALLOW_SETTINGS, raising=False)
-    state, _ = gate_state(redis_server.url, url)
+    env = WorkerConfig.env_name("allow_server_settings")
+    monkeypatch.delenv(env, raising=False)
+    state, _ = gate_state(redis_server.url, url, allowed_settings=frozenset(WorkerConfig.load().allow_server_settings))
     assert state.state == REFUSED
     for setting in ("allow_auto_truncate", "preferred_sampling_params", "reasoning_parser"):
         assert f"--allow-server-setting {setting}" in state.detail
     assert "logit_bias" in state.detail and "temperature" not in state.detail.split("would apply")[1][:40]
 
-    monkeypatch.setenv(ENV_ALLOW_SETTINGS, "allow_auto_truncate,preferred_sampling_params")
-    state, _ = gate_state(redis_server.url, url)
+    monkeypatch.setenv(env, "allow_auto_truncate,preferred_sampling_params")
+    allowed = frozenset(WorkerConfig.load().allow_server_settings)  # as the worker reads them
+    state, _ = gate_state(redis_server.url, url, allowed_settings=allowed)
     assert state.state == REFUSED and "reasoning parser" in state.detail and "allow_auto_truncate" not in state.detail
 
-    state, _ = gate_state(redis_server.url, url, allow_server_parsers=True)
+    state, _ = gate_state(redis_server.url, url, allowed_settings=allowed, allow_server_parsers=True)
     assert state.state == HEALTHY
     accepted = state.provenance["accepted_despite"]
     assert [a.split(":")[0] for a in accepted] == [
@@ -478,9 +487,8 @@ def test_client_uses_current_info_endpoints_and_reads_capacity(fleet):
     assert f.max_running_requests == 64 and f.max_total_num_tokens == 64 * 64
     state = ServerState()
     SGLangBackend.apply_facts(state, f, accepted=[])
-    assert ContextLimits.from_state(state) == ContextLimits(
-        context_length=64, reserved_tokens=4, max_req_input_len=58, max_req_len=63
-    )
+    limits = (state.context_length, state.draft_reserved_tokens, state.max_req_input_len, state.max_total_num_tokens)
+    assert limits == (64, 4, 58, 64 * 64)  # the scheduler's max_req_len: min(64, 64 * 64) - 1 = 63
 
 
 @pytest.mark.parametrize("server", ["plain", "spec"])
@@ -530,7 +538,8 @@ def test_a_server_that_cuts_the_prompt_gives_a_prompt_mismatch(fleet):
     item = generate(url, ids, {"max_new_tokens": 4, "ignore_eos": True})
     with pytest.raises(PromptMismatch) as caught:
         parse_generate_item(item, vocab_size=VOCAB, prompt_len=len(ids))
-    assert caught.value.sent == 70 and caught.value.reported < 70
+    reported = re.search(r"a prompt of (\d+) tokens for the 70 sent", str(caught.value))
+    assert reported is not None and int(reported[1]) < 70
 
 
 def test_bad_sampling_params_are_told_apart_from_a_bad_prompt(fleet):

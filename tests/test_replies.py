@@ -167,7 +167,7 @@ def test_a_prompt_the_server_cut_is_a_prompt_mismatch_not_a_retry():
     with pytest.raises(PromptMismatch) as caught:
         parse(good_item(prompt_tokens=PROMPT_LEN - 5))
     assert not isinstance(caught.value, TransientError)
-    assert (caught.value.sent, caught.value.reported) == (PROMPT_LEN, PROMPT_LEN - 5)
+    assert f"a prompt of {PROMPT_LEN - 5} tokens for the {PROMPT_LEN} sent" in str(caught.value)
     assert "--allow-auto-truncate" in str(caught.value)
 
 

@@ -71,7 +71,7 @@ class HealthGate:
         on_open: Callable[[], None],
         on_close: Callable[[], None],
         allow_server_parsers: bool = False,
-        allowed_settings: frozenset[str] | None = None,
+        allowed_settings: frozenset[str] = frozenset(),
         probe_timeout: float = 25.0,
         disk: DiskState | None = None,
         backends: dict[str, str] | None = None,

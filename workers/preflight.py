@@ -8,21 +8,15 @@ kind's are in workers/backends/).
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from workers.backends import BACKENDS, REFUSABLE_SETTINGS
+from workers.backends import BACKENDS
 from workers.backends.base import AUTO, SGLANG, VLLM, Check, PreflightError, redact_url
 from workers.backends.sglang import CHECKS
 from workers.client import ServerClient, ServerDown, ServerFacts, TransientError, first_model
 from workers.config import auto_inflight
 
-log = logging.getLogger("eagle_synth.preflight")
-
-# Environment variable: comma-separated setting names preflight accepts instead of refusing.
-ENV_ALLOW_SETTINGS = "EAGLE_SYNTH_ALLOW_SERVER_SETTINGS"
 # The settings `--allow-server-parsers` accepts.
 PARSER_SETTINGS = frozenset({"reasoning_parser", "tool_call_parser", "skip_tokenizer_init"})
 
@@ -57,7 +51,7 @@ def preflight_server(
     *,
     forced: str = AUTO,
     allow_server_parsers: bool = False,
-    allowed_settings: Iterable[str] | None = None,
+    allowed_settings: Iterable[str] = (),
 ) -> Preflighted:
     """Detect (or take `forced`), gather facts and check one server. Raises PreflightError for
     a refused server (wrong or unknown kind, refused settings, a probe showing it cannot give
@@ -74,47 +68,34 @@ def preflight_server(
             f"{where}: cannot tell whether it is SGLang or vLLM ({evidence}); give --backend sglang or --backend vllm"
         )
     kind, how = (forced, "--backend") if forced in BACKENDS else (str(detected), evidence)
-    facts = BACKENDS[kind].facts(client)
-    checks = BACKENDS[kind].checks
+    backend = BACKENDS[kind]
+    facts = backend.facts(client)
     accepted = check_server(
-        facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings, checks=checks
+        facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings, checks=backend.checks
     )
     return Preflighted(kind=kind, how=how, facts=facts, accepted=accepted)
-
-
-def allowed_settings_from_env(environ: Mapping[str, str] | None = None) -> frozenset[str]:
-    """The setting names accepted through EAGLE_SYNTH_ALLOW_SERVER_SETTINGS (comma-separated)."""
-    raw = (os.environ if environ is None else environ).get(ENV_ALLOW_SETTINGS, "")
-    names = frozenset(name.strip() for name in raw.split(",") if name.strip())
-    unknown = sorted(names - set(REFUSABLE_SETTINGS))
-    if unknown:
-        log.warning(
-            "%s names unknown settings %s (known: %s)", ENV_ALLOW_SETTINGS, unknown, ", ".join(REFUSABLE_SETTINGS)
-        )
-    return names
 
 
 def check_server(
     facts: ServerFacts,
     *,
     allow_server_parsers: bool = False,
-    allowed_settings: Iterable[str] | None = None,
+    allowed_settings: Iterable[str] = (),
     checks: Mapping[str, Check] = CHECKS,
 ) -> list[str]:
-    """Raise PreflightError for a refused server, else return the accepted problems; `allowed_settings`
-    None reads EAGLE_SYNTH_ALLOW_SERVER_SETTINGS, `checks` are the kind's (default SGLang's)."""
-    allowed = set(allowed_settings_from_env() if allowed_settings is None else allowed_settings)
-    allowed |= PARSER_SETTINGS if allow_server_parsers else set()
+    """Raise PreflightError for a refused server (a problem not in `allowed_settings`), else return a
+    line per problem, each accepted, as logged and kept in provenance; `checks` are the kind's (default SGLang's)."""
+    allowed = {*allowed_settings, *(PARSER_SETTINGS if allow_server_parsers else ())}
     problems = [problem for check in checks.values() if (problem := check(facts)) is not None]
     refused = [p for p in problems if p.setting not in allowed]
     if refused:
         raise PreflightError(
             f"refusing server {redact_url(facts.url)}:\n  - "
-            + "\n  - ".join(p.refusal() for p in refused)
+            + "\n  - ".join(f"{p.why} ({p.fix}, or accept it with --allow-server-setting {p.setting})" for p in refused)
             + "\nRelaunch it without these settings, or accept them by name with "
             "--allow-server-setting NAME (--allow-server-parsers accepts the parser-related ones)."
         )
-    return [p.accepted() for p in problems]
+    return [f"{p.setting}: {p.why}" for p in problems]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,16 +121,15 @@ class StartupPreflight:
 
 
 def preflight_at_start(
-    servers: Iterable[str], *, forced: Callable[[str], str], allow_server_parsers: bool, allowed_settings: Iterable[str]
+    servers: Iterable[str], *, forced: Callable[[str], str], allow_server_parsers: bool, allowed_settings: Sequence[str]
 ) -> StartupPreflight:
     """Preflight each server once before the worker starts; `forced(url)` is its --backend or AUTO."""
     found = StartupPreflight(refused=[], capacities=[], not_answering=[])
-    allowed = tuple(allowed_settings)
     for url in servers:
         try:
             client = ServerClient(url)
             checked = preflight_server(
-                client, forced=forced(url), allow_server_parsers=allow_server_parsers, allowed_settings=allowed
+                client, forced=forced(url), allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings
             )
         except PreflightError as exc:
             found.refused.append(str(exc))

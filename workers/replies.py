@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from eagle_synth.errors import EagleSynthError
 from workers.client import BadSamplingParams, TransientError
 
-# finish_reason types SGLang reports; anything else is a shape we do not know how to record.
+# finish_reason types SGLang and vLLM report; anything else is a shape we do not know how to record.
 FINISH_TYPES = frozenset({"stop", "length", "abort"})
 # Longest excerpt of a bad value quoted in an error message.
 EXCERPT_CHARS = 80
@@ -34,12 +34,7 @@ class SamplingOverridden(BadSamplingParams):
 
 class PromptMismatch(EagleSynthError):
     """The server generated from another prompt than the one sent (another length; on vLLM,
-    which echoes the ids, any other id). Not transient. `sent`, `reported`: the two lengths."""
-
-    def __init__(self, message: str, *, sent: int, reported: int) -> None:
-        super().__init__(message)
-        self.sent = sent
-        self.reported = reported
+    which echoes the ids, any other id). Not transient; the message gives both lengths."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +130,7 @@ def parse_generate_item(
     if reported_prompt is not None and reported_prompt != prompt_len:
         raise PromptMismatch(
             f"the server reports a prompt of {reported_prompt} tokens for the {prompt_len} sent "
-            "(it cut or changed the prompt: is it launched with --allow-auto-truncate?)",
-            sent=prompt_len,
-            reported=reported_prompt,
+            "(it cut or changed the prompt: is it launched with --allow-auto-truncate?)"
         )
     completion = _count(meta, "completion_tokens")
     repaired = 0

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from eagle_synth.errors import EagleSynthError
-from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
+from eagle_synth.sampling import SGLANG_SAMPLING_KEYS, version_tuple
 
 if TYPE_CHECKING:
     from eagle_synth.devserver.config import DevServerConfig
@@ -47,12 +46,6 @@ class Reply:
 
 def json_reply(obj: Any, status: int = 200) -> Reply:
     return Reply(status=status, body=json.dumps(obj, separators=(",", ":")).encode())
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """(0, 5, 23) from "0.5.23" or "0.32.0rc1+cpu"; unparsable parts end the tuple."""
-    match = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(part) for part in match.group().split(".")) if match else ()
 
 
 class ProtocolError(EagleSynthError):

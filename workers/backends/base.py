@@ -34,13 +34,6 @@ class Problem:
     why: str
     fix: str
 
-    def refusal(self) -> str:
-        return f"{self.why} ({self.fix}, or accept it with --allow-server-setting {self.setting})"
-
-    def accepted(self) -> str:
-        """The line logged and kept in provenance when the setting is accepted."""
-        return f"{self.setting}: {self.why}"
-
 
 # A setting check: the Problem a server's facts show, or None.
 Check = Callable[[ServerFacts], Problem | None]

@@ -3,13 +3,12 @@
 The sampling is sent as it is (SGLang's own names) once every key is known (an unknown key is an
 HTTP 500 on older servers); replies are checked by workers/replies.py `parse_generate_item`.
 Preflight refuses the settings that change a record without it saying so (docs/workers.md
-"Preflight"); `context_message` says what SGLang counts against the context length.
+"Preflight"); `context_problem` says what SGLang counts against the context length.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
@@ -112,56 +111,6 @@ CHECKS: dict[str, Check] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class ContextLimits:
-    """What a server checks a prompt against, as preflight found it: `context_length` (None:
-    unknown, no check), the slots speculative decoding reserves per request (`reserved_tokens`),
-    the scheduler's caps on the prompt (`max_req_input_len`, None: not reported) and on prompt +
-    generated tokens + 1 (`max_req_len`, None: context_length - 1), see context_message."""
-
-    context_length: int | None
-    reserved_tokens: int = 0
-    max_req_input_len: int | None = None
-    max_req_len: int | None = None
-
-    @classmethod
-    def from_state(cls, state: ServerState) -> ContextLimits:
-        ctx = state.context_length
-        # The scheduler's max_req_len: min(context - 1, KV cache tokens - 1).
-        max_req_len = min(ctx, state.max_total_num_tokens or ctx) - 1 if ctx else None
-        return cls(ctx, state.draft_reserved_tokens, state.max_req_input_len, max_req_len)
-
-
-def context_message(*, prompt_len: int, max_new_tokens: int, limits: ContextLimits) -> str | None:
-    """None when SGLang serves this prompt exactly as asked, else why not (`prompt-too-long`).
-    SGLang 0.5.x refuses (400) when prompt + reserved >= context or + max_new_tokens > context,
-    refuses when prompt >= max_req_input_len, and silently lowers max_new_tokens to max_req_len -
-    prompt - 1: the record would then claim a max_new_tokens not used, so that does not fit either."""
-    ctx = limits.context_length
-    if not ctx:
-        return None
-    held = prompt_len + limits.reserved_tokens
-    if held >= ctx or held + max_new_tokens > ctx:
-        drafts = limits.reserved_tokens
-        reserved = f" + {drafts} tokens the server reserves for speculative drafts" if drafts else ""
-        return (
-            f"prompt of {prompt_len} tokens{reserved} + max_new_tokens {max_new_tokens} "
-            f"exceeds the server's context length {ctx}"
-        )
-    if limits.max_req_input_len is not None and prompt_len >= limits.max_req_input_len:
-        return (
-            f"prompt of {prompt_len} tokens is not below the server's input limit "
-            f"(max_req_input_len {limits.max_req_input_len}; context length {ctx})"
-        )
-    granted = (limits.max_req_len if limits.max_req_len is not None else ctx - 1) - prompt_len - 1
-    if max_new_tokens <= granted:
-        return None
-    return (
-        f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} is too close to the "
-        f"server's context length {ctx}: it would silently lower max_new_tokens to {max(granted, 0)}"
-    )
-
-
 def draft_reserved_tokens(server_info: dict) -> int:
     """Slots SGLang reserves per request for EAGLE-family drafts (compute_num_reserved_tokens)."""
     algorithm = server_info.get("speculative_algorithm")
@@ -222,7 +171,34 @@ class SGLangBackend(BaseBackend):
         return parse_generate_item(item, vocab_size=vocab_size, prompt_len=len(prompt_ids), prompt_ids=prompt_ids)
 
     def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:
-        limits = ContextLimits.from_state(state)
-        return context_message(prompt_len=prompt_len, max_new_tokens=max_new_tokens, limits=limits)
+        """None when SGLang serves this prompt exactly as asked, else why not (`prompt-too-long`),
+        against what preflight found (no context_length: unknown, no check). SGLang 0.5.x refuses
+        (400) when prompt + the slots speculative drafts reserve >= context or + max_new_tokens >
+        context, refuses when prompt >= max_req_input_len, and silently lowers max_new_tokens to
+        max_req_len - prompt - 1: the record would then claim a max_new_tokens not used, so that
+        does not fit either."""
+        ctx, drafts = state.context_length, state.draft_reserved_tokens
+        if not ctx:
+            return None
+        held = prompt_len + drafts
+        if held >= ctx or held + max_new_tokens > ctx:
+            reserved = f" + {drafts} tokens the server reserves for speculative drafts" if drafts else ""
+            return (
+                f"prompt of {prompt_len} tokens{reserved} + max_new_tokens {max_new_tokens} "
+                f"exceeds the server's context length {ctx}"
+            )
+        if state.max_req_input_len is not None and prompt_len >= state.max_req_input_len:
+            return (
+                f"prompt of {prompt_len} tokens is not below the server's input limit "
+                f"(max_req_input_len {state.max_req_input_len}; context length {ctx})"
+            )
+        # The scheduler's max_req_len: min(context - 1, KV cache tokens - 1).
+        granted = min(ctx, state.max_total_num_tokens or ctx) - 1 - prompt_len - 1
+        if max_new_tokens <= granted:
+            return None
+        return (
+            f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} is too close to the "
+            f"server's context length {ctx}: it would silently lower max_new_tokens to {max(granted, 0)}"
+        )
 
     facts = staticmethod(ServerClient.facts)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from eagle_synth.sampling import version_tuple
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import (
     VLLM,
@@ -34,6 +34,7 @@ from workers.client import (
     positive_int,
 )
 from workers.replies import (
+    FINISH_TYPES,
     BadResponse,
     GeneratedItem,
     PromptMismatch,
@@ -68,8 +69,6 @@ VLLM_MIN_TEMPERATURE = 0.01
 VLLM_MAX_TEMPERATURE = 2.0
 # Sent with every request: the ids back, one whole reply, the prompt as given (no BOS added).
 REQUEST_FLAGS = {"return_token_ids": True, "stream": False, "echo": False, "add_special_tokens": False}
-# finish_reason values a 200 can carry ("error" becomes an HTTP 500 before any reply).
-FINISH_REASONS = frozenset({"stop", "length", "abort"})
 # The preflight probe: a few ids every vocabulary has, the ids it must generate, the bound its
 # reply's ids are checked against (any int is a possible id of an unknown vocabulary), and the
 # seconds it may take (a cold server compiles on its first requests).
@@ -81,7 +80,6 @@ PROBE_TIMEOUT = 120.0
 DEV_CONFIG_PATH = "/server_info?config_format=json"
 # First vLLM version with `return_token_ids` on /v1/completions (PR 22587).
 TOKEN_IDS_VERSION = "0.10.2"
-TOKEN_IDS_VERSION_TUPLE = (0, 10, 2)
 # generation_config values that read no sampling defaults from a folder.
 DEFAULT_GENERATION_CONFIGS = frozenset({None, "", "auto", "vllm"})
 # Dev-mode configuration entries (section.key) kept in provenance: an allow-list, so a secret a
@@ -117,8 +115,8 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     finish = choice.get("finish_reason")
     if finish is None:
         raise BadResponse("choices[0] has no finish_reason")
-    if finish not in FINISH_REASONS:
-        raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_REASONS)}")
+    if finish not in FINISH_TYPES:  # "error" becomes an HTTP 500 before any reply
+        raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_TYPES)}")
     if finish == "abort":
         return GeneratedItem([], finish, None, prompt_tokens=len(prompt_ids), completion_tokens=0, aborted=True)
     if choice.get("token_ids") is None:
@@ -131,9 +129,7 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
         if not isinstance(seen, list):
             raise BadResponse(f"prompt_token_ids is {kind_of(seen)}, not a list: {excerpt(seen)}")
         raise PromptMismatch(
-            f"the server generated from other prompt ids than those sent: {prompt_difference(prompt_ids, seen)}",
-            sent=len(prompt_ids),
-            reported=len(seen),
+            f"the server generated from other prompt ids than those sent: {prompt_difference(prompt_ids, seen)}"
         )
     usage = item["usage"] if isinstance(item.get("usage"), dict) else {}
     completion = usage.get("completion_tokens")
@@ -184,12 +180,6 @@ def _config(config: dict, entry: str) -> object:
     return part.get(key) if isinstance(part, dict) else None
 
 
-def _version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """(0, 10, 2) from "0.10.2" or "0.10.2rc1+cu128"; None if it does not start with a number."""
-    match = re.match(r"\d+(?:\.\d+)*", version or "")
-    return tuple(int(part) for part in match.group().split(".")) if match else None
-
-
 def _probe(client: ServerClient, *, model: str | None, version: str | None) -> dict:
     """Send the probe request: {"status": 200, "reply": its JSON}. Refuses a server whose answer
     shows it cannot give records (no setting to accept: every prompt would fail); a malformed
@@ -204,11 +194,10 @@ def _probe(client: ServerClient, *, model: str | None, version: str | None) -> d
         )
     where = f"refusing server {redact_url(client.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
     message = None if status == 200 else error_message(raw, status)
-    if message is None:
-        try:
-            probe = {"status": status, "reply": json.loads(raw)}
-        except ValueError:
-            message = f"not JSON: {raw[:200]!r}"
+    try:
+        probe = {"status": status, "reply": json.loads(raw)}
+    except ValueError:
+        message = message or f"not JSON: {raw[:200]!r}"
     if message is not None:
         raise PreflightError(
             f"{where} was answered {status}: {message}. Is it a vLLM "
@@ -223,8 +212,7 @@ def _probe(client: ServerClient, *, model: str | None, version: str | None) -> d
     except SamplingOverridden as exc:
         raise PreflightError(f"{where} asked for exactly {PROBE_TOKENS} tokens: {exc}") from None
     except BadResponse as exc:
-        number = _version_tuple(version)
-        if "token_ids" in str(exc) and number is not None and number < TOKEN_IDS_VERSION_TUPLE:
+        if "token_ids" in str(exc) and () < version_tuple(version) < version_tuple(TOKEN_IDS_VERSION):
             raise PreflightError(
                 f"{where} came back without token ids: vLLM {version} is older than "
                 f"{TOKEN_IDS_VERSION}, the first to honour return_token_ids; upgrade vLLM"
