@@ -39,7 +39,7 @@ from workers.client import (
     error_for_status,
     is_sampling_error,
 )
-from workers.config import auto_inflight
+from workers.config import WorkerConfig, auto_inflight
 from workers.health import HealthGate
 from workers.preflight import ENV_ALLOW_SETTINGS, allowed_settings_from_env, check_server
 from workers.replies import PromptMismatch, parse_generate_item
@@ -389,7 +389,8 @@ def fleet(tmp_path_factory, tokenizer_path):
 def gate_state(redis_url: str, url: str, **gate_options) -> tuple[ServerState, NodeState]:
     """Run the worker's health gate against one server until preflight decided."""
     node = NodeState(connect(broker_settings(redis_url=redis_url)), f"t{time.monotonic_ns()}@here")
-    gate = HealthGate(servers=[url], node_state=node, on_open=lambda: None, on_close=lambda: None, **gate_options)
+    config = WorkerConfig(servers=(url,), **gate_options)
+    gate = HealthGate(config=config, node_state=node, on_open=lambda: None, on_close=lambda: None)
     deadline = time.monotonic() + 30
     while gate.tracked[url].state.state not in (HEALTHY, REFUSED):
         assert time.monotonic() < deadline, gate.tracked[url].state
@@ -401,7 +402,7 @@ def gate_state(redis_url: str, url: str, **gate_options) -> tuple[ServerState, N
 
 def test_secrets_never_reach_provenance_redis_or_the_manifest(fleet, redis_server):
     url = fleet["accepted"]
-    state, node = gate_state(redis_server.url, url, allowed_settings=frozenset())
+    state, node = gate_state(redis_server.url, url, allow_server_settings=())
     assert state.state == HEALTHY, state.detail
     assert state.deterministic_inference is True and state.sampling_seed_supported is True
     assert state.max_running_requests == 12 and state.max_total_num_tokens == 12 * 32768

@@ -206,15 +206,11 @@ class HealthGateStep(bootsteps.StartStopStep):
             log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
             disk.failed(problem)
         self.gate = HealthGate(
-            servers=list(config.servers),
+            config=config,
             node_state=node_state,
             on_open=in_loop(c.add_task_queue),
             on_close=in_loop(c.cancel_task_queue),
-            allow_server_parsers=config.allow_server_parsers,
-            allowed_settings=frozenset(config.allow_server_settings),
-            probe_timeout=config.probe_timeout,
             disk=disk,
-            backends={url: config.backend_for(url) for url in config.servers},
             on_all_refused=all_refused,
         )
         self.gate.start()
