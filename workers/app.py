@@ -253,7 +253,7 @@ app.steps["consumer"].add(ReconcilerStep)
 
 def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str, name: str, task_events: bool) -> None:
     """Start a Celery worker named `name` in this process (blocks until it stops) with `concurrency`
-    batch threads; workers/child.py calls it with supervise_worker's options."""
+    batch threads; the supervised child (workers/supervisor.py) calls it with supervise_worker's options."""
     global _config
     limit_malloc_arenas()  # before Celery starts the batch threads
     _config = config

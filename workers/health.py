@@ -127,7 +127,7 @@ class HealthGate:
                 tracked.next_probe = now + HEALTHY_PROBE_INTERVAL
                 continue
             changed |= self._probe(url, tracked)
-        if self.on_all_refused is not None and self.all_refused():
+        if self.on_all_refused is not None and all(t.state.state == REFUSED for t in self.tracked.values()):
             callback, self.on_all_refused = self.on_all_refused, None
             callback()
         if now - self._last_prune > PRUNE_INTERVAL:
@@ -224,6 +224,3 @@ class HealthGate:
         log.warning("a server is healthy: taking batches" if any_healthy else closed)
         (self.on_open if any_healthy else self.on_close)()
         self._publish()
-
-    def all_refused(self) -> bool:
-        return all(t.state.state == REFUSED for t in self.tracked.values())
