@@ -600,8 +600,7 @@ class BatchRunner:
         self.redis_client = connect(settings)
         self.node_state = NodeState(self.redis_client, node)
         self._published: dict[tuple[str, str], int] = {}
-        self._tickets_logged: dict[str, int] = {}
-        self._backends: dict[str, tuple] = {}
+        self._said: dict[tuple[str, str], object] = {}
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
         # Marks records done and carries conversations' next turns to the queue; holds the
         # process's cache of campaign settings.
@@ -730,20 +729,6 @@ class BatchRunner:
         except OSError as exc:  # the records are committed; a later batch rewrites it
             log.warning("could not refresh %s/manifest.json: %s", folder, exc)
 
-    def tickets(self, url: str, state: ServerState) -> int:
-        """In-flight tickets for one healthy server: --inflight, else its capacity x 1.25."""
-        capacity = state.max_running_requests  # preflight keeps only a positive int (positive_int)
-        tickets = self.config.inflight or auto_inflight(capacity)
-        if self._tickets_logged.get(url) != tickets:
-            self._tickets_logged[url] = tickets
-            source = f"1.25 x the server's max_running_requests {capacity}" if capacity else "the default"
-            if self.config.inflight:
-                source = "--inflight"
-            elif not capacity:
-                source += ": the server does not report its capacity"
-            log.warning("server %s: keeping %d prompts in flight (%s)", url, tickets, source)
-        return tickets
-
     def tick(self, counts: Mapping[tuple[str, str], int]) -> dict[str, Route]:
         """The pool's periodic call: publish prompts in flight, return each server's route
         (tickets, and the backend preflight found; no tickets while its kind is unknown)."""
@@ -752,12 +737,22 @@ class BatchRunner:
             self._published = dict(counts)
         routes = {url: Route(0) for url in self.config.servers}
         for url, (state, backend) in routable(self.node_state, self.config.servers).items():
-            # Said once: which endpoint (and model) a server's prompts go to.
-            identity = (backend.name, model := getattr(backend, "model", None))
-            if self._backends.get(url) != identity:
-                self._backends[url] = identity
-                log.warning(
-                    "server %s: sending prompts to %s%s", url, backend.path, f" (model {model})" if model else ""
-                )
-            routes[url] = Route(self.tickets(url, state), backend)
+            # Tickets: --inflight, else the server's capacity x 1.25 (preflight keeps only a positive int).
+            tickets = self.config.inflight or auto_inflight(capacity := state.max_running_requests)
+            source = f"1.25 x the server's max_running_requests {capacity}" if capacity else "the default"
+            if self.config.inflight:
+                source = "--inflight"
+            elif not capacity:
+                source += ": the server does not report its capacity"
+            self._say_once(url, "tickets", tickets, "keeping %d prompts in flight (%s)", tickets, source)
+            model = getattr(backend, "model", None)
+            model_words = f" (model {model})" if model else ""
+            self._say_once(url, "backend", (backend.name, model), "sending prompts to %s%s", backend.path, model_words)
+            routes[url] = Route(tickets, backend)
         return routes
+
+    def _say_once(self, url: str, topic: str, value: object, message: str, *args: object) -> None:
+        """Log what the routing does with a server when it starts or changes (not every tick)."""
+        if self._said.get((url, topic)) != value:
+            self._said[(url, topic)] = value
+            log.warning("server %s: " + message, url, *args)
