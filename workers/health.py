@@ -35,10 +35,10 @@ HEALTHY_PROBE_INTERVAL = 5.0
 BACKOFF_START = 0.2
 BACKOFF_MAX = 1.0
 BACKOFF_FACTOR = 1.5
-# Seconds between: heartbeat refreshes of the node's hash when nothing changed, sweeps for
-# in-flight counts left by worker processes that died, gate loop wake-ups (batch threads' hints).
+# Seconds between: heartbeat refreshes of the node's hash when nothing changed (its thread wakes
+# twice as often, also sweeping in-flight counts left by worker processes that died), gate loop
+# wake-ups (batch threads' hints).
 HEARTBEAT_INTERVAL = 10.0
-PRUNE_INTERVAL = 5.0
 TICK = 0.1
 
 
@@ -84,7 +84,7 @@ class HealthGate:
         self._disk_detail: str | None = None
         self.tracked = {url: _Tracked(client=ServerClient(url, pool_connections=2)) for url in config.servers}
         self.is_open = False
-        self._last_prune = self._last_publish = 0.0
+        self._last_publish = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -98,14 +98,15 @@ class HealthGate:
     def _beat(self) -> None:
         if time.time() - self._last_publish >= HEARTBEAT_INTERVAL / 2:
             self._publish()
+        self.node_state.prune_dead_children(process_alive)
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
 
-    def tick(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+    def tick(self) -> None:
+        now = time.time()
         changed = False
         for url, detail in self.node_state.take_suspects().items():
             tracked = self.tracked.get(url)
@@ -130,9 +131,6 @@ class HealthGate:
         if self.on_all_refused is not None and all(t.state.state == REFUSED for t in self.tracked.values()):
             callback, self.on_all_refused = self.on_all_refused, None
             callback()
-        if now - self._last_prune > PRUNE_INTERVAL:
-            self._last_prune = now
-            self.node_state.prune_dead_children(process_alive)
         if changed or now - self._last_publish > HEARTBEAT_INTERVAL:
             self._publish()
         self._update_gate()
