@@ -60,14 +60,12 @@ ALL_REFUSED = threading.Event()
 # Seconds past the soft-shutdown timeout (the time batches have to finish or requeue) a
 # stopping worker process may take to close its connections before StopDeadlineStep ends it.
 STOP_DEADLINE_MARGIN = 30
-# The process's settings: run_worker's, else (`celery -A workers.app worker`) the environment's.
-_config: WorkerConfig | None = None
 
 
+@functools.cache
 def _worker_config() -> WorkerConfig:
-    global _config
-    _config = _config or WorkerConfig.from_env()
-    return _config
+    """The process's settings: the environment's (the CLI writes them for its worker process)."""
+    return WorkerConfig.from_env()
 
 
 @functools.cache
@@ -251,12 +249,11 @@ app.steps["consumer"].add(ReaperStep)
 app.steps["consumer"].add(ReconcilerStep)
 
 
-def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str, name: str, task_events: bool) -> None:
+def run_worker(*, concurrency: int, loglevel: str, name: str, task_events: bool) -> None:
     """Start a Celery worker named `name` in this process (blocks until it stops) with `concurrency`
     batch threads; the supervised child (workers/supervisor.py) calls it with supervise_worker's options."""
-    global _config
     limit_malloc_arenas()  # before Celery starts the batch threads
-    _config = config
+    _worker_config()  # a bad setting stops the process here, before Celery starts
     settings = broker_settings()
     app.conf.worker_send_task_events = task_events
     argv = ["worker", "--queues", settings.queue, "--concurrency", str(concurrency), "--hostname", name]

@@ -100,9 +100,8 @@ def supervise_worker(
 
 
 if __name__ == "__main__":
-    # The supervised child. OPTIONS is the JSON of run_worker's keyword arguments but `config`,
-    # which it reads from the EAGLE_SYNTH_* environment the CLI wrote for it (WorkerConfig.to_env).
+    # The supervised child. OPTIONS is the JSON of run_worker's keyword arguments; the settings
+    # come from the EAGLE_SYNTH_* environment the CLI wrote for it (WorkerConfig.to_env).
     from workers.app import run_worker
-    from workers.config import WorkerConfig
 
-    run_worker(config=WorkerConfig.from_env(), **json.loads(sys.argv[1]))
+    run_worker(**json.loads(sys.argv[1]))
