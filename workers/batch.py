@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import itertools
 import logging
 import os
 import random
@@ -219,11 +218,10 @@ class _Run:
         self.sent = self.sampling
         self.pending: dict[Future, PromptItem] = {}
         self.answered = _Inbox()
-        self.retries: list[tuple[float, int, PromptItem]] = []  # heap by due time
+        self.retries: list[tuple[float, str, PromptItem]] = []  # heap by due time (then key: one entry each)
         self.attempts: Counter[str] = Counter()
         self.records: list[Record] = []
         self.first_uncommitted = 0.0
-        self._tie = itertools.count()
 
     def max_new_tokens(self, item: PromptItem) -> int:
         return int(self.sampling[item.key].get("max_new_tokens", 0))
@@ -414,7 +412,7 @@ class _Run:
         delay = min(config.backoff_max, BACKOFF_START * 2 ** (tries - 1))
         delay = random.uniform(delay / 2, delay)
         log.info("prompt %s: %s (attempt %d), retrying in %.1f s", item.key, message, tries, delay)
-        heapq.heappush(self.retries, (time.monotonic() + delay, next(self._tie), item))
+        heapq.heappush(self.retries, (time.monotonic() + delay, item.key, item))
 
     def settle(self, item: PromptItem, answer: Answer) -> None:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""

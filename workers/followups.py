@@ -180,7 +180,6 @@ class FollowUps:
         self._blocked_until: dict[str, float] = {}
         self._wake = threading.Event()
         self._closed = threading.Event()
-        self._flush_now = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def _store(self, name: str) -> ConversationStore:
@@ -203,8 +202,9 @@ class FollowUps:
         ]
 
     def close(self, *, timeout: float = 5.0) -> None:
-        """Publish what is rendered, then stop; what is left is adopted by another process."""
-        self._flush_now.set()
+        """Publish what is rendered (at once: `stopping` is set), then stop; what is left is adopted
+        by another process."""
+        self.stopping.set()
         self._wake.set()
         deadline = time.monotonic() + timeout
         while self._threads and time.monotonic() < deadline and (any(self._ready.values()) or self._unsent):
@@ -457,8 +457,7 @@ class FollowUps:
         now = time.monotonic()
         with self._lock:
             groups = [(group, dict(members)) for group, members in self._ready.items() if members]
-        hurry = self.stopping.is_set() or self._flush_now.is_set()
-        wait = 0.0 if hurry else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
+        wait = 0.0 if self.stopping.is_set() else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
         for group_key, members in groups:
             name = group_key[0]
             pendings = sorted(members.values(), key=lambda p: p.since)
