@@ -10,7 +10,7 @@ from eagle_synth.harness import wait_for
 from eagle_synth.templating import render_prompt_ids
 from tests.helpers import assert_exactly_once, devserver_stats, enqueue_rows, wait_finished
 from workers.backends.sglang import SGLangBackend
-from workers.inflight import InflightPool
+from workers.inflight import InflightPool, Route
 
 # Devserver lengths: lognormal, so a few prompts run far longer than the rest.
 LENGTH_MEDIAN = 12
@@ -77,9 +77,9 @@ def test_pool_refills_a_freed_ticket_while_a_long_request_runs(stack):
     _, url = stack.devserver("--token-latency", "0.01", "--max-running", "4")
 
     def tick(counts):
-        return {url: 2}
+        return {url: Route(2, SGLangBackend())}
 
-    pool = InflightPool(servers=[url], on_tick=tick, backends={url: SGLangBackend()})
+    pool = InflightPool(servers=[url], on_tick=tick)
     try:
         wait_for(pool.routable, timeout=10, what="the pool's first routing tick")
         (long,) = pool.submit_many(
@@ -97,7 +97,7 @@ def test_pool_refills_a_freed_ticket_while_a_long_request_runs(stack):
             assert answer.error is None, answer.error
             assert len(answer.item["output_ids"]) == 5
         assert not long.done(), "six 5-token prompts on one ticket must finish before a 300-token one"
-        assert pool.inflight() == {url: 1}
+        assert pool._busy == {url: 1}
         answer = long.result(timeout=30)
         assert len(answer.item["output_ids"]) == 300
     finally:
@@ -109,7 +109,7 @@ def test_pool_answers_connection_refused_as_server_down():
     from workers.client import ServerDown
 
     url = f"http://127.0.0.1:{free_port()}"
-    pool = InflightPool(servers=[url], on_tick=lambda counts: {url: 4}, backends={url: SGLangBackend()})
+    pool = InflightPool(servers=[url], on_tick=lambda counts: {url: Route(4, SGLangBackend())})
     try:
         wait_for(pool.routable, timeout=10, what="the pool's first routing tick")
         (future,) = pool.submit_many(prompts=[([1], {"max_new_tokens": 1})], timeout=5, tag="c")

@@ -396,7 +396,8 @@ def fleet(tmp_path_factory, tokenizer_path):
 def gate_state(redis_url: str, url: str, **gate_options) -> tuple[ServerState, NodeState]:
     """Run the worker's health gate against one server until preflight decided."""
     node = NodeState(connect(broker_settings(redis_url=redis_url)), f"t{time.monotonic_ns()}@here")
-    gate = HealthGate(servers=[url], node_state=node, on_open=lambda: None, on_close=lambda: None, **gate_options)
+    config = WorkerConfig(servers=(url,), **gate_options)
+    gate = HealthGate(config=config, node_state=node, on_open=lambda: None, on_close=lambda: None)
     deadline = time.monotonic() + 30
     while gate.tracked[url].state.state not in (HEALTHY, REFUSED):
         assert time.monotonic() < deadline, gate.tracked[url].state
@@ -408,7 +409,7 @@ def gate_state(redis_url: str, url: str, **gate_options) -> tuple[ServerState, N
 
 def test_secrets_never_reach_provenance_redis_or_the_manifest(fleet, redis_server):
     url = fleet["accepted"]
-    state, node = gate_state(redis_server.url, url, allowed_settings=frozenset())
+    state, node = gate_state(redis_server.url, url, allow_server_settings=())
     assert state.state == HEALTHY, state.detail
     assert state.deterministic_inference is True and state.sampling_seed_supported is True
     assert state.max_running_requests == 12 and state.max_total_num_tokens == 12 * 32768
@@ -430,18 +431,17 @@ def test_refused_server_names_every_setting_then_accepted_by_name(fleet, redis_s
     url = fleet["refused"]
     env = WorkerConfig.env_name("allow_server_settings")
     monkeypatch.delenv(env, raising=False)
-    state, _ = gate_state(redis_server.url, url, allowed_settings=frozenset(WorkerConfig.load().allow_server_settings))
+    state, _ = gate_state(redis_server.url, url)  # WorkerConfig reads the environment, as the worker does
     assert state.state == REFUSED
     for setting in ("allow_auto_truncate", "preferred_sampling_params", "reasoning_parser"):
         assert f"--allow-server-setting {setting}" in state.detail
     assert "logit_bias" in state.detail and "temperature" not in state.detail.split("would apply")[1][:40]
 
     monkeypatch.setenv(env, "allow_auto_truncate,preferred_sampling_params")
-    allowed = frozenset(WorkerConfig.load().allow_server_settings)  # as the worker reads them
-    state, _ = gate_state(redis_server.url, url, allowed_settings=allowed)
+    state, _ = gate_state(redis_server.url, url)
     assert state.state == REFUSED and "reasoning parser" in state.detail and "allow_auto_truncate" not in state.detail
 
-    state, _ = gate_state(redis_server.url, url, allowed_settings=allowed, allow_server_parsers=True)
+    state, _ = gate_state(redis_server.url, url, allow_server_parsers=True)
     assert state.state == HEALTHY
     accepted = state.provenance["accepted_despite"]
     assert [a.split(":")[0] for a in accepted] == [

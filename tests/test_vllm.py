@@ -340,13 +340,13 @@ def test_detection_and_a_contradicting_backend(vllm_fleet):
 
 def test_dev_mode_settings_are_refused_by_name_then_accepted(vllm_fleet, redis_server):
     url = vllm_fleet["dev"]
-    state, _ = gate_state(redis_server.url, url, allowed_settings=frozenset())
+    state, _ = gate_state(redis_server.url, url, allow_server_settings=())
     assert state.state == REFUSED
     assert "--allow-server-setting override_generation_config" in state.detail
     assert "caps every request's max_tokens at 4096" in state.detail
     assert "--allow-server-setting reasoning_parser" in state.detail
     state, _ = gate_state(
-        redis_server.url, url, allowed_settings=frozenset({"override_generation_config"}), allow_server_parsers=True
+        redis_server.url, url, allow_server_settings=("override_generation_config",), allow_server_parsers=True
     )
     assert state.state == HEALTHY and state.backend == VLLM
     assert state.max_running_requests == 64  # scheduler_config.max_num_seqs, visible in dev mode

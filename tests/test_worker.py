@@ -95,8 +95,8 @@ def test_redelivered_batch_with_records_is_not_generated_again(tmp_path, redis_s
 def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, stack, tokenizer_path, tokenizer):
     """With the context length unknown to the worker, the server answers the long prompt's own
     request with 400: that prompt fails, its batch-mates are written."""
+    from workers.batch import BatchRunner
     from workers.config import WorkerConfig
-    from workers.runtime import WorkerRuntime
 
     enqueue_rows(tmp_path, redis_server.url, "iso", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver("--context-length", "200")
@@ -111,13 +111,12 @@ def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, s
     ]
     ids[4] = ids[4] + [tokenizer.convert_tokens_to_ids("hello")] * 300
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=x, source=f"f:{i}") for i, x in enumerate(ids)]
-    runtime = WorkerRuntime(
+    runner = BatchRunner(
         config=WorkerConfig(servers=(url,), out=tmp_path / "out"),
         node="test@here",
         broker=broker_settings(redis_url=redis_server.url),
     )
-    request.addfinalizer(runtime.close)
-    runner = runtime.runner
+    request.addfinalizer(runner.close)
     outcome = runner.run(
         TaskPayload(campaign="iso", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0}, items=items)
     )
@@ -133,8 +132,8 @@ def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_e
 ):
     """A 400 about the sampling parameters is the campaign's, not one prompt's: the batch's open
     prompts are recorded as bad-sampling-params at once, without a request each."""
+    from workers.batch import BatchRunner
     from workers.config import WorkerConfig
-    from workers.runtime import WorkerRuntime
 
     enqueue_rows(tmp_path, redis_server.url, "badsp", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver()
@@ -144,14 +143,14 @@ def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_e
     )
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)["input_ids"]
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=ids + [i + 10]) for i in range(40)]
-    runtime = WorkerRuntime(
+    runner = BatchRunner(
         config=WorkerConfig(servers=(url,), out=tmp_path / "out", inflight=2),
         node="sp@here",
         broker=broker_settings(redis_url=redis_server.url),
     )
-    request.addfinalizer(runtime.close)
+    request.addfinalizer(runner.close)
     # `seed` is not an SGLang sampling key (it is `sampling_seed`): the server refuses it.
-    outcome = runtime.runner.run(
+    outcome = runner.run(
         TaskPayload(campaign="badsp", batch="b1", sampling={"max_new_tokens": 8, "seed": 1}, items=items)
     )
     assert outcome.written == 0
@@ -296,8 +295,8 @@ def test_retried_batch_adopts_files_a_crashed_attempt_left(
 ):
     """A crash between writing a record file and marking its keys done: the redelivered batch
     adopts the file instead of generating again."""
+    from workers.batch import BatchRunner
     from workers.config import WorkerConfig
-    from workers.runtime import WorkerRuntime
 
     enqueue_rows(tmp_path, redis_server.url, "adopt", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver()
@@ -313,13 +312,12 @@ def test_retried_batch_adopts_files_a_crashed_attempt_left(
     payload = TaskPayload(
         campaign="adopt", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0}, items=items
     )
-    runtime = WorkerRuntime(
+    runner = BatchRunner(
         config=WorkerConfig(servers=(url,), out=tmp_path / "out"),
         node="t@here",
         broker=broker_settings(redis_url=redis_server.url),
     )
-    request.addfinalizer(runtime.close)
-    runner = runtime.runner
+    request.addfinalizer(runner.close)
     assert runner.run(payload).written == 4
     c = Campaign(client, "adopt")
     client.srem(c.keys.done, *[i.key for i in items])  # the crash: file renamed, keys not marked

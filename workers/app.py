@@ -25,11 +25,11 @@ from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from eagle_synth import reasons
 from eagle_synth.errors import USER_ERROR_EXIT
 from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
-from eagle_synth.queue import make_celery, send_payload
+from eagle_synth.queue import make_celery
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
-from workers.batch import Requeue
+from workers.batch import BatchRunner, Requeue
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, probe_folder
 from workers.health import HealthGate
@@ -37,7 +37,6 @@ from workers.lease import BatchBusy
 from workers.memory import limit_malloc_arenas, start_pool_threads
 from workers.reaper import ReaperStep
 from workers.reconciler import ReconcilerStep
-from workers.runtime import WorkerRuntime
 
 log = logging.getLogger("eagle_synth.worker")
 
@@ -52,8 +51,8 @@ BUSY_RETRY_DELAY = 10
 BUSY_RETRIES_MAX = 100_000
 
 app = make_celery()
-_runtime: WorkerRuntime | None = None
-_runtime_lock = threading.Lock()
+_runner: BatchRunner | None = None
+_runner_lock = threading.Lock()
 # Set when the worker begins to shut down: batches finish what they can, then requeue.
 STOPPING = threading.Event()
 # Set when preflight refused every server: the process then exits with USER_ERROR_EXIT (2, docs/workers.md).
@@ -61,14 +60,12 @@ ALL_REFUSED = threading.Event()
 # Seconds past the soft-shutdown timeout (the time batches have to finish or requeue) a
 # stopping worker process may take to close its connections before StopDeadlineStep ends it.
 STOP_DEADLINE_MARGIN = 30
-# The process's settings: run_worker's, else (`celery -A workers.app worker`) the environment's.
-_config: WorkerConfig | None = None
 
 
+@functools.cache
 def _worker_config() -> WorkerConfig:
-    global _config
-    _config = _config or WorkerConfig.from_env()
-    return _config
+    """The process's settings: the environment's (the CLI writes them for its worker process)."""
+    return WorkerConfig.from_env()
 
 
 @functools.cache
@@ -78,16 +75,12 @@ def _disk_state() -> DiskState:
     return DiskState(folder=Path(_worker_config().out))
 
 
-def _get_runtime(node: str) -> WorkerRuntime:
-    global _runtime
-    with _runtime_lock:
-        if _runtime is None:
-            queue = broker_settings().queue
-            send = functools.partial(send_payload, app, queue)
-            _runtime = WorkerRuntime(
-                config=_worker_config(), node=node, stopping=STOPPING, disk=_disk_state(), send=send
-            )
-        return _runtime
+def _get_runner(node: str) -> BatchRunner:
+    global _runner
+    with _runner_lock:
+        if _runner is None:
+            _runner = BatchRunner(config=_worker_config(), node=node, stopping=STOPPING, disk=_disk_state(), app=app)
+        return _runner
 
 
 @worker_shutting_down.connect
@@ -99,14 +92,14 @@ def _on_shutdown(**_: object) -> None:
 def _on_ready(sender: Any = None, **_: object) -> None:
     # Conversations' next turns held by a dead worker process are adopted even by a worker
     # that has no batch yet (the queue may be empty precisely because they wait).
-    _get_runtime(getattr(sender, "hostname", None) or "eagle-synth@unknown").followups.start()
+    _get_runner(getattr(sender, "hostname", None) or "eagle-synth@unknown").followups.start()
     start_pool_threads(getattr(sender, "pool", None))  # RSS flat after warm-up: see its docstring
 
 
 @worker_shutdown.connect
 def _on_worker_shutdown(**_: object) -> None:
-    if _runtime is not None:
-        _runtime.followups.close()
+    if _runner is not None:
+        _runner.followups.close()
 
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, max_retries=None)
@@ -139,7 +132,7 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
             raise Reject(f"retry not published ({publish_error}); requeued", requeue=True) from exc
 
     try:
-        outcome = _get_runtime(node).runner.run(batch, retried=retried)
+        outcome = _get_runner(node).run(batch, retried=retried)
     except Requeue as exc:
         log.info("batch %s back to the queue: %s", name, exc)
         raise Reject(str(exc), requeue=True) from exc
@@ -164,7 +157,7 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
             retry(exc, UNEXPECTED_ERROR_RETRY_DELAY, errors=errors + 1)
         log.exception("batch %s: unexpected error %d/%d; recording its open prompts as failed", *tries)
         try:
-            failed = _get_runtime(node).runner.fail_unfinished(
+            failed = _get_runner(node).fail_unfinished(
                 batch, reason=reasons.WORKER_ERROR, message=f"{type(exc).__name__}: {exc}"
             )
         except Exception as record_exc:
@@ -211,15 +204,11 @@ class HealthGateStep(bootsteps.StartStopStep):
             log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
             disk.failed(problem)
         self.gate = HealthGate(
-            servers=list(config.servers),
+            config=config,
             node_state=node_state,
             on_open=in_loop(c.add_task_queue),
             on_close=in_loop(c.cancel_task_queue),
-            allow_server_parsers=config.allow_server_parsers,
-            allowed_settings=frozenset(config.allow_server_settings),
-            probe_timeout=config.probe_timeout,
             disk=disk,
-            backends={url: config.backend_for(url) for url in config.servers},
             on_all_refused=all_refused,
         )
         self.gate.start()
@@ -260,12 +249,11 @@ app.steps["consumer"].add(ReaperStep)
 app.steps["consumer"].add(ReconcilerStep)
 
 
-def run_worker(*, config: WorkerConfig, concurrency: int, loglevel: str, name: str, task_events: bool) -> None:
+def run_worker(*, concurrency: int, loglevel: str, name: str, task_events: bool) -> None:
     """Start a Celery worker named `name` in this process (blocks until it stops) with `concurrency`
-    batch threads; workers/child.py calls it with supervise_worker's options."""
-    global _config
+    batch threads; the supervised child (workers/supervisor.py) calls it with supervise_worker's options."""
     limit_malloc_arenas()  # before Celery starts the batch threads
-    _config = config
+    _worker_config()  # a bad setting stops the process here, before Celery starts
     settings = broker_settings()
     app.conf.worker_send_task_events = task_events
     argv = ["worker", "--queues", settings.queue, "--concurrency", str(concurrency), "--hostname", name]

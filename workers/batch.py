@@ -30,25 +30,27 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import itertools
 import logging
+import os
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import redis
+from celery import Celery
 
 from eagle_synth import reasons
 from eagle_synth.errors import EagleSynthError
 from eagle_synth.manifest import build_manifest
 from eagle_synth.model_identity import output_id_bound
 from eagle_synth.payload import PromptItem, TaskPayload
+from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.records import (
     Record,
     RecordFormatError,
@@ -61,18 +63,19 @@ from eagle_synth.records import (
     write_manifest,
     write_record_file,
 )
+from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state.batch_store import forget_if_finished
 from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.fence import ClaimLeaseLost, Fence, LeaseLost, claim, release
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
-from eagle_synth.state.redis_client import STATE_UNAVAILABLE
+from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import Backend, UntranslatableSampling, backend_for_state
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError
-from workers.config import WorkerConfig
+from workers.config import WorkerConfig, auto_inflight
 from workers.disk import DiskState, DiskUnavailable
 from workers.followups import FollowUps
-from workers.inflight import Answer, InflightPool
+from workers.inflight import Answer, InflightPool, Route
 from workers.lease import BatchLease
 from workers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.replies import BadResponse, GeneratedItem, PromptMismatch
@@ -215,11 +218,10 @@ class _Run:
         self.sent = self.sampling
         self.pending: dict[Future, PromptItem] = {}
         self.answered = _Inbox()
-        self.retries: list[tuple[float, int, PromptItem]] = []  # heap by due time
+        self.retries: list[tuple[float, str, PromptItem]] = []  # heap by due time (then key: one entry each)
         self.attempts: Counter[str] = Counter()
         self.records: list[Record] = []
         self.first_uncommitted = 0.0
-        self._tie = itertools.count()
 
     def max_new_tokens(self, item: PromptItem) -> int:
         return int(self.sampling[item.key].get("max_new_tokens", 0))
@@ -410,7 +412,7 @@ class _Run:
         delay = min(config.backoff_max, BACKOFF_START * 2 ** (tries - 1))
         delay = random.uniform(delay / 2, delay)
         log.info("prompt %s: %s (attempt %d), retrying in %.1f s", item.key, message, tries, delay)
-        heapq.heappush(self.retries, (time.monotonic() + delay, next(self._tie), item))
+        heapq.heappush(self.retries, (time.monotonic() + delay, item.key, item))
 
     def settle(self, item: PromptItem, answer: Answer) -> None:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
@@ -561,34 +563,54 @@ class _Run:
         runner._refresh_manifest(campaign, folder)
 
 
-@dataclass(kw_only=True, eq=False)
 class BatchRunner:
-    """Runs batches on the worker's batch threads; shares one InflightPool and HTTP clients.
+    """Runs batches on the worker's batch threads, built on the process's first batch with the
+    pieces they share: one InflightPool, HTTP clients, the output folder's state, follow-ups,
+    and the routing that tells the pool which servers may take prompts and with which backend
+    (SGLang or vLLM, as preflight found) to build their requests.
 
     Parameters:
-        config, redis_client, node: worker settings, campaign and node state, node name.
-        task_budget: seconds a batch may run before it requeues what is left.
-        pool: the process-wide in-flight pool the prompts are sent through.
+        config, node: worker settings; this worker's Celery node name.
+        stopping: set when the worker begins to shut down; batches go on for a share of the
+            soft-shutdown timeout after it.
         disk: the output folder's state, shared with the health gate.
-        followups: marks records done and carries conversations' next turns to the queue;
-            holds the process's cache of campaign settings.
-        stopping, shutdown_grace: set at shutdown; seconds a batch goes on after it.
+        broker: Redis and queue settings (default: from the environment).
+        app: the Celery app a conversation's next turns are published with (default: one of
+            its own for these broker settings).
     """
 
-    config: WorkerConfig
-    redis_client: redis.Redis
-    node: str
-    task_budget: float
-    pool: InflightPool
-    disk: DiskState
-    followups: FollowUps
-    stopping: threading.Event = field(default_factory=threading.Event)
-    shutdown_grace: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.node_state = NodeState(self.redis_client, self.node)
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        node: str,
+        stopping: threading.Event | None = None,
+        disk: DiskState | None = None,
+        broker: BrokerSettings | None = None,
+        app: Celery | None = None,
+    ) -> None:
+        settings = broker or broker_settings()
+        self.config, self.node = config, node
+        self.stopping = stopping or threading.Event()
+        self.disk = disk or DiskState(folder=config.out)
+        self.task_budget = settings.task_budget_seconds
+        self.shutdown_grace = float(settings.soft_shutdown_timeout)
+        self.redis_client = connect(settings)
+        self.node_state = NodeState(self.redis_client, node)
+        self._published: dict[tuple[str, str], int] = {}
+        self._said: dict[tuple[str, str], object] = {}
+        self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
+        # Marks records done and carries conversations' next turns to the queue; holds the
+        # process's cache of campaign settings.
+        self.followups = FollowUps(
+            redis_client=connect(settings),
+            send=partial(send_payload, app or make_celery(settings), settings.queue),
+            render_processes=config.render_processes,
+            stopping=self.stopping,
+            hungry=lambda: self.pool.waiting() == 0,
+        )
         self._stop_deadline: float | None = None
-        self.health_clients = {url: ServerClient(url, pool_connections=4) for url in self.config.servers}
+        self.health_clients = {url: ServerClient(url, pool_connections=4) for url in config.servers}
         self.model_check = ModelCheck(self.health_clients)
         self._health_seen: dict[str, tuple[float, bool]] = {}
         self._noted: set[tuple[str, str]] = set()
@@ -596,6 +618,9 @@ class BatchRunner:
         self._swept: set[str] = set()
         self._ok_reported: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def close(self) -> None:  # stops the pool's event loop (tests; a worker process just exits)
+        self.pool.close()
 
     # entry points -------------------------------------------------------------------
     def run(self, payload: TaskPayload, *, retried: bool = False) -> BatchOutcome:
@@ -701,3 +726,31 @@ class BatchRunner:
             write_manifest(folder, build_manifest(campaign))
         except OSError as exc:  # the records are committed; a later batch rewrites it
             log.warning("could not refresh %s/manifest.json: %s", folder, exc)
+
+    def tick(self, counts: Mapping[tuple[str, str], int]) -> dict[str, Route]:
+        """The pool's periodic call: publish prompts in flight, return each server's route
+        (tickets, and the backend preflight found; no tickets while its kind is unknown)."""
+        if counts != self._published:
+            self.node_state.publish_inflight(pid=os.getpid(), counts=counts, previous=self._published)
+            self._published = dict(counts)
+        routes = {url: Route(0) for url in self.config.servers}
+        for url, (state, backend) in routable(self.node_state, self.config.servers).items():
+            # Tickets: --inflight, else the server's capacity x 1.25 (preflight keeps only a positive int).
+            tickets = self.config.inflight or auto_inflight(capacity := state.max_running_requests)
+            source = f"1.25 x the server's max_running_requests {capacity}" if capacity else "the default"
+            if self.config.inflight:
+                source = "--inflight"
+            elif not capacity:
+                source += ": the server does not report its capacity"
+            self._say_once(url, "tickets", tickets, "keeping %d prompts in flight (%s)", tickets, source)
+            model = getattr(backend, "model", None)
+            model_words = f" (model {model})" if model else ""
+            self._say_once(url, "backend", (backend.name, model), "sending prompts to %s%s", backend.path, model_words)
+            routes[url] = Route(tickets, backend)
+        return routes
+
+    def _say_once(self, url: str, topic: str, value: object, message: str, *args: object) -> None:
+        """Log what the routing does with a server when it starts or changes (not every tick)."""
+        if self._said.get((url, topic)) != value:
+            self._said[(url, topic)] = value
+            log.warning("server %s: " + message, url, *args)

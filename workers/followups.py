@@ -9,7 +9,7 @@ eagle_synth/state/conversation_store.py; the crash analysis: docs/reliability.md
 3. ready: turn k+1's key is claimed and its entry holds the item, or the conversation ends;
 4. form and publish: rendered turns wait up to COALESCE_WAIT for batch-mates, so follow-up
    batches stay near full size; a formed batch is stored before it is published.
-A background thread drives 2-4, keeps this process's liveness key alive, and sweeps: entries
+Background threads drive 2-4, keep this process's liveness key alive, and sweep: entries
 held by a dead process are adopted and carried on from their state.
 """
 
@@ -46,6 +46,7 @@ from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import followup_owner
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
 from workers.lease import LEASE_TTL
+from workers.reaper import every
 from workers.renderer import Renderer, RendererMismatch
 
 log = logging.getLogger("eagle_synth.followups")
@@ -179,36 +180,39 @@ class FollowUps:
         self._blocked_until: dict[str, float] = {}
         self._wake = threading.Event()
         self._closed = threading.Event()
-        self._flush_now = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._alive_at = 0.0
-        self._swept_at = 0.0
+        self._threads: list[threading.Thread] = []
 
     def _store(self, name: str) -> ConversationStore:
         return ConversationStore(Campaign(self.redis_client, name))
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the background thread (idempotent): it also adopts dead processes' entries."""
+        """Start the background threads (idempotent): they also keep this process's liveness key
+        alive and adopt dead processes' entries."""
         with self._lock:
-            if self._thread is not None:
+            if self._threads:
                 return
-            self._thread = threading.Thread(target=self._run, name="eagle-synth-followups", daemon=True)
+            self._threads = [threading.Thread(target=self._run, name="eagle-synth-followups", daemon=True)]
         with contextlib.suppress(redis.RedisError):  # else the thread keeps trying
             self._keep_alive()  # before any entry of ours can be seen by another process's sweep
-        self._thread.start()
+        self._threads[0].start()
+        self._threads += [
+            every(OWNER_TTL / 3, self._keep_alive, stop=self._closed, what="follow-ups liveness"),
+            every(SWEEP_INTERVAL, self._sweep, stop=self._closed, what="follow-ups sweep"),
+        ]
 
     def close(self, *, timeout: float = 5.0) -> None:
-        """Publish what is rendered, then stop; what is left is adopted by another process."""
-        self._flush_now.set()
+        """Publish what is rendered (at once: `stopping` is set), then stop; what is left is adopted
+        by another process."""
+        self.stopping.set()
         self._wake.set()
         deadline = time.monotonic() + timeout
-        while self._thread is not None and time.monotonic() < deadline and (any(self._ready.values()) or self._unsent):
+        while self._threads and time.monotonic() < deadline and (any(self._ready.values()) or self._unsent):
             time.sleep(LOOP_TICK)
         self._closed.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1)
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1)
         with contextlib.suppress(redis.RedisError):
             self.redis_client.delete(followup_owner(self.owner))  # others adopt at their next sweep
         with self._renderer_lock:
@@ -304,14 +308,7 @@ class FollowUps:
 
     # ---- background thread -----------------------------------------------------------------
     def _run(self) -> None:
-        steps = (
-            self._keep_alive,
-            self._submit_renders,
-            self._store_rendered,
-            self._form_batches,
-            self._publish_formed,
-            self._sweep,
-        )
+        steps = (self._submit_renders, self._store_rendered, self._form_batches, self._publish_formed)
         while not self._closed.is_set():
             for step in steps:
                 try:
@@ -324,10 +321,7 @@ class FollowUps:
             self._wake.clear()
 
     def _keep_alive(self) -> None:
-        now = time.monotonic()
-        if now - self._alive_at >= OWNER_TTL / 3:
-            self.redis_client.set(followup_owner(self.owner), "1", px=int(OWNER_TTL * 1000))
-            self._alive_at = now
+        self.redis_client.set(followup_owner(self.owner), "1", px=int(OWNER_TTL * 1000))
 
     def campaign_settings(self, name: str) -> CampaignSettings | None:
         """A campaign's settings (read from Redis once per process), None if Redis has none."""
@@ -463,8 +457,7 @@ class FollowUps:
         now = time.monotonic()
         with self._lock:
             groups = [(group, dict(members)) for group, members in self._ready.items() if members]
-        hurry = self.stopping.is_set() or self._flush_now.is_set()
-        wait = 0.0 if hurry else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
+        wait = 0.0 if self.stopping.is_set() else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
         for group_key, members in groups:
             name = group_key[0]
             pendings = sorted(members.values(), key=lambda p: p.since)
@@ -497,10 +490,6 @@ class FollowUps:
 
     # ---- sweeping --------------------------------------------------------------------------
     def _sweep(self) -> None:
-        now = time.monotonic()
-        if now - self._swept_at < SWEEP_INTERVAL:
-            return
-        self._swept_at = now
         untracked_now: set[tuple[str, str]] = set()
         for name in ConversationStore.campaigns_with_entries(self.redis_client, campaign_names(self.redis_client)):
             store = self._store(name)

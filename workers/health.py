@@ -13,16 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-import redis
-
 from eagle_synth.processes import process_alive
 from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState
-from workers.backends import AUTO, BACKENDS
+from workers.backends import BACKENDS
 from workers.backends.base import PreflightError
 from workers.client import ServerClient, ServerDown, TransientError
+from workers.config import WorkerConfig
 from workers.disk import DiskState
 from workers.model_check import REFUSE_PREFIX
 from workers.preflight import preflight_server
+from workers.reaper import every
 
 log = logging.getLogger("eagle_synth.health")
 
@@ -35,10 +35,10 @@ HEALTHY_PROBE_INTERVAL = 5.0
 BACKOFF_START = 0.2
 BACKOFF_MAX = 1.0
 BACKOFF_FACTOR = 1.5
-# Seconds between: heartbeat refreshes of the node's hash when nothing changed, sweeps for
-# in-flight counts left by worker processes that died, gate loop wake-ups (batch threads' hints).
+# Seconds between: heartbeat refreshes of the node's hash when nothing changed (its thread wakes
+# twice as often, also sweeping in-flight counts left by worker processes that died), gate loop
+# wake-ups (batch threads' hints).
 HEARTBEAT_INTERVAL = 10.0
-PRUNE_INTERVAL = 5.0
 TICK = 0.1
 
 
@@ -56,77 +56,57 @@ class _Tracked:
 
 
 class HealthGate:
-    """Probe servers, publish their states in `node_state`, open and close the gate: `on_open`
-    and `on_close` are called (from the gate thread) when the first server turns healthy and
-    when none is any more (or `disk` cannot take records), `on_all_refused` once when preflight
-    refused every server. `allow_server_parsers`, `allowed_settings` are what preflight accepts,
-    `probe_timeout` the seconds a /health probe may take, `backends` each server's --backend
-    (unlisted or "auto": detected)."""
+    """Probe the servers of `config` (with its probe timeout, and what its preflight options
+    accept), publish their states in `node_state`, open and close the gate: `on_open` and
+    `on_close` are called (from the gate thread) when the first server turns healthy and when
+    none is any more (or `disk` cannot take records), `on_all_refused` once when preflight
+    refused every server."""
 
     def __init__(
         self,
         *,
-        servers: list[str],
+        config: WorkerConfig,
         node_state: NodeState,
         on_open: Callable[[], None],
         on_close: Callable[[], None],
-        allow_server_parsers: bool = False,
-        allowed_settings: frozenset[str] = frozenset(),
-        probe_timeout: float = 25.0,
         disk: DiskState | None = None,
-        backends: dict[str, str] | None = None,
         on_all_refused: Callable[[], None] | None = None,
     ) -> None:
+        self.config = config
         self.node_state = node_state
         self.disk = disk
-        self.probe_timeout = probe_timeout
         self.on_open, self.on_close, self.on_all_refused = on_open, on_close, on_all_refused
         self._preflight = partial(
-            preflight_server, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings
+            preflight_server,
+            allow_server_parsers=config.allow_server_parsers,
+            allowed_settings=frozenset(config.allow_server_settings),
         )
         self._disk_detail: str | None = None
-        self.tracked = {url: _Tracked(client=ServerClient(url, pool_connections=2)) for url in servers}
-        self.forced = {url: (backends or {}).get(url, AUTO) for url in servers}
+        self.tracked = {url: _Tracked(client=ServerClient(url, pool_connections=2)) for url in config.servers}
         self.is_open = False
-        self._last_prune = self._last_publish = 0.0
+        self._last_publish = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         # The heartbeat has its own thread: a probe or preflight that takes long (a slow or
         # trickling server, vLLM's probe request) must not make the worker vanish from status.
-        gate = threading.Thread(target=self._forever, args=(self.tick, TICK, "health"), name="eagle-synth-health")
-        beat = threading.Thread(
-            target=self._forever, args=(self._beat, HEARTBEAT_INTERVAL / 2, "heartbeat"), name="eagle-synth-heartbeat"
-        )
-        for thread in (gate, beat):
-            thread.daemon = True
-            thread.start()
-        self._thread = gate  # stop() joins the gate's thread
+        # After a failure each waits a second more: the gate keeps its state and tries again.
+        self._thread = every(TICK, self.tick, stop=self._stop, what="health", cooldown=1.0)
+        every(HEARTBEAT_INTERVAL / 2, self._beat, stop=self._stop, what="heartbeat", cooldown=1.0)
 
     def _beat(self) -> None:
         if time.time() - self._last_publish >= HEARTBEAT_INTERVAL / 2:
             self._publish()
+        self.node_state.prune_dead_children(process_alive)
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
 
-    def _forever(self, step: Callable[[], None], pause: float, what: str) -> None:
-        while not self._stop.wait(pause):
-            try:
-                step()
-            except redis.RedisError as exc:
-                # Redis away (restarting?): the gate keeps its state and tries again.
-                log.warning("%s cannot reach Redis: %s", what, exc)
-                self._stop.wait(1.0)
-            except Exception:  # a bug must not silently stop the gate or the heartbeat
-                log.exception("%s failed", what)
-                self._stop.wait(1.0)
-
-    def tick(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+    def tick(self) -> None:
+        now = time.time()
         changed = False
         for url, detail in self.node_state.take_suspects().items():
             tracked = self.tracked.get(url)
@@ -148,12 +128,9 @@ class HealthGate:
                 tracked.next_probe = now + HEALTHY_PROBE_INTERVAL
                 continue
             changed |= self._probe(url, tracked)
-        if self.on_all_refused is not None and self.all_refused():
+        if self.on_all_refused is not None and all(t.state.state == REFUSED for t in self.tracked.values()):
             callback, self.on_all_refused = self.on_all_refused, None
             callback()
-        if now - self._last_prune > PRUNE_INTERVAL:
-            self._last_prune = now
-            self.node_state.prune_dead_children(process_alive)
         if changed or now - self._last_publish > HEARTBEAT_INTERVAL:
             self._publish()
         self._update_gate()
@@ -170,7 +147,7 @@ class HealthGate:
     def _probe(self, url: str, tracked: _Tracked) -> bool:
         now = time.time()
         try:
-            ok, detail = tracked.client.health(timeout=self.probe_timeout)
+            ok, detail = tracked.client.health(timeout=self.config.probe_timeout)
         except ServerDown as exc:
             # Nothing listens: certain, no hysteresis; it must pass preflight again when back. One
             # that was serving says when it went down and the last failure a batch saw (a server
@@ -186,7 +163,7 @@ class HealthGate:
             return self._failed(tracked, state, detail, certain=False, now=now)
         if not tracked.preflighted:
             try:
-                checked = self._preflight(tracked.client, forced=self.forced[url])
+                checked = self._preflight(tracked.client, forced=self.config.backend_for(url))
             except PreflightError as exc:
                 log.error("%s", exc)
                 return self._set(tracked, REFUSED, str(exc))
@@ -245,6 +222,3 @@ class HealthGate:
         log.warning("a server is healthy: taking batches" if any_healthy else closed)
         (self.on_open if any_healthy else self.on_close)()
         self._publish()
-
-    def all_refused(self) -> bool:
-        return all(t.state.state == REFUSED for t in self.tracked.values())

@@ -92,18 +92,17 @@ class InflightPool:
     ticket: the oldest waiting prompt goes to the routable server with the most free tickets; one
     refusing connections leaves routing until the next tick. Every `TICK_INTERVAL` seconds
     `on_tick(counts)` runs in a helper thread with the prompts in flight per (tag, url) and returns
-    {url: Route, or plain tickets keeping the backend}; `backends` are those known before."""
+    {url: Route}."""
 
     def __init__(
         self,
         *,
         servers: list[str],
-        on_tick: Callable[[Mapping[tuple[str, str], int]], Mapping[str, Route | int]],
-        backends: Mapping[str, Backend] | None = None,
+        on_tick: Callable[[Mapping[tuple[str, str], int]], Mapping[str, Route]],
     ) -> None:
         self.servers = list(servers)
         self._on_tick = on_tick
-        self._backends: dict[str, Backend] = dict(backends or {})
+        self._backends: dict[str, Backend] = {}
         self._limits: dict[str, int] = {}
         self._refused: set[str] = set()
         self._busy: Counter[str] = Counter()
@@ -130,9 +129,6 @@ class InflightPool:
         return any(
             self._limits.get(url, 0) > 0 and url not in self._refused and url in self._backends for url in self.servers
         )
-
-    def inflight(self) -> dict[str, int]:
-        return dict(self._busy)
 
     def waiting(self) -> int:
         return len(self._waiting)
@@ -176,11 +172,11 @@ class InflightPool:
             else:
                 limits = {}
                 for url in self.servers:
-                    route = routes.get(url, 0)
-                    if isinstance(route, Route) and route.backend is not None:
+                    route = routes.get(url, Route(0))
+                    if route.backend is not None:
                         # Learned at preflight; it may change when another server takes the address.
                         self._backends[url] = route.backend
-                    limits[url] = int(route.tickets if isinstance(route, Route) else route)
+                    limits[url] = route.tickets
                 self._limits = limits
                 self._refused.clear()
                 self._pump()

@@ -31,20 +31,18 @@ ARENAS_ENV = "EAGLE_SYNTH_MALLOC_ARENAS"
 _M_ARENA_MAX = -8
 
 
-def limit_malloc_arenas() -> int | None:
-    """Cap glibc's malloc arenas for this process (call before starting threads); returns the
-    cap set, or None where there is no glibc (musl, macOS) or the cap is turned off."""
+def limit_malloc_arenas() -> None:
+    """Cap glibc's malloc arenas for this process (call before starting threads); a no-op where
+    there is no glibc (musl, macOS) or the cap is turned off."""
     arenas = int(os.environ.get(ARENAS_ENV, WORKER_MALLOC_ARENAS))
     if arenas <= 0 or os.environ.get("MALLOC_ARENA_MAX"):
-        return None  # off, or already set for the whole process by the operator
+        return  # off, or already set for the whole process by the operator
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):
-        return None
+        return
     if mallopt(_M_ARENA_MAX, arenas) != 1:
         log.warning("could not cap malloc arenas at %d", arenas)
-        return None
-    return arenas
 
 
 def start_pool_threads(pool: Any) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
@@ -25,6 +26,38 @@ log = logging.getLogger("eagle_synth.reaper")
 
 # Seconds between sweeps (cluster-wide: the lock lives this long, so one worker sweeps per round).
 REAP_INTERVAL = TIMINGS.reap_interval
+
+
+def every(
+    pause: float,
+    step: Callable[[], object],
+    *,
+    stop: threading.Event,
+    what: str,
+    level: int = logging.WARNING,
+    cooldown: float = 0.0,
+) -> threading.Thread:
+    """Start a daemon thread that runs `step` now and every `pause` s after until `stop` is set.
+    A Redis or OS error is logged at `level` and any other with its traceback, then the thread
+    waits `cooldown` s more and goes on: neither ends it."""
+
+    def rounds() -> None:
+        log = logging.getLogger(f"eagle_synth.{what}")
+        while True:
+            try:
+                step()
+            except (redis.RedisError, OSError) as exc:
+                log.log(level, "%s: %s (trying again)", what, exc)
+                stop.wait(cooldown)
+            except Exception:
+                log.exception("%s failed (trying again)", what)
+                stop.wait(cooldown)
+            if stop.wait(pause):
+                return
+
+    thread = threading.Thread(target=rounds, name=f"eagle-synth-{what}", daemon=True)
+    thread.start()
+    return thread
 
 
 def won_round(client: redis.Redis, lock: str, node: str, interval: float) -> bool:
@@ -86,20 +119,8 @@ class SweepStep(bootsteps.StartStopStep):
 
     def start(self, c: Any) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(
-                target=self._rounds, args=(self.sweeper(c),), name=f"eagle-synth-{self.label}", daemon=True
-            )
-            self._thread.start()
-
-    def _rounds(self, sweeper: Any) -> None:
-        log = logging.getLogger(f"eagle_synth.{self.label}")
-        while not self._stop.wait(sweeper.interval):
-            try:
-                sweeper.sweep()
-            except redis.RedisError as exc:
-                log.info("%s: Redis not answering (%s); trying again in %.0f s", self.label, exc, sweeper.interval)
-            except Exception:
-                log.exception("%s: round failed; trying again in %.0f s", self.label, sweeper.interval)
+            sweeper = self.sweeper(c)
+            self._thread = every(sweeper.interval, sweeper.sweep, stop=self._stop, what=self.label, level=logging.INFO)
 
     def shutdown(self, c: Any) -> None:
         self._stop.set()

@@ -63,26 +63,24 @@ class Renderer:
     must match the campaign's `fingerprint` and `chat_template_hash` (else RendererMismatch)."""
 
     def __init__(self, *, folder: Path, processes: int, fingerprint: str, chat_template_hash: str) -> None:
-        self.processes = max(1, processes)
-        self.expected = (fingerprint, chat_template_hash)
+        expected = (fingerprint, chat_template_hash)
         self._pool = ProcessPoolExecutor(
-            max_workers=self.processes,
+            max_workers=max(1, processes),
             initializer=_init,
             initargs=(str(folder),),
             mp_context=multiprocessing.get_context(START_METHOD),
         )
         try:
             found = self._pool.submit(_identity).result()
+            if tuple(found) != expected:
+                raise RendererMismatch(
+                    f"the tokenizer stored for this campaign renders as fingerprint {found[0]}, template {found[1]}; "
+                    f"the campaign was made with {expected[0]}, template {expected[1]}: refusing to render "
+                    "(run the campaign's `eagle-synth enqueue ... --history own` again to store the right one)"
+                )
         except BaseException:
             self._pool.shutdown(cancel_futures=True)
             raise
-        if tuple(found) != self.expected:
-            self._pool.shutdown(cancel_futures=True)
-            raise RendererMismatch(
-                f"the tokenizer stored for this campaign renders as fingerprint {found[0]}, template {found[1]}; "
-                f"the campaign was made with {self.expected[0]}, template {self.expected[1]}: refusing to render "
-                "(run the campaign's `eagle-synth enqueue ... --history own` again to store the right one)"
-            )
 
     def submit(self, jobs: list[dict]) -> Future:  # one result of _render per job
         return self._pool.submit(_render, jobs)
