@@ -38,7 +38,6 @@ from eagle_synth.devserver.protocol import (
     parse_generate_request,
 )
 from eagle_synth.devserver.scheduler import (
-    ABORTED_RUNNING,
     ABORTED_WAITING,
     KILLED,
     DevStats,
@@ -78,12 +77,14 @@ SERVER_INFO_FIELDS = (
     *("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "host", "port"),
     "max_queued_requests",
 )
+# SGLang's deprecated paths, answered as their successors with a warning: old -> new.
+DEPRECATED_PATHS = {"/get_model_info": "/model_info", "/get_server_info": "/server_info"}
 # path -> (methods, endpoint method), per API; every other path is a 404.
 ROUTES = {
     "sglang": {
         **{"/generate": ("POST PUT", "generate"), "/health": ("GET", "health"), "/health_generate": ("GET", "health")},
-        **{"/model_info": ("GET", "model_info"), "/get_model_info": ("GET", "get_model_info")},
-        **{"/server_info": ("GET", "server_info"), "/get_server_info": ("GET", "get_server_info")},
+        **{"/model_info": ("GET", "model_info"), "/get_model_info": ("GET", "model_info")},
+        **{"/server_info": ("GET", "server_info"), "/get_server_info": ("GET", "server_info")},
         **{"/v1/models": ("GET", "models"), "/flush_cache": ("GET POST", "flush_cache")},
         **{"/abort_request": ("POST PUT", "abort_request"), "/dev/stats": ("GET", "dev_stats")},
         "/dev/reset_stats": ("POST", "dev_reset_stats"),
@@ -185,19 +186,6 @@ class DevServer:
         info |= {"max_total_num_tokens": c.slots * c.effective_context_length, "max_req_input_len": c.max_req_input_len}
         return info | {"devserver": True}
 
-    def get_model_info(self, body: bytes) -> dict:
-        return self._deprecated("/get_model_info", "/model_info", self.model_info)
-
-    def get_server_info(self, body: bytes) -> dict:
-        return self._deprecated("/get_server_info", "/server_info", self.server_info)
-
-    def _deprecated(self, old: str, new: str, endpoint: Callable[[bytes], dict]) -> dict:
-        self.stats.add(deprecated_info_calls=1)
-        log.warning(
-            f"Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead."
-        )
-        return endpoint(b"")
-
     def models(self, body: bytes) -> dict:
         path = self.config.effective_model_path
         model = {"id": path, "object": "model", "created": int(self.stats.started_at), "owned_by": "sglang"}
@@ -257,18 +245,27 @@ class DevServer:
             reply.die_reason = f"--die-after {fate.number}: answered the last allowed {endpoint}"
         return reply
 
-    def hold_slots(self, prompts: list[PromptRequest], completions: list[Completion]) -> list[SlotJob] | None:
-        """Each prompt holds a slot for its emulated time; None when the GPU died meanwhile."""
+    def hold_slots(self, prompts: list[PromptRequest]) -> list[tuple[PromptRequest, Completion, SlotJob]] | None:
+        """Each prompt's completion, once it held a slot for its emulated time; None when the GPU died meanwhile."""
+        completions = [self.generator.complete(p) for p in prompts]
         jobs = [SlotJob(p.rid, p.group_rid, len(c.output_ids)) for p, c in zip(prompts, completions)]
         self.scheduler.submit(jobs)
         for job in jobs:
             job.done.wait()
-        return None if any(job.outcome == KILLED for job in jobs) else jobs
+        return None if any(job.outcome == KILLED for job in jobs) else list(zip(prompts, completions, jobs))
 
-    def text(self, prompt: PromptRequest, completion: Completion, output_ids: list[int], job: SlotJob) -> str:
+    def outcome(self, prompt: PromptRequest, completion: Completion, job: SlotJob):
+        """(the ids a prompt answers with, counted; SGLang's finish_reason; the text, None with skip_tokenizer_init)."""
+        output_ids, finish, params = completion.output_ids, completion.finish_reason, prompt.params
         if job.aborted:
-            return self.vocab.decode(output_ids, skip_special_tokens=prompt.params.skip_special_tokens)
-        return self.generator.render_text(completion, prompt.params)
+            message = "Abort in waiting queue" if job.outcome == ABORTED_WAITING else "Aborted"
+            output_ids, finish = output_ids[: job.tokens_done], {"type": "abort", "message": message}
+        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
+        if self.config.skip_tokenizer_init:
+            return output_ids, finish, None
+        if job.aborted:
+            return output_ids, finish, self.vocab.decode(output_ids, skip_special_tokens=params.skip_special_tokens)
+        return output_ids, finish, self.generator.render_text(completion, params)
 
     def generate(self, body: bytes) -> Reply:
         return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()), internal_error)
@@ -291,33 +288,27 @@ class DevServer:
         if bad is not None:
             why = "device-side assert (real SGLang dies the same way)"
             return Reply(drop=True, die_reason=f"input id {bad} outside the vocabulary [0, {size}): {why}")
-        completions = [self.generator.complete(p) for p in req.prompts]
         cached = [self.cache.lookup(p.input_ids) for p in req.prompts]
         try:
-            jobs = self.hold_slots(req.prompts, completions)
+            held = self.hold_slots(req.prompts)
         except QueueFullError as err:
             self.stats.add(queue_full=1)
             error = {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503}
             return json_reply(error, status=503)
-        if jobs is None:
+        if held is None:
             return Reply(drop=True)
-        items = [self._item(*each, received) for each in zip(req.prompts, completions, jobs, cached)]
+        items = [self._item(*each, hit, received) for each, hit in zip(held, cached)]
         return items[0] if req.single else items
 
     def _item(self, prompt: PromptRequest, completion: Completion, job: SlotJob, cached: int, received: float):
         c = self.config
-        output_ids, finish = completion.output_ids, completion.finish_reason
-        if job.outcome == ABORTED_WAITING:
-            output_ids, finish = [], {"type": "abort", "message": "Abort in waiting queue"}
-        elif job.outcome == ABORTED_RUNNING:
-            output_ids, finish = output_ids[: job.tokens_done], {"type": "abort", "message": "Aborted"}
-        else:
+        output_ids, finish, text = self.outcome(prompt, completion, job)
+        if not job.aborted:
             self.cache.insert(prompt.input_ids + output_ids)
-        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
         matched = finish.get("matched")
         if c.drop_stop_id and finish["type"] == "stop" and isinstance(matched, int) and output_ids[-1:] == [matched]:
             output_ids = output_ids[:-1]
-        item: dict[str, Any] = {} if c.skip_tokenizer_init else {"text": self.text(prompt, completion, output_ids, job)}
+        item: dict[str, Any] = {} if text is None else {"text": text}
         item["output_ids"] = prompt.input_ids[-c.prefix_bug :] + output_ids if c.prefix_bug else output_ids
         item["meta_info"] = {
             **{"id": prompt.rid, "finish_reason": finish, "prompt_tokens": len(prompt.input_ids)},
@@ -399,12 +390,11 @@ class DevServer:
             self._ignored_logged.add(unknown)
             log.warning("The following fields were present in the request but ignored: %s", set(unknown))
         token_ids = bool(request.get("return_token_ids"))
-        completions = [self.generator.complete(p) for p in prompts]
-        jobs = self.hold_slots(prompts, completions)  # vLLM has no queue cap: requests wait
-        if jobs is None:
+        held = self.hold_slots(prompts)  # vLLM has no queue cap: requests wait
+        if held is None:
             return Reply(drop=True)
-        choices = [self._choice(i, *each, token_ids) for i, each in enumerate(zip(prompts, completions, jobs))]
-        completion_tokens = sum(job.tokens_done for job in jobs)
+        choices = [self._choice(i, *each, token_ids) for i, each in enumerate(held)]
+        completion_tokens = sum(job.tokens_done for _, _, job in held)
         prompt_tokens = sum(len(p.input_ids) for p in prompts if p.sample_index == 0)
         usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens}
         usage |= {"completion_tokens": completion_tokens, "prompt_tokens_details": None}
@@ -416,17 +406,12 @@ class DevServer:
         return reply | {"usage": usage, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
     def _choice(self, index: int, prompt: PromptRequest, completion: Completion, job: SlotJob, token_ids: bool):
-        output_ids, finish = completion.output_ids, completion.finish_reason
-        if job.aborted:
-            output_ids, finish_reason, stop_reason = output_ids[: job.tokens_done], "abort", None
-        else:
-            finish_reason, matched = finish["type"], finish.get("matched")
-            # vLLM reports the matched stop id or string; the model's EOS is reported as None.
-            stop_reason = None if matched is None or matched == self.vocab.eos_id else matched
-        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
-        text = "" if self.config.skip_tokenizer_init else self.text(prompt, completion, output_ids, job)
+        output_ids, finish, text = self.outcome(prompt, completion, job)
+        matched = finish.get("matched")
+        # vLLM reports the matched stop id or string; the model's EOS is reported as None.
+        stop_reason = None if matched is None or matched == self.vocab.eos_id else matched
         return {
-            **{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason},
+            **{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish["type"]},
             **{"stop_reason": stop_reason, "token_ids": output_ids if token_ids else None, "prompt_logprobs": None},
             **{"prompt_token_ids": prompt.input_ids if token_ids else None, "routed_experts": None},
         }
@@ -499,6 +484,12 @@ class DevServer:
         elif request.method not in route[0]:
             reply = json_reply({"detail": "Method Not Allowed"}, status=405)
         else:
+            if path in DEPRECATED_PATHS:
+                self.stats.add(deprecated_info_calls=1)
+                new = DEPRECATED_PATHS[path]
+                log.warning(
+                    f"Endpoint '{path}' is deprecated and will be removed in a future version. Please use '{new}' instead."
+                )
             try:
                 reply = await asyncio.get_running_loop().run_in_executor(self._pool, route[1], body)
                 reply = reply if isinstance(reply, Reply) else json_reply(reply)
