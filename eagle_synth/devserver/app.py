@@ -8,18 +8,16 @@ pool thread on an event loop of the server's own (the main thread, or a daemon t
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 
@@ -39,7 +37,6 @@ from eagle_synth.devserver.protocol import (
 )
 from eagle_synth.devserver.scheduler import (
     ABORTED_WAITING,
-    KILLED,
     DevStats,
     PrefixCache,
     QueueFullError,
@@ -110,49 +107,42 @@ def internal_error() -> Reply:
 class DevServer:
     """One emulated SGLang (or vLLM) server: its endpoints (docs/devserver.md) and lifecycle.
 
-    `run()` loads the tokenizer (unless `vocab` is given), keeps the port closed for
-    startup_delay, binds, prints LISTENING_LINE and serves until `stop()` or `die()` (which,
-    with config.exit_on_death, exits the process).
+    Made, it has loaded the tokenizer; `serve()` keeps the port closed for startup_delay, binds,
+    prints LISTENING_LINE and serves until cancelled or `die()` ends the process.
     """
 
-    def __init__(self, config: DevServerConfig, *, vocab: ModelVocab | None = None) -> None:
+    def __init__(self, config: DevServerConfig) -> None:
         c = self.config = config
-        self._vocab = vocab
-        self.vocab: ModelVocab
-        self.generator: Generator
+        t0 = time.monotonic()
+        vocab = self.vocab = ModelVocab.load(tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size)
+        log.info(
+            "devserver loaded tokenizer %s in %.1fs: vocab %d, eos %s, think %s/%s, corpus %d tokens",
+            *(c.tokenizer, time.monotonic() - t0, vocab.size, vocab.eos_id, vocab.think_open_id),
+            *(vocab.think_close_id, len(vocab.corpus_ids)),
+        )
+        knobs = ("mean_output_tokens", "seed", "length_median", "length_sigma")
+        self.generator = Generator(vocab=vocab, **{k: getattr(c, k) for k in knobs})
         self.cache = PrefixCache()
         self.stats = DevStats()
-        knobs = ("fail_rate", "drop_rate", "malformed_rate", "health_fail_rate", "die_after", "seed")
-        self.faults = FaultPlan(**{k: getattr(c, k) for k in knobs})
+        faults = ("fail_rate", "drop_rate", "malformed_rate", "health_fail_rate", "die_after", "seed")
+        self.faults = FaultPlan(**{k: getattr(c, k) for k in faults})
         self._ignored_logged: set[tuple[str, ...]] = set()  # vLLM warns once per set of ignored fields
         self.scheduler = SlotScheduler(c, self.stats)
-        self.port = c.port  # the bound one once `listening` is set
-        self.listening, self.stopped, self.loaded = threading.Event(), threading.Event(), threading.Event()
-        self.error: BaseException | None = None
-        self.dead = False
-        self._death_lock = threading.Lock()
         self._listening_mono: float | None = None
         self._listening_at: float | None = None
-        self._stop_requested = threading.Event()
         self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="devserver")
 
     def healthy(self) -> bool:
         mono = self._listening_mono
         return mono is not None and time.monotonic() - mono >= self.config.warmup
 
-    def die(self, reason: str) -> None:
-        """Die like SGLang after a fatal GPU error: log, stop listening, exit (or just stop)."""
-        with self._death_lock:
-            if self.dead:
-                return
-            self.dead = True
+    def die(self, reason: str) -> NoReturn:
+        """Die like SGLang after a fatal GPU error: log and end the process at once (from the event
+        loop, so no other request is answered meanwhile)."""
         log.error("devserver dying: %s", reason)
-        self.scheduler.kill_all()
-        self._stop_requested.set()
-        if self.config.exit_on_death:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
     # ---- health and information (answered during warm-up too, as SGLang does) ----
 
@@ -245,14 +235,14 @@ class DevServer:
             reply.die_reason = f"--die-after {fate.number}: answered the last allowed {endpoint}"
         return reply
 
-    def hold_slots(self, prompts: list[PromptRequest]) -> list[tuple[PromptRequest, Completion, SlotJob]] | None:
-        """Each prompt's completion, once it held a slot for its emulated time; None when the GPU died meanwhile."""
+    def hold_slots(self, prompts: list[PromptRequest]) -> list[tuple[PromptRequest, Completion, SlotJob]]:
+        """Each prompt's completion, once it held a slot for its emulated time."""
         completions = [self.generator.complete(p) for p in prompts]
         jobs = [SlotJob(p.rid, p.group_rid, len(c.output_ids)) for p, c in zip(prompts, completions)]
         self.scheduler.submit(jobs)
         for job in jobs:
             job.done.wait()
-        return None if any(job.outcome == KILLED for job in jobs) else list(zip(prompts, completions, jobs))
+        return list(zip(prompts, completions, jobs))
 
     def outcome(self, prompt: PromptRequest, completion: Completion, job: SlotJob):
         """(the ids a prompt answers with, counted; SGLang's finish_reason; the text, None with skip_tokenizer_init)."""
@@ -295,8 +285,6 @@ class DevServer:
             self.stats.add(queue_full=1)
             error = {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503}
             return json_reply(error, status=503)
-        if held is None:
-            return Reply(drop=True)
         items = [self._item(*each, hit, received) for each, hit in zip(held, cached)]
         return items[0] if req.single else items
 
@@ -391,8 +379,6 @@ class DevServer:
             log.warning("The following fields were present in the request but ignored: %s", set(unknown))
         token_ids = bool(request.get("return_token_ids"))
         held = self.hold_slots(prompts)  # vLLM has no queue cap: requests wait
-        if held is None:
-            return Reply(drop=True)
         choices = [self._choice(i, *each, token_ids) for i, each in enumerate(held)]
         completion_tokens = sum(job.tokens_done for _, _, job in held)
         prompt_tokens = sum(len(p.input_ids) for p in prompts if p.sample_index == 0)
@@ -416,42 +402,12 @@ class DevServer:
             **{"prompt_token_ids": prompt.input_ids if token_ids else None, "routed_experts": None},
         }
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.config.host}:{self.port}"
-
-    def run(self) -> None:
-        """Load, delay, bind and serve; returns after `stop()` or an in-process death."""
-        try:
-            asyncio.run(self._run())
-        except BaseException as exc:
-            self.error = exc
-            raise
-        finally:
-            self._stop_requested.set()  # ends the pool thread waiting for it
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self.stopped.set()
-            self.listening.set()  # release waiters even when start failed
-
-    async def _run(self) -> None:
-        c, loop = self.config, asyncio.get_running_loop()
-        if self._stop_requested.is_set():
-            return
-        t0 = time.monotonic()
-        vocab = self._vocab or ModelVocab.load(tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size)
-        log.info(
-            "devserver loaded tokenizer %s in %.1fs: vocab %d, eos %s, think %s/%s, corpus %d tokens",
-            *(c.tokenizer, time.monotonic() - t0, vocab.size, vocab.eos_id, vocab.think_open_id),
-            *(vocab.think_close_id, len(vocab.corpus_ids)),
-        )
-        self.vocab = vocab
-        knobs = ("mean_output_tokens", "seed", "length_median", "length_sigma")
-        self.generator = Generator(vocab=vocab, **{k: getattr(c, k) for k in knobs})
-        self.loaded.set()
+    async def serve(self) -> None:
+        """Delay, bind and serve until cancelled (Ctrl-C)."""
+        c = self.config
         if c.startup_delay > 0:
             log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)
-            if await loop.run_in_executor(self._pool, self._stop_requested.wait, c.startup_delay):
-                return
+            await asyncio.sleep(c.startup_delay)
         handlers = {path: (methods.split(), getattr(self, name)) for path, (methods, name) in ROUTES[c.api].items()}
         web_app = web.Application(client_max_size=MAX_BODY_BYTES)
         web_app.router.add_route("*", "/{path:.*}", partial(self._dispatch, handlers))
@@ -460,19 +416,16 @@ class DevServer:
         await runner.setup()
         try:
             await web.TCPSite(runner, c.host, c.port, backlog=LISTEN_BACKLOG, reuse_address=True).start()
-            self.port = runner.addresses[0][1]
             self._listening_mono, self._listening_at = time.monotonic(), time.time()  # the warm-up clock starts
-            print(LISTENING_LINE.format(host=c.host, port=self.port), flush=True)
-            self.listening.set()
+            print(LISTENING_LINE.format(host=c.host, port=runner.addresses[0][1]), flush=True)
             if c.warmup > 0:
                 log.info("devserver warm-up: health answers 503 for %.1fs", c.warmup)
-            await loop.run_in_executor(self._pool, self._stop_requested.wait)
+            await asyncio.Event().wait()
         finally:
             await runner.cleanup()
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _dispatch(self, handlers: dict, request: web.Request) -> web.StreamResponse:
-        if self.dead:
-            return _drop(request)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -496,16 +449,10 @@ class DevServer:
             except Exception:
                 log.exception("%s %s failed", request.method, path)
                 reply = internal_error()
-        response = _drop(request) if reply.drop or self.dead else await _send(request, reply)
+        response = _drop(request) if reply.drop else await _send(request, reply)
         if reply.die_reason is not None:
             self.die(reply.die_reason)  # after the reply went out: with exit_on_death it ends the process
         return response
-
-    def stop(self) -> None:
-        """Stop serving (from another thread) and fail whatever is still generating."""
-        self._stop_requested.set()
-        self.scheduler.kill_all()
-        self.stopped.wait(timeout=10)
 
 
 async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> web.StreamResponse:
@@ -532,36 +479,8 @@ def _drop(request: web.Request) -> web.StreamResponse:
 
 
 def run_devserver(config: DevServerConfig) -> None:
-    """Run a devserver in the calling thread until interrupted (Ctrl-C) or it dies."""
+    """Run a devserver in the calling thread until interrupted (Ctrl-C) or it dies (the process ends)."""
     try:
-        DevServer(config).run()
+        asyncio.run(DevServer(config).serve())
     except KeyboardInterrupt:
         log.info("devserver interrupted")
-
-
-def start_devserver_thread(
-    config: DevServerConfig, *, vocab: ModelVocab | None = None, wait: bool = True, timeout: float = 120.0
-) -> DevServer:
-    """A devserver in a daemon thread (fatal faults only stop it); with `wait`, once it listens."""
-    server = DevServer(dataclasses.replace(config, exit_on_death=False), vocab=vocab)
-
-    def run_quietly() -> None:
-        try:
-            server.run()
-        except BaseException:  # kept on server.error for wait_listening
-            log.exception("devserver thread failed")
-
-    threading.Thread(target=run_quietly, name="devserver", daemon=True).start()
-    if wait:
-        wait_listening(server, timeout=timeout)
-    return server
-
-
-def wait_listening(server: DevServer, *, timeout: float) -> None:
-    """Block until `server` listens; raise its start error or TimeoutError."""
-    if not server.listening.wait(timeout):
-        raise TimeoutError(f"devserver did not listen within {timeout}s")
-    if server.error is not None:
-        raise RuntimeError("devserver failed to start") from server.error
-    if server.stopped.is_set() and not server.loaded.is_set():
-        raise RuntimeError("devserver stopped before listening")
