@@ -451,7 +451,7 @@ class DevServer:
                 reply = internal_error()
         response = _drop(request) if reply.drop else await _send(request, reply)
         if reply.die_reason is not None:
-            self.die(reply.die_reason)  # after the reply went out: with exit_on_death it ends the process
+            self.die(reply.die_reason)  # after the reply went out
         return response
 
 
