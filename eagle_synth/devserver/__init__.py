@@ -1,15 +1,8 @@
 """The devserver: an HTTP stand-in for SGLang's native API (or vLLM's), for tests, demos and
 benchmarks; see docs/devserver.md. `python -m eagle_synth.devserver --tokenizer DIR` from a
-shell, or `start_devserver_thread(DevServerConfig(tokenizer=DIR, port=0))` in-process."""
+shell, or `run_devserver(DevServerConfig(tokenizer=DIR))` in-process (it blocks)."""
 
-from eagle_synth.devserver.app import LISTENING_LINE, DevServer, run_devserver, start_devserver_thread, wait_listening
+from eagle_synth.devserver.app import run_devserver
 from eagle_synth.devserver.config import DevServerConfig
 
-__all__ = [
-    "DevServer",
-    "DevServerConfig",
-    "LISTENING_LINE",
-    "run_devserver",
-    "start_devserver_thread",
-    "wait_listening",
-]
+__all__ = ["DevServerConfig", "run_devserver"]

@@ -57,7 +57,7 @@ def _option(f: dataclasses.Field, hint: typing.Any) -> inspect.Parameter:
 
 _HINTS = typing.get_type_hints(DevServerConfig)
 serve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [_option(f, _HINTS[f.name]) for f in dataclasses.fields(DevServerConfig) if f.metadata.get("cli", True)]
+    [_option(f, _HINTS[f.name]) for f in dataclasses.fields(DevServerConfig)]
 )
 # Plain (not rich) help, as every eagle-synth command has: see eagle_synth/cli/options.py.
 cli = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)

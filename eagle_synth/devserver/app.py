@@ -8,18 +8,16 @@ pool thread on an event loop of the server's own (the main thread, or a daemon t
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 
@@ -38,9 +36,7 @@ from eagle_synth.devserver.protocol import (
     parse_generate_request,
 )
 from eagle_synth.devserver.scheduler import (
-    ABORTED_RUNNING,
     ABORTED_WAITING,
-    KILLED,
     DevStats,
     PrefixCache,
     QueueFullError,
@@ -78,12 +74,14 @@ SERVER_INFO_FIELDS = (
     *("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "host", "port"),
     "max_queued_requests",
 )
+# SGLang's deprecated paths, answered as their successors with a warning: old -> new.
+DEPRECATED_PATHS = {"/get_model_info": "/model_info", "/get_server_info": "/server_info"}
 # path -> (methods, endpoint method), per API; every other path is a 404.
 ROUTES = {
     "sglang": {
         **{"/generate": ("POST PUT", "generate"), "/health": ("GET", "health"), "/health_generate": ("GET", "health")},
-        **{"/model_info": ("GET", "model_info"), "/get_model_info": ("GET", "get_model_info")},
-        **{"/server_info": ("GET", "server_info"), "/get_server_info": ("GET", "get_server_info")},
+        **{"/model_info": ("GET", "model_info"), "/get_model_info": ("GET", "model_info")},
+        **{"/server_info": ("GET", "server_info"), "/get_server_info": ("GET", "server_info")},
         **{"/v1/models": ("GET", "models"), "/flush_cache": ("GET POST", "flush_cache")},
         **{"/abort_request": ("POST PUT", "abort_request"), "/dev/stats": ("GET", "dev_stats")},
         "/dev/reset_stats": ("POST", "dev_reset_stats"),
@@ -109,49 +107,42 @@ def internal_error() -> Reply:
 class DevServer:
     """One emulated SGLang (or vLLM) server: its endpoints (docs/devserver.md) and lifecycle.
 
-    `run()` loads the tokenizer (unless `vocab` is given), keeps the port closed for
-    startup_delay, binds, prints LISTENING_LINE and serves until `stop()` or `die()` (which,
-    with config.exit_on_death, exits the process).
+    Made, it has loaded the tokenizer; `serve()` keeps the port closed for startup_delay, binds,
+    prints LISTENING_LINE and serves until cancelled or `die()` ends the process.
     """
 
-    def __init__(self, config: DevServerConfig, *, vocab: ModelVocab | None = None) -> None:
+    def __init__(self, config: DevServerConfig) -> None:
         c = self.config = config
-        self._vocab = vocab
-        self.vocab: ModelVocab
-        self.generator: Generator
+        t0 = time.monotonic()
+        vocab = self.vocab = ModelVocab.load(tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size)
+        log.info(
+            "devserver loaded tokenizer %s in %.1fs: vocab %d, eos %s, think %s/%s, corpus %d tokens",
+            *(c.tokenizer, time.monotonic() - t0, vocab.size, vocab.eos_id, vocab.think_open_id),
+            *(vocab.think_close_id, len(vocab.corpus_ids)),
+        )
+        knobs = ("mean_output_tokens", "seed", "length_median", "length_sigma")
+        self.generator = Generator(vocab=vocab, **{k: getattr(c, k) for k in knobs})
         self.cache = PrefixCache()
         self.stats = DevStats()
-        knobs = ("fail_rate", "drop_rate", "malformed_rate", "health_fail_rate", "die_after", "seed")
-        self.faults = FaultPlan(**{k: getattr(c, k) for k in knobs})
+        faults = ("fail_rate", "drop_rate", "malformed_rate", "health_fail_rate", "die_after", "seed")
+        self.faults = FaultPlan(**{k: getattr(c, k) for k in faults})
         self._ignored_logged: set[tuple[str, ...]] = set()  # vLLM warns once per set of ignored fields
         self.scheduler = SlotScheduler(c, self.stats)
-        self.port = c.port  # the bound one once `listening` is set
-        self.listening, self.stopped, self.loaded = threading.Event(), threading.Event(), threading.Event()
-        self.error: BaseException | None = None
-        self.dead = False
-        self._death_lock = threading.Lock()
         self._listening_mono: float | None = None
         self._listening_at: float | None = None
-        self._stop_requested = threading.Event()
         self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="devserver")
 
     def healthy(self) -> bool:
         mono = self._listening_mono
         return mono is not None and time.monotonic() - mono >= self.config.warmup
 
-    def die(self, reason: str) -> None:
-        """Die like SGLang after a fatal GPU error: log, stop listening, exit (or just stop)."""
-        with self._death_lock:
-            if self.dead:
-                return
-            self.dead = True
+    def die(self, reason: str) -> NoReturn:
+        """Die like SGLang after a fatal GPU error: log and end the process at once (from the event
+        loop, so no other request is answered meanwhile)."""
         log.error("devserver dying: %s", reason)
-        self.scheduler.kill_all()
-        self._stop_requested.set()
-        if self.config.exit_on_death:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
     # ---- health and information (answered during warm-up too, as SGLang does) ----
 
@@ -184,19 +175,6 @@ class DevServer:
         # is what limits one request, as on a well-sized server.
         info |= {"max_total_num_tokens": c.slots * c.effective_context_length, "max_req_input_len": c.max_req_input_len}
         return info | {"devserver": True}
-
-    def get_model_info(self, body: bytes) -> dict:
-        return self._deprecated("/get_model_info", "/model_info", self.model_info)
-
-    def get_server_info(self, body: bytes) -> dict:
-        return self._deprecated("/get_server_info", "/server_info", self.server_info)
-
-    def _deprecated(self, old: str, new: str, endpoint: Callable[[bytes], dict]) -> dict:
-        self.stats.add(deprecated_info_calls=1)
-        log.warning(
-            f"Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead."
-        )
-        return endpoint(b"")
 
     def models(self, body: bytes) -> dict:
         path = self.config.effective_model_path
@@ -257,18 +235,27 @@ class DevServer:
             reply.die_reason = f"--die-after {fate.number}: answered the last allowed {endpoint}"
         return reply
 
-    def hold_slots(self, prompts: list[PromptRequest], completions: list[Completion]) -> list[SlotJob] | None:
-        """Each prompt holds a slot for its emulated time; None when the GPU died meanwhile."""
+    def hold_slots(self, prompts: list[PromptRequest]) -> list[tuple[PromptRequest, Completion, SlotJob]]:
+        """Each prompt's completion, once it held a slot for its emulated time."""
+        completions = [self.generator.complete(p) for p in prompts]
         jobs = [SlotJob(p.rid, p.group_rid, len(c.output_ids)) for p, c in zip(prompts, completions)]
         self.scheduler.submit(jobs)
         for job in jobs:
             job.done.wait()
-        return None if any(job.outcome == KILLED for job in jobs) else jobs
+        return list(zip(prompts, completions, jobs))
 
-    def text(self, prompt: PromptRequest, completion: Completion, output_ids: list[int], job: SlotJob) -> str:
+    def outcome(self, prompt: PromptRequest, completion: Completion, job: SlotJob):
+        """(the ids a prompt answers with, counted; SGLang's finish_reason; the text, None with skip_tokenizer_init)."""
+        output_ids, finish, params = completion.output_ids, completion.finish_reason, prompt.params
         if job.aborted:
-            return self.vocab.decode(output_ids, skip_special_tokens=prompt.params.skip_special_tokens)
-        return self.generator.render_text(completion, prompt.params)
+            message = "Abort in waiting queue" if job.outcome == ABORTED_WAITING else "Aborted"
+            output_ids, finish = output_ids[: job.tokens_done], {"type": "abort", "message": message}
+        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
+        if self.config.skip_tokenizer_init:
+            return output_ids, finish, None
+        if job.aborted:
+            return output_ids, finish, self.vocab.decode(output_ids, skip_special_tokens=params.skip_special_tokens)
+        return output_ids, finish, self.generator.render_text(completion, params)
 
     def generate(self, body: bytes) -> Reply:
         return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()), internal_error)
@@ -291,33 +278,25 @@ class DevServer:
         if bad is not None:
             why = "device-side assert (real SGLang dies the same way)"
             return Reply(drop=True, die_reason=f"input id {bad} outside the vocabulary [0, {size}): {why}")
-        completions = [self.generator.complete(p) for p in req.prompts]
         cached = [self.cache.lookup(p.input_ids) for p in req.prompts]
         try:
-            jobs = self.hold_slots(req.prompts, completions)
+            held = self.hold_slots(req.prompts)
         except QueueFullError as err:
             self.stats.add(queue_full=1)
             error = {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503}
             return json_reply(error, status=503)
-        if jobs is None:
-            return Reply(drop=True)
-        items = [self._item(*each, received) for each in zip(req.prompts, completions, jobs, cached)]
+        items = [self._item(*each, hit, received) for each, hit in zip(held, cached)]
         return items[0] if req.single else items
 
     def _item(self, prompt: PromptRequest, completion: Completion, job: SlotJob, cached: int, received: float):
         c = self.config
-        output_ids, finish = completion.output_ids, completion.finish_reason
-        if job.outcome == ABORTED_WAITING:
-            output_ids, finish = [], {"type": "abort", "message": "Abort in waiting queue"}
-        elif job.outcome == ABORTED_RUNNING:
-            output_ids, finish = output_ids[: job.tokens_done], {"type": "abort", "message": "Aborted"}
-        else:
+        output_ids, finish, text = self.outcome(prompt, completion, job)
+        if not job.aborted:
             self.cache.insert(prompt.input_ids + output_ids)
-        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
         matched = finish.get("matched")
         if c.drop_stop_id and finish["type"] == "stop" and isinstance(matched, int) and output_ids[-1:] == [matched]:
             output_ids = output_ids[:-1]
-        item: dict[str, Any] = {} if c.skip_tokenizer_init else {"text": self.text(prompt, completion, output_ids, job)}
+        item: dict[str, Any] = {} if text is None else {"text": text}
         item["output_ids"] = prompt.input_ids[-c.prefix_bug :] + output_ids if c.prefix_bug else output_ids
         item["meta_info"] = {
             **{"id": prompt.rid, "finish_reason": finish, "prompt_tokens": len(prompt.input_ids)},
@@ -399,12 +378,9 @@ class DevServer:
             self._ignored_logged.add(unknown)
             log.warning("The following fields were present in the request but ignored: %s", set(unknown))
         token_ids = bool(request.get("return_token_ids"))
-        completions = [self.generator.complete(p) for p in prompts]
-        jobs = self.hold_slots(prompts, completions)  # vLLM has no queue cap: requests wait
-        if jobs is None:
-            return Reply(drop=True)
-        choices = [self._choice(i, *each, token_ids) for i, each in enumerate(zip(prompts, completions, jobs))]
-        completion_tokens = sum(job.tokens_done for job in jobs)
+        held = self.hold_slots(prompts)  # vLLM has no queue cap: requests wait
+        choices = [self._choice(i, *each, token_ids) for i, each in enumerate(held)]
+        completion_tokens = sum(job.tokens_done for _, _, job in held)
         prompt_tokens = sum(len(p.input_ids) for p in prompts if p.sample_index == 0)
         usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens}
         usage |= {"completion_tokens": completion_tokens, "prompt_tokens_details": None}
@@ -416,57 +392,22 @@ class DevServer:
         return reply | {"usage": usage, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
     def _choice(self, index: int, prompt: PromptRequest, completion: Completion, job: SlotJob, token_ids: bool):
-        output_ids, finish = completion.output_ids, completion.finish_reason
-        if job.aborted:
-            output_ids, finish_reason, stop_reason = output_ids[: job.tokens_done], "abort", None
-        else:
-            finish_reason, matched = finish["type"], finish.get("matched")
-            # vLLM reports the matched stop id or string; the model's EOS is reported as None.
-            stop_reason = None if matched is None or matched == self.vocab.eos_id else matched
-        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
-        text = "" if self.config.skip_tokenizer_init else self.text(prompt, completion, output_ids, job)
+        output_ids, finish, text = self.outcome(prompt, completion, job)
+        matched = finish.get("matched")
+        # vLLM reports the matched stop id or string; the model's EOS is reported as None.
+        stop_reason = None if matched is None or matched == self.vocab.eos_id else matched
         return {
-            **{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason},
+            **{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish["type"]},
             **{"stop_reason": stop_reason, "token_ids": output_ids if token_ids else None, "prompt_logprobs": None},
             **{"prompt_token_ids": prompt.input_ids if token_ids else None, "routed_experts": None},
         }
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.config.host}:{self.port}"
-
-    def run(self) -> None:
-        """Load, delay, bind and serve; returns after `stop()` or an in-process death."""
-        try:
-            asyncio.run(self._run())
-        except BaseException as exc:
-            self.error = exc
-            raise
-        finally:
-            self._stop_requested.set()  # ends the pool thread waiting for it
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self.stopped.set()
-            self.listening.set()  # release waiters even when start failed
-
-    async def _run(self) -> None:
-        c, loop = self.config, asyncio.get_running_loop()
-        if self._stop_requested.is_set():
-            return
-        t0 = time.monotonic()
-        vocab = self._vocab or ModelVocab.load(tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size)
-        log.info(
-            "devserver loaded tokenizer %s in %.1fs: vocab %d, eos %s, think %s/%s, corpus %d tokens",
-            *(c.tokenizer, time.monotonic() - t0, vocab.size, vocab.eos_id, vocab.think_open_id),
-            *(vocab.think_close_id, len(vocab.corpus_ids)),
-        )
-        self.vocab = vocab
-        knobs = ("mean_output_tokens", "seed", "length_median", "length_sigma")
-        self.generator = Generator(vocab=vocab, **{k: getattr(c, k) for k in knobs})
-        self.loaded.set()
+    async def serve(self) -> None:
+        """Delay, bind and serve until cancelled (Ctrl-C)."""
+        c = self.config
         if c.startup_delay > 0:
             log.info("devserver startup delay: port closed for %.1fs", c.startup_delay)
-            if await loop.run_in_executor(self._pool, self._stop_requested.wait, c.startup_delay):
-                return
+            await asyncio.sleep(c.startup_delay)
         handlers = {path: (methods.split(), getattr(self, name)) for path, (methods, name) in ROUTES[c.api].items()}
         web_app = web.Application(client_max_size=MAX_BODY_BYTES)
         web_app.router.add_route("*", "/{path:.*}", partial(self._dispatch, handlers))
@@ -475,19 +416,16 @@ class DevServer:
         await runner.setup()
         try:
             await web.TCPSite(runner, c.host, c.port, backlog=LISTEN_BACKLOG, reuse_address=True).start()
-            self.port = runner.addresses[0][1]
             self._listening_mono, self._listening_at = time.monotonic(), time.time()  # the warm-up clock starts
-            print(LISTENING_LINE.format(host=c.host, port=self.port), flush=True)
-            self.listening.set()
+            print(LISTENING_LINE.format(host=c.host, port=runner.addresses[0][1]), flush=True)
             if c.warmup > 0:
                 log.info("devserver warm-up: health answers 503 for %.1fs", c.warmup)
-            await loop.run_in_executor(self._pool, self._stop_requested.wait)
+            await asyncio.Event().wait()
         finally:
             await runner.cleanup()
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _dispatch(self, handlers: dict, request: web.Request) -> web.StreamResponse:
-        if self.dead:
-            return _drop(request)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -499,22 +437,22 @@ class DevServer:
         elif request.method not in route[0]:
             reply = json_reply({"detail": "Method Not Allowed"}, status=405)
         else:
+            if path in DEPRECATED_PATHS:
+                self.stats.add(deprecated_info_calls=1)
+                new = DEPRECATED_PATHS[path]
+                log.warning(
+                    f"Endpoint '{path}' is deprecated and will be removed in a future version. Please use '{new}' instead."
+                )
             try:
                 reply = await asyncio.get_running_loop().run_in_executor(self._pool, route[1], body)
                 reply = reply if isinstance(reply, Reply) else json_reply(reply)
             except Exception:
                 log.exception("%s %s failed", request.method, path)
                 reply = internal_error()
-        response = _drop(request) if reply.drop or self.dead else await _send(request, reply)
+        response = _drop(request) if reply.drop else await _send(request, reply)
         if reply.die_reason is not None:
-            self.die(reply.die_reason)  # after the reply went out: with exit_on_death it ends the process
+            self.die(reply.die_reason)  # after the reply went out
         return response
-
-    def stop(self) -> None:
-        """Stop serving (from another thread) and fail whatever is still generating."""
-        self._stop_requested.set()
-        self.scheduler.kill_all()
-        self.stopped.wait(timeout=10)
 
 
 async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> web.StreamResponse:
@@ -541,36 +479,8 @@ def _drop(request: web.Request) -> web.StreamResponse:
 
 
 def run_devserver(config: DevServerConfig) -> None:
-    """Run a devserver in the calling thread until interrupted (Ctrl-C) or it dies."""
+    """Run a devserver in the calling thread until interrupted (Ctrl-C) or it dies (the process ends)."""
     try:
-        DevServer(config).run()
+        asyncio.run(DevServer(config).serve())
     except KeyboardInterrupt:
         log.info("devserver interrupted")
-
-
-def start_devserver_thread(
-    config: DevServerConfig, *, vocab: ModelVocab | None = None, wait: bool = True, timeout: float = 120.0
-) -> DevServer:
-    """A devserver in a daemon thread (fatal faults only stop it); with `wait`, once it listens."""
-    server = DevServer(dataclasses.replace(config, exit_on_death=False), vocab=vocab)
-
-    def run_quietly() -> None:
-        try:
-            server.run()
-        except BaseException:  # kept on server.error for wait_listening
-            log.exception("devserver thread failed")
-
-    threading.Thread(target=run_quietly, name="devserver", daemon=True).start()
-    if wait:
-        wait_listening(server, timeout=timeout)
-    return server
-
-
-def wait_listening(server: DevServer, *, timeout: float) -> None:
-    """Block until `server` listens; raise its start error or TimeoutError."""
-    if not server.listening.wait(timeout):
-        raise TimeoutError(f"devserver did not listen within {timeout}s")
-    if server.error is not None:
-        raise RuntimeError("devserver failed to start") from server.error
-    if server.stopped.is_set() and not server.loaded.is_set():
-        raise RuntimeError("devserver stopped before listening")

@@ -42,7 +42,7 @@ RANGES = {
 
 
 def _opt(default, help_text: str, **extra):
-    """A dataclass field carrying its CLI help (and optional `cli=False` to hide it)."""
+    """A dataclass field carrying its CLI help (and optional `aliases`)."""
     return field(default=default, metadata={"help": help_text, **extra})
 
 
@@ -56,8 +56,7 @@ def _json_object(text: str | None) -> dict | None:
 
 @dataclass(frozen=True, kw_only=True)
 class DevServerConfig:
-    """Launch arguments of one devserver, each a CLI flag (docs/devserver.md) but exit_on_death:
-    False makes a fatal fault only stop serving, which an in-process (thread) server needs."""
+    """Launch arguments of one devserver, each a CLI flag (docs/devserver.md)."""
 
     tokenizer: str = field(metadata={"help": "Hugging Face tokenizer directory (required)."})
     api: str = _opt("sglang", "Server API to speak: sglang (/generate) or vllm (/v1/completions).")
@@ -95,7 +94,6 @@ class DevServerConfig:
     sglang_version: str = _opt("0.5.23", "Version reported by server_info.")
     seed: int = _opt(0, "Seed of the fault RNG and of temperature>0 sampling.")
     access_log: bool = _opt(False, "Log every HTTP request to stderr.")
-    exit_on_death: bool = _opt(True, "Fatal faults end the process.", cli=False)
     api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
     admin_api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
     allow_auto_truncate: bool = _opt(False, "Cut prompts and max_new_tokens that do not fit instead of answering 400.")

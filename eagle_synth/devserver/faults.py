@@ -20,8 +20,6 @@ def malform(reply: Any, shape: str, key: str = "output_ids") -> Any:
     """A broken copy of a /generate reply item (of a batch: its first), its ids under `key`."""
     if isinstance(reply, list):
         return [malform(reply[0], shape), *reply[1:]]
-    if shape not in MALFORMED_SHAPES:
-        raise ValueError(f"unknown malformed shape {shape!r}")
     ids = list(reply.get(key) or [0])
     if shape == "list-of-ints":
         return ids
@@ -86,7 +84,5 @@ class FaultPlan:
         return GenerateFate(number, action, self.die_after is not None and number == self.die_after, shape)
 
     def health_flake(self) -> bool:
-        if self.health_fail_rate <= 0:
-            return False
         with self._lock:
             return self._health_rng.random() < self.health_fail_rate

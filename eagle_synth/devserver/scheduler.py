@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from eagle_synth.devserver.config import DevServerConfig
 
 # Outcomes a waiting handler can find on its job.
-PENDING, FINISHED, KILLED = "pending", "finished", "killed"
+PENDING, FINISHED = "pending", "finished"
 ABORTED_WAITING, ABORTED_RUNNING = "aborted_waiting", "aborted_running"
 
 
@@ -67,7 +67,6 @@ class SlotScheduler:
         self._waiting: deque[SlotJob] = deque()
         self._running: list[tuple[float, int, SlotJob]] = []  # heap by finish time
         self._tie = itertools.count()
-        self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="devserver-scheduler", daemon=True)
         self._thread.start()
 
@@ -84,8 +83,6 @@ class SlotScheduler:
         jobs = list(jobs)
         finished: list[tuple[SlotJob, float]] = []
         with self._cond:
-            if self._stopped:
-                return _kill(jobs)
             if self.max_queued is not None:
                 free = self.slots - len(self._running)
                 would_wait = len(self._waiting) + max(0, len(jobs) - max(free, 0))
@@ -125,16 +122,6 @@ class SlotScheduler:
             self._cond.notify()
         self._finish(ended)
 
-    def kill_all(self) -> None:
-        """The GPU died: every job ends as KILLED and later submissions are killed at once."""
-        with self._cond:
-            self._stopped = True
-            jobs = list(self._waiting) + [entry[2] for entry in self._running]
-            self._waiting.clear()
-            self._running.clear()
-            self._cond.notify()
-        _kill(jobs)
-
     def _tokens_at(self, job: SlotJob, now: float) -> int:
         if self.token_latency <= 0:
             return job.output_tokens if now >= job.decode_start else 0
@@ -149,8 +136,6 @@ class SlotScheduler:
         while True:
             finished: list[tuple[SlotJob, float]] = []
             with self._cond:
-                if self._stopped:
-                    return
                 now = time.monotonic()
                 # Like SGLang's scheduler step: finished sequences leave first, and their slots
                 # go to waiting prompts in the same step.
@@ -171,12 +156,6 @@ class SlotScheduler:
                     timeout = self._running[0][0] - now if self._running else None
                     self._cond.wait(timeout)
             self._finish(finished)
-
-
-def _kill(jobs: list[SlotJob]) -> None:
-    for job in jobs:
-        job.outcome = KILLED
-        job.done.set()
 
 
 # Cache granularity: prefixes are remembered per block of this many tokens, so cached_tokens
