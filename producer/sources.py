@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import gzip
 import io
+import itertools
 import json
 import os
 import sys
@@ -108,24 +109,6 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     return list(out.values())
 
 
-def source_fingerprint(path: str) -> str:
-    """Cheap identity of an input (name, sizes, newest mtime; content is not hashed)."""
-    if path == STDIN:
-        return STDIN
-    name = os.path.basename(os.path.normpath(path))
-    try:
-        st = os.stat(path)
-        if not os.path.isdir(path):
-            return f"{name}:{st.st_size}:{st.st_mtime_ns}"
-        stats = [os.stat(os.path.join(root, f)) for root, _dirs, files in os.walk(path) for f in files]
-        newest = max([st.st_mtime_ns, *(s.st_mtime_ns for s in stats)])
-        return f"{name}:dir:{len(stats)}:{sum(s.st_size for s in stats)}:{newest}"
-    except OSError as exc:
-        raise InputError(
-            f"{path}: cannot fingerprint input ({exc.strerror or exc}); check it still exists and is readable"
-        ) from exc
-
-
 def _dataset_kind(path: str) -> str | None:
     if os.path.isdir(path):
         for marker, kind in (("dataset_dict.json", HF_DATASET_DICT), ("state.json", HF_DATASET)):
@@ -167,11 +150,6 @@ def iter_source_rows(paths: Sequence[str], *, stdin: IO[bytes] | None = None) ->
     (InputError now, not after hours of work); problems met while reading become BadRows (a
     file cut mid-way yields its rows before the cut, then one). ``stdin`` replaces
     ``sys.stdin.buffer`` for ``"-"`` and is never closed."""
-    plan = [(path, *_detect(path)) for path in paths]
-    return _iter_plan(plan, stdin)
-
-
-def _iter_plan(plan: list[tuple[str, str, str | None]], stdin: IO[bytes] | None) -> Iterator[Item]:
     readers: dict[str, Callable[[str, str | None], Iterator[Item]]] = {
         STDIN_KIND: lambda _p, _c: _iter_jsonl(stdin if stdin is not None else sys.stdin.buffer, STDIN),
         JSONL: lambda p, c: _with_opened(p, c, _iter_jsonl),
@@ -180,8 +158,8 @@ def _iter_plan(plan: list[tuple[str, str, str | None]], stdin: IO[bytes] | None)
         HF_DATASET: lambda p, _c: _iter_hf_dataset(p),
         HF_DATASET_DICT: lambda p, _c: _iter_hf_dataset_dict(p),
     }
-    for path, kind, compression in plan:
-        yield from readers[kind](path, compression)
+    plan = [(path, *_detect(path)) for path in paths]
+    return itertools.chain.from_iterable(readers[kind](path, compression) for path, kind, compression in plan)
 
 
 def _open_bytes(path: str, compression: str | None) -> IO[bytes]:
@@ -401,10 +379,8 @@ def _iter_parquet(path: str) -> Iterator[Item]:
     except (OSError, pa.ArrowException) as exc:
         yield BadRow(path, 0, UNREADABLE_FILE, f"not a readable parquet file: {exc}")
         return
-    try:
+    with parquet:
         yield from _iter_record_batches(parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS), path, 0)
-    finally:
-        parquet.close()
 
 
 def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generator[Item, None, tuple[int, bool]]:
@@ -445,17 +421,12 @@ def _iter_hf_dataset(path: str) -> Iterator[Item]:
     index = 0
     for shard in shards:
         try:
-            arrow_file = pa.OSFile(os.path.join(path, shard))
+            reader = ipc.open_stream(os.path.join(path, shard))
         except (OSError, pa.ArrowException) as exc:
-            yield BadRow(path, index + 1, UNREADABLE_FILE, f"cannot open shard {os.path.basename(shard)}: {exc}")
+            detail = f"cannot open shard {os.path.basename(shard)} as an arrow stream: {exc}"
+            yield BadRow(path, index + 1, UNREADABLE_FILE, detail)
             return
-        with arrow_file:
-            try:
-                reader = ipc.open_stream(arrow_file)
-            except (OSError, pa.ArrowException) as exc:
-                detail = f"shard {os.path.basename(shard)} is not an arrow stream: {exc}"
-                yield BadRow(path, index + 1, UNREADABLE_FILE, detail)
-                return
+        with reader:
             # Row numbers continue across shards, so a broken shard ends the dataset.
             index, complete = yield from _iter_record_batches(reader, path, index)
             if not complete:
