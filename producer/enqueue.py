@@ -228,9 +228,7 @@ def resolve_tool_format(options: EnqueueOptions, tokenizer) -> tuple[str | None,
         return None, None
     try:
         return resolve(getattr(tokenizer, "chat_template", None), override=options.tool_format), None
-    except ToolFormatError as exc:
-        if options.tool_format is not None:
-            raise UserError(str(exc)) from exc
+    except ToolFormatError as exc:  # none detected: EnqueueOptions checked --tool-format
         return None, str(exc)
 
 
@@ -290,27 +288,23 @@ def enqueue(
     broker = broker or broker_settings()
     tool_format, no_tool_format = resolve_tool_format(options, tokenizer)
 
-    publisher = existing = stored = None
-    if options.dry_run:
-        existing = _existing_campaign(options.campaign, broker)  # the campaign in Redis, if Redis answers
-        stored = existing.settings() if existing is not None else None
-        summary.consulted_redis = existing is not None
-    else:
-        publisher = _publisher(options, broker, on_wait, on_warning or log.warning)
-        stored = publisher.campaign.settings()
-        if stored is not None:
-            from eagle_synth.state.campaign_archive import reopen_if_closed
-
-            reopen_if_closed(publisher.campaign)  # a closed campaign's keys come back before any is claimed
+    publisher = None if options.dry_run else _publisher(options, broker, on_wait, on_warning or log.warning)
+    # A dry run's campaign is the one in Redis, if Redis answers.
+    campaign = publisher.campaign if publisher is not None else _existing_campaign(options.campaign, broker)
+    stored = campaign.settings() if campaign is not None else None
+    summary.consulted_redis = publisher is None and campaign is not None
     max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
     settings = campaign_settings(options, tokenizer, tool_format=tool_format, max_prompt_tokens=max_prompt_tokens)
-    if existing is not None and stored is not None:
-        refuse_other_settings(existing.name, stored, settings)  # what the real run would refuse, writing nothing
+    if summary.consulted_redis and stored is not None:
+        refuse_other_settings(options.campaign, stored, settings)  # what the real run would refuse, writing nothing
     registered = publisher is not None and stored is not None
     cursors = None
     if publisher is not None:
         campaign = publisher.campaign
         if registered:
+            from eagle_synth.state.campaign_archive import reopen_if_closed
+
+            reopen_if_closed(campaign)  # a closed campaign's keys come back before any is claimed
             _register(campaign, settings, options, tokenizer)  # refuses other settings before templating
             summary.prompts_recovered = publisher.recover()
         scope = run_scope(
@@ -333,8 +327,8 @@ def enqueue(
             return publisher.claim(items)
         new = [item.key not in seen_in_dry_run for item in items]
         seen_in_dry_run.update(item.key for item in items)
-        if existing is not None and items:
-            before = existing.was_enqueued([item.key for item in items])
+        if campaign is not None and items:
+            before = campaign.was_enqueued([item.key for item in items])
             new = [is_new and not was for is_new, was in zip(new, before)]
         return new
 
@@ -355,10 +349,8 @@ def enqueue(
                 new = sum(next(flags) for _ in items)
                 summary.prompts_enqueued += new
                 summary.prompts_duplicate += len(items) - new
-                if new:
-                    summary.rows_enqueued += 1
-                else:
-                    summary.rows_duplicate += 1
+                summary.rows_enqueued += new > 0
+                summary.rows_duplicate += new == 0
             if cursors is not None and registered:
                 cursors.note(chunk.reached)
             if on_rows:
