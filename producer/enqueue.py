@@ -109,15 +109,6 @@ class EnqueueSummary:
 
 
 @dataclass(slots=True)
-class _Chunk:
-    """Rows templated together (`file:line`, planned prompts) and per source the last line read,
-    up to which every row is accounted for once the chunk is claimed (producer/resume.py)."""
-
-    rows: list[tuple[str, list]] = field(default_factory=list)
-    reached: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
 class _Rows:
     """One run's rows into prompt items, as `options` ask: planned by `planner`, capped
     (--max-prompt-chars before templating, `max_prompt_tokens` after), every row counted in
@@ -128,15 +119,19 @@ class _Rows:
     planner: PromptPlanner
     max_prompt_tokens: int | None
 
-    def chunks(self, rows: Iterator, cursors: ResumeCursors | None) -> Iterator[tuple[_Chunk, list]]:
-        """(chunk, its prompts' template inputs); rows an earlier run claimed are left out."""
+    def chunks(self, rows: Iterator, cursors: ResumeCursors | None) -> Iterator[tuple[tuple[list, dict], list]]:
+        """((rows, reached), their prompts' template inputs): rows templated together (`file:line`,
+        planned prompts) and per source the last line read, up to which every row is accounted for
+        once the chunk is claimed (producer/resume.py); rows an earlier run claimed are left out."""
         summary = self.summary
-        chunk, flat = _Chunk(), list[tuple]()
+        chunk: list[tuple[str, list]] = []
+        reached: dict[str, int] = {}
+        flat: list[tuple] = []
         for row in rows:
             summary.rows_read += 1
             tally = summary.source(row.source)
             tally.read += 1
-            chunk.reached[row.source] = row.line
+            reached[row.source] = row.line
             if cursors is not None and row.line <= cursors.resume_after(row.source):
                 summary.rows_duplicate += 1
                 summary.rows_resumed += 1
@@ -153,12 +148,12 @@ class _Rows:
                 continue
             conversations = self._within_char_cap(where, conversations)
             if conversations:
-                chunk.rows.append((where, conversations))
+                chunk.append((where, conversations))
                 flat.extend(c.template_input() for c in conversations)
-            if len(chunk.rows) >= ROWS_PER_CHUNK:
-                yield chunk, flat
-                chunk, flat = _Chunk(reached=dict(chunk.reached)), []
-        yield chunk, flat  # the last, maybe empty: its `reached` covers rows skipped at the end
+            if len(chunk) >= ROWS_PER_CHUNK:
+                yield (chunk, dict(reached)), flat
+                chunk, flat = [], []
+        yield (chunk, reached), flat  # the last, maybe empty: its `reached` covers rows skipped at the end
 
     def _within_char_cap(self, where: str, conversations: list) -> list:
         """The conversations under --max-prompt-chars; the row is skipped if none is."""
@@ -341,9 +336,9 @@ def enqueue(
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
     run = _Rows(options, summary, PromptPlanner(options, no_tool_format=no_tool_format), max_prompt_tokens)
     try:
-        for chunk, results in pool.map(run.chunks(iter_source_rows(inputs, stdin=stdin), cursors)):
+        for (chunk, reached), results in pool.map(run.chunks(iter_source_rows(inputs, stdin=stdin), cursors)):
             left = iter(results)
-            per_row = [run.items(where, planned, [next(left) for _ in planned]) for where, planned in chunk.rows]
+            per_row = [run.items(where, planned, [next(left) for _ in planned]) for where, planned in chunk]
             flags = iter(claim([item for items in per_row for item in items]))
             for items in filter(None, per_row):  # rows without items were skipped above
                 new = sum(next(flags) for _ in items)
@@ -352,7 +347,7 @@ def enqueue(
                 summary.rows_enqueued += new > 0
                 summary.rows_duplicate += new == 0
             if cursors is not None and registered:
-                cursors.note(chunk.reached)
+                cursors.note(reached)
             if on_rows:
                 on_rows(summary)
     finally:
