@@ -7,7 +7,6 @@ Every row read ends as exactly one of enqueued (a prompt of it was new), duplica
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -353,7 +352,20 @@ def enqueue(
     finally:
         pool.close()
         if publisher is not None:
-            _finish(publisher, summary, registered)
+            publisher.close()
+            summary.tasks = publisher.tasks
+            summary.prompts_replayed = publisher.replayed
+            if registered:
+                campaign = publisher.campaign
+                campaign.count(
+                    {
+                        ROWS_READ: summary.rows_read,
+                        ROWS_SKIPPED: summary.rows_skipped,
+                        PROMPTS_ENQUEUED: summary.prompts_enqueued,
+                    }
+                )
+                campaign.count_skipped(dict(summary.skipped))
+                store_latest(campaign.client, campaign.keys, summary.by_source)
         summary.seconds = time.monotonic() - started
     return summary
 
@@ -381,23 +393,6 @@ def _publisher(
         on_wait=on_wait,
         count_new_as=CONVERSATIONS if options.history == "own" else None,
     )
-
-
-def _finish(publisher, summary: EnqueueSummary, registered: bool) -> None:
-    publisher.close()
-    summary.tasks = publisher.tasks
-    summary.prompts_replayed = publisher.replayed
-    if registered:
-        campaign = publisher.campaign
-        campaign.count(
-            {
-                ROWS_READ: summary.rows_read,
-                ROWS_SKIPPED: summary.rows_skipped,
-                PROMPTS_ENQUEUED: summary.prompts_enqueued,
-            }
-        )
-        campaign.count_skipped(dict(summary.skipped))
-        store_latest(campaign.client, campaign.keys, summary.by_source)
 
 
 def _existing_campaign(name: str, broker: BrokerSettings) -> Campaign | None:
@@ -428,34 +423,31 @@ def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) 
         )
 
 
-def print_summary(summary: EnqueueSummary, *, file=sys.stdout) -> None:
+def print_summary(summary: EnqueueSummary) -> None:
     verb = "would enqueue" if summary.dry_run else "enqueued"
     print(
         f"rows read {summary.rows_read} / {verb} {summary.rows_enqueued} / duplicate "
-        f"{summary.rows_duplicate} / skipped {summary.rows_skipped}",
-        file=file,
+        f"{summary.rows_duplicate} / skipped {summary.rows_skipped}"
     )
     print(
         f"prompts {verb} {summary.prompts_enqueued} in {summary.tasks} tasks, duplicate "
         f"{summary.prompts_duplicate}, skipped {summary.prompts_skipped}"
         + (f", republished after a killed run {summary.prompts_recovered}" if summary.prompts_recovered else "")
         + (f", re-enqueued after `repair` {summary.prompts_replayed}" if summary.prompts_replayed else "")
-        + f" ({summary.seconds:.1f} s)",
-        file=file,
+        + f" ({summary.seconds:.1f} s)"
     )
     for reason, count in summary.skipped.most_common():
-        print(f"  skipped {reason}: {count}", file=file)
+        print(f"  skipped {reason}: {count}")
         for example in summary.examples.get(reason, []):
-            print(f"    {example}", file=file)
+            print(f"    {example}")
     if summary.dry_run:
         print(
             f"dry run: counted against campaign {summary.campaign!r} as it stands in Redis"
             if summary.consulted_redis
-            else f"dry run: no campaign {summary.campaign!r} in Redis (or Redis not reachable): counted as a new campaign",
-            file=file,
+            else f"dry run: no campaign {summary.campaign!r} in Redis (or Redis not reachable): counted as a new campaign"
         )
     if summary.dry_run and summary.length_buckets:
-        print("prompt length histogram (tokens):", file=file)
+        print("prompt length histogram (tokens):")
         peak = max(count for _, count in summary.histogram())
         for label, count in summary.histogram():
-            print(f"  {label:>8} {count:>8} {'#' * max(1, round(40 * count / peak))}", file=file)
+            print(f"  {label:>8} {count:>8} {'#' * max(1, round(40 * count / peak))}")
