@@ -304,16 +304,13 @@ def _iter_json_file(path: str, compression: str | None) -> Iterator[Item]:
 
 
 def _sniff(stream: IO[bytes]) -> tuple[bytes, bool]:
-    has_bom = False
-    first = True
-    while chunk := stream.read(SNIFF_CHUNK_BYTES):
-        if first:
-            has_bom, first = chunk.startswith(_UTF8_BOM), False
-            chunk = chunk.removeprefix(_UTF8_BOM)
-        stripped = chunk.lstrip(b" \t\r\n")
-        if stripped:
-            return stripped[:1], has_bom
-    return b"", has_bom
+    """(the first non-space byte, b"" if none; whether a UTF-8 BOM starts the stream)."""
+    chunk = stream.read(SNIFF_CHUNK_BYTES)
+    has_bom = chunk.startswith(_UTF8_BOM)
+    chunk = chunk.removeprefix(_UTF8_BOM).lstrip(b" \t\r\n")
+    while not chunk and (more := stream.read(SNIFF_CHUNK_BYTES)):
+        chunk = more.lstrip(b" \t\r\n")
+    return chunk[:1], has_bom
 
 
 def _iter_jsonl_in_json_file(stream: IO[bytes], source: str) -> Iterator[Item]:
@@ -340,11 +337,11 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
     if has_bom:
         stream.read(len(_UTF8_BOM))
     items = ijson.items(stream, "item", use_float=True)
-    index = 0
-    while True:
-        at = index + 1
+    for at in itertools.count(1):
         try:
-            value = next(items, _END)
+            value = next(items)
+        except StopIteration:
+            return
         except _CUT_ERRORS as exc:
             yield _cut_short(source, at, "element", exc)
             return
@@ -361,13 +358,7 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
                 reason = BAD_JSON
             yield BadRow(source, at, reason, f"{message} (at or after element {at}); earlier rows were read")
             return
-        if value is _END:
-            return
-        index = at
-        yield _row(source, index, value)
-
-
-_END = object()
+        yield _row(source, at, value)
 
 
 def _iter_parquet(path: str) -> Iterator[Item]:
@@ -445,13 +436,8 @@ def _iter_hf_dataset_dict(path: str) -> Iterator[Item]:
     if isinstance(splits, BadRow):
         yield splits
         return
-    for split in splits:
-        split_path = os.path.join(path, split)
-        if os.path.isfile(os.path.join(split_path, "state.json")):
-            yield from _iter_hf_dataset(split_path)
-        else:
-            detail = f"split '{split}' listed in dataset_dict.json has no state.json"
-            yield BadRow(split_path, 0, UNREADABLE_FILE, detail)
+    for split in splits:  # a split missing its state.json is an unreadable file
+        yield from _iter_hf_dataset(os.path.join(path, split))
 
 
 def estimate_rows(paths: Sequence[str]) -> int | None:
