@@ -197,8 +197,7 @@ class _ZstdReader(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         while not self._out:
-            part = next(self._parts, None)
-            if part is None:
+            if (part := next(self._parts, None)) is None:
                 return 0
             self._out = memoryview(part)
         n = min(len(buffer), len(self._out))
