@@ -10,7 +10,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 from eagle_synth.errors import UserError
@@ -123,9 +123,7 @@ class _Rows:
         planned prompts) and per source the last line read, up to which every row is accounted for
         once the chunk is claimed (producer/resume.py); rows an earlier run claimed are left out."""
         summary = self.summary
-        chunk: list[tuple[str, list]] = []
-        reached: dict[str, int] = {}
-        flat: list[tuple] = []
+        chunk, reached, flat = list[tuple[str, list]](), dict[str, int](), list[tuple]()
         for row in rows:
             summary.rows_read += 1
             tally = summary.source(row.source)
@@ -229,19 +227,16 @@ def resolve_tool_format(options: EnqueueOptions, tokenizer) -> tuple[str | None,
 def campaign_settings(
     options: EnqueueOptions, tokenizer, *, tool_format: str | None, max_prompt_tokens: int | None = None
 ) -> CampaignSettings:
-    facts = tokenizer_facts(tokenizer)
+    # Every fact but the fingerprint is the setting of its name (chat_template_hash, vocab_size, ...).
+    facts = asdict(tokenizer_facts(tokenizer))
     return CampaignSettings(
         name=options.campaign,
         tokenizer_path=str(options.tokenizer),
-        tokenizer_fingerprint=facts.fingerprint,
-        chat_template_hash=facts.chat_template_hash,
+        tokenizer_fingerprint=facts.pop("fingerprint"),
+        **facts,
         chat_template_kwargs=dict(options.chat_template_kwargs),
         system_prompt=options.system,
         sampling=options.sampling.to_dict(),
-        vocab_size=facts.vocab_size,
-        eos_token_ids=facts.eos_token_ids,
-        think_open_id=facts.think_open_id,
-        think_close_id=facts.think_close_id,
         max_prompt_tokens=max_prompt_tokens,
         created_at=time.time(),
         history=options.history,
