@@ -7,11 +7,10 @@ Every row read ends as exactly one of enqueued (a prompt of it was new), duplica
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 from eagle_synth.errors import UserError
@@ -109,15 +108,6 @@ class EnqueueSummary:
 
 
 @dataclass(slots=True)
-class _Chunk:
-    """Rows templated together (`file:line`, planned prompts) and per source the last line read,
-    up to which every row is accounted for once the chunk is claimed (producer/resume.py)."""
-
-    rows: list[tuple[str, list]] = field(default_factory=list)
-    reached: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
 class _Rows:
     """One run's rows into prompt items, as `options` ask: planned by `planner`, capped
     (--max-prompt-chars before templating, `max_prompt_tokens` after), every row counted in
@@ -128,15 +118,17 @@ class _Rows:
     planner: PromptPlanner
     max_prompt_tokens: int | None
 
-    def chunks(self, rows: Iterator, cursors: ResumeCursors | None) -> Iterator[tuple[_Chunk, list]]:
-        """(chunk, its prompts' template inputs); rows an earlier run claimed are left out."""
+    def chunks(self, rows: Iterator, cursors: ResumeCursors | None) -> Iterator[tuple[tuple[list, dict], list]]:
+        """((rows, reached), their prompts' template inputs): rows templated together (`file:line`,
+        planned prompts) and per source the last line read, up to which every row is accounted for
+        once the chunk is claimed (producer/resume.py); rows an earlier run claimed are left out."""
         summary = self.summary
-        chunk, flat = _Chunk(), list[tuple]()
+        chunk, reached, flat = list[tuple[str, list]](), dict[str, int](), list[tuple]()
         for row in rows:
             summary.rows_read += 1
             tally = summary.source(row.source)
             tally.read += 1
-            chunk.reached[row.source] = row.line
+            reached[row.source] = row.line
             if cursors is not None and row.line <= cursors.resume_after(row.source):
                 summary.rows_duplicate += 1
                 summary.rows_resumed += 1
@@ -153,12 +145,12 @@ class _Rows:
                 continue
             conversations = self._within_char_cap(where, conversations)
             if conversations:
-                chunk.rows.append((where, conversations))
+                chunk.append((where, conversations))
                 flat.extend(c.template_input() for c in conversations)
-            if len(chunk.rows) >= ROWS_PER_CHUNK:
-                yield chunk, flat
-                chunk, flat = _Chunk(reached=dict(chunk.reached)), []
-        yield chunk, flat  # the last, maybe empty: its `reached` covers rows skipped at the end
+            if len(chunk) >= ROWS_PER_CHUNK:
+                yield (chunk, dict(reached)), flat
+                chunk, flat = [], []
+        yield (chunk, reached), flat  # the last, maybe empty: its `reached` covers rows skipped at the end
 
     def _within_char_cap(self, where: str, conversations: list) -> list:
         """The conversations under --max-prompt-chars; the row is skipped if none is."""
@@ -228,28 +220,23 @@ def resolve_tool_format(options: EnqueueOptions, tokenizer) -> tuple[str | None,
         return None, None
     try:
         return resolve(getattr(tokenizer, "chat_template", None), override=options.tool_format), None
-    except ToolFormatError as exc:
-        if options.tool_format is not None:
-            raise UserError(str(exc)) from exc
+    except ToolFormatError as exc:  # none detected: EnqueueOptions checked --tool-format
         return None, str(exc)
 
 
 def campaign_settings(
     options: EnqueueOptions, tokenizer, *, tool_format: str | None, max_prompt_tokens: int | None = None
 ) -> CampaignSettings:
-    facts = tokenizer_facts(tokenizer)
+    # Every fact but the fingerprint is the setting of its name (chat_template_hash, vocab_size, ...).
+    facts = asdict(tokenizer_facts(tokenizer))
     return CampaignSettings(
         name=options.campaign,
         tokenizer_path=str(options.tokenizer),
-        tokenizer_fingerprint=facts.fingerprint,
-        chat_template_hash=facts.chat_template_hash,
+        tokenizer_fingerprint=facts.pop("fingerprint"),
+        **facts,
         chat_template_kwargs=dict(options.chat_template_kwargs),
         system_prompt=options.system,
         sampling=options.sampling.to_dict(),
-        vocab_size=facts.vocab_size,
-        eos_token_ids=facts.eos_token_ids,
-        think_open_id=facts.think_open_id,
-        think_close_id=facts.think_close_id,
         max_prompt_tokens=max_prompt_tokens,
         created_at=time.time(),
         history=options.history,
@@ -290,27 +277,23 @@ def enqueue(
     broker = broker or broker_settings()
     tool_format, no_tool_format = resolve_tool_format(options, tokenizer)
 
-    publisher = existing = stored = None
-    if options.dry_run:
-        existing = _existing_campaign(options.campaign, broker)  # the campaign in Redis, if Redis answers
-        stored = existing.settings() if existing is not None else None
-        summary.consulted_redis = existing is not None
-    else:
-        publisher = _publisher(options, broker, on_wait, on_warning or log.warning)
-        stored = publisher.campaign.settings()
-        if stored is not None:
-            from eagle_synth.state.campaign_archive import reopen_if_closed
-
-            reopen_if_closed(publisher.campaign)  # a closed campaign's keys come back before any is claimed
+    publisher = None if options.dry_run else _publisher(options, broker, on_wait, on_warning or log.warning)
+    # A dry run's campaign is the one in Redis, if Redis answers.
+    campaign = publisher.campaign if publisher is not None else _existing_campaign(options.campaign, broker)
+    stored = campaign.settings() if campaign is not None else None
+    summary.consulted_redis = publisher is None and campaign is not None
     max_prompt_tokens = resolve_max_prompt_tokens(options.max_prompt_tokens, stored)
     settings = campaign_settings(options, tokenizer, tool_format=tool_format, max_prompt_tokens=max_prompt_tokens)
-    if existing is not None and stored is not None:
-        refuse_other_settings(existing.name, stored, settings)  # what the real run would refuse, writing nothing
+    if summary.consulted_redis and stored is not None:
+        refuse_other_settings(options.campaign, stored, settings)  # what the real run would refuse, writing nothing
     registered = publisher is not None and stored is not None
     cursors = None
     if publisher is not None:
         campaign = publisher.campaign
         if registered:
+            from eagle_synth.state.campaign_archive import reopen_if_closed
+
+            reopen_if_closed(campaign)  # a closed campaign's keys come back before any is claimed
             _register(campaign, settings, options, tokenizer)  # refuses other settings before templating
             summary.prompts_recovered = publisher.recover()
         scope = run_scope(
@@ -333,8 +316,8 @@ def enqueue(
             return publisher.claim(items)
         new = [item.key not in seen_in_dry_run for item in items]
         seen_in_dry_run.update(item.key for item in items)
-        if existing is not None and items:
-            before = existing.was_enqueued([item.key for item in items])
+        if campaign is not None and items:
+            before = campaign.was_enqueued([item.key for item in items])
             new = [is_new and not was for is_new, was in zip(new, before)]
         return new
 
@@ -347,26 +330,37 @@ def enqueue(
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
     run = _Rows(options, summary, PromptPlanner(options, no_tool_format=no_tool_format), max_prompt_tokens)
     try:
-        for chunk, results in pool.map(run.chunks(iter_source_rows(inputs, stdin=stdin), cursors)):
+        for (chunk, reached), results in pool.map(run.chunks(iter_source_rows(inputs, stdin=stdin), cursors)):
             left = iter(results)
-            per_row = [run.items(where, planned, [next(left) for _ in planned]) for where, planned in chunk.rows]
+            per_row = [run.items(where, planned, [next(left) for _ in planned]) for where, planned in chunk]
             flags = iter(claim([item for items in per_row for item in items]))
             for items in filter(None, per_row):  # rows without items were skipped above
                 new = sum(next(flags) for _ in items)
                 summary.prompts_enqueued += new
                 summary.prompts_duplicate += len(items) - new
-                if new:
-                    summary.rows_enqueued += 1
-                else:
-                    summary.rows_duplicate += 1
+                summary.rows_enqueued += new > 0
+                summary.rows_duplicate += new == 0
             if cursors is not None and registered:
-                cursors.note(chunk.reached)
+                cursors.note(reached)
             if on_rows:
                 on_rows(summary)
     finally:
         pool.close()
         if publisher is not None:
-            _finish(publisher, summary, registered)
+            publisher.close()
+            summary.tasks = publisher.tasks
+            summary.prompts_replayed = publisher.replayed
+            if registered:
+                campaign = publisher.campaign
+                campaign.count(
+                    {
+                        ROWS_READ: summary.rows_read,
+                        ROWS_SKIPPED: summary.rows_skipped,
+                        PROMPTS_ENQUEUED: summary.prompts_enqueued,
+                    }
+                )
+                campaign.count_skipped(dict(summary.skipped))
+                store_latest(campaign.client, campaign.keys, summary.by_source)
         summary.seconds = time.monotonic() - started
     return summary
 
@@ -394,23 +388,6 @@ def _publisher(
         on_wait=on_wait,
         count_new_as=CONVERSATIONS if options.history == "own" else None,
     )
-
-
-def _finish(publisher, summary: EnqueueSummary, registered: bool) -> None:
-    publisher.close()
-    summary.tasks = publisher.tasks
-    summary.prompts_replayed = publisher.replayed
-    if registered:
-        campaign = publisher.campaign
-        campaign.count(
-            {
-                ROWS_READ: summary.rows_read,
-                ROWS_SKIPPED: summary.rows_skipped,
-                PROMPTS_ENQUEUED: summary.prompts_enqueued,
-            }
-        )
-        campaign.count_skipped(dict(summary.skipped))
-        store_latest(campaign.client, campaign.keys, summary.by_source)
 
 
 def _existing_campaign(name: str, broker: BrokerSettings) -> Campaign | None:
@@ -441,34 +418,31 @@ def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) 
         )
 
 
-def print_summary(summary: EnqueueSummary, *, file=sys.stdout) -> None:
+def print_summary(summary: EnqueueSummary) -> None:
     verb = "would enqueue" if summary.dry_run else "enqueued"
     print(
         f"rows read {summary.rows_read} / {verb} {summary.rows_enqueued} / duplicate "
-        f"{summary.rows_duplicate} / skipped {summary.rows_skipped}",
-        file=file,
+        f"{summary.rows_duplicate} / skipped {summary.rows_skipped}"
     )
     print(
         f"prompts {verb} {summary.prompts_enqueued} in {summary.tasks} tasks, duplicate "
         f"{summary.prompts_duplicate}, skipped {summary.prompts_skipped}"
         + (f", republished after a killed run {summary.prompts_recovered}" if summary.prompts_recovered else "")
         + (f", re-enqueued after `repair` {summary.prompts_replayed}" if summary.prompts_replayed else "")
-        + f" ({summary.seconds:.1f} s)",
-        file=file,
+        + f" ({summary.seconds:.1f} s)"
     )
     for reason, count in summary.skipped.most_common():
-        print(f"  skipped {reason}: {count}", file=file)
+        print(f"  skipped {reason}: {count}")
         for example in summary.examples.get(reason, []):
-            print(f"    {example}", file=file)
+            print(f"    {example}")
     if summary.dry_run:
         print(
             f"dry run: counted against campaign {summary.campaign!r} as it stands in Redis"
             if summary.consulted_redis
-            else f"dry run: no campaign {summary.campaign!r} in Redis (or Redis not reachable): counted as a new campaign",
-            file=file,
+            else f"dry run: no campaign {summary.campaign!r} in Redis (or Redis not reachable): counted as a new campaign"
         )
     if summary.dry_run and summary.length_buckets:
-        print("prompt length histogram (tokens):", file=file)
+        print("prompt length histogram (tokens):")
         peak = max(count for _, count in summary.histogram())
         for label, count in summary.histogram():
-            print(f"  {label:>8} {count:>8} {'#' * max(1, round(40 * count / peak))}", file=file)
+            print(f"  {label:>8} {count:>8} {'#' * max(1, round(40 * count / peak))}")

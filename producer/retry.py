@@ -36,17 +36,15 @@ def _publishers(campaign: Campaign, app: Celery, queue: str, batch_size: int) ->
             publisher.close()
 
 
-def retry_failed(
-    campaign: Campaign, *, app: Celery, queue: str, reason: str | None = None, batch_size: int | None = None
-) -> int:
-    """Enqueue again the failed prompts (of one reason, or all) in batches of `batch_size` (default:
-    the campaign's), each keeping its seed and variant, with the campaign's sampling (else the
-    failure's own); returns how many. `record-damaged` failures hold no ids: enqueue replays them."""
+def retry_failed(campaign: Campaign, *, app: Celery, queue: str, reason: str | None = None) -> int:
+    """Enqueue again the failed prompts (of one reason, or all) in batches of the campaign's size,
+    each keeping its seed and variant, with the campaign's sampling (else the failure's own);
+    returns how many. `record-damaged` failures hold no ids: enqueue replays them."""
     from eagle_synth.state.campaign_archive import reopen_if_closed
 
     reopen_if_closed(campaign)  # a closed campaign's failures come back from its state file
     settings = campaign.settings()
-    size = batch_size or (settings.batch_size if settings and settings.batch_size else DEFAULT_BATCH_SIZE)
+    size = settings.batch_size if settings and settings.batch_size else DEFAULT_BATCH_SIZE
     base = SamplingParams.from_dict(settings.sampling).for_server() if settings is not None else None
     waiting: dict[Publisher, list[PromptItem]] = {}
     total = 0
@@ -64,18 +62,11 @@ def retry_failed(
         return total + sum(publisher.retry(items) for publisher, items in waiting.items())
 
 
-def return_lost_records(
-    campaign: Campaign,
-    pairs: list[tuple[dict, PromptItem]],
-    *,
-    app: Celery,
-    queue: str,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-) -> int:
+def return_lost_records(campaign: Campaign, pairs: list[tuple[dict, PromptItem]], *, app: Celery, queue: str) -> int:
     """Queue again done prompts whose record file was damaged, given (sampling, item) pairs
     read back intact by `repair`; returns how many left `done`."""
     groups: dict[Publisher, list[PromptItem]] = {}
-    with _publishers(campaign, app, queue, batch_size) as publisher_of:
+    with _publishers(campaign, app, queue, DEFAULT_BATCH_SIZE) as publisher_of:
         for sampling, item in pairs:
             groups.setdefault(publisher_of(sampling), []).append(item)
         return sum(publisher.return_done(items) for publisher, items in groups.items())

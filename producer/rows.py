@@ -314,9 +314,7 @@ def _openai_call(value: object, field: str) -> dict:
     function = value.get("function")
     call_id = _expect(value.get("id"), str, f"{field}.id", "a string")
     # Some exports flatten the call ({"name", "arguments"} beside "id"); templates accept both.
-    if function is None:
-        return _call(value, field, call_id)
-    return _call(function, f"{field}.function", call_id)
+    return _call(value, field, call_id) if function is None else _call(function, f"{field}.function", call_id)
 
 
 def _sharegpt_calls(value: object, field: str) -> list[dict]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import gzip
 import io
+import itertools
 import json
 import os
 import sys
@@ -108,24 +109,6 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     return list(out.values())
 
 
-def source_fingerprint(path: str) -> str:
-    """Cheap identity of an input (name, sizes, newest mtime; content is not hashed)."""
-    if path == STDIN:
-        return STDIN
-    name = os.path.basename(os.path.normpath(path))
-    try:
-        st = os.stat(path)
-        if not os.path.isdir(path):
-            return f"{name}:{st.st_size}:{st.st_mtime_ns}"
-        stats = [os.stat(os.path.join(root, f)) for root, _dirs, files in os.walk(path) for f in files]
-        newest = max([st.st_mtime_ns, *(s.st_mtime_ns for s in stats)])
-        return f"{name}:dir:{len(stats)}:{sum(s.st_size for s in stats)}:{newest}"
-    except OSError as exc:
-        raise InputError(
-            f"{path}: cannot fingerprint input ({exc.strerror or exc}); check it still exists and is readable"
-        ) from exc
-
-
 def _dataset_kind(path: str) -> str | None:
     if os.path.isdir(path):
         for marker, kind in (("dataset_dict.json", HF_DATASET_DICT), ("state.json", HF_DATASET)):
@@ -167,11 +150,6 @@ def iter_source_rows(paths: Sequence[str], *, stdin: IO[bytes] | None = None) ->
     (InputError now, not after hours of work); problems met while reading become BadRows (a
     file cut mid-way yields its rows before the cut, then one). ``stdin`` replaces
     ``sys.stdin.buffer`` for ``"-"`` and is never closed."""
-    plan = [(path, *_detect(path)) for path in paths]
-    return _iter_plan(plan, stdin)
-
-
-def _iter_plan(plan: list[tuple[str, str, str | None]], stdin: IO[bytes] | None) -> Iterator[Item]:
     readers: dict[str, Callable[[str, str | None], Iterator[Item]]] = {
         STDIN_KIND: lambda _p, _c: _iter_jsonl(stdin if stdin is not None else sys.stdin.buffer, STDIN),
         JSONL: lambda p, c: _with_opened(p, c, _iter_jsonl),
@@ -180,8 +158,8 @@ def _iter_plan(plan: list[tuple[str, str, str | None]], stdin: IO[bytes] | None)
         HF_DATASET: lambda p, _c: _iter_hf_dataset(p),
         HF_DATASET_DICT: lambda p, _c: _iter_hf_dataset_dict(p),
     }
-    for path, kind, compression in plan:
-        yield from readers[kind](path, compression)
+    plan = [(path, *_detect(path)) for path in paths]
+    return itertools.chain.from_iterable(readers[kind](path, compression) for path, kind, compression in plan)
 
 
 def _open_bytes(path: str, compression: str | None) -> IO[bytes]:
@@ -219,8 +197,7 @@ class _ZstdReader(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         while not self._out:
-            part = next(self._parts, None)
-            if part is None:
+            if (part := next(self._parts, None)) is None:
                 return 0
             self._out = memoryview(part)
         n = min(len(buffer), len(self._out))
@@ -326,16 +303,13 @@ def _iter_json_file(path: str, compression: str | None) -> Iterator[Item]:
 
 
 def _sniff(stream: IO[bytes]) -> tuple[bytes, bool]:
-    has_bom = False
-    first = True
-    while chunk := stream.read(SNIFF_CHUNK_BYTES):
-        if first:
-            has_bom, first = chunk.startswith(_UTF8_BOM), False
-            chunk = chunk.removeprefix(_UTF8_BOM)
-        stripped = chunk.lstrip(b" \t\r\n")
-        if stripped:
-            return stripped[:1], has_bom
-    return b"", has_bom
+    """(the first non-space byte, b"" if none; whether a UTF-8 BOM starts the stream)."""
+    chunk = stream.read(SNIFF_CHUNK_BYTES)
+    has_bom = chunk.startswith(_UTF8_BOM)
+    chunk = chunk.removeprefix(_UTF8_BOM).lstrip(b" \t\r\n")
+    while not chunk and (more := stream.read(SNIFF_CHUNK_BYTES)):
+        chunk = more.lstrip(b" \t\r\n")
+    return chunk[:1], has_bom
 
 
 def _iter_jsonl_in_json_file(stream: IO[bytes], source: str) -> Iterator[Item]:
@@ -362,11 +336,11 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
     if has_bom:
         stream.read(len(_UTF8_BOM))
     items = ijson.items(stream, "item", use_float=True)
-    index = 0
-    while True:
-        at = index + 1
+    for at in itertools.count(1):
         try:
-            value = next(items, _END)
+            value = next(items)
+        except StopIteration:
+            return
         except _CUT_ERRORS as exc:
             yield _cut_short(source, at, "element", exc)
             return
@@ -383,13 +357,7 @@ def _iter_json_array(stream: IO[bytes], source: str, has_bom: bool) -> Iterator[
                 reason = BAD_JSON
             yield BadRow(source, at, reason, f"{message} (at or after element {at}); earlier rows were read")
             return
-        if value is _END:
-            return
-        index = at
-        yield _row(source, index, value)
-
-
-_END = object()
+        yield _row(source, at, value)
 
 
 def _iter_parquet(path: str) -> Iterator[Item]:
@@ -401,10 +369,8 @@ def _iter_parquet(path: str) -> Iterator[Item]:
     except (OSError, pa.ArrowException) as exc:
         yield BadRow(path, 0, UNREADABLE_FILE, f"not a readable parquet file: {exc}")
         return
-    try:
+    with parquet:
         yield from _iter_record_batches(parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS), path, 0)
-    finally:
-        parquet.close()
 
 
 def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generator[Item, None, tuple[int, bool]]:
@@ -445,17 +411,12 @@ def _iter_hf_dataset(path: str) -> Iterator[Item]:
     index = 0
     for shard in shards:
         try:
-            arrow_file = pa.OSFile(os.path.join(path, shard))
+            reader = ipc.open_stream(os.path.join(path, shard))
         except (OSError, pa.ArrowException) as exc:
-            yield BadRow(path, index + 1, UNREADABLE_FILE, f"cannot open shard {os.path.basename(shard)}: {exc}")
+            detail = f"cannot open shard {os.path.basename(shard)} as an arrow stream: {exc}"
+            yield BadRow(path, index + 1, UNREADABLE_FILE, detail)
             return
-        with arrow_file:
-            try:
-                reader = ipc.open_stream(arrow_file)
-            except (OSError, pa.ArrowException) as exc:
-                detail = f"shard {os.path.basename(shard)} is not an arrow stream: {exc}"
-                yield BadRow(path, index + 1, UNREADABLE_FILE, detail)
-                return
+        with reader:
             # Row numbers continue across shards, so a broken shard ends the dataset.
             index, complete = yield from _iter_record_batches(reader, path, index)
             if not complete:
@@ -474,13 +435,8 @@ def _iter_hf_dataset_dict(path: str) -> Iterator[Item]:
     if isinstance(splits, BadRow):
         yield splits
         return
-    for split in splits:
-        split_path = os.path.join(path, split)
-        if os.path.isfile(os.path.join(split_path, "state.json")):
-            yield from _iter_hf_dataset(split_path)
-        else:
-            detail = f"split '{split}' listed in dataset_dict.json has no state.json"
-            yield BadRow(split_path, 0, UNREADABLE_FILE, detail)
+    for split in splits:  # a split missing its state.json is an unreadable file
+        yield from _iter_hf_dataset(os.path.join(path, split))
 
 
 def estimate_rows(paths: Sequence[str]) -> int | None:

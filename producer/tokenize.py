@@ -54,14 +54,13 @@ def _init(job: TemplateJob, in_pool: bool = False) -> None:
 
 
 def template_chunk(conversations: list[tuple]) -> list[list[int] | str]:
-    """Ids for each (messages, tools[, kwargs]) entry, or the template's error message for it;
+    """Ids for each (messages, tools, kwargs) entry, or the template's error message for it;
     kwargs not None replace the job's (a `--variants` entry's on top of the campaign's)."""
     assert _tokenizer is not None and _job is not None
     default_kwargs = dict(_job.template_kwargs)
 
     def kwargs_of(i: int) -> dict:
-        entry = conversations[i]
-        return entry[2] if len(entry) > 2 and entry[2] is not None else default_kwargs
+        return conversations[i][2] if conversations[i][2] is not None else default_kwargs
 
     def group_key(i: int) -> str:
         tools = conversations[i][1]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from eagle_synth.cli import app
+from eagle_synth.cli.commands import app
 from tests.helpers import cli
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

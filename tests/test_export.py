@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from eagle_synth.cli import app
+from eagle_synth.cli.commands import app
 from eagle_synth.records import Record, write_record_file
 from eagle_synth.tools import export as export_module
 from eagle_synth.tools.export import ExportFilters, export_records

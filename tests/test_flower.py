@@ -17,7 +17,7 @@ import redis
 import requests
 from typer.testing import CliRunner
 
-from eagle_synth.cli import app as cli_app
+from eagle_synth.cli.commands import app as cli_app
 from eagle_synth.harness import ManagedProcess, RedisServer, free_port, scratch_dir, start_worker, wait_for
 from eagle_synth.payload import TASK_NAME
 from eagle_synth.queue import make_celery

@@ -11,7 +11,8 @@ import tracemalloc
 import pytest
 
 from producer import sources
-from producer.sources import BadRow, InputError, SourceRow, expand_inputs, iter_source_rows, source_fingerprint
+from producer.resume import ResumeCursors
+from producer.sources import BadRow, InputError, SourceRow, expand_inputs, iter_source_rows
 
 
 def _rows(paths, **kwargs):
@@ -329,22 +330,24 @@ def test_expand_inputs_errors_name_the_pattern(tmp_path):
         expand_inputs([str(tmp_path / "*.md")])
 
 
-def test_source_fingerprint_tracks_size_and_mtime(tmp_path):
+def test_an_input_is_identified_by_its_size_and_mtime(tmp_path):
+    # How a rerun tells it reads the same file: producer/resume.py's cursor field, read afresh each time.
+    def identity(path):
+        return ResumeCursors(None, None, scope="s", enabled=True)._field(str(path))
+
     p = tmp_path / "a.jsonl"
     p.write_bytes(b'{"a": 1}\n')
     os.utime(p, ns=(1_000_000_000, 1_000_000_000))
-    first = source_fingerprint(str(p))
-    assert first == "a.jsonl:9:1000000000"
-    assert source_fingerprint(str(p)) == first
+    first = identity(p)
+    assert first == f"s|{p.resolve()}|9|1000000000"
+    assert identity(p) == first
     p.write_bytes(b'{"a": 12}\n')
     os.utime(p, ns=(1_000_000_000, 1_000_000_000))
-    assert source_fingerprint(str(p)) != first
-    assert source_fingerprint("-") == "-"
+    assert identity(p) != first
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "state.json").write_text("{}")
-    assert source_fingerprint(str(tmp_path / "ds")).startswith("ds:dir:1:2:")
-    with pytest.raises(InputError, match="gone.jsonl"):
-        source_fingerprint(str(tmp_path / "gone.jsonl"))
+    # stdin, a dataset folder and a missing file have no identity: no cursor applies to them.
+    assert [identity(x) for x in ("-", tmp_path / "ds", tmp_path / "gone.jsonl")] == [None] * 3
 
 
 # --------------------------------------------------------------------------- memory

@@ -17,7 +17,7 @@ import redis
 from rich.console import Console
 from typer.testing import CliRunner
 
-from eagle_synth.cli import app as cli_app
+from eagle_synth.cli.commands import app as cli_app
 from eagle_synth.harness import RedisServer, scratch_dir, wait_for
 from eagle_synth.payload import PromptItem
 from eagle_synth.state.campaign import Campaign, CampaignSettings

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from eagle_synth.cli import app
+from eagle_synth.cli.commands import app
 from eagle_synth.records import Record, write_manifest, write_record_file
 from eagle_synth.tools import conversation_order
 from eagle_synth.tools.compact import compact

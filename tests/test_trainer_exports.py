@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from eagle_synth.cli import app
+from eagle_synth.cli.commands import app
 from eagle_synth.records import Record
 from eagle_synth.tools import export as export_module
 from eagle_synth.tools.export import export_records, export_rows

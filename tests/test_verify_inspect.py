@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from eagle_synth.cli import app
+from eagle_synth.cli.commands import app
 from eagle_synth.records import Record, write_manifest, write_record_file
 from eagle_synth.tools.inspect import (
     SPECIAL_STYLE,

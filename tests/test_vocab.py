@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from eagle_synth.cli import app
+from eagle_synth.cli.commands import app
 from eagle_synth.records import RawRecord, write_manifest
 from eagle_synth.tools.filters import ExportFilters
 from eagle_synth.tools.vocab import (

@@ -4,7 +4,6 @@ app is in commands.py). Light to import: `main` defers Ctrl-C (interrupts.py) be
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 from eagle_synth.cli.interrupts import note_interrupt
 
@@ -14,12 +13,3 @@ def main() -> None:
     from eagle_synth.cli.commands import run
 
     run()
-
-
-def __getattr__(name: str) -> Any:
-    """`eagle_synth.cli.app`, the typer app (for tests and `typer.main.get_command`)."""
-    if name == "app":
-        from eagle_synth.cli.commands import app
-
-        return app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

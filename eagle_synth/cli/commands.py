@@ -30,13 +30,9 @@ class _Commands(TyperGroup):
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, command, rest = super().resolve_command(ctx, args)
-        if name not in SAYS_WHAT_WAS_KEPT:
+        if name != "enqueue":  # enqueue arms Ctrl-C itself, to say what a stopped run kept and how to resume
             arm_interrupts()
         return name, command, rest
-
-
-# Commands that arm Ctrl-C themselves, to say what a stopped run kept and how to resume it.
-SAYS_WHAT_WAS_KEPT = frozenset({"enqueue"})
 
 
 app = typer.Typer(

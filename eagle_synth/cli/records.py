@@ -198,9 +198,7 @@ def vocab(
     campaign_dir: CampaignDirArg,
     draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size", help=HELP["draft_vocab_size"])],
     out: Annotated[Path, typer.Option("--out", help=HELP["vocab out"])],
-    target_vocab_size: Annotated[
-        int | None, typer.Option("--target-vocab-size", help=HELP["target_vocab_size"])
-    ] = None,
+    target_vocab_size: Annotated[int | None, typer.Option(help=HELP["target_vocab_size"])] = None,
     drop_truncated: DropTruncatedOpt = FILTERS.drop_truncated,
     min_output_tokens: MinOutputTokensOpt = FILTERS.min_output_tokens,
     max_length: MaxLengthOpt = FILTERS.max_length,
@@ -236,13 +234,8 @@ def vocab(
         "coverage": round(mapping.coverage, 6),
         "draft_vocab_size": len(mapping.d2t),
         "target_vocab_size": len(mapping.t2d),
-        "read": result.stats.read,
-        "dropped": result.stats.dropped,
-        "clipped": result.stats.clipped,
-        "target_vocab_size_source": result.target_vocab_size_source,
-        "torch_files": result.torch_files,
-        "warnings": result.warnings,
-        "commands": result.commands,
+        **{name: getattr(result.stats, name) for name in ("read", "dropped", "clipped")},
+        **{name: getattr(result, name) for name in ("target_vocab_size_source", "torch_files", "warnings", "commands")},
         "paths": [str(p) for p in result.paths],
         "seconds": round(result.seconds, 3),
     }
@@ -356,19 +349,15 @@ def compact(
     if result.young_skipped:
         typer.echo(f"left {result.young_skipped} batch files younger than {min_age:g} s for a later run")
     if result.unverified_shards:
-        typer.secho(
+        warn(
             f"deleted {len(result.unverified_shards)} shards that did not read back after writing; "
             "their batch files are kept (check the disk and memory, then run compact again): "
-            f"{', '.join(result.unverified_shards[:5])}",
-            err=True,
-            fg=typer.colors.YELLOW,
+            f"{', '.join(result.unverified_shards[:5])}"
         )
     if result.damaged:
-        typer.secho(
+        warn(
             f"left {len(result.damaged)} damaged batch files in place (see `eagle-synth verify`): "
-            f"{', '.join(result.damaged[:5])}",
-            err=True,
-            fg=typer.colors.YELLOW,
+            f"{', '.join(result.damaged[:5])}"
         )
 
 

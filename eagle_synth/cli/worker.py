@@ -149,5 +149,4 @@ def worker(
         name=name,
         task_events=task_events,
     )
-    if code:
-        raise typer.Exit(code)
+    raise typer.Exit(code)

@@ -7,7 +7,6 @@ or DeepSeek-R1's, ends the generation prompt with `<think>\\n`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from eagle_synth.devserver.corpus import CORPUS_TEXT
@@ -51,7 +50,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_demo_tokenizer(folder: Path, *, extra_text: Sequence[str] = ()) -> Path:
+def build_demo_tokenizer(folder: Path) -> Path:
     """Train and save the demo tokenizer into `folder`; returns the folder."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -68,7 +67,7 @@ def build_demo_tokenizer(folder: Path, *, extra_text: Sequence[str] = ()) -> Pat
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator([CORPUS_TEXT, *extra_text], trainer=trainer)
+    tokenizer.train_from_iterator([CORPUS_TEXT], trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
     )
