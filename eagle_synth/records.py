@@ -105,10 +105,6 @@ def ids_as_u32le(data: bytes, codec: str) -> bytes:
     return bytes(out)
 
 
-def decode_ids(data: bytes, codec: str) -> list[int]:
-    return unpack_ids(ids_as_u32le(data, codec))
-
-
 @dataclass(slots=True)
 class Record:
     """One generated sample, exactly as the server produced it; docs/records.md defines every field.
@@ -162,15 +158,6 @@ class Record:
             if name not in _OMITTED_WHEN_NONE or getattr(self, name) is not None
         }
         return _with_ids(data, pack_ids(self.prompt_ids), pack_ids(self.output_ids))
-
-    @classmethod
-    def from_wire(cls, data: dict, *, codec: str = "u32le") -> Record:
-        """A record from its stored map; `codec` is the file's (a record's own `id_codec` wins)."""
-        codec = data.get("id_codec", codec)
-        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        values["prompt_ids"] = decode_ids(data["prompt_ids"], codec)
-        values["output_ids"] = decode_ids(data["output_ids"], codec)
-        return cls(**values)
 
 
 _FIELD_NAMES = tuple(Record.__dataclass_fields__)
@@ -232,8 +219,10 @@ def _raw_from_wire(data: dict, header: dict) -> RawRecord:
     )
 
 
-def _record_from_wire(data: dict, header: dict) -> Record:
-    return Record.from_wire(_with_header_names(data, header), codec=header["id_codec"])
+def record_from_wire(data: dict, header: dict) -> Record:
+    """A record from its stored map and its file's header (whose `id_codec` a record's own overrides)."""
+    raw = _raw_from_wire(data, header)
+    return Record(**raw.meta, prompt_ids=unpack_ids(raw.prompt_u32), output_ids=unpack_ids(raw.output_u32))
 
 
 def campaign_dir(out: str | os.PathLike, campaign: str) -> Path:
@@ -495,7 +484,7 @@ def read_file_header(path: str | os.PathLike) -> dict:
 
 def read_record_file(path: str | os.PathLike) -> Iterator[Record]:
     """Stream the records of one file (a batch file or a shard); read_raw_file as RawRecord."""
-    return _iter_file(path, _record_from_wire)
+    return _iter_file(path, record_from_wire)
 
 
 def read_raw_file(path: str | os.PathLike) -> Iterator[RawRecord]:
@@ -610,7 +599,7 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
     keys are remembered as 64-bit digests (eagle_synth/key_set.py, 256 MB for 10M records). Safe
     while workers write and `compact` runs (a file compacted away mid-read is read from its shard).
     """
-    return _iter_campaign(campaign_path, dedupe=dedupe, make=_record_from_wire)
+    return _iter_campaign(campaign_path, dedupe=dedupe, make=record_from_wire)
 
 
 def iter_raw_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[RawRecord]:
