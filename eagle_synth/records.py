@@ -202,15 +202,10 @@ class RawRecord:
         return data
 
 
-def _with_header_names(data: dict, header: dict) -> dict:
-    """Version 1 files keep the batch id and campaign in the header only."""
-    if data.get("batch") and data.get("campaign"):
-        return data
-    return {**data, **{name: data.get(name) or header.get(name, "") for name in ("batch", "campaign")}}
-
-
 def _raw_from_wire(data: dict, header: dict) -> RawRecord:
-    data, codec = _with_header_names(data, header), data.get("id_codec") or header["id_codec"]
+    codec = data.get("id_codec") or header["id_codec"]
+    if not (data.get("batch") and data.get("campaign")):  # version 1 files keep them in the header only
+        data = {**data, **{name: data.get(name) or header.get(name, "") for name in ("batch", "campaign")}}
     return RawRecord(
         meta={k: data[k] for k in _META_FIELDS if k in data},
         prompt_u32=ids_as_u32le(data["prompt_ids"], codec),
@@ -571,9 +566,7 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Call
             missing.add(path.name)
     # Batch files a concurrent `compact` moved into a shard after our scan: read from that shard.
     for path in record_files(campaign_path) if missing else []:
-        if not missing:
-            break
-        if not is_shard(path) or path in scan.shard_sources:
+        if not missing or not is_shard(path) or path in scan.shard_sources:
             continue
         names = read_file_header(path).get("sources", [])
         if indices := frozenset(i for i, name in enumerate(names) if name in missing):
