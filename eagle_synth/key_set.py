@@ -41,13 +41,6 @@ class KeySet:
         self._mask = INITIAL_SLOTS - 1
         self._count = 0
 
-    def __len__(self) -> int:
-        return self._count
-
-    @property
-    def nbytes(self) -> int:
-        return len(self._slots) * self._slots.itemsize
-
     def add(self, key: str) -> bool:
         """Remember `key`; True if it was not there yet."""
         if self._insert(_digest(key)):
