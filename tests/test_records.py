@@ -187,4 +187,6 @@ def test_key_set_remembers_every_key_compactly():
     assert all(seen.add(k) for k in keys)
     assert not any(seen.add(k) for k in keys[::7])
     assert seen._count == 50_000
-    assert len(seen._slots) * seen._slots.itemsize <= 32 * 50_000, "at most 32 bytes per key (a table between a quarter and half full)"
+    assert len(seen._slots) * seen._slots.itemsize <= 32 * 50_000, (
+        "at most 32 bytes per key (a table between a quarter and half full)"
+    )
