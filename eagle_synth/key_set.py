@@ -53,14 +53,12 @@ class KeySet:
     def _insert(self, digest: int) -> bool:
         slots, mask = self._slots, self._mask
         index = digest & mask
-        while True:
-            current = slots[index]
-            if current == 0:
-                slots[index] = digest
-                return True
+        while current := slots[index]:  # 0 is an empty slot
             if current == digest:
                 return False
             index = (index + 1) & mask
+        slots[index] = digest
+        return True
 
     def _grow(self) -> None:
         old = self._slots
