@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -246,28 +245,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _current_umask() -> int:
-    """The process umask, read without changing it (Linux /proc; setting it races other threads)."""
-    with suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _open_temporary(folder: Path, *, prefix: str, suffix: str) -> IO[bytes]:
-    """A new file in `folder` with the mode open() would give (0o666 minus the umask: 0644 usually, so
-    a trainer running as another user can read records and exports) instead of mkstemp's 0600."""
-    handle = tempfile.NamedTemporaryFile(dir=folder, prefix=prefix, suffix=suffix, delete=False)
-    try:
-        os.fchmod(handle.fileno(), 0o666 & ~_current_umask())
-    except BaseException:
-        handle.close()
-        os.unlink(handle.name)
-        raise
-    return handle
+    """A new file in `folder`, made by open() for open()'s mode (0o666 minus the umask: 0644 usually,
+    so a trainer running as another user can read records and exports), not mkstemp's 0600."""
+    return open(folder / f"{prefix}{secrets.token_hex(8)}{suffix}", "xb")
 
 
 def _publish(handle: IO[bytes], path: Path) -> None:
@@ -368,8 +349,6 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
         self.folder = records_dir(campaign_path)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._handle = _open_temporary(self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
-        self.tmp = Path(self._handle.name)
-        self.records = 0
         compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=threads)
         self._stream = compressor.stream_writer(self._handle, closefd=False)
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -379,7 +358,6 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
     def add(self, record: RawRecord) -> None:
         """Append one record (its `src` must index `sources`)."""
         self._stream.write(self._packer.pack(record.to_wire()))
-        self.records += 1
 
     def commit(self) -> Path:
         """Rename the shard to its final name; returns that path."""
@@ -390,17 +368,13 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
         self._done = True
         return path
 
-    def abort(self) -> None:
+    def __exit__(self, *exc_info) -> None:
         if self._done:
             return
-        self._done = True
         with suppress(zstandard.ZstdError):
             self._stream.close()
         self._handle.close()
-        self.tmp.unlink(missing_ok=True)
-
-    def __exit__(self, *exc_info) -> None:
-        self.abort()
+        Path(self._handle.name).unlink(missing_ok=True)
 
 
 def _iter_objects(path: Path) -> Iterator[Any]:
@@ -409,10 +383,7 @@ def _iter_objects(path: Path) -> Iterator[Any]:
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_OBJECT_BYTES)
     fed = 0
     with open(path, "rb") as handle:
-        while True:
-            chunk = handle.read(READ_CHUNK)
-            if not chunk:
-                break
+        while chunk := handle.read(READ_CHUNK):
             data = decompressor.decompress(chunk)
             unpacker.feed(data)
             fed += len(data)
