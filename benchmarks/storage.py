@@ -30,12 +30,12 @@ from pathlib import Path
 import msgpack
 import zstandard
 
-from eagle_synth.ids import pack_ids
+from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.records import (
     RECORD_ZSTD_LEVEL,
     SHARD_ZSTD_LEVEL,
     Record,
-    decode_ids,
+    ids_as_u32le,
     iter_raw_records,
     iter_records,
     write_record_file,
@@ -303,7 +303,7 @@ def run(quick: bool) -> list[dict]:
         sample = [r.output_ids for r in records[:200]]
         sample_tokens = sum(map(len, sample))
         u24_blobs, varint_blobs = [_u24(ids) for ids in sample], [_varint(ids) for ids in sample]
-        u24_rate = _best_rate(sample_tokens, lambda: [decode_ids(b, "u24le") for b in u24_blobs], repeats)
+        u24_rate = _best_rate(sample_tokens, lambda: [unpack_ids(ids_as_u32le(b, "u24le")) for b in u24_blobs], repeats)
         varint_rate = _best_rate(sample_tokens, lambda: [_unvarint(b) for b in varint_blobs], repeats)
         rows.append(
             _row("decode tokens/s, u24le ids", u24_rate, "LEB128 varint (pure Python)", varint_rate, "tokens/s")

@@ -125,28 +125,14 @@ def split_turns(messages: Sequence[dict]) -> tuple[list[list[dict]], list[dict],
     return turns, steps, points
 
 
-def _split_output(
-    tokenizer, output_ids: Sequence[int], *, eos_token_ids: Iterable[int], matched: int | str | None, think_close_id
-) -> tuple[str | None, list[int]]:
-    """A turn's output without a final EOS or matched stop id, split at the think-end token:
-    (the decoded reasoning before it, or None without one; the ids after it)."""
-    ids = list(output_ids)
-    if ids and (ids[-1] in set(eos_token_ids) or (isinstance(matched, int) and ids[-1] == matched)):
-        ids.pop()
-    if think_close_id is None or think_close_id not in ids:
-        return None, ids
-    cut = ids.index(think_close_id)
-    return tokenizer.decode(ids[:cut], skip_special_tokens=True).strip(), ids[cut + 1 :]
-
-
 def answer_message(
     tokenizer, output_ids: Sequence[int], *, eos_token_ids: Iterable[int], matched: int | str | None, think_close_id
 ) -> dict:
     """The assistant message a turn's output becomes in the next turn's history (no tools)."""
-    reasoning, ids = _split_output(
+    answer, reasoning = parse_answer(
         tokenizer, output_ids, eos_token_ids=eos_token_ids, matched=matched, think_close_id=think_close_id
     )
-    message = {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True).strip()}
+    message = {"role": "assistant", "content": answer.content}
     return message if reasoning is None else {**message, "reasoning_content": reasoning}
 
 
@@ -157,19 +143,26 @@ def parse_answer(
     eos_token_ids: Iterable[int],
     matched: int | str | None,
     think_close_id: int | None,
-    tool_format: str,
-    tools: list[dict] | None,
+    tool_format: str | None = None,
+    tools: list[dict] | None = None,
 ) -> tuple[ParsedAnswer, str | None]:
-    """A turn's answer in a row with tools: its content and tool calls, and its reasoning (None
-    when the output has no think-end token)."""
-    reasoning, ids = _split_output(
-        tokenizer, output_ids, eos_token_ids=eos_token_ids, matched=matched, think_close_id=think_close_id
-    )
-    text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    parsed = parse_tool_calls(text, family=tool_format, tools=tools)
-    if not parsed.tool_calls and not parsed.unparsed:  # words only: the same content as without tools
-        parsed = ParsedAnswer(content=tokenizer.decode(ids, skip_special_tokens=True).strip())
-    return parsed, reasoning
+    """A turn's answer, without a final EOS or matched stop id: its content and (in a row with
+    tools, given its `tool_format`) tool calls, and the decoded reasoning before the think-end
+    token (None when the output has none)."""
+    ids = list(output_ids)
+    if ids and (ids[-1] in set(eos_token_ids) or (isinstance(matched, int) and ids[-1] == matched)):
+        ids.pop()
+    reasoning = None
+    if think_close_id is not None and think_close_id in ids:
+        cut = ids.index(think_close_id)
+        reasoning, ids = tokenizer.decode(ids[:cut], skip_special_tokens=True).strip(), ids[cut + 1 :]
+    if tool_format is not None:
+        text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        parsed = parse_tool_calls(text, family=tool_format, tools=tools)
+        if parsed.tool_calls or parsed.unparsed:
+            return parsed, reasoning
+    # Words only: the same content as without tools.
+    return ParsedAnswer(content=tokenizer.decode(ids, skip_special_tokens=True).strip()), reasoning
 
 
 class NextTurn(msgspec.Struct, frozen=True):

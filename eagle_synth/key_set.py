@@ -41,13 +41,6 @@ class KeySet:
         self._mask = INITIAL_SLOTS - 1
         self._count = 0
 
-    def __len__(self) -> int:
-        return self._count
-
-    @property
-    def nbytes(self) -> int:
-        return len(self._slots) * self._slots.itemsize
-
     def add(self, key: str) -> bool:
         """Remember `key`; True if it was not there yet."""
         if self._insert(_digest(key)):
@@ -60,14 +53,12 @@ class KeySet:
     def _insert(self, digest: int) -> bool:
         slots, mask = self._slots, self._mask
         index = digest & mask
-        while True:
-            current = slots[index]
-            if current == 0:
-                slots[index] = digest
-                return True
+        while current := slots[index]:  # 0 is an empty slot
             if current == digest:
                 return False
             index = (index + 1) & mask
+        slots[index] = digest
+        return True
 
     def _grow(self) -> None:
         old = self._slots

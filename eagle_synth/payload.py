@@ -69,13 +69,9 @@ class PromptItem(msgspec.Struct):
         return self.conversation is not None or bool(self.sampling_overrides) or self.variant is not None
 
     def to_replay(self) -> dict:
-        """JSON-safe form kept with a failure so the prompt can be enqueued again."""
+        """JSON-safe form kept with a failure so the prompt can be enqueued again (`PromptItem(**form)`)."""
         data = msgspec.structs.asdict(self)
         return data if self.extended else {k: v for k, v in data.items() if k not in _EXTENDED}
-
-    @classmethod
-    def from_replay(cls, data: dict) -> PromptItem:
-        return cls(**data)
 
 
 def pack_item(item: PromptItem) -> list:

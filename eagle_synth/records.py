@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -105,10 +104,6 @@ def ids_as_u32le(data: bytes, codec: str) -> bytes:
     return bytes(out)
 
 
-def decode_ids(data: bytes, codec: str) -> list[int]:
-    return unpack_ids(ids_as_u32le(data, codec))
-
-
 @dataclass(slots=True)
 class Record:
     """One generated sample, exactly as the server produced it; docs/records.md defines every field.
@@ -163,15 +158,6 @@ class Record:
         }
         return _with_ids(data, pack_ids(self.prompt_ids), pack_ids(self.output_ids))
 
-    @classmethod
-    def from_wire(cls, data: dict, *, codec: str = "u32le") -> Record:
-        """A record from its stored map; `codec` is the file's (a record's own `id_codec` wins)."""
-        codec = data.get("id_codec", codec)
-        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        values["prompt_ids"] = decode_ids(data["prompt_ids"], codec)
-        values["output_ids"] = decode_ids(data["output_ids"], codec)
-        return cls(**values)
-
 
 _FIELD_NAMES = tuple(Record.__dataclass_fields__)
 # Fields only some campaigns use: left out of the stored map when unset.
@@ -215,15 +201,10 @@ class RawRecord:
         return data
 
 
-def _with_header_names(data: dict, header: dict) -> dict:
-    """Version 1 files keep the batch id and campaign in the header only."""
-    if data.get("batch") and data.get("campaign"):
-        return data
-    return {**data, **{name: data.get(name) or header.get(name, "") for name in ("batch", "campaign")}}
-
-
 def _raw_from_wire(data: dict, header: dict) -> RawRecord:
-    data, codec = _with_header_names(data, header), data.get("id_codec") or header["id_codec"]
+    codec = data.get("id_codec") or header["id_codec"]
+    if not (data.get("batch") and data.get("campaign")):  # version 1 files keep them in the header only
+        data = {**data, **{name: data.get(name) or header.get(name, "") for name in ("batch", "campaign")}}
     return RawRecord(
         meta={k: data[k] for k in _META_FIELDS if k in data},
         prompt_u32=ids_as_u32le(data["prompt_ids"], codec),
@@ -232,8 +213,10 @@ def _raw_from_wire(data: dict, header: dict) -> RawRecord:
     )
 
 
-def _record_from_wire(data: dict, header: dict) -> Record:
-    return Record.from_wire(_with_header_names(data, header), codec=header["id_codec"])
+def record_from_wire(data: dict, header: dict) -> Record:
+    """A record from its stored map and its file's header (whose `id_codec` a record's own overrides)."""
+    raw = _raw_from_wire(data, header)
+    return Record(**raw.meta, prompt_ids=unpack_ids(raw.prompt_u32), output_ids=unpack_ids(raw.output_u32))
 
 
 def campaign_dir(out: str | os.PathLike, campaign: str) -> Path:
@@ -262,28 +245,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _current_umask() -> int:
-    """The process umask, read without changing it (Linux /proc; setting it races other threads)."""
-    with suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _open_temporary(folder: Path, *, prefix: str, suffix: str) -> IO[bytes]:
-    """A new file in `folder` with the mode open() would give (0o666 minus the umask: 0644 usually, so
-    a trainer running as another user can read records and exports) instead of mkstemp's 0600."""
-    handle = tempfile.NamedTemporaryFile(dir=folder, prefix=prefix, suffix=suffix, delete=False)
-    try:
-        os.fchmod(handle.fileno(), 0o666 & ~_current_umask())
-    except BaseException:
-        handle.close()
-        os.unlink(handle.name)
-        raise
-    return handle
+    """A new file in `folder`, made by open() for open()'s mode (0o666 minus the umask: 0644 usually,
+    so a trainer running as another user can read records and exports), not mkstemp's 0600."""
+    return open(folder / f"{prefix}{secrets.token_hex(8)}{suffix}", "xb")
 
 
 def _publish(handle: IO[bytes], path: Path) -> None:
@@ -384,8 +349,6 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
         self.folder = records_dir(campaign_path)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._handle = _open_temporary(self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
-        self.tmp = Path(self._handle.name)
-        self.records = 0
         compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=threads)
         self._stream = compressor.stream_writer(self._handle, closefd=False)
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -395,7 +358,6 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
     def add(self, record: RawRecord) -> None:
         """Append one record (its `src` must index `sources`)."""
         self._stream.write(self._packer.pack(record.to_wire()))
-        self.records += 1
 
     def commit(self) -> Path:
         """Rename the shard to its final name; returns that path."""
@@ -406,17 +368,13 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
         self._done = True
         return path
 
-    def abort(self) -> None:
+    def __exit__(self, *exc_info) -> None:
         if self._done:
             return
-        self._done = True
         with suppress(zstandard.ZstdError):
             self._stream.close()
         self._handle.close()
-        self.tmp.unlink(missing_ok=True)
-
-    def __exit__(self, *exc_info) -> None:
-        self.abort()
+        Path(self._handle.name).unlink(missing_ok=True)
 
 
 def _iter_objects(path: Path) -> Iterator[Any]:
@@ -425,10 +383,7 @@ def _iter_objects(path: Path) -> Iterator[Any]:
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_OBJECT_BYTES)
     fed = 0
     with open(path, "rb") as handle:
-        while True:
-            chunk = handle.read(READ_CHUNK)
-            if not chunk:
-                break
+        while chunk := handle.read(READ_CHUNK):
             data = decompressor.decompress(chunk)
             unpacker.feed(data)
             fed += len(data)
@@ -495,7 +450,7 @@ def read_file_header(path: str | os.PathLike) -> dict:
 
 def read_record_file(path: str | os.PathLike) -> Iterator[Record]:
     """Stream the records of one file (a batch file or a shard); read_raw_file as RawRecord."""
-    return _iter_file(path, _record_from_wire)
+    return _iter_file(path, record_from_wire)
 
 
 def read_raw_file(path: str | os.PathLike) -> Iterator[RawRecord]:
@@ -582,9 +537,7 @@ def _iter_campaign(campaign_path: str | os.PathLike, *, dedupe: bool, make: Call
             missing.add(path.name)
     # Batch files a concurrent `compact` moved into a shard after our scan: read from that shard.
     for path in record_files(campaign_path) if missing else []:
-        if not missing:
-            break
-        if not is_shard(path) or path in scan.shard_sources:
+        if not missing or not is_shard(path) or path in scan.shard_sources:
             continue
         names = read_file_header(path).get("sources", [])
         if indices := frozenset(i for i, name in enumerate(names) if name in missing):
@@ -610,7 +563,7 @@ def iter_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> It
     keys are remembered as 64-bit digests (eagle_synth/key_set.py, 256 MB for 10M records). Safe
     while workers write and `compact` runs (a file compacted away mid-read is read from its shard).
     """
-    return _iter_campaign(campaign_path, dedupe=dedupe, make=_record_from_wire)
+    return _iter_campaign(campaign_path, dedupe=dedupe, make=record_from_wire)
 
 
 def iter_raw_records(campaign_path: str | os.PathLike, *, dedupe: bool = True) -> Iterator[RawRecord]:

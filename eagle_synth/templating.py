@@ -135,18 +135,16 @@ def render_prompt_ids(
 
 def with_text_arguments(messages: list[dict]) -> list[dict] | None:
     """The messages with every object tool-call argument set as JSON text; None if there is none."""
-    changed = False
 
     def as_text(call):
-        nonlocal changed
         function = call.get("function") if isinstance(call, dict) else None
         if not (isinstance(function, dict) and isinstance(function.get("arguments"), dict)):
             return call
-        changed = True
         return {**call, "function": {**function, "arguments": json.dumps(function["arguments"], ensure_ascii=False)}}
 
     out = [{**m, "tool_calls": [as_text(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
-    return out if changed else None
+    # A changed call's arguments are text where they were an object: the lists compare unequal.
+    return None if out == messages else out
 
 
 def render_prompt_ids_batch(

@@ -55,7 +55,7 @@ def retry_failed(campaign: Campaign, *, app: Celery, queue: str, reason: str | N
             own = {k: v for k, v in failure.sampling.items() if k != "sampling_seed"}
             publisher = publisher_of(base if base is not None else own)
             items = waiting.setdefault(publisher, [])
-            items.append(PromptItem.from_replay(failure.item))
+            items.append(PromptItem(**failure.item))
             if len(items) >= size * RETRY_STEP_BATCHES:
                 total += publisher.retry(items)
                 items.clear()

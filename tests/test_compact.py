@@ -109,11 +109,13 @@ def test_stopped_while_writing_the_shard_leaves_sources_and_no_shard(tmp_path, m
     fill(tmp_path, batches=5)
     before = contents(tmp_path)
     real_add = ShardWriter.add
+    added = []
 
     def fail_midway(self, record):
-        if self.records == 7:
+        if len(added) == 7:
             raise KeyboardInterrupt("killed")
         real_add(self, record)
+        added.append(record)
 
     monkeypatch.setattr(ShardWriter, "add", fail_midway)
     with pytest.raises(KeyboardInterrupt):

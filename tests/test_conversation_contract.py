@@ -194,7 +194,7 @@ def test_payload_is_version_1_unless_an_item_needs_version_2():
     decoded = TaskPayload.decode(encoded)
     assert decoded.items == [plain, rich]
     assert unpack_item(pack_item(rich)) == rich and unpack_item(pack_item(plain)[:7]) == plain
-    assert PromptItem.from_replay(json.loads(json.dumps(rich.to_replay()))) == rich
+    assert PromptItem(**json.loads(json.dumps(rich.to_replay()))) == rich
 
 
 # ---- variants ------------------------------------------------------------------------------

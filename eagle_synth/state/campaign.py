@@ -132,7 +132,7 @@ class Failure(msgspec.Struct, frozen=True):
 
     def encode(self) -> bytes:
         """FAILURE_MAGIC, reason, newline, a zstd frame of msgpack (ids packed as the queue packs them)."""
-        body = [self.message, self.at, self.worker, self.sampling, pack_item(PromptItem.from_replay(self.item))]
+        body = [self.message, self.at, self.worker, self.sampling, pack_item(PromptItem(**self.item))]
         packed = msgpack.packb(body, use_bin_type=True)
         return FAILURE_MAGIC + self.reason.encode() + b"\n" + zstandard.compress(packed, FAILURE_ZSTD_LEVEL)
 

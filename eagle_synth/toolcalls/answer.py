@@ -46,19 +46,20 @@ class Cursor:
     def at_end(self) -> bool:
         return self.pos >= len(self.text)
 
-    def peek(self, literal: str) -> bool:
-        """True if the text continues with `literal` after any whitespace (only the whitespace is
-        consumed: every parser expects or ends after a peek, and both skip it anyway)."""
-        self.skip_space()
-        return self.text.startswith(literal, self.pos)
-
-    def expect(self, literal: str) -> None:
+    def take(self, literal: str) -> bool:
+        """True, and `literal` consumed, if the text continues with it after any whitespace (the
+        whitespace is consumed either way: every parser expects or ends after a take, both skip it)."""
         self.skip_space()
         if not self.text.startswith(literal, self.pos):
+            return False
+        self.pos += len(literal)
+        return True
+
+    def expect(self, literal: str) -> None:
+        if not self.take(literal):
             raise Malformed(
                 f"expected {literal!r} at character {self.pos}, found {self.text[self.pos : self.pos + 30]!r}"
             )
-        self.pos += len(literal)
 
     def _nearest(self, literals: tuple[str, ...]) -> tuple[int, str]:
         found = [(at, literal) for literal in literals if (at := self.text.find(literal, self.pos)) >= 0]

@@ -34,8 +34,7 @@ V3_BODY = re.compile(r"(?P<name>[^\n]*)\n```json\n(?P<arguments>.*)\n```\s*", re
 
 def _parse(cursor: Cursor, schemas: dict[str, dict], calls: list[dict], *, fenced: bool) -> None:
     cursor.expect(CALLS_BEGIN)
-    while cursor.peek(CALL_BEGIN):
-        cursor.expect(CALL_BEGIN)
+    while cursor.take(CALL_BEGIN):
         head, _ = cursor.until(SEPARATOR)
         body, _ = cursor.until(CALL_END)
         if fenced:

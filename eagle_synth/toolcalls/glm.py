@@ -24,12 +24,11 @@ VALUE_END = "</arg_value>"
 
 
 def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> None:
-    while cursor.peek(CALL_BEGIN):
-        cursor.expect(CALL_BEGIN)
+    while cursor.take(CALL_BEGIN):
         name = call_name(cursor.upto("\n", KEY_BEGIN, CALL_END))
         parameters = schemas.get(name, {})
         arguments: dict = {}
-        while not cursor.peek(CALL_END):
+        while not cursor.take(CALL_END):
             cursor.expect(KEY_BEGIN)
             key = cursor.until(KEY_END)[0].strip()
             cursor.expect(VALUE_BEGIN)
@@ -37,7 +36,6 @@ def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -
             if key in arguments:
                 raise Malformed(f"argument {key!r} of {name} given twice")
             arguments[key] = convert_value(value, parameters.get(key), untyped="json")
-        cursor.expect(CALL_END)
         calls.append({"name": name, "arguments": arguments})
 
 

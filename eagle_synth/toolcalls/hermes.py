@@ -17,8 +17,7 @@ CALL_END = "</tool_call>"
 
 
 def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> None:
-    while cursor.peek(CALL_BEGIN):
-        cursor.expect(CALL_BEGIN)
+    while cursor.take(CALL_BEGIN):
         body, _ = cursor.until(CALL_END)
         calls.append(json_call(body))
 

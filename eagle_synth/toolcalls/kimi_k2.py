@@ -23,8 +23,7 @@ CALL_ID = re.compile(r"(?:functions\.)?(?P<name>[^\s:]+):(?P<index>\d+)")
 
 def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> None:
     cursor.expect(SECTION_BEGIN)
-    while cursor.peek(CALL_BEGIN):
-        cursor.expect(CALL_BEGIN)
+    while cursor.take(CALL_BEGIN):
         call_id = cursor.until(ARGUMENT_BEGIN)[0].strip()
         if (match := CALL_ID.fullmatch(call_id)) is None:
             raise Malformed(f"tool call id {call_id[:60]!r} is not functions.NAME:INDEX")

@@ -54,23 +54,20 @@ def parse_m1(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> Non
 
 
 def parse_m2(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> None:
-    while cursor.peek(M2_BEGIN):
-        cursor.expect(M2_BEGIN)
-        while not cursor.peek(M2_END):
+    while cursor.take(M2_BEGIN):
+        while not cursor.take(M2_END):
             cursor.expect(INVOKE_BEGIN)
             name = call_name(cursor.until(TAG_CLOSE)[0])
             parameters = schemas.get(name, {})
             arguments: dict = {}
-            while not cursor.peek(INVOKE_END):
+            while not cursor.take(INVOKE_END):
                 cursor.expect(PARAMETER_BEGIN)
                 key = cursor.until(TAG_CLOSE)[0].strip()
                 value, _ = cursor.until(PARAMETER_END)
                 if key in arguments:
                     raise Malformed(f"parameter {key!r} of {name} given twice")
                 arguments[key] = convert_value(value, parameters.get(key), untyped="string")
-            cursor.expect(INVOKE_END)
             calls.append({"name": name, "arguments": arguments})
-        cursor.expect(M2_END)
 
 
 MINIMAX_M1 = ToolFormat(name="minimax_m1", start=M1_BEGIN, parse_section=parse_m1, end_markers=("<end_of_sentence>",))

@@ -28,13 +28,12 @@ PARAMETER_END = "</parameter>"
 
 
 def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -> None:
-    while cursor.peek(CALL_BEGIN):
-        cursor.expect(CALL_BEGIN)
+    while cursor.take(CALL_BEGIN):
         cursor.expect(FUNCTION_BEGIN)
         name = call_name(cursor.until(">")[0])
         parameters = schemas.get(name, {})
         arguments: dict = {}
-        while not cursor.peek(FUNCTION_END):
+        while not cursor.take(FUNCTION_END):
             cursor.expect(PARAMETER_BEGIN)
             key = call_name(cursor.until(">")[0])
             value, _ = cursor.until(PARAMETER_END)
@@ -42,7 +41,6 @@ def parse_section(cursor: Cursor, schemas: dict[str, dict], calls: list[dict]) -
             if key in arguments:
                 raise Malformed(f"parameter {key!r} of {name} given twice")
             arguments[key] = convert_value(value, parameters.get(key), untyped="string")
-        cursor.expect(FUNCTION_END)
         cursor.expect(CALL_END)
         calls.append({"name": name, "arguments": arguments})
 

@@ -57,20 +57,17 @@ _NO = object()
 
 
 def _as(kind: str, text: str) -> object:
-    if kind == "integer":
-        try:
+    try:
+        if kind == "integer":
             return int(text)
-        except ValueError:
-            return _NO
-    if kind == "number":
-        try:
+        if kind == "number":
             number = float(text)
-        except ValueError:
-            return _NO
-        if not math.isfinite(number):
-            return _NO
-        exact_int = number.is_integer() and not any(c in text for c in ".eE")
-        return int(number) if exact_int else number
+            if not math.isfinite(number):
+                return _NO
+            exact_int = number.is_integer() and not any(c in text for c in ".eE")
+            return int(number) if exact_int else number
+    except ValueError:
+        return _NO
     if kind == "boolean":
         lowered = text.lower()
         return True if lowered in TRUE_WORDS else False if lowered in FALSE_WORDS else _NO

@@ -37,6 +37,7 @@ from eagle_synth.records import (
     fsync_dir,
     read_manifest,
     read_raw_file,
+    record_from_wire,
     records_dir,
     scan_campaign,
 )
@@ -142,7 +143,7 @@ def salvage_records(path: str | os.PathLike) -> Iterator[Record]:
                         return
                 elif isinstance(value, dict):
                     try:
-                        yield Record.from_wire(value, codec=header["id_codec"])
+                        yield record_from_wire(value, header)
                     except (KeyError, TypeError, ValueError):
                         continue  # one garbled record; the key check judges the others
     except (zstandard.ZstdError, msgpack.UnpackException, ValueError, KeyError, TypeError, OSError):
