@@ -528,12 +528,13 @@ def last_user_turn(messages: list[dict]) -> list[dict]:
 
 def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
     """Every task waiting in the queue list, decoded as a worker would (TaskPayload objects)."""
+    from eagle_synth.payload import TaskPayload
     from eagle_synth.queue import queued_payloads as peek
     from eagle_synth.settings import broker_settings
     from eagle_synth.state.redis_client import connect
 
     client = connect(broker_settings(redis_url=redis_url))
     try:
-        return peek(client, queue)
+        return [TaskPayload.decode(payload) for payload in peek(client, queue)]
     finally:
         client.close()
