@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ import psutil
 import requests
 
 from eagle_synth import harness
-from eagle_synth.harness import scratch_dir, wait_for
+from eagle_synth.harness import wait_for
 from tests.fixture_tokenizer import fixture_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,7 +200,7 @@ class Stack(harness.Stack):
 
     def __init__(self, name: str) -> None:
         super().__init__(
-            scratch_dir(f"eagle-bench-{name}-"),
+            Path(tempfile.mkdtemp(prefix=f"eagle-bench-{name}-")),
             tokenizer=bench_tokenizer(),
             worker_env={"EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": str(BENCH_SOFT_SHUTDOWN)},
             stop_timeout=WORKER_STOP_TIMEOUT,
@@ -528,12 +529,13 @@ def last_user_turn(messages: list[dict]) -> list[dict]:
 
 def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
     """Every task waiting in the queue list, decoded as a worker would (TaskPayload objects)."""
+    from eagle_synth.payload import TaskPayload
     from eagle_synth.queue import queued_payloads as peek
     from eagle_synth.settings import broker_settings
     from eagle_synth.state.redis_client import connect
 
     client = connect(broker_settings(redis_url=redis_url))
     try:
-        return peek(client, queue)
+        return [TaskPayload.decode(payload) for payload in peek(client, queue)]
     finally:
         client.close()

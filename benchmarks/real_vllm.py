@@ -170,7 +170,7 @@ def _ours(stack: Stack, server: VllmServer, redis_url: str, campaign: str, count
         )
         t1, cpu1 = time.monotonic(), tree_cpu_seconds(worker.proc.pid)
     finally:
-        stack.stop_worker(worker)
+        worker.stop(timeout=stack.stop_timeout)
     from eagle_synth.records import iter_records
 
     tokens = sum(len(r.output_ids) for r in iter_records(stack.dir / "out" / campaign))

@@ -97,7 +97,7 @@ def _one(stack: Stack, redis_url: str, quick: bool, concurrency: int, index: int
             "generate_calls_before_healthy": stats["generate_calls_before_healthy"],
         }
     finally:
-        stack.stop_worker(worker)
+        worker.stop(timeout=stack.stop_timeout)
         process.stop()
 
 

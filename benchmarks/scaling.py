@@ -73,7 +73,7 @@ def _measure(stack: Stack, redis, url: str, devserver_pid: int, k: int, quick: b
         wait_done(redis.url, "scaling", start_done + FIRST_RECORDS, timeout=START_TIMEOUT, stack=stack)
         time.sleep(WARMUP[quick])
         pids = [w.proc.pid for w in workers]
-        redis_pid = redis.proc.pid
+        redis_pid = redis.process.proc.pid
 
         def sample() -> tuple:
             return (
@@ -91,7 +91,7 @@ def _measure(stack: Stack, redis, url: str, devserver_pid: int, k: int, quick: b
         pending = campaign_progress(redis.url, "scaling").pending
     finally:
         for worker in workers:
-            stack.stop_worker(worker)
+            worker.stop(timeout=stack.stop_timeout)
     if pending < 16 * CONCURRENCY * k:
         raise RuntimeError(f"the backlog ran dry during k={k} ({pending} left): raise BACKLOG_MARGIN")
     done, wall, workers_cpu, dev_cpu, redis_cpu, busy, total = (a - b for a, b in zip(after, before, strict=True))

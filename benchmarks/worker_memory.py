@@ -69,7 +69,7 @@ def _one(stack: Stack, url: str, redis_url: str, name: str, records: int, env: d
         thread.join()
         producer.join(timeout=60)
     wall = time.perf_counter() - started
-    stack.stop_worker(worker)
+    worker.stop(timeout=stack.stop_timeout)
     if not samples:
         raise RuntimeError("no RSS sample was taken")
     warm = next((rss for done, rss in samples if done >= WARM_SHARE * records), samples[-1][1])

@@ -75,7 +75,7 @@ def _measure_worker(
         main1, cpu1 = main_cpu_seconds(pid), tree_cpu_seconds(pid)
         done1, t1 = campaign_progress(redis_url, campaign).done, time.monotonic()
     finally:
-        stack.stop_worker(worker)
+        worker.stop(timeout=stack.stop_timeout)
     records = done1 - done0
     return {
         "cpu_ms_per_record": 1000 * (cpu1 - cpu0) / records,

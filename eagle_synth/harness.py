@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,10 +28,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def scratch_dir(prefix: str = "eagle-synth-") -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 def wait_for(
@@ -89,18 +84,14 @@ def listening(pid: int, port: int) -> bool:
     return False
 
 
-def _wait_up(proc: subprocess.Popen, port: int, what: str) -> None:
-    wait_for(lambda: proc.poll() is not None or listening(proc.pid, port), timeout=START_TIMEOUT, what=what)
-
-
 def stop_all(
-    procs: Iterable[subprocess.Popen | None], *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT
+    processes: Iterable[ManagedProcess | None], *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT
 ) -> None:
     """Signal every live process group, then wait for all at once (warm shutdowns take a second
     each), SIGKILLing what outlives `timeout`."""
     signalled = []
-    for proc in procs:
-        if proc is not None and proc.poll() is None:
+    for process in processes:
+        if process is not None and (proc := process.proc) is not None and proc.poll() is None:
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
@@ -115,13 +106,16 @@ def stop_all(
             proc.wait(timeout=10)
 
 
-def start_on_a_port(launch: Callable[[int], str | None], *, port: int, what: str) -> int:
-    """Run `launch(port)` (None once up, else its last words) on `port` or, when 0, a picked one,
-    retrying a picked port another process took; other exits raise RuntimeError. Returns the port."""
+def start_on_a_port(
+    launch: Callable[[int], ManagedProcess], *, port: int, what: str, wait: bool = True
+) -> tuple[ManagedProcess, int]:
+    """Start `launch(port)` on `port` or, when 0, a picked one, with `wait` until it listens,
+    retrying a picked port another process took; other exits raise RuntimeError."""
     for _ in range(PORT_ATTEMPTS):
         chosen = port or free_port()
-        if (said := launch(chosen)) is None:
-            return chosen
+        process = launch(chosen)
+        if not wait or (said := process.listening_on(chosen, f"{what} on {chosen}")) is None:
+            return process, chosen
         if port or "already in use" not in said.lower():
             break
     raise RuntimeError(f"{what} exited:\n{said}")
@@ -144,7 +138,7 @@ class RedisServer:
     maxmemory_policy: str = "noeviction"
     maxmemory: str | None = None
     extra_args: tuple[str, ...] = ()
-    proc: subprocess.Popen | None = field(default=None, init=False)
+    process: ManagedProcess | None = field(default=None, init=False)
 
     def start(self) -> RedisServer:
         if (binary := shutil.which("redis-server")) is None:
@@ -152,19 +146,11 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.tls:
             make_test_certificates(self.workdir)
-        log = self.workdir / "redis.log"
 
-        def launch(port: int) -> str | None:
+        def launch(port: int) -> ManagedProcess:
             self.port = port
-            logged = log.stat().st_size if log.exists() else 0
-            proc = self.proc = subprocess.Popen(
-                self._args(binary), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-            )
-            _wait_up(proc, port, f"redis-server on {port}")
-            if proc.poll() is None:
-                return None
-            # The log is appended to across attempts and restarts: this attempt's lines.
-            return log.read_bytes()[logged:].decode(errors="replace")[-2000:] if log.exists() else ""
+            self.process = ManagedProcess(self._args(binary), dict(os.environ), self.workdir / "redis.log")
+            return self.process.start()
 
         start_on_a_port(launch, port=self.port, what="redis-server")
         return self
@@ -205,7 +191,7 @@ class RedisServer:
         return self.workdir / "ca.pem"
 
     def stop(self, *, sig: int = signal.SIGTERM) -> None:
-        stop_all([self.proc], sig=sig)
+        stop_all([self.process], sig=sig)
 
     def restart(self) -> None:
         self.stop()
@@ -227,7 +213,7 @@ def make_test_certificates(folder: Path) -> None:
 
 @dataclass
 class ManagedProcess:
-    """A child process in its own session, with its output in a log file."""
+    """A child process in its own session, with its output appended to a log file."""
 
     args: list[str]
     env: dict[str, str]
@@ -236,6 +222,7 @@ class ManagedProcess:
 
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._logged = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.args,
@@ -250,11 +237,18 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def listening_on(self, port: int, what: str) -> str | None:
+        """Wait until it listens on `port`: None, or (it exited first) what it logged since its start."""
+        proc = self.proc
+        assert proc is not None, "not started"
+        wait_for(lambda: proc.poll() is not None or listening(proc.pid, port), timeout=START_TIMEOUT, what=what)
+        return None if self.alive() else self.log_path.read_bytes()[self._logged :].decode(errors="replace")
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self, *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
-        stop_all([self.proc], sig=sig, timeout=timeout)
+        stop_all([self], sig=sig, timeout=timeout)
 
     def kill(self) -> None:
         self.stop(sig=signal.SIGKILL, timeout=10)
@@ -274,19 +268,13 @@ def start_devserver(
     wait: bool = True,
 ) -> tuple[ManagedProcess, str]:
     """Start a devserver; returns (process, base URL), with wait once it listens."""
-    process: ManagedProcess | None = None
 
-    def launch(chosen: int) -> str | None:
-        nonlocal process
+    def launch(chosen: int) -> ManagedProcess:
         server = ["-m", "eagle_synth.devserver", "--tokenizer", str(tokenizer), "--host", "127.0.0.1"]
         argv = [sys.executable, *server, "--port", str(chosen), *args]
-        process = ManagedProcess(argv, _env(env), logdir / f"devserver-{chosen}.log").start()
-        if wait and process.proc is not None:
-            _wait_up(process.proc, chosen, "the devserver")
-        return None if not wait or process.alive() else process.log()
+        return ManagedProcess(argv, _env(env), logdir / f"devserver-{chosen}.log").start()
 
-    chosen = start_on_a_port(launch, port=port, what="devserver")
-    assert process is not None
+    process, chosen = start_on_a_port(launch, port=port, what="devserver", wait=wait)
     return process, f"http://127.0.0.1:{chosen}"
 
 
@@ -357,17 +345,11 @@ class Stack:
         self.workers.append(process)
         return process
 
-    def stop_worker(self, process: ManagedProcess) -> None:
-        process.stop(timeout=self.stop_timeout)
-
     def logs(self, tail: int = 4000) -> str:
         return "\n".join(f"--- {p.log_path.name}\n{p.log()[-tail:]}" for p in self.workers + self.others)
 
     def close(self) -> None:
-        stops = [
-            lambda g=group: stop_all([p.proc for p in g[::-1]], timeout=self.stop_timeout)
-            for group in (self.workers, self.others)
-        ]
+        stops = [lambda g=group: stop_all(g[::-1], timeout=self.stop_timeout) for group in (self.workers, self.others)]
         for stop in stops + [server.stop for server in reversed(self.redis_servers)]:
             try:
                 stop()

@@ -9,9 +9,11 @@ The producer never imports worker code: it publishes by task name (payload.TASK_
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import logging
 import os
+from collections.abc import Iterator
 
 import msgpack
 from celery import Celery
@@ -86,6 +88,8 @@ def make_celery(settings: BrokerSettings | None = None) -> Celery:
 
 # Content type of our task messages (msgpack; anything else on the queue is not ours).
 TASK_CONTENT_TYPE = "application/x-msgpack"
+# Queue messages read per LRANGE step.
+QUEUE_SCAN_STEP = 1000
 
 
 def send_payload(app: Celery, queue: str, payload: dict) -> None:
@@ -109,12 +113,15 @@ def send_payload(app: Celery, queue: str, payload: dict) -> None:
         )
 
 
-def payload_of_message(message: dict) -> dict | None:
-    """The raw payload dict (ids still compressed) a kombu message carries, or None if not ours:
-    kombu's JSON envelope holds the base64 of the msgpack task message `[args, kwargs, embed]`."""
-    if not isinstance(message, dict) or message.get("content-type") != TASK_CONTENT_TYPE:
-        return None  # not one of ours (a foreign or refused message)
+def payload_of_entry(raw: bytes | str) -> dict | None:
+    """The raw payload dict (ids still compressed) of a queued kombu message or of an `unacked`
+    entry ([message, exchange, routing key]), or None if not ours: kombu's JSON envelope holds
+    the base64 of the msgpack task message `[args, kwargs, embed]`."""
     try:
+        message = json.loads(raw)
+        message = message[0] if isinstance(message, list) and message else message
+        if not isinstance(message, dict) or message.get("content-type") != TASK_CONTENT_TYPE:
+            return None  # not one of ours (a foreign or refused message)
         args, _kwargs, _embed = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)
         payload = args[0]
     except (KeyError, IndexError, TypeError, ValueError, msgpack.UnpackException):
@@ -122,10 +129,11 @@ def payload_of_message(message: dict) -> dict | None:
     return payload if isinstance(payload, dict) and "campaign" in payload and "batch" in payload else None
 
 
-def queued_payloads(client, queue: str) -> list:
-    """The batches waiting in a queue, decoded as a worker would receive them, without
-    taking them off (for tests, benchmarks and a look at a backlog)."""
-    from eagle_synth.payload import TaskPayload
-
-    payloads = (payload_of_message(json.loads(raw)) for raw in client.lrange(queue, 0, -1))
-    return [TaskPayload.decode(payload) for payload in payloads if payload is not None]
+def queued_payloads(client, queue: str, *, step: int = QUEUE_SCAN_STEP) -> Iterator[dict]:
+    """The raw payloads of our messages waiting in a queue list, read in LRANGE steps of
+    `step` without taking them off."""
+    for start in itertools.count(0, step):
+        chunk = client.lrange(queue, start, start + step - 1)
+        yield from filter(None, map(payload_of_entry, chunk))
+        if len(chunk) < step:
+            return

@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 
 from eagle_synth.payload import PromptItem, TaskPayload, batch_id
-from eagle_synth.processes import holder_dead, holder_id
+from eagle_synth.processes import holder_alive, holder_id
 from eagle_synth.queue import send_payload
 from eagle_synth.reasons import RECORD_DAMAGED
 from eagle_synth.state.campaign import Campaign
@@ -179,7 +179,7 @@ class Publisher:
         outbox = self.campaign.outbox
         total = 0
         for entry in outbox.entries():
-            if outbox.run_alive(entry.run_id) and not holder_dead(entry.run_id):
+            if holder_alive(outbox.client, entry.run_id, outbox.keys.producer(entry.run_id)):
                 continue  # a live enqueue is publishing it right now
             items = entry.items()
             log.warning("republishing %d prompts a killed enqueue had claimed", len(items) - entry.sent)

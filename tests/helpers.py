@@ -139,7 +139,7 @@ def assert_exactly_once(redis_url: str, name: str, campaign_dir, *, expected: in
     done = {k.decode() for k in c.client.smembers(c.keys.done)}
     assert not (pending_or_failed & done), "a done key is still in the enqueued set"
     enqueued = pending_or_failed | done
-    failed = set(c.failures())
+    failed = set(dict(c.iter_failures()))
     records = records_by_key(campaign_dir) if (campaign_dir / "records").exists() else {}
     assert len(enqueued) == expected
     assert not (done & failed), "a key is both done and failed"
@@ -157,9 +157,10 @@ def devserver_stats(url: str) -> dict:
 
 def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
     """Decode every task message waiting in the queue list (as a worker would receive it)."""
+    from eagle_synth.payload import TaskPayload
     from eagle_synth.queue import queued_payloads as peek
 
-    payloads = peek(connect(broker_settings(redis_url=redis_url)), queue)
+    payloads = [TaskPayload.decode(p) for p in peek(connect(broker_settings(redis_url=redis_url)), queue)]
     assert len(payloads) == connect(broker_settings(redis_url=redis_url)).llen(queue), "a queued message is not ours"
     return payloads
 

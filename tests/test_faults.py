@@ -124,7 +124,7 @@ def test_prompt_over_context_length_inside_a_batch(tmp_path, redis_server, stack
     stack.worker(servers=[url], out=out, redis_url=redis_server.url)
     wait_finished(redis_server.url, "ctx", expected=8, stack=stack)
     c = campaign(redis_server.url, "ctx")
-    failures = c.failures()
+    failures = dict(c.iter_failures())
     assert [f.reason for f in failures.values()] == ["prompt-too-long"]
     assert [f.item["row_id"] for f in failures.values()] == ["long"]
     records = assert_exactly_once(redis_server.url, "ctx", out / "ctx", expected=8)

@@ -60,7 +60,7 @@ def test_campaign_settings_gone_from_redis_end_as_replayable_failures(tmp_path, 
     wait_finished(redis_server.url, "evicted", expected=8, stack=stack)
     assert_exactly_once(redis_server.url, "evicted", out / "evicted", expected=8)
     assert c.failure_counts() == {"campaign-settings-missing": 8}
-    assert "enqueue" in next(iter(c.failures().values())).message
+    assert "enqueue" in next(c.iter_failures())[1].message
 
     # The way back the message gives: enqueue again (restores the settings), retry the failures.
     enqueue_rows(tmp_path, redis_server.url, "evicted", rows, tokenizer=tokenizer_path, batch_size=4)
@@ -82,7 +82,7 @@ def test_unexpected_error_is_retried_then_recorded_never_dropped(tmp_path, redis
     assert_exactly_once(redis_server.url, "broken", out / "broken", expected=8)
     assert c.failure_counts() == {"worker-error": 8}
     # The failure names the error: the stored settings lack a required field.
-    assert "ValidationError" in (message := next(iter(c.failures().values())).message) and "tokenizer_path" in message
+    assert "ValidationError" in (message := next(c.iter_failures())[1].message) and "tokenizer_path" in message
     assert worker.log().count("unexpected error") >= 2 * 5, "each batch was tried 5 times first"
     assert worker.alive()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import requests
 from typer.testing import CliRunner
 
 from eagle_synth.cli.commands import app as cli_app
-from eagle_synth.harness import ManagedProcess, RedisServer, free_port, scratch_dir, start_worker, wait_for
+from eagle_synth.harness import ManagedProcess, RedisServer, free_port, start_worker, wait_for
 from eagle_synth.payload import TASK_NAME
 from eagle_synth.queue import make_celery
 from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
@@ -35,7 +36,7 @@ CLI = [sys.executable, "-c", "from eagle_synth.cli import main; main()"]
 
 @pytest.fixture(scope="module")
 def workdir() -> Path:
-    return scratch_dir("eagle-synth-flower-")
+    return Path(tempfile.mkdtemp(prefix="eagle-synth-flower-"))
 
 
 @pytest.fixture(scope="module")

@@ -163,7 +163,7 @@ def test_prompt_over_the_context_is_recorded_prompt_too_long(tmp_path, redis_ser
     stack.worker(servers=[real_vllm.url], out=out, redis_url=redis_server.url)
     wait_finished(redis_server.url, "toolong", expected=3, timeout=600, stack=stack)
     records = assert_exactly_once(redis_server.url, "toolong", out / "toolong", expected=3)
-    failures = campaign(redis_server.url, "toolong").failures()
+    failures = dict(campaign(redis_server.url, "toolong").iter_failures())
     assert {r.id for r in records.values()} == {"ok0", "ok1"}
     (failure,) = failures.values()
     assert failure.reason == "prompt-too-long" and "max_model_len" in failure.message

@@ -10,7 +10,7 @@ import sys
 import time
 
 from eagle_synth.harness import wait_for
-from eagle_synth.queue import make_celery, queued_payloads
+from eagle_synth.queue import make_celery
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import all_nodes
@@ -30,6 +30,7 @@ from tests.helpers import (
     cli,
     devserver_stats,
     enqueue_rows,
+    queued_payloads,
     status_now,
     wait_finished,
 )
@@ -117,7 +118,7 @@ def test_dead_worker_batches_come_back_long_before_the_visibility_timeout(
 def test_restore_is_exactly_once_and_as_kombu_would(tmp_path, redis_server, tokenizer_path):
     enqueue_rows(tmp_path, redis_server.url, "once", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
     client = connect(broker_settings(redis_url=redis_server.url))
-    before = {p.batch: p for p in queued_payloads(client, "eagle-synth")}
+    before = {p.batch: p for p in queued_payloads(redis_server.url)}
     tag = fetch_and_die(redis_server.url)
     assert client.llen("eagle-synth") == 1 and client.hexists(UNACKED_KEY, tag)
 
@@ -136,7 +137,7 @@ def test_restore_is_exactly_once_and_as_kombu_would(tmp_path, redis_server, toke
     assert restore(client, held, queue_name="eagle-synth")
     assert not restore(client, held, queue_name="eagle-synth")
     assert not client.hexists(UNACKED_KEY, tag) and client.zscore(UNACKED_INDEX_KEY, tag) is None
-    after = queued_payloads(client, "eagle-synth")
+    after = queued_payloads(redis_server.url)
     assert len(after) == 2
     restored = next(p for p in after if p.batch == held.batch)
     assert [i.key for i in restored.items] == [i.key for i in before[held.batch].items]
@@ -200,7 +201,7 @@ def test_restored_copy_of_a_finished_batch_does_nothing(tmp_path, redis_server, 
     copy finds every key done; nothing is sent, no record file is written."""
     enqueue_rows(tmp_path, redis_server.url, "late-ack", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
     client = connect(broker_settings(redis_url=redis_server.url))
-    pending = queued_payloads(client, "eagle-synth")  # copies of the real messages, as published
+    pending = queued_payloads(redis_server.url)  # copies of the real messages, as published
     _, url = stack.devserver()
     out = tmp_path / "out"
     worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=REAPER_ENV)

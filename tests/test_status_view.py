@@ -10,7 +10,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -18,7 +20,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from eagle_synth.cli.commands import app as cli_app
-from eagle_synth.harness import RedisServer, scratch_dir, wait_for
+from eagle_synth.harness import RedisServer, wait_for
 from eagle_synth.payload import PromptItem
 from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.keys import PROMPTS_ENQUEUED, ROWS_READ, ROWS_SKIPPED
@@ -37,7 +39,7 @@ CLI = [sys.executable, "-c", "from eagle_synth.cli import main; main()"]
 
 @pytest.fixture(scope="module")
 def server():
-    redis_server = RedisServer(workdir=scratch_dir("eagle-synth-status-") / "redis").start()
+    redis_server = RedisServer(workdir=Path(tempfile.mkdtemp(prefix="eagle-synth-status-")) / "redis").start()
     yield redis_server
     redis_server.stop()
 
@@ -258,7 +260,7 @@ def test_failed_groups_by_reason_most_first(client: redis.Redis) -> None:
 
 def test_watch_survives_a_redis_outage() -> None:
     # Its own Redis, stopped between two refreshes, as a Redis restart would look.
-    outage = RedisServer(workdir=scratch_dir("eagle-synth-status-outage-") / "redis").start()
+    outage = RedisServer(workdir=Path(tempfile.mkdtemp(prefix="eagle-synth-status-outage-")) / "redis").start()
     try:
         client = redis.Redis.from_url(outage.url, socket_connect_timeout=1)
         _write_campaign(client)

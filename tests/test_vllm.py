@@ -450,7 +450,7 @@ def test_vllm_refusals_of_the_campaigns_sampling_are_recorded_once(tmp_path, red
     counts = c.failure_counts()
     assert set(counts) <= {"bad-sampling-params"} and sum(counts.values()) + c.progress().done == 8
     assert counts, "prompts longer than the cap end on length at 16 of the 64 tokens asked"
-    assert "caps max_tokens" in next(iter(c.failures().values())).message
+    assert "caps max_tokens" in next(c.iter_failures())[1].message
 
     from eagle_synth.sampling import SamplingParams as Params
     from eagle_synth.settings import broker_settings
@@ -474,5 +474,5 @@ def test_vllm_refusals_of_the_campaigns_sampling_are_recorded_once(tmp_path, red
     assert_exactly_once(redis_server.url, "tiny", out / "tiny", expected=4)
     tiny = campaign(redis_server.url, "tiny")
     assert tiny.failure_counts() == {"bad-sampling-params": 4}
-    assert "raises temperatures below 0.01" in next(iter(tiny.failures().values())).message
+    assert "raises temperatures below 0.01" in next(tiny.iter_failures())[1].message
     assert devserver_stats(url)["generate_requests"] == before, "nothing was sent"

@@ -51,7 +51,7 @@ def test_out_of_vocabulary_id_is_never_sent(tmp_path, redis_server, stack, token
     process, url = stack.devserver()
     stack.worker(servers=[url], out=tmp_path / "out", redis_url=redis_server.url)
     wait_finished(redis_server.url, "oov", expected=5, stack=stack)
-    failures = c.failures()
+    failures = dict(c.iter_failures())
     assert {k: f.reason for k, f in failures.items()} == {"a" * 32: "invalid-token-id"}
     # The server is alive: the id that would have killed it was never sent.
     assert process.alive()
@@ -122,7 +122,7 @@ def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, s
     )
     assert outcome.written == 5
     assert outcome.failed == {"prompt-too-long": 1}
-    failure = Campaign(client, "iso").failures()[f"{4:032x}"]
+    failure = dict(Campaign(client, "iso").iter_failures())[f"{4:032x}"]
     assert "context length" in failure.message
     assert devserver_stats(url)["client_errors"] >= 1
 
@@ -155,7 +155,7 @@ def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_e
     )
     assert outcome.written == 0
     assert outcome.failed == {"bad-sampling-params": 40}
-    assert "seed" in next(iter(Campaign(client, "badsp").failures().values())).message
+    assert "seed" in next(Campaign(client, "badsp").iter_failures())[1].message
     assert devserver_stats(url)["client_errors"] <= 4, "the rest were withdrawn, not sent"
 
 

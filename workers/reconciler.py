@@ -14,10 +14,7 @@ and `unacked` and look at each stored batch.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import itertools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +23,7 @@ from typing import Any
 
 import redis
 
-from eagle_synth.queue import payload_of_message, send_payload
+from eagle_synth.queue import queued_payloads, send_payload
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
 from eagle_synth.state.campaign import Campaign, campaign_names
@@ -89,17 +86,11 @@ class Reconciler:
 
     # the full look ------------------------------------------------------------------
     def _queued_batches(self) -> set[tuple[str, str]]:
-        found: set[tuple[str, str]] = set()
-        for name in self._queue_lists():
-            for start in itertools.count(0, QUEUE_CHUNK):
-                chunk = self.client.lrange(name, start, start + QUEUE_CHUNK - 1)
-                for raw in chunk:
-                    with contextlib.suppress(ValueError):
-                        if (payload := payload_of_message(json.loads(raw))) is not None:
-                            found.add((str(payload["campaign"]), str(payload["batch"])))
-                if len(chunk) < QUEUE_CHUNK:
-                    break
-        return found
+        return {
+            (str(payload["campaign"]), str(payload["batch"]))
+            for name in self._queue_lists()
+            for payload in queued_payloads(self.client, name, step=QUEUE_CHUNK)
+        }
 
     def sweep(self) -> int:
         """One round if this worker wins the round's lock; returns how many batches it republished."""

@@ -25,7 +25,7 @@ from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys, failed_counter
 from eagle_synth.state.lua import script
 from eagle_synth.state.outbox import Outbox
-from eagle_synth.state.redis_client import text
+from eagle_synth.state.redis_client import pipelined, text
 
 # Completion events kept per campaign for throughput figures.
 EVENTS_MAXLEN = 20_000
@@ -208,11 +208,7 @@ class Campaign:
         return Outbox(self.client, self.keys)
 
     def _add(self, hash_key: str, increments: dict[str, int]) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for name, value in increments.items():
-            if value:
-                pipe.hincrby(hash_key, name, value)
-        pipe.execute()
+        pipelined(self.client, *(("hincrby", hash_key, name, value) for name, value in increments.items() if value))
 
     def count(self, increments: dict[str, int]) -> None:
         """Add to the campaign's integer counters (names from eagle_synth.state.keys)."""
@@ -225,10 +221,7 @@ class Campaign:
         """Keys among these that already have a record or a recorded failure."""
         if not keys:
             return set()
-        pipe = self.client.pipeline(transaction=False)
-        pipe.smismember(self.keys.done, keys)
-        pipe.hmget(self.keys.failed, keys)
-        done, failed = pipe.execute()
+        done, failed = pipelined(self.client, ("smismember", self.keys.done, keys), ("hmget", self.keys.failed, keys))
         return {k for k, d, f in zip(keys, done, failed) if d or f is not None}
 
     def all_done(self, keys: list[str]) -> bool:
@@ -239,10 +232,8 @@ class Campaign:
         """Per key, whether it was ever enqueued (it is in `enqueued` or in `done`)."""
         if not keys:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        pipe.smismember(self.keys.enqueued, keys)
-        pipe.smismember(self.keys.done, keys)
-        enqueued, done = pipe.execute()
+        k = self.keys
+        enqueued, done = pipelined(self.client, ("smismember", k.enqueued, keys), ("smismember", k.done, keys))
         return [bool(e or d) for e, d in zip(enqueued, done)]
 
     def mark_done(
@@ -308,10 +299,6 @@ class Campaign:
                 by_reason.setdefault(failure.reason, []).extend((key, failure.encode()))
             moved += sum(self._undo(reason, pairs) for reason, pairs in by_reason.items())
         return moved
-
-    def failures(self) -> dict[str, Failure]:
-        """Every failure at once (tests, small campaigns); `iter_failures` streams them."""
-        return dict(self.iter_failures())
 
     def iter_failures(self, *, count: int = FAILURE_SCAN_COUNT) -> Iterator[tuple[str, Failure]]:
         """(key, failure) pairs in HSCAN steps of about `count` (HSCAN's guarantees)."""

@@ -8,6 +8,7 @@ stored failure], ...]], ["ends", [[conversation, end JSON], ...]], then ["end", 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import socket
@@ -37,8 +38,6 @@ FOLD_CHUNK = 10_000
 FAILURE_FOLD_CHUNK = 500
 # zstd level of the state file: hex keys halve at any level; 3 is the fastest that does.
 STATE_ZSTD_LEVEL = 3
-# Queue messages read per LRANGE step.
-QUEUE_SCAN_STEP = 1000
 
 _FREE = script("free")
 
@@ -93,16 +92,12 @@ def _record_keys(folder: Path) -> Iterator[str]:
 
 def _queued_batches(campaign: Campaign, queue: str) -> int:
     """Batches of this campaign waiting in the queue or delivered and not yet acked."""
-    from eagle_synth.state.stranded import UNACKED_KEY, payload_of_entry
+    from eagle_synth.queue import QUEUE_SCAN_STEP, payload_of_entry, queued_payloads
+    from eagle_synth.state.stranded import UNACKED_KEY
 
-    client, found = campaign.client, 0
-
-    def ours(raw: bytes | str) -> bool:
-        return (payload_of_entry(raw) or {}).get("campaign") == campaign.name
-
-    for start in range(0, int(client.llen(queue)), QUEUE_SCAN_STEP):
-        found += sum(ours(raw) for raw in client.lrange(queue, start, start + QUEUE_SCAN_STEP - 1))
-    return found + sum(ours(raw) for _, raw in client.hscan_iter(UNACKED_KEY, count=QUEUE_SCAN_STEP))
+    unacked = (payload_of_entry(raw) for _, raw in campaign.client.hscan_iter(UNACKED_KEY, count=QUEUE_SCAN_STEP))
+    payloads = itertools.chain(queued_payloads(campaign.client, queue), unacked)
+    return sum((payload or {}).get("campaign") == campaign.name for payload in payloads)
 
 
 def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:

@@ -18,7 +18,7 @@ from eagle_synth.state.campaign import EVENTS_MAXLEN, Campaign
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import CONVERSATIONS, conversation_end_counter
 from eagle_synth.state.lua import script
-from eagle_synth.state.redis_client import text
+from eagle_synth.state.redis_client import pipelined, text
 
 # Owner field prefix of a formed batch (plain fields are turn keys).
 BATCH_FIELD_PREFIX = "batch:"
@@ -105,18 +105,16 @@ class ConversationStore:
 
     def sent(self, batch: str) -> None:
         """A formed batch is on the queue: forget it."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hdel(self.keys.followup_batches, batch)
-        pipe.hdel(self.keys.followup_owners, BATCH_FIELD_PREFIX + batch)
-        pipe.execute()
+        k = self.keys
+        pipelined(
+            self.client, ("hdel", k.followup_batches, batch), ("hdel", k.followup_owners, BATCH_FIELD_PREFIX + batch)
+        )
 
     @staticmethod
     def campaigns_with_entries(client, names: list[str]) -> list[str]:
         """Those of the named campaigns whose outbox holds entries (one round trip)."""
-        pipe = client.pipeline(transaction=False)
-        for name in names:
-            pipe.hlen(Campaign(client, name).keys.followup_owners)
-        return [name for name, count in zip(names, pipe.execute()) if count]
+        counts = pipelined(client, *(("hlen", Campaign(client, name).keys.followup_owners) for name in names))
+        return [name for name, count in zip(names, counts) if count]
 
     def owners(self) -> dict[str, str]:
         """Every outbox field and the process holding it."""
@@ -139,10 +137,8 @@ class ConversationStore:
     # reading ----------------------------------------------------------------------------
     def waiting(self) -> int:
         """Follow-up turns between their previous turn's commit and the queue."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hlen(self.keys.followups)
-        pipe.hlen(self.keys.followup_batches)
-        return sum(int(count) for count in pipe.execute())
+        k = self.keys
+        return sum(map(int, pipelined(self.client, ("hlen", k.followups), ("hlen", k.followup_batches))))
 
     def counts(self) -> dict:
         """Conversations: total, done, in progress, stopped by reason, follow-ups waiting (a

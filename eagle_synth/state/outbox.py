@@ -103,7 +103,3 @@ class Outbox:
     def end_run(self, run_id: str) -> None:
         """The run ended normally: its chunks are cleared and its liveness key can go."""
         self.client.delete(self.keys.producer(run_id))
-
-    def run_alive(self, run_id: str) -> bool:
-        """True while the run's liveness key lasts (it may still have died: see processes)."""
-        return bool(self.client.exists(self.keys.producer(run_id)))

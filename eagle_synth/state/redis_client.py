@@ -38,3 +38,12 @@ def connect(settings: BrokerSettings) -> redis.Redis:
         retry_on_timeout=True,
         **(settings.ssl_options() or {}),
     )
+
+
+def pipelined(client: redis.Redis, *commands: tuple) -> list:
+    """The replies of `commands` (each: a method name, then its arguments) sent in one round trip
+    (a pipeline, not a transaction)."""
+    pipe = client.pipeline(transaction=False)
+    for name, *args in commands:
+        getattr(pipe, name)(*args)
+    return pipe.execute()

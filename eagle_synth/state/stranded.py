@@ -19,11 +19,11 @@ from typing import cast
 import redis
 from kombu.transport.redis import Channel
 
-from eagle_synth.queue import payload_of_message
+from eagle_synth.queue import payload_of_entry
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.lua import script
-from eagle_synth.state.redis_client import text
+from eagle_synth.state.redis_client import pipelined, text
 
 # Seconds since fetch after which a message without a live batch lease is stranded.
 REAP_AFTER = TIMINGS.reap_after
@@ -57,15 +57,6 @@ class HeldBatch:
     @property
     def lease_key(self) -> str:
         return CampaignKeys(self.campaign).lease(self.batch)
-
-
-def payload_of_entry(raw: bytes | str) -> dict | None:
-    """The payload of a queued message or of an unacked entry ([message, exchange, routing key]); None if not ours."""
-    try:
-        message = json.loads(raw)
-    except ValueError:
-        return None
-    return payload_of_message(message[0] if isinstance(message, list) and message else message)
 
 
 def _decode_entry(entry: bytes) -> tuple[str, str, tuple[str, ...]] | None:
@@ -109,12 +100,8 @@ def stranded_batches(
     """Held batches fetched more than reap_after seconds ago whose batch lease is gone."""
     now = time.time() if now is None else now
     held = held_batches(client, fetched_before=now - reap_after, with_entries=with_entries)
-    if not held:
-        return []
-    pipe = client.pipeline(transaction=False)
-    for batch in held:
-        pipe.exists(batch.lease_key)
-    return [batch for batch, live in zip(held, pipe.execute()) if not live]
+    live = pipelined(client, *(("exists", batch.lease_key) for batch in held))
+    return [batch for batch, alive in zip(held, live) if not alive]
 
 
 def stranded_prompts(
