@@ -736,12 +736,11 @@ class BatchRunner:
         routes = {url: Route(0) for url in self.config.servers}
         for url, (state, backend) in routable(self.node_state, self.config.servers).items():
             # Tickets: --inflight, else the server's capacity x 1.25 (preflight keeps only a positive int).
-            tickets = self.config.inflight or auto_inflight(capacity := state.max_running_requests)
-            source = f"1.25 x the server's max_running_requests {capacity}" if capacity else "the default"
-            if self.config.inflight:
-                source = "--inflight"
-            elif not capacity:
-                source += ": the server does not report its capacity"
+            capacity = state.max_running_requests
+            tickets = self.config.inflight or auto_inflight(capacity)
+            source = "--inflight" if self.config.inflight else f"1.25 x the server's max_running_requests {capacity}"
+            if not (self.config.inflight or capacity):
+                source = "the default: the server does not report its capacity"
             self._say_once(url, "tickets", tickets, "keeping %d prompts in flight (%s)", tickets, source)
             model = getattr(backend, "model", None)
             model_words = f" (model {model})" if model else ""
