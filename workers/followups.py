@@ -9,8 +9,9 @@ eagle_synth/state/conversation_store.py; the crash analysis: docs/reliability.md
 3. ready: turn k+1's key is claimed and its entry holds the item, or the conversation ends;
 4. form and publish: rendered turns wait up to COALESCE_WAIT for batch-mates, so follow-up
    batches stay near full size; a formed batch is stored before it is published.
-Background threads drive 2-4, keep this process's liveness key alive, and sweep: entries
-held by a dead process are adopted and carried on from their state.
+A background thread drives 2-4 and sweeps between them: entries held by a dead process are
+adopted and carried on from their state. A second keeps this process's liveness key alive, so a
+slow render or publish cannot let it lapse.
 """
 
 from __future__ import annotations
@@ -180,15 +181,17 @@ class FollowUps:
         self._blocked_until: dict[str, float] = {}
         self._wake = threading.Event()
         self._closed = threading.Event()
+        self._flush_now = threading.Event()  # close(): publish what is rendered without waiting
         self._threads: list[threading.Thread] = []
+        self._swept_at = 0.0
 
     def _store(self, name: str) -> ConversationStore:
         return ConversationStore(Campaign(self.redis_client, name))
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the background threads (idempotent): they also keep this process's liveness key
-        alive and adopt dead processes' entries."""
+        """Start the background threads (idempotent): they keep this process's liveness key alive and
+        adopt dead processes' entries."""
         with self._lock:
             if self._threads:
                 return
@@ -198,13 +201,11 @@ class FollowUps:
         self._threads[0].start()
         self._threads += [
             every(OWNER_TTL / 3, self._keep_alive, stop=self._closed, what="follow-ups liveness"),
-            every(SWEEP_INTERVAL, self._sweep, stop=self._closed, what="follow-ups sweep"),
         ]
 
     def close(self, *, timeout: float = 5.0) -> None:
-        """Publish what is rendered (at once: `stopping` is set), then stop; what is left is adopted
-        by another process."""
-        self.stopping.set()
+        """Publish what is rendered, then stop; what is left is adopted by another process."""
+        self._flush_now.set()
         self._wake.set()
         deadline = time.monotonic() + timeout
         while self._threads and time.monotonic() < deadline and (any(self._ready.values()) or self._unsent):
@@ -308,7 +309,9 @@ class FollowUps:
 
     # ---- background thread -----------------------------------------------------------------
     def _run(self) -> None:
-        steps = (self._submit_renders, self._store_rendered, self._form_batches, self._publish_formed)
+        # The sweep runs between the other steps, never during one: an entry a step is moving is
+        # in none of the tracking dicts for that moment, and the sweep must not take it as lost.
+        steps = (self._submit_renders, self._store_rendered, self._form_batches, self._publish_formed, self._sweep)
         while not self._closed.is_set():
             for step in steps:
                 try:
@@ -457,7 +460,8 @@ class FollowUps:
         now = time.monotonic()
         with self._lock:
             groups = [(group, dict(members)) for group, members in self._ready.items() if members]
-        wait = 0.0 if self.stopping.is_set() else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
+        hurry = self.stopping.is_set() or self._flush_now.is_set()
+        wait = 0.0 if hurry else HUNGRY_WAIT if self.hungry() else COALESCE_WAIT
         for group_key, members in groups:
             name = group_key[0]
             pendings = sorted(members.values(), key=lambda p: p.since)
@@ -490,6 +494,9 @@ class FollowUps:
 
     # ---- sweeping --------------------------------------------------------------------------
     def _sweep(self) -> None:
+        if time.monotonic() - self._swept_at < SWEEP_INTERVAL:
+            return
+        self._swept_at = time.monotonic()
         untracked_now: set[tuple[str, str]] = set()
         for name in ConversationStore.campaigns_with_entries(self.redis_client, campaign_names(self.redis_client)):
             store = self._store(name)
