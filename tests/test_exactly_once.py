@@ -56,7 +56,7 @@ def celery_child(worker) -> psutil.Process | None:
         return None
     for child in children:
         try:
-            if "workers.supervisor" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if "workers.child" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
                 return child
         except psutil.NoSuchProcess:
             continue

@@ -1,13 +1,12 @@
 """Keeps `eagle-synth worker`'s Celery process running: a crashed one comes back by itself.
 
 The command's own process only supervises: it runs the Celery worker (workers/app.py
-run_worker) as a child process (`python -m workers.supervisor OPTIONS`: the end of this module)
-and starts it again, after a backoff, whenever it ends by any cause but a deliberate stop.
-Causes seen: kombu's Redis transport ending the worker with "Unrecoverable error" after a
-broker restart (AttributeError on a `None` connection while restoring unacked messages,
-long-standing upstream: celery/kombu #582, #970), an out-of-memory kill, a bug. A restarted
-worker takes its batches' leases back at once (their holder, the old child, is a dead process
-of this boot) or finds them restored by the reaper.
+run_worker) as a child process and starts it again, after a backoff, whenever it ends by any
+cause but a deliberate stop. Causes seen: kombu's Redis transport ending the worker with
+"Unrecoverable error" after a broker restart (AttributeError on a `None` connection while
+restoring unacked messages, long-standing upstream: celery/kombu #582, #970), an out-of-memory
+kill, a bug. A restarted worker takes its batches' leases back at once (their holder, the old
+child, is a dead process of this boot) or finds them restored by the reaper.
 
 Exit codes: the child's 0 (stopped by SIGTERM/SIGINT) and 2 (every server refused by preflight,
 a bad setting: restarting cannot help) end the supervisor with the same code; anything else,
@@ -94,14 +93,6 @@ def supervise_worker(
     # One node name for every restart: status and the reaper see one worker, not a new one per crash.
     name = name or f"eagle-synth-{uuid.uuid4().hex[:6]}@%h"
     options = {"concurrency": concurrency, "loglevel": loglevel, "name": name, "task_events": task_events}
-    argv = [sys.executable, "-m", "workers.supervisor", json.dumps(options)]
+    argv = [sys.executable, "-m", "workers.child", json.dumps(options)]
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/supervisor] %(message)s")
     return Supervisor(argv, {**os.environ, **env}).run()
-
-
-if __name__ == "__main__":
-    # The supervised child. OPTIONS is the JSON of run_worker's keyword arguments; the settings
-    # come from the EAGLE_SYNTH_* environment the CLI wrote for it (WorkerConfig.to_env).
-    from workers.app import run_worker
-
-    run_worker(**json.loads(sys.argv[1]))
