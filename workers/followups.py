@@ -46,8 +46,8 @@ from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import followup_owner
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
+from workers.background import every
 from workers.lease import LEASE_TTL
-from workers.reaper import every
 from workers.renderer import Renderer, RendererMismatch
 
 log = logging.getLogger("eagle_synth.followups")

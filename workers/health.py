@@ -17,12 +17,12 @@ from eagle_synth.processes import process_alive
 from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState
 from workers.backends import BACKENDS
 from workers.backends.base import PreflightError
+from workers.background import every
 from workers.client import ServerClient, ServerDown, TransientError
 from workers.config import WorkerConfig
 from workers.disk import DiskState
 from workers.model_check import REFUSE_PREFIX
 from workers.preflight import preflight_server
-from workers.reaper import every
 
 log = logging.getLogger("eagle_synth.health")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
@@ -21,43 +20,12 @@ from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.keys import REAPER_LOCK
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.stranded import REAP_AFTER, restore, stranded_batches
+from workers.background import every
 
 log = logging.getLogger("eagle_synth.reaper")
 
 # Seconds between sweeps (cluster-wide: the lock lives this long, so one worker sweeps per round).
 REAP_INTERVAL = TIMINGS.reap_interval
-
-
-def every(
-    pause: float,
-    step: Callable[[], object],
-    *,
-    stop: threading.Event,
-    what: str,
-    level: int = logging.WARNING,
-    cooldown: float = 0.0,
-) -> threading.Thread:
-    """Start a daemon thread that runs `step` now and every `pause` s after until `stop` is set.
-    A Redis or OS error is logged at `level` and any other with its traceback, then the thread
-    waits `cooldown` s more and goes on: neither ends it."""
-
-    def rounds() -> None:
-        log = logging.getLogger(f"eagle_synth.{what}")
-        while True:
-            try:
-                step()
-            except (redis.RedisError, OSError) as exc:
-                log.log(level, "%s: %s (trying again)", what, exc)
-                stop.wait(cooldown)
-            except Exception:
-                log.exception("%s failed (trying again)", what)
-                stop.wait(cooldown)
-            if stop.wait(pause):
-                return
-
-    thread = threading.Thread(target=rounds, name=f"eagle-synth-{what}", daemon=True)
-    thread.start()
-    return thread
 
 
 def won_round(client: redis.Redis, lock: str, node: str, interval: float) -> bool:
