@@ -55,6 +55,22 @@ def conversation_records(
     return records
 
 
+def plain_record(key: str, id: str, prompt: list[int], output: list[int], *, finish_reason: str = "stop") -> Record:
+    """A single-turn, first-sample record whose token counts are its ids'."""
+    return Record(
+        key=key,
+        id=id,
+        sample=0,
+        turn=0,
+        prompt_ids=prompt,
+        output_ids=output,
+        finish_reason=finish_reason,
+        finish_matched=None,
+        prompt_tokens=len(prompt),
+        completion_tokens=len(output),
+    )
+
+
 def write_campaign(folder: Path, records: list[Record], *, per_file: int = 16) -> Path:
     """Write records as batch files of `per_file` records; returns the campaign folder."""
     for start in range(0, len(records), per_file):

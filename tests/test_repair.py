@@ -20,6 +20,7 @@ from eagle_synth.tools.compact import compact
 from eagle_synth.tools.repair import RECORD_DAMAGED, salvage_records
 from eagle_synth.tools.verify import verify_campaign
 from tests.conftest import chat_rows, write_jsonl
+from tests.export_helpers import plain_record
 from tests.helpers import (
     assert_exactly_once,
     campaign,
@@ -199,18 +200,7 @@ def test_a_truncated_files_readable_records_are_lost_keys_too(tmp_path):
         rng = random.Random(n)
         prompt, output = ([rng.randrange(100_000) for _ in range(3000)] for _ in range(2))
         key = prompt_key(prompt_ids=pack_ids(prompt), sampling={}, sample=0)
-        return Record(
-            key=key,
-            id=str(n),
-            sample=0,
-            turn=0,
-            prompt_ids=prompt,
-            output_ids=output,
-            finish_reason="length",
-            finish_matched=None,
-            prompt_tokens=len(prompt),
-            completion_tokens=len(output),
-        )
+        return plain_record(key, str(n), prompt, output, finish_reason="length")
 
     records = [big(n) for n in range(200)]
     folder = tmp_path / "c"

@@ -24,13 +24,13 @@ import yaml
 from typer.testing import CliRunner
 
 from eagle_synth.cli.commands import app
-from eagle_synth.records import Record, write_manifest, write_record_file
+from eagle_synth.records import write_manifest, write_record_file
 from eagle_synth.tools import conversation_order
 from eagle_synth.tools.compact import compact
 from eagle_synth.tools.export import SPECFORGE_BYTES_PER_TOKEN, export_records
 from eagle_synth.tools.filters import ExportFilters
 from eagle_synth.tools.vocab import VocabError, build_vocab, target_vocab_size_of, torch_module
-from tests.export_helpers import by_key, conversation_records, torch_format_stand_in, write_campaign
+from tests.export_helpers import by_key, conversation_records, plain_record, torch_format_stand_in, write_campaign
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "records.md"
 TARGET_VOCAB = 248_320
@@ -334,20 +334,7 @@ def test_specforge_holds_about_44_bytes_per_token(tmp_path):
     for n in range(200):
         prompt = [rng.randrange(1000, 248_000) for _ in range(rng.randrange(50, 400))]
         output = [rng.randrange(1000, 248_000) for _ in range(rng.randrange(20, 300))]
-        records.append(
-            Record(
-                key=f"{n:032x}",
-                id=f"r{n}",
-                sample=0,
-                turn=0,
-                prompt_ids=prompt,
-                output_ids=output,
-                finish_reason="stop",
-                finish_matched=None,
-                prompt_tokens=len(prompt),
-                completion_tokens=len(output),
-            )
-        )
+        records.append(plain_record(f"{n:032x}", f"r{n}", prompt, output))
     folder = tmp_path / "camp"
     write_record_file(folder, campaign="c", batch="aa", records=records)
     out = tmp_path / "p.jsonl"
