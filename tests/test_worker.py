@@ -116,7 +116,7 @@ def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, s
         node="test@here",
         broker=broker_settings(redis_url=redis_server.url),
     )
-    request.addfinalizer(runner.close)
+    request.addfinalizer(runner.pool.close)
     outcome = runner.run(
         TaskPayload(campaign="iso", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0}, items=items)
     )
@@ -148,7 +148,7 @@ def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_e
         node="sp@here",
         broker=broker_settings(redis_url=redis_server.url),
     )
-    request.addfinalizer(runner.close)
+    request.addfinalizer(runner.pool.close)
     # `seed` is not an SGLang sampling key (it is `sampling_seed`): the server refuses it.
     outcome = runner.run(
         TaskPayload(campaign="badsp", batch="b1", sampling={"max_new_tokens": 8, "seed": 1}, items=items)
@@ -317,7 +317,7 @@ def test_retried_batch_adopts_files_a_crashed_attempt_left(
         node="t@here",
         broker=broker_settings(redis_url=redis_server.url),
     )
-    request.addfinalizer(runner.close)
+    request.addfinalizer(runner.pool.close)
     assert runner.run(payload).written == 4
     c = Campaign(client, "adopt")
     client.srem(c.keys.done, *[i.key for i in items])  # the crash: file renamed, keys not marked

@@ -619,9 +619,6 @@ class BatchRunner:
         self._ok_reported: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def close(self) -> None:  # stops the pool's event loop (tests; a worker process just exits)
-        self.pool.close()
-
     # entry points -------------------------------------------------------------------
     def run(self, payload: TaskPayload, *, retried: bool = False) -> BatchOutcome:
         """Run a batch; raises Requeue, DiskUnavailable or BatchBusy (another thread runs it).
