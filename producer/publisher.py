@@ -19,7 +19,7 @@ from eagle_synth.queue import send_payload
 from eagle_synth.reasons import RECORD_DAMAGED
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.outbox import chunk_field
-from eagle_synth.state.redis_client import text
+from eagle_synth.state.redis_client import pipelined, text
 
 log = logging.getLogger("eagle_synth.producer")
 
@@ -158,10 +158,8 @@ class Publisher:
     def backlog_bytes(self) -> int:
         """Bytes the queue, the campaign's failures and its outbox hold in Redis (sampled estimates)."""
         keys = self.campaign.keys
-        pipe = self.campaign.client.pipeline(transaction=False)
-        for key in (self.queue, keys.failed, keys.outbox):
-            pipe.memory_usage(key, samples=MEMORY_SAMPLES)
-        return sum(int(size or 0) for size in pipe.execute())
+        reads = (("memory_usage", key, MEMORY_SAMPLES) for key in (self.queue, keys.failed, keys.outbox))
+        return sum(int(size or 0) for size in pipelined(self.campaign.client, *reads))
 
     def _byte_cap(self) -> int:
         """max_backlog_bytes, lowered to MAXMEMORY_SHARE of Redis's maxmemory when that is set

@@ -327,13 +327,9 @@ class Campaign:
 
     def progress(self) -> Progress:
         """Counts in one round trip (a campaign of the old layout is moved to the new one first)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.scard(self.keys.enqueued)
-        pipe.scard(self.keys.done)
-        pipe.hlen(self.keys.failed)
-        pipe.hgetall(self.keys.counters)
-        pipe.get(self.keys.layout)
-        enqueued, done, failed, counts, layout = pipe.execute()
+        k = self.keys
+        reads = ("scard", k.enqueued), ("scard", k.done), ("hlen", k.failed), ("hgetall", k.counters), ("get", k.layout)
+        enqueued, done, failed, counts, layout = pipelined(self.client, *reads)
         if layout is None and done and self.fold_done():
             return self.progress()
         return Progress(int(enqueued) + int(done), int(done), int(failed), _ints(counts))

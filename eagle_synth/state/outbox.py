@@ -16,6 +16,7 @@ import redis
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.lua import script
+from eagle_synth.state.redis_client import pipelined
 
 # Seconds a producer's liveness key lasts; another run recovers its outbox only after that.
 PRODUCER_TTL = 60
@@ -73,10 +74,8 @@ class Outbox:
 
     def note_sent(self, field: str, sent: int, *, run_id: str) -> None:
         """The chunk's first `sent` items are published and its run is alive (one round trip)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(self.keys.producer(run_id), 1, ex=PRODUCER_TTL)
-        pipe.hset(self.keys.outbox, field + _SENT, sent)
-        pipe.execute()
+        alive = ("set", self.keys.producer(run_id), 1, PRODUCER_TTL)
+        pipelined(self.client, alive, ("hset", self.keys.outbox, field + _SENT, sent))
 
     def clear(self, field: str) -> None:
         """Every item of the chunk is published: forget it."""
