@@ -260,17 +260,25 @@ def _publish(handle: IO[bytes], path: Path) -> None:
     fsync_dir(path.parent)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a file so that it appears whole or not at all, even across a power cut."""
+@contextmanager
+def atomic_writer(path: Path) -> Iterator[IO[bytes]]:
+    """A file to write in the `with` block, which appears at `path` whole or not at all, even
+    across a power cut (an exception in the block leaves no file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = _open_temporary(path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
     try:
-        handle.write(data)
+        yield handle
         _publish(handle, path)
     except BaseException:
         handle.close()
         Path(handle.name).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write a file so that it appears whole or not at all, even across a power cut."""
+    with atomic_writer(path) as handle:
+        handle.write(data)
 
 
 def _header(*, campaign: str, **extra: Any) -> dict:

@@ -23,7 +23,7 @@ import msgpack
 import zstandard
 
 from eagle_synth.errors import UserError
-from eagle_synth.records import campaign_dir, fsync_dir, read_raw_file, scan_campaign
+from eagle_synth.records import atomic_writer, campaign_dir, read_raw_file, scan_campaign
 from eagle_synth.state.campaign import LAYOUT, Campaign
 from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
@@ -193,15 +193,9 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
     if (info := ended_info(campaign)) is not None:
         raise CampaignNotClosable(f"campaign {campaign.name!r} is already closed (into {info['path']})")
     check_closable(campaign, folder, queue=queue)
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / STATE_FILE
-    tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
+    with atomic_writer(path) as handle:
         done, failed, _ = _write_state(campaign, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(folder)
     before = _used_memory(campaign)
     k = campaign.keys
     marker = json.dumps(
