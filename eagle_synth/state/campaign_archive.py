@@ -141,12 +141,6 @@ def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
         )
 
 
-def _chunks(values: Iterable[Any], size: int = FOLD_CHUNK) -> Iterator[list]:
-    values = iter(values)
-    while chunk := list(islice(values, size)):
-        yield chunk
-
-
 def _write_state(campaign: Campaign, out: IO[bytes]) -> tuple[int, int, int]:
     """Write the state stream to `out`; returns (done, failed, ends) written."""
     client, k = campaign.client, campaign.keys
@@ -174,7 +168,7 @@ def _write_state(campaign: Campaign, out: IO[bytes]) -> tuple[int, int, int]:
     }
     counts = dict.fromkeys(kinds, 0)
     for kind, (size, values) in kinds.items():
-        for chunk in _chunks(values, size):
+        while chunk := list(islice(values, size)):
             writer.write(packer.pack([kind, chunk]))
             counts[kind] += len(chunk)
     writer.write(packer.pack(["end", counts]))
