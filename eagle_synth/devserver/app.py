@@ -264,11 +264,10 @@ class DevServer:
         try:
             tokenize = None if self.config.skip_tokenizer_init else self.vocab.encode
             req = parse_generate_request(json.loads(body), self.config, tokenize=tokenize)
-        except ValueError:
+        except (ValueError, ProtocolError) as err:
             self.stats.add(client_errors=1)
-            return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
-        except ProtocolError as err:
-            self.stats.add(client_errors=1)
+            if not isinstance(err, ProtocolError):
+                return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
             if err.status == 500:
                 log.error("/generate raised %s", err.message)
                 return internal_error()
@@ -449,7 +448,12 @@ class DevServer:
             except Exception:
                 log.exception("%s %s failed", request.method, path)
                 reply = internal_error()
-        response = _drop(request) if reply.drop else await _send(request, reply)
+        if reply.drop:
+            if request.transport is not None:
+                request.transport.close()
+            response = web.Response()  # its write fails on the closed transport, which aiohttp ignores
+        else:
+            response = await _send(request, reply)
         if reply.die_reason is not None:
             self.die(reply.die_reason)  # after the reply went out
         return response
@@ -470,12 +474,6 @@ async def _send(request: web.Request, reply: Reply, *, close: bool = False) -> w
     except ConnectionError:
         pass  # the client gave up (what a deadline does); aiohttp closes the connection
     return response
-
-
-def _drop(request: web.Request) -> web.StreamResponse:
-    if request.transport is not None:
-        request.transport.close()
-    return web.Response()  # its write fails on the closed transport, which aiohttp ignores
 
 
 def run_devserver(config: DevServerConfig) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from eagle_synth.devserver.corpus import CORPUS_TEXT
 from eagle_synth.devserver.protocol import PromptRequest, SamplingParams
 from eagle_synth.devserver.toolcalls import ToolCaller
+from eagle_synth.templating import THINK_CLOSE, THINK_OPEN
 
 # Shape of the gamma distribution of natural output lengths: 2 gives few very short answers
 # and a long right tail, roughly what chat models produce.
@@ -45,9 +46,6 @@ MAX_MASKED_STOPS = 10_000
 TOOL_ARGUMENTS_SALT = 0x7001_CA11
 
 
-# Reasoning delimiters looked up by name; a tokenizer without both gets no think structure.
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 # Separator the model writes between the closed reasoning block and the answer.
 ANSWER_SEPARATOR = "\n\n"
 
@@ -61,6 +59,7 @@ class ModelVocab:
         self.tokenizer = tokenizer
         self.size: int = vocab_size if vocab_size is not None else len(tokenizer)
         self.eos_id: int | None = self._in_vocab(tokenizer.eos_token_id)
+        # Reasoning delimiters looked up by name; a tokenizer without both gets no think structure.
         self.think_open_id: int | None = self._special_id(THINK_OPEN)
         self.think_close_id: int | None = self._special_id(THINK_CLOSE)
         if self.think_open_id is None or self.think_close_id is None:
