@@ -128,6 +128,7 @@ class DevServer:
         self.faults = FaultPlan(**{k: getattr(c, k) for k in faults})
         self._ignored_logged: set[tuple[str, ...]] = set()  # vLLM warns once per set of ignored fields
         self.scheduler = SlotScheduler(c, self.stats)
+        self._tokenize = None if c.skip_tokenizer_init else vocab.encode  # text prompts (either API)
         self._listening_mono: float | None = None
         self._listening_at: float | None = None
         self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="devserver")
@@ -262,8 +263,7 @@ class DevServer:
 
     def _generate(self, body: bytes, *, received: float) -> Any:
         try:
-            tokenize = None if self.config.skip_tokenizer_init else self.vocab.encode
-            req = parse_generate_request(json.loads(body), self.config, tokenize=tokenize)
+            req = parse_generate_request(json.loads(body), self.config, tokenize=self._tokenize)
         except (ValueError, ProtocolError) as err:
             self.stats.add(client_errors=1)
             if not isinstance(err, ProtocolError):
@@ -365,8 +365,7 @@ class DevServer:
         c = self.config
         try:
             request = json.loads(body)
-            tokenize = None if c.skip_tokenizer_init else self.vocab.encode
-            prompts = parse_completion_request(request, c, self.vocab.size, tokenize)
+            prompts = parse_completion_request(request, c, self.vocab.size, self._tokenize)
         except (ValueError, ProtocolError) as err:
             self.stats.add(client_errors=1)
             if isinstance(err, ProtocolError):
@@ -448,12 +447,12 @@ class DevServer:
             except Exception:
                 log.exception("%s %s failed", request.method, path)
                 reply = internal_error()
-        if reply.drop:
+        if not reply.drop:
+            response = await _send(request, reply)
+        else:  # drop the connection
             if request.transport is not None:
                 request.transport.close()
             response = web.Response()  # its write fails on the closed transport, which aiohttp ignores
-        else:
-            response = await _send(request, reply)
         if reply.die_reason is not None:
             self.die(reply.die_reason)  # after the reply went out
         return response
