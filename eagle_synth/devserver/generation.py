@@ -23,7 +23,7 @@ from typing import Any
 from eagle_synth.devserver.corpus import CORPUS_TEXT
 from eagle_synth.devserver.protocol import PromptRequest, SamplingParams
 from eagle_synth.devserver.toolcalls import ToolCaller
-from eagle_synth.templating import THINK_CLOSE, THINK_OPEN
+from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, token_id
 
 # Shape of the gamma distribution of natural output lengths: 2 gives few very short answers
 # and a long right tail, roughly what chat models produce.
@@ -92,11 +92,8 @@ class ModelVocab:
         return tail[-1] == self.think_open_id or (tail[0] == self.think_open_id and tail[-1] in self.newline_ids)
 
     def _special_id(self, token: str) -> int | None:
-        # Not the unknown-token fallback.
-        tid = self.tokenizer.convert_tokens_to_ids(token)
-        if tid is None or tid == self.tokenizer.unk_token_id or self.tokenizer.convert_ids_to_tokens(tid) != token:
-            return None
-        return self._in_vocab(tid)
+        tid = token_id(self.tokenizer, token)  # None: the unknown-token fallback
+        return self._in_vocab(tid) if tid is not None and self.tokenizer.convert_ids_to_tokens(tid) == token else None
 
     def _in_vocab(self, tid: int | None) -> int | None:
         return int(tid) if tid is not None and 0 <= tid < self.size else None
