@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -99,19 +100,15 @@ def _plan(files: list[tuple[Path, int]], *, shard_bytes: int) -> list[list[tuple
     """Groups of (file, size) of about shard_bytes; files of one batch never straddle two groups,
     so a key repeated within a batch is dropped inside one shard."""
     groups: list[list[tuple[Path, int]]] = []
-    current: list[tuple[Path, int]] = []
     size = 0
-    previous_batch = None
-    for path, length in files:  # sorted by name, so one batch's files are adjacent
-        batch = batch_of_file(path)
-        if current and size >= shard_bytes and batch != previous_batch:
-            groups.append(current)
-            current, size = [], 0
-        current.append((path, length))
-        size += length
-        previous_batch = batch
-    if current:
-        groups.append(current)
+    # Sorted by name, so one batch's files are adjacent: groupby hands each batch over whole.
+    for _, same_batch in itertools.groupby(files, key=lambda entry: batch_of_file(entry[0])):
+        if not groups or size >= shard_bytes:
+            groups.append([])
+            size = 0
+        for entry in same_batch:
+            groups[-1].append(entry)
+            size += entry[1]
     return groups
 
 
@@ -143,12 +140,11 @@ def compact(
     *,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     min_age: float = DEFAULT_MIN_AGE,
-    level: int = SHARD_LEVEL,
     threads: int = 0,
     on_shard: Callable[[Path, int], None] | None = None,
 ) -> CompactResult:
     """Merge a campaign folder's batch files at least `min_age` seconds old into shards of
-    about `shard_bytes` compressed bytes (see the module docstring), at zstd `level` on
+    about `shard_bytes` compressed bytes (see the module docstring), at zstd SHARD_LEVEL on
     `threads` worker threads (0: the calling thread); `on_shard(path, records)` after each."""
     folder = records_dir(campaign_path)
     if not folder.is_dir():
@@ -177,7 +173,7 @@ def compact(
         if len(candidates) < MIN_FILES:
             return result
         for group in _plan(candidates, shard_bytes=shard_bytes):
-            _compact_group(campaign_path, scan, group, result, level=level, threads=threads, on_shard=on_shard)
+            _compact_group(campaign_path, scan, group, result, level=SHARD_LEVEL, threads=threads, on_shard=on_shard)
     return result
 
 

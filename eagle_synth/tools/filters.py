@@ -180,19 +180,10 @@ def sample_cutoff(records: Iterable[RawRecord], filters: ExportFilters) -> int |
     holding one 8-byte hash per sampled row."""
     if filters.sample is None:
         return None
-    largest: list[int] = []  # a max-heap (negated) of the N smallest priorities
-    for raw in records:
-        row, _ = filters.shape(raw)
-        if row is None:
-            continue
-        priority = -sample_priority(raw.key, filters.seed)
-        if len(largest) < filters.sample:
-            heapq.heappush(largest, priority)
-        elif priority > largest[0]:
-            heapq.heapreplace(largest, priority)
-    if len(largest) < filters.sample:
-        return None
-    return -largest[0]
+    # nsmallest keeps a heap of the N smallest priorities so far, not the whole stream.
+    priorities = (sample_priority(raw.key, filters.seed) for raw in records if filters.shape(raw)[0] is not None)
+    smallest = heapq.nsmallest(filters.sample, priorities)
+    return smallest[-1] if len(smallest) == filters.sample else None
 
 
 def select_rows(
