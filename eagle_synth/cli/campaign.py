@@ -83,8 +83,8 @@ HELP = {
 }
 
 
-def _opt(name: str, *flags: str) -> Any:
-    return typer.Option(*flags, help=HELP[name])
+def _opt(name: str) -> Any:
+    return typer.Option(help=HELP[name])
 
 
 @app.command()

@@ -22,6 +22,7 @@ HELP = {
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def flower(
     ctx: typer.Context,
+    # Flower's own default port; loopback by default: a dashboard that can revoke tasks is exposed only when asked to.
     port: Annotated[int, typer.Option(help="Port of Flower's web UI and API.")] = 5555,
     address: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 to serve other hosts.")] = "127.0.0.1",
     basic_auth: Annotated[str | None, typer.Option("--basic-auth", help=HELP["basic_auth"])] = None,

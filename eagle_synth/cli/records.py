@@ -363,7 +363,7 @@ def compact(
 
 @app.command()
 def repair(
-    campaign_dir: Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")],
+    campaign_dir: CampaignDirArg,
     campaign: Annotated[str | None, typer.Option("--campaign", help=HELP["campaign"])] = None,
     dry_run: Annotated[bool, typer.Option(help="Show what would be moved and requeued; change nothing.")] = False,
     force: Annotated[bool, typer.Option(help=HELP["force"])] = False,
@@ -378,7 +378,7 @@ def repair(
     """
     from eagle_synth.cli.options import check_campaign_name
     from eagle_synth.queue import make_celery
-    from eagle_synth.records import records_dir
+    from eagle_synth.records import NotACampaignFolder, records_dir
     from eagle_synth.settings import broker_settings
     from eagle_synth.state.campaign import Campaign
     from eagle_synth.tools.compact import exclusive
@@ -387,7 +387,7 @@ def repair(
 
     name = campaign or campaign_name_of(campaign_dir)
     if not records_dir(campaign_dir).is_dir():
-        fail(f"{records_dir(campaign_dir)} does not exist: is {campaign_dir} a campaign folder (OUT/<campaign>)?")
+        raise NotACampaignFolder(campaign_dir)
     check_campaign_name(name)
     target = Campaign(redis_client(redis), name)
     settings = broker_settings(redis_url=redis)

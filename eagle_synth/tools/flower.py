@@ -20,10 +20,6 @@ from eagle_synth.harness import bind_error
 from eagle_synth.queue import CELERY_URL_OVERRIDES, make_celery
 from eagle_synth.settings import BrokerSettings, broker_settings
 
-# Port Flower listens on unless told otherwise (Flower's own default).
-DEFAULT_PORT = 5555
-# Loopback by default: a dashboard that can revoke tasks is exposed only when asked to.
-DEFAULT_ADDRESS = "127.0.0.1"
 # Environment variable holding `user:password[,user2:password2]`; Flower reads it natively.
 ENV_BASIC_AUTH = "FLOWER_BASIC_AUTH"
 # The placeholder .env.example ships; refused so a copied example never goes live.
@@ -85,8 +81,8 @@ class FlowerOptions:
     and further Flower options passed through unchanged (e.g. --url_prefix=flower)."""
 
     credentials: tuple[str, ...] | None
-    port: int = DEFAULT_PORT
-    address: str = DEFAULT_ADDRESS
+    port: int
+    address: str
     extra_args: tuple[str, ...] = ()
 
     def celery_argv(self) -> list[str]:

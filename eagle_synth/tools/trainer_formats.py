@@ -119,17 +119,15 @@ def check_dataset_out(format: str, out: Path, *, replace: bool = False) -> None:
     )
 
 
-def train_data_ratio(
-    rows: int, boundaries: Sequence[int], *, near: float = SPECULATORS_TRAIN_DATA_RATIO
-) -> float | None:
-    """The --train-data-ratio nearest to `near` whose cut (speculators' int(rows * ratio), train/data.py:171
+def train_data_ratio(rows: int, boundaries: Sequence[int]) -> float | None:
+    """The --train-data-ratio nearest to speculators' default whose cut (its int(rows * ratio), train/data.py:171
     at c05b95b) falls between row groups (`boundaries`: the rows they start at); None without one."""
     starts = np.asarray(boundaries, dtype=np.int64)
     inside = starts[(starts > 0) & (starts < rows)]
     if not len(inside):
         return None
     # Nearest to the default cut; on a tie the earlier one (argmin takes the first).
-    cut = int(inside[np.argmin(np.abs(inside - near * rows))])
+    cut = int(inside[np.argmin(np.abs(inside - SPECULATORS_TRAIN_DATA_RATIO * rows))])
     exact = (cut + 0.5) / rows  # half a row of margin either way: int(rows * exact) == cut
     # The shortest decimal that still cuts there, for a readable --train-data-ratio.
     shortest = (round(exact, digits) for digits in range(1, 18))
