@@ -83,7 +83,8 @@ def conversation_key(meta: dict) -> str:
     return f"{row_id}\x00{int(meta.get('sample', 0))}"
 
 
-def _hash64(text: str, person: bytes) -> int:
+def hash64(text: str, person: bytes = b"") -> int:
+    """An 8-byte blake2b hash of `text` as an int; `person` keeps hashes of different uses apart."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8, person=person).digest(), "little")
 
 
@@ -95,18 +96,18 @@ def row_group(meta: dict) -> str:
 
 
 def row_group_hash(meta: dict) -> int:
-    return _hash64(row_group(meta), _GROUP_PERSON)
+    return hash64(row_group(meta), _GROUP_PERSON)
 
 
 def split_of(meta: dict, splits: tuple[tuple[str, float], ...]) -> str:
     """Named splits take consecutive slices of [0, 1) in order; the rest is `train`."""
-    point = _hash64(conversation_key(meta), _SPLIT_PERSON) / _HASH_RANGE
+    point = hash64(conversation_key(meta), _SPLIT_PERSON) / _HASH_RANGE
     edges = itertools.accumulate(fraction for _, fraction in splits)
     return next((name for (name, _), edge in zip(splits, edges, strict=True) if point < edge), SPLIT_REMAINDER)
 
 
 def sample_priority(key: str, seed: int) -> int:
-    return _hash64(f"{seed}\x00{key}", _SAMPLE_PERSON)
+    return hash64(f"{seed}\x00{key}", _SAMPLE_PERSON)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,6 @@ block, and outputs that close it).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from array import array
 from collections import Counter
@@ -21,6 +20,7 @@ from eagle_synth.errors import UserError
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
 from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
 from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, eos_token_ids, read_tokenizer, token_id, tokenizer_facts
+from eagle_synth.tools.filters import hash64
 
 # Keys (or files) kept as examples per check in the report.
 EXAMPLES_PER_CHECK = 5
@@ -144,10 +144,6 @@ def _rfind_id(data: bytes, needle: bytes) -> int:
         end = pos + 3  # matched across two ids: look further left
 
 
-def _key_hash(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-
-
 class _Checker:
     """Runs the per-record checks and keeps the figures (`reasoning`: _report's names); one pass."""
 
@@ -182,7 +178,7 @@ class _Checker:
         self.finish[finish] += 1
         # Files written before vLLM support hold SGLang records only (Record.backend's default).
         self.backends[meta.get("backend") or "sglang"] += 1
-        self.key_hashes.append(_key_hash(key))
+        self.key_hashes.append(hash64(key))
         prompt, output = array("I", raw.prompt_u32), array("I", raw.output_u32)
         if max(prompt, default=0) >= s.vocab_size or max(output, default=0) >= s.output_bound:
             self.hit("id_out_of_vocab", key)
@@ -216,7 +212,7 @@ def _duplicates(checker: _Checker, files: list[Path]) -> dict[str, list[str]]:
     for path in files:
         try:
             for raw in read_raw_file(path):
-                if _key_hash(raw.key) in wanted:
+                if hash64(raw.key) in wanted:
                     places.setdefault(raw.key, []).append(path.name)
         except (RecordFormatError, FileNotFoundError):  # damaged: reported; gone: compacted since the scan
             continue
