@@ -397,7 +397,7 @@ def test_export_orders_conversations_across_buckets_and_keeps_last_turns(tmp_pat
     result = export_records(folder, last, turns="last")
     kept = {json.loads(line)["key"] for line in last.read_text().splitlines()}
     assert kept == {"plain"} | {f"{c[:4]}-{2 if c.startswith(('1', '4')) else 1}" for c in conversations}
-    assert result.dropped == {"earlier_turn": 8}
+    assert result.stats.dropped == {"earlier_turn": 8}
 
 
 # ---- CLI -----------------------------------------------------------------------------------

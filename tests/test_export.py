@@ -101,7 +101,7 @@ def test_filters_drop_and_count(campaign, tmp_path):
     filters = ExportFilters(drop_truncated=True, min_output_tokens=2, max_length=20, drop_longer=True)
     result = export_records(folder, tmp_path / "f.parquet", format="parquet", filters=filters)
     assert [r["key"] for r in pq.read_table(tmp_path / "f.parquet").to_pylist()] == ["key0000"]
-    assert result.dropped == {"truncated": 1, "short_output": 1, "too_long": 1}
+    assert result.stats.dropped == {"truncated": 1, "short_output": 1, "too_long": 1}
 
 
 def test_shards_hold_shard_rows_each_and_stale_shards_go(tmp_path):

@@ -33,8 +33,8 @@ def test_max_length_clips_ids_and_mask_together(campaign, tmp_path):
     # Prompts of the third turn are 16 ids: clipped to 13 they hold no generated id and are left out.
     no_loss = [r for r in longer if len(r.prompt_ids) >= 13]
     assert longer and no_loss and len(no_loss) < len(longer)
-    assert result.clipped == len(longer) - len(no_loss)
-    assert result.dropped == {"few_loss_tokens": len(no_loss)}
+    assert result.stats.clipped == len(longer) - len(no_loss)
+    assert result.stats.dropped == {"few_loss_tokens": len(no_loss)}
     assert len(rows) == len(records) - len(no_loss)
     for key, row in rows.items():
         record = records[key]
@@ -68,9 +68,9 @@ def test_filters_drop_in_order_and_count_each_reason(campaign, tmp_path):
             kept.append(record.key)
             continue
         expected[reason] = expected.get(reason, 0) + 1
-    assert result.dropped == expected and len(expected) == 4
+    assert result.stats.dropped == expected and len(expected) == 4
     assert sorted(row["key"] for row in jsonl_rows(tmp_path / "f.jsonl")) == sorted(kept)
-    assert result.read == len(records) and result.clipped == 0
+    assert result.stats.read == len(records) and result.stats.clipped == 0
 
 
 def test_split_keeps_every_turn_and_sample_of_a_conversation_together(campaign, tmp_path):
@@ -128,7 +128,7 @@ def test_sample_is_exact_deterministic_and_independent_of_file_order(campaign, t
     keys = sorted(row["key"] for row in jsonl_rows(tmp_path / "a.jsonl"))
     assert first.rows == 25 and len(set(keys)) == 25
     assert all(records[k].finish_reason == "stop" for k in keys)  # drawn among the rows the filters keep
-    assert first.dropped["not_sampled"] == sum(r.finish_reason == "stop" for r in records.values()) - 25
+    assert first.stats.dropped["not_sampled"] == sum(r.finish_reason == "stop" for r in records.values()) - 25
     # The same records in other files (another order): the same rows.
     moved = write_campaign(tmp_path / "moved", list(reversed(list(records.values()))), per_file=5)
     export_records(moved, tmp_path / "b.jsonl", filters=filters)
@@ -136,7 +136,7 @@ def test_sample_is_exact_deterministic_and_independent_of_file_order(campaign, t
     export_records(folder, tmp_path / "c.jsonl", filters=ExportFilters(sample=25, seed=4, drop_truncated=True))
     assert sorted(row["key"] for row in jsonl_rows(tmp_path / "c.jsonl")) != keys
     everything = export_records(folder, tmp_path / "d.jsonl", filters=ExportFilters(sample=10_000))
-    assert everything.rows == len(records) and "not_sampled" not in everything.dropped
+    assert everything.rows == len(records) and "not_sampled" not in everything.stats.dropped
     shutil.rmtree(moved)
 
 

@@ -206,7 +206,7 @@ def test_zero_last_loss_keeps_specforge_off_its_zero_padded_target(campaign, tmp
     kept = [min(len(r.output_ids), 13 - len(r.prompt_ids)) for r in records.values()]
     single, empty = kept.count(1), sum(1 for k in kept if k <= 0)
     assert single and len(after) == result.rows == len(records) - single - empty == len(before) - single
-    assert result.dropped == {"few_loss_tokens": single + empty}
+    assert result.stats.dropped == {"few_loss_tokens": single + empty}
     assert result.loss_tokens == sum(sum(p["payload"]["loss_mask"]) for p in after)
     for p in after:
         mask = p["payload"]["loss_mask"]

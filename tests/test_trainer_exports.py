@@ -184,7 +184,7 @@ def test_export_streams_rows_out_before_the_input_ends(campaign, tmp_path, monke
             yield raw
 
     result = export_rows(records_then_look(), tmp_path / "prompts.jsonl", format="specforge")
-    assert result.rows == len(records) == len(handed_to_writer) and result.read == len(records)
+    assert result.rows == len(records) == len(handed_to_writer) and result.stats.read == len(records)
     # Row groups of 10 were written while the input was still being read: rows flow out as records flow in.
     assert written_while_reading and written_while_reading[0] >= 50
 

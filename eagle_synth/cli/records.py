@@ -174,11 +174,11 @@ def export(
     if as_json:
         print(json.dumps(written.to_dict()))
         return
-    dropped = ", ".join(f"{k} {v}" for k, v in sorted(written.dropped.items())) or "none"
+    dropped = ", ".join(f"{k} {v}" for k, v in sorted(written.stats.dropped.items())) or "none"
     splits = "; splits: " + ", ".join(f"{k} {v}" for k, v in written.split_rows.items()) if written.split_rows else ""
     typer.echo(
         f"exported {written.rows} rows ({written.tokens} tokens, {written.loss_tokens} with loss, "
-        f"{written.tokens_per_s:,.0f} tokens/s; clipped {written.clipped}; dropped: {dropped}{splits}) "
+        f"{written.tokens_per_s:,.0f} tokens/s; clipped {written.stats.clipped}; dropped: {dropped}{splits}) "
         f"to {', '.join(str(p) for p in written.paths)}"
     )
     for split, ratio in written.train_data_ratio.items():

@@ -62,17 +62,15 @@ SPECFORGE_BYTES_PER_TOKEN = 44
 
 @dataclass(slots=True)
 class ExportResult:
-    """What an export wrote: the `--json` summary's figures (docs/records.md, "Filters"); `paths` are
-    folders for the datasets formats, `train_data_ratio` is per split ("all" unsplit)."""
+    """What an export wrote: the `--json` summary's figures (docs/records.md, "Filters"; read, dropped and
+    clipped in `stats`); `paths` are folders for the datasets formats, `train_data_ratio` is per split ("all" unsplit)."""
 
     format: str = "jsonl"
     rows: int = 0
     paths: list[Path] = field(default_factory=list)
     tokens: int = 0
     loss_tokens: int = 0
-    read: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-    clipped: int = 0
+    stats: SelectionStats = field(default_factory=SelectionStats)
     split_rows: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
@@ -90,9 +88,9 @@ class ExportResult:
             "rows": self.rows,
             "tokens": self.tokens,
             "loss_tokens": self.loss_tokens,
-            "read": self.read,
-            "dropped": self.dropped,
-            "clipped": self.clipped,
+            "read": self.stats.read,
+            "dropped": self.stats.dropped,
+            "clipped": self.stats.clipped,
             "splits": self.split_rows,
             "paths": [str(p) for p in self.paths],
             "warnings": self.warnings,
@@ -269,7 +267,6 @@ def _fill(
     result: ExportResult,
     records: Iterable[RawRecord],
     filters: ExportFilters,
-    stats: SelectionStats,
     cutoff: int | None,
 ) -> None:
     """The one pass: selected rows into each split's row groups (ROW_GROUP_ROWS, ROW_GROUP_TOKENS), into its sink."""
@@ -287,7 +284,7 @@ def _fill(
             result.split_rows[split] += len(group)
         groups[split], tokens[split] = [], 0
 
-    for split, row in select_rows(records, filters, stats, cutoff=cutoff):
+    for split, row in select_rows(records, filters, result.stats, cutoff=cutoff):
         groups[split].append(row)
         tokens[split] += row.prompt_len + row.output_len
         if len(groups[split]) >= ROW_GROUP_ROWS or tokens[split] >= ROW_GROUP_TOKENS:
@@ -313,7 +310,6 @@ def export_rows(
     filters = _learned(filters, options.zero_last_loss)
     result = ExportResult(format=format, split_rows=dict.fromkeys(filters.split_names, 0))
     splits: tuple[str | None, ...] = filters.split_names or (None,)
-    stats = SelectionStats()
     if format in DATASET_FORMATS:
         staging = out.parent / f".{out.name}.staging-{secrets.token_hex(4)}"
         staging.mkdir(parents=True)
@@ -321,7 +317,7 @@ def export_rows(
         try:
             for name in splits:
                 staged[name] = StagedSplit(staging / f"{name or 'all'}.arrow", speculators=format == "speculators")
-            _fill(staged, result, records, filters, stats, cutoff)
+            _fill(staged, result, records, filters, cutoff)
             for part in staged.values():
                 part.close()
             write_dataset_folder(out, staged, result, options.shard_rows)
@@ -332,7 +328,7 @@ def export_rows(
     else:
         sinks = {name: _FileSink(format, out, name, options) for name in splits}
         try:
-            _fill(sinks, result, records, filters, stats, cutoff)
+            _fill(sinks, result, records, filters, cutoff)
             for sink in sinks.values():
                 result.paths += sink.close()
         except BaseException:
@@ -342,7 +338,6 @@ def export_rows(
         result.largest_file_tokens = max(sink.largest_file_tokens for sink in sinks.values())
     if options.zero_last_loss:
         result.loss_tokens -= result.rows
-    result.read, result.dropped, result.clipped = stats.read, stats.dropped, stats.clipped
     result.seconds = time.perf_counter() - started
     return result
 
@@ -372,6 +367,6 @@ def export_records(
     by_turn: Counter[str] = Counter()
     records = reported(_source(campaign_path, turns, by_turn, grouped=format == "speculators"), progress, "exporting")
     result = export_rows(records, out, format=format, filters=filters, options=options, cutoff=cutoff)
-    result.dropped.update(by_turn)
+    result.stats.dropped.update(by_turn)
     result.seconds = time.perf_counter() - started
     return result
