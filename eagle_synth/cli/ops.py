@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, command_group
+from eagle_synth.cli.options import RedisOpt, command_group, redis_client
 
 app = command_group()
 # The help of the flags whose declaration would not fit a line.
@@ -30,7 +30,6 @@ def flower(
     redis: RedisOpt = None,
 ) -> None:
     """Run Flower on the campaign broker, with basic auth. Unknown options go to Flower (e.g. --url_prefix=flower)."""
-    from eagle_synth.cli.options import redis_client
     from eagle_synth.settings import broker_settings
     from eagle_synth.tools.flower import FlowerOptions, check_port_free, flower_urls, resolve_auth, run_flower
 

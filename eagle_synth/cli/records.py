@@ -290,8 +290,6 @@ def inspect(
     prompt_tail: Annotated[int | None, typer.Option(help="Show only the last N prompt tokens.")] = None,
 ) -> None:
     """Show a record decoded, special tokens highlighted, the prompt/output boundary marked."""
-    from rich.console import Console
-
     from eagle_synth.records import read_manifest
     from eagle_synth.tools.inspect import find_records, render_record
     from eagle_synth.tools.verify import check_settings, load_plain_tokenizer
@@ -308,9 +306,8 @@ def inspect(
     mismatch = check_settings(tokenizer=loaded, manifest=manifest).fingerprint_mismatch
     if mismatch:
         warn(f"{mismatch}: the text below is decoded with another model's vocabulary and may be garbage")
-    console = Console()
     for record in records:
-        render_record(record, tokenizer=loaded, console=console, prompt_tail=prompt_tail)
+        render_record(record, tokenizer=loaded, prompt_tail=prompt_tail)
 
 
 @app.command()
