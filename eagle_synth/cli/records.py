@@ -58,8 +58,6 @@ MinOutputTokensOpt = Annotated[int, typer.Option("--min-output-tokens", help=HEL
 MaxLengthOpt = Annotated[int | None, typer.Option("--max-length", help=HELP["max_length"])]
 DropLongerOpt = Annotated[bool, typer.Option("--drop-longer", help=HELP["drop_longer"])]
 MinLossTokensOpt = Annotated[int, typer.Option("--min-loss-tokens", help=HELP["min_loss_tokens"])]
-SplitOpt = Annotated[str | None, typer.Option("--split", help=HELP["split"])]
-VocabSplitOpt = Annotated[str | None, typer.Option("--split", help=HELP["vocab split"])]
 SampleOpt = Annotated[int | None, typer.Option("--sample", help=HELP["sample"])]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
 
@@ -137,7 +135,7 @@ def export(
     max_length: MaxLengthOpt = FILTERS.max_length,
     drop_longer: DropLongerOpt = FILTERS.drop_longer,
     min_loss_tokens: MinLossTokensOpt = FILTERS.min_loss_tokens,
-    split: SplitOpt = None,
+    split: Annotated[str | None, typer.Option("--split", help=HELP["split"])] = None,
     sample: SampleOpt = FILTERS.sample,
     seed: SeedOpt = FILTERS.seed,
     shard_rows: Annotated[int | None, typer.Option("--shard-rows", help=HELP["shard_rows"])] = None,
@@ -204,7 +202,7 @@ def vocab(
     max_length: MaxLengthOpt = FILTERS.max_length,
     drop_longer: DropLongerOpt = FILTERS.drop_longer,
     min_loss_tokens: MinLossTokensOpt = FILTERS.min_loss_tokens,
-    split: VocabSplitOpt = None,
+    split: Annotated[str | None, typer.Option("--split", help=HELP["vocab split"])] = None,
     sample: SampleOpt = FILTERS.sample,
     seed: SeedOpt = FILTERS.seed,
     as_json: JsonSummaryOpt = False,
