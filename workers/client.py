@@ -244,6 +244,3 @@ class ServerClient:
             max_running_requests=positive_int(server_info.get("max_running_requests")),
             max_total_num_tokens=positive_int(server_info.get("max_total_num_tokens")),
         )
-
-    def close(self) -> None:
-        self.session.close()
