@@ -454,7 +454,7 @@ def test_refused_server_names_every_setting_then_accepted_by_name(fleet, redis_s
 
 
 def test_preflight_at_start_sorts_every_server_into_one_list(fleet):
-    from workers.backends import AUTO
+    from workers.backends.base import AUTO
     from workers.preflight import preflight_at_start as at_start
 
     def preflight_at_start(servers, **kwargs):

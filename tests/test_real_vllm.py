@@ -28,7 +28,7 @@ from tests.helpers import (
 from tests.tcp_forward import TcpForward
 from tests.vllm_fixtures import MARKS
 from tests.vllm_server import MAX_MODEL_LEN, SERVED_NAME
-from workers.backends import VLLM
+from workers.backends.base import VLLM
 from workers.backends.vllm import VllmBackend
 from workers.batch import classify_bad_request
 from workers.client import BadRequest, ServerClient, error_for_status

@@ -24,8 +24,8 @@ from tests.helpers import (
     wait_finished,
 )
 from tests.test_preflight import gate_state
-from workers.backends import BACKENDS, SGLANG, VLLM, UntranslatableSampling, backend_for_state
-from workers.backends.base import PreflightError
+from workers.backends import BACKENDS, backend_for_state
+from workers.backends.base import SGLANG, VLLM, PreflightError, UntranslatableSampling
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import PROBE_TOKENS, VllmBackend, parse_completion
 from workers.client import BadRequest, BadSamplingParams, ServerClient, error_for_status, is_sampling_error

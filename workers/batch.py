@@ -70,7 +70,8 @@ from eagle_synth.state.fence import ClaimLeaseLost, Fence, LeaseLost, claim, rel
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
-from workers.backends import Backend, UntranslatableSampling, backend_for_state
+from workers.backends import Backend, backend_for_state
+from workers.backends.base import UntranslatableSampling
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError
 from workers.config import WorkerConfig, auto_inflight
 from workers.disk import DiskState, DiskUnavailable

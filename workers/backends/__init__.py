@@ -16,7 +16,7 @@ backend from that state.
 from __future__ import annotations
 
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import AUTO, SGLANG, VLLM, UntranslatableSampling
+from workers.backends.base import SGLANG, VLLM
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import VllmBackend
 
@@ -25,9 +25,6 @@ Backend = SGLangBackend | VllmBackend
 BACKENDS: dict[str, type[Backend]] = {SGLANG: SGLangBackend, VLLM: VllmBackend}
 # Names `--allow-server-setting` accepts: every kind's refusable settings, SGLang's first.
 REFUSABLE_SETTINGS = tuple(dict.fromkeys([*SGLangBackend.checks, *VllmBackend.checks]))
-
-# Names of workers/backends/base.py the worker imports from here.
-__all__ = ["AUTO", "SGLANG", "VLLM", "UntranslatableSampling"]
 
 
 def backend_for_state(state: ServerState | None) -> Backend | None:
