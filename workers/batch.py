@@ -203,6 +203,7 @@ class _Run:
     """
 
     settings: CampaignSettings  # set once the batch has prompts to generate
+    output_bound: int  # output ids are legal below it (eagle_synth/model_identity.py), with `settings`
     deadline: float  # the task's time budget, from the first send
     timeout: float  # of one request
 
@@ -246,6 +247,9 @@ class _Run:
             self.fail_all(items, reasons.CAMPAIGN_SETTINGS_MISSING, message)
             return
         self.settings = settings
+        # Outputs may reach the model's padded vocabulary; prompts are checked against the
+        # tokenizer's (_invalid_ids).
+        self.output_bound = output_id_bound(tokenizer_size=settings.vocab_size, model_vocab=settings.model_vocab_size)
         if any(item.conversation for item in items):
             try:
                 runner.followups.prepare(campaign, self.settings)
@@ -301,11 +305,8 @@ class _Run:
             self.mark(list(adopted.values()))
             outcome.adopted = len(adopted)
             log.info("batch %s: adopted %d records a previous attempt wrote", payload.batch, len(adopted))
-        pending: dict[str, PromptItem] = {}  # one item per open key, in batch order
-        for item in payload.items:
-            if item.key not in finished and item.key not in adopted:
-                pending.setdefault(item.key, item)
-        return list(pending.values())
+        first = {item.key: item for item in reversed(payload.items)}  # a key's first item
+        return [first[key] for key in open_keys if key not in finished and key not in adopted]
 
     # Any healthy server may get any prompt: the campaign's sampling must mean the same on every
     # kind of server among them (vLLM lacks some SGLang values), and a prompt must fit each one.
@@ -422,14 +423,7 @@ class _Run:
             assert backend is not None, "the pool builds every request with its server's backend"
             try:
                 reply = backend.parse(
-                    answer.item,
-                    # Outputs may reach the model's padded vocabulary; prompts were checked
-                    # against the tokenizer's (_invalid_ids).
-                    vocab_size=output_id_bound(
-                        tokenizer_size=self.settings.vocab_size, model_vocab=self.settings.model_vocab_size
-                    ),
-                    prompt_ids=item.ids,
-                    sampling=self.sent[item.key],
+                    answer.item, vocab_size=self.output_bound, prompt_ids=item.ids, sampling=self.sent[item.key]
                 )
             except PromptMismatch as exc:
                 self.fail(item, reasons.PROMPT_MISMATCH, str(exc))
