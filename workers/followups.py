@@ -445,8 +445,7 @@ class FollowUps:
                     continue
                 item = _next_item(parent, ids=first, state=second, settings=settings)
                 ready[pending.key] = rendered = _Pending(name, pending.key, pending.sampling, item)
-                conversation = ConversationState.from_dict(parent.conversation or {}).key
-                entries.append((pending.key, "ready", conversation, rendered.packed()))
+                entries.append((pending.key, "ready", second["key"], rendered.packed()))  # the conversation's key
             held = self._store(name).ready(entries, owner=self.owner)
             self._ready_results = [r for r in self._ready_results if r[0].campaign != name]
             with self._lock:
