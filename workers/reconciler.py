@@ -28,7 +28,7 @@ from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.fence import live_claims
-from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE, CampaignKeys
+from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE
 from eagle_synth.state.redis_client import connect, text
 from eagle_synth.state.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches
 from workers.reaper import SweepStep, won_round
@@ -51,7 +51,6 @@ class Reconciler:
     Parameters:
         client, node, queue, interval: as the Reaper's.
         send: publishes one encoded payload (eagle_synth.queue.send_payload bound to the app).
-        reconcile_after: seconds a stored batch must be old before it can be lost.
     """
 
     client: redis.Redis
@@ -60,7 +59,6 @@ class Reconciler:
     queue: str
     send: Callable[[dict], None]
     interval: float = RECONCILE_INTERVAL
-    reconcile_after: float = RECONCILE_AFTER
 
     # the cheap look -----------------------------------------------------------------
     def _queue_lists(self) -> list[str]:
@@ -103,7 +101,7 @@ class Reconciler:
         live = self._queued_batches()
         live |= {(h.campaign, h.batch) for h in held_batches(self.client, fetched_before=time.time() + 3600)}
         republished = 0
-        cutoff = time.time() - self.reconcile_after
+        cutoff = time.time() - RECONCILE_AFTER
         for name in campaign_names(self.client):
             campaign = Campaign(self.client, name)
             if self.client.exists(campaign.keys.ended):
@@ -121,7 +119,7 @@ class Reconciler:
         if not open_keys:
             forget(self.client, campaign.name, stored.batch)
             return False
-        if len(live_claims(self.client, CampaignKeys(campaign.name).claims, open_keys)) == len(open_keys):
+        if len(live_claims(self.client, campaign.keys.claims, open_keys)) == len(open_keys):
             return False  # other live batches hold every open key
         log.warning(
             "batch %s of campaign %s (%d open prompts) is in no queue, not held and not leased: "
