@@ -348,8 +348,7 @@ class _Run:
             due = []
             while self.retries and self.retries[0][0] <= time.monotonic():
                 due.append(heapq.heappop(self.retries)[2])
-            if due:
-                self.send(*due)
+            self.send(*due)  # none due: the pool is not even woken (submit_many)
             wake = WAIT_SLICE
             if self.retries:
                 wake = min(wake, max(0.0, self.retries[0][0] - time.monotonic()))
