@@ -20,6 +20,7 @@ import redis
 from eagle_synth.errors import EagleSynthError
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.settings import TIMINGS
+from eagle_synth.state.lua import script
 from eagle_synth.state.redis_client import text
 
 log = logging.getLogger("eagle_synth.lease")
@@ -32,7 +33,6 @@ RENEW_EVERY = LEASE_TTL / 3
 # may lapse (and another host's reaper give the batch away): it stops and writes nothing.
 LOST_AFTER_SHARE = 0.75
 
-_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 _TAKEOVER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
@@ -138,7 +138,7 @@ class BatchLease:
 
     def _renew(self) -> None:
         try:
-            renewed = self.client.eval(_RENEW, 1, self.key, self.holder, self.ttl_ms)
+            renewed = self.client.eval(script("renew"), 1, self.key, self.holder, self.ttl_ms)  # as Fence.renew
         except redis.RedisError:
             return  # Redis away: try again next turn; `lost` turns true if it lasts
         if renewed:
