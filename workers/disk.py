@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from eagle_synth.errors import EagleSynthError
+from eagle_synth.records import atomic_write_bytes
 
 # Seconds between probes of a folder that failed, while the gate is closed for it.
 DISK_PROBE_INTERVAL = 2.0
@@ -23,16 +24,11 @@ class DiskUnavailable(EagleSynthError):
 
 
 def probe_folder(folder: Path) -> str | None:
-    """Write, fsync and delete a small file in `folder`; None if that works, else why not."""
+    """Write a small file in `folder` as records are written (fsync, rename: atomic_write_bytes),
+    then delete it; None if that works, else why not."""
     probe = folder / f".probe-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, b"eagle-synth write probe\n" * 64)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write_bytes(probe, b"eagle-synth write probe\n" * 64)  # makes the folder if need be
         probe.unlink()
     except OSError as exc:
         with contextlib.suppress(OSError):
