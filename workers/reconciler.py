@@ -29,7 +29,7 @@ from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, s
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.fence import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE
-from eagle_synth.state.redis_client import connect, text
+from eagle_synth.state.redis_client import connect, pipelined, text
 from eagle_synth.state.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches
 from workers.reaper import SweepStep, won_round
 
@@ -69,11 +69,8 @@ class Reconciler:
         rounds running, or in one right after Redis restarted."""
         names = campaign_names(self.client)
         stored = sum(stored_count(self.client, name) for name in names)
-        pipe = self.client.pipeline(transaction=False)
-        for name in self._queue_lists():
-            pipe.llen(name)
-        pipe.hlen(UNACKED_KEY)
-        held = sum(int(c) for c in pipe.execute())
+        lengths = pipelined(self.client, *(("llen", name) for name in self._queue_lists()), ("hlen", UNACKED_KEY))
+        held = sum(int(c) for c in lengths)
         run_id = str(self.client.info("server").get("run_id", ""))
         state = {text(k): text(v) for k, v in self.client.hgetall(RECONCILER_STATE).items()}
         restarted = state.get("run_id") not in (None, run_id)
