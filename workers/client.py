@@ -22,10 +22,9 @@ from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
 
 # Keep-alive connections per server of the synchronous client.
 POOL_CONNECTIONS = 64
-# Seconds to open a TCP connection (a listening server accepts at once even when busy), for a
-# /health probe (SGLang's own check gives up after 20 s with a 503), for the info endpoints.
+# Seconds to open a TCP connection (a listening server accepts at once even when busy), for the
+# info endpoints (a /health probe takes the worker's --probe-timeout).
 CONNECT_TIMEOUT = 5.0
-HEALTH_TIMEOUT = 25.0
 INFO_TIMEOUT = 10.0
 # Bytes asked of the socket per read while an answer's body arrives (each read returns what is there).
 READ_PIECE = 65536
@@ -191,7 +190,7 @@ class ServerClient:
         except (urllib3.exceptions.HTTPError, requests.RequestException) as exc:
             raise TransientError(f"{self.url}{path}: {exc}") from exc
 
-    def health(self, *, timeout: float = HEALTH_TIMEOUT) -> tuple[bool, str]:
+    def health(self, *, timeout: float) -> tuple[bool, str]:
         """(healthy, detail). Raises ServerDown when nothing listens."""
         try:
             response = self._request("GET", "/health", timeout=timeout)
