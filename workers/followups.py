@@ -424,8 +424,7 @@ class FollowUps:
                 self._ready_results.extend(zip(chunk, future.result()))
             except Exception as exc:  # a renderer process died: start a new pool, try again
                 log.warning("renderer failed (%s: %s); rendering %d turns again", type(exc).__name__, exc, len(chunk))
-                if (settings := self.campaign_settings(chunk[0].campaign)) is not None:
-                    self._drop_renderer(settings)
+                self._drop_renderer(self._settings[chunk[0].campaign])
                 for pending in chunk:
                     pending.attempts += 1
                     if pending.attempts >= RENDER_ATTEMPTS:
@@ -435,7 +434,7 @@ class FollowUps:
                         with self._lock:
                             self._to_render.append(pending)
         for name, results in _by_campaign(self._ready_results, lambda r: r[0].campaign).items():
-            settings = self.campaign_settings(name)
+            settings = self._settings[name]  # what its turns were submitted to render with
             entries: list[Entry] = []
             ready = {}
             for pending, (kind, first, second) in results:  # workers/renderer.py's _render results
@@ -546,12 +545,10 @@ class FollowUps:
                 self._ready.setdefault(_group_of(pending), {})[entry] = pending
 
 
-def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings | None) -> PromptItem:
+def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings) -> PromptItem:
     key = turn_key(state["key"], parent.turn + 1)
-    seed = None
-    if settings is not None:
-        # Every sample has a seed (as the producer gives turn 0): from --seed, else from its key.
-        seed = SamplingParams.from_dict(settings.sampling).sample_seed(
-            prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key
-        )
+    # Every sample has a seed (as the producer gives turn 0): from --seed, else from its key.
+    seed = SamplingParams.from_dict(settings.sampling).sample_seed(
+        prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key
+    )
     return msgspec.structs.replace(parent, key=key, ids=ids, seed=seed, turn=parent.turn + 1, conversation=state)
