@@ -31,11 +31,7 @@ READ_PIECE = 65536
 
 
 class ClientError(EagleSynthError):
-    """Base of the client's errors; `status` is the HTTP status if there was a response."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
+    """Base of the client's errors (the message says what the server answered, if it did)."""
 
 
 class ServerDown(ClientError):
@@ -102,9 +98,9 @@ def error_for_status(status: int, body: bytes, *, path: str) -> ClientError | No
     if status == 400:
         message = error_message(body, status)
         if is_sampling_error(message):
-            return BadSamplingParams(f"the server refused the sampling parameters: {message}", status=400)
-        return BadRequest(message, status=400)
-    return TransientError(f"{path} answered {status}: {error_message(body, status)}", status=status)
+            return BadSamplingParams(f"the server refused the sampling parameters: {message}")
+        return BadRequest(message)
+    return TransientError(f"{path} answered {status}: {error_message(body, status)}")
 
 
 def positive_int(value: object) -> int | None:

@@ -161,7 +161,7 @@ class SGLangBackend(BaseBackend):
         # Checked on every request: the subset test allocates nothing when all keys are known.
         if not SGLANG_SAMPLING_KEYS.issuperset(sampling):
             unknown = sorted(set(sampling) - SGLANG_SAMPLING_KEYS)
-            raise UntranslatableSampling(f"sampling keys SGLang does not accept: {unknown}", status=None)
+            raise UntranslatableSampling(f"sampling keys SGLang does not accept: {unknown}")
         return sampling
 
     def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
