@@ -95,23 +95,20 @@ def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bo
 
 
 def stranded_batches(
-    client: redis.Redis, *, now: float | None = None, reap_after: float = REAP_AFTER, with_entries: bool = False
+    client: redis.Redis, *, reap_after: float = REAP_AFTER, with_entries: bool = False
 ) -> list[HeldBatch]:
     """Held batches fetched more than reap_after seconds ago whose batch lease is gone."""
-    now = time.time() if now is None else now
-    held = held_batches(client, fetched_before=now - reap_after, with_entries=with_entries)
+    held = held_batches(client, fetched_before=time.time() - reap_after, with_entries=with_entries)
     live = pipelined(client, *(("exists", batch.lease_key) for batch in held))
     return [batch for batch, alive in zip(held, live) if not alive]
 
 
-def stranded_prompts(
-    client: redis.Redis, *, now: float | None = None, reap_after: float = REAP_AFTER
-) -> dict[str, int]:
+def stranded_prompts(client: redis.Redis, *, reap_after: float = REAP_AFTER) -> dict[str, int]:
     """Per campaign, prompts of stranded batches that are neither done nor failed."""
     from eagle_synth.state.campaign import Campaign
 
     keys_by_campaign: dict[str, set[str]] = {}
-    for batch in stranded_batches(client, now=now, reap_after=reap_after):
+    for batch in stranded_batches(client, reap_after=reap_after):
         keys_by_campaign.setdefault(batch.campaign, set()).update(batch.keys)
     counts = {}
     for name, keys in keys_by_campaign.items():
