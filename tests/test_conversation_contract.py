@@ -265,7 +265,9 @@ def test_dataset_history_variants_set_template_kwargs_sampling_and_keys(tokenize
 # ---- stored tokenizer and renderer ---------------------------------------------------------
 
 
-def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(tmp_path, redis_server, tokenizer, ids):
+def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(
+    tmp_path, monkeypatch, redis_server, tokenizer, ids
+):
     from eagle_synth.settings import broker_settings
     from eagle_synth.state.redis_client import connect
     from eagle_synth.state.tokenizer_store import (
@@ -276,16 +278,13 @@ def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(tmp
     from eagle_synth.templating import tokenizer_facts
     from workers.renderer import Renderer, RendererMismatch
 
+    monkeypatch.setenv("EAGLE_SYNTH_CACHE_DIR", str(tmp_path))
     client = connect(broker_settings(redis_url=redis_server.url))
     facts = tokenizer_facts(tokenizer)
     with pytest.raises(TokenizerUnavailable, match="run the same `eagle-synth enqueue"):
-        fetch_tokenizer(
-            client, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash, root=tmp_path
-        )
+        fetch_tokenizer(client, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash)
     store_tokenizer(client, tokenizer, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash)
-    folder = fetch_tokenizer(
-        client, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash, root=tmp_path
-    )
+    folder = fetch_tokenizer(client, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash)
     renderer = Renderer(
         folder=folder, processes=1, fingerprint=facts.fingerprint, chat_template_hash=facts.chat_template_hash
     )

@@ -68,11 +68,9 @@ def unpack_tokenizer(blob: bytes, folder: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def fetch_tokenizer(
-    client: redis.Redis, *, fingerprint: str, chat_template_hash: str, root: Path | None = None
-) -> Path:
+def fetch_tokenizer(client: redis.Redis, *, fingerprint: str, chat_template_hash: str) -> Path:
     """A local folder holding the campaign's stored tokenizer files (fetched on first need)."""
-    folder = (root or cache_root()) / f"{fingerprint}-{chat_template_hash}"
+    folder = cache_root() / f"{fingerprint}-{chat_template_hash}"
     if (folder / COMPLETE_MARKER).exists():
         return folder
     blob = client.get(tokenizer_blob(fingerprint, chat_template_hash))
