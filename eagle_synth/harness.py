@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -297,7 +298,7 @@ def start_worker(
     return ManagedProcess(argv, _env(env), logdir / f"worker-{name.split('@')[0]}.log").start()
 
 
-class Stack:
+class Stack(AbstractContextManager["Stack"]):
     """The processes of one run in `folder` (logs, Redis data, records), devservers on `tokenizer`,
     workers with `worker_env`. `close()` stops workers (while servers answer), devservers, then
     Redis, each stop tried even if one fails, `stop_timeout` s after SIGTERM; `remove` deletes the folder."""
@@ -316,9 +317,6 @@ class Stack:
         self.workers: list[ManagedProcess] = []
         self.others: list[ManagedProcess] = []
         self.redis_servers: list[RedisServer] = []
-
-    def __enter__(self) -> Stack:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
