@@ -29,6 +29,7 @@ from eagle_synth.cli.options import (
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from eagle_synth.toolcalls import TOOL_FORMATS
+from eagle_synth.variants import load_variants
 from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 
 if TYPE_CHECKING:
@@ -125,8 +126,6 @@ def enqueue(
 ) -> None:
     """Template prompt rows with the model's chat template and enqueue their token ids."""
     flags = dict(locals())  # each flag by the name of the field it sets
-    from eagle_synth.variants import load_variants
-
     check_campaign_name(campaign)
     sampling = SamplingParams(**{**fields_of(SamplingParams, flags), "stop_token_ids": _stop_token_ids(stop_token_ids)})
     options = EnqueueOptions(

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from eagle_synth.cli.options import JsonSummaryOpt, RedisOpt, command_group, fail, fields_of, redis_client, warn
-from eagle_synth.tools.compact import DEFAULT_MIN_AGE, DEFAULT_SHARD_BYTES, DEFAULT_THREADS
-from eagle_synth.tools.filters import ExportFilters
+from eagle_synth.records import NotACampaignFolder, RecordFormatError, read_manifest, record_files, records_dir
+from eagle_synth.tools.compact import DEFAULT_MIN_AGE, DEFAULT_SHARD_BYTES, DEFAULT_THREADS, exclusive
+from eagle_synth.tools.compact import compact as run_compact
+from eagle_synth.tools.filters import ExportFilters, parse_split
 
 if TYPE_CHECKING:
     from eagle_synth.progress import RecordsProgress
@@ -64,8 +66,6 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
 
 def _filters(flags: dict) -> ExportFilters:
     """The filters of export's or vocab's flags (--split parsed into `splits`)."""
-    from eagle_synth.tools.filters import parse_split
-
     return ExportFilters(**fields_of(ExportFilters, flags), splits=parse_split(flags["split"]))
 
 
@@ -99,8 +99,6 @@ def export_format(format: str | None, out: Path) -> str:
 
 def _require_records(campaign_dir: Path, what: str) -> None:
     """Stop when campaign_dir holds no record yet: exporting nothing would read as success."""
-    from eagle_synth.records import record_files, records_dir
-
     if not record_files(campaign_dir):  # NotACampaignFolder when there is no records/ folder
         fail(
             f"{records_dir(campaign_dir)} holds no record files yet: nothing to {what} "
@@ -111,7 +109,6 @@ def _require_records(campaign_dir: Path, what: str) -> None:
 @contextmanager
 def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
     from eagle_synth.progress import RecordsProgress
-    from eagle_synth.records import RecordFormatError, read_manifest
 
     expected = None  # the progress total: the records the manifest counts done, if it reads
     with suppress(ValueError):
@@ -146,7 +143,7 @@ def export(
     as_json: JsonSummaryOpt = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
-    from eagle_synth.tools.export import FORMATS, export_records
+    from eagle_synth.tools.export import FORMATS, OutputOptions, export_records
 
     filters = _filters(locals())
     format = export_format(format, out)
@@ -158,12 +155,9 @@ def export(
             out,
             format=format,
             filters=filters,
-            shard_rows=shard_rows,
             progress=progress,
             turns=turns,
-            shard_tokens=shard_tokens,
-            zero_last_loss=zero_last_loss,
-            replace=replace,
+            **fields_of(OutputOptions, locals()),  # --shard-rows, --shard-tokens, --zero-last-loss, --replace
         )
     for warning in written.warnings:
         warn(warning)
@@ -288,7 +282,6 @@ def inspect(
     prompt_tail: Annotated[int | None, typer.Option(help="Show only the last N prompt tokens.")] = None,
 ) -> None:
     """Show a record decoded, special tokens highlighted, the prompt/output boundary marked."""
-    from eagle_synth.records import read_manifest
     from eagle_synth.tools.inspect import find_records, render_record
     from eagle_synth.tools.verify import check_settings, load_plain_tokenizer
 
@@ -317,8 +310,6 @@ def compact(
     as_json: JsonSummaryOpt = False,
 ) -> None:
     """Merge small batch files into large shards; safe while workers write and if stopped midway."""
-    from eagle_synth.tools.compact import compact as run_compact
-
     if threads is None:
         threads = DEFAULT_THREADS
 
@@ -373,10 +364,8 @@ def repair(
     """
     from eagle_synth.cli.options import check_campaign_name
     from eagle_synth.queue import make_celery
-    from eagle_synth.records import NotACampaignFolder, records_dir
     from eagle_synth.settings import broker_settings
     from eagle_synth.state.campaign import Campaign
-    from eagle_synth.tools.compact import exclusive
     from eagle_synth.tools.repair import campaign_name_of, mark_record_damaged, move_aside, plan_repair
     from producer.retry import publish_unfinished, return_lost_records
 
