@@ -231,7 +231,12 @@ def _type_name(value: object) -> str:
 
 def _expect(value: object, kind: type[_T], field: str, what: str) -> _T | None:
     """`value` if it is None or a `kind`, else RowError(WRONG_TYPE) naming `field`."""
-    if value is not None and not isinstance(value, kind):
+    return None if value is None else _require(value, kind, field, what)
+
+
+def _require(value: object, kind: type[_T], field: str, what: str) -> _T:
+    """`value` if it is a `kind`, else RowError(WRONG_TYPE) naming `field`."""
+    if not isinstance(value, kind):
         raise RowError(WRONG_TYPE, field, f"expected {what}, got {_type_name(value)}")
     return value
 
@@ -263,9 +268,8 @@ def _content_key(entry: dict) -> str:
     return "value" if entry.get("content") is None and entry.get("value") is not None else "content"
 
 
-def _message(entry: object, field: str) -> dict:
-    if not isinstance(entry, dict):
-        raise RowError(WRONG_TYPE, field, f"expected a message object, got {_type_name(entry)}")
+def _message(raw: object, field: str) -> dict:
+    entry = _require(raw, dict, field, "a message object")
     role_key = "role" if entry.get("role") is not None else "from"
     raw_role = entry.get(role_key)
     if raw_role is None:
@@ -308,9 +312,8 @@ def _message_calls(entry: dict, role: str, field: str) -> list[dict]:
     return [_openai_call(call, f"{field}.tool_calls[{i}]") for i, call in enumerate(raw_calls)]
 
 
-def _openai_call(value: object, field: str) -> dict:
-    if not isinstance(value, dict):
-        raise RowError(WRONG_TYPE, field, f"expected a tool call object, got {_type_name(value)}")
+def _openai_call(raw: object, field: str) -> dict:
+    value = _require(raw, dict, field, "a tool call object")
     function = value.get("function")
     call_id = _expect(value.get("id"), str, f"{field}.id", "a string")
     # Some exports flatten the call ({"name", "arguments"} beside "id"); templates accept both.
@@ -329,10 +332,9 @@ def _sharegpt_calls(value: object, field: str) -> list[dict]:
     return [_call(call, f"{field}[{i}]", None) for i, call in enumerate(value)]
 
 
-def _call(value: object, field: str, call_id: object) -> dict:
+def _call(raw: object, field: str, call_id: object) -> dict:
     """One call as the template expects it: {"type", "function": {"name", "arguments": {...}}} (+ "id")."""
-    if not isinstance(value, dict):
-        raise RowError(WRONG_TYPE, field, f"expected a function call object, got {_type_name(value)}")
+    value = _require(raw, dict, field, "a function call object")
     name = value.get("name")
     if not isinstance(name, str) or not name.strip():
         problem = "has no 'name'" if name is None else f"'name' must be a non-empty string, got {_type_name(name)}"
@@ -353,22 +355,16 @@ def _call(value: object, field: str, call_id: object) -> dict:
 def _content(value: object, field: str) -> str:
     if isinstance(value, str):
         return value
-    if not isinstance(value, list):
-        raise RowError(WRONG_TYPE, field, f"expected a string or a list of text parts, got {_type_name(value)}")
     texts = []
-    for i, part in enumerate(value):
+    for i, raw_part in enumerate(_require(value, list, field, "a string or a list of text parts")):
         part_field = f"{field}[{i}]"
-        if not isinstance(part, dict):
-            raise RowError(WRONG_TYPE, part_field, f"expected a content part object, got {_type_name(part)}")
+        part = _require(raw_part, dict, part_field, "a content part object")
         kind = part.get("type")
         if kind is None:
             raise RowError(MISSING_FIELD, f"{part_field}.type", "content part has no 'type'")
         if kind != "text":
             raise RowError(UNSUPPORTED_CONTENT, f"{part_field}.type", f"only text parts are supported, got {kind!r}")
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise RowError(WRONG_TYPE, f"{part_field}.text", f"expected a string, got {_type_name(text)}")
-        texts.append(text)
+        texts.append(_require(part.get("text"), str, f"{part_field}.text", "a string"))
     return "".join(texts)
 
 
@@ -377,6 +373,5 @@ def _tools(value: object) -> list[dict] | None:
         value = _loads(value, "tools", "string is") if value.strip() else None
     schemas = _expect(value, list, "tools", "a list of function schemas")
     for i, tool in enumerate(schemas or []):
-        if not isinstance(tool, dict):
-            raise RowError(WRONG_TYPE, f"tools[{i}]", f"expected a function schema object, got {_type_name(tool)}")
+        _require(tool, dict, f"tools[{i}]", "a function schema object")
     return schemas or None
