@@ -93,7 +93,6 @@ class TemplatingPool:
     def __init__(self, job: TemplateJob, *, processes: int | None = None, tokenizer=None) -> None:
         global _tokenizer
         self.processes = processes or os.cpu_count() or 1
-        self.job = job
         self._pool: ProcessPoolExecutor | None = None
         # Forking after loading saves each process loading the tokenizer again (seconds for a
         # large vocabulary); where fork is unavailable, each process loads its own.
