@@ -189,10 +189,8 @@ def _normalized(
     raw_id = data.get("id")
     if raw_id is None or raw_id == "":
         row_id = f"{os.path.basename(source)}:{line}"
-    elif isinstance(raw_id, (str, int, float)):  # bool is an int
-        row_id = str(raw_id)
-    else:
-        raise RowError(WRONG_TYPE, "id", f"expected a string or number, got {_type_name(raw_id)}")
+    else:  # bool is an int
+        row_id = str(_require(raw_id, (str, int, float), "id", "a string or number"))
     messages, fields = _messages(data)
     tools = _tools(data.get("tools"))
     system = _expect(data.get("system"), str, "system", "a string") or None
@@ -234,7 +232,7 @@ def _expect(value: object, kind: type[_T], field: str, what: str) -> _T | None:
     return None if value is None else _require(value, kind, field, what)
 
 
-def _require(value: object, kind: type[_T], field: str, what: str) -> _T:
+def _require(value: object, kind: type[_T] | tuple[type[_T], ...], field: str, what: str) -> _T:
     """`value` if it is a `kind`, else RowError(WRONG_TYPE) naming `field`."""
     if not isinstance(value, kind):
         raise RowError(WRONG_TYPE, field, f"expected {what}, got {_type_name(value)}")
