@@ -110,10 +110,9 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
 
 
 def _dataset_kind(path: str) -> str | None:
-    if os.path.isdir(path):
-        for marker, kind in (("dataset_dict.json", HF_DATASET_DICT), ("state.json", HF_DATASET)):
-            if os.path.isfile(os.path.join(path, marker)):
-                return kind
+    for marker, kind in (("dataset_dict.json", HF_DATASET_DICT), ("state.json", HF_DATASET)):
+        if os.path.isfile(os.path.join(path, marker)):  # false for a `path` that is no directory
+            return kind
     return None
 
 
