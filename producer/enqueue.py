@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
+import redis
+
 from eagle_synth.errors import UserError
 from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
@@ -21,6 +23,7 @@ from eagle_synth.reasons import PROMPT_TOO_LONG, RECORD_DAMAGED
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state.campaign import Campaign, CampaignSettings, refuse_other_settings
 from eagle_synth.state.keys import CONVERSATIONS, PROMPTS_ENQUEUED, ROWS_READ, ROWS_SKIPPED
+from eagle_synth.state.redis_client import connect
 from eagle_synth.templating import check_tokenizer_path, load_tokenizer, tokenizer_facts
 from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 from producer.planner import PromptPlanner
@@ -369,7 +372,6 @@ def _publisher(
     options: EnqueueOptions, broker: BrokerSettings, on_wait: Callable[..., None] | None, warn: Callable[[str], None]
 ):
     from eagle_synth.queue import make_celery
-    from eagle_synth.state.redis_client import connect
     from eagle_synth.state.redis_policy import check_redis_ready
     from producer.publisher import Publisher
 
@@ -392,10 +394,6 @@ def _publisher(
 
 def _existing_campaign(name: str, broker: BrokerSettings) -> Campaign | None:
     """For a dry run (which needs no Redis): the campaign in Redis, else None."""
-    import redis
-
-    from eagle_synth.state.redis_client import connect
-
     try:
         campaign = Campaign(connect(broker), name)
         return campaign if campaign.exists() else None
