@@ -247,16 +247,14 @@ class DevServer:
 
     def outcome(self, prompt: PromptRequest, completion: Completion, job: SlotJob):
         """(the ids a prompt answers with, counted; SGLang's finish_reason; the text, None with skip_tokenizer_init)."""
-        output_ids, finish, params = completion.output_ids, completion.finish_reason, prompt.params
         if job.aborted:
             message = "Abort in waiting queue" if job.outcome == ABORTED_WAITING else "Aborted"
-            output_ids, finish = output_ids[: job.tokens_done], {"type": "abort", "message": message}
+            # No `matched` in an abort's finish_reason, so render_text trims nothing from the cut ids.
+            completion = Completion(completion.output_ids[: job.tokens_done], {"type": "abort", "message": message})
+        output_ids, finish = completion.output_ids, completion.finish_reason
         self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
-        if self.config.skip_tokenizer_init:
-            return output_ids, finish, None
-        if job.aborted:
-            return output_ids, finish, self.vocab.decode(output_ids, skip_special_tokens=params.skip_special_tokens)
-        return output_ids, finish, self.generator.render_text(completion, params)
+        text = None if self.config.skip_tokenizer_init else self.generator.render_text(completion, prompt.params)
+        return output_ids, finish, text
 
     def generate(self, body: bytes) -> Reply:
         return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()), internal_error)
