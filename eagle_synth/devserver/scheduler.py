@@ -14,7 +14,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,9 +78,8 @@ class SlotScheduler:
     def duration(self, output_tokens: int) -> float:
         return self.prefill_latency + output_tokens * self.token_latency
 
-    def submit(self, jobs: Iterable[SlotJob]) -> None:
+    def submit(self, jobs: list[SlotJob]) -> None:
         """Queue jobs (all or none, else QueueFullError)."""
-        jobs = list(jobs)
         finished: list[tuple[SlotJob, float]] = []
         with self._cond:
             if self.max_queued is not None:
