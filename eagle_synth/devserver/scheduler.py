@@ -150,8 +150,6 @@ class SlotScheduler:
                     heapq.heappush(self._running, (job.finish_at, next(self._tie), job))
                 self.stats.load(len(self._running), len(self._waiting))
                 if not finished:
-                    if self._waiting and len(self._running) < self.slots:
-                        continue
                     timeout = self._running[0][0] - now if self._running else None
                     self._cond.wait(timeout)
             self._finish(finished)
