@@ -267,9 +267,9 @@ class DevServer:
             if not isinstance(err, ProtocolError):
                 return json_reply({"error": {"message": "Invalid JSON body."}}, status=400)
             if err.status == 500:
-                log.error("/generate raised %s", err.message)
+                log.error("/generate raised %s", err)
                 return internal_error()
-            return json_reply({"error": {"message": err.message}}, status=err.status)
+            return json_reply({"error": {"message": str(err)}}, status=err.status)
         size = self.vocab.size
         bad = next((i for p in req.prompts for i in p.input_ids if not 0 <= i < size), None)
         if bad is not None:
@@ -367,7 +367,7 @@ class DevServer:
         except (ValueError, ProtocolError) as err:
             self.stats.add(client_errors=1)
             if isinstance(err, ProtocolError):
-                return error_reply(err.message, status=err.status, param=err.param)
+                return error_reply(str(err), status=err.status, param=err.param)
             return error_reply("JSON decode error", status=400)
         unknown = tuple(sorted(set(request) - KNOWN_FIELDS))
         if unknown and unknown not in self._ignored_logged:

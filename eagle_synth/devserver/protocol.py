@@ -55,7 +55,6 @@ class ProtocolError(EagleSynthError):
     def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
         self.param = param
 
 
