@@ -201,8 +201,7 @@ class DevServer:
             return json_reply({"error": {"message": "The body must be a JSON object."}}, status=400)
         rid = req.get("rid")
         rids = {rid} if isinstance(rid, str) else {r for r in rid or [] if isinstance(r, str)}
-        if req.get("abort_all") or rids:
-            self.scheduler.abort(rids=None if req.get("abort_all") else rids)
+        self.scheduler.abort(rids=None if req.get("abort_all") else rids)  # no rid named: nothing to end
         return Reply()
 
     def dev_stats(self, body: bytes) -> dict:
