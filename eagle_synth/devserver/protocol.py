@@ -466,7 +466,6 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
     )
     p |= {k: float(p[k]) for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")}
     # vLLM's top_k 0 and -1 both mean off; fields the Generator ignores still seed sampled output.
-    p |= {"temperature": 0.0 if p["temperature"] < SAMPLING_EPS else p["temperature"]}
     p |= {"top_k": -1 if p["top_k"] in (0, -1) else p["top_k"], "ignore_eos": bool(body.get("ignore_eos"))}
     p |= {"skip_special_tokens": body.get("skip_special_tokens", True) is not False}
     p |= {"no_stop_trim": bool(body.get("include_stop_str_in_output"))}
