@@ -432,9 +432,8 @@ class DevServer:
         elif request.method not in route[0]:
             reply = json_reply({"detail": "Method Not Allowed"}, status=405)
         else:
-            if path in DEPRECATED_PATHS:
+            if (new := DEPRECATED_PATHS.get(path)) is not None:
                 self.stats.add(deprecated_info_calls=1)
-                new = DEPRECATED_PATHS[path]
                 log.warning(
                     f"Endpoint '{path}' is deprecated and will be removed in a future version. Please use '{new}' instead."
                 )
