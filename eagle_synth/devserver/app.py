@@ -250,10 +250,9 @@ class DevServer:
             message = "Abort in waiting queue" if job.outcome == ABORTED_WAITING else "Aborted"
             # No `matched` in an abort's finish_reason, so render_text trims nothing from the cut ids.
             completion = Completion(completion.output_ids[: job.tokens_done], {"type": "abort", "message": message})
-        output_ids, finish = completion.output_ids, completion.finish_reason
-        self.stats.add(prompts=1, output_tokens=len(output_ids), aborted=job.aborted)
+        self.stats.add(prompts=1, output_tokens=len(completion.output_ids), aborted=job.aborted)
         text = None if self.config.skip_tokenizer_init else self.generator.render_text(completion, prompt.params)
-        return output_ids, finish, text
+        return completion.output_ids, completion.finish_reason, text
 
     def generate(self, body: bytes) -> Reply:
         return self.fated(body, "/generate", partial(self._generate, received=time.monotonic()), internal_error)
