@@ -55,7 +55,15 @@ def conversation_records(
     return records
 
 
-def plain_record(key: str, id: str, prompt: list[int], output: list[int], *, finish_reason: str = "stop") -> Record:
+def plain_record(
+    key: str,
+    id: str,
+    prompt: list[int],
+    output: list[int],
+    *,
+    finish_reason: str = "stop",
+    finish_matched: int | None = None,
+) -> Record:
     """A single-turn, first-sample record whose token counts are its ids'."""
     return Record(
         key=key,
@@ -65,7 +73,7 @@ def plain_record(key: str, id: str, prompt: list[int], output: list[int], *, fin
         prompt_ids=prompt,
         output_ids=output,
         finish_reason=finish_reason,
-        finish_matched=None,
+        finish_matched=finish_matched,
         prompt_tokens=len(prompt),
         completion_tokens=len(output),
     )

@@ -23,23 +23,13 @@ from eagle_synth.records import (
 )
 from eagle_synth.tools import compact as compact_module
 from eagle_synth.tools.compact import CompactBusy, compact
+from tests.export_helpers import plain_record
 
 
 def rec(key: str, output=None) -> Record:
     prompt = [248045, 846, 198] + [1000 + len(key)] * 20
     output = output if output is not None else [(hash(key) % 200_000) + 7] * 30 + [248046]
-    return Record(
-        key=key,
-        id=key,
-        sample=0,
-        turn=0,
-        prompt_ids=prompt,
-        output_ids=output,
-        finish_reason="stop",
-        finish_matched=248046,
-        prompt_tokens=len(prompt),
-        completion_tokens=len(output),
-    )
+    return plain_record(key, key, prompt, output, finish_matched=248046)
 
 
 def fill(folder: Path, batches: int, per_batch: int = 4) -> dict[str, Record]:

@@ -148,18 +148,7 @@ def test_damaged_shard_prompts_read_back_go_straight_to_the_queue(tmp_path, redi
 def _record(key: str) -> Record:
     prompt = [248045, 846, 198, 1000 + len(key)]
     output = [7, 8, 9, 248046]
-    return Record(
-        key=key,
-        id=key,
-        sample=0,
-        turn=0,
-        prompt_ids=prompt,
-        output_ids=output,
-        finish_reason="stop",
-        finish_matched=248046,
-        prompt_tokens=len(prompt),
-        completion_tokens=len(output),
-    )
+    return plain_record(key, key, prompt, output, finish_matched=248046)
 
 
 def test_compact_keeps_sources_when_its_shard_does_not_read_back(tmp_path, monkeypatch):
