@@ -144,6 +144,19 @@ def test_sampled_rows_with_n_2_carry_seeds_the_server_reproduces(tmp_path, redis
         assert record.output_ids == fresh_ids(real_vllm.url, record), "a seeded re-request gives the record back"
 
 
+def test_a_whole_number_sampling_value_samples_as_its_float(real_vllm):
+    """vLLM's request model makes temperature, top_p and min_p floats: `1` and `1.0` sample the
+    same ids under one seed (the devserver is held to the same in tests/test_vllm.py)."""
+    body = {"model": SERVED_NAME, "prompt": [1, 2, 3, 4], "max_tokens": 8, "seed": 7, "return_token_ids": True}
+
+    def ids(**sampling) -> list[int]:
+        reply = requests.post(f"{real_vllm.url}/v1/completions", json=body | sampling, timeout=TIMEOUT)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["token_ids"]
+
+    assert ids(temperature=1, top_p=1, min_p=0) == ids(temperature=1.0, top_p=1.0, min_p=0.0)
+
+
 def test_prompt_over_the_context_is_recorded_prompt_too_long(tmp_path, redis_server, stack, real_vllm):
     """The worker fails it before sending (the server's max_model_len from /v1/models); vLLM's
     own 400 for such a prompt is what the worker records as prompt-too-long too."""

@@ -476,3 +476,16 @@ def test_vllm_refusals_of_the_campaigns_sampling_are_recorded_once(tmp_path, red
     assert tiny.failure_counts() == {"bad-sampling-params": 4}
     assert "raises temperatures below 0.01" in next(tiny.iter_failures())[1].message
     assert devserver_stats(url)["generate_requests"] == before, "nothing was sent"
+
+
+def test_a_whole_number_sampling_value_samples_as_its_float(vllm_fleet):
+    # vLLM's request model makes temperature, top_p and min_p floats, so `1` and `1.0` are one
+    # request to it; the devserver's seeded sampling must not tell them apart either.
+    url = vllm_fleet["plain"]
+    body = {"prompt": PROMPT, "max_tokens": 12, "seed": 7, "return_token_ids": True, "top_p": 1, "min_p": 0}
+
+    def ids(**sampling) -> list[int]:
+        reply = requests.post(f"{url}/v1/completions", json=body | sampling, timeout=TIMEOUT)
+        return reply.json()["choices"][0]["token_ids"]
+
+    assert ids(temperature=1) == ids(temperature=1.0, top_p=1.0, min_p=0.0)

@@ -326,6 +326,8 @@ DEFAULT_MAX_TOKENS = 16
 MIN_TEMPERATURE = 0.01
 # Below this temperature vLLM samples greedily.
 SAMPLING_EPS = 1e-5
+# Penalties the OpenAI API names and defaults to 0.
+PENALTIES = ("presence_penalty", "frequency_penalty")
 # OpenAI's defaults, used when neither the request nor the server's generation config sets one.
 OPENAI_DEFAULTS = {"repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # Fields that change a sampled completion without the Generator acting on them.
@@ -430,18 +432,17 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
     # user -> server default (generation config, override) -> OpenAI default.
     p = {k: body[k] if body.get(k) is not None else overrides.get(k, v) for k, v in OPENAI_DEFAULTS.items()}
     p |= {"n": body.get("n") or 1, "max_new_tokens": max_tokens, "min_new_tokens": body.get("min_tokens") or 0}
-    p |= {k: body.get(k) or 0.0 for k in ("presence_penalty", "frequency_penalty")}
+    p |= {k: body.get(k) or 0.0 for k in PENALTIES}
     p |= {"stop": (stop,) if isinstance(stop, str) else tuple(stop or ())}
     p |= {"sampling_seed": None if seed == -1 else seed}
+    # vLLM's request model makes these floats: `1` and `1.0` are one request (and one seed) to it.
+    p |= {k: float(p[k]) for k in ("temperature", "top_p", "min_p", "repetition_penalty", *PENALTIES)}
     if 0 < p["temperature"] < MIN_TEMPERATURE:
         p["temperature"] = MIN_TEMPERATURE
     refuse_first(  # vLLM's SamplingParams._verify_args
         (
             (p["n"] < 1, f"n must be at least 1, got {p['n']}."),
-            *(
-                (not -2.0 <= p[k] <= 2.0, f"{k} must be in [-2, 2], got {p[k]}.")
-                for k in ("presence_penalty", "frequency_penalty")
-            ),
+            *((not -2.0 <= p[k] <= 2.0, f"{k} must be in [-2, 2], got {p[k]}.") for k in PENALTIES),
             (
                 not math.isfinite(p["repetition_penalty"]) or p["repetition_penalty"] <= 0.0,
                 f"repetition_penalty must be greater than zero, got {p['repetition_penalty']}.",
@@ -464,7 +465,6 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
             (p["temperature"] < SAMPLING_EPS and p["n"] > 1, f"n must be 1 when using greedy sampling, got {p['n']}."),
         )
     )
-    p |= {k: float(p[k]) for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")}
     # vLLM's top_k 0 and -1 both mean off; fields the Generator ignores still seed sampled output.
     p |= {"top_k": -1 if p["top_k"] in (0, -1) else p["top_k"], "ignore_eos": bool(body.get("ignore_eos"))}
     p |= {"skip_special_tokens": body.get("skip_special_tokens", True) is not False}
