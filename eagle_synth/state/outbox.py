@@ -74,7 +74,7 @@ class Outbox:
 
     def note_sent(self, field: str, sent: int, *, run_id: str) -> None:
         """The chunk's first `sent` items are published and its run is alive (one round trip)."""
-        alive = ("set", self.keys.producer(run_id), 1, PRODUCER_TTL)
+        alive = ("set", self.keys.producer(run_id), 1, PRODUCER_TTL)  # set(name, value, ex): expires in PRODUCER_TTL s
         pipelined(self.client, alive, ("hset", self.keys.outbox, field + _SENT, sent))
 
     def clear(self, field: str) -> None:
