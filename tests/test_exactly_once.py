@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import psutil
 
@@ -61,6 +62,17 @@ def celery_child(worker) -> psutil.Process | None:
         except psutil.NoSuchProcess:
             continue
     return None
+
+
+def handles(process: psutil.Process, sig: signal.Signals) -> bool:
+    """Whether `process` has a handler of its own for `sig` (Linux: SigCgt in /proc/PID/status);
+    Celery installs its SIGTERM handler as it starts, so a SIGTERM then is a warm shutdown."""
+    try:
+        status = Path(f"/proc/{process.pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    caught = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(caught >> (sig - 1) & 1)
 
 
 def busy_on(c, name: str, node: str | None = None) -> bool:
@@ -332,3 +344,31 @@ def test_a_worker_whose_only_server_is_refused_at_its_first_preflight_exits_2(
         k.decode() for k in c.client.smembers(c.keys.enqueued)
     )
     assert not c.client.exists(c.keys.claims)
+
+
+# 11 -----------------------------------------------------------------------------------------------
+def test_a_celery_process_that_ends_by_itself_with_any_code_comes_back(tmp_path, redis_server, stack, tokenizer_path):
+    # kombu's "Unrecoverable error" after a Redis restart ends the Celery process by itself, and
+    # Celery's exit code used to be dropped, so the supervisor saw 0 and ended for good. Signals to
+    # the Celery process alone end it the same ways, on demand: SIGINT with Celery's code 1,
+    # SIGTERM with 0. Neither was a stop asked of the worker, so each time it comes back.
+    enqueue_rows(tmp_path, redis_server.url, "self", single_rows(24), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "40", "--slots", "8")
+    out = tmp_path / "out"
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST)
+    c = campaign(redis_server.url, "self")
+    child = wait_for(lambda: celery_child(worker), timeout=60, what="the Celery process")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        wait_for(lambda child=child: handles(child, signal.SIGTERM), timeout=60, what="Celery's signal handlers")
+        child.send_signal(sig)
+        child = wait_for(
+            lambda old=child.pid: (now := celery_child(worker)) is not None and now.pid != old and now,
+            timeout=90,
+            what=f"a new Celery process after {sig.name}",
+        )
+    wait_finished(redis_server.url, "self", expected=24, stack=stack, timeout=120)
+    assert_exactly_once(redis_server.url, "self", out / "self", expected=24)
+    assert c.progress().failed == 0
+    assert worker.alive(), "the worker (its supervisor) is alive"
+    log = worker.log()
+    assert "the worker process exited with code 1" in log and "the worker process exited with code 0" in log

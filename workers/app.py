@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Task, bootsteps
+from celery.bin.celery import celery as celery_command
 from celery.exceptions import Reject, Retry
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
@@ -222,8 +223,9 @@ class StopDeadlineStep(bootsteps.StartStopStep):
     """Worker step: once the worker begins to stop, by a signal or by an error, batches wind down
     (STOPPING) and the process ends within the soft-shutdown timeout plus STOP_DEADLINE_MARGIN
     seconds, whatever still holds it, with the worker's exit code (0 when stopped; 1 after
-    kombu's "Unrecoverable error", which the supervisor restarts). A stop after a Redis restart
-    was seen to hang with no exit, and a supervisor restarts only a process that ended.
+    kombu's "Unrecoverable error", which the supervisor restarts; 2 when preflight refused every
+    server). A stop after a Redis restart was seen to hang with no exit, and a supervisor
+    restarts only a process that ended.
     """
 
     requires = {"celery.worker.components:Pool"}
@@ -233,7 +235,7 @@ class StopDeadlineStep(bootsteps.StartStopStep):
         deadline = broker_settings().soft_shutdown_timeout + STOP_DEADLINE_MARGIN
 
         def end() -> None:
-            code = w.exitcode if isinstance(w.exitcode, int) else 1
+            code = USER_ERROR_EXIT if ALL_REFUSED.is_set() else w.exitcode if isinstance(w.exitcode, int) else 1
             log.error("the worker did not finish stopping in %d s; ending it (exit code %d)", deadline, code)
             logging.shutdown()
             os._exit(code)
@@ -256,13 +258,14 @@ def run_worker(*, concurrency: int, loglevel: str, name: str, task_events: bool)
     _worker_config()  # a bad setting stops the process here, before Celery starts
     settings = broker_settings()
     app.conf.worker_send_task_events = task_events
-    argv = ["worker", "--queues", settings.queue, "--concurrency", str(concurrency), "--hostname", name]
+    argv = ["--app", "workers.app:app", "worker", "--queues", settings.queue, "--hostname", name]
+    argv += ["--concurrency", str(concurrency)]
     argv += ["--loglevel", loglevel, *(["--task-events"] if task_events else [])]
     argv += ["--pool", "threads", "--without-gossip", "--without-mingle", "--prefetch-multiplier", "1"]
     try:
-        app.worker_main(argv)
-    except SystemExit:
-        if not ALL_REFUSED.is_set():
-            raise
-    if ALL_REFUSED.is_set():
-        raise SystemExit(USER_ERROR_EXIT)
+        # The celery command itself: app.worker_main and app.start drop the worker's exit code,
+        # so a Celery ended by kombu's "Unrecoverable error" (1) exited 0, as if stopped.
+        code = celery_command.main(args=argv, standalone_mode=False)
+    except SystemExit as exc:
+        code = exc.code
+    raise SystemExit(USER_ERROR_EXIT if ALL_REFUSED.is_set() else code)

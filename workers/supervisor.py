@@ -8,9 +8,12 @@ restoring unacked messages, long-standing upstream: celery/kombu #582, #970), an
 kill, a bug. A restarted worker takes its batches' leases back at once (their holder, the old
 child, is a dead process of this boot) or finds them restored by the reaper.
 
-Exit codes: the child's 0 (stopped by SIGTERM/SIGINT) and 2 (every server refused by preflight,
-a bad setting: restarting cannot help) end the supervisor with the same code; anything else,
-including death by a signal, is a crash.
+Endings: a SIGTERM or SIGINT to the supervisor is forwarded to the child, and the supervisor
+exits 0 once the child has ended. The child's exit code 2 (every server refused by preflight:
+restarting cannot help) ends the supervisor with 2. Any other end of the child, while the
+supervisor was not asked to stop, is a crash, exit code 0 included: Celery exits 0 on paths that
+set no code (its cold shutdown, "Too many open files"), as it does for a SIGTERM sent to the
+child alone. A worker stops when its supervisor is told to, never by itself.
 """
 
 from __future__ import annotations
@@ -36,15 +39,13 @@ RESTART_BACKOFF_START = TIMINGS.restart_backoff
 RESTART_BACKOFF_MAX = TIMINGS.restart_backoff_max
 # A worker that ran this long before crashing was healthy: the next restart waits the least again.
 STABLE_AFTER = 60.0
-# Exit codes that end the supervisor instead of a restart (stopped; refused, as docs say).
-FINAL_EXIT_CODES = frozenset({0, USER_ERROR_EXIT})
 # Environment variable telling the child it runs under a supervisor (for logs and tests).
 ENV_CHILD = "EAGLE_SYNTH_SUPERVISED"
 
 
 class Supervisor:
     """Run `argv` (with environment `env`) as a child and restart it with backoff until it exits
-    0 or 2 or we are stopped."""
+    2 (refused) or we are stopped."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.argv = argv
@@ -67,8 +68,10 @@ class Supervisor:
             started = time.monotonic()
             self.child = subprocess.Popen(self.argv, env={**self.env, ENV_CHILD: "1"})
             code = self.child.wait()  # PEP 475: a signal handler does not interrupt it
-            if self.stopping or code in FINAL_EXIT_CODES:
-                return 0 if code < 0 and self.stopping else code
+            if code == USER_ERROR_EXIT:
+                return code
+            if self.stopping:
+                return 0
             if time.monotonic() - started > STABLE_AFTER:
                 backoff = RESTART_BACKOFF_START
             self.restarts += 1
