@@ -9,7 +9,7 @@ import ssl
 from typing import Any, ClassVar, Self
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlparse, urlunparse
 
-from pydantic import Field, PositiveInt, ValidationError, field_validator
+from pydantic import Field, PositiveInt, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eagle_synth.errors import UserError
@@ -64,6 +64,8 @@ class EnvSettings(BaseSettings):
         def form(value: Any) -> str:
             if isinstance(value, bool):
                 return "1" if value else "0"
+            if isinstance(value, SecretStr):
+                return value.get_secret_value()
             return ",".join(value) if isinstance(value, tuple) else "" if value is None else str(value)
 
         return {self.env_name(name): form(getattr(self, name)) for name in type(self).model_fields}

@@ -167,3 +167,65 @@ def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
 
 def queued_items(redis_url: str) -> list:
     return [item for payload in queued_payloads(redis_url) for item in payload.items]
+
+
+# What a server started with `--api-key` answers by path, without the key: vLLM (0.32) guards
+# its /v1/... paths only. tests/test_real_vllm.py holds real vLLM to it, tests/test_vllm.py the
+# devserver's vLLM API, both through `api_key_statuses`.
+VLLM_API_KEY_STATUSES = {
+    "GET /health": 200,
+    "GET /version": 200,
+    "POST /tokenize": 200,
+    "GET /v1/models": 401,
+    "POST /v1/completions": 401,
+    "GET /v1/models with a wrong key": 401,
+    "GET /v1/models with the key": 200,
+}
+
+
+def api_key_statuses(url: str, key: str) -> dict[str, int]:
+    """The status of each request of VLLM_API_KEY_STATUSES on the server at `url`."""
+    import requests
+
+    def status(method: str, path: str, *, token: str | None = None, body: dict | None = None) -> int:
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        return requests.request(method, url + path, json=body, headers=headers, timeout=60).status_code
+
+    return {
+        "GET /health": status("GET", "/health"),
+        "GET /version": status("GET", "/version"),
+        "POST /tokenize": status("POST", "/tokenize", body={"prompt": "hello", "add_special_tokens": False}),
+        "GET /v1/models": status("GET", "/v1/models"),
+        "POST /v1/completions": status("POST", "/v1/completions", body={"prompt": [1, 2, 3], "max_tokens": 1}),
+        "GET /v1/models with a wrong key": status("GET", "/v1/models", token=key + "-wrong"),
+        "GET /v1/models with the key": status("GET", "/v1/models", token=key),
+    }
+
+
+def redis_text(client) -> str:
+    """Every key and value of a Redis database as text, for tests that look for a secret in it."""
+    parts = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key).decode()
+        read = {
+            "string": lambda k: [client.get(k)],
+            "hash": lambda k: [part for pair in client.hgetall(k).items() for part in pair],
+            "set": client.smembers,
+            "list": lambda k: client.lrange(k, 0, -1),
+            "zset": lambda k: client.zrange(k, 0, -1),
+        }.get(kind, lambda k: [])
+        parts += [key, *(value for value in read(key) if value is not None)]
+    return "\n".join(part.decode(errors="replace") for part in parts)
+
+
+def folder_text(folder) -> str:
+    """Every file under `folder` as text, zstd files decompressed, for tests that look for a secret."""
+    import zstandard
+
+    parts = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if path.suffix == ".zst":
+            data = zstandard.ZstdDecompressor().stream_reader(data).read()
+        parts.append(f"{path}\n{data.decode(errors='replace')}")
+    return "\n".join(parts)

@@ -20,6 +20,9 @@ VOCAB = 248077
 PROMPT = list(range(1000, 1040))
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"
 PREFERRED = {"max_new_tokens": 7, "frequency_penalty": 0.5}
+# Requests carry the "rich" server's --api-key (the other servers check none).
+HTTP = requests.Session()
+HTTP.headers["Authorization"] = f"Bearer {SECRET}"
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +68,25 @@ def fleet(tmp_path_factory, tokenizer_path):
 
 
 def post(url: str, ids, **body) -> requests.Response:
-    return requests.post(url + "/generate", json={"input_ids": ids, **body}, timeout=TIMEOUT)
+    return HTTP.post(url + "/generate", json={"input_ids": ids, **body}, timeout=TIMEOUT)
 
 
 def stats(url: str) -> dict:
-    return requests.get(url + "/dev/stats", timeout=TIMEOUT).json()
+    return HTTP.get(url + "/dev/stats", timeout=TIMEOUT).json()
+
+
+def test_the_api_key_guards_every_path_but_health_as_sglangs_does(fleet):
+    url = fleet["rich"]
+    for method, path in (("GET", "/server_info"), ("GET", "/model_info"), ("GET", "/v1/models"), ("POST", "/generate")):
+        for headers in ({}, {"Authorization": "Bearer sk-other"}, {"Authorization": SECRET}):
+            reply = requests.request(method, url + path, json={"input_ids": PROMPT}, headers=headers, timeout=TIMEOUT)
+            assert (reply.status_code, reply.json()) == (401, {"error": "Unauthorized"}), (method, path, headers)
+    assert requests.get(url + "/health", timeout=TIMEOUT).status_code == 200  # probes need no key
+    assert HTTP.get(url + "/model_info", timeout=TIMEOUT).status_code == 200
 
 
 def test_server_info_reports_settings_and_secrets_like_sglang(fleet):
-    info = requests.get(fleet["rich"] + "/server_info", timeout=TIMEOUT).json()
+    info = HTTP.get(fleet["rich"] + "/server_info", timeout=TIMEOUT).json()
     assert info["api_key"] == SECRET and info["admin_api_key"] == ADMIN_SECRET  # unredacted, as SGLang
     assert info["enable_deterministic_inference"] is True
     assert info["allow_auto_truncate"] is False
@@ -87,18 +100,18 @@ def test_server_info_reports_settings_and_secrets_like_sglang(fleet):
     assert info["max_running_requests"] == 8
     assert info["max_total_num_tokens"] == 8 * 64
     assert info["max_req_input_len"] == 64 - 1 - 5
-    model = requests.get(fleet["rich"] + "/model_info", timeout=TIMEOUT).json()
+    model = HTTP.get(fleet["rich"] + "/model_info", timeout=TIMEOUT).json()
     assert json.loads(model["preferred_sampling_params"]) == PREFERRED
 
 
 def test_current_and_deprecated_info_endpoints(fleet):
     url = fleet["old"]
     before = stats(url)["deprecated_info_calls"]
-    assert requests.get(url + "/server_info", timeout=TIMEOUT).json()["version"] == "0.5.6"
-    assert requests.get(url + "/model_info", timeout=TIMEOUT).json()["is_generation"] is True
+    assert HTTP.get(url + "/server_info", timeout=TIMEOUT).json()["version"] == "0.5.6"
+    assert HTTP.get(url + "/model_info", timeout=TIMEOUT).json()["is_generation"] is True
     assert stats(url)["deprecated_info_calls"] == before
-    assert requests.get(url + "/get_server_info", timeout=TIMEOUT).json()["version"] == "0.5.6"
-    assert requests.get(url + "/get_model_info", timeout=TIMEOUT).json()["is_generation"] is True
+    assert HTTP.get(url + "/get_server_info", timeout=TIMEOUT).json()["version"] == "0.5.6"
+    assert HTTP.get(url + "/get_model_info", timeout=TIMEOUT).json()["is_generation"] is True
     assert stats(url)["deprecated_info_calls"] == before + 2
 
 
@@ -160,7 +173,7 @@ def test_sampling_key_errors_are_400_since_0_5_23_and_500_before(fleet):
 
 def test_malformed_rate_cycles_through_the_shapes(fleet):
     url = fleet["malformed"]
-    requests.post(url + "/dev/reset_stats", timeout=TIMEOUT)
+    HTTP.post(url + "/dev/reset_stats", timeout=TIMEOUT)
     seen = []
     for _ in range(len(MALFORMED_SHAPES)):
         r = post(url, [PROMPT, PROMPT[:20]], sampling_params={"max_new_tokens": 5, "ignore_eos": True})

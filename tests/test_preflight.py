@@ -409,7 +409,7 @@ def gate_state(redis_url: str, url: str, **gate_options) -> tuple[ServerState, N
 
 def test_secrets_never_reach_provenance_redis_or_the_manifest(fleet, redis_server):
     url = fleet["accepted"]
-    state, node = gate_state(redis_server.url, url, allow_server_settings=())
+    state, node = gate_state(redis_server.url, url, allow_server_settings=(), server_api_key=SECRET)
     assert state.state == HEALTHY, state.detail
     assert state.deterministic_inference is True and state.sampling_seed_supported is True
     assert state.max_running_requests == 12 and state.max_total_num_tokens == 12 * 32768
@@ -462,7 +462,7 @@ def test_preflight_at_start_sorts_every_server_into_one_list(fleet):
 
     down = f"http://127.0.0.1:{free_port()}"
     found = preflight_at_start(
-        [fleet["accepted"], fleet["refused"], down], allow_server_parsers=False, allowed_settings=()
+        [fleet["accepted"], fleet["refused"], down], allow_server_parsers=False, allowed_settings=(), api_key=SECRET
     )
     assert found.capacities == [12] and found.inflight() == auto_inflight(12)
     assert len(found.refused) == 1 and found.refused[0].startswith(f"refusing server {fleet['refused']}")

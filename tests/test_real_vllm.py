@@ -18,10 +18,14 @@ import requests
 from eagle_synth.harness import free_port, wait_for
 from tests.conftest import write_jsonl
 from tests.helpers import (
+    VLLM_API_KEY_STATUSES,
+    api_key_statuses,
     assert_exactly_once,
     campaign,
     cli,
     enqueue_rows,
+    folder_text,
+    redis_text,
     status_now,
     wait_finished,
 )
@@ -31,7 +35,7 @@ from tests.vllm_server import MAX_MODEL_LEN, SERVED_NAME
 from workers.backends.base import VLLM
 from workers.backends.vllm import VllmBackend
 from workers.batch import classify_bad_request
-from workers.client import BadRequest, ServerClient, error_for_status
+from workers.client import BadRequest, ServerClient, bearer_headers, error_for_status
 from workers.preflight import preflight_server
 
 pytestmark = MARKS
@@ -65,10 +69,10 @@ def plain_template_ids(tokenizer_path, messages: list[dict], tools: list | None 
     return list(plain.apply_chat_template(messages, tools=tools, add_generation_prompt=True, return_dict=False))
 
 
-def fresh_ids(url: str, record) -> list[int]:
+def fresh_ids(url: str, record, *, key: str | None = None) -> list[int]:
     """What the server generates now for the record's prompt and sampling (its seed included)."""
     path, body = VllmBackend(model=SERVED_NAME).request(record.prompt_ids, record.sampling)
-    reply = requests.post(f"{url}{path}", json=body, timeout=TIMEOUT)
+    reply = requests.post(f"{url}{path}", json=body, headers=bearer_headers(key), timeout=TIMEOUT)
     assert reply.status_code == 200, reply.text
     return reply.json()["choices"][0]["token_ids"]
 
@@ -324,3 +328,36 @@ def test_worker_before_the_server_then_the_server_killed_and_restarted(
         forward.close()
     records = assert_exactly_once(redis_server.url, "kill", out / "kill", expected=len(rows))
     assert c.failure_counts() == {} and len(records) == len(rows)
+
+
+def test_a_server_with_an_api_key_takes_the_workers_key_and_refuses_a_worker_without_it(
+    tmp_path, redis_server, stack, own_vllm, vllm_model
+):
+    """vLLM started with --api-key: what it guards (the devserver's vLLM API is held to the same
+    in tests/test_vllm.py); a worker without the key, or with another, is refused at start
+    (exit 2, one line naming EAGLE_SYNTH_SERVER_API_KEY); with it the whole path is exact, and
+    the key is in no log, Redis value, record or manifest."""
+    key = "sk-vllm-test-not-for-records"
+    server = own_vllm(extra=("--api-key", key))
+    assert api_key_statuses(server.url, key) == VLLM_API_KEY_STATUSES
+    rows = user_rows(4, prefix="key")
+    enqueue_rows(tmp_path, redis_server.url, "key", rows, tokenizer=vllm_model, batch_size=2, max_new_tokens=NEW_TOKENS)
+    out = tmp_path / "out"
+    start = ("worker", "--server", server.url, "--out", str(out), "--redis", redis_server.url)
+    for given, says in (("", "set EAGLE_SYNTH_SERVER_API_KEY to it"), ("sk-other", "is not the key")):
+        refused = cli(*start, check=False, env={"EAGLE_SYNTH_SERVER_API_KEY": given})
+        stderr = refused.stderr.decode()
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert refused.returncode == 2 and len(errors) == 1, stderr
+        assert says in errors[0] and "401" in errors[0] and (not given or given not in stderr), stderr
+    worker = stack.worker(
+        servers=[server.url], out=out, redis_url=redis_server.url, env={"EAGLE_SYNTH_SERVER_API_KEY": key}
+    )
+    wait_finished(redis_server.url, "key", expected=len(rows), timeout=600, stack=stack)
+    records = assert_exactly_once(redis_server.url, "key", out / "key", expected=len(rows))
+    assert campaign(redis_server.url, "key").failure_counts() == {}
+    for record in records.values():
+        assert record.output_ids == fresh_ids(server.url, record, key=key)
+    c = campaign(redis_server.url, "key")
+    for where, text in (("log", worker.log()), ("Redis", redis_text(c.client)), ("--out", folder_text(out))):
+        assert key not in text, f"the API key is in the {where}"

@@ -15,6 +15,8 @@ from eagle_synth.sampling import SamplingParams
 from eagle_synth.state.node_state import HEALTHY, REFUSED, ServerState
 from tests.conftest import chat_rows
 from tests.helpers import (
+    VLLM_API_KEY_STATUSES,
+    api_key_statuses,
     assert_exactly_once,
     campaign,
     cli,
@@ -37,6 +39,8 @@ VOCAB = 248077
 TIMEOUT = 10
 PROMPT = [1000, 1001, 1002, 1003]
 EOS = 248046
+# The --api-key of the fleet's "keyed" server.
+API_KEY = "sk-devserver-not-for-records"
 
 
 def campaign_sampling(**changes) -> dict:
@@ -251,6 +255,7 @@ def vllm_fleet(tmp_path_factory, tokenizer_path):
         "capped": ["--override-generation-config", json.dumps({"max_new_tokens": 2})],
         "no-tokenizer": ["--skip-tokenizer-init"],
         "sglang": ["--api", "sglang"],
+        "keyed": ["--api-key", API_KEY],
     }
     servers = {
         name: start_devserver(
@@ -268,6 +273,18 @@ def vllm_fleet(tmp_path_factory, tokenizer_path):
     yield {name: url for name, (_, url) in servers.items()}
     for process, _ in servers.values():
         process.stop()
+
+
+def test_a_server_with_an_api_key_takes_the_workers_key_and_refuses_a_worker_without_it(vllm_fleet):
+    """The devserver's vLLM API guards what vLLM does (tests/test_real_vllm.py holds real vLLM to
+    the same statuses), and preflight refuses it without the key, or with another, naming the fix."""
+    url = vllm_fleet["keyed"]
+    assert api_key_statuses(url, API_KEY) == VLLM_API_KEY_STATUSES
+    for key, says in ((None, "set EAGLE_SYNTH_SERVER_API_KEY to it"), ("sk-other", "is not the key")):
+        with pytest.raises(PreflightError, match=says) as refused:
+            preflight_server(ServerClient(url, api_key=key))
+        assert "401" in str(refused.value) and "sk-other" not in str(refused.value)
+    assert preflight_server(ServerClient(url, api_key=API_KEY)).kind == VLLM
 
 
 def test_the_devserver_answers_in_vllms_shapes(vllm_fleet):

@@ -72,7 +72,7 @@ from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import Backend, backend_for_state
 from workers.backends.base import UntranslatableSampling
-from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError
+from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError, Unauthorized
 from workers.config import WorkerConfig, auto_inflight
 from workers.disk import DiskState, DiskUnavailable
 from workers.followups import FollowUps
@@ -443,10 +443,13 @@ class _Run:
             self.refuse_sampling(item, error)
         elif isinstance(error, BadRequest):
             self.fail(item, classify_bad_request(str(error)), str(error))
-        elif isinstance(error, ServerDown) or runner._server_down(url, str(error)):
-            runner.node_state.suspect(url, str(error))
+        elif isinstance(error, Unauthorized | ServerDown) or runner._server_down(url, str(error)):
+            # A key refused mid-campaign (the server restarted with another) refuses the server:
+            # the gate marks it so (REFUSE_PREFIX), and the prompt goes elsewhere or back to the queue.
+            refused = isinstance(error, Unauthorized)
+            runner.node_state.suspect(url, f"{REFUSE_PREFIX if refused else ''}{error}")
             if not runner.pool.routable():
-                raise Requeue(f"server {url} is down: {error}")
+                raise Requeue(f"server {url} {'refused our API key' if refused else 'is down'}: {error}")
             self.send(item)  # another server takes it; the prompt did nothing wrong
         else:
             self.retry(
@@ -593,7 +596,7 @@ class BatchRunner:
         self.node_state = NodeState(self.redis_client, node)
         self._published: dict[tuple[str, str], int] = {}
         self._said: dict[tuple[str, str], object] = {}
-        self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick)
+        self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick, api_key=config.api_key)
         # Marks records done and carries conversations' next turns to the queue; holds the
         # process's cache of campaign settings.
         self.followups = FollowUps(
@@ -604,7 +607,9 @@ class BatchRunner:
             hungry=lambda: self.pool.waiting() == 0,
         )
         self._stop_deadline: float | None = None
-        self.health_clients = {url: ServerClient(url, pool_connections=4) for url in config.servers}
+        self.health_clients = {
+            url: ServerClient(url, pool_connections=4, api_key=config.api_key) for url in config.servers
+        }
         self.model_check = ModelCheck(self.health_clients)
         self._health_seen: dict[str, tuple[float, bool]] = {}
         self._noted: set[tuple[str, str]] = set()

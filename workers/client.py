@@ -3,7 +3,12 @@ info endpoints, JSON posts (request and reply shapes are in workers/backends/).
 
 Every failure becomes one the batch runner classifies: ServerDown (not listening: wait for health),
 TransientError (timeouts, resets, 429, 5xx: retry with backoff), BadRequest (400: never retried),
-BadSamplingParams (a 400 about the campaign's sampling rather than one prompt).
+BadSamplingParams (a 400 about the campaign's sampling rather than one prompt), Unauthorized
+(401/403: the server checks an API key this worker lacks; the server is refused).
+
+A server started with `--api-key` gets it as `Authorization: Bearer <key>` on every request
+(`api_key`, from EAGLE_SYNTH_SERVER_API_KEY); SGLang checks it on every path but /health and
+/metrics, vLLM on /v1/... only.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class BadSamplingParams(BadRequest):
     """HTTP 400 about the campaign's sampling: the caller stops the campaign instead of failing its prompts."""
 
 
+class Unauthorized(ClientError):
+    """HTTP 401 or 403: the server checks an API key and this worker sent none, or another one."""
+
+
 # How the servers word a 400 caused by the sampling, whatever the version: an unknown key
 # (msgspec's "Unexpected keyword argument 'seed'", Python's "got an unexpected keyword
 # argument"), a mistyped value (msgspec's "Expected `float`, got `str` - at `$.temperature`", a
@@ -91,8 +100,28 @@ def error_message(body: bytes, status: int) -> str:
     return str(parsed)[:500]
 
 
+# The environment variable holding the servers' API key (WorkerConfig.server_api_key), for messages.
+API_KEY_ENV = "EAGLE_SYNTH_SERVER_API_KEY"
+
+
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """The header that carries `api_key` as SGLang's and vLLM's `--api-key` check it ({} for none)."""
+    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+
+
+def unauthorized(status: int, body: bytes, *, path: str, sent_key: bool) -> Unauthorized:
+    """The error of a 401/403 reply, saying what to fix (`sent_key`: a key was sent, a wrong one)."""
+    fix = (
+        f"{API_KEY_ENV} is not the key the server was started with"
+        if sent_key
+        else f"the server checks an API key (--api-key): set {API_KEY_ENV} to it"
+    )
+    return Unauthorized(f"{path} answered {status} ({error_message(body, status)}): {fix}")
+
+
 def error_for_status(status: int, body: bytes, *, path: str) -> ClientError | None:
-    """The error a non-200 reply stands for (None for 200): 400 is the request's fault, the rest may pass."""
+    """The error a non-200 reply stands for (None for 200): 400 is the request's fault, the rest
+    may pass (401/403 are the callers': `unauthorized`)."""
     if status == 200:
         return None
     if status == 400:
@@ -139,11 +168,14 @@ class ServerFacts:
 
 class ServerClient:
     """HTTP client for one server, SGLang or vLLM, at base `url` (e.g. http://gpu-host:30000),
-    keeping up to `pool_connections` keep-alive connections."""
+    keeping up to `pool_connections` keep-alive connections, sending `api_key` (if any) as a
+    bearer token."""
 
-    def __init__(self, url: str, *, pool_connections: int = POOL_CONNECTIONS) -> None:
+    def __init__(self, url: str, *, pool_connections: int = POOL_CONNECTIONS, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
+        self.sends_key = api_key is not None
         self.session = requests.Session()
+        self.session.headers.update(bearer_headers(api_key))
         # Retries are classified by the batch runner, not hidden in the transport.
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_connections, max_retries=0)
         self.session.mount("http://", adapter)
@@ -173,6 +205,9 @@ class ServerClient:
                 raise
             response._content = bytes(body)  # what .content and .json() read
             response.raw.release_conn()
+            if response.status_code in (401, 403):  # no endpoint answers anything else without the key
+                where = f"{self.url}{path}"
+                raise unauthorized(response.status_code, response.content, path=where, sent_key=self.sends_key)
             return response
         except requests.ConnectionError as exc:
             # A refused connection means nothing listens; a reset mid-request may be a dying

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Self
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from eagle_synth.errors import UserError
@@ -75,6 +75,10 @@ class WorkerConfig(EnvSettings):
     render_processes: int = Field(
         2, description="Processes that render conversations' next turns (--history own), started on first need."
     )
+    # No flag: a flag's value shows in `ps` and shell history. Never logged, never in Redis.
+    server_api_key: SecretStr | None = Field(
+        None, description="The servers' API key (their --api-key), sent as a bearer token to every server."
+    )
 
     @field_validator("servers", "backend", "allow_server_settings", mode="before")
     @classmethod
@@ -127,6 +131,10 @@ class WorkerConfig(EnvSettings):
                 f"no server configured: set {cls.env_name('servers')} or start with `eagle-synth worker --server URL`"
             )
         return config
+
+    @property
+    def api_key(self) -> str | None:
+        return None if self.server_api_key is None else self.server_api_key.get_secret_value()
 
     def backend_for(self, url: str) -> str:
         """The kind given for one server ("auto" when none was: detect it)."""

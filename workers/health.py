@@ -18,7 +18,7 @@ from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, U
 from workers.backends import BACKENDS
 from workers.backends.base import PreflightError
 from workers.background import every
-from workers.client import ServerClient, ServerDown, TransientError
+from workers.client import ServerClient, ServerDown, TransientError, Unauthorized
 from workers.config import WorkerConfig
 from workers.disk import DiskState
 from workers.model_check import REFUSE_PREFIX
@@ -82,7 +82,10 @@ class HealthGate:
             allowed_settings=frozenset(config.allow_server_settings),
         )
         self._disk_detail: str | None = None
-        self.tracked = {url: _Tracked(client=ServerClient(url, pool_connections=2)) for url in config.servers}
+        self.tracked = {
+            url: _Tracked(client=ServerClient(url, pool_connections=2, api_key=config.api_key))
+            for url in config.servers
+        }
         self.is_open = False
         self._last_publish = 0.0
         self._stop = threading.Event()
@@ -148,6 +151,9 @@ class HealthGate:
         now = time.time()
         try:
             ok, detail = tracked.client.health(timeout=self.config.probe_timeout)
+        except Unauthorized as exc:  # SGLang and vLLM leave /health open; a proxy in front may not
+            log.error("refusing server %s: %s", url, exc)
+            return self._set(tracked, REFUSED, str(exc))
         except ServerDown as exc:
             # Nothing listens: certain, no hysteresis; it must pass preflight again when back. One
             # that was serving says when it went down and the last failure a batch saw (a server

@@ -23,7 +23,16 @@ import aiohttp
 import orjson
 
 from workers.backends import Backend
-from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, error_for_status
+from workers.client import (
+    CONNECT_TIMEOUT,
+    ClientError,
+    ServerDown,
+    TransientError,
+    Unauthorized,
+    bearer_headers,
+    error_for_status,
+    unauthorized,
+)
 
 log = logging.getLogger("eagle_synth.inflight")
 
@@ -99,8 +108,11 @@ class InflightPool:
         *,
         servers: list[str],
         on_tick: Callable[[Mapping[tuple[str, str], int]], Mapping[str, Route]],
+        api_key: str | None = None,
     ) -> None:
         self.servers = list(servers)
+        self._headers = {**JSON_HEADERS, **bearer_headers(api_key)}
+        self._sends_key = api_key is not None
         self._on_tick = on_tick
         self._backends: dict[str, Backend] = {}
         self._limits: dict[str, int] = {}
@@ -221,7 +233,7 @@ class InflightPool:
             self._by_tag[(job.tag, url)] -= 1
             if not self._by_tag[(job.tag, url)]:
                 del self._by_tag[(job.tag, url)]
-        if isinstance(answer.error, ServerDown):
+        if isinstance(answer.error, ServerDown | Unauthorized):
             self._refused.add(url)
         job.future.set_result(answer)
         self._pump()
@@ -233,7 +245,7 @@ class InflightPool:
         timeout = aiohttp.ClientTimeout(total=job.timeout, sock_connect=CONNECT_TIMEOUT)
         try:
             async with self._session.post(
-                f"{url}{path}", data=_json_body(body, job.ids), headers=JSON_HEADERS, timeout=timeout
+                f"{url}{path}", data=_json_body(body, job.ids), headers=self._headers, timeout=timeout
             ) as response:
                 raw = await response.read()
                 status = response.status
@@ -243,6 +255,8 @@ class InflightPool:
             raise TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s") from None
         except aiohttp.ClientError as exc:
             raise TransientError(f"{url}{path}: connection error: {exc!r}") from None
+        if status in (401, 403):
+            raise unauthorized(status, raw, path=f"{url}{path}", sent_key=self._sends_key)
         error = error_for_status(status, raw, path=path)
         if error is not None:
             raise error

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from workers.backends import BACKENDS
 from workers.backends.base import AUTO, SGLANG, VLLM, Check, PreflightError, redact_url
 from workers.backends.sglang import CHECKS
-from workers.client import ServerClient, ServerDown, ServerFacts, TransientError, first_model
+from workers.client import ServerClient, ServerDown, ServerFacts, TransientError, Unauthorized, first_model
 from workers.config import auto_inflight
 
 # The settings `--allow-server-parsers` accepts.
@@ -55,7 +55,15 @@ def preflight_server(
 ) -> Preflighted:
     """Detect (or take `forced`), gather facts and check one server. Raises PreflightError for
     a refused server (wrong or unknown kind, refused settings, a probe showing it cannot give
-    records), ServerDown / TransientError when it cannot answer."""
+    records, an API key it checks and we lack), ServerDown / TransientError when it cannot answer."""
+    where = f"refusing server {redact_url(client.url)}"
+    try:
+        return _preflight(client, forced=forced, allow_server_parsers=allow_server_parsers, allowed=allowed_settings)
+    except Unauthorized as exc:
+        raise PreflightError(f"{where}: {exc}") from None
+
+
+def _preflight(client: ServerClient, *, forced: str, allow_server_parsers: bool, allowed: Iterable[str]) -> Preflighted:
     detected, evidence = detect_kind(client)
     where = f"refusing server {redact_url(client.url)}"
     if forced in BACKENDS and detected not in (None, forced):
@@ -71,7 +79,7 @@ def preflight_server(
     backend = BACKENDS[kind]
     facts = backend.facts(client)
     accepted = check_server(
-        facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings, checks=backend.checks
+        facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed, checks=backend.checks
     )
     return Preflighted(kind=kind, how=how, facts=facts, accepted=accepted)
 
@@ -121,13 +129,18 @@ class StartupPreflight:
 
 
 def preflight_at_start(
-    servers: Iterable[str], *, forced: Callable[[str], str], allow_server_parsers: bool, allowed_settings: Sequence[str]
+    servers: Iterable[str],
+    *,
+    forced: Callable[[str], str],
+    allow_server_parsers: bool,
+    allowed_settings: Sequence[str],
+    api_key: str | None = None,
 ) -> StartupPreflight:
     """Preflight each server once before the worker starts; `forced(url)` is its --backend or AUTO."""
     found = StartupPreflight(refused=[], capacities=[], not_answering=[])
     for url in servers:
         try:
-            client = ServerClient(url)
+            client = ServerClient(url, api_key=api_key)
             checked = preflight_server(
                 client, forced=forced(url), allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings
             )

@@ -94,7 +94,10 @@ def worker(
     allow_volatile_redis: AllowVolatileOpt = False,
     redis: RedisOpt = None,
 ) -> None:
-    """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records."""
+    """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records.
+
+    Servers started with --api-key need it in EAGLE_SYNTH_SERVER_API_KEY (no flag: a flag shows in ps).
+    """
     from eagle_synth.state.redis_policy import check_redis_ready
 
     for url in servers:
@@ -127,6 +130,7 @@ def worker(
         forced=config.backend_for,
         allow_server_parsers=config.allow_server_parsers,
         allowed_settings=config.allow_server_settings,
+        api_key=config.api_key,
     )
     for line in found.accepted:
         typer.echo(line)

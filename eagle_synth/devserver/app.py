@@ -8,6 +8,7 @@ pool thread on an event loop of the server's own (the main thread, or a daemon t
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -74,6 +75,10 @@ SERVER_INFO_FIELDS = (
     *("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "host", "port"),
     "max_queued_requests",
 )
+# What --api-key guards: SGLang's middleware lets paths with these prefixes through (probes and
+# Prometheus need no key); vLLM's (0.32) guards only paths with these.
+SGLANG_KEYLESS_PREFIXES = ("/health", "/metrics")
+VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 # SGLang's deprecated paths, answered as their successors with a warning: old -> new.
 DEPRECATED_PATHS = {"/get_model_info": "/model_info", "/get_server_info": "/server_info"}
 # path -> (methods, endpoint method), per API; every other path is a 404.
@@ -419,6 +424,18 @@ class DevServer:
             await runner.cleanup()
             self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def _authorized(self, request: web.Request) -> bool:
+        """Whether `request` may pass --api-key, as the real server's middleware decides."""
+        key, api, path = self.config.api_key, self.config.api, request.path
+        if key is None or request.method == "OPTIONS" or path.startswith("/dev/"):  # /dev/: the devserver's own
+            return True
+        if path.startswith(SGLANG_KEYLESS_PREFIXES if api == "sglang" else ()):
+            return True
+        if api == "vllm" and not path.startswith(VLLM_GUARDED_PREFIXES):
+            return True
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode())
+
     async def _dispatch(self, handlers: dict, request: web.Request) -> web.StreamResponse:
         try:
             body = await request.read()
@@ -426,7 +443,9 @@ class DevServer:
             return await _send(request, json_reply({"detail": "Request body too large"}, status=413), close=True)
         path = request.path.rstrip("/") or "/"
         route = handlers.get(path)
-        if route is None:
+        if not self._authorized(request):
+            reply = json_reply({"error": "Unauthorized"}, status=401)
+        elif route is None:
             reply = json_reply({"detail": "Not Found"}, status=404)
         elif request.method not in route[0]:
             reply = json_reply({"detail": "Method Not Allowed"}, status=405)

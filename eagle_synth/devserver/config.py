@@ -16,7 +16,7 @@ VLLM_GENERATION_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "
 # Knobs that exist only on one kind of server: field -> (its default, the API it belongs to).
 API_ONLY_KNOBS = {
     **dict.fromkeys(("max_queued_requests", "preferred_sampling_params", "speculative_algorithm"), (None, "sglang")),
-    **dict.fromkeys(("tool_call_parser", "api_key", "admin_api_key"), (None, "sglang")),
+    **dict.fromkeys(("tool_call_parser", "admin_api_key"), (None, "sglang")),
     **dict.fromkeys(("prefix_bug", "understate_completion"), (0, "sglang")),
     **dict.fromkeys(("drop_stop_id", "allow_auto_truncate", "enable_deterministic_inference"), (False, "sglang")),
     **{"override_generation_config": (None, "vllm"), "generation_config": ("auto", "vllm")},
@@ -94,7 +94,11 @@ class DevServerConfig:
     sglang_version: str = _opt("0.5.23", "Version reported by server_info.")
     seed: int = _opt(0, "Seed of the fault RNG and of temperature>0 sampling.")
     access_log: bool = _opt(False, "Log every HTTP request to stderr.")
-    api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
+    api_key: str | None = _opt(
+        None,
+        "Require `Authorization: Bearer K`, as the real servers do (401 without it): SGLang on every path but "
+        "/health* and /metrics*, vLLM on /v1/... only. SGLang also reports it in server_info, unredacted.",
+    )
     admin_api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
     allow_auto_truncate: bool = _opt(False, "Cut prompts and max_new_tokens that do not fit instead of answering 400.")
     preferred_sampling_params: str | None = _opt(None, "JSON sampling params merged under each request's own.")
