@@ -24,7 +24,7 @@ other exception is a bug or an outage: it keeps its traceback.
     ├── TokenizerUnavailable             (state/tokenizer_store.py)
     ├── ClientError                      (workers/client.py: one request to a server)
     │   ├── BadRequest → BadSamplingParams → SamplingOverridden, UntranslatableSampling
-    │   ├── ServerDown
+    │   ├── ServerDown, Unauthorized
     │   └── TransientError → BadResponse (workers/replies.py)
     ├── PromptMismatch, RendererMismatch (workers: the server or renderer changed the prompt ids)
     ├── Requeue, BatchBusy, DiskUnavailable   (workers: a batch's endings)

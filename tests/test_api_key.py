@@ -6,6 +6,7 @@ tests/test_devserver_settings.py (SGLang) and tests/test_vllm.py (vLLM)."""
 from __future__ import annotations
 
 from eagle_synth.harness import free_port, wait_for
+from eagle_synth.state.node_state import REFUSED
 from tests.helpers import (
     assert_exactly_once,
     campaign,
@@ -19,6 +20,7 @@ from tests.helpers import (
 )
 from tests.tcp_forward import TcpForward
 from tests.test_exactly_once import FAST, single_rows
+from tests.test_preflight import gate_state
 
 KEY, ROTATED = "sk-sglang-not-for-records", "sk-rotated-not-for-records"
 PROMPTS = 32
@@ -83,3 +85,29 @@ def test_a_key_rotated_mid_campaign_refuses_the_server_and_burns_no_prompt(
             assert KEY not in text and ROTATED not in text, f"an API key is in the {where}"
     finally:
         forward.close()
+
+
+def test_a_proxy_that_wants_a_key_even_for_health_refuses_the_server(redis_server):
+    """SGLang and vLLM leave /health open; an authenticating proxy in front may not. Its 401
+    refuses the server at the health probe instead of leaving it `loading` for ever."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{proxy.server_address[1]}"
+        state, _ = gate_state(redis_server.url, url)
+        assert state.state == REFUSED and "/health answered 401" in state.detail, state.detail
+        assert "set EAGLE_SYNTH_SERVER_API_KEY to it" in state.detail
+    finally:
+        proxy.shutdown()

@@ -205,7 +205,7 @@ class ServerClient:
                 raise
             response._content = bytes(body)  # what .content and .json() read
             response.raw.release_conn()
-            if response.status_code in (401, 403):  # no endpoint answers anything else without the key
+            if response.status_code in (401, 403):  # an API key is missing or wrong, whatever the path
                 where = f"{self.url}{path}"
                 raise unauthorized(response.status_code, response.content, path=where, sent_key=self.sends_key)
             return response
