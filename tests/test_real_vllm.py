@@ -35,7 +35,7 @@ from tests.vllm_server import MAX_MODEL_LEN, SERVED_NAME
 from workers.backends.base import VLLM
 from workers.backends.vllm import VllmBackend
 from workers.batch import classify_bad_request
-from workers.client import BadRequest, ServerClient, bearer_headers, error_for_status
+from workers.client import BadRequest, ServerClient, error_for_status
 from workers.preflight import preflight_server
 
 pytestmark = MARKS
@@ -72,7 +72,8 @@ def plain_template_ids(tokenizer_path, messages: list[dict], tools: list | None 
 def fresh_ids(url: str, record, *, key: str | None = None) -> list[int]:
     """What the server generates now for the record's prompt and sampling (its seed included)."""
     path, body = VllmBackend(model=SERVED_NAME).request(record.prompt_ids, record.sampling)
-    reply = requests.post(f"{url}{path}", json=body, headers=bearer_headers(key), timeout=TIMEOUT)
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    reply = requests.post(f"{url}{path}", json=body, headers=headers, timeout=TIMEOUT)
     assert reply.status_code == 200, reply.text
     return reply.json()["choices"][0]["token_ids"]
 

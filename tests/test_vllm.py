@@ -30,7 +30,14 @@ from workers.backends import BACKENDS, backend_for_state
 from workers.backends.base import SGLANG, VLLM, PreflightError, UntranslatableSampling
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import PROBE_TOKENS, VllmBackend, parse_completion
-from workers.client import BadRequest, BadSamplingParams, ServerClient, error_for_status, is_sampling_error
+from workers.client import (
+    BadRequest,
+    BadSamplingParams,
+    ServerClient,
+    Unauthorized,
+    error_for_status,
+    is_sampling_error,
+)
 from workers.config import ConfigError, WorkerConfig
 from workers.preflight import preflight_server
 from workers.replies import BadResponse, PromptMismatch, SamplingOverridden
@@ -277,11 +284,12 @@ def vllm_fleet(tmp_path_factory, tokenizer_path):
 
 def test_a_server_with_an_api_key_takes_the_workers_key_and_refuses_a_worker_without_it(vllm_fleet):
     """The devserver's vLLM API guards what vLLM does (tests/test_real_vllm.py holds real vLLM to
-    the same statuses), and preflight refuses it without the key, or with another, naming the fix."""
+    the same statuses), and preflight refuses it (Unauthorized) without the key, or with another,
+    naming the fix."""
     url = vllm_fleet["keyed"]
     assert api_key_statuses(url, API_KEY) == VLLM_API_KEY_STATUSES
     for key, says in ((None, "set EAGLE_SYNTH_SERVER_API_KEY to it"), ("sk-other", "is not the key")):
-        with pytest.raises(PreflightError, match=says) as refused:
+        with pytest.raises(Unauthorized, match=says) as refused:
             preflight_server(ServerClient(url, api_key=key))
         assert "401" in str(refused.value) and "sk-other" not in str(refused.value)
     assert preflight_server(ServerClient(url, api_key=API_KEY)).kind == VLLM

@@ -259,13 +259,9 @@ def run_worker(*, concurrency: int, loglevel: str, name: str, task_events: bool)
     settings = broker_settings()
     app.conf.worker_send_task_events = task_events
     argv = ["--app", "workers.app:app", "worker", "--queues", settings.queue, "--hostname", name]
-    argv += ["--concurrency", str(concurrency)]
-    argv += ["--loglevel", loglevel, *(["--task-events"] if task_events else [])]
+    argv += ["--concurrency", str(concurrency), "--loglevel", loglevel, *(["--task-events"] if task_events else [])]
     argv += ["--pool", "threads", "--without-gossip", "--without-mingle", "--prefetch-multiplier", "1"]
-    try:
-        # The celery command itself: app.worker_main and app.start drop the worker's exit code,
-        # so a Celery ended by kombu's "Unrecoverable error" (1) exited 0, as if stopped.
-        code = celery_command.main(args=argv, standalone_mode=False)
-    except SystemExit as exc:
-        code = exc.code
+    # The celery command itself: app.worker_main and app.start drop the worker's exit code, so a
+    # Celery ended by kombu's "Unrecoverable error" (1) exited 0, as if stopped.
+    code = celery_command.main(args=argv, standalone_mode=False)
     raise SystemExit(USER_ERROR_EXIT if ALL_REFUSED.is_set() else code)

@@ -104,26 +104,17 @@ def error_message(body: bytes, status: int) -> str:
 API_KEY_ENV = "EAGLE_SYNTH_SERVER_API_KEY"
 
 
-def bearer_headers(api_key: str | None) -> dict[str, str]:
-    """The header that carries `api_key` as SGLang's and vLLM's `--api-key` check it ({} for none)."""
-    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
-
-
-def unauthorized(status: int, body: bytes, *, path: str, sent_key: bool) -> Unauthorized:
-    """The error of a 401/403 reply, saying what to fix (`sent_key`: a key was sent, a wrong one)."""
-    fix = (
-        f"{API_KEY_ENV} is not the key the server was started with"
-        if sent_key
-        else f"the server checks an API key (--api-key): set {API_KEY_ENV} to it"
-    )
-    return Unauthorized(f"{path} answered {status} ({error_message(body, status)}): {fix}")
-
-
-def error_for_status(status: int, body: bytes, *, path: str) -> ClientError | None:
-    """The error a non-200 reply stands for (None for 200): 400 is the request's fault, the rest
-    may pass (401/403 are the callers': `unauthorized`)."""
+def error_for_status(
+    status: int, body: bytes, *, path: str, url: str = "", sent_key: bool = False
+) -> ClientError | None:
+    """The error a non-200 reply of server `url` stands for (None for 200): 400 is the request's
+    fault, 401/403 an API key missing or wrong (`sent_key`: one was sent), the rest may pass."""
     if status == 200:
         return None
+    if status in (401, 403):
+        fix = f"{API_KEY_ENV} is not the key the server was started with"
+        fix = fix if sent_key else f"the server checks an API key (--api-key): set {API_KEY_ENV} to it"
+        return Unauthorized(f"refusing server {url}: {path} answered {status} ({error_message(body, status)}): {fix}")
     if status == 400:
         message = error_message(body, status)
         if is_sampling_error(message):
@@ -175,7 +166,8 @@ class ServerClient:
         self.url = url.rstrip("/")
         self.sends_key = api_key is not None
         self.session = requests.Session()
-        self.session.headers.update(bearer_headers(api_key))
+        if api_key is not None:  # as SGLang's and vLLM's --api-key check it
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
         # Retries are classified by the batch runner, not hidden in the transport.
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_connections, max_retries=0)
         self.session.mount("http://", adapter)
@@ -205,9 +197,11 @@ class ServerClient:
                 raise
             response._content = bytes(body)  # what .content and .json() read
             response.raw.release_conn()
-            if response.status_code in (401, 403):  # an API key is missing or wrong, whatever the path
-                where = f"{self.url}{path}"
-                raise unauthorized(response.status_code, response.content, path=where, sent_key=self.sends_key)
+            error = error_for_status(
+                response.status_code, response.content, path=path, url=self.url, sent_key=self.sends_key
+            )
+            if isinstance(error, Unauthorized):  # an API key missing or wrong: no path answers without it
+                raise error
             return response
         except requests.ConnectionError as exc:
             # A refused connection means nothing listens; a reset mid-request may be a dying

@@ -82,10 +82,8 @@ class HealthGate:
             allowed_settings=frozenset(config.allow_server_settings),
         )
         self._disk_detail: str | None = None
-        self.tracked = {
-            url: _Tracked(client=ServerClient(url, pool_connections=2, api_key=config.api_key))
-            for url in config.servers
-        }
+        clients = {url: ServerClient(url, pool_connections=2, api_key=config.api_key) for url in config.servers}
+        self.tracked = {url: _Tracked(client=client) for url, client in clients.items()}
         self.is_open = False
         self._last_publish = 0.0
         self._stop = threading.Event()
@@ -152,7 +150,7 @@ class HealthGate:
         try:
             ok, detail = tracked.client.health(timeout=self.config.probe_timeout)
         except Unauthorized as exc:  # SGLang and vLLM leave /health open; a proxy in front may not
-            log.error("refusing server %s: %s", url, exc)
+            log.error("%s", exc)
             return self._set(tracked, REFUSED, str(exc))
         except ServerDown as exc:
             # Nothing listens: certain, no hysteresis; it must pass preflight again when back. One
@@ -170,7 +168,7 @@ class HealthGate:
         if not tracked.preflighted:
             try:
                 checked = self._preflight(tracked.client, forced=self.config.backend_for(url))
-            except PreflightError as exc:
+            except (PreflightError, Unauthorized) as exc:
                 log.error("%s", exc)
                 return self._set(tracked, REFUSED, str(exc))
             except (ServerDown, TransientError) as exc:

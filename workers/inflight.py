@@ -23,16 +23,7 @@ import aiohttp
 import orjson
 
 from workers.backends import Backend
-from workers.client import (
-    CONNECT_TIMEOUT,
-    ClientError,
-    ServerDown,
-    TransientError,
-    Unauthorized,
-    bearer_headers,
-    error_for_status,
-    unauthorized,
-)
+from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, Unauthorized, error_for_status
 
 log = logging.getLogger("eagle_synth.inflight")
 
@@ -111,7 +102,8 @@ class InflightPool:
         api_key: str | None = None,
     ) -> None:
         self.servers = list(servers)
-        self._headers = {**JSON_HEADERS, **bearer_headers(api_key)}
+        # The servers' --api-key, as SGLang and vLLM check it (and ServerClient sends it).
+        self._headers = JSON_HEADERS | ({} if api_key is None else {"Authorization": f"Bearer {api_key}"})
         self._sends_key = api_key is not None
         self._on_tick = on_tick
         self._backends: dict[str, Backend] = {}
@@ -255,9 +247,7 @@ class InflightPool:
             raise TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s") from None
         except aiohttp.ClientError as exc:
             raise TransientError(f"{url}{path}: connection error: {exc!r}") from None
-        if status in (401, 403):
-            raise unauthorized(status, raw, path=f"{url}{path}", sent_key=self._sends_key)
-        error = error_for_status(status, raw, path=path)
+        error = error_for_status(status, raw, path=path, url=url, sent_key=self._sends_key)
         if error is not None:
             raise error
         try:

@@ -55,15 +55,8 @@ def preflight_server(
 ) -> Preflighted:
     """Detect (or take `forced`), gather facts and check one server. Raises PreflightError for
     a refused server (wrong or unknown kind, refused settings, a probe showing it cannot give
-    records, an API key it checks and we lack), ServerDown / TransientError when it cannot answer."""
-    where = f"refusing server {redact_url(client.url)}"
-    try:
-        return _preflight(client, forced=forced, allow_server_parsers=allow_server_parsers, allowed=allowed_settings)
-    except Unauthorized as exc:
-        raise PreflightError(f"{where}: {exc}") from None
-
-
-def _preflight(client: ServerClient, *, forced: str, allow_server_parsers: bool, allowed: Iterable[str]) -> Preflighted:
+    records), Unauthorized (an API key it checks and we lack), ServerDown / TransientError when
+    it cannot answer."""
     detected, evidence = detect_kind(client)
     where = f"refusing server {redact_url(client.url)}"
     if forced in BACKENDS and detected not in (None, forced):
@@ -79,7 +72,7 @@ def _preflight(client: ServerClient, *, forced: str, allow_server_parsers: bool,
     backend = BACKENDS[kind]
     facts = backend.facts(client)
     accepted = check_server(
-        facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed, checks=backend.checks
+        facts, allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings, checks=backend.checks
     )
     return Preflighted(kind=kind, how=how, facts=facts, accepted=accepted)
 
@@ -144,7 +137,7 @@ def preflight_at_start(
             checked = preflight_server(
                 client, forced=forced(url), allow_server_parsers=allow_server_parsers, allowed_settings=allowed_settings
             )
-        except PreflightError as exc:
+        except (PreflightError, Unauthorized) as exc:
             found.refused.append(str(exc))
         except (ServerDown, TransientError) as exc:
             found.not_answering.append((url, str(exc)))

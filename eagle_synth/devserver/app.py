@@ -425,13 +425,12 @@ class DevServer:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _authorized(self, request: web.Request) -> bool:
-        """Whether `request` may pass --api-key, as the real server's middleware decides."""
+        """Whether `request` passes --api-key, as the real server's middleware decides (the
+        devserver's own /dev/ paths need no key)."""
         key, api, path = self.config.api_key, self.config.api, request.path
-        if key is None or request.method == "OPTIONS" or path.startswith("/dev/"):  # /dev/: the devserver's own
-            return True
-        if path.startswith(SGLANG_KEYLESS_PREFIXES if api == "sglang" else ()):
-            return True
-        if api == "vllm" and not path.startswith(VLLM_GUARDED_PREFIXES):
+        keyless = ("/dev/", *(SGLANG_KEYLESS_PREFIXES if api == "sglang" else ()))
+        guarded = path.startswith(VLLM_GUARDED_PREFIXES) if api == "vllm" else True
+        if key is None or request.method == "OPTIONS" or path.startswith(keyless) or not guarded:
             return True
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode())
