@@ -46,8 +46,7 @@ OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(EnqueueOptions)}
 
 def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
     parts = [part.strip() for part in (raw or "").split(",") if part.strip()]
-    bad = [part for part in parts if not part.isdigit()]
-    if bad:
+    if bad := [part for part in parts if not part.isdigit()]:
         fail(
             f"--stop-token-ids: {bad[0]!r} is not a token id; give comma-separated non-negative integers, e.g. 151645,151643"
         )

@@ -294,8 +294,7 @@ def inspect(
         tokenizer = Path(stored)
     records = find_records(campaign_dir, key=key, random_n=random_n, seed=seed)
     loaded = load_plain_tokenizer(tokenizer)
-    mismatch = check_settings(tokenizer=loaded, manifest=manifest).fingerprint_mismatch
-    if mismatch:
+    if mismatch := check_settings(tokenizer=loaded, manifest=manifest).fingerprint_mismatch:
         warn(f"{mismatch}: the text below is decoded with another model's vocabulary and may be garbage")
     for record in records:
         render_record(record, tokenizer=loaded, prompt_tail=prompt_tail)

@@ -111,8 +111,7 @@ def worker(
     from workers.disk import probe_folder
     from workers.preflight import preflight_at_start
 
-    problem = probe_folder(out)
-    if problem:
+    if problem := probe_folder(out):
         fail(f"--out cannot take records: {problem}")
     given = {
         name: value
