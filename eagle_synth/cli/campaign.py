@@ -253,14 +253,13 @@ def _check_failure_reason(target: Campaign, reason: str) -> None:
     misspelt reason would otherwise re-enqueue nothing and look like success."""
     from eagle_synth.state.keys import FAILED_PREFIX
 
-    current = target.failure_counts()
     ever = {key.removeprefix(FAILED_PREFIX) for key in target.progress().counters if key.startswith(FAILED_PREFIX)}
-    if reason in current or reason in ever:
+    known = set(target.failure_counts()) | ever
+    if reason in known:
         return
-    known = sorted(set(current) | ever)
     fail(
         f"--reason {reason!r}: campaign {target.name!r} has no failures with that reason; "
-        + (f"its reasons: {', '.join(known)}" if known else "it has no failures at all")
+        + (f"its reasons: {', '.join(sorted(known))}" if known else "it has no failures at all")
         + " (`eagle-synth failed` lists them)"
     )
 
