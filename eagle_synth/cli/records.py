@@ -178,9 +178,8 @@ def export(
             where = f" ({split}/)" if split != "all" else ""
             typer.echo(f"speculators{where}: --train-data-ratio {ratio} keeps every input row on one side")
     if written.format == "specforge":
-        summary = written.to_dict()
         typer.echo(
-            f"SpecForge holds about {summary['specforge_memory_bytes'] / 1e9:.2f} GB for the largest file "
+            f"SpecForge holds about {written.to_dict()['specforge_memory_bytes'] / 1e9:.2f} GB for the largest file "
             f"({written.largest_file_tokens} ids); --shard-tokens or --sample make it smaller"
         )
 
