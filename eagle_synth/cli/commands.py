@@ -6,7 +6,7 @@ it once (_Commands); commands call options.fail only for what the library cannot
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -53,15 +53,14 @@ def run() -> None:
 
     from eagle_synth.state.redis_policy import is_out_of_memory, out_of_memory_message
 
-    def stop(message: str) -> None:
+    def stop(message: str, code: int = USER_ERROR_EXIT) -> NoReturn:
         print_error(message)
-        raise SystemExit(USER_ERROR_EXIT) from None
+        raise SystemExit(code) from None
 
     try:
         app()
     except KeyboardInterrupt:
-        print_error("interrupted")
-        raise SystemExit(INTERRUPTED_EXIT) from None
+        stop("interrupted", INTERRUPTED_EXIT)
     except (redis.RedisError, OperationalError) as exc:
         # Redis full (noeviction) refuses writes: OutOfMemoryError, or wrapped by kombu on publish.
         if is_out_of_memory(exc):
