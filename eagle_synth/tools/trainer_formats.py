@@ -199,7 +199,7 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
         else:
             if torch_module() is None:
                 result.warnings.append(TORCH_MISSING)
-            for name, dataset in loaded.items():
+            for (name, dataset), final in zip(loaded.items(), result.paths, strict=True):
                 folder = tmp if name is None else tmp / name
                 dataset.save_to_disk(str(folder), num_shards=_shards(dataset.num_rows, shard_rows))
                 # The torch format named in state.json, as `with_format("torch")` before save_to_disk
@@ -210,7 +210,6 @@ def write_dataset_folder(out: Path, staged: dict[str | None, StagedSplit], resul
                 part = staged[name]
                 assert part.counts is not None
                 _, commands = write_token_freq(folder, part.counts)
-                final = out if name is None else out / name
                 result.commands += [c.replace(str(folder.resolve()), str(final.resolve())) for c in commands]
                 ratio = train_data_ratio(part.rows, part.boundaries)
                 result.train_data_ratio[name or "all"] = ratio
