@@ -51,13 +51,12 @@ def failure_summary(campaign: Campaign, *, examples: int = 5) -> dict:
         if examples and (len(kept) < examples or key < kept[-1][0]) and all(k != key for k, _ in kept):
             bisect.insort(kept, (key, _listed(key, failure)), key=lambda entry: entry[0])
             del kept[examples:]
-    by_reason = {
-        reason: {"count": counts[reason], "prompts": [p for _, p in lowest.get(reason, [])]} for reason in counts
-    }
     return {
         "campaign": campaign.name,
         "failed": sum(counts.values()),
-        "by_reason": by_reason,
+        "by_reason": {
+            reason: {"count": counts[reason], "prompts": [p for _, p in lowest.get(reason, [])]} for reason in counts
+        },
         "conversations_stopped": _stopped(campaign, examples),
         "ended": ended_info(campaign),
     }
