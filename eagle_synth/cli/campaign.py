@@ -317,8 +317,7 @@ def close(
     from eagle_synth.state.campaign import Campaign
     from eagle_synth.state.campaign_archive import close_campaign
 
-    settings = broker_settings(redis_url=redis)
-    summary = close_campaign(Campaign(redis_client(redis), campaign), out, queue=settings.queue)
+    summary = close_campaign(Campaign(redis_client(redis), campaign), out, queue=broker_settings(redis_url=redis).queue)
     typer.echo(
         f"closed {campaign}: {summary.done} done and {summary.failed} failed keys folded into {summary.path} "
         f"({summary.file_bytes:,} bytes); Redis used {summary.redis_bytes_before / 1e6:,.1f} MB before, "
