@@ -20,8 +20,6 @@ def regeneration_points(messages: Sequence[dict]) -> list[int]:
         if role == "user":
             seen_user = True
             points.append(i)
-        elif role == "tool" and seen_user:
-            following = messages[i + 1]["role"] if i + 1 < len(messages) else None
-            if following != "tool":
-                points.append(i)
+        elif role == "tool" and seen_user and (i + 1 == len(messages) or messages[i + 1]["role"] != "tool"):
+            points.append(i)
     return points
