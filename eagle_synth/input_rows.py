@@ -46,10 +46,8 @@ def store_latest(client: redis.Redis, keys: CampaignKeys, by_source: dict[str, S
     if not by_source:
         return
     names = {s if s == STDIN_SOURCE else os.path.realpath(s): rows for s, rows in by_source.items()}
-    earlier = dict(zip(names, client.hmget(keys.input_rows, list(names)), strict=True))
     mapping = {}
-    for name, rows in names.items():
-        raw = earlier[name]
+    for (name, rows), raw in zip(names.items(), client.hmget(keys.input_rows, list(names)), strict=True):
         if rows.resumed and raw is not None:
             before = SourceRows.from_json(raw)
             rows = SourceRows(
