@@ -23,8 +23,7 @@ def unpack_ids(data: bytes) -> list[int]:
     """The inverse of pack_ids."""
     if len(data) % 4:
         raise ValueError(f"id bytes of length {len(data)} are not a multiple of 4")
-    arr = array(_UINT32)
-    arr.frombytes(data)
+    arr = array(_UINT32, data)
     if sys.byteorder != "little":
         arr.byteswap()
     return arr.tolist()
