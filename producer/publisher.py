@@ -19,7 +19,7 @@ from eagle_synth.queue import send_payload
 from eagle_synth.reasons import RECORD_DAMAGED
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.outbox import chunk_field
-from eagle_synth.state.redis_client import pipelined, text
+from eagle_synth.state.redis_client import pipelined
 
 log = logging.getLogger("eagle_synth.producer")
 
@@ -166,8 +166,7 @@ class Publisher:
         (a Redis that refuses CONFIG GET, as some managed ones do, keeps the flag's cap)."""
         if self._maxmemory is None:
             try:
-                reply = {text(k or ""): v for k, v in self.campaign.client.config_get("maxmemory").items()}
-                self._maxmemory = int(reply.get("maxmemory") or 0)
+                self._maxmemory = int(self.campaign.client.config_get("maxmemory").get("maxmemory") or 0)
             except redis.ResponseError:
                 self._maxmemory = 0
         share = int(self._maxmemory * MAXMEMORY_SHARE)
