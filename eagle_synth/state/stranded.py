@@ -89,8 +89,7 @@ def held_batches(client: redis.Redis, *, fetched_before: float, with_entries: bo
         elif with_entries or name not in _decoded:
             continue  # acknowledged since the index was read
         if (decoded := _decoded[name]) is not None:
-            campaign, batch, keys = decoded
-            held.append(HeldBatch(name, float(score), campaign, batch, keys, entry if with_entries else None))
+            held.append(HeldBatch(name, float(score), *decoded, entry if with_entries else None))
     return held
 
 
