@@ -34,8 +34,8 @@ def cache_root() -> Path:
     return Path(os.environ.get("EAGLE_SYNTH_CACHE_DIR") or Path.home() / ".cache" / "eagle-synth") / "tokenizers"
 
 
-def store_tokenizer(client: redis.Redis, tokenizer, *, fingerprint: str, chat_template_hash: str) -> str:
-    """Store the tokenizer's files unless they are there already; returns the Redis key."""
+def store_tokenizer(client: redis.Redis, tokenizer, *, fingerprint: str, chat_template_hash: str) -> None:
+    """Store the tokenizer's files under their Redis key (keys.tokenizer_blob) unless they are there already."""
     key = tokenizer_blob(fingerprint, chat_template_hash)
     if not client.exists(key):
         with tempfile.TemporaryDirectory(prefix="eagle-synth-tokenizer-") as folder:
@@ -43,7 +43,6 @@ def store_tokenizer(client: redis.Redis, tokenizer, *, fingerprint: str, chat_te
             files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir()) if path.is_file()}
         blob = msgpack.packb({"format": BLOB_FORMAT, "files": files}, use_bin_type=True)
         client.set(key, zstandard.ZstdCompressor(level=TOKENIZER_ZSTD_LEVEL).compress(blob), nx=True)
-    return key
 
 
 def unpack_tokenizer(blob: bytes, folder: Path) -> None:
