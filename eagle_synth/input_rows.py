@@ -64,8 +64,7 @@ def totals(client: redis.Redis, keys: CampaignKeys) -> SourceRows | None:
     if not (entries := client.hgetall(keys.input_rows)):
         return None
     total = SourceRows()
-    for raw in entries.values():
-        rows = SourceRows.from_json(raw)
+    for rows in map(SourceRows.from_json, entries.values()):
         total.read += rows.read
         total.skipped += rows.skipped
         total.skipped_by_reason.update(rows.skipped_by_reason)
