@@ -159,8 +159,7 @@ def _check_user_content(messages: list[dict], fields: list[str], position: int) 
 def _check_steps_replayable(messages: list[dict], fields: list[str], steps: list[dict], points: list[int]) -> None:
     """Every turn but the last is followed by what the next turn's prompt carries: a step with
     calls has one result per call, and tool results answer the calls right before them."""
-    for index, (point, step) in enumerate(zip(points[:-1], steps[:-1])):
-        following = points[index + 1]
+    for point, step, following in zip(points, steps[:-1], points[1:]):
         calls, results = step["calls"], step["results"]
         if messages[following]["role"] == "tool" and (not calls or point + 1 + len(results) != following):
             raise RowError(
