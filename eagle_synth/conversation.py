@@ -8,7 +8,6 @@ conversation's key and the turn index, so each turn is claimed exactly once (doc
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import msgspec
 
 from eagle_synth import reasons
-from eagle_synth.payload import KEY_HEX_DIGITS
+from eagle_synth.payload import key_digest
 from eagle_synth.regeneration import regeneration_points
 from eagle_synth.toolcalls import ParsedAnswer, parse_tool_calls
 from eagle_synth.toolcalls.pairing import (
@@ -85,10 +84,6 @@ class ConversationState(msgspec.Struct):
         return msgspec.convert(data, cls)
 
 
-def _digest(material: bytes) -> str:
-    return hashlib.blake2b(material, digest_size=KEY_HEX_DIGITS // 2).hexdigest()
-
-
 def conversation_key(
     *, turns: Sequence[Sequence[dict]], tools: list[dict] | None, sample: int, steps: list[dict] | None = None
 ) -> str:
@@ -98,12 +93,12 @@ def conversation_key(
     fields: dict = {"turns": [list(t) for t in turns], "tools": tools or None, "sample": sample}
     if steps is not None:
         fields["steps"] = steps
-    return _digest(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode())
+    return key_digest(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode())
 
 
 def turn_key(conversation: str, turn: int) -> str:
     """Prompt key of a conversation's turn `turn` (0-based)."""
-    return _digest(f"{conversation}|turn|{turn}".encode())
+    return key_digest(f"{conversation}|turn|{turn}".encode())
 
 
 def has_tools(messages: Iterable[dict], tools: list[dict] | None) -> bool:

@@ -42,7 +42,11 @@ class PayloadError(EagleSynthError, ValueError):
 def prompt_key(*, prompt_ids: bytes, sampling: dict, sample: int) -> str:
     """Stable key of one sample of one prompt: the same templated ids, sampling parameters and
     sample index always give the same key, whichever file or row they came from (reruns skip them)."""
-    material = prompt_ids + json.dumps(sampling, sort_keys=True).encode() + f"|{sample}".encode()
+    return key_digest(prompt_ids + json.dumps(sampling, sort_keys=True).encode() + f"|{sample}".encode())
+
+
+def key_digest(material: bytes) -> str:
+    """The KEY_HEX_DIGITS hex digits of `material`: prompt keys, and conversation and turn keys."""
     return hashlib.blake2b(material, digest_size=KEY_HEX_DIGITS // 2).hexdigest()
 
 
