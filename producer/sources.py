@@ -389,24 +389,25 @@ def _iter_record_batches(batches: Iterable, source: str, start: int) -> Generato
     return index, True
 
 
-def _read_listing(path: str, name: str, read: Callable[[Any], list]) -> list | BadRow:
+def _read_listing(path: str, name: str, read: Callable[[Any], list]) -> Generator[BadRow, None, list]:
+    """The entries `read` takes from the listing file; an unreadable one yields its BadRow and has none."""
     listing = os.path.join(path, name)
     try:
         with open(listing, encoding="utf-8") as fh:
             return read(json.load(fh))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         what = "shard" if name == "state.json" else "split"
-        return BadRow(path, 0, UNREADABLE_FILE, f"cannot read the {what} list in {listing}: {exc!r}")
+        yield BadRow(path, 0, UNREADABLE_FILE, f"cannot read the {what} list in {listing}: {exc!r}")
+        return []
 
 
 def _iter_hf_dataset(path: str) -> Iterator[Item]:
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    shards = _read_listing(path, "state.json", lambda state: [entry["filename"] for entry in state["_data_files"]])
-    if isinstance(shards, BadRow):
-        yield shards
-        return
+    shards = yield from _read_listing(
+        path, "state.json", lambda state: [entry["filename"] for entry in state["_data_files"]]
+    )
     index = 0
     for shard in shards:
         try:
@@ -430,10 +431,7 @@ def _split_names(listing: Any) -> list:
 
 
 def _iter_hf_dataset_dict(path: str) -> Iterator[Item]:
-    splits = _read_listing(path, "dataset_dict.json", _split_names)
-    if isinstance(splits, BadRow):
-        yield splits
-        return
+    splits = yield from _read_listing(path, "dataset_dict.json", _split_names)
     for split in splits:  # a split missing its state.json is an unreadable file
         yield from _iter_hf_dataset(os.path.join(path, split))
 
