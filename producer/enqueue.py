@@ -319,9 +319,8 @@ def enqueue(
             return publisher.claim(items)
         new = [item.key not in seen_in_dry_run for item in items]
         seen_in_dry_run.update(item.key for item in items)
-        if campaign is not None and items:
-            before = campaign.was_enqueued([item.key for item in items])
-            new = [is_new and not was for is_new, was in zip(new, before)]
+        if campaign is not None:  # was_enqueued([]) is [] without asking Redis
+            new = [is_new and not was for is_new, was in zip(new, campaign.was_enqueued([i.key for i in items]))]
         return new
 
     job = TemplateJob(
