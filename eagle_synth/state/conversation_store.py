@@ -92,8 +92,7 @@ class ConversationStore:
             return set()
         k = self.keys
         names = (k.enqueued, k.followups, k.followup_owners, k.counters, k.conversation_ends)
-        held = self.client.eval(_READY, 5, *names, owner, *chain(*entries))
-        return {key.decode() for key in held}
+        return {key.decode() for key in self.client.eval(_READY, 5, *names, owner, *chain(*entries))}
 
     def form(self, *, owner: str, batch: str, payload: bytes, keys: list[str]) -> set[str]:
         """Turn rendered entries into one batch entry; returns keys not held (nothing formed then)."""
