@@ -256,9 +256,8 @@ def run_worker(*, concurrency: int, loglevel: str, name: str, task_events: bool)
     batch threads; the supervised child (workers/supervisor.py) calls it with supervise_worker's options."""
     limit_malloc_arenas()  # before Celery starts the batch threads
     _worker_config()  # a bad setting stops the process here, before Celery starts
-    settings = broker_settings()
     app.conf.worker_send_task_events = task_events
-    argv = ["--app", "workers.app:app", "worker", "--queues", settings.queue, "--hostname", name]
+    argv = ["--app", "workers.app:app", "worker", "--queues", broker_settings().queue, "--hostname", name]
     argv += ["--concurrency", str(concurrency), "--loglevel", loglevel, *(["--task-events"] if task_events else [])]
     argv += ["--pool", "threads", "--without-gossip", "--without-mingle", "--prefetch-multiplier", "1"]
     # The celery command itself: app.worker_main and app.start drop the worker's exit code, so a
