@@ -98,8 +98,7 @@ class WorkerConfig(EnvSettings):
             for name in names
             if (value := getattr(self, name)) is not None and value < low
         ]
-        unknown = [kind for kind in self.backend if kind not in BACKEND_CHOICES]
-        if unknown:
+        if unknown := [kind for kind in self.backend if kind not in BACKEND_CHOICES]:
             problems.append(f"backend {', '.join(unknown)}: must be one of {', '.join(BACKEND_CHOICES)}")
         if len(self.backend) > 1 and len(self.backend) != len(self.servers):
             problems.append(

@@ -88,8 +88,7 @@ def check_server(
     line per problem, each accepted, as logged and kept in provenance; `checks` are the kind's (default SGLang's)."""
     allowed = {*allowed_settings, *(PARSER_SETTINGS if allow_server_parsers else ())}
     problems = [problem for check in checks.values() if (problem := check(facts)) is not None]
-    refused = [p for p in problems if p.setting not in allowed]
-    if refused:
+    if refused := [p for p in problems if p.setting not in allowed]:
         raise PreflightError(
             f"refusing server {redact_url(facts.url)}:\n  - "
             + "\n  - ".join(f"{p.why} ({p.fix}, or accept it with --allow-server-setting {p.setting})" for p in refused)

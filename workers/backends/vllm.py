@@ -333,8 +333,7 @@ class VllmBackend(BaseBackend):
     provenance = staticmethod(provenance)
 
     def translate_sampling(self, sampling: dict) -> dict:
-        unknown = sorted(set(sampling) - KNOWN_KEYS)
-        if unknown:
+        if unknown := sorted(set(sampling) - KNOWN_KEYS):
             raise UntranslatableSampling(
                 f"the campaign's sampling keys {unknown} have no vLLM /v1/completions equivalent "
                 "(run this campaign on SGLang servers, or enqueue it without them)"
