@@ -199,9 +199,7 @@ class FollowUps:
         with contextlib.suppress(redis.RedisError):  # else the thread keeps trying
             self._keep_alive()  # before any entry of ours can be seen by another process's sweep
         self._threads[0].start()
-        self._threads += [
-            every(OWNER_TTL / 3, self._keep_alive, stop=self._closed, what="follow-ups liveness"),
-        ]
+        self._threads.append(every(OWNER_TTL / 3, self._keep_alive, stop=self._closed, what="follow-ups liveness"))
 
     def close(self, *, timeout: float = 5.0) -> None:
         """Publish what is rendered, then stop; what is left is adopted by another process."""
