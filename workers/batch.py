@@ -259,11 +259,9 @@ class _Run:
                 return
         if not (items := self.keep(items, partial(_invalid_ids, vocab=self.settings.vocab_size))):
             return
-        servers = routable(runner.node_state, runner.config.servers)
-        if not servers:
+        if not (servers := routable(runner.node_state, runner.config.servers)):
             raise Requeue("no healthy server")
-        servers = runner._serving_the_model(self.settings, servers)
-        if not servers:
+        if not (servers := runner._serving_the_model(self.settings, servers)):
             raise Requeue("no healthy server serves the campaign's model")
         if not (items := self.drop_too_long(servers, self.drop_untranslatable(servers, items))):
             return
