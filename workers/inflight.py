@@ -247,8 +247,7 @@ class InflightPool:
             raise TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s") from None
         except aiohttp.ClientError as exc:
             raise TransientError(f"{url}{path}: connection error: {exc!r}") from None
-        error = error_for_status(status, raw, path=path, url=url, sent_key=self._sends_key)
-        if error is not None:
+        if (error := error_for_status(status, raw, path=path, url=url, sent_key=self._sends_key)) is not None:
             raise error
         try:
             return _json_reply(raw)
