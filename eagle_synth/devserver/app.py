@@ -274,8 +274,7 @@ class DevServer:
                 return internal_error()
             return json_reply({"error": {"message": str(err)}}, status=err.status)
         size = self.vocab.size
-        bad = next((i for p in req.prompts for i in p.input_ids if not 0 <= i < size), None)
-        if bad is not None:
+        if (bad := next((i for p in req.prompts for i in p.input_ids if not 0 <= i < size), None)) is not None:
             why = "device-side assert (real SGLang dies the same way)"
             return Reply(drop=True, die_reason=f"input id {bad} outside the vocabulary [0, {size}): {why}")
         cached = [self.cache.lookup(p.input_ids) for p in req.prompts]

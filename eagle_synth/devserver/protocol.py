@@ -143,8 +143,7 @@ _JSON_TYPE_NAMES = {"list": "array", "dict": "object", "NoneType": "null"}
 
 def refuse_first(checks: Iterable[tuple[bool, str]]) -> None:
     """A 400 with the message of the first (failed, message) check that failed."""
-    message = next((message for failed, message in checks if failed), None)
-    if message is not None:
+    if (message := next((text for failed, text in checks if failed), None)) is not None:
         raise ProtocolError(message)
 
 
@@ -394,8 +393,7 @@ def _prompts(body: dict, tokenize: Callable[[str], list[int]] | None) -> list[li
         prompts = [tokenize(p) for p in prompt]
     else:
         raise _field_error("prompt", prompt, "list")
-    negative = next((i for ids in prompts for i in ids if i < 0), None)
-    if negative is not None:
+    if (negative := next((i for ids in prompts for i in ids if i < 0), None)) is not None:
         raise _validation_error("prompt", "greater_than_equal", "Input should be greater than or equal to 0", negative)
     return prompts
 
@@ -410,8 +408,7 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
     if not isinstance(body, dict):
         raise ProtocolError("1 validation error for CompletionRequest: Input should be a valid dictionary")
     for fields, valid, expected in TYPE_CHECKS:
-        bad = next((f for f in fields if body.get(f) is not None and not valid(body[f])), None)
-        if bad is not None:
+        if (bad := next((f for f in fields if body.get(f) is not None and not valid(body[f])), None)) is not None:
             raise _field_error(bad, body[bad], expected)
     model = body.get("model")
     if model is not None and model != served:
@@ -493,8 +490,7 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
                 f"context length is only {limit} tokens, resulting in a maximum input length of "
                 f"{limit - max_tokens} tokens. Please reduce the length of the input prompt."
             )
-        oov = next((i for i in ids if i >= vocab_size), None)
-        if oov is not None:
+        if (oov := next((i for i in ids if i >= vocab_size), None)) is not None:
             raise ProtocolError(f"Token id {oov} is out of vocabulary")
         cap = min(max_tokens, room)  # equal to max_tokens unless shortens_max_tokens
         if overrides.get("max_new_tokens") is not None:
