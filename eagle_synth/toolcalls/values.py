@@ -31,8 +31,7 @@ def schema_types(schema: object) -> set[str]:
         types.add(declared.lower())
     elif isinstance(declared, list):
         types.update(t.lower() for t in declared if isinstance(t, str))
-    for value in schema.get("enum") or ():
-        types.add(_json_type(value))
+    types.update(map(_json_type, schema.get("enum") or ()))
     for key in ("anyOf", "oneOf", "allOf"):
         for choice in schema.get(key) or ():
             types |= schema_types(choice)
