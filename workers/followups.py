@@ -280,8 +280,7 @@ class FollowUps:
                 entries.append((record.key, NOTHING, "", ""))
                 continue
             state = ConversationState.from_dict(item.conversation)
-            end = end_before_render(state, finish_reason=record.finish_reason)
-            if end is not None:
+            if (end := end_before_render(state, finish_reason=record.finish_reason)) is not None:
                 entries.append(_end_entry(record.key, item, end))
                 continue
             following = turn_key(state.key, item.turn + 1)
