@@ -37,6 +37,7 @@ from workers.client import (
     ServerFacts,
     error_for_status,
     is_sampling_error,
+    positive_int,
 )
 from workers.config import ConfigError, WorkerConfig, auto_inflight
 from workers.health import HealthGate
@@ -337,6 +338,26 @@ def test_sampling_400s_are_recognised(message):
 )
 def test_prompt_400s_are_not_sampling_errors(message):
     assert not is_sampling_error(message)
+
+
+def test_a_capacity_the_server_reports_is_a_positive_int_or_unknown():
+    # Infinity and NaN are JSON numbers to json.loads: a server reporting one is "unknown", not a crash.
+    reported = json.loads('[8, 8.0, "8", 8.5, 0, -3, true, null, "eight", Infinity, -Infinity, NaN, [8]]')
+    assert [positive_int(value) for value in reported] == [
+        8,
+        8,
+        8,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
 
 
 # ---- against real devservers ----------------------------------------------------------------

@@ -129,7 +129,7 @@ def positive_int(value: object) -> int | None:
         return None
     try:
         number = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity, which json.loads reads
         return None
     return number if number > 0 and not (isinstance(value, float) and value != number) else None
 
