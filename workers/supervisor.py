@@ -9,11 +9,11 @@ kill, a bug. A restarted worker takes its batches' leases back at once (their ho
 child, is a dead process of this boot) or finds them restored by the reaper.
 
 Endings: a SIGTERM or SIGINT to the supervisor is forwarded to the child, and the supervisor
-exits 0 once the child has ended. The child's exit code 2 (every server refused by preflight:
-restarting cannot help) ends the supervisor with 2. Any other end of the child, while the
-supervisor was not asked to stop, is a crash, exit code 0 included: Celery exits 0 on paths that
-set no code (its cold shutdown, "Too many open files"), as it does for a SIGTERM sent to the
-child alone. A worker stops when its supervisor is told to, never by itself.
+exits 0 once the child has ended. The child's exit code 2 (every server refused, by preflight
+or by a batch: restarting cannot help) ends the supervisor with 2. Any other end of the child,
+while the supervisor was not asked to stop, is a crash, exit code 0 included: Celery exits 0 on
+paths that set no code (its cold shutdown, "Too many open files"), as it does for a SIGTERM sent
+to the child alone. Apart from exit 2, a worker stops only when its supervisor is told to.
 """
 
 from __future__ import annotations
