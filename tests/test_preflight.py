@@ -547,7 +547,7 @@ def generate(url: str, ids: list[int], sampling: dict) -> dict:
     the in-flight pool reads it (raises its ClientError)."""
     path = SGLangBackend.path
     response = requests.post(url + path, json={"input_ids": ids, "sampling_params": sampling}, timeout=TIMEOUT)
-    error = error_for_status(response.status_code, response.content, path=path)
+    error = error_for_status(response.status_code, response.content, path=path, url=url)
     if error is not None:
         raise error
     return response.json()

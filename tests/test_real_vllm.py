@@ -188,7 +188,7 @@ def test_prompt_over_the_context_is_recorded_prompt_too_long(tmp_path, redis_ser
 
     path, body = VllmBackend(model=SERVED_NAME).request(failure.item["ids"], {"max_new_tokens": NEW_TOKENS})
     status, raw = ServerClient(real_vllm.url).post_json(path, body, timeout=TIMEOUT)
-    error = error_for_status(status, raw, path=path)
+    error = error_for_status(status, raw, path=path, url=real_vllm.url)
     assert status == 400 and isinstance(error, BadRequest)
     assert classify_bad_request(str(error)) == "prompt-too-long", str(error)
 

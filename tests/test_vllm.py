@@ -221,6 +221,7 @@ def test_vllm_errors_are_classified_like_sglang_ones():
             }
         ).encode(),
         path="/v1/completions",
+        url="http://vllm:8000",
     )
     assert type(error) is BadRequest and "context length" in str(error)
 
@@ -325,7 +326,7 @@ def test_the_devserver_answers_in_vllms_shapes(vllm_fleet):
     assert requests.get(f"{url}/health", timeout=TIMEOUT).status_code == 200
     mistyped = post(temperature="hot")
     assert mistyped.status_code == 400 and isinstance(
-        error_for_status(400, mistyped.content, path=""), BadSamplingParams
+        error_for_status(400, mistyped.content, path="", url=url), BadSamplingParams
     )
     assert post(max_tokens=4, temperature=3.0).json()["error"]["message"] == "temperature must be in [0, 2], got 3.0."
     assert post(max_tokens=4, bogus_field=1).status_code == 200  # unknown fields are ignored, as vLLM does

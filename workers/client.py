@@ -104,17 +104,23 @@ def error_message(body: bytes, status: int) -> str:
 API_KEY_ENV = "EAGLE_SYNTH_SERVER_API_KEY"
 
 
-def error_for_status(
-    status: int, body: bytes, *, path: str, url: str = "", sent_key: bool = False
-) -> ClientError | None:
+def unauthorized(status: int, body: bytes, *, url: str, path: str, sent_key: bool) -> Unauthorized | None:
+    """The refusal a 401/403 of server `url` stands for, saying what to fix (`sent_key`: we sent a
+    key, so it is the wrong one); None for any other status."""
+    if status not in (401, 403):
+        return None
+    fix = f"{API_KEY_ENV} is not the key the server was started with"
+    fix = fix if sent_key else f"the server checks an API key (--api-key): set {API_KEY_ENV} to it"
+    return Unauthorized(f"refusing server {url}: {path} answered {status} ({error_message(body, status)}): {fix}")
+
+
+def error_for_status(status: int, body: bytes, *, path: str, url: str, sent_key: bool = False) -> ClientError | None:
     """The error a non-200 reply of server `url` stands for (None for 200): 400 is the request's
-    fault, 401/403 an API key missing or wrong (`sent_key`: one was sent), the rest may pass."""
+    fault, 401/403 an API key missing or wrong (`unauthorized`), the rest may pass."""
     if status == 200:
         return None
-    if status in (401, 403):
-        fix = f"{API_KEY_ENV} is not the key the server was started with"
-        fix = fix if sent_key else f"the server checks an API key (--api-key): set {API_KEY_ENV} to it"
-        return Unauthorized(f"refusing server {url}: {path} answered {status} ({error_message(body, status)}): {fix}")
+    if refused := unauthorized(status, body, url=url, path=path, sent_key=sent_key):
+        return refused
     if status == 400:
         message = error_message(body, status)
         if is_sampling_error(message):
@@ -166,7 +172,7 @@ class ServerClient:
         self.url = url.rstrip("/")
         self.sends_key = api_key is not None
         self.session = requests.Session()
-        if api_key is not None:  # as SGLang's and vLLM's --api-key check it
+        if api_key is not None:  # as SGLang's and vLLM's --api-key check it (InflightPool sends it too)
             self.session.headers["Authorization"] = f"Bearer {api_key}"
         # Retries are classified by the batch runner, not hidden in the transport.
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_connections, max_retries=0)
@@ -197,11 +203,9 @@ class ServerClient:
                 raise
             response._content = bytes(body)  # what .content and .json() read
             response.raw.release_conn()
-            error = error_for_status(
-                response.status_code, response.content, path=path, url=self.url, sent_key=self.sends_key
-            )
-            if isinstance(error, Unauthorized):  # an API key missing or wrong: no path answers without it
-                raise error
+            status, sent_key = response.status_code, self.sends_key
+            if refused := unauthorized(status, response.content, url=self.url, path=path, sent_key=sent_key):
+                raise refused  # an API key missing or wrong: whatever the path, the server is refused
             return response
         except requests.ConnectionError as exc:
             # A refused connection means nothing listens; a reset mid-request may be a dying

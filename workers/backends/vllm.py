@@ -189,7 +189,9 @@ def _probe(client: ServerClient, *, model: str | None, version: str | None) -> d
     path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
     status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
     if status >= 500 or status == 429:
-        raise TransientError(f"{client.url}: the preflight probe: {error_for_status(status, raw, path=path)}")
+        raise TransientError(
+            f"{client.url}: the preflight probe: {error_for_status(status, raw, path=path, url=client.url)}"
+        )
     where = f"refusing server {redact_url(client.url)}: the {PROBE_TOKENS}-token probe on /v1/completions"
     message = None if status == 200 else error_message(raw, status)
     try:
