@@ -4,6 +4,13 @@ Every choice in celery_config answers a trap of Celery on Redis for campaigns th
 days (docs/reliability.md): late acks so a crash never loses a batch, no pickle, one
 reserved task per slot, a visibility timeout longer than any task, no stored results.
 The producer never imports worker code: it publishes by task name (payload.TASK_NAME).
+
+The queue topology of a shared fleet (docs/operations.md "Sharing a fleet"): every campaign
+has a queue of its own, `<base>:<campaign>` (campaign_queue), so a worker consumes exactly
+the campaigns its servers serve (workers/routing.py) and a cancel empties one queue. A
+campaign's priority travels as the message priority: kombu's Redis transport splits each queue
+into one list per priority step and every BRPOP names the lists of all consumed queues,
+highest priority first, so a worker takes the most urgent batch of any campaign it serves.
 """
 
 from __future__ import annotations
@@ -22,6 +29,32 @@ from eagle_synth.settings import BrokerSettings, broker_settings
 
 # Batches a prefork pool child would run before being replaced (the thread pool ignores it).
 MAX_TASKS_PER_CHILD = 1000
+# `enqueue --priority`: higher is served first. Ten levels, kombu's whole message-priority
+# range, each its own Redis list: a BRPOP over N campaign queues names 10 x N lists, measured
+# in benchmarks/routing.py.
+PRIORITIES = range(10)
+# What a campaign gets without --priority: the middle, so one can be put ahead or behind.
+DEFAULT_PRIORITY = 5
+# kombu's Redis transport: one list per step, named `<queue><SEP><step>` (step 0: the bare name).
+PRIORITY_STEPS = list(PRIORITIES)
+PRIORITY_SEPARATOR = "\x06\x16"
+# Separates a campaign's name from the base queue name (':' is not allowed in campaign names).
+CAMPAIGN_QUEUE_SEPARATOR = ":"
+
+
+def campaign_queue(base: str, campaign: str) -> str:
+    """The Celery queue of one campaign's batches."""
+    return f"{base}{CAMPAIGN_QUEUE_SEPARATOR}{campaign}"
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists kombu keeps a queue's messages in, one per priority step, served first first."""
+    return [f"{queue}{PRIORITY_SEPARATOR}{step}" if step else queue for step in PRIORITY_STEPS]
+
+
+def message_priority(priority: int) -> int:
+    """kombu's priority of a message (0 is served first) for a campaign priority (9 is served first)."""
+    return max(PRIORITIES) - priority
 
 
 def celery_config(settings: BrokerSettings) -> dict:
@@ -40,6 +73,9 @@ def celery_config(settings: BrokerSettings) -> dict:
             "socket_connect_timeout": 10,
             "socket_keepalive": True,
             "health_check_interval": 10,
+            # One list per campaign priority (PRIORITIES); kombu's default has four steps.
+            "priority_steps": PRIORITY_STEPS,
+            "sep": PRIORITY_SEPARATOR,
         },
         # No result backend: campaign state lives in our own keys.
         "result_backend": None,
@@ -92,22 +128,34 @@ TASK_CONTENT_TYPE = "application/x-msgpack"
 QUEUE_SCAN_STEP = 1000
 
 
-def send_payload(app: Celery, queue: str, payload: dict) -> None:
-    """Publish one encoded TaskPayload as a generate task (producer and workers alike)."""
+def send_payload(app: Celery, base_queue: str, payload: dict) -> None:
+    """Publish one encoded TaskPayload as a generate task on its campaign's queue, with the
+    campaign's priority (producer and workers alike)."""
     from eagle_synth.payload import TASK_NAME
     from eagle_synth.state.batch_store import remember
+    from eagle_synth.state.campaign_control import publish_facts
 
+    campaign = str(payload["campaign"])
     with app.producer_or_acquire() as producer:
+        client = producer.channel.client
+        priority, cancelled = publish_facts(client, campaign)
+        if cancelled:
+            # `eagle-synth cancel` freed its state: a follow-up turn or a republish must not refill it.
+            logging.getLogger("eagle_synth.queue").info(
+                "campaign %s was cancelled: batch %s not published", campaign, payload["batch"]
+            )
+            return
         # The campaign keeps a copy first, so a message the broker loses can be published again
         # (eagle_synth/state/batch_store.py); the broker's own client, so no second connection.
-        remember(producer.channel.client, payload)
+        remember(client, payload)
         # A short argsrepr: Celery would otherwise repr the whole id blob into every message.
         app.send_task(
             TASK_NAME,
             args=[payload],
-            queue=queue,
+            queue=campaign_queue(base_queue, campaign),
+            priority=message_priority(priority),
             serializer="msgpack",
-            argsrepr=f"<{payload['campaign']} batch {payload['batch']}: {len(payload['keys'])} prompts>",
+            argsrepr=f"<{campaign} batch {payload['batch']}: {len(payload['keys'])} prompts>",
             kwargsrepr="{}",
             producer=producer,
         )
@@ -130,10 +178,19 @@ def payload_of_entry(raw: bytes | str) -> dict | None:
 
 
 def queued_payloads(client, queue: str, *, step: int = QUEUE_SCAN_STEP) -> Iterator[dict]:
-    """The raw payloads of our messages waiting in a queue list, read in LRANGE steps of
-    `step` without taking them off."""
-    for start in itertools.count(0, step):
-        chunk = client.lrange(queue, start, start + step - 1)
-        yield from filter(None, map(payload_of_entry, chunk))
-        if len(chunk) < step:
-            return
+    """The raw payloads of our messages waiting in a queue (every priority list of it), read in
+    LRANGE steps of `step` without taking them off."""
+    for name in queue_lists(queue):
+        for start in itertools.count(0, step):
+            chunk = client.lrange(name, start, start + step - 1)
+            yield from filter(None, map(payload_of_entry, chunk))
+            if len(chunk) < step:
+                break
+
+
+def queued_count(client, queue: str) -> int:
+    """Messages waiting in a queue, all priority lists together."""
+    with client.pipeline(transaction=False) as pipe:
+        for name in queue_lists(queue):
+            pipe.llen(name)
+        return sum(int(n) for n in pipe.execute())

@@ -28,16 +28,20 @@ from eagle_synth.errors import USER_ERROR_EXIT
 from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
 from eagle_synth.queue import make_celery
 from eagle_synth.settings import TIMINGS, broker_settings
+from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
-from workers.batch import BatchRunner, Requeue
+from workers.batch import BatchRunner, Cancelled, Requeue
+from workers.client import ServerClient
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, probe_folder
 from workers.health import HealthGate
 from workers.lease import BatchBusy
 from workers.memory import limit_malloc_arenas, start_pool_threads
+from workers.model_check import ModelCheck
 from workers.reaper import ReaperStep
 from workers.reconciler import ReconcilerStep
+from workers.routing import CampaignRouter
 
 log = logging.getLogger("eagle_synth.worker")
 
@@ -70,6 +74,18 @@ def _worker_config() -> WorkerConfig:
 
 
 @functools.cache
+def _router() -> CampaignRouter:
+    """Which campaigns this process takes and on which servers: the health gate refreshes it,
+    the batch threads read it (workers/routing.py)."""
+    config = _worker_config()
+    clients = {url: ServerClient(url, pool_connections=2, api_key=config.api_key) for url in config.servers}
+    settings = broker_settings()
+    return CampaignRouter(
+        client=connect(settings), base_queue=settings.queue, check=ModelCheck(clients), pins=config.campaigns
+    )
+
+
+@functools.cache
 def _disk_state() -> DiskState:
     """The output folder's state, shared by batch threads (which find it broken) and the gate
     (which stops taking batches until it works again)."""
@@ -80,7 +96,9 @@ def _get_runner(node: str) -> BatchRunner:
     global _runner
     with _runner_lock:
         if _runner is None:
-            _runner = BatchRunner(config=_worker_config(), node=node, stopping=STOPPING, disk=_disk_state(), app=app)
+            _runner = BatchRunner(
+                config=_worker_config(), node=node, stopping=STOPPING, disk=_disk_state(), app=app, router=_router()
+            )
         return _runner
 
 
@@ -134,7 +152,14 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
 
     try:
         outcome = _get_runner(node).run(batch, retried=retried)
+    except Cancelled as exc:
+        log.info("batch %s: %s; stopped, nothing more written", name, exc)
+        return {"cancelled": True}
     except Requeue as exc:
+        if _get_runner(node).redis_client.exists(CampaignKeys(batch.campaign).cancelled):
+            # Cancelled meanwhile (its lease went with its state): nothing goes back.
+            log.info("batch %s: campaign %s was cancelled; not requeued", name, batch.campaign)
+            return {"cancelled": True}
         log.info("batch %s back to the queue: %s", name, exc)
         raise Reject(str(exc), requeue=True) from exc
     except DiskUnavailable as exc:
@@ -170,9 +195,10 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
 
 
 class HealthGateStep(bootsteps.StartStopStep):
-    """Consumer step: consume the queue only while a server is healthy. Starts closed (the
-    queue cancelled before the first fetch) for the HealthGate to open; re-applies the gate
-    after consumer restarts (broker reconnections)."""
+    """Consumer step: consume campaigns' queues only while a server is healthy, and only those of
+    campaigns a healthy server serves (workers/routing.py). Starts with none (the base queue
+    cancelled before the first fetch) for the HealthGate to add; a consumer restart (broker
+    reconnection) keeps what the gate selected, Celery's own queue selection."""
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
 
@@ -182,21 +208,22 @@ class HealthGateStep(bootsteps.StartStopStep):
 
     def start(self, c: Any) -> None:
         settings = broker_settings()
-        queue = settings.queue
         hub = getattr(c, "hub", None)
 
-        def in_loop(fn: Callable[..., object]) -> Callable[[], Any]:
-            return lambda: hub.call_soon(fn, queue) if hub is not None else fn(queue)
+        def in_loop(fn: Callable[[str], object]) -> Callable[[str], Any]:
+            return lambda queue: hub.call_soon(fn, queue) if hub is not None else fn(queue)
 
         def all_refused() -> None:
             log.error("every server was refused by preflight: stopping this worker (exit 2)")
             ALL_REFUSED.set()
             os.kill(os.getpid(), signal.SIGTERM)
 
-        if self.gate is None or not self.gate.is_open:
-            c.cancel_task_queue(queue)
-        if self.gate is not None:
-            return
+        if self.gate is None:
+            # The base queue the worker was started on holds no campaign's batches: it takes
+            # the campaigns' own queues, as the gate finds servers for them.
+            c.cancel_task_queue(settings.queue)
+        else:
+            return  # a consumer restart keeps the queues the gate selected
         config = _worker_config()
         node_state = NodeState(connect(settings), c.hostname)
         node_state.reset(list(config.servers))
@@ -207,8 +234,9 @@ class HealthGateStep(bootsteps.StartStopStep):
         self.gate = HealthGate(
             config=config,
             node_state=node_state,
-            on_open=in_loop(c.add_task_queue),
-            on_close=in_loop(c.cancel_task_queue),
+            router=_router(),
+            on_consume=in_loop(c.add_task_queue),
+            on_stop=in_loop(c.cancel_task_queue),
             disk=disk,
             on_all_refused=all_refused,
         )

@@ -80,6 +80,7 @@ from workers.inflight import Answer, InflightPool, Route
 from workers.lease import BatchLease
 from workers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.replies import BadResponse, GeneratedItem, PromptMismatch
+from workers.routing import CampaignRouter
 
 log = logging.getLogger("eagle_synth.batch")
 
@@ -100,6 +101,9 @@ COMMIT_AFTER = 10.0
 WAIT_SLICE = 0.5
 # Words of SGLang's 400s for a prompt over the context length (tokenizer manager, scheduler).
 CONTEXT_MESSAGES = ("context length", "maximum allowed length")
+# Seconds between a batch's looks at its campaign's cancel marker (a prompt already sent may
+# still answer, and is dropped).
+CANCEL_CHECK_INTERVAL = 1.0
 # Share of the soft-shutdown timeout a batch keeps working after SIGTERM before it requeues.
 SHUTDOWN_GRACE_SHARE = 0.8
 # Seconds between tries of a mark Redis could not take (STATE_UNAVAILABLE). The records are on
@@ -112,6 +116,14 @@ MARK_RETRY_DELAY = 1.0
 class Requeue(EagleSynthError):
     """The batch (what is left of it) must go back to the queue: no healthy server, the task's
     time budget is spent, or the worker is shutting down. Not a failure: no retry is used."""
+
+
+class Cancelled(EagleSynthError):
+    """`eagle-synth cancel` ended the batch's campaign: the batch stops where it is, writes
+    nothing more, and its message is acknowledged (the campaign's state is gone)."""
+
+    def __init__(self, campaign: str) -> None:
+        super().__init__(f"campaign {campaign} was cancelled")
 
 
 @dataclass(slots=True)
@@ -224,6 +236,24 @@ class _Run:
         self.attempts: Counter[str] = Counter()
         self.records: list[Record] = []
         self.first_uncommitted = 0.0
+        self.servers: frozenset[str] | None = None  # the campaign's servers among the routable
+        self.was_cancelled = False
+        self.cancel_checked_at = -CANCEL_CHECK_INTERVAL
+
+    def cancelled(self) -> bool:
+        """Whether `eagle-synth cancel` ended the campaign (looked up at most every
+        CANCEL_CHECK_INTERVAL s): then nothing more is sent or written."""
+        now = time.monotonic()
+        if now - self.cancel_checked_at >= CANCEL_CHECK_INTERVAL:
+            self.cancel_checked_at = now
+            if self.runner.redis_client.exists(self.campaign.keys.cancelled):
+                self.was_cancelled = True
+                log.info(
+                    "batch %s: campaign %s was cancelled; nothing more is written",
+                    self.payload.batch,
+                    self.campaign.name,
+                )
+        return self.was_cancelled
 
     def max_new_tokens(self, item: PromptItem) -> int:
         return int(self.sampling[item.key].get("max_new_tokens", 0))
@@ -235,6 +265,8 @@ class _Run:
             # `close` folded the done set to disk, so every key would look open: generating would
             # double records. Only a message published after the close can get here.
             log.warning("batch %s of closed campaign %s: nothing generated", payload.batch, payload.campaign)
+            return
+        if self.cancelled():
             return
         if not (items := self.unfinished(look_for_files=look_for_files)):
             return
@@ -263,6 +295,7 @@ class _Run:
             raise Requeue("no healthy server")
         if not (servers := runner._serving_the_model(self.settings, servers)):
             raise Requeue("no healthy server serves the campaign's model")
+        self.servers = frozenset(servers)
         if not (items := self.drop_too_long(servers, self.drop_untranslatable(servers, items))):
             return
         if any(state.sampling_seed_supported is False for state, _ in servers.values()):
@@ -273,8 +306,9 @@ class _Run:
             for future in self.pending:
                 future.cancel()
             # Whatever was generated is kept, even when the rest of the batch is requeued,
-            # unless the lease is lost: then another host may be committing the same prompts.
-            if not self.lease.lost:
+            # unless the lease is lost (another host may be committing the same prompts) or the
+            # campaign was cancelled.
+            if not self.lease.lost and not self.was_cancelled:
                 self.commit()
 
     def unfinished(self, *, look_for_files: bool) -> list[PromptItem]:
@@ -338,6 +372,8 @@ class _Run:
             if why := self.runner._deadline_passed(self.deadline):
                 self.settle_all(self.answered.take(want=0, timeout=0))  # answers that arrived are kept
                 raise Requeue(why)
+            if self.cancelled():
+                raise Cancelled(self.campaign.name)
             if self.lease.lost:
                 raise Requeue(
                     "the batch lease was lost (Redis unreachable, or the batch given to another worker); "
@@ -362,6 +398,7 @@ class _Run:
             prompts=[(item.ids, self.sent[item.key]) for item in items],
             timeout=min(self.timeout, max(1.0, self.deadline - time.monotonic())),
             tag=self.campaign.name,
+            servers=self.servers,
         )
         for future, item in zip(futures, items, strict=True):
             self.pending[future] = item
@@ -446,7 +483,7 @@ class _Run:
             # the gate marks it so (REFUSE_PREFIX), and the prompt goes elsewhere or back to the queue.
             refused = isinstance(error, Unauthorized)
             runner.node_state.suspect(url, f"{REFUSE_PREFIX if refused else ''}{error}")
-            if not runner.pool.routable():
+            if not runner.pool.routable(self.servers):
                 raise Requeue(f"server {url} {'refused our API key' if refused else 'is down'}: {error}")
             self.send(item)  # another server takes it; the prompt did nothing wrong
         else:
@@ -530,7 +567,7 @@ class _Run:
     def commit(self) -> None:
         """Write the uncommitted records to one file, then mark them done."""
         records, self.records = self.records, []
-        if not records:
+        if not records or self.cancelled():
             return
         runner, folder, campaign = self.runner, self.folder, self.campaign
         # Turns of conversations with tools say how many tool calls they make.
@@ -572,6 +609,9 @@ class BatchRunner:
         broker: Redis and queue settings (default: from the environment).
         app: the Celery app a conversation's next turns are published with (default: one of
             its own for these broker settings).
+        router: which servers take which campaign (workers/routing.py), shared with the health
+            gate; without one (a runner driven by hand) a batch goes to every healthy server
+            that serves its model or cannot say.
     """
 
     def __init__(
@@ -583,8 +623,10 @@ class BatchRunner:
         disk: DiskState | None = None,
         broker: BrokerSettings | None = None,
         app: Celery | None = None,
+        router: CampaignRouter | None = None,
     ) -> None:
         settings = broker or broker_settings()
+        self.router = router
         self.config, self.node = config, node
         self.stopping = stopping or threading.Event()
         self.disk = disk or DiskState(folder=config.out)
@@ -608,7 +650,7 @@ class BatchRunner:
         self.health_clients = {
             url: ServerClient(url, pool_connections=4, api_key=config.api_key) for url in config.servers
         }
-        self.model_check = ModelCheck(self.health_clients)
+        self.model_check = router.check if router is not None else ModelCheck(self.health_clients)
         self._health_seen: dict[str, tuple[float, bool]] = {}
         self._noted: set[tuple[str, str]] = set()
         self._manifest_at: dict[str, float] = {}
@@ -656,14 +698,20 @@ class BatchRunner:
 
     # shared by the batches ------------------------------------------------------------
     def _serving_the_model(self, settings: CampaignSettings, servers: Servers) -> Servers:
-        """`servers` minus those that serve another model than the campaign's, each handed to
-        the health gate to be refused (workers/model_check.py)."""
+        """`servers` narrowed to those the router gives the campaign, minus any found serving
+        another model since (swapped behind its address): that server is kept from this
+        campaign only, and serves its own model's (workers/model_check.py)."""
+        allowed = None if self.router is None else self.router.servers_for(settings.name)
         kept = {}
         for url, (state, backend) in servers.items():
+            if allowed is not None and url not in allowed:
+                continue
             if (line := self.model_check.problem(url, state, settings)) is None:
                 kept[url] = (state, backend)
+            elif self.router is not None:
+                self.router.refuse(settings.name, url, line)
             else:
-                self.node_state.suspect(url, REFUSE_PREFIX + line)
+                log.warning("%s", line)
         return kept
 
     def _deadline_passed(self, deadline: float) -> str | None:

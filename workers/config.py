@@ -63,6 +63,11 @@ class WorkerConfig(EnvSettings):
         description="Accept a server setting preflight refuses, by name (allow_auto_truncate, "
         "preferred_sampling_params, is_generation, ...); repeat for several.",
     )
+    campaigns: CommaList = Field(
+        (),
+        description="Take batches of this campaign only; repeat for several. Default: every campaign one of the "
+        "servers serves the model of. Also lets a server whose model cannot be checked (no /tokenize) take it.",
+    )
     max_attempts: int = Field(6, description="Attempts per prompt on transient errors while the server is healthy.")
     timeout_base: float = Field(120.0, description="Request timeout = this + timeout-per-token x max_new_tokens (s).")
     timeout_per_token: float = Field(0.1, description="Seconds of request timeout per max_new_tokens.")
@@ -80,7 +85,7 @@ class WorkerConfig(EnvSettings):
         None, description="The servers' API key (their --api-key), sent as a bearer token to every server."
     )
 
-    @field_validator("servers", "backend", "allow_server_settings", mode="before")
+    @field_validator("servers", "backend", "allow_server_settings", "campaigns", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -14,7 +14,17 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from eagle_synth.processes import process_alive
-from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState
+from eagle_synth.state.node_state import (
+    HEALTHY,
+    LOADING,
+    REFUSED,
+    UNHEALTHY,
+    UNKNOWN,
+    WARMING,
+    NodeRouting,
+    NodeState,
+    ServerState,
+)
 from workers.backends import BACKENDS
 from workers.backends.base import PreflightError
 from workers.background import every
@@ -23,6 +33,7 @@ from workers.config import WorkerConfig
 from workers.disk import DiskState
 from workers.model_check import REFUSE_PREFIX
 from workers.preflight import preflight_server
+from workers.routing import CampaignRouter
 
 log = logging.getLogger("eagle_synth.health")
 
@@ -57,25 +68,31 @@ class _Tracked:
 
 class HealthGate:
     """Probe the servers of `config` (with its probe timeout, and what its preflight options
-    accept), publish their states in `node_state`, open and close the gate: `on_open` and
-    `on_close` are called (from the gate thread) when the first server turns healthy and when
-    none is any more (or `disk` cannot take records), `on_all_refused` once when preflight
-    refused every server."""
+    accept), publish their states in `node_state`, open and close the gate: while a server is
+    healthy (and `disk` can take records) the worker consumes the queues of the campaigns
+    `router` finds its healthy servers serve, none otherwise. `on_consume(queue)` and
+    `on_stop(queue)` are called from the gate thread for each queue it starts and stops
+    consuming; `on_all_refused` once when preflight refused every server."""
 
     def __init__(
         self,
         *,
         config: WorkerConfig,
         node_state: NodeState,
-        on_open: Callable[[], None],
-        on_close: Callable[[], None],
+        router: CampaignRouter,
+        on_consume: Callable[[str], None],
+        on_stop: Callable[[str], None],
         disk: DiskState | None = None,
         on_all_refused: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.node_state = node_state
+        self.router = router
         self.disk = disk
-        self.on_open, self.on_close, self.on_all_refused = on_open, on_close, on_all_refused
+        self.on_consume = on_consume
+        self.on_stop = on_stop
+        self.on_all_refused = on_all_refused
+        self.consumed: set[str] = set()
         self._preflight = partial(
             preflight_server,
             allow_server_parsers=config.allow_server_parsers,
@@ -204,8 +221,14 @@ class HealthGate:
 
     def _publish(self) -> None:
         self._last_publish = time.time()
+        routing = NodeRouting(
+            campaigns=self.router.served(), pins=sorted(self.router.pins), not_served=self.router.not_served()
+        )
         self.node_state.publish(
-            {u: t.state for u, t in self.tracked.items()}, consuming=self.is_open, disk=self._disk_detail
+            {u: t.state for u, t in self.tracked.items()},
+            consuming=self.is_open,
+            disk=self._disk_detail,
+            routing=routing,
         )
 
     def _disk_ok(self) -> bool:
@@ -219,10 +242,25 @@ class HealthGate:
 
     def _update_gate(self) -> None:
         any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values()) and self._disk_ok()
-        if any_healthy == self.is_open:
+        if any_healthy != self.is_open:
+            self.is_open = any_healthy
+            closed = "no healthy server or no writable output folder: not taking batches"
+            log.warning("a server is healthy: taking batches" if any_healthy else closed)
+            self._publish()
+        states = {url: tracked.state for url, tracked in self.tracked.items()}
+        if self.is_open and not self.router.due(states):
             return
-        self.is_open = any_healthy
-        closed = "no healthy server or no writable output folder: not taking batches"
-        log.warning("a server is healthy: taking batches" if any_healthy else closed)
-        (self.on_open if any_healthy else self.on_close)()
-        self._publish()
+        wanted = self.router.refresh(states) if self.is_open else set()
+        self._consume(wanted)
+
+    def _consume(self, wanted: set[str]) -> None:
+        """Start and stop consuming queues until the worker consumes exactly `wanted`."""
+        started, stopped = wanted - self.consumed, self.consumed - wanted
+        for queue in sorted(stopped):
+            self.on_stop(queue)
+        for queue in sorted(started):
+            self.on_consume(queue)
+        self.consumed = set(wanted)
+        if started or stopped:
+            log.info("taking batches of %s", ", ".join(self.router.served()) or "no campaign")
+            self._publish()

@@ -85,12 +85,15 @@ class _Job:
     timeout: float
     tag: str
     future: Future
+    # The servers this prompt may go to (its campaign's model's); None: any.
+    servers: frozenset[str] | None = None
 
 
 class InflightPool:
     """Send prompts to `servers` (base URLs) with a per-server in-flight limit, refilling each freed
-    ticket: the oldest waiting prompt goes to the routable server with the most free tickets; one
-    refusing connections leaves routing until the next tick. Every `TICK_INTERVAL` seconds
+    ticket: the oldest waiting prompt goes to the routable server with the most free tickets among
+    those it may go to (its campaign's, workers/routing.py), and a prompt no free server may take
+    lets the next one by; one refusing connections leaves routing until the next tick. Every `TICK_INTERVAL` seconds
     `on_tick(counts)` runs in a helper thread with the prompts in flight per (tag, url) and returns
     {url: Route}."""
 
@@ -119,19 +122,30 @@ class InflightPool:
         self._thread.start()
         self._ready.wait()
 
-    def submit_many(self, *, prompts: list[tuple[list[int], dict]], timeout: float, tag: str) -> list[Future]:
-        """Queue (ids, sampling) prompts with one wake-up of the event loop; one future per prompt, in order."""
+    def submit_many(
+        self,
+        *,
+        prompts: list[tuple[list[int], dict]],
+        timeout: float,
+        tag: str,
+        servers: frozenset[str] | None = None,
+    ) -> list[Future]:
+        """Queue (ids, sampling) prompts with one wake-up of the event loop; one future per prompt,
+        in order. `servers`: the only servers they may go to (default: any)."""
         jobs = [
-            _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=Future()) for ids, sampling in prompts
+            _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=Future(), servers=servers)
+            for ids, sampling in prompts
         ]
         if jobs:
             self._loop.call_soon_threadsafe(self._enqueue_all, jobs)
         return [job.future for job in jobs]
 
-    def routable(self) -> bool:
-        """True if some server may take prompts now."""
+    def routable(self, among: frozenset[str] | None = None) -> bool:
+        """True if some server (of `among`, default any) may take prompts now."""
         return any(
-            self._limits.get(url, 0) > 0 and url not in self._refused and url in self._backends for url in self.servers
+            self._limits.get(url, 0) > 0 and url not in self._refused and url in self._backends
+            for url in self.servers
+            if among is None or url in among
         )
 
     def waiting(self) -> int:
@@ -190,27 +204,31 @@ class InflightPool:
         self._waiting.extend(jobs)
         self._pump()
 
-    def _free_server(self) -> str | None:
-        """The routable server with the most free tickets (the first listed among equals)."""
+    def _free_servers(self) -> dict[str, int]:
+        """Free tickets of each routable server that has any."""
         free = {
             url: self._limits.get(url, 0) - self._busy[url]
             for url in self.servers
             if url not in self._refused and url in self._backends
         }
-        best = max(free, key=free.__getitem__, default=None)
-        return best if best is not None and free[best] > 0 else None
+        return {url: tickets for url, tickets in free.items() if tickets > 0}
 
     def _pump(self) -> None:
-        while self._waiting:
-            url = self._free_server()
-            if url is None:
-                return
+        skipped: list[_Job] = []  # waiting prompts no free server may take, in their order
+        while self._waiting and (free := self._free_servers()):
             job = self._waiting.popleft()
+            # The most free tickets first (the first listed among equals), among the job's servers.
+            allowed = [url for url in free if job.servers is None or url in job.servers]
+            if not allowed:
+                skipped.append(job)
+                continue
             if not job.future.set_running_or_notify_cancel():
                 continue  # its batch gave it up (requeued or shutting down)
+            url = max(allowed, key=free.__getitem__)
             self._busy[url] += 1
             self._by_tag[(job.tag, url)] += 1
             self._loop.create_task(self._send(url, job))
+        self._waiting.extendleft(reversed(skipped))
 
     async def _send(self, url: str, job: _Job) -> None:
         backend = self._backends[url]

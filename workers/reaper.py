@@ -16,6 +16,7 @@ from typing import Any
 import redis
 from celery import bootsteps
 
+from eagle_synth.queue import campaign_queue
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.keys import REAPER_LOCK
 from eagle_synth.state.redis_client import connect
@@ -39,7 +40,8 @@ class Reaper:
 
     Parameters:
         client, node: the broker's Redis; this worker's node name (held in the round's lock).
-        queue: our queue's name (routes a message whose exchange binding is gone).
+        queue: the base queue name (a campaign's queue, made from it, routes a message whose
+            exchange binding is gone).
         interval: seconds between sweeps, and the lock's lifetime.
         reap_after: seconds since fetch before a message without a live lease is stranded.
     """
@@ -57,7 +59,7 @@ class Reaper:
             return 0
         restored = 0
         for held in stranded_batches(self.client, reap_after=self.reap_after, with_entries=True):
-            if restore(self.client, held, queue_name=self.queue):
+            if restore(self.client, held, queue_name=campaign_queue(self.queue, held.campaign)):
                 restored += 1
                 log.warning(
                     "restored batch %s of campaign %s (%d prompts): its worker held it without a "

@@ -23,14 +23,14 @@ from typing import Any
 
 import redis
 
-from eagle_synth.queue import queued_payloads, send_payload
+from eagle_synth.queue import campaign_queue, queue_lists, queued_payloads, send_payload
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.fence import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE
 from eagle_synth.state.redis_client import connect, pipelined, text
-from eagle_synth.state.stranded import PRIORITY_SEPARATOR, PRIORITY_STEPS, UNACKED_KEY, held_batches
+from eagle_synth.state.stranded import UNACKED_KEY, held_batches
 from workers.reaper import SweepStep, won_round
 
 log = logging.getLogger("eagle_synth.reconciler")
@@ -49,7 +49,7 @@ class Reconciler:
     """Finds lost batches and publishes them again.
 
     Parameters:
-        client, node, queue, interval: as the Reaper's.
+        client, node, queue, interval: as the Reaper's (`queue`: the base queue name).
         send: publishes one encoded payload (eagle_synth.queue.send_payload bound to the app).
     """
 
@@ -61,15 +61,17 @@ class Reconciler:
     interval: float = RECONCILE_INTERVAL
 
     # the cheap look -----------------------------------------------------------------
-    def _queue_lists(self) -> list[str]:
-        return [f"{self.queue}{PRIORITY_SEPARATOR}{step}" if step else self.queue for step in PRIORITY_STEPS]
+    def _queues(self, names: list[str]) -> list[str]:
+        """The queues of these campaigns (each its own: eagle_synth/queue.py)."""
+        return [campaign_queue(self.queue, name) for name in names]
 
     def needs_full_sweep(self) -> bool:
         """True when the stored batches outnumber what the broker holds (queued + unacked) in two
         rounds running, or in one right after Redis restarted."""
         names = campaign_names(self.client)
         stored = sum(stored_count(self.client, name) for name in names)
-        lengths = pipelined(self.client, *(("llen", name) for name in self._queue_lists()), ("hlen", UNACKED_KEY))
+        lists = [name for queue in self._queues(names) for name in queue_lists(queue)]
+        lengths = pipelined(self.client, *(("llen", name) for name in lists), ("hlen", UNACKED_KEY))
         held = sum(int(c) for c in lengths)
         run_id = str(self.client.info("server").get("run_id", ""))
         state = {text(k): text(v) for k, v in self.client.hgetall(RECONCILER_STATE).items()}
@@ -83,8 +85,8 @@ class Reconciler:
     def _queued_batches(self) -> set[tuple[str, str]]:
         return {
             (str(payload["campaign"]), str(payload["batch"]))
-            for name in self._queue_lists()
-            for payload in queued_payloads(self.client, name, step=QUEUE_CHUNK)
+            for queue in self._queues(campaign_names(self.client))
+            for payload in queued_payloads(self.client, queue, step=QUEUE_CHUNK)
         }
 
     def sweep(self) -> int:

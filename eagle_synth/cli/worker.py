@@ -13,6 +13,7 @@ from eagle_synth.cli.options import (
     AllowEvictingOpt,
     AllowVolatileOpt,
     RedisOpt,
+    check_campaign_name,
     command_group,
     fail,
     redis_client,
@@ -81,6 +82,7 @@ def worker(
     allow_server_settings: Annotated[
         list[str] | None, _worker_option("allow_server_settings", "--allow-server-setting")
     ] = None,
+    campaigns: Annotated[list[str] | None, _worker_option("campaigns", "--campaign")] = None,
     max_attempts: Annotated[int | None, _worker_option("max_attempts")] = None,
     timeout_base: Annotated[float | None, _worker_option("timeout_base")] = None,
     timeout_per_token: Annotated[float | None, _worker_option("timeout_per_token")] = None,
@@ -102,6 +104,8 @@ def worker(
 
     for url in servers:
         _check_server_url(url)
+    for pinned in campaigns or ():
+        check_campaign_name(pinned)
     settings = broker_settings(redis_url=redis)
     # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
     check_redis_ready(

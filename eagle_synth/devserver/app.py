@@ -35,6 +35,7 @@ from eagle_synth.devserver.protocol import (
     json_reply,
     parse_completion_request,
     parse_generate_request,
+    sglang_error_reply,
 )
 from eagle_synth.devserver.scheduler import (
     ABORTED_WAITING,
@@ -89,6 +90,7 @@ ROUTES = {
         **{"/server_info": ("GET", "server_info"), "/get_server_info": ("GET", "server_info")},
         **{"/v1/models": ("GET", "models"), "/flush_cache": ("GET POST", "flush_cache")},
         **{"/abort_request": ("POST PUT", "abort_request"), "/dev/stats": ("GET", "dev_stats")},
+        **{"/tokenize": ("POST", "sglang_tokenize"), "/v1/tokenize": ("POST", "sglang_tokenize")},
         "/dev/reset_stats": ("POST", "dev_reset_stats"),
     },
     "vllm": {
@@ -338,6 +340,34 @@ class DevServer:
             "speculative_config": None,
         }
         return {"vllm_config": config, "vllm_env": {}, "system_env": {}}
+
+    def sglang_tokenize(self, body: bytes) -> Reply | dict:
+        """SGLang's /tokenize (serving_tokenize.py): `prompt` a string or a list of strings,
+        `add_special_tokens` true by default; {"tokens", "count", "max_model_len"}, the last the
+        tokenizer's model_max_length. A server started with --skip-tokenizer-init has no tokenizer:
+        its attempt ends in a 500, as SGLang's does."""
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return sglang_error_reply("JSON decode error", status=400)
+        prompt = request.get("prompt") if isinstance(request, dict) else None
+        if not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)):
+            return sglang_error_reply(f"Invalid prompt type: {type(prompt)}. Expected str or List[str].", status=400)
+        if self.config.skip_tokenizer_init:
+            message = "Internal server error during tokenization: 'NoneType' object has no attribute 'encode'"
+            return sglang_error_reply(message, status=500)
+        add_special = request.get("add_special_tokens", True) is not False
+        tokenizer = self.vocab.tokenizer
+
+        def encode(text: str) -> list[int]:
+            return [int(i) for i in tokenizer.encode(text, add_special_tokens=add_special)]
+
+        limit = getattr(tokenizer, "model_max_length", -1)
+        if isinstance(prompt, str):
+            one = encode(prompt)
+            return {"tokens": one, "count": len(one), "max_model_len": limit}
+        many = [encode(text) for text in prompt]
+        return {"tokens": many, "count": [len(ids) for ids in many], "max_model_len": limit}
 
     def tokenize(self, body: bytes) -> Reply | dict:
         """TokenizeCompletionRequest; `add_special_tokens` defaults to true, as vLLM's does."""

@@ -504,3 +504,10 @@ def error_reply(message: str, *, status: int, param: str | None = None) -> Reply
     """vLLM's ErrorResponse: {"error": {"message", "type", "param", "code"}}."""
     error = {"message": message, "type": ERROR_TYPES[status], "param": param, "code": status}
     return json_reply({"error": error}, status=status)
+
+
+def sglang_error_reply(message: str, *, status: int) -> Reply:
+    """SGLang's OpenAI-style ErrorResponse (serving_base.create_error_response): a flat
+    {"object": "error", "message", "type", "param", "code"}."""
+    error = {"object": "error", "message": message, "type": ERROR_TYPES[status], "param": None, "code": status}
+    return json_reply(error, status=status)

@@ -98,6 +98,11 @@ class CampaignKeys:
     followup_owners = _Key()
     # Hash conversation key -> why it stopped early (JSON: reason, turn, row, message).
     conversation_ends = _Key()
+    # String: the campaign's priority (`enqueue --priority`, `eagle-synth priority`; absent: the default).
+    priority = _Key()
+    # String (JSON: at, queued, held, done, failed): `eagle-synth cancel` ended the campaign;
+    # the one key a cancelled campaign keeps (campaign_control.py).
+    cancelled = _Key()
 
     def producer(self, run_id: str) -> str:
         """String with a TTL: an enqueue run is alive; its outbox entries are its own."""

@@ -42,6 +42,23 @@ class ServerState(msgspec.Struct):
     backend: str | None = None
 
 
+class NodeRouting(msgspec.Struct):
+    """Which campaigns a worker takes (`campaigns`), those it is pinned to (`pins`, empty: any),
+    and why a server of it does not take a campaign (`not_served`: campaign -> {url: why})."""
+
+    campaigns: list[str] = []
+    pins: list[str] = []
+    not_served: dict[str, dict[str, str]] = {}
+
+    @classmethod
+    def parse(cls, raw: str | None) -> NodeRouting:
+        """The routing a node published (empty when it published none, or garbage)."""
+        try:
+            return msgspec.json.decode(raw, type=cls) if raw else cls()
+        except msgspec.DecodeError:
+            return cls()
+
+
 class _NodeView(msgspec.Struct):
     """A node's hash parsed (NodeState._read, the one place that knows its field names)."""
 
@@ -81,11 +98,21 @@ class NodeState:
         info = {"node": self.node, "host": hostname(), "started": time.time(), "servers": json.dumps(servers)}
         self._write(info, transaction=True, fresh=True)
 
-    def publish(self, states: dict[str, ServerState], *, consuming: bool, disk: str | None = None) -> None:
+    def publish(
+        self,
+        states: dict[str, ServerState],
+        *,
+        consuming: bool,
+        disk: str | None = None,
+        routing: NodeRouting | None = None,
+    ) -> None:
         """Write every server's state and refresh the heartbeat; `disk` says why the output
-        folder cannot take records ("" when it can)."""
+        folder cannot take records ("" when it can); `routing`, which campaigns it takes."""
         server_states = {f"state:{url}": msgspec.json.encode(s) for url, s in states.items()}
-        self._write({"updated": time.time(), "consuming": int(consuming), "disk": disk or "", **server_states})
+        fields = {"updated": time.time(), "consuming": int(consuming), "disk": disk or "", **server_states}
+        if routing is not None:
+            fields["routing"] = msgspec.json.encode(routing)
+        self._write(fields)
 
     def _read(self) -> _NodeView:
         view = _NodeView()

@@ -19,7 +19,7 @@ from typing import cast
 import redis
 from kombu.transport.redis import Channel
 
-from eagle_synth.queue import payload_of_entry
+from eagle_synth.queue import PRIORITY_SEPARATOR, PRIORITY_STEPS, payload_of_entry
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.lua import script
@@ -27,12 +27,10 @@ from eagle_synth.state.redis_client import pipelined, text
 
 # Seconds since fetch after which a message without a live batch lease is stranded.
 REAP_AFTER = TIMINGS.reap_after
-# kombu's own key names and separators (its defaults).
+# kombu's own key names (its defaults); its priority lists are configured in eagle_synth/queue.py.
 UNACKED_KEY = Channel.unacked_key
 UNACKED_INDEX_KEY = Channel.unacked_index_key
 BINDING_KEY_FORMAT = Channel.keyprefix_queue
-PRIORITY_SEPARATOR = Channel.sep
-PRIORITY_STEPS = list(Channel.priority_steps)
 # kombu clamps message priorities to this range before picking a priority list.
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 # Unacked entries fetched per HMGET.
