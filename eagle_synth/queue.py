@@ -25,16 +25,11 @@ from collections.abc import Iterator
 import msgpack
 from celery import Celery
 
+from eagle_synth.priorities import PRIORITIES, message_priority
 from eagle_synth.settings import BrokerSettings, broker_settings
 
 # Batches a prefork pool child would run before being replaced (the thread pool ignores it).
 MAX_TASKS_PER_CHILD = 1000
-# `enqueue --priority`: higher is served first. Ten levels, kombu's whole message-priority
-# range, each its own Redis list: a BRPOP over N campaign queues names 10 x N lists, measured
-# in benchmarks/routing.py.
-PRIORITIES = range(10)
-# What a campaign gets without --priority: the middle, so one can be put ahead or behind.
-DEFAULT_PRIORITY = 5
 # kombu's Redis transport: one list per step, named `<queue><SEP><step>` (step 0: the bare name).
 PRIORITY_STEPS = list(PRIORITIES)
 PRIORITY_SEPARATOR = "\x06\x16"
@@ -50,11 +45,6 @@ def campaign_queue(base: str, campaign: str) -> str:
 def queue_lists(queue: str) -> list[str]:
     """The Redis lists kombu keeps a queue's messages in, one per priority step, served first first."""
     return [f"{queue}{PRIORITY_SEPARATOR}{step}" if step else queue for step in PRIORITY_STEPS]
-
-
-def message_priority(priority: int) -> int:
-    """kombu's priority of a message (0 is served first) for a campaign priority (9 is served first)."""
-    return max(PRIORITIES) - priority
 
 
 def celery_config(settings: BrokerSettings) -> dict:

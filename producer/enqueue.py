@@ -6,6 +6,7 @@ Every row read ends as exactly one of enqueued (a prompt of it was new), duplica
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter
@@ -332,7 +333,8 @@ def enqueue(
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
     run = _Rows(options, summary, PromptPlanner(options, no_tool_format=no_tool_format), max_prompt_tokens)
     try:
-        for (chunk, reached), results in pool.map(run.chunks(iter_source_rows(inputs, stdin=stdin), cursors)):
+        rows = itertools.islice(iter_source_rows(inputs, stdin=stdin), options.limit)  # limit None: every row
+        for (chunk, reached), results in pool.map(run.chunks(rows, cursors)):
             left = iter(results)
             per_row = [run.items(where, planned, [next(left) for _ in planned]) for where, planned in chunk]
             flags = iter(claim([item for items in per_row for item in items]))
@@ -371,6 +373,7 @@ def _publisher(
     options: EnqueueOptions, broker: BrokerSettings, on_wait: Callable[..., None] | None, warn: Callable[[str], None]
 ):
     from eagle_synth.queue import make_celery
+    from eagle_synth.state.campaign_control import refuse_if_cancelled, set_priority
     from eagle_synth.state.redis_policy import check_redis_ready
     from producer.publisher import Publisher
 
@@ -378,6 +381,9 @@ def _publisher(
     check_redis_ready(
         client, warn=warn, allow_evicting=options.allow_evicting_redis, allow_volatile=options.allow_volatile_redis
     )
+    refuse_if_cancelled(client, options.campaign)
+    if options.priority is not None:
+        set_priority(client, options.campaign, options.priority, base_queue=broker.queue)
     return Publisher(
         campaign=Campaign(client, options.campaign),
         app=make_celery(broker),

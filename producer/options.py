@@ -9,6 +9,7 @@ from typing import Literal
 
 from eagle_synth.errors import UserError
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
+from eagle_synth.priorities import PRIORITIES
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.toolcalls import TOOL_FORMATS
 from eagle_synth.variants import Variant
@@ -33,7 +34,8 @@ DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 class EnqueueOptions:
     """Everything `enqueue` needs; each field is the `enqueue` flag of its name, documented in
     docs/producer.md (max_prompt_tokens None: the campaign's cap, else the default; 0 or None:
-    no cap). Raises UserError (naming the flag) for a combination the run cannot do."""
+    no cap; priority None: the campaign's, else eagle_synth.queue.DEFAULT_PRIORITY; limit None:
+    every row). Raises UserError (naming the flag) for a combination the run cannot do."""
 
     inputs: Sequence[str]
     campaign: str
@@ -58,6 +60,8 @@ class EnqueueOptions:
     max_turns: int | None = None
     variants: tuple[Variant, ...] = ()
     tool_format: str | None = None
+    priority: int | None = None
+    limit: int | None = None
 
     def __post_init__(self) -> None:
         own = self.history == "own"
@@ -92,6 +96,11 @@ class EnqueueOptions:
                 "taken from Redis; use a tokenizer that needs no custom code",
             ),
             (self.batch_size < 1, "--batch-size must be at least 1"),
+            (
+                self.priority is not None and self.priority not in PRIORITIES,
+                f"--priority {self.priority}: give {min(PRIORITIES)} to {max(PRIORITIES)} (higher is served first)",
+            ),
+            (self.limit is not None and self.limit < 1, f"--limit {self.limit}: give a number of rows, at least 1"),
         ):
             if broken:
                 raise UserError(message)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from eagle_synth.harness import wait_for
-from eagle_synth.settings import broker_settings
+from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.redis_client import connect
 
@@ -155,13 +155,30 @@ def devserver_stats(url: str) -> dict:
     return requests.get(f"{url}/dev/stats", timeout=10).json()
 
 
-def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
-    """Decode every task message waiting in the queue list (as a worker would receive it)."""
+def campaign_queues(client, campaign: str | None = None) -> list[str]:
+    """The queue of `campaign`, or of every campaign in the Redis (each has its own)."""
+    from eagle_synth.queue import campaign_queue
+    from eagle_synth.state.campaign import campaign_names
+
+    names = [campaign] if campaign is not None else campaign_names(client)
+    return [campaign_queue(DEFAULT_QUEUE, name) for name in names]
+
+
+def queued(client, campaign: str | None = None) -> int:
+    """Messages waiting in the queue of `campaign` (default: of every campaign), all priorities."""
+    from eagle_synth.queue import queued_count
+
+    return sum(queued_count(client, queue) for queue in campaign_queues(client, campaign))
+
+
+def queued_payloads(redis_url: str, campaign: str | None = None) -> list:
+    """Decode every task message waiting in the campaigns' queues (as a worker would receive it)."""
     from eagle_synth.payload import TaskPayload
     from eagle_synth.queue import queued_payloads as peek
 
-    payloads = [TaskPayload.decode(p) for p in peek(connect(broker_settings(redis_url=redis_url)), queue)]
-    assert len(payloads) == connect(broker_settings(redis_url=redis_url)).llen(queue), "a queued message is not ours"
+    client = connect(broker_settings(redis_url=redis_url))
+    payloads = [TaskPayload.decode(p) for queue in campaign_queues(client, campaign) for p in peek(client, queue)]
+    assert len(payloads) == queued(client, campaign), "a queued message is not ours"
     return payloads
 
 

@@ -23,6 +23,7 @@ from tests.helpers import (
     cli,
     devserver_stats,
     enqueue_rows,
+    queued,
     queued_items,
     wait_finished,
 )
@@ -156,7 +157,7 @@ def test_a_frozen_worker_writes_nothing_after_losing_its_lease(tmp_path, redis_s
         child.send_signal(signal.SIGCONT)
     # Woken, it finds its leases gone: its batches end without a write, nothing is left held.
     wait_for(
-        lambda: not busy_on(c, "frozen") and c.client.hlen(UNACKED_KEY) == 0 and c.client.llen("eagle-synth") == 0,
+        lambda: not busy_on(c, "frozen") and c.client.hlen(UNACKED_KEY) == 0 and queued(c.client) == 0,
         timeout=60,
         what="the woken worker to let go of its batches",
     )
@@ -216,7 +217,7 @@ def test_retry_failed_while_a_batch_holds_the_key_does_not_double(tmp_path, redi
     result = cli("retry-failed", "hold", "--redis", redis_server.url).stdout.decode()
     assert "re-enqueued 1" in result
     wait_for(
-        lambda: c.progress().done + c.progress().failed == 8 and c.client.llen("eagle-synth") == 0,
+        lambda: c.progress().done + c.progress().failed == 8 and queued(c.client) == 0,
         timeout=120,
         what="every prompt ended and the retried copy consumed",
     )

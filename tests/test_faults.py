@@ -14,6 +14,7 @@ from tests.helpers import (
     campaign,
     devserver_stats,
     enqueue_rows,
+    queued,
     status_json,
     status_now,
     wait_finished,
@@ -62,14 +63,14 @@ def test_server_down_at_start_then_warming_then_up(tmp_path, redis_server, stack
 
     wait_for(lambda: state_is("loading"), timeout=60, interval=0.1, what="status to show the server loading")
     assert state_is("loading", status=status_json), "the CLI shows it too (it stays until the server starts)"
-    queued_tasks = c.client.llen("eagle-synth")
+    queued_tasks = queued(c.client)
     assert queued_tasks == 2, "no batch may be taken while the server refuses connections"
 
     if server_api == "sglang":
         stack.devserver("--startup-delay", "2", "--warmup", "3", port=port, wait=False)
         # Warming lasts 3 s: looked at in this process, which a loaded machine cannot make miss it.
         wait_for(lambda: state_is("warming"), timeout=60, interval=0.1, what="status to show the server warming")
-        assert c.client.llen("eagle-synth") == 2
+        assert queued(c.client) == 2
     else:
         # vLLM listens only once its model is loaded: from refused connections straight to ready.
         stack.devserver("--startup-delay", "3", port=port, wait=False, api="vllm")
@@ -153,7 +154,7 @@ def test_pickle_message_is_rejected_never_run(tmp_path, redis_server, stack, tok
     enqueue_rows(tmp_path, redis_server.url, "after", chat_rows(8), tokenizer=tokenizer_path)
     wait_finished(redis_server.url, "after", expected=8, stack=stack)
     assert not marker.exists()
-    assert c.client.llen("eagle-synth") == 0
+    assert queued(c.client) == 0
     assert worker.alive()
 
 

@@ -12,6 +12,7 @@ from tests.helpers import (
     cli,
     devserver_stats,
     enqueue_rows,
+    queued,
     status_json,
     status_now,
     wait_finished,
@@ -40,7 +41,7 @@ def test_unwritable_output_requeues_closes_the_gate_and_resumes_unattended(
     assert gate_closed_for_disk(status=status_json), "the CLI shows it too (it stays until the disk is freed)"
     progress = c.progress()
     assert (progress.done, progress.failed) == (0, 0)
-    assert c.client.llen("eagle-synth") >= 1, "the batches went back to the queue"
+    assert queued(c.client) >= 1, "the batches went back to the queue"
 
     blocker.unlink()  # the operator frees the disk; nobody restarts anything
     wait_finished(redis_server.url, "disk", expected=12, stack=stack, timeout=90)

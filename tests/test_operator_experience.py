@@ -22,13 +22,13 @@ import pytest
 from eagle_synth.harness import free_port, wait_for
 from eagle_synth.payload import PromptItem
 from eagle_synth.records import MANIFEST_NAME, write_manifest
-from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
+from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.redis_client import connect
 from producer.enqueue import ROWS_PER_CHUNK
 from tests.conftest import chat_rows, write_jsonl
 from tests.export_helpers import conversation_records, write_campaign
-from tests.helpers import assert_exactly_once, campaign, cli, queued_items, wait_finished
+from tests.helpers import assert_exactly_once, campaign, cli, queued, queued_items, wait_finished
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -238,7 +238,7 @@ def test_ctrl_c_during_enqueue_says_what_was_kept_and_a_rerun_resumes(tmp_path, 
         # is read, not its messages: a list read while enqueue still pushes can lag its length.
         queue = connect(broker_settings(redis_url=redis_server.url))
         wait_for(
-            lambda: proc.poll() is None and queue.llen(DEFAULT_QUEUE) >= 2,
+            lambda: proc.poll() is None and queued(queue) >= 2,
             timeout=120,
             what="enqueue to wait on its backlog",
         )

@@ -11,7 +11,7 @@ import pytest
 
 from eagle_synth.harness import wait_for
 from tests.conftest import chat_rows, write_jsonl
-from tests.helpers import campaign, cli, enqueue_rows, queued_items, queued_payloads
+from tests.helpers import campaign, cli, enqueue_rows, queued, queued_items, queued_payloads
 
 WEATHER_TOOL = {
     "type": "function",
@@ -160,7 +160,7 @@ def test_enqueue_killed_half_way_then_rerun_loses_and_doubles_nothing(tmp_path, 
     ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     c = campaign(redis_server.url, "killed")
-    wait_for(lambda: c.client.llen("eagle-synth") >= 40, timeout=120, what="the first tasks")
+    wait_for(lambda: queued(c.client) >= 40, timeout=120, what="the first tasks")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert c.client.scard(c.keys.enqueued) < 3000
@@ -324,7 +324,7 @@ def test_stdin_and_dry_run(tmp_path, redis_server, tokenizer_path):
     result = cli("enqueue", "-", "--campaign", "dry", "--tokenizer", str(tokenizer_path), "--dry-run", input=data)
     out = result.stdout.decode()
     assert "rows read 10 / would enqueue 10" in out and "prompt length histogram" in out
-    assert campaign(redis_server.url, "dry").client.llen("eagle-synth") == 0
+    assert queued(campaign(redis_server.url, "dry").client) == 0
 
 
 def test_backpressure_waits_for_the_backlog_to_drain(tmp_path, redis_server, stack, tokenizer_path):
@@ -355,10 +355,10 @@ def test_backpressure_waits_for_the_backlog_to_drain(tmp_path, redis_server, sta
     c = campaign(redis_server.url, "bp")
     try:
         wait_for(lambda: c.client.scard(c.keys.enqueued) >= 16, timeout=120, what="the first prompts")
-        wait_for(lambda: c.client.llen("eagle-synth") >= 3, timeout=30, what="three batches")
+        wait_for(lambda: queued(c.client) >= 3, timeout=30, what="three batches")
         # With no worker the backlog cannot drain: the producer holds back.
         assert proc.poll() is None
-        assert c.client.llen("eagle-synth") <= 3
+        assert queued(c.client) <= 3
         _, url = stack.devserver()
         stack.worker(servers=[url], out=tmp_path / "out", redis_url=redis_server.url)
         stdout, stderr = proc.communicate(timeout=120)

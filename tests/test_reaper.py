@@ -10,8 +10,9 @@ import sys
 import time
 
 from eagle_synth.harness import wait_for
-from eagle_synth.queue import make_celery
-from eagle_synth.settings import broker_settings
+from eagle_synth.priorities import DEFAULT_PRIORITY, message_priority
+from eagle_synth.queue import campaign_queue, make_celery, queue_lists
+from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import all_nodes
 from eagle_synth.state.redis_client import connect
@@ -30,6 +31,7 @@ from tests.helpers import (
     cli,
     devserver_stats,
     enqueue_rows,
+    queued,
     queued_payloads,
     status_now,
     wait_finished,
@@ -50,8 +52,9 @@ REAPER_ENV = {
 # then die without acknowledging or restoring it, as a SIGKILLed host would.
 _FETCH_AND_DIE = """
 import os, sys
-from eagle_synth.queue import make_celery
-from eagle_synth.settings import broker_settings
+from eagle_synth.priorities import DEFAULT_PRIORITY, message_priority
+from eagle_synth.queue import campaign_queue, make_celery, queue_lists
+from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
 app = make_celery(broker_settings(redis_url=sys.argv[1]))
 with app.connection_for_read() as conn:
     message = conn.default_channel.basic_get(sys.argv[2])
@@ -60,7 +63,16 @@ with app.connection_for_read() as conn:
 """
 
 
-def fetch_and_die(redis_url: str, queue: str = "eagle-synth") -> str:
+def queue_of(campaign_name: str) -> str:
+    return campaign_queue(DEFAULT_QUEUE, campaign_name)
+
+
+def default_list(campaign_name: str) -> str:
+    """The list a message of a campaign of the default priority waits in."""
+    return queue_lists(queue_of(campaign_name))[message_priority(DEFAULT_PRIORITY)]
+
+
+def fetch_and_die(redis_url: str, queue: str) -> str:
     out = subprocess.run(
         [sys.executable, "-c", _FETCH_AND_DIE, redis_url, queue], capture_output=True, text=True, timeout=60, check=True
     )
@@ -119,8 +131,8 @@ def test_restore_is_exactly_once_and_as_kombu_would(tmp_path, redis_server, toke
     enqueue_rows(tmp_path, redis_server.url, "once", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
     client = connect(broker_settings(redis_url=redis_server.url))
     before = {p.batch: p for p in queued_payloads(redis_server.url)}
-    tag = fetch_and_die(redis_server.url)
-    assert client.llen("eagle-synth") == 1 and client.hexists(UNACKED_KEY, tag)
+    tag = fetch_and_die(redis_server.url, queue_of("once"))
+    assert queued(client, "once") == 1 and client.hexists(UNACKED_KEY, tag)
 
     assert stranded_batches(client, reap_after=120) == [], "a message fetched just now is not stranded"
     (held,) = stranded_batches(client, reap_after=0, with_entries=True)
@@ -130,12 +142,12 @@ def test_restore_is_exactly_once_and_as_kombu_would(tmp_path, redis_server, toke
     lease = CampaignKeys("once").lease(held.batch)
     client.set(lease, "somehost|1", px=5000)
     assert stranded_batches(client, reap_after=0) == []
-    assert not restore(client, held, queue_name="eagle-synth")
+    assert not restore(client, held, queue_name=queue_of("once"))
     client.delete(lease)
 
     # Two reapers that both saw it stranded: one restores, the other finds nothing to do.
-    assert restore(client, held, queue_name="eagle-synth")
-    assert not restore(client, held, queue_name="eagle-synth")
+    assert restore(client, held, queue_name=queue_of("once"))
+    assert not restore(client, held, queue_name=queue_of("once"))
     assert not client.hexists(UNACKED_KEY, tag) and client.zscore(UNACKED_INDEX_KEY, tag) is None
     after = queued_payloads(redis_server.url)
     assert len(after) == 2
@@ -143,19 +155,19 @@ def test_restore_is_exactly_once_and_as_kombu_would(tmp_path, redis_server, toke
     assert [i.key for i in restored.items] == [i.key for i in before[held.batch].items]
     assert [i.ids for i in restored.items] == [i.ids for i in before[held.batch].items]
     # Back at the consuming end (as kombu's own restore), marked redelivered.
-    message = json.loads(client.lindex("eagle-synth", -1))
+    message = json.loads(client.lindex(default_list("once"), -1))
     assert message["headers"]["redelivered"] and message["properties"]["delivery_info"]["redelivered"]
 
 
 def test_acknowledged_meanwhile_is_not_restored(tmp_path, redis_server, tokenizer_path):
     enqueue_rows(tmp_path, redis_server.url, "acked", chat_rows(4), tokenizer=tokenizer_path, batch_size=4)
     client = connect(broker_settings(redis_url=redis_server.url))
-    tag = fetch_and_die(redis_server.url)
+    tag = fetch_and_die(redis_server.url, queue_of("acked"))
     (held,) = stranded_batches(client, reap_after=0, with_entries=True)
     client.zrem(UNACKED_INDEX_KEY, tag)  # what kombu's ack does
     client.hdel(UNACKED_KEY, tag)
-    assert not restore(client, held, queue_name="eagle-synth")
-    assert client.llen("eagle-synth") == 0
+    assert not restore(client, held, queue_name=queue_of("acked"))
+    assert queued(client, "acked") == 0
 
 
 def test_priority_message_goes_back_to_its_priority_list(redis_server):
@@ -169,30 +181,30 @@ def test_priority_message_goes_back_to_its_priority_list(redis_server):
         items=[PromptItem(key="k1", row_id="r", sample=0, ids=[1, 2, 3])],
     )
     make_celery(settings).send_task(
-        TASK_NAME, args=[payload.encode()], queue="eagle-synth", serializer="msgpack", priority=5
+        TASK_NAME, args=[payload.encode()], queue=queue_of("pri"), serializer="msgpack", priority=7
     )
     client = connect(settings)
-    priority_list = "eagle-synth\x06\x163"  # kombu's list for priorities 3-5
+    priority_list = queue_of("pri") + "\x06\x167"  # kombu's list for message priority 7
     assert client.llen(priority_list) == 1
-    fetch_and_die(redis_server.url)
+    fetch_and_die(redis_server.url, queue_of("pri"))
     assert client.llen(priority_list) == 0
     (held,) = stranded_batches(client, reap_after=0, with_entries=True)
-    assert restore(client, held, queue_name="eagle-synth")
-    assert client.llen(priority_list) == 1 and client.llen("eagle-synth") == 0
+    assert restore(client, held, queue_name=queue_of("pri"))
+    assert client.llen(priority_list) == 1 and client.llen(queue_of("pri")) == 0
 
 
 def test_one_reaper_sweeps_per_round(tmp_path, redis_server, tokenizer_path):
     enqueue_rows(tmp_path, redis_server.url, "lock", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
     client = connect(broker_settings(redis_url=redis_server.url))
-    fetch_and_die(redis_server.url)
-    fetch_and_die(redis_server.url)
-    assert client.llen("eagle-synth") == 0
-    first = Reaper(client, node="a@test", queue="eagle-synth", interval=30, reap_after=0)
-    second = Reaper(client, node="b@test", queue="eagle-synth", interval=30, reap_after=0)
+    fetch_and_die(redis_server.url, queue_of("lock"))
+    fetch_and_die(redis_server.url, queue_of("lock"))
+    assert queued(client, "lock") == 0
+    first = Reaper(client, node="a@test", queue=DEFAULT_QUEUE, interval=30, reap_after=0)
+    second = Reaper(client, node="b@test", queue=DEFAULT_QUEUE, interval=30, reap_after=0)
     assert first.sweep() == 2
-    fetch_and_die(redis_server.url)
+    fetch_and_die(redis_server.url, queue_of("lock"))
     assert second.sweep() == 0, "the round's lock is held: only one reaper sweeps"
-    assert client.llen("eagle-synth") == 1
+    assert queued(client, "lock") == 1
     assert stranded_prompts(client, reap_after=0) == {"lock": 4}
 
 
@@ -213,9 +225,9 @@ def test_restored_copy_of_a_finished_batch_does_nothing(tmp_path, redis_server, 
 
     # The same batch, held (unacked, no lease) by a worker that died before acking it.
     make_celery(broker_settings(redis_url=redis_server.url)).send_task(
-        "eagle_synth.generate_batch", args=[pending[0].encode()], queue="eagle-synth", serializer="msgpack"
+        "eagle_synth.generate_batch", args=[pending[0].encode()], queue=queue_of("late-ack"), serializer="msgpack"
     )
-    tag = fetch_and_die(redis_server.url)
+    tag = fetch_and_die(redis_server.url, queue_of("late-ack"))
     # Fetched a minute ago: past REAP_AFTER, far inside the visibility timeout (kombu leaves it).
     client.zadd(UNACKED_INDEX_KEY, {tag: time.time() - 60}, xx=True)
     again = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=REAPER_ENV)

@@ -21,6 +21,7 @@ from tests.helpers import (
     cli,
     devserver_stats,
     enqueue_rows,
+    queued,
     status_json,
     wait_finished,
 )
@@ -85,7 +86,7 @@ def test_redelivered_batch_with_records_is_not_generated_again(tmp_path, redis_s
         batch = items[start : start + 4]
         payload = TaskPayload(campaign="again", batch=batch_id([i.key for i in batch]), sampling=sampling, items=batch)
         send_payload(app, settings.queue, payload.encode())
-    wait_for(lambda: c.client.llen("eagle-synth") == 0, timeout=30, what="the copies to be taken")
+    wait_for(lambda: queued(c.client) == 0, timeout=30, what="the copies to be taken")
     wait_for(lambda: worker.log().count("4 already done") >= 2, timeout=30, what="the copies to be skipped")
     assert devserver_stats(url)["prompts"] == prompts_before
     assert sorted((out / "again" / "records").iterdir()) == files_before

@@ -26,6 +26,7 @@ from eagle_synth.cli.options import (
     redis_client,
     warn,
 )
+from eagle_synth.priorities import DEFAULT_PRIORITY
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from eagle_synth.toolcalls import TOOL_FORMATS
@@ -80,6 +81,8 @@ HELP = {
     "max_backlog": "Wait while more prompts than this are pending (0 = never wait).",
     "max_backlog_mb": "Also wait while the queue, the campaign's failures and its outbox hold more MB than this in Redis (0 = no byte cap; at most half of Redis's maxmemory).",
     "dry_run": "Template and count, print a length histogram, enqueue nothing.",
+    "priority": f"0-9, higher is served first across the fleet (default: the campaign's, else {DEFAULT_PRIORITY}); `eagle-synth priority` changes it later.",
+    "limit": "Read only the first N input rows (across all files, in order).",
 }
 
 
@@ -119,6 +122,8 @@ def enqueue(
     max_backlog_mb: Annotated[int, _opt("max_backlog_mb")] = OPTIONS["max_backlog_mb"],
     strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
     dry_run: Annotated[bool, _opt("dry_run")] = False,
+    priority: Annotated[int | None, _opt("priority")] = None,
+    limit: Annotated[int | None, _opt("limit")] = None,
     processes: Annotated[int | None, typer.Option(help="Templating processes (default: all cores).")] = None,
     as_json: JsonSummaryOpt = False,
     redis: RedisOpt = None,
@@ -199,24 +204,28 @@ def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, bro
 
 @app.command()
 def status(
-    campaign: CampaignArg,
+    campaign: Annotated[list[str], typer.Argument(help="Campaign name; several for one line each.")],
     as_json: JsonOpt = False,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh a live view until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
     redis: RedisOpt = None,
 ) -> None:
-    """Where a campaign stands: enqueued, queued, in flight, stranded, done, failed, throughput, workers."""
+    """Where a campaign stands: enqueued, queued, in flight, stranded, done, failed, throughput, workers;
+    its model, priority and the workers taking it. Several campaigns: a table, a line each."""
     from eagle_synth.tools.status import campaign_status
-    from eagle_synth.tools.status_view import render_status, watch_status
+    from eagle_synth.tools.status_view import render_fleet, render_status, watch_status
 
     client = redis_client(redis)
-    data = campaign_status(client, campaign)
+    queue = broker_settings(redis_url=redis).queue
+    rows = [campaign_status(client, name, queue=queue) for name in campaign]
     if watch:
-        watch_status(client, campaign, interval=interval, as_json=as_json)
+        watch_status(client, campaign, interval=interval, as_json=as_json, queue=queue)
     elif as_json:
-        print(json.dumps(data))
+        print(json.dumps(rows[0] if len(rows) == 1 else rows))
+    elif len(rows) == 1:
+        render_status(rows[0])
     else:
-        render_status(data)
+        render_fleet(rows)
 
 
 @app.command()
@@ -224,17 +233,22 @@ def campaigns(as_json: JsonOpt = False, redis: RedisOpt = None) -> None:
     """List campaigns with their progress."""
     from eagle_synth.tools.status import campaigns_overview
 
-    rows = campaigns_overview(redis_client(redis))
+    rows = campaigns_overview(redis_client(redis), queue=broker_settings(redis_url=redis).queue)
     if as_json:
         print(json.dumps(rows))
         return
     if not rows:
         typer.echo("no campaigns")
     for r in rows:
+        if r["cancelled"]:
+            typer.echo(f"{r['campaign']:<30} cancelled  done {r['done']}  failed {r['failed']} (records kept on disk)")
+            continue
+        model = (r["model"] or {}).get("tokenizer") or "?"
         typer.echo(
             f"{r['campaign']:<30} {100 * r['finished_share']:5.1f}%  done {r['done']}  failed {r['failed']}  "
             f"queued {r['queued']}  in flight {r['inflight']}"
             + (f"  stranded {r['stranded']}" if r["stranded"] else "")
+            + f"  priority {r['priority']}  workers {len(r['serving'])}  model {model}"
         )
 
 
@@ -323,6 +337,68 @@ def close(
         f"({summary.file_bytes:,} bytes); Redis used {summary.redis_bytes_before / 1e6:,.1f} MB before, "
         f"{summary.redis_bytes_after / 1e6:,.1f} MB after"
     )
+
+
+@app.command()
+def priority(
+    campaign: CampaignArg,
+    level: Annotated[int, typer.Argument(help="0-9, higher is served first.", metavar="PRIORITY")],
+    redis: RedisOpt = None,
+) -> None:
+    """Change a campaign's priority: its queued batches move at once, later ones follow it."""
+    from eagle_synth.state.campaign_control import check_priority, set_priority
+
+    check_priority(level)
+    target = _existing_campaign(redis, campaign)
+    moved = set_priority(target.client, campaign, level, base_queue=broker_settings(redis_url=redis).queue)
+    typer.echo(f"campaign {campaign}: priority {level}; {moved} queued batches moved to it")
+
+
+@app.command()
+def cancel(
+    campaign: CampaignArg,
+    forget: Annotated[
+        bool, typer.Option("--forget", help="Remove a cancelled campaign's marker so its name can be enqueued again.")
+    ] = False,
+    settle: Annotated[
+        float, typer.Option(help="Seconds to wait for workers to stop its prompts in flight before the last sweep.")
+    ] = 60.0,
+    redis: RedisOpt = None,
+) -> None:
+    """Cancel a campaign: its queued and stranded batches leave the queue, batches in flight stop
+    at their next prompt, its Redis state is freed; records already written stay readable."""
+    from eagle_synth.errors import CampaignNotFound
+    from eagle_synth.state.campaign import Campaign
+    from eagle_synth.state.campaign_control import cancel_campaign, cancel_marker, forget_cancel
+
+    client = redis_client(redis)
+    if forget:
+        if not forget_cancel(client, campaign):
+            fail(f"campaign {campaign!r} was not cancelled: nothing to forget")
+        typer.echo(f"forgot the cancel of {campaign}: the name can be enqueued again")
+        return
+    if not Campaign(client, campaign).exists():
+        if cancel_marker(client, campaign) is not None:
+            typer.echo(f"campaign {campaign} was already cancelled")
+            return
+        raise CampaignNotFound(campaign)
+
+    def waiting(inflight: int) -> None:
+        typer.echo(f"waiting for workers to stop {inflight} prompts in flight ...", err=True)
+
+    done = cancel_campaign(
+        client, campaign, base_queue=broker_settings(redis_url=redis).queue, settle_timeout=settle, on_wait=waiting
+    )
+    typer.echo(
+        f"cancelled {campaign}: {done.queued_batches} queued and {done.held_batches} held batches taken off the "
+        f"queue, {done.keys_deleted} Redis keys freed; its {done.done} records stay in its folder, "
+        f"{done.failed} prompts had failed"
+    )
+    if not done.settled:
+        warn(
+            f"workers still reported prompts of {campaign} in flight after {settle:g} s; they write nothing "
+            "more (their leases are gone): run `eagle-synth cancel` again later to sweep what they leave"
+        )
 
 
 @app.command()

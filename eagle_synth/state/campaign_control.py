@@ -24,14 +24,8 @@ from dataclasses import dataclass
 import redis
 
 from eagle_synth.errors import UserError
-from eagle_synth.queue import (
-    DEFAULT_PRIORITY,
-    PRIORITIES,
-    PRIORITY_STEPS,
-    campaign_queue,
-    message_priority,
-    queue_lists,
-)
+from eagle_synth.priorities import DEFAULT_PRIORITY, PRIORITIES, message_priority
+from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, queue_lists
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.keys import CAMPAIGNS, KEY_PREFIX, CampaignKeys
 from eagle_synth.state.lua import script

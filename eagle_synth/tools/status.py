@@ -17,11 +17,14 @@ import redis
 
 from eagle_synth import input_rows
 from eagle_synth.errors import CampaignNotFound
-from eagle_synth.state.campaign import Campaign, campaign_names
+from eagle_synth.queue import campaign_queue, queued_count
+from eagle_synth.settings import DEFAULT_QUEUE
+from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.campaign_archive import ended_info
+from eagle_synth.state.campaign_control import campaign_priority, cancel_marker, known_campaigns
 from eagle_synth.state.conversation_store import ConversationStore
 from eagle_synth.state.keys import FAILED_PREFIX, REPAIRED_PREFIX, ROWS_READ, ROWS_SKIPPED, TOKENS_IN, TOKENS_OUT
-from eagle_synth.state.node_state import UNKNOWN, all_nodes
+from eagle_synth.state.node_state import UNKNOWN, NodeRouting, all_nodes
 from eagle_synth.state.stranded import stranded_prompts
 
 # Window for records/s and tokens/s, seconds.
@@ -55,6 +58,12 @@ STATUS_KEYS = (
     "stranded",
     "conversations",
     "ended",
+    "priority",
+    "model",
+    "queued_batches",
+    "serving",
+    "not_served",
+    "cancelled",
 )
 # Keys of each entry of "workers": one per (worker node, server) pair.
 WORKER_KEYS = (
@@ -71,14 +80,29 @@ WORKER_KEYS = (
     "backend",
 )
 # Keys of each row of `eagle-synth campaigns --json`.
-CAMPAIGN_ROW_KEYS = (*STATUS_KEYS[:6], "records_per_s", "eta_seconds", "stranded")
+CAMPAIGN_ROW_KEYS = (
+    *STATUS_KEYS[:6],
+    "records_per_s",
+    "eta_seconds",
+    "stranded",
+    "priority",
+    "model",
+    "queued_batches",
+    "serving",
+    "cancelled",
+)
 
 
-def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None) -> dict:
+def campaign_status(
+    client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None, queue: str = DEFAULT_QUEUE
+) -> dict:
     """One JSON-ready dict with STATUS_KEYS; KeyError (with a hint) if the campaign is unknown.
-    `stranded`: stranded_prompts(client) when the caller has it (one scan for all campaigns)."""
+    `stranded`: stranded_prompts(client) when the caller has it (one scan for all campaigns);
+    `queue`: the base queue name campaign queues are made from."""
     campaign = Campaign(client, name)
     if not campaign.exists():
+        if (marker := cancel_marker(client, name)) is not None:
+            return _cancelled_status(name, marker)
         raise CampaignNotFound(name)
     progress = campaign.progress()
     nodes = all_nodes(client)
@@ -124,16 +148,52 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "conversations": ConversationStore(campaign).counts() if settings and settings.history == "own" else None,
         # Closed (`eagle-synth close`): where its state was folded, with its done and failed counts.
         "ended": ended_info(campaign),
+        # On a shared fleet: its priority (higher first), its model (the tokenizer it was
+        # templated with), batches waiting in its queue, the workers taking it, and servers
+        # that do not (another model, or a model they cannot name) with why.
+        "priority": campaign_priority(client, name),
+        "model": _model(settings),
+        "queued_batches": queued_count(client, campaign_queue(queue, name)),
+        "serving": sorted(n.get("node", "") for n in nodes if name in NodeRouting.parse(n.get("routing")).campaigns),
+        "not_served": list(_not_served(nodes, name)),
+        # Cancelled (`eagle-synth cancel`): what it had then (a cancelled campaign has only this).
+        "cancelled": None,
     }
 
 
-def campaigns_overview(client: redis.Redis) -> list[dict]:
-    """Every campaign's row for `eagle-synth campaigns` (CAMPAIGN_ROW_KEYS plus finished_share)."""
+def _model(settings: CampaignSettings | None) -> dict | None:
+    """The campaign's model as its tokenizer names it: {"tokenizer", "fingerprint"}."""
+    if settings is None:
+        return None
+    return {"tokenizer": settings.tokenizer_path, "fingerprint": settings.tokenizer_fingerprint}
+
+
+def _not_served(nodes: list[dict], name: str) -> Iterator[dict]:
+    for node in nodes:
+        why = NodeRouting.parse(node.get("routing")).not_served.get(name, {})
+        for url, detail in sorted(why.items()):
+            yield {"node": node.get("node"), "server": url, "detail": detail}
+
+
+def _cancelled_status(name: str, marker: dict) -> dict:
+    """A cancelled campaign's status: nothing pending, what it had when cancelled, the marker."""
+    data: dict[str, Any] = dict.fromkeys(STATUS_KEYS, 0)
+    data |= {"campaign": name, "done": marker.get("done", 0), "failed": marker.get("failed", 0)}
+    data |= {"failed_by_reason": {}, "failures_recorded_by_reason": {}, "skipped_by_reason": {}, "workers": []}
+    data |= {"rate_window_s": RATE_WINDOW, "eta_seconds": None, "at": time.time(), "finished_share": 0.0}
+    data |= {key: None for key in ("conversations", "ended", "model")}
+    data |= {"serving": [], "not_served": [], "priority": None, "cancelled": marker}
+    return data
+
+
+def campaigns_overview(client: redis.Redis, *, queue: str = DEFAULT_QUEUE) -> list[dict]:
+    """Every campaign's row for `eagle-synth campaigns` (CAMPAIGN_ROW_KEYS plus finished_share),
+    cancelled ones included."""
     rows = []
     stranded = stranded_prompts(client)
-    for name in campaign_names(client):
+    for name in known_campaigns(client):
         try:
-            data = campaign_status(client, name, stranded=stranded)
+            data = campaign_status(client, name, stranded=stranded, queue=queue)
         except KeyError:
             continue  # listed but its settings are gone (deleted by hand): nothing to show
         rows.append({key: data[key] for key in (*CAMPAIGN_ROW_KEYS, "finished_share")})

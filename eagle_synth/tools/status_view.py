@@ -24,6 +24,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from eagle_synth.settings import DEFAULT_QUEUE
 from eagle_synth.state.node_state import HEALTHY, LOADING, UNKNOWN, WARMING
 from eagle_synth.tools.status import campaign_status
 
@@ -101,6 +102,27 @@ def _header(data: dict, width: int) -> RenderableType:
     below = width - share.cell_len - clock.cell_len - 2
     grid.add_row(_bar(data, max(min(PROGRESS_BAR_WIDTH, below), 1)), share, clock)
     return Group(name, grid)
+
+
+def fleet_line(data: dict) -> Text:
+    """Where the campaign stands on a shared fleet, on one line: its model, priority, batches
+    waiting in its queue, and the workers taking it (or, cancelled, when and what it had)."""
+    if cancelled := data.get("cancelled"):
+        at = _clock(float(cancelled.get("at") or 0))
+        return Text(
+            f"cancelled at {at}: {data['done']:,} records stay in its folder, {data['failed']:,} prompts had failed",
+            style="bold yellow",
+        )
+    model = (data.get("model") or {}).get("tokenizer") or "?"
+    serving = data.get("serving") or []
+    takers = f"{len(serving)} worker{'s' if len(serving) != 1 else ''}" if serving else "no worker"
+    line = Text(
+        f"model {model} · priority {data.get('priority')} · {data.get('queued_batches', 0):,} batches queued · "
+    )
+    line.append(f"taken by {takers}", style="" if serving else "yellow")
+    if not_served := data.get("not_served"):
+        line.append(f" · {len(not_served)} server{'s' if len(not_served) != 1 else ''} of another model", style="dim")
+    return line
 
 
 def _bar(data: dict, width: int) -> ProgressBar:
@@ -272,6 +294,7 @@ class StatusView:
         fits = Measurement.get(console, options.update_width(UNLIMITED_WIDTH), table).maximum <= options.max_width
         return [
             _header(self.data, options.max_width),
+            fleet_line(self.data),
             Columns(_blocks(self.data, compact=compact), padding=(0, 2)),
             _failures(self.data, compact=compact),
             table if fits else _workers_blocks(self.data, compact=compact),
@@ -287,22 +310,78 @@ class StatusView:
         yield from parts
 
 
+# Columns of the several-campaigns table (`status A B ...`): 80 columns wide with names up to 20.
+FLEET_COLUMNS = ("campaign", "pri", "finished", "done", "failed", "queued", "in flight", "workers", "ETA")
+
+
+@dataclass
+class FleetView:
+    """Several campaign_status() dicts as one table, a campaign a row, then why a server of the
+    fleet does not take a campaign (one line each): `status A B --watch` at 80x24."""
+
+    rows: list[dict]
+    footer: str | None = field(default=None, kw_only=True)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = Table(box=box.SIMPLE_HEAD, header_style="bold", padding=(0, 1), pad_edge=False)
+        for column in FLEET_COLUMNS:
+            table.add_column(column, no_wrap=True, justify="left" if column == "campaign" else "right")
+        for data in self.rows:
+            cancelled = data.get("cancelled")
+            table.add_row(
+                Text(data["campaign"], style="bold"),
+                str(data.get("priority") if data.get("priority") is not None else "-"),
+                Text("cancelled", style="yellow") if cancelled else f"{100 * data['finished_share']:.1f}%",
+                f"{data['done']:,}",
+                Text(f"{data['failed']:,}", style="red" if data["failed"] else ""),
+                f"{data['queued']:,}",
+                f"{data['inflight']:,}",
+                Text(str(len(data.get("serving") or [])), style="" if data.get("serving") or cancelled else "yellow"),
+                format_duration(data["eta_seconds"]),
+            )
+        yield table
+        for data in self.rows:
+            for entry in data.get("not_served") or []:
+                yield Text(f"{data['campaign']}: {entry['node']} {entry['detail']}", style="dim", overflow="ellipsis")
+        if self.footer:
+            yield Text(self.footer, style="dim")
+
+
 def render_status(data: dict, *, console: Console | None = None) -> None:
     (console or Console()).print(StatusView(data))
 
 
+def render_fleet(rows: list[dict], *, console: Console | None = None) -> None:
+    (console or Console()).print(FleetView(rows))
+
+
 def watch_status(
     client: redis.Redis,
-    campaign: str,
+    campaign: str | list[str],
     *,
     interval: float,
     as_json: bool,
     console: Console | None = None,
     refreshes: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    queue: str = DEFAULT_QUEUE,
 ) -> None:
     """Refresh every `interval` s until Ctrl-C (or `refreshes` times); with as_json, one JSON line each.
-    Redis errors and a vanished campaign are shown (stderr with as_json) and retried, not fatal."""
+    Redis errors and a vanished campaign are shown (stderr with as_json) and retried, not fatal.
+    Several campaigns show as one FleetView table (JSON: a list per line)."""
+    if isinstance(campaign, list) and len(campaign) > 1:
+        _watch_fleet(
+            client,
+            campaign,
+            interval=interval,
+            as_json=as_json,
+            console=console,
+            refreshes=refreshes,
+            sleep=sleep,
+            queue=queue,
+        )
+        return
+    campaign = campaign[0] if isinstance(campaign, list) else campaign
     footer = f"every {interval:g}s; Ctrl-C to stop"
     console = console or Console()
     last_good: dict | None = None
@@ -311,7 +390,7 @@ def watch_status(
         for count in itertools.count(1) if refreshes is None else range(1, refreshes + 1):
             data, problem = None, None
             try:
-                data = campaign_status(client, campaign)
+                data = campaign_status(client, campaign, queue=queue)
             except REDIS_ERRORS as exc:
                 problem = f"Redis not answering ({exc}); retrying every {interval:g}s"
             except KeyError as exc:
@@ -331,5 +410,39 @@ def watch_status(
                 live.update(Group(stale, view), refresh=True)
             else:
                 live.update(Text(problem or "no data", style="bold red"), refresh=True)
+            if refreshes is None or count < refreshes:
+                sleep(interval)
+
+
+def _watch_fleet(
+    client: redis.Redis,
+    campaigns: list[str],
+    *,
+    interval: float,
+    as_json: bool,
+    console: Console | None,
+    refreshes: int | None,
+    sleep: Callable[[float], None],
+    queue: str,
+) -> None:
+    """watch_status for several campaigns: a FleetView (or a JSON list) per refresh."""
+    footer = f"every {interval:g}s; Ctrl-C to stop"
+    console = console or Console()
+    live_view = contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=False)
+    with contextlib.suppress(KeyboardInterrupt), live_view as live:
+        for count in itertools.count(1) if refreshes is None else range(1, refreshes + 1):
+            try:
+                rows = [campaign_status(client, name, queue=queue) for name in campaigns]
+            except (*REDIS_ERRORS, KeyError) as exc:
+                problem = f"{exc.args[0] if isinstance(exc, KeyError) else exc}; retrying every {interval:g}s"
+                if live is None:
+                    print(f"eagle-synth status: {problem}", file=sys.stderr, flush=True)
+                else:
+                    live.update(Text(problem, style="bold red"), refresh=True)
+            else:
+                if live is None:
+                    print(json.dumps(rows), flush=True)
+                else:
+                    live.update(FleetView(rows, footer=footer), refresh=True)
             if refreshes is None or count < refreshes:
                 sleep(interval)
