@@ -41,8 +41,10 @@ from workers.client import (
 )
 from workers.config import ConfigError, WorkerConfig, auto_inflight
 from workers.health import HealthGate
+from workers.model_check import ModelCheck
 from workers.preflight import check_server
 from workers.replies import PromptMismatch, parse_generate_item
+from workers.routing import CampaignRouter
 
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"
 VOCAB = 248077
@@ -418,7 +420,8 @@ def gate_state(redis_url: str, url: str, **gate_options) -> tuple[ServerState, N
     """Run the worker's health gate against one server until preflight decided."""
     node = NodeState(connect(broker_settings(redis_url=redis_url)), f"t{time.monotonic_ns()}@here")
     config = WorkerConfig(servers=(url,), **gate_options)
-    gate = HealthGate(config=config, node_state=node, on_open=lambda: None, on_close=lambda: None)
+    router = CampaignRouter(client=node.client, base_queue="eagle-synth", check=ModelCheck({}))
+    gate = HealthGate(config=config, node_state=node, router=router, on_consume=print, on_stop=print)
     deadline = time.monotonic() + 30
     while gate.tracked[url].state.state not in (HEALTHY, REFUSED):
         assert time.monotonic() < deadline, gate.tracked[url].state
