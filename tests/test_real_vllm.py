@@ -263,27 +263,37 @@ def _applied(facts):
     return state
 
 
-def test_a_server_serving_another_model_is_refused_before_the_first_batch(tmp_path, redis_server, stack, real_vllm):
-    """Issue item 6: the campaign's tokenizer is not the server's; the server is refused with
-    one line naming both, before any prompt is sent (none recorded, none failed)."""
+def test_a_campaign_of_another_model_never_reaches_the_real_server(
+    tmp_path, redis_server, stack, real_vllm, tokenizer_path
+):
+    """A shared fleet (issue 34): one worker with the real vLLM and a devserver of another model
+    (a tokenizer trained on the spot), two campaigns, one of each model. The real server's
+    /tokenize tells the campaigns apart: each campaign's records come from its own model's
+    server only, the real server is never refused, both end exactly once."""
     from eagle_synth.demo.tokenizer import build_demo_tokenizer
+    from eagle_synth.harness import start_devserver
 
     other = build_demo_tokenizer(tmp_path / "other-tokenizer")
-    enqueue_rows(tmp_path, redis_server.url, "other", user_rows(2, prefix="o"), tokenizer=other, batch_size=2)
+    enqueue_rows(tmp_path, redis_server.url, "other", user_rows(4, prefix="o"), tokenizer=other, batch_size=2,
+                 max_new_tokens=NEW_TOKENS)  # fmt: skip
+    enqueue_rows(tmp_path, redis_server.url, "own", user_rows(4), tokenizer=tokenizer_path, batch_size=2,
+                 max_new_tokens=NEW_TOKENS)  # fmt: skip
+    devserver, other_url = start_devserver(tokenizer=other, logdir=stack.logdir, args=["--api", "vllm"])
+    stack.others.append(devserver)
     out = tmp_path / "out"
-    stack.worker(servers=[real_vllm.url], out=out, redis_url=redis_server.url)
-
-    def refused():
-        workers = status_now(redis_server.url, "other")["workers"]
-        return next((w for w in workers if w["server"] == real_vllm.url and w["state"] == "refused"), None)
-
-    found = wait_for(refused, timeout=300, interval=0.5, what="the server refused")
-    assert "does not match campaign 'other'" in found["detail"] and str(real_vllm.model) in found["detail"]
-    assert str(other) in found["detail"]
-    c = campaign(redis_server.url, "other")
-    progress = c.progress()
-    assert progress.done == progress.failed == 0, "no prompt was burned"
-    logged = [line for line in stack.logs().splitlines() if "does not match campaign" in line]
+    stack.worker(servers=[real_vllm.url, other_url], out=out, redis_url=redis_server.url)
+    wait_finished(redis_server.url, "own", expected=4, stack=stack, timeout=300)
+    wait_finished(redis_server.url, "other", expected=4, stack=stack, timeout=300)
+    own = assert_exactly_once(redis_server.url, "own", out / "own", expected=4)
+    theirs = assert_exactly_once(redis_server.url, "other", out / "other", expected=4)
+    assert {r.server for r in own.values()} == {real_vllm.url}
+    assert {r.server for r in theirs.values()} == {other_url}
+    shown = status_now(redis_server.url, "other")
+    assert {w["server"]: w["state"] for w in shown["workers"]} == {real_vllm.url: "healthy", other_url: "healthy"}
+    (why,) = shown["not_served"]
+    assert why["server"] == real_vllm.url and "does not match campaign 'other'" in why["detail"]
+    assert str(real_vllm.model) in why["detail"] and str(other) in why["detail"]
+    logged = [line for line in stack.logs().splitlines() if "does not match campaign 'other'" in line]
     assert len(logged) == 1, logged
 
 
