@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 from eagle_synth.cli.commands import app as cli_app
 from eagle_synth.harness import ManagedProcess, RedisServer, free_port, start_worker, wait_for
 from eagle_synth.payload import TASK_NAME
-from eagle_synth.queue import make_celery
+from eagle_synth.queue import campaign_queue, make_celery, queue_lists
 from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
+from eagle_synth.state.keys import CAMPAIGNS
 from eagle_synth.tools.flower import ENV_BASIC_AUTH, FlowerAuthError, parse_basic_auth, resolve_auth
 
 USER, PASSWORD = "ops", "s3cret-for-tests"
@@ -122,6 +123,27 @@ def test_broker_page_shows_our_queue(flower) -> None:
     page = requests.get(f"{base}/broker", auth=(USER, PASSWORD), timeout=HTTP_TIMEOUT_S)
     assert page.status_code == 200
     assert DEFAULT_QUEUE in page.text
+
+
+def test_every_campaigns_queue_is_listed_even_with_no_worker_taking_it(flower, redis_server: RedisServer) -> None:
+    """A shared fleet: each campaign has its own queue; Flower lists them all with their backlog."""
+    base, _ = flower
+    settings = broker_settings(redis_url=redis_server.url)
+    queue = campaign_queue(settings.queue, "fleet-a")
+    client = redis.Redis.from_url(redis_server.url)
+    client.sadd(CAMPAIGNS, "fleet-a")
+    celery = make_celery(settings)
+    try:
+        for index in range(3):
+            celery.send_task(TASK_NAME, args=[{"dummy": index}], queue=queue, serializer="msgpack", priority=4)
+        wait_for(
+            lambda: _queue_lengths(base).get(queue) == 3, timeout=DEADLINE_S, what="flower to list the campaign queue"
+        )
+        page = requests.get(f"{base}/broker", auth=(USER, PASSWORD), timeout=HTTP_TIMEOUT_S)
+        assert queue in page.text
+    finally:
+        client.delete(*queue_lists(queue))
+        client.srem(CAMPAIGNS, "fleet-a")
 
 
 def test_password_never_on_a_command_line(flower) -> None:

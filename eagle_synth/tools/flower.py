@@ -2,8 +2,9 @@
 
 Flower runs in this process through Celery's command line, on a Celery app built from
 eagle_synth.settings (the producer's and workers' Redis URL, TLS options and queue). That app
-declares our queue as `task_default_queue`, so `/api/queues/length` and the Broker page report the
-backlog even with no worker connected. Credentials travel in FLOWER_BASIC_AUTH, never on a
+declares our queue as `task_default_queue`, and every campaign's own queue is added to the ones
+Flower lists (show_every_campaign_queue), so `/api/queues/length` and the Broker page report each
+campaign's backlog even with no worker taking it. Credentials travel in FLOWER_BASIC_AUTH, never on a
 command line where `ps` would show them.
 """
 
@@ -133,11 +134,36 @@ def require_auth_on_metrics() -> None:
         Metrics.get = guarded
 
 
+def show_every_campaign_queue(settings: BrokerSettings) -> None:
+    """Flower lists the queues its workers consume (or, with none, the app's default): on a
+    shared fleet a campaign no worker takes now would vanish from the Broker page and
+    /api/queues/length, backlog and all. Add every campaign's queue (eagle_synth/queue.py),
+    read from Redis at each request. Idempotent."""
+    from flower.views import BaseHandler
+
+    from eagle_synth.queue import campaign_queue
+    from eagle_synth.state.campaign import campaign_names
+    from eagle_synth.state.redis_client import connect
+
+    if getattr(BaseHandler.get_active_queue_names, "_eagle_synth_campaigns", False):
+        return
+    workers_queues = BaseHandler.get_active_queue_names
+    client = connect(settings)
+
+    def every_queue(handler: BaseHandler) -> list[str]:
+        campaigns = {campaign_queue(settings.queue, name) for name in campaign_names(client)}
+        return sorted(set(workers_queues(handler)) | campaigns)
+
+    every_queue._eagle_synth_campaigns = True  # type: ignore[attr-defined]
+    BaseHandler.get_active_queue_names = every_queue
+
+
 def run_flower(*, settings: BrokerSettings, options: FlowerOptions) -> int:
     """Run Flower in this process until it is stopped; returns its exit code."""
     from celery.bin.celery import celery as celery_command
 
     require_auth_on_metrics()
+    show_every_campaign_queue(settings)
     os.environ.update(settings.to_env())
     options.apply_environment(os.environ)
     try:
