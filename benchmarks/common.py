@@ -527,15 +527,18 @@ def last_user_turn(messages: list[dict]) -> list[dict]:
     return messages[: end + 1]
 
 
-def queued_payloads(redis_url: str, queue: str = "eagle-synth") -> list:
-    """Every task waiting in the queue list, decoded as a worker would (TaskPayload objects)."""
+def queued_payloads(redis_url: str, base_queue: str = "eagle-synth") -> list:
+    """Every task waiting in the campaigns' queues, decoded as a worker would (TaskPayload objects)."""
     from eagle_synth.payload import TaskPayload
+    from eagle_synth.queue import campaign_queue
     from eagle_synth.queue import queued_payloads as peek
     from eagle_synth.settings import broker_settings
+    from eagle_synth.state.campaign import campaign_names
     from eagle_synth.state.redis_client import connect
 
     client = connect(broker_settings(redis_url=redis_url))
     try:
-        return [TaskPayload.decode(payload) for payload in peek(client, queue)]
+        queues = [campaign_queue(base_queue, name) for name in campaign_names(client)]
+        return [TaskPayload.decode(payload) for queue in queues for payload in peek(client, queue)]
     finally:
         client.close()

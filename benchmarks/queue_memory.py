@@ -23,10 +23,13 @@ import json
 
 from benchmarks.common import Result, Stack, enqueue_backlog, queued_payloads, write_rows
 from eagle_synth.payload import TASK_NAME
+from eagle_synth.priorities import DEFAULT_PRIORITY, message_priority
+from eagle_synth.queue import campaign_queue, queue_lists
 
 PROMPTS = {True: 2000, False: 10000}
 MAX_NEW_TOKENS = 2048
-QUEUE = "eagle-synth"
+# The campaign's queue list (its own queue, the default priority's list).
+QUEUE = queue_lists(campaign_queue("eagle-synth", "memory"))[message_priority(DEFAULT_PRIORITY)]
 PER_PROMPT_QUEUE = "bench-json-per-prompt"
 BATCHED_QUEUE = "bench-json-batched"
 TARGET_RATIO = 0.5

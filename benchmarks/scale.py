@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import Result, Stack, run_measured
+from eagle_synth.queue import campaign_queue, queued_count
 
 SIZES = {True: (10_000, 100_000), False: (100_000, 1_000_000)}
 FAILURE_SIZES = (10_000, 100_000)
@@ -188,7 +189,7 @@ def _failure_run(count: int) -> dict:
             "close": _cli(redis.url, "close", NAME, "--out", str(out)),
             "retry-failed (reads the state back)": _cli(redis.url, "retry-failed", NAME),
         }
-        queued = int(client.llen("eagle-synth"))
+        queued = queued_count(client, campaign_queue("eagle-synth", NAME))
     return {"count": count, "compact": compact / count, "json": json_bytes, "commands": commands, "tasks": queued}
 
 

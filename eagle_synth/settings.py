@@ -131,6 +131,7 @@ class Timings(EnvSettings):
     reconcile_after: float = 60.0
     restart_backoff: float = 1.0
     restart_backoff_max: float = 30.0
+    priority_aging: float = 600.0
 
 
 def broker_settings(*, redis_url: str | None = None, queue: str | None = None) -> BrokerSettings:

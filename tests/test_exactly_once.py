@@ -13,6 +13,8 @@ import psutil
 
 from eagle_synth.harness import RedisServer, free_port, wait_for
 from eagle_synth.payload import TaskPayload
+from eagle_synth.queue import campaign_queue, queue_lists
+from eagle_synth.settings import DEFAULT_QUEUE
 from eagle_synth.state.batch_store import stored_batches
 from eagle_synth.state.node_state import all_nodes
 from eagle_synth.state.stranded import UNACKED_KEY
@@ -124,7 +126,7 @@ def test_a_message_the_broker_lost_is_published_again_by_the_reconciler(tmp_path
     c = campaign(redis_server.url, "lost")
     # What a Redis death between kombu's BRPOP and its `unacked` write leaves: a message popped
     # that is in no queue and not unacked, known only to a worker that is gone.
-    raw = c.client.rpop("eagle-synth")
+    raw = next(filter(None, (c.client.rpop(name) for name in queue_lists(campaign_queue(DEFAULT_QUEUE, "lost")))))
     assert raw is not None and c.client.hlen(UNACKED_KEY) == 0
     assert len({s.batch for s in stored_batches(c.client, "lost")}) == 4, "the campaign keeps every batch"
     _, url = stack.devserver("--token-latency", "0.002", "--mean-output-tokens", "30")

@@ -134,8 +134,8 @@ def test_prompt_over_context_length_inside_a_batch(tmp_path, redis_server, stack
 
 def test_pickle_message_is_rejected_never_run(tmp_path, redis_server, stack, tokenizer_path):
     from eagle_synth.payload import TASK_NAME
-    from eagle_synth.queue import make_celery
-    from eagle_synth.settings import broker_settings
+    from eagle_synth.queue import campaign_queue, make_celery
+    from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
 
     marker = tmp_path / "pwned"
 
@@ -143,15 +143,17 @@ def test_pickle_message_is_rejected_never_run(tmp_path, redis_server, stack, tok
         def __reduce__(self):
             return (open, (str(marker), "w"))
 
+    # Into the queue of a campaign the worker takes, ahead of its batches (kombu's priority 0 is served first).
+    enqueue_rows(tmp_path, redis_server.url, "after", chat_rows(8), tokenizer=tokenizer_path)
     app = make_celery(broker_settings(redis_url=redis_server.url))
-    app.send_task(TASK_NAME, args=[Exploit()], serializer="pickle", queue="eagle-synth")
+    queue = campaign_queue(DEFAULT_QUEUE, "after")
+    app.send_task(TASK_NAME, args=[Exploit()], serializer="pickle", queue=queue, priority=0)
     _, url = stack.devserver()
     out = tmp_path / "out"
     worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url)
     c = campaign(redis_server.url, "after")
     wait_for(lambda: "disallowed" in worker.log().lower(), timeout=60, what="the worker to refuse the pickle message")
-    # The worker goes on: a real campaign after it completes.
-    enqueue_rows(tmp_path, redis_server.url, "after", chat_rows(8), tokenizer=tokenizer_path)
+    # The worker goes on: the campaign behind it completes.
     wait_finished(redis_server.url, "after", expected=8, stack=stack)
     assert not marker.exists()
     assert queued(c.client) == 0

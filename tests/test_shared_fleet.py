@@ -144,6 +144,26 @@ def test_changing_a_running_campaigns_priority_moves_its_queued_batches(tmp_path
     assert refused.returncode == 2 and "use 0 to 9" in refused.stderr.decode()
 
 
+def test_a_campaign_waiting_without_progress_climbs_a_level_per_aging_period(tmp_path, redis_server, tokenizer_path):
+    """Aging: strict priorities would let urgent campaigns hold a lower one back forever; one
+    that has batches queued and wrote nothing for the aging period rises a level (its stored
+    priority stays), and not again within the period; one making progress does not rise."""
+    from eagle_synth.state.campaign_control import age_waiting
+
+    enqueue_rows(tmp_path, redis_server.url, "low", chat_rows(8), tokenizer=tokenizer_path, batch_size=4, priority=2)
+    enqueue_rows(tmp_path, redis_server.url, "busy", chat_rows(4), tokenizer=tokenizer_path, batch_size=4, priority=2)
+    client = connect(_broker(redis_server))
+    client.xadd(CampaignKeys("busy").events, {"records": 1, "tokens_out": 1})  # a record just now
+    low = queue_lists(campaign_queue(DEFAULT_QUEUE, "low"))
+    assert client.llen(low[message_priority(2)]) == 2
+    assert age_waiting(client, base_queue=DEFAULT_QUEUE, after=3600) == ["low"]  # it never wrote a record
+    assert client.llen(low[message_priority(2)]) == 0 and client.llen(low[message_priority(3)]) == 2
+    assert age_waiting(client, base_queue=DEFAULT_QUEUE, after=3600) == [], "once per period"
+    assert sorted(age_waiting(client, base_queue=DEFAULT_QUEUE, after=0)) == ["busy", "low"]
+    assert client.llen(low[message_priority(4)]) == 2
+    assert status_now(redis_server.url, "low")["priority"] == 2, "the stored priority stays"
+
+
 def test_cancel_leaves_only_its_marker_keeps_its_records_and_the_worker_serves_on(
     tmp_path, redis_server, stack, tokenizer_path
 ):

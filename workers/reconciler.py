@@ -27,6 +27,7 @@ from eagle_synth.queue import campaign_queue, queue_lists, queued_payloads, send
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
 from eagle_synth.state.campaign import Campaign, campaign_names
+from eagle_synth.state.campaign_control import age_waiting
 from eagle_synth.state.fence import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE
 from eagle_synth.state.redis_client import connect, pipelined, text
@@ -90,9 +91,12 @@ class Reconciler:
         }
 
     def sweep(self) -> int:
-        """One round if this worker wins the round's lock; returns how many batches it republished."""
+        """One round if this worker wins the round's lock; returns how many batches it republished.
+        The round also raises campaigns that wait too long behind higher priorities (aging)."""
         if not won_round(self.client, RECONCILER_LOCK, self.node, self.interval):
             return 0
+        for name in age_waiting(self.client, base_queue=self.queue):
+            log.info("campaign %s waited without progress: its queued batches rise a priority level", name)
         if not self.needs_full_sweep():
             return 0
         # The queue before `unacked`: a message moves from the first to the second, never back

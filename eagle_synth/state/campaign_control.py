@@ -5,6 +5,13 @@ travels in each message; `set_priority` stores the new value (every later publis
 and moves the messages already queued to the list of the new priority, one Lua step each, so a
 message a worker takes meanwhile is never doubled.
 
+Starvation: priorities are strict (a fetch takes the highest priority any consumed queue holds),
+so a steady stream of urgent campaigns could hold a lower one back forever. `age_waiting`
+raises a campaign's queued batches one level whenever it has batches queued and wrote no
+record for PRIORITY_AGING seconds (its stored priority, which new batches get, stays): a
+campaign waiting behind others climbs to the top within 9 such periods and is then served
+beside them, round-robin. The reconciler runs it (one worker per round, cluster-wide).
+
 Cancel (`cancel_campaign`): the campaign's marker is written first, so publishes (send_payload),
 new batches and batches in flight see it and stop (workers/batch.py); then its queue and its
 `unacked` entries leave the broker, and every other key of it is deleted. Records already on
@@ -26,6 +33,7 @@ import redis
 from eagle_synth.errors import UserError
 from eagle_synth.priorities import DEFAULT_PRIORITY, PRIORITIES, message_priority
 from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, queue_lists
+from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.keys import CAMPAIGNS, KEY_PREFIX, CampaignKeys
 from eagle_synth.state.lua import script
@@ -33,6 +41,9 @@ from eagle_synth.state.node_state import all_nodes
 from eagle_synth.state.redis_client import pipelined, text
 from eagle_synth.state.stranded import UNACKED_INDEX_KEY, UNACKED_KEY, held_batches
 
+# Seconds a campaign with queued batches may go without writing a record before its queued
+# batches rise a priority level (EAGLE_SYNTH_PRIORITY_AGING; 600: a 5 reaches the top in 40 min).
+PRIORITY_AGING = TIMINGS.priority_aging
 # Seconds `cancel` waits for workers to stop the campaign's prompts in flight before its last sweep.
 CANCEL_SETTLE_TIMEOUT = 60.0
 # Seconds between its looks at the workers' heartbeats meanwhile.
@@ -105,12 +116,41 @@ def set_priority(client: redis.Redis, campaign: str, priority: int, *, base_queu
     returns how many moved."""
     check_priority(priority)
     client.set(CampaignKeys(campaign).priority, priority)
-    wanted = message_priority(priority)
-    lists = queue_lists(campaign_queue(base_queue, campaign))
-    target = lists[PRIORITY_STEPS.index(wanted)]
+    return _move_queued(client, campaign_queue(base_queue, campaign), lambda _: priority)
+
+
+def age_waiting(client: redis.Redis, *, base_queue: str, after: float = PRIORITY_AGING) -> list[str]:
+    """Raise by one level the queued batches of every campaign that has some and wrote no record
+    for `after` s (nor was raised within it); returns the campaigns raised."""
+    now = time.time()
+    raised = []
+    for name in campaign_names(client):
+        queue, keys = campaign_queue(base_queue, name), CampaignKeys(name)
+        lengths = pipelined(client, *(("llen", name) for name in queue_lists(queue)))
+        if not any(lengths[1:]):
+            continue  # nothing queued below the top level (the first list: kombu's step 0)
+        last_record = client.xrevrange(keys.events, count=1)
+        entry_id = last_record[0][0] if last_record else None
+        written_at = int(text(entry_id).split("-")[0]) / 1000 if entry_id else 0.0
+        aged_at = float(client.get(keys.aged_at) or 0.0)
+        if now - max(written_at, aged_at) < after:
+            continue
+        client.set(keys.aged_at, now)
+        if _move_queued(client, queue, lambda level: min(level + 1, max(PRIORITIES))):
+            raised.append(name)
+    return raised
+
+
+def _move_queued(client: redis.Redis, queue: str, new_level: Callable[[int], int]) -> int:
+    """Move every message queued in `queue` from its priority level's list to `new_level(level)`'s;
+    returns how many moved."""
+    lists = queue_lists(queue)
     moved = 0
-    for source in lists:
-        if source == target:
+    for source, step in zip(lists, PRIORITY_STEPS, strict=True):
+        level = max(PRIORITIES) - step  # the campaign priority of that kombu step
+        wanted = message_priority(new_level(level))
+        target = lists[PRIORITY_STEPS.index(wanted)]
+        if target == source:
             continue
         # Oldest first (kombu pushes left and pops right), so the moved keep their order.
         for raw in reversed(client.lrange(source, 0, -1)):

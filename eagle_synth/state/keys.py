@@ -100,6 +100,8 @@ class CampaignKeys:
     conversation_ends = _Key()
     # String: the campaign's priority (`enqueue --priority`, `eagle-synth priority`; absent: the default).
     priority = _Key()
+    # String: when the campaign's queued batches were last raised a priority level for waiting (aging).
+    aged_at = _Key()
     # String (JSON: at, queued, held, done, failed): `eagle-synth cancel` ended the campaign;
     # the one key a cancelled campaign keeps (campaign_control.py).
     cancelled = _Key()
