@@ -386,12 +386,19 @@ def wait_done(redis_url: str, name: str, at_least: int, *, timeout: float, stack
 
 
 def enqueue_backlog(
-    redis_url: str, rows_path: Path, campaign: str, *, max_new_tokens: int, temperature: float = 0.0, samples: int = 1
+    redis_url: str,
+    rows_path: Path,
+    campaign: str,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    samples: int = 1,
+    priority: int | None = None,
 ) -> dict:
     """Enqueue rows with the real producer in this process, templating in this process too
     (a backlog for a worker benchmark: skips the CLI's interpreter start and pool start).
     `samples` > 1 makes each row that many prompts (`--n`, seeded), a deep backlog for the
-    cost of templating one."""
+    cost of templating one; `priority`: the campaign's (enqueue --priority)."""
     from eagle_synth.sampling import SamplingParams
     from eagle_synth.settings import broker_settings
     from producer.enqueue import EnqueueOptions, enqueue
@@ -405,6 +412,7 @@ def enqueue_backlog(
             sampling=SamplingParams(
                 max_new_tokens=max_new_tokens, temperature=temperature, n=samples, seed=1 if samples > 1 else None
             ),
+            priority=priority,
         ),
         broker=broker_settings(redis_url=redis_url),
     )

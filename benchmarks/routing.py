@@ -1,0 +1,111 @@
+"""#34 Routing cost: worker CPU per record with 8 campaign queues against 1.
+
+A shared fleet gives every campaign its own queue, split into one Redis list per priority
+level (eagle_synth/queue.py), and the worker's health gate learns which campaigns its servers
+serve (workers/routing.py). What does that cost a record? Setup: one zero-latency devserver,
+one `eagle-synth worker` (--concurrency CONCURRENCY); the same number of prompts either as one
+campaign (1 queue: 10 Redis lists per BRPOP) or as CAMPAIGNS campaigns of the same model, all
+queued at once, of mixed priorities (80 lists per BRPOP, every campaign routed and checked).
+
+Measurement (as #3, worker overhead): CPU of the worker's whole process tree between WARM
+records done and WARM + MEASURED done over all campaigns, per record. Baseline: the one-queue
+run, in the same stack and run, right before. Ratio = many queues / one queue; target: within
+noise (<= TARGET_RATIO).
+"""
+
+from __future__ import annotations
+
+import time
+
+from benchmarks.common import (
+    Result,
+    Stack,
+    campaign_progress,
+    enqueue_backlog,
+    main_cpu_seconds,
+    tree_cpu_seconds,
+    write_rows,
+)
+from eagle_synth.harness import wait_for
+
+# Pool processes: one per core, as benchmark #3.
+CONCURRENCY = 2
+# Campaign queues of the many-queue run.
+CAMPAIGNS = 8
+# Records done before the CPU clock starts, and records measured (over all campaigns).
+WARM = {True: 96, False: 160}
+MEASURED = {True: 1600, False: 4000}
+MEAN_OUTPUT_TOKENS = 100
+MAX_NEW_TOKENS = 256
+# Seconds a run may take at worst (a loaded machine).
+RUN_TIMEOUT = 300.0
+# Most the many-queue run may use per record, as a multiple of the one-queue run's CPU:
+# the benchmark's run-to-run noise on 2 cores is about 5-10 % (BENCHMARKS.md, #3's two runs).
+TARGET_RATIO = 1.1
+
+
+def _done(redis_url: str, names: list[str]) -> int:
+    return sum(campaign_progress(redis_url, name).done for name in names)
+
+
+def _measure(stack: Stack, redis_url: str, url: str, names: list[str], *, warm: int, measured: int) -> dict:
+    """Worker CPU per record over `measured` records of the campaigns `names` after `warm`."""
+    worker = stack.worker(servers=[url], redis_url=redis_url, concurrency=CONCURRENCY)
+    try:
+
+        def reached(count: int) -> None:
+            wait_for(lambda: _done(redis_url, names) >= count, timeout=RUN_TIMEOUT, interval=0.05, what=f"{count}")
+
+        reached(warm)
+        pid = worker.proc.pid
+        main0, cpu0 = main_cpu_seconds(pid), tree_cpu_seconds(pid)
+        done0, t0 = _done(redis_url, names), time.monotonic()
+        reached(warm + measured)
+        main1, cpu1 = main_cpu_seconds(pid), tree_cpu_seconds(pid)
+        done1, t1 = _done(redis_url, names), time.monotonic()
+    finally:
+        worker.stop(timeout=stack.stop_timeout)
+    records = done1 - done0
+    return {
+        "cpu_ms_per_record": 1000 * (cpu1 - cpu0) / records,
+        "main_process_ms_per_record": 1000 * (main1 - main0) / records,
+        "records": records,
+        "records_per_s": records / (t1 - t0),
+        "campaigns": len(names),
+    }
+
+
+def run(quick: bool) -> list[Result]:
+    warm, measured = WARM[quick], MEASURED[quick]
+    total = warm + measured
+    with Stack("routing") as stack:
+        redis = stack.redis()
+        _, url = stack.devserver("--mean-output-tokens", str(MEAN_OUTPUT_TOKENS))
+        enqueue_backlog(
+            redis.url, write_rows(stack.dir / "one.jsonl", total, seed=7), "one", max_new_tokens=MAX_NEW_TOKENS
+        )
+        one = _measure(stack, redis.url, url, ["one"], warm=warm, measured=measured)
+        names = [f"many-{index}" for index in range(CAMPAIGNS)]
+        for index, name in enumerate(names):
+            rows = write_rows(stack.dir / f"{name}.jsonl", -(-total // CAMPAIGNS), seed=100 + index)
+            enqueue_backlog(redis.url, rows, name, max_new_tokens=MAX_NEW_TOKENS, priority=3 + index % 4)
+        many = _measure(stack, redis.url, url, names, warm=warm, measured=measured)
+    ratio = many["cpu_ms_per_record"] / one["cpu_ms_per_record"]
+    return [
+        Result(
+            number=34,
+            figure=f"worker CPU per record, {CAMPAIGNS} campaign queues",
+            ours=many["cpu_ms_per_record"],
+            baseline=one["cpu_ms_per_record"],
+            unit="CPU ms/record",
+            baseline_name="the same worker and prompts, one campaign queue",
+            target=f"<= {TARGET_RATIO}x one queue",
+            met=ratio <= TARGET_RATIO,
+            note=(
+                f"--concurrency {CONCURRENCY}, zero-latency devserver, {many['records']} records; {CAMPAIGNS} campaigns "
+                f"of priorities 3-6 queued at once ({CAMPAIGNS * 10} Redis lists per fetch) against one (10 lists); "
+                f"{many['records_per_s']:.0f} against {one['records_per_s']:.0f} rec/s"
+            ),
+            details={"one": one, "many": many},
+        )
+    ]
