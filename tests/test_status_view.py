@@ -237,6 +237,40 @@ def test_status_piped_is_80_columns_and_whole(server: RedisServer, client: redis
     _assert_fits(result.stdout, 80)
 
 
+def test_several_campaigns_fit_80x24_a_line_each(client: redis.Redis) -> None:
+    """`status A B ... --watch` on a shared fleet: a dozen campaigns, one line each, and why a
+    server does not take one, inside an 80x24 terminal."""
+    from eagle_synth.state.node_state import NodeRouting
+    from eagle_synth.tools.status_view import FleetView
+
+    names = [f"fleet-{i:02d}-{'x' * (i % 7)}" for i in range(12)]
+    for name in names:
+        Campaign(client, name).register(
+            CampaignSettings(name=name, tokenizer_path="/m/tok", tokenizer_fingerprint="f", chat_template_hash="h")
+        )
+    node = NodeState(client, "w3@gpu-c")
+    node.reset([GPU_A])
+    line = "not sending campaign 'fleet-00-' to server http://gpu-a:30000: it serves /m/other, whose tokenizer does not match"
+    why = {names[0]: {GPU_A: line}}
+    node.publish(
+        {GPU_A: ServerState(state=HEALTHY)}, consuming=True, routing=NodeRouting(campaigns=names[1:], not_served=why)
+    )
+    rows = [campaign_status(client, name) for name in names]
+    console = Console(record=True, width=80, height=24, color_system=None)
+    console.print(FleetView(rows, footer="every 2s; Ctrl-C to stop"))
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 24 and max(map(len, lines)) <= 80, "\n".join(lines)
+    assert all(any(line.lstrip().startswith(name) for line in lines) for name in names)
+    assert rows[1]["serving"] == ["w3@gpu-c"] and rows[0]["serving"] == []
+    assert any(
+        line.startswith("fleet-00-: not taken by http://gpu-a:30000") and "another model" in line for line in lines
+    )
+    for name in names:
+        client.srem("eagle-synth:campaigns", name)
+    client.delete(node.key)
+    client.zrem("eagle-synth:workers", "w3@gpu-c")
+
+
 def test_campaigns_lists_progress(client: redis.Redis) -> None:
     rows = campaigns_overview(client)
     assert [r["campaign"] for r in rows] == [NAME]

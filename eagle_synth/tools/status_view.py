@@ -310,8 +310,10 @@ class StatusView:
         yield from parts
 
 
-# Columns of the several-campaigns table (`status A B ...`): 80 columns wide with names up to 20.
+# Columns of the several-campaigns table (`status A B ...`), and the widest campaign name it
+# keeps whole: the rest of a row takes about 58 columns, so a row fits 80.
 FLEET_COLUMNS = ("campaign", "pri", "finished", "done", "failed", "queued", "in flight", "workers", "ETA")
+FLEET_NAME_WIDTH = 22
 
 
 @dataclass
@@ -323,9 +325,12 @@ class FleetView:
     footer: str | None = field(default=None, kw_only=True)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        table = Table(box=box.SIMPLE_HEAD, header_style="bold", padding=(0, 1), pad_edge=False)
+        table = Table(box=box.SIMPLE_HEAD, header_style="bold", padding=(0, 1, 0, 0), pad_edge=False)
         for column in FLEET_COLUMNS:
             table.add_column(column, no_wrap=True, justify="left" if column == "campaign" else "right")
+        table.columns[0].min_width = min(
+            max((len(data["campaign"]) for data in self.rows), default=8), FLEET_NAME_WIDTH
+        )
         for data in self.rows:
             cancelled = data.get("cancelled")
             table.add_row(
@@ -342,7 +347,13 @@ class FleetView:
         yield table
         for data in self.rows:
             for entry in data.get("not_served") or []:
-                yield Text(f"{data['campaign']}: {entry['node']} {entry['detail']}", style="dim", overflow="ellipsis")
+                why = (
+                    "serves another model"
+                    if "does not match" in entry["detail"]
+                    else "cannot say which model it serves"
+                )
+                line = f"{data['campaign']}: not taken by {entry['server']} ({entry['node']}): {why}"
+                yield Text(line, style="dim", no_wrap=True, overflow="ellipsis")
         if self.footer:
             yield Text(self.footer, style="dim")
 
