@@ -15,7 +15,7 @@ from celery import Celery
 
 from eagle_synth.payload import PromptItem, TaskPayload, batch_id
 from eagle_synth.processes import holder_alive, holder_id
-from eagle_synth.queue import send_payload
+from eagle_synth.queue import campaign_queue, queue_lists, send_payload
 from eagle_synth.reasons import RECORD_DAMAGED
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.outbox import chunk_field
@@ -156,9 +156,11 @@ class Publisher:
             time.sleep(BACKLOG_POLL)
 
     def backlog_bytes(self) -> int:
-        """Bytes the queue, the campaign's failures and its outbox hold in Redis (sampled estimates)."""
+        """Bytes the campaign's queue (every priority list), failures and outbox hold in Redis
+        (sampled estimates)."""
         keys = self.campaign.keys
-        reads = (("memory_usage", key, MEMORY_SAMPLES) for key in (self.queue, keys.failed, keys.outbox))
+        queued = queue_lists(campaign_queue(self.queue, self.campaign.name))
+        reads = (("memory_usage", key, MEMORY_SAMPLES) for key in (*queued, keys.failed, keys.outbox))
         return sum(int(size or 0) for size in pipelined(self.campaign.client, *reads))
 
     def _byte_cap(self) -> int:

@@ -79,7 +79,7 @@ HELP = {
     "max_prompt_tokens": f"Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else {DEFAULT_MAX_PROMPT_TOKENS}.",
     "max_prompt_chars": "Skip conversations with more characters than this, before templating (0 = no cap).",
     "max_backlog": "Wait while more prompts than this are pending (0 = never wait).",
-    "max_backlog_mb": "Also wait while the queue, the campaign's failures and its outbox hold more MB than this in Redis (0 = no byte cap; at most half of Redis's maxmemory).",
+    "max_backlog_mb": "Also wait while the campaign's queue, failures and outbox hold more MB than this in Redis (0 = no byte cap; at most half of Redis's maxmemory).",
     "dry_run": "Template and count, print a length histogram, enqueue nothing.",
     "priority": f"0-9, higher is served first across the fleet (default: the campaign's, else {DEFAULT_PRIORITY}); `eagle-synth priority` changes it later.",
     "limit": "Read only the first N input rows (across all files, in order).",
