@@ -15,6 +15,7 @@ from functools import partial
 
 from eagle_synth.processes import process_alive
 from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING, NodeState, ServerState
+from workers import metrics
 from workers.backends import BACKENDS
 from workers.backends.base import PreflightError
 from workers.background import every
@@ -143,6 +144,7 @@ class HealthGate:
             return False
         log.warning("server %s: %s -> %s (%s)", tracked.client.url, tracked.state.state, state, detail)
         tracked.state.state, tracked.state.since = state, time.time()
+        metrics.server_state(tracked.client.url, state)
         return True
 
     def _probe(self, url: str, tracked: _Tracked) -> bool:
