@@ -30,8 +30,8 @@ DASHBOARD = ROOT / "docs" / "grafana" / "eagle-synth.json"
 SCRAPE_INTERVAL = "1s"
 # Seconds PromQL may take to catch up with the campaign's end (a few scrapes).
 CATCH_UP_TIMEOUT = 60.0
-# Dashboard panels whose queries must return data on a finished campaign without errors (the
-# others chart errors, refusals and failures, none of which this campaign has).
+# Dashboard panels whose every query must return data on the finished campaign (the others chart
+# request errors and refusals, which it has none of).
 PANELS_WITH_DATA = (
     "Done",
     "Prompts by state",
@@ -42,9 +42,12 @@ PANELS_WITH_DATA = (
     "Time to first byte per server",
     "Servers by health state",
     "Exporter",
+    "Failures by reason",
 )
 # A metric name in a PromQL expression.
 METRIC_NAME = re.compile(r"\beagle_synth_[a-z_]+\b")
+# The devserver's context length in the live campaign (the chat rows fit, one long row does not).
+CONTEXT_LENGTH = 1024
 # Grafana's panel width: 24 grid columns.
 GRID_COLUMNS = 24
 
@@ -114,8 +117,10 @@ def start_exporter(stack, redis_url: str) -> tuple[ManagedProcess, int]:
 
 def test_prometheus_scraping_a_live_campaign_agrees_with_status(tmp_path, redis_server, stack, tokenizer_path):
     rows = 40
-    enqueue_rows(tmp_path, redis_server.url, "watched", chat_rows(rows), tokenizer=tokenizer_path)
-    _, url = stack.devserver()
+    # One prompt over the server's context length: the worker records it failed without sending it.
+    too_long = {"id": "too-long", "messages": [{"role": "user", "content": "word " * CONTEXT_LENGTH}]}
+    enqueue_rows(tmp_path, redis_server.url, "watched", [*chat_rows(rows - 1), too_long], tokenizer=tokenizer_path)
+    _, url = stack.devserver("--context-length", str(CONTEXT_LENGTH))
     worker_port = free_port()
     stack.worker(servers=[url], redis_url=redis_server.url, args=("--metrics-port", str(worker_port)))
     _, exporter_port = start_exporter(stack, redis_server.url)
@@ -126,15 +131,18 @@ def test_prometheus_scraping_a_live_campaign_agrees_with_status(tmp_path, redis_
     stack.others.append(prometheus.process)
     wait_finished(redis_server.url, "watched", expected=rows, stack=stack)
     status = status_json(redis_server.url, "watched")
-    assert status["done"] == rows and status["tokens_out"] > 0
+    assert status["done"] == rows - 1 and status["tokens_out"] > 0
+    assert status["failed_by_reason"] == {"prompt-too-long": 1}
     expected = {
         'sum(eagle_synth_campaign_done{campaign="watched"})': status["done"],
         'sum(eagle_synth_campaign_output_tokens_total{campaign="watched"})': status["tokens_out"],
         'sum(eagle_synth_campaign_queued{campaign="watched"})': 0,
-        'sum(eagle_synth_campaign_failed{campaign="watched"})': 0,
-        # The worker's own counts of what it wrote, summed over its servers.
+        'sum(eagle_synth_campaign_failed{campaign="watched"})': 1,
+        'eagle_synth_campaign_failed_by_reason{campaign="watched", reason="prompt-too-long"}': 1,
+        # The worker's own counts of what it wrote and failed, summed over its servers.
         'sum(eagle_synth_worker_records_written_total{campaign="watched"})': status["done"],
         'sum(eagle_synth_worker_output_tokens_total{campaign="watched"})': status["tokens_out"],
+        'eagle_synth_worker_failures_total{campaign="watched", reason="prompt-too-long"}': 1,
         f'eagle_synth_worker_server_health{{server="{url}", state="healthy"}}': 1,
         "min(up)": 1,
     }
@@ -148,8 +156,8 @@ def test_prometheus_scraping_a_live_campaign_agrees_with_status(tmp_path, redis_
         seen = {promql: prometheus.value(promql) for promql in expected}
         raise AssertionError(f"PromQL {seen}, expected {expected}\n{stack.logs()}") from None
     # Every request answered was timed, and the slots are the server's tickets.
-    assert prometheus.value("sum(eagle_synth_worker_request_seconds_count)") >= rows
-    assert prometheus.value("sum(eagle_synth_worker_time_to_first_byte_seconds_count)") >= rows
+    assert prometheus.value("sum(eagle_synth_worker_request_seconds_count)") >= rows - 1
+    assert prometheus.value("sum(eagle_synth_worker_time_to_first_byte_seconds_count)") >= rows - 1
     assert prometheus.value(f'eagle_synth_worker_slots{{server="{url}"}}') > 0
 
     # The dashboard's every query is valid PromQL (query() asserts it), and its main panels show this
@@ -169,22 +177,23 @@ def test_prometheus_scraping_a_live_campaign_agrees_with_status(tmp_path, redis_
 
 def test_metrics_port_serves_again_after_the_worker_process_crashes(tmp_path, redis_server, stack):
     _, url = stack.devserver()
+    dead = f"http://127.0.0.1:{free_port()}"
     port = free_port()
-    worker = stack.worker(servers=[url], redis_url=redis_server.url, args=("--metrics-port", str(port)))
+    worker = stack.worker(servers=[url, dead], redis_url=redis_server.url, args=("--metrics-port", str(port)))
     assert worker.proc is not None
     supervisor = psutil.Process(worker.proc.pid)
 
     def serving_child() -> int | None:
-        """The pid of the supervisor's Celery process once it serves /metrics with a server's state."""
+        """The pid of the supervisor's Celery process once it serves /metrics with both servers' states."""
         children = supervisor.children()
         if not children or not listening(children[0].pid, port):
             return None
-        page = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        return (
-            children[0].pid
-            if f'eagle_synth_worker_server_health{{server="{url}",state="healthy"}} 1.0' in page
-            else None
-        )
+        try:
+            page = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except requests.ConnectionError:  # the process just ended (killed below)
+            return None
+        states = (f'{{server="{url}",state="healthy"}} 1.0', f'{{server="{dead}",state="loading"}} 1.0')
+        return children[0].pid if all(f"eagle_synth_worker_server_health{state}" in page for state in states) else None
 
     first = wait_for(serving_child, timeout=60, what="the worker's metrics")
     psutil.Process(first).send_signal(signal.SIGKILL)
