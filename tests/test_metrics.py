@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -206,6 +207,23 @@ def test_metrics_port_serves_again_after_the_worker_process_crashes(tmp_path, re
     assert taken.stderr.decode().strip().splitlines() == [
         f"error: --metrics-port {port}: cannot listen on 0.0.0.0: Address already in use"
     ]
+
+
+def test_exporter_refuses_a_taken_port_and_an_unreachable_redis_in_one_line(redis_server) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = cli(
+            "exporter", "--port", str(port), "--address", "127.0.0.1", "--redis", redis_server.url, check=False
+        )
+    assert result.returncode == 2
+    assert result.stderr.decode().strip().splitlines() == [
+        f"error: --port {port}: cannot listen on 127.0.0.1: Address already in use"
+    ]
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    result = cli("exporter", "--port", str(free_port()), "--address", "127.0.0.1", "--redis", nowhere, check=False)
+    assert result.returncode == 2
+    (line,) = result.stderr.decode().strip().splitlines()
+    assert line.startswith("error: cannot reach Redis")
 
 
 def test_exporter_says_redis_is_unreachable_in_a_metric_not_an_error_page() -> None:
