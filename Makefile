@@ -15,7 +15,7 @@ PYTEST_PARALLEL ?= -n auto --maxprocesses 4 --dist loadgroup
 VLLM_CACHE ?=
 VLLM_ENV = $(if $(VLLM_CACHE),EAGLE_SYNTH_VLLM_CACHE=$(VLLM_CACHE))
 
-.PHONY: demo test bench redis-server clean vllm-venv
+.PHONY: demo test bench redis-server prometheus clean vllm-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,13 +32,21 @@ redis-server:
 	    apt-get update -q && apt-get install -y -q redis-server; \
 	  else echo "install redis-server (e.g. sudo apt-get install redis-server, brew install redis)"; exit 1; fi; }
 
+# prometheus must be on the machine for the tests: tests/test_metrics.py starts a real one on a free
+# port (Debian's package; without recommends, which would add node-exporter).
+prometheus:
+	@command -v prometheus >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; \
+	  else echo "install prometheus (e.g. sudo apt-get install prometheus, brew install prometheus)"; exit 1; fi; }
+
 vllm-venv: $(VENV)/.installed
 	$(VLLM_ENV) $(BIN)/python -m tests.vllm_env
 
 demo: $(VENV)/.installed redis-server
 	$(BIN)/eagle-synth demo
 
-test: $(VENV)/.installed redis-server vllm-venv
+test: $(VENV)/.installed redis-server prometheus vllm-venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -39,16 +39,23 @@ def _command(service: str) -> str:
     return command if isinstance(command, str) else " ".join(command)
 
 
+# Services a plain `docker compose up` starts.
+ALWAYS_STARTED = ("redis", "flower", "worker", "sglang", "exporter", "prometheus")
+# The placeholder checks of the services that refuse `change-me` (the check names it, by design).
+PLACEHOLDER_CHECKS = ("$$REDIS_PASSWORD", "$$GF_SECURITY_ADMIN_PASSWORD")
+
+
 def test_services_and_profiles() -> None:
-    assert set(SERVICES) == {"redis", "flower", "worker", "sglang", "producer"}
+    assert set(SERVICES) == {*ALWAYS_STARTED, "producer", "grafana"}
     assert SERVICES["producer"]["profiles"] == ["producer"]
     assert SERVICES["producer"]["restart"] == "no"
+    assert SERVICES["grafana"]["profiles"] == ["grafana"]
     # Everything else starts with a plain `docker compose up`.
-    assert all("profiles" not in SERVICES[s] for s in ("redis", "flower", "worker", "sglang"))
+    assert all("profiles" not in SERVICES[s] for s in ALWAYS_STARTED)
 
 
 def test_every_long_running_service_but_the_worker_has_a_health_check() -> None:
-    for name in ("redis", "flower", "sglang"):
+    for name in ("redis", "flower", "sglang", "exporter", "prometheus", "grafana"):
         check = SERVICES[name]["healthcheck"]
         assert check["test"] and check["interval"] and check["retries"] >= 3, name
 
@@ -109,6 +116,41 @@ def test_no_parser_flags(flag: str) -> None:
     assert flag not in code
 
 
+def test_prometheus_scrapes_the_workers_and_the_exporter_on_the_ports_they_serve() -> None:
+    from eagle_synth.cli.ops import EXPORTER_PORT
+
+    worker_port = int(re.search(r"--metrics-port (\d+)", _command("worker"))[1])
+    assert SERVICES["worker"]["ports"][0].endswith(f":{worker_port}")
+    exporter = SERVICES["exporter"]["command"]
+    assert exporter[0] == "exporter" and exporter[exporter.index("--port") + 1] == str(EXPORTER_PORT)
+    assert SERVICES["exporter"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    prometheus = SERVICES["prometheus"]
+    mount = next(v for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro"))
+    config = yaml.safe_load((ROOT / mount.split(":")[0]).read_text())
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
+    assert targets == {
+        "eagle-synth-workers": [f"worker:{worker_port}"],
+        "eagle-synth-exporter": [f"exporter:{EXPORTER_PORT}"],
+    }
+    assert "prometheus-data" in COMPOSE["volumes"]
+
+
+def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:
+    grafana = SERVICES["grafana"]
+    mounts = {v.split(":")[1]: ROOT / v.split(":")[0] for v in grafana["volumes"] if v.startswith("./")}
+    assert mounts["/var/lib/grafana/dashboards/eagle-synth.json"] == ROOT / "docs/grafana/eagle-synth.json"
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (datasource,) = yaml.safe_load((provisioning / "datasources/prometheus.yml").read_text())["datasources"]
+    assert datasource["type"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
+    (provider,) = yaml.safe_load((provisioning / "dashboards/eagle-synth.yml").read_text())["providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert grafana["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    # The placeholder is refused before Grafana's own start script runs.
+    assert "= change-me ]" in grafana["command"][0] and grafana["command"][0].rstrip().endswith("exec /run.sh")
+
+
 def test_producer_is_one_shot_enqueue() -> None:
     command = _command("producer")
     assert command.startswith("enqueue ") and "--campaign" in command and "--tokenizer /data/tokenizer" in command
@@ -117,7 +159,7 @@ def test_producer_is_one_shot_enqueue() -> None:
 def test_no_password_in_the_compose_file() -> None:
     for name, value in _walk(COMPOSE):
         text = str(value)
-        assert PLACEHOLDER not in text or "$$REDIS_PASSWORD" in text, f"{name} holds the placeholder"
+        assert PLACEHOLDER not in text or any(c in text for c in PLACEHOLDER_CHECKS), f"{name} holds the placeholder"
         if re.search(r"pass|auth|secret|token", name, re.I):
             # Secrets come only from required variables, never inline or with a default.
             assert re.fullmatch(r"\$\{[A-Z0-9_]+:?\?[^}]*\}", text), f"{name} = {text!r}"
@@ -141,6 +183,7 @@ def test_env_example_secrets_are_placeholders() -> None:
     example = _env_example()
     assert example["REDIS_PASSWORD"] == PLACEHOLDER
     assert example["FLOWER_BASIC_AUTH"].endswith(":" + PLACEHOLDER)
+    assert example["GRAFANA_ADMIN_PASSWORD"] == PLACEHOLDER
     assert example["HF_TOKEN"] == ""
     assert "${REDIS_PASSWORD}" in example["REDIS_URL"]
 

@@ -3,7 +3,7 @@
 Each command with a flag table names it with a marker line just above the table:
 `<!-- flags of `eagle-synth CMD` ... -->` (several tables of one command may carry it). The
 reference for each command is that table: worker (docs/workers.md), enqueue (docs/producer.md),
-export (docs/records.md), flower (docs/operations.md), devserver (docs/devserver.md). A flag
+export (docs/records.md), flower and exporter (docs/operations.md), devserver (docs/devserver.md). A flag
 added to a command without a row, or a row left for a flag gone, fails here.
 """
 
@@ -28,6 +28,7 @@ REFERENCES = {
     "enqueue": "producer.md",
     "export": "records.md",
     "flower": "operations.md",
+    "exporter": "operations.md",
     "devserver": "devserver.md",
 }
 # Commands whose --help is checked at 80 columns: every one (devserver's is argparse's own).

@@ -31,6 +31,7 @@ from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
+from workers import metrics
 from workers.batch import BatchRunner, Cancelled, Requeue
 from workers.client import ServerClient
 from workers.config import WorkerConfig
@@ -283,7 +284,14 @@ def run_worker(*, concurrency: int, loglevel: str, name: str, task_events: bool)
     """Start a Celery worker named `name` in this process (blocks until it stops) with `concurrency`
     batch threads; the supervised child (workers/supervisor.py) calls it with supervise_worker's options."""
     limit_malloc_arenas()  # before Celery starts the batch threads
-    _worker_config()  # a bad setting stops the process here, before Celery starts
+    config = _worker_config()  # a bad setting stops the process here, before Celery starts
+    if config.metrics_port is not None:
+        try:
+            metrics.serve(port=config.metrics_port, address=config.metrics_address, servers=config.servers)
+        except OSError as exc:
+            # The CLI checked the port at start; taken since: the supervisor tries again after its backoff.
+            log.error("cannot serve metrics on %s:%d: %s", config.metrics_address, config.metrics_port, exc)
+            raise SystemExit(1) from exc
     app.conf.worker_send_task_events = task_events
     argv = ["--app", "workers.app:app", "worker", "--queues", broker_settings().queue, "--hostname", name]
     argv += ["--concurrency", str(concurrency), "--loglevel", loglevel, *(["--task-events"] if task_events else [])]

@@ -70,6 +70,7 @@ from eagle_synth.state.fence import ClaimLeaseLost, Fence, LeaseLost, claim, rel
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
+from workers import metrics
 from workers.backends import Backend, backend_for_state
 from workers.backends.base import UntranslatableSampling
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError, Unauthorized
@@ -421,6 +422,7 @@ class _Run:
             fence=self.fence,
         )
         self.outcome.failed[reason] = self.outcome.failed.get(reason, 0) + 1
+        metrics.prompt_failed(self.campaign.name, reason)
         log.warning("prompt %s (%s) failed: %s: %s", item.key, item.source, reason, message)
 
     def fail_all(self, items: list[PromptItem], reason: str, message: str) -> list[PromptItem]:
@@ -591,6 +593,7 @@ class _Run:
             remove_uncommitted(path)
             raise
         self.outcome.written += len(records)
+        metrics.records_written(campaign.name, records)
         self.outcome.repaired += sum(1 for r in records if r.repaired_prefix)
         runner._refresh_manifest(campaign, folder)
 
@@ -693,6 +696,7 @@ class BatchRunner:
                     item, reason=reason, message=message, sampling=payload.sampling_for(item), worker=self.node
                 )
                 failed += 1
+        metrics.prompt_failed(payload.campaign, reason, failed)
         forget_if_finished(self.redis_client, payload.campaign, payload.batch, keys)
         return failed
 

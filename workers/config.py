@@ -29,6 +29,8 @@ AUTO_INFLIGHT_FACTOR = 1.25
 # outputs leave many batches with one straggler, and the tickets must never run dry
 # (benchmarks/tail.py measures it).
 OPEN_PROMPTS_PER_TICKET = 8
+# The highest TCP port number.
+MAX_PORT = 65535
 # Comma-separated lists in the environment: EAGLE_SYNTH_SERVERS=http://a,http://b.
 CommaList = Annotated[tuple[str, ...], NoDecode]
 
@@ -80,6 +82,14 @@ class WorkerConfig(EnvSettings):
     render_processes: int = Field(
         2, description="Processes that render conversations' next turns (--history own), started on first need."
     )
+    metrics_port: int | None = Field(
+        None,
+        description="Serve Prometheus metrics at http://ADDRESS:PORT/metrics (docs/operations.md, Metrics). "
+        "Default: off.",
+    )
+    metrics_address: str = Field(
+        "0.0.0.0", description="Interface the metrics port binds (Prometheus scrapes from other hosts)."
+    )
     # No flag: a flag's value shows in `ps` and shell history. Never logged, never in Redis.
     server_api_key: SecretStr | None = Field(
         None, description="The servers' API key (their --api-key), sent as a bearer token to every server."
@@ -103,6 +113,8 @@ class WorkerConfig(EnvSettings):
             for name in names
             if (value := getattr(self, name)) is not None and value < low
         ]
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= MAX_PORT:
+            problems.append(f"metrics_port {self.metrics_port}: must be a TCP port, 1 to {MAX_PORT}")
         if unknown := [kind for kind in self.backend if kind not in BACKEND_CHOICES]:
             problems.append(f"backend {', '.join(unknown)}: must be one of {', '.join(BACKEND_CHOICES)}")
         if len(self.backend) > 1 and len(self.backend) != len(self.servers):

@@ -25,6 +25,7 @@ from eagle_synth.state.node_state import (
     NodeState,
     ServerState,
 )
+from workers import metrics
 from workers.backends import BACKENDS
 from workers.backends.base import PreflightError
 from workers.background import every
@@ -160,6 +161,7 @@ class HealthGate:
             return False
         log.warning("server %s: %s -> %s (%s)", tracked.client.url, tracked.state.state, state, detail)
         tracked.state.state, tracked.state.since = state, time.time()
+        metrics.server_state(tracked.client.url, state)
         return True
 
     def _probe(self, url: str, tracked: _Tracked) -> bool:

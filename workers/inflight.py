@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 import aiohttp
 import orjson
 
+from workers import metrics
 from workers.backends import Backend
 from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, Unauthorized, error_for_status
 
@@ -196,6 +198,7 @@ class InflightPool:
                         self._backends[url] = route.backend
                     limits[url] = route.tickets
                 self._limits = limits
+                metrics.slots(limits)
                 self._refused.clear()
                 self._pump()
             await asyncio.sleep(TICK_INTERVAL)
@@ -227,13 +230,15 @@ class InflightPool:
             url = max(allowed, key=free.__getitem__)
             self._busy[url] += 1
             self._by_tag[(job.tag, url)] += 1
+            metrics.request_sent(url)
             self._loop.create_task(self._send(url, job))
         self._waiting.extendleft(reversed(skipped))
 
     async def _send(self, url: str, job: _Job) -> None:
         backend = self._backends[url]
+        sent_at = time.monotonic()
         try:
-            answer = Answer(url=url, item=await self._post(url, backend, job), backend=backend)
+            answer = Answer(url=url, item=await self._post(url, backend, job, sent_at=sent_at), backend=backend)
         except ClientError as exc:
             answer = Answer(url=url, error=exc, backend=backend)
         except Exception as exc:  # never leave a batch waiting on a future that cannot resolve
@@ -243,13 +248,14 @@ class InflightPool:
             self._by_tag[(job.tag, url)] -= 1
             if not self._by_tag[(job.tag, url)]:
                 del self._by_tag[(job.tag, url)]
+        metrics.request_ended(url, time.monotonic() - sent_at, answer.error)
         if isinstance(answer.error, ServerDown | Unauthorized):
             self._refused.add(url)
         job.future.set_result(answer)
         self._pump()
 
-    async def _post(self, url: str, backend: Backend, job: _Job) -> Any:
-        """The decoded reply; raises a ClientError."""
+    async def _post(self, url: str, backend: Backend, job: _Job, *, sent_at: float) -> Any:
+        """The decoded reply; raises a ClientError. `sent_at`: when the request was sent (monotonic)."""
         assert self._session is not None
         path, body = backend.request(job.ids, job.sampling)
         timeout = aiohttp.ClientTimeout(total=job.timeout, sock_connect=CONNECT_TIMEOUT)
@@ -257,6 +263,7 @@ class InflightPool:
             async with self._session.post(
                 f"{url}{path}", data=_json_body(body, job.ids), headers=self._headers, timeout=timeout
             ) as response:
+                metrics.first_byte(url, time.monotonic() - sent_at)
                 raw = await response.read()
                 status = response.status
         except aiohttp.ClientConnectorError as exc:

@@ -1,4 +1,4 @@
-"""Operations commands: the Flower dashboard, the SGLang/vLLM stand-in, the local demo."""
+"""Operations commands: the Flower dashboard, the campaign metrics exporter, the SGLang/vLLM stand-in, the local demo."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from typing import Annotated
 
 import typer
 
-from eagle_synth.cli.options import RedisOpt, command_group, redis_client
+from eagle_synth.cli.options import RedisOpt, command_group, fail, redis_client
 
 app = command_group()
+# `eagle-synth exporter`'s port, next to the worker's metrics port in docker-compose.yml (9810).
+EXPORTER_PORT = 9811
 # The help of the flags whose declaration would not fit a line.
 HELP = {
     "basic_auth": "user:password[,user2:password2]. Default: $FLOWER_BASIC_AUTH (preferred: not shown by ps).",
@@ -49,6 +51,27 @@ def flower(
     broker_page, queue_api = flower_urls(address=address, port=port)
     typer.echo(f"Flower on queue {settings.queue!r}: {broker_page} (API {queue_api}); basic-auth users: {users}")
     raise typer.Exit(run_flower(settings=settings, options=options))
+
+
+@app.command()
+def exporter(
+    port: Annotated[int, typer.Option(help="Port of /metrics.")] = EXPORTER_PORT,
+    address: Annotated[str, typer.Option(help="Interface to bind; 127.0.0.1 to keep it on this host.")] = "0.0.0.0",
+    redis: RedisOpt = None,
+) -> None:
+    """Serve every campaign's figures (enqueued, queued, in flight, stranded, done, failed, ETA...) as Prometheus metrics, read from Redis at each scrape."""
+    import threading
+
+    from eagle_synth.harness import bind_error
+    from eagle_synth.tools.exporter import start_exporter
+
+    if taken := bind_error(address, port):
+        fail(f"--port {port}: cannot listen on {address}: {taken.strerror or taken}")
+    client = redis_client(redis)
+    client.ping()  # an unreachable Redis is said once, here (main() words it), not at every scrape
+    start_exporter(client=client, port=port, address=address)
+    typer.echo(f"campaign metrics on http://{address}:{port}/metrics")
+    threading.Event().wait()  # the server runs in a daemon thread; Ctrl-C or SIGTERM ends the command
 
 
 @app.command()

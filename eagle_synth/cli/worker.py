@@ -29,7 +29,10 @@ HELP = {
 }
 
 # The flag of each WorkerConfig setting the command takes, for messages that name the setting.
-_PLAIN_SETTINGS = "inflight allow_server_parsers max_attempts timeout_base timeout_per_token backoff_max probe_timeout"
+_PLAIN_SETTINGS = (
+    "inflight allow_server_parsers max_attempts timeout_base timeout_per_token backoff_max probe_timeout "
+    "metrics_port metrics_address"
+)
 SETTING_FLAGS = {name: "--" + name.replace("_", "-") for name in _PLAIN_SETTINGS.split()}
 SETTING_FLAGS["allow_server_settings"] = "--allow-server-setting"  # one flag per setting allowed
 
@@ -89,6 +92,8 @@ def worker(
     backoff_max: Annotated[float | None, _worker_option("backoff_max")] = None,
     probe_timeout: Annotated[float | None, _worker_option("probe_timeout")] = None,
     render_processes: Annotated[int | None, _worker_option("render_processes")] = None,
+    metrics_port: Annotated[int | None, _worker_option("metrics_port")] = None,
+    metrics_address: Annotated[str | None, _worker_option("metrics_address")] = None,
     name: Annotated[str | None, typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
     task_events: Annotated[bool, typer.Option(help=HELP["task_events"])] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
@@ -111,6 +116,7 @@ def worker(
     check_redis_ready(
         redis_client(redis), warn=warn, allow_evicting=allow_evicting_redis, allow_volatile=allow_volatile_redis
     )
+    from eagle_synth.harness import bind_error
     from workers.config import ConfigError, WorkerConfig, default_concurrency
     from workers.disk import probe_folder
     from workers.preflight import preflight_at_start
@@ -127,6 +133,11 @@ def worker(
     except ConfigError as exc:
         # The library names settings (max_attempts); say the flags (--max-attempts).
         fail(re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], str(exc)))
+    # The worker's Celery process binds it, restarted or not: a port taken now is said once, here.
+    if config.metrics_port is not None and (taken := bind_error(config.metrics_address, config.metrics_port)):
+        fail(
+            f"--metrics-port {config.metrics_port}: cannot listen on {config.metrics_address}: {taken.strerror or taken}"
+        )
     # Preflight the servers that already answer; the others are checked when they come up.
     found = preflight_at_start(
         config.servers,
