@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
+import msgspec
 import redis
 
 from eagle_synth.queue import campaign_queue
@@ -87,8 +88,12 @@ class CampaignRouter:
         healthy = {url: state for url, state in states.items() if state.state == HEALTHY}
         servers: dict[str, frozenset[str]] = {}
         not_served: dict[str, dict[str, str]] = {}
-        for settings in self._open_campaigns():
-            name = settings.name
+        for name, settings in self._open_campaigns().items():
+            if settings is None:
+                # Settings gone (evicted) or unreadable: its batches record their prompts as
+                # failures without sending an id anywhere (workers/batch.py), on any server.
+                servers[name] = frozenset(healthy)
+                continue
             serving = set()
             for url, state in healthy.items():
                 verdict = self.check.verdict(url, state, settings)
@@ -113,21 +118,24 @@ class CampaignRouter:
         with self._lock:
             return {name: dict(why) for name, why in self._not_served.items()}
 
-    def _open_campaigns(self) -> list[CampaignSettings]:
+    def _open_campaigns(self) -> dict[str, CampaignSettings | None]:
+        """Every campaign this worker may take that is neither closed nor cancelled, with its
+        settings (None when they are gone or unreadable: looked for again next time)."""
         names = [name for name in campaign_names(self.client) if not self.pins or name in self.pins]
         if not names:
-            return []
+            return {}
         keys = [CampaignKeys(name) for name in names]
         # One round trip: which are closed or cancelled, and the settings not cached yet.
         ended = pipelined(self.client, *(("exists", k.ended, k.cancelled) for k in keys))
         missing = [name for name in names if name not in self._settings]
         raw = self.client.mget([CampaignKeys(name).settings for name in missing]) if missing else []
         for name, blob in zip(missing, raw, strict=True):
-            if blob:  # settings never change once written, so they are read once
-                self._settings[name] = CampaignSettings.from_json(blob)
-        return [
-            self._settings[name] for name, gone in zip(names, ended, strict=True) if not gone and name in self._settings
-        ]
+            try:  # settings never change once written, so they are read once
+                if blob:
+                    self._settings[name] = CampaignSettings.from_json(blob)
+            except msgspec.DecodeError:
+                log.warning("campaign %s: its settings in Redis cannot be read; its batches fail their prompts", name)
+        return {name: self._settings.get(name) for name, gone in zip(names, ended, strict=True) if not gone}
 
     def _say(self, campaign: str, url: str, line: str) -> None:
         """Log why a server does not take a campaign, once per reason."""
