@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -26,6 +27,7 @@ from tests.helpers import (
     queued_items,
     wait_finished,
 )
+from tests.tcp_forward import TcpForward
 
 # Short lease, reap and reconcile settings (the env knobs of workers/lease.py, stranded.py,
 # reaper.py, reconciler.py, supervisor.py) and an hour-long visibility timeout, so nothing in a
@@ -372,3 +374,44 @@ def test_a_celery_process_that_ends_by_itself_with_any_code_comes_back(tmp_path,
     assert worker.alive(), "the worker (its supervisor) is alive"
     log = worker.log()
     assert "the worker process exited with code 1" in log and "the worker process exited with code 0" in log
+
+
+# 12 (issue 35, item 1) ----------------------------------------------------------------------------
+def lose_some_commits(every: int, most: int) -> tuple[list[bytes], Callable[[bytes], bool]]:
+    """A picker (tests/tcp_forward.py) of every `every`-th fenced commit (its MULTI ... EXEC
+    carries the receipt), `most` of them at most, and the list of those picked."""
+    seen: list[bytes] = []
+    picked: list[bytes] = []
+
+    def pick(chunk: bytes) -> bool:
+        if b":receipts:" not in chunk or not chunk.endswith(b"EXEC\r\n"):
+            return False
+        seen.append(chunk)
+        if len(seen) % every == 0 and len(picked) < most:
+            picked.append(chunk)
+            return True
+        return False
+
+    return picked, pick
+
+
+def test_a_mark_whose_reply_is_lost_keeps_its_record(tmp_path, redis_server, stack, tokenizer_path):
+    """The worker reaches Redis through a proxy that lets every other fenced commit through but
+    cuts the connection before its reply comes back (Redis applied it). Each is settled by
+    reading the receipt back: its record file stays, nothing is redone."""
+    enqueue_rows(tmp_path, redis_server.url, "unsure", single_rows(40), tokenizer=tokenizer_path, batch_size=4)
+    lost, pick = lose_some_commits(every=2, most=4)
+    forward = TcpForward(free_port(), redis_server.port, lose_reply=pick)
+    try:
+        _, url = stack.devserver("--token-latency", "0.002", "--mean-output-tokens", "30")
+        out = tmp_path / "out"
+        proxied = f"redis://127.0.0.1:{forward.port}"
+        worker = stack.worker(servers=[url], out=out, redis_url=proxied, env=FAST)
+        wait_finished(redis_server.url, "unsure", expected=40, stack=stack, timeout=180)
+    finally:
+        forward.close()
+    records = assert_exactly_once(redis_server.url, "unsure", out / "unsure", expected=40)
+    assert len(lost) == 4, "the proxy lost four replies"
+    assert campaign(redis_server.url, "unsure").progress().failed == 0
+    assert len(records) == 40
+    assert worker.log().count("a try of the mark whose reply was lost had applied") == 4
