@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 
 from eagle_synth.harness import RedisServer, free_port, wait_for
 from eagle_synth.payload import TaskPayload
@@ -415,3 +418,93 @@ def test_a_mark_whose_reply_is_lost_keeps_its_record(tmp_path, redis_server, sta
     assert campaign(redis_server.url, "unsure").progress().failed == 0
     assert len(records) == 40
     assert worker.log().count("a try of the mark whose reply was lost had applied") == 4
+
+
+# 13 (issue 35, item 5) ----------------------------------------------------------------------------
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_sigkilled_supervisor_takes_its_celery_process_with_it(tmp_path, redis_server, stack, tokenizer_path):
+    """kill -9 of `eagle-synth worker` mid-campaign: its Celery process gets SIGTERM from the
+    kernel (PR_SET_PDEATHSIG) and ends (a warm shutdown, bounded by the soft-shutdown timeout)
+    instead of taking batches unsupervised; a new worker finishes the campaign exactly once."""
+    enqueue_rows(tmp_path, redis_server.url, "orphan", single_rows(24), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--token-latency", "0.02", "--mean-output-tokens", "60", "--slots", "8")
+    out = tmp_path / "out"
+    env = {**FAST, "EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": "2"}
+    killed = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=env, name="killed@test")
+    c = campaign(redis_server.url, "orphan")
+    wait_for(lambda: busy_on(c, "orphan", "killed@test"), timeout=60, what="batches in flight")
+    child = celery_child(killed)
+    assert child is not None
+    psutil.Process(killed.proc.pid).kill()
+    # Soft-shutdown timeout (2 s) + the stop deadline's margin (30 s) bound the warm shutdown.
+    wait_for(lambda: gone(child), timeout=45, what="the orphaned Celery process to end")
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST, name="after@test")
+    wait_finished(redis_server.url, "orphan", expected=24, stack=stack, timeout=180)
+    assert_exactly_once(redis_server.url, "orphan", out / "orphan", expected=24)
+    assert c.progress().failed == 0
+
+
+@pytest.mark.integration
+def test_a_celery_process_whose_supervisor_died_before_it_started_ends_at_once(tmp_path):
+    """The supervisor died before the child asked for the death signal: the parent-pid check
+    ends it at once; and where prctl is unavailable, the parent watch ends it within seconds."""
+    early = psutil.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from workers.parent_death import end_with_parent; end_with_parent(1)\nimport time; time.sleep(60)",
+        ],
+    )
+    assert early.wait(timeout=30) == -signal.SIGTERM
+    ready = tmp_path / "ready"
+    watched = (
+        "import sys, time, workers.parent_death as death\n"
+        "death._request_death_signal = lambda signum: False\n"
+        "death.end_with_parent(int(sys.argv[1]))\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    # An intermediate shell starts the child, waits until it watches, prints its pid and exits.
+    shell = psutil.Popen(
+        [
+            "sh",
+            "-c",
+            f'{sys.executable} -c "$0" $$ {ready} & echo $!; while [ ! -e {ready} ]; do sleep 0.05; done',
+            watched,
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert shell.stdout is not None
+    orphan = psutil.Process(int(shell.stdout.readline()))
+    assert shell.wait(timeout=30) == 0
+    wait_for(lambda: gone(orphan), timeout=10, what="the watched child to end with its parent")
+
+
+def test_celerys_stack_dump_signal_leaves_the_worker_running(tmp_path, redis_server, stack, tokenizer_path):
+    """SIGUSR1 (Celery's stack dump) and SIGTTIN/SIGTTOU/SIGUSR2 to `eagle-synth worker`: the
+    supervisor passes SIGUSR1 on (the Celery process dumps its threads) and ignores the others;
+    neither process ends or restarts, and the campaign ends exactly once."""
+    enqueue_rows(tmp_path, redis_server.url, "usr1", single_rows(16), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "40")
+    out = tmp_path / "out"
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST)
+    child = wait_for(
+        lambda: (found := celery_child(worker)) is not None and handles(found, signal.SIGUSR1) and found,
+        timeout=60,
+        what="Celery's stack-dump handler",
+    )
+    supervisor = psutil.Process(worker.proc.pid)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTTIN, signal.SIGTTOU):
+        supervisor.send_signal(sig)
+    wait_for(lambda: "LOCAL VARIABLES" in worker.log(), timeout=30, what="the Celery process's stack dump")
+    wait_finished(redis_server.url, "usr1", expected=16, stack=stack, timeout=120)
+    assert_exactly_once(redis_server.url, "usr1", out / "usr1", expected=16)
+    assert worker.alive() and supervisor.status() != psutil.STATUS_STOPPED
+    assert celery_child(worker) == child and child.status() != psutil.STATUS_STOPPED
+    assert "starting it again" not in worker.log()
