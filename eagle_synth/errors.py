@@ -15,7 +15,7 @@ other exception is a bug or an outage: it keeps its traceback.
     │   ├── SamplingError, SettingsError, TemplateError, VariantsError, ToolFormatError
     │   ├── InputError, StrictModeError  (producer/sources.py, producer/enqueue.py)
     │   ├── ConfigError, PreflightError  (workers/config.py, workers/backends/base.py)
-    │   └── VocabError, VerifyError, ExportError, CompactBusy, InspectError,
+    │   └── VocabError, VerifyError, ExportError, CompactBusy, CompactWriteFailed, InspectError,
     │       FlowerAuthError, FlowerPortInUse                (eagle_synth/tools/)
     ├── RecordFormatError, PayloadError  (a damaged or unknown record file or task payload)
     ├── RowError                         (producer/rows.py: one input row; the row is skipped, counted)
