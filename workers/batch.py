@@ -70,6 +70,7 @@ from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.fence import ClaimLeaseLost, CommitUnsure, Fence, LeaseLost, claim, release
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
+from eagle_synth.state.redis_role import is_read_only
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers.backends import Backend, backend_for_state
 from workers.backends.base import UntranslatableSampling
@@ -518,6 +519,9 @@ class _Run:
                 if isinstance(exc, CommitUnsure):
                     unsure.append(exc.receipt)
                 if self.runner.stopping.is_set():
+                    if is_read_only(exc) and not unsure:
+                        # A replica refuses a transaction whole: nothing was marked, the file must go.
+                        raise LeaseLost(f"Redis refused the mark as a read-only replica ({exc})") from exc
                     raise
                 log.warning(
                     "batch %s: Redis did not take the mark of %d records (%s); trying again in %g s",

@@ -10,8 +10,8 @@ child, is a dead process of this boot) or finds them restored by the reaper.
 
 Endings: a SIGTERM or SIGINT to the supervisor is forwarded to the child, and the supervisor
 exits 0 once the child has ended. The child's exit code 2 (every server refused, by preflight
-or by a batch: restarting cannot help) ends the supervisor with 2. Any other end of the child,
-while the supervisor was not asked to stop, is a crash, exit code 0 included: Celery exits 0 on
+or by a batch; or REDIS_URL a read-only replica: restarting cannot help) ends the supervisor
+with 2. Any other end of the child, while the supervisor was not asked to stop, is a crash, exit code 0 included: Celery exits 0 on
 paths that set no code (its cold shutdown, "Too many open files"), as it does for a SIGTERM sent
 to the child alone. Apart from exit 2, a worker stops only when its supervisor is told to.
 SIGQUIT (Celery's cold shutdown) is forwarded and stops the supervisor likewise.

@@ -206,10 +206,12 @@ def status(
     redis: RedisOpt = None,
 ) -> None:
     """Where a campaign stands: enqueued, queued, in flight, stranded, done, failed, throughput, workers."""
+    from eagle_synth.state.redis_role import refuse_replica
     from eagle_synth.tools.status import campaign_status
     from eagle_synth.tools.status_view import render_status, watch_status
 
     client = redis_client(redis)
+    refuse_replica(client)  # status writes too (its reaper look, a layout move): a replica refuses them
     data = campaign_status(client, campaign)
     if watch:
         watch_status(client, campaign, interval=interval, as_json=as_json)
