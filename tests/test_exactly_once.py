@@ -6,6 +6,8 @@ docs/reliability.md lists them."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 
 from eagle_synth.harness import RedisServer, free_port, wait_for
 from eagle_synth.payload import TaskPayload
+from eagle_synth.processes import boot_id, holder_dead, hostname, pid_space
 from eagle_synth.state.batch_store import stored_batches
 from eagle_synth.state.node_state import all_nodes
 from eagle_synth.state.stranded import UNACKED_KEY
@@ -508,3 +511,78 @@ def test_celerys_stack_dump_signal_leaves_the_worker_running(tmp_path, redis_ser
     assert worker.alive() and supervisor.status() != psutil.STATUS_STOPPED
     assert celery_child(worker) == child and child.status() != psutil.STATUS_STOPPED
     assert "starting it again" not in worker.log()
+
+
+# 16 (issue 35, item 6) ----------------------------------------------------------------------------
+# Holds a batch lease from another pid namespace until its stdin closes: argv REDIS_URL, lease key.
+FOREIGN_HOLDER = """
+import sys
+from eagle_synth.settings import broker_settings
+from eagle_synth.state.redis_client import connect
+from workers.lease import BatchLease
+
+with BatchLease(connect(broker_settings(redis_url=sys.argv[1])), sys.argv[2]) as lease:
+    print(lease.holder, flush=True)
+    sys.stdin.read()
+"""
+
+
+class ForeignHolder:
+    """A live holder of `lease` in another pid namespace on this kernel (`holder`: its id), whose
+    pid runs no process here, so this namespace's /proc would call it dead. As root, a process
+    started by `unshare --pid --fork` (its pid chosen through the new namespace's ns_last_pid);
+    elsewhere, its holder record (this boot, another namespace's inode) set with a long TTL.
+    `release()` ends it and frees the lease."""
+
+    def __init__(self, redis_url: str, lease: str) -> None:
+        self.client = campaign(redis_url, "ns").client
+        self.lease = lease
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+        self.pid = next(p for p in range(pid_max - 100, pid_max) if not psutil.pid_exists(p))
+        self.process: subprocess.Popen | None = None
+        if os.geteuid() == 0 and shutil.which("unshare"):
+            # ns_last_pid is the new namespace's: the holder, started next, gets `pid`.
+            script = f'echo {self.pid - 1} > /proc/sys/kernel/ns_last_pid && "{sys.executable}" -c "$0" "$1" "$2"; true'
+            command = ["unshare", "--pid", "--fork", "sh", "-c", script, FOREIGN_HOLDER, redis_url, lease]
+            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert self.process.stdout is not None
+            self.holder = self.process.stdout.readline().strip()
+        else:
+            self.holder = f"{hostname()}|{self.pid}|{boot_id()}.4026500000|cafe"
+            self.client.set(lease, self.holder, px=300_000)
+        assert self.holder.split("|")[1] == str(self.pid), self.holder
+        assert not psutil.pid_exists(self.pid), "the holder's pid runs no process in this namespace"
+
+    def release(self) -> None:
+        if self.process is not None:
+            self.process.communicate("", timeout=30)  # it releases its lease and ends
+        else:
+            self.client.delete(self.lease)
+
+
+def test_a_live_holder_in_another_pid_namespace_is_never_called_dead(tmp_path, redis_server, stack, tokenizer_path):
+    """Two containers on one kernel: a batch lease held by a live process of another pid
+    namespace (same boot id, a pid that runs nothing here) is not taken over by a pid check; the
+    batch waits for its lease, and is generated once."""
+    enqueue_rows(tmp_path, redis_server.url, "ns", single_rows(16), tokenizer=tokenizer_path, batch_size=4)
+    c = campaign(redis_server.url, "ns")
+    planted = TaskPayload.decode(next(iter(stored_batches(c.client, "ns"))).payload)
+    lease = c.keys.lease(planted.batch)
+    foreign = ForeignHolder(redis_server.url, lease)
+    holder_id = foreign.holder
+    try:
+        assert holder_id.split("|")[2].split(".")[0] == pid_space().split(".")[0], "one boot"
+        assert holder_id.split("|")[2] != pid_space(), "another pid namespace"
+        assert not holder_dead(holder_id)
+        _, url = stack.devserver("--token-latency", "0.002", "--mean-output-tokens", "30")
+        out = tmp_path / "out"
+        stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST)
+        planted_keys = sorted(item.key for item in planted.items)
+        wait_finished(redis_server.url, "ns", expected=16 - len(planted_keys), stack=stack, timeout=120)
+        assert not c.finished_keys(planted_keys), "the live foreign holder's lease was not taken over"
+        assert c.client.get(lease).decode() == holder_id
+    finally:
+        foreign.release()
+    wait_finished(redis_server.url, "ns", expected=16, stack=stack, timeout=120)
+    assert_exactly_once(redis_server.url, "ns", out / "ns", expected=16)
+    assert devserver_stats(url)["prompts"] == 16, "no prompt was generated twice"

@@ -6,7 +6,7 @@ cause but a deliberate stop. Causes seen: kombu's Redis transport ending the wor
 "Unrecoverable error" after a broker restart (AttributeError on a `None` connection while
 restoring unacked messages, long-standing upstream: celery/kombu #582, #970), an out-of-memory
 kill, a bug. A restarted worker takes its batches' leases back at once (their holder, the old
-child, is a dead process of this boot) or finds them restored by the reaper.
+child, is a dead process of this boot and pid namespace) or finds them restored by the reaper.
 
 Endings: a SIGTERM or SIGINT to the supervisor is forwarded to the child, and the supervisor
 exits 0 once the child has ended. The child's exit code 2 (every server refused, by preflight
