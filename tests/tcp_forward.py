@@ -107,8 +107,10 @@ class TcpForward:
             self._server.close()
             for writer in list(self._writers):
                 writer.close()
-            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in others:
                 task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
 import redis
 
+import eagle_synth.state.fence as fence_module
 import workers.batch as batch_module
 from eagle_synth.harness import free_port, wait_for
 from eagle_synth.settings import broker_settings
@@ -115,12 +117,22 @@ def test_a_commit_without_a_reply_is_settled_by_reading_redis_back(redis_server,
         forward.close()
 
 
-@pytest.mark.parametrize("applied", [True, False], ids=["applied-before-the-reply-was-lost", "never-applied"])
-def test_a_mark_whose_reply_was_lost_stands_only_if_redis_applied_it(redis_server, monkeypatch, applied):
+@pytest.mark.parametrize(
+    ("applied", "receipt_ttl_ms"),
+    [(True, None), (False, None), (True, 1)],
+    ids=["applied-before-the-reply-was-lost", "never-applied", "applied-and-its-receipt-expired"],
+)
+def test_a_mark_whose_reply_was_lost_stands_only_if_redis_applied_it(
+    redis_server, monkeypatch, applied, receipt_ttl_ms
+):
     """The batch's mark (workers/batch.py) through a proxy that loses the first commit's reply
     (Redis applied it) or the commit itself; the lease lapses before Redis is asked again. An
-    applied mark stands (its record file stays); an unapplied one is LeaseLost (the file goes)."""
+    applied mark stands (its record file stays); an unapplied one is LeaseLost (the file goes).
+    Past the receipt's lifetime (Redis away longer than a day; here 1 ms), keys all done stand."""
     monkeypatch.setattr(batch_module, "MARK_RETRY_DELAY", 0.01)
+    if receipt_ttl_ms is not None:
+        monkeypatch.setattr(fence_module, "RECEIPT_TTL_MS", receipt_ttl_ms)
+        monkeypatch.setattr(batch_module, "RECEIPT_TTL_MS", receipt_ttl_ms)
     lost = {"lose_reply" if applied else "lose_request": _first_commit()}
     forward = TcpForward(free_port(), redis_server.port, **lost)
     direct = connect(broker_settings(redis_url=redis_server.url))
@@ -147,6 +159,7 @@ def test_a_mark_whose_reply_was_lost_stands_only_if_redis_applied_it(redis_serve
                 payload=SimpleNamespace(batch="b1"),
                 fence=_fence(campaign, lease, "b1"),
             )
+            run.settled = partial(_Run.settled, run)
             records = [SimpleNamespace(key=key) for key in keys]
             if applied:
                 _Run.mark(run, records)  # type: ignore[arg-type]

@@ -67,7 +67,15 @@ from eagle_synth.records import (
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state.batch_store import forget_if_finished
 from eagle_synth.state.campaign import Campaign, CampaignSettings
-from eagle_synth.state.fence import ClaimLeaseLost, CommitUnsure, Fence, LeaseLost, claim, release
+from eagle_synth.state.fence import (
+    RECEIPT_TTL_MS,
+    ClaimLeaseLost,
+    CommitUnsure,
+    Fence,
+    LeaseLost,
+    claim,
+    release,
+)
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import is_read_only
@@ -507,9 +515,10 @@ class _Run:
         was lost is settled by reading Redis back before anything else: applied (done), or not
         and never will be (tried again, or LeaseLost if the lease went meanwhile)."""
         unsure: list[str] = []  # receipts of tries sent without a reply: Redis may have applied them
+        unsure_since = 0.0
         while True:
             try:
-                if unsure and self.fence.settle(self.runner.redis_client, unsure):
+                if unsure and self.settled(records, unsure, since=unsure_since):
                     log.info("batch %s: a try of the mark whose reply was lost had applied", self.payload.batch)
                     return
                 unsure.clear()  # settled: none of them applied, and none can any more
@@ -517,6 +526,7 @@ class _Run:
                 return
             except STATE_UNAVAILABLE as exc:
                 if isinstance(exc, CommitUnsure):
+                    unsure_since = unsure_since if unsure else time.monotonic()
                     unsure.append(exc.receipt)
                 if self.runner.stopping.is_set():
                     if is_read_only(exc) and not unsure:
@@ -531,6 +541,19 @@ class _Run:
                     MARK_RETRY_DELAY,
                 )
                 time.sleep(MARK_RETRY_DELAY)
+
+    def settled(self, records: list[Record], unsure: list[str], *, since: float) -> bool:
+        """Whether one of the tries named by `unsure` applied (Fence.settle). Redis away for longer
+        than a receipt lives (RECEIPT_TTL_MS) may have dropped ours: then, with the lease gone,
+        keys all done count as applied, so the file stays (a copy another batch wrote is dropped
+        by readers) rather than their only record being removed."""
+        try:
+            return self.fence.settle(self.runner.redis_client, unsure)
+        except LeaseLost:
+            expired = time.monotonic() - since > RECEIPT_TTL_MS / 1000
+            if expired and self.campaign.all_done([record.key for record in records]):
+                return True
+            raise
 
     def commit(self) -> None:
         """Write the uncommitted records to one file, then mark them done."""
