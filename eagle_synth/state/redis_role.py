@@ -12,8 +12,9 @@ from eagle_synth.errors import UserError
 
 # Roles (ROLE's first item, INFO's `role:`) of a server that refuses writes.
 REPLICA_ROLES = frozenset({"slave", "replica"})
-# Redis's reply to a write on a replica (redis-py raises ReadOnlyError; kombu wraps it).
-READONLY_REPLY = "READONLY"
+# Redis's reply to a write on a replica: `READONLY You can't write against a read only replica.`
+# (redis-py raises ReadOnlyError without the code; kombu wraps it, quoting the words).
+READONLY_WORDS = "write against a read only replica"
 
 
 class ReadOnlyReplica(UserError):
@@ -69,7 +70,7 @@ def is_read_only(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, redis.ReadOnlyError) or str(current).startswith(READONLY_REPLY):
+        if isinstance(current, redis.ReadOnlyError) or READONLY_WORDS in str(current):
             return True
         current = current.__cause__ or current.__context__
     return False
