@@ -11,6 +11,7 @@ other exception is a bug or an outage: it keeps its traceback.
     │   ├── CampaignMismatch, BadCampaignName             (state/campaign.py)
     │   ├── CampaignNotClosable, StateFileUnavailable     (state/campaign_archive.py)
     │   ├── EvictingRedisError, VolatileRedisError        (state/redis_policy.py)
+    │   ├── ReadOnlyReplica                               (state/redis_role.py)
     │   ├── NotACampaignFolder, RecordFilesVanished       (records.py)
     │   ├── SamplingError, SettingsError, TemplateError, VariantsError, ToolFormatError
     │   ├── InputError, StrictModeError  (producer/sources.py, producer/enqueue.py)
