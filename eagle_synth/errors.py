@@ -11,11 +11,12 @@ other exception is a bug or an outage: it keeps its traceback.
     │   ├── CampaignMismatch, BadCampaignName             (state/campaign.py)
     │   ├── CampaignNotClosable, StateFileUnavailable     (state/campaign_archive.py)
     │   ├── EvictingRedisError, VolatileRedisError        (state/redis_policy.py)
+    │   ├── ReadOnlyReplica                               (state/redis_role.py)
     │   ├── NotACampaignFolder, RecordFilesVanished       (records.py)
     │   ├── SamplingError, SettingsError, TemplateError, VariantsError, ToolFormatError
     │   ├── InputError, StrictModeError  (producer/sources.py, producer/enqueue.py)
     │   ├── ConfigError, PreflightError  (workers/config.py, workers/backends/base.py)
-    │   └── VocabError, VerifyError, ExportError, CompactBusy, InspectError,
+    │   └── VocabError, VerifyError, ExportError, CompactBusy, CompactWriteFailed, InspectError,
     │       FlowerAuthError, FlowerPortInUse                (eagle_synth/tools/)
     ├── RecordFormatError, PayloadError  (a damaged or unknown record file or task payload)
     ├── RowError                         (producer/rows.py: one input row; the row is skipped, counted)

@@ -1,7 +1,9 @@
-"""Who holds something in Redis (`host|pid|boot[|extra]`), and whether that holder has died.
+"""Who holds something in Redis (`host|pid|space[|extra]`), and whether that holder has died.
 
-A pid is checked only by a process of the same boot (hostnames repeat across cloned machines);
-a holder on another machine dies by its key expiring.
+A pid means something only in its pid space: one boot of one kernel (hostnames repeat across
+cloned machines) and, on it, one pid namespace (containers sharing a host number their processes
+each from 1, and one's /proc cannot see the other's). So a pid is checked only by a process of
+the same space; any other holder dies by its key expiring (its lease or heartbeat lapsing).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ ENV_HOSTNAME = "EAGLE_SYNTH_HOSTNAME"
 ENV_BOOT_ID = "EAGLE_SYNTH_BOOT_ID"
 # The kernel's random id of the current boot (Linux): differs between cloned VMs and after reboots.
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+# This process's pid namespace (Linux: `pid:[INODE]`, the inode unique on one boot).
+PID_NAMESPACE_LINK = "/proc/self/ns/pid"
 
 
 def hostname() -> str:
@@ -37,8 +41,24 @@ def boot_id() -> str:
     return found[:16] or "r" + secrets.token_hex(8)
 
 
+@cache
+def pid_namespace() -> str:
+    """This process's pid namespace (its inode number), else one random per process (then,
+    again, only key expiry proves a holder's death)."""
+    try:
+        link = os.readlink(PID_NAMESPACE_LINK)
+    except OSError:
+        link = ""
+    return link.partition("[")[2].rstrip("]") or "r" + secrets.token_hex(8)
+
+
+def pid_space() -> str:
+    """Where this process's pids mean something: the boot, then the pid namespace on it."""
+    return f"{boot_id()}.{pid_namespace()}"
+
+
 def holder_id(*extra: str) -> str:
-    return "|".join([hostname(), str(os.getpid()), boot_id(), *extra])
+    return "|".join([hostname(), str(os.getpid()), pid_space(), *extra])
 
 
 def process_alive(pid: int) -> bool:
@@ -53,9 +73,10 @@ def process_alive(pid: int) -> bool:
 
 
 def holder_dead(holder: str) -> bool:
-    """True if the holder is a process of this very boot that no longer exists."""
+    """True if the holder is a process of this very pid space (boot and pid namespace) that no
+    longer exists."""
     parts = holder.split("|")
-    if len(parts) < 3 or parts[2] != boot_id() or not parts[1].isdigit():
+    if len(parts) < 3 or parts[2] != pid_space() or not parts[1].isdigit():
         return False
     return not process_alive(int(parts[1]))
 

@@ -270,7 +270,9 @@ def atomic_writer(path: Path) -> Iterator[IO[bytes]]:
         yield handle
         _publish(handle, path)
     except BaseException:
-        handle.close()
+        # close() flushes what is buffered and fails again on a full disk: the file must go anyway.
+        with suppress(OSError):
+            handle.close()
         Path(handle.name).unlink(missing_ok=True)
         raise
 
@@ -379,9 +381,11 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
     def __exit__(self, *exc_info) -> None:
         if self._done:
             return
-        with suppress(zstandard.ZstdError):
+        # Both flush what is buffered, which fails again on a full disk: the file must go anyway.
+        with suppress(zstandard.ZstdError, OSError):
             self._stream.close()
-        self._handle.close()
+        with suppress(OSError):
+            self._handle.close()
         Path(self._handle.name).unlink(missing_ok=True)
 
 

@@ -375,9 +375,11 @@ def _publisher(
     from eagle_synth.queue import make_celery
     from eagle_synth.state.campaign_control import refuse_if_cancelled, set_priority
     from eagle_synth.state.redis_policy import check_redis_ready
+    from eagle_synth.state.redis_role import refuse_replica
     from producer.publisher import Publisher
 
     client = connect(broker)
+    refuse_replica(client)
     check_redis_ready(
         client, warn=warn, allow_evicting=options.allow_evicting_redis, allow_volatile=options.allow_volatile_redis
     )

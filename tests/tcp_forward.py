@@ -1,17 +1,42 @@
-"""A TCP forwarder: a port that pipes every connection, byte for byte, to another server's port.
+"""A TCP forwarder: a port that pipes every connection, byte for byte, to another server's port,
+and can lose a chosen request or the reply to it, as a network does.
 
 The real-vLLM kill test uses it to bring "the server" back at the port the worker was given
 without a second cold start of vLLM (2-5 minutes of 2 cores): the comeback is the session's
 own real vLLM server behind this port, so what the worker talks to is still vLLM, unaltered.
+The lost-reply tests put it between a client and redis-server: a chunk the client sends that
+`lose_reply` picks reaches Redis, which applies it, but the connection is cut before the reply
+gets back; one `lose_request` picks never reaches Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 # Bytes read from one side before they are written to the other.
 CHUNK = 64 * 1024
+
+# Picks chunks (what the client sent in one read) to lose.
+Picker = Callable[[bytes], bool]
+
+
+def _never(_chunk: bytes) -> bool:
+    return False
+
+
+class _Connection:
+    """One forwarded connection: its two writers, and whether the reply in flight is to be lost."""
+
+    def __init__(self, client_writer: asyncio.StreamWriter, server_writer: asyncio.StreamWriter) -> None:
+        self.client_writer = client_writer
+        self.server_writer = server_writer
+        self.lose_reply = False
+
+    def cut(self) -> None:
+        self.client_writer.close()
+        self.server_writer.close()
 
 
 class TcpForward:
@@ -21,10 +46,18 @@ class TcpForward:
     connection. Parameters:
         port: the port to listen on (the one the worker was given).
         target_port: the port of the real server behind it.
+        lose_reply: picks client chunks to deliver whose reply is then dropped, the connection
+            cut (called on the forwarder's thread; default none).
+        lose_request: picks client chunks to drop, the connection cut (default none).
     """
 
-    def __init__(self, port: int, target_port: int) -> None:
-        self.port, self.target_port = port, target_port
+    def __init__(
+        self, port: int, target_port: int, *, lose_reply: Picker = _never, lose_request: Picker = _never
+    ) -> None:
+        self.port = port
+        self.target_port = target_port
+        self.lose_reply = lose_reply
+        self.lose_request = lose_request
         self._loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -41,11 +74,25 @@ class TcpForward:
             client_writer.close()
             return
         self._writers |= {client_writer, server_writer}
-        await asyncio.gather(self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer))
+        connection = _Connection(client_writer, server_writer)
+        await asyncio.gather(
+            self._pipe(client_reader, server_writer, connection, upstream=True),
+            self._pipe(server_reader, client_writer, connection, upstream=False),
+        )
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection, *, upstream: bool
+    ) -> None:
         try:
             while chunk := await reader.read(CHUNK):
+                if upstream and self.lose_request(chunk):
+                    connection.cut()
+                    break
+                if upstream and self.lose_reply(chunk):
+                    connection.lose_reply = True  # set before the request leaves: its reply comes after
+                elif not upstream and connection.lose_reply:
+                    connection.cut()  # the server answered (so it applied the request); nobody hears it
+                    break
                 writer.write(chunk)
                 await writer.drain()
         except OSError:
@@ -60,6 +107,10 @@ class TcpForward:
             self._server.close()
             for writer in list(self._writers):
                 writer.close()
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -6,13 +6,20 @@ docs/reliability.md lists them."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 
 from eagle_synth.harness import RedisServer, free_port, wait_for
 from eagle_synth.payload import TaskPayload
+from eagle_synth.processes import boot_id, holder_dead, hostname, pid_space
 from eagle_synth.queue import campaign_queue, queue_lists
 from eagle_synth.settings import DEFAULT_QUEUE
 from eagle_synth.state.batch_store import stored_batches
@@ -29,6 +36,7 @@ from tests.helpers import (
     queued_items,
     wait_finished,
 )
+from tests.tcp_forward import TcpForward
 
 # Short lease, reap and reconcile settings (the env knobs of workers/lease.py, stranded.py,
 # reaper.py, reconciler.py, supervisor.py) and an hour-long visibility timeout, so nothing in a
@@ -375,3 +383,209 @@ def test_a_celery_process_that_ends_by_itself_with_any_code_comes_back(tmp_path,
     assert worker.alive(), "the worker (its supervisor) is alive"
     log = worker.log()
     assert "the worker process exited with code 1" in log and "the worker process exited with code 0" in log
+
+
+# 12 (issue 35, item 1) ----------------------------------------------------------------------------
+def lose_some_commits(every: int, most: int) -> tuple[list[bytes], Callable[[bytes], bool]]:
+    """A picker (tests/tcp_forward.py) of every `every`-th fenced commit (its MULTI ... EXEC
+    carries the receipt), `most` of them at most, and the list of those picked."""
+    seen: list[bytes] = []
+    picked: list[bytes] = []
+
+    def pick(chunk: bytes) -> bool:
+        if b":receipts:" not in chunk or not chunk.endswith(b"EXEC\r\n"):
+            return False
+        seen.append(chunk)
+        if len(seen) % every == 0 and len(picked) < most:
+            picked.append(chunk)
+            return True
+        return False
+
+    return picked, pick
+
+
+def test_a_mark_whose_reply_is_lost_keeps_its_record(tmp_path, redis_server, stack, tokenizer_path):
+    """The worker reaches Redis through a proxy that lets every other fenced commit through but
+    cuts the connection before its reply comes back (Redis applied it). Each is settled by
+    reading the receipt back: its record file stays, nothing is redone."""
+    enqueue_rows(tmp_path, redis_server.url, "unsure", single_rows(40), tokenizer=tokenizer_path, batch_size=4)
+    lost, pick = lose_some_commits(every=2, most=4)
+    forward = TcpForward(free_port(), redis_server.port, lose_reply=pick)
+    try:
+        _, url = stack.devserver("--token-latency", "0.002", "--mean-output-tokens", "30")
+        out = tmp_path / "out"
+        proxied = f"redis://127.0.0.1:{forward.port}"
+        worker = stack.worker(servers=[url], out=out, redis_url=proxied, env=FAST)
+        wait_finished(redis_server.url, "unsure", expected=40, stack=stack, timeout=180)
+    finally:
+        forward.close()
+    records = assert_exactly_once(redis_server.url, "unsure", out / "unsure", expected=40)
+    assert len(lost) == 4, "the proxy lost four replies"
+    assert campaign(redis_server.url, "unsure").progress().failed == 0
+    assert len(records) == 40
+    assert worker.log().count("a try of the mark whose reply was lost had applied") == 4
+
+
+# 13 (issue 35, item 5) ----------------------------------------------------------------------------
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_sigkilled_supervisor_takes_its_celery_process_with_it(tmp_path, redis_server, stack, tokenizer_path):
+    """kill -9 of `eagle-synth worker` mid-campaign: its Celery process gets SIGTERM from the
+    kernel (PR_SET_PDEATHSIG) and ends (a warm shutdown, bounded by the soft-shutdown timeout)
+    instead of taking batches unsupervised; a new worker finishes the campaign exactly once."""
+    enqueue_rows(tmp_path, redis_server.url, "orphan", single_rows(24), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--token-latency", "0.02", "--mean-output-tokens", "60", "--slots", "8")
+    out = tmp_path / "out"
+    env = {**FAST, "EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": "2"}
+    killed = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=env, name="killed@test")
+    c = campaign(redis_server.url, "orphan")
+    wait_for(lambda: busy_on(c, "orphan", "killed@test"), timeout=60, what="batches in flight")
+    child = celery_child(killed)
+    assert child is not None
+    psutil.Process(killed.proc.pid).kill()
+    # Soft-shutdown timeout (2 s) + the stop deadline's margin (30 s) bound the warm shutdown.
+    wait_for(lambda: gone(child), timeout=45, what="the orphaned Celery process to end")
+    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST, name="after@test")
+    wait_finished(redis_server.url, "orphan", expected=24, stack=stack, timeout=180)
+    assert_exactly_once(redis_server.url, "orphan", out / "orphan", expected=24)
+    assert c.progress().failed == 0
+
+
+@pytest.mark.integration
+def test_a_celery_process_whose_supervisor_died_before_it_started_ends_at_once(tmp_path):
+    """The supervisor died before the child asked for the death signal: the parent-pid check
+    ends it at once; and where prctl is unavailable, the parent watch ends it within seconds."""
+    early = psutil.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from workers.parent_death import end_with_parent; end_with_parent(1)\nimport time; time.sleep(60)",
+        ],
+    )
+    assert early.wait(timeout=30) == -signal.SIGTERM
+    ready = tmp_path / "ready"
+    watched = (
+        "import sys, time, workers.parent_death as death\n"
+        "death._request_death_signal = lambda signum: False\n"
+        "death.end_with_parent(int(sys.argv[1]))\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    # An intermediate shell starts the child, waits until it watches, prints its pid and exits.
+    shell = psutil.Popen(
+        [
+            "sh",
+            "-c",
+            f'{sys.executable} -c "$0" $$ {ready} & echo $!; while [ ! -e {ready} ]; do sleep 0.05; done',
+            watched,
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert shell.stdout is not None
+    orphan = psutil.Process(int(shell.stdout.readline()))
+    assert shell.wait(timeout=30) == 0
+    wait_for(lambda: gone(orphan), timeout=10, what="the watched child to end with its parent")
+
+
+def test_celerys_stack_dump_signal_leaves_the_worker_running(tmp_path, redis_server, stack, tokenizer_path):
+    """SIGUSR1 (Celery's stack dump) and SIGTTIN/SIGTTOU/SIGUSR2 to `eagle-synth worker`: the
+    supervisor passes SIGUSR1 on (the Celery process dumps its threads) and ignores the others;
+    neither process ends or restarts, and the campaign ends exactly once."""
+    enqueue_rows(tmp_path, redis_server.url, "usr1", single_rows(16), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "40")
+    out = tmp_path / "out"
+    worker = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST)
+    child = wait_for(
+        lambda: (found := celery_child(worker)) is not None and handles(found, signal.SIGUSR1) and found,
+        timeout=60,
+        what="Celery's stack-dump handler",
+    )
+    supervisor = psutil.Process(worker.proc.pid)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTTIN, signal.SIGTTOU):
+        supervisor.send_signal(sig)
+    wait_for(lambda: "LOCAL VARIABLES" in worker.log(), timeout=30, what="the Celery process's stack dump")
+    wait_finished(redis_server.url, "usr1", expected=16, stack=stack, timeout=120)
+    assert_exactly_once(redis_server.url, "usr1", out / "usr1", expected=16)
+    assert worker.alive() and supervisor.status() != psutil.STATUS_STOPPED
+    assert celery_child(worker) == child and child.status() != psutil.STATUS_STOPPED
+    assert "starting it again" not in worker.log()
+
+
+# 16 (issue 35, item 6) ----------------------------------------------------------------------------
+# Holds a batch lease from another pid namespace until its stdin closes: argv REDIS_URL, lease key.
+FOREIGN_HOLDER = """
+import sys
+from eagle_synth.settings import broker_settings
+from eagle_synth.state.redis_client import connect
+from workers.lease import BatchLease
+
+with BatchLease(connect(broker_settings(redis_url=sys.argv[1])), sys.argv[2]) as lease:
+    print(lease.holder, flush=True)
+    sys.stdin.read()
+"""
+
+
+class ForeignHolder:
+    """A live holder of `lease` in another pid namespace on this kernel (`holder`: its id), whose
+    pid runs no process here, so this namespace's /proc would call it dead. As root, a process
+    started by `unshare --pid --fork` (its pid chosen through the new namespace's ns_last_pid);
+    elsewhere, its holder record (this boot, another namespace's inode) set with a long TTL.
+    `release()` ends it and frees the lease."""
+
+    def __init__(self, redis_url: str, lease: str) -> None:
+        self.client = campaign(redis_url, "ns").client
+        self.lease = lease
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+        self.pid = next(p for p in range(pid_max - 100, pid_max) if not psutil.pid_exists(p))
+        self.process: subprocess.Popen | None = None
+        if os.geteuid() == 0 and shutil.which("unshare"):
+            # ns_last_pid is the new namespace's: the holder, started next, gets `pid`.
+            script = f'echo {self.pid - 1} > /proc/sys/kernel/ns_last_pid && "{sys.executable}" -c "$0" "$1" "$2"; true'
+            command = ["unshare", "--pid", "--fork", "sh", "-c", script, FOREIGN_HOLDER, redis_url, lease]
+            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert self.process.stdout is not None
+            self.holder = self.process.stdout.readline().strip()
+        else:
+            self.holder = f"{hostname()}|{self.pid}|{boot_id()}.4026500000|cafe"
+            self.client.set(lease, self.holder, px=300_000)
+        assert self.holder.split("|")[1] == str(self.pid), self.holder
+        assert not psutil.pid_exists(self.pid), "the holder's pid runs no process in this namespace"
+
+    def release(self) -> None:
+        if self.process is not None:
+            self.process.communicate("", timeout=30)  # it releases its lease and ends
+        else:
+            self.client.delete(self.lease)
+
+
+def test_a_live_holder_in_another_pid_namespace_is_never_called_dead(tmp_path, redis_server, stack, tokenizer_path):
+    """Two containers on one kernel: a batch lease held by a live process of another pid
+    namespace (same boot id, a pid that runs nothing here) is not taken over by a pid check; the
+    batch waits for its lease, and is generated once."""
+    enqueue_rows(tmp_path, redis_server.url, "ns", single_rows(16), tokenizer=tokenizer_path, batch_size=4)
+    c = campaign(redis_server.url, "ns")
+    planted = TaskPayload.decode(next(iter(stored_batches(c.client, "ns"))).payload)
+    lease = c.keys.lease(planted.batch)
+    foreign = ForeignHolder(redis_server.url, lease)
+    holder_id = foreign.holder
+    try:
+        assert holder_id.split("|")[2].split(".")[0] == pid_space().split(".")[0], "one boot"
+        assert holder_id.split("|")[2] != pid_space(), "another pid namespace"
+        assert not holder_dead(holder_id)
+        _, url = stack.devserver("--token-latency", "0.002", "--mean-output-tokens", "30")
+        out = tmp_path / "out"
+        stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=FAST)
+        planted_keys = sorted(item.key for item in planted.items)
+        wait_finished(redis_server.url, "ns", expected=16 - len(planted_keys), stack=stack, timeout=120)
+        assert not c.finished_keys(planted_keys), "the live foreign holder's lease was not taken over"
+        assert c.client.get(lease).decode() == holder_id
+    finally:
+        foreign.release()
+    wait_finished(redis_server.url, "ns", expected=16, stack=stack, timeout=120)
+    assert_exactly_once(redis_server.url, "ns", out / "ns", expected=16)
+    assert devserver_stats(url)["prompts"] == 16, "no prompt was generated twice"

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Task, bootsteps
 from celery.bin.celery import celery as celery_command
 from celery.exceptions import Reject, Retry
@@ -31,6 +32,7 @@ from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
+from eagle_synth.state.redis_role import ReadOnlyReplica, is_read_only, read_only_message, refuse_replica
 from workers import metrics
 from workers.batch import BatchRunner, Cancelled, Requeue
 from workers.client import ServerClient
@@ -63,6 +65,9 @@ _runner_lock = threading.Lock()
 STOPPING = threading.Event()
 # Set when preflight refused every server: the process then exits with USER_ERROR_EXIT (2, docs/workers.md).
 ALL_REFUSED = threading.Event()
+# Set when Redis refused a write as a read-only replica: the process exits 2 too (a restart
+# against the same replica would fail again; state/redis_role.py).
+READ_ONLY = threading.Event()
 # Seconds past the soft-shutdown timeout (the time batches have to finish or requeue) a
 # stopping worker process may take to close its connections before StopDeadlineStep ends it.
 STOP_DEADLINE_MARGIN = 30
@@ -122,6 +127,20 @@ def _on_worker_shutdown(**_: object) -> None:
         _runner.followups.close()
 
 
+def _stop_on_a_replica() -> None:
+    """Stop this worker, to exit 2, saying which replica refused the write and its master."""
+    if READ_ONLY.is_set():
+        return
+    READ_ONLY.set()
+    log.error("%s; stopping this worker (exit 2)", read_only_message(connect(broker_settings())))
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _exit_code(code: int) -> int:
+    """The process's exit code: USER_ERROR_EXIT (2) when restarting cannot help, else `code`."""
+    return USER_ERROR_EXIT if ALL_REFUSED.is_set() or READ_ONLY.is_set() else code
+
+
 @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, max_retries=None)
 def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
     """Generate one batch of prompts and write their records.
@@ -176,6 +195,9 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
         log.warning("batch %s: campaign state unavailable (%s); trying again in %g s", name, exc, delay)
         retry(exc, delay)
     except Exception as exc:  # the catch-all: nothing leaves this task unaccounted for
+        if is_read_only(exc):  # a replica takes no write, not even a failure's: stop the worker
+            _stop_on_a_replica()
+            raise Reject(f"Redis is a read-only replica ({exc}); requeued", requeue=True) from exc
         tries = (name, errors + 1, UNEXPECTED_ERROR_RETRIES)
         if errors + 1 < UNEXPECTED_ERROR_RETRIES:
             log.exception(
@@ -264,7 +286,7 @@ class StopDeadlineStep(bootsteps.StartStopStep):
         deadline = broker_settings().soft_shutdown_timeout + STOP_DEADLINE_MARGIN
 
         def end() -> None:
-            code = USER_ERROR_EXIT if ALL_REFUSED.is_set() else w.exitcode if isinstance(w.exitcode, int) else 1
+            code = _exit_code(w.exitcode if isinstance(w.exitcode, int) else 1)
             log.error("the worker did not finish stopping in %d s; ending it (exit code %d)", deadline, code)
             logging.shutdown()
             os._exit(code)
@@ -285,6 +307,7 @@ def run_worker(*, concurrency: int, loglevel: str, name: str, task_events: bool)
     batch threads; the supervised child (workers/supervisor.py) calls it with supervise_worker's options."""
     limit_malloc_arenas()  # before Celery starts the batch threads
     config = _worker_config()  # a bad setting stops the process here, before Celery starts
+    _refuse_a_replica()
     if config.metrics_port is not None:
         try:
             metrics.serve(port=config.metrics_port, address=config.metrics_address, servers=config.servers)
@@ -299,4 +322,17 @@ def run_worker(*, concurrency: int, loglevel: str, name: str, task_events: bool)
     # The celery command itself: app.worker_main and app.start drop the worker's exit code, so a
     # Celery ended by kombu's "Unrecoverable error" (1) exited 0, as if stopped.
     code = celery_command.main(args=argv, standalone_mode=False)
-    raise SystemExit(USER_ERROR_EXIT if ALL_REFUSED.is_set() else code)
+    if code and not READ_ONLY.is_set():  # kombu ends Celery on a READONLY reply to its own writes
+        _refuse_a_replica()
+    raise SystemExit(_exit_code(code))
+
+
+def _refuse_a_replica() -> None:
+    """Exit 2 with one line if REDIS_URL names a read-only replica (unreachable: Celery will say)."""
+    try:
+        refuse_replica(connect(broker_settings()))
+    except ReadOnlyReplica as exc:
+        log.error("%s; stopping this worker (exit 2)", exc)
+        raise SystemExit(USER_ERROR_EXIT) from None
+    except redis.RedisError:
+        pass

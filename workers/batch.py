@@ -15,7 +15,8 @@ batches, and this module makes sure such copies never both write:
   * every write is fenced (eagle_synth/state/fence.py): the lease is renewed just before a record
     file's rename, and the keys are marked done (or failed) in one transaction that checks the
     lease; if that check fails the file is removed again, so a worker frozen past its lease
-    writes nothing that stays;
+    writes nothing that stays; a mark whose reply was lost is settled by reading its receipt
+    back (fence.py `settle`), so a file whose keys Redis did mark is never removed;
   * records are written (atomically) before their keys are marked done, and the message is
     acknowledged only after both, so a crash at any point leaves the batch to be redone
     minus whatever was committed; files a crashed attempt left on this host are adopted;
@@ -66,9 +67,18 @@ from eagle_synth.records import (
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state.batch_store import forget_if_finished
 from eagle_synth.state.campaign import Campaign, CampaignSettings
-from eagle_synth.state.fence import ClaimLeaseLost, Fence, LeaseLost, claim, release
+from eagle_synth.state.fence import (
+    RECEIPT_TTL_MS,
+    ClaimLeaseLost,
+    CommitUnsure,
+    Fence,
+    LeaseLost,
+    claim,
+    release,
+)
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
+from eagle_synth.state.redis_role import is_read_only
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers import metrics
 from workers.backends import Backend, backend_for_state
@@ -108,9 +118,8 @@ CANCEL_CHECK_INTERVAL = 1.0
 # Share of the soft-shutdown timeout a batch keeps working after SIGTERM before it requeues.
 SHUTDOWN_GRACE_SHARE = 0.8
 # Seconds between tries of a mark Redis could not take (STATE_UNAVAILABLE). The records are on
-# disk: giving the batch up here would let another host redo them, a double. Marking is
-# idempotent (a key done twice counts once), so a mark that applied before its reply was lost
-# is safe to repeat.
+# disk: giving the batch up here would let another host redo them, a double. A try whose reply
+# was lost is settled first (fence.py `settle`): applied, or never to apply and tried again.
 MARK_RETRY_DELAY = 1.0
 
 
@@ -225,7 +234,9 @@ class _Run:
         self.campaign = campaign
         self.payload = payload
         self.lease = lease
-        self.fence = Fence(lease.key, lease.holder, lease.ttl_ms, campaign.keys.claims)
+        self.fence = Fence(
+            lease.key, lease.holder, lease.ttl_ms, campaign.keys.claims, campaign.keys.receipts(payload.batch)
+        )
         self.outcome = BatchOutcome()
         self.claimed: list[str] = []
         self.folder = campaign_dir(runner.config.out, payload.campaign)
@@ -539,23 +550,27 @@ class _Run:
     # writing ------------------------------------------------------------------------
     def mark(self, records: list[Record]) -> None:
         """Mark records on disk done (fenced), waiting for Redis if it is down; a conversation's
-        turn also stores its next turn in the same step (workers/followups.py)."""
-        unsure = False  # a try failed without a reply: Redis may have applied it
+        turn also stores its next turn in the same step (workers/followups.py). A try whose reply
+        was lost is settled by reading Redis back before anything else: applied (done), or not
+        and never will be (tried again, or LeaseLost if the lease went meanwhile)."""
+        unsure: list[str] = []  # receipts of tries sent without a reply: Redis may have applied them
+        unsure_since = 0.0
         while True:
             try:
+                if unsure and self.settled(records, unsure, since=unsure_since):
+                    log.info("batch %s: a try of the mark whose reply was lost had applied", self.payload.batch)
+                    return
+                unsure.clear()  # settled: none of them applied, and none can any more
                 self.runner.followups.commit(self.campaign, self.payload, records, fence=self.fence)
                 return
-            except LeaseLost:
-                # A Redis stopping right after it applied a try sends no reply, and the lease can
-                # lapse while it is down: then the keys are done and this file may be their only
-                # record, so it stays (a copy another batch wrote is dropped by readers).
-                if unsure and self.campaign.all_done([record.key for record in records]):
-                    log.info("batch %s: an earlier try of the mark applied", self.payload.batch)
-                    return
-                raise
             except STATE_UNAVAILABLE as exc:
-                unsure = True
+                if isinstance(exc, CommitUnsure):
+                    unsure_since = unsure_since if unsure else time.monotonic()
+                    unsure.append(exc.receipt)
                 if self.runner.stopping.is_set():
+                    if is_read_only(exc) and not unsure:
+                        # A replica refuses a transaction whole: nothing was marked, the file must go.
+                        raise LeaseLost(f"Redis refused the mark as a read-only replica ({exc})") from exc
                     raise
                 log.warning(
                     "batch %s: Redis did not take the mark of %d records (%s); trying again in %g s",
@@ -565,6 +580,19 @@ class _Run:
                     MARK_RETRY_DELAY,
                 )
                 time.sleep(MARK_RETRY_DELAY)
+
+    def settled(self, records: list[Record], unsure: list[str], *, since: float) -> bool:
+        """Whether one of the tries named by `unsure` applied (Fence.settle). Redis away for longer
+        than a receipt lives (RECEIPT_TTL_MS) may have dropped ours: then, with the lease gone,
+        keys all done count as applied, so the file stays (a copy another batch wrote is dropped
+        by readers) rather than their only record being removed."""
+        try:
+            return self.fence.settle(self.runner.redis_client, unsure)
+        except LeaseLost:
+            expired = time.monotonic() - since > RECEIPT_TTL_MS / 1000
+            if expired and self.campaign.all_done([record.key for record in records]):
+                return True
+            raise
 
     def commit(self) -> None:
         """Write the uncommitted records to one file, then mark them done."""

@@ -212,10 +212,12 @@ def status(
 ) -> None:
     """Where a campaign stands: enqueued, queued, in flight, stranded, done, failed, throughput, workers;
     its model, priority and the workers taking it. Several campaigns: a table, a line each."""
+    from eagle_synth.state.redis_role import refuse_replica
     from eagle_synth.tools.status import campaign_status
     from eagle_synth.tools.status_view import render_fleet, render_status, watch_status
 
     client = redis_client(redis)
+    refuse_replica(client)  # status writes too (its reaper look, a layout move): a replica refuses them
     queue = broker_settings(redis_url=redis).queue
     rows = [campaign_status(client, name, queue=queue) for name in campaign]
     if watch:

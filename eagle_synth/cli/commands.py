@@ -51,7 +51,10 @@ def run() -> None:
     import redis
     from kombu.exceptions import OperationalError
 
+    from eagle_synth.settings import broker_settings
+    from eagle_synth.state.redis_client import connect
     from eagle_synth.state.redis_policy import is_out_of_memory, out_of_memory_message
+    from eagle_synth.state.redis_role import is_read_only, read_only_message
 
     def stop(message: str, code: int = USER_ERROR_EXIT) -> NoReturn:
         print_error(message)
@@ -65,6 +68,8 @@ def run() -> None:
         # Redis full (noeviction) refuses writes: OutOfMemoryError, or wrapped by kombu on publish.
         if is_out_of_memory(exc):
             stop(out_of_memory_message())
+        if is_read_only(exc):  # a replica, or a master demoted mid-command: REDIS_URL names it
+            stop(read_only_message(connect(broker_settings())))
         if isinstance(exc, redis.AuthenticationError):
             stop(
                 f"Redis refused the credentials: {clause(exc)}. Check the user and password in "

@@ -106,6 +106,7 @@ def worker(
     Servers started with --api-key need it in EAGLE_SYNTH_SERVER_API_KEY (no flag: a flag shows in ps).
     """
     from eagle_synth.state.redis_policy import check_redis_ready
+    from eagle_synth.state.redis_role import refuse_replica
 
     for url in servers:
         _check_server_url(url)
@@ -113,9 +114,9 @@ def worker(
         check_campaign_name(pinned)
     settings = broker_settings(redis_url=redis)
     # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
-    check_redis_ready(
-        redis_client(redis), warn=warn, allow_evicting=allow_evicting_redis, allow_volatile=allow_volatile_redis
-    )
+    client = redis_client(redis)
+    refuse_replica(client)
+    check_redis_ready(client, warn=warn, allow_evicting=allow_evicting_redis, allow_volatile=allow_volatile_redis)
     from eagle_synth.harness import bind_error
     from workers.config import ConfigError, WorkerConfig, default_concurrency
     from workers.disk import probe_folder

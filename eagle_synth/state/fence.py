@@ -5,6 +5,13 @@ hands its batch on, so a check-then-write leaves a window: every commit is one t
 WATCHes the lease, reads it and writes in MULTI/EXEC only if it still names this holder (else
 LeaseLost). Record files are ordered around it in workers/batch.py (`_commit`).
 
+A commit whose reply never came (connection reset, a reply later than the socket timeout, an
+EXEC delivered late after a partition) may or may not have applied; redis-py reports it as a
+WatchError like a changed lease, so it is told apart here and raised as CommitUnsure. Each
+commit writes, in its transaction, a receipt (a fresh token under the holder, in the batch's
+receipts hash); `settle` reads it back, and if the try did not apply, changes the lease so that
+a try still on its way can apply nothing any more. The outcome is then known for sure.
+
 A key can also sit in two batches at once (a republished slow batch, `retry-failed` of a key a
 late batch holds), so a batch first claims its open keys in one script: a claim maps the key to
 the batch's lease (key and holder) and counts only while that lease names its holder. A key
@@ -13,6 +20,7 @@ another live batch holds is skipped; the fenced commit of a key, or the batch's 
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +34,25 @@ from eagle_synth.state.redis_client import text
 _CLAIM = script("claim_lib", "claim")
 _RELEASE = script("claim_release")
 _LIVE = script("claim_lib", "claims_live")
+_SETTLE = script("commit_settle")
+# How long a batch's commit receipts outlive its last commit, ms: longer than any Redis outage
+# a batch waits through before it reads back whether its commit applied (a day; they are small).
+RECEIPT_TTL_MS = 24 * 3600 * 1000
 # Keys per claim script call (a script blocks Redis while it runs; a batch rarely has more).
 CHUNK = 1000
 
 
 class LeaseLost(EagleSynthError):
     """The batch lease is no longer the writer's: nothing was written."""
+
+
+class CommitUnsure(redis.ConnectionError):
+    """A fenced commit was sent but its reply was lost: Redis may have applied it or not.
+    `receipt` names the try; Fence.settle tells which it was once Redis answers again."""
+
+    def __init__(self, message: str, receipt: str) -> None:
+        super().__init__(message)
+        self.receipt = receipt
 
 
 class ClaimLeaseLost(EagleSynthError):
@@ -41,13 +62,15 @@ class ClaimLeaseLost(EagleSynthError):
 @dataclass(frozen=True, slots=True)
 class Fence:
     """The lease a batch's writes are fenced by: CampaignKeys.lease(batch), its holder id
-    (BatchLease.holder), its lifetime that `renew` grants, and CampaignKeys.claims, from which
-    the keys written are released in the same step."""
+    (BatchLease.holder), its lifetime that `renew` grants, CampaignKeys.claims, from which
+    the keys written are released in the same step, and CampaignKeys.receipts(batch), where each
+    commit leaves its receipt for `settle`."""
 
     lease_key: str
     holder: str
     ttl_ms: int
     claims_key: str
+    receipts_key: str
 
     def renew(self, client: redis.Redis) -> None:
         """Renew the lease now (a full TTL for what follows), or raise LeaseLost."""
@@ -57,7 +80,9 @@ class Fence:
     def run(self, client: redis.Redis, write: Callable[[Any], None], *, release: Sequence[str] = ()) -> list:
         """Queue `write(pipe)` (commands on a transaction pipeline) and apply it only if the lease
         is still ours, releasing the claims of `release` with it; returns the results of the
-        commands `write` queued (the claim release's last). Raises LeaseLost."""
+        commands `write` queued (the claim release's last). Raises LeaseLost, or CommitUnsure
+        when the transaction was sent and no reply came."""
+        receipt = secrets.token_hex(8)
         with client.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(self.lease_key)
@@ -68,10 +93,25 @@ class Fence:
                 write(pipe)
                 if release:
                     pipe.hdel(self.claims_key, *release)
+                pipe.hset(self.receipts_key, self.holder, receipt)
+                pipe.pexpire(self.receipts_key, RECEIPT_TTL_MS)
                 results = pipe.execute()
             except redis.WatchError as exc:
+                # redis-py turns a connection error on a watched pipeline into a WatchError too.
+                if isinstance(exc.__context__, (redis.ConnectionError, redis.TimeoutError)):
+                    raise CommitUnsure(f"no reply to the commit under {self.lease_key}", receipt) from exc
                 raise LeaseLost(f"batch lease {self.lease_key} changed during the commit") from exc
-        return results[:-1] if release else results
+        written = results[:-2]  # without the receipt's two replies
+        return written[:-1] if release else written
+
+    def settle(self, client: redis.Redis, receipts: Sequence[str]) -> bool:
+        """Whether one of the commit tries named by `receipts` (CommitUnsure.receipt) applied.
+        False means none did and none can any more, and the lease is still ours (renewed); a lease
+        lost meanwhile raises LeaseLost. Raises redis errors while Redis does not answer."""
+        outcome = int(client.eval(_SETTLE, 2, self.lease_key, self.receipts_key, self.holder, self.ttl_ms, *receipts))
+        if outcome < 0:
+            raise LeaseLost(f"batch lease {self.lease_key} is not {self.holder} any more; its commit did not apply")
+        return outcome == 1
 
     def eval(self, client: redis.Redis, script: str, numkeys: int, *args: Any, release: Sequence[str] = ()) -> Any:
         """`client.eval(script, ...)`, fenced: the script's result, or LeaseLost."""

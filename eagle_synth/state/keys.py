@@ -114,6 +114,11 @@ class CampaignKeys:
         """String: which batch thread (host|pid|token) runs a batch right now (a renewed, expiring lease)."""
         return f"{self.base}:lease:{batch}"
 
+    def receipts(self, batch: str) -> str:
+        """Hash lease holder -> the receipt of its last applied commit of a batch (state/fence.py),
+        expiring a day after it: how a commit whose reply was lost is told applied or not."""
+        return f"{self.base}:receipts:{batch}"
+
 
 # Counter names.
 # Input rows the producer read and skipped; prompt keys it enqueued for the first time.

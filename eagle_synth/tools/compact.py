@@ -58,6 +58,19 @@ class CompactBusy(UserError, RuntimeError):
     """Another `eagle-synth compact` holds this campaign folder."""
 
 
+class CompactWriteFailed(UserError, OSError):
+    """A shard could not be written (a full disk, a quota, a read-only or failing folder). Its
+    temporary file is gone and its batch files are kept, so the campaign reads as before; shards
+    finished earlier in the run stand. Parameters: the records folder, the OSError, shards done."""
+
+    def __init__(self, folder: Path, error: OSError, shards_done: int) -> None:
+        super().__init__(
+            f"cannot write a shard in {folder}: {error.strerror or error} (errno {error.errno}); "
+            f"its batch files are kept and the campaign reads as before ({shards_done} shards written "
+            "before it stand): free space, then run compact again"
+        )
+
+
 @dataclass(slots=True)
 class CompactResult:
     """What one run did: shards written, batch files merged (and deleted), their records, repeated
@@ -173,7 +186,12 @@ def compact(
         if len(candidates) < MIN_FILES:
             return result
         for group in _plan(candidates, shard_bytes=shard_bytes):
-            _compact_group(campaign_path, scan, group, result, level=SHARD_LEVEL, threads=threads, on_shard=on_shard)
+            try:
+                _compact_group(
+                    campaign_path, scan, group, result, level=SHARD_LEVEL, threads=threads, on_shard=on_shard
+                )
+            except OSError as exc:  # ENOSPC, EDQUOT, EROFS, EIO: the writer left no file behind
+                raise CompactWriteFailed(folder, exc, len(result.shards)) from exc
     return result
 
 
