@@ -3,12 +3,14 @@
 The real-vLLM kill test uses it to bring "the server" back at the port the worker was given
 without a second cold start of vLLM (2-5 minutes of 2 cores): the comeback is the session's
 own real vLLM server behind this port, so what the worker talks to is still vLLM, unaltered.
+The Sentinel failover test gives it a `delay`: a replica behind it lags its master by that much.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 # Bytes read from one side before they are written to the other.
 CHUNK = 64 * 1024
@@ -21,10 +23,12 @@ class TcpForward:
     connection. Parameters:
         port: the port to listen on (the one the worker was given).
         target_port: the port of the real server behind it.
+        delay: seconds each chunk is held before it is passed on, either way (order kept).
     """
 
-    def __init__(self, port: int, target_port: int) -> None:
+    def __init__(self, port: int, target_port: int, *, delay: float = 0.0) -> None:
         self.port, self.target_port = port, target_port
+        self.delay = delay
         self._loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -44,8 +48,25 @@ class TcpForward:
         await asyncio.gather(self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer))
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        passing = asyncio.ensure_future(self._pass_on(held, writer))
         try:
             while chunk := await reader.read(CHUNK):
+                held.put_nowait((time.monotonic() + self.delay, chunk))
+        except OSError:
+            pass
+        finally:
+            held.put_nowait((time.monotonic() + self.delay, b""))
+            await passing
+
+    async def _pass_on(self, held: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter) -> None:
+        """Write each chunk once its time came; an empty one ends the connection."""
+        try:
+            while True:
+                due, chunk = await held.get()
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                if not chunk:
+                    break
                 writer.write(chunk)
                 await writer.drain()
         except OSError:

@@ -30,6 +30,7 @@ from eagle_synth.queue import make_celery
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
+from eagle_synth.state.replicas import ReplicaWait
 from workers.batch import BatchRunner, Requeue
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, probe_folder
@@ -38,6 +39,7 @@ from workers.lease import BatchBusy
 from workers.memory import limit_malloc_arenas, start_pool_threads
 from workers.reaper import ReaperStep
 from workers.reconciler import ReconcilerStep
+from workers.redis_watch import RedisWatch
 
 log = logging.getLogger("eagle_synth.worker")
 
@@ -76,11 +78,33 @@ def _disk_state() -> DiskState:
     return DiskState(folder=Path(_worker_config().out))
 
 
+@functools.cache
+def _redis_watch() -> RedisWatch:
+    """Whether Redis is safe to take batches on, shared by the gate (which re-reads its policy
+    and persistence) and batch threads (which report replicas not acknowledging)."""
+    config = _worker_config()
+    return RedisWatch(
+        connect(broker_settings()),
+        allow_evicting=config.allow_evicting_redis,
+        allow_volatile=config.allow_volatile_redis,
+    )
+
+
 def _get_runner(node: str) -> BatchRunner:
     global _runner
     with _runner_lock:
         if _runner is None:
-            _runner = BatchRunner(config=_worker_config(), node=node, stopping=STOPPING, disk=_disk_state(), app=app)
+            settings = broker_settings()
+            replicas = ReplicaWait(
+                connect(settings),
+                min_replicas=settings.min_replicas,
+                report=_redis_watch().report_replicas,
+                stopping=STOPPING,
+            )
+            config = _worker_config()
+            _runner = BatchRunner(
+                config=config, node=node, stopping=STOPPING, disk=_disk_state(), app=app, replicas=replicas
+            )
         return _runner
 
 
@@ -120,7 +144,6 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
         return {"error": str(exc)}
     name = batch.batch
     node = self.request.hostname or "eagle-synth@unknown"
-    retried = bool((self.request.delivery_info or {}).get("redelivered")) or bool(self.request.retries)
 
     def retry(exc: Exception, countdown: float, *, errors: int = errors, max_retries: int | None = None) -> None:
         """A copy with a countdown; if even that cannot be published, the message goes back."""
@@ -133,7 +156,7 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
             raise Reject(f"retry not published ({publish_error}); requeued", requeue=True) from exc
 
     try:
-        outcome = _get_runner(node).run(batch, retried=retried)
+        outcome = _get_runner(node).run(batch)
     except Requeue as exc:
         log.info("batch %s back to the queue: %s", name, exc)
         raise Reject(str(exc), requeue=True) from exc
@@ -211,6 +234,7 @@ class HealthGateStep(bootsteps.StartStopStep):
             on_close=in_loop(c.cancel_task_queue),
             disk=disk,
             on_all_refused=all_refused,
+            redis_watch=_redis_watch(),
         )
         self.gate.start()
 

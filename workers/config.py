@@ -75,6 +75,9 @@ class WorkerConfig(EnvSettings):
     render_processes: int = Field(
         2, description="Processes that render conversations' next turns (--history own), started on first need."
     )
+    # The CLI's own flags (cli/options.py) set these; the worker process re-checks Redis with them.
+    allow_evicting_redis: bool = Field(False, description="Accept a Redis whose maxmemory-policy may evict keys.")
+    allow_volatile_redis: bool = Field(False, description="Accept a Redis with no appendonly and no RDB save.")
     # No flag: a flag's value shows in `ps` and shell history. Never logged, never in Redis.
     server_api_key: SecretStr | None = Field(
         None, description="The servers' API key (their --api-key), sent as a bearer token to every server."

@@ -23,6 +23,7 @@ from workers.config import WorkerConfig
 from workers.disk import DiskState
 from workers.model_check import REFUSE_PREFIX
 from workers.preflight import preflight_server
+from workers.redis_watch import RedisWatch
 
 log = logging.getLogger("eagle_synth.health")
 
@@ -59,7 +60,8 @@ class HealthGate:
     """Probe the servers of `config` (with its probe timeout, and what its preflight options
     accept), publish their states in `node_state`, open and close the gate: `on_open` and
     `on_close` are called (from the gate thread) when the first server turns healthy and when
-    none is any more (or `disk` cannot take records), `on_all_refused` once when preflight
+    none is any more (or `disk` cannot take records, or `redis_watch` finds Redis unsafe: an
+    evicting policy or no persistence, set while running), `on_all_refused` once when preflight
     refused every server."""
 
     def __init__(
@@ -71,6 +73,7 @@ class HealthGate:
         on_close: Callable[[], None],
         disk: DiskState | None = None,
         on_all_refused: Callable[[], None] | None = None,
+        redis_watch: RedisWatch | None = None,
     ) -> None:
         self.config = config
         self.node_state = node_state
@@ -82,6 +85,8 @@ class HealthGate:
             allowed_settings=frozenset(config.allow_server_settings),
         )
         self._disk_detail: str | None = None
+        self.redis_watch = redis_watch
+        self._redis_detail: str | None = None
         clients = {url: ServerClient(url, pool_connections=2, api_key=config.api_key) for url in config.servers}
         self.tracked = {url: _Tracked(client=client) for url, client in clients.items()}
         self.is_open = False
@@ -204,9 +209,8 @@ class HealthGate:
 
     def _publish(self) -> None:
         self._last_publish = time.time()
-        self.node_state.publish(
-            {u: t.state for u, t in self.tracked.items()}, consuming=self.is_open, disk=self._disk_detail
-        )
+        states = {u: t.state for u, t in self.tracked.items()}
+        self.node_state.publish(states, consuming=self.is_open, disk=self._disk_detail, redis=self._redis_detail)
 
     def _disk_ok(self) -> bool:
         ok = self.disk is None or self.disk.check()
@@ -217,12 +221,22 @@ class HealthGate:
             self._publish()
         return ok
 
+    def _redis_ok(self) -> bool:
+        ok = self.redis_watch is None or self.redis_watch.check()
+        detail = None if self.redis_watch is None else self.redis_watch.detail
+        if detail != self._redis_detail:
+            log.warning("redis: %s", detail or "safe again")
+            self._redis_detail = detail
+            self._publish()
+        return ok
+
     def _update_gate(self) -> None:
-        any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values()) and self._disk_ok()
+        redis_ok = self._redis_ok()  # first: its status line is kept current even with no server up
+        any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values()) and self._disk_ok() and redis_ok
         if any_healthy == self.is_open:
             return
         self.is_open = any_healthy
-        closed = "no healthy server or no writable output folder: not taking batches"
+        closed = "no healthy server, no writable output folder or an unsafe Redis: not taking batches"
         log.warning("a server is healthy: taking batches" if any_healthy else closed)
         (self.on_open if any_healthy else self.on_close)()
         self._publish()

@@ -6,6 +6,9 @@ keys end. A batch is lost when its copy is older than RECONCILE_AFTER, it is in 
 live batch: the broker dropped it (Redis died between kombu's BRPOP and its `unacked` write).
 It is published again (the worker skips what is done; claims keep copies from both generating).
 
+The campaigns looked at are those stored batches name (their keys, by SCAN) as well as the
+`campaigns` set, which an evicting Redis can drop (eagle_synth.state.campaign.campaigns_with_batches).
+
 Cost: each round (one worker per RECONCILE_INTERVAL, by a Redis lock) compares O(campaigns)
 counts: stored batches against queued plus unacked messages. Only when the stored ones are
 more, two rounds running or after Redis restarted (its run id changed), does it read the queue
@@ -26,7 +29,7 @@ import redis
 from eagle_synth.queue import queued_payloads, send_payload
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
-from eagle_synth.state.campaign import Campaign, campaign_names
+from eagle_synth.state.campaign import Campaign, campaigns_with_batches
 from eagle_synth.state.fence import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE
 from eagle_synth.state.redis_client import connect, pipelined, text
@@ -67,7 +70,7 @@ class Reconciler:
     def needs_full_sweep(self) -> bool:
         """True when the stored batches outnumber what the broker holds (queued + unacked) in two
         rounds running, or in one right after Redis restarted."""
-        names = campaign_names(self.client)
+        names = campaigns_with_batches(self.client)
         stored = sum(stored_count(self.client, name) for name in names)
         lengths = pipelined(self.client, *(("llen", name) for name in self._queue_lists()), ("hlen", UNACKED_KEY))
         held = sum(int(c) for c in lengths)
@@ -99,7 +102,7 @@ class Reconciler:
         live |= {(h.campaign, h.batch) for h in held_batches(self.client, fetched_before=time.time() + 3600)}
         republished = 0
         cutoff = time.time() - RECONCILE_AFTER
-        for name in campaign_names(self.client):
+        for name in campaigns_with_batches(self.client):
             campaign = Campaign(self.client, name)
             if self.client.exists(campaign.keys.ended):
                 # Closed: its done set is folded to disk, so every key would look open here.

@@ -81,11 +81,14 @@ class NodeState:
         info = {"node": self.node, "host": hostname(), "started": time.time(), "servers": json.dumps(servers)}
         self._write(info, transaction=True, fresh=True)
 
-    def publish(self, states: dict[str, ServerState], *, consuming: bool, disk: str | None = None) -> None:
+    def publish(
+        self, states: dict[str, ServerState], *, consuming: bool, disk: str | None = None, redis: str | None = None
+    ) -> None:
         """Write every server's state and refresh the heartbeat; `disk` says why the output
-        folder cannot take records ("" when it can)."""
+        folder cannot take records, `redis` what is wrong with Redis ("" when nothing is)."""
         server_states = {f"state:{url}": msgspec.json.encode(s) for url, s in states.items()}
-        self._write({"updated": time.time(), "consuming": int(consuming), "disk": disk or "", **server_states})
+        fields = {"updated": time.time(), "consuming": int(consuming), "disk": disk or "", "redis": redis or ""}
+        self._write({**fields, **server_states})
 
     def _read(self) -> _NodeView:
         view = _NodeView()
