@@ -23,12 +23,16 @@ class TcpForward:
     connection. Parameters:
         port: the port to listen on (the one the worker was given).
         target_port: the port of the real server behind it.
-        delay: seconds each chunk is held before it is passed on, either way (order kept).
+        delay: seconds each chunk the server sends is held before it is passed on (order kept),
+            on a connection whose client sent `delay_after` (Redis's PSYNC: a replica's link,
+            while clients and sentinels pass at once); when the server ends, what is held is
+            dropped, as a dead master's stream in flight on a lagging link would be.
     """
 
-    def __init__(self, port: int, target_port: int, *, delay: float = 0.0) -> None:
+    def __init__(self, port: int, target_port: int, *, delay: float = 0.0, delay_after: bytes = b"") -> None:
         self.port, self.target_port = port, target_port
         self.delay = delay
+        self.delay_after = delay_after
         self._loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -45,19 +49,33 @@ class TcpForward:
             client_writer.close()
             return
         self._writers |= {client_writer, server_writer}
-        await asyncio.gather(self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer))
+        lagging = [not self.delay_after]  # this connection's server stream is delayed
+        await asyncio.gather(
+            self._pipe(client_reader, server_writer, lagging, watch=True),
+            self._pipe(server_reader, client_writer, lagging, watch=False),
+        )
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lagging: list[bool], *, watch: bool
+    ) -> None:
         held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
         passing = asyncio.ensure_future(self._pass_on(held, writer))
         try:
             while chunk := await reader.read(CHUNK):
-                held.put_nowait((time.monotonic() + self.delay, chunk))
+                if watch and self.delay_after and self.delay_after in chunk:
+                    lagging[0] = True
+                delay = self.delay if lagging[0] and not watch else 0.0
+                held.put_nowait((time.monotonic() + delay, chunk))
         except OSError:
             pass
         finally:
-            held.put_nowait((time.monotonic() + self.delay, b""))
-            await passing
+            if self.delay and lagging[0] and not watch:
+                passing.cancel()  # what a lagging link still holds dies with its sender
+                self._writers.discard(writer)
+                writer.close()
+            else:
+                held.put_nowait((time.monotonic(), b""))
+                await passing
 
     async def _pass_on(self, held: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter) -> None:
         """Write each chunk once its time came; an empty one ends the connection."""

@@ -27,9 +27,10 @@ from tests.test_exactly_once import FAST, single_rows
 # The master's name in the sentinels' configuration (EAGLE_SYNTH_SENTINEL_MASTER).
 MASTER_NAME = "campaign"
 # Seconds the replica link lags: the window whose acknowledged writes a failover would forget.
-REPLICA_LAG = 1.0
-# Sentinel timings for a test: the master counts as down after a second without answers.
-SENTINEL_DOWN_AFTER_MS = 1000
+REPLICA_LAG = 3.0
+# Sentinel timings for a test: the master counts as down after two seconds without answers
+# (one was seen to fail over a live master on a loaded 2-core machine).
+SENTINEL_DOWN_AFTER_MS = 2000
 SENTINEL_FAILOVER_TIMEOUT_MS = 10000
 
 
@@ -91,7 +92,9 @@ def test_a_sentinel_failover_with_a_lagging_replica_loses_and_doubles_nothing(
     tmp_path, stack, tokenizer_path, monkeypatch
 ):
     master = RedisServer(workdir=tmp_path / "master").start()
-    link = TcpForward(free_port(), master.port, delay=REPLICA_LAG)
+    # Everyone reaches the master through this port (the sentinels watch it there, so they leave
+    # the replica's link on it); only the replica's stream (after its PSYNC) lags.
+    link = TcpForward(free_port(), master.port, delay=REPLICA_LAG, delay_after=b"PSYNC")
     replica_args = ("--replicaof", "127.0.0.1", str(link.port))
     replica = RedisServer(workdir=tmp_path / "replica", extra_args=replica_args).start()
     sentinels = None
@@ -101,7 +104,7 @@ def test_a_sentinel_failover_with_a_lagging_replica_loses_and_doubles_nothing(
             timeout=30,
             what="the replica in sync",
         )
-        sentinels = Sentinels(tmp_path / "sentinels", master.port)
+        sentinels = Sentinels(tmp_path / "sentinels", link.port)
         wait_for(
             lambda: all(
                 int(redis.Redis(port=p).sentinel_master(MASTER_NAME).get("num-other-sentinels", 0)) == 2
@@ -114,6 +117,13 @@ def test_a_sentinel_failover_with_a_lagging_replica_loses_and_doubles_nothing(
         monkeypatch.setenv("EAGLE_SYNTH_SENTINEL_MASTER", MASTER_NAME)
         url = sentinels.url
         enqueue_rows(tmp_path, url, "failover", single_rows(64), tokenizer=tokenizer_path, batch_size=4)
+        # The campaign on the replica too, so any failover (ours below) finds its settings.
+        enqueued_at = int(redis.Redis(port=master.port).info("replication")["master_repl_offset"])
+        wait_for(
+            lambda: int(redis.Redis(port=replica.port).info("replication")["master_repl_offset"]) >= enqueued_at,
+            timeout=30,
+            what="the replica to hold the enqueued campaign",
+        )
         _, server = stack.devserver("--token-latency", "0.01", "--mean-output-tokens", "40", "--slots", "16")
         env = {**FAST, "EAGLE_SYNTH_SENTINEL_MASTER": MASTER_NAME}
         folders = [tmp_path / "host-a", tmp_path / "host-b"]
@@ -125,6 +135,14 @@ def test_a_sentinel_failover_with_a_lagging_replica_loses_and_doubles_nothing(
         assert c.progress().done < 64, "the campaign ended before the master could be killed"
         master.stop(sig=signal.SIGKILL)
         wait_for(lambda: sentinels.master_port() == replica.port, timeout=60, what="the sentinels to fail over")
+
+        def master_answers() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:  # the sentinels still settling: no master named yet
+                return False
+
+        wait_for(master_answers, timeout=60, what="the new master through the sentinels")
         wait_finished(url, "failover", expected=64, stack=stack, timeout=300)
         assert_exactly_once_across(client, "failover", [out / "failover" for out in folders], expected=64)
         assert c.progress().failed == 0
