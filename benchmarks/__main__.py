@@ -34,6 +34,7 @@ BENCHMARKS = (
     "worker_memory",
     "resume",
     "real_vllm",
+    "replica_wait",
 )
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"
