@@ -20,7 +20,15 @@ from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.keys import CAMPAIGNS
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.stranded import UNACKED_KEY
-from tests.helpers import campaign, enqueue_rows, records_by_key, status_json, status_now, wait_finished
+from tests.helpers import (
+    assert_exactly_once,
+    campaign,
+    enqueue_rows,
+    records_by_key,
+    status_json,
+    status_now,
+    wait_finished,
+)
 from tests.tcp_forward import TcpForward
 from tests.test_exactly_once import FAST, single_rows
 
@@ -190,8 +198,6 @@ def test_an_evicting_policy_set_mid_run_stops_the_worker_until_it_is_safe_again(
     assert c.client.rpop("eagle-synth") is not None
     c.client.config_set("maxmemory-policy", "noeviction")
     wait_finished(redis_server.url, "evict", expected=96, stack=stack, timeout=240)
-    from tests.helpers import assert_exactly_once
-
     assert_exactly_once(redis_server.url, "evict", out / "evict", expected=96)
     assert c.progress().failed == 0
     assert c.client.sismember(CAMPAIGNS, "evict"), "the reconciler put the campaign back in its set"
