@@ -3,7 +3,7 @@
 A Sentinel failover promotes a replica; whatever the old master acknowledged that the replica
 had not received yet is gone (marks, acks, pops), so batches run again and, on another host,
 write second records. So after a batch's keys are marked done (workers/batch.py) the worker
-waits until a replica holds that write: one SET on the same connection as a WAIT, as Redis
+waits until a replica holds that write: one SET on the same connection as the WAITs, as Redis
 counts the WAIT against that connection's last write and its replication stream is ordered,
 so a replica holding the SET holds the mark before it.
 
@@ -21,11 +21,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
 from eagle_synth.state.keys import KEY_PREFIX
-from eagle_synth.state.redis_client import pipelined
 
 log = logging.getLogger("eagle_synth.replicas")
 
@@ -40,7 +40,12 @@ PROBE_KEY = f"{KEY_PREFIX}:replica-probe"
 
 
 def connected_replicas(client: redis.Redis) -> int:
-    return int(client.info("replication").get("connected_slaves", 0))
+    """The master's connected replicas; 0 where INFO is refused (an ACL user without it), as
+    they cannot be counted then (EAGLE_SYNTH_MIN_REPLICAS sets the number instead)."""
+    try:
+        return int(client.info("replication").get("connected_slaves", 0))
+    except redis.ResponseError:
+        return 0
 
 
 class ReplicaWait:
@@ -69,12 +74,12 @@ class ReplicaWait:
         self._connected = 0
         self._counted_at = -REPLICA_COUNT_REFRESH
 
-    def needed(self, *, fresh: bool = False) -> int:
+    def needed(self) -> int:
         """Replicas a mark must reach now."""
         if self.min_replicas is not None:
             return self.min_replicas
         now = time.monotonic()
-        if fresh or now - self._counted_at >= REPLICA_COUNT_REFRESH:
+        if now - self._counted_at >= REPLICA_COUNT_REFRESH:
             self._connected = connected_replicas(self.client)
             self._counted_at = now
         return min(self._connected, 1)
@@ -82,10 +87,32 @@ class ReplicaWait:
     def confirm(self) -> None:
         """Return once enough replicas hold this process's writes so far; a Redis error (the
         master went away: whether the replica got the write is unknown) goes to the caller."""
-        fresh = False
-        while (needed := self.needed(fresh=fresh)) > 0:
-            _, acked = pipelined(self.client, ("set", PROBE_KEY, "1"), ("wait", needed, WAIT_TIMEOUT_MS))
-            if int(acked) >= needed:
+        if self.needed() == 0:
+            self.report(None)
+            return
+        # One connection throughout: each WAIT counts against this connection's SET, so a
+        # replica catching up slowly is waited for, not outrun by a new SET each round.
+        pool = self.client.connection_pool
+        connection = pool.get_connection()
+        try:
+            self._wait_on(connection)
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+
+    def _wait_on(self, connection: Any) -> None:
+        connection.send_command("SET", PROBE_KEY, "1")
+        connection.read_response()
+        while (needed := self.needed()) > 0:
+            connection.send_command("WAIT", needed, WAIT_TIMEOUT_MS)
+            try:
+                acked = int(connection.read_response())
+            except redis.ResponseError as exc:  # WAIT refused (an ACL): nothing to wait with
+                self.report(f"cannot wait for replicas: {exc}")
+                return
+            if acked >= needed:
                 break
             problem = (
                 f"replica not acknowledging: {acked} of {needed} held our marks after "
@@ -95,5 +122,5 @@ class ReplicaWait:
             self.report(problem)
             if self.stopping.is_set():
                 return
-            fresh = True
+            self._counted_at = -REPLICA_COUNT_REFRESH  # count the replicas again: one may have left
         self.report(None)
