@@ -25,12 +25,17 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	touch $@
 
-# redis-server must be on the machine: the demo and the tests start private instances.
+# redis-server must be on the machine: the demo and the tests start private instances; the
+# Sentinel failover test also starts redis-sentinel processes.
 redis-server:
 	@command -v redis-server >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -q && apt-get install -y -q redis-server; \
 	  else echo "install redis-server (e.g. sudo apt-get install redis-server, brew install redis)"; exit 1; fi; }
+	@command -v redis-sentinel >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q redis-sentinel; \
+	  else echo "install redis-sentinel (e.g. sudo apt-get install redis-sentinel, brew install redis)"; exit 1; fi; }
 
 # prometheus must be on the machine for the tests: tests/test_metrics.py starts a real one on a free
 # port (Debian's package; without recommends, which would add node-exporter).

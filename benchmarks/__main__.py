@@ -34,6 +34,7 @@ BENCHMARKS = (
     "worker_memory",
     "resume",
     "real_vllm",
+    "replica_wait",
     "routing",
 )
 STORAGE_NUMBER = 5

@@ -59,7 +59,7 @@ TARGET_RATIO = 1.5
 SCRAPE_INTERVAL = 1.0
 
 
-def _measure_worker(
+def measure_worker(
     stack: Stack,
     redis_url: str,
     url: str,
@@ -69,8 +69,11 @@ def _measure_worker(
     campaign: str,
     start_done: int = 0,
     args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> dict:
-    worker = stack.worker(servers=[url], redis_url=redis_url, concurrency=concurrency, args=args)
+    """CPU of one worker's process tree per record, and its records/s, between `warm` and
+    `warm + measured` records done (benchmarks/replica_wait.py uses it too)."""
+    worker = stack.worker(servers=[url], redis_url=redis_url, concurrency=concurrency, args=args, env=env)
     try:
         wait_done(redis_url, campaign, start_done + warm, timeout=RUN_TIMEOUT, stack=stack)
         pid = worker.proc.pid
@@ -255,7 +258,7 @@ def run(quick: bool) -> list[Result]:
             max_new_tokens=MAX_NEW_TOKENS,
         )
         payloads = queued_payloads(redis.url)
-        ours = _measure_worker(stack, redis.url, url, CONCURRENCY, warm, measured, "overhead")
+        ours = measure_worker(stack, redis.url, url, CONCURRENCY, warm, measured, "overhead")
         # The same prompts in the same batches, as many records as the worker was measured on.
         bare = _bare_loop(url, payloads[: measured // len(payloads[0].items)], stack.dir / "bare")
         bare_prompt = _bare_prompt_loop(url, payloads[: measured // len(payloads[0].items)], stack.dir / "bare2")
@@ -266,7 +269,7 @@ def run(quick: bool) -> list[Result]:
             "overhead2",
             max_new_tokens=MAX_NEW_TOKENS,
         )
-        quiet = _measure_worker(
+        quiet = measure_worker(
             stack, redis.url, url, CONCURRENCY, warm, measured, "overhead2", args=("--no-task-events",)
         )
         # Again with Prometheus metrics served and scraped (the default is off).
@@ -278,7 +281,7 @@ def run(quick: bool) -> list[Result]:
         )
         port = free_port()
         with _Scraper(port) as scraper:
-            metered = _measure_worker(
+            metered = measure_worker(
                 stack, redis.url, url, CONCURRENCY, warm, measured, "overhead3", args=("--metrics-port", str(port))
             )
     hooks_us = _hook_cpu_per_record()

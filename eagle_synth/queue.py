@@ -93,6 +93,10 @@ def celery_config(settings: BrokerSettings) -> dict:
     }
     if settings.uses_tls:
         config["broker_use_ssl"] = settings.ssl_options()
+    if settings.uses_sentinel:
+        # kombu's SentinelChannel asks these sentinels for this master on each connection.
+        config["broker_transport_options"]["master_name"] = settings.sentinel_master
+        config["broker_transport_options"]["sentinel_kwargs"] = settings.sentinel_kwargs()
     return config
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import ssl
 from typing import Any, ClassVar, Self
-from urllib.parse import parse_qs, parse_qsl, urlencode, urlparse, urlunparse
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse, urlunparse
 
-from pydantic import Field, PositiveInt, SecretStr, ValidationError, field_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eagle_synth.errors import UserError
@@ -22,6 +22,11 @@ DEFAULT_SOFT_SHUTDOWN = 30
 # timeout (which must exceed the longest task with its in-task retries) is never overrun.
 TASK_BUDGET_SHARE = 0.8
 ENV_PREFIX = "EAGLE_SYNTH_"
+# kombu's scheme for a Redis found through Sentinel, and the sentinels' port when a part has none.
+SENTINEL_SCHEME = "sentinel://"
+SENTINEL_DEFAULT_PORT = 26379
+# Seconds a sentinel may take to answer "who is the master?" before the next one is asked.
+SENTINEL_SOCKET_TIMEOUT = 5.0
 
 
 class SettingsError(UserError, ValueError):
@@ -73,10 +78,20 @@ class EnvSettings(BaseSettings):
 
 class BrokerSettings(EnvSettings):
     """Redis (REDIS_URL: `redis://[user:password@]host:port/db`, `rediss://` for TLS, with
-    optional `ssl_*` certificate files), the Celery `queue`, the seconds an unacked message stays
-    reserved (`visibility_timeout`), between kombu's restore sweeps, and of a soft shutdown."""
+    optional `ssl_*` certificate files; or Sentinel in kombu's form
+    `sentinel://[user:password@]host:port[/db];sentinel://host:port;...` with the master's name in
+    `sentinel_master`, the sentinels' own password if they have one in `sentinel_password`, and
+    `sentinel_tls` for TLS to master and sentinels), the replicas that must hold each mark
+    (`min_replicas`; unset: one whenever the master has one, eagle_synth/state/replicas.py), the
+    Celery `queue`, the seconds an unacked
+    message stays reserved (`visibility_timeout`), between kombu's restore sweeps, and of a soft
+    shutdown."""
 
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
+    sentinel_master: str | None = None
+    sentinel_password: SecretStr | None = None
+    sentinel_tls: bool = False
+    min_replicas: NonNegativeInt | None = None
     queue: str = DEFAULT_QUEUE
     visibility_timeout: PositiveInt = 6 * 3600
     restore_interval: PositiveInt = 10
@@ -88,13 +103,58 @@ class BrokerSettings(EnvSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, url: str) -> str:
+        if url.startswith(SENTINEL_SCHEME):
+            if not all(part.startswith(SENTINEL_SCHEME) and urlparse(part).hostname for part in url.split(";")):
+                raise ValueError("a Sentinel URL is sentinel://HOST:PORT;sentinel://HOST:PORT;... (every part)")
+            return url
         if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// (TLS) or unix://")
+            raise ValueError("must start with redis://, rediss:// (TLS), unix:// or sentinel://")
         return url
+
+    @classmethod
+    def load(cls, **given: Any) -> Self:
+        """As EnvSettings.load; a Sentinel URL also needs the master's name."""
+        settings = super().load(**given)
+        if settings.uses_sentinel and not settings.sentinel_master:
+            raise SettingsError(
+                f"REDIS_URL names sentinels: set {ENV_PREFIX}SENTINEL_MASTER to the master's name "
+                "(the NAME of `sentinel monitor NAME ...` in their configuration)"
+            )
+        return settings
+
+    @property
+    def uses_sentinel(self) -> bool:
+        return self.redis_url.startswith(SENTINEL_SCHEME)
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """(host, port) of every sentinel of a Sentinel URL (port 26379 when not given)."""
+        parts = [urlparse(part) for part in self.redis_url.split(";")] if self.uses_sentinel else []
+        return [(str(part.hostname), part.port or SENTINEL_DEFAULT_PORT) for part in parts]
+
+    @property
+    def sentinel_master_auth(self) -> dict[str, Any]:
+        """The master's database, user and password, from the first sentinel part (as kombu reads them)."""
+        first = urlparse(self.redis_url.split(";")[0])
+        auth = {"db": first.path.strip("/") or "0"}
+        if first.username:
+            auth["username"] = unquote(first.username)
+        if first.password:
+            auth["password"] = unquote(first.password)
+        return auth
+
+    def sentinel_kwargs(self) -> dict[str, Any]:
+        """How to reach the sentinels themselves: their password and TLS, with our timeouts."""
+        options: dict[str, Any] = {"socket_timeout": SENTINEL_SOCKET_TIMEOUT}
+        if self.sentinel_password is not None:
+            options["password"] = self.sentinel_password.get_secret_value()
+        if self.uses_tls:
+            options.update({"ssl": True, **(self.ssl_options() or {})})
+        return options
 
     @property
     def uses_tls(self) -> bool:
-        return self.redis_url.startswith("rediss://")
+        return self.redis_url.startswith("rediss://") or (self.uses_sentinel and self.sentinel_tls)
 
     @property
     def task_budget_seconds(self) -> float:
@@ -103,16 +163,21 @@ class BrokerSettings(EnvSettings):
 
     @property
     def url_without_ssl_query(self) -> str:
-        """The URL minus `ssl_*` parameters (kombu would let them replace `broker_use_ssl`)."""
-        parts = urlparse(self.redis_url)
-        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if not k.startswith("ssl_")]
-        return urlunparse(parts._replace(query=urlencode(query)))
+        """The URL (each sentinel's part) minus `ssl_*` parameters (kombu would let them replace
+        `broker_use_ssl`)."""
+
+        def without_ssl(url: str) -> str:
+            parts = urlparse(url)
+            query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if not k.startswith("ssl_")]
+            return urlunparse(parts._replace(query=urlencode(query)))
+
+        return ";".join(without_ssl(part) for part in self.redis_url.split(";"))
 
     def ssl_options(self) -> dict | None:
         """Options for Celery's `broker_use_ssl` and redis-py, or None for plain TCP."""
         if not self.uses_tls:
             return None
-        reqs = (parse_qs(urlparse(self.redis_url).query).get("ssl_cert_reqs") or ["required"])[0].lower()
+        reqs = (parse_qs(urlparse(self.redis_url.split(";")[0]).query).get("ssl_cert_reqs") or ["required"])[0].lower()
         none, optional = ssl.CERT_NONE, ssl.CERT_OPTIONAL
         cert_reqs = {"optional": optional, "cert_optional": optional, "none": none, "cert_none": none}
         files = {"ssl_ca_certs": self.ssl_ca, "ssl_certfile": self.ssl_cert, "ssl_keyfile": self.ssl_key}

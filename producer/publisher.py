@@ -20,6 +20,7 @@ from eagle_synth.reasons import RECORD_DAMAGED
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.outbox import chunk_field
 from eagle_synth.state.redis_client import pipelined
+from eagle_synth.state.replicas import ReplicaWait
 
 log = logging.getLogger("eagle_synth.producer")
 
@@ -58,6 +59,9 @@ class Publisher:
 
     def close(self) -> None:
         self.campaign.outbox.end_run(self._run_id)
+        # What this run claimed and published is on a replica before `enqueue` says it is done,
+        # so a failover right after cannot forget it (eagle_synth/state/replicas.py).
+        ReplicaWait(self.campaign.client).confirm()
 
     def _next_field(self, stash: list[PromptItem] | None = None) -> str:
         """A new outbox field of this run (holding `stash`), after a heartbeat so a concurrent

@@ -6,13 +6,15 @@ without a second cold start of vLLM (2-5 minutes of 2 cores): the comeback is th
 own real vLLM server behind this port, so what the worker talks to is still vLLM, unaltered.
 The lost-reply tests put it between a client and redis-server: a chunk the client sends that
 `lose_reply` picks reaches Redis, which applies it, but the connection is cut before the reply
-gets back; one `lose_request` picks never reaches Redis.
+gets back; one `lose_request` picks never reaches Redis. The Sentinel failover test gives it a
+`delay`: a replica behind it lags its master by that much.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 
 # Bytes read from one side before they are written to the other.
@@ -27,12 +29,16 @@ def _never(_chunk: bytes) -> bool:
 
 
 class _Connection:
-    """One forwarded connection: its two writers, and whether the reply in flight is to be lost."""
+    """One forwarded connection: its two writers, whether the reply in flight is to be lost, and
+    whether what the server sends on it is delayed (`lagging`)."""
 
-    def __init__(self, client_writer: asyncio.StreamWriter, server_writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, client_writer: asyncio.StreamWriter, server_writer: asyncio.StreamWriter, *, lagging: bool
+    ) -> None:
         self.client_writer = client_writer
         self.server_writer = server_writer
         self.lose_reply = False
+        self.lagging = lagging
 
     def cut(self) -> None:
         self.client_writer.close()
@@ -49,15 +55,28 @@ class TcpForward:
         lose_reply: picks client chunks to deliver whose reply is then dropped, the connection
             cut (called on the forwarder's thread; default none).
         lose_request: picks client chunks to drop, the connection cut (default none).
+        delay: seconds each chunk the server sends is held before it is passed on (order kept),
+            on a connection whose client sent `delay_after` (Redis's PSYNC: a replica's link,
+            while clients and sentinels pass at once); when the server ends, what is held is
+            dropped, as a dead master's stream in flight on a lagging link would be.
     """
 
     def __init__(
-        self, port: int, target_port: int, *, lose_reply: Picker = _never, lose_request: Picker = _never
+        self,
+        port: int,
+        target_port: int,
+        *,
+        lose_reply: Picker = _never,
+        lose_request: Picker = _never,
+        delay: float = 0.0,
+        delay_after: bytes = b"",
     ) -> None:
         self.port = port
         self.target_port = target_port
         self.lose_reply = lose_reply
         self.lose_request = lose_request
+        self.delay = delay
+        self.delay_after = delay_after
         self._loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -74,7 +93,7 @@ class TcpForward:
             client_writer.close()
             return
         self._writers |= {client_writer, server_writer}
-        connection = _Connection(client_writer, server_writer)
+        connection = _Connection(client_writer, server_writer, lagging=not self.delay_after)
         await asyncio.gather(
             self._pipe(client_reader, server_writer, connection, upstream=True),
             self._pipe(server_reader, client_writer, connection, upstream=False),
@@ -83,8 +102,12 @@ class TcpForward:
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection, *, upstream: bool
     ) -> None:
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        passing = asyncio.ensure_future(self._pass_on(held, writer))
         try:
             while chunk := await reader.read(CHUNK):
+                if upstream and self.delay_after and self.delay_after in chunk:
+                    connection.lagging = True
                 if upstream and self.lose_request(chunk):
                     connection.cut()
                     break
@@ -92,6 +115,27 @@ class TcpForward:
                     connection.lose_reply = True  # set before the request leaves: its reply comes after
                 elif not upstream and connection.lose_reply:
                     connection.cut()  # the server answered (so it applied the request); nobody hears it
+                    break
+                delay = self.delay if connection.lagging and not upstream else 0.0
+                held.put_nowait((time.monotonic() + delay, chunk))
+        except OSError:
+            pass
+        finally:
+            if self.delay and connection.lagging and not upstream:
+                passing.cancel()  # what a lagging link still holds dies with its sender
+                self._writers.discard(writer)
+                writer.close()
+            else:
+                held.put_nowait((time.monotonic(), b""))
+                await passing
+
+    async def _pass_on(self, held: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter) -> None:
+        """Write each chunk once its time came; an empty one ends the connection."""
+        try:
+            while True:
+                due, chunk = await held.get()
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                if not chunk:
                     break
                 writer.write(chunk)
                 await writer.drain()

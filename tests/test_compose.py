@@ -43,10 +43,13 @@ def _command(service: str) -> str:
 ALWAYS_STARTED = ("redis", "flower", "worker", "sglang", "exporter", "prometheus")
 # The placeholder checks of the services that refuse `change-me` (the check names it, by design).
 PLACEHOLDER_CHECKS = ("$$REDIS_PASSWORD", "$$GF_SECURITY_ADMIN_PASSWORD")
+# The optional Sentinel deployment (`--profile sentinel`): a replica and three sentinels.
+SENTINEL_SERVICES = {"redis-replica", "redis-sentinel-1", "redis-sentinel-2", "redis-sentinel-3"}
 
 
 def test_services_and_profiles() -> None:
-    assert set(SERVICES) == {*ALWAYS_STARTED, "producer", "grafana"}
+    assert set(SERVICES) == {*ALWAYS_STARTED, "producer", "grafana"} | SENTINEL_SERVICES
+    assert all(SERVICES[s]["profiles"] == ["sentinel"] for s in SENTINEL_SERVICES)
     assert SERVICES["producer"]["profiles"] == ["producer"]
     assert SERVICES["producer"]["restart"] == "no"
     assert SERVICES["grafana"]["profiles"] == ["grafana"]
@@ -207,3 +210,12 @@ def _walk(node, path: str = ""):
             yield from _walk(value, f"{path}[{index}]")
     else:
         yield path, node
+
+
+def test_the_sentinel_profile_replicates_durably_and_watches_the_master_by_name() -> None:
+    replica = _command("redis-replica")
+    assert "--replicaof redis 6379" in replica and "--appendonly yes" in replica
+    assert "--maxmemory-policy noeviction" in replica and '--masterauth "$$REDIS_PASSWORD"' in replica
+    sentinel = _command("redis-sentinel-1")
+    assert "sentinel monitor campaign redis 6379 2" in sentinel and "auth-pass campaign" in sentinel
+    assert "redis-replica-data" in COMPOSE["volumes"]

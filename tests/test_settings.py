@@ -75,3 +75,42 @@ def test_worker_config_refusals_name_the_setting(monkeypatch):
     with pytest.raises(ConfigError, match="EAGLE_SYNTH_PROBE_TIMEOUT 'slow'"):
         WorkerConfig.load(servers=("http://a",))
     assert issubclass(ConfigError, UserError) and BrokerSettings.env_name("queue") == "EAGLE_SYNTH_QUEUE"
+
+
+def test_a_sentinel_url_gives_every_client_the_sentinels_the_master_and_its_credentials(monkeypatch):
+    from eagle_synth.queue import celery_config
+
+    monkeypatch.setenv("REDIS_URL", "sentinel://eagle:s%40cret@s1:26380/2;sentinel://s2;sentinel://s3:26381")
+    monkeypatch.setenv("EAGLE_SYNTH_SENTINEL_MASTER", "campaign")
+    monkeypatch.setenv("EAGLE_SYNTH_SENTINEL_PASSWORD", "sentinel-secret")
+    settings = broker_settings()
+    assert settings.uses_sentinel and not settings.uses_tls
+    assert settings.sentinel_addresses == [("s1", 26380), ("s2", 26379), ("s3", 26381)]
+    assert settings.sentinel_master_auth == {"db": "2", "username": "eagle", "password": "s@cret"}
+    assert settings.sentinel_kwargs()["password"] == "sentinel-secret"
+    config = celery_config(settings)
+    assert config["broker_url"] == settings.redis_url
+    assert config["broker_transport_options"]["master_name"] == "campaign"
+    # The worker's child process reads the same back.
+    assert settings.to_env()["EAGLE_SYNTH_SENTINEL_MASTER"] == "campaign"
+    monkeypatch.setenv("EAGLE_SYNTH_SENTINEL_TLS", "1")
+    tls = broker_settings()
+    assert tls.uses_tls and tls.ssl_options() and tls.sentinel_kwargs()["ssl"] is True
+    assert celery_config(tls)["broker_use_ssl"] == tls.ssl_options()
+
+
+@pytest.mark.parametrize(
+    ("url", "master", "says"),
+    [
+        ("sentinel://s1:26379;sentinel://s2", None, "set EAGLE_SYNTH_SENTINEL_MASTER"),
+        ("sentinel://s1:26379;redis://s2", "campaign", "every part"),
+    ],
+)
+def test_a_sentinel_url_without_a_master_name_or_with_a_foreign_part_is_one_line(monkeypatch, url, master, says):
+    monkeypatch.setenv("REDIS_URL", url)
+    monkeypatch.delenv("EAGLE_SYNTH_SENTINEL_MASTER", raising=False)
+    if master:
+        monkeypatch.setenv("EAGLE_SYNTH_SENTINEL_MASTER", master)
+    with pytest.raises(SettingsError, match=says) as raised:
+        broker_settings()
+    assert "\n" not in str(raised.value)

@@ -33,6 +33,7 @@ from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import ReadOnlyReplica, is_read_only, read_only_message, refuse_replica
+from eagle_synth.state.replicas import ReplicaWait
 from workers import metrics
 from workers.batch import BatchRunner, Cancelled, Requeue
 from workers.client import ServerClient
@@ -44,6 +45,7 @@ from workers.memory import limit_malloc_arenas, start_pool_threads
 from workers.model_check import ModelCheck
 from workers.reaper import ReaperStep
 from workers.reconciler import ReconcilerStep
+from workers.redis_watch import RedisWatch
 from workers.routing import CampaignRouter
 
 log = logging.getLogger("eagle_synth.worker")
@@ -98,12 +100,38 @@ def _disk_state() -> DiskState:
     return DiskState(folder=Path(_worker_config().out))
 
 
+@functools.cache
+def _redis_watch() -> RedisWatch:
+    """Whether Redis is safe to take batches on, shared by the gate (which re-reads its policy
+    and persistence) and batch threads (which report replicas not acknowledging)."""
+    config = _worker_config()
+    return RedisWatch(
+        connect(broker_settings()),
+        allow_evicting=config.allow_evicting_redis,
+        allow_volatile=config.allow_volatile_redis,
+    )
+
+
 def _get_runner(node: str) -> BatchRunner:
     global _runner
     with _runner_lock:
         if _runner is None:
+            settings = broker_settings()
+            replicas = ReplicaWait(
+                connect(settings),
+                min_replicas=settings.min_replicas,
+                report=_redis_watch().report_replicas,
+                stopping=STOPPING,
+            )
+            config = _worker_config()
             _runner = BatchRunner(
-                config=_worker_config(), node=node, stopping=STOPPING, disk=_disk_state(), app=app, router=_router()
+                config=config,
+                node=node,
+                stopping=STOPPING,
+                disk=_disk_state(),
+                app=app,
+                replicas=replicas,
+                router=_router(),
             )
         return _runner
 
@@ -158,7 +186,6 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
         return {"error": str(exc)}
     name = batch.batch
     node = self.request.hostname or "eagle-synth@unknown"
-    retried = bool((self.request.delivery_info or {}).get("redelivered")) or bool(self.request.retries)
 
     def retry(exc: Exception, countdown: float, *, errors: int = errors, max_retries: int | None = None) -> None:
         """A copy with a countdown; if even that cannot be published, the message goes back."""
@@ -171,7 +198,7 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
             raise Reject(f"retry not published ({publish_error}); requeued", requeue=True) from exc
 
     try:
-        outcome = _get_runner(node).run(batch, retried=retried)
+        outcome = _get_runner(node).run(batch)
     except Cancelled as exc:
         log.info("batch %s: %s; stopped, nothing more written", name, exc)
         return {"cancelled": True}
@@ -262,6 +289,7 @@ class HealthGateStep(bootsteps.StartStopStep):
             on_stop=in_loop(c.cancel_task_queue),
             disk=disk,
             on_all_refused=all_refused,
+            redis_watch=_redis_watch(),
         )
         self.gate.start()
 

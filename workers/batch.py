@@ -19,7 +19,10 @@ batches, and this module makes sure such copies never both write:
     back (fence.py `settle`), so a file whose keys Redis did mark is never removed;
   * records are written (atomically) before their keys are marked done, and the message is
     acknowledged only after both, so a crash at any point leaves the batch to be redone
-    minus whatever was committed; files a crashed attempt left on this host are adopted;
+    minus whatever was committed; files an earlier attempt left on this host are adopted by
+    any copy of the batch (a failover can forget marks and acks: workers/own_files.py);
+  * a mark counts once a replica holds it (eagle_synth/state/replicas.py: Redis WAIT), so a
+    failover cannot forget it;
   * every other ending raises: Requeue (the message goes back to the queue), DiskUnavailable
     (likewise, and the worker stops taking batches), or an unexpected error that the task's
     catch-all retries and finally records as failures (`fail_unfinished`);
@@ -55,7 +58,6 @@ from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.records import (
     Record,
     RecordFormatError,
-    batch_files,
     campaign_dir,
     read_record_file,
     records_dir,
@@ -79,6 +81,7 @@ from eagle_synth.state.fence import (
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import is_read_only
+from eagle_synth.state.replicas import ReplicaWait
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers import metrics
 from workers.backends import Backend, backend_for_state
@@ -90,6 +93,7 @@ from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool, Route
 from workers.lease import BatchLease
 from workers.model_check import REFUSE_PREFIX, ModelCheck
+from workers.own_files import OwnBatchFiles
 from workers.replies import BadResponse, GeneratedItem, PromptMismatch
 from workers.routing import CampaignRouter
 
@@ -271,7 +275,7 @@ class _Run:
         return int(self.sampling[item.key].get("max_new_tokens", 0))
 
     # before generating ------------------------------------------------------------------
-    def run(self, *, look_for_files: bool) -> None:
+    def run(self) -> None:
         runner, campaign, payload = self.runner, self.campaign, self.payload
         if runner.redis_client.exists(campaign.keys.ended):
             # `close` folded the done set to disk, so every key would look open: generating would
@@ -280,7 +284,7 @@ class _Run:
             return
         if self.cancelled():
             return
-        if not (items := self.unfinished(look_for_files=look_for_files)):
+        if not (items := self.unfinished()):
             return
         if (settings := runner.followups.campaign_settings(campaign.name)) is None:
             message = (
@@ -323,7 +327,7 @@ class _Run:
             if not self.lease.lost and not self.was_cancelled:
                 self.commit()
 
-    def unfinished(self, *, look_for_files: bool) -> list[PromptItem]:
+    def unfinished(self) -> list[PromptItem]:
         """The batch's open prompts, one per key, once this run claimed them and adopted the
         records a previous attempt left."""
         campaign, payload, outcome, lease = self.campaign, self.payload, self.outcome, self.lease
@@ -337,9 +341,10 @@ class _Run:
         if busy:
             log.info("batch %s: %d prompts are held by another live batch; left to it", payload.batch, len(busy))
             finished |= busy
-        # A crash between writing a file and marking its keys done leaves the file here.
+        # A crash between writing a file and marking its keys done leaves the file here, and a
+        # failover can forget a mark (and the ack): then a fresh copy of the batch finds it.
         adopted: dict[str, Record] = {}
-        for path in batch_files(self.folder, payload.batch) if look_for_files else ():
+        for path in self.runner.own_files.files(self.folder, payload.batch):
             try:
                 adopted.update({r.key: r for r in read_record_file(path) if r.key not in finished})
             except RecordFormatError as exc:
@@ -562,6 +567,8 @@ class _Run:
                     return
                 unsure.clear()  # settled: none of them applied, and none can any more
                 self.runner.followups.commit(self.campaign, self.payload, records, fence=self.fence)
+                # Not done until a replica holds it: else a failover forgets it and another host redoes it.
+                self.runner.replicas.confirm()
                 return
             except STATE_UNAVAILABLE as exc:
                 if isinstance(exc, CommitUnsure):
@@ -608,7 +615,10 @@ class _Run:
                 remove_stale_temporaries(folder)
             # A full lease TTL for the rename and the mark that follow; a lost lease writes nothing.
             self.fence.renew(runner.redis_client)
-            path = write_record_file(folder, campaign=campaign.name, batch=self.payload.batch, records=records)
+            write = partial(
+                write_record_file, folder, campaign=campaign.name, batch=self.payload.batch, records=records
+            )
+            path = runner.own_files.write(folder, self.payload.batch, write)
         except OSError as exc:  # ENOSPC, EROFS, EACCES, EDQUOT, EIO...: the operator can fix each
             detail = f"cannot write records to {records_dir(folder)}: {exc.strerror or exc}"
             runner.disk.failed(detail, folder=records_dir(folder))
@@ -643,6 +653,8 @@ class BatchRunner:
         router: which servers take which campaign (workers/routing.py), shared with the health
             gate; without one (a runner driven by hand) a batch goes to every healthy server
             that serves its model or cannot say.
+        replicas: waits for a replica to hold each mark, and reports when none does (default:
+            one of its own, for the replicas the master has).
     """
 
     def __init__(
@@ -655,6 +667,7 @@ class BatchRunner:
         broker: BrokerSettings | None = None,
         app: Celery | None = None,
         router: CampaignRouter | None = None,
+        replicas: ReplicaWait | None = None,
     ) -> None:
         settings = broker or broker_settings()
         self.router = router
@@ -665,6 +678,8 @@ class BatchRunner:
         self.shutdown_grace = float(settings.soft_shutdown_timeout)
         self.redis_client = connect(settings)
         self.node_state = NodeState(self.redis_client, node)
+        self.own_files = OwnBatchFiles()
+        self.replicas = replicas or ReplicaWait(connect(settings), min_replicas=settings.min_replicas)
         self._published: dict[tuple[str, str], int] = {}
         self._said: dict[tuple[str, str], object] = {}
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick, api_key=config.api_key)
@@ -690,17 +705,13 @@ class BatchRunner:
         self._lock = threading.Lock()
 
     # entry points -------------------------------------------------------------------
-    def run(self, payload: TaskPayload, *, retried: bool = False) -> BatchOutcome:
-        """Run a batch; raises Requeue, DiskUnavailable or BatchBusy (another thread runs it).
-
-        Only a message delivered before (`retried`) or a lease taken over can have left record
-        files to adopt, so only then is the records folder listed (costly as a campaign grows).
-        """
+    def run(self, payload: TaskPayload) -> BatchOutcome:
+        """Run a batch; raises Requeue, DiskUnavailable or BatchBusy (another thread runs it)."""
         campaign = Campaign(self.redis_client, payload.campaign)
         with BatchLease(self.redis_client, campaign.keys.lease(payload.batch)) as lease:
             run = _Run(self, campaign, payload, lease)
             try:
-                run.run(look_for_files=retried or lease.took_over)
+                run.run()
             except (LeaseLost, ClaimLeaseLost) as exc:
                 raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
             finally:

@@ -90,6 +90,9 @@ class WorkerConfig(EnvSettings):
     metrics_address: str = Field(
         "0.0.0.0", description="Interface the metrics port binds (Prometheus scrapes from other hosts)."
     )
+    # The CLI's own flags (cli/options.py) set these; the worker process re-checks Redis with them.
+    allow_evicting_redis: bool = Field(False, description="Accept a Redis whose maxmemory-policy may evict keys.")
+    allow_volatile_redis: bool = Field(False, description="Accept a Redis with no appendonly and no RDB save.")
     # No flag: a flag's value shows in `ps` and shell history. Never logged, never in Redis.
     server_api_key: SecretStr | None = Field(
         None, description="The servers' API key (their --api-key), sent as a bearer token to every server."

@@ -34,6 +34,7 @@ from workers.config import WorkerConfig
 from workers.disk import DiskState
 from workers.model_check import REFUSE_PREFIX
 from workers.preflight import preflight_server
+from workers.redis_watch import RedisWatch
 from workers.routing import CampaignRouter
 
 log = logging.getLogger("eagle_synth.health")
@@ -70,9 +71,10 @@ class _Tracked:
 class HealthGate:
     """Probe the servers of `config` (with its probe timeout, and what its preflight options
     accept), publish their states in `node_state`, open and close the gate: while a server is
-    healthy (and `disk` can take records) the worker consumes the queues of the campaigns
-    `router` finds its healthy servers serve, none otherwise. `on_consume(queue)` and
-    `on_stop(queue)` are called from the gate thread for each queue it starts and stops
+    healthy (and `disk` can take records, and `redis_watch` finds Redis safe: no evicting policy,
+    persistence on, though either may be changed while running) the worker consumes the queues
+    of the campaigns `router` finds its healthy servers serve, none otherwise. `on_consume(queue)`
+    and `on_stop(queue)` are called from the gate thread for each queue it starts and stops
     consuming; `on_all_refused` once when preflight refused every server."""
 
     def __init__(
@@ -85,6 +87,7 @@ class HealthGate:
         on_stop: Callable[[str], None],
         disk: DiskState | None = None,
         on_all_refused: Callable[[], None] | None = None,
+        redis_watch: RedisWatch | None = None,
     ) -> None:
         self.config = config
         self.node_state = node_state
@@ -100,6 +103,8 @@ class HealthGate:
             allowed_settings=frozenset(config.allow_server_settings),
         )
         self._disk_detail: str | None = None
+        self.redis_watch = redis_watch
+        self._redis_detail: str | None = None
         clients = {url: ServerClient(url, pool_connections=2, api_key=config.api_key) for url in config.servers}
         self.tracked = {url: _Tracked(client=client) for url, client in clients.items()}
         self.is_open = False
@@ -230,6 +235,7 @@ class HealthGate:
             {u: t.state for u, t in self.tracked.items()},
             consuming=self.is_open,
             disk=self._disk_detail,
+            redis=self._redis_detail,
             routing=routing,
         )
 
@@ -242,11 +248,21 @@ class HealthGate:
             self._publish()
         return ok
 
+    def _redis_ok(self) -> bool:
+        ok = self.redis_watch is None or self.redis_watch.check()
+        detail = None if self.redis_watch is None else self.redis_watch.detail
+        if detail != self._redis_detail:
+            log.warning("redis: %s", detail or "safe again")
+            self._redis_detail = detail
+            self._publish()
+        return ok
+
     def _update_gate(self) -> None:
-        any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values()) and self._disk_ok()
+        redis_ok = self._redis_ok()  # first: its status line is kept current even with no server up
+        any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values()) and self._disk_ok() and redis_ok
         if any_healthy != self.is_open:
             self.is_open = any_healthy
-            closed = "no healthy server or no writable output folder: not taking batches"
+            closed = "no healthy server, no writable output folder or an unsafe Redis: not taking batches"
             log.warning("a server is healthy: taking batches" if any_healthy else closed)
             self._publish()
         states = {url: tracked.state for url, tracked in self.tracked.items()}

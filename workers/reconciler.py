@@ -6,6 +6,9 @@ keys end. A batch is lost when its copy is older than RECONCILE_AFTER, it is in 
 live batch: the broker dropped it (Redis died between kombu's BRPOP and its `unacked` write).
 It is published again (the worker skips what is done; claims keep copies from both generating).
 
+The campaigns looked at are those stored batches name (their keys, by SCAN) as well as the
+`campaigns` set, which an evicting Redis can drop (eagle_synth.state.campaign.campaigns_with_batches).
+
 Cost: each round (one worker per RECONCILE_INTERVAL, by a Redis lock) compares O(campaigns)
 counts: stored batches against queued plus unacked messages. Only when the stored ones are
 more, two rounds running or after Redis restarted (its run id changed), does it read the queue
@@ -26,7 +29,7 @@ import redis
 from eagle_synth.queue import campaign_queue, queue_lists, queued_payloads, send_payload
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
-from eagle_synth.state.campaign import Campaign, campaign_names
+from eagle_synth.state.campaign import Campaign, campaigns_with_batches
 from eagle_synth.state.campaign_control import age_waiting
 from eagle_synth.state.fence import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE
@@ -69,7 +72,7 @@ class Reconciler:
     def needs_full_sweep(self) -> bool:
         """True when the stored batches outnumber what the broker holds (queued + unacked) in two
         rounds running, or in one right after Redis restarted."""
-        names = campaign_names(self.client)
+        names = campaigns_with_batches(self.client)
         stored = sum(stored_count(self.client, name) for name in names)
         lists = [name for queue in self._queues(names) for name in queue_lists(queue)]
         lengths = pipelined(self.client, *(("llen", name) for name in lists), ("hlen", UNACKED_KEY))
@@ -86,7 +89,7 @@ class Reconciler:
     def _queued_batches(self) -> set[tuple[str, str]]:
         return {
             (str(payload["campaign"]), str(payload["batch"]))
-            for queue in self._queues(campaign_names(self.client))
+            for queue in self._queues(campaigns_with_batches(self.client))
             for payload in queued_payloads(self.client, queue, step=QUEUE_CHUNK)
         }
 
@@ -105,7 +108,7 @@ class Reconciler:
         live |= {(h.campaign, h.batch) for h in held_batches(self.client, fetched_before=time.time() + 3600)}
         republished = 0
         cutoff = time.time() - RECONCILE_AFTER
-        for name in campaign_names(self.client):
+        for name in campaigns_with_batches(self.client):
             campaign = Campaign(self.client, name)
             if self.client.exists(campaign.keys.ended):
                 # Closed: its done set is folded to disk, so every key would look open here.

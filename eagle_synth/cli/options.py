@@ -27,7 +27,8 @@ RedisOpt = Annotated[
     str | None,
     typer.Option(
         "--redis",
-        help="Redis URL (redis://[user:pass@]host:port/db or rediss://). Default: $REDIS_URL, then redis://127.0.0.1:6379/0.",
+        help="Redis URL (redis://[user:pass@]host:port/db, rediss://, or sentinel://host:port;sentinel://... with "
+        "$EAGLE_SYNTH_SENTINEL_MASTER). Default: $REDIS_URL, then redis://127.0.0.1:6379/0.",
     ),
 ]
 

@@ -363,6 +363,19 @@ def campaign_names(client: redis.Redis) -> list[str]:
     return sorted(text(n) for n in client.smembers(CAMPAIGNS))
 
 
+def campaigns_with_batches(client: redis.Redis) -> list[str]:
+    """The campaigns in the CAMPAIGNS set and those a stored batch names (its key carries the
+    campaign's name), which go back into the set: an evicting Redis can drop the set while the
+    stored batches, written again at every publish, stay (the reconciler's list of campaigns)."""
+    names = set(campaign_names(client))
+    prefix = CampaignKeys("x").base[: -len("x")]
+    suffix = CampaignKeys("x").batches[len(CampaignKeys("x").base) :]
+    found = {text(key)[len(prefix) : -len(suffix)] for key in client.scan_iter(match=f"{prefix}*{suffix}", count=1000)}
+    if missing := found - names:
+        client.sadd(CAMPAIGNS, *missing)
+    return sorted(names | found)
+
+
 def refuse_other_settings(name: str, stored: CampaignSettings, settings: CampaignSettings) -> None:
     """Raise CampaignMismatch when `settings` differ from the stored ones (`register`, a dry run)."""
     if diff := stored.differences(settings):

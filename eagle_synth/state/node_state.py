@@ -104,15 +104,17 @@ class NodeState:
         *,
         consuming: bool,
         disk: str | None = None,
+        redis: str | None = None,
         routing: NodeRouting | None = None,
     ) -> None:
         """Write every server's state and refresh the heartbeat; `disk` says why the output
-        folder cannot take records ("" when it can); `routing`, which campaigns it takes."""
+        folder cannot take records, `redis` what is wrong with Redis ("" when nothing is);
+        `routing`, which campaigns it takes."""
         server_states = {f"state:{url}": msgspec.json.encode(s) for url, s in states.items()}
-        fields = {"updated": time.time(), "consuming": int(consuming), "disk": disk or "", **server_states}
+        fields = {"updated": time.time(), "consuming": int(consuming), "disk": disk or "", "redis": redis or ""}
         if routing is not None:
             fields["routing"] = msgspec.json.encode(routing)
-        self._write(fields)
+        self._write({**fields, **server_states})
 
     def _read(self) -> _NodeView:
         view = _NodeView()

@@ -77,6 +77,7 @@ WORKER_KEYS = (
     "inflight",
     "heartbeat_at",
     "disk",
+    "redis",
     "backend",
 )
 # Keys of each row of `eagle-synth campaigns --json`.
@@ -230,6 +231,9 @@ def _workers(nodes: list[dict]) -> Iterator[dict]:
                 "heartbeat_at": _parsed(node.get("updated") or node.get("started"), float),
                 # Why the worker's output folder cannot take records (None when it can).
                 "disk": node.get("disk") or None,
+                # What is wrong with Redis for this worker: an evicting policy or no persistence
+                # (it takes no batches), replicas not acknowledging its marks (None: nothing).
+                "redis": node.get("redis") or None,
                 # The server's kind as preflight found it ("sglang", "vllm"; None before).
                 "backend": state.get("backend"),
             }

@@ -220,6 +220,8 @@ def _failures(data: dict, *, compact: bool = False) -> Table:
 
 def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
     beat = w.get("heartbeat_at")
+    why = "disk" if w.get("disk") else "redis" if w.get("redis") else None
+    problem = "; ".join(filter(None, (w.get("disk"), w.get("redis"))))
     heartbeat: str | Text = "-"
     if beat:
         heartbeat = Text(f"{format_duration(now - beat)} ago", style="red" if now - beat > STALE_HEARTBEAT_S else "")
@@ -231,9 +233,9 @@ def _worker_cells(w: dict, now: float) -> dict[str, str | Text]:
         "state": Text(str(w["state"]), style=STATE_STYLES.get(w["state"], "red")),
         "for": f"{format_duration(now - w['since'])} (since {_clock(w['since'])})" if w["since"] else "-",
         "in flight": f"{w['inflight']:,}",
-        "taking batches": "yes" if w["consuming"] else Text("no (disk)" if w.get("disk") else "no", style="yellow"),
+        "taking batches": "yes" if w["consuming"] else Text(f"no ({why})" if why else "no", style="yellow"),
         "last heartbeat": heartbeat,
-        "detail": Text(w.get("disk") or "", style="red") if w.get("disk") else Text(w.get("detail") or "", style="dim"),
+        "detail": Text(problem, style="red") if problem else Text(w.get("detail") or "", style="dim"),
     }
 
 
