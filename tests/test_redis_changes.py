@@ -15,7 +15,9 @@ import pytest
 import redis
 
 from eagle_synth.harness import ManagedProcess, RedisServer, free_port, stop_all, wait_for
-from eagle_synth.settings import broker_settings
+from eagle_synth.priorities import DEFAULT_PRIORITY, message_priority
+from eagle_synth.queue import campaign_queue, queue_lists
+from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.keys import CAMPAIGNS
 from eagle_synth.state.redis_client import connect
@@ -24,6 +26,7 @@ from tests.helpers import (
     assert_exactly_once,
     campaign,
     enqueue_rows,
+    queued,
     records_by_key,
     status_json,
     status_now,
@@ -181,12 +184,12 @@ def test_an_evicting_policy_set_mid_run_stops_the_worker_until_it_is_safe_again(
     wait_for(closed_for_redis, timeout=10, what="the gate to close on the evicting policy")
     # The batches it held end; then it takes none: the queue and the done count stand still.
     wait_for(lambda: c.client.hlen(UNACKED_KEY) == 0, timeout=120, what="the held batches to end")
-    queued = c.client.llen("eagle-synth")
+    waiting = queued(c.client, "evict")
     done = c.progress().done
-    assert queued > 0, "the campaign ended before the gate closed"
+    assert waiting > 0, "the campaign ended before the gate closed"
     quiet_until = time.monotonic() + 6.0  # three policy checks
     while time.monotonic() < quiet_until:
-        assert c.client.llen("eagle-synth") == queued and c.progress().done == done, "a batch was taken"
+        assert queued(c.client, "evict") == waiting and c.progress().done == done, "a batch was taken"
         assert c.client.hlen(UNACKED_KEY) == 0
     shown = status_json(redis_server.url, "evict")["workers"]
     assert shown and "maxmemory-policy is allkeys-lru" in shown[0]["redis"] and not shown[0]["consuming"]
@@ -195,7 +198,7 @@ def test_an_evicting_policy_set_mid_run_stops_the_worker_until_it_is_safe_again(
     # What eviction takes: the campaigns set, and a queued message. The reconciler must
     # publish that batch again from the stored batches, found without the set.
     c.client.delete(CAMPAIGNS)
-    assert c.client.rpop("eagle-synth") is not None
+    assert c.client.rpop(queue_lists(campaign_queue(DEFAULT_QUEUE, "evict"))[message_priority(DEFAULT_PRIORITY)])
     c.client.config_set("maxmemory-policy", "noeviction")
     wait_finished(redis_server.url, "evict", expected=96, stack=stack, timeout=240)
     assert_exactly_once(redis_server.url, "evict", out / "evict", expected=96)
