@@ -26,19 +26,12 @@ from benchmarks.common import (
     tree_cpu_seconds,
     write_rows,
 )
+from benchmarks.worker_overhead import CONCURRENCY, MAX_NEW_TOKENS, MEAN_OUTPUT_TOKENS, MEASURED, RUN_TIMEOUT, WARM
 from eagle_synth.harness import wait_for
 
-# Pool processes: one per core, as benchmark #3.
-CONCURRENCY = 2
-# Campaign queues of the many-queue run.
+# Campaign queues of the many-queue run. Concurrency, warm-up, records measured (over all
+# campaigns), output lengths and time limit are benchmark #3's.
 CAMPAIGNS = 8
-# Records done before the CPU clock starts, and records measured (over all campaigns).
-WARM = {True: 96, False: 160}
-MEASURED = {True: 1600, False: 4000}
-MEAN_OUTPUT_TOKENS = 100
-MAX_NEW_TOKENS = 256
-# Seconds a run may take at worst (a loaded machine).
-RUN_TIMEOUT = 300.0
 # Most the many-queue run may use per record, as a multiple of the one-queue run's CPU:
 # the benchmark's run-to-run noise on 2 cores is about 5-10 % (BENCHMARKS.md, #3's two runs).
 TARGET_RATIO = 1.1
