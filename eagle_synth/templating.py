@@ -73,12 +73,17 @@ def read_tokenizer(path: str | os.PathLike, *, hint: str, trust_remote_code: boo
 def load_tokenizer(
     path: str | os.PathLike, *, trust_remote_code: bool = False, chat_template_file: str | os.PathLike | None = None
 ):
-    """Load a tokenizer that has a chat template (its own, or `chat_template_file`)."""
+    """Load a tokenizer that has a chat template (its own, or `chat_template_file`), or whose
+    folder's Python encoder formats chats (eagle_synth/encoders.py; needs `trust_remote_code`)."""
+    from eagle_synth.encoders import with_encoder
+
     tokenizer = read_tokenizer(
         path, hint="add --trust-remote-code if it needs custom code", trust_remote_code=trust_remote_code
     )
     if chat_template_file is not None:
         tokenizer.chat_template = Path(chat_template_file).read_text()
+        return tokenizer
+    tokenizer = with_encoder(tokenizer, path, trust_remote_code=trust_remote_code)
     if not tokenizer.chat_template:
         raise TemplateError(f"the tokenizer at {path} has no chat template; pass --chat-template FILE")
     return tokenizer

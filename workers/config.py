@@ -75,12 +75,17 @@ class WorkerConfig(EnvSettings):
     render_processes: int = Field(
         2, description="Processes that render conversations' next turns (--history own), started on first need."
     )
+    tokenizer: CommaList = Field(
+        (),
+        description="A local model folder (the one its server loads) whose tokenizer code renders the next turns of "
+        "--history own campaigns made with --trust-remote-code; its files must be the campaign's. Repeat for several.",
+    )
     # No flag: a flag's value shows in `ps` and shell history. Never logged, never in Redis.
     server_api_key: SecretStr | None = Field(
         None, description="The servers' API key (their --api-key), sent as a bearer token to every server."
     )
 
-    @field_validator("servers", "backend", "allow_server_settings", mode="before")
+    @field_validator("servers", "backend", "allow_server_settings", "tokenizer", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):

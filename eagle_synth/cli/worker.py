@@ -87,6 +87,7 @@ def worker(
     backoff_max: Annotated[float | None, _worker_option("backoff_max")] = None,
     probe_timeout: Annotated[float | None, _worker_option("probe_timeout")] = None,
     render_processes: Annotated[int | None, _worker_option("render_processes")] = None,
+    tokenizer: Annotated[list[str] | None, _worker_option("tokenizer", "--tokenizer")] = None,
     name: Annotated[str | None, typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
     task_events: Annotated[bool, typer.Option(help=HELP["task_events"])] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
@@ -123,6 +124,9 @@ def worker(
     except ConfigError as exc:
         # The library names settings (max_attempts); say the flags (--max-attempts).
         fail(re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], str(exc)))
+    for folder in config.tokenizer:
+        if not Path(folder).expanduser().is_dir():
+            fail(f"--tokenizer {folder}: no such folder; give the model folder its server loads")
     # Preflight the servers that already answer; the others are checked when they come up.
     found = preflight_at_start(
         config.servers,
