@@ -66,7 +66,8 @@ SHAPES = {
         tools_end="<|im_end|>",
         user_turn="<|im_user|>user<|im_middle|>",
         tool_response="<|im_system|>tool<|im_middle|>",
-        call_token="<|tool_calls_section_begin|>",
+        # tool_declare is plain text: the system turn's token is what every such prompt holds.
+        call_token="<|im_system|>",
         results_open_turn=False,
     ),
 }
