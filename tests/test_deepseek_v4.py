@@ -24,8 +24,9 @@ from tests.conftest import STACK_STOP_TIMEOUT, write_jsonl
 from tests.deepseek_v4 import ENCODER, deepseek_v4_folder
 from tests.fixture_tokenizer import FixtureTokenizerError
 from tests.helpers import assert_exactly_once, campaign, cli, wait_finished
+from tests.replay_check import check_replayed_conversations
 from tests.test_conversations import wait_conversations_finished
-from tests.test_tool_conversations import EXPECTED, ROWS, dataset_steps
+from tests.test_tool_conversations import ROWS
 
 # The variants the campaigns run: the encoder's two thinking modes.
 VARIANTS = [
@@ -150,31 +151,20 @@ def test_deepseek_v4_prompts_are_its_encoders_own_and_tool_calls_replay_on_two_h
 
         status = json.loads(cli("status", "tools", "--json", "--redis", redis_url).stdout)
         records = assert_exactly_once(redis_url, "tools", out / "tools", expected=status["enqueued"])
-        turns: dict[str, list] = {}
-        for record in records.values():
-            turns.setdefault(record.id, []).append(record)
-        assert {row: len(listed) for row, listed in turns.items()} == {row: n for row, (_, n) in EXPECTED.items()}
-        called = 0
-        for row in ROWS:
-            listed = sorted(turns[row["id"]], key=lambda r: r.turn)
-            thinking = listed[0].variant == "thinking"
-            steps = dataset_steps(row)
-            messages = list(steps[0][0])
-            for index, record in enumerate(listed):
-                expected = own_prompt_ids(own_code, messages, tools=row.get("tools"), thinking=thinking)
-                assert record.prompt_ids == expected, f"{row['id']} turn {index} ({record.variant})"
-                answer = own_answer(own_code, record.output_ids, thinking=thinking)
-                assert record.tool_calls == (len(answer.get("tool_calls", [])) if row.get("tools") else None)
-                called += len(answer.get("tool_calls", []))
-                if index + 1 == len(listed):
-                    break
-                _, dataset_calls, results = steps[index]
-                for mine, theirs in zip(answer.get("tool_calls", []), dataset_calls):
-                    mine["id"] = theirs.get("id")
-                if answer.get("tool_calls") and all(c.get("id") for c in dataset_calls):
-                    by_id = {r.get("tool_call_id"): r for r in results}
-                    results = [by_id[c["id"]] for c in dataset_calls]
-                messages = [*messages, answer, *results, *steps[index + 1][0]]
+
+        def give_results(answer: dict, dataset_calls: list[dict], results: list[dict]) -> list[dict]:
+            for mine, theirs in zip(answer["tool_calls"], dataset_calls):
+                mine["id"] = theirs.get("id")  # the dataset's ids: DSML writes none
+            return results
+
+        called = check_replayed_conversations(
+            records,
+            own_prompt_ids=lambda messages, tools, variant: own_prompt_ids(
+                own_code, messages, tools=tools, thinking=variant == "thinking"
+            ),
+            read_answer=lambda ids, variant: own_answer(own_code, ids, thinking=variant == "thinking"),
+            give_results=give_results,
+        )
         assert called >= 4  # the model's own DSML calls were replayed, not just words
         # Both hosts rendered follow-up turns, each from its own folder.
         logs = stack.logs(tail=200_000)

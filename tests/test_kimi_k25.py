@@ -19,8 +19,9 @@ from eagle_synth.state.keys import tokenizer_blob
 from tests.conftest import STACK_STOP_TIMEOUT, write_jsonl
 from tests.helpers import assert_exactly_once, campaign, cli, wait_finished
 from tests.kimi_fixture import write_kimi_fixture
+from tests.replay_check import check_replayed_conversations
 from tests.test_conversations import wait_conversations_finished
-from tests.test_tool_conversations import EXPECTED, ROWS, dataset_steps
+from tests.test_tool_conversations import ROWS
 
 # The variants: Kimi's thinking on and off (the fixture's template reads `thinking`).
 VARIANTS = [
@@ -105,37 +106,23 @@ def test_kimi_k25_conversations_with_tools_on_two_hosts_with_their_own_tokenizer
         assert not kimi.client.exists(tokenizer_blob(settings.tokenizer_fingerprint, settings.chat_template_hash))
         status = json.loads(cli("status", "kimi", "--json", "--redis", redis_url).stdout)
         records = assert_exactly_once(redis_url, "kimi", stack.dir / "out" / "kimi", expected=status["enqueued"])
-        turns: dict[str, list] = {}
-        for record in records.values():
-            turns.setdefault(record.id, []).append(record)
-        assert {row: len(listed) for row, listed in turns.items()} == {row: n for row, (_, n) in EXPECTED.items()}
-        called = 0
-        for row in ROWS:
-            listed = sorted(turns[row["id"]], key=lambda r: r.turn)
-            kwargs = next(v["chat_template_kwargs"] for v in VARIANTS if v["name"] == listed[0].variant)
-            steps = dataset_steps(row)
-            messages = list(steps[0][0])
-            for index, record in enumerate(listed):
-                expected = kimi_tokenizer.apply_chat_template(
-                    messages, tools=row.get("tools"), add_generation_prompt=True, tokenize=True, **kwargs
-                )
-                expected = (
-                    expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
-                )
-                assert record.prompt_ids == list(expected), f"{row['id']} turn {index} ({record.variant})"
-                answer = model_answer(kimi_tokenizer, record.output_ids)
-                assert record.tool_calls == (len(answer.get("tool_calls", [])) if row.get("tools") else None)
-                called += len(answer.get("tool_calls", []))
-                if index + 1 == len(listed):
-                    break
-                _, dataset_calls, results = steps[index]
-                if answer.get("tool_calls"):
-                    if all(c.get("id") for c in dataset_calls):
-                        by_id = {r.get("tool_call_id"): r for r in results}
-                        results = [by_id[c["id"]] for c in dataset_calls]
-                    # A result answers the model's call: its id is the model's own.
-                    results = [{**r, "tool_call_id": c["id"]} for r, c in zip(results, answer["tool_calls"])]
-                messages = [*messages, answer, *results, *steps[index + 1][0]]
+
+        def own_prompt_ids(messages: list[dict], tools: list[dict] | None, variant: str) -> list[int]:
+            kwargs = next(v["chat_template_kwargs"] for v in VARIANTS if v["name"] == variant)
+            encoded = kimi_tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs
+            )
+            return list(encoded["input_ids"])
+
+        called = check_replayed_conversations(
+            records,
+            own_prompt_ids=own_prompt_ids,
+            read_answer=lambda ids, variant: model_answer(kimi_tokenizer, ids),
+            # A result answers the model's call: its id is the model's own (functions.NAME:IDX).
+            give_results=lambda answer, _, results: [
+                {**r, "tool_call_id": c["id"]} for r, c in zip(results, answer["tool_calls"])
+            ],
+        )
         assert called >= 4
         logs = stack.logs(tail=200_000)
         assert logs.count("rendering next turns with the tokenizer") == 2, logs[-3000:]

@@ -1,0 +1,53 @@
+"""The check both remote-code model tests (DeepSeek-V4, the Kimi-K2.5-shaped fixture) make of a
+tool conversation campaign: every turn's prompt ids are what the model's own code gives for the
+history rebuilt here from the model's own answers and the dataset's results."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.test_tool_conversations import EXPECTED, ROWS, dataset_steps
+
+
+def check_replayed_conversations(
+    records: dict,
+    *,
+    own_prompt_ids: Callable[[list[dict], list[dict] | None, str], list[int]],
+    read_answer: Callable[[list[int], str], dict],
+    give_results: Callable[[dict, list[dict], list[dict]], list[dict]],
+) -> int:
+    """Check every conversation of tests/test_tool_conversations.py's ROWS; returns how many
+    tool calls of the model's were replayed.
+
+    Parameters:
+        own_prompt_ids: (messages, tools, variant name) -> the model's own prompt ids.
+        read_answer: (output ids, variant name) -> the assistant message, read by the test's own parser.
+        give_results: (that message, the dataset's calls, their results) -> the tool messages
+            that answer it (ids as the model's template pairs them).
+    """
+    turns: dict[str, list] = {}
+    for record in records.values():
+        turns.setdefault(record.id, []).append(record)
+    assert {row: len(listed) for row, listed in turns.items()} == {row: n for row, (_, n) in EXPECTED.items()}
+    called = 0
+    for row in ROWS:
+        listed = sorted(turns[row["id"]], key=lambda r: r.turn)
+        steps = dataset_steps(row)
+        messages = list(steps[0][0])
+        for index, record in enumerate(listed):
+            expected = own_prompt_ids(messages, row.get("tools"), record.variant)
+            assert record.prompt_ids == list(expected), f"{row['id']} turn {index} ({record.variant})"
+            answer = read_answer(record.output_ids, record.variant)
+            calls = answer.get("tool_calls", [])
+            assert record.tool_calls == (len(calls) if row.get("tools") else None), f"{row['id']} turn {index}"
+            called += len(calls)
+            if index + 1 == len(listed):
+                break
+            _, dataset_calls, results = steps[index]
+            if calls and all(c.get("id") for c in dataset_calls):
+                by_id = {r.get("tool_call_id"): r for r in results}
+                results = [by_id[c["id"]] for c in dataset_calls]
+            if calls:
+                results = give_results(answer, dataset_calls, results)
+            messages = [*messages, answer, *results, *steps[index + 1][0]]
+    return called
