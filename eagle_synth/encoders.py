@@ -88,6 +88,11 @@ class EncoderTokenizer:
     def __len__(self) -> int:
         return len(self.tokenizer)
 
+    @property
+    def wrapped_class_name(self) -> str:
+        """The wrapped tokenizer's class: the fingerprint is the tokenizer's, with or without the encoder."""
+        return type(self.tokenizer).__name__
+
     def render_text(self, messages: Sequence[dict], *, tools: list[dict] | None, kwargs: dict) -> str:
         """The prompt text the encoder gives for `messages` (ending in the generation prompt)."""
         from eagle_synth.templating import with_text_arguments

@@ -107,7 +107,8 @@ def tokenizer_facts(tokenizer) -> TokenizerFacts:
     material = {
         "vocab": sorted(vocab.items(), key=lambda kv: kv[1]),
         "special": tokenizer.special_tokens_map,
-        "class": type(tokenizer).__name__,
+        # A chat encoder's wrapper counts as the tokenizer it wraps (its code is the template's hash).
+        "class": getattr(tokenizer, "wrapped_class_name", None) or type(tokenizer).__name__,
     }
     template = tokenizer.chat_template
     if isinstance(template, dict):

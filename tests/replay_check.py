@@ -51,3 +51,17 @@ def check_replayed_conversations(
                 results = give_results(answer, dataset_calls, results)
             messages = [*messages, answer, *results, *steps[index + 1][0]]
     return called
+
+
+def check_record_tools(campaign_dir, tokenizer_folder, *, shown: str) -> None:
+    """`verify` and `inspect` read a remote-code campaign's records through the folder's own
+    tokenizer code (the one the campaign recorded): no fingerprint mismatch, `shown` decoded."""
+    import json
+
+    from tests.helpers import cli
+
+    report = json.loads(cli("verify", str(campaign_dir), "--tokenizer", str(tokenizer_folder), "--json").stdout)
+    assert report["ok"] and report["warnings"] == 0 and report["checks"]["tokenizer_mismatch"]["count"] == 0
+    # Without --tokenizer, inspect takes the manifest's tokenizer_path.
+    decoded = cli("inspect", str(campaign_dir), "--random", "1", "--seed", "1").stdout.decode()
+    assert shown in decoded and "differs" not in decoded, decoded[-2000:]

@@ -24,7 +24,7 @@ from tests.conftest import STACK_STOP_TIMEOUT, write_jsonl
 from tests.deepseek_v4 import ENCODER, deepseek_v4_folder
 from tests.fixture_tokenizer import FixtureTokenizerError
 from tests.helpers import assert_exactly_once, campaign, cli, wait_finished
-from tests.replay_check import check_replayed_conversations
+from tests.replay_check import check_record_tools, check_replayed_conversations
 from tests.test_conversations import wait_conversations_finished
 from tests.test_tool_conversations import ROWS
 
@@ -166,6 +166,7 @@ def test_deepseek_v4_prompts_are_its_encoders_own_and_tool_calls_replay_on_two_h
             give_results=give_results,
         )
         assert called >= 4  # the model's own DSML calls were replayed, not just words
+        check_record_tools(out / "tools", hosts[1], shown="<｜Assistant｜>")
         # Both hosts rendered follow-up turns, each from its own folder.
         logs = stack.logs(tail=200_000)
         assert logs.count("rendering next turns with the tokenizer") == 2, logs[-3000:]

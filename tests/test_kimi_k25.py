@@ -19,7 +19,7 @@ from eagle_synth.state.keys import tokenizer_blob
 from tests.conftest import STACK_STOP_TIMEOUT, write_jsonl
 from tests.helpers import assert_exactly_once, campaign, cli, wait_finished
 from tests.kimi_fixture import write_kimi_fixture
-from tests.replay_check import check_replayed_conversations
+from tests.replay_check import check_record_tools, check_replayed_conversations
 from tests.test_conversations import wait_conversations_finished
 from tests.test_tool_conversations import ROWS
 
@@ -124,6 +124,7 @@ def test_kimi_k25_conversations_with_tools_on_two_hosts_with_their_own_tokenizer
             ],
         )
         assert called >= 4
+        check_record_tools(stack.dir / "out" / "kimi", hosts[0], shown="<|im_assistant|>assistant<|im_middle|>")
         logs = stack.logs(tail=200_000)
         assert logs.count("rendering next turns with the tokenizer") == 2, logs[-3000:]
 
