@@ -58,16 +58,20 @@ def dsv4_path() -> Path:
     pytest.fail(missing, pytrace=False)
 
 
-@pytest.fixture(scope="module")
-def own_code(dsv4_path):
-    """(the model's encoder module, its plain tokenizer), loaded here without eagle-synth."""
+def own_code_of(folder: Path):
+    """(the model's encoder module, its plain tokenizer) from `folder`, loaded without eagle-synth."""
     from transformers import AutoTokenizer
 
-    spec = importlib.util.spec_from_file_location("test_encoding_dsv4", dsv4_path / ENCODER)
+    spec = importlib.util.spec_from_file_location("test_encoding_dsv4", folder / ENCODER)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module, AutoTokenizer.from_pretrained(str(dsv4_path))
+    return module, AutoTokenizer.from_pretrained(str(folder))
+
+
+@pytest.fixture(scope="module")
+def own_code(dsv4_path):
+    return own_code_of(dsv4_path)
 
 
 def own_prompt_ids(own_code, messages: list[dict], *, tools, thinking: bool) -> list[int]:

@@ -77,7 +77,8 @@ def build(tokenizer_dir: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=remote_code)
     tokens = len(tokenizer)
     vocab_size = padded_vocab_size(tokens)
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # The chat end token where the tokenizer has one (Qwen's base eos is <|endoftext|>), else its eos.
+    eos = tokenizer.get_vocab().get("<|im_end|>", tokenizer.eos_token_id)
     config = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=HIDDEN,
