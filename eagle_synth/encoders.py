@@ -82,7 +82,10 @@ class EncoderTokenizer:
         self.chat_template = source
 
     def __getattr__(self, name: str):
-        # Only reached for names this class lacks: the wrapped tokenizer answers them.
+        # Only reached for names this class lacks: the wrapped tokenizer answers them (none
+        # before __init__ ran, as copy and pickle probe a bare instance).
+        if "tokenizer" not in self.__dict__:
+            raise AttributeError(name)
         return getattr(self.__dict__["tokenizer"], name)
 
     def __len__(self) -> int:

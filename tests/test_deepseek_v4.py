@@ -45,7 +45,9 @@ SINGLE_ROWS = [
             {"role": "assistant", "content": "The Rhine.", "reasoning_content": "A European one."},
             {"role": "user", "content": "Another one?"},
         ],
-    }
+    },
+    # The dataset's own tool step (object arguments, parallel results by id), regenerated after its results.
+    {"id": "with-tools", "tools": ROWS[1]["tools"], "messages": ROWS[1]["messages"]},
 ]
 
 
@@ -76,13 +78,24 @@ def own_code(dsv4_path):
 
 def own_prompt_ids(own_code, messages: list[dict], *, tools, thinking: bool) -> list[int]:
     encoder, tokenizer = own_code
-    listed = [dict(m) for m in messages]
+    # Arguments as the OpenAI API carries them (JSON text), which is what the encoder reads.
+    listed = [
+        {**m, "tool_calls": [text_arguments(call) for call in m["tool_calls"]]} if m.get("tool_calls") else dict(m)
+        for m in messages
+    ]
     if tools:
         listed.insert(0, {"role": "system", "tools": tools})
     text = encoder.encode_messages(
         listed, thinking_mode="thinking" if thinking else "chat", drop_thinking=listed[-1]["role"] == "user"
     )
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def text_arguments(call: dict) -> dict:
+    arguments = call["function"]["arguments"]
+    if isinstance(arguments, str):
+        return call
+    return {**call, "function": {**call["function"], "arguments": json.dumps(arguments, ensure_ascii=False)}}
 
 
 def own_answer(own_code, output_ids: list[int], *, thinking: bool) -> dict:
@@ -141,8 +154,11 @@ def test_deepseek_v4_prompts_are_its_encoders_own_and_tool_calls_replay_on_two_h
         rows = {row["id"]: row for row in SINGLE_ROWS}
         assert {r.variant for r in singles.values()} == {"thinking", "chat"}
         for record in singles.values():
+            messages = rows[record.id]["messages"]
+            if messages[-1]["role"] == "assistant":  # --turns last: the prompt before the last answer
+                messages = messages[:-1]
             expected = own_prompt_ids(
-                own_code, rows[record.id]["messages"], tools=None, thinking=record.variant == "thinking"
+                own_code, messages, tools=rows[record.id].get("tools"), thinking=record.variant == "thinking"
             )
             assert record.prompt_ids == expected, f"{record.id} ({record.variant})"
 
