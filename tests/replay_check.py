@@ -65,3 +65,14 @@ def check_record_tools(campaign_dir, tokenizer_folder, *, shown: str) -> None:
     # Without --tokenizer, inspect takes the manifest's tokenizer_path.
     decoded = cli("inspect", str(campaign_dir), "--random", "1", "--seed", "1").stdout.decode()
     assert shown in decoded and "differs" not in decoded, decoded[-2000:]
+
+
+def start_hosts(stack, *hosts) -> str:
+    """Redis, a devserver running the folder's code (--trust-remote-code) and one worker per host
+    folder (`worker --tokenizer HOST`; None: a worker without one); returns Redis's URL."""
+    redis_url = stack.redis().url
+    _, url = stack.devserver("--trust-remote-code", "--token-latency", "0.001", "--mean-output-tokens", "12")
+    for index, local in enumerate(hosts):
+        args = ["--render-processes", "1", *(["--tokenizer", str(local)] if local else [])]
+        stack.worker(servers=[url], out=stack.dir / "out", redis_url=redis_url, args=args, name=f"host{index}@test")
+    return redis_url

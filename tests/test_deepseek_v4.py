@@ -24,7 +24,7 @@ from tests.conftest import STACK_STOP_TIMEOUT, write_jsonl
 from tests.deepseek_v4 import ENCODER, deepseek_v4_folder
 from tests.fixture_tokenizer import FixtureTokenizerError
 from tests.helpers import assert_exactly_once, campaign, cli, wait_finished
-from tests.replay_check import check_record_tools, check_replayed_conversations
+from tests.replay_check import check_record_tools, check_replayed_conversations, start_hosts
 from tests.test_conversations import wait_conversations_finished
 from tests.test_tool_conversations import ROWS
 
@@ -113,15 +113,6 @@ def own_answer(own_code, output_ids: list[int], *, thinking: bool) -> dict:
     return message
 
 
-def start(stack: Stack, folder: Path, *workers: Path | None) -> str:
-    redis_url = stack.redis().url
-    _, url = stack.devserver("--trust-remote-code", "--token-latency", "0.001", "--mean-output-tokens", "12")
-    for index, local in enumerate(workers):
-        args = ["--render-processes", "1", *(["--tokenizer", str(local)] if local else [])]
-        stack.worker(servers=[url], out=stack.dir / "out", redis_url=redis_url, args=args, name=f"host{index}@test")
-    return redis_url
-
-
 def enqueue(tmp_path, redis_url: str, folder: Path, name: str, rows: list[dict], *extra: str) -> None:
     variants = tmp_path / "variants.json"
     variants.write_text(json.dumps(VARIANTS))
@@ -143,7 +134,7 @@ def host_copy(folder: Path, where: Path) -> Path:
 def test_deepseek_v4_prompts_are_its_encoders_own_and_tool_calls_replay_on_two_hosts(tmp_path, dsv4_path, own_code):
     with Stack(tmp_path / "run", tokenizer=dsv4_path, stop_timeout=STACK_STOP_TIMEOUT) as stack:
         hosts = [host_copy(dsv4_path, tmp_path / f"host{i}") for i in range(2)]
-        redis_url = start(stack, dsv4_path, *hosts)
+        redis_url = start_hosts(stack, *hosts)
         enqueue(tmp_path, redis_url, dsv4_path, "single", SINGLE_ROWS)
         enqueue(tmp_path, redis_url, dsv4_path, "tools", ROWS, "--history", "own")
         wait_finished(redis_url, "single", expected=len(SINGLE_ROWS), stack=stack)
@@ -197,7 +188,7 @@ def test_a_worker_whose_folder_differs_or_is_missing_refuses_before_any_follow_u
         differing = host_copy(dsv4_path, tmp_path / "differing")
         with (differing / ENCODER).open("a") as f:
             f.write("\n# a local edit\n")
-        redis_url = start(stack, dsv4_path, differing)
+        redis_url = start_hosts(stack, differing)
         rows = ROWS[:2]
         enqueue(tmp_path, redis_url, dsv4_path, "tools", rows, "--history", "own")
         expected = len(rows)
@@ -210,7 +201,7 @@ def test_a_worker_whose_folder_differs_or_is_missing_refuses_before_any_follow_u
             assert f"differing/{ENCODER} differs from the campaign's" in failure.message
 
     with Stack(tmp_path / "bare", tokenizer=dsv4_path, stop_timeout=STACK_STOP_TIMEOUT) as stack:
-        redis_url = start(stack, dsv4_path, None)
+        redis_url = start_hosts(stack, None)
         enqueue(tmp_path, redis_url, dsv4_path, "tools", ROWS[:1], "--history", "own")
         wait_finished(redis_url, "tools", expected=1, stack=stack)
         (failure,) = dict(campaign(redis_url, "tools").iter_failures()).values()

@@ -19,7 +19,7 @@ from eagle_synth.state.keys import tokenizer_blob
 from tests.conftest import STACK_STOP_TIMEOUT, write_jsonl
 from tests.helpers import assert_exactly_once, campaign, cli, wait_finished
 from tests.kimi_fixture import write_kimi_fixture
-from tests.replay_check import check_record_tools, check_replayed_conversations
+from tests.replay_check import check_record_tools, check_replayed_conversations, start_hosts
 from tests.test_conversations import wait_conversations_finished
 from tests.test_tool_conversations import ROWS
 
@@ -69,15 +69,6 @@ def model_answer(tokenizer, output_ids: list[int]) -> dict:
     return message
 
 
-def start(stack: Stack, *hosts) -> str:
-    redis_url = stack.redis().url
-    _, url = stack.devserver("--trust-remote-code", "--token-latency", "0.001", "--mean-output-tokens", "12")
-    for index, local in enumerate(hosts):
-        args = ["--render-processes", "1", *(["--tokenizer", str(local)] if local else [])]
-        stack.worker(servers=[url], out=stack.dir / "out", redis_url=redis_url, args=args, name=f"host{index}@test")
-    return redis_url
-
-
 def enqueue(tmp_path, redis_url: str, folder, name: str, rows: list[dict]) -> None:
     variants = tmp_path / "variants.json"
     variants.write_text(json.dumps(VARIANTS))
@@ -95,7 +86,7 @@ def test_kimi_k25_conversations_with_tools_on_two_hosts_with_their_own_tokenizer
 ):
     with Stack(tmp_path / "run", tokenizer=kimi_path, stop_timeout=STACK_STOP_TIMEOUT) as stack:
         hosts = [shutil.copytree(kimi_path, tmp_path / f"host{i}") for i in range(2)]
-        redis_url = start(stack, *hosts)
+        redis_url = start_hosts(stack, *hosts)
         enqueue(tmp_path, redis_url, kimi_path, "kimi", ROWS)
         wait_conversations_finished(redis_url, "kimi", stack=stack)
 
@@ -134,7 +125,7 @@ def test_a_kimi_worker_whose_tokenizer_code_differs_refuses_before_any_follow_up
         differing = shutil.copytree(kimi_path, tmp_path / "differing")
         with (differing / "tokenization_kimi_fixture.py").open("a") as f:
             f.write("\n# a local edit\n")
-        redis_url = start(stack, differing)
+        redis_url = start_hosts(stack, differing)
         enqueue(tmp_path, redis_url, kimi_path, "kimi", ROWS[:2])
         wait_finished(redis_url, "kimi", expected=2, stack=stack)
         failures = dict(campaign(redis_url, "kimi").iter_failures())
