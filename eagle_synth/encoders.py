@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from eagle_synth.templating import TemplateError
+from eagle_synth.errors import UserError
+from eagle_synth.tool_arguments import with_text_arguments
 
 # The file name pattern of a model folder's Python encoder.
 ENCODER_PATTERN = "encoding_*.py"
@@ -33,7 +34,7 @@ THINKING_MODE = "thinking"
 CHAT_MODE = "chat"
 
 
-class EncoderError(TemplateError):
+class EncoderError(UserError, ValueError):
     """A model folder's encoder that cannot be used; the message names the file and what to do."""
 
 
@@ -98,8 +99,6 @@ class EncoderTokenizer:
 
     def render_text(self, messages: Sequence[dict], *, tools: list[dict] | None, kwargs: dict) -> str:
         """The prompt text the encoder gives for `messages` (ending in the generation prompt)."""
-        from eagle_synth.templating import with_text_arguments
-
         unknown = sorted(set(kwargs) - {*THINKING_KWARGS, REASONING_EFFORT_KWARG})
         if unknown:
             raise TypeError(

@@ -26,8 +26,6 @@ def run_scope(settings_json: str, **options: object) -> str:
     settings = json.loads(settings_json)
     for name in ("created_at", "tokenizer_path", "batch_size"):
         settings.pop(name, None)
-    if not settings.get("tokenizer_files"):  # a campaign without remote code keeps its scope from before the field
-        settings.pop("tokenizer_files", None)
     material = json.dumps({"settings": settings, "options": options}, sort_keys=True, default=str)
     return hashlib.blake2b(material.encode(), digest_size=8).hexdigest()
 

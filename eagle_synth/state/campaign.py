@@ -98,7 +98,13 @@ class CampaignSettings(msgspec.Struct, frozen=True):
     tokenizer_files: dict = {}
 
     def to_json(self) -> str:
-        return msgspec.json.encode(self, order="sorted").decode()
+        encoded = msgspec.json.encode(self, order="sorted")
+        if self.tokenizer_files:
+            return encoded.decode()
+        # A campaign without remote code stores the very JSON it stored before the field existed.
+        data = msgspec.json.decode(encoded)
+        del data["tokenizer_files"]
+        return msgspec.json.encode(data, order="sorted").decode()
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> CampaignSettings:
