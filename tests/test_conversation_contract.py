@@ -411,7 +411,10 @@ def test_enqueue_flags_for_conversations_fail_in_one_line(tmp_path, tokenizer_pa
     for extra, message in [
         (["--max-turns", "2"], "--max-turns needs --history own"),
         (["--history", "mine"], "--history must be 'dataset' or 'own'"),
-        (["--history", "own", "--trust-remote-code"], "--history own cannot be used with --trust-remote-code"),
+        (
+            ["--history", "own", "--trust-remote-code", "--chat-template", str(rows)],
+            "put the template in that folder as chat_template.jinja",
+        ),
         (["--variants", str(variants)], f"--variants {variants}: entry 0.sampling: --top-p 0"),
     ]:
         result = cli(*base, *extra, check=False)

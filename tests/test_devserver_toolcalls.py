@@ -157,7 +157,7 @@ def test_caller_only_for_templates_it_can_write(tokenizer):
 
     assert ToolCaller.for_tokenizer(NoTemplate()) is None
     with pytest.raises(ValueError, match="cannot write"):
-        ToolCaller(family="kimi_k2", call_token_id=1, decode=str)
+        ToolCaller(family="glm45", call_token_id=1, decode=str)
 
 
 def test_argument_filling_and_tool_choice():
@@ -174,3 +174,8 @@ def test_argument_filling_and_tool_choice():
         render_calls([{"name": "f", "arguments": {"a": 1}}], family="hermes")
         == '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
     )
+    # DeepSeek's DSML and Kimi's sections, read back by the project's parsers.
+    calls = [{"name": "f", "arguments": {"a": 1, "b": "x y"}}, {"name": "g", "arguments": {}}]
+    for family in ("dsml", "kimi_k2"):
+        parsed = parse_tool_calls(render_calls(calls, family=family), family=family)
+        assert [{"name": c["name"], "arguments": c["arguments"]} for c in parsed.tool_calls] == calls

@@ -450,3 +450,55 @@ def test_every_detected_family_has_a_parser():
     from eagle_synth.toolcalls.detect import TEMPLATE_MARKERS
 
     assert {family for family, _ in TEMPLATE_MARKERS if family} == set(TOOL_FORMATS)
+
+
+def _dsv4_encoder():
+    import importlib.util
+
+    path = package_model_dir().parent / "deepseek-v4" / "encoding_dsv4.py"
+    spec = importlib.util.spec_from_file_location("dsv4_encoder_for_parsing", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dsml_reads_back_what_deepseek_v4s_own_encoder_renders():
+    encoder = _dsv4_encoder()
+    assert detect_tool_format(open(encoder.__file__).read()) == "dsml"
+    calls = [
+        {
+            "type": "function",
+            "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)},
+        }
+        for c in CALLS
+    ]
+    turn = [USER, {"role": "assistant", "content": "I'll look both up.", "tool_calls": calls}]
+    text = encoder.encode_messages(turn, thinking_mode="chat")
+    answer = text[text.index("</think>") + len("</think>") :]  # the assistant's turn as the model writes it
+    parsed = parse_tool_calls(answer, family="dsml")
+    assert parsed == ParsedAnswer(content="I'll look both up.", tool_calls=CALLS)
+    # The model's own parser agrees.
+    own = encoder.parse_message_from_completion_text(answer, thinking_mode="chat")
+    assert [json.loads(c["function"]["arguments"]) for c in own["tool_calls"]] == [c["arguments"] for c in CALLS]
+
+
+@pytest.mark.parametrize(
+    ("cut", "problem"),
+    [
+        (("</｜DSML｜tool_calls>", ""), "tool_calls>"),
+        (('string="false">3<', 'string="false">3,<'), "not JSON"),
+        (('name="city" string="true"', 'name="city"'), 'string="true|false"'),
+        (("</｜DSML｜invoke>", "", 1), "expected '</｜DSML｜invoke>'"),
+        (("3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>", "3"), "truncated"),
+    ],
+)
+def test_dsml_malformed(cut, problem):
+    answer = (
+        '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Oslo</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>"
+    )
+    parsed = parse_tool_calls(answer.replace(*cut), family="dsml")
+    assert parsed.unparsed and problem in parsed.problem, parsed.problem

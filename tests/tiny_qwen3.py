@@ -19,6 +19,9 @@ chat template copied in, so vLLM serves it like a released model:
 * float32 weights and a fixed seed: the same folder every run, and greedy choices that do not
   flip with the batch a request lands in.
 
+A tokenizer folder that is code (`auto_map`, the Kimi-K2.5-shaped fixture) is loaded with
+trust_remote_code and its Python files are copied in with the tokenizer files.
+
 The folder is built beside OUT_DIR and renamed into place, so a half-written one is never used.
 """
 
@@ -50,7 +53,13 @@ FOLLOW_TEXT = " and"
 # Fixed seed: the same weights every build.
 SEED = 0
 # Tokenizer files copied into the checkpoint when the tokenizer folder has them.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "tiktoken.model",
+)
 
 
 def padded_vocab_size(tokens: int) -> int:
@@ -63,10 +72,13 @@ def build(tokenizer_dir: Path, out: Path) -> None:
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    # A tokenizer that is code (auto_map: Kimi's shape) is loaded as vLLM loads it, --trust-remote-code.
+    remote_code = "auto_map" in json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=remote_code)
     tokens = len(tokenizer)
     vocab_size = padded_vocab_size(tokens)
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # The chat end token where the tokenizer has one (Qwen's base eos is <|endoftext|>), else its eos.
+    eos = tokenizer.get_vocab().get("<|im_end|>", tokenizer.eos_token_id)
     config = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=HIDDEN,
@@ -97,7 +109,7 @@ def build(tokenizer_dir: Path, out: Path) -> None:
     try:
         model.save_pretrained(stage)
         GenerationConfig(eos_token_id=[eos], pad_token_id=tokenizer.pad_token_id).save_pretrained(stage)
-        for name in TOKENIZER_FILES:
+        for name in (*TOKENIZER_FILES, *sorted(p.name for p in tokenizer_dir.glob("*.py"))):
             if (tokenizer_dir / name).exists():
                 shutil.copyfile(tokenizer_dir / name, stage / name)
         (stage / "tiny_qwen3.json").write_text(json.dumps({"tokenizer_tokens": tokens, "vocab_size": vocab_size}))

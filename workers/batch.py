@@ -689,6 +689,7 @@ class BatchRunner:
             redis_client=connect(settings),
             send=partial(send_payload, app or make_celery(settings), settings.queue),
             render_processes=config.render_processes,
+            local_tokenizers=tuple(Path(folder).expanduser() for folder in config.tokenizer),
             stopping=self.stopping,
             hungry=lambda: self.pool.waiting() == 0,
         )

@@ -93,12 +93,17 @@ class WorkerConfig(EnvSettings):
     # The CLI's own flags (cli/options.py) set these; the worker process re-checks Redis with them.
     allow_evicting_redis: bool = Field(False, description="Accept a Redis whose maxmemory-policy may evict keys.")
     allow_volatile_redis: bool = Field(False, description="Accept a Redis with no appendonly and no RDB save.")
+    tokenizer: CommaList = Field(
+        (),
+        description="A local model folder (the one its server loads) whose tokenizer code renders the next turns of "
+        "--history own campaigns made with --trust-remote-code; its files must be the campaign's. Repeat for several.",
+    )
     # No flag: a flag's value shows in `ps` and shell history. Never logged, never in Redis.
     server_api_key: SecretStr | None = Field(
         None, description="The servers' API key (their --api-key), sent as a bearer token to every server."
     )
 
-    @field_validator("servers", "backend", "allow_server_settings", "campaigns", mode="before")
+    @field_validator("servers", "backend", "allow_server_settings", "campaigns", "tokenizer", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):

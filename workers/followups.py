@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -46,6 +47,7 @@ from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import followup_owner
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
+from eagle_synth.tokenizer_files import TokenizerFolderError, matching_folder
 from workers.background import every
 from workers.lease import LEASE_TTL
 from workers.renderer import Renderer, RendererMismatch
@@ -156,6 +158,8 @@ class FollowUps:
         stopping: set when the worker begins to shut down (rendered turns are published at once).
         hungry: True while this worker has no prompt waiting for a server ticket; rendered turns
             then go out after HUNGRY_WAIT instead of waiting for a full batch.
+        local_tokenizers: the worker's `--tokenizer` folders: campaigns whose tokenizer runs code
+            (settings.tokenizer_files) render with the one holding their files, never from Redis.
     """
 
     redis_client: redis.Redis
@@ -163,6 +167,7 @@ class FollowUps:
     render_processes: int
     stopping: threading.Event = field(default_factory=threading.Event)
     hungry: Callable[[], bool] = lambda: False
+    local_tokenizers: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         self.owner = holder_id(secrets.token_hex(4))
@@ -338,15 +343,14 @@ class FollowUps:
             failed = self._unavailable.get(identity)
             if failed and time.monotonic() - failed[0] < PREPARE_RETRY:
                 raise TokenizerUnavailable(failed[1])
-            # A tokenizer that is not stored is asked for again each time (one GET): a rerun of the
-            # enqueue stores it, and `retry-failed` must then find it at once.
-            folder = fetch_tokenizer(self.redis_client, fingerprint=identity[0], chat_template_hash=identity[1])
+            folder = self._tokenizer_folder(settings)
             try:
                 renderer = Renderer(
                     folder=folder,
                     processes=self.render_processes,
                     fingerprint=identity[0],
                     chat_template_hash=identity[1],
+                    trust_remote_code=bool(settings.tokenizer_files),
                 )
             except (redis.RedisError, OSError):
                 raise
@@ -365,6 +369,22 @@ class FollowUps:
                 self.render_processes,
             )
             return renderer
+
+    def _tokenizer_folder(self, settings: CampaignSettings) -> Path:
+        """Where the campaign's tokenizer is: the local folder holding its code's files (checked
+        before any of it runs), else the files stored in Redis (TokenizerUnavailable)."""
+        if settings.tokenizer_files:
+            try:
+                return matching_folder(list(self.local_tokenizers), settings.tokenizer_files, campaign=settings.name)
+            except TokenizerFolderError as exc:
+                raise TokenizerUnavailable(str(exc)) from None
+        # A tokenizer that is not stored is asked for again each time (one GET): a rerun of the
+        # enqueue stores it, and `retry-failed` must then find it at once.
+        return fetch_tokenizer(
+            self.redis_client,
+            fingerprint=settings.tokenizer_fingerprint,
+            chat_template_hash=settings.chat_template_hash,
+        )
 
     def _drop_renderer(self, settings: CampaignSettings) -> None:
         with self._renderer_lock:

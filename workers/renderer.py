@@ -19,11 +19,11 @@ START_METHOD = "spawn"  # see the module docstring
 _tokenizer = None
 
 
-def _init(folder: str) -> None:
+def _init(folder: str, trust_remote_code: bool) -> None:
     global _tokenizer
     # One process per renderer slot already: the Rust tokenizer's own threads would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _tokenizer = load_tokenizer(folder)
+    _tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
 
 
 def _identity() -> tuple[str, str]:  # of the tokenizer this process loaded
@@ -59,22 +59,31 @@ class RendererMismatch(EagleSynthError, RuntimeError):
 
 
 class Renderer:
-    """A pool of `processes` rendering processes for the tokenizer unpacked in `folder`, which
-    must match the campaign's `fingerprint` and `chat_template_hash` (else RendererMismatch)."""
+    """A pool of `processes` rendering processes for the tokenizer in `folder` (unpacked from
+    Redis, or with `trust_remote_code` the worker's local model folder, whose files were checked),
+    which must match the campaign's `fingerprint` and `chat_template_hash` (else RendererMismatch)."""
 
-    def __init__(self, *, folder: Path, processes: int, fingerprint: str, chat_template_hash: str) -> None:
+    def __init__(
+        self,
+        *,
+        folder: Path,
+        processes: int,
+        fingerprint: str,
+        chat_template_hash: str,
+        trust_remote_code: bool = False,
+    ) -> None:
         expected = (fingerprint, chat_template_hash)
         self._pool = ProcessPoolExecutor(
             max_workers=max(1, processes),
             initializer=_init,
-            initargs=(str(folder),),
+            initargs=(str(folder), trust_remote_code),
             mp_context=multiprocessing.get_context(START_METHOD),
         )
         try:
             found = self._pool.submit(_identity).result()
             if tuple(found) != expected:
                 raise RendererMismatch(
-                    f"the tokenizer stored for this campaign renders as fingerprint {found[0]}, template {found[1]}; "
+                    f"the tokenizer at {folder} renders as fingerprint {found[0]}, template {found[1]}; "
                     f"the campaign was made with {expected[0]}, template {expected[1]}: refusing to render "
                     "(run the campaign's `eagle-synth enqueue ... --history own` again to store the right one)"
                 )

@@ -292,7 +292,7 @@ def inspect(
             fail("pass --tokenizer with the campaign's tokenizer folder (manifest.json does not name one)")
         tokenizer = Path(stored)
     records = find_records(campaign_dir, key=key, random_n=random_n, seed=seed)
-    loaded = load_plain_tokenizer(tokenizer)
+    loaded = load_plain_tokenizer(tokenizer, manifest=manifest)
     if mismatch := check_settings(tokenizer=loaded, manifest=manifest).fingerprint_mismatch:
         warn(f"{mismatch}: the text below is decoded with another model's vocabulary and may be garbage")
     for record in records:

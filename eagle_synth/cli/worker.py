@@ -94,6 +94,7 @@ def worker(
     render_processes: Annotated[int | None, _worker_option("render_processes")] = None,
     metrics_port: Annotated[int | None, _worker_option("metrics_port")] = None,
     metrics_address: Annotated[str | None, _worker_option("metrics_address")] = None,
+    tokenizer: Annotated[list[str] | None, _worker_option("tokenizer", "--tokenizer")] = None,
     name: Annotated[str | None, typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
     task_events: Annotated[bool, typer.Option(help=HELP["task_events"])] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
@@ -139,6 +140,9 @@ def worker(
         fail(
             f"--metrics-port {config.metrics_port}: cannot listen on {config.metrics_address}: {taken.strerror or taken}"
         )
+    for folder in config.tokenizer:
+        if not Path(folder).expanduser().is_dir():
+            fail(f"--tokenizer {folder}: no such folder; give the model folder its server loads")
     # Preflight the servers that already answer; the others are checked when they come up.
     found = preflight_at_start(
         config.servers,

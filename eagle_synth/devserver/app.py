@@ -121,7 +121,9 @@ class DevServer:
     def __init__(self, config: DevServerConfig) -> None:
         c = self.config = config
         t0 = time.monotonic()
-        vocab = self.vocab = ModelVocab.load(tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size)
+        vocab = self.vocab = ModelVocab.load(
+            tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size, trust_remote_code=c.trust_remote_code
+        )
         log.info(
             "devserver loaded tokenizer %s in %.1fs: vocab %d, eos %s, think %s/%s, corpus %d tokens",
             *(c.tokenizer, time.monotonic() - t0, vocab.size, vocab.eos_id, vocab.think_open_id),

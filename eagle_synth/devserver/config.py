@@ -90,6 +90,7 @@ class DevServerConfig:
     reasoning_parser: str | None = _opt(None, "Reported in server_info only.")
     tool_call_parser: str | None = _opt(None, "Reported in server_info only.")
     skip_tokenizer_init: bool = _opt(False, "Omit `text` from responses; reported in server_info.")
+    trust_remote_code: bool = _opt(False, "Run the tokenizer folder's own code (custom tokenizer, chat encoder).")
     # The version whose behaviour is followed: sampling key errors are 400s from 0.5.23 on, 500s before.
     sglang_version: str = _opt("0.5.23", "Version reported by server_info.")
     seed: int = _opt(0, "Seed of the fault RNG and of temperature>0 sampling.")

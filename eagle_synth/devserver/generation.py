@@ -73,10 +73,17 @@ class ModelVocab:
         self.corpus_ids: tuple[int, ...] = tuple(corpus)
 
     @classmethod
-    def load(cls, *, tokenizer_dir: str, vocab_size: int | None = None) -> ModelVocab:
+    def load(cls, *, tokenizer_dir: str, vocab_size: int | None = None, trust_remote_code: bool = False) -> ModelVocab:
+        """With `trust_remote_code`, the folder's tokenizer code and chat encoder run, as a server
+        started with --trust-remote-code runs them."""
         from transformers import AutoTokenizer  # heavy import, only when a server starts
 
-        return cls(tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir), vocab_size=vocab_size)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=trust_remote_code)
+        if trust_remote_code:
+            from eagle_synth.encoders import with_encoder
+
+            tokenizer = with_encoder(tokenizer, tokenizer_dir, trust_remote_code=True)
+        return cls(tokenizer=tokenizer, vocab_size=vocab_size)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -1,8 +1,9 @@
 """Tool calls the emulated model writes when its prompt offers tools, in its template's format.
 
 The rules (which tools, which arguments, when) are in docs/devserver.md, "Tool calls". The
-formats written are the Qwen family's (`qwen3_coder`, Qwen3.5's; `hermes`, Qwen2.5/3's), told
-from the tokenizer's chat template; with any other template the model never calls tools.
+formats written are the Qwen family's (`qwen3_coder`, Qwen3.5's; `hermes`, Qwen2.5/3's),
+DeepSeek-V3.2/V4's DSML (`dsml`, from the folder's Python encoder) and Kimi-K2's (`kimi_k2`),
+told from the tokenizer's chat template; with any other template the model never calls tools.
 Everything is a pure function of the prompt ids (and the rng the caller seeds from them).
 """
 
@@ -12,20 +13,66 @@ import json
 import random
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 
 from eagle_synth.toolcalls.detect import detect_tool_format
 
+
+@dataclass(frozen=True, slots=True)
+class PromptShape:
+    """Where a family's prompt shows what the model answers with tools (as decoded text).
+
+    Parameters:
+        tools_begin, tools_end: around the offered tools' schemas (one JSON per line, or a JSON list).
+        user_turn: opens a user turn; the model calls tools on the last one's own words.
+        tool_response: marks tool results; after the last user turn (anywhere, or at its very
+            start when `results_open_turn`) it means the model answers in words.
+        call_token: a special token every prompt offering tools holds (found in the ids, so a
+            prompt without it is never decoded).
+    """
+
+    tools_begin: str
+    tools_end: str
+    user_turn: str
+    tool_response: str
+    call_token: str
+    results_open_turn: bool = True
+
+
+# The Qwen templates' tools section and turn markers.
+QWEN_SHAPE = PromptShape(
+    tools_begin="<tools>\n",
+    tools_end="\n</tools>",
+    user_turn="<|im_start|>user\n",
+    tool_response="<tool_response>",
+    call_token="<tool_call>",
+)
+# The prompt shape of each format the emulated model can write.
+SHAPES = {
+    "qwen3_coder": QWEN_SHAPE,
+    "hermes": QWEN_SHAPE,
+    # DeepSeek-V3.2 / V4's encoders: schemas one per line, tool results merged into a user turn.
+    "dsml": PromptShape(
+        tools_begin="### Available Tool Schemas\n\n",
+        tools_end="\n\nYou MUST strictly follow",
+        user_turn="<｜User｜>",
+        tool_response="<tool_result>",
+        call_token="｜DSML｜",
+    ),
+    # Kimi-K2.5: the schemas as one JSON list in a tool_declare block, results in their own turns.
+    "kimi_k2": PromptShape(
+        tools_begin="<|im_system|>tool_declare<|im_middle|>",
+        tools_end="<|im_end|>",
+        user_turn="<|im_user|>user<|im_middle|>",
+        tool_response="<|im_system|>tool<|im_middle|>",
+        # tool_declare is plain text: the system turn's token is what every such prompt holds.
+        call_token="<|im_system|>",
+        results_open_turn=False,
+    ),
+}
 # Formats the emulated model can write.
-WRITABLE_FORMATS = ("qwen3_coder", "hermes")
-# The Qwen templates' tools section and turn markers (as decoded text).
-TOOLS_BEGIN = "<tools>\n"
-TOOLS_END = "\n</tools>"
-USER_TURN = "<|im_start|>user\n"
-TOOL_RESPONSE = "<tool_response>"
-# The special token every Qwen tools prompt contains (its format instructions show it); prompts
-# without it are never decoded, so the check costs one scan of the ids.
-CALL_TOKEN = "<tool_call>"
+WRITABLE_FORMATS = tuple(SHAPES)
 # Words string arguments are made of.
 ARGUMENT_WORDS = ("Oslo", "Paris", "Köln", "東京", "river", "report", "weekly", "summary", "north", "2024")
 # Words per string argument, drawn uniformly.
@@ -40,6 +87,7 @@ class ToolCaller:
         if family not in WRITABLE_FORMATS:
             raise ValueError(f"cannot write tool calls in format {family!r}; only {', '.join(WRITABLE_FORMATS)}")
         self.family = family
+        self.shape = SHAPES[family]
         self.call_token_id = call_token_id
         self._decode = decode
 
@@ -48,8 +96,8 @@ class ToolCaller:
         family = detect_tool_format(getattr(tokenizer, "chat_template", None))
         if family not in WRITABLE_FORMATS:
             return None
-        ids = tokenizer.encode(CALL_TOKEN, add_special_tokens=False)
-        if len(ids) != 1:  # not a single token: this is not a Qwen tokenizer after all
+        ids = tokenizer.encode(SHAPES[family].call_token, add_special_tokens=False)
+        if len(ids) != 1:  # not a single token: this is not the family's tokenizer after all
             return None
         return cls(family=family, call_token_id=ids[0], decode=partial(tokenizer.decode, skip_special_tokens=False))
 
@@ -58,39 +106,42 @@ class ToolCaller:
         if self.call_token_id not in prompt_ids:
             return None
         prompt = self._decode(prompt_ids)
-        tools = offered_tools(prompt)
-        user_text = last_user_text(prompt)
+        tools = offered_tools(prompt, self.shape)
+        user_text = last_user_text(prompt, self.shape)
         if not tools or user_text is None:
             return None
         chosen = chosen_tools(tools, user_text)
         return render_calls([{"name": n, "arguments": fill_arguments(a, rng)} for n, a in chosen], family=self.family)
 
 
-def offered_tools(prompt: str) -> list[dict]:
+def offered_tools(prompt: str, shape: PromptShape = QWEN_SHAPE) -> list[dict]:
     """The function schemas of the prompt's tools section."""
-    start = prompt.find(TOOLS_BEGIN)
-    end = prompt.find(TOOLS_END, start + 1)
+    start = prompt.find(shape.tools_begin)
+    end = prompt.find(shape.tools_end, start + 1)
     if start < 0 or end < 0:
         return []
     tools = []
-    for line in prompt[start + len(TOOLS_BEGIN) : end].splitlines():
+    for line in prompt[start + len(shape.tools_begin) : end].splitlines():
         try:
-            tool = json.loads(line)
+            found = json.loads(line)
         except ValueError:
             continue
-        function = tool.get("function", tool) if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            tools.append(function)
+        for tool in found if isinstance(found, list) else [found]:
+            function = tool.get("function", tool) if isinstance(tool, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                tools.append(function)
     return tools
 
 
-def last_user_text(prompt: str) -> str | None:
-    """The last user turn's text, or None when that turn carries tool responses."""
-    at = prompt.rfind(USER_TURN)
+def last_user_text(prompt: str, shape: PromptShape = QWEN_SHAPE) -> str | None:
+    """The last user turn's text, or None when tool responses follow it (or open it)."""
+    at = prompt.rfind(shape.user_turn)
     if at < 0:
         return None
-    text = prompt[at + len(USER_TURN) :]
-    return None if text.lstrip().startswith(TOOL_RESPONSE) else text
+    text = prompt[at + len(shape.user_turn) :]
+    if shape.results_open_turn:
+        return None if text.lstrip().startswith(shape.tool_response) else text
+    return None if shape.tool_response in text else text
 
 
 def chosen_tools(tools: list[dict], user_text: str) -> list[tuple[str, dict]]:
@@ -131,6 +182,10 @@ def _value(schema: object, rng: random.Random) -> object:
 
 
 def render_calls(calls: list[dict], *, family: str) -> str:
+    if family == "dsml":
+        return render_dsml(calls)
+    if family == "kimi_k2":
+        return render_kimi(calls)
     if family == "hermes":
         bodies = [json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False) for c in calls]
     else:
@@ -145,3 +200,28 @@ def render_calls(calls: list[dict], *, family: str) -> str:
             for call in calls
         ]
     return "\n".join(f"<tool_call>\n{body}\n</tool_call>" for body in bodies)
+
+
+def render_dsml(calls: list[dict]) -> str:
+    """DeepSeek-V4's DSML block, as its encoder renders an assistant's calls (strings as they
+    are, other values as JSON)."""
+    dsml = "｜DSML｜"
+    invokes = []
+    for call in calls:
+        parameters = [
+            f'<{dsml}parameter name="{key}" string="{"true" if isinstance(value, str) else "false"}">'
+            f"{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}</{dsml}parameter>"
+            for key, value in call["arguments"].items()
+        ]
+        invokes.append(f'<{dsml}invoke name="{call["name"]}">\n' + "\n".join(parameters) + f"\n</{dsml}invoke>")
+    return f"<{dsml}tool_calls>\n" + "\n".join(invokes) + f"\n</{dsml}tool_calls>"
+
+
+def render_kimi(calls: list[dict]) -> str:
+    """Kimi-K2's section: each call's id `functions.NAME:INDEX`, then its arguments as JSON."""
+    body = "".join(
+        f"<|tool_call_begin|>functions.{call['name']}:{index}<|tool_call_argument_begin|>"
+        f"{json.dumps(call['arguments'], ensure_ascii=False)}<|tool_call_end|>"
+        for index, call in enumerate(calls)
+    )
+    return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"

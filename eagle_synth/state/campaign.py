@@ -70,7 +70,8 @@ class CampaignSettings(msgspec.Struct, frozen=True):
     (templating.TokenizerFacts), chat template kwargs, system prompt, `sampling`
     (SamplingParams.to_dict()), `max_prompt_tokens`, `history` ("dataset" or "own", up to
     `max_turns`, tool calls in `tool_format`: docs/producer.md), `variants`, the first enqueue's
-    `batch_size` (0: unknown), `model_vocab_size` and `tokenizer_canary` (model_identity.py)."""
+    `batch_size` (0: unknown), `model_vocab_size` and `tokenizer_canary` (model_identity.py),
+    `tokenizer_files` (the folder's files its tokenizer code comes from, --trust-remote-code)."""
 
     name: str
     tokenizer_path: str
@@ -92,9 +93,18 @@ class CampaignSettings(msgspec.Struct, frozen=True):
     batch_size: int = 0
     model_vocab_size: int | None = None
     tokenizer_canary: dict = {}
+    # With --trust-remote-code: {file name: hash} of the model folder's files the tokenizer and
+    # its chat format come from (eagle_synth/tokenizer_files.py); workers must hold the same.
+    tokenizer_files: dict = {}
 
     def to_json(self) -> str:
-        return msgspec.json.encode(self, order="sorted").decode()
+        encoded = msgspec.json.encode(self, order="sorted")
+        if self.tokenizer_files:
+            return encoded.decode()
+        # A campaign without remote code stores the very JSON it stored before the field existed.
+        data = msgspec.json.decode(encoded)
+        del data["tokenizer_files"]
+        return msgspec.json.encode(data, order="sorted").decode()
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> CampaignSettings:

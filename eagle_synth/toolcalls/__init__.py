@@ -17,6 +17,7 @@ from __future__ import annotations
 from eagle_synth.toolcalls.answer import Cursor, Malformed, ParsedAnswer, ToolFormat
 from eagle_synth.toolcalls.deepseek import DEEPSEEK_V3, DEEPSEEK_V31
 from eagle_synth.toolcalls.detect import ToolFormatError, detect_tool_format
+from eagle_synth.toolcalls.dsml import DSML_FORMAT
 from eagle_synth.toolcalls.glm import GLM45
 from eagle_synth.toolcalls.hermes import HERMES
 from eagle_synth.toolcalls.kimi_k2 import KIMI_K2
@@ -34,7 +35,8 @@ __all__ = [
 ]
 
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (HERMES, QWEN3_CODER, KIMI_K2, DEEPSEEK_V3, DEEPSEEK_V31, GLM45, MINIMAX_M1, MINIMAX_M2)
+    f.name: f
+    for f in (HERMES, QWEN3_CODER, KIMI_K2, DEEPSEEK_V3, DEEPSEEK_V31, DSML_FORMAT, GLM45, MINIMAX_M1, MINIMAX_M2)
 }
 # The values `--tool-format` accepts.
 TOOL_FORMATS: tuple[str, ...] = tuple(FORMATS)

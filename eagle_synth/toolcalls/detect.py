@@ -1,6 +1,6 @@
 """Which tool-call format a chat template teaches its model, read from the template text.
 
-Each family's template renders an assistant's tool calls (or, for MiniMax-M1, describes them in
+Each family's template (or Python chat encoder, eagle_synth/encoders.py) renders an assistant's tool calls (or, for MiniMax-M1, describes them in
 the tools prompt) with markers no other family uses; the checks run from the most specific
 marker to the most generic (`<tool_call>` alone means Hermes-style JSON). A template whose
 format is not one of TOOL_FORMATS gives None, and `--tool-format` has to name one.
@@ -15,6 +15,8 @@ TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # MiniMax-M3 writes `]<]minimax[>[<tool_call>` with nested XML arguments: not supported.
     ("", ("]<]minimax[>[",)),
     ("kimi_k2", ("<|tool_call_argument_begin|>",)),
+    # DeepSeek-V3.2 / V4's Python encoders (their text stands as the chat template).
+    ("dsml", ("｜DSML｜",)),
     ("kimi_k2", ("<|im_system|>tool_declare",)),
     ("deepseek_v3", ("tool▁sep", "```json")),
     ("deepseek_v31", ("tool▁sep",)),

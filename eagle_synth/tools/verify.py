@@ -19,7 +19,16 @@ import numpy as np
 from eagle_synth.errors import UserError
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
 from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
-from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, eos_token_ids, read_tokenizer, token_id, tokenizer_facts
+from eagle_synth.templating import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    TemplateError,
+    eos_token_ids,
+    read_tokenizer,
+    token_id,
+    tokenizer_facts,
+)
+from eagle_synth.tokenizer_files import folder_problem
 from eagle_synth.tools.filters import hash64
 
 # Keys (or files) kept as examples per check in the report.
@@ -89,9 +98,16 @@ class CheckSettings:
         }
 
 
-def load_plain_tokenizer(path: str | os.PathLike):
-    """A tokenizer for reading ids (no chat template needed); TemplateError says what went wrong."""
-    return read_tokenizer(path, hint="the one the campaign was enqueued with")
+def load_plain_tokenizer(path: str | os.PathLike, *, manifest: dict | None = None):
+    """A tokenizer for reading ids (no chat template needed); TemplateError says what went wrong.
+
+    A campaign made with --trust-remote-code (its settings record `tokenizer_files`) is read with
+    the folder's own tokenizer code, only when the folder holds exactly those files (the code
+    trusted at enqueue); otherwise TemplateError names the file that differs."""
+    expected = ((manifest or {}).get("settings") or {}).get("tokenizer_files") or {}
+    if expected and (problem := folder_problem(path, expected)):
+        raise TemplateError(f"--tokenizer: {problem}; pass the folder the campaign was enqueued with")
+    return read_tokenizer(path, hint="the one the campaign was enqueued with", trust_remote_code=bool(expected))
 
 
 def check_settings(*, tokenizer: Any = None, manifest: dict | None = None) -> CheckSettings:
@@ -225,7 +241,7 @@ def verify_campaign(campaign_path: str | os.PathLike, *, tokenizer: Any = None) 
     campaign_path = Path(campaign_path)
     manifest = read_manifest(campaign_path)
     if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = load_plain_tokenizer(tokenizer)
+        tokenizer = load_plain_tokenizer(tokenizer, manifest=manifest)
     settings = check_settings(tokenizer=tokenizer, manifest=manifest)
     scan = scan_campaign(campaign_path)
     checker = _Checker(settings)
