@@ -7,8 +7,10 @@ from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.devserver.generation import Generator, ModelVocab
 from eagle_synth.devserver.protocol import parse_generate_request
 from eagle_synth.harness import wait_for
+from eagle_synth.payload import PromptItem
 from eagle_synth.templating import render_prompt_ids
 from tests.helpers import assert_exactly_once, devserver_stats, enqueue_rows, wait_finished
+from workers.affinity import PrefixAffinity, prefix_key
 from workers.backends.sglang import SGLangBackend
 from workers.inflight import InflightPool, Route
 
@@ -133,3 +135,50 @@ def test_default_inflight_follows_the_servers_reported_capacity(tmp_path, redis_
     # 10 tickets: a full server (8 running) plus 2 waiting in its queue, never more.
     assert stats["peak_running"] == 8
     assert stats["peak_prompts"] == 10
+
+
+# ---- prefix affinity (workers/affinity.py) ------------------------------------------------------
+
+
+def test_affinity_prefers_the_remembered_server_and_falls_back_to_the_least_loaded():
+    affinity = PrefixAffinity(capacity=2)
+    free = {"a": 1, "b": 3}
+    assert affinity.pick("c", "p", ["a", "b"], free) == "b"  # new: the most free tickets
+    assert affinity.pick("c", "p", ["a", "b"], free) == "b"
+    assert affinity.pick("c", "p", ["a"], free) == "a"  # b full or down: never wait for it
+    assert affinity.pick("c", "p", ["a", "b"], free) == "a"  # a holds the prefix now
+    assert affinity.pick("other", "p", ["a", "b"], free) == "b"  # per campaign
+    assert affinity.pick("c", None, ["a", "b"], free) == "b" and len(affinity) == 2
+    affinity.pick("c", "q", ["a", "b"], free)  # a third prefix: the least recently used goes
+    assert len(affinity) == 2 and affinity.pick("c", "p", ["a", "b"], free) == "b"
+
+
+def test_prefix_key_of_turns_and_samples():
+    sample = PromptItem(key="k1", row_id="r", sample=0, ids=[1], turn=2)
+    other = PromptItem(key="k2", row_id="r", sample=3, ids=[1], turn=2, variant="hot")
+    turn = PromptItem(key="k3", row_id="r", sample=0, ids=[1], turn=1, conversation={"key": "conv-r"})
+    later = PromptItem(key="k4", row_id="r", sample=0, ids=[1], turn=2, conversation={"key": "conv-r"})
+    assert prefix_key(sample) == prefix_key(other) != prefix_key(turn) == prefix_key(later)
+
+
+def test_pool_sends_a_prefix_to_its_server_unless_full(stack):
+    servers = [stack.devserver("--token-latency", "0.01")[1] for _ in range(2)]
+
+    def tick(counts):
+        return {url: Route(2, SGLangBackend()) for url in servers}
+
+    pool = InflightPool(servers=servers, on_tick=tick, affinity=PrefixAffinity())
+    params = {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0.0}
+    try:
+        wait_for(lambda: pool.routable() and len(pool._free_servers()) == 2, timeout=10, what="routing")
+        # Three of one prefix at once: two fill its server, the third takes the other's free ticket.
+        futures = pool.submit_many(
+            prompts=[([7, 8, i], params) for i in range(3)], timeout=60, tag="c", prefixes=["p"] * 3
+        )
+        urls = [future.result(timeout=30).url for future in futures]
+        assert urls[0] == urls[1] != urls[2]
+        for _ in range(3):  # alone now: always where the prefix went last
+            (future,) = pool.submit_many(prompts=[([9], params)], timeout=60, tag="c", prefixes=["p"])
+            assert future.result(timeout=30).url == urls[2]
+    finally:
+        pool.close()

@@ -70,6 +70,7 @@ from eagle_synth.state.fence import ClaimLeaseLost, Fence, LeaseLost, claim, rel
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
+from workers.affinity import prefix_key
 from workers.backends import Backend, backend_for_state
 from workers.backends.base import UntranslatableSampling
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError, Unauthorized
@@ -399,6 +400,7 @@ class _Run:
             timeout=min(self.timeout, max(1.0, self.deadline - time.monotonic())),
             tag=self.campaign.name,
             servers=self.servers,
+            prefixes=[prefix_key(item) for item in items],
         )
         for future, item in zip(futures, items, strict=True):
             self.pending[future] = item
