@@ -35,6 +35,7 @@ BENCHMARKS = (
     "resume",
     "real_vllm",
     "routing",
+    "affinity",
 )
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"
