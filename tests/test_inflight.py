@@ -3,13 +3,15 @@ batch-mates are doing (workers/inflight.py), against a real devserver and a real
 
 from __future__ import annotations
 
+import json
+
 from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.devserver.generation import Generator, ModelVocab
 from eagle_synth.devserver.protocol import parse_generate_request
 from eagle_synth.harness import wait_for
 from eagle_synth.payload import PromptItem
 from eagle_synth.templating import render_prompt_ids
-from tests.helpers import assert_exactly_once, devserver_stats, enqueue_rows, wait_finished
+from tests.helpers import assert_exactly_once, cli, devserver_stats, enqueue_rows, wait_finished
 from workers.affinity import PrefixAffinity, prefix_key
 from workers.backends.sglang import SGLangBackend
 from workers.inflight import InflightPool, Route
@@ -156,9 +158,12 @@ def test_affinity_prefers_the_remembered_server_and_falls_back_to_the_least_load
 def test_prefix_key_of_turns_and_samples():
     sample = PromptItem(key="k1", row_id="r", sample=0, ids=[1], turn=2)
     other = PromptItem(key="k2", row_id="r", sample=3, ids=[1], turn=2, variant="hot")
-    turn = PromptItem(key="k3", row_id="r", sample=0, ids=[1], turn=1, conversation={"key": "conv-r"})
-    later = PromptItem(key="k4", row_id="r", sample=0, ids=[1], turn=2, conversation={"key": "conv-r"})
-    assert prefix_key(sample) == prefix_key(other) != prefix_key(turn) == prefix_key(later)
+    earlier = PromptItem(key="k3", row_id="r", sample=0, ids=[1], turn=1)  # --turns all: a prefix of turn 2
+    turn = PromptItem(key="k4", row_id="r", sample=0, ids=[1], turn=1, conversation={"key": "conv-r"})
+    later = PromptItem(key="k5", row_id="r", sample=0, ids=[1], turn=2, conversation={"key": "conv-r"})
+    assert prefix_key(sample) == prefix_key(other) == prefix_key(earlier)
+    assert prefix_key(turn) == prefix_key(later) != prefix_key(sample)
+    assert prefix_key(PromptItem(key="k6", row_id="s", sample=0, ids=[1], turn=2)) != prefix_key(sample)
 
 
 def test_pool_sends_a_prefix_to_its_server_unless_full(stack):
@@ -182,3 +187,27 @@ def test_pool_sends_a_prefix_to_its_server_unless_full(stack):
             assert future.result(timeout=30).url == urls[2]
     finally:
         pool.close()
+
+
+def test_every_sample_of_a_prompt_goes_to_one_server(tmp_path, redis_server, stack, tokenizer_path):
+    """`--n 4` on two servers, tickets to spare: a row's four samples share a server, and all but
+    the first find the prompt in its cache."""
+    rows = [
+        {"id": f"s{i}", "messages": [{"role": "user", "content": f"Write a long story about harbour {i}. " * 8}]}
+        for i in range(6)
+    ]
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["--campaign", "samples", "--tokenizer", str(tokenizer_path), "--n", "4", "--seed", "1"]
+    cli("enqueue", str(path), *args, "--temperature", "0.8", "--batch-size", "8", "--redis", redis_server.url)
+    servers = [stack.devserver("--token-latency", "0.005", "--mean-output-tokens", "20")[1] for _ in range(2)]
+    out = tmp_path / "out"
+    stack.worker(servers=servers, out=out, redis_url=redis_server.url, args=["--inflight", "32"])
+    wait_finished(redis_server.url, "samples", expected=24, stack=stack, timeout=120)
+    records = assert_exactly_once(redis_server.url, "samples", out / "samples", expected=24)
+    by_row: dict[str, list] = {}
+    for record in records.values():
+        by_row.setdefault(record.id, []).append(record)
+    assert all(len({r.server for r in samples}) == 1 for samples in by_row.values())
+    assert {samples[0].server for samples in by_row.values()} == set(servers), "rows spread over both"
+    assert all(sum(r.cached_tokens > 0 for r in samples) >= 3 for samples in by_row.values())

@@ -10,8 +10,9 @@ the prompt's allowed servers); otherwise to the least loaded allowed server, whi
 one remembered. Affinity never makes a prompt wait for its server: a free ticket elsewhere is
 never left idle for it. docs/workers.md "Prefix affinity".
 
-The prefix of a conversation turn is its conversation; of a sample, its row and turn (every
-sample and variant of a prompt shares it). Keys are per campaign.
+The prefix of a conversation turn is its conversation; of any other prompt, its row: every
+sample and variant of a prompt shares it whole, and with `--turns all` a row's later turn starts
+with its earlier turn's prompt. Keys are per campaign.
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ def affinity_enabled() -> bool:
 
 
 def prefix_key(item: PromptItem) -> str:
-    """What the prompts sharing `item`'s prefix have in common: its conversation, else its row
-    and turn."""
+    """What the prompts sharing `item`'s prefix have in common: its conversation, else its row."""
     if item.conversation:
         return f"conversation\n{item.conversation['key']}"
-    return f"row\n{item.row_id}\n{item.turn}"
+    return f"row\n{item.row_id}"
 
 
 def least_loaded(allowed: Sequence[str], free: Mapping[str, int]) -> str:
