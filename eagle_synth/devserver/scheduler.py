@@ -4,9 +4,9 @@ to slot timing), PrefixCache (`cached_tokens`, looked up as a prompt is admitted
 
 Each prompt is a SlotJob whose generation time is known when it is admitted (prefill latency,
 its wait for the shared prefill engine when prefill is charged, one token latency per output
-token), so one thread can run the whole "GPU": it admits waiting
-jobs into free slots in FIFO order and completes each when its time is up. Handler threads
-just wait on their job's event, so hundreds of queued prompts cost no extra threads.
+token), so one thread can run the whole "GPU": it admits waiting jobs into free slots in FIFO
+order and completes each when its time is up. Handler threads just wait on their job's event,
+so hundreds of queued prompts cost no extra threads.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ class SlotScheduler:
     token_latency; the rest wait in arrival order (at most max_queued_requests beyond free
     slots). With config.charge_prefill an admitted job first waits for its `prefill_tokens` on
     one prefill engine of config.prefill_throughput tokens/s that all jobs share in admission
-    order (a GPU's prefill batches), so a server's prefill work per second is bounded. Jobs of zero duration with a free slot and nobody waiting complete in the caller's
-    thread. `stats` gets each job's slot-seconds (outside the lock) and the load on every change.
+    order (a GPU's prefill batches), so a server's prefill work per second is bounded. Jobs of
+    zero duration with a free slot and nobody waiting complete in the caller's thread. `stats`
+    gets each job's slot-seconds (outside the lock) and the load on every change.
     """
 
     def __init__(self, config: DevServerConfig, stats: DevStats, cache: PrefixCache) -> None:
