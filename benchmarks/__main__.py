@@ -36,6 +36,7 @@ BENCHMARKS = (
     "real_vllm",
     "replica_wait",
     "routing",
+    "affinity",
 )
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import requests
 
 from eagle_synth.harness import wait_for
@@ -413,3 +414,55 @@ def test_turns_fail_without_the_stored_tokenizer_and_retry_failed_resumes_them(
     cli("retry-failed", "notok", "--redis", redis_server.url)
     wait_conversations_finished(redis_server.url, "notok", stack=stack)
     assert_conversations_accounted(redis_server.url, "notok", out / "notok", rows)
+
+
+def affinity_rows(count: int) -> list[dict]:
+    """Conversations of 4 user turns with long questions, so the history is most of a prompt."""
+    question = "Go on with the report, and keep every detail of the earlier steps in mind: " * 4
+    return [
+        {
+            "id": f"affine-{i}",
+            "messages": [
+                message
+                for turn in range(4)
+                for message in (
+                    {"role": "user", "content": f"Step {turn} of report {i}. {question}"},
+                    {"role": "assistant", "content": "an old answer"},
+                )
+            ],
+        }
+        for i in range(count)
+    ]
+
+
+def test_prefix_affinity_keeps_a_conversation_on_its_server(tmp_path, redis_server, stack, tokenizer_path):
+    """Two servers, one worker: every later turn goes to the server of the turn before (tickets
+    never run out here), which finds the history cached; with EAGLE_SYNTH_PREFIX_AFFINITY=0 the
+    turns go by load alone and find less of it."""
+    from tests.helpers import enqueue_rows
+
+    servers = [stack.devserver("--token-latency", "0.002", "--mean-output-tokens", "24")[1] for _ in range(2)]
+    rows = affinity_rows(8)
+    out = tmp_path / "out"
+    shares = {}
+    for name, env in (("affine", {}), ("spread", {"EAGLE_SYNTH_PREFIX_AFFINITY": "0"})):
+        for url in servers:  # each campaign starts on cold caches
+            assert requests.post(f"{url}/flush_cache", timeout=10).status_code == 200
+        enqueue_rows(tmp_path, redis_server.url, name, rows, tokenizer=tokenizer_path, batch_size=4, history="own")
+        # 16 tickets a server: more than the 8 conversations, so affinity is never overruled.
+        args = ["--render-processes", "1", "--inflight", "16", "--campaign", name]
+        stack.worker(servers=servers, out=out, redis_url=redis_server.url, env=env, name=f"{name}@test", args=args)
+        wait_conversations_finished(redis_server.url, name, stack=stack)
+        records = assert_conversations_accounted(redis_server.url, name, out / name, rows)
+        shares[name] = status_json(redis_server.url, name)["cache_hit_share"]
+        turns = sorted(records.values(), key=lambda r: (r.conversation, r.turn))
+        pairs = [(a, b) for a, b in zip(turns, turns[1:]) if a.conversation == b.conversation]
+        assert len(pairs) >= 2 * len(rows)
+        if name == "affine":
+            assert all(later.server == earlier.server for earlier, later in pairs)
+            assert {r.server for r in turns} == set(servers), "conversations spread over both servers"
+            assert all(later.cached_tokens >= len(earlier.prompt_ids) // 2 for earlier, later in pairs)
+        assert sum(r.cached_tokens for r in turns) / sum(len(r.prompt_ids) for r in turns) == pytest.approx(
+            shares[name], abs=1e-3
+        )
+    assert shares["affine"] > shares["spread"], shares

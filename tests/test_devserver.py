@@ -21,6 +21,8 @@ import pytest
 import requests
 
 from eagle_synth.devserver.faults import DROP, FAIL, FaultPlan
+from eagle_synth.devserver.scheduler import BLOCK_TOKENS, PrefixCache
+from tests.helpers import devserver_stats
 
 # Every test here talks to the module's devserver processes.
 pytestmark = pytest.mark.integration
@@ -142,6 +144,8 @@ def fleet(tokenizer_path):
             "--skip-tokenizer-init",
         ),
         "faults": proc("--fail-rate", "0.25", "--drop-rate", "0.25", "--seed", "7"),
+        # 2000 prefill tokens/s: a 1000-token prompt costs 0.5 s of the shared prefill engine.
+        "prefill": proc("--charge-prefill", "--prefill-throughput", "2000", "--prefix-cache-tokens", "4096"),
         "oov": proc(),
         "die_after": proc("--die-after", "3"),
     }
@@ -330,6 +334,49 @@ def test_prefix_cache_and_flush(main):
     assert greedy(main, prompt, max_new_tokens=1)["meta_info"]["cached_tokens"] >= 80
     assert requests.post(main.url + "/flush_cache", timeout=TIMEOUT).status_code == 200
     assert greedy(main, prompt, max_new_tokens=1)["meta_info"]["cached_tokens"] == 0
+
+
+def test_prefill_is_charged_per_uncached_token_on_one_shared_engine(fleet):
+    server = fleet["prefill"].ready()
+    requests.post(server.url + "/dev/reset_stats", timeout=TIMEOUT)
+    two = [[4000 + i % 50, *range(1, 1000)] for i in range(2)]
+    # Both admitted at once: the second waits for the first's prefill (0.5 s), then its own (0.5 s).
+    assert server.generate(two, sampling_params={"max_new_tokens": 1}).status_code == 200
+    stats = devserver_stats(server.url)
+    assert stats["busy_slot_seconds"] == pytest.approx(1.5, abs=0.01)
+    assert stats["prompt_tokens"] == 2000 and stats["cached_tokens"] == 0
+    requests.post(server.url + "/dev/reset_stats", timeout=TIMEOUT)
+    again = greedy(server, two[0], max_new_tokens=1)
+    stats = devserver_stats(server.url)
+    assert again["meta_info"]["cached_tokens"] == 992  # 62 whole blocks of 16
+    assert stats["cached_tokens"] == 992 and stats["busy_slot_seconds"] == pytest.approx(8 / 2000, abs=0.005)
+
+
+def test_prefix_cache_evicts_least_recently_used_leaves_under_its_budget(fleet):
+    server = fleet["prefill"].ready()  # a budget of 4096 tokens: 256 blocks
+    assert requests.post(server.url + "/flush_cache", timeout=TIMEOUT).status_code == 200
+    first, second, third = ([9000 + k, *range(1, 1601)] for k in range(3))  # 100 blocks each
+    for prompt in (first, second):
+        greedy(server, prompt, max_new_tokens=1)
+    assert greedy(server, first, max_new_tokens=1)["meta_info"]["cached_tokens"] == 1600  # used last
+    greedy(server, third, max_new_tokens=1)  # 300 blocks > 256: the least recently used go
+    assert greedy(server, first, max_new_tokens=1)["meta_info"]["cached_tokens"] == 1600
+    assert greedy(server, second, max_new_tokens=1)["meta_info"]["cached_tokens"] < 1600
+
+
+def test_prefix_cache_keeps_a_shared_prefix_while_its_branches_go():
+    cache = PrefixCache(budget_tokens=10 * BLOCK_TOKENS)
+    shared = list(range(1, 4 * BLOCK_TOKENS + 1))
+    branch_a = shared + [7] * 3 * BLOCK_TOKENS
+    branch_b = shared + [8] * 3 * BLOCK_TOKENS
+    cache.insert(branch_a)
+    cache.insert(branch_b)  # 10 blocks: full
+    assert cache.lookup(branch_a + [0]) == 7 * BLOCK_TOKENS
+    cache.insert(shared + [9] * 2 * BLOCK_TOKENS)  # 12 blocks: branch_b's two last leaves go
+    assert cache.lookup(branch_b + [0]) == 5 * BLOCK_TOKENS  # the shared prefix and one block remain
+    assert cache.lookup(branch_a + [0]) == 7 * BLOCK_TOKENS
+    assert cache.lookup(shared + [1]) == 4 * BLOCK_TOKENS
+    assert PrefixCache(budget_tokens=0).lookup(shared) == 0
 
 
 def test_many_concurrent_connections(main):

@@ -3,12 +3,16 @@ batch-mates are doing (workers/inflight.py), against a real devserver and a real
 
 from __future__ import annotations
 
+import json
+
 from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.devserver.generation import Generator, ModelVocab
 from eagle_synth.devserver.protocol import parse_generate_request
 from eagle_synth.harness import wait_for
+from eagle_synth.payload import PromptItem
 from eagle_synth.templating import render_prompt_ids
-from tests.helpers import assert_exactly_once, devserver_stats, enqueue_rows, wait_finished
+from tests.helpers import assert_exactly_once, cli, devserver_stats, enqueue_rows, wait_finished
+from workers.affinity import PrefixAffinity, prefix_key
 from workers.backends.sglang import SGLangBackend
 from workers.inflight import InflightPool, Route
 
@@ -133,3 +137,77 @@ def test_default_inflight_follows_the_servers_reported_capacity(tmp_path, redis_
     # 10 tickets: a full server (8 running) plus 2 waiting in its queue, never more.
     assert stats["peak_running"] == 8
     assert stats["peak_prompts"] == 10
+
+
+# ---- prefix affinity (workers/affinity.py) ------------------------------------------------------
+
+
+def test_affinity_prefers_the_remembered_server_and_falls_back_to_the_least_loaded():
+    affinity = PrefixAffinity(capacity=2)
+    free = {"a": 1, "b": 3}
+    assert affinity.pick("c", "p", ["a", "b"], free) == "b"  # new: the most free tickets
+    assert affinity.pick("c", "p", ["a", "b"], free) == "b"
+    assert affinity.pick("c", "p", ["a"], free) == "a"  # b full or down: never wait for it
+    assert affinity.pick("c", "p", ["a", "b"], free) == "a"  # a holds the prefix now
+    assert affinity.pick("other", "p", ["a", "b"], free) == "b"  # per campaign
+    assert affinity.pick("c", None, ["a", "b"], free) == "b" and len(affinity) == 2
+    affinity.pick("c", "q", ["a", "b"], free)  # a third prefix: the least recently used goes
+    assert len(affinity) == 2 and affinity.pick("c", "p", ["a", "b"], free) == "b"
+
+
+def test_prefix_key_of_turns_and_samples():
+    sample = PromptItem(key="k1", row_id="r", sample=0, ids=[1], turn=2)
+    other = PromptItem(key="k2", row_id="r", sample=3, ids=[1], turn=2, variant="hot")
+    earlier = PromptItem(key="k3", row_id="r", sample=0, ids=[1], turn=1)  # --turns all: a prefix of turn 2
+    turn = PromptItem(key="k4", row_id="r", sample=0, ids=[1], turn=1, conversation={"key": "conv-r"})
+    later = PromptItem(key="k5", row_id="r", sample=0, ids=[1], turn=2, conversation={"key": "conv-r"})
+    assert prefix_key(sample) == prefix_key(other) == prefix_key(earlier)
+    assert prefix_key(turn) == prefix_key(later) != prefix_key(sample)
+    assert prefix_key(PromptItem(key="k6", row_id="s", sample=0, ids=[1], turn=2)) != prefix_key(sample)
+
+
+def test_pool_sends_a_prefix_to_its_server_unless_full(stack):
+    servers = [stack.devserver("--token-latency", "0.01")[1] for _ in range(2)]
+
+    def tick(counts):
+        return {url: Route(2, SGLangBackend()) for url in servers}
+
+    pool = InflightPool(servers=servers, on_tick=tick, affinity=PrefixAffinity())
+    params = {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0.0}
+    try:
+        wait_for(lambda: pool.routable() and len(pool._free_servers()) == 2, timeout=10, what="routing")
+        # Three of one prefix at once: two fill its server, the third takes the other's free ticket.
+        futures = pool.submit_many(
+            prompts=[([7, 8, i], params) for i in range(3)], timeout=60, tag="c", prefixes=["p"] * 3
+        )
+        urls = [future.result(timeout=30).url for future in futures]
+        assert urls[0] == urls[1] != urls[2]
+        for _ in range(3):  # alone now: always where the prefix went last
+            (future,) = pool.submit_many(prompts=[([9], params)], timeout=60, tag="c", prefixes=["p"])
+            assert future.result(timeout=30).url == urls[2]
+    finally:
+        pool.close()
+
+
+def test_every_sample_of_a_prompt_goes_to_one_server(tmp_path, redis_server, stack, tokenizer_path):
+    """`--n 4` on two servers, tickets to spare: a row's four samples share a server, and all but
+    the first find the prompt in its cache."""
+    rows = [
+        {"id": f"s{i}", "messages": [{"role": "user", "content": f"Write a long story about harbour {i}. " * 8}]}
+        for i in range(6)
+    ]
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["--campaign", "samples", "--tokenizer", str(tokenizer_path), "--n", "4", "--seed", "1"]
+    cli("enqueue", str(path), *args, "--temperature", "0.8", "--batch-size", "8", "--redis", redis_server.url)
+    servers = [stack.devserver("--token-latency", "0.005", "--mean-output-tokens", "20")[1] for _ in range(2)]
+    out = tmp_path / "out"
+    stack.worker(servers=servers, out=out, redis_url=redis_server.url, args=["--inflight", "32"])
+    wait_finished(redis_server.url, "samples", expected=24, stack=stack, timeout=120)
+    records = assert_exactly_once(redis_server.url, "samples", out / "samples", expected=24)
+    by_row: dict[str, list] = {}
+    for record in records.values():
+        by_row.setdefault(record.id, []).append(record)
+    assert all(len({r.server for r in samples}) == 1 for samples in by_row.values())
+    assert {samples[0].server for samples in by_row.values()} == set(servers), "rows spread over both"
+    assert all(sum(r.cached_tokens > 0 for r in samples) >= 3 for samples in by_row.values())

@@ -33,6 +33,8 @@ NAME = "ops-demo"
 ENQUEUED, DONE = 40, 12
 FAILURES = {"prompt-too-long": 2, "invalid-token-id": 1}
 TOKENS_IN, TOKENS_OUT = 12 * 300, 12 * 500
+# Prompt tokens the servers had in their prefix cache: a quarter.
+CACHED = TOKENS_IN // 4
 GPU_A, GPU_B = "http://gpu-a:30000", "http://gpu-b:30000"
 CLI = [sys.executable, "-c", "from eagle_synth.cli import main; main()"]
 
@@ -68,7 +70,7 @@ def _write_campaign(client: redis.Redis) -> None:
     # Two completions some time apart, as two batches would land.
     campaign.mark_done(keys[:6], tokens_in=TOKENS_IN // 2, tokens_out=TOKENS_OUT // 2)
     time.sleep(0.05)
-    campaign.mark_done(keys[6:DONE], tokens_in=TOKENS_IN // 2, tokens_out=TOKENS_OUT // 2)
+    campaign.mark_done(keys[6:DONE], tokens_in=TOKENS_IN // 2, tokens_out=TOKENS_OUT // 2, tokens_cached=CACHED)
     failing = iter(keys[DONE:])
     for reason, count in FAILURES.items():
         for _ in range(count):
@@ -103,6 +105,7 @@ def test_status_figures(client: redis.Redis) -> None:
     assert data["queued"] == ENQUEUED - DONE - failed - 24
     assert data["failed_by_reason"] == FAILURES == data["failures_recorded_by_reason"]
     assert (data["tokens_in"], data["tokens_out"]) == (TOKENS_IN, TOKENS_OUT)
+    assert data["cache_hit_share"] == 0.25
     assert (data["rows_read"], data["rows_skipped"]) == (ENQUEUED + 3, 3)
     assert data["skipped_by_reason"] == {"empty-prompt": 2, "too-long": 1}
     assert data["records_per_s"] > 0 and data["tokens_per_s"] > 0 and data["eta_seconds"] > 0
@@ -125,6 +128,7 @@ def test_counter_names_are_those_running_campaigns_hold(client: redis.Redis) -> 
         "records",
         "tokens-in",
         "tokens-out",
+        "tokens-cached",
         "failed-prompt-too-long",
         "failed-invalid-token-id",
     }
@@ -151,6 +155,7 @@ def test_view_shows_everything_listed(client: redis.Redis) -> None:
         "failed",
         "tokens in",
         "tokens out",
+        "prefix cache hits",
         "records/s (60s)",
         "tokens/s (60s)",
         "ETA",
@@ -175,6 +180,7 @@ def test_view_shows_everything_listed(client: redis.Redis) -> None:
         UNHEALTHY,
         LOADING,
         "timeout after 10 s",
+        "25.0%",
     ):
         assert value in text, value
     # Since when: the unhealthy server for 5 minutes, the loading one for 25, with the clock time.

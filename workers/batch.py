@@ -84,6 +84,7 @@ from eagle_synth.state.redis_role import is_read_only
 from eagle_synth.state.replicas import ReplicaWait
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers import metrics
+from workers.affinity import prefix_key
 from workers.backends import Backend, backend_for_state
 from workers.backends.base import UntranslatableSampling
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError, Unauthorized
@@ -416,6 +417,7 @@ class _Run:
             timeout=min(self.timeout, max(1.0, self.deadline - time.monotonic())),
             tag=self.campaign.name,
             servers=self.servers,
+            prefixes=[prefix_key(item) for item in items],
         )
         for future, item in zip(futures, items, strict=True):
             self.pending[future] = item

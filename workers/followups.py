@@ -272,6 +272,7 @@ class FollowUps:
             "tokens_in": sum(len(r.prompt_ids) for r in records),
             "tokens_out": sum(len(r.output_ids) for r in records),
             "repaired": sum(1 for r in records if r.repaired_prefix),
+            "tokens_cached": sum(r.cached_tokens for r in records),
         }
         items = {item.key: item for item in payload.items}
         if not any(items[r.key].conversation for r in records if r.key in items):

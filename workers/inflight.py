@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 
 from workers import metrics
+from workers.affinity import PrefixAffinity, affinity_enabled, least_loaded
 from workers.backends import Backend
 from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, Unauthorized, error_for_status
 
@@ -89,13 +90,16 @@ class _Job:
     future: Future
     # The servers this prompt may go to (its campaign's model's); None: any.
     servers: frozenset[str] | None = None
+    # What it shares its prefix with (workers/affinity.py prefix_key); None: nothing.
+    prefix: str | None = None
 
 
 class InflightPool:
     """Send prompts to `servers` (base URLs) with a per-server in-flight limit, refilling each freed
     ticket: the oldest waiting prompt goes to the routable server with the most free tickets among
-    those it may go to (its campaign's, workers/routing.py), and a prompt no free server may take
-    lets the next one by; one refusing connections leaves routing until the next tick. Every `TICK_INTERVAL` seconds
+    those it may go to (its campaign's, workers/routing.py), or, when `affinity` (default: unless
+    EAGLE_SYNTH_PREFIX_AFFINITY=0) remembers a free one among them that served its prefix, to that
+    one (workers/affinity.py); a prompt no free server may take lets the next one by; one refusing connections leaves routing until the next tick. Every `TICK_INTERVAL` seconds
     `on_tick(counts)` runs in a helper thread with the prompts in flight per (tag, url) and returns
     {url: Route}."""
 
@@ -105,8 +109,12 @@ class InflightPool:
         servers: list[str],
         on_tick: Callable[[Mapping[tuple[str, str], int]], Mapping[str, Route]],
         api_key: str | None = None,
+        affinity: PrefixAffinity | None = None,
     ) -> None:
         self.servers = list(servers)
+        if affinity is None and affinity_enabled():
+            affinity = PrefixAffinity()
+        self._affinity = affinity
         # The servers' --api-key, as SGLang and vLLM check it (and ServerClient sends it).
         self._headers = JSON_HEADERS | ({} if api_key is None else {"Authorization": f"Bearer {api_key}"})
         self._sends_key = api_key is not None
@@ -131,12 +139,15 @@ class InflightPool:
         timeout: float,
         tag: str,
         servers: frozenset[str] | None = None,
+        prefixes: list[str | None] | None = None,
     ) -> list[Future]:
         """Queue (ids, sampling) prompts with one wake-up of the event loop; one future per prompt,
-        in order. `servers`: the only servers they may go to (default: any)."""
+        in order. `servers`: the only servers they may go to (default: any); `prefixes`: each
+        prompt's prefix key (workers/affinity.py; default: none)."""
+        keys = prefixes if prefixes is not None else [None] * len(prompts)
         jobs = [
-            _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=Future(), servers=servers)
-            for ids, sampling in prompts
+            _Job(ids=ids, sampling=sampling, timeout=timeout, tag=tag, future=Future(), servers=servers, prefix=prefix)
+            for (ids, sampling), prefix in zip(prompts, keys, strict=True)
         ]
         if jobs:
             self._loop.call_soon_threadsafe(self._enqueue_all, jobs)
@@ -220,14 +231,17 @@ class InflightPool:
         skipped: list[_Job] = []  # waiting prompts no free server may take, in their order
         while self._waiting and (free := self._free_servers()):
             job = self._waiting.popleft()
-            # The most free tickets first (the first listed among equals), among the job's servers.
+            # Among the job's servers with a free ticket: its prefix's, else the most free tickets.
             allowed = [url for url in free if job.servers is None or url in job.servers]
             if not allowed:
                 skipped.append(job)
                 continue
             if not job.future.set_running_or_notify_cancel():
                 continue  # its batch gave it up (requeued or shutting down)
-            url = max(allowed, key=free.__getitem__)
+            if self._affinity is None:
+                url = least_loaded(allowed, free)
+            else:
+                url = self._affinity.pick(job.tag, job.prefix, allowed, free)
             self._busy[url] += 1
             self._by_tag[(job.tag, url)] += 1
             metrics.request_sent(url)

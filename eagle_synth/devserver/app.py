@@ -131,12 +131,12 @@ class DevServer:
         )
         knobs = ("mean_output_tokens", "seed", "length_median", "length_sigma")
         self.generator = Generator(vocab=vocab, **{k: getattr(c, k) for k in knobs})
-        self.cache = PrefixCache()
+        self.cache = PrefixCache(c.effective_prefix_cache_tokens)
         self.stats = DevStats()
         faults = ("fail_rate", "drop_rate", "malformed_rate", "health_fail_rate", "die_after", "seed")
         self.faults = FaultPlan(**{k: getattr(c, k) for k in faults})
         self._ignored_logged: set[tuple[str, ...]] = set()  # vLLM warns once per set of ignored fields
-        self.scheduler = SlotScheduler(c, self.stats)
+        self.scheduler = SlotScheduler(c, self.stats, self.cache)
         self._tokenize = None if c.skip_tokenizer_init else vocab.encode  # text prompts (either API)
         self._listening_mono: float | None = None
         self._listening_at: float | None = None
@@ -247,7 +247,9 @@ class DevServer:
     def hold_slots(self, prompts: list[PromptRequest]) -> list[tuple[PromptRequest, Completion, SlotJob]]:
         """Each prompt's completion, once it held a slot for its emulated time."""
         completions = [self.generator.complete(p) for p in prompts]
-        jobs = [SlotJob(p.rid, p.group_rid, len(c.output_ids)) for p, c in zip(prompts, completions)]
+        jobs = [
+            SlotJob(p.rid, p.group_rid, len(c.output_ids), prompt_ids=p.input_ids) for p, c in zip(prompts, completions)
+        ]
         self.scheduler.submit(jobs)
         for job in jobs:
             job.done.wait()
@@ -260,6 +262,7 @@ class DevServer:
             # No `matched` in an abort's finish_reason, so render_text trims nothing from the cut ids.
             completion = Completion(completion.output_ids[: job.tokens_done], {"type": "abort", "message": message})
         self.stats.add(prompts=1, output_tokens=len(completion.output_ids), aborted=job.aborted)
+        self.stats.add(prompt_tokens=len(prompt.input_ids), cached_tokens=job.cached_tokens)
         text = None if self.config.skip_tokenizer_init else self.generator.render_text(completion, prompt.params)
         return completion.output_ids, completion.finish_reason, text
 
@@ -281,17 +284,16 @@ class DevServer:
         if (bad := next((i for p in req.prompts for i in p.input_ids if not 0 <= i < size), None)) is not None:
             why = "device-side assert (real SGLang dies the same way)"
             return Reply(drop=True, die_reason=f"input id {bad} outside the vocabulary [0, {size}): {why}")
-        cached = [self.cache.lookup(p.input_ids) for p in req.prompts]
         try:
             held = self.hold_slots(req.prompts)
         except QueueFullError as err:
             self.stats.add(queue_full=1)
             error = {"object": "error", "message": str(err), "type": "Service Unavailable", "code": 503}
             return json_reply(error, status=503)
-        items = [self._item(*each, hit, received) for each, hit in zip(held, cached)]
+        items = [self._item(*each, received) for each in held]
         return items[0] if req.single else items
 
-    def _item(self, prompt: PromptRequest, completion: Completion, job: SlotJob, cached: int, received: float):
+    def _item(self, prompt: PromptRequest, completion: Completion, job: SlotJob, received: float):
         c = self.config
         output_ids, finish, text = self.outcome(prompt, completion, job)
         if not job.aborted:
@@ -304,7 +306,8 @@ class DevServer:
         item["meta_info"] = {
             **{"id": prompt.rid, "finish_reason": finish, "prompt_tokens": len(prompt.input_ids)},
             "completion_tokens": max(0, len(output_ids) - c.understate_completion),
-            **{"cached_tokens": cached, "e2e_latency": time.monotonic() - received, "weight_version": WEIGHT_VERSION},
+            "cached_tokens": job.cached_tokens,
+            **{"e2e_latency": time.monotonic() - received, "weight_version": WEIGHT_VERSION},
         }
         return item
 
@@ -408,6 +411,7 @@ class DevServer:
             self._ignored_logged.add(unknown)
             log.warning("The following fields were present in the request but ignored: %s", set(unknown))
         token_ids = bool(request.get("return_token_ids"))
+        # vLLM's prefix cache spares prefill as SGLang's does (not reported: no prompt details).
         held = self.hold_slots(prompts)  # vLLM has no queue cap: requests wait
         choices = [self._choice(i, *each, token_ids) for i, each in enumerate(held)]
         completion_tokens = sum(job.tokens_done for _, _, job in held)
@@ -423,6 +427,8 @@ class DevServer:
 
     def _choice(self, index: int, prompt: PromptRequest, completion: Completion, job: SlotJob, token_ids: bool):
         output_ids, finish, text = self.outcome(prompt, completion, job)
+        if not job.aborted:
+            self.cache.insert(prompt.input_ids + output_ids)
         matched = finish.get("matched")
         # vLLM reports the matched stop id or string; the model's EOS is reported as None.
         stop_reason = None if matched is None or matched == self.vocab.eos_id else matched

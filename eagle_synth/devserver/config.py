@@ -30,6 +30,11 @@ MAX_PREFIX_BUG_TOKENS = 64
 # SGLang stores in the request's own token slots (counted in the context).
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+# Prefill tokens per second of one H100 serving an 8B model, the --prefill-throughput default:
+# vLLM 0.4.2's release benchmark (Llama 3 8B, H100, 1000 input + 100 output tokens) ran 20.72
+# requests/s, i.e. ~20,700 input tokens/s with decoding in the same time, so a lower bound of
+# prefill alone, rounded (docs/benchmarks.md "Prefill cost").
+H100_8B_PREFILL_TOKENS_PER_S = 20_000.0
 # Allowed ranges of numeric knobs (unset, None, passes): field -> (low, high or None).
 RANGES = {
     **{"port": (0, 65535), "context_length": (2, None), "prefix_bug": (0, MAX_PREFIX_BUG_TOKENS)},
@@ -37,6 +42,7 @@ RANGES = {
     **dict.fromkeys(("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"), (1, None)),
     **dict.fromkeys(("understate_completion", "max_queued_requests", "token_latency", "prefill_latency"), (0, None)),
     **{"startup_delay": (0, None), "warmup": (0, None), "length_sigma": (0, 4)},
+    **{"prefill_throughput": (1, None), "prefix_cache_tokens": (0, None)},
     **dict.fromkeys(("fail_rate", "drop_rate", "health_fail_rate", "malformed_rate"), (0, 1)),
 }
 
@@ -74,6 +80,13 @@ class DevServerConfig:
     max_queued_requests: int | None = _opt(None, "Queued prompts beyond this get 503 'The request queue is full.'")
     token_latency: float = _opt(0.0, "Seconds per output token while holding a slot.")
     prefill_latency: float = _opt(0.0, "Seconds per prompt before its first token.")
+    charge_prefill: bool = _opt(False, "Charge each prompt's uncached tokens at --prefill-throughput before decoding.")
+    prefill_throughput: float = _opt(
+        H100_8B_PREFILL_TOKENS_PER_S, "Prefill tokens/s of the server, shared by all prompts (with --charge-prefill)."
+    )
+    prefix_cache_tokens: int | None = _opt(
+        None, "Token budget of the prefix cache, least recently used leaves evicted first (default: the KV cache)."
+    )
     mean_output_tokens: int = _opt(200, "Mean natural output length in tokens (gamma-distributed).")
     length_median: int | None = _opt(None, "Median output length: lognormal lengths (heavy-tailed, like reasoning).")
     length_sigma: float = _opt(1.0, "Sigma of the lognormal output lengths (with --length-median).")
@@ -175,6 +188,13 @@ class DevServerConfig:
     @property
     def max_req_input_len(self) -> int:
         return self.max_req_len - INPUT_CAP_MARGIN
+
+    @property
+    def effective_prefix_cache_tokens(self) -> int:
+        """The prefix cache's budget: the KV cache server_info reports, unless given."""
+        if self.prefix_cache_tokens is not None:
+            return self.prefix_cache_tokens
+        return self.slots * self.effective_context_length
 
     @property
     def effective_model_path(self) -> str:

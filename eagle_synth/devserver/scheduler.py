@@ -1,10 +1,12 @@
 """The emulated GPU's state: SlotScheduler (SGLang's running batch and waiting queue, reduced
-to slot timing), PrefixCache (for `cached_tokens`) and DevStats (the /dev/stats counters).
+to slot timing), PrefixCache (`cached_tokens`, looked up as a prompt is admitted) and DevStats
+(the /dev/stats counters).
 
-Each prompt is a SlotJob whose generation time is known in advance (prefill latency plus
-one token latency per output token), so one thread can run the whole "GPU": it admits waiting
-jobs into free slots in FIFO order and completes each when its time is up. Handler threads
-just wait on their job's event, so hundreds of queued prompts cost no extra threads.
+Each prompt is a SlotJob whose generation time is known when it is admitted (prefill latency,
+its wait for the shared prefill engine when prefill is charged, one token latency per output
+token), so one thread can run the whole "GPU": it admits waiting jobs into free slots in FIFO
+order and completes each when its time is up. Handler threads just wait on their job's event,
+so hundreds of queued prompts cost no extra threads.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,6 +41,10 @@ class SlotJob:
     rid: str
     group_rid: str
     output_tokens: int
+    prompt_ids: Sequence[int] = ()
+    # Set at admission: prompt tokens the prefix cache held, and the rest, which the GPU prefills.
+    cached_tokens: int = 0
+    prefill_tokens: int = 0
     outcome: str = PENDING
     tokens_done: int = 0
     admitted_at: float = 0.0
@@ -54,15 +60,23 @@ class SlotJob:
 class SlotScheduler:
     """At most config.slots jobs run at once, each for prefill_latency + output_tokens *
     token_latency; the rest wait in arrival order (at most max_queued_requests beyond free
-    slots). Jobs of zero duration with a free slot and nobody waiting complete in the caller's
-    thread. `stats` gets each job's slot-seconds (outside the lock) and the load on every change.
+    slots). With config.charge_prefill an admitted job first waits for its `prefill_tokens` on
+    one prefill engine of config.prefill_throughput tokens/s that all jobs share in admission
+    order (a GPU's prefill batches), so a server's prefill work per second is bounded. Jobs of
+    zero duration with a free slot and nobody waiting complete in the caller's thread. `stats`
+    gets each job's slot-seconds (outside the lock) and the load on every change.
     """
 
-    def __init__(self, config: DevServerConfig, stats: DevStats) -> None:
+    def __init__(self, config: DevServerConfig, stats: DevStats, cache: PrefixCache) -> None:
         self.slots = config.slots
+        self.cache = cache
         self.max_queued = config.max_queued_requests
         self.stats = stats
         self.token_latency, self.prefill_latency = config.token_latency, config.prefill_latency
+        # Seconds per uncached prompt token (0: prefill is free).
+        self.prefill_cost = 1.0 / config.prefill_throughput if config.charge_prefill else 0.0
+        # When the shared prefill engine has done all the prefill admitted so far.
+        self._prefill_free_at = 0.0
         self._cond = threading.Condition()
         self._waiting: deque[SlotJob] = deque()
         self._running: list[tuple[float, int, SlotJob]] = []  # heap by finish time
@@ -75,8 +89,9 @@ class SlotScheduler:
         with self._cond:
             return len(self._running), len(self._waiting)
 
-    def duration(self, output_tokens: int) -> float:
-        return self.prefill_latency + output_tokens * self.token_latency
+    def instant(self, job: SlotJob) -> bool:
+        """Whether the job takes no time at all (nothing charged for prefill or decoding)."""
+        return not self.prefill_cost and self.prefill_latency + job.output_tokens * self.token_latency == 0
 
     def submit(self, jobs: list[SlotJob]) -> None:
         """Queue jobs (all or none, else QueueFullError)."""
@@ -88,7 +103,8 @@ class SlotScheduler:
                 if would_wait > self.max_queued:
                     raise QueueFullError("The request queue is full.")
             for job in jobs:
-                if not self._waiting and len(self._running) < self.slots and self.duration(job.output_tokens) == 0:
+                if not self._waiting and len(self._running) < self.slots and self.instant(job):
+                    self._look_up(job)
                     job.admitted_at = job.decode_start = job.finish_at = time.monotonic()
                     job.outcome, job.tokens_done = FINISHED, job.output_tokens
                     finished.append((job, 0.0))
@@ -121,6 +137,21 @@ class SlotScheduler:
             self._cond.notify()
         self._finish(ended)
 
+    def _look_up(self, job: SlotJob) -> None:
+        """At admission: what of the prompt the cache holds; from now on the cache holds all of it,
+        as SGLang caches a running request's prompt once prefilled, and a prompt admitted later is
+        prefilled after this one on the shared engine anyway."""
+        job.cached_tokens = self.cache.lookup(job.prompt_ids)
+        job.prefill_tokens = len(job.prompt_ids) - job.cached_tokens
+        self.cache.insert(job.prompt_ids)
+
+    def _prefilled_at(self, job: SlotJob, now: float) -> float:
+        """When the shared prefill engine finishes the job's uncached tokens (call under the lock)."""
+        if not job.prefill_tokens or not self.prefill_cost:
+            return now
+        self._prefill_free_at = max(now, self._prefill_free_at) + job.prefill_tokens * self.prefill_cost
+        return self._prefill_free_at
+
     def _tokens_at(self, job: SlotJob, now: float) -> int:
         if self.token_latency <= 0:
             return job.output_tokens if now >= job.decode_start else 0
@@ -144,9 +175,10 @@ class SlotScheduler:
                     finished.append((job, job.finish_at - job.admitted_at))
                 while self._waiting and len(self._running) < self.slots:
                     job = self._waiting.popleft()
+                    self._look_up(job)
                     job.admitted_at = now
-                    job.decode_start = now + self.prefill_latency
-                    job.finish_at = now + self.duration(job.output_tokens)
+                    job.decode_start = self._prefilled_at(job, now) + self.prefill_latency
+                    job.finish_at = job.decode_start + job.output_tokens * self.token_latency
                     heapq.heappush(self._running, (job.finish_at, next(self._tie), job))
                 self.stats.load(len(self._running), len(self._waiting))
                 if not finished:
@@ -158,19 +190,29 @@ class SlotScheduler:
 # Cache granularity: prefixes are remembered per block of this many tokens, so cached_tokens
 # is a multiple of it (real SGLang with page size 1 is exact to the token).
 BLOCK_TOKENS = 16
-# Blocks kept before the least recently used are evicted (a few tens of MB at most).
-MAX_BLOCKS = 200_000
+# Stale entries the leaf heap may hold per live block before it is rebuilt (bounds its memory).
+HEAP_SLACK = 2
 
 
 class PrefixCache:
     """Remembers sequences as chains of full blocks (each keyed by the hash of everything before
-    it, so equal blocks at different places do not collide), evicting the least recently used
-    past MAX_BLOCKS. `lookup` counts a prompt's known leading blocks, capped at len(prompt) - 1
-    because SGLang always computes at least one token.
+    it, so equal blocks at different places do not collide): a tree like SGLang's radix cache.
+    `lookup` counts a prompt's known leading blocks, capped at len(prompt) - 1 because SGLang
+    always computes at least one token, and marks them used. Past `budget_tokens` the least
+    recently used leaves go first, as SGLang's radix cache evicts, so a shared prefix outlives
+    the branches that extend it and a chain never loses its middle.
+
+    Parameters:
+        budget_tokens: tokens kept at most (0: nothing is cached).
     """
 
-    def __init__(self) -> None:
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+    def __init__(self, budget_tokens: int) -> None:
+        self.max_blocks = budget_tokens // BLOCK_TOKENS
+        self._parent: dict[int, int] = {}  # block -> the block before it (0: the root)
+        self._children: dict[int, int] = {}  # block -> blocks extending it
+        self._used: dict[int, int] = {}  # block -> its last use (a tick)
+        self._leaves: list[tuple[int, int]] = []  # heap of (last use, block); stale entries skipped
+        self._tick = itertools.count(1)
         self._lock = threading.Lock()
 
     def _keys(self, ids: Sequence[int]) -> list[int]:
@@ -181,24 +223,59 @@ class PrefixCache:
     def lookup(self, prompt_ids: Sequence[int]) -> int:
         keys = self._keys(prompt_ids)
         with self._lock:
-            known = list(itertools.takewhile(self._blocks.__contains__, keys))
-            for key in known:
-                self._blocks.move_to_end(key)
+            known = list(itertools.takewhile(self._used.__contains__, keys))
+            self._touch(known)
         return min(len(known) * BLOCK_TOKENS, max(len(prompt_ids) - 1, 0))
 
     def insert(self, ids: Sequence[int]) -> None:
-        """Remember a finished sequence (prompt + output), as SGLang does on completion."""
+        """Remember a sequence: a prompt once admitted, prompt + output when finished (as SGLang)."""
         keys = self._keys(ids)
+        if not self.max_blocks:
+            return
         with self._lock:
+            parent = 0
             for key in keys:
-                self._blocks[key] = None
-                self._blocks.move_to_end(key)
-            while len(self._blocks) > MAX_BLOCKS:
-                self._blocks.popitem(last=False)
+                if key not in self._used:
+                    self._parent[key] = parent
+                    self._children[key] = 0
+                    self._used[key] = 0
+                    if parent:
+                        self._children[parent] += 1
+                parent = key
+            self._touch(keys)
+            self._evict()
 
     def flush(self) -> None:
         with self._lock:
-            self._blocks.clear()
+            self._parent.clear()
+            self._children.clear()
+            self._used.clear()
+            self._leaves.clear()
+
+    def _touch(self, chain: list[int]) -> None:
+        """Mark a chain used now (under the lock); its last block is the one a leaf may be."""
+        tick = next(self._tick)
+        for key in chain:
+            self._used[key] = tick
+        if chain and not self._children[chain[-1]]:
+            heapq.heappush(self._leaves, (tick, chain[-1]))
+        if len(self._leaves) > HEAP_SLACK * len(self._used) + BLOCK_TOKENS:
+            self._leaves = [(used, key) for key, used in self._used.items() if not self._children[key]]
+            heapq.heapify(self._leaves)
+
+    def _evict(self) -> None:
+        """Drop least recently used leaves until within budget (under the lock)."""
+        while len(self._used) > self.max_blocks and self._leaves:
+            used, key = heapq.heappop(self._leaves)
+            if self._used.get(key) != used or self._children[key]:
+                continue  # used again since, or extended: a newer entry or none stands for it
+            del self._used[key]
+            del self._children[key]
+            parent = self._parent.pop(key)
+            if parent:
+                self._children[parent] -= 1
+                if not self._children[parent]:
+                    heapq.heappush(self._leaves, (self._used[parent], parent))
 
 
 # Every counter /dev/stats reports, in its order (after uptime and started_at).
@@ -206,7 +283,7 @@ COUNTERS = (
     *("generate_requests", "generate_calls_before_healthy", "first_generate_at", "prompts", "output_tokens"),
     *("busy_slot_seconds", "injected_failures", "injected_drops", "client_errors", "queue_full", "aborted"),
     *("health_requests", "health_unavailable", "health_trickled", "injected_malformed", "deprecated_info_calls"),
-    *("peak_running", "peak_waiting", "peak_prompts"),
+    *("peak_running", "peak_waiting", "peak_prompts", "prompt_tokens", "cached_tokens"),
 )
 
 

@@ -247,7 +247,14 @@ class Campaign:
         return [bool(e or d) for e, d in zip(enqueued, done)]
 
     def mark_done(
-        self, keys: list[str], *, tokens_in: int, tokens_out: int, repaired: int = 0, fence: Fence | None = None
+        self,
+        keys: list[str],
+        *,
+        tokens_in: int,
+        tokens_out: int,
+        repaired: int = 0,
+        tokens_cached: int = 0,
+        fence: Fence | None = None,
     ) -> int:
         """Record that these keys' records are on disk; returns how many were new. With a fence, only
         under its lease (else LeaseLost), releasing the keys' claims in the same step."""
@@ -256,8 +263,8 @@ class Campaign:
         k = self.keys
         args = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.enqueued, tokens_in, tokens_out, repaired)
         if fence is not None:
-            return int(fence.eval(self.client, _MARK_DONE, 6, *args, EVENTS_MAXLEN, *keys, release=keys))
-        return int(self.client.eval(_MARK_DONE, 6, *args, EVENTS_MAXLEN, *keys))
+            return int(fence.eval(self.client, _MARK_DONE, 6, *args, EVENTS_MAXLEN, tokens_cached, *keys, release=keys))
+        return int(self.client.eval(_MARK_DONE, 6, *args, EVENTS_MAXLEN, tokens_cached, *keys))
 
     def record_failure(
         self,

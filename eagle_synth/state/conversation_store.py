@@ -69,6 +69,7 @@ class ConversationStore:
         tokens_in: int,
         tokens_out: int,
         repaired: int = 0,
+        tokens_cached: int = 0,
         fence: Fence | None = None,
     ) -> tuple[int, set[str]]:
         """Mark keys done and store each newly done one's follow-up or end (`entries`: (key, action,
@@ -78,7 +79,8 @@ class ConversationStore:
             return 0, set()
         k = self.keys
         names = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.followups, k.followup_owners)
-        args = (*names, k.conversation_ends, k.enqueued, tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner)
+        counts = (tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner, tokens_cached)
+        args = (*names, k.conversation_ends, k.enqueued, *counts)
         if fence is not None:
             reply = fence.eval(self.client, _COMMIT, 9, *args, *chain(*entries), release=[e[0] for e in entries])
         else:

@@ -129,6 +129,8 @@ PROMPTS_ENQUEUED = "prompts-enqueued"
 RECORDS = "records"
 TOKENS_IN = "tokens-in"
 TOKENS_OUT = "tokens-out"
+# Of TOKENS_IN, those the server found in its prefix cache (the records' cached_tokens).
+TOKENS_CACHED = "tokens-cached"
 # Records whose output began with prompt-tail ids the worker dropped (an old SGLang bug).
 REPAIRED_PREFIX = "repaired-prefix"
 # Done keys `repair` took back out of done because their record file was damaged.

@@ -23,7 +23,15 @@ from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.campaign_archive import ended_info
 from eagle_synth.state.campaign_control import campaign_priority, cancel_marker, known_campaigns
 from eagle_synth.state.conversation_store import ConversationStore
-from eagle_synth.state.keys import FAILED_PREFIX, REPAIRED_PREFIX, ROWS_READ, ROWS_SKIPPED, TOKENS_IN, TOKENS_OUT
+from eagle_synth.state.keys import (
+    FAILED_PREFIX,
+    REPAIRED_PREFIX,
+    ROWS_READ,
+    ROWS_SKIPPED,
+    TOKENS_CACHED,
+    TOKENS_IN,
+    TOKENS_OUT,
+)
 from eagle_synth.state.node_state import UNKNOWN, NodeRouting, all_nodes
 from eagle_synth.state.stranded import stranded_prompts
 
@@ -48,6 +56,7 @@ STATUS_KEYS = (
     "skipped_by_reason",
     "tokens_in",
     "tokens_out",
+    "cache_hit_share",
     "repaired_prefix",
     "records_per_s",
     "tokens_per_s",
@@ -94,6 +103,11 @@ CAMPAIGN_ROW_KEYS = (
 )
 
 
+def _share(part: int, whole: int) -> float:
+    """part / whole to 4 places; 0.0 when there is no whole yet."""
+    return round(part / whole, 4) if whole else 0.0
+
+
 def campaign_status(
     client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None, queue: str = DEFAULT_QUEUE
 ) -> dict:
@@ -137,6 +151,8 @@ def campaign_status(
         "skipped_by_reason": dict(inputs.skipped_by_reason) if inputs else campaign.skipped(),
         "tokens_in": progress.counters.get(TOKENS_IN, 0),
         "tokens_out": progress.counters.get(TOKENS_OUT, 0),
+        # Of the prompt tokens of the records, the share the servers found in their prefix cache.
+        "cache_hit_share": _share(progress.counters.get(TOKENS_CACHED, 0), progress.counters.get(TOKENS_IN, 0)),
         "repaired_prefix": progress.counters.get(REPAIRED_PREFIX, 0),
         "records_per_s": round(records_per_s, 3),
         "tokens_per_s": round(tokens_per_s, 1),
@@ -182,6 +198,7 @@ def _cancelled_status(name: str, marker: dict) -> dict:
     data |= {"campaign": name, "done": marker.get("done", 0), "failed": marker.get("failed", 0)}
     data |= {"failed_by_reason": {}, "failures_recorded_by_reason": {}, "skipped_by_reason": {}, "workers": []}
     data |= {"rate_window_s": RATE_WINDOW, "eta_seconds": None, "at": time.time(), "finished_share": 0.0}
+    data["cache_hit_share"] = 0.0
     data |= {key: None for key in ("conversations", "ended", "model")}
     data |= {"serving": [], "not_served": [], "priority": None, "cancelled": marker}
     return data

@@ -168,6 +168,7 @@ def _blocks(data: dict, *, compact: bool = False) -> list[Table]:
         "throughput": [
             ("tokens in", f"{data['tokens_in']:,}"),
             ("tokens out", f"{data['tokens_out']:,}"),
+            ("prefix cache hits", f"{data.get('cache_hit_share', 0.0):.1%}"),
             (f"records/s ({window})", f"{data['records_per_s']:,.2f}"),
             (f"tokens/s ({window})", f"{data['tokens_per_s']:,.0f}"),
             ("ETA", format_duration(data["eta_seconds"])),

@@ -13,10 +13,11 @@ local function mark_done(key)
   end
   return added
 end
-local function count_done(added, tokens_in, tokens_out, repaired, maxlen)
+local function count_done(added, tokens_in, tokens_out, repaired, maxlen, tokens_cached)
   if added > 0 then
     redis.call('HINCRBY', KEYS[4], '$RECORDS', added)
     redis.call('HINCRBY', KEYS[4], '$TOKENS_IN', tokens_in)
+    if tonumber(tokens_cached) > 0 then redis.call('HINCRBY', KEYS[4], '$TOKENS_CACHED', tokens_cached) end
     redis.call('HINCRBY', KEYS[4], '$TOKENS_OUT', tokens_out)
     if tonumber(repaired) > 0 then redis.call('HINCRBY', KEYS[4], '$REPAIRED_PREFIX', repaired) end
     redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*',
