@@ -60,6 +60,11 @@ def holder_dead(holder: str) -> bool:
     return not process_alive(int(parts[1]))
 
 
+def holder_host(holder: str) -> str:
+    """The host part of a holder id."""
+    return holder.split("|", 1)[0]
+
+
 def holder_alive(client: redis.Redis, holder: str, alive_key: str) -> bool:
     """A holder with a liveness key is alive while the key lives and it is not dead here."""
     return not holder_dead(holder) and bool(client.exists(alive_key))

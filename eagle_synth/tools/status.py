@@ -17,11 +17,11 @@ import redis
 
 from eagle_synth import input_rows
 from eagle_synth.errors import CampaignNotFound
-from eagle_synth.state.campaign import Campaign, campaign_names
+from eagle_synth.state.campaign import Campaign, Progress, campaign_names
 from eagle_synth.state.campaign_archive import ended_info
 from eagle_synth.state.conversation_store import ConversationStore
 from eagle_synth.state.keys import FAILED_PREFIX, REPAIRED_PREFIX, ROWS_READ, ROWS_SKIPPED, TOKENS_IN, TOKENS_OUT
-from eagle_synth.state.node_state import UNKNOWN, all_nodes
+from eagle_synth.state.node_state import UNKNOWN, all_nodes, live_hosts
 from eagle_synth.state.stranded import stranded_prompts
 
 # Window for records/s and tokens/s, seconds.
@@ -71,7 +71,7 @@ WORKER_KEYS = (
     "backend",
 )
 # Keys of each row of `eagle-synth campaigns --json`.
-CAMPAIGN_ROW_KEYS = (*STATUS_KEYS[:6], "records_per_s", "eta_seconds", "stranded")
+CAMPAIGN_ROW_KEYS = (*STATUS_KEYS[:6], "records_per_s", "eta_seconds", "stranded", "ended")
 
 
 def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None) -> dict:
@@ -81,11 +81,18 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
     if not campaign.exists():
         raise CampaignNotFound(name)
     progress = campaign.progress()
+    ended = ended_info(campaign)
+    if ended is not None:  # closed: its key sets are folded into a file; the marker keeps the totals
+        done = int(ended.get("done", 0))
+        failed = int(ended.get("failed", 0))
+        progress = Progress(enqueued=done + failed, done=done, failed=failed, counters=progress.counters)
     nodes = all_nodes(client)
     # Heartbeats can lag a finished batch by a moment; never show more in flight than pending.
     inflight = min(sum(n.get("inflight_by_campaign", {}).get(name, 0) for n in nodes), progress.pending)
     # Stranded prompts wait for a reaper: fetched by a worker that died, not at any server.
-    stranded_here = (stranded_prompts(client) if stranded is None else stranded).get(name, 0)
+    if stranded is None:
+        stranded = stranded_prompts(client, hosts=live_hosts(nodes))
+    stranded_here = stranded.get(name, 0)
     stranded_here = min(stranded_here, progress.pending - inflight)
     now = time.time()
     records_per_s, tokens_per_s = _rates(campaign.recent_events(seconds=RATE_WINDOW), now=now)
@@ -122,8 +129,9 @@ def campaign_status(client: redis.Redis, name: str, *, stranded: dict[str, int] 
         "stranded": stranded_here,
         # ConversationStore.counts() of a `--history own` campaign, else None.
         "conversations": ConversationStore(campaign).counts() if settings and settings.history == "own" else None,
-        # Closed (`eagle-synth close`): where its state was folded, with its done and failed counts.
-        "ended": ended_info(campaign),
+        # Closed (`eagle-synth close`): where its state was folded, with its done and failed counts
+        # (which are then the figures above: enqueued is done + failed, nothing pending).
+        "ended": ended,
     }
 
 
