@@ -29,7 +29,7 @@ from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 from producer.planner import PromptPlanner
 from producer.resume import ResumeCursors, run_scope
 from producer.rows import RowError
-from producer.sources import BadRow, expand_inputs, iter_source_rows
+from producer.sources import TRUNCATED_FILE, UNREADABLE_FILE, BadRow, expand_inputs, iter_source_rows
 from producer.tokenize import TemplateJob, TemplatingPool
 
 log = logging.getLogger("eagle_synth.producer")
@@ -40,8 +40,18 @@ ROWS_PER_CHUNK = 256
 EXAMPLES_PER_REASON = 3
 
 
+# BadRow reasons that mean the file itself is damaged (cut short, half copied, unreadable): the
+# run stops there unless --allow-truncated, since such a file loses every row after the damage.
+DAMAGED_FILE_REASONS = frozenset({TRUNCATED_FILE, UNREADABLE_FILE})
+
+
 class StrictModeError(UserError, RuntimeError):
     """--strict and a row was skipped; the message names the row and the reason."""
+
+
+class DamagedInputError(UserError, RuntimeError):
+    """An input file ends early or cannot be read, without --allow-truncated; the message names
+    the file, where, and how many rows were read from it before the damage."""
 
 
 @dataclass(slots=True)
@@ -139,6 +149,8 @@ class _Rows:
                 continue
             where = f"{row.source}:{row.line}"
             if isinstance(row, BadRow):
+                if row.reason in DAMAGED_FILE_REASONS and not self.options.allow_truncated:
+                    raise DamagedInputError(damaged_message(row, rows_before=tally.read - 1))
                 self.skip(where, row.reason, row.detail)
                 continue
             try:
@@ -196,6 +208,16 @@ class _Rows:
         self.summary.skip(where, reason, detail)
         if self.options.strict:
             raise StrictModeError(f"{where}: {reason}: {detail} (--strict stops at the first skipped row)")
+
+
+def damaged_message(row: BadRow, *, rows_before: int) -> str:
+    """One line: which file is damaged where, what was read before, what to do."""
+    where = row.source if row.line == 0 else f"{row.source}:{row.line}"
+    return (
+        f"{where}: {row.reason}: {row.detail}; {rows_before} rows were read from this file before it. "
+        "A file cut short or half copied loses every row after the damage: copy it again, or pass "
+        "--allow-truncated to enqueue the rows before the damage and go on"
+    )
 
 
 def _text_size(value: object) -> int:
@@ -296,7 +318,12 @@ def enqueue(
         if registered:
             from eagle_synth.state.campaign_archive import reopen_if_closed
 
-            reopen_if_closed(campaign)  # a closed campaign's keys come back before any is claimed
+            # A closed campaign's keys come back before any is claimed; the user hears of it.
+            if (reopened := reopen_if_closed(campaign)) is not None:
+                (on_warning or log.warning)(
+                    f"campaign {options.campaign!r} was closed: reopened it, {reopened[0]} done and "
+                    f"{reopened[1]} failed keys read back from its state file (`eagle-synth close` folds it again)"
+                )
             _register(campaign, settings, options, tokenizer)  # refuses other settings before templating
             summary.prompts_recovered = publisher.recover()
         scope = run_scope(

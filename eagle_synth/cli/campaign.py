@@ -65,6 +65,7 @@ def _template_kwargs(raw: str | None) -> dict:
 
 # Each enqueue flag's help, by its parameter's name.
 HELP = {
+    "allow_truncated": "Go on past an input file that ends early or cannot be read (one skipped row) instead of stopping there.",
     "files": "JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin.",
     "repetition_penalty": "Repetition penalty (1 = off).",
     "stop_token_ids": "Extra stop ids, comma-separated (EOS always stops).",
@@ -118,6 +119,7 @@ def enqueue(
     max_backlog: Annotated[int, _opt("max_backlog")] = OPTIONS["max_backlog"],
     max_backlog_mb: Annotated[int, _opt("max_backlog_mb")] = OPTIONS["max_backlog_mb"],
     strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
+    allow_truncated: Annotated[bool, _opt("allow_truncated")] = False,
     dry_run: Annotated[bool, _opt("dry_run")] = False,
     processes: Annotated[int | None, typer.Option(help="Templating processes (default: all cores).")] = None,
     as_json: JsonSummaryOpt = False,
@@ -235,6 +237,7 @@ def campaigns(as_json: JsonOpt = False, redis: RedisOpt = None) -> None:
             f"{r['campaign']:<30} {100 * r['finished_share']:5.1f}%  done {r['done']}  failed {r['failed']}  "
             f"queued {r['queued']}  in flight {r['inflight']}"
             + (f"  stranded {r['stranded']}" if r["stranded"] else "")
+            + ("  closed" if r["ended"] else "")
         )
 
 
