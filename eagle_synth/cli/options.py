@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -55,6 +59,19 @@ def fail(message: str, code: int = USER_ERROR_EXIT) -> NoReturn:
     """Stop the command with `error: <message>` and exit status `code`."""
     print_error(message)
     raise typer.Exit(code)
+
+
+@contextmanager
+def output_errors(out: Path, *, what: str = "--out") -> Iterator[None]:
+    """An OSError while a command writes `out` (a folder it may not write, a full disk, a path
+    through a file) ends it in one `error:` line naming the path and the OS error, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        path = exc.filename if exc.filename is not None else out
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        hint = "; free space there or choose another place" if exc.errno == errno.ENOSPC else ""
+        fail(f"cannot write {what} {out}: {path}: {reason}{hint}")
 
 
 def warn(message: str) -> None:

@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from eagle_synth.cli.options import JsonSummaryOpt, RedisOpt, command_group, fail, fields_of, redis_client, warn
+from eagle_synth.cli.options import (
+    JsonSummaryOpt,
+    RedisOpt,
+    command_group,
+    fail,
+    fields_of,
+    output_errors,
+    redis_client,
+    warn,
+)
 from eagle_synth.records import NotACampaignFolder, RecordFormatError, read_manifest, record_files, records_dir
 from eagle_synth.tools.compact import DEFAULT_MIN_AGE, DEFAULT_SHARD_BYTES, DEFAULT_THREADS, exclusive
 from eagle_synth.tools.compact import compact as run_compact
@@ -79,9 +88,17 @@ SUFFIXES_OF_FORMAT = {"jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",)
 
 
 def export_format(format: str | None, out: Path) -> str:
-    """--format, else the one --out's extension names, else jsonl; a --format contradicting the
-    extension stops the command (an unknown one is left to the exporter, which lists them)."""
+    """--format, else the one --out's extension names, else jsonl (an --out without extension);
+    an extension no format has (`train.csv`) without --format, or a --format contradicting the
+    extension, stops the command (an unknown --format is left to the exporter, which lists them)."""
     suffix = next((s for s in FILE_FORMATS_BY_SUFFIX if out.name.lower().endswith(s)), None)
+    if format is None and suffix is None and out.suffix and not out.is_dir():
+        from eagle_synth.tools.export import FORMATS
+
+        fail(
+            f"--out {out}: export cannot tell a format from {out.suffix!r}; name it "
+            f"{', '.join(FILE_FORMATS_BY_SUFFIX)}, or pass --format (one of {', '.join(FORMATS)})"
+        )
     if format is None:
         return FILE_FORMATS_BY_SUFFIX.get(suffix or "", "jsonl")
     if suffix is None:
@@ -149,7 +166,7 @@ def export(
     format = export_format(format, out)
     if format in FORMATS:  # an unknown --format is named by the exporter first, listing the known ones
         _require_records(campaign_dir, "export")
-    with _reading(campaign_dir) as progress:
+    with output_errors(out), _reading(campaign_dir) as progress:
         written = export_records(
             campaign_dir,
             out,
@@ -208,7 +225,7 @@ def vocab(
 
     filters = _filters(locals())
     _require_records(campaign_dir, "count")
-    with _reading(campaign_dir) as progress:
+    with output_errors(out), _reading(campaign_dir) as progress:
         result = build_vocab(
             campaign_dir,
             out,
@@ -315,7 +332,10 @@ def compact(
         if not as_json:
             typer.echo(f"wrote {path.name}: {records} records")
 
-    result = run_compact(campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads, on_shard=progress)
+    with output_errors(campaign_dir, what="the campaign folder"):
+        result = run_compact(
+            campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads, on_shard=progress
+        )
     if as_json:
         print(json.dumps(result.to_dict()))
         return
