@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from eagle_synth.cli.interrupts import arm_interrupts
+from eagle_synth.cli.interrupts import arm_interrupts, raise_if_interrupted
 from eagle_synth.cli.options import (
     INTERRUPTED_EXIT,
     AllowEvictingOpt,
@@ -23,6 +24,7 @@ from eagle_synth.cli.options import (
     command_group,
     fail,
     fields_of,
+    print_error,
     redis_client,
     warn,
 )
@@ -147,21 +149,37 @@ def enqueue(
         nonlocal so_far
         so_far = summary
         line.update(summary)
+        raise_if_interrupted()
+
+    def on_phase(description: str) -> None:
+        line.phase(description)
+        raise_if_interrupted()
 
     try:
         arm_interrupts()  # a Ctrl-C from here on, or one that came while the command started, lands below
         from eagle_synth import progress
         from producer.enqueue import enqueue as run_enqueue
         from producer.enqueue import print_summary
-        from producer.sources import STDIN, estimate_rows
+        from producer.sources import READ_PROGRESS, STDIN, estimate_rows, input_bytes
 
         wanted = not as_json and progress.wanted() and STDIN not in options.inputs
+        total_rows = estimate_rows(options.inputs) if wanted else None
         line = progress.EnqueueProgress(
-            enabled=not as_json, total_rows=estimate_rows(options.inputs) if wanted else None
+            enabled=not as_json,
+            total_rows=total_rows,
+            # Inputs whose rows cannot be counted cheaply (a JSON array, compressed JSONL): by bytes read.
+            total_bytes=input_bytes(options.inputs) if wanted and total_rows is None else None,
+            bytes_read=READ_PROGRESS.bytes_read,
         )
         with line:
             summary = run_enqueue(
-                options, broker=broker, stdin=sys.stdin.buffer, on_rows=on_rows, on_wait=line.waiting, on_warning=warn
+                options,
+                broker=broker,
+                stdin=sys.stdin.buffer,
+                on_rows=on_rows,
+                on_wait=line.waiting,
+                on_warning=warn,
+                on_phase=on_phase,
             )
     except KeyboardInterrupt:
         _interrupted(so_far, options=options, broker=broker)
@@ -191,12 +209,16 @@ def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, bro
     except redis_errors.RedisError:
         enqueued = "?"
     read = f"; this run read {summary.rows_read} rows" if summary is not None else ""
-    fail(
+    print_error(
         f"interrupted: campaign {options.campaign!r} holds {enqueued} "
         f"enqueued prompts, kept in Redis{read}. Rerun the same command to resume: prompts already "
-        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then",
-        code=INTERRUPTED_EXIT,
+        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then"
     )
+    # Everything is in Redis already; the interpreter's own teardown (a large tokenizer, the
+    # templating pool's bookkeeping) took 2-5 s more, so a Ctrl-C ends the process here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(INTERRUPTED_EXIT)
 
 
 @app.command()
