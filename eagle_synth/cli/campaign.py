@@ -29,7 +29,6 @@ from eagle_synth.cli.options import (
     warn,
 )
 from eagle_synth.sampling import SamplingParams
-from eagle_synth.settings import broker_settings
 from eagle_synth.toolcalls import TOOL_FORMATS
 from eagle_synth.variants import load_variants
 from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
@@ -142,6 +141,8 @@ def enqueue(
             "variants": tuple(load_variants(variants, base=sampling)) if variants is not None else (),
         }
     )
+    from eagle_synth.settings import broker_settings
+
     broker = broker_settings(redis_url=redis)  # a dry run reads the campaign from it too, when it answers
     so_far: EnqueueSummary | None = None  # the run's summary, as the producer last reported it
 
@@ -316,6 +317,7 @@ def retry_failed(
     """Enqueue a campaign's failed prompts again."""
     from eagle_synth.queue import make_celery
     from eagle_synth.reasons import RECORD_DAMAGED
+    from eagle_synth.settings import broker_settings
     from producer.retry import retry_failed as run_retry
 
     settings = broker_settings(redis_url=redis)
@@ -339,6 +341,7 @@ def close(
     redis: RedisOpt = None,
 ) -> None:
     """End a complete campaign: fold its Redis state (keys, failures, counts) into OUT/NAME and free Redis."""
+    from eagle_synth.settings import broker_settings
     from eagle_synth.state.campaign import Campaign
     from eagle_synth.state.campaign_archive import close_campaign
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from eagle_synth.errors import USER_ERROR_EXIT
-from eagle_synth.settings import broker_settings
 
 if TYPE_CHECKING:
     import redis
@@ -94,6 +93,7 @@ def check_campaign_name(name: str) -> None:
 
 
 def redis_client(redis_url: str | None) -> redis.Redis:
+    from eagle_synth.settings import broker_settings
     from eagle_synth.state.redis_client import connect
 
     return connect(broker_settings(redis_url=redis_url))
