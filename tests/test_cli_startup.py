@@ -68,3 +68,16 @@ def test_the_listing_is_what_click_would_print():
     formatter = ctx.make_formatter()
     super(type(group), group).format_commands(ctx, formatter)
     assert formatter.getvalue().strip() in lazy
+
+
+@pytest.mark.integration
+def test_devserver_help_names_the_command_it_was_run_as():
+    """`eagle-synth devserver --help` reads `eagle-synth devserver`; the module run alone keeps its own name."""
+    through_cli = subprocess.run(
+        [sys.executable, "-m", "eagle_synth", "devserver", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert through_cli.stdout.startswith("Usage: eagle-synth devserver [OPTIONS]"), through_cli.stdout[:200]
+    alone = subprocess.run(
+        [sys.executable, "-m", "eagle_synth.devserver", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert alone.stdout.startswith("Usage: python -m eagle_synth.devserver [OPTIONS]"), alone.stdout[:200]

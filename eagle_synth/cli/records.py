@@ -193,7 +193,11 @@ def export(
     for split, ratio in written.train_data_ratio.items():
         if ratio is not None:
             where = f" ({split}/)" if split != "all" else ""
-            typer.echo(f"speculators{where}: --train-data-ratio {ratio} keeps every input row on one side")
+            typer.echo(
+                f"speculators{where}: train with --train-data-ratio {ratio} (not its default 0.9): its validation "
+                "split is the last rows by index, and this ratio cuts between two input rows, so no row's samples "
+                "and turns land on both sides"
+            )
     if written.format == "specforge":
         typer.echo(
             f"SpecForge holds about {written.to_dict()['specforge_memory_bytes'] / 1e9:.2f} GB for the largest file "
