@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import msgspec
 import redis
 
-from eagle_synth.processes import holder_dead, holder_id, hostname
+from eagle_synth.processes import holder_gone_here, holder_id, hostname
 from eagle_synth.state.keys import WORKER_TTL, WORKERS_INDEX, worker_key
 from eagle_synth.state.redis_client import text as as_text
 
@@ -174,7 +174,7 @@ def all_nodes(client: redis.Redis) -> list[dict]:
         node = raw.decode() if isinstance(raw, bytes) else str(raw)
         if client.exists(worker_key(node)):
             snapshot = NodeState(client, node).snapshot()
-            if not holder_dead(snapshot.get("holder", "")):
+            if not holder_gone_here(snapshot.get("holder", "")):
                 nodes.append(snapshot)
     return sorted(nodes, key=lambda n: n.get("node", ""))
 

@@ -7,7 +7,7 @@ ago with no lease is stranded, and is put back as kombu would (same queue and pr
 marked redelivered), in one Lua script so never twice. workers/reaper.py runs this.
 
 `status` counts a batch as stranded sooner, as soon as its holder's death is knowable
-(`stranded_prompts`): its lease names a process of this boot that is gone, or a host where no
+(`stranded_prompts`): its lease names a process of this host and boot that is gone, or a host where no
 worker's heartbeat lives; and a fetched message without a lease while no worker is alive at all.
 """
 
@@ -23,7 +23,7 @@ from typing import cast
 import redis
 from kombu.transport.redis import Channel
 
-from eagle_synth.processes import holder_dead, holder_host
+from eagle_synth.processes import holder_gone_here, holder_host
 from eagle_synth.queue import payload_of_entry
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.keys import CampaignKeys
@@ -112,7 +112,7 @@ def held_by_no_one_alive(
     client: redis.Redis, *, reap_after: float = REAP_AFTER, hosts: set[str] | None = None
 ) -> list[HeldBatch]:
     """Held batches whose holder is known dead: the reaper's rule (stranded_batches), or a lease
-    whose holder is a gone process of this boot or on a host without a live worker (`hosts`:
+    whose holder is a gone process of this host and boot or on a host without a live worker (`hosts`:
     live_hosts, read here when not given), or no lease while no worker is alive anywhere."""
     now = time.time()
     held = held_batches(client, fetched_before=now)
@@ -124,7 +124,7 @@ def held_by_no_one_alive(
             dead = batch.fetched_at < now - reap_after or not alive_hosts
         else:
             holder = text(raw_holder)
-            dead = holder_dead(holder) or holder_host(holder) not in alive_hosts
+            dead = holder_gone_here(holder) or holder_host(holder) not in alive_hosts
         if dead:
             stranded.append(batch)
     return stranded
