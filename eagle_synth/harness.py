@@ -214,12 +214,14 @@ def make_test_certificates(folder: Path) -> None:
 
 @dataclass
 class ManagedProcess:
-    """A child process in its own session, with its output appended to a log file."""
+    """A child process in its own session, with its output appended to a log file; `preexec_fn`
+    runs in the child before it execs (tests set a parent-death signal there)."""
 
     args: list[str]
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen | None = None
+    preexec_fn: Callable[[], None] | None = None
 
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,6 +234,7 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=self.preexec_fn,
         )
         return self
 

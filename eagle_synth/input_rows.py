@@ -21,12 +21,14 @@ STDIN_SOURCE = "-"
 @dataclass(slots=True)
 class SourceRows:
     """Rows one run `read` from one source, those `skipped` (by reason), and those `resumed`
-    (passed over as an earlier run's, producer/resume.py)."""
+    (passed over as an earlier run's, producer/resume.py); `inherited`: the skips include those
+    the earlier run counted among the resumed rows (its cursor kept them)."""
 
     read: int = 0
     skipped: int = 0
     resumed: int = 0
     skipped_by_reason: Counter = field(default_factory=Counter)
+    inherited: bool = False
 
     def to_json(self) -> str:
         return json.dumps(
@@ -41,14 +43,15 @@ class SourceRows:
 
 
 def store_latest(client: redis.Redis, keys: CampaignKeys, by_source: dict[str, SourceRows]) -> None:
-    """Store one run's rows per source (real path; stdin `-`), replacing an earlier entry but
-    carrying over its skips when this run resumed (it never saw why those rows were skipped)."""
+    """Store one run's rows per source (real path; stdin `-`), replacing an earlier entry; a run
+    that resumed from a cursor without skip counts (written before they were kept) carries over
+    the entry's skips (it never saw why those rows were skipped)."""
     if not by_source:
         return
     names = {s if s == STDIN_SOURCE else os.path.realpath(s): rows for s, rows in by_source.items()}
     mapping = {}
     for (name, rows), raw in zip(names.items(), client.hmget(keys.input_rows, list(names)), strict=True):
-        if rows.resumed and raw is not None:
+        if rows.resumed and not rows.inherited and raw is not None:
             before = SourceRows.from_json(raw)
             rows = SourceRows(
                 read=rows.read,

@@ -81,6 +81,17 @@ def holder_dead(holder: str) -> bool:
     return not process_alive(int(parts[1]))
 
 
+def holder_host(holder: str) -> str:
+    """The host part of a holder id."""
+    return holder.split("|", 1)[0]
+
+
+def holder_gone_here(holder: str) -> bool:
+    """holder_dead, for a holder of this very host name too: containers on one machine share its
+    boot id but not their pid numbers, and a container's host name is its own (compose sets it)."""
+    return holder_host(holder) == hostname() and holder_dead(holder)
+
+
 def holder_alive(client: redis.Redis, holder: str, alive_key: str) -> bool:
     """A holder with a liveness key is alive while the key lives and it is not dead here."""
     return not holder_dead(holder) and bool(client.exists(alive_key))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 # Redraws per second of the terminal line.
@@ -43,7 +43,7 @@ def wanted() -> bool:
 
 
 class LiveLine:
-    """A spinner, description, bar and ETA when `total` is known, and time elapsed (if `enabled`)."""
+    """A spinner, description, bar, percent and ETA when `total` is known, and time elapsed (if `enabled`)."""
 
     def __init__(self, *, total: int | None = None, enabled: bool = True, description: str = "") -> None:
         self.enabled = enabled and wanted()
@@ -56,10 +56,17 @@ class LiveLine:
     def __enter__(self):
         if self.enabled:
             from rich.console import Console
-            from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                SpinnerColumn,
+                TaskProgressColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
             from rich.progress import Progress as RichProgress
 
-            bar = [BarColumn(), TimeRemainingColumn()] if self.total else []
+            bar = [BarColumn(), TaskProgressColumn(), TimeRemainingColumn()] if self.total else []
             self._progress = RichProgress(
                 *[SpinnerColumn(), TextColumn("{task.description}"), *bar, TimeElapsedColumn()],
                 console=Console(stderr=True),
@@ -103,17 +110,34 @@ class RecordsProgress(LiveLine):
 
 
 class EnqueueProgress(LiveLine):
-    """Progress of `enqueue`: rows read, rows/s, and why it waits when the backlog is full."""
+    """Progress of `enqueue`: what it is doing before the first rows are in (`phase`), then rows
+    read, rows/s, and why it waits when the backlog is full. The bar's total is `total_rows`
+    when the rows could be counted cheaply, else `total_bytes` of the input files, which
+    `bytes_read` says how far reading has got in."""
 
-    def __init__(self, *, enabled: bool = True, total_rows: int | None = None) -> None:
-        super().__init__(total=total_rows, enabled=enabled, description="reading rows")
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        total_rows: int | None = None,
+        total_bytes: int | None = None,
+        bytes_read: Callable[[], int] | None = None,
+    ) -> None:
+        super().__init__(total=total_rows or total_bytes, enabled=enabled, description="starting")
+        self.by_bytes = not total_rows and total_bytes is not None and bytes_read is not None
+        self.bytes_read = bytes_read
+
+    def phase(self, description: str) -> None:
+        self.started = time.monotonic()  # rows/s counts from the rows, not from the tokenizer's load
+        self.show(description)
 
     def update(self, summary) -> None:
         read = summary.rows_read
+        done = self.bytes_read() if self.by_bytes and self.bytes_read is not None else read
         self.show(
             f"rows {read:,} ({self.rate(read):,.0f}/s) | enqueued {summary.prompts_enqueued:,} | "
             f"duplicate {summary.prompts_duplicate:,} | skipped {summary.rows_skipped:,}",
-            read,
+            done,
         )
 
     def waiting(self, pending: int, *, held_bytes: int | None = None, max_bytes: int | None = None) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import redis
 
@@ -32,7 +33,7 @@ from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 from producer.planner import PromptPlanner
 from producer.resume import ResumeCursors, run_scope
 from producer.rows import RowError
-from producer.sources import BadRow, expand_inputs, iter_source_rows
+from producer.sources import TRUNCATED_FILE, UNREADABLE_FILE, BadRow, expand_inputs, iter_source_rows
 from producer.tokenize import TemplateJob, TemplatingPool
 
 log = logging.getLogger("eagle_synth.producer")
@@ -41,10 +42,25 @@ log = logging.getLogger("eagle_synth.producer")
 ROWS_PER_CHUNK = 256
 # Examples of each skip reason kept for the summary.
 EXAMPLES_PER_REASON = 3
+# Seconds between the main thread's looks at a load running on its own thread (interruptible):
+# how long a Ctrl-C may wait; a tenth of a second reads as at once.
+INTERRUPT_POLL = 0.1
+
+_Result = TypeVar("_Result")
+
+
+# BadRow reasons that mean the file itself is damaged (cut short, half copied, unreadable): the
+# run stops there unless --allow-truncated, since such a file loses every row after the damage.
+DAMAGED_FILE_REASONS = frozenset({TRUNCATED_FILE, UNREADABLE_FILE})
 
 
 class StrictModeError(UserError, RuntimeError):
     """--strict and a row was skipped; the message names the row and the reason."""
+
+
+class DamagedInputError(UserError, RuntimeError):
+    """An input file ends early or cannot be read, without --allow-truncated; the message names
+    the file, where, and how many rows were read from it before the damage."""
 
 
 @dataclass(slots=True)
@@ -63,6 +79,8 @@ class EnqueueSummary:
     prompts_recovered: int = 0
     prompts_replayed: int = 0
     rows_resumed: int = 0
+    # Of the resumed rows, those the earlier run skipped (known from its cursor; 0 for old cursors).
+    rows_resumed_skipped: int = 0
     tasks: int = 0
     skipped: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -81,12 +99,13 @@ class EnqueueSummary:
     def source(self, source: str) -> SourceRows:
         return self.by_source.setdefault(source, SourceRows())
 
-    def skip(self, where: str, reason: str, detail: str) -> None:
+    def skip(self, where: str, reason: str, detail: str, *, chunk: SourceRows) -> None:
+        """Count a skipped row in the run's totals and in its chunk's `chunk` (its source's)."""
         self.rows_skipped += 1
         self.skipped[reason] += 1
-        tally = self.source(where.rsplit(":", 1)[0])
-        tally.skipped += 1
-        tally.skipped_by_reason[reason] += 1
+        for tally in (self.source(source_of(where)), chunk):
+            tally.skipped += 1
+            tally.skipped_by_reason[reason] += 1
         examples = self.examples.setdefault(reason, [])
         if len(examples) < EXAMPLES_PER_REASON:
             examples.append(f"{where}: {detail}")
@@ -113,6 +132,15 @@ class EnqueueSummary:
         }
 
 
+def source_of(where: str) -> str:
+    """The source of a `file:line`."""
+    return where.rsplit(":", 1)[0]
+
+
+# Per source, the rows of one templating chunk: read (resumed ones included) and skipped.
+ChunkCounts = dict[str, SourceRows]
+
+
 @dataclass(slots=True)
 class _Rows:
     """One run's rows into prompt items, as `options` ask: planned by `planner`, capped
@@ -123,42 +151,74 @@ class _Rows:
     summary: EnqueueSummary
     planner: PromptPlanner
     max_prompt_tokens: int | None
+    # Per source, the rows of every chunk claimed so far (and those an earlier run's cursor
+    # vouches for): what `status` shows for an interrupted run, and what its rerun goes on from.
+    claimed: dict[str, SourceRows] = field(default_factory=dict)
 
-    def chunks(self, rows: Iterator, cursors: ResumeCursors | None) -> Iterator[tuple[tuple[list, dict], list]]:
-        """((rows, reached), their prompts' template inputs): rows templated together (`file:line`,
-        planned prompts) and per source the last line read, up to which every row is accounted for
-        once the chunk is claimed (producer/resume.py); rows an earlier run claimed are left out."""
+    def chunks(
+        self, rows: Iterator, cursors: ResumeCursors | None
+    ) -> Iterator[tuple[tuple[list, dict, ChunkCounts], list]]:
+        """((rows, reached, counts), their prompts' template inputs): rows templated together
+        (`file:line`, planned prompts), per source the last line read, up to which every row is
+        accounted for once the chunk is claimed (producer/resume.py), and the chunk's rows per
+        source (ChunkCounts, for `claim`); rows an earlier run claimed are left out."""
         summary = self.summary
-        chunk, reached, flat = list[tuple[str, list]](), dict[str, int](), list[tuple]()
+        chunk, reached, flat, counts = list[tuple[str, list]](), dict[str, int](), list[tuple](), ChunkCounts()
         for row in rows:
             summary.rows_read += 1
             tally = summary.source(row.source)
             tally.read += 1
+            here = counts.setdefault(row.source, SourceRows())
+            here.read += 1
             reached[row.source] = row.line
-            if cursors is not None and row.line <= cursors.resume_after(row.source):
+            # Line 0 is a whole file's problem (unreadable): never an earlier run's row.
+            if cursors is not None and 0 < row.line <= cursors.resume_after(row.source):
                 summary.rows_duplicate += 1
                 summary.rows_resumed += 1
                 tally.resumed += 1
+                here.resumed += 1
                 continue
             where = f"{row.source}:{row.line}"
             if isinstance(row, BadRow):
-                self.skip(where, row.reason, row.detail)
+                if row.reason in DAMAGED_FILE_REASONS and not self.options.allow_truncated:
+                    raise DamagedInputError(damaged_message(row, rows_before=tally.read - 1))
+                self.skip(where, row.reason, row.detail, chunk=here)
                 continue
             try:
                 conversations = self.planner.plan(row.data, source=row.source, line=row.line)
             except RowError as exc:
-                self.skip(where, exc.reason, str(exc))
+                self.skip(where, exc.reason, str(exc), chunk=here)
                 continue
-            conversations = self._within_char_cap(where, conversations)
+            conversations = self._within_char_cap(where, conversations, chunk=here)
             if conversations:
                 chunk.append((where, conversations))
                 flat.extend(c.template_input() for c in conversations)
             if len(chunk) >= ROWS_PER_CHUNK:
-                yield (chunk, dict(reached)), flat
-                chunk, flat = [], []
-        yield (chunk, reached), flat  # the last, maybe empty: its `reached` covers rows skipped at the end
+                yield (chunk, dict(reached), counts), flat
+                chunk, flat, counts = [], [], ChunkCounts()
+        # The last, maybe empty: its `reached` and counts cover rows skipped at the end.
+        yield (chunk, reached, counts), flat
 
-    def _within_char_cap(self, where: str, conversations: list) -> list:
+    def claim(self, counts: ChunkCounts, cursors: ResumeCursors | None) -> None:
+        """A chunk is claimed: its rows join `claimed`. A source's resumed rows bring the skips
+        the earlier run counted among them (its cursor keeps them), so a rerun after an
+        interruption ends with the figures of a run never interrupted."""
+        for source, rows in counts.items():
+            total = self.claimed.get(source)
+            if total is None:
+                total = self.claimed[source] = SourceRows()
+                earlier = cursors.skipped_before(source) if cursors is not None and rows.resumed else None
+                if earlier is not None:
+                    total.inherited = True
+                    total.skipped = earlier.total()
+                    total.skipped_by_reason = earlier
+                    self.summary.rows_resumed_skipped += earlier.total()
+            total.read += rows.read
+            total.resumed += rows.resumed
+            total.skipped += rows.skipped
+            total.skipped_by_reason.update(rows.skipped_by_reason)
+
+    def _within_char_cap(self, where: str, conversations: list, *, chunk: SourceRows) -> list:
         """The conversations under --max-prompt-chars; the row is skipped if none is."""
         cap = self.options.max_prompt_chars
         if not cap:
@@ -173,11 +233,12 @@ class _Rows:
                 kept.append(conversation)
         if not kept:
             detail = f"{largest} characters > --max-prompt-chars {cap} (checked before templating)"
-            self.skip(where, PROMPT_TOO_LONG, detail)
+            self.skip(where, PROMPT_TOO_LONG, detail, chunk=chunk)
         return kept
 
-    def items(self, where: str, conversations: list, results: list) -> list[PromptItem]:
-        """The items of a row's templated conversations (`results`: ids, or the template's error)."""
+    def items(self, where: str, conversations: list, results: list, *, chunk: SourceRows) -> list[PromptItem]:
+        """The items of a row's templated conversations (`results`: ids, or the template's
+        error); `chunk`: its chunk's counts of the row's source."""
         items: list[PromptItem] = []
         problems: list[tuple[str, str]] = []
         cap = self.max_prompt_tokens
@@ -192,13 +253,44 @@ class _Rows:
                 continue
             self.summary.prompts_skipped += self.options.sampling.n
         if not items and problems:
-            self.skip(where, *problems[0])
+            self.skip(where, *problems[0], chunk=chunk)
         return items
 
-    def skip(self, where: str, reason: str, detail: str) -> None:
-        self.summary.skip(where, reason, detail)
+    def skip(self, where: str, reason: str, detail: str, *, chunk: SourceRows) -> None:
+        self.summary.skip(where, reason, detail, chunk=chunk)
         if self.options.strict:
             raise StrictModeError(f"{where}: {reason}: {detail} (--strict stops at the first skipped row)")
+
+
+def interruptible(call: Callable[[], _Result]) -> _Result:
+    """call() on a daemon thread, the main thread waiting in INTERRUPT_POLL steps: a tokenizer's
+    load is one long Rust call during which the main thread cannot take a Ctrl-C (seconds to
+    minutes for a large vocabulary); this way Ctrl-C acts at once and the load is abandoned."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the caller as it is
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="eagle-synth-load", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(INTERRUPT_POLL)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def damaged_message(row: BadRow, *, rows_before: int) -> str:
+    """One line: which file is damaged where, what was read before, what to do."""
+    where = row.source if row.line == 0 else f"{row.source}:{row.line}"
+    return (
+        f"{where}: {row.reason}: {row.detail}; {rows_before} rows were read from this file before it. "
+        "A file cut short or half copied loses every row after the damage: copy it again, or pass "
+        "--allow-truncated to enqueue the rows before the damage and go on"
+    )
 
 
 def _text_size(value: object) -> int:
@@ -266,11 +358,13 @@ def enqueue(
     on_wait: Callable[..., None] | None = None,
     on_warning: Callable[[str], None] | None = None,
     tokenizer: Any = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> EnqueueSummary:
     """Template every row of the inputs and enqueue new prompts; returns the summary.
 
     `tokenizer`: `options.tokenizer` already loaded by load_tokenizer (tests enqueue often in
-    one process). The campaign is registered only once it has a prompt to enqueue. Raises
+    one process). `on_phase` hears what the run is doing before its first rows are in (loading
+    the tokenizer takes seconds to minutes for a large vocabulary). The campaign is registered only once it has a prompt to enqueue. Raises
     CampaignMismatch, InputError (every input checked first), StrictModeError, TemplateError,
     EvictingRedisError.
     """
@@ -278,9 +372,13 @@ def enqueue(
     summary = EnqueueSummary(campaign=options.campaign, dry_run=options.dry_run)
     inputs = expand_inputs(options.inputs)
     check_tokenizer_path(options.tokenizer)
+    say = on_phase or (lambda _phase: None)
     if tokenizer is None:
-        tokenizer = load_tokenizer(
-            options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
+        say(f"loading the tokenizer {options.tokenizer}")
+        tokenizer = interruptible(
+            lambda: load_tokenizer(
+                options.tokenizer, trust_remote_code=options.trust_remote_code, chat_template_file=options.chat_template
+            )
         )
     broker = broker or broker_settings()
     tool_format, no_tool_format = resolve_tool_format(options, tokenizer)
@@ -301,7 +399,12 @@ def enqueue(
         if registered:
             from eagle_synth.state.campaign_archive import reopen_if_closed
 
-            reopen_if_closed(campaign)  # a closed campaign's keys come back before any is claimed
+            # A closed campaign's keys come back before any is claimed; the user hears of it.
+            if (reopened := reopen_if_closed(campaign)) is not None:
+                (on_warning or log.warning)(
+                    f"campaign {options.campaign!r} was closed: reopened it, {reopened[0]} done and "
+                    f"{reopened[1]} failed keys read back from its state file (`eagle-synth close` folds it again)"
+                )
             _register(campaign, settings, options, tokenizer)  # refuses other settings before templating
             summary.prompts_recovered = publisher.recover()
         scope = run_scope(
@@ -334,13 +437,18 @@ def enqueue(
         chat_template_file=options.chat_template,
         template_kwargs=tuple(sorted(options.chat_template_kwargs.items())),
     )
+    say("starting the templating processes")
     pool = TemplatingPool(job, processes=options.processes, tokenizer=tokenizer)
+    say("templating the first rows")
     run = _Rows(options, summary, PromptPlanner(options, no_tool_format=no_tool_format), max_prompt_tokens)
     try:
         rows = itertools.islice(iter_source_rows(inputs, stdin=stdin), options.limit)  # limit None: every row
-        for (chunk, reached), results in pool.map(run.chunks(rows, cursors)):
+        for (chunk, reached, counts), results in pool.map(run.chunks(rows, cursors)):
             left = iter(results)
-            per_row = [run.items(where, planned, [next(left) for _ in planned]) for where, planned in chunk]
+            per_row = [
+                run.items(where, planned, [next(left) for _ in planned], chunk=counts[source_of(where)])
+                for where, planned in chunk
+            ]
             flags = iter(claim([item for items in per_row for item in items]))
             for items in filter(None, per_row):  # rows without items were skipped above
                 new = sum(next(flags) for _ in items)
@@ -348,10 +456,14 @@ def enqueue(
                 summary.prompts_duplicate += len(items) - new
                 summary.rows_enqueued += new > 0
                 summary.rows_duplicate += new == 0
+            run.claim(counts, cursors)
             if cursors is not None and registered:
-                cursors.note(reached)
+                cursors.note(reached, run.claimed)
             if on_rows:
                 on_rows(summary)
+    except BaseException:
+        pool.close(abort=True)  # Ctrl-C or an error: the chunks in the pool are not wanted
+        raise
     finally:
         pool.close()
         if publisher is not None:
@@ -368,7 +480,8 @@ def enqueue(
                     }
                 )
                 campaign.count_skipped(dict(summary.skipped))
-                store_latest(campaign.client, campaign.keys, summary.by_source)
+                # The rows claimed (an interrupted run's rows past its last claim are read again by its rerun).
+                store_latest(campaign.client, campaign.keys, run.claimed)
         summary.seconds = time.monotonic() - started
     return summary
 
@@ -430,13 +543,18 @@ def _register(campaign: Campaign, settings, options: EnqueueOptions, tokenizer) 
 
 def print_summary(summary: EnqueueSummary) -> None:
     verb = "would enqueue" if summary.dry_run else "enqueued"
+    resumed = ""
+    if summary.rows_resumed:
+        earlier = f", which skipped {summary.rows_resumed_skipped} of them" if summary.rows_resumed_skipped else ""
+        resumed = f" / resumed {summary.rows_resumed} (read by an earlier run{earlier}: not templated again)"
     print(
         f"rows read {summary.rows_read} / {verb} {summary.rows_enqueued} / duplicate "
-        f"{summary.rows_duplicate} / skipped {summary.rows_skipped}"
+        f"{summary.rows_duplicate - summary.rows_resumed} / skipped {summary.rows_skipped}{resumed}"
     )
     print(
         f"prompts {verb} {summary.prompts_enqueued} in {summary.tasks} tasks, duplicate "
         f"{summary.prompts_duplicate}, skipped {summary.prompts_skipped}"
+        + (" (too long or refused by the template; rows skipped whole have none)" if summary.rows_skipped else "")
         + (f", republished after a killed run {summary.prompts_recovered}" if summary.prompts_recovered else "")
         + (f", re-enqueued after `repair` {summary.prompts_replayed}" if summary.prompts_replayed else "")
         + f" ({summary.seconds:.1f} s)"

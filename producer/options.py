@@ -53,6 +53,7 @@ class EnqueueOptions:
     max_backlog: int = DEFAULT_MAX_BACKLOG
     max_backlog_mb: int = DEFAULT_MAX_BACKLOG_MB
     strict: bool = False
+    allow_truncated: bool = False
     dry_run: bool = False
     processes: int | None = None
     allow_evicting_redis: bool = False

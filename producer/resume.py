@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
+from eagle_synth.input_rows import SourceRows
 from eagle_synth.state.keys import CampaignKeys
+
+# Suffix of the field beside a cursor that holds the skips, by reason, of the rows up to it.
+SKIPPED_SUFFIX = "|skipped"
 
 
 def run_scope(settings_json: str, **options: object) -> str:
@@ -64,15 +69,27 @@ class ResumeCursors:
             self._starts[source] = int(raw) if raw else 0
         return self._starts[source]
 
-    def note(self, reached: dict[str, int]) -> None:
-        """Every row up to these lines (per source) is claimed: keep it for reruns."""
+    def skipped_before(self, source: str) -> Counter | None:
+        """Skips by reason among the rows up to the cursor of `source`; None when the cursor
+        predates them (or there is none)."""
+        field = self._field(source) if self.enabled else None
+        raw = self.client.hget(self.keys.cursors, field + SKIPPED_SUFFIX) if field else None
+        if raw is None:
+            return None
+        return Counter({str(reason): int(count) for reason, count in json.loads(raw).items()})
+
+    def note(self, reached: dict[str, int], claimed: dict[str, SourceRows]) -> None:
+        """Every row up to these lines (per source) is claimed, `claimed` counting them: keep
+        both for reruns (in one write, so the line and its skips never disagree)."""
         if not self.enabled:
             return
-        updates: dict = {}  # field -> line
+        updates: dict = {}  # field -> line, and field|skipped -> skips by reason
         for source, line in reached.items():
             field = self._field(source)
             if field and line > self._noted.get(source, 0):
                 updates[field] = str(line)
+                skipped = claimed[source].skipped_by_reason if source in claimed else {}
+                updates[field + SKIPPED_SUFFIX] = json.dumps(dict(skipped))
                 self._noted[source] = line
         if updates:
             self.client.hset(self.keys.cursors, mapping=updates)

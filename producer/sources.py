@@ -8,6 +8,7 @@ non-space byte.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import io
@@ -161,6 +162,36 @@ def iter_source_rows(paths: Sequence[str], *, stdin: IO[bytes] | None = None) ->
     return itertools.chain.from_iterable(readers[kind](path, compression) for path, kind, compression in plan)
 
 
+class ReadProgress:
+    """How far reading the input files has got, in bytes of the files as stored (compressed
+    bytes for .gz/.zst): a progress measure for inputs whose rows cannot be counted cheaply
+    (input_bytes). One per process (READ_PROGRESS): the readers run one file at a time."""
+
+    def __init__(self) -> None:
+        self.finished = 0  # bytes of the files read to their end
+        self._current: IO[bytes] | None = None  # the stored file being read
+
+    def reading(self, stream: IO[bytes]) -> None:
+        # gzip's file object keeps the stored file as `fileobj`, _ZstdReader as `_raw`.
+        self._current = (
+            getattr(stream, "fileobj", None) or getattr(getattr(stream, "raw", None), "_raw", None) or stream
+        )
+
+    def done(self, path: str) -> None:
+        self._current = None
+        with contextlib.suppress(OSError):
+            self.finished += os.path.getsize(path)
+
+    def bytes_read(self) -> int:
+        at = 0
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # closed or gone meanwhile
+            at = self._current.tell() if self._current is not None else 0
+        return self.finished + at
+
+
+READ_PROGRESS = ReadProgress()
+
+
 def _open_bytes(path: str, compression: str | None) -> IO[bytes]:
     if compression == "gzip":
         return cast(IO[bytes], gzip.open(path, "rb"))  # a binary file object; typeshed types it apart
@@ -177,7 +208,9 @@ def _with_opened(
         yield BadRow(path, 0, UNREADABLE_FILE, f"cannot open: {exc.strerror or exc}")
         return
     with stream:
+        READ_PROGRESS.reading(stream)
         yield from reader(stream, path, *args)
+    READ_PROGRESS.done(path)
 
 
 class _ZstdReader(io.RawIOBase):
@@ -434,6 +467,18 @@ def _iter_hf_dataset_dict(path: str) -> Iterator[Item]:
     splits = yield from _read_listing(path, "dataset_dict.json", _split_names)
     for split in splits:  # a split missing its state.json is an unreadable file
         yield from _iter_hf_dataset(os.path.join(path, split))
+
+
+def input_bytes(paths: Sequence[str]) -> int | None:
+    """A progress total in stored bytes (READ_PROGRESS) when every input is a JSON or JSONL
+    file (compressed or not); else None."""
+    total = 0
+    for path in expand_inputs(paths):
+        kind, _ = _detect(path)
+        if kind not in (JSONL, JSON):
+            return None
+        total += os.path.getsize(path)
+    return total
 
 
 def estimate_rows(paths: Sequence[str]) -> int | None:

@@ -123,6 +123,16 @@ class TemplatingPool:
         for context0, future in window:
             yield context0, future.result()
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+    def close(self, *, abort: bool = False) -> None:
+        """Shut the pool down; `abort` (Ctrl-C, an error): without waiting for the chunks being
+        templated, whose results no one reads (waiting made Ctrl-C take seconds to act)."""
+        pool = self._pool
+        self._pool = None
+        if pool is None:
+            return
+        if abort:
+            # ProcessPoolExecutor has no public way to stop running work before Python 3.14's
+            # terminate_workers(); its process table is the one handle on them.
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)

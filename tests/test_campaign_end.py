@@ -3,6 +3,8 @@ folds into its folder, and a rerun of `enqueue` or `retry-failed` afterwards sta
 
 from __future__ import annotations
 
+import json
+
 from eagle_synth.harness import wait_for
 from eagle_synth.state.campaign_archive import STATE_FILE
 from tests.conftest import chat_rows
@@ -43,12 +45,26 @@ def test_close_then_rerun_and_retry_stay_exact(tmp_path, redis_server, stack, to
     assert not any(c.client.exists(key) for key in (c.keys.enqueued, c.keys.done, c.keys.failed))
     assert c.client.exists(c.keys.ended) and c.settings() is not None
     assert c.progress().counters["records"] == 6  # the counters stay for `status`
-    assert status_json(url, "fold")["ended"]["done"] == 6
+    closed_status = status_json(url, "fold")
+    assert closed_status["ended"]["done"] == 6
+    # The figures are the totals it ended with, not the emptied sets' zeros.
+    assert (closed_status["enqueued"], closed_status["done"], closed_status["failed"]) == (7, 6, 1)
+    assert (closed_status["queued"], closed_status["finished_share"]) == (0, 1.0)
+    shown = cli("status", "fold", "--redis", url).stdout.decode()
+    assert "100.0% finished, closed" in shown
+    listed = cli("campaigns", "--redis", url).stdout.decode()
+    assert "100.0%  done 6  failed 1" in listed and "closed" in listed
     assert "closed: 1 failures are folded" in cli("failed", "fold", "--redis", url).stdout.decode()
 
-    # A rerun of the campaign's enqueue on the same rows: the state comes back, nothing is new.
-    rerun = enqueue_rows(tmp_path, url, "fold", rows, tokenizer=tokenizer_path)
-    assert (rerun.prompts_enqueued, rerun.prompts_duplicate) == (0, 7)
+    # A rerun of the campaign's enqueue on the same rows: the state comes back (said in one
+    # line), nothing is new.
+    rerun_args = ["enqueue", str(tmp_path / "fold.jsonl"), "--campaign", "fold", "--tokenizer", str(tokenizer_path)]
+    rerun_args += ["--redis", url, "--batch-size", "8", "--max-new-tokens", "64", "--temperature", "0", "--json"]
+    rerun_run = cli(*rerun_args)
+    rerun = json.loads(rerun_run.stdout)
+    said = [line for line in rerun_run.stderr.decode().splitlines() if "reopened" in line]
+    assert len(said) == 1 and "6 done and 1 failed keys read back" in said[0], rerun_run.stderr
+    assert (rerun["rows_read"], rerun["rows_enqueued"], rerun["prompts_enqueued"]) == (7, 0, 0)
     assert not c.client.exists(c.keys.ended)
     assert (c.progress().enqueued, c.client.scard(c.keys.done), c.progress().failed) == (7, 6, 1)
 

@@ -32,7 +32,7 @@ REFERENCES = {
     "devserver": "devserver.md",
 }
 # Commands whose --help is checked at 80 columns: every one (devserver's is argparse's own).
-COMMANDS = sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+COMMANDS = sorted(typer.main.get_command(app).list_commands(None))  # type: ignore[attr-defined, arg-type]
 
 
 def documented_flags(doc: Path, command: str) -> set[str]:
@@ -55,6 +55,11 @@ def documented_flags(doc: Path, command: str) -> set[str]:
     return flags
 
 
+def cli_command(command: str):
+    """The click command of `eagle-synth COMMAND` (the app loads each command's module on demand)."""
+    return typer.main.get_command(app).get_command(None, command)  # type: ignore[attr-defined, arg-type]
+
+
 def help_flags(command: str) -> set[str]:
     """The option names `eagle-synth COMMAND --help` lists (no --help; no --no-X of a switch)."""
     if command == "devserver":
@@ -62,7 +67,7 @@ def help_flags(command: str) -> set[str]:
 
         click_command = typer.main.get_command(devserver_cli)
     else:
-        click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+        click_command = cli_command(command)
     return {o for param in click_command.params for o in getattr(param, "opts", ()) if o.startswith("--")} - {"--help"}
 
 
@@ -70,7 +75,7 @@ def negative_flags(command: str) -> set[str]:
     """The --no-X halves of a command's switches (a table may name them beside --X)."""
     if command == "devserver":
         return set()
-    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    click_command = cli_command(command)
     return {o for param in click_command.params for o in getattr(param, "secondary_opts", ())}
 
 

@@ -172,3 +172,54 @@ def test_cli_export_reports_and_refuses_bad_format(campaign, tmp_path):
     assert bad.exit_code == 2 and "jsonl, parquet" in bad.output
     folder_out = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path)])
     assert folder_out.exit_code == 2 and "--shard-rows" in folder_out.output
+
+
+def test_an_out_with_an_extension_no_format_has_is_refused(campaign, tmp_path):
+    """`--out train.csv` would have been JSONL under a CSV name: refused in one line listing the formats."""
+    folder, _ = campaign
+    refused = CliRunner().invoke(app, ["export", str(folder), "--out", str(tmp_path / "train.csv")])
+    assert refused.exit_code == 2
+    assert "'.csv'" in refused.output and ".jsonl.gz, .jsonl, .parquet" in refused.output
+    assert "jsonl, parquet, specforge, speculators, hf" in refused.output
+    assert not (tmp_path / "train.csv").exists()
+    named = CliRunner().invoke(app, ["export", str(folder), "--out", str(tmp_path / "train.csv"), "--format", "jsonl"])
+    assert named.exit_code == 0, named.output
+
+
+@pytest.mark.parametrize("command", ["export", "vocab"])
+def test_an_out_that_cannot_be_written_is_one_line(campaign, tmp_path, command):
+    """--out under a regular file (a path no one can create): one `error:` line naming the path
+    and the OS error, no traceback."""
+    folder, _ = campaign
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / ("train.jsonl" if command == "export" else "vocab")
+    args = [command, str(folder), "--out", str(out)]
+    if command == "vocab":
+        args += ["--draft-vocab-size", "4", "--target-vocab-size", "300000"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and str(out) in lines[0], result.output
+    assert lines[0].endswith((": File exists", ": Not a directory")), lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_compact_on_a_full_disk_is_one_line(campaign, monkeypatch):
+    """An OSError out of compact (ENOSPC here) ends the CLI in one line naming the path and the error."""
+    import errno
+
+    from eagle_synth.cli import records as records_cli
+
+    folder, _ = campaign
+    shard = folder / "records" / "shard-0001.msgpack.zst"
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(shard))
+
+    monkeypatch.setattr(records_cli, "run_compact", full_disk)
+    result = CliRunner().invoke(app, ["compact", str(folder)])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and str(shard) in lines[0] and "No space left on device" in lines[0], result.output

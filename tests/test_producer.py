@@ -220,6 +220,7 @@ def test_bad_input_every_row_accounted_for(tmp_path, redis_server, tokenizer_pat
         redis_server.url,
         "--max-prompt-tokens",
         "100",
+        "--allow-truncated",
         "--json",
     )
     summary = json.loads(result.stdout)
@@ -250,6 +251,41 @@ def test_bad_input_every_row_accounted_for(tmp_path, redis_server, tokenizer_pat
     )
     assert strict.returncode == 2
     assert f"{path}:2" in strict.stderr.decode()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_a_truncated_input_stops_the_run_unless_allowed(tmp_path, redis_server, tokenizer_path, kind):
+    """A file cut mid-row or half copied is an error naming the file, the line and the rows read
+    before it; --allow-truncated makes it one skipped row and enqueues the rows before."""
+    rows = chat_rows(40)
+    whole = tmp_path / f"whole.{kind}"
+    if kind == "jsonl":
+        write_jsonl(whole, rows)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), whole)
+    data = whole.read_bytes()
+    cut = tmp_path / f"cut.{kind}"
+    cut_at = data.index(b"\n", len(data) // 2) + 10 if kind == "jsonl" else len(data) // 2
+    cut.write_bytes(data[:cut_at])
+    base = ["enqueue", str(cut), "--campaign", f"cut-{kind}", "--tokenizer", str(tokenizer_path)]
+    base += ["--redis", redis_server.url, "--batch-size", "4"]
+    refused = cli(*base, check=False)
+    message = refused.stderr.decode().strip()
+    assert refused.returncode == 2
+    assert "Traceback" not in message and len(message.splitlines()) == 1, message
+    read_before = data[:cut_at].count(b"\n") if kind == "jsonl" else 0
+    where = f"{cut}:{read_before + 1}" if kind == "jsonl" else f"{cut}:"
+    assert where in message and f"{read_before} rows were read" in message and "--allow-truncated" in message
+
+    allowed = json.loads(cli(*base, "--allow-truncated", "--json").stdout)
+    skipped = allowed["skipped_by_reason"]
+    assert skipped == ({"truncated-file": 1} if kind == "jsonl" else {"unreadable-file": 1})
+    assert allowed["rows_enqueued"] == read_before
+    if read_before:
+        assert campaign(redis_server.url, f"cut-{kind}").progress().enqueued == read_before
 
 
 def test_template_rejection_skips_the_row_not_the_batch(tmp_path, redis_server, tokenizer_path):

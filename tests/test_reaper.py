@@ -238,3 +238,59 @@ def test_restored_copy_of_a_finished_batch_does_nothing(tmp_path, redis_server, 
     assert devserver_stats(url)["prompts"] == prompts_before
     assert sorted((out / "late-ack" / "records").iterdir()) == files_before
     assert_exactly_once(redis_server.url, "late-ack", out / "late-ack", expected=8)
+
+
+def test_status_shows_a_dead_holders_batches_stranded_at_once(tmp_path, redis_server, stack, tokenizer_path):
+    """With the default lease (60 s) and reap threshold (120 s), a SIGKILLed worker's batches
+    read `stranded` in `status` within seconds: its process is gone on this host."""
+    enqueue_rows(tmp_path, redis_server.url, "dead", chat_rows(24), tokenizer=tokenizer_path, batch_size=4)
+    _, url = stack.devserver("--token-latency", "0.05", "--mean-output-tokens", "200", "--slots", "8")
+    worker = stack.worker(servers=[url], out=tmp_path / "out", redis_url=redis_server.url)
+    c = campaign(redis_server.url, "dead")
+    wait_for(
+        lambda: any(n.get("inflight_by_campaign", {}).get("dead") for n in all_nodes(c.client)),
+        timeout=60,
+        what="a batch in flight",
+    )
+    worker.kill()
+    killed_at = time.monotonic()
+    held = held_batches(c.client, fetched_before=time.time() + 1)
+    pending_in_held = sum(len(set(h.keys) - c.finished_keys(list(h.keys))) for h in held)
+    assert pending_in_held > 0
+    wait_for(
+        lambda: status_now(redis_server.url, "dead")["stranded"] == pending_in_held,
+        timeout=20,
+        interval=0.2,
+        what="status to show the dead worker's prompts stranded",
+    )
+    assert time.monotonic() - killed_at < 20, "long before the 60 s lease lapses"
+    shown = status_now(redis_server.url, "dead")
+    assert shown["inflight"] == 0, "a dead node's in-flight count is not shown"
+    assert shown["queued"] + shown["stranded"] + shown["done"] + shown["failed"] == 24
+
+
+def test_a_lease_of_a_host_without_a_live_worker_is_stranded(tmp_path, redis_server, tokenizer_path, monkeypatch):
+    """A holder on another host is dead once no worker heartbeat lives there; a fetched message
+    without a lease is stranded at once while no worker is alive anywhere."""
+    from eagle_synth.state.node_state import NodeState
+
+    enqueue_rows(tmp_path, redis_server.url, "far", chat_rows(4), tokenizer=tokenizer_path, batch_size=4)
+    client = connect(broker_settings(redis_url=redis_server.url))
+    fetch_and_die(redis_server.url)
+    assert stranded_prompts(client) == {"far": 4}, "no lease and no worker alive: no one can hold it"
+    (held,) = held_batches(client, fetched_before=time.time() + 1)
+    client.set(held.lease_key, "gpu-far|4242|otherboot|abcd", px=60_000)
+    assert stranded_prompts(client) == {"far": 4}, "no heartbeat on gpu-far"
+    monkeypatch.setenv("EAGLE_SYNTH_HOSTNAME", "gpu-far")
+    NodeState(client, "eagle-synth@gpu-far").reset(["http://127.0.0.1:1"])
+    assert stranded_prompts(client) == {}, "gpu-far's worker is alive: its lease stands"
+    # A holder of this very boot whose process is gone is dead whatever its host's heartbeat.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    client.set(held.lease_key, holder_id_of(int(gone.stdout), host="gpu-far"), px=60_000)
+    assert stranded_prompts(client) == {"far": 4}
+
+
+def holder_id_of(pid: int, *, host: str) -> str:
+    from eagle_synth.processes import boot_id
+
+    return f"{host}|{pid}|{boot_id()}|test"

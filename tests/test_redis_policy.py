@@ -4,6 +4,7 @@ maxmemory) is a one-line error, and a rerun after it loses and doubles nothing."
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -146,3 +147,37 @@ def test_full_redis_is_one_line_and_a_rerun_loses_nothing(tmp_path, redis_server
     assert sorted(queued) == sorted(k.decode() for k in c.client.smembers(c.keys.enqueued)), (
         "every claimed prompt is queued exactly once after the rerun"
     )
+
+
+def test_the_volatile_redis_advice_holds_on_a_redis_started_from_flags(tmp_path):
+    """What the refusal advises, tried on a real redis-server started from flags (as the tests'
+    and most hand-started ones are): CONFIG REWRITE fails there, and CONFIG SET appendonly yes
+    writes the append-only file into the working directory CONFIG GET dir names. The message
+    says both."""
+    import redis as redis_errors
+
+    from eagle_synth.state.redis_policy import VolatileRedisError, check_persistence
+
+    server = RedisServer(workdir=tmp_path / "redis", save="").start()
+    try:
+        client = connect(broker_settings(redis_url=server.url))
+        with pytest.raises(VolatileRedisError) as refused:
+            check_persistence(client)
+        advice = str(refused.value)
+        assert "CONFIG SET appendonly yes" in advice and "CONFIG GET dir" in advice
+        assert "CONFIG REWRITE" in advice and "config file" in advice
+
+        with pytest.raises(redis_errors.ResponseError, match="without a config file"):
+            client.config_rewrite()
+        client.config_set("appendonly", "yes")
+        folder = client.config_get("dir")["dir"]
+        folder = folder.decode() if isinstance(folder, bytes) else folder
+        assert folder == str(tmp_path / "redis")
+        wait_for(
+            lambda: any(name.startswith("appendonly") for name in os.listdir(folder)),
+            timeout=30,
+            what="the append-only file in CONFIG GET dir",
+        )
+        assert check_persistence(client) is None
+    finally:
+        server.stop()

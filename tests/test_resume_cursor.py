@@ -3,13 +3,18 @@ and only for the same file and options: anything else is templated and deduplica
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 
+from eagle_synth.harness import wait_for
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from producer.enqueue import EnqueueOptions, enqueue
 from tests.conftest import chat_rows, write_jsonl
-from tests.helpers import campaign, loaded_tokenizer, queued_items
+from tests.helpers import campaign, cli, loaded_tokenizer, queued_items, status_json
 
 
 def _enqueue(path, redis_url: str, tokenizer_path, **options):
@@ -46,3 +51,41 @@ def test_a_rerun_skips_claimed_rows_before_templating(tmp_path, redis_server, to
     assert (third.rows_resumed, third.rows_duplicate, third.rows_enqueued) == (0, 300, 10)
     keys = [item.key for item in queued_items(redis_server.url)]
     assert len(keys) == len(set(keys)) == campaign(redis_server.url, "cursor").progress().enqueued
+
+
+def test_interrupted_then_rerun_counts_rows_as_one_uninterrupted_run(tmp_path, redis_server, tokenizer_path):
+    """Ctrl-C half-way, then the same command again: `status` shows the rows read and skipped of
+    a run never interrupted (no skip counted twice), and the rerun's summary says how many rows
+    it resumed (and how many of them the first run skipped) rather than calling them duplicates."""
+    rows: list = []
+    for i in range(3000):
+        # A bad row every 10: skipped rows all through the file, on both sides of the cut.
+        rows.append({"id": f"r{i}", "messages": [] if i % 10 == 3 else [{"role": "user", "content": f"q {i}"}]})
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    base = ["enqueue", str(path), "--tokenizer", str(tokenizer_path), "--redis", redis_server.url]
+    base += ["--batch-size", "4", "--processes", "1"]
+
+    whole = json.loads(cli(*base, "--campaign", "whole", "--json").stdout)
+    assert (whole["rows_read"], whole["rows_skipped"]) == (3000, 300)
+    expected = status_json(redis_server.url, "whole")
+    assert (expected["rows_read"], expected["rows_skipped"]) == (3000, 300)
+
+    args = [sys.executable, "-m", "eagle_synth", *base, "--campaign", "cut"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    c = campaign(redis_server.url, "cut")
+    wait_for(lambda: c.client.hlen(c.keys.cursors) > 0, timeout=120, what="a first chunk claimed")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr.decode()
+    first = status_json(redis_server.url, "cut")
+    assert 0 < first["rows_read"] < 3000, "the interrupted run's figures: the rows it claimed"
+    assert first["rows_skipped"] == sum(1 for i in range(first["rows_read"]) if i % 10 == 3)
+
+    rerun = cli(*base, "--campaign", "cut")
+    shown = status_json(redis_server.url, "cut")
+    for figure in ("rows_read", "rows_skipped", "skipped_by_reason", "enqueued"):
+        assert shown[figure] == expected[figure], figure
+    summary = rerun.stdout.decode()
+    resumed = first["rows_read"]
+    assert f"resumed {resumed} (read by an earlier run, which skipped {first['rows_skipped']} of them" in summary
+    assert "/ duplicate 0 /" in summary, summary

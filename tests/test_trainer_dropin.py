@@ -102,6 +102,8 @@ def test_reexport_refuses_a_folder_holding_trainer_files_unless_replace(campaign
     assert bad.exit_code == 2 and "--replace" in bad.output and "Traceback" not in bad.output
     ok = runner.invoke(app, ["export", str(folder), "--format", "speculators", "--out", str(out), "--replace"])
     assert ok.exit_code == 0, ok.output
+    # What the ratio does and what to do with it, in words: pass it to speculators.
+    assert "train with --train-data-ratio 0." in ok.output and "no row's samples" in ok.output
     assert not (out / "hidden_states").exists() and not (out / "d2t.npy").exists()
     assert datasets.load_from_disk(str(out)).num_rows == 120  # every record: 20 rows x 2 samples x 3 turns
     # An export with splits (train/, test/) is ours too, and replaced by the next one.

@@ -3,6 +3,7 @@ stripped-reasoning signature, settings from the manifest, and the inspector's vi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -222,8 +223,11 @@ def test_render_highlights_specials_and_marks_the_boundary(ids, tokenizer):
     assert {"<|im_start|>", "<|im_end|>", "<think>"} <= highlighted
     assert "What is 2 + 2?" in text.plain
     console = Console(record=True, width=100, force_terminal=False)
-    render_record(rec(ids, "abc123"), tokenizer=tokenizer, console=console)
+    render_record(
+        dataclasses.replace(rec(ids, "abc123"), e2e_latency=0.19233732499998268), tokenizer=tokenizer, console=console
+    )
     shown = console.export_text()
+    assert "latency 0.192 s" in shown  # not 0.19233732499998268
     prompt_at, boundary_at, output_at = shown.index("[prompt]"), shown.index("output begins"), shown.index("[output]")
     assert prompt_at < boundary_at < output_at
     assert "Two plus two makes four.</think>" in shown[output_at:]

@@ -3,8 +3,9 @@
 The venv comes from tests/vllm_env.py, the checkpoint from tests/tiny_qwen3.py (built by the
 venv's python, cached beside the venvs under a hash of the builder and the tokenizer). The
 server runs as `python -m vllm.entrypoints.openai.api_server` (`vllm serve` looks up a
-distribution named `vllm`, which the CPU build is not), with what vLLM's CPU runner needs on a
-2-core machine:
+distribution named `vllm`, which the CPU build is not), guarded so that it ends with the test
+run however that ends (tests/process_guard.py), with what vLLM's CPU runner needs on a 2-core
+machine:
 
 * `--enforce-eager`: no graph capture, a much faster start;
 * `--no-enable-chunked-prefill --max-num-batched-tokens <max-model-len>`: a seeded request
@@ -26,8 +27,9 @@ from pathlib import Path
 
 import requests
 
-from eagle_synth.harness import ManagedProcess, free_port
+from eagle_synth.harness import free_port
 from tests import vllm_env
+from tests.process_guard import GuardedProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILDER = ROOT / "tests" / "tiny_qwen3.py"
@@ -84,7 +86,7 @@ class VllmServer:
     port: int = 0
     max_model_len: int = MAX_MODEL_LEN
     extra: list[str] = field(default_factory=list)
-    process: ManagedProcess | None = None
+    process: GuardedProcess | None = None
     started_in: float | None = None
 
     def __post_init__(self) -> None:
@@ -128,7 +130,9 @@ class VllmServer:
         env.update(VLLM_CPU_KVCACHE_SPACE=KV_CACHE_GIB, PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1")
         env.update(DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         self._launched = time.monotonic()
-        self.process = ManagedProcess(args=self.argv(), env=env, log_path=self.logdir / f"vllm-{self.port}.log").start()
+        # Guarded: the server and its engine process end with the test run, however it ends.
+        log_path = self.logdir / f"vllm-{self.port}.log"
+        self.process = GuardedProcess(args=self.argv(), env=env, log_path=log_path).start()
         if wait:
             self.wait_ready()
         return self
@@ -166,6 +170,7 @@ class VllmServer:
             except ProcessLookupError:
                 pass
             self.process.proc.wait(timeout=STOP_TIMEOUT)
+            self.process.release()
 
     def log(self) -> str:
         return self.process.log() if self.process else ""

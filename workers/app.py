@@ -22,7 +22,7 @@ import redis
 from celery import Task, bootsteps
 from celery.bin.celery import celery as celery_command
 from celery.exceptions import Reject, Retry
-from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+from celery.signals import after_setup_logger, worker_ready, worker_shutdown, worker_shutting_down
 
 from eagle_synth import reasons
 from eagle_synth.errors import USER_ERROR_EXIT
@@ -59,6 +59,10 @@ UNEXPECTED_ERROR_RETRIES = 5
 BUSY_RETRY_DELAY = 10
 # Such looks are not failures; this only bounds a batch whose lease never lapses.
 BUSY_RETRIES_MAX = 100_000
+# Celery's own lines per task ("received", "succeeded in 0.10883279300014692s: {...}") repeat the
+# worker's one line per batch (`batch X: N written, ...`): shown at --loglevel DEBUG only (their
+# errors still show).
+CELERY_PER_TASK_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
 
 app = make_celery()
 _runner: BatchRunner | None = None
@@ -134,6 +138,14 @@ def _get_runner(node: str) -> BatchRunner:
                 router=_router(),
             )
         return _runner
+
+
+@after_setup_logger.connect
+def _quiet_per_task_lines(loglevel: int | str | None = None, **_: object) -> None:
+    level = logging.getLevelName(loglevel) if isinstance(loglevel, str) else loglevel
+    if not isinstance(level, int) or level > logging.DEBUG:
+        for name in CELERY_PER_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @worker_shutting_down.connect

@@ -840,4 +840,4 @@ class BatchRunner:
         """Log what the routing does with a server when it starts or changes (not every tick)."""
         if self._said.get((url, topic)) != value:
             self._said[(url, topic)] = value
-            log.warning("server %s: " + message, url, *args)
+            log.info("server %s: " + message, url, *args)  # routine: what the worker does, not a problem

@@ -53,6 +53,11 @@ BACKOFF_FACTOR = 1.5
 # wake-ups (batch threads' hints).
 HEARTBEAT_INTERVAL = 10.0
 TICK = 0.1
+# While no server is healthy the worker says so again after this many seconds, then at doubling
+# intervals up to the longest: a worker pointed at a dead URL stays visible in its log without
+# filling it (30 s, 1 min, 2 min, ... every 15 min).
+STILL_CLOSED_FIRST = 30.0
+STILL_CLOSED_MAX = 900.0
 
 
 @dataclass(slots=True)
@@ -108,6 +113,10 @@ class HealthGate:
         clients = {url: ServerClient(url, pool_connections=2, api_key=config.api_key) for url in config.servers}
         self.tracked = {url: _Tracked(client=client) for url, client in clients.items()}
         self.is_open = False
+        # Since when the gate is closed, when to say so again, and the wait after that.
+        self._closed_since = time.monotonic()
+        self._next_reminder = self._closed_since + STILL_CLOSED_FIRST
+        self._reminder_wait = STILL_CLOSED_FIRST
         self._last_publish = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -164,7 +173,10 @@ class HealthGate:
         tracked.state.detail = detail
         if tracked.state.state == state:
             return False
-        log.warning("server %s: %s -> %s (%s)", tracked.client.url, tracked.state.state, state, detail)
+        # Turning healthy, or warming up at start, is routine; anything else is worth a warning.
+        routine = state == HEALTHY or (tracked.state.state == UNKNOWN and state == WARMING)
+        level = logging.INFO if routine else logging.WARNING
+        log.log(level, "server %s: %s -> %s (%s)", tracked.client.url, tracked.state.state, state, detail)
         tracked.state.state, tracked.state.since = state, time.time()
         metrics.server_state(tracked.client.url, state)
         return True
@@ -202,7 +214,7 @@ class HealthGate:
             facts = checked.facts
             model = facts.model_info.get("id") or facts.server_info.get("model_path") or "?"
             version = facts.version or "(version unknown)"
-            log.warning(
+            log.info(
                 "server %s is %s %s serving %s (context %s; kind from %s)",
                 *(url, checked.kind, version, model, facts.context_length, checked.how),
             )
@@ -262,9 +274,16 @@ class HealthGate:
         any_healthy = any(t.state.state == HEALTHY for t in self.tracked.values()) and self._disk_ok() and redis_ok
         if any_healthy != self.is_open:
             self.is_open = any_healthy
-            closed = "no healthy server, no writable output folder or an unsafe Redis: not taking batches"
-            log.warning("a server is healthy: taking batches" if any_healthy else closed)
+            self._closed_since = time.monotonic()
+            self._next_reminder = self._closed_since + STILL_CLOSED_FIRST
+            self._reminder_wait = STILL_CLOSED_FIRST
+            if any_healthy:
+                log.info("a server is healthy: taking batches")
+            else:
+                log.warning("no healthy server, no writable output folder or an unsafe Redis: not taking batches")
             self._publish()
+        elif not any_healthy:
+            self._remind_closed()
         states = {url: tracked.state for url, tracked in self.tracked.items()}
         if self.is_open and not self.router.due(states):
             return
@@ -282,3 +301,22 @@ class HealthGate:
         if started or stopped:
             log.info("taking batches of %s", ", ".join(self.router.served()) or "no campaign")
             self._publish()
+
+    def _remind_closed(self) -> None:
+        """While the gate stays closed, say so again at growing intervals (STILL_CLOSED_*), with
+        each server's state, since when, and why."""
+        now = time.monotonic()
+        if now < self._next_reminder:
+            return
+        self._reminder_wait = min(self._reminder_wait * 2, STILL_CLOSED_MAX)
+        self._next_reminder = now + self._reminder_wait
+        waited = now - self._closed_since
+        servers = "; ".join(
+            f"{url} {t.state.state} since {time.strftime('%H:%M:%S', time.localtime(t.state.since))} ({t.state.detail})"
+            if t.state.since
+            else f"{url} {t.state.state} ({t.state.detail})"
+            for url, t in self.tracked.items()
+        )
+        disk = f"; output folder: {self._disk_detail}" if self._disk_detail else ""
+        redis = f"; redis: {self._redis_detail}" if self._redis_detail else ""
+        log.warning("still not taking batches after %.0f s: %s%s%s", waited, servers, disk, redis)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from eagle_synth.cli.interrupts import arm_interrupts
+from eagle_synth.cli.interrupts import arm_interrupts, raise_if_interrupted
 from eagle_synth.cli.options import (
     INTERRUPTED_EXIT,
     AllowEvictingOpt,
@@ -23,12 +24,12 @@ from eagle_synth.cli.options import (
     command_group,
     fail,
     fields_of,
+    print_error,
     redis_client,
     warn,
 )
 from eagle_synth.priorities import DEFAULT_PRIORITY
 from eagle_synth.sampling import SamplingParams
-from eagle_synth.settings import broker_settings
 from eagle_synth.toolcalls import TOOL_FORMATS
 from eagle_synth.variants import load_variants
 from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
@@ -66,6 +67,7 @@ def _template_kwargs(raw: str | None) -> dict:
 
 # Each enqueue flag's help, by its parameter's name.
 HELP = {
+    "allow_truncated": "Go on past an input file that ends early or cannot be read (one skipped row) instead of stopping there.",
     "files": "JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin.",
     "repetition_penalty": "Repetition penalty (1 = off).",
     "stop_token_ids": "Extra stop ids, comma-separated (EOS always stops).",
@@ -121,6 +123,7 @@ def enqueue(
     max_backlog: Annotated[int, _opt("max_backlog")] = OPTIONS["max_backlog"],
     max_backlog_mb: Annotated[int, _opt("max_backlog_mb")] = OPTIONS["max_backlog_mb"],
     strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
+    allow_truncated: Annotated[bool, _opt("allow_truncated")] = False,
     dry_run: Annotated[bool, _opt("dry_run")] = False,
     priority: Annotated[int | None, _opt("priority")] = None,
     limit: Annotated[int | None, _opt("limit")] = None,
@@ -143,6 +146,8 @@ def enqueue(
             "variants": tuple(load_variants(variants, base=sampling)) if variants is not None else (),
         }
     )
+    from eagle_synth.settings import broker_settings
+
     broker = broker_settings(redis_url=redis)  # a dry run reads the campaign from it too, when it answers
     so_far: EnqueueSummary | None = None  # the run's summary, as the producer last reported it
 
@@ -150,21 +155,37 @@ def enqueue(
         nonlocal so_far
         so_far = summary
         line.update(summary)
+        raise_if_interrupted()
+
+    def on_phase(description: str) -> None:
+        line.phase(description)
+        raise_if_interrupted()
 
     try:
         arm_interrupts()  # a Ctrl-C from here on, or one that came while the command started, lands below
         from eagle_synth import progress
         from producer.enqueue import enqueue as run_enqueue
         from producer.enqueue import print_summary
-        from producer.sources import STDIN, estimate_rows
+        from producer.sources import READ_PROGRESS, STDIN, estimate_rows, input_bytes
 
         wanted = not as_json and progress.wanted() and STDIN not in options.inputs
+        total_rows = estimate_rows(options.inputs) if wanted else None
         line = progress.EnqueueProgress(
-            enabled=not as_json, total_rows=estimate_rows(options.inputs) if wanted else None
+            enabled=not as_json,
+            total_rows=total_rows,
+            # Inputs whose rows cannot be counted cheaply (a JSON array, compressed JSONL): by bytes read.
+            total_bytes=input_bytes(options.inputs) if wanted and total_rows is None else None,
+            bytes_read=READ_PROGRESS.bytes_read,
         )
         with line:
             summary = run_enqueue(
-                options, broker=broker, stdin=sys.stdin.buffer, on_rows=on_rows, on_wait=line.waiting, on_warning=warn
+                options,
+                broker=broker,
+                stdin=sys.stdin.buffer,
+                on_rows=on_rows,
+                on_wait=line.waiting,
+                on_warning=warn,
+                on_phase=on_phase,
             )
     except KeyboardInterrupt:
         _interrupted(so_far, options=options, broker=broker)
@@ -194,12 +215,16 @@ def _interrupted(summary: EnqueueSummary | None, *, options: EnqueueOptions, bro
     except redis_errors.RedisError:
         enqueued = "?"
     read = f"; this run read {summary.rows_read} rows" if summary is not None else ""
-    fail(
+    print_error(
         f"interrupted: campaign {options.campaign!r} holds {enqueued} "
         f"enqueued prompts, kept in Redis{read}. Rerun the same command to resume: prompts already "
-        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then",
-        code=INTERRUPTED_EXIT,
+        "enqueued count as duplicates, and those this run claimed but had not queued yet are queued then"
     )
+    # Everything is in Redis already; the interpreter's own teardown (a large tokenizer, the
+    # templating pool's bookkeeping) took 2-5 s more, so a Ctrl-C ends the process here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(INTERRUPTED_EXIT)
 
 
 @app.command()
@@ -212,6 +237,7 @@ def status(
 ) -> None:
     """Where a campaign stands: enqueued, queued, in flight, stranded, done, failed, throughput, workers;
     its model, priority and the workers taking it. Several campaigns: a table, a line each."""
+    from eagle_synth.settings import broker_settings
     from eagle_synth.state.redis_role import refuse_replica
     from eagle_synth.tools.status import campaign_status
     from eagle_synth.tools.status_view import render_fleet, render_status, watch_status
@@ -233,6 +259,7 @@ def status(
 @app.command()
 def campaigns(as_json: JsonOpt = False, redis: RedisOpt = None) -> None:
     """List campaigns with their progress."""
+    from eagle_synth.settings import broker_settings
     from eagle_synth.tools.status import campaigns_overview
 
     rows = campaigns_overview(redis_client(redis), queue=broker_settings(redis_url=redis).queue)
@@ -251,6 +278,7 @@ def campaigns(as_json: JsonOpt = False, redis: RedisOpt = None) -> None:
             f"queued {r['queued']}  in flight {r['inflight']}"
             + (f"  stranded {r['stranded']}" if r["stranded"] else "")
             + f"  priority {r['priority']}  workers {len(r['serving'])}  model {model}"
+            + ("  closed" if r["ended"] else "")
         )
 
 
@@ -307,6 +335,7 @@ def retry_failed(
     """Enqueue a campaign's failed prompts again."""
     from eagle_synth.queue import make_celery
     from eagle_synth.reasons import RECORD_DAMAGED
+    from eagle_synth.settings import broker_settings
     from producer.retry import retry_failed as run_retry
 
     settings = broker_settings(redis_url=redis)
@@ -330,6 +359,7 @@ def close(
     redis: RedisOpt = None,
 ) -> None:
     """End a complete campaign: fold its Redis state (keys, failures, counts) into OUT/NAME and free Redis."""
+    from eagle_synth.settings import broker_settings
     from eagle_synth.state.campaign import Campaign
     from eagle_synth.state.campaign_archive import close_campaign
 
@@ -348,6 +378,7 @@ def priority(
     redis: RedisOpt = None,
 ) -> None:
     """Change a campaign's priority: its queued batches move at once, later ones follow it."""
+    from eagle_synth.settings import broker_settings
     from eagle_synth.state.campaign_control import check_priority, set_priority
 
     check_priority(level)
@@ -370,6 +401,7 @@ def cancel(
     """Cancel a campaign: its queued and stranded batches leave the queue, batches in flight stop
     at their next prompt, its Redis state is freed; records already written stay readable."""
     from eagle_synth.errors import CampaignNotFound
+    from eagle_synth.settings import broker_settings
     from eagle_synth.state.campaign import Campaign
     from eagle_synth.state.campaign_control import cancel_campaign, cancel_marker, forget_cancel
 

@@ -89,4 +89,4 @@ def devserver(ctx: typer.Context) -> None:
     """Run the SGLang stand-in (--api vllm: the vLLM one; no GPU) for tests, the demo and benchmarks. `eagle-synth devserver --help` lists its flags."""
     from eagle_synth.devserver.__main__ import main as devserver_main
 
-    raise typer.Exit(devserver_main(list(ctx.args)) or 0)
+    raise typer.Exit(devserver_main(list(ctx.args), prog="eagle-synth devserver") or 0)

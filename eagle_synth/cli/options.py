@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from eagle_synth.errors import USER_ERROR_EXIT
-from eagle_synth.settings import broker_settings
 
 if TYPE_CHECKING:
     import redis
@@ -58,6 +61,19 @@ def fail(message: str, code: int = USER_ERROR_EXIT) -> NoReturn:
     raise typer.Exit(code)
 
 
+@contextmanager
+def output_errors(out: Path, *, what: str = "--out") -> Iterator[None]:
+    """An OSError while a command writes `out` (a folder it may not write, a full disk, a path
+    through a file) ends it in one `error:` line naming the path and the OS error, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        path = exc.filename if exc.filename is not None else out
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        hint = "; free space there or choose another place" if exc.errno == errno.ENOSPC else ""
+        fail(f"cannot write {what} {out}: {path}: {reason}{hint}")
+
+
 def warn(message: str) -> None:
     typer.secho(f"warning: {message}", err=True, fg=typer.colors.YELLOW)
 
@@ -78,6 +94,7 @@ def check_campaign_name(name: str) -> None:
 
 
 def redis_client(redis_url: str | None) -> redis.Redis:
+    from eagle_synth.settings import broker_settings
     from eagle_synth.state.redis_client import connect
 
     return connect(broker_settings(redis_url=redis_url))

@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from eagle_synth.cli.options import JsonSummaryOpt, RedisOpt, command_group, fail, fields_of, redis_client, warn
+from eagle_synth.cli.options import (
+    JsonSummaryOpt,
+    RedisOpt,
+    command_group,
+    fail,
+    fields_of,
+    output_errors,
+    redis_client,
+    warn,
+)
 from eagle_synth.records import NotACampaignFolder, RecordFormatError, read_manifest, record_files, records_dir
 from eagle_synth.tools.compact import DEFAULT_MIN_AGE, DEFAULT_SHARD_BYTES, DEFAULT_THREADS, exclusive
 from eagle_synth.tools.compact import compact as run_compact
@@ -79,9 +88,17 @@ SUFFIXES_OF_FORMAT = {"jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",)
 
 
 def export_format(format: str | None, out: Path) -> str:
-    """--format, else the one --out's extension names, else jsonl; a --format contradicting the
-    extension stops the command (an unknown one is left to the exporter, which lists them)."""
+    """--format, else the one --out's extension names, else jsonl (an --out without extension);
+    an extension no format has (`train.csv`) without --format, or a --format contradicting the
+    extension, stops the command (an unknown --format is left to the exporter, which lists them)."""
     suffix = next((s for s in FILE_FORMATS_BY_SUFFIX if out.name.lower().endswith(s)), None)
+    if format is None and suffix is None and out.suffix and not out.is_dir():
+        from eagle_synth.tools.export import FORMATS
+
+        fail(
+            f"--out {out}: export cannot tell a format from {out.suffix!r}; name it "
+            f"{', '.join(FILE_FORMATS_BY_SUFFIX)}, or pass --format (one of {', '.join(FORMATS)})"
+        )
     if format is None:
         return FILE_FORMATS_BY_SUFFIX.get(suffix or "", "jsonl")
     if suffix is None:
@@ -149,7 +166,7 @@ def export(
     format = export_format(format, out)
     if format in FORMATS:  # an unknown --format is named by the exporter first, listing the known ones
         _require_records(campaign_dir, "export")
-    with _reading(campaign_dir) as progress:
+    with output_errors(out), _reading(campaign_dir) as progress:
         written = export_records(
             campaign_dir,
             out,
@@ -176,7 +193,11 @@ def export(
     for split, ratio in written.train_data_ratio.items():
         if ratio is not None:
             where = f" ({split}/)" if split != "all" else ""
-            typer.echo(f"speculators{where}: --train-data-ratio {ratio} keeps every input row on one side")
+            typer.echo(
+                f"speculators{where}: train with --train-data-ratio {ratio} (not its default 0.9): its validation "
+                "split is the last rows by index, and this ratio cuts between two input rows, so no row's samples "
+                "and turns land on both sides"
+            )
     if written.format == "specforge":
         typer.echo(
             f"SpecForge holds about {written.to_dict()['specforge_memory_bytes'] / 1e9:.2f} GB for the largest file "
@@ -208,7 +229,7 @@ def vocab(
 
     filters = _filters(locals())
     _require_records(campaign_dir, "count")
-    with _reading(campaign_dir) as progress:
+    with output_errors(out), _reading(campaign_dir) as progress:
         result = build_vocab(
             campaign_dir,
             out,
@@ -315,7 +336,10 @@ def compact(
         if not as_json:
             typer.echo(f"wrote {path.name}: {records} records")
 
-    result = run_compact(campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads, on_shard=progress)
+    with output_errors(campaign_dir, what="the campaign folder"):
+        result = run_compact(
+            campaign_dir, shard_bytes=shard_mb << 20, min_age=min_age, threads=threads, on_shard=progress
+        )
     if as_json:
         print(json.dumps(result.to_dict()))
         return

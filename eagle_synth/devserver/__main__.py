@@ -64,10 +64,11 @@ cli = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
 cli.command()(serve)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The exit status (2 for a flag to fix)."""
+def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
+    """The exit status (2 for a flag to fix); `prog`: the command as its usage line names it
+    (`eagle-synth devserver` when run through the eagle-synth command)."""
     try:
-        typer.main.get_command(cli).main(args=list(argv) if argv is not None else None, prog_name=PROG)
+        typer.main.get_command(cli).main(args=list(argv) if argv is not None else None, prog_name=prog)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 0
     return 0

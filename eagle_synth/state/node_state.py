@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import msgspec
 import redis
 
-from eagle_synth.processes import hostname
+from eagle_synth.processes import holder_gone_here, holder_id, hostname
 from eagle_synth.state.keys import WORKER_TTL, WORKERS_INDEX, worker_key
 from eagle_synth.state.redis_client import text as as_text
 
@@ -95,7 +95,14 @@ class NodeState:
         pipe.execute()
 
     def reset(self, servers: list[str]) -> None:
-        info = {"node": self.node, "host": hostname(), "started": time.time(), "servers": json.dumps(servers)}
+        info = {
+            "node": self.node,
+            "host": hostname(),
+            # Who writes this hash (host|pid|boot): a reader on the same boot knows at once that it died.
+            "holder": holder_id(),
+            "started": time.time(),
+            "servers": json.dumps(servers),
+        }
         self._write(info, transaction=True, fresh=True)
 
     def publish(
@@ -188,11 +195,20 @@ class NodeState:
 
 def all_nodes(client: redis.Redis) -> list[dict]:
     """Snapshots of every live worker node, found through WORKERS_INDEX (entries whose
-    heartbeat expired are pruned; a node in the index whose hash is gone is skipped)."""
+    heartbeat expired are pruned; a node in the index whose hash is gone is skipped, and so is
+    one whose process is known dead: gone from this very boot, its heartbeat not lapsed yet)."""
     client.zremrangebyscore(WORKERS_INDEX, "-inf", time.time())
     nodes = []
     for raw in client.zrange(WORKERS_INDEX, 0, -1):
         node = raw.decode() if isinstance(raw, bytes) else str(raw)
         if client.exists(worker_key(node)):
-            nodes.append(NodeState(client, node).snapshot())
+            snapshot = NodeState(client, node).snapshot()
+            if not holder_gone_here(snapshot.get("holder", "")):
+                nodes.append(snapshot)
     return sorted(nodes, key=lambda n: n.get("node", ""))
+
+
+def live_hosts(nodes: list[dict]) -> set[str]:
+    """Hosts with at least one live worker node (all_nodes): a batch lease held from any other
+    host has lost its holder, whatever the lease's remaining TTL says."""
+    return {str(node["host"]) for node in nodes if node.get("host")}

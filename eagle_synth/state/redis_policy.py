@@ -101,8 +101,10 @@ def check_persistence(client: redis.Redis, *, allow_volatile: bool = False) -> s
     if not allow_volatile:
         raise VolatileRedisError(
             f"Redis persists nothing ({how}): a restart would silently lose the campaign's queue and state; "
-            f"run it with `--appendonly yes` (or `CONFIG SET appendonly yes` and `CONFIG REWRITE`), "
-            f"or pass {VOLATILE_FLAG} to accept the risk"
+            "run redis-server with `--appendonly yes --dir DIR`, or on this one `CONFIG SET appendonly yes` "
+            "(its file goes to the server's working directory, `CONFIG GET dir`; `CONFIG SET dir` first to "
+            "choose) then `CONFIG REWRITE` if it was started from a config file (else it fails: keep "
+            f"`--appendonly yes` for the next start), or pass {VOLATILE_FLAG} to accept the risk"
         )
     return f"{VOLATILE_FLAG}: Redis persists nothing; a restart loses the campaign"
 

@@ -5,6 +5,10 @@ and `unacked_index` (tag by fetch time) until the 6 h visibility timeout. A runn
 its lease, which lapses LEASE_TTL after its holder dies: so a message fetched over REAP_AFTER s
 ago with no lease is stranded, and is put back as kombu would (same queue and priority list,
 marked redelivered), in one Lua script so never twice. workers/reaper.py runs this.
+
+`status` counts a batch as stranded sooner, as soon as its holder's death is knowable
+(`stranded_prompts`): its lease names a process of this host and boot that is gone, or a host where no
+worker's heartbeat lives; and a fetched message without a lease while no worker is alive at all.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from typing import cast
 import redis
 from kombu.transport.redis import Channel
 
+from eagle_synth.processes import holder_gone_here, holder_host
 from eagle_synth.queue import PRIORITY_SEPARATOR, PRIORITY_STEPS, payload_of_entry
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.lua import script
+from eagle_synth.state.node_state import all_nodes, live_hosts
 from eagle_synth.state.redis_client import pipelined, text
 
 # Seconds since fetch after which a message without a live batch lease is stranded.
@@ -100,12 +106,37 @@ def stranded_batches(
     return [batch for batch, alive in zip(held, live) if not alive]
 
 
-def stranded_prompts(client: redis.Redis, *, reap_after: float = REAP_AFTER) -> dict[str, int]:
-    """Per campaign, prompts of stranded batches that are neither done nor failed."""
+def held_by_no_one_alive(
+    client: redis.Redis, *, reap_after: float = REAP_AFTER, hosts: set[str] | None = None
+) -> list[HeldBatch]:
+    """Held batches whose holder is known dead: the reaper's rule (stranded_batches), or a lease
+    whose holder is a gone process of this host and boot or on a host without a live worker (`hosts`:
+    live_hosts, read here when not given), or no lease while no worker is alive anywhere."""
+    now = time.time()
+    held = held_batches(client, fetched_before=now)
+    holders = pipelined(client, *(("get", batch.lease_key) for batch in held))
+    alive_hosts = live_hosts(all_nodes(client)) if hosts is None else hosts
+    stranded = []
+    for batch, raw_holder in zip(held, holders):
+        if raw_holder is None:
+            dead = batch.fetched_at < now - reap_after or not alive_hosts
+        else:
+            holder = text(raw_holder)
+            dead = holder_gone_here(holder) or holder_host(holder) not in alive_hosts
+        if dead:
+            stranded.append(batch)
+    return stranded
+
+
+def stranded_prompts(
+    client: redis.Redis, *, reap_after: float = REAP_AFTER, hosts: set[str] | None = None
+) -> dict[str, int]:
+    """Per campaign, prompts of batches held by no one alive (held_by_no_one_alive) that are
+    neither done nor failed."""
     from eagle_synth.state.campaign import Campaign
 
     keys_by_campaign: dict[str, set[str]] = {}
-    for batch in stranded_batches(client, reap_after=reap_after):
+    for batch in held_by_no_one_alive(client, reap_after=reap_after, hosts=hosts):
         keys_by_campaign.setdefault(batch.campaign, set()).update(batch.keys)
     counts = {}
     for name, keys in keys_by_campaign.items():

@@ -94,8 +94,13 @@ def render_record(
         f"prompt {len(record.prompt_ids)} (server {record.prompt_tokens})  "
         f"output {len(record.output_ids)} (server {record.completion_tokens})  "
         f"cached {record.cached_tokens}  repaired prefix {record.repaired_prefix}  "
-        f"server {record.server or '-'}  latency {record.e2e_latency if record.e2e_latency is not None else '-'}"
+        f"server {record.server or '-'}  latency {_seconds(record.e2e_latency)}"
     )
+
+
+def _seconds(value: float | None) -> str:
+    """A duration as people read it (`0.192 s`), '-' when unknown."""
+    return f"{value:.3f} s" if isinstance(value, (int, float)) else "-"
 
 
 def find_records(

@@ -19,7 +19,7 @@ from eagle_synth import input_rows
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.queue import campaign_queue, queued_count
 from eagle_synth.settings import DEFAULT_QUEUE
-from eagle_synth.state.campaign import Campaign, CampaignSettings
+from eagle_synth.state.campaign import Campaign, CampaignSettings, Progress
 from eagle_synth.state.campaign_archive import ended_info
 from eagle_synth.state.campaign_control import campaign_priority, cancel_marker, known_campaigns
 from eagle_synth.state.conversation_store import ConversationStore
@@ -32,7 +32,7 @@ from eagle_synth.state.keys import (
     TOKENS_IN,
     TOKENS_OUT,
 )
-from eagle_synth.state.node_state import UNKNOWN, NodeRouting, all_nodes
+from eagle_synth.state.node_state import UNKNOWN, NodeRouting, all_nodes, live_hosts
 from eagle_synth.state.stranded import stranded_prompts
 
 # Window for records/s and tokens/s, seconds.
@@ -100,6 +100,7 @@ CAMPAIGN_ROW_KEYS = (
     "queued_batches",
     "serving",
     "cancelled",
+    "ended",
 )
 
 
@@ -120,11 +121,18 @@ def campaign_status(
             return _cancelled_status(name, marker)
         raise CampaignNotFound(name)
     progress = campaign.progress()
+    ended = ended_info(campaign)
+    if ended is not None:  # closed: its key sets are folded into a file; the marker keeps the totals
+        done = int(ended.get("done", 0))
+        failed = int(ended.get("failed", 0))
+        progress = Progress(enqueued=done + failed, done=done, failed=failed, counters=progress.counters)
     nodes = all_nodes(client)
     # Heartbeats can lag a finished batch by a moment; never show more in flight than pending.
     inflight = min(sum(n.get("inflight_by_campaign", {}).get(name, 0) for n in nodes), progress.pending)
     # Stranded prompts wait for a reaper: fetched by a worker that died, not at any server.
-    stranded_here = (stranded_prompts(client) if stranded is None else stranded).get(name, 0)
+    if stranded is None:
+        stranded = stranded_prompts(client, hosts=live_hosts(nodes))
+    stranded_here = stranded.get(name, 0)
     stranded_here = min(stranded_here, progress.pending - inflight)
     now = time.time()
     records_per_s, tokens_per_s = _rates(campaign.recent_events(seconds=RATE_WINDOW), now=now)
@@ -163,8 +171,9 @@ def campaign_status(
         "stranded": stranded_here,
         # ConversationStore.counts() of a `--history own` campaign, else None.
         "conversations": ConversationStore(campaign).counts() if settings and settings.history == "own" else None,
-        # Closed (`eagle-synth close`): where its state was folded, with its done and failed counts.
-        "ended": ended_info(campaign),
+        # Closed (`eagle-synth close`): where its state was folded, with its done and failed counts
+        # (which are then the figures above: enqueued is done + failed, nothing pending).
+        "ended": ended,
         # On a shared fleet: its priority (higher first), its model (the tokenizer it was
         # templated with), batches waiting in its queue, the workers taking it, and servers
         # that do not (another model, or a model they cannot name) with why.

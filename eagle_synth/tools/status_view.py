@@ -92,6 +92,8 @@ def _header(data: dict, width: int) -> RenderableType:
     shrinks to the width, and a name too long for that goes on a line of its own above."""
     name = Text(f"campaign {data['campaign']}", style="bold")
     estimate = finish_estimate(data)
+    if ended := data.get("ended"):
+        estimate = f"closed {_clock(ended['at'])}" if ended.get("at") else "closed"
     share = Text(f"{100 * data['finished_share']:.1f}% finished" + (f", {estimate}" if estimate else ""))
     clock = Text(f"as of {_clock(data['at'])}", style="dim")
     grid = Table.grid(padding=(0, 1))
