@@ -15,19 +15,20 @@ noise (<= TARGET_RATIO).
 
 from __future__ import annotations
 
-import time
-
 from benchmarks.common import (
     Result,
     Stack,
-    campaign_progress,
     enqueue_backlog,
-    main_cpu_seconds,
-    tree_cpu_seconds,
     write_rows,
 )
-from benchmarks.worker_overhead import CONCURRENCY, MAX_NEW_TOKENS, MEAN_OUTPUT_TOKENS, MEASURED, RUN_TIMEOUT, WARM
-from eagle_synth.harness import wait_for
+from benchmarks.worker_overhead import (
+    CONCURRENCY,
+    MAX_NEW_TOKENS,
+    MEAN_OUTPUT_TOKENS,
+    MEASURED,
+    WARM,
+    measure_worker,
+)
 
 # Campaign queues of the many-queue run. Concurrency, warm-up, records measured (over all
 # campaigns), output lengths and time limit are benchmark #3's.
@@ -35,37 +36,6 @@ CAMPAIGNS = 8
 # Most the many-queue run may use per record, as a multiple of the one-queue run's CPU:
 # the benchmark's run-to-run noise on 2 cores is about 5-10 % (BENCHMARKS.md, #3's two runs).
 TARGET_RATIO = 1.1
-
-
-def _done(redis_url: str, names: list[str]) -> int:
-    return sum(campaign_progress(redis_url, name).done for name in names)
-
-
-def _measure(stack: Stack, redis_url: str, url: str, names: list[str], *, warm: int, measured: int) -> dict:
-    """Worker CPU per record over `measured` records of the campaigns `names` after `warm`."""
-    worker = stack.worker(servers=[url], redis_url=redis_url, concurrency=CONCURRENCY)
-    try:
-
-        def reached(count: int) -> None:
-            wait_for(lambda: _done(redis_url, names) >= count, timeout=RUN_TIMEOUT, interval=0.05, what=f"{count}")
-
-        reached(warm)
-        pid = worker.proc.pid
-        main0, cpu0 = main_cpu_seconds(pid), tree_cpu_seconds(pid)
-        done0, t0 = _done(redis_url, names), time.monotonic()
-        reached(warm + measured)
-        main1, cpu1 = main_cpu_seconds(pid), tree_cpu_seconds(pid)
-        done1, t1 = _done(redis_url, names), time.monotonic()
-    finally:
-        worker.stop(timeout=stack.stop_timeout)
-    records = done1 - done0
-    return {
-        "cpu_ms_per_record": 1000 * (cpu1 - cpu0) / records,
-        "main_process_ms_per_record": 1000 * (main1 - main0) / records,
-        "records": records,
-        "records_per_s": records / (t1 - t0),
-        "campaigns": len(names),
-    }
 
 
 def run(quick: bool) -> list[Result]:
@@ -77,12 +47,12 @@ def run(quick: bool) -> list[Result]:
         enqueue_backlog(
             redis.url, write_rows(stack.dir / "one.jsonl", total, seed=7), "one", max_new_tokens=MAX_NEW_TOKENS
         )
-        one = _measure(stack, redis.url, url, ["one"], warm=warm, measured=measured)
+        one = measure_worker(stack, redis.url, url, CONCURRENCY, warm, measured, "one")
         names = [f"many-{index}" for index in range(CAMPAIGNS)]
         for index, name in enumerate(names):
             rows = write_rows(stack.dir / f"{name}.jsonl", -(-total // CAMPAIGNS), seed=100 + index)
             enqueue_backlog(redis.url, rows, name, max_new_tokens=MAX_NEW_TOKENS, priority=3 + index % 4)
-        many = _measure(stack, redis.url, url, names, warm=warm, measured=measured)
+        many = measure_worker(stack, redis.url, url, CONCURRENCY, warm, measured, names)
     ratio = many["cpu_ms_per_record"] / one["cpu_ms_per_record"]
     return [
         Result(

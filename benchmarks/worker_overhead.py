@@ -40,7 +40,7 @@ from benchmarks.common import (
     wait_done,
     write_rows,
 )
-from eagle_synth.harness import free_port
+from eagle_synth.harness import free_port, wait_for
 from eagle_synth.records import Record, write_record_file
 
 # Pool processes: one per core (the default 16 gives the same CPU per record within noise).
@@ -66,22 +66,34 @@ def measure_worker(
     concurrency: int,
     warm: int,
     measured: int,
-    campaign: str,
+    campaign: str | list[str],
     start_done: int = 0,
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
 ) -> dict:
     """CPU of one worker's process tree per record, and its records/s, between `warm` and
-    `warm + measured` records done (benchmarks/replica_wait.py uses it too)."""
+    `warm + measured` records done, summed over `campaign` when it names several
+    (benchmarks/replica_wait.py and routing.py use it too)."""
+    names = [campaign] if isinstance(campaign, str) else campaign
+
+    def done() -> int:
+        return sum(campaign_progress(redis_url, name).done for name in names)
+
+    def reached(count: int) -> None:
+        if len(names) == 1:
+            wait_done(redis_url, names[0], count, timeout=RUN_TIMEOUT, stack=stack)
+        else:
+            wait_for(lambda: done() >= count, timeout=RUN_TIMEOUT, interval=0.05, what=f"{count} records")
+
     worker = stack.worker(servers=[url], redis_url=redis_url, concurrency=concurrency, args=args, env=env)
     try:
-        wait_done(redis_url, campaign, start_done + warm, timeout=RUN_TIMEOUT, stack=stack)
+        reached(start_done + warm)
         pid = worker.proc.pid
         main0, cpu0 = main_cpu_seconds(pid), tree_cpu_seconds(pid)
-        done0, t0 = campaign_progress(redis_url, campaign).done, time.monotonic()
-        wait_done(redis_url, campaign, start_done + warm + measured, timeout=RUN_TIMEOUT, stack=stack)
+        done0, t0 = done(), time.monotonic()
+        reached(start_done + warm + measured)
         main1, cpu1 = main_cpu_seconds(pid), tree_cpu_seconds(pid)
-        done1, t1 = campaign_progress(redis_url, campaign).done, time.monotonic()
+        done1, t1 = done(), time.monotonic()
     finally:
         worker.stop(timeout=stack.stop_timeout)
     records = done1 - done0
