@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import msgpack
 from celery import Celery
 
-from eagle_synth.priorities import PRIORITIES, message_priority
+from eagle_synth.priorities import PRIORITIES, message_priority, publish_facts
 from eagle_synth.settings import BrokerSettings, broker_settings
 
 # Batches a prefork pool child would run before being replaced (the thread pool ignores it).
@@ -127,7 +127,6 @@ def send_payload(app: Celery, base_queue: str, payload: dict) -> None:
     campaign's priority (producer and workers alike)."""
     from eagle_synth.payload import TASK_NAME
     from eagle_synth.state.batch_store import remember
-    from eagle_synth.state.campaign_control import publish_facts
 
     campaign = str(payload["campaign"])
     with app.producer_or_acquire() as producer:

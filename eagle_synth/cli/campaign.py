@@ -378,8 +378,9 @@ def priority(
     redis: RedisOpt = None,
 ) -> None:
     """Change a campaign's priority: its queued batches move at once, later ones follow it."""
+    from eagle_synth.priorities import check_priority
     from eagle_synth.settings import broker_settings
-    from eagle_synth.state.campaign_control import check_priority, set_priority
+    from eagle_synth.state.campaign_control import set_priority
 
     check_priority(level)
     target = _existing_campaign(redis, campaign)

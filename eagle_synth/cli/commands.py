@@ -68,6 +68,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "ops",
         "Run Flower on the campaign broker, with basic auth. Unknown options go to Flower (e.g. --url_prefix=flower).",
     ),
+    "exporter": (
+        "ops",
+        "Serve every campaign's figures (enqueued, queued, in flight, stranded, done, failed, ETA...) as "
+        "Prometheus metrics, read from Redis at each scrape.",
+    ),
     "demo": ("ops", "Run a whole campaign locally on embedded defaults: Redis, devserver, worker, prompts."),
     "devserver": (
         "ops",

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import redis
 
 from eagle_synth.errors import UserError
-from eagle_synth.priorities import DEFAULT_PRIORITY, PRIORITIES, message_priority
+from eagle_synth.priorities import PRIORITIES, check_priority, message_priority
 from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, queue_lists
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, campaign_names
@@ -52,39 +52,8 @@ CANCEL_POLL_INTERVAL = 0.5
 SCAN_COUNT = 500
 
 
-class BadPriority(UserError, ValueError):
-    """A priority outside PRIORITIES."""
-
-
 class CampaignCancelled(UserError):
     """The campaign was cancelled: nothing is enqueued under its name until the marker is forgotten."""
-
-
-def check_priority(priority: int) -> int:
-    if priority not in PRIORITIES:
-        raise BadPriority(
-            f"priority {priority} is not usable: use {min(PRIORITIES)} to {max(PRIORITIES)} (higher first)"
-        )
-    return priority
-
-
-def campaign_priority(client: redis.Redis, campaign: str) -> int:
-    """The campaign's priority (DEFAULT_PRIORITY when none was set)."""
-    return _priority(client.get(CampaignKeys(campaign).priority))
-
-
-def publish_facts(client: redis.Redis, campaign: str) -> tuple[int, bool]:
-    """(priority, cancelled) of a campaign in one round trip: what every publish needs."""
-    keys = CampaignKeys(campaign)
-    raw_priority, marker = client.mget(keys.priority, keys.cancelled)
-    return _priority(raw_priority), marker is not None
-
-
-def _priority(raw: bytes | str | None) -> int:
-    try:
-        return check_priority(int(raw)) if raw is not None else DEFAULT_PRIORITY
-    except (ValueError, BadPriority):
-        return DEFAULT_PRIORITY
 
 
 def cancel_marker(client: redis.Redis, campaign: str) -> dict | None:

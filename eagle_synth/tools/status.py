@@ -17,11 +17,12 @@ import redis
 
 from eagle_synth import input_rows
 from eagle_synth.errors import CampaignNotFound
+from eagle_synth.priorities import campaign_priority
 from eagle_synth.queue import campaign_queue, queued_count
 from eagle_synth.settings import DEFAULT_QUEUE
 from eagle_synth.state.campaign import Campaign, CampaignSettings, Progress
 from eagle_synth.state.campaign_archive import ended_info
-from eagle_synth.state.campaign_control import campaign_priority, cancel_marker, known_campaigns
+from eagle_synth.state.campaign_control import cancel_marker, known_campaigns
 from eagle_synth.state.conversation_store import ConversationStore
 from eagle_synth.state.keys import (
     FAILED_PREFIX,
