@@ -276,7 +276,7 @@ def test_a_lease_of_a_host_without_a_live_worker_is_stranded(tmp_path, redis_ser
 
     enqueue_rows(tmp_path, redis_server.url, "far", chat_rows(4), tokenizer=tokenizer_path, batch_size=4)
     client = connect(broker_settings(redis_url=redis_server.url))
-    fetch_and_die(redis_server.url)
+    fetch_and_die(redis_server.url, queue_of("far"))
     assert stranded_prompts(client) == {"far": 4}, "no lease and no worker alive: no one can hold it"
     (held,) = held_batches(client, fetched_before=time.time() + 1)
     client.set(held.lease_key, "gpu-far|4242|otherboot|abcd", px=60_000)
@@ -291,6 +291,6 @@ def test_a_lease_of_a_host_without_a_live_worker_is_stranded(tmp_path, redis_ser
 
 
 def holder_id_of(pid: int, *, host: str) -> str:
-    from eagle_synth.processes import boot_id
+    from eagle_synth.processes import pid_space
 
-    return f"{host}|{pid}|{boot_id()}|test"
+    return f"{host}|{pid}|{pid_space()}|test"

@@ -15,6 +15,8 @@ from eagle_synth.state.redis_client import connect
 from workers import health
 from workers.config import WorkerConfig
 from workers.health import HealthGate
+from workers.model_check import ModelCheck
+from workers.routing import CampaignRouter
 
 
 @pytest.mark.integration
@@ -23,8 +25,9 @@ def test_a_dead_server_is_said_again_at_growing_intervals(redis_server, monkeypa
     monkeypatch.setattr(health, "STILL_CLOSED_MAX", 0.8)
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     node = NodeState(connect(broker_settings(redis_url=redis_server.url)), "dead@here")
+    router = CampaignRouter(client=node.client, base_queue="eagle-synth", check=ModelCheck({}))
     gate = HealthGate(
-        config=WorkerConfig(servers=(dead,)), node_state=node, on_open=lambda: None, on_close=lambda: None
+        config=WorkerConfig(servers=(dead,)), node_state=node, router=router, on_consume=print, on_stop=print
     )
     caplog.set_level(logging.INFO, logger="eagle_synth")
 

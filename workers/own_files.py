@@ -43,7 +43,10 @@ class OwnBatchFiles:
             known = self._known.get(folder)
             if known is not None and known[0] == mtime:
                 return known[1]
-        names = os.listdir(folder) if mtime >= 0 else []
+        try:
+            names = os.listdir(folder) if mtime >= 0 else []
+        except OSError:  # not a folder, or unreadable: nothing to adopt; the batch's write says why
+            return set()
         batches = {batch_of_file(n) for n in names if n.endswith(RECORD_SUFFIX) and not is_shard(n)}
         with self._lock:
             self._known[folder] = (mtime, batches)
