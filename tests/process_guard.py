@@ -39,6 +39,7 @@ GUARD_STOP_TIMEOUT = 5.0
 
 # The guard: argv[1] the server's process group, argv[2] the test process. SIGTERM (the
 # parent-death signal it is given) or a test process already gone kills the group, then it exits.
+# It says "armed" once its handler is in: a SIGTERM before that would end it without killing.
 _GUARD = """
 import os, signal, sys
 group, parent = int(sys.argv[1]), int(sys.argv[2])
@@ -51,6 +52,7 @@ def end(*_):
     os._exit(0)
 
 signal.signal(signal.SIGTERM, end)
+print("armed", flush=True)
 if os.getppid() != parent:
     end()
 while True:
@@ -136,9 +138,13 @@ class GuardedProcess(ManagedProcess):
         self.guard = subprocess.Popen(
             [sys.executable, "-c", _GUARD, str(self.proc.pid), str(os.getpid())],
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
             start_new_session=True,
             preexec_fn=parent_death_signal(signal.SIGTERM),
         )
+        assert self.guard.stdout is not None
+        self.guard.stdout.readline()  # armed (or its end, if it could not start)
         return self
 
     def kill_group(self) -> None:
