@@ -19,7 +19,7 @@ from eagle_synth import input_rows
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.priorities import campaign_priority
 from eagle_synth.queue import campaign_queue, queued_count
-from eagle_synth.settings import DEFAULT_QUEUE
+from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign, CampaignSettings, Progress
 from eagle_synth.state.campaign_archive import ended_info
 from eagle_synth.state.campaign_control import cancel_marker, known_campaigns
@@ -111,11 +111,12 @@ def _share(part: int, whole: int) -> float:
 
 
 def campaign_status(
-    client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None, queue: str = DEFAULT_QUEUE
+    client: redis.Redis, name: str, *, stranded: dict[str, int] | None = None, queue: str | None = None
 ) -> dict:
     """One JSON-ready dict with STATUS_KEYS; KeyError (with a hint) if the campaign is unknown.
     `stranded`: stranded_prompts(client) when the caller has it (one scan for all campaigns);
-    `queue`: the base queue name campaign queues are made from."""
+    `queue`: the base queue name campaign queues are made from (default: the configured one,
+    EAGLE_SYNTH_QUEUE, as every caller that does not pass it, the exporter too, must read)."""
     campaign = Campaign(client, name)
     if not campaign.exists():
         if (marker := cancel_marker(client, name)) is not None:
@@ -180,7 +181,7 @@ def campaign_status(
         # that do not (another model, or a model they cannot name) with why.
         "priority": campaign_priority(client, name),
         "model": _model(settings),
-        "queued_batches": queued_count(client, campaign_queue(queue, name)),
+        "queued_batches": queued_count(client, campaign_queue(queue or broker_settings().queue, name)),
         "serving": sorted(n.get("node", "") for n in nodes if name in NodeRouting.parse(n.get("routing")).campaigns),
         "not_served": list(_not_served(nodes, name)),
         # Cancelled (`eagle-synth cancel`): what it had then (a cancelled campaign has only this).
@@ -214,7 +215,7 @@ def _cancelled_status(name: str, marker: dict) -> dict:
     return data
 
 
-def campaigns_overview(client: redis.Redis, *, queue: str = DEFAULT_QUEUE) -> list[dict]:
+def campaigns_overview(client: redis.Redis, *, queue: str | None = None) -> list[dict]:
     """Every campaign's row for `eagle-synth campaigns` (CAMPAIGN_ROW_KEYS plus finished_share),
     cancelled ones included."""
     rows = []
