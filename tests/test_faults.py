@@ -161,14 +161,14 @@ def test_pickle_message_is_rejected_never_run(tmp_path, redis_server, stack, tok
 
 
 def test_sigterm_puts_unfinished_batches_back(tmp_path, redis_server, stack, tokenizer_path):
-    enqueue_rows(
-        tmp_path, redis_server.url, "term", chat_rows(8), tokenizer=tokenizer_path, batch_size=4, max_new_tokens=400
-    )
-    # Batches take about 8 s; the soft shutdown gives them 1 s, then puts them back.
-    _, url = stack.devserver("--token-latency", "0.02", "--mean-output-tokens", "400")
+    enqueue_rows(tmp_path, redis_server.url, "term", chat_rows(8), tokenizer=tokenizer_path, batch_size=4)
+    # The first worker's server holds every prompt in prefill for two minutes, so nothing can finish
+    # before the SIGTERM however slow the machine; the soft shutdown gives the batches 1 s, then puts
+    # them back. A second worker, on a fast server of the same model, then does them all.
+    _, slow_url = stack.devserver("--prefill-latency", "120")
     out = tmp_path / "out"
     env = {**FAST_REDELIVERY, "EAGLE_SYNTH_SOFT_SHUTDOWN_TIMEOUT": "1"}
-    first = stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=env, name="term1@test")
+    first = stack.worker(servers=[slow_url], out=out, redis_url=redis_server.url, env=env, name="term1@test")
     c = campaign(redis_server.url, "term")
 
     def busy() -> bool:
@@ -176,8 +176,9 @@ def test_sigterm_puts_unfinished_batches_back(tmp_path, redis_server, stack, tok
 
     wait_for(busy, timeout=60, what="batches in flight")
     first.stop(sig=signal.SIGTERM, timeout=60)
-    assert c.progress().done < 8
-    stack.worker(servers=[url], out=out, redis_url=redis_server.url, env=env, name="term2@test")
+    assert c.progress().done == 0
+    _, fast_url = stack.devserver()
+    stack.worker(servers=[fast_url], out=out, redis_url=redis_server.url, env=env, name="term2@test")
     wait_finished(redis_server.url, "term", expected=8, stack=stack, timeout=120)
     assert_exactly_once(redis_server.url, "term", out / "term", expected=8)
     assert c.progress().failed == 0
