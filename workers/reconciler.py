@@ -33,6 +33,7 @@ from eagle_synth.state.campaign import Campaign, campaigns_with_batches
 from eagle_synth.state.campaign_control import age_waiting
 from eagle_synth.state.fence import live_claims
 from eagle_synth.state.keys import RECONCILER_LOCK, RECONCILER_STATE
+from eagle_synth.state.queue_upgrade import adopt_base_queue
 from eagle_synth.state.redis_client import connect, pipelined, text
 from eagle_synth.state.stranded import UNACKED_KEY, held_batches
 from workers.reaper import SweepStep, won_round
@@ -95,9 +96,11 @@ class Reconciler:
 
     def sweep(self) -> int:
         """One round if this worker wins the round's lock; returns how many batches it republished.
-        The round also raises campaigns that wait too long behind higher priorities (aging)."""
+        The round also raises campaigns that wait too long behind higher priorities (aging), and
+        first moves batches an earlier version left in the single base queue to their campaigns'."""
         if not won_round(self.client, RECONCILER_LOCK, self.node, self.interval):
             return 0
+        adopt_base_queue(self.client, self.queue)
         for name in age_waiting(self.client, base_queue=self.queue):
             log.info("campaign %s waited without progress: its queued batches rise a priority level", name)
         if not self.needs_full_sweep():

@@ -1,0 +1,73 @@
+"""Batches left in the single queue of versions before the shared fleet move to their campaign's queue.
+
+Before every campaign had a queue of its own (eagle_synth/queue.py), all batches went to one
+queue, the base name itself (`eagle-synth`). After an upgrade mid-campaign no worker consumes
+that queue any more: the batches it still holds (queued when the old workers stopped, or put
+back there later by kombu's restore of an old worker's `unacked` entry) would wait forever, and
+the reconciler would publish a second copy of each once it counted them lost.
+
+`adopt_base_queue` moves each of our messages found there to its campaign's queue, at the
+campaign's priority, one Lua step each (the message leaves the old list and enters the new one
+together, or not at all if a worker took it meanwhile), so none is doubled or lost. A message
+that is not ours stays where it is. The reconciler runs it every round; when the old lists are
+empty it costs one round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import redis
+
+from eagle_synth.priorities import campaign_priority, message_priority
+from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, payload_of_entry, queue_lists
+from eagle_synth.state.lua import script
+from eagle_synth.state.redis_client import pipelined
+
+log = logging.getLogger("eagle_synth.queue_upgrade")
+
+
+def adopt_base_queue(client: redis.Redis, base_queue: str) -> dict[str, int]:
+    """Move our messages out of the base queue's lists into their campaigns' queues;
+    returns how many moved, per campaign."""
+    lists = queue_lists(base_queue)
+    lengths = pipelined(client, *(("llen", name) for name in lists))
+    moved: dict[str, int] = {}
+    for source, length in zip(lists, lengths, strict=True):
+        if not int(length):
+            continue
+        # Oldest first (kombu pushes left and pops right), so the moved keep their order.
+        for raw in reversed(client.lrange(source, 0, -1)):
+            payload = payload_of_entry(raw)
+            if payload is None:
+                continue  # not one of ours: left as it is
+            campaign = str(payload["campaign"])
+            try:
+                target, message = _readdressed(client, raw, base_queue, campaign)
+            except (KeyError, TypeError):
+                continue  # an envelope kombu would not restore either: left as it is
+            if client.eval(script("move_message"), 2, source, target, raw, message):
+                moved[campaign] = moved.get(campaign, 0) + 1
+    for campaign, count in moved.items():
+        log.warning(
+            "%d batches of campaign %s were in the queue %s of an earlier version: moved to %s",
+            count,
+            campaign,
+            base_queue,
+            campaign_queue(base_queue, campaign),
+        )
+    return moved
+
+
+def _readdressed(client: redis.Redis, raw: bytes | str, base_queue: str, campaign: str) -> tuple[str, str]:
+    """The list a message goes to and the message addressed to its campaign's queue (a restore
+    after a worker takes it routes by its delivery_info), at the campaign's priority."""
+    queue = campaign_queue(base_queue, campaign)
+    priority = message_priority(campaign_priority(client, campaign))
+    message = json.loads(raw)
+    message["properties"]["priority"] = priority
+    message["properties"]["delivery_info"]["exchange"] = queue
+    message["properties"]["delivery_info"]["routing_key"] = queue
+    target = queue_lists(queue)[PRIORITY_STEPS.index(priority)]
+    return target, json.dumps(message)
