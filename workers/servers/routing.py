@@ -2,7 +2,7 @@
 
 On a shared fleet one Redis holds the campaigns of several models, each in a queue of its own
 (eagle_synth/queue.py). A worker consumes a campaign's queue only while one of its healthy
-servers serves that campaign's model (workers/model_check.py), so a batch never reaches a
+servers serves that campaign's model (workers/servers/model_check.py), so a batch never reaches a
 server of another model by the broker's doing; the batch threads ask `servers_for` which of
 the worker's servers its prompts may go to, so a worker with servers of two models sends each
 campaign to its own. A server that cannot say what it serves takes only campaigns the worker is
@@ -24,7 +24,7 @@ from eagle_synth.state.campaign import CampaignSettings, campaign_names
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import HEALTHY, ServerState
 from eagle_synth.state.redis_client import pipelined
-from workers.model_check import ModelCheck
+from workers.servers.model_check import ModelCheck
 
 log = logging.getLogger("eagle_synth.routing")
 
