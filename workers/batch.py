@@ -86,7 +86,7 @@ from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers import metrics
 from workers.affinity import prefix_key
 from workers.backends.base import UntranslatableSampling
-from workers.config import WorkerConfig, auto_inflight
+from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable
 from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool, Route
@@ -95,7 +95,7 @@ from workers.own_files import OwnBatchFiles
 from workers.replies import BadResponse, GeneratedItem, PromptMismatch
 from workers.servers.fleet import Fleet, Servers
 from workers.servers.model_check import REFUSE_PREFIX, ModelCheck
-from workers.servers.routing import CampaignRouter
+from workers.servers.routing import CampaignRouter, PoolRouting
 from workers.servers.transport import BadRequest, BadSamplingParams, ServerDown, TransientError, Unauthorized
 
 log = logging.getLogger("eagle_synth.batch")
@@ -665,7 +665,8 @@ class BatchRunner:
         self.own_files = OwnBatchFiles()
         self.replicas = replicas or ReplicaWait(connect(settings), min_replicas=settings.min_replicas)
         self._published: dict[tuple[str, str], int] = {}
-        self._said: dict[tuple[str, str], object] = {}
+        # Which servers the pool may send to, with how many tickets and which backend.
+        self.pool_routing = PoolRouting(self.fleet, config.servers, inflight=config.inflight)
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick, api_key=config.api_key)
         # Marks records done and carries conversations' next turns to the queue; holds the
         # process's cache of campaign settings.
@@ -773,27 +774,8 @@ class BatchRunner:
 
     def tick(self, counts: Mapping[tuple[str, str], int]) -> dict[str, Route]:
         """The pool's periodic call: publish prompts in flight, return each server's route
-        (tickets, and the backend preflight found; no tickets while its kind is unknown)."""
+        (workers/servers/routing.py PoolRouting)."""
         if counts != self._published:
             self.node_state.publish_inflight(pid=os.getpid(), counts=counts, previous=self._published)
             self._published = dict(counts)
-        routes = {url: Route(0) for url in self.config.servers}
-        for url, (state, backend) in self.fleet.routable(self.config.servers).items():
-            # Tickets: --inflight, else the server's capacity x 1.25 (preflight keeps only a positive int).
-            capacity = state.max_running_requests
-            tickets = self.config.inflight or auto_inflight(capacity)
-            source = "--inflight" if self.config.inflight else f"1.25 x the server's max_running_requests {capacity}"
-            if not (self.config.inflight or capacity):
-                source = "the default: the server does not report its capacity"
-            self._say_once(url, "tickets", tickets, "keeping %d prompts in flight (%s)", tickets, source)
-            model = getattr(backend, "model", None)
-            model_words = f" (model {model})" if model else ""
-            self._say_once(url, "backend", (backend.name, model), "sending prompts to %s%s", backend.path, model_words)
-            routes[url] = Route(tickets, backend)
-        return routes
-
-    def _say_once(self, url: str, topic: str, value: object, message: str, *args: object) -> None:
-        """Log what the routing does with a server when it starts or changes (not every tick)."""
-        if self._said.get((url, topic)) != value:
-            self._said[(url, topic)] = value
-            log.info("server %s: " + message, url, *args)  # routine: what the worker does, not a problem
+        return self.pool_routing.routes()
