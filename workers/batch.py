@@ -617,9 +617,10 @@ class _Run:
 
 class BatchRunner:
     """Runs batches on the worker's batch threads, built on the process's first batch with the
-    pieces they share: one InflightPool, HTTP clients, the output folder's state, follow-ups,
-    and the routing that tells the pool which servers may take prompts and with which backend
-    (SGLang or vLLM, as preflight found) to build their requests.
+    pieces they share: one InflightPool, the process's servers (the fleet, shared with the health
+    gate), the output folder's state, follow-ups, and the routing that tells the pool which
+    servers may take prompts and with which backend (SGLang or vLLM, as preflight found) to
+    build their requests.
 
     Parameters:
         config, node: worker settings; this worker's Celery node name.
