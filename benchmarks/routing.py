@@ -2,7 +2,7 @@
 
 A shared fleet gives every campaign its own queue, split into one Redis list per priority
 level (eagle_synth/queue.py), and the worker's health gate learns which campaigns its servers
-serve (workers/routing.py). What does that cost a record? Setup: one zero-latency devserver,
+serve (workers/servers/routing.py). What does that cost a record? Setup: one zero-latency devserver,
 one `eagle-synth worker` (--concurrency CONCURRENCY); the same number of prompts either as one
 campaign (1 queue: 10 Redis lists per BRPOP) or as CAMPAIGNS campaigns of the same model, all
 queued at once, of mixed priorities (80 lists per BRPOP, every campaign routed and checked).

@@ -23,7 +23,7 @@ other exception is a bug or an outage: it keeps its traceback.
     ├── Malformed                        (toolcalls/answer.py: a tool call the parser cannot read)
     ├── LeaseLost, ClaimLeaseLost        (state/fence.py: a fenced write found its lease gone)
     ├── TokenizerUnavailable             (state/tokenizer_store.py)
-    ├── ClientError                      (workers/client.py: one request to a server)
+    ├── ClientError                      (workers/servers/transport.py: one request to a server)
     │   ├── BadRequest → BadSamplingParams → SamplingOverridden, UntranslatableSampling
     │   ├── ServerDown, Unauthorized
     │   └── TransientError → BadResponse (workers/replies.py)

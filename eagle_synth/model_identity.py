@@ -1,7 +1,7 @@
 """What a campaign's settings know of its model beyond the tokenizer: `model_vocab_size` (output
 ids may reach the padded embedding, Qwen3: 151,936 > 151,669 tokens; prompt ids stay checked
 against the tokenizer) and `tokenizer_canary` (a text and its ids; a server tokenizing it
-otherwise serves another model: workers/model_check.py).
+otherwise serves another model: workers/servers/model_check.py).
 """
 
 from __future__ import annotations

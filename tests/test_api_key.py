@@ -70,7 +70,7 @@ def test_a_key_rotated_mid_campaign_refuses_the_server_and_burns_no_prompt(
         # `status` no longer lists a worker whose process it knows is gone; what it published
         # before it exited is still in its heartbeat hash until the hash lapses.
         node = worker.args[worker.args.index("--name") + 1]
-        published = NodeState(c.client, node).routing()[0][url]
+        published = NodeState(c.client, node).states()[url]
         assert published.state == "refused", published
         assert "is not the key the server was started with" in published.detail
         again = stack.worker(

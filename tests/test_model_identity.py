@@ -12,8 +12,8 @@ from eagle_synth.model_identity import UNKNOWN_VOCAB_BOUND, model_vocab_size, ou
 from eagle_synth.state.campaign import CampaignSettings
 from eagle_synth.state.node_state import ServerState
 from eagle_synth.tools.verify import CheckSettings
-from workers.client import ServerClient
-from workers.model_check import ModelCheck
+from workers.servers.client import ServerClient
+from workers.servers.model_check import ModelCheck
 
 
 def test_the_model_vocab_size_is_the_checkpoints(tmp_path):

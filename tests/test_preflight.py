@@ -3,7 +3,7 @@ never reach provenance; the context check counts what SGLang counts; sampling 40
 apart from one bad prompt.
 
 Pure functions first, then the same against real devserver processes over HTTP, driving
-workers.health.HealthGate (the worker's preflight) with a private redis-server.
+workers.servers.health.HealthGate (the worker's preflight) with a private redis-server.
 """
 
 from __future__ import annotations
@@ -30,21 +30,14 @@ from workers.backends.sglang import (
     draft_reserved_tokens,
     provenance,
 )
-from workers.client import (
-    BadRequest,
-    BadSamplingParams,
-    ServerClient,
-    ServerFacts,
-    error_for_status,
-    is_sampling_error,
-    positive_int,
-)
 from workers.config import ConfigError, WorkerConfig, auto_inflight
-from workers.health import HealthGate
-from workers.model_check import ModelCheck
-from workers.preflight import check_server
 from workers.replies import PromptMismatch, parse_generate_item
-from workers.routing import CampaignRouter
+from workers.servers.client import ServerClient, ServerFacts, positive_int
+from workers.servers.health import HealthGate
+from workers.servers.model_check import ModelCheck
+from workers.servers.preflight import check_server
+from workers.servers.routing import CampaignRouter
+from workers.servers.transport import BadRequest, BadSamplingParams, error_for_status, is_sampling_error
 
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"
 VOCAB = 248077
@@ -292,7 +285,7 @@ def test_server_state_round_trips_and_ignores_fields_it_does_not_know(redis_serv
     node.publish({"http://a:1": state}, consuming=True)
     newer = json.dumps({**msgspec.structs.asdict(state), "added_in_2027": 1})
     node.client.hset(node.key, mapping={"state:http://b:2": newer, "state:http://c:3": json.dumps({"state": HEALTHY})})
-    states, _, _ = node.routing()
+    states = node.states()
     assert states["http://a:1"] == state and states["http://b:2"] == state
     assert states["http://c:3"] == ServerState(state=HEALTHY)  # written by an older worker
 
@@ -428,7 +421,7 @@ def gate_state(redis_url: str, url: str, **gate_options) -> tuple[ServerState, N
         gate.tick()
         time.sleep(0.05)
     gate._publish()
-    return node.routing()[0][url], node
+    return node.states()[url], node
 
 
 def test_secrets_never_reach_provenance_redis_or_the_manifest(fleet, redis_server):
@@ -479,7 +472,7 @@ def test_refused_server_names_every_setting_then_accepted_by_name(fleet, redis_s
 
 def test_preflight_at_start_sorts_every_server_into_one_list(fleet):
     from workers.backends.base import AUTO
-    from workers.preflight import preflight_at_start as at_start
+    from workers.servers.preflight import preflight_at_start as at_start
 
     def preflight_at_start(servers, **kwargs):
         return at_start(servers, forced=lambda url: AUTO, **kwargs)

@@ -35,8 +35,9 @@ from tests.vllm_server import MAX_MODEL_LEN, SERVED_NAME
 from workers.backends.base import VLLM
 from workers.backends.vllm import VllmBackend
 from workers.batch import classify_bad_request
-from workers.client import BadRequest, ServerClient, error_for_status
-from workers.preflight import preflight_server
+from workers.servers.client import ServerClient
+from workers.servers.preflight import preflight_server
+from workers.servers.transport import BadRequest, error_for_status
 
 pytestmark = MARKS
 

@@ -7,13 +7,13 @@ import copy
 import pytest
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES, malform
-from workers.client import TransientError
 from workers.replies import (
     BadResponse,
     GeneratedItem,
     PromptMismatch,
     parse_generate_item,
 )
+from workers.servers.transport import TransientError
 
 VOCAB = 1000
 PROMPT_LEN = 12

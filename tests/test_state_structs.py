@@ -113,6 +113,6 @@ def test_server_states_written_by_the_dataclass_version_read_back(redis_server):
     node.publish({"http://a:1": STATE}, consuming=True)
     node.client.hset(node.key, "state:http://b:2", OLD_STATE_JSON)
     node.client.hset(node.key, "state:http://c:3", json.dumps({"state": "loading", "added_in_2027": 1}))
-    states, _, _ = node.routing()
+    states = node.states()
     assert states == {"http://a:1": STATE, "http://b:2": STATE, "http://c:3": ServerState(state="loading")}
     assert node.snapshot()["server_states"]["http://b:2"] == json.loads(OLD_STATE_JSON)

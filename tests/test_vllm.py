@@ -30,17 +30,17 @@ from workers.backends import BACKENDS, backend_for_state
 from workers.backends.base import SGLANG, VLLM, PreflightError, UntranslatableSampling
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import PROBE_TOKENS, VllmBackend, parse_completion
-from workers.client import (
+from workers.config import ConfigError, WorkerConfig
+from workers.replies import BadResponse, PromptMismatch, SamplingOverridden
+from workers.servers.client import ServerClient
+from workers.servers.preflight import preflight_server
+from workers.servers.transport import (
     BadRequest,
     BadSamplingParams,
-    ServerClient,
     Unauthorized,
     error_for_status,
     is_sampling_error,
 )
-from workers.config import ConfigError, WorkerConfig
-from workers.preflight import preflight_server
-from workers.replies import BadResponse, PromptMismatch, SamplingOverridden
 
 VOCAB = 248077
 TIMEOUT = 10

@@ -12,7 +12,7 @@ from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.queue import make_celery
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
-from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
+from eagle_synth.state.node_state import HEALTHY, ServerState
 from eagle_synth.state.redis_client import connect
 from tests.conftest import chat_rows
 from tests.helpers import (
@@ -102,10 +102,6 @@ def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, s
     enqueue_rows(tmp_path, redis_server.url, "iso", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver("--context-length", "200")
     client = connect(broker_settings(redis_url=redis_server.url))
-    node = NodeState(client, "test@here")
-    node.publish(
-        {url: ServerState(state=HEALTHY, since=time.time(), context_length=None, backend="sglang")}, consuming=True
-    )
     ids = [
         tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)["input_ids"]
         for i in range(6)
@@ -118,6 +114,8 @@ def test_server_400_fails_only_the_bad_prompt(request, tmp_path, redis_server, s
         broker=broker_settings(redis_url=redis_server.url),
     )
     request.addfinalizer(runner.pool.close)
+    # What the health gate would publish (workers/servers/fleet.py).
+    runner.fleet.publish({url: ServerState(state=HEALTHY, since=time.time(), context_length=None, backend="sglang")})
     outcome = runner.run(
         TaskPayload(campaign="iso", batch="b1", sampling={"max_new_tokens": 16, "temperature": 0.0}, items=items)
     )
@@ -139,9 +137,6 @@ def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_e
     enqueue_rows(tmp_path, redis_server.url, "badsp", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver()
     client = connect(broker_settings(redis_url=redis_server.url))
-    NodeState(client, "sp@here").publish(
-        {url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")}, consuming=True
-    )
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)["input_ids"]
     items = [PromptItem(key=f"{i:032x}", row_id=str(i), sample=0, ids=ids + [i + 10]) for i in range(40)]
     runner = BatchRunner(
@@ -150,6 +145,7 @@ def test_server_refusing_the_sampling_parameters_fails_the_batch_as_a_campaign_e
         broker=broker_settings(redis_url=redis_server.url),
     )
     request.addfinalizer(runner.pool.close)
+    runner.fleet.publish({url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")})
     # `seed` is not an SGLang sampling key (it is `sampling_seed`): the server refuses it.
     outcome = runner.run(
         TaskPayload(campaign="badsp", batch="b1", sampling={"max_new_tokens": 8, "seed": 1}, items=items)
@@ -302,9 +298,6 @@ def test_retried_batch_adopts_files_a_crashed_attempt_left(
     enqueue_rows(tmp_path, redis_server.url, "adopt", chat_rows(1), tokenizer=tokenizer_path)
     _, url = stack.devserver()
     client = connect(broker_settings(redis_url=redis_server.url))
-    NodeState(client, "t@here").publish(
-        {url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")}, consuming=True
-    )
     ids = [
         tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)["input_ids"]
         for i in range(4)
@@ -319,6 +312,7 @@ def test_retried_batch_adopts_files_a_crashed_attempt_left(
         broker=broker_settings(redis_url=redis_server.url),
     )
     request.addfinalizer(runner.pool.close)
+    runner.fleet.publish({url: ServerState(state=HEALTHY, since=time.time(), backend="sglang")})
     assert runner.run(payload).written == 4
     c = Campaign(client, "adopt")
     client.srem(c.keys.done, *[i.key for i in items])  # the crash: file renamed, keys not marked

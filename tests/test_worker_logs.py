@@ -12,11 +12,11 @@ from eagle_synth.harness import free_port
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import connect
-from workers import health
 from workers.config import WorkerConfig
-from workers.health import HealthGate
-from workers.model_check import ModelCheck
-from workers.routing import CampaignRouter
+from workers.servers import health
+from workers.servers.health import HealthGate
+from workers.servers.model_check import ModelCheck
+from workers.servers.routing import CampaignRouter
 
 
 @pytest.mark.integration

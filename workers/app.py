@@ -36,17 +36,17 @@ from eagle_synth.state.redis_role import ReadOnlyReplica, is_read_only, read_onl
 from eagle_synth.state.replicas import ReplicaWait
 from workers import metrics
 from workers.batch import BatchRunner, Cancelled, Requeue
-from workers.client import ServerClient
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, probe_folder
-from workers.health import HealthGate
 from workers.lease import BatchBusy
 from workers.memory import limit_malloc_arenas, start_pool_threads
-from workers.model_check import ModelCheck
 from workers.reaper import ReaperStep
 from workers.reconciler import ReconcilerStep
 from workers.redis_watch import RedisWatch
-from workers.routing import CampaignRouter
+from workers.servers.fleet import Fleet
+from workers.servers.health import HealthGate
+from workers.servers.model_check import ModelCheck
+from workers.servers.routing import CampaignRouter
 
 log = logging.getLogger("eagle_synth.worker")
 
@@ -86,14 +86,21 @@ def _worker_config() -> WorkerConfig:
 
 
 @functools.cache
+def _fleet() -> Fleet:
+    """The servers as this process knows them, with one client each: the health gate publishes
+    their states, the batch threads route by them and report failures back (workers/servers/fleet.py)."""
+    config = _worker_config()
+    return Fleet(config.servers, api_key=config.api_key)
+
+
+@functools.cache
 def _router() -> CampaignRouter:
     """Which campaigns this process takes and on which servers: the health gate refreshes it,
-    the batch threads read it (workers/routing.py)."""
+    the batch threads read it (workers/servers/routing.py)."""
     config = _worker_config()
-    clients = {url: ServerClient(url, pool_connections=2, api_key=config.api_key) for url in config.servers}
     settings = broker_settings()
     return CampaignRouter(
-        client=connect(settings), base_queue=settings.queue, check=ModelCheck(clients), pins=config.campaigns
+        client=connect(settings), base_queue=settings.queue, check=ModelCheck(_fleet().clients), pins=config.campaigns
     )
 
 
@@ -136,6 +143,7 @@ def _get_runner(node: str) -> BatchRunner:
                 app=app,
                 replicas=replicas,
                 router=_router(),
+                fleet=_fleet(),
             )
         return _runner
 
@@ -258,7 +266,7 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
 
 class HealthGateStep(bootsteps.StartStopStep):
     """Consumer step: consume campaigns' queues only while a server is healthy, and only those of
-    campaigns a healthy server serves (workers/routing.py). Starts with none (the base queue
+    campaigns a healthy server serves (workers/servers/routing.py). Starts with none (the base queue
     cancelled before the first fetch) for the HealthGate to add; a consumer restart (broker
     reconnection) keeps what the gate selected, Celery's own queue selection."""
 
@@ -302,6 +310,7 @@ class HealthGateStep(bootsteps.StartStopStep):
             disk=disk,
             on_all_refused=all_refused,
             redis_watch=_redis_watch(),
+            fleet=_fleet(),
         )
         self.gate.start()
 

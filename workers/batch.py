@@ -40,7 +40,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -78,38 +78,32 @@ from eagle_synth.state.fence import (
     claim,
     release,
 )
-from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
+from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import is_read_only
 from eagle_synth.state.replicas import ReplicaWait
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers import metrics
 from workers.affinity import prefix_key
-from workers.backends import Backend, backend_for_state
 from workers.backends.base import UntranslatableSampling
-from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError, Unauthorized
-from workers.config import WorkerConfig, auto_inflight
+from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable
 from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool, Route
 from workers.lease import BatchLease
-from workers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.own_files import OwnBatchFiles
 from workers.replies import BadResponse, GeneratedItem, PromptMismatch
-from workers.routing import CampaignRouter
+from workers.servers.fleet import Fleet, Servers
+from workers.servers.model_check import REFUSE_PREFIX, ModelCheck
+from workers.servers.routing import CampaignRouter, PoolRouting
+from workers.servers.transport import BadRequest, BadSamplingParams, ServerDown, TransientError, Unauthorized
 
 log = logging.getLogger("eagle_synth.batch")
 
 # First wait after a transient error, seconds; it doubles per attempt up to backoff_max.
 BACKOFF_START = 1.0
-# Seconds a quick /health check may take when a request failed, to tell "down" from "blip".
-QUICK_HEALTH_TIMEOUT = 5.0
-# Seconds a quick health answer is reused for other prompts that failed on the same server.
-QUICK_HEALTH_REUSE = 1.0
 # Seconds between manifest refreshes by one process.
 MANIFEST_REFRESH = 60.0
-# Seconds between "the server answered /generate" reports to the health gate.
-OK_REPORT_INTERVAL = 1.0
 # Finished records wait at most this long for their batch-mates before they are written, so
 # a straggler delays nobody's commit and a crash redoes little.
 COMMIT_AFTER = 10.0
@@ -164,23 +158,6 @@ def _invalid_ids(item: PromptItem, *, vocab: int) -> tuple[str, str] | None:
         bad = next(i for i in item.ids if i < 0 or i >= vocab)
         return reasons.INVALID_TOKEN_ID, f"id {bad} is outside the vocabulary (size {vocab}); never sent"
     return None
-
-
-Servers = dict[str, tuple[ServerState, Backend]]  # url: its state and the backend its requests are built with
-
-
-def routable(node_state: NodeState, servers: Iterable[str]) -> Servers:
-    """The servers prompts may go to: healthy, not suspected since, and of a kind preflight
-    found (the pool cannot route to one before)."""
-    states, suspects, _ = node_state.routing()
-    found = {}
-    for url in servers:
-        state = states.get(url)
-        if state is None or state.state != HEALTHY or suspects.get(url, 0.0) > state.since:
-            continue
-        if (backend := backend_for_state(state)) is not None:
-            found[url] = (state, backend)
-    return found
 
 
 class _Inbox:
@@ -308,7 +285,7 @@ class _Run:
                 return
         if not (items := self.keep(items, partial(_invalid_ids, vocab=self.settings.vocab_size))):
             return
-        if not (servers := routable(runner.node_state, runner.config.servers)):
+        if not (servers := runner.fleet.routable(runner.config.servers)):
             raise Requeue("no healthy server")
         if not (servers := runner._serving_the_model(self.settings, servers)):
             raise Requeue("no healthy server serves the campaign's model")
@@ -485,7 +462,7 @@ class _Run:
             except (TransientError, BadSamplingParams) as exc:  # BadSamplingParams: SamplingOverridden
                 error = exc
             else:
-                runner._report_ok(url)
+                runner.fleet.generated_ok(url)
                 if reply.aborted:
                     self.retry(item, reasons.ABORTED, "the server aborted this prompt")
                     return
@@ -498,11 +475,11 @@ class _Run:
             self.refuse_sampling(item, error)
         elif isinstance(error, BadRequest):
             self.fail(item, classify_bad_request(str(error)), str(error))
-        elif isinstance(error, Unauthorized | ServerDown) or runner._server_down(url, str(error)):
+        elif isinstance(error, Unauthorized | ServerDown) or runner.fleet.server_down(url, str(error)):
             # A key refused mid-campaign (the server restarted with another) refuses the server:
             # the gate marks it so (REFUSE_PREFIX), and the prompt goes elsewhere or back to the queue.
             refused = isinstance(error, Unauthorized)
-            runner.node_state.suspect(url, f"{REFUSE_PREFIX if refused else ''}{error}")
+            runner.fleet.suspect(url, f"{REFUSE_PREFIX if refused else ''}{error}")
             if not runner.pool.routable(self.servers):
                 raise Requeue(f"server {url} {'refused our API key' if refused else 'is down'}: {error}")
             self.send(item)  # another server takes it; the prompt did nothing wrong
@@ -640,9 +617,10 @@ class _Run:
 
 class BatchRunner:
     """Runs batches on the worker's batch threads, built on the process's first batch with the
-    pieces they share: one InflightPool, HTTP clients, the output folder's state, follow-ups,
-    and the routing that tells the pool which servers may take prompts and with which backend
-    (SGLang or vLLM, as preflight found) to build their requests.
+    pieces they share: one InflightPool, the process's servers (the fleet, shared with the health
+    gate), the output folder's state, follow-ups, and the routing that tells the pool which
+    servers may take prompts and with which backend (SGLang or vLLM, as preflight found) to
+    build their requests.
 
     Parameters:
         config, node: worker settings; this worker's Celery node name.
@@ -652,9 +630,12 @@ class BatchRunner:
         broker: Redis and queue settings (default: from the environment).
         app: the Celery app a conversation's next turns are published with (default: one of
             its own for these broker settings).
-        router: which servers take which campaign (workers/routing.py), shared with the health
-            gate; without one (a runner driven by hand) a batch goes to every healthy server
-            that serves its model or cannot say.
+        router: which servers take which campaign (workers/servers/routing.py), shared with the
+            health gate; without one (a runner driven by hand) a batch goes to every healthy
+            server that serves its model or cannot say.
+        fleet: the servers as this process knows them (workers/servers/fleet.py), shared with
+            the health gate, which publishes their states there (default: one of its own, whose
+            states whoever drives the runner by hand publishes).
         replicas: waits for a replica to hold each mark, and reports when none does (default:
             one of its own, for the replicas the master has).
     """
@@ -670,9 +651,11 @@ class BatchRunner:
         app: Celery | None = None,
         router: CampaignRouter | None = None,
         replicas: ReplicaWait | None = None,
+        fleet: Fleet | None = None,
     ) -> None:
         settings = broker or broker_settings()
         self.router = router
+        self.fleet = fleet or Fleet(config.servers, api_key=config.api_key)
         self.config, self.node = config, node
         self.stopping = stopping or threading.Event()
         self.disk = disk or DiskState(folder=config.out)
@@ -683,7 +666,8 @@ class BatchRunner:
         self.own_files = OwnBatchFiles()
         self.replicas = replicas or ReplicaWait(connect(settings), min_replicas=settings.min_replicas)
         self._published: dict[tuple[str, str], int] = {}
-        self._said: dict[tuple[str, str], object] = {}
+        # Which servers the pool may send to, with how many tickets and which backend.
+        self.pool_routing = PoolRouting(self.fleet, config.servers, inflight=config.inflight)
         self.pool = InflightPool(servers=list(config.servers), on_tick=self.tick, api_key=config.api_key)
         # Marks records done and carries conversations' next turns to the queue; holds the
         # process's cache of campaign settings.
@@ -696,15 +680,10 @@ class BatchRunner:
             hungry=lambda: self.pool.waiting() == 0,
         )
         self._stop_deadline: float | None = None
-        self.health_clients = {
-            url: ServerClient(url, pool_connections=4, api_key=config.api_key) for url in config.servers
-        }
-        self.model_check = router.check if router is not None else ModelCheck(self.health_clients)
-        self._health_seen: dict[str, tuple[float, bool]] = {}
+        self.model_check = router.check if router is not None else ModelCheck(self.fleet.clients)
         self._noted: set[tuple[str, str]] = set()
         self._manifest_at: dict[str, float] = {}
         self._swept: set[str] = set()
-        self._ok_reported: dict[str, float] = {}
         self._lock = threading.Lock()
 
     # entry points -------------------------------------------------------------------
@@ -746,7 +725,7 @@ class BatchRunner:
     def _serving_the_model(self, settings: CampaignSettings, servers: Servers) -> Servers:
         """`servers` narrowed to those the router gives the campaign, minus any found serving
         another model since (swapped behind its address): that server is kept from this
-        campaign only, and serves its own model's (workers/model_check.py)."""
+        campaign only, and serves its own model's (workers/servers/model_check.py)."""
         allowed = None if self.router is None else self.router.servers_for(settings.name)
         kept = {}
         for url, (state, backend) in servers.items():
@@ -772,30 +751,9 @@ class BatchRunner:
                 return "the worker is shutting down"
         return None
 
-    def _server_down(self, url: str, detail: str) -> bool:
-        """After a failed request: is the server itself down (requeue) or was it a blip (retry)?"""
-        seen = self._health_seen.get(url)
-        if seen and time.monotonic() - seen[0] < QUICK_HEALTH_REUSE:
-            return not seen[1]
-        try:
-            ok, why = self.health_clients[url].health(timeout=QUICK_HEALTH_TIMEOUT)
-        except ServerDown as exc:
-            ok, why = False, str(exc)
-        self._health_seen[url] = (time.monotonic(), ok)
-        if not ok:
-            self.node_state.suspect(url, f"{detail}; health: {why}")
-        return not ok
-
-    def _report_ok(self, url: str) -> None:
-        # The gate only needs to know the server answered recently; once a second is plenty.
-        now = time.monotonic()
-        if now - self._ok_reported.get(url, 0.0) >= OK_REPORT_INTERVAL:
-            self._ok_reported[url] = now
-            self.node_state.generated_ok(url)
-
     def _note_server(self, campaign: Campaign, url: str) -> None:
         if (campaign.name, url) not in self._noted:
-            state = self.node_state.routing()[0].get(url)
+            state = self.fleet.state(url)
             if state is not None and state.provenance:
                 campaign.note_server(url, state.provenance)
                 self._noted.add((campaign.name, url))
@@ -817,27 +775,8 @@ class BatchRunner:
 
     def tick(self, counts: Mapping[tuple[str, str], int]) -> dict[str, Route]:
         """The pool's periodic call: publish prompts in flight, return each server's route
-        (tickets, and the backend preflight found; no tickets while its kind is unknown)."""
+        (workers/servers/routing.py PoolRouting)."""
         if counts != self._published:
             self.node_state.publish_inflight(pid=os.getpid(), counts=counts, previous=self._published)
             self._published = dict(counts)
-        routes = {url: Route(0) for url in self.config.servers}
-        for url, (state, backend) in routable(self.node_state, self.config.servers).items():
-            # Tickets: --inflight, else the server's capacity x 1.25 (preflight keeps only a positive int).
-            capacity = state.max_running_requests
-            tickets = self.config.inflight or auto_inflight(capacity)
-            source = "--inflight" if self.config.inflight else f"1.25 x the server's max_running_requests {capacity}"
-            if not (self.config.inflight or capacity):
-                source = "the default: the server does not report its capacity"
-            self._say_once(url, "tickets", tickets, "keeping %d prompts in flight (%s)", tickets, source)
-            model = getattr(backend, "model", None)
-            model_words = f" (model {model})" if model else ""
-            self._say_once(url, "backend", (backend.name, model), "sending prompts to %s%s", backend.path, model_words)
-            routes[url] = Route(tickets, backend)
-        return routes
-
-    def _say_once(self, url: str, topic: str, value: object, message: str, *args: object) -> None:
-        """Log what the routing does with a server when it starts or changes (not every tick)."""
-        if self._said.get((url, topic)) != value:
-            self._said[(url, topic)] = value
-            log.info("server %s: " + message, url, *args)  # routine: what the worker does, not a problem
+        return self.pool_routing.routes()

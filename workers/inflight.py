@@ -26,7 +26,17 @@ import orjson
 from workers import metrics
 from workers.affinity import PrefixAffinity, affinity_enabled, least_loaded
 from workers.backends import Backend
-from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, Unauthorized, error_for_status
+from workers.servers.transport import (
+    AIOHTTP_ERRORS,
+    CONNECT_TIMEOUT,
+    ClientError,
+    ServerDown,
+    TransientError,
+    Unauthorized,
+    auth_headers,
+    error_for_status,
+    transport_error,
+)
 
 log = logging.getLogger("eagle_synth.inflight")
 
@@ -97,7 +107,7 @@ class _Job:
 class InflightPool:
     """Send prompts to `servers` (base URLs) with a per-server in-flight limit, refilling each freed
     ticket: the oldest waiting prompt goes to the routable server with the most free tickets among
-    those it may go to (its campaign's, workers/routing.py), or, when `affinity` (default: unless
+    those it may go to (its campaign's, workers/servers/routing.py), or, when `affinity` (default: unless
     EAGLE_SYNTH_PREFIX_AFFINITY=0) remembers a free one among them that served its prefix, to that
     one (workers/affinity.py); a prompt no free server may take lets the next one by; one refusing connections leaves routing until the next tick. Every `TICK_INTERVAL` seconds
     `on_tick(counts)` runs in a helper thread with the prompts in flight per (tag, url) and returns
@@ -115,8 +125,8 @@ class InflightPool:
         if affinity is None and affinity_enabled():
             affinity = PrefixAffinity()
         self._affinity = affinity
-        # The servers' --api-key, as SGLang and vLLM check it (and ServerClient sends it).
-        self._headers = JSON_HEADERS | ({} if api_key is None else {"Authorization": f"Bearer {api_key}"})
+        # The servers' --api-key, added where ServerClient adds it (workers/servers/transport.py).
+        self._headers = JSON_HEADERS | auth_headers(api_key)
         self._sends_key = api_key is not None
         self._on_tick = on_tick
         self._backends: dict[str, Backend] = {}
@@ -280,12 +290,8 @@ class InflightPool:
                 metrics.first_byte(url, time.monotonic() - sent_at)
                 raw = await response.read()
                 status = response.status
-        except aiohttp.ClientConnectorError as exc:
-            raise ServerDown(f"{url}: connection refused ({exc.os_error})") from None
-        except TimeoutError:
-            raise TransientError(f"{url}{path}: no answer within {job.timeout:.0f} s") from None
-        except aiohttp.ClientError as exc:
-            raise TransientError(f"{url}{path}: connection error: {exc!r}") from None
+        except AIOHTTP_ERRORS as exc:
+            raise transport_error(exc, url=url, path=path, timeout=job.timeout) from None
         if (error := error_for_status(status, raw, path=path, url=url, sent_key=self._sends_key)) is not None:
             raise error
         try:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from eagle_synth.records import Record
 from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING
-from workers.client import BadRequest, ServerDown, TransientError, Unauthorized
+from workers.servers.transport import BadRequest, ServerDown, TransientError, Unauthorized
 
 log = logging.getLogger("eagle_synth.metrics")
 

@@ -3,7 +3,7 @@
 `enqueue` and `worker` refuse an evicting or non-persisting Redis at start
 (eagle_synth/state/redis_policy.py), but an operator can change either while a campaign runs
 (`CONFIG SET maxmemory-policy allkeys-lru`): keys then vanish silently (the queue, `unacked`,
-settings). So the health gate (workers/health.py) reads both again every REDIS_CHECK_INTERVAL
+settings). So the health gate (workers/servers/health.py) reads both again every REDIS_CHECK_INTERVAL
 s and takes no batches while either is unsafe, saying why in `status` and the log; it takes
 batches again once both are safe. Batch threads add what they find: replicas that do not
 acknowledge their marks (eagle_synth/state/replicas.py), shown but not closing the gate.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle_synth.errors import EagleSynthError
-from workers.client import BadSamplingParams, TransientError
+from workers.servers.transport import BadSamplingParams, TransientError
 
 # finish_reason types SGLang and vLLM report; anything else is a shape we do not know how to record.
 FINISH_TYPES = frozenset({"stop", "length", "abort"})

@@ -121,7 +121,7 @@ def worker(
     from eagle_synth.harness import bind_error
     from workers.config import ConfigError, WorkerConfig, default_concurrency
     from workers.disk import probe_folder
-    from workers.preflight import preflight_at_start
+    from workers.servers.preflight import preflight_at_start
 
     if problem := probe_folder(out):
         fail(f"--out cannot take records: {problem}")

@@ -1,5 +1,7 @@
-"""A worker node's hash in Redis (expiring unless refreshed): the health gate writes server
-states; pool children read them, report suspects and successes, and count prompts in flight.
+"""A worker node's hash in Redis (expiring unless refreshed), for what other processes read
+(`status`, the reaper, the metrics): the health gate writes server states, the batch threads'
+in-flight pool counts prompts in flight. Within the worker process the gate and the batch threads
+share server states, suspects and successes in memory (workers/servers/fleet.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ WARMING = "warming"  # listening, /health not yet 200
 UNHEALTHY = "unhealthy"  # was healthy, then failed probes (timeouts, errors)
 REFUSED = "refused"  # preflight refused its configuration; never used
 UNKNOWN = "unknown"  # not probed yet
+# Field kinds a node's hash held before suspects and successes stayed in the worker process
+# (workers/servers/fleet.py): a hash an older worker wrote may still have them; never shown.
+WITHDRAWN_FIELDS = ("ok", "suspect")
 
 
 class ServerState(msgspec.Struct):
@@ -63,7 +68,6 @@ class _NodeView(msgspec.Struct):
     """A node's hash parsed (NodeState._read, the one place that knows its field names)."""
 
     states: dict[str, ServerState] = {}
-    suspects: dict[str, dict] = {}
     inflight: list[tuple[int, str, str, int]] = []
     fields: dict[str, str] = {}
 
@@ -130,19 +134,16 @@ class NodeState:
             kind, _, rest = name.partition(":")
             if kind == "state":
                 view.states[rest] = msgspec.json.decode(value, type=ServerState)
-            elif kind == "suspect":
-                view.suspects[rest] = json.loads(value)
             elif kind == "inflight":
                 pid, campaign, url = rest.split(":", 2)
                 view.inflight.append((int(pid), campaign, url, int(value)))
-            elif kind != "ok":
+            elif kind not in WITHDRAWN_FIELDS:
                 view.fields[name] = value
         return view
 
-    def routing(self) -> tuple[dict[str, ServerState], dict[str, float], dict[str, int]]:
-        """In one read: server states, suspect times, and prompts in flight per server."""
-        view = self._read()
-        return view.states, {url: s["at"] for url, s in view.suspects.items()}, view.inflight_by(2)
+    def states(self) -> dict[str, ServerState]:
+        """The server states the node published."""
+        return self._read().states
 
     def snapshot(self) -> dict:
         """Everything in the hash, decoded (for status)."""
@@ -153,24 +154,6 @@ class NodeState:
         if view.inflight:
             out["inflight_by_server"], out["inflight_by_campaign"] = view.inflight_by(2), view.inflight_by(1)
         return out
-
-    def suspect(self, url: str, detail: str) -> None:
-        """A child saw the server fail; the gate probes it at once."""
-        self.client.hset(self.key, f"suspect:{url}", json.dumps({"at": time.time(), "detail": detail}))
-
-    def take_suspects(self) -> dict[str, dict]:
-        suspects = self._read().suspects
-        if suspects:
-            self.client.hdel(self.key, *[f"suspect:{u}" for u in suspects])
-        return suspects
-
-    def generated_ok(self, url: str) -> None:
-        """A /generate succeeded: as good as a health probe."""
-        self.client.hset(self.key, f"ok:{url}", time.time())
-
-    def last_ok(self, url: str) -> float:
-        raw = self.client.hget(self.key, f"ok:{url}")
-        return float(raw) if raw else 0.0
 
     def publish_inflight(
         self, *, pid: int, counts: Mapping[tuple[str, str], int], previous: Mapping[tuple[str, str], int]

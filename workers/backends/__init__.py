@@ -1,4 +1,4 @@
-"""The kinds of server a worker drives (SGLang and vLLM), by name; preflight (workers/preflight.py)
+"""The kinds of server a worker drives (SGLang and vLLM), by name; preflight (workers/servers/preflight.py)
 tells which one a server is.
 
 A `Backend` serves one server URL: `name` is its kind, `path` its generation endpoint, `checks`

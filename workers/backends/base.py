@@ -12,7 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from eagle_synth.errors import UserError
 from eagle_synth.state.node_state import ServerState
-from workers.client import BadSamplingParams, ServerFacts, positive_int
+from workers.servers.client import ServerFacts, positive_int
+from workers.servers.transport import BadSamplingParams
 
 # The kinds of server a worker can drive; "auto" (the --backend default) detects the kind.
 SGLANG = "sglang"

@@ -13,8 +13,8 @@ import json
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import SGLANG, BaseBackend, Check, Problem, UntranslatableSampling, provenance_of
-from workers.client import ServerClient, ServerFacts, positive_int
 from workers.replies import GeneratedItem, parse_generate_item
+from workers.servers.client import ServerClient, ServerFacts, positive_int
 
 # server_info launch arguments kept in a campaign's provenance. An allow-list, never a
 # deny-list: SGLang adds arguments every release, and some are secrets (api_key,

@@ -24,15 +24,6 @@ from workers.backends.base import (
     provenance_of,
     redact_url,
 )
-from workers.client import (
-    ServerClient,
-    ServerFacts,
-    TransientError,
-    error_for_status,
-    error_message,
-    first_model,
-    positive_int,
-)
 from workers.replies import (
     FINISH_TYPES,
     BadResponse,
@@ -44,6 +35,8 @@ from workers.replies import (
     is_token_int,
     kind_of,
 )
+from workers.servers.client import ServerClient, ServerFacts, first_model, positive_int
+from workers.servers.transport import TransientError, error_for_status, error_message
 
 log = logging.getLogger("eagle_synth.preflight")
 

@@ -1,5 +1,5 @@
 """Does a server serve a campaign's model? Asked of every server for every campaign before
-the worker takes any batch of it (workers/routing.py), and again whenever the server's state
+the worker takes any batch of it (workers/servers/routing.py), and again whenever the server's state
 changes (a restart may bring another model behind the same address).
 
 Preflight does not check the model: a server with another one answers the campaign's ids with
@@ -23,7 +23,8 @@ from eagle_synth.state.campaign import CampaignSettings
 from eagle_synth.state.node_state import ServerState
 from workers.backends import backend_for_state
 from workers.backends.base import redact_url
-from workers.client import ServerClient, ServerDown, TransientError
+from workers.servers.client import ServerClient
+from workers.servers.transport import ServerDown, TransientError
 
 log = logging.getLogger("eagle_synth.model_check")
 

@@ -1,7 +1,9 @@
 """The health gate: a worker takes batches only while a server it serves is healthy.
 
 A thread in the worker's main process probes each server's /health and preflights it when it
-first answers (workers/preflight.py); docs/workers.md "Health gate" tells the behaviour.
+first answers (workers/servers/preflight.py); it shares what it finds with the batch threads in
+the process's Fleet (workers/servers/fleet.py) and publishes it in the node's hash for `status`.
+docs/workers.md "Health gate" tells the behaviour.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from workers import metrics
 from workers.backends import BACKENDS
 from workers.backends.base import PreflightError
 from workers.background import every
-from workers.client import ServerClient, ServerDown, TransientError, Unauthorized
 from workers.config import WorkerConfig
 from workers.disk import DiskState
-from workers.model_check import REFUSE_PREFIX
-from workers.preflight import preflight_server
 from workers.redis_watch import RedisWatch
-from workers.routing import CampaignRouter
+from workers.servers.client import ServerClient
+from workers.servers.fleet import Fleet
+from workers.servers.model_check import REFUSE_PREFIX
+from workers.servers.preflight import preflight_server
+from workers.servers.routing import CampaignRouter
+from workers.servers.transport import ServerDown, TransientError, Unauthorized
 
 log = logging.getLogger("eagle_synth.health")
 
@@ -80,7 +84,9 @@ class HealthGate:
     persistence on, though either may be changed while running) the worker consumes the queues
     of the campaigns `router` finds its healthy servers serve, none otherwise. `on_consume(queue)`
     and `on_stop(queue)` are called from the gate thread for each queue it starts and stops
-    consuming; `on_all_refused` once when preflight refused every server."""
+    consuming; `on_all_refused` once when preflight refused every server. `fleet` holds the
+    servers' clients and carries their states to the batch threads, and their reports back
+    (default: one of its own)."""
 
     def __init__(
         self,
@@ -93,8 +99,10 @@ class HealthGate:
         disk: DiskState | None = None,
         on_all_refused: Callable[[], None] | None = None,
         redis_watch: RedisWatch | None = None,
+        fleet: Fleet | None = None,
     ) -> None:
         self.config = config
+        self.fleet = fleet or Fleet(config.servers, api_key=config.api_key)
         self.node_state = node_state
         self.router = router
         self.disk = disk
@@ -110,8 +118,7 @@ class HealthGate:
         self._disk_detail: str | None = None
         self.redis_watch = redis_watch
         self._redis_detail: str | None = None
-        clients = {url: ServerClient(url, pool_connections=2, api_key=config.api_key) for url in config.servers}
-        self.tracked = {url: _Tracked(client=client) for url, client in clients.items()}
+        self.tracked = {url: _Tracked(client=client) for url, client in self.fleet.clients.items()}
         self.is_open = False
         # Since when the gate is closed, when to say so again, and the wait after that.
         self._closed_since = time.monotonic()
@@ -141,22 +148,22 @@ class HealthGate:
     def tick(self) -> None:
         now = time.time()
         changed = False
-        for url, detail in self.node_state.take_suspects().items():
+        for url, suspect in self.fleet.take_suspects().items():
             tracked = self.tracked.get(url)
-            reported = str(detail.get("detail") or "")
+            reported = suspect.detail
             if not tracked or tracked.state.state == REFUSED:
                 continue
             if reported.startswith(REFUSE_PREFIX):
-                # A batch found it serving another model than the campaign's (workers/model_check.py).
+                # A batch found it serving another model than the campaign's (workers/servers/model_check.py).
                 changed = self._set(tracked, REFUSED, reported[len(REFUSE_PREFIX) :]) or changed
             else:
-                log.info("server %s reported failing by a batch (%s): probing now", url, detail.get("detail"))
+                log.info("server %s reported failing by a batch (%s): probing now", url, suspect.detail)
                 tracked.next_probe = 0.0
                 tracked.last_cause = reported or tracked.last_cause
         for url, tracked in self.tracked.items():
             if tracked.state.state == REFUSED or now < tracked.next_probe:
                 continue
-            if tracked.state.state == HEALTHY and now - self.node_state.last_ok(url) < HEALTHY_PROBE_INTERVAL:
+            if tracked.state.state == HEALTHY and now - self.fleet.last_ok(url) < HEALTHY_PROBE_INTERVAL:
                 tracked.failures = 0
                 tracked.next_probe = now + HEALTHY_PROBE_INTERVAL
                 continue
@@ -243,8 +250,11 @@ class HealthGate:
         routing = NodeRouting(
             campaigns=self.router.served(), pins=sorted(self.router.pins), not_served=self.router.not_served()
         )
+        states = {url: tracked.state for url, tracked in self.tracked.items()}
+        # The batch threads read the states here; `status` and other processes, in Redis.
+        self.fleet.publish(states)
         self.node_state.publish(
-            {u: t.state for u, t in self.tracked.items()},
+            states,
             consuming=self.is_open,
             disk=self._disk_detail,
             redis=self._redis_detail,

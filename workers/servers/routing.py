@@ -2,10 +2,11 @@
 
 On a shared fleet one Redis holds the campaigns of several models, each in a queue of its own
 (eagle_synth/queue.py). A worker consumes a campaign's queue only while one of its healthy
-servers serves that campaign's model (workers/model_check.py), so a batch never reaches a
+servers serves that campaign's model (workers/servers/model_check.py), so a batch never reaches a
 server of another model by the broker's doing; the batch threads ask `servers_for` which of
 the worker's servers its prompts may go to, so a worker with servers of two models sends each
-campaign to its own. A server that cannot say what it serves takes only campaigns the worker is
+campaign to its own. `PoolRouting` tells the in-flight pool how many prompts each routable
+server takes and which backend builds its requests. A server that cannot say what it serves takes only campaigns the worker is
 pinned to (`worker --campaign`). docs/operations.md "Sharing a fleet" tells the whole story.
 """
 
@@ -24,7 +25,10 @@ from eagle_synth.state.campaign import CampaignSettings, campaign_names
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import HEALTHY, ServerState
 from eagle_synth.state.redis_client import pipelined
-from workers.model_check import ModelCheck
+from workers.config import auto_inflight
+from workers.inflight import Route
+from workers.servers.fleet import Fleet
+from workers.servers.model_check import ModelCheck
 
 log = logging.getLogger("eagle_synth.routing")
 
@@ -142,3 +146,45 @@ class CampaignRouter:
         if (campaign, url, line) not in self._said:
             self._said.add((campaign, url, line))
             log.warning("%s", line)
+
+
+class PoolRouting:
+    """What the in-flight pool may send to each server, asked at every pool tick (`routes`): a
+    server `fleet` finds routable gets tickets (`inflight`, else 1.25 x the capacity preflight
+    found, else the default) and the backend preflight found; any other gets none. Logs each
+    server's tickets and endpoint when they start or change (not every tick).
+
+    Parameters:
+        fleet: the process's servers (workers/servers/fleet.py).
+        servers: the worker's servers, in order.
+        inflight: --inflight (None: sized from each server's capacity).
+    """
+
+    def __init__(self, fleet: Fleet, servers: Iterable[str], *, inflight: int | None) -> None:
+        self.fleet = fleet
+        self.servers = tuple(servers)
+        self.inflight = inflight
+        self._said: dict[tuple[str, str], object] = {}
+
+    def routes(self) -> dict[str, Route]:
+        """Each server's route (tickets, and the backend preflight found; no tickets while its kind is unknown)."""
+        routes = {url: Route(0) for url in self.servers}
+        for url, (state, backend) in self.fleet.routable(self.servers).items():
+            # Tickets: --inflight, else the server's capacity x 1.25 (preflight keeps only a positive int).
+            capacity = state.max_running_requests
+            tickets = self.inflight or auto_inflight(capacity)
+            source = "--inflight" if self.inflight else f"1.25 x the server's max_running_requests {capacity}"
+            if not (self.inflight or capacity):
+                source = "the default: the server does not report its capacity"
+            self._say_once(url, "tickets", tickets, "keeping %d prompts in flight (%s)", tickets, source)
+            model = getattr(backend, "model", None)
+            model_words = f" (model {model})" if model else ""
+            self._say_once(url, "backend", (backend.name, model), "sending prompts to %s%s", backend.path, model_words)
+            routes[url] = Route(tickets, backend)
+        return routes
+
+    def _say_once(self, url: str, topic: str, value: object, message: str, *args: object) -> None:
+        """Log what the routing does with a server when it starts or changes (not every tick)."""
+        if self._said.get((url, topic)) != value:
+            self._said[(url, topic)] = value
+            log.info("server %s: " + message, url, *args)  # routine: what the worker does, not a problem

@@ -1,132 +1,32 @@
 """A token-in/token-out HTTP client for one inference server (SGLang or vLLM): health, the small
-info endpoints, JSON posts (request and reply shapes are in workers/backends/).
-
-Every failure becomes one the batch runner classifies: ServerDown (not listening: wait for health),
-TransientError (timeouts, resets, 429, 5xx: retry with backoff), BadRequest (400: never retried),
-BadSamplingParams (a 400 about the campaign's sampling rather than one prompt), Unauthorized
-(401/403: the server checks an API key this worker lacks; the server is refused).
-
-A server started with `--api-key` gets it as `Authorization: Bearer <key>` on every request
-(`api_key`, from EAGLE_SYNTH_SERVER_API_KEY); SGLang checks it on every path but /health and
-/metrics, vLLM on /v1/... only.
+info endpoints, JSON posts (request and reply shapes are in workers/backends/). A blocking call
+is the natural form for these probes, so it uses `requests`; its failures, and the API key it
+sends, go through workers/servers/transport.py like the in-flight pool's.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from dataclasses import dataclass
 
 import requests
-import urllib3
 from requests.adapters import HTTPAdapter
 
-from eagle_synth.errors import EagleSynthError
-from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
+from workers.servers.transport import (
+    CONNECT_TIMEOUT,
+    REQUESTS_ERRORS,
+    TransientError,
+    auth_headers,
+    transport_error,
+    unauthorized,
+)
 
 # Keep-alive connections per server of the synchronous client.
 POOL_CONNECTIONS = 64
-# Seconds to open a TCP connection (a listening server accepts at once even when busy), for the
-# info endpoints (a /health probe takes the worker's --probe-timeout).
-CONNECT_TIMEOUT = 5.0
+# Seconds the info endpoints may take (a /health probe takes the worker's --probe-timeout).
 INFO_TIMEOUT = 10.0
 # Bytes asked of the socket per read while an answer's body arrives (each read returns what is there).
 READ_PIECE = 65536
-
-
-class ClientError(EagleSynthError):
-    """Base of the client's errors (the message says what the server answered, if it did)."""
-
-
-class ServerDown(ClientError):
-    """The server is not accepting connections (loading weights, dead, restarting)."""
-
-
-class TransientError(ClientError):
-    """A failure that may pass: timeout, dropped connection, 429, 5xx."""
-
-
-class BadRequest(ClientError):
-    """The server refused the request as malformed (HTTP 400); its message is kept."""
-
-
-class BadSamplingParams(BadRequest):
-    """HTTP 400 about the campaign's sampling: the caller stops the campaign instead of failing its prompts."""
-
-
-class Unauthorized(ClientError):
-    """HTTP 401 or 403: the server checks an API key and this worker sent none, or another one."""
-
-
-# How the servers word a 400 caused by the sampling, whatever the version: an unknown key
-# (msgspec's "Unexpected keyword argument 'seed'", Python's "got an unexpected keyword
-# argument"), a mistyped value (msgspec's "Expected `float`, got `str` - at `$.temperature`", a
-# comparison inside SGLang's verify(), vLLM's pydantic "('body', '<field>')"), an out-of-range
-# one ("<field> must ...", from SGLang's sampling_params.py verify() and vLLM's
-# sampling_params.py _verify_args()), "Only one of regex, json_schema, or ebnf can be set.".
-# The fields: SGLang's sampling keys and the names vLLM gives four of them.
-_SAMPLING_FIELDS = "|".join(
-    sorted({*SGLANG_SAMPLING_KEYS, "max_tokens", "min_tokens", "seed", "include_stop_str_in_output"})
-)
-SAMPLING_ERROR = re.compile(
-    r"(?i:unexpected keyword argument|sampling[_ ]?param|expected `[^`]+`, got `[^`]+`"
-    r"|not supported between instances of|only one of regex, json_schema, or ebnf)"
-    rf"|\b({_SAMPLING_FIELDS})\b[^.]*\bmust\b|\('body', '({_SAMPLING_FIELDS})'\)"
-)
-
-
-def is_sampling_error(message: str) -> bool:
-    """True when a 400's message says the sampling parameters are wrong (not the prompt)."""
-    if "input_ids" in message or "'prompt'" in message:
-        return False  # about the prompt ids (e.g. a mistyped id), which differ per prompt
-    return SAMPLING_ERROR.search(message) is not None
-
-
-def error_message(body: bytes, status: int) -> str:
-    """The message of an error reply, whichever of SGLang's shapes it has."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return body[:500].decode(errors="replace") or f"HTTP {status}"
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        if "message" in parsed:
-            return str(parsed["message"])
-        if isinstance(error, str):
-            return error
-    return str(parsed)[:500]
-
-
-# The environment variable holding the servers' API key (WorkerConfig.server_api_key), for messages.
-API_KEY_ENV = "EAGLE_SYNTH_SERVER_API_KEY"
-
-
-def unauthorized(status: int, body: bytes, *, url: str, path: str, sent_key: bool) -> Unauthorized | None:
-    """The refusal a 401/403 of server `url` stands for, saying what to fix (`sent_key`: we sent a
-    key, so it is the wrong one); None for any other status."""
-    if status not in (401, 403):
-        return None
-    fix = f"{API_KEY_ENV} is not the key the server was started with"
-    fix = fix if sent_key else f"the server checks an API key (--api-key): set {API_KEY_ENV} to it"
-    return Unauthorized(f"refusing server {url}: {path} answered {status} ({error_message(body, status)}): {fix}")
-
-
-def error_for_status(status: int, body: bytes, *, path: str, url: str, sent_key: bool = False) -> ClientError | None:
-    """The error a non-200 reply of server `url` stands for (None for 200): 400 is the request's
-    fault, 401/403 an API key missing or wrong (`unauthorized`), the rest may pass."""
-    if status == 200:
-        return None
-    if refused := unauthorized(status, body, url=url, path=path, sent_key=sent_key):
-        return refused
-    if status == 400:
-        message = error_message(body, status)
-        if is_sampling_error(message):
-            return BadSamplingParams(f"the server refused the sampling parameters: {message}")
-        return BadRequest(message)
-    return TransientError(f"{path} answered {status}: {error_message(body, status)}")
 
 
 def positive_int(value: object) -> int | None:
@@ -172,8 +72,7 @@ class ServerClient:
         self.url = url.rstrip("/")
         self.sends_key = api_key is not None
         self.session = requests.Session()
-        if api_key is not None:  # as SGLang's and vLLM's --api-key check it (InflightPool sends it too)
-            self.session.headers["Authorization"] = f"Bearer {api_key}"
+        self.session.headers.update(auth_headers(api_key))
         # Retries are classified by the batch runner, not hidden in the transport.
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_connections, max_retries=0)
         self.session.mount("http://", adapter)
@@ -207,17 +106,8 @@ class ServerClient:
             if refused := unauthorized(status, response.content, url=self.url, path=path, sent_key=sent_key):
                 raise refused  # an API key missing or wrong: whatever the path, the server is refused
             return response
-        except requests.ConnectionError as exc:
-            # A refused connection means nothing listens; a reset mid-request may be a dying
-            # server or a network blip: the caller's health check tells them apart.
-            text = str(exc)
-            if "refused" in text.lower() or "Failed to establish" in text:
-                raise ServerDown(f"{self.url}: connection refused") from exc
-            raise TransientError(f"{self.url}{path}: connection error: {exc}") from exc
-        except requests.Timeout as exc:
-            raise TransientError(f"{self.url}{path}: no answer within {timeout:.0f} s") from exc
-        except (urllib3.exceptions.HTTPError, requests.RequestException) as exc:
-            raise TransientError(f"{self.url}{path}: {exc}") from exc
+        except REQUESTS_ERRORS as exc:
+            raise transport_error(exc, url=self.url, path=path, timeout=timeout) from exc
 
     def health(self, *, timeout: float) -> tuple[bool, str]:
         """(healthy, detail). Raises ServerDown when nothing listens."""
