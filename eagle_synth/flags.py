@@ -32,13 +32,15 @@ class Flag:
 
     Parameters:
         help: the flag's --help text (an environment-backed model adds its default and variable).
-        names: the flag's names; none: `--field-name` (a bool field: `--field-name/--no-field-name`).
+        names: the flag's names; none: `--field-name` (a bool field: `--field-name/--no-field-name`,
+            or `--field-name` alone when not `negatable`).
         type: what the flag reads, when it is not the field's type (a path for a string field, a
             repeated flag for a comma list).
         default: the flag's default, when it is not the field's.
         parse: turns the flag's value into the field's; None: the value is the field's as it is.
         required: the command needs the flag although the field has a default.
         shows_env: an environment-backed model's help names the variable and the default.
+        negatable: a bool field's flag has its `--no-` form too.
     """
 
     help: str
@@ -48,6 +50,7 @@ class Flag:
     parse: Callable[[Any], Any] | None = None
     required: bool = False
     shows_env: bool = True
+    negatable: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,7 +56,7 @@ INFLIGHT_HELP = (
     f"or {DEFAULT_INFLIGHT} if it does not report it."
 )
 ALLOW_SERVER_PARSERS_FLAG = Flag(
-    "Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init.", names=("--allow-server-parsers",)
+    "Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init.", negatable=False
 )
 ALLOW_SERVER_SETTINGS_FLAG = Flag(
     "Accept a server setting preflight refuses, by name (allow_auto_truncate, preferred_sampling_params, "

@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -25,12 +26,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from eagle_synth.flags import FIELD_DEFAULT, Flag, FlagGroup
-from eagle_synth.settings import EnvSettings
 
 Model = TypeVar("Model")
 Command = TypeVar("Command", bound=Callable[..., Any])
 # Defaults an environment-backed flag's help leaves unsaid: "unset", "none", "off".
 UNSAID_DEFAULTS: tuple[Any, ...] = (None, (), False)
+# The module of EnvSettings, the environment-backed models' base; not imported here: the record
+# commands' flags need no pydantic.
+SETTINGS_MODULE = "eagle_synth.settings"
 # The name click gives a parameter left at its default (ParameterSource.DEFAULT), compared by
 # name: typer vendors its own click, whose enum is not click's.
 DEFAULT_SOURCE = "DEFAULT"
@@ -56,23 +59,26 @@ class FieldFlag:
 
     @property
     def env_backed(self) -> bool:
-        return issubclass(self.model, EnvSettings)
+        return env_backed(self.model)
 
     @property
     def option_name(self) -> str:
         """The flag as messages name it: its first name, else --field-name."""
         return self.flag.names[0] if self.flag.names else "--" + self.name.replace("_", "-")
 
-    def help_text(self) -> str:
+    def help_text(self, worded: str | None = None) -> str:
+        """The flag's help (`worded`: a command's own wording of it), with an environment-backed
+        model's default and variable."""
+        text = self.flag.help if worded is None else worded
         if not (self.env_backed and self.flag.shows_env):
-            return self.flag.help
+            return text
         default = self.field_default
         unsaid = default in UNSAID_DEFAULTS or isinstance(default, Path) or default is inspect.Parameter.empty
         shown = "" if unsaid else f" [default: {default}]"
-        return f"{self.flag.help}{shown} [env: {self.model.env_name(self.name)}]"  # type: ignore[attr-defined]
+        return f"{text}{shown} [env: {self.model.env_name(self.name)}]"  # type: ignore[attr-defined]
 
-    def parameter(self) -> inspect.Parameter:
-        """The command parameter typer makes the option from."""
+    def parameter(self, worded: str | None = None) -> inspect.Parameter:
+        """The command parameter typer makes the option from (`worded`: as help_text)."""
         cli_type = self.field_type if self.flag.type is FIELD_DEFAULT else self.flag.type
         default: Any
         if self.flag.required:
@@ -83,10 +89,20 @@ class FieldFlag:
             default = False if cli_type is bool else None
         else:
             default = self.field_default
-        option = typer.Option(*self.flag.names, help=self.help_text())
+        names = self.flag.names
+        if not names and not self.flag.negatable:
+            names = (self.option_name,)  # typer adds --no-X to a bool flag only when it names it
+        option = typer.Option(*names, help=self.help_text(worded))
         return inspect.Parameter(
             self.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[cli_type, option]
         )
+
+
+def env_backed(model: type) -> bool:
+    """Whether a model reads its fields from the environment (an EnvSettings): one that is has
+    imported eagle_synth.settings, so a model that has not is not one."""
+    settings = sys.modules.get(SETTINGS_MODULE)
+    return settings is not None and issubclass(model, settings.EnvSettings)
 
 
 def _field_defaults(model: type) -> dict[str, Any]:
@@ -132,15 +148,19 @@ def field_flags(model: type) -> tuple[FieldFlag, ...]:
     return tuple(found)
 
 
-def settings_flags(*models: type, order: Sequence[str] = ()) -> Callable[[Command], Command]:
+def settings_flags(
+    *models: type, order: Sequence[str] = (), helps: Mapping[str, str] | None = None
+) -> Callable[[Command], Command]:
     """Give a command the flags of the models' fields: after its own parameters without a
     default (its arguments, its context), before its own options; or in `order` (every
-    parameter's name) where a command interleaves them. The command itself receives only its
-    own parameters; `settings_from` reads the flags."""
+    parameter's name) where a command interleaves them. `helps`: the command's own wording of a
+    flag's help, by field (vocab's --split). The command itself receives only its own
+    parameters; `settings_from` reads the flags."""
 
     def decorate(command: Command) -> Command:
         own = list(inspect.signature(command, eval_str=True).parameters.values())
-        generated = [f.parameter() for model in models for f in field_flags(model)]
+        worded = helps or {}
+        generated = [f.parameter(worded.get(f.name)) for model in models for f in field_flags(model)]
         leading = [p for p in own if p.default is inspect.Parameter.empty]
         trailing = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p not in leading]
         parameters = [*leading, *generated, *trailing]
@@ -177,15 +197,15 @@ def settings_from(model: type[Model], ctx: typer.Context, **given: Any) -> Model
         elif isinstance(mark, Flag) and _taken(model, ctx, name):
             raw = ctx.params[name]
             values[name] = raw if mark.parse is None else mark.parse(raw)
-    if issubclass(model, EnvSettings):
-        return typing.cast(Model, model.load(**values))
+    if env_backed(model):
+        return typing.cast(Model, model.load(**values))  # type: ignore[attr-defined]
     return model(**values)
 
 
 def _taken(model: type, ctx: typer.Context, name: str) -> bool:
     """Whether a flag's value sets its field: always, but for an environment-backed model only
     when the flag was given (its environment variable, else its default, fills the rest)."""
-    if not issubclass(model, EnvSettings):
+    if not env_backed(model):
         return True
     source = ctx.get_parameter_source(name)
     return source is not None and source.name != DEFAULT_SOURCE
