@@ -186,15 +186,16 @@ def settings_flags(
 
 def settings_from(model: type[Model], ctx: typer.Context, **given: Any) -> Model:
     """The settings object of a command's flags: each flagged field from its flag (parsed), a
-    FlagGroup field built the same way, `given` fields as they are. An environment-backed model
-    takes the flags given and reads the rest from its environment (`EnvSettings.load`)."""
+    FlagGroup field built the same way, `given` fields as they are; a flag left unset (None)
+    leaves its field's default. An environment-backed model takes the flags given and reads the
+    rest from its environment (`EnvSettings.load`)."""
     values: dict[str, Any] = {}
     for name, (field_type, mark) in _declared(model).items():
         if name in given:
             values[name] = given[name]
         elif isinstance(mark, FlagGroup):
             values[name] = settings_from(field_type, ctx)
-        elif isinstance(mark, Flag) and _taken(model, ctx, name):
+        elif isinstance(mark, Flag) and _taken(model, ctx, name) and ctx.params[name] is not None:
             raw = ctx.params[name]
             values[name] = raw if mark.parse is None else mark.parse(raw)
     if env_backed(model):
