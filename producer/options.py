@@ -1,5 +1,6 @@
-"""What one `enqueue` run is asked to do, its defaults and its checks: the one list the CLI's
-flags take their defaults and their errors from. Light to import (no Redis, no tokenizer)."""
+"""What one `enqueue` run is asked to do, its defaults and its checks: the one list of the
+`enqueue` flags, each declared (help, form, parsing) by the `Flag` in its field's type, from which
+the CLI makes them (eagle_synth/cli/flags.py). Light to import (no Redis, no tokenizer)."""
 
 from __future__ import annotations
 
@@ -101,8 +102,8 @@ CHAT_TEMPLATE_KWARGS_FLAG = Flag(
 
 @dataclass(frozen=True, slots=True)
 class EnqueueOptions:
-    """Everything `enqueue` needs; each field is the `enqueue` flag of its name, documented in
-    docs/producer.md (max_prompt_tokens None: the campaign's cap, else the default; 0 or None:
+    """Everything `enqueue` needs; each field but `inputs` (the files) is the `enqueue` flag of
+    its name (the sampling flags: SamplingParams' fields), documented in docs/producer.md (max_prompt_tokens None: the campaign's cap, else the default; 0 or None:
     no cap; priority None: the campaign's, else eagle_synth.queue.DEFAULT_PRIORITY; limit None:
     every row). Raises UserError (naming the flag) for a combination the run cannot do."""
 
