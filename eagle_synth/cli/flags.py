@@ -158,20 +158,21 @@ def settings_flags(
     parameters; `settings_from` reads the flags."""
 
     def decorate(command: Command) -> Command:
-        own = list(inspect.signature(command, eval_str=True).parameters.values())
+        # Keyword-only, every one: typer passes them by name, and lists them in this order.
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in inspect.signature(command, eval_str=True).parameters.values()
+        ]
         worded = helps or {}
         generated = [f.parameter(worded.get(f.name)) for model in models for f in field_flags(model)]
         leading = [p for p in own if p.default is inspect.Parameter.empty]
-        trailing = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p not in leading]
+        trailing = [p for p in own if p.default is not inspect.Parameter.empty]
         parameters = [*leading, *generated, *trailing]
         if order:
             by_name = {p.name: p for p in parameters}
             if set(order) != set(by_name):
                 raise TypeError(f"{command.__name__}: order names {sorted(set(order) ^ set(by_name))} wrongly")
             parameters = [by_name[name] for name in order]
-            positional = [p for p in parameters if p.kind is not inspect.Parameter.KEYWORD_ONLY]
-            keyword = [p for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
-            parameters = [*positional, *keyword]  # typer lists options in parameter order regardless
         own_names = {p.name for p in own}
 
         @functools.wraps(command)
