@@ -117,29 +117,13 @@ def worker(
     from eagle_synth.state.redis_policy import check_redis_ready
     from eagle_synth.state.redis_role import refuse_replica
 
-    # Checked as given, before Redis is asked anything (the settings strip a trailing /).
+    # Checked as given, before anything else (the settings strip a trailing /).
     servers: list[str] = ctx.params["servers"]
     campaigns: list[str] = ctx.params["campaigns"] or []
     for url in servers:
         _check_server_url(url)
     for pinned in campaigns:
         check_campaign_name(pinned)
-    settings = broker_settings(redis_url=redis)
-    # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
-    client = redis_client(redis)
-    refuse_replica(client)
-    check_redis_ready(
-        client,
-        warn=warn,
-        allow_evicting=ctx.params["allow_evicting_redis"],
-        allow_volatile=ctx.params["allow_volatile_redis"],
-    )
-    from eagle_synth.harness import bind_error
-    from workers.disk import probe_folder
-    from workers.preflight import preflight_at_start
-
-    if problem := probe_folder(ctx.params["out"]):
-        fail(f"--out cannot take records: {problem}")
     # Every other flag sets the WorkerConfig field of its name (workers/config.py declares them):
     # flags given, else the environment (EAGLE_SYNTH_*), else the defaults.
     try:
@@ -150,6 +134,19 @@ def worker(
             setting: flag for setting, flag in flag_names(WorkerConfig).items() if setting in SETTINGS_SAID_AS_FLAGS
         }
         fail(re.sub(r"\b(" + "|".join(said) + r")\b", lambda m: said[m[1]], str(exc)))
+    settings = broker_settings(redis_url=redis)
+    # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
+    client = redis_client(redis)
+    refuse_replica(client)
+    check_redis_ready(
+        client, warn=warn, allow_evicting=config.allow_evicting_redis, allow_volatile=config.allow_volatile_redis
+    )
+    from eagle_synth.harness import bind_error
+    from workers.disk import probe_folder
+    from workers.preflight import preflight_at_start
+
+    if problem := probe_folder(config.out):
+        fail(f"--out cannot take records: {problem}")
     # The worker's Celery process binds it, restarted or not: a port taken now is said once, here.
     if config.metrics_port is not None and (taken := bind_error(config.metrics_address, config.metrics_port)):
         fail(
