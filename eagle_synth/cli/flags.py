@@ -99,8 +99,8 @@ class FieldFlag:
 
 
 def env_backed(model: type) -> bool:
-    """Whether a model reads its fields from the environment (an EnvSettings): one that is has
-    imported eagle_synth.settings, so a model that has not is not one."""
+    """Whether a model reads its fields from the environment (an EnvSettings). Such a model's
+    module has imported eagle_synth.settings, its base's; while nothing has, no model is one."""
     settings = sys.modules.get(SETTINGS_MODULE)
     return settings is not None and issubclass(model, settings.EnvSettings)
 
