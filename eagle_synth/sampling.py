@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Annotated
 
 from eagle_synth.errors import UserError
+from eagle_synth.flags import Flag
 
 # Keys SGLang's SamplingParams accepts (sglang/srt/sampling/sampling_params.py).
 SGLANG_SAMPLING_KEYS = frozenset(
@@ -60,6 +62,22 @@ class SamplingError(UserError, ValueError):
     """A sampling parameter is out of range; the message names the flag and the range."""
 
 
+def parse_stop_token_ids(raw: str | None) -> tuple[int, ...]:
+    """The ids of --stop-token-ids (comma-separated), or SamplingError naming the first that is not one."""
+    parts = [part.strip() for part in (raw or "").split(",") if part.strip()]
+    if bad := [part for part in parts if not part.isdigit()]:
+        raise SamplingError(
+            f"--stop-token-ids: {bad[0]!r} is not a token id; give comma-separated non-negative integers, e.g. 151645,151643"
+        )
+    return tuple(int(part) for part in parts)
+
+
+# The flag reads the ids as one comma-separated string.
+STOP_TOKEN_IDS_FLAG = Flag(
+    "Extra stop ids, comma-separated (EOS always stops).", type=str | None, default=None, parse=parse_stop_token_ids
+)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """What the server samples with, identical for every prompt of a campaign.
@@ -74,15 +92,15 @@ class SamplingParams:
             prompt key alone (see sample_seed).
     """
 
-    max_new_tokens: int = 2048
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
-    n: int = 1
-    seed: int | None = None
+    max_new_tokens: Annotated[int, Flag("Cap on generated tokens per prompt.")] = 2048
+    temperature: Annotated[float, Flag("Sampling temperature (0 = greedy).")] = 0.6
+    top_p: Annotated[float, Flag("Nucleus sampling mass.")] = 0.95
+    top_k: Annotated[int, Flag("Top-k sampling (-1 = off).")] = -1
+    min_p: Annotated[float, Flag("Min-p sampling.")] = 0.0
+    repetition_penalty: Annotated[float, Flag("Repetition penalty (1 = off).")] = 1.0
+    stop_token_ids: Annotated[tuple[int, ...], STOP_TOKEN_IDS_FLAG] = field(default_factory=tuple)
+    n: Annotated[int, Flag("Samples per prompt; each is its own record.", names=("--n",))] = 1
+    seed: Annotated[int | None, Flag("Base seed: each sample gets a stable sampling_seed.")] = None
 
     def __post_init__(self) -> None:
         checks = (

@@ -1,16 +1,19 @@
-"""What one `enqueue` run is asked to do, its defaults and its checks: the one list the CLI's
-flags take their defaults and their errors from. Light to import (no Redis, no tokenizer)."""
+"""What one `enqueue` run is asked to do, its defaults and its checks: the one list of the
+`enqueue` flags, each declared (help, form, parsing) by the `Flag` in its field's type, from which
+the CLI makes them (eagle_synth/cli/flags.py). Light to import (no Redis, no tokenizer)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from eagle_synth.errors import UserError
+from eagle_synth.flags import ALLOW_EVICTING_REDIS, ALLOW_VOLATILE_REDIS, Flag, FlagGroup
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
-from eagle_synth.priorities import PRIORITIES
+from eagle_synth.priorities import DEFAULT_PRIORITY, PRIORITIES
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.toolcalls import TOOL_FORMATS
 from eagle_synth.variants import Variant
@@ -31,39 +34,110 @@ DEFAULT_MAX_PROMPT_TOKENS = 131_072
 DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 
 
+# The help of the flags whose text would not fit the field's line (eagle_synth/flags.py).
+TURNS_HELP = (
+    "'last': regenerate the answer at the last regeneration point (user turn or tool results); "
+    "'all': one prompt per point (with --history dataset)."
+)
+HISTORY_HELP = (
+    "'dataset': prompts on the row's own history; 'own': answer every user turn (and tool results) in order, "
+    "each on the model's own earlier answers, replaying the dataset's tool results against the model's own tool calls."
+)
+MAX_TURNS_HELP = (
+    "With --history own: answer at most this many turns per conversation (user turns and, in rows with tools, "
+    "tool results)."
+)
+TOOL_FORMAT_HELP = (
+    f"With --history own: the format the model writes tool calls in, one of {', '.join(TOOL_FORMATS)}; "
+    "default: detected from the chat template."
+)
+VARIANTS_HELP = (
+    "JSON list of {name, weight, sampling, chat_template_kwargs} variants, one per conversation by a stable hash."
+)
+CHAT_TEMPLATE_HELP = "Jinja chat template file overriding the tokenizer's."
+MAX_PROMPT_TOKENS_HELP = f"Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else {DEFAULT_MAX_PROMPT_TOKENS}."
+MAX_PROMPT_CHARS_HELP = "Skip conversations with more characters than this, before templating (0 = no cap)."
+MAX_BACKLOG_MB_HELP = (
+    "Also wait while the campaign's queue, failures and outbox hold more MB than this in Redis (0 = no byte cap; "
+    "at most half of Redis's maxmemory)."
+)
+ALLOW_TRUNCATED_HELP = (
+    "Go on past an input file that ends early or cannot be read (one skipped row) instead of stopping there."
+)
+PRIORITY_HELP = (
+    f"0-9, higher is served first across the fleet (default: the campaign's, else {DEFAULT_PRIORITY}); "
+    "`eagle-synth priority` changes it later."
+)
+
+
+def path_text(path: Path | None) -> str | None:
+    """A path flag's value as the string field it sets."""
+    return str(path) if path else None
+
+
+def no_cap_if_zero(cap: int) -> int | None:
+    """A cap flag's value, 0 meaning no cap (None)."""
+    return cap or None
+
+
+def template_kwargs(raw: str | None) -> dict:
+    """--chat-template-kwargs: a JSON object, or UserError naming the flag."""
+    try:
+        kwargs = json.loads(raw) if raw else {}
+        if not isinstance(kwargs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        raise UserError(f"--chat-template-kwargs must be a JSON object: {exc}") from None
+    return kwargs
+
+
+# The flag reads the arguments as one JSON string.
+CHAT_TEMPLATE_KWARGS_FLAG = Flag(
+    "Extra template arguments as JSON, e.g. '{\"enable_thinking\": false}'.",
+    type=str | None,
+    default=None,
+    parse=template_kwargs,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueOptions:
-    """Everything `enqueue` needs; each field is the `enqueue` flag of its name, documented in
-    docs/producer.md (max_prompt_tokens None: the campaign's cap, else the default; 0 or None:
+    """Everything `enqueue` needs; each field but `inputs` (the files) is the `enqueue` flag of
+    its name (the sampling flags: SamplingParams' fields), documented in docs/producer.md (max_prompt_tokens None: the campaign's cap, else the default; 0 or None:
     no cap; priority None: the campaign's, else eagle_synth.queue.DEFAULT_PRIORITY; limit None:
     every row). Raises UserError (naming the flag) for a combination the run cannot do."""
 
     inputs: Sequence[str]
-    campaign: str
-    tokenizer: str
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    batch_size: int = DEFAULT_BATCH_SIZE
-    turns: Literal["last", "all"] = "last"
-    system: str | None = None
-    chat_template: str | None = None
-    chat_template_kwargs: dict = field(default_factory=dict)
-    trust_remote_code: bool = False
-    max_prompt_tokens: int | None = None
-    max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS
-    max_backlog: int = DEFAULT_MAX_BACKLOG
-    max_backlog_mb: int = DEFAULT_MAX_BACKLOG_MB
-    strict: bool = False
-    allow_truncated: bool = False
-    dry_run: bool = False
-    processes: int | None = None
-    allow_evicting_redis: bool = False
-    allow_volatile_redis: bool = False
-    history: Literal["dataset", "own"] = "dataset"
-    max_turns: int | None = None
-    variants: tuple[Variant, ...] = ()
-    tool_format: str | None = None
-    priority: int | None = None
-    limit: int | None = None
+    campaign: Annotated[str, Flag("Campaign name; records go to OUT/NAME/.", names=("--campaign",))]
+    tokenizer: Annotated[str, Flag("Tokenizer folder with the model's chat template.", names=("--tokenizer",))]
+    sampling: Annotated[SamplingParams, FlagGroup()] = field(default_factory=SamplingParams)
+    batch_size: Annotated[int, Flag("Prompts per task.")] = DEFAULT_BATCH_SIZE
+    turns: Annotated[Literal["last", "all"], Flag(TURNS_HELP, type=str)] = "last"
+    history: Annotated[Literal["dataset", "own"], Flag(HISTORY_HELP, type=str)] = "dataset"
+    max_turns: Annotated[int | None, Flag(MAX_TURNS_HELP)] = None
+    tool_format: Annotated[str | None, Flag(TOOL_FORMAT_HELP)] = None
+    # Read from the --variants file by the command, which knows the run's sampling they vary.
+    variants: Annotated[tuple[Variant, ...], Flag(VARIANTS_HELP, type=Path | None, default=None)] = ()
+    system: Annotated[str | None, Flag("Default system prompt for rows without one.")] = None
+    chat_template: Annotated[str | None, Flag(CHAT_TEMPLATE_HELP, type=Path | None, parse=path_text)] = None
+    chat_template_kwargs: Annotated[dict, CHAT_TEMPLATE_KWARGS_FLAG] = field(default_factory=dict)
+    trust_remote_code: Annotated[bool, Flag("Allow tokenizers that ship their own code.")] = False
+    max_prompt_tokens: Annotated[int | None, Flag(MAX_PROMPT_TOKENS_HELP)] = None
+    max_prompt_chars: Annotated[int | None, Flag(MAX_PROMPT_CHARS_HELP, type=int, parse=no_cap_if_zero)] = (
+        DEFAULT_MAX_PROMPT_CHARS
+    )
+    allow_evicting_redis: Annotated[bool, ALLOW_EVICTING_REDIS] = False
+    allow_volatile_redis: Annotated[bool, ALLOW_VOLATILE_REDIS] = False
+    max_backlog: Annotated[int, Flag("Wait while more prompts than this are pending (0 = never wait).")] = (
+        DEFAULT_MAX_BACKLOG
+    )
+    max_backlog_mb: Annotated[int, Flag(MAX_BACKLOG_MB_HELP)] = DEFAULT_MAX_BACKLOG_MB
+    strict: Annotated[bool, Flag("Stop with a nonzero exit at the first skipped row.")] = False
+    allow_truncated: Annotated[bool, Flag(ALLOW_TRUNCATED_HELP)] = False
+    dry_run: Annotated[bool, Flag("Template and count, print a length histogram, enqueue nothing.")] = False
+    priority: Annotated[int | None, Flag(PRIORITY_HELP)] = None
+    limit: Annotated[int | None, Flag("Read only the first N input rows (across all files, in order).")] = None
+    processes: Annotated[int | None, Flag("Templating processes (default: all cores).")] = None
 
     def __post_init__(self) -> None:
         own = self.history == "own"

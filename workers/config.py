@@ -1,7 +1,8 @@
-"""Worker settings: the one place each worker option has its default, help and environment
-name (`EAGLE_SYNTH_<NAME>`). The CLI's flags take defaults and help from here (`option_help`) and
-build it in one hop (`WorkerConfig.load(**flags)`); `celery -A workers.app worker` reads the same
-values from the environment, which the CLI writes for its worker process (`to_env`).
+"""Worker settings: the one place each worker option has its default, help, flag and
+environment name (`EAGLE_SYNTH_<NAME>`). `eagle-synth worker` makes its flags from the fields'
+`Flag`s and builds the settings from them through eagle_synth/cli/flags.py (flags given, else
+the environment, else the defaults); `celery -A workers.app worker` reads the same values from
+the environment, which the CLI writes for its worker process (`to_env`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from eagle_synth.errors import UserError
+from eagle_synth.flags import ALLOW_EVICTING_REDIS, ALLOW_VOLATILE_REDIS, Flag
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
 from eagle_synth.settings import EnvSettings
 from workers.backends import REFUSABLE_SETTINGS
@@ -35,69 +37,84 @@ MAX_PORT = 65535
 CommaList = Annotated[tuple[str, ...], NoDecode]
 
 
+# The flags whose declaration would not fit the field's line (eagle_synth/flags.py); a
+# repeated flag for each comma list.
+SERVERS_FLAG = Flag(
+    "Server base URL (SGLang or vLLM); repeat for several servers.",
+    names=("--server",),
+    type=list[str],
+    required=True,
+)
+BACKEND_FLAG = Flag(
+    "Server kind: auto (detect), sglang or vllm. Once for every server, or once per --server in the same order. "
+    "Default: auto.",
+    names=("--backend",),
+    type=list[str] | None,
+)
+INFLIGHT_HELP = (
+    f"Prompts in flight per server. Default: {AUTO_INFLIGHT_FACTOR} x the server's max_running_requests, "
+    f"or {DEFAULT_INFLIGHT} if it does not report it."
+)
+ALLOW_SERVER_PARSERS_FLAG = Flag(
+    "Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init.", negatable=False
+)
+ALLOW_SERVER_SETTINGS_FLAG = Flag(
+    "Accept a server setting preflight refuses, by name (allow_auto_truncate, preferred_sampling_params, "
+    "is_generation, ...); repeat for several.",
+    names=("--allow-server-setting",),  # one flag per setting allowed
+    type=list[str] | None,
+)
+CAMPAIGNS_FLAG = Flag(
+    "Take batches of this campaign only; repeat for several. Default: every campaign one of the servers serves "
+    "the model of. Also lets a server whose model cannot be checked (no /tokenize) take it.",
+    names=("--campaign",),
+    type=list[str] | None,
+)
+BACKOFF_MAX_HELP = "Longest wait between retries of a prompt (s); backoff doubles from 1 s, jittered."
+PROBE_TIMEOUT_HELP = "Seconds a /health probe may take (SGLang's own check gives up after 20 s)."
+RENDER_PROCESSES_HELP = "Processes that render conversations' next turns (--history own), started on first need."
+METRICS_PORT_HELP = (
+    "Serve Prometheus metrics at http://ADDRESS:PORT/metrics (docs/operations.md, Metrics). Default: off."
+)
+METRICS_ADDRESS_HELP = "Interface the metrics port binds (Prometheus scrapes from other hosts)."
+TOKENIZER_FLAG = Flag(
+    "A local model folder (the one its server loads) whose tokenizer code renders the next turns of --history own "
+    "campaigns made with --trust-remote-code; its files must be the campaign's. Repeat for several.",
+    names=("--tokenizer",),
+    type=list[str] | None,
+)
+
+
 class ConfigError(UserError):
     """A worker setting has a value that cannot work; the message names it."""
 
 
 class WorkerConfig(EnvSettings):
-    """What the worker process needs; every field is one option (flag `--field-name`,
-    environment `EAGLE_SYNTH_FIELD_NAME`)."""
+    """What the worker process needs; every field is one option (environment
+    `EAGLE_SYNTH_FIELD_NAME`; the `Flag` in its type declares its flag, `--field-name` unless
+    named, and its help), but the servers' API key, which has no flag."""
 
     error = ConfigError
 
-    servers: CommaList = Field((), description="Server base URL (SGLang or vLLM); repeat for several servers.")
-    backend: CommaList = Field(
-        (),
-        description="Server kind: auto (detect), sglang or vllm. Once for every server, or once per --server in "
-        "the same order. Default: auto.",
-    )
-    out: Path = Field(Path("out"), description="Records go to OUT/<campaign>/.")
-    inflight: int | None = Field(
-        None,
-        description=f"Prompts in flight per server. Default: {AUTO_INFLIGHT_FACTOR} x the server's "
-        f"max_running_requests, or {DEFAULT_INFLIGHT} if it does not report it.",
-    )
-    allow_server_parsers: bool = Field(
-        False, description="Accept servers running reasoning/tool-call parsers or --skip-tokenizer-init."
-    )
-    allow_server_settings: CommaList = Field(
-        (),
-        description="Accept a server setting preflight refuses, by name (allow_auto_truncate, "
-        "preferred_sampling_params, is_generation, ...); repeat for several.",
-    )
-    campaigns: CommaList = Field(
-        (),
-        description="Take batches of this campaign only; repeat for several. Default: every campaign one of the "
-        "servers serves the model of. Also lets a server whose model cannot be checked (no /tokenize) take it.",
-    )
-    max_attempts: int = Field(6, description="Attempts per prompt on transient errors while the server is healthy.")
-    timeout_base: float = Field(120.0, description="Request timeout = this + timeout-per-token x max_new_tokens (s).")
-    timeout_per_token: float = Field(0.1, description="Seconds of request timeout per max_new_tokens.")
-    backoff_max: float = Field(
-        30.0, description="Longest wait between retries of a prompt (s); backoff doubles from 1 s, jittered."
-    )
-    probe_timeout: float = Field(
-        25.0, description="Seconds a /health probe may take (SGLang's own check gives up after 20 s)."
-    )
-    render_processes: int = Field(
-        2, description="Processes that render conversations' next turns (--history own), started on first need."
-    )
-    metrics_port: int | None = Field(
-        None,
-        description="Serve Prometheus metrics at http://ADDRESS:PORT/metrics (docs/operations.md, Metrics). "
-        "Default: off.",
-    )
-    metrics_address: str = Field(
-        "0.0.0.0", description="Interface the metrics port binds (Prometheus scrapes from other hosts)."
-    )
-    # The CLI's own flags (cli/options.py) set these; the worker process re-checks Redis with them.
-    allow_evicting_redis: bool = Field(False, description="Accept a Redis whose maxmemory-policy may evict keys.")
-    allow_volatile_redis: bool = Field(False, description="Accept a Redis with no appendonly and no RDB save.")
-    tokenizer: CommaList = Field(
-        (),
-        description="A local model folder (the one its server loads) whose tokenizer code renders the next turns of "
-        "--history own campaigns made with --trust-remote-code; its files must be the campaign's. Repeat for several.",
-    )
+    servers: Annotated[CommaList, SERVERS_FLAG] = ()
+    out: Annotated[Path, Flag("Records go to OUT/<campaign>/.", names=("--out",), required=True)] = Path("out")
+    backend: Annotated[CommaList, BACKEND_FLAG] = ()
+    inflight: Annotated[int | None, Flag(INFLIGHT_HELP)] = None
+    allow_server_parsers: Annotated[bool, ALLOW_SERVER_PARSERS_FLAG] = False
+    allow_server_settings: Annotated[CommaList, ALLOW_SERVER_SETTINGS_FLAG] = ()
+    campaigns: Annotated[CommaList, CAMPAIGNS_FLAG] = ()
+    max_attempts: Annotated[int, Flag("Attempts per prompt on transient errors while the server is healthy.")] = 6
+    timeout_base: Annotated[float, Flag("Request timeout = this + timeout-per-token x max_new_tokens (s).")] = 120.0
+    timeout_per_token: Annotated[float, Flag("Seconds of request timeout per max_new_tokens.")] = 0.1
+    backoff_max: Annotated[float, Flag(BACKOFF_MAX_HELP)] = 30.0
+    probe_timeout: Annotated[float, Flag(PROBE_TIMEOUT_HELP)] = 25.0
+    render_processes: Annotated[int, Flag(RENDER_PROCESSES_HELP)] = 2
+    metrics_port: Annotated[int | None, Flag(METRICS_PORT_HELP)] = None
+    metrics_address: Annotated[str, Flag(METRICS_ADDRESS_HELP)] = "0.0.0.0"
+    tokenizer: Annotated[CommaList, TOKENIZER_FLAG] = ()
+    # Flags enqueue takes too; the worker process re-checks Redis with them.
+    allow_evicting_redis: Annotated[bool, ALLOW_EVICTING_REDIS] = False
+    allow_volatile_redis: Annotated[bool, ALLOW_VOLATILE_REDIS] = False
     # No flag: a flag's value shows in `ps` and shell history. Never logged, never in Redis.
     server_api_key: SecretStr | None = Field(
         None, description="The servers' API key (their --api-key), sent as a bearer token to every server."
@@ -168,14 +185,6 @@ class WorkerConfig(EnvSettings):
 
     def request_timeout(self, max_new_tokens: int) -> float:
         return self.timeout_base + self.timeout_per_token * max_new_tokens
-
-
-def option_help(name: str) -> str:
-    """The help text of one setting, for the CLI flag that sets it (with its default and
-    environment variable)."""
-    f = WorkerConfig.model_fields[name]
-    shown = "" if f.default in (None, (), False) or isinstance(f.default, Path) else f" [default: {f.default}]"
-    return f"{f.description}{shown} [env: {WorkerConfig.env_name(name)}]"
 
 
 def default_concurrency(*, inflight: int, servers: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int:

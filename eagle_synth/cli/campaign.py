@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from eagle_synth.cli.flags import settings_flags, settings_from
 from eagle_synth.cli.interrupts import arm_interrupts, raise_if_interrupted
 from eagle_synth.cli.options import (
     INTERRUPTED_EXIT,
-    AllowEvictingOpt,
-    AllowVolatileOpt,
     CampaignArg,
     JsonOpt,
     JsonSummaryOpt,
@@ -23,16 +21,13 @@ from eagle_synth.cli.options import (
     check_campaign_name,
     command_group,
     fail,
-    fields_of,
     print_error,
     redis_client,
     warn,
 )
-from eagle_synth.priorities import DEFAULT_PRIORITY
 from eagle_synth.sampling import SamplingParams
-from eagle_synth.toolcalls import TOOL_FORMATS
 from eagle_synth.variants import load_variants
-from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
+from producer.options import EnqueueOptions
 
 if TYPE_CHECKING:
     from eagle_synth.settings import BrokerSettings
@@ -41,111 +36,30 @@ if TYPE_CHECKING:
 
 app = command_group()
 
-# The flags' defaults are the library's: one place says what a run does unless told otherwise.
-SAMPLING = SamplingParams()
-OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(EnqueueOptions)}
-
-
-def _stop_token_ids(raw: str | None) -> tuple[int, ...]:
-    parts = [part.strip() for part in (raw or "").split(",") if part.strip()]
-    if bad := [part for part in parts if not part.isdigit()]:
-        fail(
-            f"--stop-token-ids: {bad[0]!r} is not a token id; give comma-separated non-negative integers, e.g. 151645,151643"
-        )
-    return tuple(int(part) for part in parts)
-
-
-def _template_kwargs(raw: str | None) -> dict:
-    try:
-        kwargs = json.loads(raw) if raw else {}
-        if not isinstance(kwargs, dict):
-            raise ValueError("not a JSON object")
-    except ValueError as exc:
-        fail(f"--chat-template-kwargs must be a JSON object: {exc}")
-    return kwargs
-
-
-# Each enqueue flag's help, by its parameter's name.
-HELP = {
-    "allow_truncated": "Go on past an input file that ends early or cannot be read (one skipped row) instead of stopping there.",
-    "files": "JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin.",
-    "repetition_penalty": "Repetition penalty (1 = off).",
-    "stop_token_ids": "Extra stop ids, comma-separated (EOS always stops).",
-    "turns": "'last': regenerate the answer at the last regeneration point (user turn or tool results); 'all': one prompt per point (with --history dataset).",
-    "history": "'dataset': prompts on the row's own history; 'own': answer every user turn (and tool results) in order, each on the model's own earlier answers, replaying the dataset's tool results against the model's own tool calls.",
-    "max_turns": "With --history own: answer at most this many turns per conversation (user turns and, in rows with tools, tool results).",
-    "tool_format": f"With --history own: the format the model writes tool calls in, one of {', '.join(TOOL_FORMATS)}; default: detected from the chat template.",
-    "variants": "JSON list of {name, weight, sampling, chat_template_kwargs} variants, one per conversation by a stable hash.",
-    "chat_template": "Jinja chat template file overriding the tokenizer's.",
-    "chat_template_kwargs": "Extra template arguments as JSON, e.g. '{\"enable_thinking\": false}'.",
-    "max_prompt_tokens": f"Skip prompts longer than this many tokens (0 = no cap). Default: the campaign's, else {DEFAULT_MAX_PROMPT_TOKENS}.",
-    "max_prompt_chars": "Skip conversations with more characters than this, before templating (0 = no cap).",
-    "max_backlog": "Wait while more prompts than this are pending (0 = never wait).",
-    "max_backlog_mb": "Also wait while the campaign's queue, failures and outbox hold more MB than this in Redis (0 = no byte cap; at most half of Redis's maxmemory).",
-    "dry_run": "Template and count, print a length histogram, enqueue nothing.",
-    "priority": f"0-9, higher is served first across the fleet (default: the campaign's, else {DEFAULT_PRIORITY}); `eagle-synth priority` changes it later.",
-    "limit": "Read only the first N input rows (across all files, in order).",
-}
-
-
-def _opt(name: str) -> Any:
-    return typer.Option(help=HELP[name])
-
 
 @app.command()
+@settings_flags(EnqueueOptions)
 def enqueue(
-    files: Annotated[list[str], typer.Argument(help=HELP["files"])],
-    campaign: Annotated[str, typer.Option("--campaign", help="Campaign name; records go to OUT/NAME/.")],
-    tokenizer: Annotated[str, typer.Option("--tokenizer", help="Tokenizer folder with the model's chat template.")],
-    max_new_tokens: Annotated[int, typer.Option(help="Cap on generated tokens per prompt.")] = SAMPLING.max_new_tokens,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = SAMPLING.temperature,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = SAMPLING.top_p,
-    top_k: Annotated[int, typer.Option(help="Top-k sampling (-1 = off).")] = SAMPLING.top_k,
-    min_p: Annotated[float, typer.Option(help="Min-p sampling.")] = SAMPLING.min_p,
-    repetition_penalty: Annotated[float, _opt("repetition_penalty")] = SAMPLING.repetition_penalty,
-    stop_token_ids: Annotated[str | None, _opt("stop_token_ids")] = None,
-    n: Annotated[int, typer.Option("--n", help="Samples per prompt; each is its own record.")] = SAMPLING.n,
-    seed: Annotated[int | None, typer.Option(help="Base seed: each sample gets a stable sampling_seed.")] = None,
-    batch_size: Annotated[int, typer.Option(help="Prompts per task.")] = OPTIONS["batch_size"],
-    turns: Annotated[str, _opt("turns")] = OPTIONS["turns"],
-    history: Annotated[str, _opt("history")] = OPTIONS["history"],
-    max_turns: Annotated[int | None, _opt("max_turns")] = None,
-    tool_format: Annotated[str | None, _opt("tool_format")] = None,
-    variants: Annotated[Path | None, _opt("variants")] = None,
-    system: Annotated[str | None, typer.Option(help="Default system prompt for rows without one.")] = None,
-    chat_template: Annotated[Path | None, _opt("chat_template")] = None,
-    chat_template_kwargs: Annotated[str | None, _opt("chat_template_kwargs")] = None,
-    trust_remote_code: Annotated[bool, typer.Option(help="Allow tokenizers that ship their own code.")] = False,
-    max_prompt_tokens: Annotated[int | None, _opt("max_prompt_tokens")] = None,
-    max_prompt_chars: Annotated[int, _opt("max_prompt_chars")] = OPTIONS["max_prompt_chars"],
-    allow_evicting_redis: AllowEvictingOpt = False,
-    allow_volatile_redis: AllowVolatileOpt = False,
-    max_backlog: Annotated[int, _opt("max_backlog")] = OPTIONS["max_backlog"],
-    max_backlog_mb: Annotated[int, _opt("max_backlog_mb")] = OPTIONS["max_backlog_mb"],
-    strict: Annotated[bool, typer.Option(help="Stop with a nonzero exit at the first skipped row.")] = False,
-    allow_truncated: Annotated[bool, _opt("allow_truncated")] = False,
-    dry_run: Annotated[bool, _opt("dry_run")] = False,
-    priority: Annotated[int | None, _opt("priority")] = None,
-    limit: Annotated[int | None, _opt("limit")] = None,
-    processes: Annotated[int | None, typer.Option(help="Templating processes (default: all cores).")] = None,
+    ctx: typer.Context,
+    files: Annotated[
+        list[str],
+        typer.Argument(help="JSONL / JSON / Parquet files, saved HF dataset folders, globs, or - for JSONL on stdin."),
+    ],
     as_json: JsonSummaryOpt = False,
     redis: RedisOpt = None,
 ) -> None:
     """Template prompt rows with the model's chat template and enqueue their token ids."""
-    flags = dict(locals())  # each flag by the name of the field it sets
-    check_campaign_name(campaign)
-    sampling = SamplingParams(**{**fields_of(SamplingParams, flags), "stop_token_ids": _stop_token_ids(stop_token_ids)})
-    options = EnqueueOptions(
-        **{
-            **fields_of(EnqueueOptions, flags),
-            "inputs": files,
-            "sampling": sampling,
-            "chat_template": str(chat_template) if chat_template else None,
-            "chat_template_kwargs": _template_kwargs(chat_template_kwargs),
-            "max_prompt_chars": max_prompt_chars or None,
-            "variants": tuple(load_variants(variants, base=sampling)) if variants is not None else (),
-        }
+    # Every other flag sets the EnqueueOptions field of its name (producer/options.py declares them).
+    sampling = settings_from(SamplingParams, ctx)
+    variants_file: Path | None = ctx.params["variants"]  # its variants vary this run's sampling
+    options = settings_from(
+        EnqueueOptions,
+        ctx,
+        inputs=files,
+        sampling=sampling,
+        variants=tuple(load_variants(variants_file, base=sampling)) if variants_file is not None else (),
     )
+    check_campaign_name(options.campaign)
     from eagle_synth.settings import broker_settings
 
     broker = broker_settings(redis_url=redis)  # a dry run reads the campaign from it too, when it answers
@@ -194,7 +108,11 @@ def enqueue(
     else:
         print_summary(summary)
     if summary.rows_read == 0:
-        warn("the input holds no rows: nothing " + ("would be " if dry_run else "") + "enqueued, no campaign created")
+        warn(
+            "the input holds no rows: nothing "
+            + ("would be " if options.dry_run else "")
+            + "enqueued, no campaign created"
+        )
     elif not summary.dry_run and summary.rows_skipped == summary.rows_read:
         warn("every row was skipped (reasons above): nothing enqueued, no campaign created")
     if not summary.accounted:

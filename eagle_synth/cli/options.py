@@ -1,13 +1,13 @@
-"""What the eagle-synth commands share: common options, error and warning lines, the Redis client."""
+"""What the eagle-synth commands share: common options, error and warning lines, the Redis client.
+A flag that sets a settings field is declared on the field instead (eagle_synth/cli/flags.py)."""
 
 from __future__ import annotations
 
 import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -38,13 +38,6 @@ RedisOpt = Annotated[
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 JsonSummaryOpt = Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")]
-# Flags of the commands that check Redis is fit for a campaign (enqueue, worker).
-AllowEvictingOpt = Annotated[
-    bool, typer.Option(help="Accept a Redis whose maxmemory-policy may evict keys (it can lose or double work).")
-]
-AllowVolatileOpt = Annotated[
-    bool, typer.Option(help="Accept a Redis with no appendonly and no RDB save (a restart loses the campaign).")
-]
 CampaignArg = Annotated[str, typer.Argument(help="Campaign name.")]
 
 # Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
@@ -76,11 +69,6 @@ def output_errors(out: Path, *, what: str = "--out") -> Iterator[None]:
 
 def warn(message: str) -> None:
     typer.secho(f"warning: {message}", err=True, fg=typer.colors.YELLOW)
-
-
-def fields_of(cls: Any, flags: dict[str, Any]) -> dict[str, Any]:
-    """The flags (a command's locals()) that are fields of the dataclass `cls`, by name."""
-    return {f.name: flags[f.name] for f in fields(cls) if f.name in flags}
 
 
 def check_campaign_name(name: str) -> None:

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from eagle_synth.cli.flags import settings_flags, settings_from
 from eagle_synth.cli.options import (
     JsonSummaryOpt,
     RedisOpt,
     command_group,
     fail,
-    fields_of,
     output_errors,
     redis_client,
     warn,
@@ -23,14 +23,13 @@ from eagle_synth.cli.options import (
 from eagle_synth.records import NotACampaignFolder, RecordFormatError, read_manifest, record_files, records_dir
 from eagle_synth.tools.compact import DEFAULT_MIN_AGE, DEFAULT_SHARD_BYTES, DEFAULT_THREADS, exclusive
 from eagle_synth.tools.compact import compact as run_compact
-from eagle_synth.tools.filters import ExportFilters, parse_split
+from eagle_synth.tools.filters import ExportFilters
 
 if TYPE_CHECKING:
     from eagle_synth.progress import RecordsProgress
 
 app = command_group()
-# The filter flags' defaults are the library's (compact's too, below).
-FILTERS = ExportFilters()
+# compact's flags' defaults are the library's.
 
 CampaignDirArg = Annotated[Path, typer.Argument(help="Campaign folder: OUT/<campaign>.")]
 # The help of the flags whose declaration would not fit a line, by parameter (and command) name.
@@ -51,31 +50,36 @@ HELP = {
     "min_age": "Only merge batch files at least this many seconds old.",
     "threads": "zstd compression threads (0 = the calling thread only). Default: one per core.",
     "campaign": "Campaign name (default: manifest.json's, else the folder's name).",
-    "drop_truncated": "Skip records that hit max_new_tokens (finish_reason length).",
-    "min_output_tokens": "Skip records with fewer generated ids (before clipping).",
-    "max_length": "Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer.",
-    "drop_longer": "With --max-length: skip longer records instead of clipping them.",
-    "min_loss_tokens": "Skip rows with fewer mask-1 (generated) ids after clipping.",
-    "split": "NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest is 'train'. One output per split.",
-    "vocab split": "The export's --split: only the rows of 'train' are counted.",
-    "sample": "Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice.",
     "force": "Requeue lost keys even when more are missing than the damaged files can have held.",
 }
 
 
-# Row filters, shared by export and vocab so a draft vocabulary counts the rows a drafter trains on.
-DropTruncatedOpt = Annotated[bool, typer.Option("--drop-truncated", help=HELP["drop_truncated"])]
-MinOutputTokensOpt = Annotated[int, typer.Option("--min-output-tokens", help=HELP["min_output_tokens"])]
-MaxLengthOpt = Annotated[int | None, typer.Option("--max-length", help=HELP["max_length"])]
-DropLongerOpt = Annotated[bool, typer.Option("--drop-longer", help=HELP["drop_longer"])]
-MinLossTokensOpt = Annotated[int, typer.Option("--min-loss-tokens", help=HELP["min_loss_tokens"])]
-SampleOpt = Annotated[int | None, typer.Option("--sample", help=HELP["sample"])]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample.")]
-
-
-def _filters(flags: dict) -> ExportFilters:
-    """The filters of export's or vocab's flags (--split parsed into `splits`)."""
-    return ExportFilters(**fields_of(ExportFilters, flags), splits=parse_split(flags["split"]))
+# The parameters of export and vocab in --help order: the filters (ExportFilters' flags, shared
+# so a draft vocabulary counts the rows a drafter trains on) among the commands' own.
+FILTER_FLAGS = (
+    "drop_truncated",
+    "min_output_tokens",
+    "max_length",
+    "drop_longer",
+    "min_loss_tokens",
+    "splits",
+    "sample",
+    "seed",
+)
+EXPORT_ORDER = (
+    "ctx",
+    "campaign_dir",
+    "out",
+    "format",
+    *FILTER_FLAGS,
+    "shard_rows",
+    "turns",
+    "shard_tokens",
+    "zero_last_loss",
+    "replace",
+    "as_json",
+)
+VOCAB_ORDER = ("ctx", "campaign_dir", "draft_vocab_size", "out", "target_vocab_size", *FILTER_FLAGS, "as_json")
 
 
 # Formats --out names by its extension (export infers them when --format is absent); .jsonl.gz
@@ -140,18 +144,12 @@ def _reading(campaign_dir: Path) -> Iterator[RecordsProgress]:
 
 
 @app.command()
+@settings_flags(ExportFilters, order=EXPORT_ORDER)
 def export(
+    ctx: typer.Context,
     campaign_dir: CampaignDirArg,
     out: Annotated[Path, typer.Option("--out", help=HELP["out"])],
     format: Annotated[str | None, typer.Option("--format", help=HELP["format"])] = None,
-    drop_truncated: DropTruncatedOpt = FILTERS.drop_truncated,
-    min_output_tokens: MinOutputTokensOpt = FILTERS.min_output_tokens,
-    max_length: MaxLengthOpt = FILTERS.max_length,
-    drop_longer: DropLongerOpt = FILTERS.drop_longer,
-    min_loss_tokens: MinLossTokensOpt = FILTERS.min_loss_tokens,
-    split: Annotated[str | None, typer.Option("--split", help=HELP["split"])] = None,
-    sample: SampleOpt = FILTERS.sample,
-    seed: SeedOpt = FILTERS.seed,
     shard_rows: Annotated[int | None, typer.Option("--shard-rows", help=HELP["shard_rows"])] = None,
     turns: Annotated[str, typer.Option(help=HELP["turns"])] = "all",
     shard_tokens: Annotated[int | None, typer.Option("--shard-tokens", help=HELP["shard_tokens"])] = None,
@@ -160,9 +158,9 @@ def export(
     as_json: JsonSummaryOpt = False,
 ) -> None:
     """Export records as training rows: input_ids, loss_mask (0 prompt, 1 output) and provenance, for each trainer."""
-    from eagle_synth.tools.export import FORMATS, OutputOptions, export_records
+    from eagle_synth.tools.export import FORMATS, export_records
 
-    filters = _filters(locals())
+    filters = settings_from(ExportFilters, ctx)  # the other flags set the ExportFilters fields of their names
     format = export_format(format, out)
     if format in FORMATS:  # an unknown --format is named by the exporter first, listing the known ones
         _require_records(campaign_dir, "export")
@@ -174,7 +172,10 @@ def export(
             filters=filters,
             progress=progress,
             turns=turns,
-            **fields_of(OutputOptions, locals()),  # --shard-rows, --shard-tokens, --zero-last-loss, --replace
+            shard_rows=shard_rows,
+            shard_tokens=shard_tokens,
+            zero_last_loss=zero_last_loss,
+            replace=replace,
         )
     for warning in written.warnings:
         warn(warning)
@@ -206,19 +207,15 @@ def export(
 
 
 @app.command()
+@settings_flags(
+    ExportFilters, order=VOCAB_ORDER, helps={"splits": "The export's --split: only the rows of 'train' are counted."}
+)
 def vocab(
+    ctx: typer.Context,
     campaign_dir: CampaignDirArg,
     draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size", help=HELP["draft_vocab_size"])],
     out: Annotated[Path, typer.Option("--out", help=HELP["vocab out"])],
     target_vocab_size: Annotated[int | None, typer.Option(help=HELP["target_vocab_size"])] = None,
-    drop_truncated: DropTruncatedOpt = FILTERS.drop_truncated,
-    min_output_tokens: MinOutputTokensOpt = FILTERS.min_output_tokens,
-    max_length: MaxLengthOpt = FILTERS.max_length,
-    drop_longer: DropLongerOpt = FILTERS.drop_longer,
-    min_loss_tokens: MinLossTokensOpt = FILTERS.min_loss_tokens,
-    split: Annotated[str | None, typer.Option("--split", help=HELP["vocab split"])] = None,
-    sample: SampleOpt = FILTERS.sample,
-    seed: SeedOpt = FILTERS.seed,
     as_json: JsonSummaryOpt = False,
 ) -> None:
     """Count loss-masked tokens and write the EAGLE-3 draft vocabulary mapping (d2t, t2d).
@@ -227,7 +224,7 @@ def vocab(
     """
     from eagle_synth.tools.vocab import build_vocab
 
-    filters = _filters(locals())
+    filters = settings_from(ExportFilters, ctx)  # the other flags set the ExportFilters fields of their names
     _require_records(campaign_dir, "count")
     with output_errors(out), _reading(campaign_dir) as progress:
         result = build_vocab(

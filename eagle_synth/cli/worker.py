@@ -7,11 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from click.core import ParameterSource
 
+from eagle_synth.cli.flags import flag_names, settings_flags, settings_from
 from eagle_synth.cli.options import (
-    AllowEvictingOpt,
-    AllowVolatileOpt,
     RedisOpt,
     check_campaign_name,
     command_group,
@@ -20,6 +18,7 @@ from eagle_synth.cli.options import (
     warn,
 )
 from eagle_synth.settings import broker_settings
+from workers.config import ConfigError, WorkerConfig, default_concurrency
 
 app = command_group()
 # The help of the flags whose declaration would not fit a line.
@@ -27,14 +26,48 @@ HELP = {
     "concurrency": "Batches held open at once (batch threads). Default: 8 x inflight x servers / 16.",
     "task_events": "Send Celery task events (Flower's task views need them; they cost about 0.07 ms of CPU per record, BENCHMARKS.md).",
 }
-
-# The flag of each WorkerConfig setting the command takes, for messages that name the setting.
-_PLAIN_SETTINGS = (
-    "inflight allow_server_parsers max_attempts timeout_base timeout_per_token backoff_max probe_timeout "
-    "metrics_port metrics_address"
+# The WorkerConfig settings whose flag a settings error names instead (max_attempts: --max-attempts).
+SETTINGS_SAID_AS_FLAGS = frozenset(
+    {
+        "inflight",
+        "allow_server_parsers",
+        "allow_server_settings",
+        "max_attempts",
+        "timeout_base",
+        "timeout_per_token",
+        "backoff_max",
+        "probe_timeout",
+        "metrics_port",
+        "metrics_address",
+    }
 )
-SETTING_FLAGS = {name: "--" + name.replace("_", "-") for name in _PLAIN_SETTINGS.split()}
-SETTING_FLAGS["allow_server_settings"] = "--allow-server-setting"  # one flag per setting allowed
+# The parameters in --help order: WorkerConfig's flags with the command's own among them.
+FLAG_ORDER = (
+    "ctx",
+    "servers",
+    "out",
+    "backend",
+    "inflight",
+    "concurrency",
+    "allow_server_parsers",
+    "allow_server_settings",
+    "campaigns",
+    "max_attempts",
+    "timeout_base",
+    "timeout_per_token",
+    "backoff_max",
+    "probe_timeout",
+    "render_processes",
+    "metrics_port",
+    "metrics_address",
+    "tokenizer",
+    "name",
+    "task_events",
+    "loglevel",
+    "allow_evicting_redis",
+    "allow_volatile_redis",
+    "redis",
+)
 
 
 # Paths of the servers' own endpoints: a --server URL ending in one names an endpoint, not the
@@ -67,39 +100,14 @@ def _check_server_url(url: str) -> None:
             )
 
 
-def _worker_option(name: str, *flags: str):
-    from workers.config import option_help
-
-    return typer.Option(*flags, help=option_help(name))
-
-
 @app.command()
+@settings_flags(WorkerConfig, order=FLAG_ORDER)
 def worker(
     ctx: typer.Context,
-    servers: Annotated[list[str], _worker_option("servers", "--server")],
-    out: Annotated[Path, _worker_option("out", "--out")],
-    backend: Annotated[list[str] | None, _worker_option("backend", "--backend")] = None,
-    inflight: Annotated[int | None, _worker_option("inflight")] = None,
     concurrency: Annotated[int | None, typer.Option(help=HELP["concurrency"])] = None,
-    allow_server_parsers: Annotated[bool, _worker_option("allow_server_parsers", "--allow-server-parsers")] = False,
-    allow_server_settings: Annotated[
-        list[str] | None, _worker_option("allow_server_settings", "--allow-server-setting")
-    ] = None,
-    campaigns: Annotated[list[str] | None, _worker_option("campaigns", "--campaign")] = None,
-    max_attempts: Annotated[int | None, _worker_option("max_attempts")] = None,
-    timeout_base: Annotated[float | None, _worker_option("timeout_base")] = None,
-    timeout_per_token: Annotated[float | None, _worker_option("timeout_per_token")] = None,
-    backoff_max: Annotated[float | None, _worker_option("backoff_max")] = None,
-    probe_timeout: Annotated[float | None, _worker_option("probe_timeout")] = None,
-    render_processes: Annotated[int | None, _worker_option("render_processes")] = None,
-    metrics_port: Annotated[int | None, _worker_option("metrics_port")] = None,
-    metrics_address: Annotated[str | None, _worker_option("metrics_address")] = None,
-    tokenizer: Annotated[list[str] | None, _worker_option("tokenizer", "--tokenizer")] = None,
     name: Annotated[str | None, typer.Option(help="Celery node name (default eagle-synth-<random>@<host>).")] = None,
     task_events: Annotated[bool, typer.Option(help=HELP["task_events"])] = True,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
-    allow_evicting_redis: AllowEvictingOpt = False,
-    allow_volatile_redis: AllowVolatileOpt = False,
     redis: RedisOpt = None,
 ) -> None:
     """Run a Celery worker that generates queued batches on SGLang or vLLM servers and writes records.
@@ -109,32 +117,36 @@ def worker(
     from eagle_synth.state.redis_policy import check_redis_ready
     from eagle_synth.state.redis_role import refuse_replica
 
+    # Checked as given, before anything else (the settings strip a trailing /).
+    servers: list[str] = ctx.params["servers"]
+    campaigns: list[str] = ctx.params["campaigns"] or []
     for url in servers:
         _check_server_url(url)
-    for pinned in campaigns or ():
+    for pinned in campaigns:
         check_campaign_name(pinned)
+    # Every other flag sets the WorkerConfig field of its name (workers/config.py declares them):
+    # flags given, else the environment (EAGLE_SYNTH_*), else the defaults.
+    try:
+        config = settings_from(WorkerConfig, ctx)
+    except ConfigError as exc:
+        # The library names settings (max_attempts); say the flags (--max-attempts).
+        said = {
+            setting: flag for setting, flag in flag_names(WorkerConfig).items() if setting in SETTINGS_SAID_AS_FLAGS
+        }
+        fail(re.sub(r"\b(" + "|".join(said) + r")\b", lambda m: said[m[1]], str(exc)))
     settings = broker_settings(redis_url=redis)
     # Celery would retry a wrong password or an unreachable Redis forever: check once, say why.
     client = redis_client(redis)
     refuse_replica(client)
-    check_redis_ready(client, warn=warn, allow_evicting=allow_evicting_redis, allow_volatile=allow_volatile_redis)
+    check_redis_ready(
+        client, warn=warn, allow_evicting=config.allow_evicting_redis, allow_volatile=config.allow_volatile_redis
+    )
     from eagle_synth.harness import bind_error
-    from workers.config import ConfigError, WorkerConfig, default_concurrency
     from workers.disk import probe_folder
     from workers.servers.preflight import preflight_at_start
 
-    if problem := probe_folder(out):
+    if problem := probe_folder(config.out):
         fail(f"--out cannot take records: {problem}")
-    given = {
-        name: value
-        for name, value in ctx.params.items()
-        if name in WorkerConfig.model_fields and ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
-    }
-    try:  # flags given, else the environment (EAGLE_SYNTH_*), else the defaults
-        config = WorkerConfig.load(**given)
-    except ConfigError as exc:
-        # The library names settings (max_attempts); say the flags (--max-attempts).
-        fail(re.sub(r"\b(" + "|".join(SETTING_FLAGS) + r")\b", lambda m: SETTING_FLAGS[m[1]], str(exc)))
     # The worker's Celery process binds it, restarted or not: a port taken now is said once, here.
     if config.metrics_port is not None and (taken := bind_error(config.metrics_address, config.metrics_port)):
         fail(

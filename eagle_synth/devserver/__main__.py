@@ -1,11 +1,10 @@
-"""`python -m eagle_synth.devserver --tokenizer DIR [--port P] ...`: run a devserver, with
-options made from DevServerConfig's fields so the CLI and the dataclass cannot drift apart."""
+"""`python -m eagle_synth.devserver --tokenizer DIR [--port P] ...`: run a devserver, its
+options made from the `Flag`s of DevServerConfig's fields (eagle_synth/cli/flags.py) so the CLI
+and the dataclass cannot drift apart."""
 
 from __future__ import annotations
 
-import dataclasses
 import errno
-import inspect
 import logging
 import sys
 import typing
@@ -13,6 +12,7 @@ from collections.abc import Sequence
 
 import typer
 
+from eagle_synth.cli.flags import settings_flags, settings_from
 from eagle_synth.devserver.app import run_devserver
 from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.errors import USER_ERROR_EXIT
@@ -24,10 +24,11 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 PROG = "python -m eagle_synth.devserver"
 
 
-def serve(**values: typing.Any) -> None:
+@settings_flags(DevServerConfig)
+def serve(ctx: typer.Context) -> None:
     """SGLang (or, with --api vllm, vLLM) stand-in for tests, demos and benchmarks (no GPU needed)."""
     try:
-        config = DevServerConfig(**values)
+        config = settings_from(DevServerConfig, ctx)
         check_tokenizer_path(config.tokenizer)
     except (ValueError, TemplateError) as exc:
         _stop(str(exc))
@@ -46,19 +47,6 @@ def serve(**values: typing.Any) -> None:
         _stop(port_taken)  # taken while the tokenizer loaded
 
 
-def _option(f: dataclasses.Field, hint: typing.Any) -> inspect.Parameter:
-    flags = ("--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
-    option = typer.Option(*flags, help=f.metadata.get("help", ""), show_default=f.default is not None)
-    default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
-    return inspect.Parameter(
-        f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=typing.Annotated[hint, option]
-    )
-
-
-_HINTS = typing.get_type_hints(DevServerConfig)
-serve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [_option(f, _HINTS[f.name]) for f in dataclasses.fields(DevServerConfig)]
-)
 # Plain (not rich) help, as every eagle-synth command has: see eagle_synth/cli/options.py.
 cli = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 cli.command()(serve)

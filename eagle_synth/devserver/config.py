@@ -1,11 +1,14 @@
-"""DevServerConfig: every knob of the devserver; `__main__` makes the typer command from each
-field's metadata (help text, CLI aliases), so the flags are declared once."""
+"""DevServerConfig: every knob of the devserver; the `Flag` in each field's type declares its
+flag (help text, CLI aliases), from which `__main__` makes the command (eagle_synth/cli/flags.py)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from eagle_synth.flags import Flag
 
 # Context length when --context-length is not given (real SGLang reads it from the model).
 DEFAULT_CONTEXT_LENGTH = 32768
@@ -47,11 +50,6 @@ RANGES = {
 }
 
 
-def _opt(default, help_text: str, **extra):
-    """A dataclass field carrying its CLI help (and optional `aliases`)."""
-    return field(default=default, metadata={"help": help_text, **extra})
-
-
 def _json_object(text: str | None) -> dict | None:
     try:
         value = json.loads(text) if text is not None else None
@@ -64,72 +62,106 @@ def _json_object(text: str | None) -> dict | None:
 class DevServerConfig:
     """Launch arguments of one devserver, each a CLI flag (docs/devserver.md)."""
 
-    tokenizer: str = field(metadata={"help": "Hugging Face tokenizer directory (required)."})
-    api: str = _opt("sglang", "Server API to speak: sglang (/generate) or vllm (/v1/completions).")
-    host: str = _opt("127.0.0.1", "Address to listen on.")
+    tokenizer: Annotated[str, Flag("Hugging Face tokenizer directory (required).")]
+    api: Annotated[str, Flag("Server API to speak: sglang (/generate) or vllm (/v1/completions).")] = "sglang"
+    host: Annotated[str, Flag("Address to listen on.")] = "127.0.0.1"
     # SGLang's default port, so a client configured for a real server finds the devserver too.
-    port: int = _opt(30000, "Port to listen on; 0 picks a free one.")
-    model_path: str | None = _opt(None, "Model path to report (default: the tokenizer dir).")
-    context_length: int | None = _opt(None, f"Context length (default {DEFAULT_CONTEXT_LENGTH}; server_info: null).")
-    vocab_size: int | None = _opt(None, "Vocabulary size; ids outside it kill the server.")
-    slots: int = _opt(
-        64,
-        "Prompts generating at once (SGLang's max_running_requests); the rest queue.",
-        aliases=("--max-running", "--max-running-requests"),
-    )
-    max_queued_requests: int | None = _opt(None, "Queued prompts beyond this get 503 'The request queue is full.'")
-    token_latency: float = _opt(0.0, "Seconds per output token while holding a slot.")
-    prefill_latency: float = _opt(0.0, "Seconds per prompt before its first token.")
-    charge_prefill: bool = _opt(False, "Charge each prompt's uncached tokens at --prefill-throughput before decoding.")
-    prefill_throughput: float = _opt(
-        H100_8B_PREFILL_TOKENS_PER_S, "Prefill tokens/s of the server, shared by all prompts (with --charge-prefill)."
-    )
-    prefix_cache_tokens: int | None = _opt(
-        None, "Token budget of the prefix cache, least recently used leaves evicted first (default: the KV cache)."
-    )
-    mean_output_tokens: int = _opt(200, "Mean natural output length in tokens (gamma-distributed).")
-    length_median: int | None = _opt(None, "Median output length: lognormal lengths (heavy-tailed, like reasoning).")
-    length_sigma: float = _opt(1.0, "Sigma of the lognormal output lengths (with --length-median).")
-    startup_delay: float = _opt(0.0, "Seconds before the port is bound (weight loading).")
-    warmup: float = _opt(0.0, "Seconds after binding during which health answers 503.")
-    fail_rate: float = _opt(0.0, "Fraction of /generate requests answered HTTP 500.")
-    drop_rate: float = _opt(0.0, "Fraction of /generate requests dropped without a response.")
-    health_fail_rate: float = _opt(0.0, "Fraction of health probes answered 503 after warm-up.")
-    die_after: int | None = _opt(None, "Exit right after answering the N-th /generate request.")
-    prefix_bug: int = _opt(0, "Prepend K prompt-tail tokens to output_ids (old SGLang bug).")
-    understate_completion: int = _opt(0, "Report completion_tokens K below the ids returned (a buggy server).")
-    trickle_health: float = _opt(0.0, "Answer /health 200 with a body sent a byte every S seconds (a stuck proxy).")
-    drop_stop_id: bool = _opt(False, "Leave the matched stop id out of output_ids on a stop (a buggy server).")
-    reasoning_parser: str | None = _opt(None, "Reported in server_info only.")
-    tool_call_parser: str | None = _opt(None, "Reported in server_info only.")
-    skip_tokenizer_init: bool = _opt(False, "Omit `text` from responses; reported in server_info.")
-    trust_remote_code: bool = _opt(False, "Run the tokenizer folder's own code (custom tokenizer, chat encoder).")
+    port: Annotated[int, Flag("Port to listen on; 0 picks a free one.")] = 30000
+    model_path: Annotated[str | None, Flag("Model path to report (default: the tokenizer dir).")] = None
+    context_length: Annotated[
+        int | None, Flag(f"Context length (default {DEFAULT_CONTEXT_LENGTH}; server_info: null).")
+    ] = None
+    vocab_size: Annotated[int | None, Flag("Vocabulary size; ids outside it kill the server.")] = None
+    slots: Annotated[
+        int,
+        Flag(
+            "Prompts generating at once (SGLang's max_running_requests); the rest queue.",
+            names=("--slots", "--max-running", "--max-running-requests"),
+        ),
+    ] = 64
+    max_queued_requests: Annotated[
+        int | None, Flag("Queued prompts beyond this get 503 'The request queue is full.'")
+    ] = None
+    token_latency: Annotated[float, Flag("Seconds per output token while holding a slot.")] = 0.0
+    prefill_latency: Annotated[float, Flag("Seconds per prompt before its first token.")] = 0.0
+    charge_prefill: Annotated[
+        bool, Flag("Charge each prompt's uncached tokens at --prefill-throughput before decoding.", negatable=False)
+    ] = False
+    prefill_throughput: Annotated[
+        float, Flag("Prefill tokens/s of the server, shared by all prompts (with --charge-prefill).")
+    ] = H100_8B_PREFILL_TOKENS_PER_S
+    prefix_cache_tokens: Annotated[
+        int | None,
+        Flag("Token budget of the prefix cache, least recently used leaves evicted first (default: the KV cache)."),
+    ] = None
+    mean_output_tokens: Annotated[int, Flag("Mean natural output length in tokens (gamma-distributed).")] = 200
+    length_median: Annotated[
+        int | None, Flag("Median output length: lognormal lengths (heavy-tailed, like reasoning).")
+    ] = None
+    length_sigma: Annotated[float, Flag("Sigma of the lognormal output lengths (with --length-median).")] = 1.0
+    startup_delay: Annotated[float, Flag("Seconds before the port is bound (weight loading).")] = 0.0
+    warmup: Annotated[float, Flag("Seconds after binding during which health answers 503.")] = 0.0
+    fail_rate: Annotated[float, Flag("Fraction of /generate requests answered HTTP 500.")] = 0.0
+    drop_rate: Annotated[float, Flag("Fraction of /generate requests dropped without a response.")] = 0.0
+    health_fail_rate: Annotated[float, Flag("Fraction of health probes answered 503 after warm-up.")] = 0.0
+    die_after: Annotated[int | None, Flag("Exit right after answering the N-th /generate request.")] = None
+    prefix_bug: Annotated[int, Flag("Prepend K prompt-tail tokens to output_ids (old SGLang bug).")] = 0
+    understate_completion: Annotated[
+        int, Flag("Report completion_tokens K below the ids returned (a buggy server).")
+    ] = 0
+    trickle_health: Annotated[
+        float, Flag("Answer /health 200 with a body sent a byte every S seconds (a stuck proxy).")
+    ] = 0.0
+    drop_stop_id: Annotated[
+        bool, Flag("Leave the matched stop id out of output_ids on a stop (a buggy server).", negatable=False)
+    ] = False
+    reasoning_parser: Annotated[str | None, Flag("Reported in server_info only.")] = None
+    tool_call_parser: Annotated[str | None, Flag("Reported in server_info only.")] = None
+    skip_tokenizer_init: Annotated[
+        bool, Flag("Omit `text` from responses; reported in server_info.", negatable=False)
+    ] = False
+    trust_remote_code: Annotated[
+        bool, Flag("Run the tokenizer folder's own code (custom tokenizer, chat encoder).", negatable=False)
+    ] = False
     # The version whose behaviour is followed: sampling key errors are 400s from 0.5.23 on, 500s before.
-    sglang_version: str = _opt("0.5.23", "Version reported by server_info.")
-    seed: int = _opt(0, "Seed of the fault RNG and of temperature>0 sampling.")
-    access_log: bool = _opt(False, "Log every HTTP request to stderr.")
-    api_key: str | None = _opt(
-        None,
-        "Require `Authorization: Bearer K`, as the real servers do (401 without it): SGLang on every path but "
-        "/health* and /metrics*, vLLM on /v1/... only. SGLang also reports it in server_info, unredacted.",
+    sglang_version: Annotated[str, Flag("Version reported by server_info.")] = "0.5.23"
+    seed: Annotated[int, Flag("Seed of the fault RNG and of temperature>0 sampling.")] = 0
+    access_log: Annotated[bool, Flag("Log every HTTP request to stderr.", negatable=False)] = False
+    api_key: Annotated[
+        str | None,
+        Flag(
+            "Require `Authorization: Bearer K`, as the real servers do (401 without it): SGLang on every path but "
+            "/health* and /metrics*, vLLM on /v1/... only. SGLang also reports it in server_info, unredacted."
+        ),
+    ] = None
+    admin_api_key: Annotated[str | None, Flag("Reported in server_info (unredacted, like SGLang); not checked.")] = None
+    allow_auto_truncate: Annotated[
+        bool, Flag("Cut prompts and max_new_tokens that do not fit instead of answering 400.", negatable=False)
+    ] = False
+    preferred_sampling_params: Annotated[str | None, Flag("JSON sampling params merged under each request's own.")] = (
+        None
     )
-    admin_api_key: str | None = _opt(None, "Reported in server_info (unredacted, like SGLang); not checked.")
-    allow_auto_truncate: bool = _opt(False, "Cut prompts and max_new_tokens that do not fit instead of answering 400.")
-    preferred_sampling_params: str | None = _opt(None, "JSON sampling params merged under each request's own.")
-    enable_deterministic_inference: bool = _opt(False, "Reported in server_info.")
-    speculative_algorithm: str | None = _opt(None, f"{', '.join(SPECULATIVE_ALGORITHMS)}; EAGLE drafts use context.")
-    speculative_num_steps: int | None = _opt(None, "Speculative draft steps.")
-    speculative_eagle_topk: int | None = _opt(None, "Speculative EAGLE top-k.")
-    speculative_num_draft_tokens: int | None = _opt(None, "Speculative draft tokens per step.")
-    malformed_rate: float = _opt(0.0, "Fraction of /generate replies answered 200 with a malformed item.")
+    enable_deterministic_inference: Annotated[bool, Flag("Reported in server_info.", negatable=False)] = False
+    speculative_algorithm: Annotated[
+        str | None, Flag(f"{', '.join(SPECULATIVE_ALGORITHMS)}; EAGLE drafts use context.")
+    ] = None
+    speculative_num_steps: Annotated[int | None, Flag("Speculative draft steps.")] = None
+    speculative_eagle_topk: Annotated[int | None, Flag("Speculative EAGLE top-k.")] = None
+    speculative_num_draft_tokens: Annotated[int | None, Flag("Speculative draft tokens per step.")] = None
+    malformed_rate: Annotated[float, Flag("Fraction of /generate replies answered 200 with a malformed item.")] = 0.0
     # ---- vLLM (--api vllm); the default version has `return_token_ids` (0.10.2+) ----
-    vllm_version: str = _opt("0.11.0", "Version reported by /version (--api vllm).")
-    served_model_name: str | None = _opt(None, "Model name in /v1/models (default: the model path).")
-    generation_config: str = _opt("auto", "vLLM --generation-config: auto, vllm or a folder (only reported).")
-    override_generation_config: str | None = _opt(
-        None, "vLLM --override-generation-config JSON: fills unsent sampling fields; max_new_tokens caps max_tokens."
+    vllm_version: Annotated[str, Flag("Version reported by /version (--api vllm).")] = "0.11.0"
+    served_model_name: Annotated[str | None, Flag("Model name in /v1/models (default: the model path).")] = None
+    generation_config: Annotated[str, Flag("vLLM --generation-config: auto, vllm or a folder (only reported).")] = (
+        "auto"
     )
-    dev_mode: bool = _opt(False, "vLLM VLLM_SERVER_DEV_MODE=1: serve /server_info with the configuration.")
+    override_generation_config: Annotated[
+        str | None,
+        Flag("vLLM --override-generation-config JSON: fills unsent sampling fields; max_new_tokens caps max_tokens."),
+    ] = None
+    dev_mode: Annotated[
+        bool, Flag("vLLM VLLM_SERVER_DEV_MODE=1: serve /server_info with the configuration.", negatable=False)
+    ] = False
 
     def __post_init__(self) -> None:
         """Refuses every out-of-range knob at once, as `--flag value: reason`."""

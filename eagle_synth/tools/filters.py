@@ -16,8 +16,10 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from eagle_synth.errors import UserError
+from eagle_synth.flags import Flag
 from eagle_synth.records import RawRecord
 
 # The split that takes every row no named split claims.
@@ -110,19 +112,38 @@ def sample_priority(key: str, seed: int) -> int:
     return hash64(f"{seed}\x00{key}", _SAMPLE_PERSON)
 
 
+# The help of the filter flags whose text would not fit the field's line (eagle_synth/flags.py).
+MAX_LENGTH_HELP = "Clip rows to N ids (prompt + output), the mask cut with them; see --drop-longer."
+SAMPLE_HELP = "Keep N rows drawn by a hash of (--seed, key): deterministic; reads the records twice."
+SPLIT_FLAG = Flag(
+    "NAME=FRACTION[,...], e.g. test=0.01: split by a hash of the conversation (its turns stay together); the rest "
+    "is 'train'. One output per split.",
+    names=("--split",),
+    type=str | None,
+    default=None,
+    parse=parse_split,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ExportFilters:
     """Which records become rows, clipped how, and split how: each field is the filter of the same
     name in docs/records.md, "Filters" (splits as parse_split gives them; sample None keeps all)."""
 
-    drop_truncated: bool = False
-    min_output_tokens: int = 0
-    max_length: int | None = None
-    drop_longer: bool = False
-    min_loss_tokens: int = DEFAULT_MIN_LOSS_TOKENS
-    splits: tuple[tuple[str, float], ...] = ()
-    sample: int | None = None
-    seed: int = 0
+    drop_truncated: Annotated[
+        bool, Flag("Skip records that hit max_new_tokens (finish_reason length).", negatable=False)
+    ] = False
+    min_output_tokens: Annotated[int, Flag("Skip records with fewer generated ids (before clipping).")] = 0
+    max_length: Annotated[int | None, Flag(MAX_LENGTH_HELP)] = None
+    drop_longer: Annotated[
+        bool, Flag("With --max-length: skip longer records instead of clipping them.", negatable=False)
+    ] = False
+    min_loss_tokens: Annotated[int, Flag("Skip rows with fewer mask-1 (generated) ids after clipping.")] = (
+        DEFAULT_MIN_LOSS_TOKENS
+    )
+    splits: Annotated[tuple[tuple[str, float], ...], SPLIT_FLAG] = ()
+    sample: Annotated[int | None, Flag(SAMPLE_HELP)] = None
+    seed: Annotated[int, Flag("Seed of --sample.")] = 0
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 1:
