@@ -13,11 +13,11 @@ import redis
 
 import eagle_synth.state.fence as fence_module
 import workers.batch as batch_module
-from eagle_synth.harness import free_port, wait_for
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.fence import CommitUnsure, Fence, LeaseLost
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import free_port, wait_for
 from tests.tcp_forward import TcpForward
 from workers.batch import _Run
 from workers.lease import BatchBusy, BatchLease

@@ -18,7 +18,7 @@ import pytest
 import redis
 import requests
 
-from eagle_synth.harness import ManagedProcess, free_port, listening, start_on_a_port, wait_for
+from eagle_synth.testing.harness import ManagedProcess, free_port, listening, start_on_a_port, wait_for
 from eagle_synth.tools.exporter import REDIS_UP, SCRAPE_SECONDS, CampaignCollector, families
 from tests.conftest import chat_rows
 from tests.helpers import cli, enqueue_rows, status_json, wait_finished

@@ -16,13 +16,13 @@ import msgspec
 import pytest
 import requests
 
-from eagle_synth.harness import free_port, port_open, start_devserver, wait_for
 from eagle_synth.manifest import build_manifest
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.node_state import HEALTHY, REFUSED, NodeState, ServerState
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import free_port, port_open, start_devserver, wait_for
 from workers.backends.base import PreflightError, redact_url
 from workers.backends.sglang import (
     PROVENANCE_LAUNCH_ARGS,

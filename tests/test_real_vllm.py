@@ -15,7 +15,7 @@ import json
 
 import requests
 
-from eagle_synth.harness import free_port, wait_for
+from eagle_synth.testing.harness import free_port, wait_for
 from tests.conftest import write_jsonl
 from tests.helpers import (
     VLLM_API_KEY_STATUSES,
@@ -271,7 +271,7 @@ def test_a_campaign_of_another_model_never_reaches_the_real_server(
     /tokenize tells the campaigns apart: each campaign's records come from its own model's
     server only, the real server is never refused, both end exactly once."""
     from eagle_synth.demo.tokenizer import build_demo_tokenizer
-    from eagle_synth.harness import start_devserver
+    from eagle_synth.testing.harness import start_devserver
 
     other = build_demo_tokenizer(tmp_path / "other-tokenizer")
     enqueue_rows(tmp_path, redis_server.url, "other", user_rows(4, prefix="o"), tokenizer=other, batch_size=2,

@@ -9,7 +9,6 @@ import random
 
 import pytest
 
-from eagle_synth.harness import RedisServer, wait_for
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.redis_policy import (
@@ -17,6 +16,7 @@ from eagle_synth.state.redis_policy import (
     check_eviction_policy,
     read_eviction_policy,
 )
+from eagle_synth.testing.harness import RedisServer, wait_for
 from tests.conftest import chat_rows, write_jsonl
 from tests.helpers import campaign, cli, queued_items
 

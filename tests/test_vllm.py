@@ -10,9 +10,9 @@ import pytest
 import requests
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES, malform_completion
-from eagle_synth.harness import port_open, start_devserver, wait_for
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.state.node_state import HEALTHY, REFUSED, ServerState
+from eagle_synth.testing.harness import port_open, start_devserver, wait_for
 from tests.conftest import chat_rows
 from tests.helpers import (
     VLLM_API_KEY_STATUSES,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from celery import Celery
 
 from eagle_synth.errors import UserError
-from eagle_synth.harness import bind_error
+from eagle_synth.ports import bind_error
 from eagle_synth.queue import CELERY_URL_OVERRIDES, make_celery
 from eagle_synth.settings import BrokerSettings, broker_settings
 

@@ -51,18 +51,6 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def bind_error(host: str, port: int) -> OSError | None:
-    """What binding (host, port) raises now, None if it binds. SO_REUSEADDR as HTTP servers bind
-    (Tornado, aiohttp), so a port in TIME_WAIT passes."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return exc
-    return None
-
-
 def listening(pid: int, port: int) -> bool:
     """Whether `pid` or a child listens on `port` (a picked port may be taken by another program
     first). Without psutil (a test dependency), any listener counts."""
