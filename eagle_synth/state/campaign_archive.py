@@ -25,7 +25,7 @@ import zstandard
 from eagle_synth.errors import UserError
 from eagle_synth.records import atomic_writer, campaign_dir, read_raw_file, scan_campaign
 from eagle_synth.state.campaign import LAYOUT, Campaign
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import text
 
 # The folded state's file name inside the campaign folder.
@@ -39,7 +39,7 @@ FAILURE_FOLD_CHUNK = 500
 # zstd level of the state file: hex keys halve at any level; 3 is the fastest that does.
 STATE_ZSTD_LEVEL = 3
 
-_FREE = script("free")
+_FREE = LuaScript("free")
 
 
 class CampaignNotClosable(UserError, RuntimeError):
@@ -198,7 +198,7 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
     names = [k.enqueued, k.done, k.failed, k.ended, k.outbox, k.events, k.conversation_ends, k.followups]
     names += [k.followup_batches, k.batches, k.claims]
     # Layout 2: `enqueued` holds the failed keys only, the done ones left it.
-    if not int(campaign.client.eval(_FREE, len(names), *names, failed, done, failed, marker)):
+    if not int(_FREE(campaign.client, names, (failed, done, failed, marker))):
         raise CampaignNotClosable(
             f"campaign {campaign.name!r} changed while it was being closed (an enqueue or retry ran): "
             "nothing was freed; close again once it is complete"

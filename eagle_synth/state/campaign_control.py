@@ -36,7 +36,7 @@ from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, queue_lists
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.keys import CAMPAIGNS, KEY_PREFIX, CampaignKeys
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.node_state import all_nodes
 from eagle_synth.state.redis_client import pipelined, text
 from eagle_synth.state.stranded import UNACKED_INDEX_KEY, UNACKED_KEY, held_batches
@@ -50,6 +50,8 @@ CANCEL_SETTLE_TIMEOUT = 60.0
 CANCEL_POLL_INTERVAL = 0.5
 # Keys read per SCAN step while deleting a campaign's keys.
 SCAN_COUNT = 500
+
+_MOVE_MESSAGE = LuaScript("move_message")
 
 
 class CampaignCancelled(UserError):
@@ -123,7 +125,7 @@ def _move_queued(client: redis.Redis, queue: str, new_level: Callable[[int], int
             continue
         # Oldest first (kombu pushes left and pops right), so the moved keep their order.
         for raw in reversed(client.lrange(source, 0, -1)):
-            moved += client.eval(script("move_message"), 2, source, target, raw, _with_priority(raw, wanted))
+            moved += _MOVE_MESSAGE(client, (source, target), (raw, _with_priority(raw, wanted)))
     return moved
 
 
