@@ -193,7 +193,8 @@ def next_turn(
 ) -> NextTurn:
     """Render the turn after a committed one, or say why the conversation ends; rows with tools
     need the campaign's `tool_format` (ValueError without it)."""
-    from eagle_synth.templating import TemplateError, render_prompt_ids
+    from eagle_synth.errors import TemplateError
+    from eagle_synth.templating import render_prompt_ids
 
     end = end_before_render(state, finish_reason=finish_reason)
     if end is not None:

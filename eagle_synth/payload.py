@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import zstandard
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import PayloadError
 from eagle_synth.ids import pack_ids, unpack_ids
 
 # The Celery task name: the contract between `enqueue` and the worker.
@@ -33,10 +33,6 @@ KEY_HEX_DIGITS = 32
 _EXTENDED = ("conversation", "sampling_overrides", "variant")
 # The queued map's column of each PromptItem field (ids aside).
 _COLUMNS = {"keys": "key", "rows": "row_id", "samples": "sample", "seeds": "seed", "sources": "source", "turns": "turn"}
-
-
-class PayloadError(EagleSynthError, ValueError):
-    """A queued message is not a payload this version understands."""
 
 
 def prompt_key(*, prompt_ids: bytes, sampling: dict, sample: int) -> str:

@@ -12,7 +12,7 @@ import hashlib
 import re
 from dataclasses import asdict, dataclass, field
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import SamplingError
 
 # Keys SGLang's SamplingParams accepts (sglang/srt/sampling/sampling_params.py).
 SGLANG_SAMPLING_KEYS = frozenset(
@@ -54,10 +54,6 @@ NEUTRAL_SERVER_PARAMS = {
     "no_stop_trim": False,
     "n": 1,
 }
-
-
-class SamplingError(UserError, ValueError):
-    """A sampling parameter is out of range; the message names the flag and the range."""
 
 
 @dataclass(frozen=True, slots=True)

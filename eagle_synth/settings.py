@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse, urlu
 from pydantic import Field, NonNegativeInt, PositiveInt, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import SettingsError, UserError
 
 # The Celery queue every campaign's batches travel on.
 DEFAULT_QUEUE = "eagle-synth"
@@ -27,10 +27,6 @@ SENTINEL_SCHEME = "sentinel://"
 SENTINEL_DEFAULT_PORT = 26379
 # Seconds a sentinel may take to answer "who is the master?" before the next one is asked.
 SENTINEL_SOCKET_TIMEOUT = 5.0
-
-
-class SettingsError(UserError, ValueError):
-    """A setting has a value that cannot work; the message says which and how to fix it."""
 
 
 class EnvSettings(BaseSettings):

@@ -16,17 +16,13 @@ from pathlib import Path
 
 import msgspec
 
-from eagle_synth.errors import UserError
-from eagle_synth.sampling import SamplingError, SamplingParams
+from eagle_synth.errors import SamplingError, VariantsError
+from eagle_synth.sampling import SamplingParams
 
 # SamplingParams fields a variant may override (n and seed stay the campaign's).
 OVERRIDABLE_SAMPLING = tuple(f.name for f in fields(SamplingParams) if f.name not in ("n", "seed"))
 # Keys a variant entry may have.
 VARIANT_KEYS = frozenset({"name", "weight", "sampling", "chat_template_kwargs"})
-
-
-class VariantsError(UserError, ValueError):
-    """A variants file that cannot be used; the message names the file, the entry and the field."""
 
 
 class Variant(msgspec.Struct, frozen=True):

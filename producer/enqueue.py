@@ -18,7 +18,7 @@ from typing import IO, Any, TypeVar
 
 import redis
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import DamagedInputError, RowError, StrictModeError
 from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
 from eagle_synth.payload import PromptItem
@@ -32,7 +32,6 @@ from eagle_synth.tokenizer_files import covered_files
 from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 from producer.planner import PromptPlanner
 from producer.resume import ResumeCursors, run_scope
-from producer.rows import RowError
 from producer.sources import TRUNCATED_FILE, UNREADABLE_FILE, BadRow, expand_inputs, iter_source_rows
 from producer.tokenize import TemplateJob, TemplatingPool
 
@@ -52,15 +51,6 @@ _Result = TypeVar("_Result")
 # BadRow reasons that mean the file itself is damaged (cut short, half copied, unreadable): the
 # run stops there unless --allow-truncated, since such a file loses every row after the damage.
 DAMAGED_FILE_REASONS = frozenset({TRUNCATED_FILE, UNREADABLE_FILE})
-
-
-class StrictModeError(UserError, RuntimeError):
-    """--strict and a row was skipped; the message names the row and the reason."""
-
-
-class DamagedInputError(UserError, RuntimeError):
-    """An input file ends early or cannot be read, without --allow-truncated; the message names
-    the file, where, and how many rows were read from it before the damage."""
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from eagle_synth.conversation import has_tools, split_turns
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import RowError
 from eagle_synth.regeneration import regeneration_points
 
 if TYPE_CHECKING:
@@ -89,16 +89,6 @@ class OwnConversation:
     row_id: str
     cut: bool = False
     steps: list[dict] | None = None
-
-
-class RowError(EagleSynthError):
-    """A row that cannot become a conversation: ``reason`` a stable slug, ``field`` the path of
-    the offending value (``"messages[2].content"``), None when the whole row is at fault."""
-
-    def __init__(self, reason: str, field: str | None, message: str) -> None:
-        super().__init__(f"{field}: {message}" if field else message)
-        self.reason = reason
-        self.field = field
 
 
 def conversations_from_row(

@@ -24,7 +24,7 @@ from typing import IO, Any, cast
 import ijson
 import zstandard
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import InputError
 
 STDIN = "-"  # the path that means "JSONL on standard input"
 
@@ -56,10 +56,6 @@ _READ_ERRORS: tuple[type[BaseException], ...] = (OSError, zlib.error)
 # ... or that the input ends mid-way (gzip and _ZstdReader raise EOFError there).
 _CUT_ERRORS: tuple[type[BaseException], ...] = (EOFError, *_READ_ERRORS)
 _JSON_TYPES = ((list, "an array"), (str, "a string"), (bool, "a boolean"), (type(None), "null"))
-
-
-class InputError(UserError):
-    """An input cannot be used at all; the message names it and says what to do."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,8 +109,8 @@ def test_pool_refills_a_freed_ticket_while_a_long_request_runs(stack):
 
 
 def test_pool_answers_connection_refused_as_server_down():
+    from eagle_synth.errors import ServerDown
     from eagle_synth.testing.harness import free_port
-    from workers.client import ServerDown
 
     url = f"http://127.0.0.1:{free_port()}"
     pool = InflightPool(servers=[url], on_tick=lambda counts: {url: Route(4, SGLangBackend())})

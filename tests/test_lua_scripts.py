@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from eagle_synth.errors import LeaseLost
 from eagle_synth.settings import broker_settings
-from eagle_synth.state.fence import Fence, LeaseLost
+from eagle_synth.state.fence import Fence
 from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import connect
 

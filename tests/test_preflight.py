@@ -16,6 +16,7 @@ import msgspec
 import pytest
 import requests
 
+from eagle_synth.errors import BadRequest, BadSamplingParams, ConfigError, PreflightError, PromptMismatch
 from eagle_synth.manifest import build_manifest
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
@@ -23,27 +24,19 @@ from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.node_state import HEALTHY, REFUSED, NodeState, ServerState
 from eagle_synth.state.redis_client import connect
 from eagle_synth.testing.harness import free_port, port_open, start_devserver, wait_for
-from workers.backends.base import PreflightError, redact_url
+from workers.backends.base import redact_url
 from workers.backends.sglang import (
     PROVENANCE_LAUNCH_ARGS,
     SGLangBackend,
     draft_reserved_tokens,
     provenance,
 )
-from workers.client import (
-    BadRequest,
-    BadSamplingParams,
-    ServerClient,
-    ServerFacts,
-    error_for_status,
-    is_sampling_error,
-    positive_int,
-)
-from workers.config import ConfigError, WorkerConfig, auto_inflight
+from workers.client import ServerClient, ServerFacts, error_for_status, is_sampling_error, positive_int
+from workers.config import WorkerConfig, auto_inflight
 from workers.health import HealthGate
 from workers.model_check import ModelCheck
 from workers.preflight import check_server
-from workers.replies import PromptMismatch, parse_generate_item
+from workers.replies import parse_generate_item
 from workers.routing import CampaignRouter
 
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"

@@ -15,6 +15,7 @@ import json
 
 import requests
 
+from eagle_synth.errors import BadRequest
 from eagle_synth.testing.harness import free_port, wait_for
 from tests.conftest import write_jsonl
 from tests.helpers import (
@@ -35,7 +36,7 @@ from tests.vllm_server import MAX_MODEL_LEN, SERVED_NAME
 from workers.backends.base import VLLM
 from workers.backends.vllm import VllmBackend
 from workers.batch import classify_bad_request
-from workers.client import BadRequest, ServerClient, error_for_status
+from workers.client import ServerClient, error_for_status
 from workers.preflight import preflight_server
 
 pytestmark = MARKS

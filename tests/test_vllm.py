@@ -10,6 +10,17 @@ import pytest
 import requests
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES, malform_completion
+from eagle_synth.errors import (
+    BadRequest,
+    BadResponse,
+    BadSamplingParams,
+    ConfigError,
+    PreflightError,
+    PromptMismatch,
+    SamplingOverridden,
+    Unauthorized,
+    UntranslatableSampling,
+)
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.state.node_state import HEALTHY, REFUSED, ServerState
 from eagle_synth.testing.harness import port_open, start_devserver, wait_for
@@ -27,20 +38,12 @@ from tests.helpers import (
 )
 from tests.test_preflight import gate_state
 from workers.backends import BACKENDS, backend_for_state
-from workers.backends.base import SGLANG, VLLM, PreflightError, UntranslatableSampling
+from workers.backends.base import SGLANG, VLLM
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import PROBE_TOKENS, VllmBackend, parse_completion
-from workers.client import (
-    BadRequest,
-    BadSamplingParams,
-    ServerClient,
-    Unauthorized,
-    error_for_status,
-    is_sampling_error,
-)
-from workers.config import ConfigError, WorkerConfig
+from workers.client import ServerClient, error_for_status, is_sampling_error
+from workers.config import WorkerConfig
 from workers.preflight import preflight_server
-from workers.replies import BadResponse, PromptMismatch, SamplingOverridden
 
 VOCAB = 248077
 TIMEOUT = 10

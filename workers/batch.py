@@ -50,14 +50,30 @@ import redis
 from celery import Celery
 
 from eagle_synth import reasons
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import (
+    BadRequest,
+    BadResponse,
+    BadSamplingParams,
+    Cancelled,
+    ClaimLeaseLost,
+    CommitUnsure,
+    DiskUnavailable,
+    LeaseLost,
+    PromptMismatch,
+    RecordFormatError,
+    Requeue,
+    ServerDown,
+    TokenizerUnavailable,
+    TransientError,
+    Unauthorized,
+    UntranslatableSampling,
+)
 from eagle_synth.manifest import build_manifest
 from eagle_synth.model_identity import output_id_bound
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.records import (
     Record,
-    RecordFormatError,
     campaign_dir,
     read_record_file,
     records_dir,
@@ -69,33 +85,23 @@ from eagle_synth.records import (
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state.batch_store import forget_if_finished
 from eagle_synth.state.campaign import Campaign, CampaignSettings
-from eagle_synth.state.fence import (
-    RECEIPT_TTL_MS,
-    ClaimLeaseLost,
-    CommitUnsure,
-    Fence,
-    LeaseLost,
-    claim,
-    release,
-)
+from eagle_synth.state.fence import RECEIPT_TTL_MS, Fence, claim, release
 from eagle_synth.state.node_state import HEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import is_read_only
 from eagle_synth.state.replicas import ReplicaWait
-from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers import metrics
 from workers.affinity import prefix_key
 from workers.backends import Backend, backend_for_state
-from workers.backends.base import UntranslatableSampling
-from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError, Unauthorized
+from workers.client import ServerClient
 from workers.config import WorkerConfig, auto_inflight
-from workers.disk import DiskState, DiskUnavailable
+from workers.disk import DiskState
 from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool, Route
 from workers.lease import BatchLease
 from workers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.own_files import OwnBatchFiles
-from workers.replies import BadResponse, GeneratedItem, PromptMismatch
+from workers.replies import GeneratedItem
 from workers.routing import CampaignRouter
 
 log = logging.getLogger("eagle_synth.batch")
@@ -126,19 +132,6 @@ SHUTDOWN_GRACE_SHARE = 0.8
 # disk: giving the batch up here would let another host redo them, a double. A try whose reply
 # was lost is settled first (fence.py `settle`): applied, or never to apply and tried again.
 MARK_RETRY_DELAY = 1.0
-
-
-class Requeue(EagleSynthError):
-    """The batch (what is left of it) must go back to the queue: no healthy server, the task's
-    time budget is spent, or the worker is shutting down. Not a failure: no retry is used."""
-
-
-class Cancelled(EagleSynthError):
-    """`eagle-synth cancel` ended the batch's campaign: the batch stops where it is, writes
-    nothing more, and its message is acknowledged (the campaign's state is gone)."""
-
-    def __init__(self, campaign: str) -> None:
-        super().__init__(f"campaign {campaign} was cancelled")
 
 
 @dataclass(slots=True)

@@ -22,7 +22,14 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import (
+    BadRequest,
+    BadSamplingParams,
+    ClientError,
+    ServerDown,
+    TransientError,
+    Unauthorized,
+)
 from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
 
 # Keep-alive connections per server of the synchronous client.
@@ -33,30 +40,6 @@ CONNECT_TIMEOUT = 5.0
 INFO_TIMEOUT = 10.0
 # Bytes asked of the socket per read while an answer's body arrives (each read returns what is there).
 READ_PIECE = 65536
-
-
-class ClientError(EagleSynthError):
-    """Base of the client's errors (the message says what the server answered, if it did)."""
-
-
-class ServerDown(ClientError):
-    """The server is not accepting connections (loading weights, dead, restarting)."""
-
-
-class TransientError(ClientError):
-    """A failure that may pass: timeout, dropped connection, 429, 5xx."""
-
-
-class BadRequest(ClientError):
-    """The server refused the request as malformed (HTTP 400); its message is kept."""
-
-
-class BadSamplingParams(BadRequest):
-    """HTTP 400 about the campaign's sampling: the caller stops the campaign instead of failing its prompts."""
-
-
-class Unauthorized(ClientError):
-    """HTTP 401 or 403: the server checks an API key and this worker sent none, or another one."""
 
 
 # How the servers word a 400 caused by the sampling, whatever the version: an unknown key

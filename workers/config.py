@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import ConfigError
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
 from eagle_synth.settings import EnvSettings
 from workers.backends import REFUSABLE_SETTINGS
@@ -33,10 +33,6 @@ OPEN_PROMPTS_PER_TICKET = 8
 MAX_PORT = 65535
 # Comma-separated lists in the environment: EAGLE_SYNTH_SERVERS=http://a,http://b.
 CommaList = Annotated[tuple[str, ...], NoDecode]
-
-
-class ConfigError(UserError):
-    """A worker setting has a value that cannot work; the message names it."""
 
 
 class WorkerConfig(EnvSettings):

@@ -36,6 +36,7 @@ import msgspec
 import redis
 
 from eagle_synth.conversation import ConversationState, end_before_render, turn_key
+from eagle_synth.errors import RendererMismatch, TokenizerFolderError, TokenizerUnavailable
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, TaskPayload, batch_id, pack_item, unpack_item
 from eagle_synth.processes import holder_alive, holder_id
@@ -46,11 +47,11 @@ from eagle_synth.state.campaign import Campaign, CampaignSettings, campaign_name
 from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW, NOTHING, ConversationStore, end_json
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import followup_owner
-from eagle_synth.state.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
-from eagle_synth.tokenizer_files import TokenizerFolderError, matching_folder
+from eagle_synth.state.tokenizer_store import fetch_tokenizer
+from eagle_synth.tokenizer_files import matching_folder
 from workers.background import every
 from workers.lease import LEASE_TTL
-from workers.renderer import Renderer, RendererMismatch
+from workers.renderer import Renderer
 
 log = logging.getLogger("eagle_synth.followups")
 

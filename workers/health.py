@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from eagle_synth.errors import PreflightError, ServerDown, TransientError, Unauthorized
 from eagle_synth.processes import process_alive
 from eagle_synth.state.node_state import (
     HEALTHY,
@@ -27,9 +28,8 @@ from eagle_synth.state.node_state import (
 )
 from workers import metrics
 from workers.backends import BACKENDS
-from workers.backends.base import PreflightError
 from workers.background import every
-from workers.client import ServerClient, ServerDown, TransientError, Unauthorized
+from workers.client import ServerClient
 from workers.config import WorkerConfig
 from workers.disk import DiskState
 from workers.model_check import REFUSE_PREFIX

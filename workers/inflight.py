@@ -23,10 +23,11 @@ from typing import Any, NamedTuple
 import aiohttp
 import orjson
 
+from eagle_synth.errors import ClientError, ServerDown, TransientError, Unauthorized
 from workers import metrics
 from workers.affinity import PrefixAffinity, affinity_enabled, least_loaded
 from workers.backends import Backend
-from workers.client import CONNECT_TIMEOUT, ClientError, ServerDown, TransientError, Unauthorized, error_for_status
+from workers.client import CONNECT_TIMEOUT, error_for_status
 
 log = logging.getLogger("eagle_synth.inflight")
 

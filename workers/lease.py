@@ -17,7 +17,7 @@ import time
 
 import redis
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import BatchBusy
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.lua import LuaScript
@@ -84,10 +84,6 @@ class _Renewer:
 
 
 _renewer = _Renewer()
-
-
-class BatchBusy(EagleSynthError):
-    """Another live batch thread holds this batch; try the message again later."""
 
 
 class BatchLease:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from eagle_synth.errors import PreflightError, ServerDown, TransientError, Unauthorized
 from workers.backends import BACKENDS
-from workers.backends.base import AUTO, SGLANG, VLLM, Check, PreflightError, redact_url
+from workers.backends.base import AUTO, SGLANG, VLLM, Check, redact_url
 from workers.backends.sglang import CHECKS
-from workers.client import ServerClient, ServerDown, ServerFacts, TransientError, Unauthorized, first_model
+from workers.client import ServerClient, ServerFacts, first_model
 from workers.config import auto_inflight
 
 # The settings `--allow-server-parsers` accepts.

@@ -84,7 +84,7 @@ def fields_of(cls: Any, flags: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_campaign_name(name: str) -> None:
-    from eagle_synth.state.campaign import BadCampaignName
+    from eagle_synth.errors import BadCampaignName
     from eagle_synth.state.campaign import check_campaign_name as check
 
     try:

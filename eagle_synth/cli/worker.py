@@ -118,8 +118,9 @@ def worker(
     client = redis_client(redis)
     refuse_replica(client)
     check_redis_ready(client, warn=warn, allow_evicting=allow_evicting_redis, allow_volatile=allow_volatile_redis)
+    from eagle_synth.errors import ConfigError
     from eagle_synth.ports import bind_error
-    from workers.config import ConfigError, WorkerConfig, default_concurrency
+    from workers.config import WorkerConfig, default_concurrency
     from workers.disk import probe_folder
     from workers.preflight import preflight_at_start
 

@@ -29,7 +29,6 @@ from eagle_synth.devserver.protocol import (
     ENGINE_ERROR_MESSAGE,
     KNOWN_FIELDS,
     PromptRequest,
-    ProtocolError,
     Reply,
     error_reply,
     json_reply,
@@ -37,14 +36,8 @@ from eagle_synth.devserver.protocol import (
     parse_generate_request,
     sglang_error_reply,
 )
-from eagle_synth.devserver.scheduler import (
-    ABORTED_WAITING,
-    DevStats,
-    PrefixCache,
-    QueueFullError,
-    SlotJob,
-    SlotScheduler,
-)
+from eagle_synth.devserver.scheduler import ABORTED_WAITING, DevStats, PrefixCache, SlotJob, SlotScheduler
+from eagle_synth.errors import ProtocolError, QueueFullError
 
 log = logging.getLogger("eagle_synth.devserver")
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import ProtocolError
 from eagle_synth.sampling import SGLANG_SAMPLING_KEYS, version_tuple
 
 if TYPE_CHECKING:
@@ -46,16 +46,6 @@ class Reply:
 
 def json_reply(obj: Any, status: int = 200) -> Reply:
     return Reply(status=status, body=json.dumps(obj, separators=(",", ":")).encode())
-
-
-class ProtocolError(EagleSynthError):
-    """A request the real server refuses with HTTP `status` (500: SGLang's uncaught TypeError);
-    `param` is the field vLLM names in its error body."""
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
 
 
 @dataclass(frozen=True, slots=True)

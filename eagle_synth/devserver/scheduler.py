@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import QueueFullError
 
 if TYPE_CHECKING:
     from eagle_synth.devserver.config import DevServerConfig
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 # Outcomes a waiting handler can find on its job.
 PENDING, FINISHED = "pending", "finished"
 ABORTED_WAITING, ABORTED_RUNNING = "aborted_waiting", "aborted_running"
-
-
-class QueueFullError(EagleSynthError):
-    pass
 
 
 @dataclass(eq=False)

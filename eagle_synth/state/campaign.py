@@ -19,7 +19,7 @@ import msgspec
 import redis
 import zstandard
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import BadCampaignName, CampaignMismatch
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys, failed_counter
@@ -50,14 +50,6 @@ _UNDO_DONE = LuaScript("undo_done")
 _FOLD_DONE = LuaScript("fold_done")
 # The layout of a campaign's key sets (CampaignKeys.layout).
 LAYOUT = "2"
-
-
-class CampaignMismatch(UserError, ValueError):
-    """Enqueuing into a campaign whose stored settings differ; the message lists each field."""
-
-
-class BadCampaignName(UserError, ValueError):
-    """A campaign name that cannot be a folder and a Redis key prefix; the message says what works."""
 
 
 def check_campaign_name(name: str) -> None:

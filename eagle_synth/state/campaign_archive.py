@@ -22,7 +22,7 @@ from typing import IO, Any
 import msgpack
 import zstandard
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import CampaignNotClosable, StateFileUnavailable
 from eagle_synth.records import atomic_writer, campaign_dir, read_raw_file, scan_campaign
 from eagle_synth.state.campaign import LAYOUT, Campaign
 from eagle_synth.state.lua import LuaScript
@@ -40,14 +40,6 @@ FAILURE_FOLD_CHUNK = 500
 STATE_ZSTD_LEVEL = 3
 
 _FREE = LuaScript("free")
-
-
-class CampaignNotClosable(UserError, RuntimeError):
-    """The campaign is not complete or its records are not all here; the message says why and what to do."""
-
-
-class StateFileUnavailable(UserError, FileNotFoundError):
-    """An ended campaign's state file is not readable here; the message names the file and its host."""
 
 
 @dataclass(frozen=True, slots=True)

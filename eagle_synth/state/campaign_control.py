@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import redis
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import CampaignCancelled
 from eagle_synth.priorities import PRIORITIES, check_priority, message_priority
 from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, queue_lists
 from eagle_synth.settings import TIMINGS
@@ -52,10 +52,6 @@ CANCEL_POLL_INTERVAL = 0.5
 SCAN_COUNT = 500
 
 _MOVE_MESSAGE = LuaScript("move_message")
-
-
-class CampaignCancelled(UserError):
-    """The campaign was cancelled: nothing is enqueued under its name until the marker is forgotten."""
 
 
 def cancel_marker(client: redis.Redis, campaign: str) -> dict | None:

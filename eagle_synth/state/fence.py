@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import ClaimLeaseLost, CommitUnsure, LeaseLost
 from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import text
 
@@ -41,23 +41,6 @@ _RENEW = LuaScript("renew")
 RECEIPT_TTL_MS = 24 * 3600 * 1000
 # Keys per claim script call (a script blocks Redis while it runs; a batch rarely has more).
 CHUNK = 1000
-
-
-class LeaseLost(EagleSynthError):
-    """The batch lease is no longer the writer's: nothing was written."""
-
-
-class CommitUnsure(redis.ConnectionError):
-    """A fenced commit was sent but its reply was lost: Redis may have applied it or not.
-    `receipt` names the try; Fence.settle tells which it was once Redis answers again."""
-
-    def __init__(self, message: str, receipt: str) -> None:
-        super().__init__(message)
-        self.receipt = receipt
-
-
-class ClaimLeaseLost(EagleSynthError):
-    """The batch's own lease was gone when it tried to claim its keys."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import ExportError, UserError
 from eagle_synth.progress import Progress, reported
 from eagle_synth.records import RawRecord, iter_raw_records, read_manifest
 from eagle_synth.tools.conversation_order import grouped_records, ordered_records
 from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, json_row
-from eagle_synth.tools.filters import ExportError, ExportFilters, SelectionStats, sample_cutoff, select_rows
+from eagle_synth.tools.filters import ExportFilters, SelectionStats, sample_cutoff, select_rows
 from eagle_synth.tools.trainer_formats import (
     DATASET_FORMATS,
     StagedSplit,

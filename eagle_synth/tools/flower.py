@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import FlowerAuthError, FlowerPortInUse
 from eagle_synth.ports import bind_error
 from eagle_synth.queue import CELERY_URL_OVERRIDES, make_celery
 from eagle_synth.settings import BrokerSettings, broker_settings
@@ -31,10 +31,6 @@ PURGE_OFFLINE_WORKERS_S = 3600
 MAX_TASKS_IN_MEMORY = 20_000
 # Where Celery's command line finds the app (resolved lazily by this module's __getattr__).
 APP_SYMBOL = "eagle_synth.tools.flower:celery_app"
-
-
-class FlowerAuthError(UserError, ValueError):
-    """Flower's credentials are missing, malformed or a placeholder; the message says what to do."""
 
 
 def parse_basic_auth(raw: str) -> list[str]:
@@ -105,10 +101,6 @@ class FlowerOptions:
             environ.pop(name, None)
         if self.credentials:
             environ[ENV_BASIC_AUTH] = ",".join(self.credentials)
-
-
-class FlowerPortInUse(UserError, OSError):
-    """Flower's port is taken on its address; the message names --port."""
 
 
 def check_port_free(*, address: str, port: int) -> None:

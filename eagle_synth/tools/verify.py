@@ -16,18 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import RecordFormatError, TemplateError, VerifyError
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
-from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
-from eagle_synth.templating import (
-    THINK_CLOSE,
-    THINK_OPEN,
-    TemplateError,
-    eos_token_ids,
-    read_tokenizer,
-    token_id,
-    tokenizer_facts,
-)
+from eagle_synth.records import RawRecord, read_manifest, read_raw_file, scan_campaign
+from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, eos_token_ids, read_tokenizer, token_id, tokenizer_facts
 from eagle_synth.tokenizer_files import folder_problem
 from eagle_synth.tools.filters import hash64
 
@@ -59,10 +51,6 @@ CHECKS: dict[str, tuple[str, str]] = {
         "conversations (--history own) whose turns are not 0..n-1: a turn is missing below one that exists",
     ),
 }
-
-
-class VerifyError(UserError, ValueError):
-    """verify cannot run as asked (no vocabulary size known); the message says what to pass."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import VocabError
 from eagle_synth.model_identity import MODEL_CONFIG_NAME, config_size
 from eagle_synth.progress import Progress, reported
 from eagle_synth.records import RawRecord, atomic_write_bytes, iter_raw_records, read_manifest
@@ -43,10 +43,6 @@ TORCH_MISSING = (
     "vocab_mapping.pt (SpecForge's model.vocab_mapping_path) and d2t.pt (ModelOpt's "
     "data.draft_vocab_cache); run the commands below where torch is installed to make them"
 )
-
-
-class VocabError(UserError, ValueError):
-    """A vocabulary mapping cannot be built as asked; the message says what to pass."""
 
 
 def torch_module() -> Any | None:

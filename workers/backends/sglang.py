@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 
+from eagle_synth.errors import UntranslatableSampling
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import SGLANG, BaseBackend, Check, Problem, UntranslatableSampling, provenance_of
+from workers.backends.base import SGLANG, BaseBackend, Check, Problem, provenance_of
 from workers.client import ServerClient, ServerFacts, positive_int
 from workers.replies import GeneratedItem, parse_generate_item
 

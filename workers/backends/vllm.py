@@ -12,38 +12,19 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eagle_synth.sampling import version_tuple
-from eagle_synth.state.node_state import ServerState
-from workers.backends.base import (
-    VLLM,
-    BaseBackend,
-    Check,
-    PreflightError,
-    Problem,
-    UntranslatableSampling,
-    provenance_of,
-    redact_url,
-)
-from workers.client import (
-    ServerClient,
-    ServerFacts,
-    TransientError,
-    error_for_status,
-    error_message,
-    first_model,
-    positive_int,
-)
-from workers.replies import (
-    FINISH_TYPES,
+from eagle_synth.errors import (
     BadResponse,
-    GeneratedItem,
+    PreflightError,
     PromptMismatch,
     SamplingOverridden,
-    checked_ids,
-    excerpt,
-    is_token_int,
-    kind_of,
+    TransientError,
+    UntranslatableSampling,
 )
+from eagle_synth.sampling import version_tuple
+from eagle_synth.state.node_state import ServerState
+from workers.backends.base import VLLM, BaseBackend, Check, Problem, provenance_of, redact_url
+from workers.client import ServerClient, ServerFacts, error_for_status, error_message, first_model, positive_int
+from workers.replies import FINISH_TYPES, GeneratedItem, checked_ids, excerpt, is_token_int, kind_of
 
 log = logging.getLogger("eagle_synth.preflight")
 
