@@ -170,7 +170,8 @@ class TaskPayload(msgspec.Struct):
                     raise PayloadError("payload conversation fields do not match its prompts")
             else:
                 extra = [[None] * count] * 3
-            all_ids, bounds = unpack_ids(blob), [0, *accumulate(wire.lengths)]
+            all_ids = unpack_ids(blob)
+            bounds = [0, *accumulate(wire.lengths)]
             names = [*_COLUMNS.values(), *_EXTENDED]
             items = [
                 PromptItem(ids=all_ids[bounds[i] : bounds[i + 1]], **dict(zip(names, fields)))

@@ -174,7 +174,8 @@ class BrokerSettings(EnvSettings):
         if not self.uses_tls:
             return None
         reqs = (parse_qs(urlparse(self.redis_url.split(";")[0]).query).get("ssl_cert_reqs") or ["required"])[0].lower()
-        none, optional = ssl.CERT_NONE, ssl.CERT_OPTIONAL
+        none = ssl.CERT_NONE
+        optional = ssl.CERT_OPTIONAL
         cert_reqs = {"optional": optional, "cert_optional": optional, "none": none, "cert_none": none}
         files = {"ssl_ca_certs": self.ssl_ca, "ssl_certfile": self.ssl_cert, "ssl_keyfile": self.ssl_key}
         return {"ssl_cert_reqs": cert_reqs.get(reqs, ssl.CERT_REQUIRED), **{k: v for k, v in files.items() if v}}

@@ -77,7 +77,8 @@ def load_variants(path: str | Path, *, base: SamplingParams) -> list[Variant]:
         name = entry.get("name", f"v{index}")
         if not isinstance(name, str) or not name:
             raise VariantsError(f"{where}.name: expected a non-empty string, got {name!r}")
-        sampling, kwargs = entry.get("sampling") or {}, entry.get("chat_template_kwargs") or {}
+        sampling = entry.get("sampling") or {}
+        kwargs = entry.get("chat_template_kwargs") or {}
         for field, value in (("sampling", sampling), ("chat_template_kwargs", kwargs)):
             if not isinstance(value, dict):
                 raise VariantsError(f"{where}.{field}: expected an object, got {type(value).__name__}")

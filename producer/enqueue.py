@@ -153,7 +153,10 @@ class _Rows:
         accounted for once the chunk is claimed (producer/resume.py), and the chunk's rows per
         source (ChunkCounts, for `claim`); rows an earlier run claimed are left out."""
         summary = self.summary
-        chunk, reached, flat, counts = list[tuple[str, list]](), dict[str, int](), list[tuple](), ChunkCounts()
+        chunk = list[tuple[str, list]]()
+        reached = dict[str, int]()
+        flat = list[tuple]()
+        counts = ChunkCounts()
         for row in rows:
             summary.rows_read += 1
             tally = summary.source(row.source)
@@ -185,7 +188,9 @@ class _Rows:
                 flat.extend(c.template_input() for c in conversations)
             if len(chunk) >= ROWS_PER_CHUNK:
                 yield (chunk, dict(reached), counts), flat
-                chunk, flat, counts = [], [], ChunkCounts()
+                chunk = []
+                flat = []
+                counts = ChunkCounts()
         # The last, maybe empty: its `reached` and counts cover rows skipped at the end.
         yield (chunk, reached, counts), flat
 
@@ -196,7 +201,8 @@ class _Rows:
         for source, rows in counts.items():
             total = self.claimed.get(source)
             if total is None:
-                total = self.claimed[source] = SourceRows()
+                total = SourceRows()
+                self.claimed[source] = total
                 earlier = cursors.skipped_before(source) if cursors is not None and rows.resumed else None
                 if earlier is not None:
                     total.inherited = True
@@ -213,7 +219,8 @@ class _Rows:
         cap = self.options.max_prompt_chars
         if not cap:
             return conversations
-        kept, largest = [], 0
+        kept = []
+        largest = 0
         for conversation in conversations:
             size = _text_size(conversation.messages) + _text_size(conversation.tools)
             if size > cap:

@@ -43,7 +43,12 @@ UNREADABLE_FILE = "unreadable-file"
 UNSUPPORTED_LAYOUT = "unsupported-layout"
 
 # Input kinds (_detect): "json" is an array or JSONL, decided by sniffing.
-STDIN_KIND, JSONL, JSON, PARQUET, HF_DATASET, HF_DATASET_DICT = "stdin", "jsonl", "json", "parquet", "hf", "hf-dict"
+STDIN_KIND = "stdin"
+JSONL = "jsonl"
+JSON = "json"
+PARQUET = "parquet"
+HF_DATASET = "hf"
+HF_DATASET_DICT = "hf-dict"
 _KIND_OF_SUFFIX = {".jsonl": JSONL, ".ndjson": JSONL, ".json": JSON, ".parquet": PARQUET}
 _COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _UTF8_BOM = b"\xef\xbb\xbf"

@@ -270,7 +270,9 @@ class _Run:
 
     # before generating ------------------------------------------------------------------
     def run(self) -> None:
-        runner, campaign, payload = self.runner, self.campaign, self.payload
+        runner = self.runner
+        campaign = self.campaign
+        payload = self.payload
         if runner.redis_client.exists(campaign.keys.ended):
             # `close` folded the done set to disk, so every key would look open: generating would
             # double records. Only a message published after the close can get here.
@@ -324,7 +326,10 @@ class _Run:
     def unfinished(self) -> list[PromptItem]:
         """The batch's open prompts, one per key, once this run claimed them and adopted the
         records a previous attempt left."""
-        campaign, payload, outcome, lease = self.campaign, self.payload, self.outcome, self.lease
+        campaign = self.campaign
+        payload = self.payload
+        outcome = self.outcome
+        lease = self.lease
         keys = [item.key for item in payload.items]
         finished = campaign.finished_keys(keys)
         outcome.skipped_done = len(finished)
@@ -465,7 +470,10 @@ class _Run:
 
     def settle(self, item: PromptItem, answer: Answer) -> None:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
-        runner, url, error, backend = self.runner, answer.url, answer.error, answer.backend
+        runner = self.runner
+        url = answer.url
+        error = answer.error
+        backend = answer.backend
         if error is None:
             assert backend is not None, "the pool builds every request with its server's backend"
             try:
@@ -601,7 +609,9 @@ class _Run:
         records, self.records = self.records, []
         if not records or self.cancelled():
             return
-        runner, folder, campaign = self.runner, self.folder, self.campaign
+        runner = self.runner
+        folder = self.folder
+        campaign = self.campaign
         # Turns of conversations with tools say how many tool calls they make.
         runner.followups.count_tool_calls(self.settings, self.payload, records)
         try:
@@ -666,7 +676,8 @@ class BatchRunner:
     ) -> None:
         settings = broker or broker_settings()
         self.router = router
-        self.config, self.node = config, node
+        self.config = config
+        self.node = node
         self.stopping = stopping or threading.Event()
         self.disk = disk or DiskState(folder=config.out)
         self.task_budget = settings.task_budget_seconds
@@ -773,7 +784,8 @@ class BatchRunner:
         try:
             ok, why = self.health_clients[url].health(timeout=QUICK_HEALTH_TIMEOUT)
         except ServerDown as exc:
-            ok, why = False, str(exc)
+            ok = False
+            why = str(exc)
         self._health_seen[url] = (time.monotonic(), ok)
         if not ok:
             self.node_state.suspect(url, f"{detail}; health: {why}")

@@ -186,7 +186,8 @@ class ServerClient:
                 raise
             response._content = bytes(body)  # what .content and .json() read
             response.raw.release_conn()
-            status, sent_key = response.status_code, self.sends_key
+            status = response.status_code
+            sent_key = self.sends_key
             if refused := unauthorized(status, response.content, url=self.url, path=path, sent_key=sent_key):
                 raise refused  # an API key missing or wrong: whatever the path, the server is refused
             return response

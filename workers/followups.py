@@ -293,7 +293,8 @@ class FollowUps:
             following = turn_key(state.key, item.turn + 1)
             parent = msgspec.structs.replace(item, ids=[])
             answer = (record.output_ids, record.finish_reason, record.finish_matched)
-            follow[following] = pending = _Pending(campaign.name, following, payload.sampling, parent, answer)
+            pending = _Pending(campaign.name, following, payload.sampling, parent, answer)
+            follow[following] = pending
             entries.append((record.key, FOLLOW, following, pending.packed()))
         with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
             self._rendering.update({(campaign.name, key): pending for key, pending in follow.items()})
@@ -462,7 +463,8 @@ class FollowUps:
                     entries.append(_end_entry(pending.key, parent, first, second))
                     continue
                 item = _next_item(parent, ids=first, state=second, settings=settings)
-                ready[pending.key] = rendered = _Pending(name, pending.key, pending.sampling, item)
+                rendered = _Pending(name, pending.key, pending.sampling, item)
+                ready[pending.key] = rendered
                 entries.append((pending.key, "ready", second["key"], rendered.packed()))  # the conversation's key
             held = self._store(name).ready(entries, owner=self.owner)
             self._ready_results = [r for r in self._ready_results if r[0].campaign != name]

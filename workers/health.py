@@ -177,7 +177,8 @@ class HealthGate:
         routine = state == HEALTHY or (tracked.state.state == UNKNOWN and state == WARMING)
         level = logging.INFO if routine else logging.WARNING
         log.log(level, "server %s: %s -> %s (%s)", tracked.client.url, tracked.state.state, state, detail)
-        tracked.state.state, tracked.state.since = state, time.time()
+        tracked.state.state = state
+        tracked.state.since = time.time()
         metrics.server_state(tracked.client.url, state)
         return True
 
@@ -223,7 +224,8 @@ class HealthGate:
         tracked.failures = 0
         tracked.wait = BACKOFF_START
         tracked.next_probe = now + HEALTHY_PROBE_INTERVAL
-        tracked.went_down = tracked.last_cause = None
+        tracked.went_down = None
+        tracked.last_cause = None
         return self._set(tracked, HEALTHY, "ok")
 
     def _failed(self, tracked: _Tracked, state: str, detail: str, *, certain: bool, now: float) -> bool:
@@ -231,7 +233,8 @@ class HealthGate:
         if tracked.state.state == HEALTHY and not certain and tracked.failures < FAILURES_TO_UNHEALTHY:
             # One slow probe on a busy server: look again soon, keep serving meanwhile.
             tracked.next_probe = now + BACKOFF_START
-            url, failures = tracked.client.url, tracked.failures
+            url = tracked.client.url
+            failures = tracked.failures
             log.info("server %s: probe failed (%d/%d): %s", url, failures, FAILURES_TO_UNHEALTHY, detail)
             return False
         tracked.next_probe = now + tracked.wait

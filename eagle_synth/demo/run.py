@@ -74,7 +74,8 @@ def run_demo(folder: Path) -> int:
         with console.status("generating...") as spinner:
 
             def finished() -> bool:
-                progress, counts = campaign.progress(), conversations.counts()
+                progress = campaign.progress()
+                counts = conversations.counts()
                 spinner.update(
                     f"generating... {progress.done} records; conversations {counts['total']}: "
                     f"{counts['in_progress']} in progress"

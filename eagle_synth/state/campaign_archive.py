@@ -62,7 +62,8 @@ def ended_info(campaign: Campaign) -> dict | None:
 
 def _fingerprint(keys: Iterable[str]) -> tuple[int, int]:
     """(count, sum of 128-bit key digests mod 2^128): a set of keys in constant memory."""
-    count = total = 0
+    count = 0
+    total = 0
     for key in keys:
         count += 1
         total += int.from_bytes(hashlib.blake2b(key.encode(), digest_size=16).digest(), "little")
@@ -94,7 +95,9 @@ def _queued_batches(campaign: Campaign, queue: str) -> int:
 
 def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
     """Raise CampaignNotClosable unless the campaign is complete and its records are all in `folder`."""
-    name, k, client = campaign.name, campaign.keys, campaign.client
+    name = campaign.name
+    k = campaign.keys
+    client = campaign.client
     if campaign.settings() is None:
         raise CampaignNotClosable(f"campaign {name!r} does not exist in this Redis")
     progress = campaign.progress()
@@ -135,7 +138,8 @@ def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
 
 def _write_state(campaign: Campaign, out: IO[bytes]) -> tuple[int, int, int]:
     """Write the state stream to `out`; returns (done, failed, ends) written."""
-    client, k = campaign.client, campaign.keys
+    client = campaign.client
+    k = campaign.keys
     settings = campaign.settings()
     header = {
         "format": STATE_FORMAT,
@@ -208,7 +212,8 @@ def _read_state(path: Path) -> Iterator[Any]:
 def reopen_campaign(campaign: Campaign, path: str | os.PathLike) -> tuple[int, int]:
     """Read a state file back into Redis, then remove `ended` (only once read whole; rerunnable
     after a kill); returns (done, failed) restored."""
-    client, k = campaign.client, campaign.keys
+    client = campaign.client
+    k = campaign.keys
     stream = _read_state(Path(path))
     header = next(stream, None)
     if not isinstance(header, dict) or header.get("format") != STATE_FORMAT:

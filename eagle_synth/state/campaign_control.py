@@ -92,7 +92,8 @@ def age_waiting(client: redis.Redis, *, base_queue: str, after: float = PRIORITY
     now = time.time()
     raised = []
     for name in campaign_names(client):
-        queue, keys = campaign_queue(base_queue, name), CampaignKeys(name)
+        queue = campaign_queue(base_queue, name)
+        keys = CampaignKeys(name)
         lengths = pipelined(client, *(("llen", name) for name in queue_lists(queue)))
         if not any(lengths[1:]):
             continue  # nothing queued below the top level (the first list: kombu's step 0)
@@ -177,7 +178,8 @@ def cancel_campaign(
     settled = _wait_for_inflight(client, campaign, timeout=settle_timeout, on_wait=on_wait)
     deleted += _delete_state(client, keys)
     client.srem(CAMPAIGNS, campaign)
-    marker |= {"queued": queued, "held": len(held)}
+    marker["queued"] = queued
+    marker["held"] = len(held)
     client.set(keys.cancelled, json.dumps(marker))
     return CancelOutcome(
         queued_batches=queued,
@@ -196,7 +198,8 @@ def forget_cancel(client: redis.Redis, campaign: str) -> bool:
 
 def cancelled_names(client: redis.Redis) -> list[str]:
     """Every campaign whose cancel marker is in this Redis."""
-    prefix, suffix = f"{KEY_PREFIX}:campaign:", ":cancelled"
+    prefix = f"{KEY_PREFIX}:campaign:"
+    suffix = ":cancelled"
     found = client.scan_iter(match=f"{prefix}*{suffix}", count=SCAN_COUNT)
     return sorted(text(key)[len(prefix) : -len(suffix)] for key in found)
 

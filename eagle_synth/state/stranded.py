@@ -38,7 +38,8 @@ UNACKED_KEY = Channel.unacked_key
 UNACKED_INDEX_KEY = Channel.unacked_index_key
 BINDING_KEY_FORMAT = Channel.keyprefix_queue
 # kombu clamps message priorities to this range before picking a priority list.
-MIN_PRIORITY, MAX_PRIORITY = 0, 9
+MIN_PRIORITY = 0
+MAX_PRIORITY = 9
 # Unacked entries fetched per HMGET.
 FETCH_CHUNK = 200
 # Decoded (campaign, batch, keys) cached per delivery tag (for `status --watch`).

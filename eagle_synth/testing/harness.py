@@ -158,8 +158,11 @@ class RedisServer:
         if self.maxmemory:
             options["--maxmemory"] = self.maxmemory
         if self.tls:
-            options |= {"--tls-port": self.port, "--tls-ca-cert-file": self.ca_file, "--tls-auth-clients": "no"}
-            options |= {"--tls-cert-file": d / "server.pem", "--tls-key-file": d / "server.key"}
+            options["--tls-port"] = self.port
+            options["--tls-ca-cert-file"] = self.ca_file
+            options["--tls-auth-clients"] = "no"
+            options["--tls-cert-file"] = d / "server.pem"
+            options["--tls-key-file"] = d / "server.key"
         if self.password:
             options["--requirepass"] = self.password
         args = [binary, *(str(part) for pair in options.items() for part in pair)]
@@ -303,8 +306,12 @@ class Stack(AbstractContextManager["Stack"]):
         stop_timeout: float = STOP_TIMEOUT,
         remove: bool = False,
     ) -> None:
-        self.dir, self.logdir, self.tokenizer = folder, folder / "logs", tokenizer
-        self.worker_env, self.stop_timeout, self.remove = worker_env or {}, stop_timeout, remove
+        self.dir = folder
+        self.logdir = folder / "logs"
+        self.tokenizer = tokenizer
+        self.worker_env = worker_env or {}
+        self.stop_timeout = stop_timeout
+        self.remove = remove
         self.workers: list[ManagedProcess] = []
         self.others: list[ManagedProcess] = []
         self.redis_servers: list[RedisServer] = []

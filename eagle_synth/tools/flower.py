@@ -169,7 +169,8 @@ def __getattr__(name: str) -> Celery:
     # Celery resolves APP_SYMBOL with getattr; building the app on first use (from the environment
     # run_flower exported, then kept as a module global) keeps imports free of side effects.
     if name == "celery_app":
-        app = globals()["celery_app"] = make_celery(broker_settings())
+        app = make_celery(broker_settings())
+        globals()["celery_app"] = app
         return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -74,7 +74,8 @@ def render_record(
     console.rule(Text(shown, style="bold cyan"), align="left")
     console.print(render_ids(tokenizer, record.prompt_ids[hidden:]), highlight=False)
     console.rule(Text("▼ prompt ends, output begins ▼", style=BOUNDARY_STYLE), style=BOUNDARY_STYLE)
-    prompt, output = record.prompt_ids, record.output_ids
+    prompt = record.prompt_ids
+    output = record.output_ids
     before = ("... " if len(prompt) > BOUNDARY_IDS else "") + " ".join(map(str, prompt[-BOUNDARY_IDS:]))
     after = " ".join(map(str, output[:BOUNDARY_IDS])) + (" ..." if len(output) > BOUNDARY_IDS else "")
     marker = Text.assemble(("prompt ids ", "dim"), before, ("  ┃ output starts ┃  ", BOUNDARY_STYLE), after)

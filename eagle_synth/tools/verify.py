@@ -155,7 +155,9 @@ class _Checker:
         self.settings = settings
         self.counts: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
-        self.records = self.prompt_tokens = self.output_tokens = 0
+        self.records = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
         self.finish: Counter[str] = Counter()
         self.backends: Counter[str] = Counter()
         self.reasoning: Counter[str] = Counter()
@@ -174,7 +176,9 @@ class _Checker:
             kept.append(example)
 
     def check(self, raw: RawRecord) -> None:
-        s, meta, key = self.settings, raw.meta, raw.key
+        s = self.settings
+        meta = raw.meta
+        key = raw.key
         self.records += 1
         self.prompt_tokens += raw.prompt_len
         self.output_tokens += raw.output_len
@@ -318,7 +322,9 @@ def format_report(report: dict) -> list[tuple[str, str | None]]:
     def say(line: str, style: str | None = None) -> None:
         lines.append((line, style))
 
-    files, tokens, s = report["files"], report["tokens"], report["settings"]
+    files = report["files"]
+    tokens = report["tokens"]
+    s = report["settings"]
     say(
         f"{report['campaign']}: {report['records']} records, {tokens['prompt']} prompt + {tokens['output']} output "
         f"tokens in {files['batch_files']} batch files and {files['shards']} shards",

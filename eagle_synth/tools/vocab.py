@@ -33,7 +33,9 @@ COUNT_BATCH_ROWS = 1024
 # File names, as the trainers look for them.
 TOKEN_FREQ_JSON = "token_freq.json"
 TOKEN_FREQ_TORCH = "token_freq.pt"  # speculators: {data-path}/token_freq.pt, a dict id -> count
-D2T_NPY, T2D_NPY = "d2t.npy", "t2d.npy"  # speculators: {data-path}/d2t.npy and t2d.npy
+# speculators: {data-path}/d2t.npy and t2d.npy
+D2T_NPY = "d2t.npy"
+T2D_NPY = "t2d.npy"
 VOCAB_MAPPING_JSON = "vocab_mapping.json"
 VOCAB_MAPPING_TORCH = "vocab_mapping.pt"  # SpecForge: model.vocab_mapping_path, {"d2t", "t2d"} tensors
 MODELOPT_D2T_TORCH = "d2t.pt"  # ModelOpt: data.draft_vocab_cache, the int64 d2t tensor alone
@@ -62,7 +64,8 @@ class TokenCounts:
 
     def add_rows(self, rows: Iterable[RawRecord]) -> int:
         """Count the loss-masked ids (the output) of rows, a batch of rows per numpy call; returns the rows."""
-        rows, counted = iter(rows), 0
+        rows = iter(rows)
+        counted = 0
         while batch := [raw.output_u32 for raw in itertools.islice(rows, COUNT_BATCH_ROWS)]:
             found = np.bincount(np.frombuffer(b"".join(batch), dtype="<u4"))
             self.counts = np.pad(self.counts, (0, max(0, len(found) - len(self.counts))))

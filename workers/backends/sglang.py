@@ -178,7 +178,8 @@ class SGLangBackend(BaseBackend):
         context, refuses when prompt >= max_req_input_len, and silently lowers max_new_tokens to
         max_req_len - prompt - 1: the record would then claim a max_new_tokens not used, so that
         does not fit either."""
-        ctx, drafts = state.context_length, state.draft_reserved_tokens
+        ctx = state.context_length
+        drafts = state.draft_reserved_tokens
         if not ctx:
             return None
         held = prompt_len + drafts

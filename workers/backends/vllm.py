@@ -34,14 +34,28 @@ log = logging.getLogger("eagle_synth.preflight")
 # (no_stop_trim and include_stop_str_in_output only decide whether `text` keeps a matched stop).
 SGLANG_MAX_NEW_TOKENS = 128
 SGLANG_DEFAULTS: dict[str, object] = {
-    **{"max_new_tokens": SGLANG_MAX_NEW_TOKENS, "min_new_tokens": 0, "temperature": 1.0, "top_p": 1.0},
-    **{"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0},
-    **{"stop": [], "stop_token_ids": [], "ignore_eos": False, "skip_special_tokens": True},
-    **{"spaces_between_special_tokens": True, "no_stop_trim": False, "n": 1},
+    "max_new_tokens": SGLANG_MAX_NEW_TOKENS,
+    "min_new_tokens": 0,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "stop": [],
+    "stop_token_ids": [],
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "n": 1,
 }
 RENAMED = {
-    **{"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"},
-    **{"no_stop_trim": "include_stop_str_in_output"},
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "sampling_seed": "seed",
+    "no_stop_trim": "include_stop_str_in_output",
 }
 KNOWN_KEYS = frozenset({*SGLANG_DEFAULTS, "sampling_seed"})
 # vLLM raises temperatures in (0, MIN) to MIN (SamplingParams.__post_init__) and refuses those
