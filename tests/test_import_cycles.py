@@ -95,3 +95,15 @@ def test_a_cycle_through_a_function_or_a_package_is_found(tmp_path):
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert graph["pkg.queue"] == {"pkg.sub.store", "pkg.sub"}
     assert ["pkg.queue", "pkg.sub", "pkg.sub.control", "pkg.queue"] in _cycles(graph)
+
+
+def test_only_the_demo_imports_the_testing_harness():
+    """eagle_synth/testing serves the demo, the tests and the benchmarks; the product never needs it."""
+    modules = _modules()
+    users = sorted(
+        name
+        for name, path in modules.items()
+        if not name.startswith(("eagle_synth.testing", "eagle_synth.demo"))
+        and any(t.startswith("eagle_synth.testing") for t in _imports(name, path, modules))
+    )
+    assert users == []
