@@ -31,7 +31,7 @@ from pathlib import Path
 import requests
 
 from benchmarks.common import _WORDS, Result, Stack, bench_tokenizer
-from eagle_synth.harness import wait_for
+from eagle_synth.testing.harness import wait_for
 
 # Server counts measured, and the one the target is for.
 SERVER_COUNTS = (4, 8)

@@ -27,8 +27,8 @@ from pathlib import Path
 import psutil
 import requests
 
-from eagle_synth import harness
-from eagle_synth.harness import wait_for
+from eagle_synth.testing import harness
+from eagle_synth.testing.harness import wait_for
 from tests.fixture_tokenizer import fixture_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from benchmarks.common import Result, Stack, enqueue_backlog, write_rows
 from benchmarks.worker_overhead import CONCURRENCY, MAX_NEW_TOKENS, MEAN_OUTPUT_TOKENS, measure_worker
-from eagle_synth.harness import wait_for
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.replicas import connected_replicas
+from eagle_synth.testing.harness import wait_for
 
 # Records done before the clock starts, and records measured per run.
 WARM = {True: 64, False: 160}

@@ -116,7 +116,7 @@ def _inject_done(c, keys: list[str], folder: Path) -> None:
 
 def _used(client) -> int:
     """used_memory once lazily freed objects (UNLINK) are gone."""
-    from eagle_synth.harness import wait_for
+    from eagle_synth.testing.harness import wait_for
 
     wait_for(lambda: int(client.info("memory").get("lazyfree_pending_objects", 0)) == 0, timeout=60, what="lazy free")
     return int(client.info("memory")["used_memory"])

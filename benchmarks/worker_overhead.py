@@ -40,8 +40,8 @@ from benchmarks.common import (
     wait_done,
     write_rows,
 )
-from eagle_synth.harness import free_port, wait_for
 from eagle_synth.records import Record, write_record_file
+from eagle_synth.testing.harness import free_port, wait_for
 
 # Pool processes: one per core (the default 16 gives the same CPU per record within noise).
 CONCURRENCY = 2

@@ -112,7 +112,8 @@ def split_turns(messages: Sequence[dict]) -> tuple[list[list[dict]], list[dict],
     those after the previous point up to its own, less REPLACED_ROLES (a turn that answers tool
     results has none: they come back paired with the model's calls). Messages after the last
     point belong to no turn."""
-    points, rows = regeneration_points(messages), list(messages)
+    points = regeneration_points(messages)
+    rows = list(messages)
     turns = [
         [dict(m) for m in rows[a + 1 : b + 1] if m["role"] not in REPLACED_ROLES] for a, b in zip([-1, *points], points)
     ]
@@ -150,7 +151,8 @@ def parse_answer(
     reasoning = None
     if think_close_id is not None and think_close_id in ids:
         cut = ids.index(think_close_id)
-        reasoning, ids = tokenizer.decode(ids[:cut], skip_special_tokens=True).strip(), ids[cut + 1 :]
+        reasoning = tokenizer.decode(ids[:cut], skip_special_tokens=True).strip()
+        ids = ids[cut + 1 :]
     if tool_format is not None:
         text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         parsed = parse_tool_calls(text, family=tool_format, tools=tools)
@@ -193,7 +195,8 @@ def next_turn(
 ) -> NextTurn:
     """Render the turn after a committed one, or say why the conversation ends; rows with tools
     need the campaign's `tool_format` (ValueError without it)."""
-    from eagle_synth.templating import TemplateError, render_prompt_ids
+    from eagle_synth.errors import TemplateError
+    from eagle_synth.templating import render_prompt_ids
 
     end = end_before_render(state, finish_reason=finish_reason)
     if end is not None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import EncoderError
 from eagle_synth.tool_arguments import with_text_arguments
 
 # The file name pattern of a model folder's Python encoder.
@@ -32,10 +32,6 @@ REASONING_EFFORT_KWARG = "reasoning_effort"
 # The encoder's two thinking modes.
 THINKING_MODE = "thinking"
 CHAT_MODE = "chat"
-
-
-class EncoderError(UserError, ValueError):
-    """A model folder's encoder that cannot be used; the message names the file and what to do."""
 
 
 def find_encoder(folder: str | os.PathLike) -> Path | None:

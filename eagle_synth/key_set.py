@@ -51,7 +51,8 @@ class KeySet:
         return False
 
     def _insert(self, digest: int) -> bool:
-        slots, mask = self._slots, self._mask
+        slots = self._slots
+        mask = self._mask
         index = digest & mask
         while current := slots[index]:  # 0 is an empty slot
             if current == digest:

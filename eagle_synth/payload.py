@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import zstandard
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import PayloadError
 from eagle_synth.ids import pack_ids, unpack_ids
 
 # The Celery task name: the contract between `enqueue` and the worker.
@@ -33,10 +33,6 @@ KEY_HEX_DIGITS = 32
 _EXTENDED = ("conversation", "sampling_overrides", "variant")
 # The queued map's column of each PromptItem field (ids aside).
 _COLUMNS = {"keys": "key", "rows": "row_id", "samples": "sample", "seeds": "seed", "sources": "source", "turns": "turn"}
-
-
-class PayloadError(EagleSynthError, ValueError):
-    """A queued message is not a payload this version understands."""
 
 
 def prompt_key(*, prompt_ids: bytes, sampling: dict, sample: int) -> str:
@@ -174,7 +170,8 @@ class TaskPayload(msgspec.Struct):
                     raise PayloadError("payload conversation fields do not match its prompts")
             else:
                 extra = [[None] * count] * 3
-            all_ids, bounds = unpack_ids(blob), [0, *accumulate(wire.lengths)]
+            all_ids = unpack_ids(blob)
+            bounds = [0, *accumulate(wire.lengths)]
             names = [*_COLUMNS.values(), *_EXTENDED]
             items = [
                 PromptItem(ids=all_ids[bounds[i] : bounds[i + 1]], **dict(zip(names, fields)))

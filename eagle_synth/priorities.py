@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import BadPriority
 from eagle_synth.state.keys import CampaignKeys
 
 if TYPE_CHECKING:
@@ -24,10 +24,6 @@ DEFAULT_PRIORITY = 5
 def message_priority(priority: int) -> int:
     """kombu's priority of a message (0 is served first) for a campaign priority (9 is served first)."""
     return max(PRIORITIES) - priority
-
-
-class BadPriority(UserError, ValueError):
-    """A priority outside PRIORITIES."""
 
 
 def check_priority(priority: int) -> int:

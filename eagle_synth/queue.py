@@ -25,8 +25,10 @@ from collections.abc import Iterator
 import msgpack
 from celery import Celery
 
+from eagle_synth.payload import TASK_NAME
 from eagle_synth.priorities import PRIORITIES, message_priority, publish_facts
 from eagle_synth.settings import BrokerSettings, broker_settings
+from eagle_synth.state.batch_store import remember
 
 # Batches a prefork pool child would run before being replaced (the thread pool ignores it).
 MAX_TASKS_PER_CHILD = 1000
@@ -125,9 +127,6 @@ QUEUE_SCAN_STEP = 1000
 def send_payload(app: Celery, base_queue: str, payload: dict) -> None:
     """Publish one encoded TaskPayload as a generate task on its campaign's queue, with the
     campaign's priority (producer and workers alike)."""
-    from eagle_synth.payload import TASK_NAME
-    from eagle_synth.state.batch_store import remember
-
     campaign = str(payload["campaign"])
     with app.producer_or_acquire() as producer:
         client = producer.channel.client

@@ -25,7 +25,7 @@ from typing import IO, Any, TypeVar
 import msgpack
 import zstandard
 
-from eagle_synth.errors import EagleSynthError, UserError
+from eagle_synth.errors import NotACampaignFolder, RecordFilesVanished, RecordFormatError
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.key_set import KeySet
 
@@ -55,23 +55,6 @@ TMP_PREFIX = ".tmp-"
 READ_CHUNK = 1 << 18
 # Largest single msgpack object (header or record) a reader accepts.
 MAX_OBJECT_BYTES = 1 << 30
-
-
-class RecordFormatError(EagleSynthError, ValueError):
-    """A record file is damaged or of an unknown format; the message names the file."""
-
-
-class NotACampaignFolder(UserError, FileNotFoundError):
-    """A folder given as OUT/<campaign> has no records folder."""
-
-    def __init__(self, campaign_path: str | os.PathLike) -> None:
-        super().__init__(
-            f"{records_dir(campaign_path)} does not exist: is {campaign_path} a campaign folder (OUT/<campaign>)?"
-        )
-
-
-class RecordFilesVanished(UserError, FileNotFoundError):
-    """Record files listed a moment ago are gone and no shard holds them."""
 
 
 def _with_ids(data: dict, prompt_u32: bytes, output_u32: bytes) -> dict:
@@ -480,7 +463,7 @@ def record_files(campaign_path: str | os.PathLike) -> list[Path]:
     """Every complete record file of a campaign (batch files, then shards), in a stable order."""
     folder = records_dir(campaign_path)
     if not folder.is_dir():
-        raise NotACampaignFolder(campaign_path)
+        raise NotACampaignFolder(folder, campaign_path)
     files = [p for p in folder.iterdir() if p.suffix == RECORD_SUFFIX and not p.name.startswith(".")]
     return sorted(files, key=lambda p: (is_shard(p), p.name))
 

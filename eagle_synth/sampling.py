@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Annotated
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import SamplingError
 from eagle_synth.flags import Flag
 
 # Keys SGLang's SamplingParams accepts (sglang/srt/sampling/sampling_params.py).
@@ -56,10 +56,6 @@ NEUTRAL_SERVER_PARAMS = {
     "no_stop_trim": False,
     "n": 1,
 }
-
-
-class SamplingError(UserError, ValueError):
-    """A sampling parameter is out of range; the message names the flag and the range."""
 
 
 def parse_stop_token_ids(raw: str | None) -> tuple[int, ...]:

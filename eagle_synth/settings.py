@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse, urlu
 from pydantic import Field, NonNegativeInt, PositiveInt, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import SettingsError, UserError
 
 # The Celery queue every campaign's batches travel on.
 DEFAULT_QUEUE = "eagle-synth"
@@ -27,10 +27,6 @@ SENTINEL_SCHEME = "sentinel://"
 SENTINEL_DEFAULT_PORT = 26379
 # Seconds a sentinel may take to answer "who is the master?" before the next one is asked.
 SENTINEL_SOCKET_TIMEOUT = 5.0
-
-
-class SettingsError(UserError, ValueError):
-    """A setting has a value that cannot work; the message says which and how to fix it."""
 
 
 class EnvSettings(BaseSettings):
@@ -178,7 +174,8 @@ class BrokerSettings(EnvSettings):
         if not self.uses_tls:
             return None
         reqs = (parse_qs(urlparse(self.redis_url.split(";")[0]).query).get("ssl_cert_reqs") or ["required"])[0].lower()
-        none, optional = ssl.CERT_NONE, ssl.CERT_OPTIONAL
+        none = ssl.CERT_NONE
+        optional = ssl.CERT_OPTIONAL
         cert_reqs = {"optional": optional, "cert_optional": optional, "none": none, "cert_none": none}
         files = {"ssl_ca_certs": self.ssl_ca, "ssl_certfile": self.ssl_cert, "ssl_keyfile": self.ssl_key}
         return {"ssl_cert_reqs": cert_reqs.get(reqs, ssl.CERT_REQUIRED), **{k: v for k, v in files.items() if v}}

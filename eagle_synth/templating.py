@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle_synth.errors import UserError, clause
+from eagle_synth.errors import TemplateError, clause
 from eagle_synth.tool_arguments import with_text_arguments
 
 # Tokens a reasoning template opens and closes its think block with.
@@ -18,10 +18,6 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 # Files of which a tokenizer folder holds at least one.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-class TemplateError(UserError, ValueError):
-    """The chat template rejected a conversation; the message is the template's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +72,8 @@ def load_tokenizer(
 ):
     """Load a tokenizer that has a chat template (its own, or `chat_template_file`), or whose
     folder's Python encoder formats chats (eagle_synth/encoders.py; needs `trust_remote_code`)."""
-    from eagle_synth.encoders import EncoderError, with_encoder
+    from eagle_synth.encoders import with_encoder
+    from eagle_synth.errors import EncoderError
 
     tokenizer = read_tokenizer(
         path, hint="add --trust-remote-code if it needs custom code", trust_remote_code=trust_remote_code

@@ -10,7 +10,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import TokenizerFolderError
 
 # Files beside the Python code that decide how text becomes ids and chats become prompts.
 TOKENIZER_DATA_FILES = (
@@ -27,10 +27,6 @@ TOKENIZER_DATA_FILES = (
 )
 # Hex digits of each file's sha256 kept (collisions are not a concern at 64 bits for a check).
 FILE_HASH_CHARS = 16
-
-
-class TokenizerFolderError(UserError, ValueError):
-    """A local tokenizer folder that is not the campaign's; one line naming the folder and the file."""
 
 
 def _file_hash(path: Path) -> str:

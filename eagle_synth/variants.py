@@ -16,17 +16,13 @@ from pathlib import Path
 
 import msgspec
 
-from eagle_synth.errors import UserError
-from eagle_synth.sampling import SamplingError, SamplingParams
+from eagle_synth.errors import SamplingError, VariantsError
+from eagle_synth.sampling import SamplingParams
 
 # SamplingParams fields a variant may override (n and seed stay the campaign's).
 OVERRIDABLE_SAMPLING = tuple(f.name for f in fields(SamplingParams) if f.name not in ("n", "seed"))
 # Keys a variant entry may have.
 VARIANT_KEYS = frozenset({"name", "weight", "sampling", "chat_template_kwargs"})
-
-
-class VariantsError(UserError, ValueError):
-    """A variants file that cannot be used; the message names the file, the entry and the field."""
 
 
 class Variant(msgspec.Struct, frozen=True):
@@ -81,7 +77,8 @@ def load_variants(path: str | Path, *, base: SamplingParams) -> list[Variant]:
         name = entry.get("name", f"v{index}")
         if not isinstance(name, str) or not name:
             raise VariantsError(f"{where}.name: expected a non-empty string, got {name!r}")
-        sampling, kwargs = entry.get("sampling") or {}, entry.get("chat_template_kwargs") or {}
+        sampling = entry.get("sampling") or {}
+        kwargs = entry.get("chat_template_kwargs") or {}
         for field, value in (("sampling", sampling), ("chat_template_kwargs", kwargs)):
             if not isinstance(value, dict):
                 raise VariantsError(f"{where}.{field}: expected an object, got {type(value).__name__}")

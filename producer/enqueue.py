@@ -18,7 +18,7 @@ from typing import IO, Any, TypeVar
 
 import redis
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import DamagedInputError, RowError, StrictModeError
 from eagle_synth.input_rows import SourceRows, store_latest
 from eagle_synth.model_identity import model_vocab_size, tokenizer_canary
 from eagle_synth.payload import PromptItem
@@ -32,7 +32,6 @@ from eagle_synth.tokenizer_files import covered_files
 from producer.options import DEFAULT_MAX_PROMPT_TOKENS, EnqueueOptions
 from producer.planner import PromptPlanner
 from producer.resume import ResumeCursors, run_scope
-from producer.rows import RowError
 from producer.sources import TRUNCATED_FILE, UNREADABLE_FILE, BadRow, expand_inputs, iter_source_rows
 from producer.tokenize import TemplateJob, TemplatingPool
 
@@ -52,15 +51,6 @@ _Result = TypeVar("_Result")
 # BadRow reasons that mean the file itself is damaged (cut short, half copied, unreadable): the
 # run stops there unless --allow-truncated, since such a file loses every row after the damage.
 DAMAGED_FILE_REASONS = frozenset({TRUNCATED_FILE, UNREADABLE_FILE})
-
-
-class StrictModeError(UserError, RuntimeError):
-    """--strict and a row was skipped; the message names the row and the reason."""
-
-
-class DamagedInputError(UserError, RuntimeError):
-    """An input file ends early or cannot be read, without --allow-truncated; the message names
-    the file, where, and how many rows were read from it before the damage."""
 
 
 @dataclass(slots=True)
@@ -163,7 +153,10 @@ class _Rows:
         accounted for once the chunk is claimed (producer/resume.py), and the chunk's rows per
         source (ChunkCounts, for `claim`); rows an earlier run claimed are left out."""
         summary = self.summary
-        chunk, reached, flat, counts = list[tuple[str, list]](), dict[str, int](), list[tuple](), ChunkCounts()
+        chunk = list[tuple[str, list]]()
+        reached = dict[str, int]()
+        flat = list[tuple]()
+        counts = ChunkCounts()
         for row in rows:
             summary.rows_read += 1
             tally = summary.source(row.source)
@@ -195,7 +188,9 @@ class _Rows:
                 flat.extend(c.template_input() for c in conversations)
             if len(chunk) >= ROWS_PER_CHUNK:
                 yield (chunk, dict(reached), counts), flat
-                chunk, flat, counts = [], [], ChunkCounts()
+                chunk = []
+                flat = []
+                counts = ChunkCounts()
         # The last, maybe empty: its `reached` and counts cover rows skipped at the end.
         yield (chunk, reached, counts), flat
 
@@ -206,7 +201,8 @@ class _Rows:
         for source, rows in counts.items():
             total = self.claimed.get(source)
             if total is None:
-                total = self.claimed[source] = SourceRows()
+                total = SourceRows()
+                self.claimed[source] = total
                 earlier = cursors.skipped_before(source) if cursors is not None and rows.resumed else None
                 if earlier is not None:
                     total.inherited = True
@@ -223,7 +219,8 @@ class _Rows:
         cap = self.options.max_prompt_chars
         if not cap:
             return conversations
-        kept, largest = [], 0
+        kept = []
+        largest = 0
         for conversation in conversations:
             size = _text_size(conversation.messages) + _text_size(conversation.tools)
             if size > cap:
@@ -311,7 +308,7 @@ def resolve_max_prompt_tokens(requested: int | None, stored: CampaignSettings | 
 def resolve_tool_format(options: EnqueueOptions, tokenizer) -> tuple[str | None, str | None]:
     """(the format tool calls are parsed in, why there is none); only `--history own` parses
     the model's answers, and rows with tools are skipped when no format is detected."""
-    from eagle_synth.toolcalls import ToolFormatError
+    from eagle_synth.errors import ToolFormatError
     from eagle_synth.toolcalls import resolve_tool_format as resolve
 
     if options.history != "own":

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from eagle_synth.conversation import has_tools, split_turns
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import RowError
 from eagle_synth.regeneration import regeneration_points
 
 if TYPE_CHECKING:
@@ -22,10 +22,20 @@ if TYPE_CHECKING:
 
 # Accepted role names (lower-cased before lookup) -> OpenAI role.
 ROLE_ALIASES: Mapping[str, str] = {
-    **dict.fromkeys(("system", "developer"), "system"),
-    **dict.fromkeys(("user", "human"), "user"),
-    **dict.fromkeys(("assistant", "gpt", "bot", "model", "chatgpt", "function_call"), "assistant"),
-    **dict.fromkeys(("tool", "function", "observation", "function_response"), "tool"),
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+    "chatgpt": "assistant",
+    "function_call": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+    "function_response": "tool",
 }
 # ShareGPT roles whose value is a tool call (JSON), not assistant text.
 TOOL_CALL_ROLES = frozenset({"function_call"})
@@ -91,16 +101,6 @@ class OwnConversation:
     steps: list[dict] | None = None
 
 
-class RowError(EagleSynthError):
-    """A row that cannot become a conversation: ``reason`` a stable slug, ``field`` the path of
-    the offending value (``"messages[2].content"``), None when the whole row is at fault."""
-
-    def __init__(self, reason: str, field: str | None, message: str) -> None:
-        super().__init__(f"{field}: {message}" if field else message)
-        self.reason = reason
-        self.field = field
-
-
 def conversations_from_row(
     data: dict, *, source: str, line: int, turns: Literal["last", "all"] = "last", default_system: str | None = None
 ) -> list[Conversation]:
@@ -160,7 +160,8 @@ def _check_steps_replayable(messages: list[dict], fields: list[str], steps: list
     """Every turn but the last is followed by what the next turn's prompt carries: a step with
     calls has one result per call, and tool results answer the calls right before them."""
     for point, step, following in zip(points, steps[:-1], points[1:]):
-        calls, results = step["calls"], step["results"]
+        calls = step["calls"]
+        results = step["results"]
         if messages[following]["role"] == "tool" and (not calls or point + 1 + len(results) != following):
             raise RowError(
                 UNPAIRED_TOOL_RESULTS,
@@ -297,7 +298,8 @@ def _message(raw: object, field: str) -> dict:
 
 
 def _message_calls(entry: dict, role: str, field: str) -> list[dict]:
-    raw_calls, legacy = entry.get("tool_calls"), entry.get("function_call")
+    raw_calls = entry.get("tool_calls")
+    legacy = entry.get("function_call")
     if raw_calls is None and legacy is None:
         return []
     if role != "assistant":

@@ -24,7 +24,7 @@ from typing import IO, Any, cast
 import ijson
 import zstandard
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import InputError
 
 STDIN = "-"  # the path that means "JSONL on standard input"
 
@@ -43,7 +43,12 @@ UNREADABLE_FILE = "unreadable-file"
 UNSUPPORTED_LAYOUT = "unsupported-layout"
 
 # Input kinds (_detect): "json" is an array or JSONL, decided by sniffing.
-STDIN_KIND, JSONL, JSON, PARQUET, HF_DATASET, HF_DATASET_DICT = "stdin", "jsonl", "json", "parquet", "hf", "hf-dict"
+STDIN_KIND = "stdin"
+JSONL = "jsonl"
+JSON = "json"
+PARQUET = "parquet"
+HF_DATASET = "hf"
+HF_DATASET_DICT = "hf-dict"
 _KIND_OF_SUFFIX = {".jsonl": JSONL, ".ndjson": JSONL, ".json": JSON, ".parquet": PARQUET}
 _COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -56,10 +61,6 @@ _READ_ERRORS: tuple[type[BaseException], ...] = (OSError, zlib.error)
 # ... or that the input ends mid-way (gzip and _ZstdReader raise EOFError there).
 _CUT_ERRORS: tuple[type[BaseException], ...] = (EOFError, *_READ_ERRORS)
 _JSON_TYPES = ((list, "an array"), (str, "a string"), (bool, "a boolean"), (type(None), "null"))
-
-
-class InputError(UserError):
-    """An input cannot be used at all; the message names it and says what to do."""
 
 
 @dataclass(frozen=True, slots=True)

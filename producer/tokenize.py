@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import TypeVar
 
-from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_ids, render_prompt_ids_batch
+from eagle_synth.errors import TemplateError
+from eagle_synth.templating import load_tokenizer, render_prompt_ids, render_prompt_ids_batch
 
 # Chunks submitted to the pool ahead of the one being consumed (bounds memory).
 CHUNKS_AHEAD_PER_PROCESS = 3

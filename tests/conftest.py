@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle_synth.harness import RedisServer, Stack
+from eagle_synth.testing.harness import RedisServer, Stack
 from tests.fixture_tokenizer import FixtureTokenizerError, fixture_tokenizer
 from tests.vllm_fixtures import own_vllm, real_vllm, vllm_model  # noqa: F401  (the real vLLM server's fixtures)
 
@@ -110,7 +110,7 @@ PROCESS_FIXTURES = frozenset({"redis_server", "stack", "real_vllm", "own_vllm", 
 
 
 def _process_starters() -> tuple:
-    from eagle_synth import harness
+    from eagle_synth.testing import harness
     from tests import helpers
 
     return (

@@ -7,10 +7,10 @@ import json
 import subprocess
 import sys
 
-from eagle_synth.harness import wait_for
 from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import wait_for
 
 
 def cli(

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
-from eagle_synth.harness import STOP_TIMEOUT, ManagedProcess
+from eagle_synth.testing.harness import STOP_TIMEOUT, ManagedProcess
 
 # prctl(2) option: the signal a process gets when the thread that started it ends.
 PR_SET_PDEATHSIG = 1

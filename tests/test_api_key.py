@@ -5,8 +5,8 @@ tests/test_devserver_settings.py (SGLang) and tests/test_vllm.py (vLLM)."""
 
 from __future__ import annotations
 
-from eagle_synth.harness import free_port, wait_for
 from eagle_synth.state.node_state import REFUSED, NodeState
+from eagle_synth.testing.harness import free_port, wait_for
 from tests.helpers import (
     assert_exactly_once,
     campaign,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from eagle_synth.harness import wait_for
 from eagle_synth.state.campaign_archive import STATE_FILE
+from eagle_synth.testing.harness import wait_for
 from tests.conftest import chat_rows
 from tests.helpers import assert_exactly_once, campaign, cli, enqueue_rows, status_json, wait_finished
 

@@ -9,10 +9,10 @@ import time
 import msgspec
 import pytest
 
-from eagle_synth.harness import RedisServer, free_port
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import CampaignSettings
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import RedisServer, free_port
 from producer.enqueue import DEFAULT_MAX_PROMPT_TOKENS, resolve_max_prompt_tokens
 from tests.conftest import chat_rows, write_jsonl
 from tests.helpers import campaign, cli, queued_items

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle_synth.errors import CompactBusy
 from eagle_synth.records import (
     Record,
     ShardWriter,
@@ -22,7 +23,7 @@ from eagle_synth.records import (
     write_record_file,
 )
 from eagle_synth.tools import compact as compact_module
-from eagle_synth.tools.compact import CompactBusy, compact
+from eagle_synth.tools.compact import compact
 from tests.export_helpers import plain_record
 
 

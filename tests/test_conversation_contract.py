@@ -21,11 +21,12 @@ from eagle_synth.conversation import (
     split_turns,
     turn_key,
 )
+from eagle_synth.errors import RowError, VariantsError
 from eagle_synth.payload import PromptItem, TaskPayload, pack_item, unpack_item
 from eagle_synth.records import Record, write_record_file
 from eagle_synth.sampling import SamplingParams
-from eagle_synth.variants import Variant, VariantsError, load_variants, pick_variant
-from producer.rows import RowError, own_history_from_row
+from eagle_synth.variants import Variant, load_variants, pick_variant
+from producer.rows import own_history_from_row
 from tests.helpers import cli
 
 
@@ -268,15 +269,12 @@ def test_dataset_history_variants_set_template_kwargs_sampling_and_keys(tokenize
 def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(
     tmp_path, monkeypatch, redis_server, tokenizer, ids
 ):
+    from eagle_synth.errors import RendererMismatch, TokenizerUnavailable
     from eagle_synth.settings import broker_settings
     from eagle_synth.state.redis_client import connect
-    from eagle_synth.state.tokenizer_store import (
-        TokenizerUnavailable,
-        fetch_tokenizer,
-        store_tokenizer,
-    )
+    from eagle_synth.state.tokenizer_store import fetch_tokenizer, store_tokenizer
     from eagle_synth.templating import tokenizer_facts
-    from workers.renderer import Renderer, RendererMismatch
+    from workers.renderer import Renderer
 
     monkeypatch.setenv("EAGLE_SYNTH_CACHE_DIR", str(tmp_path))
     client = connect(broker_settings(redis_url=redis_server.url))

@@ -11,9 +11,9 @@ import json
 import pytest
 import requests
 
-from eagle_synth.harness import wait_for
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import wait_for
 from eagle_synth.tools.status import campaign_status
 from tests.conftest import write_jsonl
 from tests.helpers import assert_exactly_once, cli, status_json
@@ -328,8 +328,8 @@ def test_worker_killed_mid_conversation_loses_and_doubles_no_turn(tmp_path, redi
 
 
 def test_redis_restart_and_server_death_mid_conversation(tmp_path, stack, tokenizer_path):
-    from eagle_synth.harness import RedisServer, free_port
     from eagle_synth.state.node_state import all_nodes
+    from eagle_synth.testing.harness import RedisServer, free_port
     from tests.helpers import campaign, enqueue_rows
 
     redis_server = RedisServer(workdir=tmp_path / "redis", appendonly=True).start()

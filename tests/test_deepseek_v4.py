@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle_synth.harness import Stack
 from eagle_synth.state.keys import tokenizer_blob
+from eagle_synth.testing.harness import Stack
 from tests.conftest import STACK_STOP_TIMEOUT, write_jsonl
 from tests.deepseek_v4 import ENCODER, deepseek_v4_folder
 from tests.fixture_tokenizer import FixtureTokenizerError

@@ -12,8 +12,9 @@ import pytest
 import requests
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES
-from eagle_synth.harness import port_open, start_devserver, wait_for
-from workers.replies import BadResponse, parse_generate_item
+from eagle_synth.errors import BadResponse
+from eagle_synth.testing.harness import port_open, start_devserver, wait_for
+from workers.replies import parse_generate_item
 
 TIMEOUT = 10
 VOCAB = 248077

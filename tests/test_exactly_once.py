@@ -17,7 +17,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from eagle_synth.harness import RedisServer, free_port, wait_for
 from eagle_synth.payload import TaskPayload
 from eagle_synth.processes import boot_id, holder_dead, hostname, pid_space
 from eagle_synth.queue import campaign_queue, queue_lists
@@ -25,6 +24,7 @@ from eagle_synth.settings import DEFAULT_QUEUE
 from eagle_synth.state.batch_store import stored_batches
 from eagle_synth.state.node_state import all_nodes
 from eagle_synth.state.stranded import UNACKED_KEY
+from eagle_synth.testing.harness import RedisServer, free_port, wait_for
 from tests.conftest import write_jsonl
 from tests.helpers import (
     assert_exactly_once,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import signal
 
-from eagle_synth.harness import free_port, wait_for
 from eagle_synth.state.node_state import all_nodes
+from eagle_synth.testing.harness import free_port, wait_for
 from tests.conftest import chat_rows
 from tests.helpers import (
     assert_exactly_once,
@@ -98,7 +98,7 @@ def test_injected_500s_and_dropped_connections(tmp_path, redis_server, stack, to
 
 
 def test_redis_restarted_mid_campaign(tmp_path, stack, tokenizer_path):
-    from eagle_synth.harness import RedisServer
+    from eagle_synth.testing.harness import RedisServer
 
     redis_server = RedisServer(workdir=tmp_path / "redis", appendonly=True).start()
     try:

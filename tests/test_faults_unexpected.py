@@ -4,7 +4,7 @@ holding exactly one record or one recorded failure (docs/reliability.md)."""
 
 from __future__ import annotations
 
-from eagle_synth.harness import wait_for
+from eagle_synth.testing.harness import wait_for
 from tests.conftest import chat_rows
 from tests.helpers import (
     assert_exactly_once,

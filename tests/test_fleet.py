@@ -10,16 +10,17 @@ import aiohttp
 import pytest
 import requests
 
-from eagle_synth.harness import free_port
+from eagle_synth.errors import ServerDown, TransientError
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, NodeState, ServerState
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import free_port
 from workers.config import WorkerConfig
 from workers.servers.fleet import Fleet
 from workers.servers.health import HealthGate
 from workers.servers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.servers.routing import CampaignRouter
-from workers.servers.transport import ServerDown, TransientError, auth_headers, transport_error
+from workers.servers.transport import auth_headers, transport_error
 
 A = "http://a:1"
 B = "http://b:2"

@@ -19,12 +19,13 @@ import requests
 from typer.testing import CliRunner
 
 from eagle_synth.cli.commands import app as cli_app
-from eagle_synth.harness import ManagedProcess, RedisServer, free_port, start_worker, wait_for
+from eagle_synth.errors import FlowerAuthError
 from eagle_synth.payload import TASK_NAME
 from eagle_synth.queue import campaign_queue, make_celery, queue_lists
 from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
 from eagle_synth.state.keys import CAMPAIGNS
-from eagle_synth.tools.flower import ENV_BASIC_AUTH, FlowerAuthError, parse_basic_auth, resolve_auth
+from eagle_synth.testing.harness import ManagedProcess, RedisServer, free_port, start_worker, wait_for
+from eagle_synth.tools.flower import ENV_BASIC_AUTH, parse_basic_auth, resolve_auth
 
 USER, PASSWORD = "ops", "s3cret-for-tests"
 QUEUED = 7

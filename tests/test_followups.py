@@ -13,7 +13,6 @@ import msgspec
 import pytest
 
 from eagle_synth.conversation import ConversationState, next_turn, turn_key
-from eagle_synth.harness import wait_for
 from eagle_synth.ids import pack_ids
 from eagle_synth.payload import PromptItem, TaskPayload, pack_item
 from eagle_synth.records import Record
@@ -24,6 +23,7 @@ from eagle_synth.state.conversation_store import FOLLOW, ConversationStore
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.tokenizer_store import store_tokenizer
 from eagle_synth.templating import tokenizer_facts
+from eagle_synth.testing.harness import wait_for
 from producer.enqueue import EnqueueOptions, campaign_settings, resolve_tool_format
 from workers import followups
 from workers.followups import FollowUps

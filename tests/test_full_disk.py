@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle_synth.harness import wait_for
+from eagle_synth.testing.harness import wait_for
 from tests.helpers import assert_exactly_once, campaign, enqueue_rows, status_now, wait_finished
 from tests.test_compact import contents, fill
 from tests.test_exactly_once import FAST, celery_child, single_rows

@@ -8,9 +8,9 @@ import json
 from eagle_synth.devserver.config import DevServerConfig
 from eagle_synth.devserver.generation import Generator, ModelVocab
 from eagle_synth.devserver.protocol import parse_generate_request
-from eagle_synth.harness import wait_for
 from eagle_synth.payload import PromptItem
 from eagle_synth.templating import render_prompt_ids
+from eagle_synth.testing.harness import wait_for
 from tests.helpers import assert_exactly_once, cli, devserver_stats, enqueue_rows, wait_finished
 from workers.affinity import PrefixAffinity, prefix_key
 from workers.backends.sglang import SGLangBackend
@@ -109,8 +109,8 @@ def test_pool_refills_a_freed_ticket_while_a_long_request_runs(stack):
 
 
 def test_pool_answers_connection_refused_as_server_down():
-    from eagle_synth.harness import free_port
-    from workers.servers.transport import ServerDown
+    from eagle_synth.errors import ServerDown
+    from eagle_synth.testing.harness import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     pool = InflightPool(servers=[url], on_tick=lambda counts: {url: Route(4, SGLangBackend())})

@@ -14,8 +14,8 @@ import shutil
 
 import pytest
 
-from eagle_synth.harness import Stack
 from eagle_synth.state.keys import tokenizer_blob
+from eagle_synth.testing.harness import Stack
 from tests.conftest import STACK_STOP_TIMEOUT, write_jsonl
 from tests.helpers import assert_exactly_once, campaign, cli, wait_finished
 from tests.kimi_fixture import write_kimi_fixture

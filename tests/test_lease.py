@@ -13,14 +13,15 @@ import redis
 
 import eagle_synth.state.fence as fence_module
 import workers.batch as batch_module
-from eagle_synth.harness import free_port, wait_for
+from eagle_synth.errors import BatchBusy, CommitUnsure, LeaseLost
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
-from eagle_synth.state.fence import CommitUnsure, Fence, LeaseLost
+from eagle_synth.state.fence import Fence
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import free_port, wait_for
 from tests.tcp_forward import TcpForward
 from workers.batch import _Run
-from workers.lease import BatchBusy, BatchLease
+from workers.lease import BatchLease
 
 
 def test_second_holder_in_the_same_process_waits(redis_server):

@@ -18,12 +18,13 @@ import pytest
 import redis
 import requests
 
-from eagle_synth.harness import ManagedProcess, free_port, listening, start_on_a_port, wait_for
+from eagle_synth.errors import ConfigError
+from eagle_synth.testing.harness import ManagedProcess, free_port, listening, start_on_a_port, wait_for
 from eagle_synth.tools.exporter import REDIS_UP, SCRAPE_SECONDS, CampaignCollector, families
 from tests.conftest import chat_rows
 from tests.helpers import cli, enqueue_rows, status_json, wait_finished
 from workers import metrics
-from workers.config import ConfigError, WorkerConfig
+from workers.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docs" / "grafana" / "eagle-synth.json"

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from eagle_synth.harness import free_port, wait_for
 from eagle_synth.payload import PromptItem
 from eagle_synth.records import MANIFEST_NAME, write_manifest
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import free_port, wait_for
 from producer.enqueue import ROWS_PER_CHUNK
 from tests.conftest import chat_rows, write_jsonl
 from tests.export_helpers import conversation_records, write_campaign

@@ -16,28 +16,29 @@ import msgspec
 import pytest
 import requests
 
-from eagle_synth.harness import free_port, port_open, start_devserver, wait_for
+from eagle_synth.errors import BadRequest, BadSamplingParams, ConfigError, PreflightError, PromptMismatch
 from eagle_synth.manifest import build_manifest
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.node_state import HEALTHY, REFUSED, NodeState, ServerState
 from eagle_synth.state.redis_client import connect
-from workers.backends.base import PreflightError, redact_url
+from eagle_synth.testing.harness import free_port, port_open, start_devserver, wait_for
+from workers.backends.base import redact_url
 from workers.backends.sglang import (
     PROVENANCE_LAUNCH_ARGS,
     SGLangBackend,
     draft_reserved_tokens,
     provenance,
 )
-from workers.config import ConfigError, WorkerConfig, auto_inflight
-from workers.replies import PromptMismatch, parse_generate_item
+from workers.config import WorkerConfig, auto_inflight
+from workers.replies import parse_generate_item
 from workers.servers.client import ServerClient, ServerFacts, positive_int
 from workers.servers.health import HealthGate
 from workers.servers.model_check import ModelCheck
 from workers.servers.preflight import check_server
 from workers.servers.routing import CampaignRouter
-from workers.servers.transport import BadRequest, BadSamplingParams, error_for_status, is_sampling_error
+from workers.servers.transport import error_for_status, is_sampling_error
 
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"
 VOCAB = 248077

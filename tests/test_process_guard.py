@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle_synth.harness import wait_for
+from eagle_synth.testing.harness import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 # Seconds the server and its child may take to be gone once the test process died.
@@ -33,7 +33,7 @@ time.sleep(600)
 _TEST_PROCESS = """
 import sys, time
 from pathlib import Path
-from eagle_synth.harness import wait_for
+from eagle_synth.testing.harness import wait_for
 from tests.process_guard import GuardedProcess
 log = Path(sys.argv[1])
 GuardedProcess(args=[sys.executable, "-c", sys.argv[2]], env={}, log_path=log).start()

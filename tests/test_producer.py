@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from eagle_synth.harness import wait_for
+from eagle_synth.testing.harness import wait_for
 from tests.conftest import chat_rows, write_jsonl
 from tests.helpers import campaign, cli, enqueue_rows, queued, queued_items, queued_payloads
 

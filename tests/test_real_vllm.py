@@ -15,7 +15,8 @@ import json
 
 import requests
 
-from eagle_synth.harness import free_port, wait_for
+from eagle_synth.errors import BadRequest
+from eagle_synth.testing.harness import free_port, wait_for
 from tests.conftest import write_jsonl
 from tests.helpers import (
     VLLM_API_KEY_STATUSES,
@@ -37,7 +38,7 @@ from workers.backends.vllm import VllmBackend
 from workers.batch import classify_bad_request
 from workers.servers.client import ServerClient
 from workers.servers.preflight import preflight_server
-from workers.servers.transport import BadRequest, error_for_status
+from workers.servers.transport import error_for_status
 
 pytestmark = MARKS
 
@@ -272,7 +273,7 @@ def test_a_campaign_of_another_model_never_reaches_the_real_server(
     /tokenize tells the campaigns apart: each campaign's records come from its own model's
     server only, the real server is never refused, both end exactly once."""
     from eagle_synth.demo.tokenizer import build_demo_tokenizer
-    from eagle_synth.harness import start_devserver
+    from eagle_synth.testing.harness import start_devserver
 
     other = build_demo_tokenizer(tmp_path / "other-tokenizer")
     enqueue_rows(tmp_path, redis_server.url, "other", user_rows(4, prefix="o"), tokenizer=other, batch_size=2,

@@ -21,7 +21,7 @@ import shutil
 
 import pytest
 
-from eagle_synth.harness import Stack
+from eagle_synth.testing.harness import Stack
 from tests.conftest import STACK_STOP_TIMEOUT, write_jsonl
 from tests.deepseek_v4 import deepseek_v4_folder
 from tests.helpers import assert_exactly_once, campaign, cli

@@ -37,7 +37,7 @@ def shape(value):
 def twin(real_vllm, vllm_model, tmp_path_factory):
     """A devserver in vLLM mode configured like the real server (same tokenizer, context,
     served name, vocabulary and version)."""
-    from eagle_synth.harness import start_devserver
+    from eagle_synth.testing.harness import start_devserver
 
     vocab = json.loads((vllm_model / "config.json").read_text())["vocab_size"]
     process, url = start_devserver(

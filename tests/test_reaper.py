@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-from eagle_synth.harness import wait_for
 from eagle_synth.priorities import DEFAULT_PRIORITY, message_priority
 from eagle_synth.queue import campaign_queue, make_celery, queue_lists
 from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
@@ -24,6 +23,7 @@ from eagle_synth.state.stranded import (
     stranded_batches,
     stranded_prompts,
 )
+from eagle_synth.testing.harness import wait_for
 from tests.conftest import chat_rows
 from tests.helpers import (
     assert_exactly_once,

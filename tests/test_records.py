@@ -7,13 +7,13 @@ import msgpack
 import pytest
 import zstandard
 
+from eagle_synth.errors import RecordFormatError
 from eagle_synth.ids import pack_ids
 from eagle_synth.records import (
     FORMAT_NAME,
     FORMAT_VERSION,
     ID_CODEC,
     Record,
-    RecordFormatError,
     batch_files,
     iter_raw_records,
     iter_records,

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from eagle_synth.harness import ManagedProcess, RedisServer, free_port, stop_all, wait_for
 from eagle_synth.queue import campaign_queue, queue_lists
 from eagle_synth.settings import DEFAULT_QUEUE, broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.keys import CAMPAIGNS
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.stranded import UNACKED_KEY
+from eagle_synth.testing.harness import ManagedProcess, RedisServer, free_port, stop_all, wait_for
 from tests.helpers import (
     assert_exactly_once,
     campaign,

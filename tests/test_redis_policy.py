@@ -9,14 +9,11 @@ import random
 
 import pytest
 
-from eagle_synth.harness import RedisServer, wait_for
+from eagle_synth.errors import EvictingRedisError
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.redis_client import connect
-from eagle_synth.state.redis_policy import (
-    EvictingRedisError,
-    check_eviction_policy,
-    read_eviction_policy,
-)
+from eagle_synth.state.redis_policy import check_eviction_policy, read_eviction_policy
+from eagle_synth.testing.harness import RedisServer, wait_for
 from tests.conftest import chat_rows, write_jsonl
 from tests.helpers import campaign, cli, queued_items
 
@@ -156,7 +153,8 @@ def test_the_volatile_redis_advice_holds_on_a_redis_started_from_flags(tmp_path)
     says both."""
     import redis as redis_errors
 
-    from eagle_synth.state.redis_policy import VolatileRedisError, check_persistence
+    from eagle_synth.errors import VolatileRedisError
+    from eagle_synth.state.redis_policy import check_persistence
 
     server = RedisServer(workdir=tmp_path / "redis", save="").start()
     try:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import psutil
 
-from eagle_synth.harness import RedisServer, wait_for
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import RedisServer, wait_for
 from tests.conftest import write_jsonl
 from tests.helpers import assert_exactly_once, campaign, cli, enqueue_rows, wait_finished
 from tests.test_exactly_once import FAST, busy_on, single_rows

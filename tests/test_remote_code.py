@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 
-from eagle_synth.encoders import EncoderError, find_encoder
-from eagle_synth.errors import UserError
-from eagle_synth.templating import TemplateError, load_tokenizer, render_prompt_ids
-from eagle_synth.tokenizer_files import TokenizerFolderError, covered_files, folder_problem, matching_folder
+from eagle_synth.encoders import find_encoder
+from eagle_synth.errors import EncoderError, TemplateError, TokenizerFolderError, UserError
+from eagle_synth.templating import load_tokenizer, render_prompt_ids
+from eagle_synth.tokenizer_files import covered_files, folder_problem, matching_folder
 from producer.options import EnqueueOptions
 from tests.deepseek_v4 import deepseek_v4_folder
 from tests.helpers import cli

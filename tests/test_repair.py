@@ -119,7 +119,7 @@ def test_flipped_byte_in_a_batch_file_loses_nothing(tmp_path, redis_server, stac
 
 
 def wait_for_done(redis_url: str, name: str, stack) -> None:
-    from eagle_synth.harness import wait_for
+    from eagle_synth.testing.harness import wait_for
 
     c = campaign(redis_url, name)
     wait_for(lambda: c.progress().done == ROWS, timeout=120, interval=0.2, what=f"{name} done again")

@@ -7,13 +7,8 @@ import copy
 import pytest
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES, malform
-from workers.replies import (
-    BadResponse,
-    GeneratedItem,
-    PromptMismatch,
-    parse_generate_item,
-)
-from workers.servers.transport import TransientError
+from eagle_synth.errors import BadResponse, PromptMismatch, TransientError
+from workers.replies import GeneratedItem, parse_generate_item
 
 VOCAB = 1000
 PROMPT_LEN = 12

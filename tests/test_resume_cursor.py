@@ -10,9 +10,9 @@ import signal
 import subprocess
 import sys
 
-from eagle_synth.harness import wait_for
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
+from eagle_synth.testing.harness import wait_for
 from producer.enqueue import EnqueueOptions, enqueue
 from tests.conftest import chat_rows, write_jsonl
 from tests.helpers import campaign, cli, loaded_tokenizer, queued_items, status_json

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from producer.rows import ROLE_ALIASES, Conversation, RowError, conversations_from_row
+from eagle_synth.errors import RowError
+from producer.rows import ROLE_ALIASES, Conversation, conversations_from_row
 
 
 def convs(data, **kwargs):

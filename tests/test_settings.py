@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle_synth.errors import UserError
-from eagle_synth.settings import BrokerSettings, SettingsError, Timings, broker_settings
-from workers.config import ConfigError, WorkerConfig
+from eagle_synth.errors import ConfigError, SettingsError, UserError
+from eagle_synth.settings import BrokerSettings, Timings, broker_settings
+from workers.config import WorkerConfig
 
 
 def test_broker_settings_take_arguments_then_environment_then_defaults(monkeypatch):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from eagle_synth.harness import start_devserver, wait_for
 from eagle_synth.priorities import message_priority
 from eagle_synth.queue import campaign_queue, queue_lists
 from eagle_synth.records import iter_records
@@ -20,6 +19,7 @@ from eagle_synth.state.keys import KEY_PREFIX, CampaignKeys
 from eagle_synth.state.node_state import NodeRouting, all_nodes
 from eagle_synth.state.redis_client import connect
 from eagle_synth.state.stranded import UNACKED_KEY, held_batches
+from eagle_synth.testing.harness import start_devserver, wait_for
 from tests.conftest import chat_rows, write_jsonl
 from tests.fixture_tokenizer import package_model_dir
 from tests.helpers import (

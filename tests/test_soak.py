@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import signal
 
-from eagle_synth.harness import RedisServer, wait_for
 from eagle_synth.payload import TaskPayload
 from eagle_synth.state.batch_store import stored_batches
 from eagle_synth.state.redis_client import text
+from eagle_synth.testing.harness import RedisServer, wait_for
 from tests.helpers import assert_exactly_once, campaign, cli, enqueue_rows, wait_finished
 from tests.test_exactly_once import FAST, celery_child, single_rows
 

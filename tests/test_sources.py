@@ -10,9 +10,10 @@ import tracemalloc
 
 import pytest
 
+from eagle_synth.errors import InputError
 from producer import sources
 from producer.resume import ResumeCursors
-from producer.sources import BadRow, InputError, SourceRow, expand_inputs, iter_source_rows
+from producer.sources import BadRow, SourceRow, expand_inputs, iter_source_rows
 
 
 def _rows(paths, **kwargs):

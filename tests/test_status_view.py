@@ -20,11 +20,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from eagle_synth.cli.commands import app as cli_app
-from eagle_synth.harness import RedisServer, wait_for
 from eagle_synth.payload import PromptItem
 from eagle_synth.state.campaign import Campaign, CampaignSettings
 from eagle_synth.state.keys import PROMPTS_ENQUEUED, ROWS_READ, ROWS_SKIPPED
 from eagle_synth.state.node_state import HEALTHY, LOADING, UNHEALTHY, NodeState, ServerState
+from eagle_synth.testing.harness import RedisServer, wait_for
 from eagle_synth.tools.failures import failure_summary, format_failures
 from eagle_synth.tools.status import CAMPAIGN_ROW_KEYS, STATUS_KEYS, WORKER_KEYS, campaign_status, campaigns_overview
 from eagle_synth.tools.status_view import format_duration, render_status, watch_status

@@ -13,11 +13,11 @@ import json
 import jinja2
 import pytest
 
+from eagle_synth.errors import ToolFormatError
 from eagle_synth.toolcalls import (
     FORMATS,
     TOOL_FORMATS,
     ParsedAnswer,
-    ToolFormatError,
     _strip_end_markers,
     detect_tool_format,
     parse_tool_calls,

@@ -24,12 +24,13 @@ import yaml
 from typer.testing import CliRunner
 
 from eagle_synth.cli.commands import app
+from eagle_synth.errors import VocabError
 from eagle_synth.records import write_manifest, write_record_file
 from eagle_synth.tools import conversation_order
 from eagle_synth.tools.compact import compact
 from eagle_synth.tools.export import SPECFORGE_BYTES_PER_TOKEN, export_records
 from eagle_synth.tools.filters import ExportFilters
-from eagle_synth.tools.vocab import VocabError, build_vocab, target_vocab_size_of, torch_module
+from eagle_synth.tools.vocab import build_vocab, target_vocab_size_of, torch_module
 from tests.export_helpers import by_key, conversation_records, plain_record, torch_format_stand_in, write_campaign
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "records.md"

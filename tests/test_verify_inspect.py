@@ -11,14 +11,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from eagle_synth.cli.commands import app
+from eagle_synth.errors import InspectError
 from eagle_synth.records import Record, write_manifest, write_record_file
-from eagle_synth.tools.inspect import (
-    SPECIAL_STYLE,
-    InspectError,
-    find_records,
-    render_ids,
-    render_record,
-)
+from eagle_synth.tools.inspect import SPECIAL_STYLE, find_records, render_ids, render_record
 from eagle_synth.tools.verify import CHECKS, verify_campaign
 
 

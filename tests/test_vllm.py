@@ -10,9 +10,20 @@ import pytest
 import requests
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES, malform_completion
-from eagle_synth.harness import port_open, start_devserver, wait_for
+from eagle_synth.errors import (
+    BadRequest,
+    BadResponse,
+    BadSamplingParams,
+    ConfigError,
+    PreflightError,
+    PromptMismatch,
+    SamplingOverridden,
+    Unauthorized,
+    UntranslatableSampling,
+)
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.state.node_state import HEALTHY, REFUSED, ServerState
+from eagle_synth.testing.harness import port_open, start_devserver, wait_for
 from tests.conftest import chat_rows
 from tests.helpers import (
     VLLM_API_KEY_STATUSES,
@@ -27,20 +38,13 @@ from tests.helpers import (
 )
 from tests.test_preflight import gate_state
 from workers.backends import BACKENDS, backend_for_state
-from workers.backends.base import SGLANG, VLLM, PreflightError, UntranslatableSampling
+from workers.backends.base import SGLANG, VLLM
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import PROBE_TOKENS, VllmBackend, parse_completion
-from workers.config import ConfigError, WorkerConfig
-from workers.replies import BadResponse, PromptMismatch, SamplingOverridden
+from workers.config import WorkerConfig
 from workers.servers.client import ServerClient
 from workers.servers.preflight import preflight_server
-from workers.servers.transport import (
-    BadRequest,
-    BadSamplingParams,
-    Unauthorized,
-    error_for_status,
-    is_sampling_error,
-)
+from workers.servers.transport import error_for_status, is_sampling_error
 
 VOCAB = 248077
 TIMEOUT = 10

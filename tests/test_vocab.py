@@ -11,16 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from eagle_synth.cli.commands import app
+from eagle_synth.errors import VocabError
 from eagle_synth.records import RawRecord, write_manifest
 from eagle_synth.tools.filters import ExportFilters
-from eagle_synth.tools.vocab import (
-    TORCH_MISSING,
-    TokenCounts,
-    VocabError,
-    build_vocab,
-    build_vocab_mapping,
-    torch_module,
-)
+from eagle_synth.tools.vocab import TORCH_MISSING, TokenCounts, build_vocab, build_vocab_mapping, torch_module
 from tests.export_helpers import by_key, conversation_records, write_campaign
 
 TARGET_VOCAB = 248_320  # a padded lm_head, larger than the tokenizer

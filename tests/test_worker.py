@@ -7,13 +7,13 @@ import time
 import pytest
 import requests
 
-from eagle_synth.harness import RedisServer, free_port, wait_for
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.queue import make_celery
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.node_state import HEALTHY, ServerState
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import RedisServer, free_port, wait_for
 from tests.conftest import chat_rows
 from tests.helpers import (
     assert_exactly_once,

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from eagle_synth.harness import free_port
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import connect
+from eagle_synth.testing.harness import free_port
 from workers.config import WorkerConfig
 from workers.servers import health
 from workers.servers.health import HealthGate

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import requests
 
-from eagle_synth.harness import free_port
+from eagle_synth.testing.harness import free_port
 from tests import vllm_env
 from tests.process_guard import GuardedProcess
 

@@ -25,20 +25,27 @@ from celery.exceptions import Reject, Retry
 from celery.signals import after_setup_logger, worker_ready, worker_shutdown, worker_shutting_down
 
 from eagle_synth import reasons
-from eagle_synth.errors import USER_ERROR_EXIT
-from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
+from eagle_synth.errors import (
+    USER_ERROR_EXIT,
+    BatchBusy,
+    Cancelled,
+    DiskUnavailable,
+    PayloadError,
+    ReadOnlyReplica,
+    Requeue,
+)
+from eagle_synth.payload import TASK_NAME, TaskPayload
 from eagle_synth.queue import make_celery
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
-from eagle_synth.state.redis_role import ReadOnlyReplica, is_read_only, read_only_message, refuse_replica
+from eagle_synth.state.redis_role import is_read_only, read_only_message, refuse_replica
 from eagle_synth.state.replicas import ReplicaWait
 from workers import metrics
-from workers.batch import BatchRunner, Cancelled, Requeue
+from workers.batch import BatchRunner
 from workers.config import WorkerConfig
-from workers.disk import DiskState, DiskUnavailable, probe_folder
-from workers.lease import BatchBusy
+from workers.disk import DiskState, probe_folder
 from workers.memory import limit_malloc_arenas, start_pool_threads
 from workers.reaper import ReaperStep
 from workers.reconciler import ReconcilerStep

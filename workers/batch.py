@@ -50,14 +50,30 @@ import redis
 from celery import Celery
 
 from eagle_synth import reasons
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import (
+    BadRequest,
+    BadResponse,
+    BadSamplingParams,
+    Cancelled,
+    ClaimLeaseLost,
+    CommitUnsure,
+    DiskUnavailable,
+    LeaseLost,
+    PromptMismatch,
+    RecordFormatError,
+    Requeue,
+    ServerDown,
+    TokenizerUnavailable,
+    TransientError,
+    Unauthorized,
+    UntranslatableSampling,
+)
 from eagle_synth.manifest import build_manifest
 from eagle_synth.model_identity import output_id_bound
 from eagle_synth.payload import PromptItem, TaskPayload
 from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.records import (
     Record,
-    RecordFormatError,
     campaign_dir,
     read_record_file,
     records_dir,
@@ -69,34 +85,23 @@ from eagle_synth.records import (
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state.batch_store import forget_if_finished
 from eagle_synth.state.campaign import Campaign, CampaignSettings
-from eagle_synth.state.fence import (
-    RECEIPT_TTL_MS,
-    ClaimLeaseLost,
-    CommitUnsure,
-    Fence,
-    LeaseLost,
-    claim,
-    release,
-)
+from eagle_synth.state.fence import RECEIPT_TTL_MS, Fence, claim, release
 from eagle_synth.state.node_state import NodeState
 from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import is_read_only
 from eagle_synth.state.replicas import ReplicaWait
-from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers import metrics
 from workers.affinity import prefix_key
-from workers.backends.base import UntranslatableSampling
 from workers.config import WorkerConfig
-from workers.disk import DiskState, DiskUnavailable
+from workers.disk import DiskState
 from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool, Route
 from workers.lease import BatchLease
 from workers.own_files import OwnBatchFiles
-from workers.replies import BadResponse, GeneratedItem, PromptMismatch
+from workers.replies import GeneratedItem
 from workers.servers.fleet import Fleet, Servers
 from workers.servers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.servers.routing import CampaignRouter, PoolRouting
-from workers.servers.transport import BadRequest, BadSamplingParams, ServerDown, TransientError, Unauthorized
 
 log = logging.getLogger("eagle_synth.batch")
 
@@ -120,19 +125,6 @@ SHUTDOWN_GRACE_SHARE = 0.8
 # disk: giving the batch up here would let another host redo them, a double. A try whose reply
 # was lost is settled first (fence.py `settle`): applied, or never to apply and tried again.
 MARK_RETRY_DELAY = 1.0
-
-
-class Requeue(EagleSynthError):
-    """The batch (what is left of it) must go back to the queue: no healthy server, the task's
-    time budget is spent, or the worker is shutting down. Not a failure: no retry is used."""
-
-
-class Cancelled(EagleSynthError):
-    """`eagle-synth cancel` ended the batch's campaign: the batch stops where it is, writes
-    nothing more, and its message is acknowledged (the campaign's state is gone)."""
-
-    def __init__(self, campaign: str) -> None:
-        super().__init__(f"campaign {campaign} was cancelled")
 
 
 @dataclass(slots=True)
@@ -254,7 +246,9 @@ class _Run:
 
     # before generating ------------------------------------------------------------------
     def run(self) -> None:
-        runner, campaign, payload = self.runner, self.campaign, self.payload
+        runner = self.runner
+        campaign = self.campaign
+        payload = self.payload
         if runner.redis_client.exists(campaign.keys.ended):
             # `close` folded the done set to disk, so every key would look open: generating would
             # double records. Only a message published after the close can get here.
@@ -308,7 +302,10 @@ class _Run:
     def unfinished(self) -> list[PromptItem]:
         """The batch's open prompts, one per key, once this run claimed them and adopted the
         records a previous attempt left."""
-        campaign, payload, outcome, lease = self.campaign, self.payload, self.outcome, self.lease
+        campaign = self.campaign
+        payload = self.payload
+        outcome = self.outcome
+        lease = self.lease
         keys = [item.key for item in payload.items]
         finished = campaign.finished_keys(keys)
         outcome.skipped_done = len(finished)
@@ -449,7 +446,10 @@ class _Run:
 
     def settle(self, item: PromptItem, answer: Answer) -> None:
         """Turn one answer into a record, a failure, a retry, or a requeue of the batch."""
-        runner, url, error, backend = self.runner, answer.url, answer.error, answer.backend
+        runner = self.runner
+        url = answer.url
+        error = answer.error
+        backend = answer.backend
         if error is None:
             assert backend is not None, "the pool builds every request with its server's backend"
             try:
@@ -585,7 +585,9 @@ class _Run:
         records, self.records = self.records, []
         if not records or self.cancelled():
             return
-        runner, folder, campaign = self.runner, self.folder, self.campaign
+        runner = self.runner
+        folder = self.folder
+        campaign = self.campaign
         # Turns of conversations with tools say how many tool calls they make.
         runner.followups.count_tool_calls(self.settings, self.payload, records)
         try:
@@ -656,7 +658,8 @@ class BatchRunner:
         settings = broker or broker_settings()
         self.router = router
         self.fleet = fleet or Fleet(config.servers, api_key=config.api_key)
-        self.config, self.node = config, node
+        self.config = config
+        self.node = node
         self.stopping = stopping or threading.Event()
         self.disk = disk or DiskState(folder=config.out)
         self.task_budget = settings.task_budget_seconds

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import ConfigError
 from eagle_synth.flags import ALLOW_EVICTING_REDIS, ALLOW_VOLATILE_REDIS, Flag
 from eagle_synth.payload import DEFAULT_BATCH_SIZE
 from eagle_synth.settings import EnvSettings
@@ -83,10 +83,6 @@ TOKENIZER_FLAG = Flag(
     names=("--tokenizer",),
     type=list[str] | None,
 )
-
-
-class ConfigError(UserError):
-    """A worker setting has a value that cannot work; the message names it."""
 
 
 class WorkerConfig(EnvSettings):

@@ -12,15 +12,10 @@ import threading
 import time
 from pathlib import Path
 
-from eagle_synth.errors import EagleSynthError
 from eagle_synth.records import atomic_write_bytes
 
 # Seconds between probes of a folder that failed, while the gate is closed for it.
 DISK_PROBE_INTERVAL = 2.0
-
-
-class DiskUnavailable(EagleSynthError):
-    """Records cannot be written to the output folder; the batch goes back to the queue."""
 
 
 def probe_folder(folder: Path) -> str | None:

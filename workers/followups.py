@@ -36,6 +36,7 @@ import msgspec
 import redis
 
 from eagle_synth.conversation import ConversationState, end_before_render, turn_key
+from eagle_synth.errors import RendererMismatch, TokenizerFolderError, TokenizerUnavailable
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, TaskPayload, batch_id, pack_item, unpack_item
 from eagle_synth.processes import holder_alive, holder_id
@@ -46,11 +47,11 @@ from eagle_synth.state.campaign import Campaign, CampaignSettings, campaign_name
 from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW, NOTHING, ConversationStore, end_json
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import followup_owner
-from eagle_synth.state.tokenizer_store import TokenizerUnavailable, fetch_tokenizer
-from eagle_synth.tokenizer_files import TokenizerFolderError, matching_folder
+from eagle_synth.state.tokenizer_store import fetch_tokenizer
+from eagle_synth.tokenizer_files import matching_folder
 from workers.background import every
 from workers.lease import LEASE_TTL
-from workers.renderer import Renderer, RendererMismatch
+from workers.renderer import Renderer
 
 log = logging.getLogger("eagle_synth.followups")
 
@@ -292,7 +293,8 @@ class FollowUps:
             following = turn_key(state.key, item.turn + 1)
             parent = msgspec.structs.replace(item, ids=[])
             answer = (record.output_ids, record.finish_reason, record.finish_matched)
-            follow[following] = pending = _Pending(campaign.name, following, payload.sampling, parent, answer)
+            pending = _Pending(campaign.name, following, payload.sampling, parent, answer)
+            follow[following] = pending
             entries.append((record.key, FOLLOW, following, pending.packed()))
         with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
             self._rendering.update({(campaign.name, key): pending for key, pending in follow.items()})
@@ -461,7 +463,8 @@ class FollowUps:
                     entries.append(_end_entry(pending.key, parent, first, second))
                     continue
                 item = _next_item(parent, ids=first, state=second, settings=settings)
-                ready[pending.key] = rendered = _Pending(name, pending.key, pending.sampling, item)
+                rendered = _Pending(name, pending.key, pending.sampling, item)
+                ready[pending.key] = rendered
                 entries.append((pending.key, "ready", second["key"], rendered.packed()))  # the conversation's key
             held = self._store(name).ready(entries, owner=self.owner)
             self._ready_results = [r for r in self._ready_results if r[0].campaign != name]

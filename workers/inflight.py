@@ -23,20 +23,11 @@ from typing import Any, NamedTuple
 import aiohttp
 import orjson
 
+from eagle_synth.errors import ClientError, ServerDown, TransientError, Unauthorized
 from workers import metrics
 from workers.affinity import PrefixAffinity, affinity_enabled, least_loaded
 from workers.backends import Backend
-from workers.servers.transport import (
-    AIOHTTP_ERRORS,
-    CONNECT_TIMEOUT,
-    ClientError,
-    ServerDown,
-    TransientError,
-    Unauthorized,
-    auth_headers,
-    error_for_status,
-    transport_error,
-)
+from workers.servers.transport import AIOHTTP_ERRORS, CONNECT_TIMEOUT, auth_headers, error_for_status, transport_error
 
 log = logging.getLogger("eagle_synth.inflight")
 

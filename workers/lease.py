@@ -17,10 +17,10 @@ import time
 
 import redis
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import BatchBusy
 from eagle_synth.processes import holder_dead, holder_id
 from eagle_synth.settings import TIMINGS
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import text
 
 log = logging.getLogger("eagle_synth.lease")
@@ -33,11 +33,9 @@ RENEW_EVERY = LEASE_TTL / 3
 # may lapse (and another host's reaper give the batch away): it stops and writes nothing.
 LOST_AFTER_SHARE = 0.75
 
-_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-_TAKEOVER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
-return 0
-"""
+_RELEASE = LuaScript("lease_release")
+_TAKEOVER = LuaScript("lease_takeover")
+_RENEW = LuaScript("renew")  # as Fence.renew
 
 
 class _Renewer:
@@ -88,10 +86,6 @@ class _Renewer:
 _renewer = _Renewer()
 
 
-class BatchBusy(EagleSynthError):
-    """Another live batch thread holds this batch; try the message again later."""
-
-
 class BatchLease:
     """Hold `key` (CampaignKeys.lease(batch)) while a batch runs; `ttl`: seconds it lives unrenewed."""
 
@@ -121,7 +115,7 @@ class BatchLease:
         # A renewal still under way when the lease is released finds it gone and does nothing.
         _renewer.remove(self)
         with contextlib.suppress(redis.RedisError):  # else it expires by itself
-            self.client.eval(_RELEASE, 1, self.key, self.holder)
+            _RELEASE(self.client, (self.key,), (self.holder,))
 
     def _acquire(self) -> bool:
         self._renewed_at = time.monotonic()
@@ -132,13 +126,13 @@ class BatchLease:
             return bool(self.client.set(self.key, self.holder, nx=True, px=self.ttl_ms))
         current_text = text(current)
         if holder_dead(current_text):
-            self.took_over = bool(self.client.eval(_TAKEOVER, 1, self.key, current_text, self.holder, self.ttl_ms))
+            self.took_over = bool(_TAKEOVER(self.client, (self.key,), (current_text, self.holder, self.ttl_ms)))
             return self.took_over
         return False
 
     def _renew(self) -> None:
         try:
-            renewed = self.client.eval(script("renew"), 1, self.key, self.holder, self.ttl_ms)  # as Fence.renew
+            renewed = _RENEW(self.client, (self.key,), (self.holder, self.ttl_ms))
         except redis.RedisError:
             return  # Redis away: try again next turn; `lost` turns true if it lasts
         if renewed:

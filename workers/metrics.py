@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from eagle_synth.errors import BadRequest, ServerDown, TransientError, Unauthorized
 from eagle_synth.records import Record
 from eagle_synth.state.node_state import HEALTHY, LOADING, REFUSED, UNHEALTHY, UNKNOWN, WARMING
-from workers.servers.transport import BadRequest, ServerDown, TransientError, Unauthorized
 
 log = logging.getLogger("eagle_synth.metrics")
 

@@ -12,7 +12,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 from eagle_synth.conversation import ConversationState, next_turn, parse_answer
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import RendererMismatch
 from eagle_synth.templating import load_tokenizer, tokenizer_facts
 
 START_METHOD = "spawn"  # see the module docstring
@@ -52,10 +52,6 @@ def _count_tool_calls(jobs: list[dict]) -> list[int]:
     """For each job: the tool calls its answer makes in the campaign's format (those before a
     fault when one does not parse): the record's `tool_calls`."""
     return [len(parse_answer(_tokenizer, job.pop("output_ids"), **job)[0].tool_calls) for job in jobs]
-
-
-class RendererMismatch(EagleSynthError, RuntimeError):
-    """The stored tokenizer is not the campaign's (fingerprint or template differs)."""
 
 
 class Renderer:

@@ -13,28 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle_synth.errors import EagleSynthError
-from workers.servers.transport import BadSamplingParams, TransientError
+from eagle_synth.errors import BadResponse, PromptMismatch
 
 # finish_reason types SGLang and vLLM report; anything else is a shape we do not know how to record.
 FINISH_TYPES = frozenset({"stop", "length", "abort"})
 # Longest excerpt of a bad value quoted in an error message.
 EXCERPT_CHARS = 80
-
-
-class BadResponse(TransientError):
-    """A 200 reply item that cannot be a record; the message says what was wrong with it."""
-
-
-class SamplingOverridden(BadSamplingParams):
-    """A 200 reply proves the server did not sample as asked (e.g. `length` before the
-    max_tokens sent: a server-side cap such as vLLM's --override-generation-config): handled
-    like a refusal of the sampling parameters, as every prompt would meet it."""
-
-
-class PromptMismatch(EagleSynthError):
-    """The server generated from another prompt than the one sent (another length; on vLLM,
-    which echoes the ids, any other id). Not transient; the message gives both lengths."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,7 @@ def exporter(
     """Serve every campaign's figures (enqueued, queued, in flight, stranded, done, failed, ETA...) as Prometheus metrics, read from Redis at each scrape."""
     import threading
 
-    from eagle_synth.harness import bind_error
+    from eagle_synth.ports import bind_error
     from eagle_synth.tools.exporter import start_exporter
 
     if taken := bind_error(address, port):

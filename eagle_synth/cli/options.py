@@ -72,7 +72,7 @@ def warn(message: str) -> None:
 
 
 def check_campaign_name(name: str) -> None:
-    from eagle_synth.state.campaign import BadCampaignName
+    from eagle_synth.errors import BadCampaignName
     from eagle_synth.state.campaign import check_campaign_name as check
 
     try:

@@ -20,7 +20,8 @@ from eagle_synth.cli.options import (
     redis_client,
     warn,
 )
-from eagle_synth.records import NotACampaignFolder, RecordFormatError, read_manifest, record_files, records_dir
+from eagle_synth.errors import NotACampaignFolder, RecordFormatError
+from eagle_synth.records import read_manifest, record_files, records_dir
 from eagle_synth.tools.compact import DEFAULT_MIN_AGE, DEFAULT_SHARD_BYTES, DEFAULT_THREADS, exclusive
 from eagle_synth.tools.compact import compact as run_compact
 from eagle_synth.tools.filters import ExportFilters
@@ -390,7 +391,7 @@ def repair(
 
     name = campaign or campaign_name_of(campaign_dir)
     if not records_dir(campaign_dir).is_dir():
-        raise NotACampaignFolder(campaign_dir)
+        raise NotACampaignFolder(records_dir(campaign_dir), campaign_dir)
     check_campaign_name(name)
     target = Campaign(redis_client(redis), name)
     settings = broker_settings(redis_url=redis)

@@ -17,8 +17,9 @@ from eagle_synth.cli.options import (
     redis_client,
     warn,
 )
+from eagle_synth.errors import ConfigError
 from eagle_synth.settings import broker_settings
-from workers.config import ConfigError, WorkerConfig, default_concurrency
+from workers.config import WorkerConfig, default_concurrency
 
 app = command_group()
 # The help of the flags whose declaration would not fit a line.
@@ -141,7 +142,7 @@ def worker(
     check_redis_ready(
         client, warn=warn, allow_evicting=config.allow_evicting_redis, allow_volatile=config.allow_volatile_redis
     )
-    from eagle_synth.harness import bind_error
+    from eagle_synth.ports import bind_error
     from workers.disk import probe_folder
     from workers.servers.preflight import preflight_at_start
 

@@ -10,7 +10,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from eagle_synth.harness import Stack, wait_for
+from eagle_synth.testing.harness import Stack, wait_for
 
 # Devserver pace: slow enough to watch the worker's progress, fast enough to finish in seconds.
 DEMO_TOKEN_LATENCY = "0.002"
@@ -74,7 +74,8 @@ def run_demo(folder: Path) -> int:
         with console.status("generating...") as spinner:
 
             def finished() -> bool:
-                progress, counts = campaign.progress(), conversations.counts()
+                progress = campaign.progress()
+                counts = conversations.counts()
                 spinner.update(
                     f"generating... {progress.done} records; conversations {counts['total']}: "
                     f"{counts['in_progress']} in progress"

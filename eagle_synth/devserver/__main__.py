@@ -15,9 +15,9 @@ import typer
 from eagle_synth.cli.flags import settings_flags, settings_from
 from eagle_synth.devserver.app import run_devserver
 from eagle_synth.devserver.config import DevServerConfig
-from eagle_synth.errors import USER_ERROR_EXIT
-from eagle_synth.harness import bind_error
-from eagle_synth.templating import TemplateError, check_tokenizer_path
+from eagle_synth.errors import USER_ERROR_EXIT, TemplateError
+from eagle_synth.ports import bind_error
+from eagle_synth.templating import check_tokenizer_path
 
 # Log line format on stderr (stdout carries only the "listening" line).
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"

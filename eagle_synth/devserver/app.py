@@ -29,7 +29,6 @@ from eagle_synth.devserver.protocol import (
     ENGINE_ERROR_MESSAGE,
     KNOWN_FIELDS,
     PromptRequest,
-    ProtocolError,
     Reply,
     error_reply,
     json_reply,
@@ -37,14 +36,8 @@ from eagle_synth.devserver.protocol import (
     parse_generate_request,
     sglang_error_reply,
 )
-from eagle_synth.devserver.scheduler import (
-    ABORTED_WAITING,
-    DevStats,
-    PrefixCache,
-    QueueFullError,
-    SlotJob,
-    SlotScheduler,
-)
+from eagle_synth.devserver.scheduler import ABORTED_WAITING, DevStats, PrefixCache, SlotJob, SlotScheduler
+from eagle_synth.errors import ProtocolError, QueueFullError
 
 log = logging.getLogger("eagle_synth.devserver")
 
@@ -85,19 +78,30 @@ DEPRECATED_PATHS = {"/get_model_info": "/model_info", "/get_server_info": "/serv
 # path -> (methods, endpoint method), per API; every other path is a 404.
 ROUTES = {
     "sglang": {
-        **{"/generate": ("POST PUT", "generate"), "/health": ("GET", "health"), "/health_generate": ("GET", "health")},
-        **{"/model_info": ("GET", "model_info"), "/get_model_info": ("GET", "model_info")},
-        **{"/server_info": ("GET", "server_info"), "/get_server_info": ("GET", "server_info")},
-        **{"/v1/models": ("GET", "models"), "/flush_cache": ("GET POST", "flush_cache")},
-        **{"/abort_request": ("POST PUT", "abort_request"), "/dev/stats": ("GET", "dev_stats")},
-        **{"/tokenize": ("POST", "sglang_tokenize"), "/v1/tokenize": ("POST", "sglang_tokenize")},
+        "/generate": ("POST PUT", "generate"),
+        "/health": ("GET", "health"),
+        "/health_generate": ("GET", "health"),
+        "/model_info": ("GET", "model_info"),
+        "/get_model_info": ("GET", "model_info"),
+        "/server_info": ("GET", "server_info"),
+        "/get_server_info": ("GET", "server_info"),
+        "/v1/models": ("GET", "models"),
+        "/flush_cache": ("GET POST", "flush_cache"),
+        "/abort_request": ("POST PUT", "abort_request"),
+        "/dev/stats": ("GET", "dev_stats"),
+        "/tokenize": ("POST", "sglang_tokenize"),
+        "/v1/tokenize": ("POST", "sglang_tokenize"),
         "/dev/reset_stats": ("POST", "dev_reset_stats"),
     },
     "vllm": {
-        **{"/v1/completions": ("POST", "completions"), "/health": ("GET", "health")},
-        **{"/v1/models": ("GET", "vllm_models"), "/version": ("GET", "version")},
-        **{"/server_info": ("GET", "vllm_server_info"), "/tokenize": ("POST", "tokenize")},
-        **{"/dev/stats": ("GET", "dev_stats"), "/dev/reset_stats": ("POST", "dev_reset_stats")},
+        "/v1/completions": ("POST", "completions"),
+        "/health": ("GET", "health"),
+        "/v1/models": ("GET", "vllm_models"),
+        "/version": ("GET", "version"),
+        "/server_info": ("GET", "vllm_server_info"),
+        "/tokenize": ("POST", "tokenize"),
+        "/dev/stats": ("GET", "dev_stats"),
+        "/dev/reset_stats": ("POST", "dev_reset_stats"),
     },
 }
 
@@ -119,11 +123,13 @@ class DevServer:
     """
 
     def __init__(self, config: DevServerConfig) -> None:
-        c = self.config = config
+        c = config
+        self.config = c
         t0 = time.monotonic()
-        vocab = self.vocab = ModelVocab.load(
+        vocab = ModelVocab.load(
             tokenizer_dir=c.tokenizer, vocab_size=c.vocab_size, trust_remote_code=c.trust_remote_code
         )
+        self.vocab = vocab
         log.info(
             "devserver loaded tokenizer %s in %.1fs: vocab %d, eos %s, think %s/%s, corpus %d tokens",
             *(c.tokenizer, time.monotonic() - t0, vocab.size, vocab.eos_id, vocab.think_open_id),
@@ -169,7 +175,8 @@ class DevServer:
     def model_info(self, body: bytes) -> dict:
         c = self.config
         info: dict[str, Any] = {"model_path": c.effective_model_path, "tokenizer_path": c.tokenizer}
-        info |= {"is_generation": True, "preferred_sampling_params": c.preferred_sampling_params}
+        info["is_generation"] = True
+        info["preferred_sampling_params"] = c.preferred_sampling_params
         info |= {"weight_version": WEIGHT_VERSION}
         return info | {"has_image_understanding": False, "has_audio_understanding": False}
 
@@ -177,19 +184,28 @@ class DevServer:
         """Launch arguments (secrets included, as SGLang's), its scheduler_info and version."""
         c = self.config
         info: dict[str, Any] = {"model_path": c.effective_model_path, "tokenizer_path": c.tokenizer}
-        info |= {"served_model_name": c.effective_model_path, "tp_size": 1, "dp_size": 1, "page_size": 1}
-        info |= {"max_running_requests": c.slots, "random_seed": c.seed, "ssl_keyfile_password": None}
+        info["served_model_name"] = c.effective_model_path
+        info["tp_size"] = 1
+        info["dp_size"] = 1
+        info["page_size"] = 1
+        info["max_running_requests"] = c.slots
+        info["random_seed"] = c.seed
+        info["ssl_keyfile_password"] = None
         info |= {name: getattr(c, name) for name in SERVER_INFO_FIELDS}
-        info |= {"sampling_defaults": "model", "vocab_size": self.vocab.size, "version": c.sglang_version}
+        info["sampling_defaults"] = "model"
+        info["vocab_size"] = self.vocab.size
+        info["version"] = c.sglang_version
         # The KV-cache size: room for every slot at full context, so the context (not the cache)
         # is what limits one request, as on a well-sized server.
-        info |= {"max_total_num_tokens": c.slots * c.effective_context_length, "max_req_input_len": c.max_req_input_len}
+        info["max_total_num_tokens"] = c.slots * c.effective_context_length
+        info["max_req_input_len"] = c.max_req_input_len
         return info | {"devserver": True}
 
     def models(self, body: bytes) -> dict:
         path = self.config.effective_model_path
         model = {"id": path, "object": "model", "created": int(self.stats.started_at), "owned_by": "sglang"}
-        model |= {"root": path, "max_model_len": self.config.effective_context_length}
+        model["root"] = path
+        model["max_model_len"] = self.config.effective_context_length
         return {"object": "list", "data": [model]}
 
     def flush_cache(self, body: bytes) -> Reply:
@@ -215,7 +231,8 @@ class DevServer:
 
     def dev_stats(self, body: bytes) -> dict:
         running, waiting = self.scheduler.load
-        healthy, at = self.healthy(), self._listening_at
+        healthy = self.healthy()
+        at = self._listening_at
         healthy_at = at + self.config.warmup if at is not None and healthy else None
         live = {"slots": self.config.slots, "running": running, "waiting": waiting, "healthy": healthy}
         return self.stats.snapshot(**live, listening_at=at, healthy_at=healthy_at)
@@ -233,7 +250,8 @@ class DevServer:
         fate = self.faults.next_generate()
         reply = failed() if fate.action == FAIL else serve(body)
         served = not isinstance(reply, Reply)  # a refusal is never dropped or malformed
-        dropped, shape = served and fate.action == DROP, fate.malformed_shape if served else None
+        dropped = served and fate.action == DROP
+        shape = fate.malformed_shape if served else None
         self.stats.add(injected_failures=fate.action == FAIL, injected_drops=dropped, injected_malformed=bool(shape))
         if dropped:
             reply = Reply(drop=True)
@@ -304,23 +322,39 @@ class DevServer:
         item: dict[str, Any] = {} if text is None else {"text": text}
         item["output_ids"] = prompt.input_ids[-c.prefix_bug :] + output_ids if c.prefix_bug else output_ids
         item["meta_info"] = {
-            **{"id": prompt.rid, "finish_reason": finish, "prompt_tokens": len(prompt.input_ids)},
+            "id": prompt.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(prompt.input_ids),
             "completion_tokens": max(0, len(output_ids) - c.understate_completion),
             "cached_tokens": job.cached_tokens,
-            **{"e2e_latency": time.monotonic() - received, "weight_version": WEIGHT_VERSION},
+            "e2e_latency": time.monotonic() - received,
+            "weight_version": WEIGHT_VERSION,
         }
         return item
 
     # ---- vLLM's endpoints (--api vllm): the same generator, scheduler, faults and counters ----
 
     def vllm_models(self, body: bytes) -> dict:
-        c, created = self.config, int(self.stats.started_at)
-        permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created}
-        permission |= {"allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True}
-        permission |= {"allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False}
-        permission |= {"organization": "*", "group": None, "is_blocking": False}
+        c = self.config
+        created = int(self.stats.started_at)
+        permission = {
+            "id": f"modelperm-{uuid.uuid4().hex}",
+            "object": "model_permission",
+            "created": created,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
         model = {"id": c.effective_served_model_name, "object": "model", "created": created, "owned_by": "vllm"}
-        model |= {"root": c.effective_model_path, "parent": None, "max_model_len": c.effective_context_length}
+        model["root"] = c.effective_model_path
+        model["parent"] = None
+        model["max_model_len"] = c.effective_context_length
         return {"object": "list", "data": [{**model, "permission": [permission]}]}
 
     def version(self, body: bytes) -> dict:
@@ -332,10 +366,15 @@ class DevServer:
         if not c.dev_mode:
             return json_reply({"detail": "Not Found"}, status=404)
         model: dict[str, Any] = {"model": c.effective_model_path, "served_model_name": c.effective_served_model_name}
-        model |= {"tokenizer": c.tokenizer, "max_model_len": c.effective_context_length, "dtype": "bfloat16"}
-        model |= {"seed": c.seed, "generation_config": c.generation_config}
+        model["tokenizer"] = c.tokenizer
+        model["max_model_len"] = c.effective_context_length
+        model["dtype"] = "bfloat16"
+        model["seed"] = c.seed
+        model["generation_config"] = c.generation_config
         model |= {"override_generation_config": json.loads(c.override_generation_config or "{}")}
-        model |= {"skip_tokenizer_init": c.skip_tokenizer_init, "logits_processors": None, "runner_type": "generate"}
+        model["skip_tokenizer_init"] = c.skip_tokenizer_init
+        model["logits_processors"] = None
+        model["runner_type"] = "generate"
         config = {
             "model_config": model,
             "scheduler_config": {"max_num_seqs": c.slots, "max_num_batched_tokens": c.effective_context_length},
@@ -417,10 +456,13 @@ class DevServer:
         completion_tokens = sum(job.tokens_done for _, _, job in held)
         prompt_tokens = sum(len(p.input_ids) for p in prompts if p.sample_index == 0)
         usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens}
-        usage |= {"completion_tokens": completion_tokens, "prompt_tokens_details": None}
+        usage["completion_tokens"] = completion_tokens
+        usage["prompt_tokens_details"] = None
         usage |= {"completion_tokens_details": None}
         reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
-        reply |= {"model": c.effective_served_model_name, "choices": choices, "service_tier": None}
+        reply["model"] = c.effective_served_model_name
+        reply["choices"] = choices
+        reply["service_tier"] = None
         # vLLM 0.32 answers "vllm-<version>-<build hash>"; the rest as the real CPU build does.
         reply |= {"system_fingerprint": f"vllm-{c.vllm_version}-devserver"}
         return reply | {"usage": usage, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
@@ -433,9 +475,15 @@ class DevServer:
         # vLLM reports the matched stop id or string; the model's EOS is reported as None.
         stop_reason = None if matched is None or matched == self.vocab.eos_id else matched
         return {
-            **{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish["type"]},
-            **{"stop_reason": stop_reason, "token_ids": output_ids if token_ids else None, "prompt_logprobs": None},
-            **{"prompt_token_ids": prompt.input_ids if token_ids else None, "routed_experts": None},
+            "index": index,
+            "text": text or "",
+            "logprobs": None,
+            "finish_reason": finish["type"],
+            "stop_reason": stop_reason,
+            "token_ids": output_ids if token_ids else None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt.input_ids if token_ids else None,
+            "routed_experts": None,
         }
 
     async def serve(self) -> None:
@@ -452,7 +500,8 @@ class DevServer:
         await runner.setup()
         try:
             await web.TCPSite(runner, c.host, c.port, backlog=LISTEN_BACKLOG, reuse_address=True).start()
-            self._listening_mono, self._listening_at = time.monotonic(), time.time()  # the warm-up clock starts
+            self._listening_mono = time.monotonic()  # the warm-up clock starts
+            self._listening_at = time.time()
             print(LISTENING_LINE.format(host=c.host, port=runner.addresses[0][1]), flush=True)
             if c.warmup > 0:
                 log.info("devserver warm-up: health answers 503 for %.1fs", c.warmup)
@@ -464,7 +513,9 @@ class DevServer:
     def _authorized(self, request: web.Request) -> bool:
         """Whether `request` passes --api-key, as the real server's middleware decides (the
         devserver's own /dev/ paths need no key)."""
-        key, api, path = self.config.api_key, self.config.api, request.path
+        key = self.config.api_key
+        api = self.config.api
+        path = request.path
         keyless = ("/dev/", *(SGLANG_KEYLESS_PREFIXES if api == "sglang" else ()))
         guarded = path.startswith(VLLM_GUARDED_PREFIXES) if api == "vllm" else True
         if key is None or request.method == "OPTIONS" or path.startswith(keyless) or not guarded:

@@ -18,11 +18,18 @@ APIS = ("sglang", "vllm")
 VLLM_GENERATION_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 # Knobs that exist only on one kind of server: field -> (its default, the API it belongs to).
 API_ONLY_KNOBS = {
-    **dict.fromkeys(("max_queued_requests", "preferred_sampling_params", "speculative_algorithm"), (None, "sglang")),
-    **dict.fromkeys(("tool_call_parser", "admin_api_key"), (None, "sglang")),
-    **dict.fromkeys(("prefix_bug", "understate_completion"), (0, "sglang")),
-    **dict.fromkeys(("drop_stop_id", "allow_auto_truncate", "enable_deterministic_inference"), (False, "sglang")),
-    **{"override_generation_config": (None, "vllm"), "generation_config": ("auto", "vllm")},
+    "max_queued_requests": (None, "sglang"),
+    "preferred_sampling_params": (None, "sglang"),
+    "speculative_algorithm": (None, "sglang"),
+    "tool_call_parser": (None, "sglang"),
+    "admin_api_key": (None, "sglang"),
+    "prefix_bug": (0, "sglang"),
+    "understate_completion": (0, "sglang"),
+    "drop_stop_id": (False, "sglang"),
+    "allow_auto_truncate": (False, "sglang"),
+    "enable_deterministic_inference": (False, "sglang"),
+    "override_generation_config": (None, "vllm"),
+    "generation_config": ("auto", "vllm"),
     "dev_mode": (False, "vllm"),
 }
 # SGLang's scheduler caps inputs at its max_req_len minus this (Scheduler: max_req_input_len).
@@ -40,13 +47,30 @@ EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 H100_8B_PREFILL_TOKENS_PER_S = 20_000.0
 # Allowed ranges of numeric knobs (unset, None, passes): field -> (low, high or None).
 RANGES = {
-    **{"port": (0, 65535), "context_length": (2, None), "prefix_bug": (0, MAX_PREFIX_BUG_TOKENS)},
-    **dict.fromkeys(("vocab_size", "slots", "mean_output_tokens", "length_median", "die_after"), (1, None)),
-    **dict.fromkeys(("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"), (1, None)),
-    **dict.fromkeys(("understate_completion", "max_queued_requests", "token_latency", "prefill_latency"), (0, None)),
-    **{"startup_delay": (0, None), "warmup": (0, None), "length_sigma": (0, 4)},
-    **{"prefill_throughput": (1, None), "prefix_cache_tokens": (0, None)},
-    **dict.fromkeys(("fail_rate", "drop_rate", "health_fail_rate", "malformed_rate"), (0, 1)),
+    "port": (0, 65535),
+    "context_length": (2, None),
+    "prefix_bug": (0, MAX_PREFIX_BUG_TOKENS),
+    "vocab_size": (1, None),
+    "slots": (1, None),
+    "mean_output_tokens": (1, None),
+    "length_median": (1, None),
+    "die_after": (1, None),
+    "speculative_num_steps": (1, None),
+    "speculative_eagle_topk": (1, None),
+    "speculative_num_draft_tokens": (1, None),
+    "understate_completion": (0, None),
+    "max_queued_requests": (0, None),
+    "token_latency": (0, None),
+    "prefill_latency": (0, None),
+    "startup_delay": (0, None),
+    "warmup": (0, None),
+    "length_sigma": (0, 4),
+    "prefill_throughput": (1, None),
+    "prefix_cache_tokens": (0, None),
+    "fail_rate": (0, 1),
+    "drop_rate": (0, 1),
+    "health_fail_rate": (0, 1),
+    "malformed_rate": (0, 1),
 }
 
 
@@ -205,7 +229,8 @@ class DevServerConfig:
         """Token slots SGLang reserves per request for EAGLE drafts (0 for other algorithms)."""
         if (self.speculative_algorithm or "").upper() not in EAGLE_ALGORITHMS:
             return 0
-        steps, topk = self.speculative_num_steps or 0, self.speculative_eagle_topk or 0
+        steps = self.speculative_num_steps or 0
+        topk = self.speculative_eagle_topk or 0
         return max(topk * steps, self.speculative_num_draft_tokens or 0)
 
     @property

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 # What to do with one generation request.
-SERVE, FAIL, DROP, MALFORMED = "serve", "fail", "drop", "malformed"
+SERVE = "serve"
+FAIL = "fail"
+DROP = "drop"
+MALFORMED = "malformed"
 # The malformed item shapes, used in turn by --malformed-rate: the item replaced by a bare list
 # of ints, meta_info a string, ids as strings, negative ids, no output_ids at all.
 MALFORMED_SHAPES = ("list-of-ints", "meta-info-string", "ids-as-strings", "negative-ids", "missing-output-ids")
@@ -68,7 +71,8 @@ class FaultPlan:
         self._bounds = tuple(zip((FAIL, DROP, MALFORMED), rates))
         self._generate_rng = random.Random(f"devserver-generate-faults-{self.seed}")
         self._health_rng = random.Random(f"devserver-health-faults-{self.seed}")
-        self._count = self._malformed_count = 0
+        self._count = 0
+        self._malformed_count = 0
         self._lock = threading.Lock()
 
     def next_generate(self) -> GenerateFate:

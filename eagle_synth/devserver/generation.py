@@ -63,7 +63,8 @@ class ModelVocab:
         self.think_open_id: int | None = self._special_id(THINK_OPEN)
         self.think_close_id: int | None = self._special_id(THINK_CLOSE)
         if self.think_open_id is None or self.think_close_id is None:
-            self.think_open_id = self.think_close_id = None
+            self.think_open_id = None
+            self.think_close_id = None
         self.separator_ids: tuple[int, ...] = tuple(self.encode(ANSWER_SEPARATOR))
         # A reasoning template may end its prompt with "<think>" or "<think>\n".
         self.newline_ids: frozenset[int] = frozenset(self.encode("\n"))
@@ -189,7 +190,8 @@ class Generator:
 
     def _stream(self, rng: random.Random, *, reasoning: bool, answer_ids: list[int] | None = None) -> Iterator[int]:
         """Reasoning, the answer (`answer_ids`, a tool call, else corpus), EOS, endless continuation."""
-        total = thinking = self._natural_length(rng)
+        total = self._natural_length(rng)
+        thinking = total
         if reasoning:
             thinking = max(1, round(total * rng.uniform(*REASONING_SHARE)))
             yield from self._body(rng, thinking)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import ProtocolError
 from eagle_synth.sampling import SGLANG_SAMPLING_KEYS, version_tuple
 
 if TYPE_CHECKING:
@@ -46,16 +46,6 @@ class Reply:
 
 def json_reply(obj: Any, status: int = 200) -> Reply:
     return Reply(status=status, body=json.dumps(obj, separators=(",", ":")).encode())
-
-
-class ProtocolError(EagleSynthError):
-    """A request the real server refuses with HTTP `status` (500: SGLang's uncaught TypeError);
-    `param` is the field vLLM names in its error body."""
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +118,20 @@ def _is_int_list(value: Any) -> bool:
 # SamplingParams keys with a type: key -> (msgspec's name of the type, check, conversion).
 # Other known keys (grammars, logit_bias, ...) are kept as `extra`.
 TYPED_KEYS: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] = {
-    **dict.fromkeys(("max_new_tokens", "min_new_tokens", "top_k", "n", "sampling_seed"), ("int", is_int, int)),
-    **dict.fromkeys(
-        ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"),
-        ("float", _is_number, float),
-    ),
-    **dict.fromkeys(("ignore_eos", "skip_special_tokens", "no_stop_trim"), ("bool", lambda v: True, bool)),
+    "max_new_tokens": ("int", is_int, int),
+    "min_new_tokens": ("int", is_int, int),
+    "top_k": ("int", is_int, int),
+    "n": ("int", is_int, int),
+    "sampling_seed": ("int", is_int, int),
+    "temperature": ("float", _is_number, float),
+    "top_p": ("float", _is_number, float),
+    "min_p": ("float", _is_number, float),
+    "frequency_penalty": ("float", _is_number, float),
+    "presence_penalty": ("float", _is_number, float),
+    "repetition_penalty": ("float", _is_number, float),
+    "ignore_eos": ("bool", lambda v: True, bool),
+    "skip_special_tokens": ("bool", lambda v: True, bool),
+    "no_stop_trim": ("bool", lambda v: True, bool),
     "stop": ("str | array[str]", _is_stop, lambda v: tuple(s for s in ([v] if isinstance(v, str) else v) if s)),
     "stop_token_ids": ("array[int]", _is_int_list, tuple),
 }
@@ -177,7 +175,8 @@ def parse_sampling_params(raw: Any, *, errors_are_400: bool = True) -> SamplingP
         values[key] = convert(value)
     p = SamplingParams(**values, extra=tuple(sorted(extra)))
     # SGLang's SamplingParams.verify()
-    max_new, min_new = p.max_new_tokens, p.min_new_tokens
+    max_new = p.max_new_tokens
+    min_new = p.min_new_tokens
     penalties = {"frequency_penalty": -2.0, "presence_penalty": -2.0, "repetition_penalty": 0.0}
     refuse_first(
         (
@@ -277,7 +276,8 @@ def parse_generate_request(
     body: Any, config: DevServerConfig, *, tokenize: Callable[[str], list[int]] | None
 ) -> GenerateRequest:
     """Parse and validate a /generate body; raises ProtocolError as SGLang would fail."""
-    preferred, errors_are_400 = config.preferred_params, version_tuple(config.sglang_version) >= SAMPLING_400_VERSION
+    preferred = config.preferred_params
+    errors_are_400 = version_tuple(config.sglang_version) >= SAMPLING_400_VERSION
     max_input = config.max_req_input_len
     if not isinstance(body, dict):
         raise ProtocolError("The request body must be a JSON object.")
@@ -403,7 +403,8 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
     raises ProtocolError as vLLM would fail. vLLM 0.32 (the real CPU build) shortens max_tokens
     to the room the prompt leaves and refuses only a prompt that fills the context; older
     vLLM refuses a prompt + max_tokens above it."""
-    served, overrides = config.effective_served_model_name, config.generation_overrides
+    served = config.effective_served_model_name
+    overrides = config.generation_overrides
     shortens = version_tuple(config.vllm_version) >= SHORTENS_MAX_TOKENS_FROM
     if not isinstance(body, dict):
         raise ProtocolError("1 validation error for CompletionRequest: Input should be a valid dictionary")
@@ -424,11 +425,14 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
         raise ProtocolError(
             f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output tokens."
         )
-    stop, seed = body.get("stop"), body.get("seed")
+    stop = body.get("stop")
+    seed = body.get("seed")
     # The request's sampling under SGLang's names, so equal values give equal ids on both APIs:
     # user -> server default (generation config, override) -> OpenAI default.
     p = {k: body[k] if body.get(k) is not None else overrides.get(k, v) for k, v in OPENAI_DEFAULTS.items()}
-    p |= {"n": body.get("n") or 1, "max_new_tokens": max_tokens, "min_new_tokens": body.get("min_tokens") or 0}
+    p["n"] = body.get("n") or 1
+    p["max_new_tokens"] = max_tokens
+    p["min_new_tokens"] = body.get("min_tokens") or 0
     p |= {k: body.get(k) or 0.0 for k in PENALTIES}
     p |= {"stop": (stop,) if isinstance(stop, str) else tuple(stop or ())}
     p |= {"sampling_seed": None if seed == -1 else seed}
@@ -463,7 +467,8 @@ def parse_completion_request(body: Any, config: DevServerConfig, vocab_size: int
         )
     )
     # vLLM's top_k 0 and -1 both mean off; fields the Generator ignores still seed sampled output.
-    p |= {"top_k": -1 if p["top_k"] in (0, -1) else p["top_k"], "ignore_eos": bool(body.get("ignore_eos"))}
+    p["top_k"] = -1 if p["top_k"] in (0, -1) else p["top_k"]
+    p["ignore_eos"] = bool(body.get("ignore_eos"))
     p |= {"skip_special_tokens": body.get("skip_special_tokens", True) is not False}
     p |= {"no_stop_trim": bool(body.get("include_stop_str_in_output"))}
     p |= {"stop_token_ids": tuple(body.get("stop_token_ids") or ())}

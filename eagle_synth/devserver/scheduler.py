@@ -20,18 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import QueueFullError
 
 if TYPE_CHECKING:
     from eagle_synth.devserver.config import DevServerConfig
 
 # Outcomes a waiting handler can find on its job.
-PENDING, FINISHED = "pending", "finished"
-ABORTED_WAITING, ABORTED_RUNNING = "aborted_waiting", "aborted_running"
-
-
-class QueueFullError(EagleSynthError):
-    pass
+PENDING = "pending"
+FINISHED = "finished"
+ABORTED_WAITING = "aborted_waiting"
+ABORTED_RUNNING = "aborted_running"
 
 
 @dataclass(eq=False)
@@ -72,7 +70,8 @@ class SlotScheduler:
         self.cache = cache
         self.max_queued = config.max_queued_requests
         self.stats = stats
-        self.token_latency, self.prefill_latency = config.token_latency, config.prefill_latency
+        self.token_latency = config.token_latency
+        self.prefill_latency = config.prefill_latency
         # Seconds per uncached prompt token (0: prefill is free).
         self.prefill_cost = 1.0 / config.prefill_throughput if config.charge_prefill else 0.0
         # When the shared prefill engine has done all the prefill admitted so far.
@@ -105,8 +104,11 @@ class SlotScheduler:
             for job in jobs:
                 if not self._waiting and len(self._running) < self.slots and self.instant(job):
                     self._look_up(job)
-                    job.admitted_at = job.decode_start = job.finish_at = time.monotonic()
-                    job.outcome, job.tokens_done = FINISHED, job.output_tokens
+                    job.admitted_at = time.monotonic()
+                    job.decode_start = job.admitted_at
+                    job.finish_at = job.admitted_at
+                    job.outcome = FINISHED
+                    job.tokens_done = job.output_tokens
                     finished.append((job, 0.0))
                 else:
                     self._waiting.append(job)
@@ -129,7 +131,8 @@ class SlotScheduler:
             self._waiting = deque(job for job in self._waiting if not named(job))
             for _, _, job in self._running:
                 if named(job):
-                    job.outcome, job.tokens_done = ABORTED_RUNNING, self._tokens_at(job, now)
+                    job.outcome = ABORTED_RUNNING
+                    job.tokens_done = self._tokens_at(job, now)
                     ended.append((job, now - job.admitted_at))
             self._running = [entry for entry in self._running if not named(entry[2])]
             heapq.heapify(self._running)
@@ -171,7 +174,8 @@ class SlotScheduler:
                 # go to waiting prompts in the same step.
                 while self._running and self._running[0][0] <= now:
                     job = heapq.heappop(self._running)[2]
-                    job.outcome, job.tokens_done = FINISHED, job.output_tokens
+                    job.outcome = FINISHED
+                    job.tokens_done = job.output_tokens
                     finished.append((job, job.finish_at - job.admitted_at))
                 while self._waiting and len(self._running) < self.slots:
                     job = self._waiting.popleft()
@@ -292,7 +296,8 @@ class DevStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.started_at, self._started_mono = time.time(), time.monotonic()
+        self.started_at = time.time()
+        self._started_mono = time.monotonic()
         self.reset()
 
     def reset(self) -> None:

@@ -16,11 +16,13 @@ import msgpack
 import redis
 
 from eagle_synth.state.keys import CampaignKeys
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import text
 
 # Entries read per HSCAN step.
 SCAN_COUNT = 200
+
+_FORGET_IF_FINISHED = LuaScript("forget_if_finished")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +47,7 @@ def remember(client: redis.Redis, payload: dict) -> None:
 def forget_if_finished(client: redis.Redis, campaign: str, batch: str, keys: list[str]) -> bool:
     """Delete the batch's entry if every key of it is done or failed."""
     k = CampaignKeys(campaign)
-    return bool(client.eval(script("forget_if_finished"), 3, k.batches, k.done, k.failed, batch, *keys))
+    return bool(_FORGET_IF_FINISHED(client, (k.batches, k.done, k.failed), (batch, *keys)))
 
 
 def stored_count(client: redis.Redis, campaign: str) -> int:

@@ -19,11 +19,11 @@ import msgspec
 import redis
 import zstandard
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import BadCampaignName, CampaignMismatch
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys, failed_counter
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.outbox import Outbox
 from eagle_synth.state.redis_client import pipelined, text
 
@@ -43,21 +43,13 @@ FAILURE_SCAN_COUNT = 500
 FAILURE_MAGIC = b"F1 "
 # zstd level of a stored failure: ids compress to ~1.4 B a token at level 3 (JSON ids: ~5.6).
 FAILURE_ZSTD_LEVEL = 3
-_RECORD_FAILURE = script("failure_reason", "record_failure")
-_TAKE_FAILURES = script("failure_reason", "take_failures")
-_MARK_DONE = script("failure_reason", "mark_done_lib", "mark_done")
-_UNDO_DONE = script("undo_done")
-_FOLD_DONE = script("fold_done")
+_RECORD_FAILURE = LuaScript("failure_reason", "record_failure")
+_TAKE_FAILURES = LuaScript("failure_reason", "take_failures")
+_MARK_DONE = LuaScript("failure_reason", "mark_done_lib", "mark_done")
+_UNDO_DONE = LuaScript("undo_done")
+_FOLD_DONE = LuaScript("fold_done")
 # The layout of a campaign's key sets (CampaignKeys.layout).
 LAYOUT = "2"
-
-
-class CampaignMismatch(UserError, ValueError):
-    """Enqueuing into a campaign whose stored settings differ; the message lists each field."""
-
-
-class BadCampaignName(UserError, ValueError):
-    """A campaign name that cannot be a folder and a Redis key prefix; the message says what works."""
 
 
 def check_campaign_name(name: str) -> None:
@@ -261,10 +253,11 @@ class Campaign:
         if not keys:
             return 0
         k = self.keys
-        args = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.enqueued, tokens_in, tokens_out, repaired)
+        names = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.enqueued)
+        args = (tokens_in, tokens_out, repaired, EVENTS_MAXLEN, tokens_cached, *keys)
         if fence is not None:
-            return int(fence.eval(self.client, _MARK_DONE, 6, *args, EVENTS_MAXLEN, tokens_cached, *keys, release=keys))
-        return int(self.client.eval(_MARK_DONE, 6, *args, EVENTS_MAXLEN, tokens_cached, *keys))
+            return int(fence.run_script(self.client, _MARK_DONE, names, args, release=keys))
+        return int(_MARK_DONE(self.client, names, args))
 
     def record_failure(
         self,
@@ -281,7 +274,7 @@ class Campaign:
         k = self.keys
 
         def write(pipe: redis.Redis) -> None:  # a transaction pipeline when fenced
-            pipe.eval(_RECORD_FAILURE, 2, k.failed, k.failed_reasons, item.key, failure.encode(), reason)
+            _RECORD_FAILURE(pipe, (k.failed, k.failed_reasons), (item.key, failure.encode(), reason))
             pipe.hincrby(k.counters, failed_counter(reason), 1)
 
         if fence is not None:
@@ -297,9 +290,8 @@ class Campaign:
 
     def _undo(self, reason: str, args: list) -> int:
         k = self.keys
-        return int(
-            self.client.eval(_UNDO_DONE, 5, k.done, k.counters, k.enqueued, k.failed, k.failed_reasons, reason, *args)
-        )
+        names = (k.done, k.counters, k.enqueued, k.failed, k.failed_reasons)
+        return int(_UNDO_DONE(self.client, names, (reason, *args)))
 
     def undo_done(self, keys: list[str]) -> int:
         """Take keys whose records were lost back out of `done` into pending (counted as
@@ -335,7 +327,7 @@ class Campaign:
         """Remove keys from `failed` (keeping the per-reason counts true); returns the keys that were there."""
         if not keys:
             return set()
-        taken = self.client.eval(_TAKE_FAILURES, 2, self.keys.failed, self.keys.failed_reasons, *keys)
+        taken = _TAKE_FAILURES(self.client, (self.keys.failed, self.keys.failed_reasons), keys)
         return {text(key) for key in taken}
 
     def failure_counts(self) -> dict[str, int]:
@@ -358,7 +350,7 @@ class Campaign:
         moved = 0
         keys = self.client.sscan_iter(k.done, count=DONE_SCAN_COUNT)
         while chunk := list(islice(keys, FAILURE_CHUNK)):
-            moved += int(self.client.eval(_FOLD_DONE, 2, k.done, k.enqueued, *chunk))
+            moved += int(_FOLD_DONE(self.client, (k.done, k.enqueued), chunk))
         self.client.set(k.layout, LAYOUT)
         return moved
 

@@ -22,10 +22,10 @@ from typing import IO, Any
 import msgpack
 import zstandard
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import CampaignNotClosable, StateFileUnavailable
 from eagle_synth.records import atomic_writer, campaign_dir, read_raw_file, scan_campaign
 from eagle_synth.state.campaign import LAYOUT, Campaign
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import text
 
 # The folded state's file name inside the campaign folder.
@@ -39,15 +39,7 @@ FAILURE_FOLD_CHUNK = 500
 # zstd level of the state file: hex keys halve at any level; 3 is the fastest that does.
 STATE_ZSTD_LEVEL = 3
 
-_FREE = script("free")
-
-
-class CampaignNotClosable(UserError, RuntimeError):
-    """The campaign is not complete or its records are not all here; the message says why and what to do."""
-
-
-class StateFileUnavailable(UserError, FileNotFoundError):
-    """An ended campaign's state file is not readable here; the message names the file and its host."""
+_FREE = LuaScript("free")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +62,8 @@ def ended_info(campaign: Campaign) -> dict | None:
 
 def _fingerprint(keys: Iterable[str]) -> tuple[int, int]:
     """(count, sum of 128-bit key digests mod 2^128): a set of keys in constant memory."""
-    count = total = 0
+    count = 0
+    total = 0
     for key in keys:
         count += 1
         total += int.from_bytes(hashlib.blake2b(key.encode(), digest_size=16).digest(), "little")
@@ -102,7 +95,9 @@ def _queued_batches(campaign: Campaign, queue: str) -> int:
 
 def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
     """Raise CampaignNotClosable unless the campaign is complete and its records are all in `folder`."""
-    name, k, client = campaign.name, campaign.keys, campaign.client
+    name = campaign.name
+    k = campaign.keys
+    client = campaign.client
     if campaign.settings() is None:
         raise CampaignNotClosable(f"campaign {name!r} does not exist in this Redis")
     progress = campaign.progress()
@@ -143,7 +138,8 @@ def check_closable(campaign: Campaign, folder: Path, *, queue: str) -> None:
 
 def _write_state(campaign: Campaign, out: IO[bytes]) -> tuple[int, int, int]:
     """Write the state stream to `out`; returns (done, failed, ends) written."""
-    client, k = campaign.client, campaign.keys
+    client = campaign.client
+    k = campaign.keys
     settings = campaign.settings()
     header = {
         "format": STATE_FORMAT,
@@ -198,7 +194,7 @@ def close_campaign(campaign: Campaign, out: str | os.PathLike, *, queue: str) ->
     names = [k.enqueued, k.done, k.failed, k.ended, k.outbox, k.events, k.conversation_ends, k.followups]
     names += [k.followup_batches, k.batches, k.claims]
     # Layout 2: `enqueued` holds the failed keys only, the done ones left it.
-    if not int(campaign.client.eval(_FREE, len(names), *names, failed, done, failed, marker)):
+    if not int(_FREE(campaign.client, names, (failed, done, failed, marker))):
         raise CampaignNotClosable(
             f"campaign {campaign.name!r} changed while it was being closed (an enqueue or retry ran): "
             "nothing was freed; close again once it is complete"
@@ -216,7 +212,8 @@ def _read_state(path: Path) -> Iterator[Any]:
 def reopen_campaign(campaign: Campaign, path: str | os.PathLike) -> tuple[int, int]:
     """Read a state file back into Redis, then remove `ended` (only once read whole; rerunnable
     after a kill); returns (done, failed) restored."""
-    client, k = campaign.client, campaign.keys
+    client = campaign.client
+    k = campaign.keys
     stream = _read_state(Path(path))
     header = next(stream, None)
     if not isinstance(header, dict) or header.get("format") != STATE_FORMAT:

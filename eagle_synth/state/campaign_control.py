@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import redis
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import CampaignCancelled
 from eagle_synth.priorities import PRIORITIES, check_priority, message_priority
 from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, queue_lists
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.keys import CAMPAIGNS, KEY_PREFIX, CampaignKeys
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.node_state import all_nodes
 from eagle_synth.state.redis_client import pipelined, text
 from eagle_synth.state.stranded import UNACKED_INDEX_KEY, UNACKED_KEY, held_batches
@@ -51,9 +51,7 @@ CANCEL_POLL_INTERVAL = 0.5
 # Keys read per SCAN step while deleting a campaign's keys.
 SCAN_COUNT = 500
 
-
-class CampaignCancelled(UserError):
-    """The campaign was cancelled: nothing is enqueued under its name until the marker is forgotten."""
+_MOVE_MESSAGE = LuaScript("move_message")
 
 
 def cancel_marker(client: redis.Redis, campaign: str) -> dict | None:
@@ -94,7 +92,8 @@ def age_waiting(client: redis.Redis, *, base_queue: str, after: float = PRIORITY
     now = time.time()
     raised = []
     for name in campaign_names(client):
-        queue, keys = campaign_queue(base_queue, name), CampaignKeys(name)
+        queue = campaign_queue(base_queue, name)
+        keys = CampaignKeys(name)
         lengths = pipelined(client, *(("llen", name) for name in queue_lists(queue)))
         if not any(lengths[1:]):
             continue  # nothing queued below the top level (the first list: kombu's step 0)
@@ -123,7 +122,7 @@ def _move_queued(client: redis.Redis, queue: str, new_level: Callable[[int], int
             continue
         # Oldest first (kombu pushes left and pops right), so the moved keep their order.
         for raw in reversed(client.lrange(source, 0, -1)):
-            moved += client.eval(script("move_message"), 2, source, target, raw, _with_priority(raw, wanted))
+            moved += _MOVE_MESSAGE(client, (source, target), (raw, _with_priority(raw, wanted)))
     return moved
 
 
@@ -179,7 +178,8 @@ def cancel_campaign(
     settled = _wait_for_inflight(client, campaign, timeout=settle_timeout, on_wait=on_wait)
     deleted += _delete_state(client, keys)
     client.srem(CAMPAIGNS, campaign)
-    marker |= {"queued": queued, "held": len(held)}
+    marker["queued"] = queued
+    marker["held"] = len(held)
     client.set(keys.cancelled, json.dumps(marker))
     return CancelOutcome(
         queued_batches=queued,
@@ -198,7 +198,8 @@ def forget_cancel(client: redis.Redis, campaign: str) -> bool:
 
 def cancelled_names(client: redis.Redis) -> list[str]:
     """Every campaign whose cancel marker is in this Redis."""
-    prefix, suffix = f"{KEY_PREFIX}:campaign:", ":cancelled"
+    prefix = f"{KEY_PREFIX}:campaign:"
+    suffix = ":cancelled"
     found = client.scan_iter(match=f"{prefix}*{suffix}", count=SCAN_COUNT)
     return sorted(text(key)[len(prefix) : -len(suffix)] for key in found)
 

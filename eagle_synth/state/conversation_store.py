@@ -17,7 +17,7 @@ from eagle_synth.conversation import END_COMPLETE, END_REASONS
 from eagle_synth.state.campaign import EVENTS_MAXLEN, Campaign
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import CONVERSATIONS, conversation_end_counter
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import pipelined, text
 
 # Owner field prefix of a formed batch (plain fields are turn keys).
@@ -29,10 +29,10 @@ FOLLOW = "follow"
 END = "end"
 NOTHING = ""
 
-_COMMIT = script("failure_reason", "mark_done_lib", "followup_commit")
-_READY = script("followup_ready")
-_FORM = script("followup_form")
-_ADOPT = script("followup_adopt")
+_COMMIT = LuaScript("failure_reason", "mark_done_lib", "followup_commit")
+_READY = LuaScript("followup_ready")
+_FORM = LuaScript("followup_form")
+_ADOPT = LuaScript("followup_adopt")
 
 
 def end_json(
@@ -80,11 +80,12 @@ class ConversationStore:
         k = self.keys
         names = (k.done, k.failed, k.failed_reasons, k.counters, k.events, k.followups, k.followup_owners)
         counts = (tokens_in, tokens_out, repaired, EVENTS_MAXLEN, owner, tokens_cached)
-        args = (*names, k.conversation_ends, k.enqueued, *counts)
+        keys = (*names, k.conversation_ends, k.enqueued)
+        args = (*counts, *chain(*entries))
         if fence is not None:
-            reply = fence.eval(self.client, _COMMIT, 9, *args, *chain(*entries), release=[e[0] for e in entries])
+            reply = fence.run_script(self.client, _COMMIT, keys, args, release=[e[0] for e in entries])
         else:
-            reply = self.client.eval(_COMMIT, 9, *args, *chain(*entries))
+            reply = _COMMIT(self.client, keys, args)
         return int(reply[0]), {key.decode() for key in reply[1:]}
 
     def ready(self, entries: list[tuple[str, str, str, bytes | str]], *, owner: str) -> set[str]:
@@ -94,14 +95,12 @@ class ConversationStore:
             return set()
         k = self.keys
         names = (k.enqueued, k.followups, k.followup_owners, k.counters, k.conversation_ends)
-        return {key.decode() for key in self.client.eval(_READY, 5, *names, owner, *chain(*entries))}
+        return {key.decode() for key in _READY(self.client, names, (owner, *chain(*entries)))}
 
     def form(self, *, owner: str, batch: str, payload: bytes, keys: list[str]) -> set[str]:
         """Turn rendered entries into one batch entry; returns keys not held (nothing formed then)."""
         k = self.keys
-        lost = self.client.eval(
-            _FORM, 3, k.followups, k.followup_owners, k.followup_batches, owner, batch, payload, *keys
-        )
+        lost = _FORM(self.client, (k.followups, k.followup_owners, k.followup_batches), (owner, batch, payload, *keys))
         return {key.decode() for key in lost}
 
     def sent(self, batch: str) -> None:
@@ -125,7 +124,7 @@ class ConversationStore:
         """Take over fields a dead process held; returns those taken (compare-and-set)."""
         if not fields:
             return []
-        taken = self.client.eval(_ADOPT, 1, self.keys.followup_owners, owner, dead, *fields)
+        taken = _ADOPT(self.client, (self.keys.followup_owners,), (owner, dead, *fields))
         return [text(field) for field in taken]
 
     # Our clients return bytes; redis-py types replies as bytes | str.

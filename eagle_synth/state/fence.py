@@ -27,36 +27,20 @@ from typing import Any
 
 import redis
 
-from eagle_synth.errors import EagleSynthError
-from eagle_synth.state.lua import script
+from eagle_synth.errors import ClaimLeaseLost, CommitUnsure, LeaseLost
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import text
 
-_CLAIM = script("claim_lib", "claim")
-_RELEASE = script("claim_release")
-_LIVE = script("claim_lib", "claims_live")
-_SETTLE = script("commit_settle")
+_CLAIM = LuaScript("claim_lib", "claim")
+_RELEASE = LuaScript("claim_release")
+_LIVE = LuaScript("claim_lib", "claims_live")
+_SETTLE = LuaScript("commit_settle")
+_RENEW = LuaScript("renew")
 # How long a batch's commit receipts outlive its last commit, ms: longer than any Redis outage
 # a batch waits through before it reads back whether its commit applied (a day; they are small).
 RECEIPT_TTL_MS = 24 * 3600 * 1000
 # Keys per claim script call (a script blocks Redis while it runs; a batch rarely has more).
 CHUNK = 1000
-
-
-class LeaseLost(EagleSynthError):
-    """The batch lease is no longer the writer's: nothing was written."""
-
-
-class CommitUnsure(redis.ConnectionError):
-    """A fenced commit was sent but its reply was lost: Redis may have applied it or not.
-    `receipt` names the try; Fence.settle tells which it was once Redis answers again."""
-
-    def __init__(self, message: str, receipt: str) -> None:
-        super().__init__(message)
-        self.receipt = receipt
-
-
-class ClaimLeaseLost(EagleSynthError):
-    """The batch's own lease was gone when it tried to claim its keys."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +58,7 @@ class Fence:
 
     def renew(self, client: redis.Redis) -> None:
         """Renew the lease now (a full TTL for what follows), or raise LeaseLost."""
-        if not client.eval(script("renew"), 1, self.lease_key, self.holder, self.ttl_ms):
+        if not _RENEW(client, (self.lease_key,), (self.holder, self.ttl_ms)):
             raise LeaseLost(f"batch lease {self.lease_key} is not {self.holder} any more")
 
     def run(self, client: redis.Redis, write: Callable[[Any], None], *, release: Sequence[str] = ()) -> list:
@@ -108,20 +92,28 @@ class Fence:
         """Whether one of the commit tries named by `receipts` (CommitUnsure.receipt) applied.
         False means none did and none can any more, and the lease is still ours (renewed); a lease
         lost meanwhile raises LeaseLost. Raises redis errors while Redis does not answer."""
-        outcome = int(client.eval(_SETTLE, 2, self.lease_key, self.receipts_key, self.holder, self.ttl_ms, *receipts))
+        outcome = int(_SETTLE(client, (self.lease_key, self.receipts_key), (self.holder, self.ttl_ms, *receipts)))
         if outcome < 0:
             raise LeaseLost(f"batch lease {self.lease_key} is not {self.holder} any more; its commit did not apply")
         return outcome == 1
 
-    def eval(self, client: redis.Redis, script: str, numkeys: int, *args: Any, release: Sequence[str] = ()) -> Any:
-        """`client.eval(script, ...)`, fenced: the script's result, or LeaseLost."""
-        return self.run(client, lambda pipe: pipe.eval(script, numkeys, *args), release=release)[0]
+    def run_script(
+        self,
+        client: redis.Redis,
+        script: LuaScript,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        *,
+        release: Sequence[str] = (),
+    ) -> Any:
+        """`script(client, keys, args)`, fenced: the script's result, or LeaseLost."""
+        return self.run(client, lambda pipe: script(pipe, keys, args), release=release)[0]
 
 
-def _each_chunk(client: redis.Redis, script: str, names: list[str], args: list[str], keys: list[str]) -> Iterator:
+def _each_chunk(client: redis.Redis, script: LuaScript, names: list[str], args: list[str], keys: list[str]) -> Iterator:
     """The script's reply for each CHUNK of `keys` (KEYS `names`, ARGV `args` then the chunk)."""
     for start in range(0, len(keys), CHUNK):
-        yield client.eval(script, len(names), *names, *args, *keys[start : start + CHUNK])
+        yield script(client, names, [*args, *keys[start : start + CHUNK]])
 
 
 def claim(client: redis.Redis, claims_key: str, lease_key: str, holder: str, keys: list[str]) -> set[str]:

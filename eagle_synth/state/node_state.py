@@ -130,7 +130,8 @@ class NodeState:
     def _read(self) -> _NodeView:
         view = _NodeView()
         for raw_name, raw_value in self.client.hgetall(self.key).items():
-            name, value = as_text(raw_name), as_text(raw_value)
+            name = as_text(raw_name)
+            value = as_text(raw_value)
             kind, _, rest = name.partition(":")
             if kind == "state":
                 view.states[rest] = msgspec.json.decode(value, type=ServerState)
@@ -152,7 +153,8 @@ class NodeState:
         if view.states:
             out["server_states"] = {url: msgspec.structs.asdict(state) for url, state in view.states.items()}
         if view.inflight:
-            out["inflight_by_server"], out["inflight_by_campaign"] = view.inflight_by(2), view.inflight_by(1)
+            out["inflight_by_server"] = view.inflight_by(2)
+            out["inflight_by_campaign"] = view.inflight_by(1)
         return out
 
     def publish_inflight(

@@ -15,7 +15,7 @@ import redis
 
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
 from eagle_synth.state.keys import CampaignKeys
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import pipelined
 
 # Seconds a producer's liveness key lasts; another run recovers its outbox only after that.
@@ -23,6 +23,8 @@ PRODUCER_TTL = 60
 # Suffixes of a chunk's companion fields: indices of new items, items published so far.
 _NEW = ":new"
 _SENT = ":sent"
+
+_CLAIM = LuaScript("outbox_claim")
 
 
 def chunk_field(run_id: str, serial: int) -> str:
@@ -55,13 +57,13 @@ class Outbox:
     def __init__(self, client: redis.Redis, keys: CampaignKeys) -> None:
         self.client = client
         self.keys = keys
-        self._claim = client.register_script(script("outbox_claim"))
 
     def claim(self, field: str, items: list[PromptItem], *, count_as: str | None = None) -> list[bool]:
         """In one step, enqueue the items' keys seen nowhere yet and, if any, store the chunk under
         `field`, adding their number to counter `count_as`; returns per item whether it was new."""
         k = self.keys
-        indices = self._claim(
+        indices = _CLAIM(
+            self.client,
             keys=[k.enqueued, k.outbox, k.counters, k.done],
             args=[field, _pack_items(items), count_as or "", *[item.key for item in items]],
         )

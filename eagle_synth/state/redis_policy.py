@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import redis
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import EvictingRedisError, VolatileRedisError
 
 # The only eviction policy under which Redis never drops a key on its own.
 REQUIRED_POLICY = "noeviction"
@@ -22,14 +22,6 @@ OVERRIDE_FLAG = "--allow-evicting-redis"
 VOLATILE_FLAG = "--allow-volatile-redis"
 # Text of Redis's OOM reply, which kombu wraps into its own OperationalError.
 _OOM_REPLY = "used memory > 'maxmemory'"
-
-
-class EvictingRedisError(UserError, RuntimeError):
-    """Redis may evict keys; the message says which policy and how to fix or override it."""
-
-
-class VolatileRedisError(UserError, RuntimeError):
-    """Redis persists nothing (no AOF, no RDB save schedule); the message says how to fix or override."""
 
 
 def read_eviction_policy(client: redis.Redis) -> tuple[str | None, str | None]:

@@ -8,23 +8,13 @@ from __future__ import annotations
 
 import redis
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import ReadOnlyReplica
 
 # Roles (ROLE's first item, INFO's `role:`) of a server that refuses writes.
 REPLICA_ROLES = frozenset({"slave", "replica"})
 # Redis's reply to a write on a replica: `READONLY You can't write against a read only replica.`
 # (redis-py raises ReadOnlyError without the code; kombu wraps it, quoting the words).
 READONLY_WORDS = "write against a read only replica"
-
-
-class ReadOnlyReplica(UserError):
-    """The Redis at REDIS_URL is a read-only replica. Parameters: its address and its master's."""
-
-    def __init__(self, address: str, master: str) -> None:
-        super().__init__(
-            f"the Redis at {address} is a read-only replica of {master}: point REDIS_URL (or --redis) "
-            "at the master, which takes the campaign's writes"
-        )
 
 
 def address_of(client: redis.Redis) -> str:

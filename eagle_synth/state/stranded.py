@@ -27,7 +27,7 @@ from eagle_synth.processes import holder_gone_here, holder_host
 from eagle_synth.queue import PRIORITY_SEPARATOR, PRIORITY_STEPS, payload_of_entry
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.keys import CampaignKeys
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.node_state import all_nodes, live_hosts
 from eagle_synth.state.redis_client import pipelined, text
 
@@ -38,11 +38,14 @@ UNACKED_KEY = Channel.unacked_key
 UNACKED_INDEX_KEY = Channel.unacked_index_key
 BINDING_KEY_FORMAT = Channel.keyprefix_queue
 # kombu clamps message priorities to this range before picking a priority list.
-MIN_PRIORITY, MAX_PRIORITY = 0, 9
+MIN_PRIORITY = 0
+MAX_PRIORITY = 9
 # Unacked entries fetched per HMGET.
 FETCH_CHUNK = 200
 # Decoded (campaign, batch, keys) cached per delivery tag (for `status --watch`).
 DECODED_CACHE_SIZE = 50_000
+
+_RESTORE = LuaScript("restore")
 
 _decoded: dict[str, tuple[str, str, tuple[str, ...]] | None] = {}
 
@@ -183,7 +186,7 @@ def restore(client: redis.Redis, held: HeldBatch, *, queue_name: str | None = No
         message["headers"]["redelivered"] = True
         message["properties"]["delivery_info"]["redelivered"] = True
     names = (UNACKED_KEY, UNACKED_INDEX_KEY, held.lease_key, destination)
-    restored = client.eval(script("restore"), 4, *names, held.tag, held.entry, json.dumps(message))
+    restored = _RESTORE(client, names, (held.tag, held.entry, json.dumps(message)))
     if restored:
         _decoded.pop(held.tag, None)
     return bool(restored)

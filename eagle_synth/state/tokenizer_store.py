@@ -14,7 +14,7 @@ import msgpack
 import redis
 import zstandard
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import TokenizerUnavailable
 from eagle_synth.state.keys import tokenizer_blob
 
 # zstd level of the stored files: 3.5 MB for Qwen3.5's 12.8 MB tokenizer.json in 0.4 s.
@@ -23,10 +23,6 @@ TOKENIZER_ZSTD_LEVEL = 10
 BLOB_FORMAT = "eagle-synth-tokenizer-1"
 # Written last into an unpacked folder: its presence means the folder is complete.
 COMPLETE_MARKER = ".complete"
-
-
-class TokenizerUnavailable(EagleSynthError, RuntimeError):
-    """The campaign's tokenizer cannot be had on this worker; the message says what to do."""
 
 
 def cache_root() -> Path:

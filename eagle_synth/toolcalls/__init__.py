@@ -14,9 +14,10 @@ the reasoning first (eagle_synth.conversation.parse_answer does both): a call in
 
 from __future__ import annotations
 
-from eagle_synth.toolcalls.answer import Cursor, Malformed, ParsedAnswer, ToolFormat
+from eagle_synth.errors import Malformed, ToolFormatError
+from eagle_synth.toolcalls.answer import Cursor, ParsedAnswer, ToolFormat
 from eagle_synth.toolcalls.deepseek import DEEPSEEK_V3, DEEPSEEK_V31
-from eagle_synth.toolcalls.detect import ToolFormatError, detect_tool_format
+from eagle_synth.toolcalls.detect import detect_tool_format
 from eagle_synth.toolcalls.dsml import DSML_FORMAT
 from eagle_synth.toolcalls.glm import GLM45
 from eagle_synth.toolcalls.hermes import HERMES

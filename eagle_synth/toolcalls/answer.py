@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import Malformed
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +26,6 @@ class ParsedAnswer:
     tool_calls: list[dict] = field(default_factory=list)
     unparsed: bool = False
     problem: str | None = None
-
-
-class Malformed(EagleSynthError, ValueError):
-    """A tool call that does not follow its format; the message says where and how."""
 
 
 class Cursor:

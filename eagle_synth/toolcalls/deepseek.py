@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from functools import partial
 
-from eagle_synth.toolcalls.answer import Cursor, Malformed, ToolFormat, call_name, json_arguments
+from eagle_synth.errors import Malformed
+from eagle_synth.toolcalls.answer import Cursor, ToolFormat, call_name, json_arguments
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"

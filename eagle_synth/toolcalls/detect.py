@@ -8,8 +8,6 @@ format is not one of TOOL_FORMATS gives None, and `--tool-format` has to name on
 
 from __future__ import annotations
 
-from eagle_synth.errors import UserError
-
 # (family, markers that must all appear in the template), most specific first.
 TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # MiniMax-M3 writes `]<]minimax[>[<tool_call>` with nested XML arguments: not supported.
@@ -40,7 +38,3 @@ def detect_tool_format(chat_template: str | dict | None) -> str | None:
         if all(marker in text for marker in markers):
             return family or None
     return None
-
-
-class ToolFormatError(UserError, ValueError):
-    """No usable tool-call format: the message names the flag to pass and the choices."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import re
 
-from eagle_synth.toolcalls.answer import Cursor, Malformed, ToolFormat, call_name
+from eagle_synth.errors import Malformed
+from eagle_synth.toolcalls.answer import Cursor, ToolFormat, call_name
 from eagle_synth.toolcalls.deepseek import END_OF_SENTENCE
 
 DSML = "｜DSML｜"

@@ -12,7 +12,8 @@ raw, anything else JSON; a parameter the schema does not describe is read as JSO
 
 from __future__ import annotations
 
-from eagle_synth.toolcalls.answer import Cursor, Malformed, ToolFormat, call_name
+from eagle_synth.errors import Malformed
+from eagle_synth.toolcalls.answer import Cursor, ToolFormat, call_name
 from eagle_synth.toolcalls.values import convert_value
 
 CALL_BEGIN = "<tool_call>"

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-from eagle_synth.toolcalls.answer import Cursor, Malformed, ToolFormat, json_arguments
+from eagle_synth.errors import Malformed
+from eagle_synth.toolcalls.answer import Cursor, ToolFormat, json_arguments
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
 SECTION_END = "<|tool_calls_section_end|>"

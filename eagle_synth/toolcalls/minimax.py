@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 
-from eagle_synth.toolcalls.answer import Cursor, Malformed, ToolFormat, call_name, json_call
+from eagle_synth.errors import Malformed
+from eagle_synth.toolcalls.answer import Cursor, ToolFormat, call_name, json_call
 from eagle_synth.toolcalls.values import convert_value
 
 M1_BEGIN = "<tool_calls>"

@@ -16,7 +16,8 @@ schema does not describe stays text, as SGLang's qwen3_coder parser keeps it.
 
 from __future__ import annotations
 
-from eagle_synth.toolcalls.answer import Cursor, Malformed, ToolFormat, call_name
+from eagle_synth.errors import Malformed
+from eagle_synth.toolcalls.answer import Cursor, ToolFormat, call_name
 from eagle_synth.toolcalls.values import convert_value
 
 CALL_BEGIN = "<tool_call>"

@@ -18,13 +18,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import CompactBusy, CompactWriteFailed, NotACampaignFolder, RecordFormatError
 from eagle_synth.records import (
     SHARD_PREFIX,
     TMP_PREFIX,
     CampaignFiles,
-    NotACampaignFolder,
-    RecordFormatError,
     ShardWriter,
     batch_of_file,
     fsync_dir,
@@ -52,23 +50,6 @@ SHARD_LEVEL = 9
 DEFAULT_THREADS = os.cpu_count() or 1
 # Lock file (a dot name readers ignore) that keeps compactions and repairs of one folder apart.
 LOCK_NAME = ".compact.lock"
-
-
-class CompactBusy(UserError, RuntimeError):
-    """Another `eagle-synth compact` holds this campaign folder."""
-
-
-class CompactWriteFailed(UserError, OSError):
-    """A shard could not be written (a full disk, a quota, a read-only or failing folder). Its
-    temporary file is gone and its batch files are kept, so the campaign reads as before; shards
-    finished earlier in the run stand. Parameters: the records folder, the OSError, shards done."""
-
-    def __init__(self, folder: Path, error: OSError, shards_done: int) -> None:
-        super().__init__(
-            f"cannot write a shard in {folder}: {error.strerror or error} (errno {error.errno}); "
-            f"its batch files are kept and the campaign reads as before ({shards_done} shards written "
-            "before it stand): free space, then run compact again"
-        )
 
 
 @dataclass(slots=True)
@@ -161,7 +142,7 @@ def compact(
     `threads` worker threads (0: the calling thread); `on_shard(path, records)` after each."""
     folder = records_dir(campaign_path)
     if not folder.is_dir():
-        raise NotACampaignFolder(campaign_path)
+        raise NotACampaignFolder(folder, campaign_path)
     result = CompactResult()
     with exclusive(folder):
         # Our own temporary shards: only a stopped run (we hold the lock) can have left them.

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import ExportError, UserError
 from eagle_synth.progress import Progress, reported
 from eagle_synth.records import RawRecord, iter_raw_records, read_manifest
 from eagle_synth.tools.conversation_order import grouped_records, ordered_records
 from eagle_synth.tools.export_rows import arrow_batch, arrow_schema, json_row
-from eagle_synth.tools.filters import ExportError, ExportFilters, SelectionStats, sample_cutoff, select_rows
+from eagle_synth.tools.filters import ExportFilters, SelectionStats, sample_cutoff, select_rows
 from eagle_synth.tools.trainer_formats import (
     DATASET_FORMATS,
     StagedSplit,
@@ -158,12 +158,18 @@ def _writer(
             lambda writer, group: writer.write_batch(arrow_batch(group, schema), row_group_size=len(group)),
         )
     if format == "specforge":
-        return lambda path: open(path, "w", encoding="utf-8"), lambda handle, group: handle.write(
-            specforge_lines(group, zero_last_loss=True) if options.zero_last_loss else specforge_lines(group)
+        return (
+            lambda path: open(path, "w", encoding="utf-8"),
+            lambda handle, group: handle.write(
+                specforge_lines(group, zero_last_loss=True) if options.zero_last_loss else specforge_lines(group)
+            ),
         )
     opener: Callable[..., Any] = functools.partial(gzip.open, compresslevel=6) if gz else open
-    return lambda path: opener(path, "wt", encoding="utf-8"), lambda handle, group: handle.write(
-        "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)
+    return (
+        lambda path: opener(path, "wt", encoding="utf-8"),
+        lambda handle, group: handle.write(
+            "".join(json.dumps(json_row(raw), separators=(",", ":"), ensure_ascii=False) + "\n" for raw in group)
+        ),
     )
 
 
@@ -173,7 +179,8 @@ class _FileSink:
     `shard_tokens` ids. With no rows, one empty file (a Parquet one still carries the schema)."""
 
     def __init__(self, format: str, out: Path, split: str | None, options: OutputOptions) -> None:
-        self.shard_rows, self.shard_tokens = options.shard_rows, options.shard_tokens
+        self.shard_rows = options.shard_rows
+        self.shard_tokens = options.shard_tokens
         self.sharded = bool(self.shard_rows or self.shard_tokens)
         if out.is_dir() and not self.sharded:
             raise ExportError(
@@ -181,18 +188,24 @@ class _FileSink:
             )
         default_suffix = ".parquet" if format == "parquet" else ".jsonl"
         if self.sharded and (out.is_dir() or not out.suffix):
-            self.folder, self.stem, self.suffix = out, split or "part", default_suffix
+            self.folder = out
+            self.stem = split or "part"
+            self.suffix = default_suffix
         else:
             gz = out.suffix == ".gz" and len(out.suffixes) > 1
             self.suffix = "".join(out.suffixes[-2:]) if gz else (out.suffix or default_suffix)
             stem = out.name[: len(out.name) - len(self.suffix)]
-            self.folder, self.stem = out.parent, f"{stem}-{split}" if split else stem
+            self.folder = out.parent
+            self.stem = f"{stem}-{split}" if split else stem
         self.single = out if split is None else self.folder / f"{self.stem}{self.suffix}"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.open_file, self.write_group = _writer(format, options, gz=self.suffix.endswith(".gz"))
         self.done: list[Path] = []
         self.handle: Any = None
-        self.index = self.in_shard = self.tokens_in_shard = self.largest_file_tokens = 0
+        self.index = 0
+        self.in_shard = 0
+        self.tokens_in_shard = 0
+        self.largest_file_tokens = 0
 
     def path(self, index: int) -> Path:
         return self.folder / f"{self.stem}-{index:0{SHARD_DIGITS}d}{self.suffix}" if self.sharded else self.single
@@ -233,7 +246,9 @@ class _FileSink:
         self.handle = None
         os.replace(self.tmp(), self.path(self.index))
         self.done.append(self.path(self.index))
-        self.index, self.in_shard, self.tokens_in_shard = self.index + 1, 0, 0
+        self.index = self.index + 1
+        self.in_shard = 0
+        self.tokens_in_shard = 0
 
     def close(self) -> list[Path]:
         if self.handle is None and not self.done:
@@ -282,7 +297,8 @@ def _fill(
         result.loss_tokens += sum(row.output_len for row in group)
         if split is not None:
             result.split_rows[split] += len(group)
-        groups[split], tokens[split] = [], 0
+        groups[split] = []
+        tokens[split] = 0
 
     for split, row in select_rows(records, filters, result.stats, cutoff=cutoff):
         groups[split].append(row)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import ExportError
 from eagle_synth.flags import Flag
 from eagle_synth.records import RawRecord
 
@@ -33,10 +33,6 @@ _SPLIT_PERSON = b"eagle-synth-spl"
 _SAMPLE_PERSON = b"eagle-synth-smp"
 _GROUP_PERSON = b"eagle-synth-grp"
 _HASH_RANGE = float(1 << 64)
-
-
-class ExportError(UserError, ValueError):
-    """An export or vocab argument (filters, split, format, output) that cannot work; says what to give."""
 
 
 def parse_split(text: str | None) -> tuple[tuple[str, float], ...]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from eagle_synth.errors import UserError
-from eagle_synth.harness import bind_error
+from eagle_synth.errors import FlowerAuthError, FlowerPortInUse
+from eagle_synth.ports import bind_error
 from eagle_synth.queue import CELERY_URL_OVERRIDES, make_celery
 from eagle_synth.settings import BrokerSettings, broker_settings
 
@@ -31,10 +31,6 @@ PURGE_OFFLINE_WORKERS_S = 3600
 MAX_TASKS_IN_MEMORY = 20_000
 # Where Celery's command line finds the app (resolved lazily by this module's __getattr__).
 APP_SYMBOL = "eagle_synth.tools.flower:celery_app"
-
-
-class FlowerAuthError(UserError, ValueError):
-    """Flower's credentials are missing, malformed or a placeholder; the message says what to do."""
 
 
 def parse_basic_auth(raw: str) -> list[str]:
@@ -107,10 +103,6 @@ class FlowerOptions:
             environ[ENV_BASIC_AUTH] = ",".join(self.credentials)
 
 
-class FlowerPortInUse(UserError, OSError):
-    """Flower's port is taken on its address; the message names --port."""
-
-
 def check_port_free(*, address: str, port: int) -> None:
     """Raise FlowerPortInUse if (address, port) cannot be bound now, before Flower's own start
     would fail there with a traceback (a port in TIME_WAIT passes)."""
@@ -177,7 +169,8 @@ def __getattr__(name: str) -> Celery:
     # Celery resolves APP_SYMBOL with getattr; building the app on first use (from the environment
     # run_flower exported, then kept as a module global) keeps imports free of side effects.
     if name == "celery_app":
-        app = globals()["celery_app"] = make_celery(broker_settings())
+        app = make_celery(broker_settings())
+        globals()["celery_app"] = app
         return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import InspectError
 from eagle_synth.records import Record, iter_records
 
 # Style of special and added tokens (<|im_end|>, <think>, ...) in decoded text.
@@ -23,10 +23,6 @@ SPECIAL_STYLE = "bold magenta"
 BOUNDARY_STYLE = "bold yellow"
 # Ids shown on each side of the boundary.
 BOUNDARY_IDS = 8
-
-
-class InspectError(UserError, LookupError):
-    """No record, or several, match what was asked; the message says what to give instead."""
 
 
 def render_ids(tokenizer: Any, ids: Sequence[int]) -> Text:
@@ -78,7 +74,8 @@ def render_record(
     console.rule(Text(shown, style="bold cyan"), align="left")
     console.print(render_ids(tokenizer, record.prompt_ids[hidden:]), highlight=False)
     console.rule(Text("▼ prompt ends, output begins ▼", style=BOUNDARY_STYLE), style=BOUNDARY_STYLE)
-    prompt, output = record.prompt_ids, record.output_ids
+    prompt = record.prompt_ids
+    output = record.output_ids
     before = ("... " if len(prompt) > BOUNDARY_IDS else "") + " ".join(map(str, prompt[-BOUNDARY_IDS:]))
     after = " ".join(map(str, output[:BOUNDARY_IDS])) + (" ..." if len(output) > BOUNDARY_IDS else "")
     marker = Text.assemble(("prompt ids ", "dim"), before, ("  ┃ output starts ┃  ", BOUNDARY_STYLE), after)

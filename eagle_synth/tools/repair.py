@@ -24,7 +24,7 @@ from pathlib import Path
 import msgpack
 import zstandard
 
-from eagle_synth.errors import CampaignNotFound
+from eagle_synth.errors import CampaignNotFound, RecordFormatError
 from eagle_synth.ids import pack_ids
 from eagle_synth.payload import PromptItem, prompt_key
 from eagle_synth.reasons import RECORD_DAMAGED
@@ -33,7 +33,6 @@ from eagle_synth.records import (
     READABLE_VERSIONS,
     RECORD_SUFFIX,
     Record,
-    RecordFormatError,
     fsync_dir,
     read_manifest,
     read_raw_file,

@@ -206,12 +206,23 @@ def _not_served(nodes: list[dict], name: str) -> Iterator[dict]:
 def _cancelled_status(name: str, marker: dict) -> dict:
     """A cancelled campaign's status: nothing pending, what it had when cancelled, the marker."""
     data: dict[str, Any] = dict.fromkeys(STATUS_KEYS, 0)
-    data |= {"campaign": name, "done": marker.get("done", 0), "failed": marker.get("failed", 0)}
-    data |= {"failed_by_reason": {}, "failures_recorded_by_reason": {}, "skipped_by_reason": {}, "workers": []}
-    data |= {"rate_window_s": RATE_WINDOW, "eta_seconds": None, "at": time.time(), "finished_share": 0.0}
+    data["campaign"] = name
+    data["done"] = marker.get("done", 0)
+    data["failed"] = marker.get("failed", 0)
+    data["failed_by_reason"] = {}
+    data["failures_recorded_by_reason"] = {}
+    data["skipped_by_reason"] = {}
+    data["workers"] = []
+    data["rate_window_s"] = RATE_WINDOW
+    data["eta_seconds"] = None
+    data["at"] = time.time()
+    data["finished_share"] = 0.0
     data["cache_hit_share"] = 0.0
     data |= {key: None for key in ("conversations", "ended", "model")}
-    data |= {"serving": [], "not_served": [], "priority": None, "cancelled": marker}
+    data["serving"] = []
+    data["not_served"] = []
+    data["priority"] = None
+    data["cancelled"] = marker
     return data
 
 

@@ -205,7 +205,8 @@ def _failures(data: dict, *, compact: bool = False) -> Table:
     table.add_column("reason")
     table.add_column("prompts now", justify="right", no_wrap=True)
     table.add_column("ever recorded", justify="right", no_wrap=True)
-    now, ever = data["failed_by_reason"], data["failures_recorded_by_reason"]
+    now = data["failed_by_reason"]
+    ever = data["failures_recorded_by_reason"]
     reasons = sorted(set(now) | set(ever), key=lambda r: (-now.get(r, 0), r))
     shown = reasons[:COMPACT_FAILURE_REASONS] if compact and len(reasons) > COMPACT_FAILURE_REASONS + 1 else reasons
     for reason in shown:
@@ -404,7 +405,8 @@ def watch_status(
     live_view = contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=False)
     with contextlib.suppress(KeyboardInterrupt), live_view as live:
         for count in itertools.count(1) if refreshes is None else range(1, refreshes + 1):
-            data, problem = None, None
+            data = None
+            problem = None
             try:
                 data = campaign_status(client, campaign, queue=queue)
             except REDIS_ERRORS as exc:

@@ -21,10 +21,11 @@ from typing import IO, Any
 
 import numpy as np
 
+from eagle_synth.errors import ExportError
 from eagle_synth.ids import unpack_ids
 from eagle_synth.records import RawRecord, atomic_write_bytes
 from eagle_synth.tools.export_rows import Column, arrow_batch, arrow_schema
-from eagle_synth.tools.filters import ExportError, row_group
+from eagle_synth.tools.filters import row_group
 from eagle_synth.tools.vocab import TOKEN_FREQ_JSON, TOKEN_FREQ_TORCH, TokenCounts, torch_module, write_token_freq
 
 DATASET_FORMATS = ("speculators", "hf")

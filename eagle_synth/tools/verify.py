@@ -16,18 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import RecordFormatError, TemplateError, VerifyError
 from eagle_synth.model_identity import model_vocab_size, output_id_bound
-from eagle_synth.records import RawRecord, RecordFormatError, read_manifest, read_raw_file, scan_campaign
-from eagle_synth.templating import (
-    THINK_CLOSE,
-    THINK_OPEN,
-    TemplateError,
-    eos_token_ids,
-    read_tokenizer,
-    token_id,
-    tokenizer_facts,
-)
+from eagle_synth.records import RawRecord, read_manifest, read_raw_file, scan_campaign
+from eagle_synth.templating import THINK_CLOSE, THINK_OPEN, eos_token_ids, read_tokenizer, token_id, tokenizer_facts
 from eagle_synth.tokenizer_files import folder_problem
 from eagle_synth.tools.filters import hash64
 
@@ -59,10 +51,6 @@ CHECKS: dict[str, tuple[str, str]] = {
         "conversations (--history own) whose turns are not 0..n-1: a turn is missing below one that exists",
     ),
 }
-
-
-class VerifyError(UserError, ValueError):
-    """verify cannot run as asked (no vocabulary size known); the message says what to pass."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +155,9 @@ class _Checker:
         self.settings = settings
         self.counts: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
-        self.records = self.prompt_tokens = self.output_tokens = 0
+        self.records = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
         self.finish: Counter[str] = Counter()
         self.backends: Counter[str] = Counter()
         self.reasoning: Counter[str] = Counter()
@@ -186,7 +176,9 @@ class _Checker:
             kept.append(example)
 
     def check(self, raw: RawRecord) -> None:
-        s, meta, key = self.settings, raw.meta, raw.key
+        s = self.settings
+        meta = raw.meta
+        key = raw.key
         self.records += 1
         self.prompt_tokens += raw.prompt_len
         self.output_tokens += raw.output_len
@@ -330,7 +322,9 @@ def format_report(report: dict) -> list[tuple[str, str | None]]:
     def say(line: str, style: str | None = None) -> None:
         lines.append((line, style))
 
-    files, tokens, s = report["files"], report["tokens"], report["settings"]
+    files = report["files"]
+    tokens = report["tokens"]
+    s = report["settings"]
     say(
         f"{report['campaign']}: {report['records']} records, {tokens['prompt']} prompt + {tokens['output']} output "
         f"tokens in {files['batch_files']} batch files and {files['shards']} shards",

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from eagle_synth.errors import UserError
+from eagle_synth.errors import VocabError
 from eagle_synth.model_identity import MODEL_CONFIG_NAME, config_size
 from eagle_synth.progress import Progress, reported
 from eagle_synth.records import RawRecord, atomic_write_bytes, iter_raw_records, read_manifest
@@ -33,7 +33,9 @@ COUNT_BATCH_ROWS = 1024
 # File names, as the trainers look for them.
 TOKEN_FREQ_JSON = "token_freq.json"
 TOKEN_FREQ_TORCH = "token_freq.pt"  # speculators: {data-path}/token_freq.pt, a dict id -> count
-D2T_NPY, T2D_NPY = "d2t.npy", "t2d.npy"  # speculators: {data-path}/d2t.npy and t2d.npy
+# speculators: {data-path}/d2t.npy and t2d.npy
+D2T_NPY = "d2t.npy"
+T2D_NPY = "t2d.npy"
 VOCAB_MAPPING_JSON = "vocab_mapping.json"
 VOCAB_MAPPING_TORCH = "vocab_mapping.pt"  # SpecForge: model.vocab_mapping_path, {"d2t", "t2d"} tensors
 MODELOPT_D2T_TORCH = "d2t.pt"  # ModelOpt: data.draft_vocab_cache, the int64 d2t tensor alone
@@ -43,10 +45,6 @@ TORCH_MISSING = (
     "vocab_mapping.pt (SpecForge's model.vocab_mapping_path) and d2t.pt (ModelOpt's "
     "data.draft_vocab_cache); run the commands below where torch is installed to make them"
 )
-
-
-class VocabError(UserError, ValueError):
-    """A vocabulary mapping cannot be built as asked; the message says what to pass."""
 
 
 def torch_module() -> Any | None:
@@ -66,7 +64,8 @@ class TokenCounts:
 
     def add_rows(self, rows: Iterable[RawRecord]) -> int:
         """Count the loss-masked ids (the output) of rows, a batch of rows per numpy call; returns the rows."""
-        rows, counted = iter(rows), 0
+        rows = iter(rows)
+        counted = 0
         while batch := [raw.output_u32 for raw in itertools.islice(rows, COUNT_BATCH_ROWS)]:
             found = np.bincount(np.frombuffer(b"".join(batch), dtype="<u4"))
             self.counts = np.pad(self.counts, (0, max(0, len(found) - len(self.counts))))

@@ -10,20 +10,14 @@ from dataclasses import dataclass
 from typing import ClassVar, Self
 from urllib.parse import urlsplit, urlunsplit
 
-from eagle_synth.errors import UserError
 from eagle_synth.state.node_state import ServerState
 from workers.servers.client import ServerFacts, positive_int
-from workers.servers.transport import BadSamplingParams
 
 # The kinds of server a worker can drive; "auto" (the --backend default) detects the kind.
 SGLANG = "sglang"
 VLLM = "vllm"
 AUTO = "auto"
 BACKEND_CHOICES = (AUTO, SGLANG, VLLM)
-
-
-class PreflightError(UserError, RuntimeError):
-    """The server is configured in a way that would change the records; says how to fix it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +43,6 @@ def redact_url(url: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
-
-
-class UntranslatableSampling(BadSamplingParams):
-    """The campaign's sampling has no exact equivalent on this kind of server (a key it does
-    not have, a value it would change); the message says which and why. Like a 400 about the
-    sampling, it fails the campaign's prompts as `bad-sampling-params` before any is sent."""
 
 
 def provenance_of(kind: str, facts: ServerFacts, details: dict, launch_args: dict, accepted: list[str] | None) -> dict:

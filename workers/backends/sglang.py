@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 
+from eagle_synth.errors import UntranslatableSampling
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
-from workers.backends.base import SGLANG, BaseBackend, Check, Problem, UntranslatableSampling, provenance_of
+from workers.backends.base import SGLANG, BaseBackend, Check, Problem, provenance_of
 from workers.replies import GeneratedItem, parse_generate_item
 from workers.servers.client import ServerClient, ServerFacts, positive_int
 
@@ -177,7 +178,8 @@ class SGLangBackend(BaseBackend):
         context, refuses when prompt >= max_req_input_len, and silently lowers max_new_tokens to
         max_req_len - prompt - 1: the record would then claim a max_new_tokens not used, so that
         does not fit either."""
-        ctx, drafts = state.context_length, state.draft_reserved_tokens
+        ctx = state.context_length
+        drafts = state.draft_reserved_tokens
         if not ctx:
             return None
         held = prompt_len + drafts

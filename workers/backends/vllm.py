@@ -12,31 +12,20 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eagle_synth.sampling import version_tuple
-from eagle_synth.state.node_state import ServerState
-from workers.backends.base import (
-    VLLM,
-    BaseBackend,
-    Check,
-    PreflightError,
-    Problem,
-    UntranslatableSampling,
-    provenance_of,
-    redact_url,
-)
-from workers.replies import (
-    FINISH_TYPES,
+from eagle_synth.errors import (
     BadResponse,
-    GeneratedItem,
+    PreflightError,
     PromptMismatch,
     SamplingOverridden,
-    checked_ids,
-    excerpt,
-    is_token_int,
-    kind_of,
+    TransientError,
+    UntranslatableSampling,
 )
+from eagle_synth.sampling import version_tuple
+from eagle_synth.state.node_state import ServerState
+from workers.backends.base import VLLM, BaseBackend, Check, Problem, provenance_of, redact_url
+from workers.replies import FINISH_TYPES, GeneratedItem, checked_ids, excerpt, is_token_int, kind_of
 from workers.servers.client import ServerClient, ServerFacts, first_model, positive_int
-from workers.servers.transport import TransientError, error_for_status, error_message
+from workers.servers.transport import error_for_status, error_message
 
 log = logging.getLogger("eagle_synth.preflight")
 
@@ -46,14 +35,28 @@ log = logging.getLogger("eagle_synth.preflight")
 # (no_stop_trim and include_stop_str_in_output only decide whether `text` keeps a matched stop).
 SGLANG_MAX_NEW_TOKENS = 128
 SGLANG_DEFAULTS: dict[str, object] = {
-    **{"max_new_tokens": SGLANG_MAX_NEW_TOKENS, "min_new_tokens": 0, "temperature": 1.0, "top_p": 1.0},
-    **{"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0},
-    **{"stop": [], "stop_token_ids": [], "ignore_eos": False, "skip_special_tokens": True},
-    **{"spaces_between_special_tokens": True, "no_stop_trim": False, "n": 1},
+    "max_new_tokens": SGLANG_MAX_NEW_TOKENS,
+    "min_new_tokens": 0,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "stop": [],
+    "stop_token_ids": [],
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "n": 1,
 }
 RENAMED = {
-    **{"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"},
-    **{"no_stop_trim": "include_stop_str_in_output"},
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "sampling_seed": "seed",
+    "no_stop_trim": "include_stop_str_in_output",
 }
 KNOWN_KEYS = frozenset({*SGLANG_DEFAULTS, "sampling_seed"})
 # vLLM raises temperatures in (0, MIN) to MIN (SamplingParams.__post_init__) and refuses those

@@ -12,14 +12,8 @@ from dataclasses import dataclass
 import requests
 from requests.adapters import HTTPAdapter
 
-from workers.servers.transport import (
-    CONNECT_TIMEOUT,
-    REQUESTS_ERRORS,
-    TransientError,
-    auth_headers,
-    transport_error,
-    unauthorized,
-)
+from eagle_synth.errors import TransientError
+from workers.servers.transport import CONNECT_TIMEOUT, REQUESTS_ERRORS, auth_headers, transport_error, unauthorized
 
 # Keep-alive connections per server of the synchronous client.
 POOL_CONNECTIONS = 64

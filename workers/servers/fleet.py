@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import msgspec
 
+from eagle_synth.errors import ServerDown
 from eagle_synth.state.node_state import HEALTHY, ServerState
 from workers.backends import Backend, backend_for_state
 from workers.servers.client import ServerClient
-from workers.servers.transport import ServerDown
 
 # Keep-alive connections per server of the process's one client: the gate's probes, the model
 # check's /tokenize and the batch threads' quick health checks, each short and seldom at once.

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from eagle_synth.errors import PreflightError, ServerDown, TransientError, Unauthorized
 from eagle_synth.processes import process_alive
 from eagle_synth.state.node_state import (
     HEALTHY,
@@ -29,7 +30,6 @@ from eagle_synth.state.node_state import (
 )
 from workers import metrics
 from workers.backends import BACKENDS
-from workers.backends.base import PreflightError
 from workers.background import every
 from workers.config import WorkerConfig
 from workers.disk import DiskState
@@ -39,7 +39,6 @@ from workers.servers.fleet import Fleet
 from workers.servers.model_check import REFUSE_PREFIX
 from workers.servers.preflight import preflight_server
 from workers.servers.routing import CampaignRouter
-from workers.servers.transport import ServerDown, TransientError, Unauthorized
 
 log = logging.getLogger("eagle_synth.health")
 

@@ -19,12 +19,12 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from eagle_synth.errors import ServerDown, TransientError
 from eagle_synth.state.campaign import CampaignSettings
 from eagle_synth.state.node_state import ServerState
 from workers.backends import backend_for_state
 from workers.backends.base import redact_url
 from workers.servers.client import ServerClient
-from workers.servers.transport import ServerDown, TransientError
 
 log = logging.getLogger("eagle_synth.model_check")
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from eagle_synth.errors import PreflightError, ServerDown, TransientError, Unauthorized
 from workers.backends import BACKENDS
-from workers.backends.base import AUTO, SGLANG, VLLM, Check, PreflightError, redact_url
+from workers.backends.base import AUTO, SGLANG, VLLM, Check, redact_url
 from workers.backends.sglang import CHECKS
 from workers.config import auto_inflight
 from workers.servers.client import ServerClient, ServerFacts, first_model
-from workers.servers.transport import ServerDown, TransientError, Unauthorized
 
 # The settings `--allow-server-parsers` accepts.
 PARSER_SETTINGS = frozenset({"reasoning_parser", "tool_call_parser", "skip_tokenizer_init"})

@@ -22,7 +22,14 @@ import aiohttp
 import requests
 import urllib3
 
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import (
+    BadRequest,
+    BadSamplingParams,
+    ClientError,
+    ServerDown,
+    TransientError,
+    Unauthorized,
+)
 from eagle_synth.sampling import SGLANG_SAMPLING_KEYS
 
 # Seconds to open a TCP connection (a listening server accepts at once even when busy).
@@ -32,30 +39,6 @@ CONNECT_TIMEOUT = 5.0
 # timeout).
 REQUESTS_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError)
 AIOHTTP_ERRORS = (aiohttp.ClientError, TimeoutError)
-
-
-class ClientError(EagleSynthError):
-    """Base of the client's errors (the message says what the server answered, if it did)."""
-
-
-class ServerDown(ClientError):
-    """The server is not accepting connections (loading weights, dead, restarting)."""
-
-
-class TransientError(ClientError):
-    """A failure that may pass: timeout, dropped connection, 429, 5xx."""
-
-
-class BadRequest(ClientError):
-    """The server refused the request as malformed (HTTP 400); its message is kept."""
-
-
-class BadSamplingParams(BadRequest):
-    """HTTP 400 about the campaign's sampling: the caller stops the campaign instead of failing its prompts."""
-
-
-class Unauthorized(ClientError):
-    """HTTP 401 or 403: the server checks an API key and this worker sent none, or another one."""
 
 
 # How the servers word a 400 caused by the sampling, whatever the version: an unknown key

@@ -51,18 +51,6 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def bind_error(host: str, port: int) -> OSError | None:
-    """What binding (host, port) raises now, None if it binds. SO_REUSEADDR as HTTP servers bind
-    (Tornado, aiohttp), so a port in TIME_WAIT passes."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return exc
-    return None
-
-
 def listening(pid: int, port: int) -> bool:
     """Whether `pid` or a child listens on `port` (a picked port may be taken by another program
     first). Without psutil (a test dependency), any listener counts."""
@@ -170,8 +158,11 @@ class RedisServer:
         if self.maxmemory:
             options["--maxmemory"] = self.maxmemory
         if self.tls:
-            options |= {"--tls-port": self.port, "--tls-ca-cert-file": self.ca_file, "--tls-auth-clients": "no"}
-            options |= {"--tls-cert-file": d / "server.pem", "--tls-key-file": d / "server.key"}
+            options["--tls-port"] = self.port
+            options["--tls-ca-cert-file"] = self.ca_file
+            options["--tls-auth-clients"] = "no"
+            options["--tls-cert-file"] = d / "server.pem"
+            options["--tls-key-file"] = d / "server.key"
         if self.password:
             options["--requirepass"] = self.password
         args = [binary, *(str(part) for pair in options.items() for part in pair)]
@@ -315,8 +306,12 @@ class Stack(AbstractContextManager["Stack"]):
         stop_timeout: float = STOP_TIMEOUT,
         remove: bool = False,
     ) -> None:
-        self.dir, self.logdir, self.tokenizer = folder, folder / "logs", tokenizer
-        self.worker_env, self.stop_timeout, self.remove = worker_env or {}, stop_timeout, remove
+        self.dir = folder
+        self.logdir = folder / "logs"
+        self.tokenizer = tokenizer
+        self.worker_env = worker_env or {}
+        self.stop_timeout = stop_timeout
+        self.remove = remove
         self.workers: list[ManagedProcess] = []
         self.others: list[ManagedProcess] = []
         self.redis_servers: list[RedisServer] = []

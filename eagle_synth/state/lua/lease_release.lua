@@ -1,0 +1,3 @@
+-- KEYS: lease. ARGV: holder. Deletes the lease if it is still the holder's.
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
