@@ -22,10 +22,13 @@ import redis
 
 from eagle_synth.priorities import campaign_priority, message_priority
 from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, payload_of_entry, queue_lists
-from eagle_synth.state.lua import script
+from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import pipelined
 
 log = logging.getLogger("eagle_synth.queue_upgrade")
+
+# Takes one message off a list and pushes its new form onto another, unless a worker took it.
+_MOVE_MESSAGE = LuaScript("move_message")
 
 
 def adopt_base_queue(client: redis.Redis, base_queue: str) -> dict[str, int]:
@@ -47,7 +50,7 @@ def adopt_base_queue(client: redis.Redis, base_queue: str) -> dict[str, int]:
                 target, message = _readdressed(client, raw, base_queue, campaign)
             except (KeyError, TypeError):
                 continue  # an envelope kombu would not restore either: left as it is
-            if client.eval(script("move_message"), 2, source, target, raw, message):
+            if _MOVE_MESSAGE(client, (source, target), (raw, message)):
                 moved[campaign] = moved.get(campaign, 0) + 1
     for campaign, count in moved.items():
         log.warning(
