@@ -273,7 +273,7 @@ class _Run:
         return self.was_cancelled
 
     def max_new_tokens(self, item: PromptItem) -> int:
-        return int(self.sampling[item.key].get("max_new_tokens", 0))
+        return self.sampling[item.key].max_new_tokens
 
     # before generating ------------------------------------------------------------------
     def run(self) -> None:
@@ -542,7 +542,7 @@ class _Run:
             completion_tokens=reply.completion_tokens,
             cached_tokens=reply.cached_tokens,
             campaign=self.campaign.name,
-            sampling=self.sent[item.key],
+            sampling=self.sent[item.key].as_map(),
             source=item.source,
             server=url,
             worker=self.runner.node,

@@ -17,7 +17,6 @@ slow render or publish cannot let it lapse.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
 import secrets
@@ -31,16 +30,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import msgspec
 import redis
 
-from eagle_synth.conversation import ConversationState, end_before_render, turn_key
+from eagle_synth.conversation import END_TEMPLATE_ERROR, ConversationState, NextTurn, end_before_render, turn_key
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, TaskPayload, batch_id, pack_item, unpack_item
 from eagle_synth.processes import holder_alive, holder_id
 from eagle_synth.records import Record
-from eagle_synth.sampling import SamplingParams
+from eagle_synth.sampling import SamplingParams, ServerSampling
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, CampaignSettings, campaign_names
 from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW, NOTHING, ConversationStore, end_json
@@ -88,7 +86,7 @@ class _Pending:
 
     campaign: str
     key: str
-    sampling: dict
+    sampling: ServerSampling
     item: PromptItem
     answer: tuple = ()
     attempts: int = 0
@@ -96,17 +94,17 @@ class _Pending:
 
     def packed(self) -> bytes:
         """As the outbox stores it: state "render" (with the answer) or "ready"."""
-        data: dict = {"s": "ready", "sampling": self.sampling, "item": pack_item(self.item)}
+        data: dict = {"s": "ready", "sampling": self.sampling.as_map(), "item": pack_item(self.item)}
         if self.answer:
             out, finish, matched = self.answer
             data.update(s="render", out=pack_ids(out), finish=finish, matched=matched)
-        return msgpack.packb(data, use_bin_type=True)
+        return msgspec.msgpack.encode(data)
 
     @classmethod
     def stored(cls, campaign: str, key: str, blob: bytes) -> _Pending:
-        data = msgpack.unpackb(blob, raw=False)
+        data = msgspec.msgpack.decode(blob)
         answer = (unpack_ids(data["out"]), data["finish"], data["matched"]) if data["s"] == "render" else ()
-        return cls(campaign, key, data["sampling"], unpack_item(data["item"]), answer)
+        return cls(campaign, key, ServerSampling(data["sampling"]), unpack_item(data["item"]), answer)
 
 
 Entry = tuple[str, str, str, bytes | str]  # a ConversationStore step: key, action, target, data
@@ -128,7 +126,7 @@ def _end_entry(key: str, item: PromptItem, reason: str, message: str = "") -> En
 
 def _group_of(pending: _Pending) -> tuple[str, str]:
     """Rendered turns batch together when their campaign and sampling are the same."""
-    return pending.campaign, json.dumps(pending.sampling, sort_keys=True)
+    return pending.campaign, pending.sampling.identity
 
 
 def _by_campaign(pendings: Iterable[Any], campaign: Callable[[Any], str]) -> dict[str, list]:
@@ -179,7 +177,7 @@ class FollowUps:
         self._to_render: deque[_Pending] = deque()
         self._rendering: dict[tuple[str, str], _Pending] = {}
         self._rendered: queue.Queue = queue.Queue()
-        self._ready_results: list[tuple[_Pending, tuple[Any, ...]]] = []
+        self._ready_results: list[tuple[_Pending, NextTurn]] = []
         self._ready: dict[tuple[str, str], dict[str, _Pending]] = {}
         self._unsent: dict[tuple[str, str], dict] = {}
         self._untracked_before: set[tuple[str, str]] = set()
@@ -447,7 +445,7 @@ class FollowUps:
                     pending.attempts += 1
                     if pending.attempts >= RENDER_ATTEMPTS:
                         message = f"the renderer died on it {pending.attempts} times: {exc}"
-                        self._ready_results.append((pending, ("end", "template-error", message)))
+                        self._ready_results.append((pending, NextTurn(end=END_TEMPLATE_ERROR, message=message)))
                     else:
                         with self._lock:
                             self._to_render.append(pending)
@@ -455,14 +453,14 @@ class FollowUps:
             settings = self._settings[name]  # what its turns were submitted to render with
             entries: list[Entry] = []
             ready = {}
-            for pending, (kind, first, second) in results:  # workers/renderer.py's _render results
+            for pending, turn in results:
                 parent = pending.item
-                if kind != "ready":
-                    entries.append(_end_entry(pending.key, parent, first, second))
+                if turn.ids is None or turn.state is None:
+                    entries.append(_end_entry(pending.key, parent, turn.end or END_TEMPLATE_ERROR, turn.message))
                     continue
-                item = _next_item(parent, ids=first, state=second, settings=settings)
+                item = _next_item(parent, ids=turn.ids, state=turn.state, settings=settings)
                 ready[pending.key] = rendered = _Pending(name, pending.key, pending.sampling, item)
-                entries.append((pending.key, "ready", second["key"], rendered.packed()))  # the conversation's key
+                entries.append((pending.key, "ready", turn.state.key, rendered.packed()))  # the conversation's key
             held = self._store(name).ready(entries, owner=self.owner)
             self._ready_results = [r for r in self._ready_results if r[0].campaign != name]
             with self._lock:
@@ -487,7 +485,7 @@ class FollowUps:
                 keys = [i.key for i in items]
                 batch = batch_id(keys)
                 payload = TaskPayload(campaign=name, batch=batch, sampling=chunk[0].sampling, items=items).encode()
-                blob = msgpack.packb(payload, use_bin_type=True)
+                blob = msgspec.msgpack.encode(payload)
                 lost = self._store(name).form(owner=self.owner, batch=batch, payload=blob, keys=keys)
                 gone = {p.key for p in chunk if p.key in lost} if lost else set(keys)
                 with self._lock:
@@ -550,7 +548,7 @@ class FollowUps:
             batch = entry.removeprefix(BATCH_FIELD_PREFIX)
             if (blob := store.batch(batch)) is not None:
                 with self._lock:
-                    self._unsent[(name, batch)] = msgpack.unpackb(blob, raw=False)
+                    self._unsent[(name, batch)] = msgspec.msgpack.decode(blob)
             return
         if (blob := store.entry(entry)) is None:
             return
@@ -563,10 +561,14 @@ class FollowUps:
                 self._ready.setdefault(_group_of(pending), {})[entry] = pending
 
 
-def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings) -> PromptItem:
-    key = turn_key(state["key"], parent.turn + 1)
+def _next_item(
+    parent: PromptItem, *, ids: list[int], state: ConversationState, settings: CampaignSettings
+) -> PromptItem:
+    key = turn_key(state.key, parent.turn + 1)
     # Every sample has a seed (as the producer gives turn 0): from --seed, else from its key.
     seed = SamplingParams.from_dict(settings.sampling).sample_seed(
         prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key
     )
-    return msgspec.structs.replace(parent, key=key, ids=ids, seed=seed, turn=parent.turn + 1, conversation=state)
+    return msgspec.structs.replace(
+        parent, key=key, ids=ids, seed=seed, turn=parent.turn + 1, conversation=state.to_dict()
+    )

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 from itertools import islice
+from typing import Any
 
 import msgpack
 import msgspec
@@ -272,12 +273,13 @@ class Campaign:
         *,
         reason: str,
         message: str,
-        sampling: dict,
+        sampling: Mapping[str, Any],
         worker: str = "",
         fence: Fence | None = None,
     ) -> None:
-        """Keep a prompt that failed for good, replayable; with a fence, only under its lease."""
-        failure = Failure(reason, message[:2000], item.to_replay(), sampling, time.time(), worker)
+        """Keep a prompt that failed for good, replayable, with the `sampling` it was sent with
+        (a ServerSampling, or its map); with a fence, only under its lease."""
+        failure = Failure(reason, message[:2000], item.to_replay(), dict(sampling), time.time(), worker)
         k = self.keys
 
         def write(pipe: redis.Redis) -> None:  # a transaction pipeline when fenced

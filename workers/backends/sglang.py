@@ -9,8 +9,10 @@ Preflight refuses the settings that change a record without it saying so (docs/w
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
-from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
+from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS, ServerSampling
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import SGLANG, BaseBackend, Check, Problem, UntranslatableSampling, provenance_of
 from workers.client import ServerClient, ServerFacts, positive_int
@@ -157,17 +159,18 @@ class SGLangBackend(BaseBackend):
     checks = CHECKS
     provenance = staticmethod(provenance)
 
-    def translate_sampling(self, sampling: dict) -> dict:
-        # Checked on every request: the subset test allocates nothing when all keys are known.
+    def translate_sampling(self, sampling: Mapping[str, Any]) -> dict:
+        """The `sampling_params` field: SGLang's own names, sent as they are once every key is
+        known (checked on every request: the subset test allocates nothing when all are)."""
         if not SGLANG_SAMPLING_KEYS.issuperset(sampling):
             unknown = sorted(set(sampling) - SGLANG_SAMPLING_KEYS)
             raise UntranslatableSampling(f"sampling keys SGLang does not accept: {unknown}")
-        return sampling
+        return dict(sampling)
 
-    def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
+    def request(self, ids: list[int], sampling: Mapping[str, Any]) -> tuple[str, dict]:
         return self.path, {"input_ids": ids, "sampling_params": self.translate_sampling(sampling)}
 
-    def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
+    def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: ServerSampling) -> GeneratedItem:
         return parse_generate_item(item, vocab_size=vocab_size, prompt_len=len(prompt_ids), prompt_ids=prompt_ids)
 
     def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:

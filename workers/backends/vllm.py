@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from eagle_synth.sampling import version_tuple
+from eagle_synth.sampling import ServerSampling, version_tuple
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import (
     VLLM,
@@ -185,7 +186,9 @@ def _probe(client: ServerClient, *, model: str | None, version: str | None) -> d
     shows it cannot give records (no setting to accept: every prompt would fail); a malformed
     reply proves nothing: accepted with a warning. Transport failures, 429 and 5xx raise (the
     gate looks again later)."""
-    sampling = {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
+    sampling = ServerSampling(
+        {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
+    )
     path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
     status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
     if status >= 500 or status == 429:
@@ -334,7 +337,9 @@ class VllmBackend(BaseBackend):
     seed_always = True
     provenance = staticmethod(provenance)
 
-    def translate_sampling(self, sampling: dict) -> dict:
+    def translate_sampling(self, sampling: Mapping[str, Any]) -> dict:
+        """The completion fields: every SGLang-named value explicit (SGLANG_DEFAULTS fill the
+        gaps) under vLLM's names; UntranslatableSampling for what vLLM cannot do as asked."""
         if unknown := sorted(set(sampling) - KNOWN_KEYS):
             raise UntranslatableSampling(
                 f"the campaign's sampling keys {unknown} have no vLLM /v1/completions equivalent "
@@ -354,12 +359,12 @@ class VllmBackend(BaseBackend):
             raise UntranslatableSampling(f"n {values['n']}: samples are sent as separate requests, n must be 1")
         return {RENAMED.get(key, key): value for key, value in values.items()}
 
-    def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
+    def request(self, ids: list[int], sampling: Mapping[str, Any]) -> tuple[str, dict]:
         model = {} if self.model is None else {"model": self.model}
         return self.path, {**model, "prompt": ids, **self.translate_sampling(sampling), **REQUEST_FLAGS}
 
-    def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
-        max_tokens = int(sampling.get("max_new_tokens") or SGLANG_MAX_NEW_TOKENS)
+    def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: ServerSampling) -> GeneratedItem:
+        max_tokens = sampling.max_new_tokens or SGLANG_MAX_NEW_TOKENS
         return parse_completion(item, vocab_size=vocab_size, prompt_ids=prompt_ids, max_tokens=max_tokens)
 
     def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:
