@@ -28,6 +28,7 @@ other exception is a bug or an outage: it keeps its traceback.
     │   ├── ServerDown, Unauthorized
     │   └── TransientError → BadResponse (workers/replies.py)
     ├── PromptMismatch, RendererMismatch (workers: the server or renderer changed the prompt ids)
+    ├── ReplyAborted                     (errors: the server aborted one prompt; it is asked again)
     ├── Requeue, BatchBusy, DiskUnavailable   (workers: a batch's endings)
     └── ProtocolError, QueueFullError   (devserver/: its refusals)
 
@@ -63,3 +64,8 @@ class CampaignNotFound(UserError, KeyError):
 def clause(value: object) -> str:
     """`value` as text inside a sentence, without its full stop (so no message shows two)."""
     return str(value).rstrip().rstrip(".")
+
+
+class ReplyAborted(EagleSynthError):
+    """A reply whose finish_reason is `abort` (the server dropped the prompt, e.g. from its
+    waiting queue): nothing in it may become a record; the prompt is asked again."""

@@ -18,6 +18,7 @@ import requests
 
 from eagle_synth.harness import free_port, port_open, start_devserver, wait_for
 from eagle_synth.manifest import build_manifest
+from eagle_synth.payload import PromptItem
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
@@ -43,7 +44,7 @@ from workers.config import ConfigError, WorkerConfig, auto_inflight
 from workers.health import HealthGate
 from workers.model_check import ModelCheck
 from workers.preflight import check_server
-from workers.replies import PromptMismatch, parse_generate_item
+from workers.replies import PromptMismatch, Sent, parse_generate_item
 from workers.routing import CampaignRouter
 
 SECRET, ADMIN_SECRET = "sk-live-not-for-records", "admin-not-for-records"
@@ -561,7 +562,7 @@ def test_a_server_that_cuts_the_prompt_gives_a_prompt_mismatch(fleet):
     ids = list(range(1000, 1070))
     item = generate(url, ids, {"max_new_tokens": 4, "ignore_eos": True})
     with pytest.raises(PromptMismatch) as caught:
-        parse_generate_item(item, vocab_size=VOCAB, prompt_len=len(ids))
+        parse_generate_item(item, vocab_size=VOCAB, sent=Sent(PromptItem(key="k", row_id="r", sample=0, ids=ids)))
     reported = re.search(r"a prompt of (\d+) tokens for the 70 sent", str(caught.value))
     assert reported is not None and int(reported[1]) < 70
 

@@ -50,7 +50,7 @@ import redis
 from celery import Celery
 
 from eagle_synth import reasons
-from eagle_synth.errors import EagleSynthError
+from eagle_synth.errors import EagleSynthError, ReplyAborted
 from eagle_synth.manifest import build_manifest
 from eagle_synth.model_identity import output_id_bound
 from eagle_synth.payload import PromptItem, TaskPayload
@@ -95,7 +95,7 @@ from workers.inflight import Answer, InflightPool, Route
 from workers.lease import BatchLease
 from workers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.own_files import OwnBatchFiles
-from workers.replies import BadResponse, GeneratedItem, PromptMismatch
+from workers.replies import BadResponse, PromptMismatch, Sent
 from workers.routing import CampaignRouter
 
 log = logging.getLogger("eagle_synth.batch")
@@ -475,10 +475,20 @@ class _Run:
         runner, url, error, backend = self.runner, answer.url, answer.error, answer.backend
         if error is None:
             assert backend is not None, "the pool builds every request with its server's backend"
+            sent = Sent(
+                item,
+                campaign=self.campaign.name,
+                sampling=self.sent[item.key],
+                server=url,
+                worker=runner.node,
+                backend=backend.name,
+            )
             try:
-                reply = backend.parse(
-                    answer.item, vocab_size=self.output_bound, prompt_ids=item.ids, sampling=self.sent[item.key]
-                )
+                record = backend.parse(answer.item, vocab_size=self.output_bound, sent=sent)
+            except ReplyAborted:
+                runner._report_ok(url)
+                self.retry(item, reasons.ABORTED, "the server aborted this prompt")
+                return
             except PromptMismatch as exc:
                 self.fail(item, reasons.PROMPT_MISMATCH, str(exc))
                 return
@@ -486,13 +496,10 @@ class _Run:
                 error = exc
             else:
                 runner._report_ok(url)
-                if reply.aborted:
-                    self.retry(item, reasons.ABORTED, "the server aborted this prompt")
-                    return
                 runner._note_server(self.campaign, url)
                 if not self.records:
                     self.first_uncommitted = time.monotonic()
-                self.records.append(self.record(url, item, reply, backend=backend.name))
+                self.records.append(record)
                 return
         if isinstance(error, BadSamplingParams):
             self.refuse_sampling(item, error)
@@ -527,32 +534,6 @@ class _Run:
         others += [entry[2] for entry in self.retries]
         self.retries.clear()
         self.fail_all([item, *others], reasons.BAD_SAMPLING_PARAMS, str(error))
-
-    def record(self, url: str, item: PromptItem, reply: GeneratedItem, *, backend: str) -> Record:
-        return Record(
-            key=item.key,
-            id=item.row_id,
-            sample=item.sample,
-            turn=item.turn,
-            prompt_ids=item.ids,
-            output_ids=reply.output_ids,
-            finish_reason=reply.finish_type,
-            finish_matched=reply.finish_matched,
-            prompt_tokens=reply.prompt_tokens,
-            completion_tokens=reply.completion_tokens,
-            cached_tokens=reply.cached_tokens,
-            campaign=self.campaign.name,
-            sampling=self.sent[item.key].as_map(),
-            source=item.source,
-            server=url,
-            worker=self.runner.node,
-            e2e_latency=reply.e2e_latency,
-            created_at=time.time(),
-            repaired_prefix=reply.repaired_prefix,
-            backend=backend,
-            conversation=item.conversation["key"] if item.conversation else None,
-            variant=item.variant,
-        )
 
     # writing ------------------------------------------------------------------------
     def mark(self, records: list[Record]) -> None:

@@ -12,11 +12,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS, ServerSampling
+from eagle_synth.records import Record
+from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import SGLANG, BaseBackend, Check, Problem, UntranslatableSampling, provenance_of
 from workers.client import ServerClient, ServerFacts, positive_int
-from workers.replies import GeneratedItem, parse_generate_item
+from workers.replies import Sent, parse_generate_item
 
 # server_info launch arguments kept in a campaign's provenance. An allow-list, never a
 # deny-list: SGLang adds arguments every release, and some are secrets (api_key,
@@ -170,8 +171,8 @@ class SGLangBackend(BaseBackend):
     def request(self, ids: list[int], sampling: Mapping[str, Any]) -> tuple[str, dict]:
         return self.path, {"input_ids": ids, "sampling_params": self.translate_sampling(sampling)}
 
-    def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: ServerSampling) -> GeneratedItem:
-        return parse_generate_item(item, vocab_size=vocab_size, prompt_len=len(prompt_ids), prompt_ids=prompt_ids)
+    def parse(self, item: object, *, vocab_size: int, sent: Sent) -> Record:
+        return parse_generate_item(item, vocab_size=vocab_size, sent=sent)
 
     def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:
         """None when SGLang serves this prompt exactly as asked, else why not (`prompt-too-long`),
