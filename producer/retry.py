@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from celery import Celery
 
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
-from eagle_synth.sampling import SamplingParams, ServerSampling
+from eagle_synth.sampling import ServerSampling
 from eagle_synth.state.campaign import Campaign
 from producer.publisher import Publisher
 
@@ -48,7 +48,7 @@ def retry_failed(campaign: Campaign, *, app: Celery, queue: str, reason: str | N
     reopen_if_closed(campaign)  # a closed campaign's failures come back from its state file
     settings = campaign.settings()
     size = settings.batch_size if settings and settings.batch_size else DEFAULT_BATCH_SIZE
-    base = SamplingParams.from_dict(settings.sampling).server() if settings is not None else None
+    base = settings.sampling_params().server() if settings is not None else None
     waiting: dict[Publisher, list[PromptItem]] = {}
     total = 0
     with _publishers(campaign, app, queue, size) as publisher_of:
@@ -82,4 +82,4 @@ def publish_unfinished(campaign: Campaign, *, app: Celery, queue: str) -> int:
     if settings is None:
         return 0
     with _publishers(campaign, app, queue, DEFAULT_BATCH_SIZE) as publisher_of:
-        return publisher_of(SamplingParams.from_dict(settings.sampling).server()).recover()
+        return publisher_of(settings.sampling_params().server()).recover()

@@ -38,7 +38,7 @@ from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, TaskPayload, batch_id, pack_item, unpack_item
 from eagle_synth.processes import holder_alive, holder_id
 from eagle_synth.records import Record
-from eagle_synth.sampling import SamplingParams, ServerSampling
+from eagle_synth.sampling import ServerSampling
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, CampaignSettings, campaign_names
 from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW, NOTHING, ConversationStore, end_json
@@ -72,38 +72,47 @@ RENDER_ATTEMPTS = 3
 PREPARE_RETRY = 30.0
 # Seconds a batch thread waits for the rendering processes to count its answers' tool calls.
 COUNT_TIMEOUT = 120.0
-# A turn's answer as a follow-up holds it: the renderer's (next_turn's) argument names.
-ANSWER_FIELDS = ("output_ids", "finish_reason", "matched")
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A committed turn's answer, as its follow-up holds it until rendered: the record's
+    `output_ids`, `finish_reason` and `matched` stop (next_turn's arguments of the same names)."""
+
+    output_ids: list[int]
+    finish_reason: str
+    matched: int | str | None
 
 
 @dataclass(slots=True)
 class _Pending:
     """A follow-up (turn `key` of `campaign`) held in memory through render, ready, form, sent
     with its batch's `sampling`. Until it is rendered, `item` is the previous turn's (ids left
-    out) and `answer` that turn's answer (ANSWER_FIELDS); then `item` is its own and `answer`
-    empty. Each outbox entry is packed from it once, and read back (`stored`) only by a process
+    out) and `answer` that turn's answer; then `item` is its own and `answer` None. Each outbox entry is packed from it once, and read back (`stored`) only by a process
     that did not hold it."""
 
     campaign: str
     key: str
     sampling: ServerSampling
     item: PromptItem
-    answer: tuple = ()
+    answer: _Answer | None = None
     attempts: int = 0
     since: float = field(default_factory=time.monotonic)
 
     def packed(self) -> bytes:
         """As the outbox stores it: state "render" (with the answer) or "ready"."""
         data: dict = {"s": "ready", "sampling": self.sampling.as_map(), "item": pack_item(self.item)}
-        if self.answer:
-            out, finish, matched = self.answer
-            data.update(s="render", out=pack_ids(out), finish=finish, matched=matched)
+        if self.answer is not None:
+            data["s"] = "render"
+            data["out"] = pack_ids(self.answer.output_ids)
+            data["finish"] = self.answer.finish_reason
+            data["matched"] = self.answer.matched
         return msgspec.msgpack.encode(data)
 
     @classmethod
     def stored(cls, campaign: str, key: str, blob: bytes) -> _Pending:
         data = msgspec.msgpack.decode(blob)
-        answer = (unpack_ids(data["out"]), data["finish"], data["matched"]) if data["s"] == "render" else ()
+        answer = _Answer(unpack_ids(data["out"]), data["finish"], data["matched"]) if data["s"] == "render" else None
         return cls(campaign, key, ServerSampling(data["sampling"]), unpack_item(data["item"]), answer)
 
 
@@ -289,7 +298,7 @@ class FollowUps:
                 continue
             following = turn_key(state.key, item.turn + 1)
             parent = msgspec.structs.replace(item, ids=[])
-            answer = (record.output_ids, record.finish_reason, record.finish_matched)
+            answer = _Answer(record.output_ids, record.finish_reason, record.finish_matched)
             follow[following] = pending = _Pending(campaign.name, following, payload.sampling, parent, answer)
             entries.append((record.key, FOLLOW, following, pending.packed()))
         with self._lock:  # tracked before the script runs, so a sweep never takes them for lost
@@ -418,7 +427,7 @@ class FollowUps:
         facts = {**_parse_facts(settings), "max_prompt_tokens": settings.max_prompt_tokens}
         for start in range(0, len(group), RENDER_CHUNK):
             chunk = group[start : start + RENDER_CHUNK]
-            jobs = [{"state": p.item.conversation, **dict(zip(ANSWER_FIELDS, p.answer)), **facts} for p in chunk]
+            jobs = [_render_job(pending, facts) for pending in chunk]
             try:
                 future = renderer.submit(jobs)
             except Exception as exc:  # the pool broke: a new one at the next tick
@@ -554,11 +563,26 @@ class FollowUps:
             return
         pending = _Pending.stored(name, entry, blob)
         with self._lock:
-            if pending.answer:
+            if pending.answer is not None:
                 self._rendering[(name, entry)] = pending
                 self._to_render.append(pending)
             else:
                 self._ready.setdefault(_group_of(pending), {})[entry] = pending
+
+
+def _render_job(pending: _Pending, facts: dict) -> dict:
+    """What a rendering process gets for one follow-up (workers/renderer.py): its state, its
+    parent's answer and the campaign's `facts`, as next_turn's keyword arguments."""
+    answer = pending.answer
+    assert answer is not None, "only follow-ups holding their parent's answer are rendered"
+    job = {
+        "state": pending.item.conversation,
+        "output_ids": answer.output_ids,
+        "finish_reason": answer.finish_reason,
+        "matched": answer.matched,
+    }
+    job.update(facts)
+    return job
 
 
 def _next_item(
@@ -566,7 +590,7 @@ def _next_item(
 ) -> PromptItem:
     key = turn_key(state.key, parent.turn + 1)
     # Every sample has a seed (as the producer gives turn 0): from --seed, else from its key.
-    seed = SamplingParams.from_dict(settings.sampling).sample_seed(
+    seed = settings.sampling_params().sample_seed(
         prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key
     )
     return msgspec.structs.replace(

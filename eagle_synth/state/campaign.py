@@ -22,6 +22,7 @@ import zstandard
 
 from eagle_synth.errors import UserError
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
+from eagle_synth.sampling import SamplingParams
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys, failed_counter
 from eagle_synth.state.lua import script
@@ -97,6 +98,10 @@ class CampaignSettings(msgspec.Struct, frozen=True):
     # With --trust-remote-code: {file name: hash} of the model folder's files the tokenizer and
     # its chat format come from (eagle_synth/tokenizer_files.py); workers must hold the same.
     tokenizer_files: dict = {}
+
+    def sampling_params(self) -> SamplingParams:
+        """`sampling` as the SamplingParams it was stored from (SamplingParams.to_dict())."""
+        return SamplingParams.from_dict(self.sampling)
 
     def to_json(self) -> str:
         encoded = msgspec.json.encode(self, order="sorted")
