@@ -15,7 +15,6 @@ from functools import cached_property
 from itertools import islice
 from typing import Any
 
-import msgpack
 import msgspec
 import redis
 import zstandard
@@ -149,7 +148,7 @@ class Failure(msgspec.Struct, frozen=True):
     def encode(self) -> bytes:
         """FAILURE_MAGIC, reason, newline, a zstd frame of msgpack (ids packed as the queue packs them)."""
         body = [self.message, self.at, self.worker, self.sampling, pack_item(PromptItem(**self.item))]
-        packed = msgpack.packb(body, use_bin_type=True)
+        packed = msgspec.msgpack.encode(body)
         return FAILURE_MAGIC + self.reason.encode() + b"\n" + zstandard.compress(packed, FAILURE_ZSTD_LEVEL)
 
     @classmethod
@@ -159,7 +158,7 @@ class Failure(msgspec.Struct, frozen=True):
         if not data.startswith(FAILURE_MAGIC):
             return msgspec.json.decode(data, type=cls)
         head, _, blob = data.partition(b"\n")
-        message, at, worker, sampling, packed = msgpack.unpackb(zstandard.decompress(blob), raw=False)
+        message, at, worker, sampling, packed = msgspec.msgpack.decode(zstandard.decompress(blob))
         item = unpack_item(packed).to_replay()
         return cls(head[len(FAILURE_MAGIC) :].decode(), message, item, sampling, at, worker)
 
