@@ -88,8 +88,8 @@ class _Answer:
 class _Pending:
     """A follow-up (turn `key` of `campaign`) held in memory through render, ready, form, sent
     with its batch's `sampling`. Until it is rendered, `item` is the previous turn's (ids left
-    out) and `answer` that turn's answer; then `item` is its own and `answer` None. Each outbox entry is packed from it once, and read back (`stored`) only by a process
-    that did not hold it."""
+    out) and `answer` that turn's answer; then `item` is its own and `answer` None. Each outbox
+    entry is packed from it once, and read back (`stored`) only by a process that did not hold it."""
 
     campaign: str
     key: str
