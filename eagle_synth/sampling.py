@@ -197,8 +197,11 @@ class ServerSampling(Mapping[str, Any]):
         return self._values.get(key, default)
 
     def __eq__(self, other: object) -> bool:
+        # By `identity`, as __hash__: 1 and 1.0 are different values on the wire.
+        if isinstance(other, ServerSampling):
+            return self.identity == other.identity
         if isinstance(other, Mapping):
-            return self._values == dict(other)
+            return self.identity == ServerSampling(other).identity
         return NotImplemented
 
     def __hash__(self) -> int:
