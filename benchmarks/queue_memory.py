@@ -79,7 +79,7 @@ def run(quick: bool) -> list[Result]:
                     args=[
                         {
                             "campaign": payload.campaign,
-                            "sampling": payload.sampling,
+                            "sampling": payload.sampling.as_map(),
                             "key": item.key,
                             "row": item.row_id,
                             "sample": item.sample,
@@ -98,7 +98,7 @@ def run(quick: bool) -> list[Result]:
                     {
                         "campaign": payload.campaign,
                         "batch": payload.batch,
-                        "sampling": payload.sampling,
+                        "sampling": payload.sampling.as_map(),
                         "keys": [i.key for i in payload.items],
                         "rows": [i.row_id for i in payload.items],
                         "samples": [i.sample for i in payload.items],

@@ -173,7 +173,7 @@ def _bare_loop(url: str, payloads: list, out) -> dict:
     records_written = 0
     cpu0, t0 = time.process_time(), time.monotonic()
     for payload in payloads:
-        sampling = [payload.sampling_for(i) for i in payload.items]
+        sampling = [payload.sampling_for(i).as_map() for i in payload.items]
         response = session.post(
             f"{url}/generate",
             json={"input_ids": [i.ids for i in payload.items], "sampling_params": sampling},
@@ -229,7 +229,7 @@ async def _bare_prompt_loop_async(url: str, payloads: list, out, inflight: int) 
         gate = asyncio.Semaphore(inflight)
 
         async def one(payload, item) -> Record:
-            params = payload.sampling_for(item)
+            params = payload.sampling_for(item).as_map()
             async with (
                 gate,
                 session.post(f"{url}/generate", json={"input_ids": item.ids, "sampling_params": params}) as response,

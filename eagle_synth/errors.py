@@ -65,7 +65,8 @@ raises it). tests/test_errors_tree.py holds it to the classes below, so it canno
     ├── DiskUnavailable                               workers/batch.py
     ├── BatchBusy                                     workers/lease.py
     ├── RendererMismatch (RuntimeError)               workers/renderer.py
-    └── PromptMismatch                                workers/replies.py
+    ├── PromptMismatch                                workers/replies.py
+    └── ReplyAborted                                  workers/replies.py
     CommitUnsure (redis.ConnectionError)              eagle_synth/state/fence.py
 """
 
@@ -372,3 +373,8 @@ class CommitUnsure(redis.ConnectionError):
 def clause(value: object) -> str:
     """`value` as text inside a sentence, without its full stop (so no message shows two)."""
     return str(value).rstrip().rstrip(".")
+
+
+class ReplyAborted(EagleSynthError):
+    """A reply whose finish_reason is `abort` (the server dropped the prompt, e.g. from its
+    waiting queue): nothing in it may become a record; the prompt is asked again."""

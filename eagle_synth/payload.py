@@ -18,6 +18,7 @@ import zstandard
 
 from eagle_synth.errors import PayloadError
 from eagle_synth.ids import pack_ids, unpack_ids
+from eagle_synth.sampling import ServerSampling
 
 # The Celery task name: the contract between `enqueue` and the worker.
 TASK_NAME = "eagle_synth.generate_batch"
@@ -112,23 +113,23 @@ class _Wire(msgspec.Struct, omit_defaults=True):
 
 class TaskPayload(msgspec.Struct):
     """The prompts (`items`) of one `campaign` (records go to OUT/<campaign>/) under a stable `batch`
-    id (names the record file, so reruns find it), with the shared `sampling` params (no seed)."""
+    id (names the record file, so reruns find it), with the shared `sampling` (no seed; a plain
+    map is taken as its ServerSampling)."""
 
     campaign: str
     batch: str
-    sampling: dict
+    sampling: ServerSampling
     items: list[PromptItem] = msgspec.field(default_factory=list)
 
-    def sampling_for(self, item: PromptItem, *, with_seed: bool = True) -> dict:
-        """The sampling_params one sample is sent with: the batch's, its variant's overrides, and
-        its own seed (unless `with_seed` is False: a server that does not know `sampling_seed`)."""
-        seeded = with_seed and item.seed is not None
-        if not seeded and not item.sampling_overrides:
-            return self.sampling
-        sampling = {**self.sampling, **(item.sampling_overrides or {})}
-        if seeded:
-            sampling["sampling_seed"] = item.seed
-        return sampling
+    def __post_init__(self) -> None:
+        if not isinstance(self.sampling, ServerSampling):
+            self.sampling = ServerSampling(self.sampling)
+
+    def sampling_for(self, item: PromptItem, *, with_seed: bool = True) -> ServerSampling:
+        """The sampling one sample is sent with: the batch's, its variant's overrides, and its own
+        seed (unless `with_seed` is False: a server that does not know `sampling_seed`)."""
+        seed = item.seed if with_seed else None
+        return self.sampling.for_sample(overrides=item.sampling_overrides, seed=seed)
 
     def encode(self) -> dict:
         """The msgpack-ready dict sent as the task's only argument."""
@@ -139,7 +140,7 @@ class TaskPayload(msgspec.Struct):
             v=1,
             campaign=self.campaign,
             batch=self.batch,
-            sampling=self.sampling,
+            sampling=self.sampling.as_map(),
             **columns,
             lengths=[len(item.ids) for item in items],
             ids=compress(b"".join(pack_ids(item.ids) for item in items)),
@@ -181,7 +182,7 @@ class TaskPayload(msgspec.Struct):
             raise
         except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError, zstandard.ZstdError) as exc:
             raise PayloadError(f"malformed payload: {exc!r}") from exc
-        return cls(campaign=wire.campaign, batch=wire.batch, sampling=wire.sampling, items=items)
+        return cls(campaign=wire.campaign, batch=wire.batch, sampling=ServerSampling(wire.sampling), items=items)
 
 
 def batch_id(keys: list[str]) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import msgpack
+import msgspec
 import zstandard
 
 from eagle_synth.errors import NotACampaignFolder, RecordFilesVanished, RecordFormatError
@@ -279,10 +280,10 @@ def _header(*, campaign: str, **extra: Any) -> dict:
 
 def encode_record_file(records: Iterable[Record], *, campaign: str, batch: str) -> bytes:
     """The bytes of one batch file: header then records, in one zstd frame."""
-    packer = msgpack.Packer(use_bin_type=True)
-    parts = [packer.pack(_header(campaign=campaign, kind="batch", batch=batch))]
+    encoder = msgspec.msgpack.Encoder()
+    parts = [encoder.encode(_header(campaign=campaign, kind="batch", batch=batch))]
     # `batch` is a Record field, so the map keeps its key order.
-    parts += [packer.pack({**record.to_wire(), "batch": batch}) for record in records]
+    parts += [encoder.encode({**record.to_wire(), "batch": batch}) for record in records]
     return zstandard.ZstdCompressor(level=RECORD_ZSTD_LEVEL, write_checksum=True).compress(b"".join(parts))
 
 
@@ -344,13 +345,13 @@ class ShardWriter(AbstractContextManager["ShardWriter"]):
         self._handle = _open_temporary(self.folder, prefix=f"{TMP_PREFIX}{SHARD_PREFIX}", suffix=RECORD_SUFFIX)
         compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=threads)
         self._stream = compressor.stream_writer(self._handle, closefd=False)
-        self._packer = msgpack.Packer(use_bin_type=True)
-        self._stream.write(self._packer.pack(_header(campaign=campaign, kind="shard", sources=list(sources))))
+        self._encoder = msgspec.msgpack.Encoder()
+        self._stream.write(self._encoder.encode(_header(campaign=campaign, kind="shard", sources=list(sources))))
         self._done = False
 
     def add(self, record: RawRecord) -> None:
         """Append one record (its `src` must index `sources`)."""
-        self._stream.write(self._packer.pack(record.to_wire()))
+        self._stream.write(self._encoder.encode(record.to_wire()))
 
     def commit(self) -> Path:
         """Rename the shard to its final name; returns that path."""

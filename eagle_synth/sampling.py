@@ -9,9 +9,11 @@ could be changed by the server's operator without the records saying so.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections.abc import ItemsView, Iterator, KeysView, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from eagle_synth.errors import SamplingError
 from eagle_synth.flags import Flag
@@ -127,6 +129,10 @@ class SamplingParams:
     def from_dict(cls, data: dict) -> SamplingParams:
         return cls(**{**data, "stop_token_ids": tuple(data.get("stop_token_ids") or ())})
 
+    def server(self) -> ServerSampling:
+        """for_server() as the typed value a payload carries to the worker's backends."""
+        return ServerSampling(self.for_server())
+
     def for_server(self) -> dict:
         """The `sampling_params` the worker sends and records carry, every value explicit, without
         the per-sample seed (n is 1: each sample is its own prompt, key, record and retry). Prompt
@@ -158,10 +164,104 @@ class SamplingParams:
         return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "little") % MAX_SEED
 
 
+# The key a sample's own seed is sent under (SGLang's name; backends rename it).
+SEED_KEY = "sampling_seed"
+
+
+class ServerSampling(Mapping[str, Any]):
+    """The sampling a prompt is queued with, in SGLang's names: what each backend translates into
+    its request (workers/backends/*: translate_sampling) and what records and failures say was
+    sent. Read-only; the values the worker acts on are typed properties.
+
+    It keeps the queued map whole, keys in the order they came: that map is part of the payload's
+    bytes (tests/test_payload_bytes.py), and a key no server knows must reach the backend that
+    refuses it (`bad-sampling-params`), not vanish in decoding.
+
+    Parameters:
+        values: the `sampling_params` map (SamplingParams.for_server(), a queued payload's map,
+            or a failure's).
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+        self._values: dict[str, Any] = dict(values or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    # The dict's own views and lookups, faster than Mapping's generic ones (every request reads them).
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def keys(self) -> KeysView[str]:
+        return self._values.keys()
+
+    def items(self) -> ItemsView[str, Any]:
+        return self._values.items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._values.get(key, default)
+
+    def __eq__(self, other: object) -> bool:
+        # By `identity`, as __hash__: 1 and 1.0 are different values on the wire.
+        if isinstance(other, ServerSampling):
+            return self.identity == other.identity
+        if isinstance(other, Mapping):
+            return self.identity == ServerSampling(other).identity
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+    def __repr__(self) -> str:
+        return f"ServerSampling({self._values!r})"
+
+    @property
+    def identity(self) -> str:
+        """The same text for the same keys and values, whatever their order: groups batches."""
+        return json.dumps(self._values, sort_keys=True, default=repr)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Cap on generated tokens (0 when the map has none: the server's default applies)."""
+        return int(self._values.get("max_new_tokens") or 0)
+
+    @property
+    def seed(self) -> int | None:
+        """This sample's `sampling_seed`, None when none is sent."""
+        return self._values.get(SEED_KEY)
+
+    def for_sample(self, *, overrides: Mapping[str, Any] | None, seed: int | None) -> ServerSampling:
+        """This sampling with a variant's `overrides` on top and the sample's own `seed` (if any)."""
+        if seed is None and not overrides:
+            return self
+        values = {**self._values, **(overrides or {})}
+        if seed is not None:
+            values[SEED_KEY] = seed
+        return ServerSampling(values)
+
+    def without_seed(self) -> ServerSampling:
+        """As queued for a batch (no per-sample seed), or sent to a server that predates seeds."""
+        if SEED_KEY not in self._values:
+            return self
+        return ServerSampling({key: value for key, value in self._values.items() if key != SEED_KEY})
+
+    def as_map(self) -> dict[str, Any]:
+        """A plain copy of the map, as msgpack and JSON carry it (payloads, records, failures)."""
+        return dict(self._values)
+
+
 # Every key a /generate request of ours carries: for_server()'s keys plus the per-sample
 # `sampling_seed` the worker adds. A server's preferred sampling params on any other key would
 # apply to our requests (preflight refuses such a server).
-SENT_SAMPLING_KEYS = frozenset({*SamplingParams().for_server(), "sampling_seed"})
+SENT_SAMPLING_KEYS = frozenset({*SamplingParams().for_server(), SEED_KEY})
 
 
 def version_tuple(version: str | None) -> tuple[int, ...]:

@@ -504,7 +504,7 @@ def _publisher(
         campaign=Campaign(client, options.campaign),
         app=make_celery(broker),
         queue=broker.queue,
-        sampling=options.sampling.for_server(),
+        sampling=options.sampling.server(),
         batch_size=options.batch_size,
         max_backlog=options.max_backlog,
         max_backlog_bytes=options.max_backlog_mb * 1_000_000,

@@ -17,6 +17,7 @@ from eagle_synth.payload import PromptItem, TaskPayload, batch_id
 from eagle_synth.processes import holder_alive, holder_id
 from eagle_synth.queue import campaign_queue, queue_lists, send_payload
 from eagle_synth.reasons import RECORD_DAMAGED
+from eagle_synth.sampling import ServerSampling
 from eagle_synth.state.campaign import Campaign
 from eagle_synth.state.outbox import chunk_field
 from eagle_synth.state.redis_client import pipelined
@@ -35,7 +36,7 @@ MEMORY_SAMPLES = 5
 
 @dataclass(kw_only=True, eq=False)
 class Publisher:
-    """Turns prompt items into queued batches (of `batch_size`, with the server's `sampling`)
+    """Turns prompt items into queued batches (of `batch_size`, with the servers' `sampling`)
     for one campaign, waiting while more than `max_backlog` prompts are pending or the backlog
     holds more than `max_backlog_bytes` in Redis (0 = no cap; see _byte_cap). `on_wait` is told
     the pending count (and `held_bytes`, `max_bytes`); newly claimed keys add to the campaign
@@ -44,7 +45,7 @@ class Publisher:
     campaign: Campaign
     app: Celery
     queue: str
-    sampling: dict
+    sampling: ServerSampling
     batch_size: int
     max_backlog: int = 0
     max_backlog_bytes: int = 0

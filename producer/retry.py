@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from celery import Celery
 
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem
-from eagle_synth.sampling import SamplingParams
+from eagle_synth.sampling import ServerSampling
 from eagle_synth.state.campaign import Campaign
 from producer.publisher import Publisher
 
@@ -19,15 +19,18 @@ RETRY_STEP_BATCHES = 16
 
 
 @contextmanager
-def _publishers(campaign: Campaign, app: Celery, queue: str, batch_size: int) -> Iterator[Callable[[dict], Publisher]]:
+def _publishers(
+    campaign: Campaign, app: Celery, queue: str, batch_size: int
+) -> Iterator[Callable[[ServerSampling], Publisher]]:
     """The Publisher of each sampling of a campaign (made on first use), closed together at the end."""
-    made: dict[str, Publisher] = {}
+    made: dict[ServerSampling, Publisher] = {}
 
-    def of(sampling: dict) -> Publisher:
-        group = repr(sorted(sampling.items()))
-        if group not in made:
-            made[group] = Publisher(campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=batch_size)
-        return made[group]
+    def of(sampling: ServerSampling) -> Publisher:
+        if sampling not in made:
+            made[sampling] = Publisher(
+                campaign=campaign, app=app, queue=queue, sampling=sampling, batch_size=batch_size
+            )
+        return made[sampling]
 
     try:
         yield of
@@ -45,14 +48,14 @@ def retry_failed(campaign: Campaign, *, app: Celery, queue: str, reason: str | N
     reopen_if_closed(campaign)  # a closed campaign's failures come back from its state file
     settings = campaign.settings()
     size = settings.batch_size if settings and settings.batch_size else DEFAULT_BATCH_SIZE
-    base = SamplingParams.from_dict(settings.sampling).for_server() if settings is not None else None
+    base = settings.sampling_params().server() if settings is not None else None
     waiting: dict[Publisher, list[PromptItem]] = {}
     total = 0
     with _publishers(campaign, app, queue, size) as publisher_of:
         for _, failure in campaign.iter_failures():
             if (reason is not None and failure.reason != reason) or not failure.item.get("ids"):
                 continue
-            own = {k: v for k, v in failure.sampling.items() if k != "sampling_seed"}
+            own = ServerSampling(failure.sampling).without_seed()
             publisher = publisher_of(base if base is not None else own)
             items = waiting.setdefault(publisher, [])
             items.append(PromptItem(**failure.item))
@@ -68,7 +71,7 @@ def return_lost_records(campaign: Campaign, pairs: list[tuple[dict, PromptItem]]
     groups: dict[Publisher, list[PromptItem]] = {}
     with _publishers(campaign, app, queue, DEFAULT_BATCH_SIZE) as publisher_of:
         for sampling, item in pairs:
-            groups.setdefault(publisher_of(sampling), []).append(item)
+            groups.setdefault(publisher_of(ServerSampling(sampling)), []).append(item)
         return sum(publisher.return_done(items) for publisher, items in groups.items())
 
 
@@ -79,4 +82,4 @@ def publish_unfinished(campaign: Campaign, *, app: Celery, queue: str) -> int:
     if settings is None:
         return 0
     with _publishers(campaign, app, queue, DEFAULT_BATCH_SIZE) as publisher_of:
-        return publisher_of(SamplingParams.from_dict(settings.sampling).for_server()).recover()
+        return publisher_of(settings.sampling_params().server()).recover()

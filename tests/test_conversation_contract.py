@@ -300,7 +300,7 @@ def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(
             "think_close_id": ids["close"],
             "max_prompt_tokens": None,
         }
-        [(kind, rendered, following)] = renderer.submit([job]).result(timeout=120)
+        [turn] = renderer.submit([job]).result(timeout=120)
         expected = next_turn(
             tokenizer,
             state,
@@ -310,7 +310,8 @@ def test_stored_tokenizer_renders_as_the_original_and_a_wrong_one_is_refused(
             eos_token_ids=[ids["eos"]],
             think_close_id=ids["close"],
         )
-        assert kind == "ready" and rendered == expected.ids and following == expected.state.to_dict()
+        assert expected.state is not None and turn.state is not None
+        assert turn.end is None and turn.ids == expected.ids and turn.state.to_dict() == expected.state.to_dict()
     finally:
         renderer.close()
     with pytest.raises(RendererMismatch, match="refusing to render"):

@@ -13,8 +13,9 @@ import requests
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES
 from eagle_synth.errors import BadResponse
+from eagle_synth.payload import PromptItem
 from eagle_synth.testing.harness import port_open, start_devserver, wait_for
-from workers.replies import parse_generate_item
+from workers.replies import Sent, parse_generate_item
 
 TIMEOUT = 10
 VOCAB = 248077
@@ -70,6 +71,11 @@ def fleet(tmp_path_factory, tokenizer_path):
 
 def post(url: str, ids, **body) -> requests.Response:
     return HTTP.post(url + "/generate", json={"input_ids": ids, **body}, timeout=TIMEOUT)
+
+
+def sent(ids: list[int]) -> Sent:
+    """A reply's request: these prompt ids (the record's other fields do not matter here)."""
+    return Sent(PromptItem(key="k", row_id="r", sample=0, ids=ids))
 
 
 def stats(url: str) -> dict:
@@ -182,7 +188,7 @@ def test_malformed_rate_cycles_through_the_shapes(fleet):
         first, second = r.json()
         seen.append(first)
         # Only the first item is broken; the second is a normal item.
-        assert parse_generate_item(second, vocab_size=VOCAB, prompt_len=20).completion_tokens == 5
+        assert parse_generate_item(second, vocab_size=VOCAB, sent=sent(PROMPT[:20])).completion_tokens == 5
     assert isinstance(seen[0], list) and all(isinstance(i, int) for i in seen[0])  # a bare list of ints
     assert isinstance(seen[1]["meta_info"], str)
     assert all(isinstance(i, str) for i in seen[2]["output_ids"])
@@ -190,7 +196,7 @@ def test_malformed_rate_cycles_through_the_shapes(fleet):
     assert "output_ids" not in seen[4] and "meta_info" in seen[4]
     for item in seen:
         with pytest.raises(BadResponse):
-            parse_generate_item(item, vocab_size=VOCAB, prompt_len=len(PROMPT))
+            parse_generate_item(item, vocab_size=VOCAB, sent=sent(PROMPT))
     assert stats(url)["injected_malformed"] == len(MALFORMED_SHAPES)
     single = post(url, PROMPT, sampling_params={"max_new_tokens": 5})  # a single prompt: the item itself
     assert single.status_code == 200 and isinstance(single.json(), list)  # shape 1 again: a list of ints

@@ -18,6 +18,7 @@ import requests
 
 from eagle_synth.errors import BadRequest, BadSamplingParams, ConfigError, PreflightError, PromptMismatch
 from eagle_synth.manifest import build_manifest
+from eagle_synth.payload import PromptItem
 from eagle_synth.sampling import SamplingParams
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign
@@ -32,7 +33,7 @@ from workers.backends.sglang import (
     provenance,
 )
 from workers.config import WorkerConfig, auto_inflight
-from workers.replies import parse_generate_item
+from workers.replies import Sent, parse_generate_item
 from workers.servers.client import ServerClient, ServerFacts, positive_int
 from workers.servers.health import HealthGate
 from workers.servers.model_check import ModelCheck
@@ -555,7 +556,7 @@ def test_a_server_that_cuts_the_prompt_gives_a_prompt_mismatch(fleet):
     ids = list(range(1000, 1070))
     item = generate(url, ids, {"max_new_tokens": 4, "ignore_eos": True})
     with pytest.raises(PromptMismatch) as caught:
-        parse_generate_item(item, vocab_size=VOCAB, prompt_len=len(ids))
+        parse_generate_item(item, vocab_size=VOCAB, sent=Sent(PromptItem(key="k", row_id="r", sample=0, ids=ids)))
     reported = re.search(r"a prompt of (\d+) tokens for the 70 sent", str(caught.value))
     assert reported is not None and int(reported[1]) < 70
 

@@ -7,8 +7,11 @@ import copy
 import pytest
 
 from eagle_synth.devserver.faults import MALFORMED_SHAPES, malform
-from eagle_synth.errors import BadResponse, PromptMismatch, TransientError
-from workers.replies import GeneratedItem, parse_generate_item
+from eagle_synth.errors import BadResponse, PromptMismatch, ReplyAborted, TransientError
+from eagle_synth.payload import PromptItem
+from eagle_synth.records import Record
+from eagle_synth.sampling import ServerSampling
+from workers.replies import Sent, parse_generate_item
 
 VOCAB = 1000
 PROMPT_LEN = 12
@@ -36,22 +39,34 @@ def good_item(**meta) -> dict:
 PROMPT_IDS = [1] * (PROMPT_LEN - 3) + [9, 9, 9]
 
 
-def parse(item, *, vocab_size=VOCAB, prompt_len=PROMPT_LEN, prompt_ids=PROMPT_IDS) -> GeneratedItem:
-    return parse_generate_item(item, vocab_size=vocab_size, prompt_len=prompt_len, prompt_ids=prompt_ids)
+# The prompt sent, and where: what a record takes from outside the reply.
+SENT = Sent(
+    PromptItem(key="k" * 32, row_id="row-1", sample=1, ids=PROMPT_IDS, seed=7, source="in.jsonl:3", turn=0),
+    campaign="c",
+    sampling=ServerSampling({"max_new_tokens": 4, "sampling_seed": 7}),
+    server="http://s",
+    worker="w@h",
+    backend="sglang",
+)
+
+
+def parse(item, *, vocab_size=VOCAB) -> Record:
+    return parse_generate_item(item, vocab_size=vocab_size, sent=SENT)
 
 
 def test_a_good_item_becomes_every_record_field():
     got = parse(good_item())
-    assert got == GeneratedItem(
-        output_ids=[5, 6, 7, 2],
-        finish_type="stop",
-        finish_matched=2,
-        prompt_tokens=PROMPT_LEN,
-        completion_tokens=4,
-        cached_tokens=3,
-        e2e_latency=0.25,
-        repaired_prefix=0,
-        aborted=False,
+    reply_fields = (got.output_ids, got.finish_reason, got.finish_matched, got.prompt_tokens, got.completion_tokens)
+    assert reply_fields == ([5, 6, 7, 2], "stop", 2, PROMPT_LEN, 4)
+    assert (got.cached_tokens, got.e2e_latency, got.repaired_prefix) == (3, 0.25, 0)
+    sent_fields = (got.key, got.id, got.sample, got.turn, got.prompt_ids, got.source, got.campaign, got.sampling)
+    assert sent_fields == ("k" * 32, "row-1", 1, 0, PROMPT_IDS, "in.jsonl:3", "c", SENT.sampling.as_map())
+    assert (got.server, got.worker, got.backend, got.conversation, got.variant) == (
+        "http://s",
+        "w@h",
+        "sglang",
+        None,
+        None,
     )
 
 
@@ -67,7 +82,7 @@ def test_a_good_item_becomes_every_record_field():
 )
 def test_finish_reason_shapes_sglang_sends(finish, kind, matched):
     got = parse(good_item(finish_reason=finish))
-    assert (got.finish_type, got.finish_matched) == (kind, matched)
+    assert (got.finish_reason, got.finish_matched) == (kind, matched)
 
 
 def test_optional_meta_fields_may_be_missing():
@@ -107,8 +122,8 @@ def test_ids_at_the_vocabulary_edges():
 def test_abort_is_reported_without_looking_at_the_ids():
     item = good_item(finish_reason={"type": "abort", "message": "Abort in waiting queue"})
     item["output_ids"] = ["whatever"]
-    got = parse(item)
-    assert got.aborted and got.finish_type == "abort" and got.output_ids == []
+    with pytest.raises(ReplyAborted):
+        parse(item)
 
 
 MALFORMED = [

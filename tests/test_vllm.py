@@ -17,11 +17,13 @@ from eagle_synth.errors import (
     ConfigError,
     PreflightError,
     PromptMismatch,
+    ReplyAborted,
     SamplingOverridden,
     Unauthorized,
     UntranslatableSampling,
 )
-from eagle_synth.sampling import SamplingParams
+from eagle_synth.payload import PromptItem
+from eagle_synth.sampling import SamplingParams, ServerSampling
 from eagle_synth.state.node_state import HEALTHY, REFUSED, ServerState
 from eagle_synth.testing.harness import port_open, start_devserver, wait_for
 from tests.conftest import chat_rows
@@ -42,6 +44,7 @@ from workers.backends.base import SGLANG, VLLM
 from workers.backends.sglang import SGLangBackend
 from workers.backends.vllm import PROBE_TOKENS, VllmBackend, parse_completion
 from workers.config import WorkerConfig
+from workers.replies import Sent
 from workers.servers.client import ServerClient
 from workers.servers.preflight import preflight_server
 from workers.servers.transport import error_for_status, is_sampling_error
@@ -89,7 +92,10 @@ def reply(*, token_ids=(5, 6, EOS), prompt_ids=PROMPT, finish="stop", stop_reaso
 
 
 def parse(item, *, max_tokens: int = 64):
-    return parse_completion(item, vocab_size=VOCAB, prompt_ids=PROMPT, max_tokens=max_tokens)
+    sent = Sent(
+        PromptItem(key="k", row_id="r", sample=0, ids=PROMPT), sampling=ServerSampling({"max_new_tokens": max_tokens})
+    )
+    return parse_completion(item, vocab_size=VOCAB, sent=sent)
 
 
 # ---- the sampling translation ----------------------------------------------------------------
@@ -153,11 +159,11 @@ def test_sampling_without_a_vllm_equivalent_is_refused_with_the_reason(changes, 
 
 def test_finish_matched_is_the_stop_id_string_or_eos_as_on_sglang():
     eos = parse(reply())
-    assert (eos.output_ids, eos.finish_type, eos.finish_matched) == ([5, 6, EOS], "stop", EOS)
+    assert (eos.output_ids, eos.finish_reason, eos.finish_matched) == ([5, 6, EOS], "stop", EOS)
     assert parse(reply(token_ids=(5, 7), stop_reason=7)).finish_matched == 7
     assert parse(reply(token_ids=(5, 8), stop_reason="</s>")).finish_matched == "</s>"
     full = parse(reply(token_ids=range(10, 74), finish="length"))
-    assert (full.finish_type, full.finish_matched, full.completion_tokens) == ("length", None, 64)
+    assert (full.finish_reason, full.finish_matched, full.completion_tokens) == ("length", None, 64)
     assert parse(reply(prompt_tokens_details={"cached_tokens": 3})).cached_tokens == 3
 
 
@@ -201,7 +207,8 @@ def test_other_malformed_choices_are_bad_responses(broken):
 
 
 def test_an_aborted_choice_is_asked_again():
-    assert parse(reply(finish="abort", token_ids=())).aborted
+    with pytest.raises(ReplyAborted):
+        parse(reply(finish="abort", token_ids=()))
 
 
 def test_vllm_errors_are_classified_like_sglang_ones():

@@ -61,6 +61,7 @@ from eagle_synth.errors import (
     LeaseLost,
     PromptMismatch,
     RecordFormatError,
+    ReplyAborted,
     Requeue,
     ServerDown,
     TokenizerUnavailable,
@@ -98,7 +99,7 @@ from workers.followups import FollowUps
 from workers.inflight import Answer, InflightPool, Route
 from workers.lease import BatchLease
 from workers.own_files import OwnBatchFiles
-from workers.replies import GeneratedItem
+from workers.replies import Sent
 from workers.servers.fleet import Fleet, Servers
 from workers.servers.model_check import REFUSE_PREFIX, ModelCheck
 from workers.servers.routing import CampaignRouter, PoolRouting
@@ -242,7 +243,7 @@ class _Run:
         return self.was_cancelled
 
     def max_new_tokens(self, item: PromptItem) -> int:
-        return int(self.sampling[item.key].get("max_new_tokens", 0))
+        return self.sampling[item.key].max_new_tokens
 
     # before generating ------------------------------------------------------------------
     def run(self) -> None:
@@ -452,10 +453,20 @@ class _Run:
         backend = answer.backend
         if error is None:
             assert backend is not None, "the pool builds every request with its server's backend"
+            sent = Sent(
+                item,
+                campaign=self.campaign.name,
+                sampling=self.sent[item.key],
+                server=url,
+                worker=runner.node,
+                backend=backend.name,
+            )
             try:
-                reply = backend.parse(
-                    answer.item, vocab_size=self.output_bound, prompt_ids=item.ids, sampling=self.sent[item.key]
-                )
+                record = backend.parse(answer.item, vocab_size=self.output_bound, sent=sent)
+            except ReplyAborted:
+                runner.fleet.generated_ok(url)
+                self.retry(item, reasons.ABORTED, "the server aborted this prompt")
+                return
             except PromptMismatch as exc:
                 self.fail(item, reasons.PROMPT_MISMATCH, str(exc))
                 return
@@ -463,13 +474,10 @@ class _Run:
                 error = exc
             else:
                 runner.fleet.generated_ok(url)
-                if reply.aborted:
-                    self.retry(item, reasons.ABORTED, "the server aborted this prompt")
-                    return
                 runner._note_server(self.campaign, url)
                 if not self.records:
                     self.first_uncommitted = time.monotonic()
-                self.records.append(self.record(url, item, reply, backend=backend.name))
+                self.records.append(record)
                 return
         if isinstance(error, BadSamplingParams):
             self.refuse_sampling(item, error)
@@ -504,32 +512,6 @@ class _Run:
         others += [entry[2] for entry in self.retries]
         self.retries.clear()
         self.fail_all([item, *others], reasons.BAD_SAMPLING_PARAMS, str(error))
-
-    def record(self, url: str, item: PromptItem, reply: GeneratedItem, *, backend: str) -> Record:
-        return Record(
-            key=item.key,
-            id=item.row_id,
-            sample=item.sample,
-            turn=item.turn,
-            prompt_ids=item.ids,
-            output_ids=reply.output_ids,
-            finish_reason=reply.finish_type,
-            finish_matched=reply.finish_matched,
-            prompt_tokens=reply.prompt_tokens,
-            completion_tokens=reply.completion_tokens,
-            cached_tokens=reply.cached_tokens,
-            campaign=self.campaign.name,
-            sampling=self.sent[item.key],
-            source=item.source,
-            server=url,
-            worker=self.runner.node,
-            e2e_latency=reply.e2e_latency,
-            created_at=time.time(),
-            repaired_prefix=reply.repaired_prefix,
-            backend=backend,
-            conversation=item.conversation["key"] if item.conversation else None,
-            variant=item.variant,
-        )
 
     # writing ------------------------------------------------------------------------
     def mark(self, records: list[Record]) -> None:

@@ -17,7 +17,6 @@ slow render or publish cannot let it lapse.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
 import secrets
@@ -31,17 +30,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import msgspec
 import redis
 
-from eagle_synth.conversation import ConversationState, end_before_render, turn_key
+from eagle_synth.conversation import END_TEMPLATE_ERROR, ConversationState, NextTurn, end_before_render, turn_key
 from eagle_synth.errors import RendererMismatch, TokenizerFolderError, TokenizerUnavailable
 from eagle_synth.ids import pack_ids, unpack_ids
 from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, TaskPayload, batch_id, pack_item, unpack_item
 from eagle_synth.processes import holder_alive, holder_id
 from eagle_synth.records import Record
-from eagle_synth.sampling import SamplingParams
+from eagle_synth.sampling import ServerSampling
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, CampaignSettings, campaign_names
 from eagle_synth.state.conversation_store import BATCH_FIELD_PREFIX, END, FOLLOW, NOTHING, ConversationStore, end_json
@@ -75,39 +73,48 @@ RENDER_ATTEMPTS = 3
 PREPARE_RETRY = 30.0
 # Seconds a batch thread waits for the rendering processes to count its answers' tool calls.
 COUNT_TIMEOUT = 120.0
-# A turn's answer as a follow-up holds it: the renderer's (next_turn's) argument names.
-ANSWER_FIELDS = ("output_ids", "finish_reason", "matched")
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A committed turn's answer, as its follow-up holds it until rendered: the record's
+    `output_ids`, `finish_reason` and `matched` stop (next_turn's arguments of the same names)."""
+
+    output_ids: list[int]
+    finish_reason: str
+    matched: int | str | None
 
 
 @dataclass(slots=True)
 class _Pending:
     """A follow-up (turn `key` of `campaign`) held in memory through render, ready, form, sent
     with its batch's `sampling`. Until it is rendered, `item` is the previous turn's (ids left
-    out) and `answer` that turn's answer (ANSWER_FIELDS); then `item` is its own and `answer`
-    empty. Each outbox entry is packed from it once, and read back (`stored`) only by a process
-    that did not hold it."""
+    out) and `answer` that turn's answer; then `item` is its own and `answer` None. Each outbox
+    entry is packed from it once, and read back (`stored`) only by a process that did not hold it."""
 
     campaign: str
     key: str
-    sampling: dict
+    sampling: ServerSampling
     item: PromptItem
-    answer: tuple = ()
+    answer: _Answer | None = None
     attempts: int = 0
     since: float = field(default_factory=time.monotonic)
 
     def packed(self) -> bytes:
         """As the outbox stores it: state "render" (with the answer) or "ready"."""
-        data: dict = {"s": "ready", "sampling": self.sampling, "item": pack_item(self.item)}
-        if self.answer:
-            out, finish, matched = self.answer
-            data.update(s="render", out=pack_ids(out), finish=finish, matched=matched)
-        return msgpack.packb(data, use_bin_type=True)
+        data: dict = {"s": "ready", "sampling": self.sampling.as_map(), "item": pack_item(self.item)}
+        if self.answer is not None:
+            data["s"] = "render"
+            data["out"] = pack_ids(self.answer.output_ids)
+            data["finish"] = self.answer.finish_reason
+            data["matched"] = self.answer.matched
+        return msgspec.msgpack.encode(data)
 
     @classmethod
     def stored(cls, campaign: str, key: str, blob: bytes) -> _Pending:
-        data = msgpack.unpackb(blob, raw=False)
-        answer = (unpack_ids(data["out"]), data["finish"], data["matched"]) if data["s"] == "render" else ()
-        return cls(campaign, key, data["sampling"], unpack_item(data["item"]), answer)
+        data = msgspec.msgpack.decode(blob)
+        answer = _Answer(unpack_ids(data["out"]), data["finish"], data["matched"]) if data["s"] == "render" else None
+        return cls(campaign, key, ServerSampling(data["sampling"]), unpack_item(data["item"]), answer)
 
 
 Entry = tuple[str, str, str, bytes | str]  # a ConversationStore step: key, action, target, data
@@ -129,7 +136,7 @@ def _end_entry(key: str, item: PromptItem, reason: str, message: str = "") -> En
 
 def _group_of(pending: _Pending) -> tuple[str, str]:
     """Rendered turns batch together when their campaign and sampling are the same."""
-    return pending.campaign, json.dumps(pending.sampling, sort_keys=True)
+    return pending.campaign, pending.sampling.identity
 
 
 def _by_campaign(pendings: Iterable[Any], campaign: Callable[[Any], str]) -> dict[str, list]:
@@ -180,7 +187,7 @@ class FollowUps:
         self._to_render: deque[_Pending] = deque()
         self._rendering: dict[tuple[str, str], _Pending] = {}
         self._rendered: queue.Queue = queue.Queue()
-        self._ready_results: list[tuple[_Pending, tuple[Any, ...]]] = []
+        self._ready_results: list[tuple[_Pending, NextTurn]] = []
         self._ready: dict[tuple[str, str], dict[str, _Pending]] = {}
         self._unsent: dict[tuple[str, str], dict] = {}
         self._untracked_before: set[tuple[str, str]] = set()
@@ -292,7 +299,7 @@ class FollowUps:
                 continue
             following = turn_key(state.key, item.turn + 1)
             parent = msgspec.structs.replace(item, ids=[])
-            answer = (record.output_ids, record.finish_reason, record.finish_matched)
+            answer = _Answer(record.output_ids, record.finish_reason, record.finish_matched)
             pending = _Pending(campaign.name, following, payload.sampling, parent, answer)
             follow[following] = pending
             entries.append((record.key, FOLLOW, following, pending.packed()))
@@ -422,7 +429,7 @@ class FollowUps:
         facts = {**_parse_facts(settings), "max_prompt_tokens": settings.max_prompt_tokens}
         for start in range(0, len(group), RENDER_CHUNK):
             chunk = group[start : start + RENDER_CHUNK]
-            jobs = [{"state": p.item.conversation, **dict(zip(ANSWER_FIELDS, p.answer)), **facts} for p in chunk]
+            jobs = [_render_job(pending, facts) for pending in chunk]
             try:
                 future = renderer.submit(jobs)
             except Exception as exc:  # the pool broke: a new one at the next tick
@@ -449,7 +456,7 @@ class FollowUps:
                     pending.attempts += 1
                     if pending.attempts >= RENDER_ATTEMPTS:
                         message = f"the renderer died on it {pending.attempts} times: {exc}"
-                        self._ready_results.append((pending, ("end", "template-error", message)))
+                        self._ready_results.append((pending, NextTurn(end=END_TEMPLATE_ERROR, message=message)))
                     else:
                         with self._lock:
                             self._to_render.append(pending)
@@ -457,15 +464,15 @@ class FollowUps:
             settings = self._settings[name]  # what its turns were submitted to render with
             entries: list[Entry] = []
             ready = {}
-            for pending, (kind, first, second) in results:  # workers/renderer.py's _render results
+            for pending, turn in results:
                 parent = pending.item
-                if kind != "ready":
-                    entries.append(_end_entry(pending.key, parent, first, second))
+                if turn.ids is None or turn.state is None:
+                    entries.append(_end_entry(pending.key, parent, turn.end or END_TEMPLATE_ERROR, turn.message))
                     continue
-                item = _next_item(parent, ids=first, state=second, settings=settings)
+                item = _next_item(parent, ids=turn.ids, state=turn.state, settings=settings)
                 rendered = _Pending(name, pending.key, pending.sampling, item)
                 ready[pending.key] = rendered
-                entries.append((pending.key, "ready", second["key"], rendered.packed()))  # the conversation's key
+                entries.append((pending.key, "ready", turn.state.key, rendered.packed()))  # the conversation's key
             held = self._store(name).ready(entries, owner=self.owner)
             self._ready_results = [r for r in self._ready_results if r[0].campaign != name]
             with self._lock:
@@ -490,7 +497,7 @@ class FollowUps:
                 keys = [i.key for i in items]
                 batch = batch_id(keys)
                 payload = TaskPayload(campaign=name, batch=batch, sampling=chunk[0].sampling, items=items).encode()
-                blob = msgpack.packb(payload, use_bin_type=True)
+                blob = msgspec.msgpack.encode(payload)
                 lost = self._store(name).form(owner=self.owner, batch=batch, payload=blob, keys=keys)
                 gone = {p.key for p in chunk if p.key in lost} if lost else set(keys)
                 with self._lock:
@@ -553,23 +560,42 @@ class FollowUps:
             batch = entry.removeprefix(BATCH_FIELD_PREFIX)
             if (blob := store.batch(batch)) is not None:
                 with self._lock:
-                    self._unsent[(name, batch)] = msgpack.unpackb(blob, raw=False)
+                    self._unsent[(name, batch)] = msgspec.msgpack.decode(blob)
             return
         if (blob := store.entry(entry)) is None:
             return
         pending = _Pending.stored(name, entry, blob)
         with self._lock:
-            if pending.answer:
+            if pending.answer is not None:
                 self._rendering[(name, entry)] = pending
                 self._to_render.append(pending)
             else:
                 self._ready.setdefault(_group_of(pending), {})[entry] = pending
 
 
-def _next_item(parent: PromptItem, *, ids: list[int], state: dict, settings: CampaignSettings) -> PromptItem:
-    key = turn_key(state["key"], parent.turn + 1)
+def _render_job(pending: _Pending, facts: dict) -> dict:
+    """What a rendering process gets for one follow-up (workers/renderer.py): its state, its
+    parent's answer and the campaign's `facts`, as next_turn's keyword arguments."""
+    answer = pending.answer
+    assert answer is not None, "only follow-ups holding their parent's answer are rendered"
+    job = {
+        "state": pending.item.conversation,
+        "output_ids": answer.output_ids,
+        "finish_reason": answer.finish_reason,
+        "matched": answer.matched,
+    }
+    job.update(facts)
+    return job
+
+
+def _next_item(
+    parent: PromptItem, *, ids: list[int], state: ConversationState, settings: CampaignSettings
+) -> PromptItem:
+    key = turn_key(state.key, parent.turn + 1)
     # Every sample has a seed (as the producer gives turn 0): from --seed, else from its key.
-    seed = SamplingParams.from_dict(settings.sampling).sample_seed(
+    seed = settings.sampling_params().sample_seed(
         prompt_key_material=pack_ids(ids), sample=parent.sample, prompt_key=key
     )
-    return msgspec.structs.replace(parent, key=key, ids=ids, seed=seed, turn=parent.turn + 1, conversation=state)
+    return msgspec.structs.replace(
+        parent, key=key, ids=ids, seed=seed, turn=parent.turn + 1, conversation=state.to_dict()
+    )

@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 
 from eagle_synth.errors import ClientError, ServerDown, TransientError, Unauthorized
+from eagle_synth.sampling import ServerSampling
 from workers import metrics
 from workers.affinity import PrefixAffinity, affinity_enabled, least_loaded
 from workers.backends import Backend
@@ -85,7 +86,7 @@ class Answer:
 @dataclass(eq=False, slots=True)
 class _Job:
     ids: list[int]
-    sampling: dict
+    sampling: ServerSampling
     timeout: float
     tag: str
     future: Future
@@ -136,7 +137,7 @@ class InflightPool:
     def submit_many(
         self,
         *,
-        prompts: list[tuple[list[int], dict]],
+        prompts: list[tuple[list[int], ServerSampling]],
         timeout: float,
         tag: str,
         servers: frozenset[str] | None = None,

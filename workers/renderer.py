@@ -1,6 +1,7 @@
 """Render conversations' next turns (eagle_synth.conversation.next_turn) in a small pool of
 processes, off the GIL the worker's threads need to keep a server full. Each child loads the
-campaign's stored tokenizer once and gets only plain job dicts (never Redis or the queue).
+campaign's stored tokenizer once and gets only plain job dicts (never Redis or the queue); each
+job's result is a NextTurn (msgspec structs pickle as they are).
 Spawned, not forked: a fork would copy the worker's threads (in-flight loop, Redis) mid-flight.
 """
 
@@ -11,7 +12,7 @@ import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
-from eagle_synth.conversation import ConversationState, next_turn, parse_answer
+from eagle_synth.conversation import END_TEMPLATE_ERROR, ConversationState, NextTurn, next_turn, parse_answer
 from eagle_synth.errors import RendererMismatch
 from eagle_synth.templating import load_tokenizer, tokenizer_facts
 
@@ -31,20 +32,15 @@ def _identity() -> tuple[str, str]:  # of the tokenizer this process loaded
     return facts.fingerprint, facts.chat_template_hash
 
 
-def _render(jobs: list[dict]) -> list[tuple]:
-    """For each job: ("ready", ids, next state dict) or ("end", reason, message)."""
-    out: list[tuple] = []
+def _render(jobs: list[dict]) -> list[NextTurn]:
+    """For each job, its NextTurn: the next prompt's ids and state, or why the conversation ends."""
+    out: list[NextTurn] = []
     for job in jobs:
         try:  # the job's other keys are next_turn's keyword arguments
             turn = next_turn(_tokenizer, ConversationState.from_dict(job.pop("state")), job.pop("output_ids"), **job)
         except Exception as exc:  # a conversation the contract cannot handle ends; the others go on
-            out.append(("end", "template-error", f"{type(exc).__name__}: {exc}"))
-            continue
-        if turn.end is not None:
-            out.append(("end", turn.end, turn.message))
-        else:
-            assert turn.ids is not None and turn.state is not None
-            out.append(("ready", turn.ids, turn.state.to_dict()))
+            turn = NextTurn(end=END_TEMPLATE_ERROR, message=f"{type(exc).__name__}: {exc}")
+        out.append(turn)
     return out
 
 
@@ -87,7 +83,7 @@ class Renderer:
             self._pool.shutdown(cancel_futures=True)
             raise
 
-    def submit(self, jobs: list[dict]) -> Future:  # one result of _render per job
+    def submit(self, jobs: list[dict]) -> Future:  # one NextTurn per job (_render)
         return self._pool.submit(_render, jobs)
 
     def count_tool_calls(self, jobs: list[dict]) -> Future:  # one int per job

@@ -1,4 +1,4 @@
-"""One /generate reply item, checked before it may become a record (docs/workers.md "Request safety").
+"""One /generate reply item, checked and made into its record (docs/workers.md "Request safety").
 
 A 200 is no proof of a good answer: a proxy or a buggy server can answer with no `output_ids`,
 ids as strings or outside the vocabulary, or a prompt it cut (`--allow-auto-truncate`): training
@@ -6,14 +6,23 @@ data the model never produced, or not conditioned on the ids the record says. So
 record exists: a malformed item raises BadResponse (transient: asked again, finally
 `bad-response`); `prompt_tokens` other than the ids sent raises PromptMismatch (asking again
 gives the same: `prompt-mismatch`). A `stop` on a matched token id must end with that id
-(SGLang keeps it in `output_ids`).
+(SGLang keeps it in `output_ids`). An `abort` raises ReplyAborted (asked again). What passes
+becomes the Record, with what it takes from the request (`Sent`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
-from eagle_synth.errors import BadResponse, PromptMismatch
+from eagle_synth.errors import (
+    BadResponse,
+    PromptMismatch,
+    ReplyAborted,
+)
+from eagle_synth.payload import PromptItem
+from eagle_synth.records import Record
+from eagle_synth.sampling import ServerSampling
 
 # finish_reason types SGLang and vLLM report; anything else is a shape we do not know how to record.
 FINISH_TYPES = frozenset({"stop", "length", "abort"})
@@ -22,21 +31,63 @@ EXCERPT_CHARS = 80
 
 
 @dataclass(frozen=True, slots=True)
-class GeneratedItem:
-    """A checked reply item: everything a record takes from the server. `finish_matched` is
-    the stop id or string that ended a "stop"; `cached_tokens` the prompt ids from the prefix
-    cache; `repaired_prefix` the prompt-tail ids dropped (old SGLang); `aborted`: nothing else
-    is meaningful, ask again."""
+class Sent:
+    """One prompt as it was sent: all its record takes from outside the reply.
 
-    output_ids: list[int]
-    finish_type: str
-    finish_matched: int | str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    e2e_latency: float | None = None
-    repaired_prefix: int = 0
-    aborted: bool = False
+    Parameters:
+        prompt: the queued item (key, row, sample, turn, ids, source, conversation, variant).
+        campaign: the campaign's name.
+        sampling: what the server was asked to sample with (the record's `sampling`; vLLM's
+            reply is checked against its max_new_tokens).
+        server: the server's URL.
+        worker: this worker's node name.
+        backend: the server's kind (workers/backends/).
+    """
+
+    prompt: PromptItem
+    campaign: str = ""
+    sampling: ServerSampling = field(default_factory=ServerSampling)
+    server: str = ""
+    worker: str = ""
+    backend: str = "sglang"
+
+    def record(
+        self,
+        *,
+        output_ids: list[int],
+        finish_reason: str,
+        finish_matched: int | str | None,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        e2e_latency: float | None = None,
+        repaired_prefix: int = 0,
+    ) -> Record:
+        """The record of this prompt with a checked reply's values (the only place one is made)."""
+        prompt = self.prompt
+        return Record(
+            key=prompt.key,
+            id=prompt.row_id,
+            sample=prompt.sample,
+            turn=prompt.turn,
+            prompt_ids=prompt.ids,
+            output_ids=output_ids,
+            finish_reason=finish_reason,
+            finish_matched=finish_matched,
+            prompt_tokens=len(prompt.ids),
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            campaign=self.campaign,
+            sampling=self.sampling.as_map(),
+            source=prompt.source,
+            server=self.server,
+            worker=self.worker,
+            e2e_latency=e2e_latency,
+            created_at=time.time(),
+            repaired_prefix=repaired_prefix,
+            backend=self.backend,
+            conversation=prompt.conversation["key"] if prompt.conversation else None,
+            variant=prompt.variant,
+        )
 
 
 def excerpt(value: object) -> str:
@@ -92,11 +143,8 @@ def _count(meta: dict, name: str) -> int | None:
     return value
 
 
-def parse_generate_item(
-    item: object, *, vocab_size: int, prompt_len: int, prompt_ids: list[int] | None = None
-) -> GeneratedItem:
-    """Check one /generate reply item against the prompt sent (module docstring); `prompt_ids`
-    allow the old-SGLang prefix repair, without them a surplus of ids is a BadResponse."""
+def parse_generate_item(item: object, *, vocab_size: int, sent: Sent) -> Record:
+    """Check one /generate reply item against the prompt `sent` (module docstring): its record."""
     if not isinstance(item, dict):
         raise BadResponse(f"the reply item is {kind_of(item)}, not an object: {excerpt(item)}")
     if "meta_info" not in item:
@@ -106,10 +154,12 @@ def parse_generate_item(
         raise BadResponse(f"meta_info is {kind_of(meta)}, not an object: {excerpt(meta)}")
     kind, matched = _finish(meta)
     if kind == "abort":  # whatever came with it is thrown away: the prompt is asked again
-        return GeneratedItem([], kind, None, prompt_tokens=prompt_len, completion_tokens=0, aborted=True)
+        raise ReplyAborted("the server aborted this prompt")
     if "output_ids" not in item:
         raise BadResponse("the reply item has no output_ids")
     output_ids = checked_ids(item["output_ids"], field="output_ids", vocab_size=vocab_size)
+    prompt_ids = sent.prompt.ids
+    prompt_len = len(prompt_ids)
     reported_prompt = _count(meta, "prompt_tokens")
     if reported_prompt is not None and reported_prompt != prompt_len:
         raise PromptMismatch(
@@ -124,7 +174,7 @@ def parse_generate_item(
         # Old SGLang (< ~0.5.5) prefixed output_ids with up to 5 prompt-tail ids: repaired only when
         # the surplus is exactly the prompt's tail, as dropping any other could cut real output.
         repaired = len(output_ids) - completion
-        if prompt_ids is None or repaired > len(prompt_ids) or output_ids[:repaired] != prompt_ids[-repaired:]:
+        if repaired > prompt_len or output_ids[:repaired] != prompt_ids[-repaired:]:
             raise BadResponse(
                 f"output_ids has {len(output_ids)} ids but completion_tokens says {completion}, and the "
                 f"{repaired} extra leading ids are not the prompt's tail: not repairable"
@@ -139,11 +189,10 @@ def parse_generate_item(
     latency = meta.get("e2e_latency")
     if not (isinstance(cached, int) and is_token_int(cached) and cached >= 0):
         cached = 0  # informational only: a missing or odd value is not worth losing the record
-    return GeneratedItem(
+    return sent.record(
         output_ids=output_ids,
-        finish_type=kind,
+        finish_reason=kind,
         finish_matched=matched,
-        prompt_tokens=prompt_len,
         completion_tokens=completion,
         cached_tokens=cached,
         e2e_latency=float(latency) if isinstance(latency, (int, float)) and not isinstance(latency, bool) else None,

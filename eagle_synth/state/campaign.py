@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 from itertools import islice
+from typing import Any
 
-import msgpack
 import msgspec
 import redis
 import zstandard
 
 from eagle_synth.errors import BadCampaignName, CampaignMismatch
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
+from eagle_synth.sampling import SamplingParams
 from eagle_synth.state.fence import Fence
 from eagle_synth.state.keys import CAMPAIGNS, CampaignKeys, failed_counter
 from eagle_synth.state.lua import LuaScript
@@ -89,6 +90,10 @@ class CampaignSettings(msgspec.Struct, frozen=True):
     # its chat format come from (eagle_synth/tokenizer_files.py); workers must hold the same.
     tokenizer_files: dict = {}
 
+    def sampling_params(self) -> SamplingParams:
+        """`sampling` as the SamplingParams it was stored from (SamplingParams.to_dict())."""
+        return SamplingParams.from_dict(self.sampling)
+
     def to_json(self) -> str:
         encoded = msgspec.json.encode(self, order="sorted")
         if self.tokenizer_files:
@@ -135,7 +140,7 @@ class Failure(msgspec.Struct, frozen=True):
     def encode(self) -> bytes:
         """FAILURE_MAGIC, reason, newline, a zstd frame of msgpack (ids packed as the queue packs them)."""
         body = [self.message, self.at, self.worker, self.sampling, pack_item(PromptItem(**self.item))]
-        packed = msgpack.packb(body, use_bin_type=True)
+        packed = msgspec.msgpack.encode(body)
         return FAILURE_MAGIC + self.reason.encode() + b"\n" + zstandard.compress(packed, FAILURE_ZSTD_LEVEL)
 
     @classmethod
@@ -145,7 +150,7 @@ class Failure(msgspec.Struct, frozen=True):
         if not data.startswith(FAILURE_MAGIC):
             return msgspec.json.decode(data, type=cls)
         head, _, blob = data.partition(b"\n")
-        message, at, worker, sampling, packed = msgpack.unpackb(zstandard.decompress(blob), raw=False)
+        message, at, worker, sampling, packed = msgspec.msgpack.decode(zstandard.decompress(blob))
         item = unpack_item(packed).to_replay()
         return cls(head[len(FAILURE_MAGIC) :].decode(), message, item, sampling, at, worker)
 
@@ -265,12 +270,13 @@ class Campaign:
         *,
         reason: str,
         message: str,
-        sampling: dict,
+        sampling: Mapping[str, Any],
         worker: str = "",
         fence: Fence | None = None,
     ) -> None:
-        """Keep a prompt that failed for good, replayable; with a fence, only under its lease."""
-        failure = Failure(reason, message[:2000], item.to_replay(), sampling, time.time(), worker)
+        """Keep a prompt that failed for good, replayable, with the `sampling` it was sent with
+        (a ServerSampling, or its map); with a fence, only under its lease."""
+        failure = Failure(reason, message[:2000], item.to_replay(), dict(sampling), time.time(), worker)
         k = self.keys
 
         def write(pipe: redis.Redis) -> None:  # a transaction pipeline when fenced

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import cast
 
-import msgpack
+import msgspec
 import redis
 
 from eagle_synth.payload import PromptItem, pack_item, unpack_item
@@ -32,7 +32,7 @@ def chunk_field(run_id: str, serial: int) -> str:
 
 
 def _pack_items(items: list[PromptItem]) -> bytes:
-    return msgpack.packb([pack_item(item) for item in items], use_bin_type=True)
+    return msgspec.msgpack.encode([pack_item(item) for item in items])
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ class OutboxEntry:
 
     def items(self) -> list[PromptItem]:
         """The items to publish (the newly claimed ones), in claim order."""
-        items = [unpack_item(packed) for packed in msgpack.unpackb(self.blob, raw=False)]
+        items = [unpack_item(packed) for packed in msgspec.msgpack.decode(self.blob)]
         return items if self.new is None else [item for i, item in enumerate(items) if i in self.new]
 
 

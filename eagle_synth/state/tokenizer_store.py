@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import msgpack
+import msgspec
 import redis
 import zstandard
 
@@ -37,13 +37,13 @@ def store_tokenizer(client: redis.Redis, tokenizer, *, fingerprint: str, chat_te
         with tempfile.TemporaryDirectory(prefix="eagle-synth-tokenizer-") as folder:
             tokenizer.save_pretrained(folder)
             files = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir()) if path.is_file()}
-        blob = msgpack.packb({"format": BLOB_FORMAT, "files": files}, use_bin_type=True)
+        blob = msgspec.msgpack.encode({"format": BLOB_FORMAT, "files": files})
         client.set(key, zstandard.ZstdCompressor(level=TOKENIZER_ZSTD_LEVEL).compress(blob), nx=True)
 
 
 def unpack_tokenizer(blob: bytes, folder: Path) -> None:
     """Write the stored files into `folder` (created; must not exist), atomically."""
-    data = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(blob), raw=False)
+    data = msgspec.msgpack.decode(zstandard.ZstdDecompressor().decompress(blob))
     if not isinstance(data, dict) or data.get("format") != BLOB_FORMAT:
         raise TokenizerUnavailable(f"the stored tokenizer is not in format {BLOB_FORMAT}: upgrade eagle-synth")
     folder.parent.mkdir(parents=True, exist_ok=True)

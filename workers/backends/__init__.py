@@ -4,9 +4,11 @@ tells which one a server is.
 A `Backend` serves one server URL: `name` is its kind, `path` its generation endpoint, `checks`
 the refusable settings preflight looks for (setting name -> check). `translate_sampling` makes
 every value of the campaign's sampling (SGLang's names, eagle_synth/sampling.py) explicit in the
-kind's names or raises UntranslatableSampling; `request(ids, sampling)` is (path, JSON body);
-`parse` checks one decoded 200 reply (BadResponse for malformed shapes, PromptMismatch when the
-server generated from other ids, SamplingOverridden when it did not sample as asked);
+kind's names or raises UntranslatableSampling; `request(ids, sampling)` is (path, JSON body),
+the sampling translated there, once per request; `parse(reply, sent=...)` checks one decoded 200
+reply and makes it the prompt's Record (BadResponse for malformed shapes, PromptMismatch when the
+server generated from other ids, SamplingOverridden when it did not sample as asked,
+ReplyAborted when it dropped the prompt);
 `context_problem` is None when the prompt is served exactly as asked, else why not. Preflight:
 `facts(client)` is what the server says about itself (raises ServerDown, TransientError, or
 PreflightError), `apply_facts` stores it in the node's server state, `from_state` rebuilds the

@@ -9,12 +9,15 @@ Preflight refuses the settings that change a record without it saying so (docs/w
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from eagle_synth.errors import UntranslatableSampling
+from eagle_synth.records import Record
 from eagle_synth.sampling import SENT_SAMPLING_KEYS, SGLANG_SAMPLING_KEYS
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import SGLANG, BaseBackend, Check, Problem, provenance_of
-from workers.replies import GeneratedItem, parse_generate_item
+from workers.replies import Sent, parse_generate_item
 from workers.servers.client import ServerClient, ServerFacts, positive_int
 
 # server_info launch arguments kept in a campaign's provenance. An allow-list, never a
@@ -158,18 +161,19 @@ class SGLangBackend(BaseBackend):
     checks = CHECKS
     provenance = staticmethod(provenance)
 
-    def translate_sampling(self, sampling: dict) -> dict:
-        # Checked on every request: the subset test allocates nothing when all keys are known.
+    def translate_sampling(self, sampling: Mapping[str, Any]) -> dict:
+        """The `sampling_params` field: SGLang's own names, sent as they are once every key is
+        known (checked on every request: the subset test allocates nothing when all are)."""
         if not SGLANG_SAMPLING_KEYS.issuperset(sampling):
             unknown = sorted(set(sampling) - SGLANG_SAMPLING_KEYS)
             raise UntranslatableSampling(f"sampling keys SGLang does not accept: {unknown}")
-        return sampling
+        return dict(sampling)
 
-    def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
+    def request(self, ids: list[int], sampling: Mapping[str, Any]) -> tuple[str, dict]:
         return self.path, {"input_ids": ids, "sampling_params": self.translate_sampling(sampling)}
 
-    def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
-        return parse_generate_item(item, vocab_size=vocab_size, prompt_len=len(prompt_ids), prompt_ids=prompt_ids)
+    def parse(self, item: object, *, vocab_size: int, sent: Sent) -> Record:
+        return parse_generate_item(item, vocab_size=vocab_size, sent=sent)
 
     def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:
         """None when SGLang serves this prompt exactly as asked, else why not (`prompt-too-long`),

@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from eagle_synth.errors import (
     BadResponse,
     PreflightError,
     PromptMismatch,
+    ReplyAborted,
     SamplingOverridden,
     TransientError,
     UntranslatableSampling,
 )
-from eagle_synth.sampling import version_tuple
+from eagle_synth.payload import PromptItem
+from eagle_synth.records import Record
+from eagle_synth.sampling import ServerSampling, version_tuple
 from eagle_synth.state.node_state import ServerState
 from workers.backends.base import VLLM, BaseBackend, Check, Problem, provenance_of, redact_url
-from workers.replies import FINISH_TYPES, GeneratedItem, checked_ids, excerpt, is_token_int, kind_of
+from workers.replies import FINISH_TYPES, Sent, checked_ids, excerpt, is_token_int, kind_of
 from workers.servers.client import ServerClient, ServerFacts, first_model, positive_int
 from workers.servers.transport import error_for_status, error_message
 
@@ -96,10 +100,12 @@ PROVENANCE_CONFIG = tuple(
 )
 
 
-def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], max_tokens: int) -> GeneratedItem:
-    """Check one /v1/completions reply (one prompt, n=1) against what was sent (raises as
-    Backend.parse does). finish_matched is vLLM's stop_reason, or for the model's EOS (stop_reason
-    null) the last output id, which is that EOS: as SGLang reports it."""
+def parse_completion(item: object, *, vocab_size: int, sent: Sent) -> Record:
+    """Check one /v1/completions reply (one prompt, n=1) against what was `sent` (raises as
+    Backend.parse does): its record. finish_matched is vLLM's stop_reason, or for the model's EOS
+    (stop_reason null) the last output id, which is that EOS: as SGLang reports it."""
+    prompt_ids = sent.prompt.ids
+    max_tokens = sent.sampling.max_new_tokens or SGLANG_MAX_NEW_TOKENS
     if not isinstance(item, dict):
         raise BadResponse(f"the reply is {kind_of(item)}, not an object: {excerpt(item)}")
     choices = item.get("choices")
@@ -114,7 +120,7 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
     if finish not in FINISH_TYPES:  # "error" becomes an HTTP 500 before any reply
         raise BadResponse(f"finish_reason {excerpt(finish)} is none of {sorted(FINISH_TYPES)}")
     if finish == "abort":
-        return GeneratedItem([], finish, None, prompt_tokens=len(prompt_ids), completion_tokens=0, aborted=True)
+        raise ReplyAborted("the server aborted this prompt")
     if choice.get("token_ids") is None:
         raise BadResponse(f"choices[0] has no token_ids (vLLM before {TOKEN_IDS_VERSION} ignores return_token_ids)")
     output_ids = checked_ids(choice["token_ids"], field="token_ids", vocab_size=vocab_size)
@@ -145,11 +151,10 @@ def parse_completion(item: object, *, vocab_size: int, prompt_ids: list[int], ma
         )
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return GeneratedItem(
+    return sent.record(
         output_ids=output_ids,
-        finish_type=finish,
+        finish_reason=finish,
         finish_matched=None if finish == "length" else matched,
-        prompt_tokens=len(prompt_ids),
         completion_tokens=len(output_ids),
         cached_tokens=cached if isinstance(cached, int) and is_token_int(cached) and cached >= 0 else 0,
     )
@@ -181,7 +186,9 @@ def _probe(client: ServerClient, *, model: str | None, version: str | None) -> d
     shows it cannot give records (no setting to accept: every prompt would fail); a malformed
     reply proves nothing: accepted with a warning. Transport failures, 429 and 5xx raise (the
     gate looks again later)."""
-    sampling = {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
+    sampling = ServerSampling(
+        {"max_new_tokens": PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True, "skip_special_tokens": False}
+    )
     path, body = VllmBackend(model=model).request(list(PROBE_PROMPT), sampling)
     status, raw = client.post_json(path, body, timeout=PROBE_TIMEOUT)
     if status >= 500 or status == 429:
@@ -199,10 +206,11 @@ def _probe(client: ServerClient, *, model: str | None, version: str | None) -> d
             f"{where} was answered {status}: {message}. Is it a vLLM "
             "server serving a generation model? (--backend forces the kind)"
         )
+    probe_sent = Sent(PromptItem(key="", row_id="", sample=0, ids=list(PROBE_PROMPT)), sampling=sampling)
     try:
-        item = parse_completion(
-            probe["reply"], vocab_size=PROBE_VOCAB_BOUND, prompt_ids=list(PROBE_PROMPT), max_tokens=PROBE_TOKENS
-        )
+        item = parse_completion(probe["reply"], vocab_size=PROBE_VOCAB_BOUND, sent=probe_sent)
+    except ReplyAborted:  # proves nothing either way
+        return probe
     except PromptMismatch as exc:
         raise PreflightError(f"{where}: {exc}") from None
     except SamplingOverridden as exc:
@@ -218,10 +226,10 @@ def _probe(client: ServerClient, *, model: str | None, version: str | None) -> d
             "server %s: the preflight probe's reply is malformed (%s); %s", redact_url(client.url), exc, accepting
         )
         return probe
-    if not item.aborted and (item.finish_type != "length" or len(item.output_ids) != PROBE_TOKENS):
+    if item.finish_reason != "length" or len(item.output_ids) != PROBE_TOKENS:
         raise PreflightError(
             f"{where} asked for exactly {PROBE_TOKENS} tokens (max_tokens with ignore_eos) and got "
-            f"{len(item.output_ids)} ending on {item.finish_type!r}: the server does not sample as asked"
+            f"{len(item.output_ids)} ending on {item.finish_reason!r}: the server does not sample as asked"
         )
     return probe
 
@@ -330,7 +338,9 @@ class VllmBackend(BaseBackend):
     seed_always = True
     provenance = staticmethod(provenance)
 
-    def translate_sampling(self, sampling: dict) -> dict:
+    def translate_sampling(self, sampling: Mapping[str, Any]) -> dict:
+        """The completion fields: every SGLang-named value explicit (SGLANG_DEFAULTS fill the
+        gaps) under vLLM's names; UntranslatableSampling for what vLLM cannot do as asked."""
         if unknown := sorted(set(sampling) - KNOWN_KEYS):
             raise UntranslatableSampling(
                 f"the campaign's sampling keys {unknown} have no vLLM /v1/completions equivalent "
@@ -350,13 +360,12 @@ class VllmBackend(BaseBackend):
             raise UntranslatableSampling(f"n {values['n']}: samples are sent as separate requests, n must be 1")
         return {RENAMED.get(key, key): value for key, value in values.items()}
 
-    def request(self, ids: list[int], sampling: dict) -> tuple[str, dict]:
+    def request(self, ids: list[int], sampling: Mapping[str, Any]) -> tuple[str, dict]:
         model = {} if self.model is None else {"model": self.model}
         return self.path, {**model, "prompt": ids, **self.translate_sampling(sampling), **REQUEST_FLAGS}
 
-    def parse(self, item: object, *, vocab_size: int, prompt_ids: list[int], sampling: dict) -> GeneratedItem:
-        max_tokens = int(sampling.get("max_new_tokens") or SGLANG_MAX_NEW_TOKENS)
-        return parse_completion(item, vocab_size=vocab_size, prompt_ids=prompt_ids, max_tokens=max_tokens)
+    def parse(self, item: object, *, vocab_size: int, sent: Sent) -> Record:
+        return parse_completion(item, vocab_size=vocab_size, sent=sent)
 
     def context_problem(self, *, prompt_len: int, max_new_tokens: int, state: ServerState) -> str | None:
         ctx = state.context_length
