@@ -23,6 +23,7 @@ from celery import Task, bootsteps
 from celery.bin.celery import celery as celery_command
 from celery.exceptions import Reject, Retry
 from celery.signals import after_setup_logger, worker_ready, worker_shutdown, worker_shutting_down
+from celery.worker import state as worker_state
 
 from eagle_synth import reasons
 from eagle_synth.errors import USER_ERROR_EXIT
@@ -46,6 +47,7 @@ from workers.model_check import ModelCheck
 from workers.reaper import ReaperStep
 from workers.reconciler import ReconcilerStep
 from workers.redis_watch import RedisWatch
+from workers.reservation import WAKE_INTERVAL, Demand, gate_consumption, reservation_enabled
 from workers.routing import CampaignRouter
 
 log = logging.getLogger("eagle_synth.worker")
@@ -310,6 +312,39 @@ class HealthGateStep(bootsteps.StartStopStep):
             self.gate.stop()
 
 
+class ReservationStep(bootsteps.StartStopStep):
+    """Consumer step: take a further batch only while the in-flight pool needs one
+    (workers/reservation.py), so a worker holds little more than it keeps in flight and a
+    campaign's last batches go to the workers with free slots. Applied again to the new channel
+    after a consumer restart; the loop is woken every WAKE_INTERVAL s to look."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.wake: Any = None
+
+    def start(self, c: Any) -> None:
+        if not reservation_enabled() or c.task_consumer is None:
+            return
+        runner = _get_runner(c.hostname)
+        demand = Demand(
+            pool=runner.pool,
+            held=lambda: len(worker_state.reserved_requests),
+            feeding=lambda: runner.feeding,
+            batch_size=lambda: runner.last_batch_size,
+        )
+        gate_consumption(c.task_consumer.channel.qos, demand.wants_more)
+        hub = getattr(c, "hub", None)
+        if hub is not None and self.wake is None:
+            self.wake = hub.call_repeatedly(WAKE_INTERVAL, lambda: None)
+
+    def shutdown(self, c: Any) -> None:
+        if self.wake is not None:
+            self.wake.cancel()
+            self.wake = None
+
+
 class StopDeadlineStep(bootsteps.StartStopStep):
     """Worker step: once the worker begins to stop, by a signal or by an error, batches wind down
     (STOPPING) and the process ends within the soft-shutdown timeout plus STOP_DEADLINE_MARGIN
@@ -338,6 +373,7 @@ class StopDeadlineStep(bootsteps.StartStopStep):
 
 app.steps["worker"].add(StopDeadlineStep)
 app.steps["consumer"].add(HealthGateStep)
+app.steps["consumer"].add(ReservationStep)
 app.steps["consumer"].add(ReaperStep)
 app.steps["consumer"].add(ReconcilerStep)
 
