@@ -35,11 +35,33 @@ PRIORITY_STEPS = list(PRIORITIES)
 PRIORITY_SEPARATOR = "\x06\x16"
 # Separates a campaign's name from the base queue name (':' is not allowed in campaign names).
 CAMPAIGN_QUEUE_SEPARATOR = ":"
+# Separates a campaign's queue from the worker node a host queue belongs to.
+HOST_QUEUE_SEPARATOR = "@"
 
 
 def campaign_queue(base: str, campaign: str) -> str:
     """The Celery queue of one campaign's batches."""
     return f"{base}{CAMPAIGN_QUEUE_SEPARATOR}{campaign}"
+
+
+def host_queue(base: str, campaign: str, node: str) -> str:
+    """The queue of one campaign's next turns committed by worker `node` (workers/handoff.py):
+    that worker takes them first, the others after HANDOFF_DELAY."""
+    return f"{campaign_queue(base, campaign)}{HOST_QUEUE_SEPARATOR}{node}"
+
+
+def host_queues(client, base: str, campaign: str) -> list[str]:
+    """The host queues of `campaign` that may hold messages (HOST_QUEUES)."""
+    from eagle_synth.state.keys import HOST_QUEUES
+
+    prefix = f"{campaign_queue(base, campaign)}{HOST_QUEUE_SEPARATOR}"
+    names = (raw.decode() if isinstance(raw, bytes) else raw for raw in client.hkeys(HOST_QUEUES))
+    return sorted(name for name in names if name.startswith(prefix))
+
+
+def campaign_queues(client, base: str, campaign: str) -> list[str]:
+    """Every queue that may hold `campaign`'s batches: its own, then its host queues."""
+    return [campaign_queue(base, campaign), *host_queues(client, base, campaign)]
 
 
 def queue_lists(queue: str) -> list[str]:
@@ -122,11 +144,13 @@ TASK_CONTENT_TYPE = "application/x-msgpack"
 QUEUE_SCAN_STEP = 1000
 
 
-def send_payload(app: Celery, base_queue: str, payload: dict) -> None:
+def send_payload(app: Celery, base_queue: str, payload: dict, *, host: str | None = None) -> None:
     """Publish one encoded TaskPayload as a generate task on its campaign's queue, with the
-    campaign's priority (producer and workers alike)."""
+    campaign's priority (producer and workers alike); with `host` (a worker's node name), on
+    that worker's host queue of the campaign instead (a conversation's next turns)."""
     from eagle_synth.payload import TASK_NAME
     from eagle_synth.state.batch_store import remember
+    from eagle_synth.state.keys import HOST_QUEUES
 
     campaign = str(payload["campaign"])
     with app.producer_or_acquire() as producer:
@@ -141,17 +165,22 @@ def send_payload(app: Celery, base_queue: str, payload: dict) -> None:
         # The campaign keeps a copy first, so a message the broker loses can be published again
         # (eagle_synth/state/batch_store.py); the broker's own client, so no second connection.
         remember(client, payload)
+        queue = campaign_queue(base_queue, campaign) if host is None else host_queue(base_queue, campaign, host)
         # A short argsrepr: Celery would otherwise repr the whole id blob into every message.
         app.send_task(
             TASK_NAME,
             args=[payload],
-            queue=campaign_queue(base_queue, campaign),
+            queue=queue,
             priority=message_priority(priority),
             serializer="msgpack",
             argsrepr=f"<{campaign} batch {payload['batch']}: {len(payload['keys'])} prompts>",
             kwargsrepr="{}",
             producer=producer,
         )
+        if host is not None:
+            # After the message: the handoff drops a name only when its lists are empty (one
+            # script), so a name is listed whenever its queue holds a message.
+            client.hset(HOST_QUEUES, queue, json.dumps([campaign_queue(base_queue, campaign), host]))
 
 
 def payload_of_entry(raw: bytes | str) -> dict | None:

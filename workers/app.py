@@ -28,7 +28,7 @@ from celery.worker import state as worker_state
 from eagle_synth import reasons
 from eagle_synth.errors import USER_ERROR_EXIT
 from eagle_synth.payload import TASK_NAME, PayloadError, TaskPayload
-from eagle_synth.queue import make_celery
+from eagle_synth.queue import HOST_QUEUE_SEPARATOR, make_celery
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import NodeState
@@ -36,15 +36,17 @@ from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import ReadOnlyReplica, is_read_only, read_only_message, refuse_replica
 from eagle_synth.state.replicas import ReplicaWait
 from workers import metrics
+from workers.affinity import affinity_enabled
 from workers.batch import BatchRunner, Cancelled, Requeue
 from workers.client import ServerClient
 from workers.config import WorkerConfig
 from workers.disk import DiskState, DiskUnavailable, probe_folder
+from workers.handoff import Handoff
 from workers.health import HealthGate
 from workers.lease import BatchBusy
 from workers.memory import limit_malloc_arenas, start_pool_threads
 from workers.model_check import ModelCheck
-from workers.reaper import ReaperStep
+from workers.reaper import ReaperStep, SweepStep
 from workers.reconciler import ReconcilerStep
 from workers.redis_watch import RedisWatch
 from workers.reservation import WAKE_INTERVAL, Demand, gate_consumption, reservation_enabled
@@ -258,6 +260,18 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
     return {"written": outcome.written, "failed": outcome.failed}
 
 
+def with_host_queue(act: Callable[[str], object], node: str) -> Callable[[str], None]:
+    """`act` on a campaign's queue and, with prefix affinity on, on this worker's host queue of
+    it (workers/handoff.py): the worker takes its own next turns while it takes the campaign."""
+
+    def both(queue: str) -> None:
+        act(queue)
+        if affinity_enabled():
+            act(f"{queue}{HOST_QUEUE_SEPARATOR}{node}")
+
+    return both
+
+
 class HealthGateStep(bootsteps.StartStopStep):
     """Consumer step: consume campaigns' queues only while a server is healthy, and only those of
     campaigns a healthy server serves (workers/routing.py). Starts with none (the base queue
@@ -295,12 +309,14 @@ class HealthGateStep(bootsteps.StartStopStep):
         if problem := probe_folder(disk.folder):
             log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
             disk.failed(problem)
+        consume = in_loop(with_host_queue(c.add_task_queue, c.hostname))
+        stop = in_loop(with_host_queue(c.cancel_task_queue, c.hostname))
         self.gate = HealthGate(
             config=config,
             node_state=node_state,
             router=_router(),
-            on_consume=in_loop(c.add_task_queue),
-            on_stop=in_loop(c.cancel_task_queue),
+            on_consume=consume,
+            on_stop=stop,
             disk=disk,
             on_all_refused=all_refused,
             redis_watch=_redis_watch(),
@@ -310,6 +326,16 @@ class HealthGateStep(bootsteps.StartStopStep):
     def shutdown(self, c: Any) -> None:
         if self.gate is not None:
             self.gate.stop()
+
+
+class HandoffStep(SweepStep):
+    """Consumer step: hand next turns waiting in host queues to their campaigns' queues
+    (workers/handoff.py)."""
+
+    label = "handoff"
+
+    def sweeper(self, c: Any) -> Handoff:
+        return Handoff(connect(broker_settings()), node=c.hostname)
 
 
 class ReservationStep(bootsteps.StartStopStep):
@@ -374,6 +400,7 @@ class StopDeadlineStep(bootsteps.StartStopStep):
 app.steps["worker"].add(StopDeadlineStep)
 app.steps["consumer"].add(HealthGateStep)
 app.steps["consumer"].add(ReservationStep)
+app.steps["consumer"].add(HandoffStep)
 app.steps["consumer"].add(ReaperStep)
 app.steps["consumer"].add(ReconcilerStep)
 
