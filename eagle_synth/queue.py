@@ -8,6 +8,8 @@ The producer never imports worker code: it publishes by task name (payload.TASK_
 The queue topology of a shared fleet (docs/operations.md "Sharing a fleet"): every campaign
 has a queue of its own, `<base>:<campaign>` (campaign_queue), so a worker consumes exactly
 the campaigns its servers serve (workers/routing.py) and a cancel empties one queue. A
+conversation's next turns go to the host queue of the worker that committed the turn before,
+`<base>:<campaign>@<node>` (host_queue), which that worker takes first (workers/handoff.py). A
 campaign's priority travels as the message priority: kombu's Redis transport splits each queue
 into one list per priority step and every BRPOP names the lists of all consumed queues,
 highest priority first, so a worker takes the most urgent batch of any campaign it serves.

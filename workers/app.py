@@ -36,7 +36,7 @@ from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import ReadOnlyReplica, is_read_only, read_only_message, refuse_replica
 from eagle_synth.state.replicas import ReplicaWait
 from workers import metrics
-from workers.affinity import affinity_enabled
+from workers.affinity import host_queues_enabled
 from workers.batch import BatchRunner, Cancelled, Requeue
 from workers.client import ServerClient
 from workers.config import WorkerConfig
@@ -261,12 +261,12 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
 
 
 def with_host_queue(act: Callable[[str], object], node: str) -> Callable[[str], None]:
-    """`act` on a campaign's queue and, with prefix affinity on, on this worker's host queue of
+    """`act` on a campaign's queue and, with host queues on, on this worker's host queue of
     it (workers/handoff.py): the worker takes its own next turns while it takes the campaign."""
 
     def both(queue: str) -> None:
         act(queue)
-        if affinity_enabled():
+        if host_queues_enabled():
             act(f"{queue}{HOST_QUEUE_SEPARATOR}{node}")
 
     return both

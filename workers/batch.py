@@ -84,7 +84,7 @@ from eagle_synth.state.redis_role import is_read_only
 from eagle_synth.state.replicas import ReplicaWait
 from eagle_synth.state.tokenizer_store import TokenizerUnavailable
 from workers import metrics
-from workers.affinity import affinity_enabled, prefix_key
+from workers.affinity import host_queues_enabled, prefix_key
 from workers.backends import Backend, backend_for_state
 from workers.backends.base import UntranslatableSampling
 from workers.client import BadRequest, BadSamplingParams, ServerClient, ServerDown, TransientError, Unauthorized
@@ -695,7 +695,7 @@ class BatchRunner:
             redis_client=connect(settings),
             # A next turn goes to this worker's host queue: taken here first (workers/handoff.py).
             send=partial(
-                send_payload, app or make_celery(settings), settings.queue, host=node if affinity_enabled() else None
+                send_payload, app or make_celery(settings), settings.queue, host=node if host_queues_enabled() else None
             ),
             render_processes=config.render_processes,
             local_tokenizers=tuple(Path(folder).expanduser() for folder in config.tokenizer),
