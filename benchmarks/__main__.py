@@ -37,6 +37,7 @@ BENCHMARKS = (
     "replica_wait",
     "routing",
     "affinity",
+    "seeds",
 )
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"

@@ -70,6 +70,14 @@ def test_demand_asks_for_a_batch_only_while_the_line_is_short():
     assert not demand.wants_more()
     pool.waiting_prompts = 15
     assert demand.wants_more(), "the line fell below its reserve"
+    # A free ticket the waiting prompts cannot take (another model's server) asks for work.
+    pool.free = 8
+    pool.waiting_prompts = 100
+    assert demand.wants_more()
+    held[0] = 6  # ... until a batch is on its way for it
+    assert not demand.wants_more()
+    pool.free = 0
+    held[0] = 5
     # Stragglers hold batches (and threads) but no waiting prompt: they do not stop a fetch.
     held[0] = feeding[0] = 40
     pool.waiting_prompts = 0

@@ -10,8 +10,9 @@ them (two workers on one vLLM ended 7.5 s apart, the last seconds at half the sl
 So the threads stay, but the consumer asks the broker for a further batch only while the
 prompts waiting in the pool's line, plus a batch's worth for each batch taken but not yet handed
 to the pool, are fewer than its free tickets plus a reserve (RESERVE_SHARE of its tickets, at
-least one batch). The line never runs dry, and the rest of the queue stays in Redis for
-whichever worker frees a slot first. EAGLE_SYNTH_DEMAND_RESERVATION=0 restores one batch per
+least one batch), or while a ticket is free that neither a waiting prompt nor a batch on its way
+can take (a worker with servers of two models, one of whose campaigns fills the line). The line
+never runs dry, and the rest of the queue stays in Redis for whichever worker frees a slot first. EAGLE_SYNTH_DEMAND_RESERVATION=0 restores one batch per
 thread (for measuring what it changes).
 """
 
@@ -75,9 +76,13 @@ class Demand:
 
     def wants_more(self) -> bool:
         size = max(1, self.batch_size())
-        starting = max(0, self.held() - self.feeding())
-        coming = self.pool.waiting() + starting * size
-        return coming < self.pool.free_tickets() + self.reserve()
+        on_the_way = max(0, self.held() - self.feeding()) * size
+        free = self.pool.free_tickets()
+        if free > on_the_way:
+            # A free ticket no waiting prompt may take (a server of another campaign's model)
+            # and no batch coming for it: it would idle.
+            return True
+        return self.pool.waiting() + on_the_way < free + self.reserve()
 
 
 def gate_consumption(qos: Any, wants_more: Callable[[], bool]) -> None:
