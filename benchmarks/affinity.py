@@ -41,6 +41,8 @@ TARGET_SERVERS = 8
 TARGET_RATIO = 1.3
 # Worker processes (hosts) the cross-host figure splits the servers over.
 HOSTS = 2
+# Seconds between samples of the host queues (the measured wait of a next turn there).
+DWELL_SAMPLE = 0.02
 # Conversations per server (the fleet is sized to its work, so 8 servers get twice the
 # conversations of 4), and user turns per conversation (two regeneration points each).
 CONVERSATIONS_PER_SERVER = {True: 4, False: 8}
@@ -174,9 +176,11 @@ def _run(
         )
         for host in range(hosts)
     ]
+    dwell = _HostQueueDwell(redis_url)
     try:
         status = wait_for(lambda: _finished(redis_url, name), timeout=RUN_TIMEOUT, interval=0.5, what=name)
     finally:
+        dwell.stop()
         for worker in workers:
             worker.stop(timeout=stack.stop_timeout)
     records = list(iter_records(out / name))
@@ -194,7 +198,56 @@ def _run(
         "ends": status["conversations"]["stopped_by_reason"] | {"complete": status["conversations"]["done"]},
         "servers_per_conversation": _servers_per_conversation(records),
         "same_host_share": _same_host_share(records),
+        "host_queue_dwell_s": dwell.summary(),
     }
+
+
+class _HostQueueDwell:
+    """Samples the host queues every DWELL_SAMPLE s on a thread: how long each message waited
+    there before its worker took it (or it was handed on), to DWELL_SAMPLE's precision."""
+
+    def __init__(self, redis_url: str) -> None:
+        import threading
+
+        from eagle_synth.settings import broker_settings
+        from eagle_synth.state.redis_client import connect
+
+        self.client = connect(broker_settings(redis_url=redis_url))
+        self.seen: dict[bytes, list[float]] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        import hashlib
+        import time
+
+        from eagle_synth.queue import queue_lists
+        from eagle_synth.state.keys import HOST_QUEUES
+
+        while not self.done.wait(DWELL_SAMPLE):
+            now = time.monotonic()
+            for queue in self.client.hkeys(HOST_QUEUES):
+                for name in queue_lists(queue.decode()):
+                    for raw in self.client.lrange(name, 0, -1):
+                        times = self.seen.setdefault(hashlib.blake2b(raw, digest_size=16).digest(), [now, now])
+                        times[1] = now
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=5)
+
+    def summary(self) -> dict:
+        """Messages seen, and the median, 95th percentile and longest of their waits (seconds)."""
+        waits = sorted(last - first for first, last in self.seen.values())
+        if not waits:
+            return {"messages": 0}
+        return {
+            "messages": len(waits),
+            "median": round(waits[len(waits) // 2], 3),
+            "p95": round(waits[int(0.95 * (len(waits) - 1))], 3),
+            "max": round(waits[-1], 3),
+        }
 
 
 def _same_host_share(records: list) -> float:
@@ -276,7 +329,8 @@ def run(quick: bool) -> list[Result]:
                 note=(
                     f"later turns on the host of the turn before {kept['same_host_share']:.0%} against "
                     f"{free['same_host_share']:.0%}; cache-hit share {kept['cache_hit_share']:.1%} against "
-                    f"{free['cache_hit_share']:.1%}; {len(rows)} conversations, {kept['records']} turns"
+                    f"{free['cache_hit_share']:.1%}; {len(rows)} conversations, {kept['records']} turns; "
+                    f"a next turn's wait in its host queue (sampled every {DWELL_SAMPLE} s): {kept['host_queue_dwell_s']}"
                 ),
                 details={"host_queues": kept, "no_host_queues": free},
             )
