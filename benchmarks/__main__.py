@@ -37,6 +37,8 @@ BENCHMARKS = (
     "replica_wait",
     "routing",
     "affinity",
+    "seeds",
+    "real_vllm_affinity",
 )
 STORAGE_NUMBER = 5
 DEFAULT_OUT = ROOT / "BENCHMARKS.md"

@@ -26,17 +26,23 @@ from __future__ import annotations
 
 import json
 import random
+from functools import partial
 from pathlib import Path
 
 import requests
 
 from benchmarks.common import _WORDS, Result, Stack, bench_tokenizer
 from eagle_synth.testing.harness import wait_for
+from workers.affinity import HOST_QUEUES_ENV
 
 # Server counts measured, and the one the target is for.
 SERVER_COUNTS = (4, 8)
 TARGET_SERVERS = 8
 TARGET_RATIO = 1.3
+# Worker processes (hosts) the cross-host figure splits the servers over.
+HOSTS = 2
+# Seconds between samples of the host queues (the measured wait of a next turn there).
+DWELL_SAMPLE = 0.02
 # Conversations per server (the fleet is sized to its work, so 8 servers get twice the
 # conversations of 4), and user turns per conversation (two regeneration points each).
 CONVERSATIONS_PER_SERVER = {True: 4, False: 8}
@@ -138,20 +144,45 @@ def _finished(redis_url: str, name: str) -> dict | None:
     return data if conversations.get("total") and not busy and not data["inflight"] else None
 
 
-def _run(stack: Stack, redis_url: str, servers: list[str], name: str, rows_path: Path, *, affinity: bool) -> dict:
-    """One campaign from cold caches; its throughput, cache-hit share and conversation ends."""
+def _run(
+    stack: Stack,
+    redis_url: str,
+    servers: list[str],
+    name: str,
+    rows_path: Path,
+    *,
+    affinity: bool,
+    hosts: int = 1,
+    env: dict[str, str] | None = None,
+) -> dict:
+    """One campaign from cold caches, through `hosts` workers that split `servers` between them;
+    its throughput, cache-hit share and conversation ends."""
     from eagle_synth.records import iter_records
 
     for url in servers:
         requests.post(f"{url}/flush_cache", timeout=10).raise_for_status()
     _enqueue(redis_url, rows_path, name)
-    env = {} if affinity else {"EAGLE_SYNTH_PREFIX_AFFINITY": "0"}
+    env = (env or {}) | ({} if affinity else {"EAGLE_SYNTH_PREFIX_AFFINITY": "0"})
     out = stack.dir / "out"
-    worker = stack.worker(servers=servers, redis_url=redis_url, out=out, env=env, args=["--campaign", name])
+    share = len(servers) // hosts
+    workers = [
+        stack.worker(
+            servers=servers[host * share : (host + 1) * share],
+            redis_url=redis_url,
+            out=out,
+            env=env,
+            args=["--campaign", name],
+            name=f"{name}-host{host}@bench",
+        )
+        for host in range(hosts)
+    ]
+    dwell = _HostQueueDwell(redis_url)
     try:
         status = wait_for(lambda: _finished(redis_url, name), timeout=RUN_TIMEOUT, interval=0.5, what=name)
     finally:
-        worker.stop(timeout=stack.stop_timeout)
+        dwell.stop()
+        for worker in workers:
+            worker.stop(timeout=stack.stop_timeout)
     records = list(iter_records(out / name))
     started = min(r.created_at - (r.e2e_latency or 0.0) for r in records)
     span = max(r.created_at for r in records) - started
@@ -166,7 +197,64 @@ def _run(stack: Stack, redis_url: str, servers: list[str], name: str, rows_path:
         "seconds": span,
         "ends": status["conversations"]["stopped_by_reason"] | {"complete": status["conversations"]["done"]},
         "servers_per_conversation": _servers_per_conversation(records),
+        "same_host_share": _same_host_share(records),
+        "host_queue_dwell_s": dwell.summary(),
     }
+
+
+class _HostQueueDwell:
+    """Samples the host queues every DWELL_SAMPLE s on a thread: how long each message waited
+    there before its worker took it (or it was handed on), to DWELL_SAMPLE's precision."""
+
+    def __init__(self, redis_url: str) -> None:
+        import threading
+
+        from eagle_synth.settings import broker_settings
+        from eagle_synth.state.redis_client import connect
+
+        self.client = connect(broker_settings(redis_url=redis_url))
+        self.seen: dict[bytes, list[float]] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        import hashlib
+        import time
+
+        from eagle_synth.queue import queue_lists
+        from eagle_synth.state.keys import HOST_QUEUES
+
+        while not self.done.wait(DWELL_SAMPLE):
+            now = time.monotonic()
+            for queue in self.client.hkeys(HOST_QUEUES):
+                for name in queue_lists(queue.decode()):
+                    for raw in self.client.lrange(name, 0, -1):
+                        times = self.seen.setdefault(hashlib.blake2b(raw, digest_size=16).digest(), [now, now])
+                        times[1] = now
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=5)
+
+    def summary(self) -> dict:
+        """Messages seen, and the median, 95th percentile and longest of their waits (seconds)."""
+        waits = sorted(last - first for first, last in self.seen.values())
+        if not waits:
+            return {"messages": 0}
+        return {
+            "messages": len(waits),
+            "median": round(waits[len(waits) // 2], 3),
+            "p95": round(waits[int(0.95 * (len(waits) - 1))], 3),
+            "max": round(waits[-1], 3),
+        }
+
+
+def _same_host_share(records: list) -> float:
+    """Share of later turns generated by the worker of the turn before."""
+    turns = sorted(records, key=lambda r: (r.conversation, r.turn))
+    pairs = [(a, b) for a, b in zip(turns, turns[1:]) if a.conversation == b.conversation]
+    return sum(a.worker == b.worker for a, b in pairs) / max(1, len(pairs))
 
 
 def _servers_per_conversation(records: list) -> float:
@@ -219,6 +307,34 @@ def run(quick: bool) -> list[Result]:
                     details={"affinity": affine, "round_robin": spread},
                 )
             )
+        # Across hosts: the 8 servers split over HOSTS workers, affinity on each host in both runs;
+        # host queues (workers/handoff.py) against none (a next turn to whichever host is free).
+        count = TARGET_SERVERS
+        rows = tool_rows(count * CONVERSATIONS_PER_SERVER[quick], USER_TURNS[quick])
+        rows_path = stack.dir / "rows-hosts.jsonl"
+        rows_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        run_hosts = partial(_run, stack, redis.url, servers[:count], rows_path=rows_path, affinity=True, hosts=HOSTS)
+        kept = run_hosts(name="hosts-kept")
+        free = run_hosts(name="hosts-free", env={HOST_QUEUES_ENV: "0"})
+        results.append(
+            Result(
+                number=39,
+                figure=f"output tokens/s, tool conversations on {count} servers over {HOSTS} worker hosts, host queues",
+                ours=kept["tokens_per_s"],
+                baseline=free["tokens_per_s"],
+                unit="tokens/s",
+                baseline_name=f"the same with {HOST_QUEUES_ENV}=0 (affinity within each host only)",
+                target="-",
+                met=None,
+                note=(
+                    f"later turns on the host of the turn before {kept['same_host_share']:.0%} against "
+                    f"{free['same_host_share']:.0%}; cache-hit share {kept['cache_hit_share']:.1%} against "
+                    f"{free['cache_hit_share']:.1%}; {len(rows)} conversations, {kept['records']} turns; "
+                    f"a next turn's wait in its host queue (sampled every {DWELL_SAMPLE} s): {kept['host_queue_dwell_s']}"
+                ),
+                details={"host_queues": kept, "no_host_queues": free},
+            )
+        )
     return results
 
 

@@ -23,7 +23,9 @@ its memory and CPU at that budget.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from pathlib import Path
 
 from benchmarks.common import (
     Result,
@@ -38,6 +40,7 @@ from benchmarks.common import (
     write_rows,
 )
 from benchmarks.occupancy import _queued_prompts, _window
+from eagle_synth.records import iter_records
 from workers.config import default_concurrency
 
 MAX_RUNNING = 256
@@ -121,8 +124,19 @@ def measure_worker(quick: bool, *, inflight: int, slots: int, window: bool = Tru
             pss_mib=sum(tree_pss(w.proc.pid) for w in workers) / 2**20,
             prompts=prompts_count,
             output_tokens=dev_stats(url).get("output_tokens"),
+            worker_ends=_worker_ends(stack.dir / "out" / "tail"),
         )
         return figures, prompts
+
+
+def _worker_ends(folder: Path) -> dict[str, float]:
+    """Each worker's last record, seconds after the first record of the campaign."""
+    last: dict[str, float] = {}
+    first = math.inf
+    for record in iter_records(folder):
+        first = min(first, record.created_at)
+        last[record.worker] = max(last.get(record.worker, 0.0), record.created_at)
+    return {worker: at - first for worker, at in sorted(last.items())}
 
 
 async def _ideal(url: str, prompts: list, inflight: int, quick: bool) -> dict:

@@ -8,6 +8,8 @@ The producer never imports worker code: it publishes by task name (payload.TASK_
 The queue topology of a shared fleet (docs/operations.md "Sharing a fleet"): every campaign
 has a queue of its own, `<base>:<campaign>` (campaign_queue), so a worker consumes exactly
 the campaigns its servers serve (workers/servers/routing.py) and a cancel empties one queue. A
+conversation's next turns go to the host queue of the worker that committed the turn before,
+`<base>:<campaign>@<node>` (host_queue), which that worker takes first (workers/handoff.py). A
 campaign's priority travels as the message priority: kombu's Redis transport splits each queue
 into one list per priority step and every BRPOP names the lists of all consumed queues,
 highest priority first, so a worker takes the most urgent batch of any campaign it serves.
@@ -29,6 +31,7 @@ from eagle_synth.payload import TASK_NAME
 from eagle_synth.priorities import PRIORITIES, message_priority, publish_facts
 from eagle_synth.settings import BrokerSettings, broker_settings
 from eagle_synth.state.batch_store import remember
+from eagle_synth.state.keys import HOST_QUEUES
 
 # Batches a prefork pool child would run before being replaced (the thread pool ignores it).
 MAX_TASKS_PER_CHILD = 1000
@@ -37,11 +40,32 @@ PRIORITY_STEPS = list(PRIORITIES)
 PRIORITY_SEPARATOR = "\x06\x16"
 # Separates a campaign's name from the base queue name (':' is not allowed in campaign names).
 CAMPAIGN_QUEUE_SEPARATOR = ":"
+# Separates a campaign's queue from the worker node a host queue belongs to.
+HOST_QUEUE_SEPARATOR = "@"
 
 
 def campaign_queue(base: str, campaign: str) -> str:
     """The Celery queue of one campaign's batches."""
     return f"{base}{CAMPAIGN_QUEUE_SEPARATOR}{campaign}"
+
+
+def host_queue(base: str, campaign: str, node: str) -> str:
+    """The queue of one campaign's next turns committed by worker `node` (workers/handoff.py):
+    that worker takes them first, the others after HANDOFF_DELAY."""
+    return f"{campaign_queue(base, campaign)}{HOST_QUEUE_SEPARATOR}{node}"
+
+
+def host_queues(client, base: str, campaign: str) -> list[str]:
+    """The host queues of `campaign` that may hold messages (HOST_QUEUES)."""
+
+    prefix = f"{campaign_queue(base, campaign)}{HOST_QUEUE_SEPARATOR}"
+    names = (raw.decode() if isinstance(raw, bytes) else raw for raw in client.hkeys(HOST_QUEUES))
+    return sorted(name for name in names if name.startswith(prefix))
+
+
+def campaign_queues(client, base: str, campaign: str) -> list[str]:
+    """Every queue that may hold `campaign`'s batches: its own, then its host queues."""
+    return [campaign_queue(base, campaign), *host_queues(client, base, campaign)]
 
 
 def queue_lists(queue: str) -> list[str]:
@@ -124,9 +148,10 @@ TASK_CONTENT_TYPE = "application/x-msgpack"
 QUEUE_SCAN_STEP = 1000
 
 
-def send_payload(app: Celery, base_queue: str, payload: dict) -> None:
+def send_payload(app: Celery, base_queue: str, payload: dict, *, host: str | None = None) -> None:
     """Publish one encoded TaskPayload as a generate task on its campaign's queue, with the
-    campaign's priority (producer and workers alike)."""
+    campaign's priority (producer and workers alike); with `host` (a worker's node name), on
+    that worker's host queue of the campaign instead (a conversation's next turns)."""
     campaign = str(payload["campaign"])
     with app.producer_or_acquire() as producer:
         client = producer.channel.client
@@ -140,17 +165,22 @@ def send_payload(app: Celery, base_queue: str, payload: dict) -> None:
         # The campaign keeps a copy first, so a message the broker loses can be published again
         # (eagle_synth/state/batch_store.py); the broker's own client, so no second connection.
         remember(client, payload)
+        queue = campaign_queue(base_queue, campaign) if host is None else host_queue(base_queue, campaign, host)
         # A short argsrepr: Celery would otherwise repr the whole id blob into every message.
         app.send_task(
             TASK_NAME,
             args=[payload],
-            queue=campaign_queue(base_queue, campaign),
+            queue=queue,
             priority=message_priority(priority),
             serializer="msgpack",
             argsrepr=f"<{campaign} batch {payload['batch']}: {len(payload['keys'])} prompts>",
             kwargsrepr="{}",
             producer=producer,
         )
+        if host is not None:
+            # After the message: the handoff drops a name only when its lists are empty (one
+            # script), so a name is listed whenever its queue holds a message.
+            client.hset(HOST_QUEUES, queue, json.dumps([campaign_queue(base_queue, campaign), host]))
 
 
 def payload_of_entry(raw: bytes | str) -> dict | None:

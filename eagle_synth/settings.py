@@ -194,6 +194,7 @@ class Timings(EnvSettings):
     restart_backoff: float = 1.0
     restart_backoff_max: float = 30.0
     priority_aging: float = 600.0
+    handoff_delay: float = 2.0
 
 
 def broker_settings(*, redis_url: str | None = None, queue: str | None = None) -> BrokerSettings:

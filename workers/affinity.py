@@ -28,11 +28,20 @@ from eagle_synth.payload import PromptItem
 AFFINITY_ENTRIES = 100_000
 # Environment variable turning affinity off ("0"), for measuring what it gains.
 AFFINITY_ENV = "EAGLE_SYNTH_PREFIX_AFFINITY"
+# Environment variable turning host queues off ("0") while keeping affinity on each host
+# (workers/handoff.py), for measuring what they gain.
+HOST_QUEUES_ENV = "EAGLE_SYNTH_HOST_QUEUES"
 
 
 def affinity_enabled() -> bool:
     """False only when EAGLE_SYNTH_PREFIX_AFFINITY is "0"."""
     return os.environ.get(AFFINITY_ENV, "1").strip() != "0"
+
+
+def host_queues_enabled() -> bool:
+    """Whether a worker publishes next turns to its own host queue and consumes it: unless
+    affinity or EAGLE_SYNTH_HOST_QUEUES is "0"."""
+    return affinity_enabled() and os.environ.get(HOST_QUEUES_ENV, "1").strip() != "0"
 
 
 def prefix_key(item: PromptItem) -> str:

@@ -23,6 +23,7 @@ from celery import Task, bootsteps
 from celery.bin.celery import celery as celery_command
 from celery.exceptions import Reject, Retry
 from celery.signals import after_setup_logger, worker_ready, worker_shutdown, worker_shutting_down
+from celery.worker import state as worker_state
 
 from eagle_synth import reasons
 from eagle_synth.errors import (
@@ -35,7 +36,7 @@ from eagle_synth.errors import (
     Requeue,
 )
 from eagle_synth.payload import TASK_NAME, TaskPayload
-from eagle_synth.queue import make_celery
+from eagle_synth.queue import HOST_QUEUE_SEPARATOR, make_celery
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.keys import CampaignKeys
 from eagle_synth.state.node_state import NodeState
@@ -43,13 +44,16 @@ from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import is_read_only, read_only_message, refuse_replica
 from eagle_synth.state.replicas import ReplicaWait
 from workers import metrics
+from workers.affinity import host_queues_enabled
 from workers.batch import BatchRunner
 from workers.config import WorkerConfig
 from workers.disk import DiskState, probe_folder
+from workers.handoff import Handoff
 from workers.memory import limit_malloc_arenas, start_pool_threads
-from workers.reaper import ReaperStep
+from workers.reaper import ReaperStep, SweepStep
 from workers.reconciler import ReconcilerStep
 from workers.redis_watch import RedisWatch
+from workers.reservation import WAKE_INTERVAL, Demand, gate_consumption, reservation_enabled
 from workers.servers.fleet import Fleet
 from workers.servers.health import HealthGate
 from workers.servers.model_check import ModelCheck
@@ -271,6 +275,18 @@ def generate_batch(self: Task, payload: dict, errors: int = 0) -> dict:
     return {"written": outcome.written, "failed": outcome.failed}
 
 
+def with_host_queue(act: Callable[[str], object], node: str) -> Callable[[str], None]:
+    """`act` on a campaign's queue and, with host queues on, on this worker's host queue of
+    it (workers/handoff.py): the worker takes its own next turns while it takes the campaign."""
+
+    def both(queue: str) -> None:
+        act(queue)
+        if host_queues_enabled():
+            act(f"{queue}{HOST_QUEUE_SEPARATOR}{node}")
+
+    return both
+
+
 class HealthGateStep(bootsteps.StartStopStep):
     """Consumer step: consume campaigns' queues only while a server is healthy, and only those of
     campaigns a healthy server serves (workers/servers/routing.py). Starts with none (the base queue
@@ -308,12 +324,14 @@ class HealthGateStep(bootsteps.StartStopStep):
         if problem := probe_folder(disk.folder):
             log.error("the output folder cannot take records: %s; not taking batches until it can", problem)
             disk.failed(problem)
+        consume = in_loop(with_host_queue(c.add_task_queue, c.hostname))
+        stop = in_loop(with_host_queue(c.cancel_task_queue, c.hostname))
         self.gate = HealthGate(
             config=config,
             node_state=node_state,
             router=_router(),
-            on_consume=in_loop(c.add_task_queue),
-            on_stop=in_loop(c.cancel_task_queue),
+            on_consume=consume,
+            on_stop=stop,
             disk=disk,
             on_all_refused=all_refused,
             redis_watch=_redis_watch(),
@@ -324,6 +342,49 @@ class HealthGateStep(bootsteps.StartStopStep):
     def shutdown(self, c: Any) -> None:
         if self.gate is not None:
             self.gate.stop()
+
+
+class HandoffStep(SweepStep):
+    """Consumer step: hand next turns waiting in host queues to their campaigns' queues
+    (workers/handoff.py)."""
+
+    label = "handoff"
+
+    def sweeper(self, c: Any) -> Handoff:
+        return Handoff(connect(broker_settings()), node=c.hostname)
+
+
+class ReservationStep(bootsteps.StartStopStep):
+    """Consumer step: take a further batch only while the in-flight pool needs one
+    (workers/reservation.py), so a worker holds little more than it keeps in flight and a
+    campaign's last batches go to the workers with free slots. Applied again to the new channel
+    after a consumer restart; the loop is woken every WAKE_INTERVAL s to look."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.wake: Any = None
+
+    def start(self, c: Any) -> None:
+        if not reservation_enabled() or c.task_consumer is None:
+            return
+        runner = _get_runner(c.hostname)
+        demand = Demand(
+            pool=runner.pool,
+            held=lambda: len(worker_state.reserved_requests),
+            feeding=lambda: runner.feeding,
+            batch_size=lambda: runner.last_batch_size,
+        )
+        gate_consumption(c.task_consumer.channel.qos, demand.wants_more)
+        hub = getattr(c, "hub", None)
+        if hub is not None and self.wake is None:
+            self.wake = hub.call_repeatedly(WAKE_INTERVAL, lambda: None)
+
+    def shutdown(self, c: Any) -> None:
+        if self.wake is not None:
+            self.wake.cancel()
+            self.wake = None
 
 
 class StopDeadlineStep(bootsteps.StartStopStep):
@@ -354,6 +415,8 @@ class StopDeadlineStep(bootsteps.StartStopStep):
 
 app.steps["worker"].add(StopDeadlineStep)
 app.steps["consumer"].add(HealthGateStep)
+app.steps["consumer"].add(ReservationStep)
+app.steps["consumer"].add(HandoffStep)
 app.steps["consumer"].add(ReaperStep)
 app.steps["consumer"].add(ReconcilerStep)
 

@@ -71,7 +71,7 @@ from eagle_synth.errors import (
 )
 from eagle_synth.manifest import build_manifest
 from eagle_synth.model_identity import output_id_bound
-from eagle_synth.payload import PromptItem, TaskPayload
+from eagle_synth.payload import DEFAULT_BATCH_SIZE, PromptItem, TaskPayload
 from eagle_synth.queue import make_celery, send_payload
 from eagle_synth.records import (
     Record,
@@ -92,7 +92,7 @@ from eagle_synth.state.redis_client import STATE_UNAVAILABLE, connect
 from eagle_synth.state.redis_role import is_read_only
 from eagle_synth.state.replicas import ReplicaWait
 from workers import metrics
-from workers.affinity import prefix_key
+from workers.affinity import host_queues_enabled, prefix_key
 from workers.config import WorkerConfig
 from workers.disk import DiskState
 from workers.followups import FollowUps
@@ -226,6 +226,7 @@ class _Run:
         self.servers: frozenset[str] | None = None  # the campaign's servers among the routable
         self.was_cancelled = False
         self.cancel_checked_at = -CANCEL_CHECK_INTERVAL
+        self.feeding = False  # its prompts have reached the pool (workers/reservation.py counts such runs)
 
     def cancelled(self) -> bool:
         """Whether `eagle-synth cancel` ended the campaign (looked up at most every
@@ -387,6 +388,9 @@ class _Run:
                 self.commit()
 
     def send(self, *items: PromptItem) -> None:
+        if not self.feeding:
+            self.feeding = True
+            self.runner.feeding_started(len(items))
         futures = self.runner.pool.submit_many(
             prompts=[(item.ids, self.sent[item.key]) for item in items],
             timeout=min(self.timeout, max(1.0, self.deadline - time.monotonic())),
@@ -658,7 +662,10 @@ class BatchRunner:
         # process's cache of campaign settings.
         self.followups = FollowUps(
             redis_client=connect(settings),
-            send=partial(send_payload, app or make_celery(settings), settings.queue),
+            # A next turn goes to this worker's host queue: taken here first (workers/handoff.py).
+            send=partial(
+                send_payload, app or make_celery(settings), settings.queue, host=node if host_queues_enabled() else None
+            ),
             render_processes=config.render_processes,
             local_tokenizers=tuple(Path(folder).expanduser() for folder in config.tokenizer),
             stopping=self.stopping,
@@ -670,6 +677,10 @@ class BatchRunner:
         self._manifest_at: dict[str, float] = {}
         self._swept: set[str] = set()
         self._lock = threading.Lock()
+        # Runs whose prompts reached the pool, and the size of the last one's first send
+        # (workers/reservation.py: batches held beyond these are still on their way to it).
+        self.feeding = 0
+        self.last_batch_size = DEFAULT_BATCH_SIZE
 
     # entry points -------------------------------------------------------------------
     def run(self, payload: TaskPayload) -> BatchOutcome:
@@ -682,6 +693,8 @@ class BatchRunner:
             except (LeaseLost, ClaimLeaseLost) as exc:
                 raise Requeue(f"the batch lease was lost ({exc}); nothing more of this attempt is written") from exc
             finally:
+                if run.feeding:
+                    self.feeding_ended()
                 with contextlib.suppress(redis.RedisError):  # else they lapse with the lease
                     release(self.redis_client, campaign.keys.claims, lease.key, lease.holder, run.claimed)
         # The campaign's copy of the batch is no longer needed once every key ended.
@@ -705,6 +718,15 @@ class BatchRunner:
         metrics.prompt_failed(payload.campaign, reason, failed)
         forget_if_finished(self.redis_client, payload.campaign, payload.batch, keys)
         return failed
+
+    def feeding_started(self, prompts: int) -> None:
+        with self._lock:
+            self.feeding += 1
+            self.last_batch_size = max(1, prompts)
+
+    def feeding_ended(self) -> None:
+        with self._lock:
+            self.feeding -= 1
 
     # shared by the batches ------------------------------------------------------------
     def _serving_the_model(self, settings: CampaignSettings, servers: Servers) -> Servers:

@@ -166,6 +166,16 @@ class InflightPool:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def tickets(self) -> int:
+        """Tickets of the servers prompts may go to now (workers/reservation.py reads it)."""
+        return sum(
+            self._limits.get(url, 0) for url in self.servers if url not in self._refused and url in self._backends
+        )
+
+    def free_tickets(self) -> int:
+        """Tickets of those servers no prompt holds."""
+        return sum(self._free_servers().values())
+
     def close(self) -> None:
         if self._loop.is_closed():
             return

@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from eagle_synth.queue import campaign_queue, queue_lists, queued_payloads, send_payload
+from eagle_synth.queue import campaign_queues, queue_lists, queued_payloads, send_payload
 from eagle_synth.settings import TIMINGS, broker_settings
 from eagle_synth.state.batch_store import StoredBatch, forget, stored_batches, stored_count
 from eagle_synth.state.campaign import Campaign, campaigns_with_batches
@@ -67,8 +67,8 @@ class Reconciler:
 
     # the cheap look -----------------------------------------------------------------
     def _queues(self, names: list[str]) -> list[str]:
-        """The queues of these campaigns (each its own: eagle_synth/queue.py)."""
-        return [campaign_queue(self.queue, name) for name in names]
+        """The queues of these campaigns (each its own and its host queues: eagle_synth/queue.py)."""
+        return [queue for name in names for queue in campaign_queues(self.client, self.queue, name)]
 
     def needs_full_sweep(self) -> bool:
         """True when the stored batches outnumber what the broker holds (queued + unacked) in two

@@ -85,11 +85,16 @@ def _record_keys(folder: Path) -> Iterator[str]:
 
 def _queued_batches(campaign: Campaign, queue: str) -> int:
     """Batches of this campaign waiting in the queue or delivered and not yet acked."""
-    from eagle_synth.queue import QUEUE_SCAN_STEP, campaign_queue, payload_of_entry, queued_payloads
+    from eagle_synth.queue import QUEUE_SCAN_STEP, campaign_queues, payload_of_entry, queued_payloads
     from eagle_synth.state.stranded import UNACKED_KEY
 
     unacked = (payload_of_entry(raw) for _, raw in campaign.client.hscan_iter(UNACKED_KEY, count=QUEUE_SCAN_STEP))
-    payloads = itertools.chain(queued_payloads(campaign.client, campaign_queue(queue, campaign.name)), unacked)
+    queued = (
+        payload
+        for name in campaign_queues(campaign.client, queue, campaign.name)
+        for payload in queued_payloads(campaign.client, name)
+    )
+    payloads = itertools.chain(queued, unacked)
     return sum((payload or {}).get("campaign") == campaign.name for payload in payloads)
 
 

@@ -32,10 +32,10 @@ import redis
 
 from eagle_synth.errors import CampaignCancelled
 from eagle_synth.priorities import PRIORITIES, check_priority, message_priority
-from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, queue_lists
+from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, host_queues, queue_lists
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, campaign_names
-from eagle_synth.state.keys import CAMPAIGNS, KEY_PREFIX, CampaignKeys
+from eagle_synth.state.keys import CAMPAIGNS, HOST_QUEUES, KEY_PREFIX, CampaignKeys
 from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.node_state import all_nodes
 from eagle_synth.state.redis_client import pipelined, text
@@ -166,9 +166,12 @@ def cancel_campaign(
     # The marker first: from here on nothing is published, taken or committed for it.
     marker = {"at": time.time(), "done": progress.done, "failed": progress.failed}
     client.set(keys.cancelled, json.dumps(marker))
-    lists = queue_lists(campaign_queue(base_queue, campaign))
+    hosts = host_queues(client, base_queue, campaign)
+    lists = [name for queue in (campaign_queue(base_queue, campaign), *hosts) for name in queue_lists(queue)]
     queued = sum(int(n) for n in pipelined(client, *(("llen", name) for name in lists)))
     client.delete(*lists)
+    if hosts:
+        client.hdel(HOST_QUEUES, *hosts)
     held = [h for h in held_batches(client, fetched_before=time.time() + 3600) if h.campaign == campaign]
     if held:
         tags = [h.tag for h in held]

@@ -20,6 +20,9 @@ WORKERS_INDEX = f"{KEY_PREFIX}:workers"
 # Strings with a TTL: the worker whose reaper / reconciler runs this round.
 REAPER_LOCK = f"{KEY_PREFIX}:reaper"
 RECONCILER_LOCK = f"{KEY_PREFIX}:reconciler"
+# Hash host queue -> its campaign queue: the host queues that may hold a conversation's next
+# turns (eagle_synth/queue.py host_queue; workers/handoff.py drops those it finds empty).
+HOST_QUEUES = f"{KEY_PREFIX}:host-queues"
 # Hash of the reconciler's memory between rounds (Redis run id last seen, rounds with a deficit).
 RECONCILER_STATE = f"{KEY_PREFIX}:reconciler-state"
 

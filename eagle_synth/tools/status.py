@@ -18,7 +18,7 @@ import redis
 from eagle_synth import input_rows
 from eagle_synth.errors import CampaignNotFound
 from eagle_synth.priorities import campaign_priority
-from eagle_synth.queue import campaign_queue, queued_count
+from eagle_synth.queue import campaign_queues, queued_count
 from eagle_synth.settings import broker_settings
 from eagle_synth.state.campaign import Campaign, CampaignSettings, Progress
 from eagle_synth.state.campaign_archive import ended_info
@@ -181,7 +181,9 @@ def campaign_status(
         # that do not (another model, or a model they cannot name) with why.
         "priority": campaign_priority(client, name),
         "model": _model(settings),
-        "queued_batches": queued_count(client, campaign_queue(queue or broker_settings().queue, name)),
+        "queued_batches": sum(
+            queued_count(client, q) for q in campaign_queues(client, queue or broker_settings().queue, name)
+        ),
         "serving": sorted(n.get("node", "") for n in nodes if name in NodeRouting.parse(n.get("routing")).campaigns),
         "not_served": list(_not_served(nodes, name)),
         # Cancelled (`eagle-synth cancel`): what it had then (a cancelled campaign has only this).
