@@ -1,4 +1,4 @@
-"""The model's vocabulary and the tokenizer canary (eagle_synth/model_identity.py, workers/model_check.py).
+"""The model's vocabulary and the tokenizer canary (eagle_synth/model_identity.py, workers/servers/model_check.py).
 
 The whole-path versions run on the real vLLM server (tests/test_real_vllm.py); these hold the
 rules on their own and the canary check against the devserver's vLLM mode.
