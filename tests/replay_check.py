@@ -72,7 +72,13 @@ def start_hosts(stack, *hosts) -> str:
     folder (`worker --tokenizer HOST`; None: a worker without one); returns Redis's URL."""
     redis_url = stack.redis().url
     _, url = stack.devserver("--trust-remote-code", "--token-latency", "0.001", "--mean-output-tokens", "12")
+    # Host queues off: a conversation's next turns go to the campaign's queue, where every host
+    # takes them, so each host renders some with its own folder (with host queues on, the host
+    # that took a conversation's first turn keeps the rest: tests/test_handoff.py).
+    env = {"EAGLE_SYNTH_HOST_QUEUES": "0"}
     for index, local in enumerate(hosts):
         args = ["--render-processes", "1", *(["--tokenizer", str(local)] if local else [])]
-        stack.worker(servers=[url], out=stack.dir / "out", redis_url=redis_url, args=args, name=f"host{index}@test")
+        stack.worker(
+            servers=[url], out=stack.dir / "out", redis_url=redis_url, args=args, env=env, name=f"host{index}@test"
+        )
     return redis_url

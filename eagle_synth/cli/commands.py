@@ -15,7 +15,6 @@ from typer.core import TyperGroup
 
 from eagle_synth.cli.interrupts import arm_interrupts
 from eagle_synth.cli.options import HELP_MARKUP_MODE, INTERRUPTED_EXIT, fail, print_error
-from eagle_synth.errors import USER_ERROR_EXIT, UserError, clause
 
 # Every command: its module under eagle_synth.cli and the first line of its docstring, which
 # `eagle-synth --help` lists without importing the modules (they pull in pydantic, Redis,
@@ -115,6 +114,9 @@ class _Commands(TyperGroup):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: Any) -> Any:
+        # Imported once a command runs: eagle_synth.errors imports redis, which --help must not load.
+        from eagle_synth.errors import UserError
+
         try:
             return super().invoke(ctx)
         except UserError as exc:
@@ -144,9 +146,11 @@ def _top_level() -> None:
 def run() -> None:
     """The app, with Redis failures (exit 2) and a stray Ctrl-C (exit 130) said in one line."""
 
-    def stop(message: str, code: int = USER_ERROR_EXIT) -> NoReturn:
+    def stop(message: str, code: int | None = None) -> NoReturn:
+        from eagle_synth.errors import USER_ERROR_EXIT
+
         print_error(message)
-        raise SystemExit(code) from None
+        raise SystemExit(USER_ERROR_EXIT if code is None else code) from None
 
     try:
         app()
@@ -157,6 +161,7 @@ def run() -> None:
         import redis
         from kombu.exceptions import OperationalError
 
+        from eagle_synth.errors import clause
         from eagle_synth.settings import broker_settings
         from eagle_synth.state.redis_client import connect
         from eagle_synth.state.redis_policy import is_out_of_memory, out_of_memory_message

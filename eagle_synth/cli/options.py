@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from eagle_synth.errors import USER_ERROR_EXIT
-
 if TYPE_CHECKING:
     import redis
 
@@ -48,10 +46,14 @@ def print_error(message: str) -> None:
     typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
 
 
-def fail(message: str, code: int = USER_ERROR_EXIT) -> NoReturn:
-    """Stop the command with `error: <message>` and exit status `code`."""
+def fail(message: str, code: int | None = None) -> NoReturn:
+    """Stop the command with `error: <message>` and exit status `code` (default: a user error's)."""
+    # Imported here: eagle_synth.errors imports redis (CommitUnsure is a redis.ConnectionError),
+    # which `eagle-synth --help` must not pay for (tests/test_cli_startup.py).
+    from eagle_synth.errors import USER_ERROR_EXIT
+
     print_error(message)
-    raise typer.Exit(code)
+    raise typer.Exit(USER_ERROR_EXIT if code is None else code)
 
 
 @contextmanager
