@@ -99,7 +99,7 @@ def _queued_prompts(redis_url: str) -> list[tuple[list[int], dict]]:
     prompts = []
     for payload in queued_payloads(redis_url):
         for item in payload.items:
-            prompts.append((item.ids, payload.sampling_for(item)))
+            prompts.append((item.ids, payload.sampling_for(item).as_map()))
     return prompts
 
 
@@ -166,7 +166,10 @@ async def _drive(
         finally:
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            ended = await asyncio.gather(*tasks, return_exceptions=True)
+            # A client that died of its own error would leave the ceiling silently low: say it.
+            if failed := [e for e in ended if isinstance(e, Exception) and not isinstance(e, asyncio.CancelledError)]:
+                raise RuntimeError(f"the ceiling client failed: {failed[0]!r}")
 
 
 def measure_ceiling(quick: bool, concurrency: int, prompts: list[tuple[list[int], dict]]) -> dict:
