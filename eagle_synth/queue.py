@@ -73,6 +73,23 @@ def queue_lists(queue: str) -> list[str]:
     return [f"{queue}{PRIORITY_SEPARATOR}{step}" if step else queue for step in PRIORITY_STEPS]
 
 
+def readdressed(raw: bytes | str, *, queue: str | None = None, priority: int | None = None) -> bytes | str:
+    """A queued kombu message moved by us to another list: addressed to `queue` (a restore after a
+    worker takes it routes by its delivery_info) and/or at `priority` (a restore reads the list
+    from there). A message that is not a kombu envelope is returned as it is."""
+    try:
+        message = json.loads(raw)
+        properties = message["properties"]
+        if priority is not None:
+            properties["priority"] = priority
+        if queue is not None:
+            properties["delivery_info"]["exchange"] = queue
+            properties["delivery_info"]["routing_key"] = queue
+    except (ValueError, KeyError, TypeError):
+        return raw  # not one of ours: moved as it is
+    return json.dumps(message).encode()
+
+
 def celery_config(settings: BrokerSettings) -> dict:
     """Celery settings for these broker settings (celeryconfig.py exposes the same)."""
     config: dict = {

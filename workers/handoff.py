@@ -27,11 +27,11 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import redis
 
-from eagle_synth.queue import PRIORITY_SEPARATOR, queue_lists
+from eagle_synth.queue import queue_lists, readdressed
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.keys import HOST_QUEUES, WORKERS_INDEX
 from eagle_synth.state.lua import LuaScript
@@ -86,18 +86,19 @@ class Handoff:
         return moved
 
     def _hand_over(self, queues: dict[str, str], *, wait: float) -> int:
+        # (host queue's list, campaign queue's list of the same priority, campaign queue)
         pairs = [
-            (source, target)
+            (source, target, campaign_queue)
             for queue, campaign_queue in queues.items()
             for source, target in zip(queue_lists(queue), queue_lists(campaign_queue), strict=True)
         ]
         if not pairs:
             return 0
-        lengths = pipelined(self.client, *(("llen", source) for source, _ in pairs))
+        lengths = pipelined(self.client, *(("llen", source) for source, _, _ in pairs))
         now = time.monotonic()
         seen: dict[tuple[str, bytes], float] = {}
         moved = 0
-        for (source, target), length in zip(pairs, lengths, strict=True):
+        for (source, target, campaign_queue), length in zip(pairs, lengths, strict=True):
             if not int(length):
                 continue
             # Our client returns bytes (no decode_responses), which redis-py's types cannot know.
@@ -106,23 +107,10 @@ class Handoff:
                 if now - first < wait:
                     seen[(source, raw)] = first
                     continue
-                moved += int(_HAND_OFF(self.client, (source, target), (raw, _addressed(raw, target))))
+                addressed = readdressed(raw, queue=campaign_queue)
+                moved += int(_HAND_OFF(self.client, (source, target), (raw, addressed)))
         # What was not seen this time was taken or moved: forgotten.
-        self._seen = {k: v for k, v in self._seen.items() if k[0] not in {s for s, _ in pairs}} | seen
+        self._seen = {k: v for k, v in self._seen.items() if k[0] not in {s for s, _, _ in pairs}} | seen
         if moved:
             log.info("handed %d next turns from host queues to their campaigns' queues", moved)
         return moved
-
-
-def _addressed(raw: bytes, campaign_list: str) -> bytes:
-    """The queued kombu message addressed to its campaign's queue (a restore reads its
-    delivery_info): the queue's name is `campaign_list` minus any priority suffix."""
-    queue = campaign_list.split(PRIORITY_SEPARATOR, 1)[0]
-    try:
-        message: Any = json.loads(raw)
-        info = message["properties"]["delivery_info"]
-        info["routing_key"] = queue
-        info["exchange"] = queue
-    except (ValueError, KeyError, TypeError):
-        return raw  # not one of ours: moved as it is
-    return json.dumps(message).encode()

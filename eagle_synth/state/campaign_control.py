@@ -32,7 +32,7 @@ import redis
 
 from eagle_synth.errors import CampaignCancelled
 from eagle_synth.priorities import PRIORITIES, check_priority, message_priority
-from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, host_queues, queue_lists
+from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, host_queues, queue_lists, readdressed
 from eagle_synth.settings import TIMINGS
 from eagle_synth.state.campaign import Campaign, campaign_names
 from eagle_synth.state.keys import CAMPAIGNS, HOST_QUEUES, KEY_PREFIX, CampaignKeys
@@ -122,18 +122,8 @@ def _move_queued(client: redis.Redis, queue: str, new_level: Callable[[int], int
             continue
         # Oldest first (kombu pushes left and pops right), so the moved keep their order.
         for raw in reversed(client.lrange(source, 0, -1)):
-            moved += _MOVE_MESSAGE(client, (source, target), (raw, _with_priority(raw, wanted)))
+            moved += _MOVE_MESSAGE(client, (source, target), (raw, readdressed(raw, priority=wanted)))
     return moved
-
-
-def _with_priority(raw: bytes | str, priority: int) -> bytes | str:
-    """A queued kombu message with its priority property changed (a restore reads it from there)."""
-    try:
-        message = json.loads(raw)
-        message["properties"]["priority"] = priority
-    except (ValueError, KeyError, TypeError):
-        return raw  # not one of ours: moved as it is
-    return json.dumps(message).encode()
 
 
 @dataclass(frozen=True, slots=True)

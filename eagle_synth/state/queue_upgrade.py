@@ -15,13 +15,12 @@ empty it costs one round trip.
 
 from __future__ import annotations
 
-import json
 import logging
 
 import redis
 
 from eagle_synth.priorities import campaign_priority, message_priority
-from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, payload_of_entry, queue_lists
+from eagle_synth.queue import PRIORITY_STEPS, campaign_queue, payload_of_entry, queue_lists, readdressed
 from eagle_synth.state.lua import LuaScript
 from eagle_synth.state.redis_client import pipelined
 
@@ -46,10 +45,10 @@ def adopt_base_queue(client: redis.Redis, base_queue: str) -> dict[str, int]:
             if payload is None:
                 continue  # not one of ours: left as it is
             campaign = str(payload["campaign"])
-            try:
-                target, message = _readdressed(client, raw, base_queue, campaign)
-            except (KeyError, TypeError):
-                continue  # an envelope kombu would not restore either: left as it is
+            queue = campaign_queue(base_queue, campaign)
+            priority = message_priority(campaign_priority(client, campaign))
+            target = queue_lists(queue)[PRIORITY_STEPS.index(priority)]
+            message = readdressed(raw, queue=queue, priority=priority)
             if _MOVE_MESSAGE(client, (source, target), (raw, message)):
                 moved[campaign] = moved.get(campaign, 0) + 1
     for campaign, count in moved.items():
@@ -61,16 +60,3 @@ def adopt_base_queue(client: redis.Redis, base_queue: str) -> dict[str, int]:
             campaign_queue(base_queue, campaign),
         )
     return moved
-
-
-def _readdressed(client: redis.Redis, raw: bytes | str, base_queue: str, campaign: str) -> tuple[str, str]:
-    """The list a message goes to and the message addressed to its campaign's queue (a restore
-    after a worker takes it routes by its delivery_info), at the campaign's priority."""
-    queue = campaign_queue(base_queue, campaign)
-    priority = message_priority(campaign_priority(client, campaign))
-    message = json.loads(raw)
-    message["properties"]["priority"] = priority
-    message["properties"]["delivery_info"]["exchange"] = queue
-    message["properties"]["delivery_info"]["routing_key"] = queue
-    target = queue_lists(queue)[PRIORITY_STEPS.index(priority)]
-    return target, json.dumps(message)
